@@ -1,0 +1,38 @@
+//! Command-line parsing and one module per subcommand.
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+pub mod decode;
+pub mod dump;
+pub mod record;
+
+/// The result type of a subcommand: an exit code, or an error printed by `main`.
+pub type CmdResult = Result<ExitCode, Box<dyn std::error::Error + Send + Sync>>;
+
+/// Record-and-replay debugging over Intel Processor Trace.
+#[derive(Parser, Debug)]
+#[command(name = "ptrewind", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// List the packets of a trace, one per line (like libipt's ptdump).
+    Dump(dump::DumpArgs),
+    /// Reconstruct the executed instructions of a trace (like libipt's ptxed).
+    Decode(decode::DecodeArgs),
+    /// Run a program under ptrewind, record it and serve it to GDB/LLDB.
+    Record(record::RecordArgs),
+}
+
+/// Runs the parsed command line.
+pub fn run(cli: Cli) -> CmdResult {
+    match cli.command {
+        Command::Dump(args) => dump::run(args),
+        Command::Decode(args) => decode::run(args),
+        Command::Record(args) => record::run(args),
+    }
+}

@@ -1,0 +1,1 @@
+//! Instruction-flow reconstruction: packets + process image → executed instructions and events.

@@ -1,0 +1,28 @@
+//! # ptrewind
+//!
+//! Record-and-replay debugging over Intel Processor Trace.
+//!
+//! The library is organised along the one-way data flow of a recording:
+//!
+//! ```text
+//! capture ──▶ ring ──▶ store ──▶ packet ──▶ flow ──▶ history ──▶ server
+//! (perf AUX   (ToPA     (trace    (bytes →   (packets  (indexed   (GDB/LLDB
+//!  or ptrace   model /   bytes,    packets)   + image   two-way    remote
+//!  encoder)    AUX ring) perf.data)           → insns)  cursor)    protocol)
+//! ```
+//!
+//! [`image`] (the traced program's code) and [`target`] (ptrace control of a live process) sit
+//! beside the flow: the decoder reads code from an image, the server drives a target.
+//! See `docs/architecture.md` for the threads and where to add a packet, a backend or a protocol
+//! extension. The library never prints; the `ptrewind` binary is a thin CLI over it.
+#![warn(missing_docs)]
+
+pub mod capture;
+pub mod flow;
+pub mod history;
+pub mod image;
+pub mod packet;
+pub mod ring;
+pub mod server;
+pub mod store;
+pub mod target;

@@ -1,0 +1,1 @@
+//! The trace store: PT bytes drained from a ring or read from files (raw streams, perf.data).

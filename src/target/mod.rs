@@ -1,0 +1,1 @@
+//! Control of a live traced process through ptrace: start, attach, registers, memory, breakpoints.
