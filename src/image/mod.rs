@@ -1,1 +1,229 @@
 //! Process images: the traced program's code at its run-time addresses, plus symbols and lines.
+//!
+//! An [`Image`] is a set of non-overlapping [`Section`]s, each a run of bytes at a virtual address.
+//! The flow decoder asks it for the bytes at an IP ([`Image::slice_at`]) on every instruction it has
+//! not seen before, so lookups are a binary search over sorted ranges behind a last-hit cache.
+//! Sections share their bytes (`Arc`), so a library mapped several times costs its bytes once.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Bytes of one section: owned, or shared with other sections and images.
+pub type SectionBytes = Arc<[u8]>;
+
+/// A run of code bytes at a virtual address.
+#[derive(Debug, Clone)]
+pub struct Section {
+    /// Virtual address of the first byte.
+    pub addr: u64,
+    /// The backing bytes (the whole file or mapping; `offset`/`len` select the part used).
+    pub bytes: SectionBytes,
+    /// Offset into `bytes` of the byte at `addr`.
+    pub offset: usize,
+    /// Number of bytes mapped.
+    pub len: usize,
+    /// Where the bytes came from (file path, `[vdso]`, `page-list` ...), for messages.
+    pub origin: Arc<str>,
+}
+
+impl Section {
+    /// A section over all of `bytes` at `addr`.
+    pub fn new(addr: u64, bytes: impl Into<SectionBytes>, origin: &str) -> Self {
+        let bytes = bytes.into();
+        let len = bytes.len();
+        Section {
+            addr,
+            bytes,
+            offset: 0,
+            len,
+            origin: Arc::from(origin),
+        }
+    }
+
+    /// One past the last mapped address.
+    pub fn end(&self) -> u64 {
+        self.addr.saturating_add(self.len as u64)
+    }
+
+    /// The mapped bytes.
+    pub fn data(&self) -> &[u8] {
+        &self.bytes[self.offset..self.offset + self.len]
+    }
+}
+
+/// Why a section could not be added.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ImageError {
+    /// The section's byte range lies outside its backing bytes or wraps the address space.
+    #[error("section {origin} at {addr:#x}: bad range (offset {offset}, len {len}, backing {backing})")]
+    BadRange {
+        /// Section origin.
+        origin: String,
+        /// Section address.
+        addr: u64,
+        /// Offset into the backing bytes.
+        offset: usize,
+        /// Length.
+        len: usize,
+        /// Backing length.
+        backing: usize,
+    },
+}
+
+/// The code of a traced process: sorted, non-overlapping sections.
+///
+/// `Image` is `Sync`: the last-hit cache is a relaxed atomic (a stale hint only costs a search).
+#[derive(Debug, Default)]
+pub struct Image {
+    sections: Vec<Section>,
+    last_hit: AtomicUsize,
+}
+
+impl Clone for Image {
+    fn clone(&self) -> Self {
+        Image {
+            sections: self.sections.clone(),
+            last_hit: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl Image {
+    /// An empty image.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a section. A later section replaces the overlapped parts of earlier ones (like a later
+    /// `mmap` over an older mapping), so adding never fails because of overlap.
+    pub fn add(&mut self, section: Section) -> Result<(), ImageError> {
+        let bad = section
+            .offset
+            .checked_add(section.len)
+            .is_none_or(|end| end > section.bytes.len())
+            || section.addr.checked_add(section.len as u64).is_none();
+        if bad {
+            return Err(ImageError::BadRange {
+                origin: section.origin.to_string(),
+                addr: section.addr,
+                offset: section.offset,
+                len: section.len,
+                backing: section.bytes.len(),
+            });
+        }
+        if section.len == 0 {
+            return Ok(());
+        }
+        let (start, end) = (section.addr, section.end());
+        let mut kept = Vec::with_capacity(self.sections.len() + 2);
+        for s in self.sections.drain(..) {
+            if s.end() <= start || s.addr >= end {
+                kept.push(s);
+                continue;
+            }
+            // Keep the parts of the older section that stick out on either side.
+            if s.addr < start {
+                let mut left = s.clone();
+                left.len = (start - s.addr) as usize;
+                kept.push(left);
+            }
+            if s.end() > end {
+                let mut right = s.clone();
+                let cut = (end - s.addr) as usize;
+                right.addr = end;
+                right.offset += cut;
+                right.len -= cut;
+                kept.push(right);
+            }
+        }
+        kept.push(section);
+        kept.sort_by_key(|s| s.addr);
+        self.sections = kept;
+        self.last_hit.store(0, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The sections, sorted by address.
+    pub fn sections(&self) -> &[Section] {
+        &self.sections
+    }
+
+    /// The section containing `addr`.
+    #[inline]
+    pub fn section_at(&self, addr: u64) -> Option<&Section> {
+        let hit = self.last_hit.load(Ordering::Relaxed);
+        if let Some(s) = self.sections.get(hit) {
+            if addr >= s.addr && addr < s.end() {
+                return Some(s);
+            }
+        }
+        let idx = self.sections.partition_point(|s| s.end() <= addr);
+        let s = self.sections.get(idx)?;
+        if addr < s.addr {
+            return None;
+        }
+        self.last_hit.store(idx, Ordering::Relaxed);
+        Some(s)
+    }
+
+    /// The bytes from `addr` to the end of its section, or `None` if nothing is mapped there.
+    #[inline]
+    pub fn slice_at(&self, addr: u64) -> Option<&[u8]> {
+        let s = self.section_at(addr)?;
+        let off = (addr - s.addr) as usize;
+        Some(&s.data()[off..])
+    }
+
+    /// Copies up to `buf.len()` bytes starting at `addr` into `buf`, crossing into adjacent
+    /// sections; returns how many bytes were copied (stops at the first unmapped byte).
+    pub fn read(&self, addr: u64, buf: &mut [u8]) -> usize {
+        let mut done = 0;
+        while done < buf.len() {
+            let Some(a) = addr.checked_add(done as u64) else {
+                break;
+            };
+            let Some(src) = self.slice_at(a) else { break };
+            let n = src.len().min(buf.len() - done);
+            buf[done..done + n].copy_from_slice(&src[..n]);
+            done += n;
+        }
+        done
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn later_section_replaces_overlap() {
+        let mut img = Image::new();
+        img.add(Section::new(0x1000, vec![1u8; 0x100], "a")).unwrap();
+        img.add(Section::new(0x1080, vec![2u8; 0x10], "b")).unwrap();
+        assert_eq!(img.sections().len(), 3);
+        assert_eq!(img.slice_at(0x107f).unwrap()[0], 1);
+        assert_eq!(img.slice_at(0x1080).unwrap()[0], 2);
+        assert_eq!(img.slice_at(0x108f).unwrap().len(), 1);
+        assert_eq!(img.slice_at(0x1090).unwrap()[0], 1);
+        assert!(img.slice_at(0x1100).is_none());
+        assert!(img.slice_at(0xfff).is_none());
+    }
+
+    #[test]
+    fn read_crosses_adjacent_sections() {
+        let mut img = Image::new();
+        img.add(Section::new(0x2000, vec![0xaa; 4], "a")).unwrap();
+        img.add(Section::new(0x2004, vec![0xbb; 4], "b")).unwrap();
+        let mut buf = [0u8; 10];
+        assert_eq!(img.read(0x2002, &mut buf), 6);
+        assert_eq!(&buf[..6], &[0xaa, 0xaa, 0xbb, 0xbb, 0xbb, 0xbb]);
+    }
+
+    #[test]
+    fn bad_range_is_an_error() {
+        let mut img = Image::new();
+        let mut s = Section::new(0x1000, vec![0u8; 4], "x");
+        s.len = 8;
+        assert!(img.add(s).is_err());
+    }
+}
