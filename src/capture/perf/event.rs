@@ -249,26 +249,11 @@ impl PerfMmap {
             len,
             source: io::Error::new(io::ErrorKind::InvalidInput, "ring size overflows"),
         };
-        let data_len = 1usize
-            .checked_shl(data_pages_log2.into())
-            .and_then(|n| n.checked_mul(page))
-            .ok_or_else(|| too_big("data ring", usize::MAX))?;
-        let base_len = data_len + page;
         let aux_len = 1usize
             .checked_shl(aux_pages_log2.into())
             .and_then(|n| n.checked_mul(page))
             .ok_or_else(|| too_big("AUX area", usize::MAX))?;
-        let base = mmap_shared(
-            event.raw_fd(),
-            base_len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            0,
-        )
-        .map_err(|source| MmapError {
-            what: "data ring",
-            len: base_len,
-            source,
-        })?;
+        let (base, base_len) = Self::map_base(event, data_pages_log2, page)?;
         // SAFETY: the first mapped page is the kernel's perf_event_mmap_page; PerfMmapPage mirrors
         // it field for field with atomics for every kernel-written field, the page is page aligned
         // (≥ align_of) and ≥ size_of::<PerfMmapPage>() = 1088 bytes, and it stays mapped while
@@ -308,6 +293,49 @@ impl PerfMmap {
         })
     }
 
+    /// Maps only the control page and the data ring (side-band records, no AUX area; `aux()`
+    /// is then empty). Useful for events of PMUs without AUX support.
+    pub fn map_data_only(event: &PerfEvent, data_pages_log2: u8) -> Result<Self, MmapError> {
+        let page = page_size();
+        let (base, base_len) = Self::map_base(event, data_pages_log2, page)?;
+        Ok(Self {
+            base,
+            base_len,
+            aux: NonNull::dangling(),
+            aux_len: 0,
+            page,
+            mode: AuxMode::Full,
+        })
+    }
+
+    fn map_base(
+        event: &PerfEvent,
+        data_pages_log2: u8,
+        page: usize,
+    ) -> Result<(NonNull<u8>, usize), MmapError> {
+        let base_len = 1usize
+            .checked_shl(data_pages_log2.into())
+            .and_then(|n| n.checked_add(1))
+            .and_then(|n| n.checked_mul(page))
+            .ok_or_else(|| MmapError {
+                what: "data ring",
+                len: usize::MAX,
+                source: io::Error::new(io::ErrorKind::InvalidInput, "ring size overflows"),
+            })?;
+        let base = mmap_shared(
+            event.raw_fd(),
+            base_len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            0,
+        )
+        .map_err(|source| MmapError {
+            what: "data ring",
+            len: base_len,
+            source,
+        })?;
+        Ok((base, base_len))
+    }
+
     /// The control page.
     pub fn page(&self) -> &PerfMmapPage {
         // SAFETY: see `map`: the mapping outlives `&self` and the type mirrors the kernel layout
@@ -342,10 +370,12 @@ impl PerfMmap {
 
 impl Drop for PerfMmap {
     fn drop(&mut self) {
-        // SAFETY: both regions were mapped by `map` with these lengths and no borrow of them can
-        // outlive `self` (MappedRegion and page() borrow self).
+        // SAFETY: both regions were mapped by `map` with these lengths (the AUX one only if
+        // non-empty) and no borrow of them can outlive `self` (MappedRegion and page() borrow self).
         unsafe {
-            libc::munmap(self.aux.as_ptr().cast(), self.aux_len);
+            if self.aux_len != 0 {
+                libc::munmap(self.aux.as_ptr().cast(), self.aux_len);
+            }
             libc::munmap(self.base.as_ptr().cast(), self.base_len);
         }
     }
@@ -402,7 +432,6 @@ mod tests {
         assert_eq!(attr.sample_id_all(), 1);
         assert_eq!(attr.sample_type, 2 | 4);
         assert_eq!(attr.aux_watermark, 4096);
-        // SAFETY-free check: the union defaults to a zero sample period (a non-sampling event).
         let attr = build_attr(&EventSpec {
             pmu_type: 8,
             config: 1,
