@@ -986,3 +986,20 @@ fn map_file(file: &std::fs::File) -> memmap2::Mmap {
     // SAFETY: the temporary file is private to this test and never truncated while mapped.
     unsafe { memmap2::Mmap::map(file) }.unwrap()
 }
+
+#[test]
+fn threads_of_lists_proc_task() {
+    use ptrewind::capture::perf::threads_of;
+    // The real /proc for this process includes the calling thread.
+    let me = std::process::id() as i32;
+    let tids = threads_of(&SysRoot::default(), me).unwrap();
+    assert!(tids.contains(&me), "{tids:?}");
+    // A fake tree.
+    let sys = FakeSys::new();
+    for t in ["42", "7", "100"] {
+        fs::create_dir_all(sys.dir.path().join(format!("proc/42/task/{t}"))).unwrap();
+    }
+    assert_eq!(threads_of(&sys.root(), 42).unwrap(), vec![7, 42, 100]);
+    let e = threads_of(&sys.root(), 43).unwrap_err();
+    assert!(e.to_string().contains("/proc/43/task"), "{e}");
+}

@@ -474,6 +474,9 @@ pub struct AuxStats {
     pub snapshot_overwritten_bytes: u64,
     /// Snapshots where older data may have been overwritten by an unknown amount.
     pub snapshots_possibly_overwritten: u64,
+    /// Times the capture backend re-enabled an event the kernel had disabled because the AUX
+    /// area was full (`perf_aux_output_begin` sets `pending_disable` when no space is left).
+    pub reenables: u64,
 }
 
 impl AuxStats {
@@ -497,6 +500,7 @@ impl AuxStats {
         self.snapshots += o.snapshots;
         self.snapshot_overwritten_bytes += o.snapshot_overwritten_bytes;
         self.snapshots_possibly_overwritten += o.snapshots_possibly_overwritten;
+        self.reenables += o.reenables;
     }
 
     /// True if any counter reports lost or damaged trace or side-band data.

@@ -10,20 +10,20 @@
 //!
 //! The ring logic itself is in [`crate::ring::aux`].
 
+pub mod drainer;
 pub mod event;
 pub mod filter;
 pub mod pmu;
 
 use std::collections::BTreeMap;
 use std::io;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use thiserror::Error;
 
+pub use drainer::{DrainSource, Drainer, DrainerResult};
 pub use event::{AuxMode, EventSpec, StartMode};
 pub use filter::{AddrFilter, FilterAction, FilterError};
 pub use pmu::{ConfigError, PmuError, PtCapabilities, PtOptions, SysRoot};
@@ -317,6 +317,15 @@ pub enum PerfPtError {
     /// No thread to trace.
     #[error("no thread ids to trace")]
     NoThreads,
+    /// The threads of a process could not be listed.
+    #[error("cannot list the threads of process {pid} (/proc/{pid}/task): {source}")]
+    Threads {
+        /// The process.
+        pid: i32,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
     /// The thread is already traced.
     #[error("thread {0} is already traced")]
     DuplicateThread(i32),
@@ -357,6 +366,21 @@ pub enum PerfPtError {
     },
 }
 
+/// The thread ids of `pid`, sorted, from `<root>/proc/<pid>/task`.
+pub fn threads_of(root: &SysRoot, pid: i32) -> Result<Vec<i32>, PerfPtError> {
+    let dir = root.task_dir(pid);
+    let err = |source| PerfPtError::Threads { pid, source };
+    let mut tids = Vec::new();
+    for e in std::fs::read_dir(&dir).map_err(err)? {
+        let e = e.map_err(err)?;
+        if let Some(tid) = e.file_name().to_str().and_then(|n| n.parse().ok()) {
+            tids.push(tid);
+        }
+    }
+    tids.sort_unstable();
+    Ok(tids)
+}
+
 /// Where drained trace goes. Keep it small so the trace store can implement it.
 pub trait TraceSink {
     /// Raw Intel PT bytes of thread `tid`, in order (oldest first).
@@ -385,13 +409,10 @@ impl TraceSink for BTreeMap<i32, Vec<u8>> {
     }
 }
 
-/// A closure `FnMut(tid, bytes)` as a sink.
-#[derive(Debug)]
-pub struct FnSink<F>(pub F);
-
-impl<F: FnMut(i32, &[u8])> TraceSink for FnSink<F> {
+/// Any closure `FnMut(tid, bytes)` is a sink for trace bytes (side-band records are ignored).
+impl<F: FnMut(i32, &[u8])> TraceSink for F {
     fn trace(&mut self, tid: i32, bytes: &[u8]) {
-        (self.0)(tid, bytes)
+        self(tid, bytes)
     }
 }
 
@@ -539,6 +560,15 @@ impl PerfPtBackend {
             this.add_thread(tid)?;
         }
         Ok(this)
+    }
+
+    /// [`PerfPtBackend::open`] on every thread listed in `/proc/<pid>/task` (under
+    /// `config.sys_root`). Threads created later are not followed automatically (per-task AUX
+    /// events cannot be inherited): the tracer adds them with [`PerfPtBackend::add_thread`] when
+    /// it sees the clone.
+    pub fn open_process(pid: i32, config: PerfPtConfig) -> Result<Self, PerfPtError> {
+        let tids = threads_of(&config.sys_root, pid)?;
+        Self::open(&tids, config)
     }
 
     /// Starts tracing a thread created after `open` (per-task events are not inherited).
@@ -700,34 +730,13 @@ impl PerfPtBackend {
     }
 
     /// Moves the backend into a background thread that drains into `sink` whenever an event's
-    /// fd becomes readable (the kernel wakes at `aux_watermark`) or every `period`.
+    /// fd becomes readable (the kernel wakes pollers at `aux_watermark`) or every `period`.
     pub fn spawn_drainer<S: TraceSink + Send + 'static>(
         self,
         sink: S,
         period: Duration,
     ) -> Drainer<S> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let stop2 = Arc::clone(&stop);
-        let handle = std::thread::spawn(move || {
-            let mut backend = self;
-            let mut sink = sink;
-            let mut errors = Vec::new();
-            while !stop2.load(Ordering::Acquire) {
-                backend.wait_readable(period);
-                if let Err(e) = backend.drain_into(&mut sink) {
-                    errors.push(e);
-                }
-            }
-            if let Err(e) = backend.drain_into(&mut sink) {
-                errors.push(e);
-            }
-            DrainerResult {
-                backend,
-                sink,
-                errors,
-            }
-        });
-        Drainer { stop, handle }
+        drainer::spawn_drainer(self, sink, period)
     }
 
     fn wait_readable(&self, period: Duration) {
@@ -757,6 +766,7 @@ fn drain_stream<S: TraceSink + ?Sized>(
     sink: &mut S,
 ) -> Result<u64, PerfPtError> {
     let ring_err = |source| PerfPtError::Ring { tid, source };
+    let truncated_before = s.stats.truncated;
     let mut saw_start = false;
     let data_result = s
         .data
@@ -768,10 +778,31 @@ fn drain_stream<S: TraceSink + ?Sized>(
         s.started = true;
     }
     let moved = match mode {
-        AuxMode::Full => drain_aux_full(s.map.page(), &s.map.aux(), None, &mut s.stats, |b| {
-            sink.trace(tid, b)
-        })
-        .map_err(ring_err)?,
+        AuxMode::Full => {
+            let page = s.map.page();
+            let was_full = page
+                .aux_head
+                .load(Ordering::Acquire)
+                .wrapping_sub(page.aux_tail.load(Ordering::Relaxed))
+                >= page.aux_size.load(Ordering::Relaxed);
+            let n = drain_aux_full(page, &s.map.aux(), None, &mut s.stats, |b| {
+                sink.trace(tid, b)
+            })
+            .map_err(ring_err)?;
+            // When the AUX area has no free space, perf_aux_output_begin() sets the event's
+            // pending_disable and the kernel disables it; space alone does not restart it. Once the
+            // drain has freed the area, re-enable an event that is meant to be running (ENABLE on a
+            // running event is a no-op).
+            if (was_full || s.stats.truncated > truncated_before) && s.started && !s.user_disabled {
+                s.event.enable().map_err(|source| PerfPtError::Ioctl {
+                    tid,
+                    what: "PERF_EVENT_IOC_ENABLE",
+                    source,
+                })?;
+                s.stats.reenables += 1;
+            }
+            n
+        }
         AuxMode::Snapshot => {
             if !s.started {
                 0
@@ -804,31 +835,4 @@ fn drain_stream<S: TraceSink + ?Sized>(
     };
     data_result.map_err(ring_err)?;
     Ok(moved)
-}
-
-/// What the background drainer hands back when stopped.
-#[derive(Debug)]
-pub struct DrainerResult<S> {
-    /// The backend (still open).
-    pub backend: PerfPtBackend,
-    /// The sink.
-    pub sink: S,
-    /// Every error met while draining (draining went on after each).
-    pub errors: Vec<PerfPtError>,
-}
-
-/// Handle of the background drainer thread.
-#[derive(Debug)]
-pub struct Drainer<S> {
-    stop: Arc<AtomicBool>,
-    handle: JoinHandle<DrainerResult<S>>,
-}
-
-impl<S> Drainer<S> {
-    /// Stops the thread after a final drain and returns the backend, the sink and the errors.
-    /// `None` if the drainer thread panicked.
-    pub fn stop(self) -> Option<DrainerResult<S>> {
-        self.stop.store(true, Ordering::Release);
-        self.handle.join().ok()
-    }
 }

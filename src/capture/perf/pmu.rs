@@ -60,6 +60,11 @@ impl SysRoot {
         self.root.join("proc/cpuinfo")
     }
 
+    /// `<root>/proc/<pid>/task` (the thread ids of a process).
+    pub fn task_dir(&self, pid: i32) -> PathBuf {
+        self.root.join(format!("proc/{pid}/task"))
+    }
+
     /// `<root>/proc/self/status` (for `CapEff`).
     pub fn self_status_path(&self) -> PathBuf {
         self.root.join("proc/self/status")
