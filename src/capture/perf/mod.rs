@@ -44,7 +44,7 @@ const CAP_PERFMON: u32 = 38;
 pub enum PtUnavailable {
     /// No `intel_pt` PMU in sysfs.
     #[error(
-        "no intel_pt PMU: {path} does not exist ({})",
+        "no intel_pt PMU: {path} does not exist: {}",
         no_pmu_reason(vendor.as_deref(), *hypervisor, *cpu_flag)
     )]
     NoPmu {
@@ -131,12 +131,17 @@ pub enum PtUnavailable {
 }
 
 fn no_pmu_reason(vendor: Option<&str>, hypervisor: bool, cpu_flag: bool) -> String {
+    let vendor_text = vendor.unwrap_or("unknown vendor");
     match (vendor, hypervisor, cpu_flag) {
         (Some(v), _, _) if v != "GenuineIntel" => format!(
-            "CPU vendor is {v}; Intel Processor Trace exists only on Intel CPUs — AMD and other CPUs have no intel_pt PMU"
+            "the CPU vendor is {v}; Intel Processor Trace exists only on Intel CPUs (AMD and other CPUs have no intel_pt PMU)"
         ),
-        (_, true, false) => "running under a hypervisor that does not expose Intel PT to the guest (CPUID.07H:EBX[25] clear; most VMs, including KVM without PT passthrough, hide it)".into(),
-        (_, _, false) => "the CPU does not report the intel_pt feature (/proc/cpuinfo has no intel_pt flag)".into(),
+        (_, true, false) => format!(
+            "this {vendor_text} CPU runs under a hypervisor that does not expose Intel PT to the guest (CPUID.(EAX=07H,ECX=0):EBX[25] is clear in the VM; KVM needs PT passthrough and most cloud VMs hide it)"
+        ),
+        (_, _, false) => format!(
+            "this {vendor_text} CPU does not report Intel PT (/proc/cpuinfo has no intel_pt flag)"
+        ),
         (_, _, true) => "the CPU reports intel_pt but the kernel has no intel_pt PMU driver (CONFIG_PERF_EVENTS_INTEL_PT?)".into(),
     }
 }
