@@ -909,7 +909,15 @@ fn sinks_deliver_and_count() {
     ));
     drop(rx);
     s.trace(3, &[4, 5]);
-    assert_eq!(s.dropped_bytes, 2);
+    s.side_record(
+        3,
+        &SideRecord::ItraceStart {
+            pid: 1,
+            tid: 3,
+            sample: None,
+        },
+    );
+    assert_eq!((s.dropped_bytes, s.dropped_records), (2, 1));
     let mut per_thread = std::collections::BTreeMap::<i32, Vec<u8>>::new();
     per_thread.trace(1, &[1]);
     per_thread.trace(2, &[2]);

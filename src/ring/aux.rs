@@ -847,7 +847,9 @@ pub struct SnapshotInfo {
 /// `aux_head mod aux_size`, and the buffer is known to have wrapped when the head is ≥ `aux_size`,
 /// when the head moved backwards since the previous snapshot, or when any byte after the write
 /// position is non-zero (AUX pages are allocated zeroed — the same test as perf's
-/// `intel_pt_first_wrap`).
+/// `intel_pt_first_wrap`). With a position-style head, the amount overwritten is unknowable, so
+/// a wrapped buffer that received new data (head moved, or [`SnapshotReader::note_aux_record`]
+/// was called for a `PERF_RECORD_AUX`) reports [`SnapshotLoss::Unknown`].
 ///
 /// The caller must disable the event around [`SnapshotReader::take`] (the kernel ABI makes the
 /// consumer responsible for stopping writers before reading an overwrite-mode AUX area).
@@ -856,12 +858,20 @@ pub struct SnapshotReader {
     prev_head: Option<u64>,
     wrapped: bool,
     running_count: bool,
+    activity: bool,
 }
 
 impl SnapshotReader {
     /// A reader for a freshly mapped (zeroed) AUX area.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Tells the reader that a `PERF_RECORD_AUX` arrived since the previous snapshot, i.e. the
+    /// producer wrote. With a position-style head this is the only way to tell "nothing new" from
+    /// "exactly a multiple of `aux_size` new bytes" (the head ends where it was in both cases).
+    pub fn note_aux_record(&mut self) {
+        self.activity = true;
     }
 
     /// Copies the newest `min(max_len, valid bytes)` bytes ending at `aux_head` to `sink`, oldest
@@ -919,7 +929,7 @@ impl SnapshotReader {
             } else {
                 SnapshotLoss::None
             }
-        } else if self.wrapped && (!was_wrapped || head != self.prev_head.unwrap_or(u64::MAX)) {
+        } else if self.wrapped && (!was_wrapped || self.activity || Some(head) != self.prev_head) {
             SnapshotLoss::Unknown
         } else {
             SnapshotLoss::None
@@ -948,6 +958,7 @@ impl SnapshotReader {
             SnapshotLoss::None => {}
         }
         self.prev_head = Some(head);
+        self.activity = false;
         Ok(SnapshotInfo {
             head,
             bytes: n,

@@ -441,13 +441,15 @@ pub enum TraceChunk {
 }
 
 /// Sends chunks over a channel (to a store thread). Sends to a closed channel are counted in
-/// `dropped_bytes`, not ignored.
+/// `dropped_bytes`/`dropped_records`, not ignored.
 #[derive(Debug)]
 pub struct ChannelSink {
     /// The channel.
     pub tx: mpsc::Sender<TraceChunk>,
     /// Trace bytes that could not be sent because the receiver was gone.
     pub dropped_bytes: u64,
+    /// Side-band records that could not be sent because the receiver was gone.
+    pub dropped_records: u64,
 }
 
 impl ChannelSink {
@@ -456,6 +458,7 @@ impl ChannelSink {
         Self {
             tx,
             dropped_bytes: 0,
+            dropped_records: 0,
         }
     }
 }
@@ -471,10 +474,13 @@ impl TraceSink for ChannelSink {
         }
     }
     fn side_record(&mut self, tid: i32, record: &SideRecord) {
-        let _ = self.tx.send(TraceChunk::Side {
+        let chunk = TraceChunk::Side {
             tid,
             record: record.clone(),
-        });
+        };
+        if self.tx.send(chunk).is_err() {
+            self.dropped_records += 1;
+        }
     }
 }
 
@@ -772,6 +778,7 @@ fn drain_stream<S: TraceSink + ?Sized>(
 ) -> Result<u64, PerfPtError> {
     let ring_err = |source| PerfPtError::Ring { tid, source };
     let truncated_before = s.stats.truncated;
+    let aux_records_before = s.stats.aux_records;
     let mut saw_start = false;
     let data_result = s
         .data
@@ -781,6 +788,9 @@ fn drain_stream<S: TraceSink + ?Sized>(
         });
     if saw_start && !s.user_disabled {
         s.started = true;
+    }
+    if s.stats.aux_records > aux_records_before {
+        s.snap.note_aux_record();
     }
     let moved = match mode {
         AuxMode::Full => {

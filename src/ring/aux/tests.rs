@@ -760,3 +760,57 @@ fn ring_slices_bounds() {
     let empty: Vec<u8> = Vec::new();
     assert_eq!(ring_slices(&empty, 0, 0), None);
 }
+
+#[test]
+fn snapshot_randomised_against_ground_truth() {
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut rnd = move |m: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % m
+    };
+    for running_count in [false, true] {
+        let mut sim = Sim::new(64, 128);
+        let mut snap = SnapshotReader::new();
+        let mut stats = AuxStats::default();
+        let mut last_seen = 0u64; // stream position of the previous snapshot's head
+        let mut exact_lost = 0u64;
+        for _ in 0..200 {
+            let len = rnd(300);
+            sim.write_aux_overwrite(len, running_count);
+            if len > 0 {
+                // The kernel emits a PERF_RECORD_AUX (OVERWRITE) per write.
+                snap.note_aux_record();
+            }
+            let max = if rnd(3) == 0 { Some(rnd(200)) } else { None };
+            let mut out = Vec::new();
+            let info = snap
+                .take(&sim.page, &sim.aux, max, &mut stats, |b| {
+                    out.extend_from_slice(b)
+                })
+                .unwrap();
+            // Ground truth: the newest min(produced, size, max) bytes of the stream.
+            let avail = sim.produced.min(128);
+            let n = avail.min(max.unwrap_or(u64::MAX));
+            assert_eq!(out, stream(sim.produced - n, n), "running={running_count}");
+            assert_eq!(
+                info.wrapped,
+                sim.produced > 128 || (sim.produced == 128 && running_count)
+            );
+            let new = sim.produced - last_seen;
+            match info.loss {
+                SnapshotLoss::Exact(k) => {
+                    assert!(running_count);
+                    assert_eq!(k, new - 128);
+                    exact_lost += k;
+                }
+                SnapshotLoss::None => assert!(new <= 128, "new {new}"),
+                SnapshotLoss::Unknown => assert!(!running_count && info.wrapped),
+            }
+            last_seen = sim.produced;
+        }
+        assert_eq!(stats.snapshot_overwritten_bytes, exact_lost);
+        assert_eq!(stats.snapshots, 200);
+    }
+}
