@@ -1011,3 +1011,43 @@ fn threads_of_lists_proc_task() {
     let e = threads_of(&sys.root(), 43).unwrap_err();
     assert!(e.to_string().contains("/proc/43/task"), "{e}");
 }
+
+#[test]
+fn perf_event_open_errors_are_explained() {
+    use ptrewind::capture::perf::classify_open_error;
+    use ptrewind::capture::perf::event::OpenError;
+    let c = |errno| classify_open_error(OpenError { tid: 42, errno }, 8, Some(3));
+    for errno in [libc::EACCES, libc::EPERM] {
+        let e = c(errno);
+        assert!(
+            matches!(
+                e,
+                PtUnavailable::Permission {
+                    tid: 42,
+                    paranoid: Some(3),
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let msg = e.to_string();
+        assert!(
+            msg.contains("perf_event_paranoid = 3") && msg.contains("CAP_PERFMON"),
+            "{msg}"
+        );
+    }
+    let e = c(libc::ENOENT);
+    assert!(
+        matches!(e, PtUnavailable::PmuNotFound { pmu_type: 8, .. }),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("does not know PMU type 8"));
+    let e = c(libc::EOPNOTSUPP);
+    assert!(matches!(e, PtUnavailable::NotSupported { .. }), "{e:?}");
+    assert!(e.to_string().contains("refused"));
+    let e = c(libc::EBUSY);
+    assert!(e.to_string().contains("already in use"), "{e}");
+    let e = c(libc::EINVAL);
+    assert!(matches!(e, PtUnavailable::OpenFailed { errno, .. } if errno == libc::EINVAL));
+    assert!(e.to_string().contains("Invalid argument"), "{e}");
+}
