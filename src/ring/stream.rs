@@ -38,6 +38,9 @@ pub(crate) struct StreamLog {
     /// Whether an undrained segment may still overlap the rest of `region`; only then do stores
     /// pay for the overlap scan (the hot path is a compare and an add).
     clobber_check: bool,
+    /// The next store starts a new segment even if it is physically adjacent to the last one:
+    /// adjacent regions may be different memory blocks, and a segment must stay in one.
+    fresh_region: bool,
 }
 
 fn overlaps(s: &Segment, start: u64, end: u64) -> bool {
@@ -49,6 +52,7 @@ impl StreamLog {
     /// range after a wrap). Every segment recorded so far is older than what comes next.
     pub(crate) fn enter_region(&mut self, start: u64, end: u64) {
         self.region = (start, end);
+        self.fresh_region = true;
         self.clobber_check = self.segs.iter().any(|s| overlaps(s, start, end));
     }
 
@@ -61,7 +65,8 @@ impl StreamLog {
             self.clobber(phys, phys + len);
         }
         self.present += len;
-        if let Some(last) = self.segs.back_mut() {
+        let fresh = std::mem::take(&mut self.fresh_region);
+        if let (Some(last), false) = (self.segs.back_mut(), fresh) {
             if last.stream + last.len == stream && last.phys + last.len == phys {
                 last.len += len;
                 return;
@@ -141,7 +146,10 @@ impl StreamLog {
                         bytes,
                     });
                 }
-                None => self.overwritten_total += s.len,
+                None => {
+                    debug_assert!(false, "segment {s:?} not inside one memory block");
+                    self.overwritten_total += s.len;
+                }
             }
         }
         self.present = 0;
