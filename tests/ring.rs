@@ -750,7 +750,6 @@ fn unbacked_table_is_reported() {
         .raw(ta, TopaEntry::end(0x7000_0000).raw())
         .unwrap();
     let mut t = b.build().unwrap();
-    let table = t.output_base();
     t.write(&stream(4096, 22));
     let e = *t.error().unwrap();
     assert_eq!(entry_site(&e), (0x7000_0000, 0));
@@ -761,7 +760,6 @@ fn unbacked_table_is_reported() {
             len: 8
         }
     );
-    let _ = table;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1015,5 +1013,39 @@ proptest! {
         let cap = 1u64 << shift;
         let mut s = SingleRange::with_size(Capabilities::default(), cap).unwrap();
         run_ops(&mut s, cap, &ops, seed);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Throughput figure (not a pass/fail test): `cargo test --test ring -- --ignored --nocapture`.
+
+#[test]
+#[ignore = "prints a throughput figure; run explicitly"]
+fn throughput_figure() {
+    for (label, chunk) in [
+        ("8-byte writes", 8usize),
+        ("64-byte writes", 64),
+        ("4 KiB writes", 4096),
+    ] {
+        let mut t = Topa::circular(Capabilities::default(), &[64 << 10; 16], IntOn::Every).unwrap();
+        t.set_pmi_handler(Box::new(|_| {}));
+        let data = stream(1 << 20, 27);
+        let total: u64 = 256 << 20;
+        let start = std::time::Instant::now();
+        let mut written = 0u64;
+        let mut drained = 0u64;
+        while written < total {
+            for c in data.chunks(chunk) {
+                t.write(c);
+            }
+            written += data.len() as u64;
+            // Drain every 1 MiB, as a drainer woken by PMIs would.
+            t.drain_with(&mut |c| drained += c.bytes.len() as u64);
+        }
+        let secs = start.elapsed().as_secs_f64();
+        println!(
+            "ToPA 16x64K, {label}: {:.0} MB/s written+drained ({drained} bytes drained)",
+            written as f64 / secs / 1e6
+        );
     }
 }

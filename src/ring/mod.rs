@@ -52,24 +52,24 @@ pub const MSR_IA32_RTIT_STATUS: u32 = 0x571;
 pub const PERF_GLOBAL_STATUS_TRACE_TOPA_PMI: u64 = 1 << 55;
 
 /// The Intel PT output capabilities a model implements (CPUID leaf 14H sub-leaf 0 and
-/// CPUID.80000008H:EAX[7:0]); the Linux names are the `/sys/.../intel_pt/caps/*` files.
+/// CPUID.80000008H:EAX\[7:0\]); the Linux names are the `/sys/.../intel_pt/caps/*` files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Capabilities {
-    /// CPUID.14H.0:ECX[0] TOPAOUT (`topa_output`): ToPA output is supported.
+    /// CPUID.14H.0:ECX\[0\] TOPAOUT (`topa_output`): ToPA output is supported.
     pub topa_output: bool,
-    /// CPUID.14H.0:ECX[1] MENTRY (`topa_multiple_entries`): ToPA tables may hold many output
+    /// CPUID.14H.0:ECX\[1\] MENTRY (`topa_multiple_entries`): ToPA tables may hold many output
     /// entries. When clear, the "single output region ToPA implementation" rules apply (SDM
     /// §33.2.7.2): exactly one output entry followed by an END entry pointing back to the table.
     pub topa_multiple_entries: bool,
-    /// CPUID.14H.0:ECX[2] (`single_range_output`): single-range output is supported.
+    /// CPUID.14H.0:ECX\[2\] (`single_range_output`): single-range output is supported.
     pub single_range_output: bool,
-    /// CPUID.14H.0:ECX[3] (`output_subsys`): output to the trace transport subsystem
+    /// CPUID.14H.0:ECX\[3\] (`output_subsys`): output to the trace transport subsystem
     /// (FabricEn, SDM §33.2.7.3). Not modelled beyond the flag.
     pub output_subsys: bool,
-    /// CPUID.14H.0:EBX[6]: PMI preservation (IA32_RTIT_CTL.InjectPsbPmiOnEnable and
+    /// CPUID.14H.0:EBX\[6\]: PMI preservation (IA32_RTIT_CTL.InjectPsbPmiOnEnable and
     /// IA32_RTIT_STATUS.PendToPAPMI).
     pub pmi_preservation: bool,
-    /// MAXPHYADDR, CPUID.80000008H:EAX[7:0]: bits at and above it are reserved in ToPA entries
+    /// MAXPHYADDR, CPUID.80000008H:EAX\[7:0\]: bits at and above it are reserved in ToPA entries
     /// and in IA32_RTIT_OUTPUT_BASE.
     pub max_phys_addr: u8,
     /// On single-output-region implementations the processor "will attempt to signal a ToPA PMI
@@ -191,7 +191,7 @@ pub trait TraceSink {
 /// A run of drained bytes and where it sits in the writer's stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Chunk<'a> {
-    /// Stream offset of `bytes[0]`.
+    /// Stream offset of `bytes\[0\]`.
     pub stream_offset: u64,
     /// The bytes, borrowed from the output memory.
     pub bytes: &'a [u8],
@@ -296,7 +296,7 @@ pub enum ErrorSite {
     SingleRange {
         /// IA32_RTIT_OUTPUT_BASE.
         base: u64,
-        /// IA32_RTIT_OUTPUT_MASK_PTRS[31:0].
+        /// IA32_RTIT_OUTPUT_MASK_PTRS\[31:0\].
         mask: u64,
     },
 }
@@ -360,21 +360,21 @@ pub enum ErrorKind {
     },
     /// Single-range error: the mask has a 0 below its most significant 1.
     MaskNotContiguous {
-        /// IA32_RTIT_OUTPUT_MASK_PTRS[31:0].
+        /// IA32_RTIT_OUTPUT_MASK_PTRS\[31:0\].
         mask: u64,
     },
     /// Single-range error: IA32_RTIT_OUTPUT_BASE & mask ≠ 0 (base not aligned to the range).
     BaseMaskOverlap {
         /// IA32_RTIT_OUTPUT_BASE.
         base: u64,
-        /// IA32_RTIT_OUTPUT_MASK_PTRS[31:0].
+        /// IA32_RTIT_OUTPUT_MASK_PTRS\[31:0\].
         mask: u64,
     },
     /// Single-range error: OutputOffset > mask.
     OffsetBeyondMask {
         /// IA32_RTIT_OUTPUT_MASK_PTRS.OutputOffset.
         output_offset: u64,
-        /// IA32_RTIT_OUTPUT_MASK_PTRS[31:0].
+        /// IA32_RTIT_OUTPUT_MASK_PTRS\[31:0\].
         mask: u64,
     },
     /// Model-only: the table entry or output range is not inside one block of the modelled

@@ -27,7 +27,7 @@ pub struct SingleRange {
     mem: Memory,
     msr_base: u64,
     msr_mask_ptrs: u64,
-    /// OutputMask (MASK_PTRS[31:0]).
+    /// OutputMask (MASK_PTRS\[31:0\]).
     mask: u64,
     /// OutputOffset, the write pointer inside the range.
     output_offset: u64,

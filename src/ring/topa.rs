@@ -307,7 +307,7 @@ impl std::fmt::Debug for Topa {
 impl Topa {
     /// Programs the output MSRs with IA32_RTIT_CTL.ToPA = 1 and sets TraceEn: the processor
     /// loads proc_trace_table_base from `output_base`, proc_trace_table_offset from
-    /// `output_mask_ptrs[31:7]` and proc_trace_output_offset from `output_mask_ptrs[63:32]`,
+    /// `output_mask_ptrs\[31:7\]` and proc_trace_output_offset from `output_mask_ptrs\[63:32\]`,
     /// and reaches the current entry (which may raise an operational error: check
     /// [`Topa::error`]).
     pub fn new(
@@ -647,7 +647,7 @@ impl Topa {
     }
 
     /// IA32_RTIT_OUTPUT_MASK_PTRS: bits 6:0 = 7FH, MaskOrTableOffset (bits 31:7) = entry index
-    /// (proc_trace_table_offset[27:3]), OutputOffset (bits 63:32).
+    /// (proc_trace_table_offset\[27:3\]), OutputOffset (bits 63:32).
     pub fn output_mask_ptrs(&self) -> u64 {
         if self.trace_en {
             mask_ptrs(self.ptrs.table_index, self.ptrs.output_offset)
