@@ -385,6 +385,38 @@ fn int_regions_raise_pmis_in_order_naming_the_region() {
 }
 
 #[test]
+fn pmi_skid_delivers_after_writes_to_the_next_region() {
+    let mut t = Topa::circular(Capabilities::default(), &[4096, 4096], IntOn::Every).unwrap();
+    let table = t.output_base();
+    t.set_pmi_skid(100);
+    let seen = Arc::new(Mutex::new(Vec::<Pmi>::new()));
+    let s2 = Arc::clone(&seen);
+    t.set_pmi_handler(Box::new(move |p| s2.lock().unwrap().push(*p)));
+    let data = stream(4096 + 100 + 4000, 28);
+    // The region fills: the status bit is set at once, the interrupt is not taken yet.
+    assert_eq!(t.write(&data[..4096]).pmis, 0);
+    assert!(t.topa_pmi_pending());
+    assert_eq!(t.write(&data[4096..4195]).pmis, 0);
+    // 100 bytes into region 1, the PMI for region 0 arrives.
+    assert_eq!(t.write(&data[4195..4196]).pmis, 1);
+    let p = seen.lock().unwrap()[0];
+    assert_eq!(
+        (p.entry_index, p.stream_offset, p.delivered_at),
+        (0, 4096, 4196)
+    );
+    assert_eq!(p.region_base, region_base(&t, table, 0));
+    assert_eq!(t.pointers().table_index, 1);
+    // Region 1 fills; disabling delivers the pending PMI without further writes.
+    t.write(&data[4196..]);
+    t.write(&stream(50, 29));
+    assert_eq!(seen.lock().unwrap().len(), 1);
+    t.disable();
+    let got = seen.lock().unwrap().clone();
+    assert_eq!(got.len(), 2);
+    assert_eq!((got[1].entry_index, got[1].stream_offset), (1, 8192));
+}
+
+#[test]
 fn pmi_preservation_sets_pend_topa_pmi() {
     let caps = Capabilities {
         pmi_preservation: true,
@@ -703,6 +735,23 @@ fn restricted_memory_errors() {
     let d = t.drain();
     check_drain(&d, &data);
     assert_eq!(d.data, &data[..4196]);
+
+    // A restricted byte *behind* the starting OutputOffset is only hit after the wrap.
+    let mut t = Topa::circular(Capabilities::default(), &[4096, 4096], IntOn::None).unwrap();
+    let table = t.output_base();
+    let r0 = region_base(&t, table, 0);
+    t.disable();
+    t.memory_mut().restrict(r0 + 100..r0 + 101);
+    t.write_output_msrs(table, 0x7F | (200u64 << 32)).unwrap();
+    t.enable();
+    assert!(t.error().is_none());
+    let data = stream(9000, 30);
+    let out = t.write(&data);
+    assert_eq!(out.stored, 3896 + 4096 + 100);
+    let e = *t.error().unwrap();
+    assert_eq!(entry_site(&e), (table, 0));
+    assert_eq!(e.kind, ErrorKind::RestrictedOutput { addr: r0 + 100 });
+    assert_eq!(e.stream_offset, 8092);
 
     // Table entry in SMRR: error when the table pointer reaches it (reads would be all ones).
     let mut t = Topa::circular(Capabilities::default(), &[4096, 4096], IntOn::None).unwrap();

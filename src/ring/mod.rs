@@ -175,7 +175,8 @@ pub struct WriteOutcome {
     /// Bytes not stored because output stopped, hit an operational error or was disabled. They
     /// are counted in [`DrainReport::dropped`] too.
     pub dropped: usize,
-    /// ToPA PMIs raised by this write (one per filled INT region).
+    /// ToPA PMIs delivered to the handler during this write (one per filled INT region, once
+    /// its skid has elapsed; see `Topa::set_pmi_skid`).
     pub pmis: u32,
     /// State after the write.
     pub state: OutputState,

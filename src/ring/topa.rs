@@ -8,6 +8,8 @@
 //! the next table, and implements ToPA STOP, ToPA PMI and the ToPA operational errors. The
 //! reader side ([`TraceSource`]) hands the drainer what was stored, with exact loss accounting.
 
+use std::collections::VecDeque;
+
 use super::memory::{Location, Memory};
 use super::stream::StreamLog;
 use super::{
@@ -241,8 +243,12 @@ pub struct Pmi {
     pub region_base: u64,
     /// Size of the region.
     pub region_size: u64,
-    /// Stream offset of the next byte after the ones stored when the PMI was raised.
+    /// Stream offset of the next byte after the ones stored when the PMI was raised (for a
+    /// regular PMI: the end of the filled region in the stream).
     pub stream_offset: u64,
+    /// Stream offset when the PMI was delivered to the handler: `stream_offset` plus the skid
+    /// (see [`Topa::set_pmi_skid`]), or earlier if output ended first.
+    pub delivered_at: u64,
     /// Raised before the region filled: single-output-region implementations signal the PMI
     /// ahead of the wrap (see [`Capabilities::single_entry_pmi_margin`]).
     pub early: bool,
@@ -287,6 +293,9 @@ pub struct Topa {
     error: Option<OperationalError>,
     pmi_count: u64,
     on_pmi: Option<PmiHandler>,
+    pmi_skid: u64,
+    /// Raised but not yet delivered PMIs, oldest first.
+    pending_pmis: VecDeque<Pmi>,
     /// Stream offset of the next byte offered to `write`.
     head: u64,
     log: StreamLog,
@@ -337,6 +346,8 @@ impl Topa {
             error: None,
             pmi_count: 0,
             on_pmi: None,
+            pmi_skid: 0,
+            pending_pmis: VecDeque::new(),
             head: 0,
             log: StreamLog::default(),
         };
@@ -413,6 +424,7 @@ impl Topa {
     pub fn disable(&mut self) {
         if self.trace_en {
             self.trace_en = false;
+            self.deliver_pmis();
             self.msr_base = self.ptrs.table_base;
             self.msr_mask_ptrs = mask_ptrs(self.ptrs.table_index, self.ptrs.output_offset);
         }
@@ -584,29 +596,58 @@ impl Topa {
         self.raise(ErrorKind::EndInEntry0, self.site(None));
     }
 
+    /// The INT region filled (or, single-entry, nearly filled): Trace_ToPA_PMI (and with PMI
+    /// preservation PendToPAPMI) is set now; the interrupt is delivered after the skid.
     fn raise_pmi(&mut self, cur: &Current, early: bool) {
         self.global_topa_pmi = true;
         if self.inject_psb_pmi_on_enable {
             self.status.0 |= RtitStatus::PEND_TOPA_PMI;
         }
         self.pmi_count += 1;
-        let pmi = Pmi {
+        self.pending_pmis.push_back(Pmi {
             table_base: self.ptrs.table_base,
             entry_index: self.ptrs.table_index,
             region_base: cur.base,
             region_size: cur.size,
             stream_offset: self.head,
+            delivered_at: self.head,
             early,
             stopped: self.status.stopped(),
-        };
-        if let Some(h) = self.on_pmi.as_mut() {
-            h(&pmi);
+        });
+    }
+
+    /// Delivers the PMIs whose skid has elapsed, or all of them once output is no longer
+    /// proceeding (nothing more will be written that could delay them). Returns how many.
+    fn deliver_pmis(&mut self) -> u32 {
+        let force = !self.trace_en || self.cur.is_none();
+        let mut n = 0;
+        while let Some(p) = self.pending_pmis.front() {
+            if !force && self.head < p.stream_offset + self.pmi_skid {
+                break;
+            }
+            let Some(mut p) = self.pending_pmis.pop_front() else {
+                break;
+            };
+            p.delivered_at = self.head;
+            n += 1;
+            if let Some(h) = self.on_pmi.as_mut() {
+                h(&p);
+            }
         }
+        n
+    }
+
+    /// Models PMI skid: "this interrupt is not precise, and it is thus likely that writes to
+    /// the next region will occur by the time the interrupt is taken" (SDM "ToPA PMI"). A PMI
+    /// is delivered to the handler once `bytes` more bytes were stored after it was raised
+    /// (default 0: delivered at the exact fill point), or when output stops, fails or is
+    /// disabled.
+    pub fn set_pmi_skid(&mut self, bytes: u64) {
+        self.pmi_skid = bytes;
     }
 
     /// The current region is full (proc_trace_output_offset reached its size).
-    fn region_filled(&mut self, cur: Current) -> u32 {
-        let mut pmis = 0;
+    fn region_filled(&mut self, cur: Current) {
         if cur.flags.stop {
             // ToPA STOP: Stopped is set, pointers stay on the STOP entry with OutputOffset =
             // region size ("pointing to the next byte after the end of the region").
@@ -616,10 +657,9 @@ impl Topa {
         // STOP happens before INT (Table 33-3), so the handler sees Stopped already set.
         if cur.flags.int && !cur.early_pmi_done {
             self.raise_pmi(&cur, false);
-            pmis += 1;
         }
         if cur.flags.stop {
-            return pmis;
+            return;
         }
         self.ptrs.output_offset = 0;
         self.ptrs.table_index = if self.ptrs.table_index >= MAX_TABLE_INDEX {
@@ -628,7 +668,6 @@ impl Topa {
             self.ptrs.table_index + 1
         };
         self.reach();
-        pmis
     }
 
     /// The processor pointers (read-only; exact at any time in the model, whereas hardware
@@ -672,7 +711,7 @@ impl Topa {
         self.global_topa_pmi = false;
     }
 
-    /// ToPA PMIs raised so far.
+    /// ToPA PMIs raised so far (delivered or not).
     pub fn pmi_count(&self) -> u64 {
         self.pmi_count
     }
@@ -749,8 +788,8 @@ impl TraceSink for Topa {
                 n = n.min(cur.size - off - margin);
             }
             if let Some(r) = cur.restricted_at {
-                if off + n > r {
-                    n = r.saturating_sub(off);
+                if off <= r && off + n > r {
+                    n = r - off;
                 }
             }
             let (now, later) = rest.split_at(n as usize);
@@ -785,11 +824,16 @@ impl TraceSink for Topa {
                 cur.early_pmi_done = true;
                 self.cur = Some(cur);
                 self.raise_pmi(&cur, true);
-                pmis += 1;
             }
             if off == cur.size {
-                pmis += self.region_filled(cur);
+                self.region_filled(cur);
             }
+            if !self.pending_pmis.is_empty() {
+                pmis += self.deliver_pmis();
+            }
+        }
+        if !self.pending_pmis.is_empty() {
+            pmis += self.deliver_pmis();
         }
         let dropped = rest.len();
         if dropped > 0 {
