@@ -385,6 +385,54 @@ fn int_regions_raise_pmis_in_order_naming_the_region() {
 }
 
 #[test]
+fn chained_tables_int_order_across_tables() {
+    // 600 regions do not fit one 4K table (511 outputs + END), so two tables are chained:
+    // T0 = [r0..r510, END -> T1], T1 = [r511..r599, END -> T0].
+    let mut t = Topa::circular(
+        Capabilities::default(),
+        &[4096; 600],
+        IntOn::Regions(vec![0, 510, 511, 599]),
+    )
+    .unwrap();
+    assert_eq!(t.capacity(), 600 * 4096);
+    let t0 = t.output_base();
+    let t1 = TopaEntry(t.memory().read_u64(t0 + 8 * 511).unwrap());
+    assert!(t1.is_end());
+    let t1 = t1.base();
+    let seen = Arc::new(Mutex::new(Vec::<Pmi>::new()));
+    let s2 = Arc::clone(&seen);
+    t.set_pmi_handler(Box::new(move |p| s2.lock().unwrap().push(*p)));
+    let data = stream(600 * 4096 + 10, 31);
+    for c in data.chunks(5000) {
+        t.write(c);
+    }
+    let got: Vec<(u64, u64, u64)> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|p| (p.table_base, p.entry_index, p.stream_offset))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (t0, 0, 4096),
+            (t0, 510, 511 * 4096),
+            (t1, 0, 512 * 4096),
+            (t1, 88, 600 * 4096)
+        ]
+    );
+    let p = t.pointers();
+    assert_eq!((p.table_base, p.table_index, p.output_offset), (t0, 0, 10));
+    assert_eq!(
+        t.memory().read(region_base(&t, t1, 88), 4096).unwrap(),
+        &data[599 * 4096..600 * 4096]
+    );
+    let d = t.drain();
+    check_drain(&d, &data);
+    assert_eq!(d.report.overwritten, 10);
+}
+
+#[test]
 fn pmi_skid_delivers_after_writes_to_the_next_region() {
     let mut t = Topa::circular(Capabilities::default(), &[4096, 4096], IntOn::Every).unwrap();
     let table = t.output_base();

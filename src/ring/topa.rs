@@ -7,6 +7,39 @@
 //! proc_trace_output_offset`, walks to the next entry when a region fills, follows END entries to
 //! the next table, and implements ToPA STOP, ToPA PMI and the ToPA operational errors. The
 //! reader side ([`TraceSource`]) hands the drainer what was stored, with exact loss accounting.
+//!
+//! ## Which SDM rule each behaviour follows
+//!
+//! | Behaviour | SDM §33.2.7.2 rule |
+//! |---|---|
+//! | bytes cross region and table boundaries freely | "treats the various output regions … as a unified buffer … a single packet may span the boundary" |
+//! | region full → next entry, offset 0 | "proc_trace_table_offset moves to the next ToPA entry, proc_trace_output_offset is set to 0" |
+//! | END → table base := entry address, offsets 0 | "proc_trace_table_base is loaded with the base address stored in this END entry … offsets reset to 0" |
+//! | no END/STOP up to offset 0FFFFFF8H → wrap to entry 0 | "the proc_trace_table_offset and proc_trace_output_offset are reset to 0" |
+//! | STOP region full → Status.Stopped, no TIP.PGD, cut packet, rest lost | "ToPA STOP" |
+//! | after a stop: OUTPUT_BASE = STOP entry's table, MaskOrTableOffset = its index, OutputOffset = region size | "ToPA STOP" (the English text says *size of the region*; the Korean translation in the seeds says *size − 1* but then "points to the next byte after the end", i.e. the size) |
+//! | INT region full → Trace_ToPA_PMI (IA32_PERF_GLOBAL_STATUS bit 55), PMI | "ToPA PMI" |
+//! | STOP and INT in one entry: Stopped is set before the PMI | Table 33-3, INT |
+//! | PMI delivered after a skid (optional) | "This interrupt is not precise" |
+//! | MENTRY = 0: one output entry, then END back to the same table; PMI before the region fills | "Single Output Region ToPA Implementation", "ToPA PMI and Single Output Region ToPA Implementation" |
+//! | errors raised when the bad entry is *reached*, Status.Error set, output stops | "ToPA Errors": "when the problematic ToPA entry is reached" |
+//! | PendToPAPMI set with InjectPsbPmiOnEnable | "PMI Preservation" |
+//! | output into SMRR memory / table in SMRR → error | §33.2.7.4, Table 33-5 |
+//!
+//! ## Modelling choices where the SDM leaves room
+//!
+//! * The processor advances to the next entry as soon as a region is full, so errors in the next
+//!   entry are raised at that moment (not at the next byte). The MSR view is always exact; real
+//!   hardware only guarantees it while TraceEn = 0.
+//! * Errors in the entry the MSRs point at are raised when TraceEn is set.
+//! * A STOP, an error, or restricted memory ends output mid-write: the stored part of the write
+//!   stays, the rest is counted as dropped ("packets remaining in internal buffers are lost").
+//! * Table 33-5 says the processor *may* signal an error when output reaches SMRR memory; the
+//!   model always does.
+//! * Only the current entry is cached; tables may be rewritten with TraceEn = 0, as the SDM
+//!   requires for predictable behaviour.
+//! * Memory not backed by a [`Memory`] block is a model-only error ([`ErrorKind::Unbacked`]).
+//! * PendToPAPMI is set, but the re-injection of a PMI when TraceEn is set again is not modelled.
 
 use std::collections::VecDeque;
 
@@ -358,8 +391,9 @@ impl Topa {
 
     /// Builds a circular buffer: one table (or a chain of 4 KiB tables when more than 511
     /// regions are given) holding one output entry per size in `region_sizes`, followed by an
-    /// END entry pointing back to the first table — the layout the Linux driver uses in
-    /// overwrite (snapshot) mode. With MENTRY = 0 exactly one region is allowed.
+    /// END entry pointing back to the first table (the Linux driver links its tables the same
+    /// way, the last table's END entry pointing to the first). With MENTRY = 0 exactly one
+    /// region is allowed.
     pub fn circular(
         caps: Capabilities,
         region_sizes: &[u64],
