@@ -439,3 +439,17 @@ pub enum BuildError {
     #[error(transparent)]
     Msr(#[from] MsrFault),
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capabilities_from_cpuid_leaf_14h() {
+        // ECX: TOPAOUT | single range; EBX: PMI preservation.
+        let c = Capabilities::from_cpuid(1 << 6, 0b101, 39);
+        assert!(c.topa_output && !c.topa_multiple_entries && c.single_range_output);
+        assert!(!c.output_subsys && c.pmi_preservation);
+        assert_eq!(c.phys_addr_mask(), (1 << 39) - 1);
+    }
+}

@@ -15,8 +15,9 @@ use super::{Drain, OutputState, TraceSink, TraceSource, WriteOutcome};
 pub enum Wake {
     /// A PMI was raised since the last wake, or the undrained amount reached the watermark.
     Data,
-    /// Output has stopped or failed (or is disabled); drain what is left. Returned on every
-    /// call while nothing new will arrive, so a drainer never blocks on a dead writer.
+    /// Output has stopped (ToPA STOP) or failed (operational error); drain what is left.
+    /// Returned on every call while that lasts, so a drainer never blocks on a dead writer.
+    /// (TraceEn = 0 alone is not an end: software may be reprogramming the output.)
     Ended,
     /// [`SharedRing::close`] was called.
     Closed,
@@ -121,7 +122,7 @@ impl<R: TraceSink + TraceSource> SharedRing<R> {
                 st.pmi_seen = st.pmi_seq;
                 return Wake::Data;
             }
-            if st.ring.state() != OutputState::Tracing {
+            if matches!(st.ring.state(), OutputState::Stopped | OutputState::Error) {
                 return Wake::Ended;
             }
             let now = Instant::now();

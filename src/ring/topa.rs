@@ -1022,3 +1022,28 @@ impl TopaBuilder {
         Ok(Topa::new(self.caps, mem, bases[0], 0x7F)?)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mask_ptrs_layout_matches_the_kernel_encoding() {
+        // Linux pt_config_buffer(): 0x7f | (cur_idx << 7) | (output_off << 32).
+        assert_eq!(mask_ptrs(3, 0x123), 0x7F | (3 << 7) | (0x123 << 32));
+        assert_eq!(mask_ptrs(MAX_TABLE_INDEX, 0), 0xFFFF_FFFF);
+    }
+
+    #[test]
+    fn entry_flags_and_reserved_bits() {
+        let caps = Capabilities {
+            max_phys_addr: 39,
+            ..Capabilities::default()
+        };
+        let e = TopaEntry::from_raw((1 << 39) | (1 << 12) | TopaEntry::STOP | (1 << 3));
+        assert_eq!(e.flags(), EntryFlags::STOP);
+        assert_eq!(e.reserved_low_bits(), 1 << 3);
+        assert_eq!(e.bits_beyond(&caps), 1 << 39);
+        assert_eq!(TopaEntry::end(0x1234_5678).base(), 0x1234_5000);
+    }
+}
