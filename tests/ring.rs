@@ -1102,6 +1102,35 @@ proptest! {
     }
 
     #[test]
+    fn one_shot_topa_keeps_the_first_bytes_and_drops_the_rest(
+        sizes in prop::collection::vec(prop_oneof![Just(4096u64), Just(8192u64)], 1..4),
+        writes in prop::collection::vec(0usize..9000, 1..12),
+        seed in any::<u64>(),
+    ) {
+        let mut t = Topa::one_shot(Capabilities::default(), &sizes, IntOn::None).unwrap();
+        let cap: u64 = sizes.iter().sum();
+        let total: usize = writes.iter().sum();
+        let data = stream(total, seed);
+        let mut pos = 0;
+        let mut all = Vec::new();
+        let mut dropped = 0;
+        for n in writes {
+            t.write(&data[pos..pos + n]);
+            pos += n;
+            let d = t.drain();
+            check_drain(&d, &data[..pos]);
+            prop_assert_eq!(d.report.overwritten, 0);
+            dropped += d.report.dropped;
+            all.extend_from_slice(&d.data);
+        }
+        // Truth: a STOP buffer keeps exactly the first `cap` bytes; the rest is dropped.
+        let kept = (total as u64).min(cap) as usize;
+        prop_assert_eq!(&all[..], &data[..kept]);
+        prop_assert_eq!(dropped, (total - kept) as u64);
+        prop_assert_eq!(t.state() == OutputState::Stopped, total as u64 >= cap);
+    }
+
+    #[test]
     fn single_range_drains_account_for_every_byte(
         shift in 7u32..14,
         ops in ops(),
