@@ -35,8 +35,8 @@ pub use memory::{Memory, MemoryError};
 pub use shared::{SharedRing, Wake};
 pub use single_range::SingleRange;
 pub use topa::{
-    EntryFlags, IntOn, Pmi, PmiHandler, RegionSize, TableId, Topa, TopaBuilder, TopaEntry,
-    TopaPointers,
+    EntryFlags, IntOn, MAX_TABLE_INDEX, Pmi, PmiHandler, RegionSize, TableId, Topa, TopaBuilder,
+    TopaEntry, TopaPointers,
 };
 
 /// IA32_RTIT_OUTPUT_BASE (SDM §33.2.8.7).
