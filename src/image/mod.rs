@@ -29,7 +29,10 @@ pub mod symbols;
 
 pub use elf::{ElfSpec, LoadedElf, Segments};
 
+pub use perf_maps::{MissingImage, MmapImage, MmapOptions, MmapRecord};
+pub use procfs::{MapEntry, ProcessImage, ProcessSnapshot};
 pub use raw::RawSpec;
+pub use symbols::{SymbolInfo, Symbolizer};
 
 /// Bytes of one section: owned, or shared with other sections and images.
 pub type SectionBytes = Arc<[u8]>;
