@@ -288,6 +288,48 @@ fn compiled_executables_and_library() {
 }
 
 #[test]
+fn cpp_names_are_demangled() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("lib.cc");
+    std::fs::write(
+        &src,
+        "namespace ns { int twice(int x) { return 2 * x; } struct S { long m(long y) const { return y; } }; }\n\
+         long use(const ns::S &s) { return s.m(3) + ns::twice(4); }\n",
+    )
+    .unwrap();
+    let lib = dir.path().join("libcc.so");
+    let status = Command::new("c++")
+        .args(["-g", "-O0", "-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .status()
+        .expect("c++ must be installed to run this test");
+    assert!(status.success());
+    let base = 0x7f55_0000_0000;
+    let mut symbolizer = Symbolizer::new();
+    let elf = symbolizer
+        .add_file(&ElfSpec::new(&lib, Some(base)))
+        .unwrap();
+    // `nm -C` (binutils' demangler) is the oracle for names and addresses.
+    let text = tool("nm", &["-C", "--defined-only", lib.to_str().unwrap()]);
+    let mut checked = 0;
+    for want in [
+        "ns::twice(int)",
+        "ns::S::m(long) const",
+        "use(ns::S const&)",
+    ] {
+        let line = text
+            .lines()
+            .find(|l| l.ends_with(want))
+            .unwrap_or_else(|| panic!("nm -C: no {want}"));
+        let vaddr = hex(line.split(' ').next().unwrap());
+        assert_eq!(symbolizer.symbol(elf.to_addr(vaddr) + 2), Some((want, 2)));
+        checked += 1;
+    }
+    assert_eq!(checked, 3);
+}
+
+#[test]
 fn elf_errors_name_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let junk = dir.path().join("junk");
@@ -500,6 +542,19 @@ fn live_process_image_matches_the_elf() {
         // The vDSO is a little ELF image: its first page starts with the ELF magic.
         assert_eq!(read_image(&live.image, vdso.start, 4), b"\x7fELF");
     }
+
+    // The snapshot, turned into sideband records, rebuilds the program's text from the files.
+    let rebuilt = Image::from_mmaps(&live.snapshot.to_mmap_records(), &MmapOptions::default());
+    let (main, size) = nm(&pie, "main").unwrap();
+    assert_eq!(
+        read_image(&rebuilt.image, main + bias, size.unwrap()),
+        read_image(&live.image, main + bias, size.unwrap())
+    );
+    assert!(
+        rebuilt.missing.iter().any(|m| m.filename == "[vdso]"),
+        "the vDSO has no file and must be reported: {:?}",
+        rebuilt.missing
+    );
 
     // The snapshot survives a save/load round trip.
     let json = serde_json::to_string(&live.snapshot).unwrap();

@@ -27,10 +27,10 @@ pub mod procfs;
 pub mod raw;
 pub mod symbols;
 
-pub use elf::{ElfSpec, LoadedElf, Segments};
+pub use elf::{ElfKind, ElfSpec, LoadedElf, LoadedSegment, Segments};
 
-pub use perf_maps::{MissingImage, MmapImage, MmapOptions, MmapRecord};
-pub use procfs::{MapEntry, ProcessImage, ProcessSnapshot};
+pub use perf_maps::{MissingImage, MmapImage, MmapOptions, MmapRecord, RemapFn};
+pub use procfs::{MapEntry, ProcessImage, ProcessSnapshot, UnreadableMapping};
 pub use raw::RawSpec;
 pub use symbols::{SymbolInfo, Symbolizer};
 

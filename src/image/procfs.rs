@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::{Image, LoadError, Section, SectionBytes, Segments};
+use super::{Image, LoadError, MmapRecord, Section, SectionBytes, Segments};
 
 /// One line of `/proc/PID/maps`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -160,6 +160,24 @@ impl ProcessSnapshot {
     /// The executable mappings.
     pub fn executable(&self) -> impl Iterator<Item = &MapEntry> {
         self.mappings.iter().filter(|m| m.exec)
+    }
+
+    /// The mappings as perf `MMAP2`-style records, so that a saved snapshot can be turned back
+    /// into an image from the files with [`Image::from_mmaps`] (anonymous memory is named
+    /// `//anon`, as perf names it).
+    pub fn to_mmap_records(&self) -> Vec<MmapRecord> {
+        self.mappings
+            .iter()
+            .map(|m| MmapRecord {
+                pid: self.pid as u32,
+                tid: self.pid as u32,
+                addr: m.start,
+                len: m.len(),
+                pgoff: m.offset,
+                filename: m.path.clone().unwrap_or_else(|| "//anon".to_string()),
+                exec: m.exec,
+            })
+            .collect()
     }
 
     /// The lowest address at which `path` is mapped (its load base, for [`super::ElfSpec`]).

@@ -168,7 +168,8 @@ impl Symbolizer {
     /// The symbol containing `addr` (or the nearest preceding one in the same section) and the
     /// offset of `addr` from its start.
     pub fn symbol(&self, addr: u64) -> Option<(&str, u64)> {
-        self.symbol_info(addr).map(|s| (s.name, addr - s.addr))
+        self.symbol_info(addr)
+            .map(|s| (s.name, addr.wrapping_sub(s.addr)))
     }
 
     /// Like [`Symbolizer::symbol`], with the symbol's address, size and object.
