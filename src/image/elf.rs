@@ -7,15 +7,17 @@
 //!   usually starting near 0 — give `BASE` to place it where it was really mapped;
 //! - with `BASE`, the bias is `BASE - page_floor(lowest PT_LOAD p_vaddr)`: `BASE` is the address at
 //!   which the page holding the lowest loadable segment is mapped, i.e. the start address of the
-//!   file's first line in `/proc/PID/maps` (pages are 4 KiB on x86). ptxed subtracts the unrounded
-//!   lowest `p_vaddr`; the two agree for every file whose first segment starts on a page boundary
-//!   (all files produced by GNU ld, gold, lld and mold in their default layouts).
+//!   file's first line in `/proc/PID/maps` (pages are 4 KiB on x86).
 //!
-//! Only the file-backed part of a segment (`p_filesz`) is mapped: the zero-filled rest (`.bss`) is
-//! never code. By default only executable segments are mapped ([`Segments::Executable`]), which is
-//! what the flow decoder needs; [`Segments::AllLoadable`] maps data too (for memory reads by a
-//! debugger). 32-bit and 64-bit, little- and big-endian files are accepted; the machine must be
-//! x86 or x86-64 because nothing else produces Intel PT.
+//! Differences from ptxed's `--elf` (libipt `load_elf.c`): ptxed subtracts the *unrounded* lowest
+//! `p_vaddr` (the two agree whenever the first segment starts on a page boundary, as in every
+//! default GNU ld/gold/lld/mold layout), and it treats a base of 0 as "no base"; here `FILE:0` really
+//! means base 0. ptxed maps every `PT_LOAD`; here that is [`Segments::AllLoadable`].
+//!
+//! Only the file-backed part of a segment (`p_filesz`) is mapped, as in ptxed: the zero-filled rest
+//! (`.bss`) is never code. By default only executable segments are mapped
+//! ([`Segments::Executable`]), which is all the flow decoder needs. 32-bit and 64-bit files are
+//! accepted; the machine must be x86 or x86-64 because nothing else produces Intel PT.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
