@@ -1345,6 +1345,25 @@ pub struct AuxStreams<'data> {
     pub error: Option<PerfDataError>,
 }
 
+/// A stream being assembled by [`AuxStreams::collect`].
+struct StreamBuilder<'data> {
+    key: StreamKey,
+    idx: u32,
+    parts: Vec<&'data [u8]>,
+    chunks: Vec<AuxChunk>,
+    losses: Vec<DataLoss>,
+}
+
+/// A `PERF_RECORD_AUX` with a loss flag, attributed to a stream once all streams are known (AUX
+/// records precede the AUXTRACE records carrying their data).
+struct FlaggedAux {
+    sid: SampleId,
+    /// AUX offset just past the flagged range.
+    end: u64,
+    kind: LossKind,
+    record_offset: u64,
+}
+
 impl<'data> AuxStreams<'data> {
     fn collect(file: &PerfData<'data>) -> Self {
         let mut out = AuxStreams {
@@ -1358,15 +1377,8 @@ impl<'data> AuxStreams<'data> {
             error: None,
         };
         // (key, parts, losses) per stream, in first-seen order; concatenated at the end.
-        let mut building: Vec<(
-            StreamKey,
-            u32,
-            Vec<&'data [u8]>,
-            Vec<AuxChunk>,
-            Vec<DataLoss>,
-        )> = Vec::new();
-        // AUX records with loss flags: (cpu, tid, aux end offset, kind, record offset).
-        let mut flagged: Vec<(Option<u32>, Option<u32>, u64, LossKind, u64)> = Vec::new();
+        let mut building: Vec<StreamBuilder<'data>> = Vec::new();
+        let mut flagged: Vec<FlaggedAux> = Vec::new();
         for item in file.records() {
             let record = match item {
                 Ok(record) => record,
@@ -1383,14 +1395,25 @@ impl<'data> AuxStreams<'data> {
             match record.data {
                 RecordData::Auxtrace(aux) => {
                     let key = StreamKey::from_auxtrace(&aux);
-                    let slot = match building.iter().position(|b| b.0 == key) {
+                    let slot = match building.iter().position(|b| b.key == key) {
                         Some(i) => i,
                         None => {
-                            building.push((key, aux.idx, Vec::new(), Vec::new(), Vec::new()));
+                            building.push(StreamBuilder {
+                                key,
+                                idx: aux.idx,
+                                parts: Vec::new(),
+                                chunks: Vec::new(),
+                                losses: Vec::new(),
+                            });
                             building.len() - 1
                         }
                     };
-                    let (_, _, parts, chunks, losses) = &mut building[slot];
+                    let StreamBuilder {
+                        parts,
+                        chunks,
+                        losses,
+                        ..
+                    } = &mut building[slot];
                     let stream_offset = chunks.last().map_or(0, |c| c.stream_offset + c.size);
                     if let Some(prev) = chunks.last() {
                         let expected = prev.aux_offset.wrapping_add(prev.size);
@@ -1431,27 +1454,42 @@ impl<'data> AuxStreams<'data> {
                     let end = aux_offset.wrapping_add(aux_size);
                     let sid = record.sample_id;
                     if flags & aux_flag::TRUNCATED != 0 {
-                        flagged.push((sid.cpu, sid.tid, end, LossKind::Truncated, record.offset));
+                        flagged.push(FlaggedAux {
+                            sid,
+                            end,
+                            kind: LossKind::Truncated,
+                            record_offset: record.offset,
+                        });
                     }
                     if flags & aux_flag::PARTIAL != 0 {
-                        flagged.push((sid.cpu, sid.tid, end, LossKind::Partial, record.offset));
+                        flagged.push(FlaggedAux {
+                            sid,
+                            end,
+                            kind: LossKind::Partial,
+                            record_offset: record.offset,
+                        });
                     }
                 }
-                RecordData::AuxtraceInfo(info) => {
-                    if out.intel_pt.is_none() {
-                        out.intel_pt = info.intel_pt();
-                    }
+                RecordData::AuxtraceInfo(info) if out.intel_pt.is_none() => {
+                    out.intel_pt = info.intel_pt();
                 }
                 RecordData::Other { .. } => out.unknown_records += 1,
                 _ => {}
             }
         }
 
-        for (cpu, tid, end, kind, record_offset) in flagged {
+        for FlaggedAux {
+            sid,
+            end,
+            kind,
+            record_offset,
+        } in flagged
+        {
+            let (cpu, tid) = (sid.cpu, sid.tid);
             // Per-CPU streams match on the CPU, per-thread streams on the thread.
-            let slot = building.iter().position(|b| match b.0.cpu {
+            let slot = building.iter().position(|b| match b.key.cpu {
                 Some(c) => cpu == Some(c),
-                None => b.0.tid.is_some() && b.0.tid == tid,
+                None => b.key.tid.is_some() && b.key.tid == tid,
             });
             let Some(slot) = slot else {
                 out.unattributed_losses.push(DataLoss {
@@ -1461,22 +1499,29 @@ impl<'data> AuxStreams<'data> {
                 });
                 continue;
             };
-            let chunks = &building[slot].3;
+            let chunks = &building[slot].chunks;
             // The loss sits right after the flagged range: map its end into the stream (an end
             // exactly at a chunk's end belongs to that chunk).
             let stream_offset = chunks
                 .iter()
                 .find(|c| end > c.aux_offset && end <= c.aux_offset + c.size)
                 .map(|c| c.stream_offset + (end - c.aux_offset));
-            building[slot].4.push(DataLoss {
+            building[slot].losses.push(DataLoss {
                 kind,
                 stream_offset,
                 record_offset,
             });
         }
 
-        building.sort_by_key(|b| b.0);
-        for (key, idx, parts, chunks, mut losses) in building {
+        building.sort_by_key(|b| b.key);
+        for StreamBuilder {
+            key,
+            idx,
+            parts,
+            chunks,
+            mut losses,
+        } in building
+        {
             losses.sort_by_key(|l| (l.stream_offset.unwrap_or(u64::MAX), l.record_offset));
             let data = if parts.len() == 1 {
                 Cow::Borrowed(parts[0])
