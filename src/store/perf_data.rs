@@ -1108,9 +1108,12 @@ impl<'data> RecordData<'data> {
                 filename: c_string(&body[32..]),
             },
             t::MMAP2 => {
+                // pid, tid, addr, len, pgoff (32 bytes), then either maj, min, ino,
+                // ino_generation or (MISC_MMAP_BUILD_ID) build_id_size, 3 reserved bytes and
+                // 20 build-id bytes (24 bytes either way), then prot, flags, filename.
                 let build_id = if misc & MISC_MMAP_BUILD_ID != 0 {
-                    let len = (*body.get(40).ok_or(SHORT)? as usize).min(20);
-                    Some(body.get(44..44 + len).ok_or(SHORT)?)
+                    let len = (*body.get(32).ok_or(SHORT)? as usize).min(20);
+                    Some(body.get(36..36 + len).ok_or(SHORT)?)
                 } else {
                     None
                 };
@@ -1121,9 +1124,9 @@ impl<'data> RecordData<'data> {
                     len: r64(16)?,
                     pgoff: r64(24)?,
                     build_id,
-                    prot: r32(64)?,
-                    flags: r32(68)?,
-                    filename: c_string(&body[72..]),
+                    prot: r32(56)?,
+                    flags: r32(60)?,
+                    filename: c_string(&body[64..]),
                 }
             }
             t::COMM => RecordData::Comm {
