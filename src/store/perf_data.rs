@@ -813,7 +813,7 @@ impl<'data> Iterator for Records<'data> {
         } else {
             SampleId::default()
         };
-        let parsed = RecordData::parse(kind, misc, body, payload, offset + size as u64);
+        let parsed = RecordData::parse(kind, misc, offset, body, payload, offset + size as u64);
         let data = match parsed {
             Ok(data) => data,
             Err(reason) => {
@@ -1087,9 +1087,11 @@ impl<'data> BuildId<'data> {
 }
 
 impl<'data> RecordData<'data> {
+    /// Decodes the body of a record at file offset `offset`.
     fn parse(
         kind: u32,
         misc: u16,
+        offset: u64,
         body: &'data [u8],
         trailing: &'data [u8],
         trailing_offset: u64,
@@ -1197,12 +1199,13 @@ impl<'data> RecordData<'data> {
                 time_zero: r64(16)?,
             },
             t::HEADER_ATTR => {
-                let attr = EventAttr::parse(body, 0).ok_or("attr record shorter than its attr")?;
+                let attr = EventAttr::parse(body, offset + RECORD_HEADER_SIZE as u64)
+                    .ok_or("attr record shorter than its attr")?;
                 let ids = &body[attr.raw.len()..];
                 RecordData::HeaderAttr { attr, ids }
             }
             t::HEADER_BUILD_ID => {
-                RecordData::BuildId(BuildId::parse(body, misc, 0).map_err(|_| SHORT)?)
+                RecordData::BuildId(BuildId::parse(body, misc, offset).map_err(|_| SHORT)?)
             }
             t::HEADER_FEATURE => RecordData::Feature {
                 feature: r64(0)?,
@@ -1789,6 +1792,89 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn mmap2_both_layouts_switch_and_tracing_data() {
+        let mmap2 = |misc: u16, id_area: [u8; 24]| {
+            let mut body = Vec::new();
+            for v in [5u32, 6] {
+                body.extend_from_slice(&v.to_le_bytes());
+            }
+            for v in [0x7f00_0000_0000u64, 0x2000, 0x1000] {
+                body.extend_from_slice(&v.to_le_bytes());
+            }
+            body.extend_from_slice(&id_area);
+            body.extend_from_slice(&5u32.to_le_bytes()); // prot r-x
+            body.extend_from_slice(&2u32.to_le_bytes()); // flags MAP_PRIVATE
+            body.extend_from_slice(b"/lib/x.so\0\0\0\0\0\0\0");
+            body.extend(sample_id(5, 6, 1, 0, 7));
+            record(record_type::MMAP2, misc, &body)
+        };
+        let mut with_id = [0u8; 24];
+        with_id[0] = 20;
+        with_id[4..24].copy_from_slice(&[0xcd; 20]);
+        // Tracing data: 8 bytes follow the record without being counted in header.size.
+        let mut tracing = record(record_type::HEADER_TRACING_DATA, 0, &8u32.to_le_bytes());
+        tracing.extend_from_slice(&[0xee; 8]);
+        let mut build_id_body = Vec::new();
+        build_id_body.extend_from_slice(&42i32.to_le_bytes());
+        build_id_body.extend_from_slice(&[0x11; 24]);
+        build_id_body.extend_from_slice(b"/bin/sh\0");
+        let file = pipe_file(&[
+            mmap2(0, [0x33; 24]),
+            mmap2(MISC_MMAP_BUILD_ID, with_id),
+            record(
+                record_type::SWITCH,
+                MISC_SWITCH_OUT,
+                &sample_id(5, 6, 2, 0, 7),
+            ),
+            tracing,
+            record(record_type::HEADER_BUILD_ID, 0, &build_id_body),
+        ]);
+        let perf = PerfData::parse(&file).unwrap();
+        let records: Vec<_> = perf.records().collect::<Result<_, _>>().unwrap();
+        assert_eq!(records.len(), 6);
+        for (record, build_id) in [(&records[1], None), (&records[2], Some(&[0xcd; 20][..]))] {
+            assert_eq!(
+                record.data,
+                RecordData::Mmap2 {
+                    pid: 5,
+                    tid: 6,
+                    addr: 0x7f00_0000_0000,
+                    len: 0x2000,
+                    pgoff: 0x1000,
+                    build_id,
+                    prot: 5,
+                    flags: 2,
+                    filename: b"/lib/x.so",
+                }
+            );
+        }
+        assert_eq!(
+            records[3].data,
+            RecordData::Switch {
+                out: true,
+                preempt: false
+            }
+        );
+        assert_eq!(records[3].sample_id.time, Some(2));
+        assert!(matches!(
+            records[4].data,
+            RecordData::Other {
+                kind: record_type::HEADER_TRACING_DATA,
+                trailing: [0xee, 0xee, 0xee, 0xee, 0xee, 0xee, 0xee, 0xee],
+                ..
+            }
+        ));
+        let RecordData::BuildId(id) = &records[5].data else {
+            panic!("{:?}", records[5].data)
+        };
+        assert_eq!(
+            (id.pid, id.build_id, id.filename),
+            (42, &[0x11; 20][..], &b"/bin/sh"[..])
+        );
+        assert_eq!(id.offset, records[5].offset);
     }
 
     #[test]
