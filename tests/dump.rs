@@ -445,6 +445,19 @@ fn dump_lists_every_corpus_trace_without_invalid_packets() {
         assert_eq!(synced_lines.len(), ipt.packets.len(), "{}", trace.name);
         let first = format!("{:016x}  psb", ipt.first_sync.unwrap());
         assert_eq!(synced_lines[0], first, "{}", trace.name);
+        // Line by line, offsets, names and payloads agree with libipt's packets.
+        for (line, record) in synced_lines.iter().zip(&ipt.packets) {
+            if let Some(want) = render_libipt(record) {
+                assert_eq!(*line, want, "{}", trace.name);
+            } else {
+                assert_eq!(
+                    line[..16],
+                    format!("{:016x}", record.offset),
+                    "{}",
+                    trace.name
+                );
+            }
+        }
         figures.push(format!(
             "{:<32} {:>9} bytes {:>9} packets",
             trace.name,
@@ -488,6 +501,59 @@ fn dump_lists_every_corpus_trace_without_invalid_packets() {
         figures.push(format!("{name:<32} {total:>25} packets"));
     }
     eprintln!("packets per corpus file:\n{}", figures.join("\n"));
+}
+
+/// A libipt packet rendered the way the listing prints it (None for kinds this test does not
+/// render; their offset is still compared).
+fn render_libipt(record: &support::libipt::PacketRecord) -> Option<String> {
+    use support::libipt::IptPacket as P;
+    let ip = |ipc: u32, ip: u64| match ipc {
+        0 => "0: ????????????????".to_string(),
+        1 => format!("1: ????????????{:04x}", ip & 0xffff),
+        2 => format!("2: ????????{:08x}", ip & 0xffff_ffff),
+        3 => format!("3: {:016x}", ((ip << 16) as i64 >> 16) as u64),
+        4 => format!("4: ????{:012x}", ip & 0xffff_ffff_ffff),
+        6 => format!("6: {ip:016x}"),
+        _ => format!("bad ipc {ipc}"),
+    };
+    let tnt = |bits: u8, payload: u64| -> String {
+        (0..bits)
+            .rev()
+            .map(|i| if payload >> i & 1 == 1 { '!' } else { '.' })
+            .collect()
+    };
+    let flags = |f: &[(bool, &str)]| -> String {
+        f.iter()
+            .filter(|(set, _)| *set)
+            .map(|(_, n)| *n)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let (name, payload) = match record.packet {
+        P::Pad => ("pad", String::new()),
+        P::Psb => ("psb", String::new()),
+        P::Psbend => ("psbend", String::new()),
+        P::Ovf => ("ovf", String::new()),
+        P::Stop => ("stop", String::new()),
+        P::Fup { ipc, ip: v } => ("fup", ip(ipc, v)),
+        P::Tip { ipc, ip: v } => ("tip", ip(ipc, v)),
+        P::TipPge { ipc, ip: v } => ("tip.pge", ip(ipc, v)),
+        P::TipPgd { ipc, ip: v } => ("tip.pgd", ip(ipc, v)),
+        P::Tnt8 { bits, payload } => ("tnt.8", tnt(bits, payload)),
+        P::Tnt64 { bits, payload } => ("tnt.64", tnt(bits, payload)),
+        P::ModeExec { csl, csd } => ("mode.exec", flags(&[(csl, "cs.l"), (csd, "cs.d")])),
+        P::ModeTsx { intx, abrt } => ("mode.tsx", flags(&[(intx, "intx"), (abrt, "abrt")])),
+        P::Pip { cr3, nr } => ("pip", format!("{cr3:x}{}", if nr { ", nr" } else { "" })),
+        P::Vmcs { base } => ("vmcs", format!("{base:x}")),
+        P::Cbr { ratio } => ("cbr", format!("{ratio:x}")),
+        P::Tsc { tsc } => ("tsc", format!("{tsc:x}")),
+        P::Tma { ctc, fc } => ("tma", format!("{ctc:x}, {fc:x}")),
+        P::Mtc { ctc } => ("mtc", format!("{ctc:x}")),
+        P::Cyc { value } => ("cyc", format!("{value:x}")),
+        _ => return None,
+    };
+    let line = format!("{:016x}  {name:<11}{payload}", record.offset);
+    Some(line.trim_end().to_string())
 }
 
 // ---------------------------------------------------------------------------------------------
