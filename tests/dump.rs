@@ -631,6 +631,42 @@ fn lastip_reconstructs_hand_assembled_ips() {
 }
 
 #[test]
+fn lastip_enable_ips_match_hase_ground_truth() {
+    let Some(root) = corpus() else { return };
+    let h = root.join("hase-pt-recordings");
+    for (perf, truth) in [
+        (
+            "loopy-20180404/loopy-20180404T162955.perf",
+            "loopy-20180404/loopy-20180404T162955.trace",
+        ),
+        (
+            "control_flow-20180404/control_flow-20180404T163033.perf",
+            "control_flow-20180404/control_flow-20180404T163033.trace",
+        ),
+    ] {
+        // Ground truth: "from<TAB>to", from = 0 is a trace enable at `to`.
+        let enables: Vec<u64> = support::corpus::read_branch_list(&h.join(truth))
+            .unwrap()
+            .into_iter()
+            .filter(|&(from, _)| from == 0)
+            .map(|(_, to)| to)
+            .collect();
+        assert!(!enables.is_empty());
+        let out = dump_path(&h.join(perf), &["--lastip"]);
+        assert_eq!(out.status.code(), Some(0));
+        let pge: Vec<u64> = stdout(&out)
+            .lines()
+            .filter(|l| l.split_whitespace().nth(1) == Some("tip.pge"))
+            .map(|l| {
+                let ip = l.rsplit_once("ip=0x").expect("tip.pge with an IP").1;
+                u64::from_str_radix(ip, 16).unwrap()
+            })
+            .collect();
+        assert_eq!(pge, enables, "{perf}");
+    }
+}
+
+#[test]
 fn sync_skips_to_the_first_psb() {
     let tmp = tempfile::tempdir().unwrap();
     let mut pt = vec![0x06, 0x00, 0x59, 0x12]; // tnt.8, pad, mtc: valid packets before the PSB
