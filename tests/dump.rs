@@ -870,6 +870,53 @@ fn truncated_perf_data_keeps_the_complete_streams() {
 }
 
 #[test]
+fn mutated_perf_data_never_panics() {
+    let Some(root) = corpus() else { return };
+    let q = root.join("quipper-perfdata-intel_pt");
+    let h = root.join("hase-pt-recordings");
+    let mut x = 0x2545f4914f6cdd1du64;
+    let mut rand = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for path in [
+        h.join("loopy-20180404/loopy-20180404T162955.perf"),
+        h.join("control_flow-20180515/perf.data.1"),
+        q.join("perf.data.piped.intel_pt-4.14"),
+    ] {
+        let original = std::fs::read(&path).unwrap();
+        for round in 0..300 {
+            let mut bytes = original.clone();
+            // Mostly header and record headers, where a flipped byte changes the structure.
+            for _ in 0..1 + round % 8 {
+                let limit = if round % 2 == 0 { 4096 } else { bytes.len() };
+                let at = rand() as usize % limit.min(bytes.len());
+                bytes[at] = rand() as u8;
+            }
+            if round % 5 == 0 {
+                bytes.truncate(rand() as usize % bytes.len());
+            }
+            // Whatever the damage: a value, never a panic; streams stay within the file.
+            if let Ok(source) = TraceSource::from_bytes(&bytes) {
+                for stream in &source.streams {
+                    for chunk in &stream.chunks {
+                        assert!(chunk.file_offset + chunk.size <= bytes.len() as u64);
+                    }
+                }
+            }
+            if let Ok(perf) = PerfData::parse(&bytes) {
+                for record in perf.records() {
+                    let _ = record;
+                }
+                let _ = perf.build_ids();
+            }
+        }
+    }
+}
+
+#[test]
 fn bogus_record_sizes_are_errors_with_offsets() {
     let Some(root) = corpus() else { return };
     let tmp = tempfile::tempdir().unwrap();

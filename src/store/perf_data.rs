@@ -294,7 +294,7 @@ impl FileSection {
     fn read(data: &[u8], at: usize) -> Option<Self> {
         Some(FileSection {
             offset: u64_at(data, at)?,
-            size: u64_at(data, at + 8)?,
+            size: u64_at(data, at.checked_add(8)?)?,
         })
     }
 
@@ -639,7 +639,7 @@ impl<'data> PerfData<'data> {
             return None;
         }
         let index = (0..feature).filter(|&bit| self.has_feature(bit)).count() as u64;
-        let entry_offset = self.features_offset + index * SECTION_SIZE;
+        let entry_offset = self.features_offset.saturating_add(index * SECTION_SIZE);
         let Some(section) = usize::try_from(entry_offset)
             .ok()
             .and_then(|at| FileSection::read(self.data, at))
@@ -648,7 +648,7 @@ impl<'data> PerfData<'data> {
                 entry_offset,
                 PerfDataErrorKind::SectionOutOfBounds {
                     section: "feature table",
-                    end: entry_offset + SECTION_SIZE,
+                    end: entry_offset.saturating_add(SECTION_SIZE),
                     file_len: self.data.len() as u64,
                 },
             )));
@@ -1317,7 +1317,10 @@ impl AuxStream<'_> {
     pub fn locate(&self, offset: u64) -> Option<(u64, u64)> {
         let chunk = self.chunk_at(offset)?;
         let delta = offset - chunk.stream_offset;
-        Some((chunk.file_offset + delta, chunk.aux_offset + delta))
+        Some((
+            chunk.file_offset + delta,
+            chunk.aux_offset.wrapping_add(delta),
+        ))
     }
 
     /// A short label: `cpu<N>` in per-CPU mode, `tid<N>` in per-thread mode.
@@ -1510,7 +1513,7 @@ impl<'data> AuxStreams<'data> {
             // exactly at a chunk's end belongs to that chunk).
             let stream_offset = chunks
                 .iter()
-                .find(|c| end > c.aux_offset && end <= c.aux_offset + c.size)
+                .find(|c| end > c.aux_offset && end - c.aux_offset <= c.size)
                 .map(|c| c.stream_offset + (end - c.aux_offset));
             building[slot].losses.push(DataLoss {
                 kind,
