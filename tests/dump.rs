@@ -474,6 +474,13 @@ fn dump_lists_every_corpus_trace_without_invalid_packets() {
             path.display(),
             stderr(&out)
         );
+        // stderr: one header line per stream and nothing else.
+        let err = stderr(&out);
+        assert_eq!(err.lines().count(), streams.len(), "{err}");
+        assert!(
+            err.lines().all(|l| l.starts_with("ptrewind: stream ")),
+            "{err}"
+        );
         let mut total = 0;
         for (label, extracted) in &streams {
             let pt = std::fs::read(extracted).unwrap();
@@ -1025,6 +1032,19 @@ fn cli_errors_exit_2() {
     let out = dump_path(&path, &["--stream", "cpu1"]);
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(stdout(&out), "0000000000000000  psb\n");
+    // An unknown record type is stepped over by its size and counted, not fatal.
+    let mut file = pipe_perf_data(&[(&with_psb(&[]), 0)]);
+    file.extend_from_slice(&[0xc8, 0, 0, 0, 0, 0, 16, 0, 1, 2, 3, 4, 5, 6, 7, 8]);
+    file.extend_from_slice(&pipe_perf_data(&[(&with_psb(&[&[0x02, 0x23]]), 16)])[16..]);
+    std::fs::write(&path, &file).unwrap();
+    let out = dump_path(&path, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("1 record(s) of types not decoded"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(stdout(&out).lines().count(), 3);
     let help = Command::new(BIN).args(["dump", "--help"]).output().unwrap();
     let help = stdout(&help).to_string();
     assert!(

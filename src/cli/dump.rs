@@ -17,7 +17,7 @@ use super::CmdResult;
 
 /// Arguments of `ptrewind dump`.
 #[derive(clap::Args, Debug)]
-#[command(after_long_help = DUMP_HELP)]
+#[command(after_help = DUMP_SHORT_HELP, after_long_help = DUMP_HELP)]
 pub struct DumpArgs {
     /// A raw PT file (AUX dump, extracted stream) or a perf.data file (normal or pipe mode;
     /// detected by its PERFILE2 magic).
@@ -38,6 +38,11 @@ pub struct DumpArgs {
     #[arg(long, value_name = "LABEL")]
     stream: Option<String>,
 }
+
+const DUMP_SHORT_HELP: &str = "\
+stdout: one line per packet, `<offset %016x>  <name>  <payload>` (or only the statistics with
+--stats); everything else goes to stderr.
+Exit status: 0 clean, 1 invalid packets or data loss, 2 hard error. See --help for details.";
 
 const DUMP_HELP: &str = "\
 OUTPUT
