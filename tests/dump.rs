@@ -367,6 +367,7 @@ fn hase_and_piped_auxtrace_info_and_attrs() {
     let info = PerfData::parse(&bytes)
         .unwrap()
         .aux_streams()
+        .scan
         .intel_pt
         .unwrap();
     assert_eq!(info.time_mult, 0x2819aa06);
@@ -394,7 +395,7 @@ fn hase_and_piped_auxtrace_info_and_attrs() {
     // hase 2018-05 recordings are snapshots (AUX OVERWRITE), which is not data loss.
     let bytes = std::fs::read(root.join("hase-pt-recordings/loopy-20180514/perf.data.1")).unwrap();
     let streams = PerfData::parse(&bytes).unwrap().aux_streams();
-    assert_eq!(streams.aux_records, 2);
+    assert_eq!(streams.scan.aux_records, 2);
     assert_eq!(streams.loss_count(), 0);
 }
 

@@ -13,7 +13,7 @@ use std::borrow::Cow;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use perf_data::{AuxStreams, DataLoss, PerfData, PerfDataError};
+use perf_data::{DataLoss, PerfData, PerfDataError, PerfScan};
 
 /// Errors opening or interpreting a trace file.
 #[derive(Debug, thiserror::Error)]
@@ -144,7 +144,7 @@ pub struct TraceSource<'data> {
     pub streams: Vec<TraceStream<'data>>,
     /// For perf.data: what the scan found besides the streams (record counts, malformed records,
     /// the framing error that ended the scan, losses that match no stream).
-    pub perf: Option<AuxStreams<'data>>,
+    pub perf: Option<PerfScan>,
 }
 
 impl<'data> TraceSource<'data> {
@@ -173,12 +173,12 @@ impl<'data> TraceSource<'data> {
             });
         }
         let perf = PerfData::parse(bytes)?;
-        let mut aux = perf.aux_streams();
+        let aux = perf.aux_streams();
         // Per-CPU streams of one CPU but different threads would share `cpuN`: disambiguate.
         let labels: Vec<String> = aux.streams.iter().map(|s| s.label()).collect();
         let streams = aux
             .streams
-            .drain(..)
+            .into_iter()
             .enumerate()
             .map(|(i, s)| {
                 let duplicate = labels.iter().filter(|l| **l == labels[i]).count() > 1;
@@ -210,7 +210,7 @@ impl<'data> TraceSource<'data> {
                 pipe: perf.is_pipe(),
             },
             streams,
-            perf: Some(aux),
+            perf: Some(aux.scan),
         })
     }
 
