@@ -1053,3 +1053,18 @@ fn cli_errors_exit_2() {
         "{help}"
     );
 }
+
+#[test]
+fn pipe_mode_perf_data_from_stdin() {
+    let Some(root) = corpus() else { return };
+    let path = root.join("quipper-perfdata-intel_pt/perf.data.piped.intel_pt-4.14");
+    let from_file = dump_path(&path, &[]);
+    let from_stdin = Command::new(BIN)
+        .args(["dump", "-"])
+        .stdin(std::fs::File::open(&path).unwrap())
+        .output()
+        .unwrap();
+    assert_eq!(from_stdin.status.code(), Some(0), "{}", stderr(&from_stdin));
+    assert!(!from_stdin.stdout.is_empty());
+    assert_eq!(from_stdin.stdout, from_file.stdout);
+}
