@@ -315,7 +315,9 @@ pub enum IptPacket {
     Psb,
     /// PSBEND.
     Psbend,
-    /// FUP; `ipc` is the raw IP-compression field, `ip` the raw (uncompressed-by-LastIP) payload.
+    /// FUP; `ipc` is the raw IP-compression field (0 suppressed, 1 = 16-bit update, 2 = 32-bit
+    /// update, 3 = 48-bit sign-extended, 4 = 48-bit update, 6 = full 64 bits), `ip` the payload
+    /// bits exactly as encoded (not reconstructed with LastIP).
     Fup {
         /// `enum pt_ip_compression`.
         ipc: u32,
@@ -345,16 +347,17 @@ pub enum IptPacket {
     },
     /// Short TNT.
     Tnt8 {
-        /// Number of TNT bits.
+        /// Number of TNT bits (stop bit excluded).
         bits: u8,
-        /// TNT bits, oldest in the most significant of the `bits` positions.
+        /// TNT bits with the stop bit removed, as libipt stores them: the oldest branch is bit
+        /// `bits - 1`, the newest bit 0 (byte 0x0a → bits 2, payload 0b01: not taken, taken).
         payload: u64,
     },
     /// Long TNT.
     Tnt64 {
-        /// Number of TNT bits.
+        /// Number of TNT bits (stop bit excluded).
         bits: u8,
-        /// TNT bits.
+        /// TNT bits, same convention as [`IptPacket::Tnt8`].
         payload: u64,
     },
     /// MODE.Exec.
