@@ -550,7 +550,8 @@ impl<'data> PerfData<'data> {
         if attrs_section.size > 0 {
             for (i, entry) in attrs_bytes.chunks_exact(attr_size as usize).enumerate() {
                 let entry_offset = attrs_section.offset + i as u64 * attr_size;
-                let attr = EventAttr::parse(entry, entry_offset).ok_or(PerfDataError::new(
+                let attr_bytes = &entry[..(attr_size - SECTION_SIZE) as usize];
+                let attr = EventAttr::parse(attr_bytes, entry_offset).ok_or(PerfDataError::new(
                     entry_offset,
                     PerfDataErrorKind::BadAttrSize { attr_size },
                 ))?;
