@@ -186,6 +186,28 @@ impl PerfEvent {
     }
 }
 
+/// `poll(2)` for `POLLIN` on perf event descriptors (the kernel signals readability when a
+/// wake-up is due: every `wakeup_events`/`wakeup_watermark` on the data ring, every
+/// `aux_watermark` bytes of AUX, and on `PERF_AUX_FLAG_TRUNCATED`). Returns how many are ready.
+pub fn poll_readable(fds: &[RawFd], timeout: std::time::Duration) -> io::Result<usize> {
+    let mut pfds: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let ms = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
+    // SAFETY: `pfds` is a live, correctly sized array of pollfd for the duration of the call.
+    let rc = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc as usize)
+    }
+}
+
 /// The system page size.
 pub fn page_size() -> usize {
     // SAFETY: sysconf has no memory-safety preconditions.

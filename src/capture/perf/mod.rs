@@ -751,22 +751,14 @@ impl PerfPtBackend {
     }
 
     fn wait_readable(&self, period: Duration) {
-        let mut fds: Vec<libc::pollfd> = self
-            .streams
-            .values()
-            .map(|s| libc::pollfd {
-                fd: s.event.raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            })
-            .collect();
-        let timeout = period.as_millis().min(i32::MAX as u128) as libc::c_int;
+        let fds: Vec<_> = self.streams.values().map(|s| s.event.raw_fd()).collect();
         if fds.is_empty() {
             std::thread::sleep(period);
-            return;
+        } else {
+            // An interrupted or failed poll only shortens the wait; the drain that follows
+            // reads the rings regardless.
+            let _ = event::poll_readable(&fds, period);
         }
-        // SAFETY: `fds` is a live, correctly sized array of pollfd for the duration of the call.
-        let _ = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
     }
 }
 
