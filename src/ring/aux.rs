@@ -442,7 +442,8 @@ pub struct AuxStats {
     pub records: u64,
     /// `PERF_RECORD_AUX` records.
     pub aux_records: u64,
-    /// Sum of `aux_size` over `PERF_RECORD_AUX` records.
+    /// Sum of `aux_size` over `PERF_RECORD_AUX` records (in overwrite mode `intel_pt` reports the
+    /// whole buffer size per record, so this is not a byte count of new data there).
     pub aux_bytes_reported: u64,
     /// AUX records with `TRUNCATED` (trace lost because the consumer lagged).
     pub truncated: u64,

@@ -425,7 +425,9 @@ pub struct PtOptions {
     /// `psb_period=N`: PSB about every 2^(N+11) bytes (N ≠ 0 needs `caps/psb_cyc` and bit N of
     /// `caps/psb_periods`).
     pub psb_period: Option<u8>,
-    /// `branch`: COFI packets (BranchEn). Turning it off needs the `pt` pass-through term.
+    /// `branch`: COFI packets (BranchEn). Turning it off needs the `pt` pass-through term, and
+    /// parts where the driver sets `branch_en_always_on` (Broadwell) still refuse it with
+    /// `EINVAL` — that is model-specific and not visible in sysfs.
     pub branch: bool,
 }
 
