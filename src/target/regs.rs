@@ -17,7 +17,7 @@ mod fx {
     pub const MXCSR: usize = 24;
     pub const ST0: usize = 32;
     pub const XMM0: usize = 160;
-    /// `sw_reserved` bytes the kernel fills with `struct _fpx_sw_bytes` (magic, sizes, xcr0).
+    /// `sw_reserved` bytes; for ptrace the first u64 is XCR0.
     pub const SW_RESERVED: usize = 464;
     /// Size of the legacy area.
     pub const LEGACY_SIZE: usize = 512;
@@ -25,8 +25,6 @@ mod fx {
     pub const XSTATE_BV: usize = 512;
 }
 
-/// `FP_XSTATE_MAGIC1` from the kernel's `sigcontext.h`: marks valid `sw_reserved` bytes.
-const FP_XSTATE_MAGIC1: u32 = 0x4650_5853;
 /// XCR0 / XSTATE_BV bit of the AVX (YMM_Hi128) component.
 const XFEATURE_AVX: u64 = 1 << 2;
 
@@ -473,17 +471,14 @@ fn gprs_from_libc(r: &libc::user_regs_struct) -> [u64; gpr::COUNT] {
     ]
 }
 
+/// XCR0 from a ptrace XSAVE image: for `NT_X86_XSTATE` the kernel stores the user XCR0 as
+/// the first u64 of the `sw_reserved` bytes (`USER_XSTATE_XCR0_WORD`; GDB reads it at offset
+/// 464 too). This is not the signal-frame `_fpx_sw_bytes` layout.
 fn xcr0_of(xsave: &[u8]) -> u64 {
-    let Some(sw) = xsave.get(fx::SW_RESERVED..fx::SW_RESERVED + 16) else {
-        return 0;
-    };
-    let magic = u32::from_le_bytes([sw[0], sw[1], sw[2], sw[3]]);
-    if magic != FP_XSTATE_MAGIC1 {
-        return 0;
-    }
-    let mut b = [0u8; 8];
-    b.copy_from_slice(&sw[8..16]);
-    u64::from_le_bytes(b)
+    xsave
+        .get(fx::SW_RESERVED..fx::SW_RESERVED + 8)
+        .and_then(|b| b.try_into().ok())
+        .map_or(0, u64::from_le_bytes)
 }
 
 /// Where YMM_Hi128 lives in an XSAVE image from this CPU, if AVX is enabled in the image's XCR0.
@@ -568,8 +563,7 @@ mod tests {
 
     fn sample() -> X86Registers {
         let mut xsave = vec![0u8; 1024];
-        xsave[fx::SW_RESERVED..fx::SW_RESERVED + 4].copy_from_slice(&FP_XSTATE_MAGIC1.to_le_bytes());
-        xsave[fx::SW_RESERVED + 8..fx::SW_RESERVED + 16].copy_from_slice(&0x7u64.to_le_bytes());
+        xsave[fx::SW_RESERVED..fx::SW_RESERVED + 8].copy_from_slice(&0x7u64.to_le_bytes());
         let mut regs = X86Registers {
             gprs: [0; gpr::COUNT],
             xsave,
