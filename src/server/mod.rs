@@ -30,8 +30,11 @@
 //! ```
 
 pub mod arch;
+pub mod btrace;
+pub mod lldb_trace;
 pub mod monitor;
 pub mod router;
+pub mod rsp;
 mod session;
 pub mod svr4;
 

@@ -1,0 +1,1 @@
+//! LLDB trace packets (jLLDBTrace*) — in progress.
