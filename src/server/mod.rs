@@ -37,6 +37,7 @@ pub mod router;
 pub mod rsp;
 mod session;
 pub mod svr4;
+pub mod tracing;
 
 pub use monitor::{MonitorHandler, MonitorRegistry};
 pub use router::{Intercept, PacketHandler, Router, RouterState, ServeOutcome};
