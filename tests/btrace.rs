@@ -9,6 +9,13 @@
 //! [`FixedTraceProvider`]; the debugger decodes it with its own libipt, reading code from the
 //! live process through the server. The ground truth is the assembly source: the decoded
 //! instruction and function-call history must be exactly that path.
+//!
+//! GDB 13: `record btrace pt` (Qbtrace:pt, qXfer:btrace:read all/delta/new),
+//! `record instruction-history`, `record function-call-history`, `record goto`,
+//! `reverse-stepi` in GDB's own replay. LLDB 19: `process trace start` (jLLDBTraceSupported,
+//! jLLDBTraceStart), `thread trace dump info|instructions|function-calls`
+//! (jLLDBTraceGetState, jLLDBTraceGetBinaryData for the trace and the CPU description).
+//! Set `PTREWIND_SHOW_DEBUGGER=1` to print the debugger output and packet logs.
 
 use ptrewind::server::btrace::{FixedTraceProvider, PtCpu};
 use ptrewind::server::{Router, Session, tracing};
@@ -328,4 +335,132 @@ fn gdb_history_follows_the_trace_bits() {
         stdout.contains("Recorded 7 instructions in 3 functions (0 gaps)"),
         "{ctx}"
     );
+}
+
+#[test]
+fn lldb_trace_session() {
+    if !gdb_ready() || !have("lldb-19") {
+        eprintln!("SKIPPED: lldb-19 not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build_program(dir.path());
+    let (start, stop) = (symbol(&exe, "bt_start"), symbol(&exe, "bt_stop"));
+    let log = dir.path().join("lldb-packets.log");
+    let exe2 = exe.clone();
+    let log2 = log.clone();
+    let served = serve_with(
+        &exe,
+        |_| known_trace(start, stop, false),
+        move |port| {
+            let mut c = Command::new("timeout");
+            c.args(["120", "lldb-19", "--batch", "--no-lldbinit"])
+                .arg("-o")
+                .arg(format!(
+                    "log enable -f {} gdb-remote packets",
+                    log2.display()
+                ))
+                .arg("-o")
+                .arg(format!("target create {}", exe2.display()))
+                .arg("-o")
+                .arg(format!("gdb-remote 127.0.0.1:{port}"))
+                .arg("-o")
+                .arg(format!("breakpoint set -a {start:#x}"))
+                .args(["-o", "continue", "-o", "process trace start"])
+                .arg("-o")
+                .arg(format!("breakpoint set -a {stop:#x}"))
+                .args(["-o", "continue"])
+                .args(["-o", "thread trace dump info"])
+                .args(["-o", "thread trace dump instructions -f"])
+                .args(["-o", "thread trace dump function-calls"])
+                .args(["-o", "process kill"]);
+            c
+        },
+    );
+    let stdout = String::from_utf8_lossy(&served.debugger.stdout);
+    let stderr = String::from_utf8_lossy(&served.debugger.stderr);
+    let packets = std::fs::read_to_string(&log).unwrap_or_default();
+    let ctx = format!(
+        "server {}\n--- stdout\n{stdout}\n--- stderr\n{stderr}\n--- packets\n{packets}",
+        served.outcome
+    );
+    if std::env::var_os("PTREWIND_SHOW_DEBUGGER").is_some() {
+        eprintln!("{ctx}");
+    }
+    // LLDB picked its intel-pt plug-in from jLLDBTraceSupported and started process tracing.
+    assert!(packets.contains("jLLDBTraceStart:"), "{ctx}");
+    assert!(stdout.contains("Trace technology: intel-pt"), "{ctx}");
+    // It fetched our CPU description and trace, and decoded without errors.
+    assert!(packets.contains(r#""kind":"procfsCpuInfo""#), "{ctx}");
+    assert!(packets.contains(r#""kind":"iptTrace""#), "{ctx}");
+    assert!(stdout.contains("Number of individual errors: 0"), "{ctx}");
+    // `thread trace dump instructions -f`: "    N: 0xADDR    mnemonic operands" (oldest first).
+    let insns: Vec<(u64, String)> = stdout
+        .lines()
+        .filter_map(|l| {
+            let (idx, rest) = l.trim().split_once(": 0x")?;
+            idx.parse::<u64>().ok()?;
+            let mut f = rest.split_whitespace();
+            let addr = u64::from_str_radix(f.next()?, 16).ok()?;
+            Some((addr, f.next()?.to_string()))
+        })
+        .collect();
+    let mnemonics: Vec<&str> = insns.iter().map(|(_, m)| m.as_str()).collect();
+    // LLDB prints AT&T mnemonics with size suffixes.
+    assert_eq!(
+        mnemonics,
+        [
+            "nop", "callq", "movl", "retq", "movl", "testl", "je", "addl"
+        ],
+        "{ctx}"
+    );
+    assert_eq!(insns[0].0, start, "{ctx}");
+    assert_eq!(insns[2].0, symbol(&exe, "bt_leaf"), "{ctx}");
+    assert_eq!(insns[7].0 + 3, stop, "{ctx}");
+    // Function calls: bt_start calls bt_leaf, then continues in bt_start.
+    assert!(stdout.contains("bt`bt_start to <+1>  [1, 2]"), "{ctx}");
+    assert!(stdout.contains("bt`bt_leaf to <+5>  [3, 4]"), "{ctx}");
+}
+
+/// The CPU reported for software traces must be one the installed libipt knows (GDB and LLDB
+/// refuse to decode otherwise) and must enable no erratum workaround except APL11, which only
+/// acts after an OVF packet (see `PtCpu::SOFTWARE`). Asks libipt itself through a tiny C
+/// program, so the check follows the libipt that GDB and LLDB load.
+#[test]
+fn software_cpu_is_known_to_libipt_with_only_apl11() {
+    if !have("gcc") || !Path::new("/usr/include/intel-pt.h").exists() {
+        eprintln!("SKIPPED: gcc or libipt headers not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("errata.c");
+    let exe = dir.path().join("errata");
+    let cpu = PtCpu::SOFTWARE;
+    std::fs::write(
+        &src,
+        format!(
+            "#include <intel-pt.h>\n#include <stdio.h>\n\
+             int main(void) {{ struct pt_cpu c = {{ pcv_intel, {}, {}, {} }}; struct pt_errata e;\n\
+             int r = pt_cpu_errata(&e, &c);\n\
+             printf(\"%d %d%d%d%d%d%d%d%d%d\\n\", r, e.bdm70, e.bdm64, e.skd007, e.skd022, e.skd010,\n\
+             e.skl014, e.apl12, e.apl11, e.skl168); return 0; }}\n",
+            cpu.family, cpu.model, cpu.stepping
+        ),
+    )
+    .unwrap();
+    let out = Command::new("gcc")
+        .arg(&src)
+        .arg("-o")
+        .arg(&exe)
+        .arg("-lipt")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(&exe).output().unwrap();
+    // Status 0 (known CPU); bits: bdm70 bdm64 skd007 skd022 skd010 skl014 apl12 apl11 skl168.
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "0 000000010");
 }

@@ -82,8 +82,9 @@ impl PtCpu {
     /// ordinary packet sequences (BDM70 FUP/TIP.PGE ordering, SKD022/SKL014 TIP.PGD
     /// handling, SKD007 PSB+ padding, SKD010 FUP after OVF, BDM64 TIP.PGD payload), or
     /// APL12 (MODE.Exec ordering), which could change how a correct trace is decoded.
-    /// Checked on this machine by calling libipt 2.0.5's `pt_cpu_errata` for every family-6
-    /// model (see the unit test notes in `tests/btrace.rs`).
+    /// Checked by calling the installed libipt 2.0.5's `pt_cpu_errata` for every family-6
+    /// model; `tests/btrace.rs` (`software_cpu_is_known_to_libipt_with_only_apl11`) keeps
+    /// checking this model against the libipt GDB and LLDB load.
     pub const SOFTWARE: PtCpu = PtCpu {
         vendor: CpuVendor::Intel,
         family: 6,
