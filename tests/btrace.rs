@@ -121,9 +121,11 @@ struct Served {
 
 /// Starts `exe` under the ptrewind server with a known trace for its thread, runs
 /// `debugger(port)` and serves it until it disconnects.
+/// With `record_from_start` the server starts recording before the debugger connects.
 fn serve_with(
     exe: &Path,
     trace: impl FnOnce(u32) -> Vec<u8>,
+    record_from_start: bool,
     debugger: impl FnOnce(u16) -> Command,
 ) -> Served {
     let target = PtraceTarget::spawn(&exe.as_os_str().to_owned(), &[], &SpawnOptions::default())
@@ -133,7 +135,13 @@ fn serve_with(
     provider.set_trace(tid, trace(tid));
     let mut session = Session::new(Box::new(target));
     let mut router = Router::default();
-    let _hub = tracing::install(&mut router, Box::new(provider));
+    let hub = tracing::install(&mut router, Box::new(provider));
+    if record_from_start {
+        let hub = &mut *hub.borrow_mut();
+        hub.btrace
+            .start_recording(tid, hub.provider.as_mut())
+            .unwrap();
+    }
 
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -182,12 +190,13 @@ struct GdbRun {
 
 /// Builds the program, serves it with the trace `make_trace(start, stop)` and runs GDB's
 /// `record btrace pt` session over it, with `extra` commands at the end.
-fn run_gdb(exe: &Path, trace: Vec<u8>, extra: &[&str]) -> GdbRun {
+fn run_gdb(exe: &Path, trace: Vec<u8>, record_from_start: bool, extra: &[&str]) -> GdbRun {
     let exe_for_gdb = exe.to_path_buf();
     let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
     let served = serve_with(
         exe,
         |_| trace,
+        record_from_start,
         move |port| {
             let mut c = Command::new("timeout");
             c.args(["120", "gdb", "-batch", "-nx"])
@@ -197,9 +206,11 @@ fn run_gdb(exe: &Path, trace: Vec<u8>, extra: &[&str]) -> GdbRun {
                 .arg(format!("file {}", exe_for_gdb.display()))
                 .arg("-ex")
                 .arg(format!("target remote 127.0.0.1:{port}"))
-                .args(["-ex", "break *bt_start", "-ex", "continue"])
-                .args(["-ex", "record btrace pt"])
-                .args(["-ex", "break *bt_stop", "-ex", "continue"])
+                .args(["-ex", "break *bt_start", "-ex", "continue"]);
+            if !record_from_start {
+                c.args(["-ex", "record btrace pt"]);
+            }
+            c.args(["-ex", "break *bt_stop", "-ex", "continue"])
                 .args(["-ex", "info record"])
                 .args(["-ex", "record instruction-history 1,20"])
                 .args(["-ex", "record function-call-history"]);
@@ -255,7 +266,10 @@ fn gdb_record_btrace_pt_decodes_the_served_trace() {
         ctx,
     } = run_gdb(
         &exe,
-        known_trace(start, stop, false),
+        // 3000 leading PAD bytes make the document larger than GDB's 0x1000-byte reads, so it
+        // is paged out in several qXfer chunks.
+        [vec![0u8; 3000], known_trace(start, stop, false)].concat(),
+        false,
         &[
             // Client-side replay from our trace: go to instruction 3 (in bt_leaf), step back.
             "record goto 3",
@@ -273,6 +287,16 @@ fn gdb_record_btrace_pt_decodes_the_served_trace() {
     );
     assert!(stderr.contains("Sending packet: $Qbtrace:pt"), "{ctx}");
     assert!(stderr.contains("qXfer:btrace:read:"), "{ctx}");
+    let paged = stderr.lines().any(|l| {
+        l.split("qXfer:btrace:read:").nth(1).is_some_and(|r| {
+            let offset = r.split(':').nth(1).and_then(|o| o.split(',').next());
+            offset.is_some_and(|o| o != "0")
+        })
+    });
+    assert!(
+        paged,
+        "the btrace document was not read in several chunks\n{ctx}"
+    );
     assert!(
         stdout.contains("Recording format: Intel Processor Trace."),
         "{ctx}"
@@ -317,6 +341,32 @@ fn gdb_record_btrace_pt_decodes_the_served_trace() {
     assert!(stdout.contains(&format!("$2 = {:#x}", start + 1)), "{ctx}");
 }
 
+/// The server records from the start: GDB notices on connect (btrace-conf says PT) and
+/// switches to record-btrace without `record btrace pt`.
+#[test]
+fn gdb_adopts_a_recording_started_by_the_server() {
+    if !gdb_ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build_program(dir.path());
+    let (start, stop) = (symbol(&exe, "bt_start"), symbol(&exe, "bt_stop"));
+    let GdbRun {
+        stdout,
+        stderr,
+        ctx,
+    } = run_gdb(&exe, known_trace(start, stop, false), true, &[]);
+    assert!(stderr.contains("qXfer:btrace-conf:read::0,"), "{ctx}");
+    assert!(!stderr.contains("Sending packet: $Qbtrace:pt"), "{ctx}");
+    assert!(
+        stdout.contains("Target is recording using Intel Processor Trace"),
+        "{ctx}"
+    );
+    let h = history(&stdout);
+    let mnemonics: Vec<&str> = h.iter().map(|(_, _, m)| m.as_str()).collect();
+    assert_eq!(mnemonics, PATH, "{ctx}");
+}
+
 /// Control: the same session with the JZ bit flipped (taken) must decode to a different
 /// path, so the history above really comes from the served bytes.
 #[test]
@@ -327,7 +377,7 @@ fn gdb_history_follows_the_trace_bits() {
     let dir = tempfile::tempdir().unwrap();
     let exe = build_program(dir.path());
     let (start, stop) = (symbol(&exe, "bt_start"), symbol(&exe, "bt_stop"));
-    let GdbRun { stdout, ctx, .. } = run_gdb(&exe, known_trace(start, stop, true), &[]);
+    let GdbRun { stdout, ctx, .. } = run_gdb(&exe, known_trace(start, stop, true), false, &[]);
     let h = history(&stdout);
     let mnemonics: Vec<&str> = h.iter().map(|(_, _, m)| m.as_str()).collect();
     assert_eq!(mnemonics, &PATH[..7], "{ctx}");
@@ -352,6 +402,7 @@ fn lldb_trace_session() {
     let served = serve_with(
         &exe,
         |_| known_trace(start, stop, false),
+        false,
         move |port| {
             let mut c = Command::new("timeout");
             c.args(["120", "lldb-19", "--batch", "--no-lldbinit"])

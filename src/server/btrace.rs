@@ -336,6 +336,35 @@ impl BtraceServer {
         self.lost
     }
 
+    /// Starts tracing `tid` on the server's own initiative (recording from the program's
+    /// start, before any debugger asked). GDB then finds the thread traced when it connects
+    /// (`qXfer:btrace-conf:read` reports `<pt size=…/>`) and switches to record-btrace by
+    /// itself ("Target is recording using Intel Processor Trace"). Starting a thread that is
+    /// already traced is a no-op.
+    pub fn start_recording(
+        &mut self,
+        tid: u32,
+        provider: &mut dyn PtTraceProvider,
+    ) -> Result<(), String> {
+        if self.threads.contains_key(&tid) {
+            return Ok(());
+        }
+        let options = StartOptions {
+            buffer_size: self.pt_size,
+            enable_tsc: false,
+            psb_period: None,
+        };
+        let size = provider.start(tid, &options)?;
+        self.threads.insert(
+            tid,
+            ThreadTrace {
+                size,
+                last_head: None,
+            },
+        );
+        Ok(())
+    }
+
     /// Forgets a thread that exited (its tracing ends with it).
     pub fn forget_thread(&mut self, tid: u32) {
         self.threads.remove(&tid);
@@ -676,6 +705,22 @@ mod tests {
         // Not traced any more: the conf document is empty.
         let conf = read_doc(&mut s, &mut p, "btrace-conf", "", 0x1000).unwrap();
         assert!(!conf.contains("<pt"));
+    }
+
+    #[test]
+    fn server_started_recording_is_visible_to_gdb() {
+        let mut p = provider(&[0x02, 0x82]);
+        let mut s = BtraceServer::new();
+        assert!(s.start_recording(7, &mut p).is_err());
+        s.start_recording(TID, &mut p).unwrap();
+        s.start_recording(TID, &mut p).unwrap();
+        let conf = read_doc(&mut s, &mut p, "btrace-conf", "", 0x100).unwrap();
+        assert!(conf.contains("<pt size=\"0x4000\"/>"), "{conf}");
+        assert_eq!(
+            send(&mut s, &mut p, b"Qbtrace:pt"),
+            "E.Btrace already enabled."
+        );
+        assert_eq!(s.traced_threads().collect::<Vec<_>>(), vec![(TID, 0x4000)]);
     }
 
     #[test]

@@ -29,6 +29,10 @@
 //! [`PtCpu`] ([`PtCpu::proc_cpuinfo`]), never the host's.
 //!
 //! Errors are `E<code>;<hex message>`, which LLDB's client shows as the message.
+//!
+//! Known protocol wrinkle: LLDB's client classifies any `jLLDBTraceGetBinaryData` reply that
+//! starts with `E` and two hex digits as an error. A PT trace starts with a PSB (`02 82`), so
+//! this cannot happen for traces that begin at a PSB, which all our providers produce.
 
 use super::btrace::{PtTraceProvider, StartOptions};
 use super::rsp;
