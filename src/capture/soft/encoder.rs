@@ -772,7 +772,12 @@ mod tests {
     fn async_transfer_is_fup_pgd_then_pge_at_handler() {
         let handler = BASE + 0x4000;
         let mut e = SoftEncoder::new(no_tsc());
-        e.step(step(BASE, 2, Cofi::Conditional { taken: true }, BASE + 0x20));
+        e.step(step(
+            BASE,
+            2,
+            Cofi::Conditional { taken: true },
+            BASE + 0x20,
+        ));
         // The instruction at BASE + 0x20 faults (or a signal arrives before it).
         e.async_transfer(BASE + 0x20);
         e.step(plain(handler));
