@@ -72,7 +72,10 @@ impl InsnClass {
     /// True for any branch (near or far, direct or indirect, conditional or not).
     #[inline]
     pub fn is_branch(self) -> bool {
-        !matches!(self, InsnClass::Other | InsnClass::Ptwrite | InsnClass::Special)
+        !matches!(
+            self,
+            InsnClass::Other | InsnClass::Ptwrite | InsnClass::Special
+        )
     }
 
     /// A short lowercase name (`cond`, `call`, `ret` ...), used by the CLI.
@@ -318,8 +321,8 @@ impl BlockCache {
     #[inline]
     pub(crate) fn get(&mut self, image: &Image, ip: u64, mode: ExecMode) -> u32 {
         if let Some(idx) = self.find(ip) {
-            // SAFETY-free fast path: the index was stored by `insert` and blocks are never removed
-            // individually, only all at once by `maybe_flush` (which also clears the table).
+            // Indices stay valid: blocks are only dropped all at once by `maybe_flush`, which
+            // also clears the table.
             if self.blocks[idx as usize].mode == mode {
                 return idx;
             }
