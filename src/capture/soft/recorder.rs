@@ -346,8 +346,10 @@ impl<T: StepTarget> SoftRecorder<T> {
         Ok(me)
     }
 
-    /// The target.
+    /// The target. The recorder forgets the registers it read at this stop, since the caller
+    /// may change them.
     pub fn target(&mut self) -> &mut T {
+        self.regs = None;
         &mut self.target
     }
 

@@ -24,11 +24,11 @@
 //! * Other system calls that write user memory (`ioctl`, `readv`, `recvmsg`, `epoll_wait`,
 //!   `futex` word changes by other threads, ...): [`StateLogStats::unknown_syscalls`].
 //! * The signal frame the kernel writes below the stack pointer when it delivers a signal.
-//! * Memory operands whose size iced-x86 does not give (XSAVE family) or with VSIB addressing
-//!   (scatter): [`StateLogStats::unknown_writes`].
+//! * Memory operands with VSIB addressing (scatter) or whose size iced-x86 does not give
+//!   (the XSAVE family is sized from CPUID leaf 0DH): [`StateLogStats::unknown_writes`].
 //! * Writes by other processes to shared memory.
 
-use iced_x86::{InstructionInfoFactory, OpAccess, Register};
+use iced_x86::{InstructionInfoFactory, Mnemonic, OpAccess, Register};
 
 use super::classify::{CachedInsn, InsnClass};
 use super::target::{Regs, StepTarget};
@@ -204,6 +204,31 @@ fn reg_value(r: &Regs, reg: Register) -> Option<u64> {
     })
 }
 
+fn is_xsave(m: Mnemonic) -> bool {
+    use Mnemonic::*;
+    matches!(
+        m,
+        Xsave | Xsave64 | Xsavec | Xsavec64 | Xsaveopt | Xsaveopt64 | Xsaves | Xsaves64
+    )
+}
+
+/// Bytes an XSAVE of the features enabled in XCR0 writes at most (CPUID.(EAX=0DH,ECX=0):EBX);
+/// the compacted forms (XSAVEC/XSAVES) write no more than that. iced-x86 gives these
+/// instructions no operand size (it depends on XCR0), and the dynamic loader's lazy-binding
+/// trampoline uses them on every first call through the PLT.
+fn xsave_area_size() -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // CPUID leaf 0DH exists on every processor with XSAVE (which the instruction implies).
+        let r = std::arch::x86_64::__cpuid_count(0xd, 0);
+        u64::from(r.ebx)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        0
+    }
+}
+
 /// Memory a system call writes, from its number and argument registers (see the module docs).
 fn syscall_writes(r: &Regs) -> Option<Vec<(u64, u64)>> {
     let (a0, a1, a2, a3, a4) = (r.rdi, r.rsi, r.rdx, r.r10, r.r8);
@@ -363,7 +388,10 @@ impl StateLog {
             ) {
                 continue;
             }
-            let size = m.memory_size().size() as u64;
+            let mut size = m.memory_size().size() as u64;
+            if size == 0 && is_xsave(insn.insn.mnemonic()) {
+                size = xsave_area_size();
+            }
             if size == 0 || m.vsib_size() != 0 {
                 unknown += 1;
                 continue;
