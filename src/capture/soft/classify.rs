@@ -117,6 +117,7 @@ pub struct CachedInsn {
 
 impl CachedInsn {
     /// Length in bytes.
+    #[allow(clippy::len_without_is_empty)] // an instruction is never empty
     pub fn len(&self) -> u8 {
         self.insn.len() as u8
     }

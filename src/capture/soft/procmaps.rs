@@ -182,10 +182,7 @@ pub fn capture_image<T: StepTarget + ?Sized>(
     for m in maps.iter().filter(|m| m.exec && m.read) {
         let len = (m.end - m.start) as usize;
         let mut bytes = vec![0u8; len];
-        let n = match target.read_memory(m.start, &mut bytes) {
-            Ok(n) => n,
-            Err(_) => 0,
-        };
+        let n = target.read_memory(m.start, &mut bytes).unwrap_or_default();
         if n == 0 {
             skipped.push(m.path.clone());
             continue;
