@@ -93,7 +93,9 @@ pub fn run(args: RecordArgs) -> CmdResult {
         }
         ServeOutcome::Killed(sig) => eprintln!("ptrewind: process {pid} killed by signal {sig}"),
         ServeOutcome::Detached => eprintln!("ptrewind: detached from process {pid}"),
-        ServeOutcome::KilledByDebugger => eprintln!("ptrewind: process {pid} killed by the debugger"),
+        ServeOutcome::KilledByDebugger => {
+            eprintln!("ptrewind: process {pid} killed by the debugger")
+        }
         ServeOutcome::ConnectionClosed => {
             eprintln!("ptrewind: debugger disconnected; process {pid} killed")
         }

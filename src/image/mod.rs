@@ -55,7 +55,9 @@ impl Section {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ImageError {
     /// The section's byte range lies outside its backing bytes or wraps the address space.
-    #[error("section {origin} at {addr:#x}: bad range (offset {offset}, len {len}, backing {backing})")]
+    #[error(
+        "section {origin} at {addr:#x}: bad range (offset {offset}, len {len}, backing {backing})"
+    )]
     BadRange {
         /// Section origin.
         origin: String,
@@ -198,7 +200,8 @@ mod tests {
     #[test]
     fn later_section_replaces_overlap() {
         let mut img = Image::new();
-        img.add(Section::new(0x1000, vec![1u8; 0x100], "a")).unwrap();
+        img.add(Section::new(0x1000, vec![1u8; 0x100], "a"))
+            .unwrap();
         img.add(Section::new(0x1080, vec![2u8; 0x10], "b")).unwrap();
         assert_eq!(img.sections().len(), 3);
         assert_eq!(img.slice_at(0x107f).unwrap()[0], 1);

@@ -158,7 +158,9 @@ mod tests {
         let mut last = 0;
         for (num, reg) in GDB_REGS.iter().enumerate() {
             let needle = format!("<reg name=\"{}\" ", reg.name);
-            let pos = xml.find(&needle).unwrap_or_else(|| panic!("{} missing", reg.name));
+            let pos = xml
+                .find(&needle)
+                .unwrap_or_else(|| panic!("{} missing", reg.name));
             assert!(pos >= last, "{} out of order", reg.name);
             assert!(xml[pos..].contains(&format!("regnum=\"{num}\"")));
             last = pos;

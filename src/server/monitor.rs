@@ -45,9 +45,11 @@ impl MonitorRegistry {
     /// The registry with the built-in commands `pid` and `maps` (and `help`).
     pub fn with_builtins() -> Self {
         let mut r = Self::empty();
-        r.register("pid", "show the process id of the debugged program", |t, _| {
-            Ok(format!("{}\n", t.pid()))
-        });
+        r.register(
+            "pid",
+            "show the process id of the debugged program",
+            |t, _| Ok(format!("{}\n", t.pid())),
+        );
         r.register(
             "maps",
             "show the program's memory mappings (/proc/PID/maps)",
@@ -95,10 +97,7 @@ impl MonitorRegistry {
             .max()
             .unwrap_or(4)
             .max(4);
-        out.push_str(&format!(
-            "  {:width$}  list the monitor commands\n",
-            "help"
-        ));
+        out.push_str(&format!("  {:width$}  list the monitor commands\n", "help"));
         for c in &self.commands {
             out.push_str(&format!("  {:width$}  {}\n", c.name, c.help));
         }

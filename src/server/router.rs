@@ -140,7 +140,9 @@ impl Framer {
             }
             FramerState::Checksum2 => {
                 self.state = FramerState::Idle;
-                let given = hex_val(self.first_digit).zip(hex_val(b)).map(|(h, l)| h << 4 | l);
+                let given = hex_val(self.first_digit)
+                    .zip(hex_val(b))
+                    .map(|(h, l)| h << 4 | l);
                 let body = std::mem::take(&mut self.body);
                 if self.overflow {
                     Some(Frame::Oversized)
@@ -259,10 +261,17 @@ pub fn is_well_formed(body: &[u8]) -> bool {
             is_addr(a) && split2(rest, b':').is_some_and(|(l, _)| is_addr(l))
         }),
         b'p' => is_addr(rest),
-        b'P' => split2(rest, b'=').is_some_and(|(n, v)| is_addr(n) && is_hex(v) && v.len() % 2 == 0),
+        b'P' => {
+            split2(rest, b'=').is_some_and(|(n, v)| is_addr(n) && is_hex(v) && v.len() % 2 == 0)
+        }
         b'G' => rest.len() % 2 == 0 && rest.iter().all(u8::is_ascii_hexdigit),
         b'Z' | b'z' => {
-            let fields: Vec<&[u8]> = rest.split(|&b| b == b';').next().unwrap_or(&[]).split(|&b| b == b',').collect();
+            let fields: Vec<&[u8]> = rest
+                .split(|&b| b == b';')
+                .next()
+                .unwrap_or(&[])
+                .split(|&b| b == b',')
+                .collect();
             fields.len() == 3
                 && matches!(fields[0], b"0" | b"1" | b"2" | b"3" | b"4")
                 && is_addr(fields[1])
@@ -280,7 +289,9 @@ pub fn is_well_formed(body: &[u8]) -> bool {
             let act_ok = match act.first() {
                 Some(b'c' | b's' | b't') => act.len() == 1,
                 Some(b'C' | b'S') => act.len() >= 2 && act.len() <= 3 && is_hex(&act[1..]),
-                Some(b'r') => split2(&act[1..], b',').is_some_and(|(a, b)| is_addr(a) && is_addr(b)),
+                Some(b'r') => {
+                    split2(&act[1..], b',').is_some_and(|(a, b)| is_addr(a) && is_addr(b))
+                }
                 _ => false,
             };
             act_ok && (tid.is_empty() || is_thread_id(tid))
@@ -446,6 +457,9 @@ pub enum ServeOutcome {
     ConnectionClosed,
 }
 
+/// Receives target notices (e.g. to print them on the CLI's stderr).
+pub type NoticeSink = Box<dyn FnMut(&Notice)>;
+
 type Sm<'a> = GdbStubStateMachine<'a, Session, RouterConn>;
 
 fn conn<'s>(sm: &'s mut Sm<'_>) -> &'s mut RouterConn {
@@ -468,13 +482,20 @@ pub struct Router {
     packet_size: usize,
     state: RouterState,
     framer: Framer,
-    notice_sink: Option<Box<dyn FnMut(&Notice)>>,
+    notice_sink: Option<NoticeSink>,
 }
 
 impl std::fmt::Debug for Router {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Router")
-            .field("intercepts", &self.handlers.iter().map(|(p, _)| String::from_utf8_lossy(p)).collect::<Vec<_>>())
+            .field(
+                "intercepts",
+                &self
+                    .handlers
+                    .iter()
+                    .map(|(p, _)| String::from_utf8_lossy(p))
+                    .collect::<Vec<_>>(),
+            )
             .field("features", &self.features)
             .field("packet_size", &self.packet_size)
             .field("state", &self.state)
@@ -568,7 +589,8 @@ impl Router {
                     if let Some(ev) = stop {
                         idle_polls = 0;
                         let tid = session.target().tid();
-                        r.report_stop(session, stop_reason(tid, ev)).map_err(gs_err)?
+                        r.report_stop(session, stop_reason(tid, ev))
+                            .map_err(gs_err)?
                     } else {
                         // Back off from 0 to 10 ms so single steps are answered at once while
                         // a long-running program does not spin.
@@ -612,9 +634,9 @@ impl Router {
         let t = session.target_mut();
         Ok(match reason {
             DisconnectReason::TargetExited(code) => ServeOutcome::Exited(i32::from(code)),
-            DisconnectReason::TargetTerminated(sig) => ServeOutcome::Killed(
-                super::session::gdb_to_linux_signal(sig.0).unwrap_or(0),
-            ),
+            DisconnectReason::TargetTerminated(sig) => {
+                ServeOutcome::Killed(super::session::gdb_to_linux_signal(sig.0).unwrap_or(0))
+            }
             DisconnectReason::Kill => {
                 t.kill()?;
                 ServeOutcome::KilledByDebugger
@@ -724,7 +746,11 @@ impl Router {
     }
 }
 
-fn feed_raw<'a>(mut sm: Sm<'a>, session: &mut Session, bytes: &[u8]) -> Result<Sm<'a>, ServerError> {
+fn feed_raw<'a>(
+    mut sm: Sm<'a>,
+    session: &mut Session,
+    bytes: &[u8],
+) -> Result<Sm<'a>, ServerError> {
     for &b in bytes {
         sm = match sm {
             GdbStubStateMachine::Idle(i) => i.incoming_data(session, b).map_err(gs_err)?,
@@ -782,10 +808,16 @@ mod tests {
 
     #[test]
     fn framer_accepts_valid_and_rejects_bad_checksums() {
-        assert_eq!(frames(64, b"+$g#67"), vec![Frame::Ack, Frame::Packet(b"g".to_vec())]);
+        assert_eq!(
+            frames(64, b"+$g#67"),
+            vec![Frame::Ack, Frame::Packet(b"g".to_vec())]
+        );
         assert_eq!(frames(64, b"$g#68"), vec![Frame::BadChecksum]);
         assert_eq!(frames(64, b"$g#zz"), vec![Frame::BadChecksum]);
-        assert_eq!(frames(64, b"-\x03junk"), vec![Frame::Nack, Frame::Interrupt]);
+        assert_eq!(
+            frames(64, b"-\x03junk"),
+            vec![Frame::Nack, Frame::Interrupt]
+        );
     }
 
     #[test]
@@ -793,7 +825,10 @@ mod tests {
         let mut input = b"$".to_vec();
         input.extend(std::iter::repeat_n(b'a', 100));
         input.extend_from_slice(b"#00$g#67");
-        assert_eq!(frames(16, &input), vec![Frame::Oversized, Frame::Packet(b"g".to_vec())]);
+        assert_eq!(
+            frames(16, &input),
+            vec![Frame::Oversized, Frame::Packet(b"g".to_vec())]
+        );
     }
 
     #[test]
@@ -804,7 +839,20 @@ mod tests {
     #[test]
     fn encode_escapes_and_checksums() {
         assert_eq!(encode_packet(b"OK"), b"$OK#9a".to_vec());
-        assert_eq!(encode_packet(b"a#b"), b"$a}\x03b#".iter().copied().chain(format!("{:02x}", (b'a' as u32 + b'}' as u32 + 3 + b'b' as u32) as u8).bytes()).collect::<Vec<u8>>());
+        assert_eq!(
+            encode_packet(b"a#b"),
+            b"$a}\x03b#"
+                .iter()
+                .copied()
+                .chain(
+                    format!(
+                        "{:02x}",
+                        (b'a' as u32 + b'}' as u32 + 3 + b'b' as u32) as u8
+                    )
+                    .bytes()
+                )
+                .collect::<Vec<u8>>()
+        );
         assert_eq!(unescape(b"a}\x03b}]"), b"a#b}".to_vec());
     }
 

@@ -15,14 +15,16 @@ use gdbstub::target::ext::base::multithread::{
 use gdbstub::target::ext::base::single_register_access::{
     SingleRegisterAccess, SingleRegisterAccessOps,
 };
-use gdbstub::target::ext::breakpoints::{Breakpoints, BreakpointsOps, SwBreakpoint, SwBreakpointOps};
+use gdbstub::target::ext::breakpoints::{
+    Breakpoints, BreakpointsOps, SwBreakpoint, SwBreakpointOps,
+};
 use gdbstub::target::{TargetError as GsError, TargetResult as GsResult};
 
 /// Linux signal number → GDB protocol signal number (`enum gdb_signal`).
 pub fn linux_to_gdb_signal(sig: i32) -> u8 {
     const TABLE: [u8; 32] = [
-        0, 1, 2, 3, 4, 5, 6, 10, 8, 9, 30, 11, 31, 13, 14, 15, 143, 20, 19, 17, 18, 21, 22, 16,
-        24, 25, 26, 27, 28, 23, 32, 12,
+        0, 1, 2, 3, 4, 5, 6, 10, 8, 9, 30, 11, 31, 13, 14, 15, 143, 20, 19, 17, 18, 21, 22, 16, 24,
+        25, 26, 27, 28, 23, 32, 12,
     ];
     match sig {
         0..=31 => TABLE[sig as usize],
@@ -419,7 +421,10 @@ impl gdbstub::target::ext::exec_file::ExecFile for Session {
         length: usize,
         buf: &mut [u8],
     ) -> GsResult<usize, Self> {
-        let path = self.target.exec_path().ok_or(GsError::Errno(libc::ENOENT as u8))?;
+        let path = self
+            .target
+            .exec_path()
+            .ok_or(GsError::Errno(libc::ENOENT as u8))?;
         Ok(copy_range(
             path.as_os_str().as_encoded_bytes(),
             offset,

@@ -234,7 +234,8 @@ impl PtraceTarget {
                 _ => {}
             }
         }
-        nix::sys::ptrace::setoptions(pid, trace_options()).map_err(sys("PTRACE_SETOPTIONS", pid))?;
+        nix::sys::ptrace::setoptions(pid, trace_options())
+            .map_err(sys("PTRACE_SETOPTIONS", pid))?;
         let mut notices = Vec::new();
         if let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", pid.as_raw())) {
             let count = tasks.count().saturating_sub(1);
@@ -370,7 +371,8 @@ impl PtraceTarget {
                 // The new thread starts traced with a pending SIGSTOP; collect it and let go.
                 waitpid_raw(tid, true)?;
                 ptrace_with_signal(libc::PTRACE_DETACH, "PTRACE_DETACH", tid, None)?;
-                self.notices.push(Notice::ThreadCreated { tid: tid.as_raw() });
+                self.notices
+                    .push(Notice::ThreadCreated { tid: tid.as_raw() });
             }
             libc::PTRACE_EVENT_FORK | libc::PTRACE_EVENT_VFORK => {
                 let vfork = event == libc::PTRACE_EVENT_VFORK;
@@ -395,12 +397,10 @@ impl PtraceTarget {
                     vfork,
                 });
             }
-            libc::PTRACE_EVENT_VFORK_DONE => {
-                if self.vfork_lifted {
-                    self.vfork_lifted = false;
-                    if matches!(mode, Resume::Continue { .. }) {
-                        self.insert_breakpoints()?;
-                    }
+            libc::PTRACE_EVENT_VFORK_DONE if self.vfork_lifted => {
+                self.vfork_lifted = false;
+                if matches!(mode, Resume::Continue { .. }) {
+                    self.insert_breakpoints()?;
                 }
             }
             libc::PTRACE_EVENT_EXEC => {
@@ -773,15 +773,26 @@ mod tests {
         assert_eq!(t.read_memory(pc, &mut code).unwrap(), 16);
         let mut check = [0u8; 16];
         let local = [std::io::IoSliceMut::new(&mut check)];
-        let remote = [nix::sys::uio::RemoteIoVec { base: pc as usize, len: 16 }];
+        let remote = [nix::sys::uio::RemoteIoVec {
+            base: pc as usize,
+            len: 16,
+        }];
         let mut local = local;
         nix::sys::uio::process_vm_readv(t.pid, &mut local, &remote).unwrap();
         assert_eq!(code, check);
         // Unmapped memory is an error, not garbage.
-        assert!(matches!(t.read_memory(8, &mut code), Err(TargetError::Memory { addr: 8 })));
+        assert!(matches!(
+            t.read_memory(8, &mut code),
+            Err(TargetError::Memory { addr: 8 })
+        ));
         assert!(regs.xsave.len() >= 512);
         if super::super::regs::avx_enabled() {
-            assert!(regs.has_avx(), "xcr0={:#x} len={}", regs.xcr0(), regs.xsave.len());
+            assert!(
+                regs.has_avx(),
+                "xcr0={:#x} len={}",
+                regs.xcr0(),
+                regs.xsave.len()
+            );
         }
         // One step moves the PC.
         assert_eq!(t.single_step(None).unwrap(), StopEvent::Step);
@@ -810,7 +821,10 @@ mod tests {
         let mut orig = [0u8; 1];
         t.read_memory(target_pc, &mut orig).unwrap();
         t.cont(None).unwrap();
-        assert_eq!(t.wait(true).unwrap(), Some(StopEvent::Breakpoint { pc: target_pc }));
+        assert_eq!(
+            t.wait(true).unwrap(),
+            Some(StopEvent::Breakpoint { pc: target_pc })
+        );
         assert_eq!(t.read_registers().unwrap().pc(), target_pc);
         // While stopped, memory shows the original byte, not int3.
         let mut now = [0u8; 1];

@@ -581,7 +581,12 @@ mod tests {
         let mut total = 0;
         let mut count = 0;
         regs.gdb_layout(|n, bytes| {
-            assert_eq!(bytes.len(), GDB_REGS[n].size, "register {}", GDB_REGS[n].name);
+            assert_eq!(
+                bytes.len(),
+                GDB_REGS[n].size,
+                "register {}",
+                GDB_REGS[n].name
+            );
             assert_eq!(n, count);
             total += bytes.len();
             count += 1;
@@ -606,7 +611,14 @@ mod tests {
                 first.push(u64::from_le_bytes(b.try_into().unwrap()));
             }
         });
-        assert_eq!(first, vec![0x1000 + gpr::RAX as u64, 0x1000 + gpr::RSP as u64, 0x1000 + gpr::RIP as u64]);
+        assert_eq!(
+            first,
+            vec![
+                0x1000 + gpr::RAX as u64,
+                0x1000 + gpr::RSP as u64,
+                0x1000 + gpr::RIP as u64
+            ]
+        );
         assert!(regs.set_gdb_reg(16, &0xdead_beefu64.to_le_bytes()));
         assert_eq!(regs.pc(), 0xdead_beef);
         assert!(regs.set_gdb_reg(61, &[0xab; 16]));
