@@ -58,9 +58,19 @@ fn examples() -> &'static Path {
             "setjmp",
             "syscalls",
             "exitcode",
+            "fork",
+            "exec",
         ] {
             cc(&["-g", "-O0", "-o", &out(p), &src(&format!("{p}.c"))]);
         }
+        cc(&[
+            "-g",
+            "-O0",
+            "-pthread",
+            "-o",
+            &out("threads"),
+            &src("threads.c"),
+        ]);
         cc(&["-g", "-O0", "-mavx", "-o", &out("avx"), &src("avx.c")]);
         cc(&[
             "-g",
@@ -481,6 +491,64 @@ fn avx_registers() {
 }
 
 #[test]
+fn fork_and_vfork_children_are_detached_and_reported() {
+    let after_line = line_of("fork.c", "/* AFTER LINE */");
+    let r = gdb(
+        "fork",
+        &[],
+        &[
+            "break after_children",
+            "continue",
+            "print a",
+            "print b",
+            "continue",
+        ],
+    );
+    // Both children are announced on GDB's console and on ptrewind's stderr.
+    r.expect("ptrewind: the program forked child process");
+    r.expect("ptrewind: the program vforked child process");
+    assert!(
+        r.server.contains("warning: the program forked child"),
+        "{}",
+        r.server
+    );
+    // The parent is still debugged: the breakpoint after the children works, and the
+    // children ran (fork child exit status 7, /bin/true 0).
+    r.expect(&format!("fork.c:{after_line}"));
+    r.expect("$1 = 7");
+    r.expect("$2 = 0");
+    r.expect("exited normally");
+}
+
+#[test]
+fn new_threads_are_reported_and_main_thread_kept() {
+    let joined = line_of("threads.c", "/* JOINED LINE */");
+    let r = gdb(
+        "threads",
+        &[],
+        &[
+            &format!("break {joined}"),
+            "continue",
+            "next",
+            "print sum",
+            "continue",
+        ],
+    );
+    r.expect("ptrewind: the program created thread");
+    r.expect("follows only the main thread");
+    r.expect(&format!("threads.c:{joined}"));
+    r.expect(&format!("$1 = {}", (1..=100).sum::<i64>()));
+    r.expect("exited normally");
+}
+
+#[test]
+fn exec_is_reported() {
+    let r = gdb("exec", &[], &["continue"]);
+    r.expect("ptrewind: the program called exec (");
+    r.expect("exited normally");
+}
+
+#[test]
 fn non_loopback_listen_is_refused() {
     let out = Command::new(env!("CARGO_BIN_EXE_ptrewind"))
         .args(["record", "--listen", "0.0.0.0:0", "--", "/bin/true"])
@@ -690,4 +758,45 @@ fn router_intercepts_extends_qsupported_and_survives_bad_packets() {
     drop(c);
     let outcome = server.join().unwrap().expect("serve failed");
     assert_eq!(outcome, ServeOutcome::KilledByDebugger);
+}
+
+#[test]
+fn router_interrupt_stops_a_running_program() {
+    use ptrewind::server::{Router, ServeOutcome, Session};
+    use ptrewind::target::{PtraceTarget, SpawnOptions};
+
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let args = ["30".into()];
+        let target = PtraceTarget::spawn(&"/bin/sleep".into(), &args, &SpawnOptions::default())
+            .expect("spawn /bin/sleep");
+        let mut session = Session::new(Box::new(target));
+        let (stream, _) = listener.accept().unwrap();
+        Router::default().serve(stream, &mut session)
+    });
+    let s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(TIMEOUT)).unwrap();
+    let mut c = Raw { s, buf: Vec::new() };
+    c.send(&packet("qSupported:multiprocess+"));
+    assert_eq!(c.ack(), b'+');
+    c.reply();
+    c.send(b"+");
+    c.send(&packet("vCont;c"));
+    assert_eq!(c.ack(), b'+');
+    std::thread::sleep(Duration::from_millis(200));
+    c.send(&[0x03]);
+    let stop = c.reply();
+    // GDB signal 2 = SIGINT, with the thread of the stopped process.
+    assert!(stop.starts_with("T02thread:"), "{stop}");
+    c.send(b"+");
+    // The process is stopped, not gone: registers can be read.
+    c.send(&packet("g"));
+    assert_eq!(c.ack(), b'+');
+    assert!(c.reply().len() > 100);
+    c.send(b"+");
+    // Closing the connection kills the program we started.
+    drop(c);
+    let outcome = server.join().unwrap().expect("serve failed");
+    assert_eq!(outcome, ServeOutcome::ConnectionClosed);
 }
