@@ -60,6 +60,7 @@ fn examples() -> &'static Path {
             "exitcode",
             "fork",
             "exec",
+            "attachme",
         ] {
             cc(&["-g", "-O0", "-o", &out(p), &src(&format!("{p}.c"))]);
         }
@@ -145,10 +146,18 @@ struct Server {
 
 impl Server {
     fn start(program: &Path, args: &[&str]) -> Server {
+        let mut cli: Vec<std::ffi::OsString> = ["record", "--listen", "127.0.0.1:0", "--"]
+            .iter()
+            .map(Into::into)
+            .collect();
+        cli.push(program.into());
+        cli.extend(args.iter().map(Into::into));
+        Server::start_cli(&cli)
+    }
+
+    fn start_cli(cli: &[std::ffi::OsString]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_ptrewind"))
-            .args(["record", "--listen", "127.0.0.1:0", "--"])
-            .arg(program)
-            .args(args)
+            .args(cli)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -169,7 +178,10 @@ impl Server {
                 );
             };
             // "ptrewind: started process PID; listening on 127.0.0.1:PORT"
-            if let Some(rest) = line.strip_prefix("ptrewind: started process ") {
+            let rest = line
+                .strip_prefix("ptrewind: started process ")
+                .or_else(|| line.strip_prefix("ptrewind: attached to process "));
+            if let Some(rest) = rest {
                 let (p, addr) = rest.split_once("; listening on ").unwrap();
                 pid = Some(p.parse().unwrap());
                 port = Some(addr.rsplit(':').next().unwrap().parse().unwrap());
@@ -200,7 +212,12 @@ struct Run {
 /// `-ex` arguments after connecting. Fails on timeout (both processes are killed).
 fn gdb(program: &str, args: &[&str], commands: &[&str]) -> Run {
     let program = example(program);
-    let mut server = Server::start(&program, args);
+    let server = Server::start(&program, args);
+    gdb_with(server, &program, commands)
+}
+
+/// Runs GDB against an already started server.
+fn gdb_with(mut server: Server, program: &Path, commands: &[&str]) -> Run {
     let mut cmd = Command::new("gdb");
     cmd.args([
         "-batch",
@@ -216,7 +233,7 @@ fn gdb(program: &str, args: &[&str], commands: &[&str]) -> Run {
         cmd.arg("-ex").arg(c);
     }
     let mut g = cmd
-        .arg(&program)
+        .arg(program)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -546,6 +563,41 @@ fn exec_is_reported() {
     let r = gdb("exec", &[], &["continue"]);
     r.expect("ptrewind: the program called exec (");
     r.expect("exited normally");
+}
+
+#[test]
+fn attach_break_and_detach() {
+    let tick_line = line_of("attachme.c", "/* TICK LINE */");
+    let program = example("attachme");
+    let mut victim = Command::new(&program).spawn().unwrap();
+    let pid = victim.id();
+    std::thread::sleep(Duration::from_millis(100));
+    let server = Server::start_cli(&["attach".into(), pid.to_string().into()]);
+    assert_eq!(server.pid, pid as i32);
+    let r = gdb_with(
+        server,
+        &program,
+        &[
+            "break tick",
+            "continue",
+            "print counter > 0",
+            "bt",
+            "detach",
+        ],
+    );
+    let alive = victim.try_wait().unwrap().is_none();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let _ = victim.kill();
+    let _ = victim.wait();
+    r.expect(&format!("Breakpoint 1, tick () at "));
+    r.expect(&format!("attachme.c:{tick_line}"));
+    r.expect("$1 = 1");
+    r.expect("in main () at ");
+    r.expect(&format!("process {pid}) detached"));
+    assert!(r.server.contains("detached from process"), "{}", r.server);
+    // Detached: still running and no longer traced.
+    assert!(alive, "the attached process died\n{}", r.gdb);
+    assert!(status.contains("TracerPid:\t0\n"), "{status}");
 }
 
 #[test]

@@ -458,7 +458,7 @@ pub enum ServeOutcome {
     Detached,
     /// GDB killed the program (`kill`).
     KilledByDebugger,
-    /// GDB closed the connection; the program was killed.
+    /// GDB closed the connection; a program we started was killed, an attached one detached.
     ConnectionClosed,
 }
 
@@ -658,8 +658,21 @@ impl Router {
     }
 
     fn connection_closed(&mut self, session: &mut Session) -> Result<ServeOutcome, ServerError> {
+        let attached = session.is_attached();
         let t = session.target_mut();
-        if !t.has_exited() {
+        if t.has_exited() {
+            return Ok(ServeOutcome::ConnectionClosed);
+        }
+        if attached {
+            // Leave a process we did not start running, as GDB does on disconnect.
+            if t.detach().is_err() {
+                t.interrupt()?;
+                t.wait(true)?;
+                if !t.has_exited() {
+                    t.detach()?;
+                }
+            }
+        } else {
             t.kill()?;
         }
         Ok(ServeOutcome::ConnectionClosed)

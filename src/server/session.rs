@@ -102,6 +102,11 @@ impl Session {
         self.attached = attached;
     }
 
+    /// True if the program was attached to rather than started by us.
+    pub fn is_attached(&self) -> bool {
+        self.attached
+    }
+
     /// The target.
     pub fn target(&self) -> &dyn Target {
         self.target.as_ref()
