@@ -589,7 +589,7 @@ fn attach_break_and_detach() {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let _ = victim.kill();
     let _ = victim.wait();
-    r.expect(&format!("Breakpoint 1, tick () at "));
+    r.expect("Breakpoint 1, tick () at ");
     r.expect(&format!("attachme.c:{tick_line}"));
     r.expect("$1 = 1");
     r.expect("in main () at ");
