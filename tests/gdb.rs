@@ -852,3 +852,182 @@ fn router_interrupt_stops_a_running_program() {
     let outcome = server.join().unwrap().expect("serve failed");
     assert_eq!(outcome, ServeOutcome::ConnectionClosed);
 }
+
+/// An in-memory "recorded" target: a fixed list of PCs, the cursor at the end (the live
+/// point). Exercises the reverse-execution plumbing of the server without a recorder.
+struct FakeReplay {
+    pcs: Vec<u64>,
+    pos: usize,
+    breakpoints: Vec<u64>,
+    pending: Option<ptrewind::target::StopEvent>,
+}
+
+impl ptrewind::target::Breakpoints for FakeReplay {
+    fn add_breakpoint(&mut self, addr: u64) -> ptrewind::target::TargetResult<()> {
+        self.breakpoints.push(addr);
+        Ok(())
+    }
+    fn remove_breakpoint(&mut self, addr: u64) -> ptrewind::target::TargetResult<bool> {
+        let before = self.breakpoints.len();
+        self.breakpoints.retain(|&a| a != addr);
+        Ok(before != self.breakpoints.len())
+    }
+    fn breakpoint_addrs(&self) -> Vec<u64> {
+        self.breakpoints.clone()
+    }
+}
+
+impl ptrewind::target::ReverseExecution for FakeReplay {
+    fn resume_reverse(
+        &mut self,
+        how: ptrewind::target::ReverseResume,
+    ) -> ptrewind::target::TargetResult<()> {
+        use ptrewind::target::{ReverseResume, StopEvent};
+        self.pending = Some(match how {
+            ReverseResume::Step if self.pos == 0 => StopEvent::HistoryEnd { at_begin: true },
+            ReverseResume::Step => {
+                self.pos -= 1;
+                StopEvent::Step
+            }
+            ReverseResume::Continue => loop {
+                if self.pos == 0 {
+                    break StopEvent::HistoryEnd { at_begin: true };
+                }
+                self.pos -= 1;
+                if self.breakpoints.contains(&self.pcs[self.pos]) {
+                    break StopEvent::Breakpoint {
+                        pc: self.pcs[self.pos],
+                    };
+                }
+            },
+        });
+        Ok(())
+    }
+}
+
+impl ptrewind::target::Target for FakeReplay {
+    fn pid(&self) -> i32 {
+        4242
+    }
+    fn exec_path(&self) -> Option<PathBuf> {
+        None
+    }
+    fn read_registers(&mut self) -> ptrewind::target::TargetResult<ptrewind::target::X86Registers> {
+        let mut regs = ptrewind::target::X86Registers {
+            xsave: vec![0; 512],
+            ..Default::default()
+        };
+        regs.set_pc(self.pcs[self.pos]);
+        Ok(regs)
+    }
+    fn write_registers(
+        &mut self,
+        _: &ptrewind::target::X86Registers,
+    ) -> ptrewind::target::TargetResult<()> {
+        Err(ptrewind::target::TargetError::Unsupported(
+            "writing history",
+        ))
+    }
+    fn read_memory(&self, _addr: u64, buf: &mut [u8]) -> ptrewind::target::TargetResult<usize> {
+        buf.fill(0x90);
+        Ok(buf.len())
+    }
+    fn write_memory(&mut self, addr: u64, _: &[u8]) -> ptrewind::target::TargetResult<()> {
+        Err(ptrewind::target::TargetError::Memory { addr })
+    }
+    fn resume(&mut self, _: ptrewind::target::Resume) -> ptrewind::target::TargetResult<()> {
+        self.pending = Some(ptrewind::target::StopEvent::HistoryEnd { at_begin: false });
+        Ok(())
+    }
+    fn wait(
+        &mut self,
+        _block: bool,
+    ) -> ptrewind::target::TargetResult<Option<ptrewind::target::StopEvent>> {
+        Ok(self.pending.take())
+    }
+    fn interrupt(&mut self) -> ptrewind::target::TargetResult<()> {
+        Ok(())
+    }
+    fn kill(&mut self) -> ptrewind::target::TargetResult<()> {
+        Ok(())
+    }
+    fn detach(&mut self) -> ptrewind::target::TargetResult<()> {
+        Ok(())
+    }
+    fn has_exited(&self) -> bool {
+        false
+    }
+    fn auxv(&self) -> ptrewind::target::TargetResult<Vec<u8>> {
+        Ok(Vec::new())
+    }
+    fn support_breakpoints(&mut self) -> Option<&mut dyn ptrewind::target::Breakpoints> {
+        Some(self)
+    }
+    fn support_reverse(&mut self) -> Option<&mut dyn ptrewind::target::ReverseExecution> {
+        Some(self)
+    }
+}
+
+#[test]
+fn reverse_execution_plumbing_with_a_fake_history() {
+    use ptrewind::server::{Router, Session};
+
+    let pcs: Vec<u64> = (0..10).map(|i| 0x401000 + 4 * i).collect();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let fake = FakeReplay {
+        pcs: pcs.clone(),
+        pos: pcs.len() - 1,
+        breakpoints: Vec::new(),
+        pending: None,
+    };
+    let server = std::thread::spawn(move || {
+        let mut session = Session::new(Box::new(fake));
+        let (stream, _) = listener.accept().unwrap();
+        Router::default().serve(stream, &mut session)
+    });
+    let s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(TIMEOUT)).unwrap();
+    let mut c = Raw { s, buf: Vec::new() };
+    let mut ask = |c: &mut Raw, body: &str| -> String {
+        c.send(&packet(body));
+        assert_eq!(c.ack(), b'+', "{body}");
+        let r = c.reply();
+        c.send(b"+");
+        r
+    };
+    let supported = ask(&mut c, "qSupported:multiprocess+;swbreak+");
+    assert!(supported.contains("ReverseStep+"), "{supported}");
+    assert!(supported.contains("ReverseContinue+"), "{supported}");
+    // `p 10` is rip (register 16 = 0x10): little-endian hex of the PC.
+    let rip = |c: &mut Raw, ask: &mut dyn FnMut(&mut Raw, &str) -> String| {
+        let hex = ask(c, "p10");
+        let bytes: Vec<u8> = (0..8)
+            .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+            .collect();
+        u64::from_le_bytes(bytes.try_into().unwrap())
+    };
+    assert_eq!(rip(&mut c, &mut ask), pcs[9]);
+    assert_eq!(ask(&mut c, "Hc0"), "OK");
+    let stop = ask(&mut c, "bs");
+    assert!(stop.starts_with("T05"), "{stop}");
+    assert_eq!(rip(&mut c, &mut ask), pcs[8]);
+    // Reverse-continue to a breakpoint: the PC is the breakpoint address, no +1.
+    assert_eq!(ask(&mut c, &format!("Z0,{:x},1", pcs[3])), "OK");
+    let stop = ask(&mut c, "bc");
+    assert!(stop.contains("swbreak"), "{stop}");
+    assert_eq!(rip(&mut c, &mut ask), pcs[3]);
+    // Again: the history begins before any other breakpoint.
+    let stop = ask(&mut c, "bc");
+    assert!(stop.contains("replaylog:begin"), "{stop}");
+    assert_eq!(rip(&mut c, &mut ask), pcs[0]);
+    // Forward from the past reaches the end of the history.
+    let stop = ask(&mut c, "vCont;c");
+    assert!(stop.contains("replaylog:end"), "{stop}");
+    // `bs` after `Hc-1` is answered with an error (gdbstub would end the session).
+    assert_eq!(ask(&mut c, "Hc-1"), "OK");
+    assert_eq!(ask(&mut c, "bs"), "E01");
+    assert_eq!(ask(&mut c, "vKill;1"), "OK");
+    drop(c);
+    server.join().unwrap().expect("serve failed");
+}

@@ -42,6 +42,8 @@ pub enum Intercept {
 pub struct RouterState {
     /// The thread id text of the last `Hg` packet (e.g. `p1234.1234`, `0`, `-1`).
     pub general_thread: Option<String>,
+    /// The thread id text of the last `Hc` packet.
+    pub continue_thread: Option<String>,
     /// The features GDB sent in its `qSupported` packet.
     pub client_features: Vec<String>,
 }
@@ -733,7 +735,14 @@ impl Router {
                 return Ok(sm);
             }
         }
-        if !is_well_formed(body) {
+        // gdbstub ends the session on `bs` after `Hc-1`; answer with an error instead.
+        let reverse_step_all = body == b"bs"
+            && self
+                .state
+                .continue_thread
+                .as_deref()
+                .is_some_and(|t| t == "-1" || t.ends_with(".-1"));
+        if reverse_step_all || !is_well_formed(body) {
             let c = conn(&mut sm);
             c.ack().map_err(ServerError::Io)?;
             c.send_packet(b"E01").map_err(ServerError::Io)?;
@@ -752,6 +761,8 @@ impl Router {
             }
         } else if let Some(thread) = plain.strip_prefix(b"Hg") {
             self.state.general_thread = Some(String::from_utf8_lossy(thread).into_owned());
+        } else if let Some(thread) = plain.strip_prefix(b"Hc") {
+            self.state.continue_thread = Some(String::from_utf8_lossy(thread).into_owned());
         } else if plain == b"QStartNoAckMode" {
             conn(&mut sm).watch_no_ack = true;
         }
