@@ -65,18 +65,34 @@ pub fn run(args: RecordArgs) -> CmdResult {
     let Some((program, prog_args)) = args.command.split_first() else {
         return Err("no program given".into());
     };
-    let listener = TcpListener::bind(args.listen)
-        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
-    let addr = listener.local_addr()?;
+    let listener = bind(args.listen)?;
     let options = SpawnOptions {
         disable_aslr: !args.keep_aslr,
     };
     let target = PtraceTarget::spawn(program, prog_args, &options)?;
+    serve(target, listener, "started", false, program)
+}
+
+/// Binds the listening socket (after the loopback check done by the caller).
+pub(crate) fn bind(addr: SocketAddr) -> Result<TcpListener, String> {
+    TcpListener::bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))
+}
+
+/// Prints how to connect, accepts one GDB connection and serves `target` until the session
+/// ends. `how` is "started" or "attached to" (for the messages).
+pub(crate) fn serve(
+    target: PtraceTarget,
+    listener: TcpListener,
+    how: &str,
+    attached: bool,
+    fallback_exe: &std::ffi::OsStr,
+) -> CmdResult {
+    let addr = listener.local_addr()?;
     let pid = target.pid();
     let exe = target
         .exec_path()
-        .unwrap_or_else(|| std::path::PathBuf::from(program));
-    eprintln!("ptrewind: started process {pid}; listening on {addr}");
+        .unwrap_or_else(|| std::path::PathBuf::from(fallback_exe));
+    eprintln!("ptrewind: {how} process {pid}; listening on {addr}");
     eprintln!(
         "ptrewind: connect with: gdb -ex 'target remote {addr}' {}",
         shell_quote(&exe.to_string_lossy())
@@ -84,6 +100,7 @@ pub fn run(args: RecordArgs) -> CmdResult {
     let (stream, peer) = listener.accept()?;
     eprintln!("ptrewind: debugger connected from {peer}");
     let mut session = Session::new(Box::new(target));
+    session.set_attached(attached);
     let mut router = Router::default();
     router.on_notice(|n| eprintln!("ptrewind: warning: {n}"));
     let outcome = router.serve(stream, &mut session)?;
@@ -95,6 +112,9 @@ pub fn run(args: RecordArgs) -> CmdResult {
         ServeOutcome::Detached => eprintln!("ptrewind: detached from process {pid}"),
         ServeOutcome::KilledByDebugger => {
             eprintln!("ptrewind: process {pid} killed by the debugger")
+        }
+        ServeOutcome::ConnectionClosed if attached => {
+            eprintln!("ptrewind: debugger disconnected; detached from process {pid}")
         }
         ServeOutcome::ConnectionClosed => {
             eprintln!("ptrewind: debugger disconnected; process {pid} killed")

@@ -42,6 +42,8 @@ pub enum Intercept {
 pub struct RouterState {
     /// The thread id text of the last `Hg` packet (e.g. `p1234.1234`, `0`, `-1`).
     pub general_thread: Option<String>,
+    /// The thread id text of the last `Hc` packet.
+    pub continue_thread: Option<String>,
     /// The features GDB sent in its `qSupported` packet.
     pub client_features: Vec<String>,
 }
@@ -428,6 +430,11 @@ impl Connection for RouterConn {
     type Error = std::io::Error;
 
     fn write(&mut self, byte: u8) -> Result<(), Self::Error> {
+        if self.out.is_empty() && (byte == b'+' || byte == b'-') {
+            // An ack is sent before the reply is built; for a resume the reply (the stop)
+            // may come much later, and GDB waits for the ack before it may interrupt.
+            return Write::write_all(&mut self.stream, &[byte]);
+        }
         self.out.push(byte);
         Ok(())
     }
@@ -453,9 +460,12 @@ pub enum ServeOutcome {
     Detached,
     /// GDB killed the program (`kill`).
     KilledByDebugger,
-    /// GDB closed the connection; the program was killed.
+    /// GDB closed the connection; a program we started was killed, an attached one detached.
     ConnectionClosed,
 }
+
+/// Receives target notices (e.g. to print them on the CLI's stderr).
+pub type NoticeSink = Box<dyn FnMut(&Notice)>;
 
 type Sm<'a> = GdbStubStateMachine<'a, Session, RouterConn>;
 
@@ -479,7 +489,7 @@ pub struct Router {
     packet_size: usize,
     state: RouterState,
     framer: Framer,
-    notice_sink: Option<Box<dyn FnMut(&Notice)>>,
+    notice_sink: Option<NoticeSink>,
 }
 
 impl std::fmt::Debug for Router {
@@ -650,8 +660,21 @@ impl Router {
     }
 
     fn connection_closed(&mut self, session: &mut Session) -> Result<ServeOutcome, ServerError> {
+        let attached = session.is_attached();
         let t = session.target_mut();
-        if !t.has_exited() {
+        if t.has_exited() {
+            return Ok(ServeOutcome::ConnectionClosed);
+        }
+        if attached {
+            // Leave a process we did not start running, as GDB does on disconnect.
+            if t.detach().is_err() {
+                t.interrupt()?;
+                t.wait(true)?;
+                if !t.has_exited() {
+                    t.detach()?;
+                }
+            }
+        } else {
             t.kill()?;
         }
         Ok(ServeOutcome::ConnectionClosed)
@@ -712,7 +735,14 @@ impl Router {
                 return Ok(sm);
             }
         }
-        if !is_well_formed(body) {
+        // gdbstub ends the session on `bs` after `Hc-1`; answer with an error instead.
+        let reverse_step_all = body == b"bs"
+            && self
+                .state
+                .continue_thread
+                .as_deref()
+                .is_some_and(|t| t == "-1" || t.ends_with(".-1"));
+        if reverse_step_all || !is_well_formed(body) {
             let c = conn(&mut sm);
             c.ack().map_err(ServerError::Io)?;
             c.send_packet(b"E01").map_err(ServerError::Io)?;
@@ -731,6 +761,8 @@ impl Router {
             }
         } else if let Some(thread) = plain.strip_prefix(b"Hg") {
             self.state.general_thread = Some(String::from_utf8_lossy(thread).into_owned());
+        } else if let Some(thread) = plain.strip_prefix(b"Hc") {
+            self.state.continue_thread = Some(String::from_utf8_lossy(thread).into_owned());
         } else if plain == b"QStartNoAckMode" {
             conn(&mut sm).watch_no_ack = true;
         }

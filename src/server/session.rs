@@ -4,13 +4,16 @@ use super::arch::{GdbRegId, GdbRegisters, X86_64Linux, copy_range, target_xml};
 use super::monitor::MonitorRegistry;
 use super::svr4::read_library_list;
 use crate::target::regs::GDB_REGS;
-use crate::target::{Resume, StopEvent, Target, TargetError};
+use crate::target::{Resume, ReverseResume, StopEvent, Target, TargetError};
 use gdbstub::common::{Pid, Signal, Tid};
 use gdbstub::stub::MultiThreadStopReason;
 use gdbstub::target::ext::base::BaseOps;
 use gdbstub::target::ext::base::multithread::{
     MultiThreadBase, MultiThreadResume, MultiThreadResumeOps, MultiThreadSchedulerLocking,
     MultiThreadSchedulerLockingOps, MultiThreadSingleStep, MultiThreadSingleStepOps,
+};
+use gdbstub::target::ext::base::reverse_exec::{
+    ReplayLogPosition, ReverseCont, ReverseContOps, ReverseStep, ReverseStepOps,
 };
 use gdbstub::target::ext::base::single_register_access::{
     SingleRegisterAccess, SingleRegisterAccessOps,
@@ -58,6 +61,14 @@ pub fn stop_reason(tid: i32, ev: StopEvent) -> MultiThreadStopReason<u64> {
         },
         StopEvent::Exited(code) => MultiThreadStopReason::Exited(code as u8),
         StopEvent::Killed(s) => MultiThreadStopReason::Terminated(Signal(linux_to_gdb_signal(s))),
+        StopEvent::HistoryEnd { at_begin } => MultiThreadStopReason::ReplayLog {
+            tid: Some(tid),
+            pos: if at_begin {
+                ReplayLogPosition::Begin
+            } else {
+                ReplayLogPosition::End
+            },
+        },
     }
 }
 
@@ -100,6 +111,11 @@ impl Session {
     /// killing it when it quits.
     pub fn set_attached(&mut self, attached: bool) {
         self.attached = attached;
+    }
+
+    /// True if the program was attached to rather than started by us.
+    pub fn is_attached(&self) -> bool {
+        self.attached
     }
 
     /// The target.
@@ -305,6 +321,43 @@ impl MultiThreadResume for Session {
 
     fn support_scheduler_locking(&mut self) -> Option<MultiThreadSchedulerLockingOps<'_, Self>> {
         Some(self)
+    }
+
+    fn support_reverse_step(&mut self) -> Option<ReverseStepOps<'_, Tid, Self>> {
+        if self.target.support_reverse().is_some() {
+            Some(self)
+        } else {
+            None
+        }
+    }
+
+    fn support_reverse_cont(&mut self) -> Option<ReverseContOps<'_, Tid, Self>> {
+        if self.target.support_reverse().is_some() {
+            Some(self)
+        } else {
+            None
+        }
+    }
+}
+
+impl Session {
+    fn reverse(&mut self, how: ReverseResume) -> Result<(), TargetError> {
+        match self.target.support_reverse() {
+            Some(rev) => rev.resume_reverse(how),
+            None => Err(TargetError::Unsupported("reverse execution")),
+        }
+    }
+}
+
+impl ReverseStep<Tid> for Session {
+    fn reverse_step(&mut self, _tid: Tid) -> Result<(), Self::Error> {
+        self.reverse(ReverseResume::Step)
+    }
+}
+
+impl ReverseCont<Tid> for Session {
+    fn reverse_cont(&mut self) -> Result<(), Self::Error> {
+        self.reverse(ReverseResume::Continue)
     }
 }
 

@@ -115,6 +115,30 @@ pub enum StopEvent {
     Exited(i32),
     /// The program was killed by this signal.
     Killed(i32),
+    /// Execution (replay) reached an end of the recorded history: the beginning when going
+    /// backward (`at_begin`), the live end when replaying forward. Only targets that support
+    /// [`ReverseExecution`] report it.
+    HistoryEnd {
+        /// True at the oldest recorded instruction.
+        at_begin: bool,
+    },
+}
+
+/// Direction-reversed resumption, for targets with a recorded history.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReverseResume {
+    /// Go back one instruction.
+    Step,
+    /// Go back until a breakpoint address is reached (reported as [`StopEvent::Breakpoint`]
+    /// with the PC at the breakpoint) or the history begins ([`StopEvent::HistoryEnd`]).
+    Continue,
+}
+
+/// Reverse execution over a recorded history. The stop is collected with [`Target::wait`],
+/// exactly as for a forward resume.
+pub trait ReverseExecution {
+    /// Starts a reverse step or continue.
+    fn resume_reverse(&mut self, how: ReverseResume) -> TargetResult<()>;
 }
 
 /// Something the user should know that is not a stop: events we detect but do not follow.
@@ -230,6 +254,12 @@ pub trait Target {
     }
     /// Software breakpoints, if supported.
     fn support_breakpoints(&mut self) -> Option<&mut dyn Breakpoints> {
+        None
+    }
+    /// Reverse execution, if this target has a history. The GDB server advertises
+    /// `ReverseStep+`/`ReverseContinue+` (and accepts `bs`/`bc`) only when this returns
+    /// `Some` at connection time.
+    fn support_reverse(&mut self) -> Option<&mut dyn ReverseExecution> {
         None
     }
 }

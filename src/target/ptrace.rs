@@ -397,12 +397,10 @@ impl PtraceTarget {
                     vfork,
                 });
             }
-            libc::PTRACE_EVENT_VFORK_DONE => {
-                if self.vfork_lifted {
-                    self.vfork_lifted = false;
-                    if matches!(mode, Resume::Continue { .. }) {
-                        self.insert_breakpoints()?;
-                    }
+            libc::PTRACE_EVENT_VFORK_DONE if self.vfork_lifted => {
+                self.vfork_lifted = false;
+                if matches!(mode, Resume::Continue { .. }) {
+                    self.insert_breakpoints()?;
                 }
             }
             libc::PTRACE_EVENT_EXEC => {
