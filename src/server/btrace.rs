@@ -27,6 +27,7 @@
 //! increasing offsets, and rebuilding a `new` document in the middle would lose the data.
 
 use super::rsp::{self, ThreadSel};
+use crate::store::live::TraceStore;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -219,6 +220,80 @@ impl PtTraceProvider for FixedTraceProvider {
             data: Cow::Borrowed(data),
             head: data.len() as u64,
             lost: 0,
+        })
+    }
+
+    fn cpu(&self) -> PtCpu {
+        self.cpu
+    }
+}
+
+/// A provider over live [`TraceStore`]s (one per thread), the stores a recorder's drainer
+/// fills (e.g. `SoftRecorder::store()`). Everything stored is served; the head is the stream
+/// offset (stored + lost bytes), so `new` reads see growth and losses are reported.
+///
+/// Starting and stopping only mark the thread: turning the recorder itself on and off belongs
+/// to whoever drives it, which can ask [`TraceStoreProvider::is_active`]. A snapshot is only
+/// complete up to the current stop if the recorder has written out its pending packets and the
+/// ring was drained before the debugger reads it.
+#[derive(Clone, Debug)]
+pub struct TraceStoreProvider {
+    stores: BTreeMap<u32, TraceStore>,
+    active: BTreeMap<u32, u64>,
+    cpu: PtCpu,
+}
+
+impl TraceStoreProvider {
+    /// No stores yet; traces decode as `cpu`.
+    pub fn new(cpu: PtCpu) -> Self {
+        TraceStoreProvider {
+            stores: BTreeMap::new(),
+            active: BTreeMap::new(),
+            cpu,
+        }
+    }
+
+    /// Serves `store` (a shared handle) as the trace of `tid`.
+    pub fn attach(&mut self, tid: u32, store: TraceStore) {
+        self.stores.insert(tid, store);
+    }
+
+    /// True while a debugger wants `tid` traced.
+    pub fn is_active(&self, tid: u32) -> bool {
+        self.active.contains_key(&tid)
+    }
+}
+
+impl PtTraceProvider for TraceStoreProvider {
+    fn start(&mut self, tid: u32, options: &StartOptions) -> Result<u64, String> {
+        if !self.stores.contains_key(&tid) {
+            return Err(format!("thread {tid} is not being recorded"));
+        }
+        self.active.insert(tid, options.buffer_size);
+        Ok(options.buffer_size)
+    }
+
+    fn stop(&mut self, tid: u32) -> Result<(), String> {
+        self.active
+            .remove(&tid)
+            .map(|_| ())
+            .ok_or_else(|| format!("thread {tid} is not traced"))
+    }
+
+    fn snapshot(&mut self, tid: u32) -> Result<TraceSnapshot<'_>, String> {
+        let store = self
+            .stores
+            .get(&tid)
+            .filter(|_| self.active.contains_key(&tid))
+            .ok_or_else(|| format!("thread {tid} is not traced"))?;
+        // Two separate reads: a drain in between can only make `lost` (and so the head) newer
+        // than `data`, which at worst makes the next `new` read return the data again.
+        let data = store.to_vec();
+        let lost = store.lost();
+        Ok(TraceSnapshot {
+            head: data.len() as u64 + lost,
+            data: Cow::Owned(data),
+            lost,
         })
     }
 
@@ -705,6 +780,36 @@ mod tests {
         // Not traced any more: the conf document is empty.
         let conf = read_doc(&mut s, &mut p, "btrace-conf", "", 0x1000).unwrap();
         assert!(!conf.contains("<pt"));
+    }
+
+    #[test]
+    fn trace_store_provider_serves_what_the_drainer_stored() {
+        use crate::ring::{Capabilities, IntOn, Topa, TraceSink, TraceSource};
+        let mut ring = Topa::circular(Capabilities::default(), &[4096], IntOn::Every).unwrap();
+        let store = TraceStore::new();
+        let mut p = TraceStoreProvider::new(PtCpu::SOFTWARE);
+        p.attach(TID, store.clone());
+        let mut s = BtraceServer::new();
+        assert_eq!(send(&mut s, &mut p, b"Qbtrace:pt"), "OK");
+        assert!(p.is_active(TID));
+        ring.write(&[0x02, 0x82, 0x02, 0x82]);
+        store.append(&ring.drain());
+        let doc = read_doc(&mut s, &mut p, "btrace", "new", 0x100).unwrap();
+        assert!(doc.contains("<raw>\n02820282\n</raw>"), "{doc}");
+        // Nothing new: no <raw>.
+        let doc = read_doc(&mut s, &mut p, "btrace", "new", 0x100).unwrap();
+        assert!(!doc.contains("<raw>"), "{doc}");
+        ring.write(&[0x00]);
+        store.append(&ring.drain());
+        let doc = read_doc(&mut s, &mut p, "btrace", "new", 0x100).unwrap();
+        assert!(doc.contains("<raw>\n0282028200\n</raw>"), "{doc}");
+        // A thread without a store cannot be started.
+        assert_eq!(
+            s.handle(b"Qbtrace:pt", Ok(TID + 1), &mut p).unwrap(),
+            format!("E.thread {} is not being recorded", TID + 1).into_bytes()
+        );
+        assert_eq!(send(&mut s, &mut p, b"Qbtrace:off"), "OK");
+        assert!(!p.is_active(TID));
     }
 
     #[test]
