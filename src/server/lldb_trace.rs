@@ -672,3 +672,75 @@ mod tests {
         assert_eq!(kv["ptrsize"], "8");
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use crate::server::btrace::{BtraceServer, FixedTraceProvider, PtCpu, ThreadError};
+    use proptest::prelude::*;
+
+    fn packet() -> impl Strategy<Value = Vec<u8>> {
+        let prefixes = prop::sample::select(vec![
+            &b"Qbtrace:"[..],
+            b"Qbtrace-conf:pt:size=",
+            b"qXfer:btrace:read:",
+            b"qXfer:btrace-conf:read:",
+            b"jLLDBTraceStart:",
+            b"jLLDBTraceStop:",
+            b"jLLDBTraceGetState:",
+            b"jLLDBTraceGetBinaryData:",
+            b"jLLDBTrace",
+            b"",
+        ]);
+        let tails = prop::sample::select(vec![
+            &b"pt"[..],
+            b"all:0,10",
+            b"new:ffffffffffffffff,ffffffffffffffff",
+            b":0,0",
+            br#"{"type":"intel-pt"}"#,
+            br#"{"type":"intel-pt","kind":"iptTrace","tid":7}"#,
+            br#"{"type":"intel-pt","tids":[7,8,4294967296]}"#,
+        ]);
+        (prefixes, tails, prop::collection::vec(any::<u8>(), 0..24)).prop_map(|(p, t, junk)| {
+            let mut v = p.to_vec();
+            v.extend_from_slice(t);
+            v.extend_from_slice(&junk);
+            v
+        })
+    }
+
+    proptest! {
+        /// Any sequence of (partly malformed) trace packets gets a reply, never a panic, and
+        /// errors always have the client's error shape.
+        #[test]
+        fn trace_packets_never_panic(packets in prop::collection::vec(packet(), 1..12)) {
+            let mut p = FixedTraceProvider::new(PtCpu::SOFTWARE);
+            p.set_trace(7, vec![0x02, 0x82, 0x45, 0x30, 0x30]);
+            let mut gdb = BtraceServer::new();
+            let mut lldb = LldbTraceServer::new();
+            for (i, pkt) in packets.iter().enumerate() {
+                let thread = if i % 5 == 4 { Err(ThreadError::NoSuchThread) } else { Ok(7) };
+                if let Some(r) = gdb.handle(pkt, thread, &mut p) {
+                    prop_assert!(r == b"OK" || r.starts_with(b"E.") || r.starts_with(b"m")
+                        || r.starts_with(b"l"));
+                }
+                if let Some(r) = lldb.handle(pkt, &[7], &mut p) {
+                    prop_assert!(!r.is_empty() || pkt.starts_with(b"jLLDBTraceGetBinaryData"));
+                }
+            }
+        }
+
+        /// The RSP parsers accept or reject arbitrary bytes without panicking.
+        #[test]
+        fn rsp_parsers_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..40)) {
+            let _ = rsp::parse_qxfer_read(&bytes);
+            let _ = rsp::parse_thread_id(&bytes);
+            let _ = rsp::parse_hex_u64(&bytes);
+            let _ = rsp::hex_decode(&bytes);
+            let doc = b"<doc/>";
+            if let Ok(q) = rsp::parse_qxfer_read(&bytes) {
+                let _ = rsp::qxfer_chunk(doc, q.offset, q.length);
+            }
+        }
+    }
+}
