@@ -375,21 +375,19 @@ pub fn check_packet(body: &[u8], resume_all: bool) -> Check {
         let empty = |a: &[u8]| a.is_empty();
         let annex_any = |_: &[u8]| true;
         let exec_annex = |a: &[u8]| a.is_empty() || is_nonzero_id(a);
-        let checked = if let Some(r) = rest.strip_prefix(b"features:read") {
-            Some(qxfer_args(r, annex_any))
-        } else if let Some(r) = rest.strip_prefix(b"auxv:read") {
-            Some(qxfer_args(r, empty))
-        } else if let Some(r) = rest.strip_prefix(b"exec-file:read") {
-            Some(qxfer_args(r, exec_annex))
-        } else if let Some(r) = rest.strip_prefix(b"libraries-svr4:read") {
-            Some(qxfer_args(r, empty))
-        } else if let Some(r) = rest.strip_prefix(b"libraries:read") {
-            Some(qxfer_args(r, empty))
-        } else if let Some(r) = rest.strip_prefix(b"memory-map:read") {
-            Some(qxfer_args(r, empty))
-        } else {
-            None
-        };
+        // The objects gdbstub parses (others are unknown to it and answered empty).
+        type AnnexCheck<'f> = &'f dyn Fn(&[u8]) -> bool;
+        let objects: [(&[u8], AnnexCheck<'_>); 6] = [
+            (b"features:read", &annex_any),
+            (b"auxv:read", &empty),
+            (b"exec-file:read", &exec_annex),
+            (b"libraries-svr4:read", &empty),
+            (b"libraries:read", &empty),
+            (b"memory-map:read", &empty),
+        ];
+        let checked = objects
+            .iter()
+            .find_map(|(name, annex_ok)| rest.strip_prefix(*name).map(|r| qxfer_args(r, annex_ok)));
         return checked.map_or(Pass, ok);
     }
     if let Some(rest) = body.strip_prefix(b"vKill") {
