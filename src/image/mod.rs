@@ -4,9 +4,35 @@
 //! The flow decoder asks it for the bytes at an IP ([`Image::slice_at`]) on every instruction it has
 //! not seen before, so lookups are a binary search over sorted ranges behind a last-hit cache.
 //! Sections share their bytes (`Arc`), so a library mapped several times costs its bytes once.
+//!
+//! Where images come from:
+//! - [`elf`]: an ELF executable or shared object at its load address (`--elf FILE[:BASE]`);
+//! - [`raw`]: a raw binary at an address, in ptxed's syntax (`--raw FILE[:FROM[-TO]]:BASE`);
+//! - [`procfs`]: the executable mappings of a live process (`/proc/PID/maps` + `/proc/PID/mem`);
+//! - [`perf_maps`]: perf `MMAP`/`MMAP2` sideband records, with a `--symfs`-like file search;
+//! - [`symbols`]: symbol names and source lines for addresses (ELF symbol tables and DWARF).
+//!
+//! Files are read into memory rather than memory-mapped: a mapped file that is truncated or
+//! rewritten while we decode would crash the process with `SIGBUS`, and code images are small next
+//! to the traces they explain. [`FileCache`] makes every section of one file share one buffer.
 
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+pub mod elf;
+pub mod perf_maps;
+pub mod procfs;
+pub mod raw;
+pub mod symbols;
+
+pub use elf::{ElfKind, ElfSpec, LoadedElf, LoadedSegment, Segments};
+
+pub use perf_maps::{MissingImage, MmapImage, MmapOptions, MmapRecord, RemapFn};
+pub use procfs::{MapEntry, ProcessImage, ProcessSnapshot, UnreadableMapping};
+pub use raw::RawSpec;
+pub use symbols::{SymbolInfo, Symbolizer};
 
 /// Bytes of one section: owned, or shared with other sections and images.
 pub type SectionBytes = Arc<[u8]>;
@@ -70,6 +96,144 @@ pub enum ImageError {
         /// Backing length.
         backing: usize,
     },
+}
+
+/// Why an image (or its symbols) could not be loaded. Every variant names the file or process.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// Reading a file failed.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not an ELF file we can load.
+    #[error("{}: not a loadable ELF file: {reason}", path.display())]
+    Elf {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A requested file range lies outside the file.
+    #[error("{}: range {from:#x}..{to:#x} is outside the file ({file_len:#x} bytes)", path.display())]
+    FileRange {
+        /// The file.
+        path: PathBuf,
+        /// First offset requested.
+        from: u64,
+        /// One past the last offset requested.
+        to: u64,
+        /// The file's size.
+        file_len: u64,
+    },
+    /// Reading a live process failed.
+    #[error("process {pid}: cannot read {}: {source}{hint}", path.display())]
+    Process {
+        /// The process id.
+        pid: i32,
+        /// The procfs file that failed (`/proc/PID/maps` or `/proc/PID/mem`).
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+        /// A hint on the likely cause (permissions, ptrace scope), possibly empty.
+        hint: &'static str,
+    },
+    /// A line of `/proc/PID/maps` could not be parsed.
+    #[error("{}: line {line}: cannot parse {text:?}", path.display())]
+    Maps {
+        /// The maps file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// The offending line.
+        text: String,
+    },
+    /// A section did not fit into the image.
+    #[error(transparent)]
+    Image(#[from] ImageError),
+}
+
+/// Why an `--elf`/`--raw` argument could not be parsed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    /// No file name.
+    #[error("{arg:?}: missing file name")]
+    MissingPath {
+        /// The argument.
+        arg: String,
+    },
+    /// `--raw` needs a base address after the last `:`.
+    #[error("{arg:?}: missing or malformed base address (expected FILE[:FROM[-TO]]:BASE)")]
+    MissingBase {
+        /// The argument.
+        arg: String,
+    },
+    /// `FROM-TO` with `TO <= FROM`.
+    #[error("{arg:?}: empty file range {from:#x}-{to:#x} (TO is exclusive and must exceed FROM)")]
+    EmptyRange {
+        /// The argument.
+        arg: String,
+        /// Range start.
+        from: u64,
+        /// Range end (exclusive).
+        to: u64,
+    },
+}
+
+/// Parses an unsigned number the way C's `strtoull(s, &end, 0)` does when the whole string must
+/// be consumed (the rule ptxed applies to `--raw`/`--elf` arguments): `0x`/`0X` prefix → hex,
+/// other leading `0` → octal, otherwise decimal. No sign, no whitespace; overflow is an error.
+pub fn parse_number(s: &str) -> Option<u64> {
+    let (digits, radix) = if let Some(hex) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        (hex, 16)
+    } else if s.len() > 1 && s.starts_with('0') {
+        (&s[1..], 8)
+    } else {
+        (s, 10)
+    };
+    if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
+        return None;
+    }
+    u64::from_str_radix(digits, radix).ok()
+}
+
+/// Reads whole files once and hands out shared buffers, so that every section (and every image)
+/// taken from one file shares its bytes.
+#[derive(Debug, Default, Clone)]
+pub struct FileCache {
+    files: HashMap<PathBuf, SectionBytes>,
+}
+
+impl FileCache {
+    /// An empty cache.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The contents of `path`, read on first use.
+    pub fn get(&mut self, path: &Path) -> Result<SectionBytes, LoadError> {
+        if let Some(bytes) = self.files.get(path) {
+            return Ok(bytes.clone());
+        }
+        let bytes = read_file(path)?;
+        self.files.insert(path.to_path_buf(), bytes.clone());
+        Ok(bytes)
+    }
+}
+
+/// Reads a whole file into a shared buffer.
+pub fn read_file(path: &Path) -> Result<SectionBytes, LoadError> {
+    std::fs::read(path)
+        .map(SectionBytes::from)
+        .map_err(|source| LoadError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
 }
 
 /// The code of a traced process: sorted, non-overlapping sections.
@@ -143,6 +307,22 @@ impl Image {
         self.sections = kept;
         self.last_hit.store(0, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Adds every section of `sections` in order (later ones win on overlap).
+    pub fn extend(
+        &mut self,
+        sections: impl IntoIterator<Item = Section>,
+    ) -> Result<(), ImageError> {
+        for s in sections {
+            self.add(s)?;
+        }
+        Ok(())
+    }
+
+    /// Total number of mapped bytes.
+    pub fn mapped_bytes(&self) -> u64 {
+        self.sections.iter().map(|s| s.len as u64).sum()
     }
 
     /// The sections, sorted by address.

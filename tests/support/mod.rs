@@ -1,0 +1,16 @@
+//! Shared support code for the integration tests (each `tests/*.rs` binary does `mod support;`
+//! and uses a subset, hence the `dead_code` allowances).
+//!
+//! - [`libipt`]: FFI to Intel's libipt 2.0.5, the differential oracle (packets and instruction
+//!   flow); self-contained, so benchmarks can `#[path]`-include it.
+//! - [`corpus`]: readers for the real-hardware trace corpus in `shared/corpus` (needs sibling
+//!   `libipt`).
+#![allow(dead_code)]
+
+pub mod corpus;
+pub mod libipt;
+
+#[allow(unused_imports)]
+pub use corpus::{CorpusTrace, all_traces, corpus_dir, require_corpus, trace};
+#[allow(unused_imports)]
+pub use libipt::{ImageSection, ipt_insn_count, ipt_insns, ipt_packets};
