@@ -1169,3 +1169,50 @@ fn router_survives_random_packets() {
     drop(c);
     server.join().unwrap().expect("serve failed");
 }
+
+/// LLDB (lldb-19) over the same server: connect, break in the executable, backtrace,
+/// registers. Skipped with a message when lldb-19 is not installed.
+#[test]
+fn lldb_breaks_and_backtraces() {
+    if Command::new("lldb-19").arg("--version").output().is_err() {
+        eprintln!("lldb-19 not installed: skipping");
+        return;
+    }
+    let crash_line = line_of("crash.c", "/* CRASH LINE */");
+    let program = example("crash");
+    let mut server = Server::start(&program, &[]);
+    let mut lldb = Command::new("lldb-19")
+        .arg("-b")
+        .args(["-o", &format!("gdb-remote 127.0.0.1:{}", server.port)])
+        .args([
+            "-o",
+            "b crash_here",
+            "-o",
+            "c",
+            "-o",
+            "bt",
+            "-o",
+            "register read rip",
+        ])
+        .args(["-o", "process kill"])
+        .arg(&program)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = collect(lldb.stdout.take().unwrap(), None);
+    let err = collect(lldb.stderr.take().unwrap(), None);
+    let status = wait_until(&mut lldb, Instant::now() + TIMEOUT);
+    let server_status = wait_until(&mut server.child, Instant::now() + Duration::from_secs(10));
+    let text = format!("{}{}", out.join().unwrap(), err.join().unwrap());
+    let server_text = server.stderr.join().unwrap();
+    assert!(
+        status.is_some() && server_status.is_some(),
+        "timeout\n{text}\n{server_text}"
+    );
+    assert!(text.contains("stop reason = breakpoint 1.1"), "{text}");
+    assert!(text.contains(&format!("crash.c:{crash_line}")), "{text}");
+    assert!(text.contains("crash`main at crash.c:"), "{text}");
+    assert!(text.contains("rip = 0x"), "{text}");
+}

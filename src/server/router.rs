@@ -630,6 +630,53 @@ pub enum ServeOutcome {
 /// Receives target notices (e.g. to print them on the CLI's stderr).
 pub type NoticeSink = Box<dyn FnMut(&Notice)>;
 
+/// LLDB's `qMemoryRegionInfo` reply for `addr`: the mapping that contains it (with
+/// permissions and the hex-encoded file name), or the unmapped gap around it.
+pub fn memory_region_info(maps: &[crate::target::MemoryMapping], addr: u64) -> String {
+    if let Some(m) = maps.iter().find(|m| m.start <= addr && addr < m.end) {
+        let perms: String = m.perms.chars().take(3).filter(|&c| c != '-').collect();
+        let mut out = format!(
+            "start:{:x};size:{:x};permissions:{perms};",
+            m.start,
+            m.end - m.start
+        );
+        if !m.name.is_empty() && !m.name.starts_with('[') {
+            let name: String = m.name.bytes().map(|b| format!("{b:02x}")).collect();
+            out.push_str(&format!("name:{name};"));
+        }
+        return out;
+    }
+    let start = maps
+        .iter()
+        .map(|m| m.end)
+        .filter(|&e| e <= addr)
+        .max()
+        .unwrap_or(0);
+    let end = maps
+        .iter()
+        .map(|m| m.start)
+        .filter(|&s| s > addr)
+        .min()
+        .unwrap_or(u64::MAX);
+    format!("start:{start:x};size:{:x};", end - start)
+}
+
+/// The `qHostInfo` / `qProcessInfo` reply (LLDB's format: hex pid, hex-encoded triple).
+fn lldb_info(pid: Option<i32>) -> String {
+    let triple: String = "x86_64-pc-linux-gnu"
+        .bytes()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let mut out = String::new();
+    if let Some(pid) = pid {
+        out.push_str(&format!("pid:{pid:x};"));
+    }
+    out.push_str(&format!(
+        "triple:{triple};ostype:linux;vendor:pc;endian:little;ptrsize:8;"
+    ));
+    out
+}
+
 type Sm<'a> = GdbStubStateMachine<'a, Session, RouterConn>;
 
 fn conn<'s>(sm: &'s mut Sm<'_>) -> &'s mut RouterConn {
@@ -683,7 +730,7 @@ impl Router {
     /// A router whose gdbstub uses a packet buffer of `packet_size` bytes.
     pub fn new(packet_size: usize) -> Self {
         let packet_size = packet_size.max(1024);
-        Router {
+        let mut router = Router {
             handlers: Vec::new(),
             features: Vec::new(),
             packet_size,
@@ -691,7 +738,34 @@ impl Router {
             // Room for "$", "#xx" and the slack gdbstub needs in its own buffer.
             framer: Framer::new(packet_size - 8),
             notice_sink: None,
-        }
+        };
+        // LLDB's host/process queries. gdbstub 0.7 writes `pid:` in decimal where LLDB reads
+        // hex, and has no `ostype`, which LLDB needs to pick its Linux dynamic loader.
+        router.intercept(b"qHostInfo", |_, _, body| {
+            if body != b"qHostInfo" {
+                return Intercept::Pass;
+            }
+            Intercept::Reply(lldb_info(None).into_bytes())
+        });
+        router.intercept(b"qMemoryRegionInfo:", |session, _, body| {
+            let hex = &body[b"qMemoryRegionInfo:".len()..];
+            let addr = std::str::from_utf8(hex)
+                .ok()
+                .and_then(|h| u64::from_str_radix(h, 16).ok());
+            match (addr, crate::target::read_maps(session.target().pid())) {
+                (Some(addr), Ok(maps)) => {
+                    Intercept::Reply(memory_region_info(&maps, addr).into_bytes())
+                }
+                _ => Intercept::Reply(b"E01".to_vec()),
+            }
+        });
+        router.intercept(b"qProcessInfo", |session, _, body| {
+            if body != b"qProcessInfo" {
+                return Intercept::Pass;
+            }
+            Intercept::Reply(lldb_info(Some(session.target().pid())).into_bytes())
+        });
+        router
     }
 
     /// Answers packets starting with `prefix` (after un-escaping) with `handler` before
@@ -1101,6 +1175,37 @@ mod tests {
         for b in [&b"qSupported"[..], b"qSupported:", b"qSupported:a+;;b-;"] {
             assert_eq!(check_packet(&normalize_qsupported(b), false), Check::Pass);
         }
+    }
+
+    #[test]
+    fn memory_region_replies() {
+        use crate::target::MemoryMapping;
+        let maps = vec![
+            MemoryMapping {
+                start: 0x1000,
+                end: 0x3000,
+                perms: "r-xp".into(),
+                offset: 0,
+                name: "/bin/x".into(),
+            },
+            MemoryMapping {
+                start: 0x5000,
+                end: 0x6000,
+                perms: "rw-p".into(),
+                offset: 0,
+                name: "[heap]".into(),
+            },
+        ];
+        assert_eq!(
+            memory_region_info(&maps, 0x1800),
+            "start:1000;size:2000;permissions:rx;name:2f62696e2f78;"
+        );
+        assert_eq!(
+            memory_region_info(&maps, 0x5000),
+            "start:5000;size:1000;permissions:rw;"
+        );
+        assert_eq!(memory_region_info(&maps, 0x4000), "start:3000;size:2000;");
+        assert_eq!(memory_region_info(&maps, 0x10), "start:0;size:1000;");
     }
 
     #[test]
