@@ -836,9 +836,13 @@ impl Router {
                         r.report_stop(session, stop_reason(tid, ev))
                             .map_err(gs_err)?
                     } else {
-                        // Back off from 0 to 10 ms so single steps are answered at once while
-                        // a long-running program does not spin.
-                        let timeout = idle_polls.min(10) as i32;
+                        // A single step stops within microseconds: yield-spin briefly first,
+                        // then back off to 10 ms polls so a long-running program costs no CPU.
+                        const SPINS: u32 = 200;
+                        let timeout = idle_polls.saturating_sub(SPINS).min(10) as i32;
+                        if idle_polls < SPINS {
+                            std::thread::yield_now();
+                        }
                         idle_polls += 1;
                         if poll_readable(&reader, timeout)? {
                             let n = read_some(&mut reader, &mut buf)?;
