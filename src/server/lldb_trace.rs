@@ -1,6 +1,6 @@
 //! LLDB's Intel PT trace packets (`jLLDBTraceSupported`, `jLLDBTraceStart`, `jLLDBTraceStop`,
-//! `jLLDBTraceGetState`, `jLLDBTraceGetBinaryData`) and the `qHostInfo` / `qProcessInfo`
-//! replies LLDB uses to pick the target triple.
+//! `jLLDBTraceGetState`, `jLLDBTraceGetBinaryData`). (`qHostInfo` / `qProcessInfo`, which
+//! LLDB also needs, are built into [`super::Router`].)
 //!
 //! Shapes follow LLDB's own schema code (`lldb/source/Utility/TraceGDBRemotePackets.cpp`,
 //! `TraceIntelPTGDBRemotePackets.cpp`, LLDB ≥ 16 layout, the one in the installed lldb-19),
@@ -50,9 +50,6 @@ pub const KIND_PROCFS_CPUINFO: &str = "procfsCpuInfo";
 
 /// Buffer size used when a start request has no `iptTraceSize` (LLDB's own default, 4 KiB).
 pub const DEFAULT_IPT_TRACE_SIZE: u64 = 4096;
-
-/// The target triple reported to LLDB.
-pub const TRIPLE: &str = "x86_64-pc-linux-gnu";
 
 /// Error code used in LLDB error replies (LLDB shows the message, not the code).
 const ERR: u8 = 0x01;
@@ -371,51 +368,6 @@ impl LldbTraceServer {
     }
 }
 
-/// The identity of the debugged process for `qProcessInfo`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ProcessInfo {
-    /// Process id.
-    pub pid: u32,
-    /// Parent process id.
-    pub parent_pid: u32,
-    /// Real user id.
-    pub uid: u32,
-    /// Real group id.
-    pub gid: u32,
-    /// Effective user id.
-    pub euid: u32,
-    /// Effective group id.
-    pub egid: u32,
-}
-
-/// The `qHostInfo` reply: triple (hex-encoded, as lldb-server sends it), pointer size,
-/// byte order, OS.
-pub fn host_info_reply() -> Vec<u8> {
-    format!(
-        "triple:{};ptrsize:8;endian:little;ostype:linux;vendor:pc;\
-         watchpoint_exceptions_received:after;",
-        rsp::hex_encode(TRIPLE.as_bytes())
-    )
-    .into_bytes()
-}
-
-/// The `qProcessInfo` reply: ids in hex, the triple hex-encoded (lldb-server's
-/// `CreateProcessInfoResponse_DebugServerStyle` layout).
-pub fn process_info_reply(info: &ProcessInfo) -> Vec<u8> {
-    format!(
-        "pid:{:x};parent-pid:{:x};real-uid:{:x};real-gid:{:x};effective-uid:{:x};\
-         effective-gid:{:x};triple:{};ostype:linux;endian:little;ptrsize:8;",
-        info.pid,
-        info.parent_pid,
-        info.uid,
-        info.gid,
-        info.euid,
-        info.egid,
-        rsp::hex_encode(TRIPLE.as_bytes())
-    )
-    .into_bytes()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -641,35 +593,6 @@ mod tests {
             r#"jLLDBTraceStart:{"type":"intel-pt","iptTraceSize":"0x2000","tids":[500]}"#,
         );
         assert_eq!(r, b"OK");
-    }
-
-    #[test]
-    fn host_and_process_info() {
-        let host = String::from_utf8(host_info_reply()).unwrap();
-        let triple_hex = rsp::hex_encode(b"x86_64-pc-linux-gnu");
-        assert!(host.contains(&format!("triple:{triple_hex};")));
-        assert!(host.contains("ptrsize:8;") && host.contains("endian:little;"));
-        let info = ProcessInfo {
-            pid: 0x1234,
-            parent_pid: 1,
-            uid: 1000,
-            gid: 1000,
-            euid: 0,
-            egid: 0,
-        };
-        let r = String::from_utf8(process_info_reply(&info)).unwrap();
-        let kv: BTreeMap<&str, &str> = r
-            .split(';')
-            .filter(|s| !s.is_empty())
-            .map(|s| s.split_once(':').unwrap())
-            .collect();
-        assert_eq!(kv["pid"], "1234");
-        assert_eq!(kv["real-uid"], "3e8");
-        assert_eq!(
-            rsp::hex_decode(kv["triple"].as_bytes()).unwrap(),
-            b"x86_64-pc-linux-gnu"
-        );
-        assert_eq!(kv["ptrsize"], "8");
     }
 }
 

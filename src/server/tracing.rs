@@ -1,12 +1,10 @@
 //! Wires the trace packet modules ([`super::btrace`] for GDB, [`super::lldb_trace`] for LLDB)
-//! into the [`Router`]: interceptors for their packets, the btrace `qSupported` features, and
-//! LLDB's `qHostInfo` / `qProcessInfo` (gdbstub answers those only if the target implements
-//! its host/process-info extensions, which [`Session`] does not).
+//! into the [`Router`]: interceptors for their packets and the btrace `qSupported` features.
 //!
 //! Both protocols share one [`PtTraceProvider`]; only one debugger is connected at a time.
 
 use super::btrace::{self, BtraceServer, PtTraceProvider};
-use super::lldb_trace::{self, LldbTraceServer, ProcessInfo};
+use super::lldb_trace::LldbTraceServer;
 use super::router::{Intercept, Router, RouterState};
 use super::session::Session;
 use std::cell::RefCell;
@@ -73,66 +71,5 @@ pub fn install(router: &mut Router, provider: Box<dyn PtTraceProvider>) -> Rc<Re
         }
     });
 
-    router.intercept(b"qHostInfo", |_session, _state, packet| {
-        if packet == b"qHostInfo" {
-            Intercept::Reply(lldb_trace::host_info_reply())
-        } else {
-            Intercept::Pass
-        }
-    });
-    router.intercept(b"qProcessInfo", |session, _state, packet| {
-        if packet != b"qProcessInfo" {
-            return Intercept::Pass;
-        }
-        let pid = u32::try_from(session.target().pid()).unwrap_or(0);
-        let info = process_info(pid);
-        Intercept::Reply(lldb_trace::process_info_reply(&info))
-    });
     hub
-}
-
-/// The ids `qProcessInfo` reports, from `/proc/PID/status`; our own ids if that cannot be read
-/// (we spawned the process, or attached to it with the same credentials).
-fn process_info(pid: u32) -> ProcessInfo {
-    let mut info = ProcessInfo {
-        pid,
-        parent_pid: std::process::id(),
-        uid: nix::unistd::getuid().as_raw(),
-        gid: nix::unistd::getgid().as_raw(),
-        euid: nix::unistd::geteuid().as_raw(),
-        egid: nix::unistd::getegid().as_raw(),
-    };
-    if let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
-        for line in status.lines() {
-            let Some((key, value)) = line.split_once(':') else {
-                continue;
-            };
-            let nums: Vec<u32> = value
-                .split_whitespace()
-                .filter_map(|v| v.parse().ok())
-                .collect();
-            match (key, nums.as_slice()) {
-                ("PPid", [ppid, ..]) => info.parent_pid = *ppid,
-                ("Uid", [real, effective, ..]) => (info.uid, info.euid) = (*real, *effective),
-                ("Gid", [real, effective, ..]) => (info.gid, info.egid) = (*real, *effective),
-                _ => {}
-            }
-        }
-    }
-    info
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn process_info_reads_proc_status() {
-        let me = std::process::id();
-        let info = process_info(me);
-        assert_eq!(info.pid, me);
-        assert_eq!(info.uid, nix::unistd::getuid().as_raw());
-        assert_eq!(info.egid, nix::unistd::getegid().as_raw());
-        assert_eq!(info.parent_pid, nix::unistd::getppid().as_raw() as u32);
-    }
 }
