@@ -208,6 +208,9 @@ fn run_gdb(exe: &Path, trace: Vec<u8>, record_from_start: bool, extra: &[&str]) 
             c.args(["120", "gdb", "-batch", "-nx"])
                 .args(["-ex", "set pagination off", "-ex", "set confirm off"])
                 .args(["-ex", "set debug remote 1"])
+                // Not GDB's default (16 KiB): GDB must send Qbtrace-conf:pt:size and show the
+                // size read back from qXfer:btrace-conf.
+                .args(["-ex", "set record btrace pt buffer-size 65536"])
                 .arg("-ex")
                 .arg(format!("file {}", exe_for_gdb.display()))
                 .arg("-ex")

@@ -76,13 +76,14 @@ impl PtCpu {
     /// `pt_cpu_errata` fails with "unknown cpu" for any other Intel model, and both GDB
     /// (`btrace_compute_ftrace_pt`) and LLDB (`CreateInstructionDecoder`) then refuse to
     /// decode. LLDB additionally rejects a non-Intel vendor the same way, so "no CPU" is not an
-    /// option for LLDB. Among the models libipt 2.0.5 knows, 0x7a enables a single erratum,
-    /// APL11 ("OVF may be followed by TIP.PGD"), whose workaround only acts right after an
-    /// OVF packet, which the software encoder never emits (it never overflows: it stops the
-    /// tracee instead). Every other known model turns on workarounds that reinterpret
-    /// ordinary packet sequences (BDM70 FUP/TIP.PGE ordering, SKD022/SKL014 TIP.PGD
-    /// handling, SKD007 PSB+ padding, SKD010 FUP after OVF, BDM64 TIP.PGD payload), or
-    /// APL12 (MODE.Exec ordering), which could change how a correct trace is decoded.
+    /// option for LLDB. Among the models libipt 2.0.5 knows, 0x7a (like 0x86, 0x96, 0x9c)
+    /// enables a single erratum workaround, APL11 ("OVF may be followed by TIP.PGD"), which
+    /// only acts right after an OVF packet; the software encoder never emits OVF (it stops
+    /// the tracee rather than overflow). Every other known model enables workarounds that are
+    /// triggered by packet patterns a correct trace can contain: BDM70 (FUP/MODE.Exec inside
+    /// the PSB+ before a TIP.PGE), SKD022 (FUP + TIP.PGD at a VMLAUNCH/VMRESUME), SKL014
+    /// (TIP.PGD without IP), SKD007/SKD010/APL12 (around OVF), BDM64 (TSX aborts), SKL168
+    /// (CYC). With 0x7a, libipt decodes our traces purely by the architectural rules.
     /// Checked by calling the installed libipt 2.0.5's `pt_cpu_errata` for every family-6
     /// model; `tests/btrace.rs` (`software_cpu_is_known_to_libipt_with_only_apl11`) keeps
     /// checking this model against the libipt GDB and LLDB load.
