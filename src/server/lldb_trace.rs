@@ -26,7 +26,7 @@
 //! `cpu family`, `model` and `stepping` out of it (`TraceIntelPT::GetCPUInfoForLiveProcess`),
 //! then calls libipt's `pt_cpu_errata`, which fails for a non-Intel vendor or an unknown
 //! model. So on an AMD host we serve a `/proc/cpuinfo` text describing the provider's
-//! [`PtCpu`] ([`PtCpu::proc_cpuinfo`]), never the host's.
+//! [`PtCpu`](super::btrace::PtCpu) ([`PtCpu::proc_cpuinfo`](super::btrace::PtCpu::proc_cpuinfo)), never the host's.
 //!
 //! Errors are `E<code>;<hex message>`, which LLDB's client shows as the message.
 //!
