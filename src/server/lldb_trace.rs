@@ -30,9 +30,10 @@
 //!
 //! Errors are `E<code>;<hex message>`, which LLDB's client shows as the message.
 //!
-//! Known protocol wrinkle: LLDB's client classifies any `jLLDBTraceGetBinaryData` reply that
-//! starts with `E` and two hex digits as an error. A PT trace starts with a PSB (`02 82`), so
-//! this cannot happen for traces that begin at a PSB, which all our providers produce.
+//! Protocol wrinkle: LLDB's client classifies any `jLLDBTraceGetBinaryData` reply that starts
+//! with `E` and two hex digits as an error. A trace that starts at a PSB (`02 82`) never does,
+//! but one cut from a wrapped ring can; such a trace is sent with one leading PAD byte (`00`,
+//! which PT decoders skip) and its size in `jLLDBTraceGetState` counts that byte.
 
 use super::btrace::{PtTraceProvider, StartOptions};
 use super::rsp;
@@ -55,6 +56,20 @@ pub const DEFAULT_IPT_TRACE_SIZE: u64 = 4096;
 const ERR: u8 = 0x01;
 
 type Reply = Result<Vec<u8>, String>;
+
+/// The trace as sent to LLDB: with a leading PAD if it would otherwise look like an error
+/// reply (see the module docs).
+fn lldb_safe_trace(data: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    match data {
+        [b'E', a, b, ..] if a.is_ascii_hexdigit() && b.is_ascii_hexdigit() => {
+            let mut padded = Vec::with_capacity(data.len() + 1);
+            padded.push(0x00);
+            padded.extend_from_slice(data);
+            std::borrow::Cow::Owned(padded)
+        }
+        _ => std::borrow::Cow::Borrowed(data),
+    }
+}
 
 /// LLDB's trace packets as a state machine over a [`PtTraceProvider`].
 #[derive(Clone, Debug, Default)]
@@ -323,7 +338,10 @@ impl LldbTraceServer {
                     }
                     traced.push(json!({
                         "tid": tid,
-                        "binaryData": [{"kind": KIND_IPT_TRACE, "size": snap.data.len()}],
+                        "binaryData": [{
+                            "kind": KIND_IPT_TRACE,
+                            "size": lldb_safe_trace(&snap.data).len(),
+                        }],
                     }));
                 }
                 Err(e) => warnings.push(format!("thread {tid}: trace unavailable: {e}")),
@@ -361,7 +379,7 @@ impl LldbTraceServer {
                     return Err(format!("Thread {tid} not currently traced"));
                 }
                 let snap = provider.snapshot(tid)?;
-                Ok(snap.data.into_owned())
+                Ok(lldb_safe_trace(&snap.data).into_owned())
             }
             other => Err(format!("Unsupported trace binary data kind: {other}")),
         }
@@ -465,6 +483,26 @@ mod tests {
             )),
             "Process not currently traced"
         );
+    }
+
+    #[test]
+    fn traces_that_look_like_errors_get_a_pad() {
+        let mut p = FixedTraceProvider::new(PtCpu::SOFTWARE);
+        p.set_trace(TID, b"E0a\x02\x82".to_vec());
+        let mut s = LldbTraceServer::new();
+        let start = format!(r#"jLLDBTraceStart:{{"type":"intel-pt","tids":[{TID}]}}"#);
+        assert_eq!(send(&mut s, &mut p, &start), b"OK");
+        let state = json_reply(&mut s, &mut p, r#"jLLDBTraceGetState:{"type":"intel-pt"}"#);
+        assert_eq!(state["tracedThreads"][0]["binaryData"][0]["size"], 6);
+        let get = format!(
+            r#"jLLDBTraceGetBinaryData:{{"type":"intel-pt","kind":"iptTrace","tid":{TID}}}"#
+        );
+        assert_eq!(send(&mut s, &mut p, &get), b"\x00E0a\x02\x82");
+        // Not error-like: unchanged.
+        p.set_trace(TID, b"E0g".to_vec());
+        assert_eq!(send(&mut s, &mut p, &get), b"E0g");
+        p.set_trace(TID, b"E".to_vec());
+        assert_eq!(send(&mut s, &mut p, &get), b"E");
     }
 
     #[test]
