@@ -198,16 +198,15 @@ macro_rules! decode_window {
                     keep
                 )
             }
+        } else if b0 == 0 {
+            // PAD and TNT-8 are by far the most frequent packets: test for them before the
+            // jump table.
+            $emit!(Packet::Pad, 1, keep)
+        } else if b0 & 1 == 0 && b0 != 2 {
+            $emit!(Packet::ShortTnt(tnt8(b0)), 1, end)
         } else {
             match CLASS[b0 as usize] {
-                Class::Tnt => {
-                    // b0 is neither 00 nor 02, so the 7-bit field b0 >> 1 has a stop bit above
-                    // at least one TNT bit.
-                    let field = b0 >> 1;
-                    let count = 7 - field.leading_zeros() as u8;
-                    let bits = (field as u64) & ((1u64 << count) - 1);
-                    $emit!(Packet::ShortTnt(Tnt { bits, count }), 1, end)
-                }
+                Class::Tnt => $emit!(Packet::ShortTnt(tnt8(b0)), 1, end),
                 Class::Pad => $emit!(Packet::Pad, 1, keep),
                 Class::Tip => ip_packet!($w, b0, Tip, end, $emit, $err),
                 Class::TipPge => ip_packet!($w, b0, TipPge, end, $emit, $err),
@@ -424,6 +423,18 @@ macro_rules! decode_ext {
             _ => $err!("invalid extended opcode"),
         }
     }};
+}
+
+/// The outcomes of a TNT-8 opcode `b0` (even, neither `00` nor `02`): the 7-bit field `b0 >> 1`
+/// has its stop bit above at least one TNT bit.
+#[inline(always)]
+fn tnt8(b0: u8) -> Tnt {
+    let field = b0 >> 1;
+    let count = 7 - field.leading_zeros() as u8;
+    Tnt {
+        bits: (field as u64) & ((1u64 << count) - 1),
+        count,
+    }
 }
 
 /// Decodes the packet at the start of `w` (function form of [`decode_window!`], for the slow
