@@ -493,3 +493,31 @@ fn server_ptrace_target_drives_the_recorder() {
     r.image = Some(image);
     check_decodes("server target", &r);
 }
+
+#[test]
+fn single_and_block_stepping_record_the_same_flow() {
+    use ptrewind::capture::soft::StepMode;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = compile(dir.path(), "rec", RECURSION_AND_POINTERS, &[]);
+    let single = RecorderConfig {
+        step_mode: StepMode::Single,
+        ..config()
+    };
+    let (a, _) = record(&exe, &[], single.clone());
+    let (b, _) = record(&exe, &[], config());
+    assert_eq!(a.stats.blocks, 0);
+    assert!(b.stats.blocks > 100, "{:?}", b.stats);
+    assert!(
+        b.stats.single_steps < a.stats.single_steps / 2,
+        "{:?}",
+        b.stats
+    );
+    assert!(a.ip_log == b.ip_log, "IP logs differ");
+    check_decodes("single-stepped", &a);
+    check_decodes("block-stepped", &b);
+    // Signals arriving while a block runs at full speed, and while single-stepping.
+    let exe = compile(dir.path(), "sig", SETJMP_SIGNALS, &[]);
+    let (r, out) = record(&exe, &[], single);
+    assert_eq!(out, "7 10 1\n");
+    check_decodes("signals, single-stepped", &r);
+}

@@ -57,6 +57,24 @@ pub enum RecordFrom {
     OnDemand,
 }
 
+/// How the recorder advances the target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepMode {
+    /// Single-step every instruction.
+    Single,
+    /// Run each run of straight-line instructions (no change of flow, so no packets) at full
+    /// speed up to a temporary INT3 on the next change-of-flow instruction, which is then
+    /// single-stepped. The recorded flow is the same; it is faster by about the average block
+    /// length. Used only while the [`StateLog`] is off (it needs every instruction's effects)
+    /// and no signal is pending.
+    Block,
+}
+
+/// Straight-line instructions below which a block is single-stepped instead.
+const MIN_BLOCK: usize = 3;
+/// Longest straight-line run decoded ahead.
+const MAX_BLOCK: usize = 256;
+
 /// The ToPA output table the encoder writes through.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RingConfig {
@@ -92,6 +110,8 @@ pub struct RecorderConfig {
     pub log_ips: bool,
     /// Keep per-instruction register diffs and overwritten memory (see [`StateLog`]).
     pub state_log: bool,
+    /// How to advance the target in [`SoftRecorder::run`].
+    pub step_mode: StepMode,
     /// Snapshot the executable mappings when the process exits (see [`Recording::image`]).
     pub capture_image_at_exit: bool,
     /// Encoder output is written to the ring in batches of at least this many bytes (a real
@@ -107,6 +127,7 @@ impl Default for RecorderConfig {
             record_from: RecordFrom::Main,
             log_ips: false,
             state_log: false,
+            step_mode: StepMode::Block,
             capture_image_at_exit: true,
             write_batch: 4096,
         }
@@ -182,6 +203,8 @@ pub enum StepEvent {
 pub struct RecorderStats {
     /// ptrace single steps taken.
     pub single_steps: u64,
+    /// Straight-line blocks run to a temporary breakpoint ([`StepMode::Block`]).
+    pub blocks: u64,
     /// Instructions executed while recording (encoded).
     pub recorded: u64,
     /// Instructions executed while not recording.
@@ -524,17 +547,157 @@ impl<T: StepTarget> SoftRecorder<T> {
         }
     }
 
-    /// Steps until the process ends (or `limit` steps were taken). Returns the exit, if any.
+    /// Runs until the process ends, or until `limit` instructions executed. Returns the exit,
+    /// if any. Uses block stepping when [`RecorderConfig::step_mode`] allows it (see
+    /// [`StepMode`]).
     pub fn run(&mut self, limit: Option<u64>) -> Result<Option<Exit>, RecordError> {
         let mut n = 0u64;
         while self.exit.is_none() {
-            if limit.is_some_and(|l| n >= l) {
+            let remaining = limit.map_or(u64::MAX, |l| l.saturating_sub(n));
+            if remaining == 0 {
                 break;
             }
-            self.step()?;
-            n += 1;
+            n += self.advance(remaining)?;
         }
         Ok(self.exit)
+    }
+
+    /// Executes at least one step and at most `max` instructions; returns how many
+    /// instructions executed.
+    pub fn advance(&mut self, max: u64) -> Result<u64, RecordError> {
+        if self.config.step_mode == StepMode::Block
+            && self.state_log.is_none()
+            && self.pending_signal.is_none()
+            && self.exit.is_none()
+            && max > 1
+            && let Some(n) = self.run_block(max)?
+        {
+            return Ok(n);
+        }
+        Ok(match self.step()? {
+            StepEvent::Executed { .. } => 1,
+            _ => 0,
+        })
+    }
+
+    /// Block stepping: runs the straight-line instructions before the next change of flow at
+    /// full speed up to a temporary INT3 on that instruction, and records them as executed.
+    /// Returns `None` (nothing done) when the current instruction is itself a change of flow
+    /// (it is single-stepped) or the code cannot be decoded.
+    fn run_block(&mut self, max: u64) -> Result<Option<u64>, RecordError> {
+        let start = self.current_regs()?;
+        let mut block: Vec<CachedInsn> = Vec::new();
+        let mut ip = start.rip;
+        let end = loop {
+            let insn = match self.cache.get(&mut self.target, ip) {
+                Ok(c) => c,
+                Err(DecodeInsnError::Invalid { .. }) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            };
+            if insn.class != InsnClass::Plain
+                || block.len() as u64 + 1 >= max
+                || block.len() >= MAX_BLOCK
+            {
+                break insn;
+            }
+            block.push(insn);
+            ip = insn.nlip();
+        };
+        // Short blocks are cheaper to single-step than to run to a breakpoint.
+        if block.len() < MIN_BLOCK {
+            return Ok(None);
+        }
+        let bp = end.insn.ip();
+        let mut orig = [0u8; 1];
+        if self.target.read_memory(bp, &mut orig)? != 1 {
+            return Ok(None);
+        }
+        self.target.write_memory(bp, &[0xcc])?;
+        self.regs = None;
+        self.stats.blocks += 1;
+        let stop = self.target.cont(None)?;
+        if matches!(stop, StepStop::Trap | StepStop::Signal(_)) {
+            self.target.write_memory(bp, &orig)?;
+        }
+        match stop {
+            StepStop::Trap => {
+                let mut regs = self.current_regs()?;
+                if regs.rip == bp + 1 {
+                    regs.rip = bp;
+                    self.target.set_regs(&regs)?;
+                    self.regs = Some(regs);
+                    Ok(Some(self.executed_straight(&block, bp)))
+                } else {
+                    // A SIGTRAP of the program's own (sent to it): deliver it, like any signal.
+                    self.stats.signal_stops += 1;
+                    self.pending_signal = Some(Signal::SIGTRAP);
+                    Ok(Some(self.executed_straight(&block, regs.rip)))
+                }
+            }
+            StepStop::Signal(sig) => {
+                // A fault in the block, or an asynchronous signal: everything before the stop
+                // IP executed, the instruction at it did not.
+                self.stats.signal_stops += 1;
+                self.pending_signal = Some(sig);
+                let at = self.current_regs()?.rip;
+                Ok(Some(self.executed_straight(&block, at)))
+            }
+            StepStop::Exiting | StepStop::Exited(_) | StepStop::Killed(_) => {
+                // Killed from outside while running the block (no instruction in it can exit):
+                // where it stopped is unknown, so the trace ends at the block start.
+                self.stats.anomalies += 1;
+                if stop == StepStop::Exiting {
+                    let end = self.target.cont(None)?;
+                    self.ended(end, Some(start.rip))?;
+                } else {
+                    self.ended(stop, Some(start.rip))?;
+                }
+                Ok(Some(0))
+            }
+        }
+    }
+
+    /// Records the block's instructions up to (not including) `stop_ip` as executed.
+    fn executed_straight(&mut self, block: &[CachedInsn], stop_ip: u64) -> u64 {
+        self.encoder.set_tsc(rdtsc());
+        let n = self.record_block(block, stop_ip);
+        self.write_out(false);
+        n
+    }
+
+    fn record_block(&mut self, block: &[CachedInsn], stop_ip: u64) -> u64 {
+        let mut n = 0;
+        for insn in block {
+            let ip = insn.insn.ip();
+            if ip == stop_ip {
+                return n;
+            }
+            self.record_straight(ip, insn);
+            n += 1;
+        }
+        let end = block.last().map(CachedInsn::nlip);
+        if end != Some(stop_ip) {
+            // The stop is not at an instruction boundary of the block: not expected.
+            self.stats.anomalies += 1;
+        }
+        n
+    }
+
+    fn record_straight(&mut self, ip: u64, insn: &CachedInsn) {
+        if !self.recording {
+            self.stats.unrecorded += 1;
+            return;
+        }
+        self.stats.recorded += 1;
+        if let Some(log) = self.ip_log.as_mut() {
+            log.push(ip);
+        }
+        self.encoder.step(Step {
+            ip,
+            len: insn.len(),
+            cofi: super::encoder::Cofi::None,
+            next_ip: insn.nlip(),
+        });
     }
 
     /// Ends the recording: writes out pending packets (ending with TIP.PGD if the process is
