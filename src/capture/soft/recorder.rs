@@ -261,6 +261,7 @@ pub struct SoftRecorder<T: StepTarget> {
     drainer_stop: Arc<AtomicBool>,
     cache: InsnCache,
     recording: bool,
+    finished: bool,
     pending_signal: Option<Signal>,
     /// Registers at the current stop (valid until the next resume).
     regs: Option<Regs>,
@@ -278,6 +279,17 @@ impl<T: StepTarget> std::fmt::Debug for SoftRecorder<T> {
             .field("recording", &self.recording)
             .field("stats", &self.stats)
             .finish_non_exhaustive()
+    }
+}
+
+impl<T: StepTarget> Drop for SoftRecorder<T> {
+    fn drop(&mut self) {
+        // Without finish(): stop the drainer thread so it does not outlive the recorder.
+        self.ring.close();
+        self.drainer_stop.store(true, Ordering::Release);
+        if let Some(h) = self.drainer.take() {
+            let _ = h.join();
+        }
     }
 }
 
@@ -357,6 +369,7 @@ impl<T: StepTarget> SoftRecorder<T> {
             drainer_stop,
             cache: InsnCache::new(),
             recording: false,
+            finished: false,
             pending_signal: None,
             regs: None,
             image: None,
@@ -404,9 +417,9 @@ impl<T: StepTarget> SoftRecorder<T> {
     }
 
     /// Turns recording on: the next executed instruction starts a PSB+ and TIP.PGE
-    /// (`monitor record on`).
+    /// (`monitor record on`). Does nothing after [`finish`](Self::finish).
     pub fn record_on(&mut self) {
-        self.recording = true;
+        self.recording = !self.finished;
     }
 
     /// Turns recording off before the current instruction: FUP + TIP.PGD, everything encoded
@@ -451,6 +464,11 @@ impl<T: StepTarget> SoftRecorder<T> {
             log.before_step(&mut self.target, &before, insn);
         }
         let signal = self.pending_signal.take();
+        if let (Some(log), Some(_)) = (self.state_log.as_mut(), signal)
+            && self.recording
+        {
+            log.before_signal(&mut self.target, &before);
+        }
         self.regs = None;
         self.stats.single_steps += 1;
         let stop = self.target.single_step(signal)?;
@@ -702,11 +720,16 @@ impl<T: StepTarget> SoftRecorder<T> {
 
     /// Ends the recording: writes out pending packets (ending with TIP.PGD if the process is
     /// still running and recording was on), stops the drainer, and returns everything.
-    pub fn finish(mut self) -> Result<Recording, RecordError> {
+    ///
+    /// The recorder stays usable as a handle on the target ([`target`](Self::target),
+    /// [`step`](Self::step) without recording); recording cannot be turned on again.
+    pub fn finish(&mut self) -> Result<Recording, RecordError> {
         if self.exit.is_none() && self.recording {
             let ip = self.current_regs().map(|r| r.rip).unwrap_or(0);
             self.encoder.finish(ip);
         }
+        self.recording = false;
+        self.finished = true;
         self.encoder.flush();
         self.write_out(true);
         self.ring.close();
@@ -739,11 +762,18 @@ impl<T: StepTarget> SoftRecorder<T> {
 
     fn handler_entered(&mut self, ip: u64) -> Result<StepEvent, RecordError> {
         self.stats.handlers_entered += 1;
-        self.discard_state_entry();
+        let regs = self.current_regs()?;
+        if let Some(log) = self.state_log.as_mut() {
+            if self.recording {
+                log.signal_delivered(&regs);
+            } else {
+                log.cancel_step();
+            }
+        }
         if self.recording {
             self.encoder.async_transfer(ip);
         }
-        let handler = self.current_regs()?.rip;
+        let handler = regs.rip;
         Ok(StepEvent::HandlerEntered { from: ip, handler })
     }
 
@@ -757,7 +787,7 @@ impl<T: StepTarget> SoftRecorder<T> {
         if insn.rep_string && next_ip == ip {
             self.stats.rep_iterations += 1;
             if let Some(log) = self.state_log.as_mut() {
-                log.after_step(&mut self.target, after, false);
+                log.after_step(after, false);
             }
             return Ok(StepEvent::Iteration { ip });
         }
@@ -773,7 +803,7 @@ impl<T: StepTarget> SoftRecorder<T> {
             return Ok(StepEvent::Executed { ip });
         }
         if let Some(log) = self.state_log.as_mut() {
-            log.after_step(&mut self.target, after, true);
+            log.after_step(after, true);
         }
         self.stats.recorded += 1;
         if let Some(log) = self.ip_log.as_mut() {
