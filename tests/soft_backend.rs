@@ -547,3 +547,34 @@ fn single_and_block_stepping_record_the_same_flow() {
     assert_eq!(out, "7 10 1\n");
     check_decodes("signals, single-stepped", &r);
 }
+
+#[test]
+fn threads_run_untraced_and_the_main_thread_decodes_exactly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = r#"
+#include <pthread.h>
+#include <stdio.h>
+static long result;
+static void *worker(void *arg) {
+    long s = 0;
+    for (long i = 0; i < 100000; i++) s += i ^ (long)arg;
+    result = s;
+    return 0;
+}
+int main(void) {
+    pthread_t t;
+    pthread_create(&t, 0, worker, (void *)3);
+    long s = 0;
+    for (int i = 0; i < 200; i++) s += i;
+    pthread_join(t, 0);
+    printf("%ld %ld\n", s, result);
+    return 0;
+}
+"#;
+    let exe = compile(dir.path(), "threads", src, &["-pthread"]);
+    let (r, out) = record(&exe, &[], config());
+    assert_eq!(out, native_stdout(&exe, &[]));
+    assert_eq!(r.exit, Some(Exit::Code(0)));
+    assert_eq!(r.stats.clones, 1, "{:?}", r.stats);
+    check_decodes("threads", &r);
+}

@@ -65,8 +65,9 @@ pub enum StepMode {
     /// Run each run of straight-line instructions (no change of flow, so no packets) at full
     /// speed up to a temporary INT3 on the next change-of-flow instruction, which is then
     /// single-stepped. The recorded flow is the same; it is faster by about the average block
-    /// length. Used only while the [`StateLog`] is off (it needs every instruction's effects)
-    /// and no signal is pending.
+    /// length. Used only while the [`StateLog`] is off (it needs every instruction's effects),
+    /// no signal is pending, and the process has not created threads (which share the code
+    /// and would hit the temporary INT3).
     Block,
 }
 
@@ -227,6 +228,9 @@ pub struct RecorderStats {
     pub lost_bytes: u64,
     /// Distinct instructions decoded.
     pub decoded_instructions: u64,
+    /// Successful clone/clone3 calls (threads and children run untraced; block stepping is
+    /// turned off after the first).
+    pub clones: u64,
 }
 
 /// A finished recording.
@@ -262,6 +266,7 @@ pub struct SoftRecorder<T: StepTarget> {
     cache: InsnCache,
     recording: bool,
     finished: bool,
+    block_stepping_allowed: bool,
     pending_signal: Option<Signal>,
     /// Registers at the current stop (valid until the next resume).
     regs: Option<Regs>,
@@ -370,6 +375,7 @@ impl<T: StepTarget> SoftRecorder<T> {
             cache: InsnCache::new(),
             recording: false,
             finished: false,
+            block_stepping_allowed: true,
             pending_signal: None,
             regs: None,
             image: None,
@@ -584,6 +590,7 @@ impl<T: StepTarget> SoftRecorder<T> {
     /// instructions executed.
     pub fn advance(&mut self, max: u64) -> Result<u64, RecordError> {
         if self.config.step_mode == StepMode::Block
+            && self.block_stepping_allowed
             && self.state_log.is_none()
             && self.pending_signal.is_none()
             && self.exit.is_none()
@@ -796,6 +803,13 @@ impl<T: StepTarget> SoftRecorder<T> {
             // pkey_mprotect (orig_rax keeps the number after the call).
             if matches!(after.orig_rax, 9..=11 | 25 | 59 | 329) {
                 self.cache.invalidate_all();
+            }
+            // clone/clone3 created a thread or process (the parent sees a positive id). A
+            // thread shares the code: a temporary INT3 of block stepping could trap it, and it
+            // is not traced, so from now on every instruction is single-stepped.
+            if matches!(after.orig_rax, 56 | 435) && (after.rax as i64) > 0 {
+                self.stats.clones += 1;
+                self.block_stepping_allowed = false;
             }
         }
         if !self.recording {
