@@ -578,3 +578,44 @@ int main(void) {
     assert_eq!(r.stats.clones, 1, "{:?}", r.stats);
     check_decodes("threads", &r);
 }
+
+#[test]
+fn exec_replaces_the_program_and_recording_goes_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = r#"
+#include <unistd.h>
+int main(void) {
+    execl("/bin/sh", "sh", "-c", "exit 3", (char *)0);
+    return 1;
+}
+"#;
+    let exe = compile(dir.path(), "exec", src, &[]);
+    let (r, _) = record(&exe, &[], config());
+    // The exec'd shell ran to its own exit status: the exec was not mistaken for a SIGTRAP
+    // of the program's own (which would have killed it).
+    assert_eq!(r.exit, Some(Exit::Code(3)));
+    assert_eq!(r.stats.execs, 1, "{:?}", r.stats);
+    // The shell was recorded too: far more instructions than the caller's few.
+    assert!(r.stats.recorded > 10_000, "{:?}", r.stats);
+}
+
+#[test]
+fn interrupt_stops_a_run_which_can_resume() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = compile(dir.path(), "loops", LOOPS, &[]);
+    let mut rec = SoftRecorder::new(spawn(&exe, &["long"]), config()).expect("recorder");
+    let stop = rec.interrupter();
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        stop.interrupt();
+    });
+    let first = rec.run(None).expect("run until interrupted");
+    t.join().expect("interrupter thread");
+    assert_eq!(first, None, "interrupted before the program could finish");
+    let at = rec.stats().recorded;
+    assert!(at > 0);
+    assert_eq!(rec.run(None).expect("resume"), Some(Exit::Code(0)));
+    let r = rec.finish().expect("finish");
+    assert!(r.stats.recorded > at);
+    check_decodes("interrupted", &r);
+}

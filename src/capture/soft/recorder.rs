@@ -57,6 +57,17 @@ pub enum RecordFrom {
     OnDemand,
 }
 
+/// Stops a [`SoftRecorder::run`] from another thread.
+#[derive(Debug, Clone)]
+pub struct Interrupter(Arc<AtomicBool>);
+
+impl Interrupter {
+    /// Asks the running recorder to return at the next instruction boundary.
+    pub fn interrupt(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
 /// How the recorder advances the target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StepMode {
@@ -228,6 +239,8 @@ pub struct RecorderStats {
     pub lost_bytes: u64,
     /// Distinct instructions decoded.
     pub decoded_instructions: u64,
+    /// Successful `execve` calls (recording continues in the new program).
+    pub execs: u64,
     /// Successful clone/clone3 calls (threads and children run untraced; block stepping is
     /// turned off after the first).
     pub clones: u64,
@@ -267,6 +280,7 @@ pub struct SoftRecorder<T: StepTarget> {
     recording: bool,
     finished: bool,
     block_stepping_allowed: bool,
+    interrupt: Arc<AtomicBool>,
     pending_signal: Option<Signal>,
     /// Registers at the current stop (valid until the next resume).
     regs: Option<Regs>,
@@ -376,6 +390,7 @@ impl<T: StepTarget> SoftRecorder<T> {
             recording: false,
             finished: false,
             block_stepping_allowed: true,
+            interrupt: Arc::new(AtomicBool::new(false)),
             pending_signal: None,
             regs: None,
             image: None,
@@ -554,6 +569,17 @@ impl<T: StepTarget> SoftRecorder<T> {
                 let end = self.target.cont(None)?;
                 self.ended(end, (!executed).then_some(ip))
             }
+            StepStop::Exec => {
+                // The execve system call executed and returned into a new program: its code is
+                // all different (the image captured at exit is the new program's).
+                self.stats.execs += 1;
+                self.cache.invalidate_all();
+                let after = self.current_regs()?;
+                match insn {
+                    Some(insn) => self.executed(ip, &insn, &after),
+                    None => Ok(StepEvent::Executed { ip }),
+                }
+            }
             StepStop::Exited(_) | StepStop::Killed(_) => {
                 // Without PTRACE_EVENT_EXIT (a target that does not report it), an exit seen
                 // right after stepping exit/exit_group is that system call executing.
@@ -571,12 +597,22 @@ impl<T: StepTarget> SoftRecorder<T> {
         }
     }
 
-    /// Runs until the process ends, or until `limit` instructions executed. Returns the exit,
+    /// A handle that makes a [`run`](Self::run) in progress on another thread return at the next
+    /// instruction boundary (a debugger's interrupt). The request is consumed by that return.
+    pub fn interrupter(&self) -> Interrupter {
+        Interrupter(Arc::clone(&self.interrupt))
+    }
+
+    /// Runs until the process ends, until `limit` instructions executed, or until
+    /// [`Interrupter::interrupt`] is called. Returns the exit,
     /// if any. Uses block stepping when [`RecorderConfig::step_mode`] allows it (see
     /// [`StepMode`]).
     pub fn run(&mut self, limit: Option<u64>) -> Result<Option<Exit>, RecordError> {
         let mut n = 0u64;
         while self.exit.is_none() {
+            if self.interrupt.swap(false, Ordering::AcqRel) {
+                break;
+            }
             let remaining = limit.map_or(u64::MAX, |l| l.saturating_sub(n));
             if remaining == 0 {
                 break;
@@ -666,6 +702,13 @@ impl<T: StepTarget> SoftRecorder<T> {
                 self.pending_signal = Some(sig);
                 let at = self.current_regs()?.rip;
                 Ok(Some(self.executed_straight(&block, at)))
+            }
+            StepStop::Exec => {
+                // Not possible (system calls end blocks); count it and go on single-stepping.
+                self.stats.anomalies += 1;
+                self.stats.execs += 1;
+                self.cache.invalidate_all();
+                Ok(Some(0))
             }
             StepStop::Exiting | StepStop::Exited(_) | StepStop::Killed(_) => {
                 // Killed from outside while running the block (no instruction in it can exit):
@@ -908,7 +951,7 @@ pub fn run_to_breakpoint<T: StepTarget + ?Sized>(
                 signal = Some(Signal::SIGTRAP);
             }
             Ok(StepStop::Signal(sig)) => signal = Some(sig),
-            Ok(StepStop::Exiting) => {}
+            Ok(StepStop::Exiting | StepStop::Exec) => {}
             Ok(end @ (StepStop::Exited(_) | StepStop::Killed(_))) => {
                 return Err(RecordError::ExitedEarly(end, addr));
             }
