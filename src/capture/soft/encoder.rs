@@ -337,11 +337,22 @@ impl SoftEncoder {
         self.state = Enable::Off;
     }
 
-    /// Ends the trace because the process is gone (exit, or killed by a signal before the
-    /// instruction at `ip` executed): like [`disable`](Self::disable), so the trace always ends
-    /// with a TIP.PGD (after a final SYSCALL such as `exit_group`, it already did).
-    pub fn finish(&mut self, ip: u64) {
-        self.disable(ip);
+    /// Ends the trace because the process is gone or recording stops for good. With `Some(ip)`
+    /// (killed before the instruction at `ip` executed, or stopped there) this is
+    /// [`disable`](Self::disable); with `None` (where execution stood is unknown) a lone
+    /// TIP.PGD(suppressed) ends packet generation. Either way the trace ends with a TIP.PGD
+    /// (after a final SYSCALL such as `exit_group` it already did, and nothing is added).
+    pub fn finish(&mut self, ip: Option<u64>) {
+        match ip {
+            Some(ip) => self.disable(ip),
+            None => {
+                if self.state == Enable::On {
+                    self.tip(IpKind::TipPgd, None);
+                }
+                self.flush_tnt();
+                self.state = Enable::Off;
+            }
+        }
     }
 
     /// Writes pending TNT bits out so that everything encoded so far is in the output. Like a
@@ -809,7 +820,7 @@ mod tests {
         e.disable(BASE + 1);
         assert!(!e.is_tracing());
         e.step(plain(BASE + 0x80));
-        e.finish(BASE + 0x81);
+        e.finish(Some(BASE + 0x81));
         let got = decode(&e.take_output());
         assert_eq!(
             got,

@@ -23,7 +23,26 @@
 //!   snapshotted while its memory is still there, then the trace ends cleanly.
 //!
 //! `rt_sigreturn` needs no special case: it is a SYSCALL (TIP.PGD) after which the kernel
-//! returns somewhere else (TIP.PGE at the interrupted IP).
+//! returns somewhere else (TIP.PGE at the interrupted IP). A successful `execve` is a SYSCALL
+//! too, reported as `PTRACE_EVENT_EXEC`; recording goes on in the new program (TIP.PGE at its
+//! first instruction) with the instruction cache emptied.
+//!
+//! ## Block stepping
+//!
+//! Straight-line code produces no packets, so by default ([`StepMode::Block`]) the recorder
+//! runs each run of non-branch instructions at full speed up to a temporary INT3 on the next
+//! change-of-flow instruction (or system call), and single-steps only that one. A signal or
+//! fault inside the block stops it at an instruction boundary: everything before that IP
+//! executed. Block stepping is not used while the [`StateLog`] is on (it needs every
+//! instruction's effects), while a signal is to be delivered, or once the process created a
+//! thread (threads share the code and are not traced).
+//!
+//! ## Limits
+//!
+//! One thread is recorded (threads and children the program creates run untraced). Code that
+//! is modified without `mmap`/`mprotect`/`munmap`/`mremap` system calls (a JIT writing into
+//! RWX memory) is not re-decoded. The execution mode is assumed to be 64-bit user mode (far
+//! transfers into 32-bit code get no MODE.Exec).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -237,7 +256,7 @@ pub struct RecorderStats {
     /// Bytes the output ring lost (overwritten or dropped) — 0 unless the ring is too small
     /// for one batch.
     pub lost_bytes: u64,
-    /// Distinct instructions decoded.
+    /// Instructions in the decode cache (distinct addresses since the last invalidation).
     pub decoded_instructions: u64,
     /// Successful `execve` calls (recording continues in the new program).
     pub execs: u64,
@@ -446,7 +465,7 @@ impl<T: StepTarget> SoftRecorder<T> {
     /// Turns recording off before the current instruction: FUP + TIP.PGD, everything encoded
     /// so far is written to the ring (`monitor record off`).
     pub fn record_off(&mut self) -> Result<(), RecordError> {
-        if self.recording {
+        if self.recording && self.exit.is_none() {
             let ip = self.current_regs()?.rip;
             self.encoder.disable(ip);
             self.recording = false;
@@ -775,7 +794,7 @@ impl<T: StepTarget> SoftRecorder<T> {
     /// [`step`](Self::step) without recording); recording cannot be turned on again.
     pub fn finish(&mut self) -> Result<Recording, RecordError> {
         if self.exit.is_none() && self.recording {
-            let ip = self.current_regs().map(|r| r.rip).unwrap_or(0);
+            let ip = self.current_regs().ok().map(|r| r.rip);
             self.encoder.finish(ip);
         }
         self.recording = false;
@@ -894,7 +913,7 @@ impl<T: StepTarget> SoftRecorder<T> {
         if self.recording {
             // Killed before `ip` executed: FUP(ip) + TIP.PGD. After exit_group the TIP.PGD was
             // already written and this adds nothing.
-            self.encoder.finish(unexecuted.unwrap_or(0));
+            self.encoder.finish(unexecuted);
         }
         self.encoder.flush();
         self.write_out(true);
