@@ -25,7 +25,7 @@
 //! * asynchronous transfers seen from user space (signal delivery after a fault, a timer or a
 //!   `kill`) are FUP(the IP that did not execute yet) + TIP.PGD(suppressed), then TIP.PGE at the
 //!   handler — the user-only sequence of SDM Table 36-50;
-//! * every `psb_period` bytes, at an instruction boundary, PSB+ restates the state: [TSC],
+//! * every `psb_period` bytes, at an instruction boundary, PSB+ restates the state: \[TSC\],
 //!   MODE.Exec, FUP(current IP), PSBEND; Last IP and the return stack restart from empty.
 //!
 //! Placement of MODE.Exec and TSC follows what a processor tracing with `USR = 1, OS = 0` does:
