@@ -619,3 +619,77 @@ fn interrupt_stops_a_run_which_can_resume() {
     assert!(r.stats.recorded > at);
     check_decodes("interrupted", &r);
 }
+
+#[test]
+fn fatal_fault_ends_the_trace_at_the_faulting_instruction() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = r#"
+#include <stdio.h>
+int main(void) {
+    volatile int *p = (int *)16;
+    for (int i = 0; i < 10; i++) if (i == 7) *p = i;
+    return 0;
+}
+"#;
+    let exe = compile(dir.path(), "segv", src, &[]);
+    let (r, _) = record(&exe, &[], config());
+    assert_eq!(
+        r.exit,
+        Some(Exit::Signal(nix::sys::signal::Signal::SIGSEGV))
+    );
+    // The trace ends with FUP(faulting instruction) + TIP.PGD: the store never executed.
+    let p = packets(&r.trace);
+    let n = p.len();
+    assert!(matches!(p[n - 2], Packet::Fup(_)), "{:?}", &p[n - 3..]);
+    assert!(matches!(p[n - 1], Packet::TipPgd(_)));
+    check_decodes("fatal fault", &r);
+}
+
+#[test]
+fn int3_is_a_software_interrupt_reported_at_its_ip() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = r#"
+#include <signal.h>
+#include <stdio.h>
+static volatile int traps;
+static void on_trap(int sig) { (void)sig; traps++; }
+int main(void) {
+    signal(SIGTRAP, on_trap);
+    /* One INT3 only: every single-step trap taken inside the SIGTRAP handler (where SIGTRAP is
+       blocked) makes the kernel reset the handler to SIG_DFL (force_sig), as under GDB. */
+    __asm__ volatile("int3");
+    printf("%d\n", traps);
+    return 0;
+}
+"#;
+    let exe = compile(dir.path(), "int3", src, &[]);
+    let (r, out) = record(&exe, &[], config());
+    assert_eq!(out, "1\n", "{:?} {:?}", r.exit, r.stats);
+    assert_eq!(r.exit, Some(Exit::Code(0)));
+    assert_eq!(r.stats.handlers_entered, 1, "{:?}", r.stats);
+    // Each INT3 is FUP(its own IP) + TIP.PGD (SDM Table 36-23: CLIP for software interrupts).
+    // Decoders treat that like an asynchronous event at the INT3, so they report every logged
+    // instruction except the INT3s themselves.
+    let image = r.image.as_ref().expect("image");
+    let log = r.ip_log.as_ref().expect("log");
+    let expected: Vec<u64> = log
+        .iter()
+        .copied()
+        .filter(|&ip| {
+            let mut b = [0u8; 1];
+            image.read(ip, &mut b);
+            b[0] != 0xcc
+        })
+        .collect();
+    assert_eq!(log.len() - expected.len(), 1);
+    let (ips, errors) = flow_ips(&r.trace, image);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert!(ips == expected, "flow: {}", first_mismatch(&ips, &expected));
+    let (ips, errors) = libipt_ips(&r.trace, image);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert!(
+        ips == expected,
+        "libipt: {}",
+        first_mismatch(&ips, &expected)
+    );
+}

@@ -42,7 +42,9 @@
 //! One thread is recorded (threads and children the program creates run untraced). Code that
 //! is modified without `mmap`/`mprotect`/`munmap`/`mremap` system calls (a JIT writing into
 //! RWX memory) is not re-decoded. The execution mode is assumed to be 64-bit user mode (far
-//! transfers into 32-bit code get no MODE.Exec).
+//! transfers into 32-bit code get no MODE.Exec). Inside a SIGTRAP handler every step's trap
+//! finds SIGTRAP blocked, and the kernel then resets the program's SIGTRAP handler to the
+//! default action (as when GDB steps there): a second SIGTRAP (INT3) would kill the program.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
