@@ -693,3 +693,36 @@ int main(void) {
         first_mismatch(&ips, &expected)
     );
 }
+
+#[test]
+fn loss_is_counted_when_one_write_exceeds_the_ring() {
+    // A 4 KiB ring and 64 KiB write batches: each batch laps the ring within one write, so
+    // bytes are overwritten before any drain. They must be counted, never silently dropped.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = compile(dir.path(), "loops", LOOPS, &[]);
+    let cfg = RecorderConfig {
+        ring: RingConfig {
+            region_sizes: vec![4096],
+            int_on: IntOn::Every,
+            ..RingConfig::default()
+        },
+        encoder: EncoderConfig {
+            ret_compression: false,
+            ..EncoderConfig::default()
+        },
+        write_batch: 64 * 1024,
+        ..config()
+    };
+    let (r, _) = record(&exe, &["long"], cfg);
+    assert!(r.stats.lost_bytes > 0, "{:?}", r.stats);
+    assert_eq!(
+        r.trace.len() as u64 + r.stats.lost_bytes,
+        r.encoder.bytes,
+        "stored + lost = produced"
+    );
+    assert!(!r.gaps.is_empty());
+    assert_eq!(
+        r.gaps.iter().map(|g| g.lost).sum::<u64>(),
+        r.stats.lost_bytes
+    );
+}
