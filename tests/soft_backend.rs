@@ -726,3 +726,19 @@ fn loss_is_counted_when_one_write_exceeds_the_ring() {
         r.stats.lost_bytes
     );
 }
+
+#[test]
+fn stripped_executable_is_recorded_from_its_entry_point() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = compile(dir.path(), "stripped", LOOPS, &["-s"]);
+    let child = spawn(&exe, &[]);
+    let mut rec = SoftRecorder::new(child, config()).expect("recorder");
+    let start = rec.start_address().expect("start address");
+    rec.run(None).expect("record");
+    let r = rec.finish().expect("finish");
+    assert_eq!(r.ip_log.as_ref().expect("log")[0], start);
+    // `_start` is at the ELF entry point; its page offset is the same in the unstripped build.
+    let unstripped = compile(dir.path(), "unstripped", LOOPS, &[]);
+    assert_eq!(start & 0xfff, nm_address(&unstripped, "_start") & 0xfff);
+    check_decodes("stripped", &r);
+}

@@ -68,7 +68,8 @@ use crate::store::live::{Gap, TraceStore};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RecordFrom {
     /// At `main` (from the executable's symbol table): the dynamic loader and libc start-up run
-    /// untraced at full speed up to a temporary breakpoint.
+    /// untraced at full speed up to a temporary breakpoint. A stripped executable (no `main`
+    /// symbol) is recorded from its entry point ([`SoftRecorder::start_address`] says where).
     Main,
     /// At the executable's ELF entry point (`_start`), after the dynamic loader.
     Entry,
@@ -301,6 +302,7 @@ pub struct SoftRecorder<T: StepTarget> {
     recording: bool,
     finished: bool,
     block_stepping_allowed: bool,
+    start_address: Option<u64>,
     interrupt: Arc<AtomicBool>,
     pending_signal: Option<Signal>,
     /// Registers at the current stop (valid until the next resume).
@@ -363,13 +365,24 @@ impl<T: StepTarget> SoftRecorder<T> {
     /// the configured start and, unless [`RecordFrom::OnDemand`], turns recording on there.
     pub fn new(mut target: T, config: RecorderConfig) -> Result<Self, RecordError> {
         let start = match config.record_from {
-            RecordFrom::Main => Some(procmaps::symbol_address(target.pid(), "main")?),
+            RecordFrom::Main => match procmaps::symbol_address(target.pid(), "main") {
+                Ok(a) => Some(a),
+                // A stripped executable: start at its entry point instead.
+                Err(SymbolError::NoSymbol { .. }) => {
+                    Some(procmaps::exe_addresses(target.pid())?.1.entry)
+                }
+                Err(e) => return Err(e.into()),
+            },
             RecordFrom::Entry => Some(procmaps::exe_addresses(target.pid())?.1.entry),
             RecordFrom::Exec | RecordFrom::OnDemand => None,
         };
         if let Some(addr) = start {
             run_to_breakpoint(&mut target, addr)?;
         }
+        let start_address = match start {
+            Some(a) => Some(a),
+            None => target.regs().ok().map(|r| r.rip),
+        };
         let topa = Topa::circular(
             config.ring.caps,
             &config.ring.region_sizes,
@@ -411,6 +424,7 @@ impl<T: StepTarget> SoftRecorder<T> {
             recording: false,
             finished: false,
             block_stepping_allowed: true,
+            start_address,
             interrupt: Arc::new(AtomicBool::new(false)),
             pending_signal: None,
             regs: None,
@@ -429,6 +443,12 @@ impl<T: StepTarget> SoftRecorder<T> {
     pub fn target(&mut self) -> &mut T {
         self.regs = None;
         &mut self.target
+    }
+
+    /// Where the target stood when the recorder took over (after running to the configured
+    /// start): `main`, the entry point, or the first instruction after `execve`.
+    pub fn start_address(&self) -> Option<u64> {
+        self.start_address
     }
 
     /// Whether recording is on.
