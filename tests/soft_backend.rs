@@ -742,3 +742,27 @@ fn stripped_executable_is_recorded_from_its_entry_point() {
     assert_eq!(start & 0xfff, nm_address(&unstripped, "_start") & 0xfff);
     check_decodes("stripped", &r);
 }
+
+#[test]
+fn call_through_a_null_pointer_faults_at_address_zero() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = r#"
+#include <setjmp.h>
+#include <signal.h>
+#include <stdio.h>
+static sigjmp_buf jb;
+static void on_segv(int sig) { (void)sig; siglongjmp(jb, 1); }
+int main(void) {
+    void (*volatile f)(void) = 0;
+    signal(SIGSEGV, on_segv);
+    if (sigsetjmp(jb, 1) == 0) f();
+    puts("recovered");
+    return 0;
+}
+"#;
+    let exe = compile(dir.path(), "null", src, &[]);
+    let (r, out) = record(&exe, &[], config());
+    assert_eq!(out, "recovered\n");
+    assert_eq!(r.stats.handlers_entered, 1, "{:?}", r.stats);
+    check_decodes("null call", &r);
+}

@@ -513,13 +513,9 @@ impl<T: StepTarget> SoftRecorder<T> {
         }
         let before = self.current_regs()?;
         let ip = before.rip;
-        // An undecodable instruction still gets stepped: the CPU raises #UD (SIGILL), which
-        // the signal path handles.
-        let insn = match self.cache.get(&mut self.target, ip) {
-            Ok(c) => Some(c),
-            Err(DecodeInsnError::Invalid { .. }) => None,
-            Err(e) => return Err(e.into()),
-        };
+        // An undecodable or unreadable instruction still gets stepped: the CPU raises #UD or
+        // #PF (SIGILL, SIGSEGV), which the signal path handles.
+        let insn = self.cache.get(&mut self.target, ip).ok();
         if let (Some(log), Some(insn)) = (self.state_log.as_mut(), insn.as_ref())
             && self.recording
         {
@@ -693,10 +689,12 @@ impl<T: StepTarget> SoftRecorder<T> {
         let end = loop {
             let insn = match self.cache.get(&mut self.target, ip) {
                 Ok(c) => c,
-                Err(DecodeInsnError::Invalid { .. }) => return Ok(None),
-                Err(e) => return Err(e.into()),
+                // Undecodable or unreadable bytes ahead (data after a UD2, the end of a
+                // mapping): single-step instead; the CPU decides what happens there.
+                Err(_) => return Ok(None),
             };
             if insn.class != InsnClass::Plain
+                || insn.insn.flow_control() == iced_x86::FlowControl::Exception
                 || block.len() as u64 + 1 >= max
                 || block.len() >= MAX_BLOCK
             {
@@ -714,7 +712,9 @@ impl<T: StepTarget> SoftRecorder<T> {
         if self.target.read_memory(bp, &mut orig)? != 1 {
             return Ok(None);
         }
-        self.target.write_memory(bp, &[0xcc])?;
+        if self.target.write_memory(bp, &[0xcc]).is_err() {
+            return Ok(None);
+        }
         self.regs = None;
         self.stats.blocks += 1;
         let stop = self.target.cont(None)?;
