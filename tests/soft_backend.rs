@@ -308,6 +308,8 @@ fn small_ring_is_drained_without_loss_and_periodic_psbs_decode() {
         encoder: EncoderConfig {
             psb_period: 256,
             ret_compression: false,
+            // The minimal MODE.Exec placement must decode too.
+            mode_exec_on_every_pge: false,
             ..EncoderConfig::default()
         },
         write_batch: 2048,

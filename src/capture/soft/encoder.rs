@@ -31,9 +31,12 @@
 //! Placement of MODE.Exec and TSC follows what a processor tracing with `USR = 1, OS = 0` does:
 //!
 //! * MODE.Exec directly precedes the TIP.PGE it applies to (SDM: "MODE.Exec always immediately
-//!   precedes the TIP or TIP.PGE"), and only when the decoder cannot know the mode yet: after a
-//!   PSB+ that carried no MODE.Exec (tracing was off at the PSB) — the 64-bit user mode never
-//!   changes across a kernel entry, so a TIP.PGE after a SYSCALL carries none;
+//!   precedes the TIP or TIP.PGE"). The SDM generates it for "any scenario that can generate a
+//!   TIP.PGE, such that the mode may have changed since the last MODE.Exec": with `OS = 0`
+//!   every TIP.PGE follows time spent outside the traced context, where it may have, so by
+//!   default every TIP.PGE gets one ([`EncoderConfig::mode_exec_on_every_pge`]); with that off,
+//!   only a TIP.PGE after a PSB+ without MODE.Exec (tracing was off at the PSB) gets one — the
+//!   minimum a decoder needs, since the 64-bit user mode never changes across a kernel entry;
 //! * TSC is emitted only where the processor initialises its time: inside each PSB+ (and so at
 //!   the TraceEn 0→1 of [`SoftEncoder::step`] after [`SoftEncoder::new`] or
 //!   [`SoftEncoder::disable`], which starts with PSB+). With `USR`-only tracing TraceEn stays set
@@ -108,6 +111,9 @@ pub struct EncoderConfig {
     pub psb_period: usize,
     /// Emit a TSC packet in each PSB+ (`TSCEn`).
     pub tsc: bool,
+    /// Precede every TIP.PGE with MODE.Exec (see the module docs); when false, only the first
+    /// TIP.PGE after a PSB+ without MODE.Exec gets one.
+    pub mode_exec_on_every_pge: bool,
 }
 
 impl Default for EncoderConfig {
@@ -116,6 +122,7 @@ impl Default for EncoderConfig {
             ret_compression: true,
             psb_period: 4096,
             tsc: true,
+            mode_exec_on_every_pge: true,
         }
     }
 }
@@ -394,7 +401,7 @@ impl SoftEncoder {
             // MODE.Exec + TIP.PGE at the first traced instruction.
             self.psb_plus(None);
         }
-        if self.mode_pending {
+        if self.mode_pending || self.config.mode_exec_on_every_pge {
             self.put(&Packet::ModeExec {
                 csl: true,
                 csd: false,
@@ -733,7 +740,7 @@ mod tests {
     }
 
     #[test]
-    fn syscall_is_pgd_without_fup_then_pge_without_mode() {
+    fn syscall_is_pgd_without_fup_then_pge_with_mode() {
         let steps = [
             step(BASE, 2, Cofi::Conditional { taken: false }, BASE + 2),
             step(BASE + 2, 2, Cofi::KernelEntry, BASE + 4),
@@ -753,11 +760,22 @@ mod tests {
                 // The pending TNT bit is forced out before the PGD.
                 P::Tnt("N".into()),
                 P::Pgd(None),
+                P::Mode,
                 P::Pge(BASE + 4),
                 P::Pgd(None),
+                P::Mode,
                 P::Pge(BASE + 0x900),
             ]
         );
+        // The minimal form: MODE.Exec only where the decoder cannot know the mode.
+        let cfg = EncoderConfig {
+            mode_exec_on_every_pge: false,
+            ..no_tsc()
+        };
+        let got = run(cfg, &steps);
+        let modes = got.iter().filter(|p| **p == P::Mode).count();
+        assert_eq!(modes, 1, "{got:?}");
+        assert_eq!(got[6], P::Pge(BASE + 4));
     }
 
     #[test]
@@ -774,6 +792,7 @@ mod tests {
                 P::Pge(BASE),
                 P::Fup(BASE + 1),
                 P::Pgd(None),
+                P::Mode,
                 P::Pge(BASE + 2)
             ]
         );
@@ -806,8 +825,10 @@ mod tests {
                 P::Tnt("T".into()),
                 P::Fup(BASE + 0x20),
                 P::Pgd(None),
+                P::Mode,
                 P::Pge(handler),
                 P::Pgd(None),
+                P::Mode,
                 P::Pge(BASE + 0x20),
             ]
         );
@@ -847,6 +868,7 @@ mod tests {
             psb_period: 64,
             tsc: true,
             ret_compression: true,
+            mode_exec_on_every_pge: true,
         };
         let mut e = SoftEncoder::new(cfg);
         let f = BASE + 0x1000;
