@@ -32,7 +32,8 @@ enum Seg {
         end_ip: u64,
         time: u64,
     },
-    Event(Event),
+    /// Boxed: events are rare, runs are the hot path and should stay small to move.
+    Event(Box<Event>),
 }
 
 /// A run of consecutive instructions (all fall through to the next one, except possibly the last).
@@ -248,7 +249,7 @@ impl<'a> FlowDecoder<'a> {
             self.fill();
         }
         match self.out.pop_front()? {
-            Seg::Event(e) => Some(BlockItem::Event(e)),
+            Seg::Event(e) => Some(BlockItem::Event(*e)),
             Seg::Run {
                 blk,
                 skip,
@@ -280,7 +281,7 @@ impl<'a> FlowDecoder<'a> {
         let front = self.out.front_mut()?;
         match front {
             Seg::Event(_) => match self.out.pop_front() {
-                Some(Seg::Event(e)) => Some(Item::Event(e)),
+                Some(Seg::Event(e)) => Some(Item::Event(*e)),
                 _ => None,
             },
             Seg::Run {
@@ -320,11 +321,11 @@ impl<'a> FlowDecoder<'a> {
             self.stats.errors += 1;
         }
         self.stats.events += 1;
-        self.out.push_back(Seg::Event(Event {
+        self.out.push_back(Seg::Event(Box::new(Event {
             offset: self.cur_offset,
             time: self.time.now(),
             kind,
-        }));
+        })));
     }
 
     fn error(&mut self, kind: FlowErrorKind, ip: Option<u64>) {
@@ -653,11 +654,11 @@ impl<'a> FlowDecoder<'a> {
     fn claim(&mut self, kind: EventKind) {
         if self.claims.len() >= MAX_CLAIMS {
             let (off, k) = self.claims.remove(0);
-            self.out.push_back(Seg::Event(Event {
+            self.out.push_back(Seg::Event(Box::new(Event {
                 offset: off,
                 time: self.time.now(),
                 kind: k,
-            }));
+            })));
             self.stats.events += 1;
         }
         self.claims.push((self.cur_offset, kind));
@@ -666,11 +667,11 @@ impl<'a> FlowDecoder<'a> {
     /// Emits the waiting events without an IP (their FUP never came).
     fn flush_claims(&mut self) {
         for (off, k) in std::mem::take(&mut self.claims) {
-            self.out.push_back(Seg::Event(Event {
+            self.out.push_back(Seg::Event(Box::new(Event {
                 offset: off,
                 time: self.time.now(),
                 kind: k,
-            }));
+            })));
             self.stats.events += 1;
         }
     }
@@ -1195,11 +1196,11 @@ impl<'a> FlowDecoder<'a> {
                     }
                     _ => {}
                 }
-                self.out.push_back(Seg::Event(Event {
+                self.out.push_back(Seg::Event(Box::new(Event {
                     offset: off,
                     time: self.time.now(),
                     kind: k,
-                }));
+                })));
                 self.stats.events += 1;
             }
             if async_follows && self.state == State::Enabled {
