@@ -814,8 +814,13 @@ impl<'a> FlowDecoder<'a> {
     /// Walks while TNT bits are pending; stops right after the branch that used the last bit.
     fn walk_tnt(&mut self) {
         let mut walked = 0u64;
+        // The block at `self.ip` when already known through a successor link.
+        let mut cur: Option<u32> = None;
         while self.tnt_count > 0 {
-            let idx = self.cache.get(self.image, self.ip, self.mode);
+            let idx = match cur.take() {
+                Some(i) => i,
+                None => self.cache.get(self.image, self.ip, self.mode),
+            };
             let b: CachedBlock = self.cache.blocks[idx as usize];
             walked += b.n as u64;
             if walked > self.cfg.max_walk {
@@ -827,11 +832,15 @@ impl<'a> FlowDecoder<'a> {
                     let taken = self.pop_bit();
                     self.emit_run(idx, 0, b.n);
                     self.ip = if taken { b.target } else { b.next };
+                    if self.tnt_count > 0 {
+                        cur = Some(self.cache.succ(self.image, idx, taken as usize, self.ip));
+                    }
                     walked = 0;
                 }
                 Term::Insn(InsnClass::DirectJump) => {
                     self.emit_run(idx, 0, b.n);
                     self.ip = b.target;
+                    cur = Some(self.cache.succ(self.image, idx, 1, self.ip));
                 }
                 Term::Insn(InsnClass::DirectCall) => {
                     self.emit_run(idx, 0, b.n);
@@ -839,6 +848,7 @@ impl<'a> FlowDecoder<'a> {
                         self.ret.push(b.next);
                     }
                     self.ip = b.target;
+                    cur = Some(self.cache.succ(self.image, idx, 1, self.ip));
                 }
                 Term::Insn(InsnClass::Return) => {
                     // Bits pending at a RET: it is compressed (§3.3).
@@ -874,6 +884,7 @@ impl<'a> FlowDecoder<'a> {
                 Term::Insn(_) | Term::Limit => {
                     self.emit_run(idx, 0, b.n);
                     self.ip = b.next;
+                    cur = Some(self.cache.succ(self.image, idx, 0, self.ip));
                 }
                 Term::NoCode | Term::BadInsn => {
                     self.emit_run(idx, 0, b.n);
