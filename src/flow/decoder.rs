@@ -468,6 +468,9 @@ impl<'a> FlowDecoder<'a> {
                 self.eof = true;
                 break;
             }
+            if self.state == State::Enabled && self.short_tnt_fast_path() {
+                continue;
+            }
             let Some((off, p)) = self.next_packet() else {
                 continue;
             };
@@ -479,6 +482,31 @@ impl<'a> FlowDecoder<'a> {
                 self.emit_event(EventKind::Overflow { resume: None });
             }
         }
+    }
+
+    /// TNT-8 is the most frequent packet: decode it straight from the byte (reference §1.4)
+    /// without the general packet decoder. Only outside a BBP block, where a byte with bit 0
+    /// clear (other than PAD and the `02` escape) is always TNT-8.
+    #[inline]
+    fn short_tnt_fast_path(&mut self) -> bool {
+        if self.pushback.is_some() || self.pkt.block_context().is_some() {
+            return false;
+        }
+        let pos = self.pkt.position();
+        let Some(&b) = self.pkt.buffer().get(pos) else {
+            return false;
+        };
+        if b & 1 != 0 || b <= 2 {
+            return false;
+        }
+        let payload = b >> 1;
+        // The stop bit is the highest set bit; its index is the number of outcomes.
+        let count = 7 - payload.leading_zeros() as u8;
+        let bits = (payload & ((1u8 << count) - 1)) as u64;
+        self.pkt.set_position(pos + 1);
+        self.cur_offset = pos as u64;
+        self.tnt(Tnt { bits, count });
+        true
     }
 
     fn handle(&mut self, off: u64, p: Packet) {
