@@ -1216,3 +1216,65 @@ fn lldb_breaks_and_backtraces() {
     assert!(text.contains("crash`main at crash.c:"), "{text}");
     assert!(text.contains("rip = 0x"), "{text}");
 }
+
+/// acc as funcptr.c computes it: acc = table[i % 3](acc, i + 2) for i in 0..9.
+fn funcptr_values() -> Vec<i64> {
+    let ops: [fn(i64, i64) -> i64; 3] = [|a, b| a + b, |a, b| a - b, |a, b| a * b];
+    let mut acc = 1;
+    let mut values = vec![acc];
+    for i in 0..9 {
+        acc = ops[i % 3](acc, i as i64 + 2);
+        values.push(acc);
+    }
+    values
+}
+
+#[test]
+fn recurring_breakpoint_and_software_watchpoint() {
+    let values = funcptr_values();
+    let r = gdb(
+        "funcptr",
+        &[],
+        &[
+            "break op_add",
+            "continue",
+            "continue",
+            "continue",
+            "delete",
+            "break main",
+            // Software watchpoints single-step the program and compare after each step.
+            "set can-use-hw-watchpoints 0",
+            "up",
+            "watch acc",
+            "continue",
+            "continue",
+            "delete",
+            "continue",
+        ],
+    );
+    // op_add runs for i = 0, 3, 6: with a = acc before the call, b = i + 2.
+    for i in [0usize, 3, 6] {
+        r.expect(&format!("op_add (a={}, b={})", values[i], i + 2));
+    }
+    assert_eq!(
+        r.gdb.matches("Breakpoint 1, op_add").count(),
+        3,
+        "{}",
+        r.gdb
+    );
+    // The watchpoint, set during the third op_add call (i = 6), sees the next two changes.
+    r.expect(&format!(
+        "Old value = {}\nNew value = {}",
+        values[6], values[7]
+    ));
+    r.expect(&format!(
+        "Old value = {}\nNew value = {}",
+        values[7], values[8]
+    ));
+    r.expect("exited normally");
+    assert!(
+        r.program_stdout.contains(&format!("acc={}", values[9])),
+        "{}",
+        r.program_stdout
+    );
+}

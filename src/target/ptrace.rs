@@ -227,8 +227,8 @@ impl PtraceTarget {
         loop {
             match waitpid_raw(pid, true)? {
                 Wait::Stopped(libc::SIGSTOP) => break,
-                // Another signal arrived first: keep it pending by re-delivering it later is
-                // not possible here, so pass it on and wait for our SIGSTOP.
+                // Another signal arrived before our SIGSTOP: deliver it (the process would
+                // have received it anyway) and keep waiting for the SIGSTOP.
                 Wait::Stopped(sig) => {
                     ptrace_with_signal(libc::PTRACE_CONT, "PTRACE_CONT", pid, Some(sig))?
                 }
