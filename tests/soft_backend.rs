@@ -768,3 +768,42 @@ int main(void) {
     assert_eq!(r.stats.handlers_entered, 1, "{:?}", r.stats);
     check_decodes("null call", &r);
 }
+
+#[test]
+fn debugger_breakpoints_of_the_server_target_stop_a_block_stepped_run() {
+    use ptrewind::target::{PtraceTarget, SpawnOptions, Target};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = compile(dir.path(), "loops", LOOPS, &[]);
+    let target = PtraceTarget::spawn(&exe.clone().into_os_string(), &[], &SpawnOptions::default())
+        .expect("server target");
+    let mut rec = SoftRecorder::new(target, config()).expect("recorder");
+    let (image, _) = procmaps::capture_image(rec.target()).expect("image");
+    let add = procmaps::symbol_address(StepTarget::pid(rec.target()), "add").expect("add");
+    // A breakpoint inside add's straight-line body (after `push rbp`), as GDB would set one.
+    let bp = add + 1;
+    rec.target()
+        .support_breakpoints()
+        .expect("breakpoints")
+        .add_breakpoint(bp)
+        .expect("add breakpoint");
+    let mut hits = 0;
+    loop {
+        let exit = rec.run(None).expect("run");
+        match rec.take_breakpoint_hit() {
+            Some(pc) => {
+                assert_eq!(pc, bp);
+                assert_eq!(rec.current_regs().expect("regs").rip, bp);
+                hits += 1;
+            }
+            None => {
+                assert_eq!(exit, Some(Exit::Code(0)));
+                break;
+            }
+        }
+    }
+    // add() is called for i % 3 == 0, i in 0..300.
+    assert_eq!(hits, 100);
+    let mut r = rec.finish().expect("finish");
+    r.image = Some(image);
+    check_decodes("breakpoints", &r);
+}

@@ -302,6 +302,7 @@ pub struct SoftRecorder<T: StepTarget> {
     recording: bool,
     finished: bool,
     block_stepping_allowed: bool,
+    breakpoint_hit: Option<u64>,
     start_address: Option<u64>,
     interrupt: Arc<AtomicBool>,
     pending_signal: Option<Signal>,
@@ -424,6 +425,7 @@ impl<T: StepTarget> SoftRecorder<T> {
             recording: false,
             finished: false,
             block_stepping_allowed: true,
+            breakpoint_hit: None,
             start_address,
             interrupt: Arc::new(AtomicBool::new(false)),
             pending_signal: None,
@@ -531,7 +533,9 @@ impl<T: StepTarget> SoftRecorder<T> {
         self.stats.single_steps += 1;
         let stop = self.target.single_step(signal)?;
         match stop {
-            StepStop::Trap => {
+            // A breakpoint report for a single step means the step ended on a breakpoint
+            // address: it is the step's trap.
+            StepStop::Trap | StepStop::Breakpoint { .. } => {
                 let code = if signal.is_some()
                     || insn.is_none_or(|i| {
                         matches!(
@@ -634,20 +638,28 @@ impl<T: StepTarget> SoftRecorder<T> {
         }
     }
 
+    /// The debugger breakpoint a block-stepped [`run`](Self::run) stopped at (targets that
+    /// manage breakpoints report them, see [`StepStop::Breakpoint`]); taking it lets the next
+    /// `run` go on.
+    pub fn take_breakpoint_hit(&mut self) -> Option<u64> {
+        self.breakpoint_hit.take()
+    }
+
     /// A handle that makes a [`run`](Self::run) in progress on another thread return at the next
     /// instruction boundary (a debugger's interrupt). The request is consumed by that return.
     pub fn interrupter(&self) -> Interrupter {
         Interrupter(Arc::clone(&self.interrupt))
     }
 
-    /// Runs until the process ends, until `limit` instructions executed, or until
-    /// [`Interrupter::interrupt`] is called. Returns the exit,
+    /// Runs until the process ends, until `limit` instructions executed, until
+    /// [`Interrupter::interrupt`] is called, or until a debugger breakpoint is reached
+    /// ([`take_breakpoint_hit`](Self::take_breakpoint_hit)). Returns the exit,
     /// if any. Uses block stepping when [`RecorderConfig::step_mode`] allows it (see
     /// [`StepMode`]).
     pub fn run(&mut self, limit: Option<u64>) -> Result<Option<Exit>, RecordError> {
         let mut n = 0u64;
         while self.exit.is_none() {
-            if self.interrupt.swap(false, Ordering::AcqRel) {
+            if self.interrupt.swap(false, Ordering::AcqRel) || self.breakpoint_hit.is_some() {
                 break;
             }
             let remaining = limit.map_or(u64::MAX, |l| l.saturating_sub(n));
@@ -718,10 +730,19 @@ impl<T: StepTarget> SoftRecorder<T> {
         self.regs = None;
         self.stats.blocks += 1;
         let stop = self.target.cont(None)?;
-        if matches!(stop, StepStop::Trap | StepStop::Signal(_)) {
+        if matches!(
+            stop,
+            StepStop::Trap | StepStop::Signal(_) | StepStop::Breakpoint { .. }
+        ) {
             self.target.write_memory(bp, &orig)?;
         }
         match stop {
+            StepStop::Breakpoint { pc } => {
+                // A debugger's breakpoint inside the block: stop there, so the debugger can
+                // report it; nothing is delivered to the program.
+                self.breakpoint_hit = Some(pc);
+                Ok(Some(self.executed_straight(&block, pc)))
+            }
             StepStop::Trap => {
                 let mut regs = self.current_regs()?;
                 if regs.rip == bp + 1 {
@@ -992,7 +1013,8 @@ pub fn run_to_breakpoint<T: StepTarget + ?Sized>(
                 signal = Some(Signal::SIGTRAP);
             }
             Ok(StepStop::Signal(sig)) => signal = Some(sig),
-            Ok(StepStop::Exiting | StepStop::Exec) => {}
+            // A debugger breakpoint on the way (the target steps over it when continuing).
+            Ok(StepStop::Exiting | StepStop::Exec | StepStop::Breakpoint { .. }) => {}
             Ok(end @ (StepStop::Exited(_) | StepStop::Killed(_))) => {
                 return Err(RecordError::ExitedEarly(end, addr));
             }

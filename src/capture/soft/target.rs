@@ -81,6 +81,13 @@ pub enum StepStop {
     Signal(Signal),
     /// The process is about to exit (`PTRACE_EVENT_EXIT`): its memory is still readable.
     Exiting,
+    /// A debugger breakpoint of the target's own bookkeeping was hit during a full-speed run;
+    /// the target already moved the PC back to `pc` (only targets that manage breakpoints, such
+    /// as the GDB server's, report this).
+    Breakpoint {
+        /// The breakpoint address, where the process stands.
+        pc: u64,
+    },
     /// A successful `execve` replaced the program (`PTRACE_EVENT_EXEC`); the process stands at
     /// the new program's first instruction.
     Exec,
