@@ -640,7 +640,8 @@ impl<T: StepTarget> SoftRecorder<T> {
 
     /// The debugger breakpoint a block-stepped [`run`](Self::run) stopped at (targets that
     /// manage breakpoints report them, see [`StepStop::Breakpoint`]); taking it lets the next
-    /// `run` go on.
+    /// `run` go on. Single steps (the state log on, a signal pending, threads) do not look for
+    /// breakpoints: a caller that needs them compares the PC after each [`step`](Self::step).
     pub fn take_breakpoint_hit(&mut self) -> Option<u64> {
         self.breakpoint_hit.take()
     }
