@@ -32,7 +32,8 @@ enum Seg {
         end_ip: u64,
         time: u64,
     },
-    Event(Event),
+    /// Boxed: events are rare, runs are the hot path and should stay small to move.
+    Event(Box<Event>),
 }
 
 /// A run of consecutive instructions (all fall through to the next one, except possibly the last).
@@ -248,7 +249,7 @@ impl<'a> FlowDecoder<'a> {
             self.fill();
         }
         match self.out.pop_front()? {
-            Seg::Event(e) => Some(BlockItem::Event(e)),
+            Seg::Event(e) => Some(BlockItem::Event(*e)),
             Seg::Run {
                 blk,
                 skip,
@@ -280,7 +281,7 @@ impl<'a> FlowDecoder<'a> {
         let front = self.out.front_mut()?;
         match front {
             Seg::Event(_) => match self.out.pop_front() {
-                Some(Seg::Event(e)) => Some(Item::Event(e)),
+                Some(Seg::Event(e)) => Some(Item::Event(*e)),
                 _ => None,
             },
             Seg::Run {
@@ -320,11 +321,11 @@ impl<'a> FlowDecoder<'a> {
             self.stats.errors += 1;
         }
         self.stats.events += 1;
-        self.out.push_back(Seg::Event(Event {
+        self.out.push_back(Seg::Event(Box::new(Event {
             offset: self.cur_offset,
             time: self.time.now(),
             kind,
-        }));
+        })));
     }
 
     fn error(&mut self, kind: FlowErrorKind, ip: Option<u64>) {
@@ -467,6 +468,9 @@ impl<'a> FlowDecoder<'a> {
                 self.eof = true;
                 break;
             }
+            if self.state == State::Enabled && self.short_tnt_fast_path() {
+                continue;
+            }
             let Some((off, p)) = self.next_packet() else {
                 continue;
             };
@@ -478,6 +482,31 @@ impl<'a> FlowDecoder<'a> {
                 self.emit_event(EventKind::Overflow { resume: None });
             }
         }
+    }
+
+    /// TNT-8 is the most frequent packet: decode it straight from the byte (reference §1.4)
+    /// without the general packet decoder. Only outside a BBP block, where a byte with bit 0
+    /// clear (other than PAD and the `02` escape) is always TNT-8.
+    #[inline]
+    fn short_tnt_fast_path(&mut self) -> bool {
+        if self.pushback.is_some() || self.pkt.block_context().is_some() {
+            return false;
+        }
+        let pos = self.pkt.position();
+        let Some(&b) = self.pkt.buffer().get(pos) else {
+            return false;
+        };
+        if b & 1 != 0 || b <= 2 {
+            return false;
+        }
+        let payload = b >> 1;
+        // The stop bit is the highest set bit; its index is the number of outcomes.
+        let count = 7 - payload.leading_zeros() as u8;
+        let bits = (payload & ((1u8 << count) - 1)) as u64;
+        self.pkt.set_position(pos + 1);
+        self.cur_offset = pos as u64;
+        self.tnt(Tnt { bits, count });
+        true
     }
 
     fn handle(&mut self, off: u64, p: Packet) {
@@ -527,7 +556,10 @@ impl<'a> FlowDecoder<'a> {
                 if self.ovf_pending.take().is_some() {
                     // APL11: an OVF may be followed by TIP.PGD; continue disabled.
                     self.emit_event(EventKind::Overflow { resume: None });
-                    self.emit_event(EventKind::Disabled { ip: t });
+                    self.emit_event(EventKind::Disabled {
+                        ip: t,
+                        asynchronous: false,
+                    });
                     self.state = State::Disabled;
                     return;
                 }
@@ -650,11 +682,11 @@ impl<'a> FlowDecoder<'a> {
     fn claim(&mut self, kind: EventKind) {
         if self.claims.len() >= MAX_CLAIMS {
             let (off, k) = self.claims.remove(0);
-            self.out.push_back(Seg::Event(Event {
+            self.out.push_back(Seg::Event(Box::new(Event {
                 offset: off,
                 time: self.time.now(),
                 kind: k,
-            }));
+            })));
             self.stats.events += 1;
         }
         self.claims.push((self.cur_offset, kind));
@@ -663,11 +695,11 @@ impl<'a> FlowDecoder<'a> {
     /// Emits the waiting events without an IP (their FUP never came).
     fn flush_claims(&mut self) {
         for (off, k) in std::mem::take(&mut self.claims) {
-            self.out.push_back(Seg::Event(Event {
+            self.out.push_back(Seg::Event(Box::new(Event {
                 offset: off,
                 time: self.time.now(),
                 kind: k,
-            }));
+            })));
             self.stats.events += 1;
         }
     }
@@ -727,9 +759,10 @@ impl<'a> FlowDecoder<'a> {
                 // Reported; the PSB+ state below resynchronises anyway.
             }
         }
-        if let Some(m) = mode {
-            self.mode = m;
-        }
+        // A PSB+ without MODE.Exec means tracing is off and a MODE.Exec will precede the next
+        // TIP.PGE; falling back to the configured mode keeps a decode started at this PSB
+        // identical to the full decode.
+        self.mode = mode.unwrap_or(self.cfg.default_mode);
         self.pending_mode = None;
         self.emit_event(EventKind::Psb {
             ip: fup,
@@ -809,8 +842,13 @@ impl<'a> FlowDecoder<'a> {
     /// Walks while TNT bits are pending; stops right after the branch that used the last bit.
     fn walk_tnt(&mut self) {
         let mut walked = 0u64;
+        // The block at `self.ip` when already known through a successor link.
+        let mut cur: Option<u32> = None;
         while self.tnt_count > 0 {
-            let idx = self.cache.get(self.image, self.ip, self.mode);
+            let idx = match cur.take() {
+                Some(i) => i,
+                None => self.cache.get(self.image, self.ip, self.mode),
+            };
             let b: CachedBlock = self.cache.blocks[idx as usize];
             walked += b.n as u64;
             if walked > self.cfg.max_walk {
@@ -822,11 +860,15 @@ impl<'a> FlowDecoder<'a> {
                     let taken = self.pop_bit();
                     self.emit_run(idx, 0, b.n);
                     self.ip = if taken { b.target } else { b.next };
+                    if self.tnt_count > 0 {
+                        cur = Some(self.cache.succ(self.image, idx, taken as usize, self.ip));
+                    }
                     walked = 0;
                 }
                 Term::Insn(InsnClass::DirectJump) => {
                     self.emit_run(idx, 0, b.n);
                     self.ip = b.target;
+                    cur = Some(self.cache.succ(self.image, idx, 1, self.ip));
                 }
                 Term::Insn(InsnClass::DirectCall) => {
                     self.emit_run(idx, 0, b.n);
@@ -834,6 +876,7 @@ impl<'a> FlowDecoder<'a> {
                         self.ret.push(b.next);
                     }
                     self.ip = b.target;
+                    cur = Some(self.cache.succ(self.image, idx, 1, self.ip));
                 }
                 Term::Insn(InsnClass::Return) => {
                     // Bits pending at a RET: it is compressed (§3.3).
@@ -869,6 +912,7 @@ impl<'a> FlowDecoder<'a> {
                 Term::Insn(_) | Term::Limit => {
                     self.emit_run(idx, 0, b.n);
                     self.ip = b.next;
+                    cur = Some(self.cache.succ(self.image, idx, 0, self.ip));
                 }
                 Term::NoCode | Term::BadInsn => {
                     self.emit_run(idx, 0, b.n);
@@ -921,7 +965,10 @@ impl<'a> FlowDecoder<'a> {
                     if c == InsnClass::IndirectCall || c == InsnClass::DirectCall {
                         self.ret.push(b.next);
                     }
-                    self.emit_event(EventKind::Disabled { ip: t });
+                    self.emit_event(EventKind::Disabled {
+                        ip: t,
+                        asynchronous: false,
+                    });
                     self.state = State::Disabled;
                     return Walk::Done;
                 }
@@ -1139,7 +1186,10 @@ impl<'a> FlowDecoder<'a> {
             }
         }
         self.tnt_count = 0;
-        self.emit_event(EventKind::Disabled { ip: t });
+        self.emit_event(EventKind::Disabled {
+            ip: t,
+            asynchronous: false,
+        });
         self.state = State::Disabled;
     }
 
@@ -1161,6 +1211,13 @@ impl<'a> FlowDecoder<'a> {
                     self.state = State::Enabled;
                 }
                 self.ip = x;
+                // PTW's FUP names the PTWRITE itself, which has executed: emit it first.
+                if claims
+                    .iter()
+                    .any(|(_, k)| matches!(k, EventKind::Ptwrite { .. }))
+                {
+                    let _ = self.walk_to_ptwrite();
+                }
             }
             for (off, mut k) in claims {
                 match &mut k {
@@ -1178,11 +1235,11 @@ impl<'a> FlowDecoder<'a> {
                     }
                     _ => {}
                 }
-                self.out.push_back(Seg::Event(Event {
+                self.out.push_back(Seg::Event(Box::new(Event {
                     offset: off,
                     time: self.time.now(),
                     kind: k,
-                }));
+                })));
                 self.stats.events += 1;
             }
             if async_follows && self.state == State::Enabled {
@@ -1239,7 +1296,10 @@ impl<'a> FlowDecoder<'a> {
                     if pl.compression != crate::packet::IpCompression::Suppressed {
                         let _ = self.ip_of(pl);
                     }
-                    self.emit_event(EventKind::Disabled { ip: Some(x) });
+                    self.emit_event(EventKind::Disabled {
+                        ip: Some(x),
+                        asynchronous: true,
+                    });
                     self.state = State::Disabled;
                     return;
                 }

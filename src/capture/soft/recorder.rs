@@ -23,7 +23,28 @@
 //!   snapshotted while its memory is still there, then the trace ends cleanly.
 //!
 //! `rt_sigreturn` needs no special case: it is a SYSCALL (TIP.PGD) after which the kernel
-//! returns somewhere else (TIP.PGE at the interrupted IP).
+//! returns somewhere else (TIP.PGE at the interrupted IP). A successful `execve` is a SYSCALL
+//! too, reported as `PTRACE_EVENT_EXEC`; recording goes on in the new program (TIP.PGE at its
+//! first instruction) with the instruction cache emptied.
+//!
+//! ## Block stepping
+//!
+//! Straight-line code produces no packets, so by default ([`StepMode::Block`]) the recorder
+//! runs each run of non-branch instructions at full speed up to a temporary INT3 on the next
+//! change-of-flow instruction (or system call), and single-steps only that one. A signal or
+//! fault inside the block stops it at an instruction boundary: everything before that IP
+//! executed. Block stepping is not used while the [`StateLog`] is on (it needs every
+//! instruction's effects), while a signal is to be delivered, or once the process created a
+//! thread (threads share the code and are not traced).
+//!
+//! ## Limits
+//!
+//! One thread is recorded (threads and children the program creates run untraced). Code that
+//! is modified without `mmap`/`mprotect`/`munmap`/`mremap` system calls (a JIT writing into
+//! RWX memory) is not re-decoded. The execution mode is assumed to be 64-bit user mode (far
+//! transfers into 32-bit code get no MODE.Exec). Inside a SIGTRAP handler every step's trap
+//! finds SIGTRAP blocked, and the kernel then resets the program's SIGTRAP handler to the
+//! default action (as when GDB steps there): a second SIGTRAP (INT3) would kill the program.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -47,7 +68,8 @@ use crate::store::live::{Gap, TraceStore};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RecordFrom {
     /// At `main` (from the executable's symbol table): the dynamic loader and libc start-up run
-    /// untraced at full speed up to a temporary breakpoint.
+    /// untraced at full speed up to a temporary breakpoint. A stripped executable (no `main`
+    /// symbol) is recorded from its entry point ([`SoftRecorder::start_address`] says where).
     Main,
     /// At the executable's ELF entry point (`_start`), after the dynamic loader.
     Entry,
@@ -56,6 +78,36 @@ pub enum RecordFrom {
     /// Not automatically: call [`SoftRecorder::record_on`].
     OnDemand,
 }
+
+/// Stops a [`SoftRecorder::run`] from another thread.
+#[derive(Debug, Clone)]
+pub struct Interrupter(Arc<AtomicBool>);
+
+impl Interrupter {
+    /// Asks the running recorder to return at the next instruction boundary.
+    pub fn interrupt(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// How the recorder advances the target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepMode {
+    /// Single-step every instruction.
+    Single,
+    /// Run each run of straight-line instructions (no change of flow, so no packets) at full
+    /// speed up to a temporary INT3 on the next change-of-flow instruction, which is then
+    /// single-stepped. The recorded flow is the same; it is faster by about the average block
+    /// length. Used only while the [`StateLog`] is off (it needs every instruction's effects),
+    /// no signal is pending, and the process has not created threads (which share the code
+    /// and would hit the temporary INT3).
+    Block,
+}
+
+/// Straight-line instructions below which a block is single-stepped instead.
+const MIN_BLOCK: usize = 3;
+/// Longest straight-line run decoded ahead.
+const MAX_BLOCK: usize = 256;
 
 /// The ToPA output table the encoder writes through.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,6 +144,8 @@ pub struct RecorderConfig {
     pub log_ips: bool,
     /// Keep per-instruction register diffs and overwritten memory (see [`StateLog`]).
     pub state_log: bool,
+    /// How to advance the target in [`SoftRecorder::run`].
+    pub step_mode: StepMode,
     /// Snapshot the executable mappings when the process exits (see [`Recording::image`]).
     pub capture_image_at_exit: bool,
     /// Encoder output is written to the ring in batches of at least this many bytes (a real
@@ -107,6 +161,7 @@ impl Default for RecorderConfig {
             record_from: RecordFrom::Main,
             log_ips: false,
             state_log: false,
+            step_mode: StepMode::Block,
             capture_image_at_exit: true,
             write_batch: 4096,
         }
@@ -182,6 +237,8 @@ pub enum StepEvent {
 pub struct RecorderStats {
     /// ptrace single steps taken.
     pub single_steps: u64,
+    /// Straight-line blocks run to a temporary breakpoint ([`StepMode::Block`]).
+    pub blocks: u64,
     /// Instructions executed while recording (encoded).
     pub recorded: u64,
     /// Instructions executed while not recording.
@@ -202,8 +259,15 @@ pub struct RecorderStats {
     /// Bytes the output ring lost (overwritten or dropped) — 0 unless the ring is too small
     /// for one batch.
     pub lost_bytes: u64,
-    /// Distinct instructions decoded.
+    /// Instructions in the decode cache (distinct addresses since the last invalidation).
     pub decoded_instructions: u64,
+    /// Successful `execve` calls (recording continues in the new program).
+    pub execs: u64,
+    /// Successful clone/clone3 calls (threads and children run untraced).
+    pub clones: u64,
+    /// Of those, clones sharing the address space with a running task (threads): block
+    /// stepping is off from the first one on.
+    pub thread_clones: u64,
 }
 
 /// A finished recording.
@@ -238,6 +302,11 @@ pub struct SoftRecorder<T: StepTarget> {
     drainer_stop: Arc<AtomicBool>,
     cache: InsnCache,
     recording: bool,
+    finished: bool,
+    block_stepping_allowed: bool,
+    breakpoint_hit: Option<u64>,
+    start_address: Option<u64>,
+    interrupt: Arc<AtomicBool>,
     pending_signal: Option<Signal>,
     /// Registers at the current stop (valid until the next resume).
     regs: Option<Regs>,
@@ -255,6 +324,17 @@ impl<T: StepTarget> std::fmt::Debug for SoftRecorder<T> {
             .field("recording", &self.recording)
             .field("stats", &self.stats)
             .finish_non_exhaustive()
+    }
+}
+
+impl<T: StepTarget> Drop for SoftRecorder<T> {
+    fn drop(&mut self) {
+        // Without finish(): stop the drainer thread so it does not outlive the recorder.
+        self.ring.close();
+        self.drainer_stop.store(true, Ordering::Release);
+        if let Some(h) = self.drainer.take() {
+            let _ = h.join();
+        }
     }
 }
 
@@ -288,13 +368,24 @@ impl<T: StepTarget> SoftRecorder<T> {
     /// the configured start and, unless [`RecordFrom::OnDemand`], turns recording on there.
     pub fn new(mut target: T, config: RecorderConfig) -> Result<Self, RecordError> {
         let start = match config.record_from {
-            RecordFrom::Main => Some(procmaps::symbol_address(target.pid(), "main")?),
+            RecordFrom::Main => match procmaps::symbol_address(target.pid(), "main") {
+                Ok(a) => Some(a),
+                // A stripped executable: start at its entry point instead.
+                Err(SymbolError::NoSymbol { .. }) => {
+                    Some(procmaps::exe_addresses(target.pid())?.1.entry)
+                }
+                Err(e) => return Err(e.into()),
+            },
             RecordFrom::Entry => Some(procmaps::exe_addresses(target.pid())?.1.entry),
             RecordFrom::Exec | RecordFrom::OnDemand => None,
         };
         if let Some(addr) = start {
             run_to_breakpoint(&mut target, addr)?;
         }
+        let start_address = match start {
+            Some(a) => Some(a),
+            None => target.regs().ok().map(|r| r.rip),
+        };
         let topa = Topa::circular(
             config.ring.caps,
             &config.ring.region_sizes,
@@ -334,6 +425,11 @@ impl<T: StepTarget> SoftRecorder<T> {
             drainer_stop,
             cache: InsnCache::new(),
             recording: false,
+            finished: false,
+            block_stepping_allowed: true,
+            breakpoint_hit: None,
+            start_address,
+            interrupt: Arc::new(AtomicBool::new(false)),
             pending_signal: None,
             regs: None,
             image: None,
@@ -351,6 +447,12 @@ impl<T: StepTarget> SoftRecorder<T> {
     pub fn target(&mut self) -> &mut T {
         self.regs = None;
         &mut self.target
+    }
+
+    /// Where the target stood when the recorder took over (after running to the configured
+    /// start): `main`, the entry point, or the first instruction after `execve`.
+    pub fn start_address(&self) -> Option<u64> {
+        self.start_address
     }
 
     /// Whether recording is on.
@@ -381,15 +483,15 @@ impl<T: StepTarget> SoftRecorder<T> {
     }
 
     /// Turns recording on: the next executed instruction starts a PSB+ and TIP.PGE
-    /// (`monitor record on`).
+    /// (`monitor record on`). Does nothing after [`finish`](Self::finish).
     pub fn record_on(&mut self) {
-        self.recording = true;
+        self.recording = !self.finished;
     }
 
     /// Turns recording off before the current instruction: FUP + TIP.PGD, everything encoded
     /// so far is written to the ring (`monitor record off`).
     pub fn record_off(&mut self) -> Result<(), RecordError> {
-        if self.recording {
+        if self.recording && self.exit.is_none() {
             let ip = self.current_regs()?.rip;
             self.encoder.disable(ip);
             self.recording = false;
@@ -415,24 +517,27 @@ impl<T: StepTarget> SoftRecorder<T> {
         }
         let before = self.current_regs()?;
         let ip = before.rip;
-        // An undecodable instruction still gets stepped: the CPU raises #UD (SIGILL), which
-        // the signal path handles.
-        let insn = match self.cache.get(&mut self.target, ip) {
-            Ok(c) => Some(c),
-            Err(DecodeInsnError::Invalid { .. }) => None,
-            Err(e) => return Err(e.into()),
-        };
+        // An undecodable or unreadable instruction still gets stepped: the CPU raises #UD or
+        // #PF (SIGILL, SIGSEGV), which the signal path handles.
+        let insn = self.cache.get(&mut self.target, ip).ok();
         if let (Some(log), Some(insn)) = (self.state_log.as_mut(), insn.as_ref())
             && self.recording
         {
             log.before_step(&mut self.target, &before, insn);
         }
         let signal = self.pending_signal.take();
+        if let (Some(log), Some(_)) = (self.state_log.as_mut(), signal)
+            && self.recording
+        {
+            log.before_signal(&mut self.target, &before);
+        }
         self.regs = None;
         self.stats.single_steps += 1;
         let stop = self.target.single_step(signal)?;
         match stop {
-            StepStop::Trap => {
+            // A breakpoint report for a single step means the step ended on a breakpoint
+            // address: it is the step's trap.
+            StepStop::Trap | StepStop::Breakpoint { .. } => {
                 let code = if signal.is_some()
                     || insn.is_none_or(|i| {
                         matches!(
@@ -507,6 +612,17 @@ impl<T: StepTarget> SoftRecorder<T> {
                 let end = self.target.cont(None)?;
                 self.ended(end, (!executed).then_some(ip))
             }
+            StepStop::Exec => {
+                // The execve system call executed and returned into a new program: its code is
+                // all different (the image captured at exit is the new program's).
+                self.stats.execs += 1;
+                self.cache.invalidate_all();
+                let after = self.current_regs()?;
+                match insn {
+                    Some(insn) => self.executed(ip, &insn, &after),
+                    None => Ok(StepEvent::Executed { ip }),
+                }
+            }
             StepStop::Exited(_) | StepStop::Killed(_) => {
                 // Without PTRACE_EVENT_EXIT (a target that does not report it), an exit seen
                 // right after stepping exit/exit_group is that system call executing.
@@ -524,26 +640,211 @@ impl<T: StepTarget> SoftRecorder<T> {
         }
     }
 
-    /// Steps until the process ends (or `limit` steps were taken). Returns the exit, if any.
+    /// The debugger breakpoint a block-stepped [`run`](Self::run) stopped at (targets that
+    /// manage breakpoints report them, see [`StepStop::Breakpoint`]); taking it lets the next
+    /// `run` go on. Single steps (the state log on, a signal pending, threads) do not look for
+    /// breakpoints: a caller that needs them compares the PC after each [`step`](Self::step).
+    pub fn take_breakpoint_hit(&mut self) -> Option<u64> {
+        self.breakpoint_hit.take()
+    }
+
+    /// A handle that makes a [`run`](Self::run) in progress on another thread return at the next
+    /// instruction boundary (a debugger's interrupt). The request is consumed by that return.
+    pub fn interrupter(&self) -> Interrupter {
+        Interrupter(Arc::clone(&self.interrupt))
+    }
+
+    /// Runs until the process ends, until `limit` instructions executed, until
+    /// [`Interrupter::interrupt`] is called, or until a debugger breakpoint is reached
+    /// ([`take_breakpoint_hit`](Self::take_breakpoint_hit)). Returns the exit,
+    /// if any. Uses block stepping when [`RecorderConfig::step_mode`] allows it (see
+    /// [`StepMode`]).
     pub fn run(&mut self, limit: Option<u64>) -> Result<Option<Exit>, RecordError> {
         let mut n = 0u64;
         while self.exit.is_none() {
-            if limit.is_some_and(|l| n >= l) {
+            if self.interrupt.swap(false, Ordering::AcqRel) || self.breakpoint_hit.is_some() {
                 break;
             }
-            self.step()?;
-            n += 1;
+            let remaining = limit.map_or(u64::MAX, |l| l.saturating_sub(n));
+            if remaining == 0 {
+                break;
+            }
+            n += self.advance(remaining)?;
         }
         Ok(self.exit)
     }
 
+    /// Executes at least one step and at most `max` instructions; returns how many
+    /// instructions executed.
+    pub fn advance(&mut self, max: u64) -> Result<u64, RecordError> {
+        if self.config.step_mode == StepMode::Block
+            && self.block_stepping_allowed
+            && self.state_log.is_none()
+            && self.pending_signal.is_none()
+            && self.exit.is_none()
+            && max > 1
+            && let Some(n) = self.run_block(max)?
+        {
+            return Ok(n);
+        }
+        Ok(match self.step()? {
+            StepEvent::Executed { .. } => 1,
+            _ => 0,
+        })
+    }
+
+    /// Block stepping: runs the straight-line instructions before the next change of flow at
+    /// full speed up to a temporary INT3 on that instruction, and records them as executed.
+    /// Returns `None` (nothing done) when the current instruction is itself a change of flow
+    /// (it is single-stepped) or the code cannot be decoded.
+    fn run_block(&mut self, max: u64) -> Result<Option<u64>, RecordError> {
+        let start = self.current_regs()?;
+        let mut block: Vec<CachedInsn> = Vec::new();
+        let mut ip = start.rip;
+        let end = loop {
+            let insn = match self.cache.get(&mut self.target, ip) {
+                Ok(c) => c,
+                // Undecodable or unreadable bytes ahead (data after a UD2, the end of a
+                // mapping): single-step instead; the CPU decides what happens there.
+                Err(_) => return Ok(None),
+            };
+            if insn.class != InsnClass::Plain
+                || insn.insn.flow_control() == iced_x86::FlowControl::Exception
+                || block.len() as u64 + 1 >= max
+                || block.len() >= MAX_BLOCK
+            {
+                break insn;
+            }
+            block.push(insn);
+            ip = insn.nlip();
+        };
+        // Short blocks are cheaper to single-step than to run to a breakpoint.
+        if block.len() < MIN_BLOCK {
+            return Ok(None);
+        }
+        let bp = end.insn.ip();
+        let mut orig = [0u8; 1];
+        if self.target.read_memory(bp, &mut orig)? != 1 {
+            return Ok(None);
+        }
+        if self.target.write_memory(bp, &[0xcc]).is_err() {
+            return Ok(None);
+        }
+        self.regs = None;
+        self.stats.blocks += 1;
+        let stop = self.target.cont(None)?;
+        if matches!(
+            stop,
+            StepStop::Trap | StepStop::Signal(_) | StepStop::Breakpoint { .. }
+        ) {
+            self.target.write_memory(bp, &orig)?;
+        }
+        match stop {
+            StepStop::Breakpoint { pc } => {
+                // A debugger's breakpoint inside the block: stop there, so the debugger can
+                // report it; nothing is delivered to the program.
+                self.breakpoint_hit = Some(pc);
+                Ok(Some(self.executed_straight(&block, pc)))
+            }
+            StepStop::Trap => {
+                let mut regs = self.current_regs()?;
+                if regs.rip == bp + 1 {
+                    regs.rip = bp;
+                    self.target.set_regs(&regs)?;
+                    self.regs = Some(regs);
+                    Ok(Some(self.executed_straight(&block, bp)))
+                } else {
+                    // A SIGTRAP of the program's own (sent to it): deliver it, like any signal.
+                    self.stats.signal_stops += 1;
+                    self.pending_signal = Some(Signal::SIGTRAP);
+                    Ok(Some(self.executed_straight(&block, regs.rip)))
+                }
+            }
+            StepStop::Signal(sig) => {
+                // A fault in the block, or an asynchronous signal: everything before the stop
+                // IP executed, the instruction at it did not.
+                self.stats.signal_stops += 1;
+                self.pending_signal = Some(sig);
+                let at = self.current_regs()?.rip;
+                Ok(Some(self.executed_straight(&block, at)))
+            }
+            StepStop::Exec => {
+                // Not possible (system calls end blocks); count it and go on single-stepping.
+                self.stats.anomalies += 1;
+                self.stats.execs += 1;
+                self.cache.invalidate_all();
+                Ok(Some(0))
+            }
+            StepStop::Exiting | StepStop::Exited(_) | StepStop::Killed(_) => {
+                // Killed from outside while running the block (no instruction in it can exit):
+                // where it stopped is unknown, so the trace ends at the block start.
+                self.stats.anomalies += 1;
+                if stop == StepStop::Exiting {
+                    let end = self.target.cont(None)?;
+                    self.ended(end, Some(start.rip))?;
+                } else {
+                    self.ended(stop, Some(start.rip))?;
+                }
+                Ok(Some(0))
+            }
+        }
+    }
+
+    /// Records the block's instructions up to (not including) `stop_ip` as executed.
+    fn executed_straight(&mut self, block: &[CachedInsn], stop_ip: u64) -> u64 {
+        self.encoder.set_tsc(rdtsc());
+        let n = self.record_block(block, stop_ip);
+        self.write_out(false);
+        n
+    }
+
+    fn record_block(&mut self, block: &[CachedInsn], stop_ip: u64) -> u64 {
+        let mut n = 0;
+        for insn in block {
+            let ip = insn.insn.ip();
+            if ip == stop_ip {
+                return n;
+            }
+            self.record_straight(ip, insn);
+            n += 1;
+        }
+        let end = block.last().map(CachedInsn::nlip);
+        if end != Some(stop_ip) {
+            // The stop is not at an instruction boundary of the block: not expected.
+            self.stats.anomalies += 1;
+        }
+        n
+    }
+
+    fn record_straight(&mut self, ip: u64, insn: &CachedInsn) {
+        if !self.recording {
+            self.stats.unrecorded += 1;
+            return;
+        }
+        self.stats.recorded += 1;
+        if let Some(log) = self.ip_log.as_mut() {
+            log.push(ip);
+        }
+        self.encoder.step(Step {
+            ip,
+            len: insn.len(),
+            cofi: super::encoder::Cofi::None,
+            next_ip: insn.nlip(),
+        });
+    }
+
     /// Ends the recording: writes out pending packets (ending with TIP.PGD if the process is
     /// still running and recording was on), stops the drainer, and returns everything.
-    pub fn finish(mut self) -> Result<Recording, RecordError> {
+    ///
+    /// The recorder stays usable as a handle on the target ([`target`](Self::target),
+    /// [`step`](Self::step) without recording); recording cannot be turned on again.
+    pub fn finish(&mut self) -> Result<Recording, RecordError> {
         if self.exit.is_none() && self.recording {
-            let ip = self.current_regs().map(|r| r.rip).unwrap_or(0);
+            let ip = self.current_regs().ok().map(|r| r.rip);
             self.encoder.finish(ip);
         }
+        self.recording = false;
+        self.finished = true;
         self.encoder.flush();
         self.write_out(true);
         self.ring.close();
@@ -576,11 +877,18 @@ impl<T: StepTarget> SoftRecorder<T> {
 
     fn handler_entered(&mut self, ip: u64) -> Result<StepEvent, RecordError> {
         self.stats.handlers_entered += 1;
-        self.discard_state_entry();
+        let regs = self.current_regs()?;
+        if let Some(log) = self.state_log.as_mut() {
+            if self.recording {
+                log.signal_delivered(&regs);
+            } else {
+                log.cancel_step();
+            }
+        }
         if self.recording {
             self.encoder.async_transfer(ip);
         }
-        let handler = self.current_regs()?.rip;
+        let handler = regs.rip;
         Ok(StepEvent::HandlerEntered { from: ip, handler })
     }
 
@@ -594,7 +902,7 @@ impl<T: StepTarget> SoftRecorder<T> {
         if insn.rep_string && next_ip == ip {
             self.stats.rep_iterations += 1;
             if let Some(log) = self.state_log.as_mut() {
-                log.after_step(&mut self.target, after, false);
+                log.after_step(after, false);
             }
             return Ok(StepEvent::Iteration { ip });
         }
@@ -604,13 +912,38 @@ impl<T: StepTarget> SoftRecorder<T> {
             if matches!(after.orig_rax, 9..=11 | 25 | 59 | 329) {
                 self.cache.invalidate_all();
             }
+            // clone/clone3 created a thread or process (the parent sees a positive id). A
+            // thread shares the code: a temporary INT3 of block stepping could trap it, and it
+            // is not traced, so from then on every instruction is single-stepped. A forked
+            // child has its own copy of memory, and a vfork child has exec'd or exited by the
+            // time the parent returns: both leave block stepping on.
+            if matches!(after.orig_rax, 56 | 435) && (after.rax as i64) > 0 {
+                self.stats.clones += 1;
+                let flags = if after.orig_rax == 56 {
+                    Some(after.rdi)
+                } else {
+                    // clone3: the flags are the first field of struct clone_args at RDI.
+                    let mut b = [0u8; 8];
+                    match self.target.read_memory(after.rdi, &mut b) {
+                        Ok(8) => Some(u64::from_le_bytes(b)),
+                        _ => None,
+                    }
+                };
+                let shares_memory = flags.is_none_or(|f| {
+                    f & libc::CLONE_VM as u64 != 0 && f & libc::CLONE_VFORK as u64 == 0
+                });
+                if shares_memory {
+                    self.stats.thread_clones += 1;
+                    self.block_stepping_allowed = false;
+                }
+            }
         }
         if !self.recording {
             self.stats.unrecorded += 1;
             return Ok(StepEvent::Executed { ip });
         }
         if let Some(log) = self.state_log.as_mut() {
-            log.after_step(&mut self.target, after, true);
+            log.after_step(after, true);
         }
         self.stats.recorded += 1;
         if let Some(log) = self.ip_log.as_mut() {
@@ -644,7 +977,7 @@ impl<T: StepTarget> SoftRecorder<T> {
         if self.recording {
             // Killed before `ip` executed: FUP(ip) + TIP.PGD. After exit_group the TIP.PGD was
             // already written and this adds nothing.
-            self.encoder.finish(unexecuted.unwrap_or(0));
+            self.encoder.finish(unexecuted);
         }
         self.encoder.flush();
         self.write_out(true);
@@ -701,7 +1034,8 @@ pub fn run_to_breakpoint<T: StepTarget + ?Sized>(
                 signal = Some(Signal::SIGTRAP);
             }
             Ok(StepStop::Signal(sig)) => signal = Some(sig),
-            Ok(StepStop::Exiting) => {}
+            // A debugger breakpoint on the way (the target steps over it when continuing).
+            Ok(StepStop::Exiting | StepStop::Exec | StepStop::Breakpoint { .. }) => {}
             Ok(end @ (StepStop::Exited(_) | StepStop::Killed(_))) => {
                 return Err(RecordError::ExitedEarly(end, addr));
             }
