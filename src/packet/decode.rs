@@ -1,0 +1,885 @@
+//! Zero-copy packet decoding: bytes → [`Packet`]s.
+//!
+//! The hot path reads a fixed 16-byte window (the longest packet, PSB, is 16 bytes) whenever at
+//! least 16 bytes remain, so the per-packet work is one table lookup on the first byte, a jump and
+//! a few loads from a stack copy with no bounds checks. Near the end of the buffer the remaining
+//! bytes are copied into a zero-padded window and the result is checked against what is actually
+//! there, which is what turns a cut-off packet into [`PacketError::Truncated`] instead of a bogus
+//! [`PacketError::Invalid`].
+
+use super::{IpCompression, IpPayload, Packet, PacketError, Tnt};
+
+/// Length of the fixed decoding window: the longest packet (PSB) is 16 bytes.
+const WINDOW: usize = 16;
+
+/// The 16 bytes of a PSB: `02 82` eight times, as a little-endian `u128`.
+pub(crate) const PSB_U128: u128 = u128::from_le_bytes(PSB_BYTES);
+
+/// The bytes of a PSB packet.
+pub const PSB_BYTES: [u8; 16] = [
+    0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82,
+];
+
+/// First-byte classes (outside a BBP block; the BIP test runs before the table lookup).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(u8)]
+enum Class {
+    Pad,
+    Ext,
+    Tnt,
+    Cyc,
+    TipPgd,
+    Tip,
+    TipPge,
+    Fup,
+    Tsc,
+    Mtc,
+    Mode,
+    Trig,
+    Bad,
+}
+
+/// The 256-entry first-byte dispatch table (SDM "Packet Summary"; reference §1.1).
+static CLASS: [Class; 256] = build_class_table();
+
+const fn build_class_table() -> [Class; 256] {
+    let mut t = [Class::Bad; 256];
+    let mut i = 0;
+    while i < 256 {
+        let b = i as u8;
+        t[i] = if b == 0x00 {
+            Class::Pad
+        } else if b == 0x02 {
+            Class::Ext
+        } else if b & 1 == 0 {
+            Class::Tnt
+        } else if b & 3 == 3 {
+            Class::Cyc
+        } else {
+            match b & 0x1f {
+                0x01 => Class::TipPgd,
+                0x0d => Class::Tip,
+                0x11 => Class::TipPge,
+                0x1d => Class::Fup,
+                0x19 => match b {
+                    0x19 => Class::Tsc,
+                    0x59 => Class::Mtc,
+                    0x99 => Class::Mode,
+                    0xd9 => Class::Trig,
+                    _ => Class::Bad,
+                },
+                _ => Class::Bad,
+            }
+        };
+        i += 1;
+    }
+    t
+}
+
+/// IPBytes (0..=7) → compression; `None` for the reserved 101 and 111.
+static IP_COMPRESSION: [Option<IpCompression>; 8] = [
+    Some(IpCompression::Suppressed),
+    Some(IpCompression::Update16),
+    Some(IpCompression::Update32),
+    Some(IpCompression::Sext48),
+    Some(IpCompression::Update48),
+    None,
+    Some(IpCompression::Full),
+    None,
+];
+
+/// IPBytes → payload length in bytes (reserved values: 0, never used).
+static IP_PAYLOAD_LEN: [u8; 8] = [0, 2, 4, 6, 6, 0, 8, 0];
+
+/// IPBytes → mask of the payload bits.
+static IP_PAYLOAD_MASK: [u64; 8] = [
+    0,
+    0xffff,
+    0xffff_ffff,
+    0xffff_ffff_ffff,
+    0xffff_ffff_ffff,
+    0,
+    u64::MAX,
+    0,
+];
+
+const MASK_48: u64 = 0xffff_ffff_ffff;
+
+#[inline(always)]
+fn le64(w: &[u8; WINDOW], at: usize) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&w[at..at + 8]);
+    u64::from_le_bytes(b)
+}
+
+#[inline(always)]
+fn le32(w: &[u8; WINDOW], at: usize) -> u32 {
+    let mut b = [0u8; 4];
+    b.copy_from_slice(&w[at..at + 4]);
+    u32::from_le_bytes(b)
+}
+
+#[inline(always)]
+fn le16(w: &[u8; WINDOW], at: usize) -> u16 {
+    u16::from_le_bytes([w[at], w[at + 1]])
+}
+
+/// Whether a packet keeps an open BBP block open (reference §1.4: the block context survives PAD,
+/// TSC, TMA, MTC, CYC, CBR, MNT, FUP, EXSTOP, PWRE, PWRX and BIP; a BBP opens a new block; anything
+/// else ends it).
+///
+/// Returns the block context that applies to the packet after `p`, given the context `block` that
+/// applied to `p` (`Some(sz)` inside a block whose BIP payloads are 4 bytes when `sz` is true).
+#[inline(always)]
+pub fn next_block_context(block: Option<bool>, p: &Packet) -> Option<bool> {
+    match p {
+        Packet::Bbp { sz, .. } => Some(*sz),
+        Packet::Pad
+        | Packet::Tsc { .. }
+        | Packet::Tma { .. }
+        | Packet::Mtc { .. }
+        | Packet::Cyc { .. }
+        | Packet::Cbr { .. }
+        | Packet::Mnt { .. }
+        | Packet::Fup(_)
+        | Packet::Exstop { .. }
+        | Packet::Pwre { .. }
+        | Packet::Pwrx { .. }
+        | Packet::Bip { .. } => block,
+        _ => None,
+    }
+}
+
+/// Decodes the packet at the start of `w`. All 16 bytes are readable (either real or zero
+/// padding); the caller checks that the returned length is covered by real bytes.
+#[inline(always)]
+fn decode_window(w: &[u8; WINDOW], block: Option<bool>) -> Result<(Packet, usize), &'static str> {
+    let b0 = w[0];
+    if let Some(sz) = block {
+        // BIP dispatch runs before the TNT test: inside a block `xxxxx100` is a BIP.
+        if b0 & 7 == 4 {
+            let id = b0 >> 3;
+            return Ok(if sz {
+                (
+                    Packet::Bip {
+                        id,
+                        value: le32(w, 1) as u64,
+                    },
+                    5,
+                )
+            } else {
+                (
+                    Packet::Bip {
+                        id,
+                        value: le64(w, 1),
+                    },
+                    9,
+                )
+            });
+        }
+    }
+    match CLASS[b0 as usize] {
+        Class::Tnt => {
+            // b0 is neither 00 nor 02, so the 7-bit field b0 >> 1 has a stop bit above >= 1 TNT bit.
+            let field = b0 >> 1;
+            let count = 7 - field.leading_zeros() as u8;
+            let bits = (field as u64) & ((1u64 << count) - 1);
+            Ok((Packet::ShortTnt(Tnt { bits, count }), 1))
+        }
+        Class::Tip | Class::TipPge | Class::TipPgd | Class::Fup => {
+            let ipb = (b0 >> 5) as usize;
+            let Some(compression) = IP_COMPRESSION[ipb] else {
+                return Err("reserved IPBytes value (101 or 111)");
+            };
+            let payload = IpPayload {
+                compression,
+                raw: le64(w, 1) & IP_PAYLOAD_MASK[ipb],
+            };
+            let len = 1 + IP_PAYLOAD_LEN[ipb] as usize;
+            let p = match CLASS[b0 as usize] {
+                Class::Tip => Packet::Tip(payload),
+                Class::TipPge => Packet::TipPge(payload),
+                Class::TipPgd => Packet::TipPgd(payload),
+                _ => Packet::Fup(payload),
+            };
+            Ok((p, len))
+        }
+        Class::Pad => Ok((Packet::Pad, 1)),
+        Class::Ext => decode_ext(w),
+        Class::Cyc => decode_cyc(w),
+        Class::Tsc => Ok((
+            Packet::Tsc {
+                tsc: le64(w, 1) & 0x00ff_ffff_ffff_ffff,
+            },
+            8,
+        )),
+        Class::Mtc => Ok((Packet::Mtc { ctc: w[1] }, 2)),
+        Class::Mode => {
+            let b1 = w[1];
+            match b1 >> 5 {
+                0 => Ok((
+                    Packet::ModeExec {
+                        csl: b1 & 1 != 0,
+                        csd: b1 & 2 != 0,
+                        iflag: b1 & 4 != 0,
+                    },
+                    2,
+                )),
+                1 => Ok((
+                    Packet::ModeTsx {
+                        intx: b1 & 1 != 0,
+                        abort: b1 & 2 != 0,
+                    },
+                    2,
+                )),
+                _ => Err("MODE packet with a reserved leaf (not 000 or 001)"),
+            }
+        }
+        Class::Trig => Err("TRIG packet (0xD9) is not supported"),
+        Class::Bad => Err("invalid opcode"),
+    }
+}
+
+/// CYC: b0[2] = Exp, b0[7:3] = value[4:0]; each extension byte: bit 0 = Exp, bits 7:1 = the next
+/// 7 value bits. At most 10 bytes (5 + 8·7 + 3 = 64 bits); more would overflow 64 bits.
+#[inline(always)]
+fn decode_cyc(w: &[u8; WINDOW]) -> Result<(Packet, usize), &'static str> {
+    let b0 = w[0];
+    let mut value = (b0 >> 3) as u64;
+    if b0 & 4 == 0 {
+        return Ok((Packet::Cyc { value }, 1));
+    }
+    let mut shift = 5u32;
+    let mut i = 1usize;
+    loop {
+        let c = w[i];
+        let bits = (c >> 1) as u64;
+        if shift == 61 {
+            // The 10th byte: only 3 value bits are left before bit 63.
+            if bits >> 3 != 0 || c & 1 != 0 {
+                return Err("CYC value overflows 64 bits");
+            }
+        }
+        value |= bits << shift;
+        i += 1;
+        if c & 1 == 0 {
+            return Ok((Packet::Cyc { value }, i));
+        }
+        shift += 7;
+    }
+}
+
+/// Extended opcodes (`02 xx`).
+#[inline(always)]
+fn decode_ext(w: &[u8; WINDOW]) -> Result<(Packet, usize), &'static str> {
+    let b1 = w[1];
+    let b2 = w[2];
+    Ok(match b1 {
+        0xa3 => {
+            let v = le64(w, 2) & MASK_48;
+            if v == 0 {
+                return Err("long TNT without a stop bit");
+            }
+            let count = 63 - v.leading_zeros() as u8;
+            if count == 0 {
+                return Err("long TNT with no TNT bits");
+            }
+            (
+                Packet::LongTnt(Tnt {
+                    bits: v & ((1u64 << count) - 1),
+                    count,
+                }),
+                8,
+            )
+        }
+        0x82 => {
+            if u128::from_le_bytes(*w) != PSB_U128 {
+                return Err("malformed PSB (02 82 not repeated 8 times)");
+            }
+            (Packet::Psb, 16)
+        }
+        0x23 => (Packet::PsbEnd, 2),
+        0x03 => (Packet::Cbr { ratio: b2 }, 4),
+        0x43 => {
+            let v = le64(w, 2) & MASK_48;
+            (
+                Packet::Pip {
+                    cr3: (v & !1) << 4,
+                    nr: v & 1 != 0,
+                },
+                8,
+            )
+        }
+        0x73 => {
+            if w[6] & 0xfe != 0 {
+                return Err("TMA with reserved bits set");
+            }
+            let ctc = le16(w, 2);
+            let fc = w[5] as u16 | (((w[6] & 1) as u16) << 8);
+            (Packet::Tma { ctc, fc }, 7)
+        }
+        0xc8 => {
+            let v = le64(w, 2) & 0xff_ffff_ffff;
+            (Packet::Vmcs { base: v << 12 }, 7)
+        }
+        0xf3 => (Packet::Ovf, 2),
+        0x83 => (Packet::TraceStop, 2),
+        0xc3 => {
+            if b2 != 0x88 {
+                return Err("invalid MNT sub-opcode (02 C3 not followed by 88)");
+            }
+            (
+                Packet::Mnt {
+                    payload: le64(w, 3),
+                },
+                11,
+            )
+        }
+        0x12 | 0x92 => (
+            Packet::Ptw {
+                payload: le32(w, 2) as u64,
+                size: 4,
+                ip: b1 & 0x80 != 0,
+            },
+            6,
+        ),
+        0x32 | 0xb2 => (
+            Packet::Ptw {
+                payload: le64(w, 2),
+                size: 8,
+                ip: b1 & 0x80 != 0,
+            },
+            10,
+        ),
+        0x52 | 0x72 | 0xd2 | 0xf2 => return Err("PTW with a reserved payload size"),
+        0x62 | 0xe2 => (Packet::Exstop { ip: b1 & 0x80 != 0 }, 2),
+        0xc2 => (
+            Packet::Mwait {
+                hints: b2,
+                ext: w[6] & 3,
+            },
+            10,
+        ),
+        0x22 => (
+            Packet::Pwre {
+                hw: b2 & 0x80 != 0,
+                state: w[3] >> 4,
+                substate: w[3] & 0xf,
+            },
+            4,
+        ),
+        0xa2 => (
+            Packet::Pwrx {
+                last: b2 >> 4,
+                deepest: b2 & 0xf,
+                wake: w[3] & 0xf,
+            },
+            7,
+        ),
+        0x63 => (
+            Packet::Bbp {
+                sz: b2 & 0x80 != 0,
+                kind: b2 & 0x1f,
+            },
+            3,
+        ),
+        0x33 | 0xb3 => (Packet::Bep { ip: b1 & 0x80 != 0 }, 2),
+        0x13 => (
+            Packet::Cfe {
+                ip: b2 & 0x80 != 0,
+                kind: b2 & 0x1f,
+                vector: w[3],
+            },
+            4,
+        ),
+        0x53 => (
+            Packet::Evd {
+                kind: b2 & 0x3f,
+                payload: le64(w, 3),
+            },
+            11,
+        ),
+        _ => return Err("invalid extended opcode"),
+    })
+}
+
+/// What the header bytes alone say about a packet's length (slow path only).
+enum HeaderLen {
+    /// The packet is this long in total.
+    Known(usize),
+    /// The length is not yet determined; at least this many more bytes are needed.
+    NeedMore(usize),
+    /// The header itself is invalid.
+    Invalid(&'static str),
+}
+
+/// Determines the length of the packet at the start of `avail` from its header bytes, for a buffer
+/// that ends within 16 bytes. Used only to tell a cut-off packet from an invalid one.
+fn header_len(avail: &[u8], block: Option<bool>) -> HeaderLen {
+    let Some(&b0) = avail.first() else {
+        return HeaderLen::NeedMore(1);
+    };
+    if let Some(sz) = block {
+        if b0 & 7 == 4 {
+            return HeaderLen::Known(if sz { 5 } else { 9 });
+        }
+    }
+    match CLASS[b0 as usize] {
+        Class::Pad | Class::Tnt => HeaderLen::Known(1),
+        Class::Tip | Class::TipPge | Class::TipPgd | Class::Fup => {
+            let ipb = (b0 >> 5) as usize;
+            if IP_COMPRESSION[ipb].is_none() {
+                return HeaderLen::Invalid("reserved IPBytes value (101 or 111)");
+            }
+            HeaderLen::Known(1 + IP_PAYLOAD_LEN[ipb] as usize)
+        }
+        Class::Tsc => HeaderLen::Known(8),
+        Class::Mtc | Class::Mode => HeaderLen::Known(2),
+        Class::Trig => HeaderLen::Invalid("TRIG packet (0xD9) is not supported"),
+        Class::Bad => HeaderLen::Invalid("invalid opcode"),
+        Class::Cyc => {
+            if b0 & 4 == 0 {
+                return HeaderLen::Known(1);
+            }
+            for (i, &c) in avail.iter().enumerate().skip(1) {
+                if c & 1 == 0 {
+                    return HeaderLen::Known(i + 1);
+                }
+            }
+            HeaderLen::NeedMore(1)
+        }
+        Class::Ext => {
+            let Some(&b1) = avail.get(1) else {
+                return HeaderLen::NeedMore(1);
+            };
+            let len = match b1 {
+                0xa3 | 0x43 => 8,
+                0x82 => {
+                    if avail.iter().zip(PSB_BYTES.iter()).any(|(a, b)| a != b) {
+                        return HeaderLen::Invalid("malformed PSB (02 82 not repeated 8 times)");
+                    }
+                    16
+                }
+                0x23 | 0xf3 | 0x83 | 0x62 | 0xe2 | 0x33 | 0xb3 => 2,
+                0x03 | 0x22 | 0x13 => 4,
+                0x73 | 0xc8 | 0xa2 => 7,
+                0xc3 => match avail.get(2) {
+                    None => return HeaderLen::NeedMore(1),
+                    Some(0x88) => 11,
+                    Some(_) => {
+                        return HeaderLen::Invalid(
+                            "invalid MNT sub-opcode (02 C3 not followed by 88)",
+                        );
+                    }
+                },
+                0x12 | 0x92 => 6,
+                0x32 | 0xb2 | 0xc2 => 10,
+                0x52 | 0x72 | 0xd2 | 0xf2 => {
+                    return HeaderLen::Invalid("PTW with a reserved payload size");
+                }
+                0x63 => 3,
+                0x53 => 11,
+                _ => return HeaderLen::Invalid("invalid extended opcode"),
+            };
+            HeaderLen::Known(len)
+        }
+    }
+}
+
+/// Error of the position-independent core: turned into a [`PacketError`] with an offset by the
+/// callers.
+#[derive(Clone, Copy)]
+enum CoreError {
+    Invalid(&'static str),
+    Truncated(usize),
+}
+
+impl CoreError {
+    #[inline]
+    fn at(self, offset: u64) -> PacketError {
+        match self {
+            CoreError::Invalid(reason) => PacketError::Invalid { offset, reason },
+            CoreError::Truncated(needed) => PacketError::Truncated { offset, needed },
+        }
+    }
+}
+
+/// Slow path: fewer than 16 bytes remain at `pos` (and at least one).
+#[cold]
+#[inline(never)]
+fn decode_tail(buf: &[u8], pos: usize, block: Option<bool>) -> Result<(Packet, usize), CoreError> {
+    let avail = &buf[pos.min(buf.len())..];
+    let rem = avail.len();
+    let mut w = [0u8; WINDOW];
+    let n = rem.min(WINDOW);
+    w[..n].copy_from_slice(&avail[..n]);
+    match decode_window(&w, block) {
+        Ok((p, len)) if len <= rem => Ok((p, len)),
+        Ok((_, len)) => Err(CoreError::Truncated(len - rem)),
+        Err(reason) => match header_len(avail, block) {
+            HeaderLen::Known(len) if len > rem => Err(CoreError::Truncated(len - rem)),
+            HeaderLen::Known(_) => Err(CoreError::Invalid(reason)),
+            HeaderLen::NeedMore(n) => Err(CoreError::Truncated(n)),
+            HeaderLen::Invalid(r) => Err(CoreError::Invalid(r)),
+        },
+    }
+}
+
+/// Decodes one packet at `pos`, position-independent error.
+#[inline(always)]
+fn decode_core(buf: &[u8], pos: usize, block: Option<bool>) -> Result<(Packet, usize), CoreError> {
+    if let Some(bytes) = buf.get(pos..pos.wrapping_add(WINDOW)) {
+        let mut w = [0u8; WINDOW];
+        w.copy_from_slice(bytes);
+        decode_window(&w, block).map_err(CoreError::Invalid)
+    } else {
+        decode_tail(buf, pos, block)
+    }
+}
+
+/// Decodes the one packet that starts at `buf[pos]` and returns it with its length in bytes.
+///
+/// `block` is the BBP block context that applies at `pos`: `Some(sz)` inside a block opened by a
+/// `BBP` whose SZ bit is `sz` (BIP payloads of 4 bytes when true, 8 when false), `None` otherwise.
+/// [`next_block_context`] computes the context for the following packet; [`PacketDecoder`] tracks
+/// it for you.
+///
+/// Errors carry `pos` as their offset. A packet that the end of `buf` cuts off (including
+/// `pos >= buf.len()`) is [`PacketError::Truncated`], never [`PacketError::Invalid`].
+#[inline]
+pub fn decode_packet(
+    buf: &[u8],
+    pos: usize,
+    block: Option<bool>,
+) -> Result<(Packet, usize), PacketError> {
+    decode_core(buf, pos, block).map_err(|e| e.at(pos as u64))
+}
+
+/// A zero-copy packet decoder over a byte slice. It tracks the BBP block context itself.
+///
+/// Iterating yields `(offset, packet)` pairs, where the offset is the base offset given to
+/// [`PacketDecoder::with_base_offset`] plus the packet's position in the slice.
+///
+/// Error handling: after [`PacketError::Invalid`] the decoder has stepped one byte past the bad
+/// packet's first byte (so it always makes progress) and left any block; the caller decides what
+/// to do, typically [`PacketDecoder::sync_forward`] to the next PSB. After
+/// [`PacketError::Truncated`] the decoder is at the end of the buffer and stops.
+#[derive(Debug, Clone)]
+pub struct PacketDecoder<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    base: u64,
+    block: Option<bool>,
+}
+
+impl<'a> PacketDecoder<'a> {
+    /// A decoder at the start of `buf`; offsets are positions in `buf`.
+    pub fn new(buf: &'a [u8]) -> Self {
+        Self::with_base_offset(buf, 0)
+    }
+
+    /// A decoder at the start of `buf` whose reported offsets are `base + position`.
+    pub fn with_base_offset(buf: &'a [u8], base: u64) -> Self {
+        PacketDecoder {
+            buf,
+            pos: 0,
+            base,
+            block: None,
+        }
+    }
+
+    /// The current position in the slice (the start of the next packet).
+    #[inline]
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    /// The offset (base + position) of the next packet.
+    #[inline]
+    pub fn offset(&self) -> u64 {
+        self.base.wrapping_add(self.pos as u64)
+    }
+
+    /// Moves to `pos` (clamped to the end of the buffer). The block context is reset, as it
+    /// cannot be known at an arbitrary position.
+    pub fn set_position(&mut self, pos: usize) {
+        self.pos = pos.min(self.buf.len());
+        self.block = None;
+    }
+
+    /// The BBP block context for the next packet (see [`decode_packet`]).
+    pub fn block_context(&self) -> Option<bool> {
+        self.block
+    }
+
+    /// Overrides the BBP block context for the next packet.
+    pub fn set_block_context(&mut self, block: Option<bool>) {
+        self.block = block;
+    }
+
+    /// The whole buffer this decoder reads.
+    pub fn buffer(&self) -> &'a [u8] {
+        self.buf
+    }
+
+    /// Moves to the next PSB at or after the current position and returns its offset, or moves to
+    /// the end of the buffer and returns `None` when there is none.
+    pub fn sync_forward(&mut self) -> Option<u64> {
+        match super::sync::find_psb_forward(self.buf, self.pos) {
+            Some(p) => {
+                self.pos = p;
+                self.block = None;
+                Some(self.offset())
+            }
+            None => {
+                self.pos = self.buf.len();
+                self.block = None;
+                None
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn fail(&mut self, e: CoreError) -> PacketError {
+        let err = e.at(self.offset());
+        match e {
+            CoreError::Invalid(_) => self.pos += 1,
+            CoreError::Truncated(_) => self.pos = self.buf.len(),
+        }
+        self.block = None;
+        err
+    }
+
+    /// Decodes the next packet: `None` at the end of the buffer, otherwise the packet with its
+    /// offset or the error (see the type's documentation for where the decoder stands after one).
+    #[inline]
+    pub fn next_packet(&mut self) -> Option<Result<(u64, Packet), PacketError>> {
+        if self.pos >= self.buf.len() {
+            return None;
+        }
+        Some(match decode_core(self.buf, self.pos, self.block) {
+            Ok((p, len)) => {
+                let off = self.offset();
+                self.pos += len;
+                self.block = next_block_context(self.block, &p);
+                Ok((off, p))
+            }
+            Err(e) => Err(self.fail(e)),
+        })
+    }
+
+    /// Batch API: decodes packets and appends them to `out` until the end of the buffer, an error
+    /// or until `limit` packets were appended. Returns how many packets were appended; on an error
+    /// the packets decoded before it stay in `out` and the decoder stands where
+    /// [`PacketDecoder::next_packet`] would leave it.
+    pub fn decode_into(
+        &mut self,
+        out: &mut Vec<(u64, Packet)>,
+        limit: usize,
+    ) -> Result<usize, PacketError> {
+        let buf = self.buf;
+        let start_len = out.len();
+        let mut pos = self.pos;
+        let mut block = self.block;
+        let mut n = 0usize;
+        out.reserve(limit.min(buf.len().saturating_sub(pos)).min(1 << 16));
+        // Fast loop: a full window is always available, no tail checks.
+        while n < limit && pos + WINDOW <= buf.len() {
+            let mut w = [0u8; WINDOW];
+            w.copy_from_slice(&buf[pos..pos + WINDOW]);
+            match decode_window(&w, block) {
+                Ok((p, len)) => {
+                    out.push((self.base.wrapping_add(pos as u64), p));
+                    block = next_block_context(block, &p);
+                    pos += len;
+                    n += 1;
+                }
+                Err(reason) => {
+                    self.pos = pos;
+                    self.block = block;
+                    return Err(self.fail(CoreError::Invalid(reason)));
+                }
+            }
+        }
+        self.pos = pos;
+        self.block = block;
+        while n < limit {
+            match self.next_packet() {
+                None => break,
+                Some(Ok(item)) => {
+                    out.push(item);
+                    n += 1;
+                }
+                Some(Err(e)) => return Err(e),
+            }
+        }
+        debug_assert_eq!(out.len() - start_len, n);
+        Ok(n)
+    }
+}
+
+impl Iterator for PacketDecoder<'_> {
+    type Item = Result<(u64, Packet), PacketError>;
+
+    #[inline]
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_packet()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one(bytes: &[u8]) -> Result<(Packet, usize), PacketError> {
+        decode_packet(bytes, 0, None)
+    }
+
+    #[test]
+    fn class_table_matches_reference_dispatch() {
+        assert_eq!(CLASS[0x00], Class::Pad);
+        assert_eq!(CLASS[0x02], Class::Ext);
+        assert_eq!(CLASS[0x04], Class::Tnt);
+        assert_eq!(CLASS[0xfe], Class::Tnt);
+        assert_eq!(CLASS[0x03], Class::Cyc);
+        assert_eq!(CLASS[0xff], Class::Cyc);
+        assert_eq!(CLASS[0x01], Class::TipPgd);
+        assert_eq!(CLASS[0x0d], Class::Tip);
+        assert_eq!(CLASS[0x11], Class::TipPge);
+        assert_eq!(CLASS[0x1d], Class::Fup);
+        assert_eq!(CLASS[0x19], Class::Tsc);
+        assert_eq!(CLASS[0x59], Class::Mtc);
+        assert_eq!(CLASS[0x99], Class::Mode);
+        for b in [0x39, 0x79, 0xb9, 0xf9, 0x05, 0x09, 0x15, 0xc9] {
+            assert_eq!(CLASS[b], Class::Bad, "{b:#x}");
+        }
+    }
+
+    #[test]
+    fn short_tnt_bit_order() {
+        // 0x06: stop bit at byte bit 2, one TNT bit, taken.
+        assert_eq!(
+            one(&[0x06]).unwrap(),
+            (Packet::ShortTnt(Tnt { bits: 1, count: 1 }), 1)
+        );
+        // 0x08: two not-taken.
+        assert_eq!(
+            one(&[0x08]).unwrap(),
+            (Packet::ShortTnt(Tnt { bits: 0, count: 2 }), 1)
+        );
+        // 0xfe: six taken.
+        assert_eq!(
+            one(&[0xfe]).unwrap(),
+            (
+                Packet::ShortTnt(Tnt {
+                    bits: 0x3f,
+                    count: 6
+                }),
+                1
+            )
+        );
+    }
+
+    #[test]
+    fn bip_only_inside_block() {
+        let bytes = [0x0c, 1, 2, 3, 4, 5, 6, 7, 8];
+        assert_eq!(
+            decode_packet(&bytes, 0, Some(true)).unwrap(),
+            (
+                Packet::Bip {
+                    id: 1,
+                    value: 0x0403_0201
+                },
+                5
+            )
+        );
+        assert_eq!(
+            decode_packet(&bytes, 0, Some(false)).unwrap(),
+            (
+                Packet::Bip {
+                    id: 1,
+                    value: 0x0807_0605_0403_0201
+                },
+                9
+            )
+        );
+        assert!(matches!(
+            decode_packet(&bytes, 0, None).unwrap().0,
+            Packet::ShortTnt(_)
+        ));
+    }
+
+    #[test]
+    fn tail_errors_are_truncated() {
+        assert_eq!(
+            one(&[0x02]),
+            Err(PacketError::Truncated {
+                offset: 0,
+                needed: 1
+            })
+        );
+        assert_eq!(
+            one(&[0x02, 0xc3]),
+            Err(PacketError::Truncated {
+                offset: 0,
+                needed: 1
+            })
+        );
+        assert_eq!(
+            one(&[0x02, 0xa3, 0, 0]),
+            Err(PacketError::Truncated {
+                offset: 0,
+                needed: 4
+            })
+        );
+        assert!(matches!(
+            one(&[0x02, 0x82, 0x02, 0x00]),
+            Err(PacketError::Invalid { .. })
+        ));
+        assert!(matches!(one(&[0xa1]), Err(PacketError::Invalid { .. })));
+        assert!(matches!(one(&[]), Err(PacketError::Truncated { .. })));
+    }
+
+    #[test]
+    fn cyc_limits() {
+        // 10 bytes: 5 + 8*7 + 3 bits = 64 bits.
+        let mut max = vec![0xff];
+        max.extend(std::iter::repeat_n(0xff, 8));
+        max.push(0x0e);
+        max.extend([0u8; 8]);
+        assert_eq!(one(&max).unwrap(), (Packet::Cyc { value: u64::MAX }, 10));
+        max[9] = 0x10;
+        assert!(matches!(one(&max), Err(PacketError::Invalid { .. })));
+        max[9] = 0x0f;
+        assert!(matches!(one(&max), Err(PacketError::Invalid { .. })));
+    }
+
+    #[test]
+    fn decoder_tracks_block_and_offsets() {
+        // BBP sz=1, BIP id 0 (4 bytes), PAD, BIP, BEP, then 0x04 is a TNT again.
+        let bytes = [
+            0x02, 0x63, 0x84, 0x04, 1, 0, 0, 0, 0x00, 0x0c, 2, 0, 0, 0, 0x02, 0x33, 0x04,
+        ];
+        let got: Vec<_> = PacketDecoder::with_base_offset(&bytes, 100)
+            .map(|r| r.unwrap())
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (100, Packet::Bbp { sz: true, kind: 4 }),
+                (103, Packet::Bip { id: 0, value: 1 }),
+                (108, Packet::Pad),
+                (109, Packet::Bip { id: 1, value: 2 }),
+                (114, Packet::Bep { ip: false }),
+                (116, Packet::ShortTnt(Tnt { bits: 0, count: 1 })),
+            ]
+        );
+        let mut d = PacketDecoder::new(&bytes);
+        let mut v = Vec::new();
+        assert_eq!(d.decode_into(&mut v, usize::MAX), Ok(6));
+        assert_eq!(
+            v.iter().map(|x| x.1).collect::<Vec<_>>(),
+            got.iter().map(|x| x.1).collect::<Vec<_>>()
+        );
+    }
+}
