@@ -72,7 +72,10 @@ impl InsnClass {
     /// True for any branch (near or far, direct or indirect, conditional or not).
     #[inline]
     pub fn is_branch(self) -> bool {
-        !matches!(self, InsnClass::Other | InsnClass::Ptwrite | InsnClass::Special)
+        !matches!(
+            self,
+            InsnClass::Other | InsnClass::Ptwrite | InsnClass::Special
+        )
     }
 
     /// A short lowercase name (`cond`, `call`, `ret` ...), used by the CLI.

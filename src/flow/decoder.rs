@@ -114,7 +114,11 @@ struct RetStack {
 
 impl RetStack {
     fn new(depth: usize) -> Self {
-        RetStack { buf: vec![0; depth.max(1)], top: 0, len: 0 }
+        RetStack {
+            buf: vec![0; depth.max(1)],
+            top: 0,
+            len: 0,
+        }
     }
     #[inline]
     fn push(&mut self, ip: u64) {
@@ -206,13 +210,15 @@ impl<'a> FlowDecoder<'a> {
     /// [`EventKind::Psb`] event on.
     pub fn at_psb(trace: &'a [u8], image: &'a Image, cfg: FlowConfig, offset: u64) -> Self {
         let mut d = Self::new(trace, image, cfg);
-        d.pkt.set_position(usize::try_from(offset).unwrap_or(usize::MAX));
+        d.pkt
+            .set_position(usize::try_from(offset).unwrap_or(usize::MAX));
         d
     }
 
     /// Drops all state and resynchronises at the next PSB at or after `offset`.
     pub fn resync_at(&mut self, offset: u64) {
-        self.pkt.set_position(usize::try_from(offset).unwrap_or(usize::MAX));
+        self.pkt
+            .set_position(usize::try_from(offset).unwrap_or(usize::MAX));
         self.pushback = None;
         self.state = State::NoSync;
         self.out.clear();
@@ -243,7 +249,14 @@ impl<'a> FlowDecoder<'a> {
         }
         match self.out.pop_front()? {
             Seg::Event(e) => Some(BlockItem::Event(e)),
-            Seg::Run { blk, skip, count, start_ip, end_ip, time } => {
+            Seg::Run {
+                blk,
+                skip,
+                count,
+                start_ip,
+                end_ip,
+                time,
+            } => {
                 let b = &self.cache.blocks[blk as usize];
                 let lens = &self.cache.lens_of(b)[skip as usize..(skip + count) as usize];
                 Some(BlockItem::Block(Block {
@@ -270,11 +283,24 @@ impl<'a> FlowDecoder<'a> {
                 Some(Seg::Event(e)) => Some(Item::Event(e)),
                 _ => None,
             },
-            Seg::Run { blk, skip, count, start_ip, time, .. } => {
+            Seg::Run {
+                blk,
+                skip,
+                count,
+                start_ip,
+                time,
+                ..
+            } => {
                 let b = &self.cache.blocks[*blk as usize];
                 let len = self.cache.lens[(b.lens_at + *skip) as usize];
                 let class = run_class(b, *skip, 1);
-                let insn = Insn { ip: *start_ip, len, class, mode: b.mode, time: *time };
+                let insn = Insn {
+                    ip: *start_ip,
+                    len,
+                    class,
+                    mode: b.mode,
+                    time: *time,
+                };
                 *start_ip = start_ip.wrapping_add(len as u64);
                 *skip += 1;
                 *count -= 1;
@@ -392,7 +418,10 @@ impl<'a> FlowDecoder<'a> {
         match self.last_ip.apply(p) {
             Ok(ip) => ip,
             Err(_) => {
-                self.emit_event(EventKind::Error { kind: FlowErrorKind::NoLastIp, ip: None });
+                self.emit_event(EventKind::Error {
+                    kind: FlowErrorKind::NoLastIp,
+                    ip: None,
+                });
                 self.stats.errors += 0;
                 None
             }
@@ -405,7 +434,10 @@ impl<'a> FlowDecoder<'a> {
             (false, true) => Some(ExecMode::Bits32),
             (false, false) => Some(ExecMode::Bits16),
             (true, true) => {
-                self.emit_event(EventKind::Error { kind: FlowErrorKind::BadMode, ip: None });
+                self.emit_event(EventKind::Error {
+                    kind: FlowErrorKind::BadMode,
+                    ip: None,
+                });
                 None
             }
         }
@@ -434,7 +466,9 @@ impl<'a> FlowDecoder<'a> {
                     break;
                 }
             }
-            let Some((off, p)) = self.next_packet() else { continue };
+            let Some((off, p)) = self.next_packet() else {
+                continue;
+            };
             self.handle(off, p);
         }
         if self.eof && self.out.is_empty() {
@@ -459,7 +493,10 @@ impl<'a> FlowDecoder<'a> {
             Packet::Tip(pl) => {
                 let Some(t) = self.ip_of(pl) else {
                     if self.state == State::Enabled {
-                        self.error(FlowErrorKind::UnexpectedPacket("tip without ip"), Some(self.ip));
+                        self.error(
+                            FlowErrorKind::UnexpectedPacket("tip without ip"),
+                            Some(self.ip),
+                        );
                     }
                     return;
                 };
@@ -509,7 +546,11 @@ impl<'a> FlowDecoder<'a> {
                 }
             }
             Packet::ModeTsx { intx, abort } => {
-                let kind = EventKind::Tsx { ip: None, in_tx: intx, abort };
+                let kind = EventKind::Tsx {
+                    ip: None,
+                    in_tx: intx,
+                    abort,
+                };
                 if self.state == State::Enabled {
                     self.claim(kind);
                 } else {
@@ -543,13 +584,29 @@ impl<'a> FlowDecoder<'a> {
                     self.emit_event(EventKind::Exstop { ip: None });
                 }
             }
-            Packet::Mwait { hints, ext } => self.claim(EventKind::Mwait { ip: None, hints, ext }),
-            Packet::Pwre { hw, state, substate } => {
-                self.emit_event(EventKind::PowerEntry { state, substate, hw })
-            }
-            Packet::Pwrx { last, deepest, wake } => {
-                self.emit_event(EventKind::PowerExit { last, deepest, wake })
-            }
+            Packet::Mwait { hints, ext } => self.claim(EventKind::Mwait {
+                ip: None,
+                hints,
+                ext,
+            }),
+            Packet::Pwre {
+                hw,
+                state,
+                substate,
+            } => self.emit_event(EventKind::PowerEntry {
+                state,
+                substate,
+                hw,
+            }),
+            Packet::Pwrx {
+                last,
+                deepest,
+                wake,
+            } => self.emit_event(EventKind::PowerExit {
+                last,
+                deepest,
+                wake,
+            }),
             Packet::Bep { ip } => {
                 if ip {
                     self.claim(EventKind::PebsBlock { ip: None });
@@ -559,9 +616,17 @@ impl<'a> FlowDecoder<'a> {
             }
             Packet::Cfe { ip, kind, vector } => {
                 if ip {
-                    self.claim(EventKind::Cfe { ip: None, kind, vector });
+                    self.claim(EventKind::Cfe {
+                        ip: None,
+                        kind,
+                        vector,
+                    });
                 } else {
-                    self.emit_event(EventKind::Cfe { ip: None, kind, vector });
+                    self.emit_event(EventKind::Cfe {
+                        ip: None,
+                        kind,
+                        vector,
+                    });
                 }
             }
             Packet::Evd { kind, payload } => self.emit_event(EventKind::Evd { kind, payload }),
@@ -584,7 +649,11 @@ impl<'a> FlowDecoder<'a> {
     fn claim(&mut self, kind: EventKind) {
         if self.claims.len() >= MAX_CLAIMS {
             let (off, k) = self.claims.remove(0);
-            self.out.push_back(Seg::Event(Event { offset: off, time: self.time.now(), kind: k }));
+            self.out.push_back(Seg::Event(Event {
+                offset: off,
+                time: self.time.now(),
+                kind: k,
+            }));
             self.stats.events += 1;
         }
         self.claims.push((self.cur_offset, kind));
@@ -593,7 +662,11 @@ impl<'a> FlowDecoder<'a> {
     /// Emits the waiting events without an IP (their FUP never came).
     fn flush_claims(&mut self) {
         for (off, k) in std::mem::take(&mut self.claims) {
-            self.out.push_back(Seg::Event(Event { offset: off, time: self.time.now(), kind: k }));
+            self.out.push_back(Seg::Event(Event {
+                offset: off,
+                time: self.time.now(),
+                kind: k,
+            }));
             self.stats.events += 1;
         }
     }
@@ -657,7 +730,10 @@ impl<'a> FlowDecoder<'a> {
             self.mode = m;
         }
         self.pending_mode = None;
-        self.emit_event(EventKind::Psb { ip: fup, mode: self.mode });
+        self.emit_event(EventKind::Psb {
+            ip: fup,
+            mode: self.mode,
+        });
         if let Some(base) = vmcs {
             self.emit_event(EventKind::Vmcs { base });
         }
@@ -666,7 +742,11 @@ impl<'a> FlowDecoder<'a> {
         }
         if let Some((in_tx, abort)) = tsx {
             if in_tx || abort {
-                self.emit_event(EventKind::Tsx { ip: None, in_tx, abort });
+                self.emit_event(EventKind::Tsx {
+                    ip: None,
+                    in_tx,
+                    abort,
+                });
             }
         }
         match fup {
@@ -870,7 +950,9 @@ impl<'a> FlowDecoder<'a> {
             State::Disabled if self.ovf_pending.is_some() => {
                 // SKD010: the FUP after OVF is missing; resume at the TIP.
                 self.ovf_pending = None;
-                self.emit_event(EventKind::Overflow { resume: Some(target) });
+                self.emit_event(EventKind::Overflow {
+                    resume: Some(target),
+                });
                 self.apply_pending_mode();
                 self.state = State::Enabled;
                 self.ip = target;
@@ -1095,7 +1177,11 @@ impl<'a> FlowDecoder<'a> {
                     }
                     _ => {}
                 }
-                self.out.push_back(Seg::Event(Event { offset: off, time: self.time.now(), kind: k }));
+                self.out.push_back(Seg::Event(Event {
+                    offset: off,
+                    time: self.time.now(),
+                    kind: k,
+                }));
                 self.stats.events += 1;
             }
             if async_follows && self.state == State::Enabled {
@@ -1126,7 +1212,9 @@ impl<'a> FlowDecoder<'a> {
     /// After an asynchronous FUP at `x`: the TIP or TIP.PGD that completes the transfer.
     fn async_target(&mut self, x: u64, optional: bool) {
         loop {
-            let Some((off, p)) = self.next_packet() else { return };
+            let Some((off, p)) = self.next_packet() else {
+                return;
+            };
             match p {
                 Packet::ModeExec { csl, csd, .. } => {
                     if let Some(m) = self.mode_of(csl, csd) {

@@ -29,7 +29,11 @@ pub struct TimingConfig {
 
 impl Default for TimingConfig {
     fn default() -> Self {
-        TimingConfig { mtc_freq: 3, ctc_ratio: (0, 0), max_nonturbo_ratio: 0 }
+        TimingConfig {
+            mtc_freq: 3,
+            ctc_ratio: (0, 0),
+            max_nonturbo_ratio: 0,
+        }
     }
 }
 
