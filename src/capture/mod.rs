@@ -1,2 +1,4 @@
 //! Capture backends: the hardware `intel_pt` PMU (perf AUX area) and the software encoder that
 //! single-steps a target under ptrace and emits the packets a CPU would.
+
+pub mod soft;

@@ -321,8 +321,8 @@ impl BlockCache {
     #[inline]
     pub(crate) fn get(&mut self, image: &Image, ip: u64, mode: ExecMode) -> u32 {
         if let Some(idx) = self.find(ip) {
-            // SAFETY-free fast path: the index was stored by `insert` and blocks are never removed
-            // individually, only all at once by `maybe_flush` (which also clears the table).
+            // Indices stay valid: blocks are only dropped all at once by `maybe_flush`, which
+            // also clears the table.
             if self.blocks[idx as usize].mode == mode {
                 return idx;
             }

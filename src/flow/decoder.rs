@@ -460,11 +460,12 @@ impl<'a> FlowDecoder<'a> {
         // No block index is referenced by queued output now, so a flush is safe.
         self.cache.maybe_flush();
         while self.out.is_empty() && !self.eof {
-            if self.state == State::NoSync && self.pushback.is_none() {
-                if self.pkt.sync_forward().is_none() {
-                    self.eof = true;
-                    break;
-                }
+            if self.state == State::NoSync
+                && self.pushback.is_none()
+                && self.pkt.sync_forward().is_none()
+            {
+                self.eof = true;
+                break;
             }
             let Some((off, p)) = self.next_packet() else {
                 continue;

@@ -150,257 +150,326 @@ pub fn next_block_context(block: Option<bool>, p: &Packet) -> Option<bool> {
     }
 }
 
-/// Decodes the packet at the start of `w`. All 16 bytes are readable (either real or zero
-/// padding); the caller checks that the returned length is covered by real bytes.
-#[inline(always)]
-fn decode_window(w: &[u8; WINDOW], block: Option<bool>) -> Result<(Packet, usize), &'static str> {
-    let b0 = w[0];
-    if let Some(sz) = block {
-        // BIP dispatch runs before the TNT test: inside a block `xxxxx100` is a BIP.
-        if b0 & 7 == 4 {
+/// Applies a packet's effect on the BBP block context (see [`next_block_context`]) to `$place`:
+/// `keep` for the packets a block survives, `end` for those that end it, `(sz)` for a BBP.
+macro_rules! update_block {
+    ($place:expr, keep) => {};
+    ($place:expr, end) => {
+        $place = None
+    };
+    ($place:expr, ($sz:expr)) => {
+        $place = Some($sz)
+    };
+}
+
+/// The packet decoding table, as a macro so that every arm hands its packet straight to the
+/// caller's `$emit!(packet, length, block_effect)` (or `$err!(reason)`).
+///
+/// Why a macro: the arms construct different enum variants. Joining them into one `Packet` value
+/// and then moving it into the caller's result makes the compiler assemble the packet in a stack
+/// temporary with narrow stores and copy it out with wide loads, a store-forwarding stall on
+/// every packet that cost more than the decoding itself. Expanding the caller's construction
+/// into each arm builds the packet in its final place.
+///
+/// `$w` is a `[u8; 16]` window starting at the packet (zero padded near the end of the buffer;
+/// callers check the length against the real bytes), `$block` the BBP block context.
+macro_rules! decode_window {
+    ($w:ident, $block:expr, $emit:ident, $err:ident) => {{
+        let b0 = $w[0];
+        if let (Some(sz), 4) = ($block, b0 & 7) {
+            // Inside a block `xxxxx100` is a BIP: this test runs before the TNT test.
             let id = b0 >> 3;
-            return Ok(if sz {
-                (
+            if sz {
+                $emit!(
                     Packet::Bip {
                         id,
-                        value: le32(w, 1) as u64,
+                        value: le32(&$w, 1) as u64
                     },
                     5,
+                    keep
                 )
             } else {
-                (
+                $emit!(
                     Packet::Bip {
                         id,
-                        value: le64(w, 1),
+                        value: le64(&$w, 1)
                     },
                     9,
+                    keep
                 )
-            });
-        }
-    }
-    match CLASS[b0 as usize] {
-        Class::Tnt => {
-            // b0 is neither 00 nor 02, so the 7-bit field b0 >> 1 has a stop bit above >= 1 TNT bit.
-            let field = b0 >> 1;
-            let count = 7 - field.leading_zeros() as u8;
-            let bits = (field as u64) & ((1u64 << count) - 1);
-            Ok((Packet::ShortTnt(Tnt { bits, count }), 1))
-        }
-        Class::Tip | Class::TipPge | Class::TipPgd | Class::Fup => {
-            let ipb = (b0 >> 5) as usize;
-            let Some(compression) = IP_COMPRESSION[ipb] else {
-                return Err("reserved IPBytes value (101 or 111)");
-            };
-            let payload = IpPayload {
-                compression,
-                raw: le64(w, 1) & IP_PAYLOAD_MASK[ipb],
-            };
-            let len = 1 + IP_PAYLOAD_LEN[ipb] as usize;
-            let p = match CLASS[b0 as usize] {
-                Class::Tip => Packet::Tip(payload),
-                Class::TipPge => Packet::TipPge(payload),
-                Class::TipPgd => Packet::TipPgd(payload),
-                _ => Packet::Fup(payload),
-            };
-            Ok((p, len))
-        }
-        Class::Pad => Ok((Packet::Pad, 1)),
-        Class::Ext => decode_ext(w),
-        Class::Cyc => decode_cyc(w),
-        Class::Tsc => Ok((
-            Packet::Tsc {
-                tsc: le64(w, 1) & 0x00ff_ffff_ffff_ffff,
-            },
-            8,
-        )),
-        Class::Mtc => Ok((Packet::Mtc { ctc: w[1] }, 2)),
-        Class::Mode => {
-            let b1 = w[1];
-            match b1 >> 5 {
-                0 => Ok((
-                    Packet::ModeExec {
-                        csl: b1 & 1 != 0,
-                        csd: b1 & 2 != 0,
-                        iflag: b1 & 4 != 0,
-                    },
-                    2,
-                )),
-                1 => Ok((
-                    Packet::ModeTsx {
-                        intx: b1 & 1 != 0,
-                        abort: b1 & 2 != 0,
-                    },
-                    2,
-                )),
-                _ => Err("MODE packet with a reserved leaf (not 000 or 001)"),
+            }
+        } else {
+            match CLASS[b0 as usize] {
+                Class::Tnt => {
+                    // b0 is neither 00 nor 02, so the 7-bit field b0 >> 1 has a stop bit above
+                    // at least one TNT bit.
+                    let field = b0 >> 1;
+                    let count = 7 - field.leading_zeros() as u8;
+                    let bits = (field as u64) & ((1u64 << count) - 1);
+                    $emit!(Packet::ShortTnt(Tnt { bits, count }), 1, end)
+                }
+                Class::Pad => $emit!(Packet::Pad, 1, keep),
+                Class::Tip | Class::TipPge | Class::TipPgd | Class::Fup => {
+                    let ipb = (b0 >> 5) as usize;
+                    match IP_COMPRESSION[ipb] {
+                        None => $err!("reserved IPBytes value (101 or 111)"),
+                        Some(compression) => {
+                            let payload = IpPayload {
+                                compression,
+                                raw: le64(&$w, 1) & IP_PAYLOAD_MASK[ipb],
+                            };
+                            let len = 1 + IP_PAYLOAD_LEN[ipb] as usize;
+                            match CLASS[b0 as usize] {
+                                Class::Tip => $emit!(Packet::Tip(payload), len, end),
+                                Class::TipPge => $emit!(Packet::TipPge(payload), len, end),
+                                Class::TipPgd => $emit!(Packet::TipPgd(payload), len, end),
+                                _ => $emit!(Packet::Fup(payload), len, keep),
+                            }
+                        }
+                    }
+                }
+                Class::Ext => decode_ext!($w, $emit, $err),
+                Class::Cyc => match decode_cyc(&$w) {
+                    Ok((value, len)) => $emit!(Packet::Cyc { value }, len, keep),
+                    Err(reason) => $err!(reason),
+                },
+                Class::Tsc => {
+                    $emit!(
+                        Packet::Tsc {
+                            tsc: le64(&$w, 1) & 0x00ff_ffff_ffff_ffff
+                        },
+                        8,
+                        keep
+                    )
+                }
+                Class::Mtc => $emit!(Packet::Mtc { ctc: $w[1] }, 2, keep),
+                Class::Mode => {
+                    let b1 = $w[1];
+                    match b1 >> 5 {
+                        0 => $emit!(
+                            Packet::ModeExec {
+                                csl: b1 & 1 != 0,
+                                csd: b1 & 2 != 0,
+                                iflag: b1 & 4 != 0,
+                            },
+                            2,
+                            end
+                        ),
+                        1 => $emit!(
+                            Packet::ModeTsx {
+                                intx: b1 & 1 != 0,
+                                abort: b1 & 2 != 0
+                            },
+                            2,
+                            end
+                        ),
+                        _ => $err!("MODE packet with a reserved leaf (not 000 or 001)"),
+                    }
+                }
+                Class::Trig => $err!("TRIG packet (0xD9) is not supported"),
+                Class::Bad => $err!("invalid opcode"),
             }
         }
-        Class::Trig => Err("TRIG packet (0xD9) is not supported"),
-        Class::Bad => Err("invalid opcode"),
+    }};
+}
+
+/// Extended opcodes (`02 xx`); see [`decode_window!`].
+macro_rules! decode_ext {
+    ($w:ident, $emit:ident, $err:ident) => {{
+        let b1 = $w[1];
+        let b2 = $w[2];
+        match b1 {
+            0xa3 => {
+                let v = le64(&$w, 2) & MASK_48;
+                if v <= 1 {
+                    $err!("long TNT without TNT bits (no stop bit or stop bit only)")
+                } else {
+                    let count = 63 - v.leading_zeros() as u8;
+                    $emit!(
+                        Packet::LongTnt(Tnt {
+                            bits: v & ((1u64 << count) - 1),
+                            count
+                        }),
+                        8,
+                        end
+                    )
+                }
+            }
+            0x82 => {
+                if u128::from_le_bytes($w) != PSB_U128 {
+                    $err!("malformed PSB (02 82 not repeated 8 times)")
+                } else {
+                    $emit!(Packet::Psb, 16, end)
+                }
+            }
+            0x23 => $emit!(Packet::PsbEnd, 2, end),
+            0x03 => $emit!(Packet::Cbr { ratio: b2 }, 4, keep),
+            0x43 => {
+                let v = le64(&$w, 2) & MASK_48;
+                $emit!(
+                    Packet::Pip {
+                        cr3: (v & !1) << 4,
+                        nr: v & 1 != 0
+                    },
+                    8,
+                    end
+                )
+            }
+            0x73 => {
+                if $w[6] & 0xfe != 0 {
+                    $err!("TMA with reserved bits set")
+                } else {
+                    let ctc = le16(&$w, 2);
+                    let fc = $w[5] as u16 | ((($w[6] & 1) as u16) << 8);
+                    $emit!(Packet::Tma { ctc, fc }, 7, keep)
+                }
+            }
+            0xc8 => {
+                let v = le64(&$w, 2) & 0xff_ffff_ffff;
+                $emit!(Packet::Vmcs { base: v << 12 }, 7, end)
+            }
+            0xf3 => $emit!(Packet::Ovf, 2, end),
+            0x83 => $emit!(Packet::TraceStop, 2, end),
+            0xc3 => {
+                if b2 != 0x88 {
+                    $err!("invalid MNT sub-opcode (02 C3 not followed by 88)")
+                } else {
+                    $emit!(
+                        Packet::Mnt {
+                            payload: le64(&$w, 3)
+                        },
+                        11,
+                        keep
+                    )
+                }
+            }
+            0x12 | 0x92 => $emit!(
+                Packet::Ptw {
+                    payload: le32(&$w, 2) as u64,
+                    size: 4,
+                    ip: b1 & 0x80 != 0
+                },
+                6,
+                end
+            ),
+            0x32 | 0xb2 => {
+                $emit!(
+                    Packet::Ptw {
+                        payload: le64(&$w, 2),
+                        size: 8,
+                        ip: b1 & 0x80 != 0
+                    },
+                    10,
+                    end
+                )
+            }
+            0x52 | 0x72 | 0xd2 | 0xf2 => $err!("PTW with a reserved payload size"),
+            0x62 | 0xe2 => $emit!(Packet::Exstop { ip: b1 & 0x80 != 0 }, 2, keep),
+            0xc2 => $emit!(
+                Packet::Mwait {
+                    hints: b2,
+                    ext: $w[6] & 3
+                },
+                10,
+                end
+            ),
+            0x22 => $emit!(
+                Packet::Pwre {
+                    hw: b2 & 0x80 != 0,
+                    state: $w[3] >> 4,
+                    substate: $w[3] & 0xf
+                },
+                4,
+                keep
+            ),
+            0xa2 => $emit!(
+                Packet::Pwrx {
+                    last: b2 >> 4,
+                    deepest: b2 & 0xf,
+                    wake: $w[3] & 0xf
+                },
+                7,
+                keep
+            ),
+            0x63 => {
+                let sz = b2 & 0x80 != 0;
+                $emit!(
+                    Packet::Bbp {
+                        sz,
+                        kind: b2 & 0x1f
+                    },
+                    3,
+                    (sz)
+                )
+            }
+            0x33 | 0xb3 => $emit!(Packet::Bep { ip: b1 & 0x80 != 0 }, 2, end),
+            0x13 => $emit!(
+                Packet::Cfe {
+                    ip: b2 & 0x80 != 0,
+                    kind: b2 & 0x1f,
+                    vector: $w[3]
+                },
+                4,
+                end
+            ),
+            0x53 => $emit!(
+                Packet::Evd {
+                    kind: b2 & 0x3f,
+                    payload: le64(&$w, 3)
+                },
+                11,
+                end
+            ),
+            _ => $err!("invalid extended opcode"),
+        }
+    }};
+}
+
+/// Decodes the packet at the start of `w` (function form of [`decode_window!`], for the slow
+/// path): the packet and its length.
+#[inline(always)]
+fn decode_window(w: &[u8; WINDOW], block: Option<bool>) -> Result<(Packet, usize), &'static str> {
+    let w = *w;
+    macro_rules! emit {
+        ($p:expr, $len:expr, $blk:tt) => {
+            Ok(($p, $len))
+        };
     }
+    macro_rules! err {
+        ($r:expr) => {
+            Err($r)
+        };
+    }
+    decode_window!(w, block, emit, err)
 }
 
 /// CYC: b0[2] = Exp, b0[7:3] = value[4:0]; each extension byte: bit 0 = Exp, bits 7:1 = the next
 /// 7 value bits. At most 10 bytes (5 + 8·7 + 3 = 64 bits); more would overflow 64 bits.
+/// Returns the value and the packet length.
 #[inline(always)]
-fn decode_cyc(w: &[u8; WINDOW]) -> Result<(Packet, usize), &'static str> {
+fn decode_cyc(w: &[u8; WINDOW]) -> Result<(u64, usize), &'static str> {
     let b0 = w[0];
     let mut value = (b0 >> 3) as u64;
     if b0 & 4 == 0 {
-        return Ok((Packet::Cyc { value }, 1));
+        return Ok((value, 1));
     }
     let mut shift = 5u32;
     let mut i = 1usize;
-    loop {
+    while i < WINDOW {
         let c = w[i];
         let bits = (c >> 1) as u64;
-        if shift == 61 {
-            // The 10th byte: only 3 value bits are left before bit 63.
-            if bits >> 3 != 0 || c & 1 != 0 {
-                return Err("CYC value overflows 64 bits");
-            }
+        // The 10th byte (shift 61) has room for 3 value bits and must end the packet.
+        if shift == 61 && (bits >> 3 != 0 || c & 1 != 0) {
+            return Err("CYC value overflows 64 bits");
         }
         value |= bits << shift;
         i += 1;
         if c & 1 == 0 {
-            return Ok((Packet::Cyc { value }, i));
+            return Ok((value, i));
         }
         shift += 7;
     }
-}
-
-/// Extended opcodes (`02 xx`).
-#[inline(always)]
-fn decode_ext(w: &[u8; WINDOW]) -> Result<(Packet, usize), &'static str> {
-    let b1 = w[1];
-    let b2 = w[2];
-    Ok(match b1 {
-        0xa3 => {
-            let v = le64(w, 2) & MASK_48;
-            if v == 0 {
-                return Err("long TNT without a stop bit");
-            }
-            let count = 63 - v.leading_zeros() as u8;
-            if count == 0 {
-                return Err("long TNT with no TNT bits");
-            }
-            (
-                Packet::LongTnt(Tnt {
-                    bits: v & ((1u64 << count) - 1),
-                    count,
-                }),
-                8,
-            )
-        }
-        0x82 => {
-            if u128::from_le_bytes(*w) != PSB_U128 {
-                return Err("malformed PSB (02 82 not repeated 8 times)");
-            }
-            (Packet::Psb, 16)
-        }
-        0x23 => (Packet::PsbEnd, 2),
-        0x03 => (Packet::Cbr { ratio: b2 }, 4),
-        0x43 => {
-            let v = le64(w, 2) & MASK_48;
-            (
-                Packet::Pip {
-                    cr3: (v & !1) << 4,
-                    nr: v & 1 != 0,
-                },
-                8,
-            )
-        }
-        0x73 => {
-            if w[6] & 0xfe != 0 {
-                return Err("TMA with reserved bits set");
-            }
-            let ctc = le16(w, 2);
-            let fc = w[5] as u16 | (((w[6] & 1) as u16) << 8);
-            (Packet::Tma { ctc, fc }, 7)
-        }
-        0xc8 => {
-            let v = le64(w, 2) & 0xff_ffff_ffff;
-            (Packet::Vmcs { base: v << 12 }, 7)
-        }
-        0xf3 => (Packet::Ovf, 2),
-        0x83 => (Packet::TraceStop, 2),
-        0xc3 => {
-            if b2 != 0x88 {
-                return Err("invalid MNT sub-opcode (02 C3 not followed by 88)");
-            }
-            (
-                Packet::Mnt {
-                    payload: le64(w, 3),
-                },
-                11,
-            )
-        }
-        0x12 | 0x92 => (
-            Packet::Ptw {
-                payload: le32(w, 2) as u64,
-                size: 4,
-                ip: b1 & 0x80 != 0,
-            },
-            6,
-        ),
-        0x32 | 0xb2 => (
-            Packet::Ptw {
-                payload: le64(w, 2),
-                size: 8,
-                ip: b1 & 0x80 != 0,
-            },
-            10,
-        ),
-        0x52 | 0x72 | 0xd2 | 0xf2 => return Err("PTW with a reserved payload size"),
-        0x62 | 0xe2 => (Packet::Exstop { ip: b1 & 0x80 != 0 }, 2),
-        0xc2 => (
-            Packet::Mwait {
-                hints: b2,
-                ext: w[6] & 3,
-            },
-            10,
-        ),
-        0x22 => (
-            Packet::Pwre {
-                hw: b2 & 0x80 != 0,
-                state: w[3] >> 4,
-                substate: w[3] & 0xf,
-            },
-            4,
-        ),
-        0xa2 => (
-            Packet::Pwrx {
-                last: b2 >> 4,
-                deepest: b2 & 0xf,
-                wake: w[3] & 0xf,
-            },
-            7,
-        ),
-        0x63 => (
-            Packet::Bbp {
-                sz: b2 & 0x80 != 0,
-                kind: b2 & 0x1f,
-            },
-            3,
-        ),
-        0x33 | 0xb3 => (Packet::Bep { ip: b1 & 0x80 != 0 }, 2),
-        0x13 => (
-            Packet::Cfe {
-                ip: b2 & 0x80 != 0,
-                kind: b2 & 0x1f,
-                vector: w[3],
-            },
-            4,
-        ),
-        0x53 => (
-            Packet::Evd {
-                kind: b2 & 0x3f,
-                payload: le64(w, 3),
-            },
-            11,
-        ),
-        _ => return Err("invalid extended opcode"),
-    })
+    Err("CYC value overflows 64 bits")
 }
 
 /// What the header bytes alone say about a packet's length (slow path only).
@@ -639,7 +708,8 @@ impl<'a> PacketDecoder<'a> {
         }
     }
 
-    #[inline(always)]
+    #[cold]
+    #[inline(never)]
     fn fail(&mut self, e: CoreError) -> PacketError {
         let err = e.at(self.offset());
         match e {
@@ -652,12 +722,37 @@ impl<'a> PacketDecoder<'a> {
 
     /// Decodes the next packet: `None` at the end of the buffer, otherwise the packet with its
     /// offset or the error (see the type's documentation for where the decoder stands after one).
-    #[inline]
+    #[inline(always)]
     pub fn next_packet(&mut self) -> Option<Result<(u64, Packet), PacketError>> {
+        let pos = self.pos;
+        let Some(bytes) = self.buf.get(pos..pos.wrapping_add(WINDOW)) else {
+            return self.next_tail();
+        };
+        let mut w = [0u8; WINDOW];
+        w.copy_from_slice(bytes);
+        let off = self.base.wrapping_add(pos as u64);
+        macro_rules! emit {
+            ($p:expr, $len:expr, $blk:tt) => {{
+                self.pos = pos + $len;
+                update_block!(self.block, $blk);
+                Some(Ok((off, $p)))
+            }};
+        }
+        macro_rules! err {
+            ($r:expr) => {
+                Some(Err(self.fail(CoreError::Invalid($r))))
+            };
+        }
+        decode_window!(w, self.block, emit, err)
+    }
+
+    /// [`PacketDecoder::next_packet`] within 16 bytes of the end of the buffer.
+    #[inline(never)]
+    fn next_tail(&mut self) -> Option<Result<(u64, Packet), PacketError>> {
         if self.pos >= self.buf.len() {
             return None;
         }
-        Some(match decode_core(self.buf, self.pos, self.block) {
+        Some(match decode_tail(self.buf, self.pos, self.block) {
             Ok((p, len)) => {
                 let off = self.offset();
                 self.pos += len;
@@ -669,37 +764,43 @@ impl<'a> PacketDecoder<'a> {
     }
 
     /// Batch API: decodes packets and appends them to `out` until the end of the buffer, an error
-    /// or until `limit` packets were appended. Returns how many packets were appended; on an error
-    /// the packets decoded before it stay in `out` and the decoder stands where
-    /// [`PacketDecoder::next_packet`] would leave it.
+    /// or until `limit` packets were appended. Returns how many packets were appended (0 only at
+    /// the end of the buffer or for `limit == 0`); on an error the packets decoded before it stay
+    /// in `out` and the decoder stands where [`PacketDecoder::next_packet`] would leave it.
     pub fn decode_into(
         &mut self,
         out: &mut Vec<(u64, Packet)>,
         limit: usize,
     ) -> Result<usize, PacketError> {
         let buf = self.buf;
-        let start_len = out.len();
+        let base = self.base;
         let mut pos = self.pos;
         let mut block = self.block;
         let mut n = 0usize;
         out.reserve(limit.min(buf.len().saturating_sub(pos)).min(1 << 16));
+        macro_rules! emit {
+            ($p:expr, $len:expr, $blk:tt) => {{
+                out.push((base.wrapping_add(pos as u64), $p));
+                pos += $len;
+                update_block!(block, $blk);
+                n += 1;
+            }};
+        }
+        macro_rules! err {
+            ($r:expr) => {{
+                self.pos = pos;
+                self.block = block;
+                return Err(self.fail(CoreError::Invalid($r)));
+            }};
+        }
         // Fast loop: a full window is always available, no tail checks.
-        while n < limit && pos + WINDOW <= buf.len() {
+        while n < limit {
+            let Some(bytes) = buf.get(pos..pos.wrapping_add(WINDOW)) else {
+                break;
+            };
             let mut w = [0u8; WINDOW];
-            w.copy_from_slice(&buf[pos..pos + WINDOW]);
-            match decode_window(&w, block) {
-                Ok((p, len)) => {
-                    out.push((self.base.wrapping_add(pos as u64), p));
-                    block = next_block_context(block, &p);
-                    pos += len;
-                    n += 1;
-                }
-                Err(reason) => {
-                    self.pos = pos;
-                    self.block = block;
-                    return Err(self.fail(CoreError::Invalid(reason)));
-                }
-            }
+            w.copy_from_slice(bytes);
+            decode_window!(w, block, emit, err);
         }
         self.pos = pos;
         self.block = block;
@@ -713,7 +814,6 @@ impl<'a> PacketDecoder<'a> {
                 Some(Err(e)) => return Err(e),
             }
         }
-        debug_assert_eq!(out.len() - start_len, n);
         Ok(n)
     }
 }

@@ -1,0 +1,458 @@
+//! Packet-decoding throughput: ptrewind's `PacketDecoder` against libipt's packet decoder
+//! (`pt_pkt_alloc_decoder` / `pt_pkt_sync_forward` / `pt_pkt_next`) on the same large buffer, in
+//! one run.
+//!
+//! The buffer is built from the real raw PT streams of the corpus (libxdc, hase, quipper,
+//! DynamoRIO), each cut to start at its first PSB and to end after its last complete packet,
+//! concatenated and repeated until it reaches `--mib` MiB. Both decoders count packets; the counts
+//! must agree.
+//!
+//! ```text
+//! cargo run --release --example bench_packets -- [--mib 256] [--reps 3] [--corpus DIR]
+//!     [--only libipt|next|batch]
+//! ```
+
+use std::hint::black_box;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use ptrewind::packet::{Packet, PacketDecoder, find_psb_forward};
+
+mod libipt {
+    //! The few libipt 2.0 declarations the benchmark needs, matching /usr/include/intel-pt.h.
+    use std::ffi::c_void;
+
+    /// `struct pt_cpu`.
+    #[repr(C)]
+    pub struct PtCpu {
+        pub vendor: u32,
+        pub family: u16,
+        pub model: u8,
+        pub stepping: u8,
+    }
+
+    /// `struct pt_errata`: one word of bit fields plus `reserved[15]`.
+    #[repr(C)]
+    pub struct PtErrata {
+        pub bits: u32,
+        pub reserved: [u32; 15],
+    }
+
+    /// `struct pt_conf_flags`: a union of bit-field structs and `reserved[4]`.
+    #[repr(C)]
+    pub struct PtConfFlags {
+        pub variant: [u32; 4],
+    }
+
+    /// `struct pt_conf_addr_filter`.
+    #[repr(C)]
+    pub struct PtConfAddrFilter {
+        pub addr_cfg: u64,
+        pub addr: [u64; 8],
+        pub reserved: [u64; 8],
+    }
+
+    /// `struct pt_config`.
+    #[repr(C)]
+    pub struct PtConfig {
+        pub size: usize,
+        pub begin: *mut u8,
+        pub end: *mut u8,
+        pub decode_callback: *mut c_void,
+        pub decode_context: *mut c_void,
+        pub cpu: PtCpu,
+        pub errata: PtErrata,
+        pub cpuid_0x15_eax: u32,
+        pub cpuid_0x15_ebx: u32,
+        pub mtc_freq: u8,
+        pub nom_freq: u8,
+        pub flags: PtConfFlags,
+        pub addr_filter: PtConfAddrFilter,
+    }
+
+    /// `struct pt_packet`: type, size and a 16-byte payload union.
+    #[repr(C)]
+    pub struct PtPacket {
+        pub kind: u32,
+        pub size: u8,
+        pub payload: [u64; 2],
+    }
+
+    // Layout checks against the C header (sizeof(struct pt_config) = 280, pt_packet = 24 on
+    // x86-64, measured with a C program including intel-pt.h).
+    const _: () = assert!(std::mem::size_of::<PtConfig>() == 280);
+    const _: () = assert!(std::mem::offset_of!(PtConfig, cpuid_0x15_eax) == 112);
+    const _: () = assert!(std::mem::offset_of!(PtConfig, flags) == 124);
+    const _: () = assert!(std::mem::offset_of!(PtConfig, addr_filter) == 144);
+    const _: () = assert!(std::mem::size_of::<PtPacket>() == 24);
+
+    /// `-pte_eos`.
+    pub const PTE_EOS: i32 = 7;
+
+    /// Opaque `struct pt_packet_decoder`.
+    #[repr(C)]
+    pub struct PtPacketDecoder {
+        _private: [u8; 0],
+    }
+
+    #[link(name = "ipt")]
+    unsafe extern "C" {
+        pub fn pt_pkt_alloc_decoder(config: *const PtConfig) -> *mut PtPacketDecoder;
+        pub fn pt_pkt_free_decoder(decoder: *mut PtPacketDecoder);
+        pub fn pt_pkt_sync_forward(decoder: *mut PtPacketDecoder) -> i32;
+        pub fn pt_pkt_next(
+            decoder: *mut PtPacketDecoder,
+            packet: *mut PtPacket,
+            psize: usize,
+        ) -> i32;
+        pub fn pt_errstr(code: i32) -> *const std::ffi::c_char;
+    }
+}
+
+/// Result of one decoding pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Counts {
+    packets: u64,
+    bytes: u64,
+    errors: u64,
+}
+
+fn corpus_dir(arg: Option<PathBuf>) -> PathBuf {
+    arg.or_else(|| std::env::var_os("PTREWIND_CORPUS").map(PathBuf::from))
+        .unwrap_or_else(|| {
+            // <crate root>/../shared/corpus for the main checkout, one level more for worktrees.
+            let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+            ["../shared/corpus", "../../shared/corpus"]
+                .iter()
+                .map(|rel| root.join(rel))
+                .find(|p| p.is_dir())
+                .unwrap_or_else(|| root.join("../shared/corpus"))
+        })
+}
+
+/// The raw PT streams of the corpus (see each folder's SOURCE.txt).
+fn raw_streams(dir: &Path) -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    for sub in [
+        "libxdc-experiments",
+        "hase-pt-recordings/extracted-aux",
+        "quipper-perfdata-intel_pt/extracted",
+        "dynamorio-drpt2trace",
+    ] {
+        let Ok(rd) = std::fs::read_dir(dir.join(sub)) else {
+            continue;
+        };
+        let mut entries: Vec<_> = rd.filter_map(|e| e.ok()).map(|e| e.path()).collect();
+        entries.sort();
+        for p in entries {
+            if p.is_dir() {
+                let Ok(rd) = std::fs::read_dir(&p) else {
+                    continue;
+                };
+                let mut inner: Vec<_> = rd.filter_map(|e| e.ok()).map(|e| e.path()).collect();
+                inner.sort();
+                for q in inner {
+                    let name = q.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                    let raw = name == "pt.bin"
+                        || name.starts_with("trace")
+                        || name.starts_with("failed_trace")
+                        || name.starts_with("sample_raw")
+                        || name == "ptlog"
+                        || name.starts_with("loop_trace");
+                    if raw {
+                        v.push(q);
+                    }
+                }
+            } else if p.extension().is_some_and(|e| e == "bin") {
+                v.push(p);
+            }
+        }
+    }
+    v
+}
+
+/// Cuts a stream to [first PSB, end of the last complete packet) and checks that it decodes
+/// without errors; returns `None` otherwise.
+fn clean_stream(bytes: &[u8]) -> Option<&[u8]> {
+    let start = find_psb_forward(bytes, 0)?;
+    let s = &bytes[start..];
+    let mut dec = PacketDecoder::new(s);
+    let mut end = 0;
+    while let Some(r) = dec.next_packet() {
+        match r {
+            Ok(_) => end = dec.position(),
+            Err(ptrewind::packet::PacketError::Truncated { .. }) => break,
+            Err(_) => return None,
+        }
+    }
+    Some(&s[..end])
+}
+
+fn ours(buf: &[u8]) -> Counts {
+    let mut c = Counts {
+        packets: 0,
+        bytes: 0,
+        errors: 0,
+    };
+    let mut dec = PacketDecoder::new(buf);
+    let mut tnt_bits = 0u64;
+    loop {
+        // Borrow the packet where the decoder built it (as a consumer that matches on it does);
+        // see docs/benchmarks.md on moving packets out of the result.
+        let item = dec.next_packet();
+        let Some(r) = &item else { break };
+        match r {
+            Ok((_, p)) => {
+                c.packets += 1;
+                if let Packet::ShortTnt(t) = p {
+                    tnt_bits += t.count as u64;
+                }
+                black_box(p);
+            }
+            Err(_) => {
+                c.errors += 1;
+                if dec.sync_forward().is_none() {
+                    break;
+                }
+            }
+        }
+    }
+    black_box(tnt_bits);
+    c.bytes = dec.position() as u64;
+    c
+}
+
+fn ours_batch(buf: &[u8], scratch: &mut Vec<(u64, Packet)>) -> Counts {
+    let mut c = Counts {
+        packets: 0,
+        bytes: 0,
+        errors: 0,
+    };
+    let mut dec = PacketDecoder::new(buf);
+    loop {
+        scratch.clear();
+        match dec.decode_into(scratch, 4096) {
+            Ok(0) => break,
+            Ok(n) => c.packets += n as u64,
+            Err(_) => {
+                c.packets += scratch.len() as u64;
+                c.errors += 1;
+                if dec.sync_forward().is_none() {
+                    break;
+                }
+            }
+        }
+        black_box(&scratch);
+    }
+    c.bytes = dec.position() as u64;
+    c
+}
+
+fn libipt_pass(buf: &mut [u8]) -> Counts {
+    use libipt::*;
+    let mut c = Counts {
+        packets: 0,
+        bytes: buf.len() as u64,
+        errors: 0,
+    };
+    // SAFETY: PtConfig is plain data; all-zero is libipt's documented initial state
+    // (pt_config_init memsets it and sets `size`).
+    let mut cfg: PtConfig = unsafe { std::mem::zeroed() };
+    cfg.size = std::mem::size_of::<PtConfig>();
+    cfg.begin = buf.as_mut_ptr();
+    // SAFETY: one past the end of the same allocation.
+    cfg.end = unsafe { buf.as_mut_ptr().add(buf.len()) };
+    // SAFETY: cfg is a valid pt_config describing `buf`, which outlives the decoder.
+    let dec = unsafe { pt_pkt_alloc_decoder(&cfg) };
+    assert!(!dec.is_null(), "pt_pkt_alloc_decoder failed");
+    // SAFETY: dec is a live decoder.
+    let mut st = unsafe { pt_pkt_sync_forward(dec) };
+    let mut pkt = PtPacket {
+        kind: 0,
+        size: 0,
+        payload: [0; 2],
+    };
+    while st >= 0 {
+        // SAFETY: dec is live; pkt is a properly sized pt_packet.
+        let r = unsafe { pt_pkt_next(dec, &mut pkt, std::mem::size_of::<PtPacket>()) };
+        if r >= 0 {
+            c.packets += 1;
+            black_box(&pkt);
+            continue;
+        }
+        if r == -PTE_EOS {
+            break;
+        }
+        c.errors += 1;
+        if c.errors <= 3 {
+            // SAFETY: pt_errstr returns a static NUL-terminated string.
+            let msg = unsafe { std::ffi::CStr::from_ptr(pt_errstr(-r)) };
+            eprintln!("libipt: error {r} ({})", msg.to_string_lossy());
+        }
+        // SAFETY: dec is live.
+        st = unsafe { pt_pkt_sync_forward(dec) };
+    }
+    // SAFETY: dec came from pt_pkt_alloc_decoder and is freed once.
+    unsafe { pt_pkt_free_decoder(dec) };
+    c
+}
+
+/// CPU time of the calling thread: the machine is shared, so wall time would mostly measure the
+/// other processes; thread CPU time counts only the cycles this decoder ran.
+fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into `ts`, which is valid and writable.
+    let r = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(r, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID) failed");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// One measured decoder: its best (smallest) CPU and wall time over the repetitions.
+struct Measure {
+    counts: Option<Counts>,
+    cpu: Duration,
+    wall: Duration,
+}
+
+impl Measure {
+    fn new() -> Self {
+        Measure {
+            counts: None,
+            cpu: Duration::MAX,
+            wall: Duration::MAX,
+        }
+    }
+
+    fn run<F: FnOnce() -> Counts>(&mut self, f: F) {
+        let (w0, c0) = (Instant::now(), thread_cpu_time());
+        let c = f();
+        let (cpu, wall) = (thread_cpu_time() - c0, w0.elapsed());
+        self.cpu = self.cpu.min(cpu);
+        self.wall = self.wall.min(wall);
+        if let Some(prev) = self.counts {
+            assert_eq!(prev, c, "non-deterministic counts");
+        }
+        self.counts = Some(c);
+    }
+}
+
+fn rate(bytes: usize, d: Duration) -> f64 {
+    bytes as f64 / d.as_secs_f64()
+}
+
+fn main() {
+    let mut mib = 256usize;
+    let mut reps = 3usize;
+    let mut corpus = None;
+    let mut only: Option<String> = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--mib" => mib = args.next().and_then(|v| v.parse().ok()).expect("--mib N"),
+            "--reps" => reps = args.next().and_then(|v| v.parse().ok()).expect("--reps N"),
+            "--corpus" => corpus = args.next().map(PathBuf::from),
+            "--only" => only = args.next(),
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    let reps = reps.max(1);
+    let dir = corpus_dir(corpus);
+    let mut unit = Vec::new();
+    let mut used = 0;
+    for path in raw_streams(&dir) {
+        let Ok(bytes) = std::fs::read(&path) else {
+            continue;
+        };
+        match clean_stream(&bytes) {
+            Some(s) if !s.is_empty() => {
+                unit.extend_from_slice(s);
+                used += 1;
+            }
+            _ => eprintln!(
+                "skipping {} (no PSB or not cleanly decodable)",
+                path.display()
+            ),
+        }
+    }
+    assert!(
+        !unit.is_empty(),
+        "no raw PT streams found under {}",
+        dir.display()
+    );
+    let target = mib << 20;
+    let mut buf = Vec::with_capacity(target + unit.len());
+    while buf.len() < target {
+        buf.extend_from_slice(&unit);
+    }
+    if std::env::var_os("BENCH_STATS").is_some() {
+        let mut hist = std::collections::BTreeMap::<&str, (u64, u64)>::new();
+        let mut dec = PacketDecoder::new(&unit);
+        while let Some(Ok((off, p))) = dec.next_packet() {
+            let e = hist.entry(p.name()).or_default();
+            e.0 += 1;
+            e.1 += dec.position() as u64 - off;
+        }
+        eprintln!("packet mix of one repetition (name: packets, bytes): {hist:?}");
+        eprintln!(
+            "sizes: Packet {} B, next_packet item {} B",
+            std::mem::size_of::<Packet>(),
+            std::mem::size_of::<Option<Result<(u64, Packet), ptrewind::packet::PacketError>>>()
+        );
+    }
+    println!(
+        "input: {used} raw corpus streams ({} bytes) repeated to {} bytes ({:.1} MiB); best of {reps}",
+        unit.len(),
+        buf.len(),
+        buf.len() as f64 / (1 << 20) as f64
+    );
+
+    // Interleave the decoders in every repetition so that load changes hit all of them alike.
+    let (mut ipt, mut our, mut bat) = (Measure::new(), Measure::new(), Measure::new());
+    let mut scratch = Vec::with_capacity(4096);
+    for _ in 0..reps {
+        let want = |name: &str| only.as_deref().is_none_or(|o| o == name);
+        if want("libipt") {
+            ipt.run(|| libipt_pass(&mut buf));
+        }
+        if want("next") {
+            our.run(|| ours(&buf));
+        }
+        if want("batch") {
+            bat.run(|| ours_batch(&buf, &mut scratch));
+        }
+    }
+    let report = |name: &str, m: &Measure| {
+        let Some(c) = m.counts else {
+            return Counts {
+                packets: 0,
+                bytes: 0,
+                errors: 0,
+            };
+        };
+        let ratio = ipt.cpu.as_secs_f64() / m.cpu.as_secs_f64();
+        println!(
+            "{name:<24}: {:>10} packets, {} errors, cpu {:>7.3} s = {:>7.1} MB/s ({ratio:.2}x libipt); wall {:>7.3} s = {:>7.1} MB/s",
+            c.packets,
+            c.errors,
+            m.cpu.as_secs_f64(),
+            rate(buf.len(), m.cpu) / 1e6,
+            m.wall.as_secs_f64(),
+            rate(buf.len(), m.wall) / 1e6,
+        );
+        c
+    };
+    let ipt = report("libipt pt_pkt_next", &ipt);
+    let our = report("ptrewind next_packet", &our);
+    let bat = report("ptrewind decode_into", &bat);
+    if only.is_some() {
+        return;
+    }
+    let agree = ipt.packets == our.packets && our.packets == bat.packets;
+    println!("packet counts agree: {}", if agree { "yes" } else { "NO" });
+    if !agree {
+        std::process::exit(1);
+    }
+}
