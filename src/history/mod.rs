@@ -151,12 +151,12 @@ impl IpMatch for Breakpoints {
     }
 }
 
-/// Which code a segment executed, approximately: two 256-bit Bloom filters, over the 64-byte lines
+/// Which code a group of segments executed, approximately: two 256-bit Bloom filters, over the 64-byte lines
 /// and over the 4 KiB pages its instructions occupy. A search for a set of addresses skips every
 /// segment whose summary rules them all out; a false "maybe" only costs a decode. The page filter
 /// keeps pruning when a segment ran so much code that the line filter is saturated.
 ///
-/// 64 bytes per segment (about 1.6 % of a 4 KiB PSB period); built while indexing.
+/// 64 bytes per [`SegmentGroup`] (at least 4 KiB of trace: at most 1.6 %); built while indexing.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CodeSummary {
     lines: [u64; 4],
@@ -187,7 +187,7 @@ impl CodeSummary {
     #[inline]
     pub fn add_run(&mut self, start: u64, end: u64) {
         if end < start || (end >> 6) - (start >> 6) > 4096 {
-            // Wrapped (16/32-bit code) or absurdly long: give up on this segment.
+            // Wrapped (16/32-bit code) or absurdly long: give up on these segments.
             self.lines = [u64::MAX; 4];
             self.pages = [u64::MAX; 4];
             return;
@@ -204,13 +204,13 @@ impl CodeSummary {
         }
     }
 
-    /// Whether an instruction at `ip` may have executed in the segment.
+    /// Whether an instruction at `ip` may have executed in the segments summarised.
     #[inline]
     pub fn may_contain(&self, ip: u64) -> bool {
         Self::test(&self.pages, ip >> 12) && Self::test(&self.lines, ip >> 6)
     }
 
-    /// Whether any of `ips` may have executed in the segment.
+    /// Whether any of `ips` may have executed in the segments summarised.
     pub fn may_contain_any(&self, ips: &[u64]) -> bool {
         ips.iter().any(|&ip| self.may_contain(ip))
     }
@@ -231,8 +231,8 @@ pub struct History {
     /// The first `firm` sync points cannot change when the trace grows; the others were found
     /// by a complete update after the last PSB+ that was certainly whole.
     firm: usize,
-    /// `summaries[k]` summarises the code segment `k` executed (parallel to `sync`).
-    summaries: Vec<CodeSummary>,
+    /// Summary groups, in order; the first starts at segment 0.
+    groups: Vec<SegmentGroup>,
     /// Instructions after the last sync point, counted by a complete update (0 otherwise).
     tail: u64,
     /// Length of the trace prefix the last update decoded: every segment is decoded in
@@ -240,10 +240,6 @@ pub struct History {
     view: u64,
     /// The last update was complete (the tail is counted).
     complete: bool,
-    errors: u64,
-    overflows: u64,
-    tail_errors: u64,
-    tail_overflows: u64,
     cache: SegmentCache,
     segments_decoded: u64,
     segment_mismatches: u64,
@@ -252,33 +248,44 @@ pub struct History {
 /// What one indexing pass found, before it is applied to a [`History`].
 #[derive(Debug, Clone, Default)]
 struct Scan {
-    /// The firm sync point the pass started from (`None`: the start of the trace).
-    from: Option<SyncPoint>,
+    /// The sync point the pass started from, with its index (`None`: the start of the trace).
+    /// It is always the first point of a summary group.
+    from: Option<(usize, SyncPoint)>,
     /// The view length the pass decoded.
     view: u64,
     complete: bool,
     /// Every PSB event after `from`.
     points: Vec<SyncPoint>,
-    /// Code summaries: of the segment starting at `from` (when there is one), then one per
-    /// point, for the segment it starts.
-    summaries: Vec<CodeSummary>,
+    /// The summary groups from `from` on.
+    groups: Vec<SegmentGroup>,
     /// How many of `points` are firm (their PSB+ lies wholly before the last PSB of the trace,
     /// so more trace bytes cannot change them).
     firm: usize,
     /// Instructions after the last point (complete passes only).
     tail: u64,
-    /// Errors / overflows in the segments that end at firm points.
-    errors: u64,
-    overflows: u64,
-    /// Errors / overflows after the last firm point (complete passes only).
-    tail_errors: u64,
-    tail_overflows: u64,
+}
+
+/// Trace bytes a [`SegmentGroup`] spans at least (except the last): bounds the summaries to
+/// 80 bytes per 4 KiB of trace whatever the PSB frequency.
+pub const GROUP_BYTES: u64 = 4096;
+
+/// Consecutive segments spanning at least [`GROUP_BYTES`] of trace, with what their decode found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SegmentGroup {
+    /// Index of its first segment (= sync point); it runs to the next group's first segment.
+    pub first: usize,
+    /// The code its instructions executed.
+    pub summary: CodeSummary,
+    /// Decode errors in its segments.
+    pub errors: u32,
+    /// Overflows in its segments.
+    pub overflows: u32,
 }
 
 /// Where an update's scan starts.
 #[derive(Debug, Clone, Copy)]
 struct Plan {
-    from: Option<SyncPoint>,
+    from: Option<(usize, SyncPoint)>,
 }
 
 /// The prefix of a growing trace that can be indexed for good: up to the last PSB in it (every
@@ -291,12 +298,13 @@ fn view_len(trace: &[u8], complete: bool) -> usize {
     }
 }
 
-/// Decodes `trace[..view]` from `from` (or from the start) and records every PSB event after it.
+/// Decodes `trace[..view]` from `from` (or from the start) and records every PSB event after it,
+/// with the summary groups.
 fn scan(
     trace: &[u8],
     image: &Image,
     cfg: &FlowConfig,
-    from: Option<SyncPoint>,
+    from: Option<(usize, SyncPoint)>,
     complete: bool,
 ) -> Scan {
     let view = view_len(trace, complete);
@@ -311,68 +319,94 @@ fn scan(
         ..Scan::default()
     };
     let (mut dec, mut insns, mut skip_first) = match from {
-        Some(p) => (
+        Some((_, p)) => (
             FlowDecoder::at_psb(bytes, image, cfg.clone(), p.offset),
             p.insn,
             true,
         ),
         None => (FlowDecoder::new(bytes, image, cfg.clone()), 0, false),
     };
-    // Errors and overflows since the last point: they belong to the segment that the next point
-    // ends, or to the tail.
-    let (mut errors, mut overflows) = (0u64, 0u64);
-    let mut summary = CodeSummary::default();
+    let base_idx = from.map_or(0, |(i, _)| i + 1);
+    // The group being filled, and the trace offset where it started.
+    let mut cur: Option<SegmentGroup> = from.map(|(i, _)| SegmentGroup {
+        first: i,
+        ..SegmentGroup::default()
+    });
+    let mut group_at = from.map_or(0, |(_, p)| p.offset);
+    // (groups before the one holding the last firm point, its errors, its overflows) as they
+    // stood at that point: what an incomplete pass keeps.
+    let mut firm_snap = (0usize, 0u32, 0u32);
+    // Errors before the first PSB (none in practice: the decoder starts by synchronising).
+    let (mut early_errors, mut early_overflows) = (0u32, 0u32);
     while let Some(item) = dec.next_block() {
         match item {
             BlockItem::Block(b) => {
                 insns += b.count as u64;
-                summary.add_run(b.start, b.end);
+                if let Some(g) = cur.as_mut() {
+                    g.summary.add_run(b.start, b.end);
+                }
             }
             BlockItem::Event(e) => match e.kind {
                 EventKind::Psb { .. } => {
-                    if skip_first && from.is_some_and(|p| p.offset == e.offset) {
+                    if skip_first && from.is_some_and(|(_, p)| p.offset == e.offset) {
                         skip_first = false;
                         continue;
                     }
                     skip_first = false;
-                    if from.is_some() || !s.points.is_empty() {
-                        s.summaries.push(std::mem::take(&mut summary));
-                    }
-                    summary = CodeSummary::default();
+                    let idx = base_idx + s.points.len();
                     s.points.push(SyncPoint {
                         offset: e.offset,
                         insn: insns,
                     });
+                    if cur.is_none() || e.offset >= group_at.saturating_add(GROUP_BYTES) {
+                        s.groups.extend(cur.take());
+                        cur = Some(SegmentGroup {
+                            first: idx,
+                            errors: std::mem::take(&mut early_errors),
+                            overflows: std::mem::take(&mut early_overflows),
+                            ..SegmentGroup::default()
+                        });
+                        group_at = e.offset;
+                    }
                     if e.offset < firm_limit {
                         s.firm = s.points.len();
-                        s.errors += errors;
-                        s.overflows += overflows;
-                    } else {
-                        s.tail_errors += errors;
-                        s.tail_overflows += overflows;
+                        let g = cur.as_ref().map_or((0, 0), |g| (g.errors, g.overflows));
+                        firm_snap = (s.groups.len(), g.0, g.1);
                     }
-                    errors = 0;
-                    overflows = 0;
                 }
-                EventKind::Error { .. } => errors += 1,
-                EventKind::Overflow { .. } => overflows += 1,
+                EventKind::Error { .. } => match cur.as_mut() {
+                    Some(g) => g.errors = g.errors.saturating_add(1),
+                    None => early_errors = early_errors.saturating_add(1),
+                },
+                EventKind::Overflow { .. } => match cur.as_mut() {
+                    Some(g) => g.overflows = g.overflows.saturating_add(1),
+                    None => early_overflows = early_overflows.saturating_add(1),
+                },
                 _ => {}
             },
         }
     }
-    if from.is_some() || !s.points.is_empty() {
-        s.summaries.push(summary);
-    }
+    s.groups.extend(cur);
     if complete {
-        let base = s.points.last().or(from.as_ref()).map_or(0, |p| p.insn);
+        let base = s
+            .points
+            .last()
+            .copied()
+            .or(from.map(|(_, p)| p))
+            .map_or(0, |p| p.insn);
         s.tail = insns - base;
-        s.tail_errors += errors;
-        s.tail_overflows += overflows;
     } else {
+        // Keep what cannot change: the firm points, and the groups up to the one holding the
+        // last of them, with its counts as they stood there. (Its summary may hold code run
+        // after that point: a harmless "maybe", recomputed by the next pass, which starts at
+        // that group.)
         s.points.truncate(s.firm);
-        s.summaries.truncate(s.firm + usize::from(from.is_some()));
-        s.tail_errors = 0;
-        s.tail_overflows = 0;
+        let (g, errors, overflows) = firm_snap;
+        s.groups.truncate(g + 1);
+        if let Some(last) = s.groups.get_mut(g) {
+            last.errors = errors;
+            last.overflows = overflows;
+        }
     }
     s
 }
@@ -384,14 +418,10 @@ impl History {
             cfg,
             sync: Vec::new(),
             firm: 0,
-            summaries: Vec::new(),
+            groups: Vec::new(),
             tail: 0,
             view: 0,
             complete: false,
-            errors: 0,
-            overflows: 0,
-            tail_errors: 0,
-            tail_overflows: 0,
             cache: SegmentCache::new(DEFAULT_CACHE_SEGMENTS),
             segments_decoded: 0,
             segment_mismatches: 0,
@@ -432,9 +462,13 @@ impl History {
         self.len()
     }
 
-    /// The last firm sync point: where the next scan starts.
-    fn resume_point(&self) -> Option<SyncPoint> {
-        self.sync[..self.firm].last().copied()
+    /// Where the next scan starts: the first point of the summary group that holds the last
+    /// firm point (the group's summary is rebuilt whole), with its index.
+    fn resume_point(&self) -> Option<(usize, SyncPoint)> {
+        let last_firm = self.firm.checked_sub(1)?;
+        let g = self.groups.partition_point(|g| g.first <= last_firm);
+        let first = self.groups.get(g.checked_sub(1)?)?.first;
+        Some((first, self.sync[first]))
     }
 
     /// Whether an update of `trace` with `complete` would change anything; if so, the point its
@@ -453,21 +487,26 @@ impl History {
         if s.from != self.resume_point() || s.view < self.view {
             return false;
         }
+        let keep = s.from.map_or(0, |(i, _)| i + 1);
+        let keep_groups = s
+            .from
+            .map_or(0, |(i, _)| self.groups.partition_point(|g| g.first < i));
         // The segments from the resume point on are re-read: drop their decoded copies.
-        self.cache.forget_from(self.firm.saturating_sub(1));
-        self.sync.truncate(self.firm);
+        self.cache.forget_from(keep.saturating_sub(1));
+        self.sync.truncate(keep);
         self.sync.extend_from_slice(&s.points);
-        self.summaries.truncate(self.firm.saturating_sub(1));
-        self.summaries.extend_from_slice(&s.summaries);
-        debug_assert_eq!(self.summaries.len(), self.sync.len());
-        self.firm += s.firm;
-        self.errors += s.errors;
-        self.overflows += s.overflows;
+        self.groups.truncate(keep_groups);
+        self.groups.extend_from_slice(&s.groups);
+        self.firm = keep + s.firm;
         self.tail = s.tail;
-        self.tail_errors = s.tail_errors;
-        self.tail_overflows = s.tail_overflows;
         self.view = s.view;
         self.complete = s.complete;
+        if s.complete {
+            // A complete update is a stop or the end of a recording: a good time to return the
+            // vectors' spare capacity.
+            self.sync.shrink_to_fit();
+            self.groups.shrink_to_fit();
+        }
         true
     }
 
@@ -503,11 +542,11 @@ impl History {
             sync_points: self.sync.len() as u64,
             indexed_bytes: self.view,
             index_bytes: (self.sync.capacity() * std::mem::size_of::<SyncPoint>()
-                + self.summaries.capacity() * std::mem::size_of::<CodeSummary>())
+                + self.groups.capacity() * std::mem::size_of::<SegmentGroup>())
                 as u64,
             cache_bytes: self.cache.bytes(),
-            errors: self.errors + self.tail_errors,
-            overflows: self.overflows + self.tail_overflows,
+            errors: self.groups.iter().map(|g| g.errors as u64).sum(),
+            overflows: self.groups.iter().map(|g| g.overflows as u64).sum(),
             segments_decoded: self.segments_decoded,
             segment_mismatches: self.segment_mismatches,
         }
@@ -589,17 +628,26 @@ impl History {
         seg
     }
 
-    /// Whether segment `k`'s code summary shows that `m` cannot match in it.
-    fn rules_out<M: IpMatch>(&self, k: usize, m: &M) -> bool {
-        match (m.addresses(), self.summaries.get(k)) {
-            (Some(addrs), Some(sum)) => !sum.may_contain_any(addrs),
-            _ => false,
+    /// If the summary of the group holding segment `k` shows that `m` cannot match in it, the
+    /// group's segments (`first..end`).
+    fn ruled_out<M: IpMatch>(&self, k: usize, m: &M) -> Option<(usize, usize)> {
+        let addrs = m.addresses()?;
+        let g = self
+            .groups
+            .partition_point(|g| g.first <= k)
+            .checked_sub(1)?;
+        let grp = self.groups[g];
+        if grp.summary.may_contain_any(addrs) {
+            return None;
         }
+        let end = self.groups.get(g + 1).map_or(self.sync.len(), |n| n.first);
+        Some((grp.first, end))
     }
 
-    /// The code summary of each segment (parallel to [`sync_points`](Self::sync_points)).
-    pub fn code_summaries(&self) -> &[CodeSummary] {
-        &self.summaries
+    /// The summary groups: consecutive segments spanning at least [`GROUP_BYTES`] of trace with
+    /// a summary of the code they ran.
+    pub fn groups(&self) -> &[SegmentGroup] {
+        &self.groups
     }
 
     /// Number of the last instruction before `from` whose address satisfies `pred`
@@ -643,10 +691,16 @@ impl History {
         let mut dec: Option<FlowDecoder<'_>> = None;
         let mut k = self.segment_of(from - 1);
         loop {
+            if let Some((group_first, _)) = self.ruled_out(k, m) {
+                // No breakpoint in this group's code: skip all its segments.
+                if group_first == 0 {
+                    return None;
+                }
+                k = group_first - 1;
+                continue;
+            }
             let (first, _) = self.segment_range(k);
-            let hit = if self.rules_out(k, m) {
-                None
-            } else if let Some(seg) = self.cache.get(k) {
+            let hit = if let Some(seg) = self.cache.get(k) {
                 seg.rfind(from, m)
             } else {
                 let d = reuse_decoder(&mut dec, view, image, &self.cfg, self.sync[k].offset);
@@ -701,10 +755,12 @@ impl History {
         let mut dec: Option<FlowDecoder<'_>> = None;
         let mut k = self.segment_of(from);
         while k < self.sync.len() {
+            if let Some((_, group_end)) = self.ruled_out(k, m) {
+                k = group_end;
+                continue;
+            }
             let (first, end) = self.segment_range(k);
-            let hit = if self.rules_out(k, m) {
-                None
-            } else if let Some(seg) = self.cache.get(k) {
+            let hit = if let Some(seg) = self.cache.get(k) {
                 seg.find(from, m)
             } else if end <= from {
                 None
