@@ -588,7 +588,7 @@ fn measure(label: &str, p: &Program, init_ip: u64, hot_ip: u64, n: u64) -> Row {
             cold.push(t.elapsed());
             assert!(r.is_some());
             // Warm: the middle of the segment that was just decoded.
-            let k = sp.partition_point(|p| p.insn <= b - 1) - 1;
+            let k = sp.partition_point(|p| p.insn < b) - 1;
             let m = (sp[k].insn + seg_end(k)) / 2;
             if m > sp[k].insn {
                 h.insn(&trace, &image, m).expect("in range");
