@@ -28,7 +28,7 @@
 
 use ptrewind::capture::soft::{Cofi, EncoderConfig, SoftEncoder, Step};
 use ptrewind::flow::{BlockItem, FlowConfig, FlowDecoder};
-use ptrewind::history::{Breakpoints, History};
+use ptrewind::history::{Breakpoints, History, IpMatch};
 use ptrewind::image::{Image, Section};
 use std::time::{Duration, Instant};
 
@@ -229,9 +229,8 @@ struct Program {
     labels: Vec<usize>,
 }
 
-/// The benchmark program. Returns it, the label of `init` (run once, at the start) and the label
-/// of the hot loop.
-fn program(dense: bool) -> (Program, Label, Label) {
+/// The benchmark program. Returns it and the label of `init` (run once, at the start).
+fn program(dense: bool) -> (Program, Label) {
     let mut a = Asm::new(0x40_1000);
     let (main, outer, l1, skip) = (a.label(), a.label(), a.label(), a.label());
     let (init, work, w1, w2) = (a.label(), a.label(), a.label(), a.label());
@@ -333,7 +332,7 @@ fn program(dense: bool) -> (Program, Label, Label) {
     a.bind(init);
     a.plain(5);
     a.ret();
-    (a.finish(), init, l1)
+    (a.finish(), init)
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -428,13 +427,22 @@ fn generate(p: &Program, n: u64) -> Vec<u8> {
 /// its two cores), so wall-clock latencies mostly measure the scheduler; the thread's CPU time
 /// measures the work. Wall-clock figures are printed beside the throughputs.
 fn cpu_now() -> Duration {
+    clock(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+/// CPU time of all threads of the process (the parallel search).
+fn process_cpu_now() -> Duration {
+    clock(libc::CLOCK_PROCESS_CPUTIME_ID)
+}
+
+fn clock(id: libc::clockid_t) -> Duration {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_THREAD_CPUTIME_ID is always available on
+    // SAFETY: `ts` is a valid, writable timespec; the CPU-time clocks are always available on
     // Linux.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    let rc = unsafe { libc::clock_gettime(id, &mut ts) };
     if rc != 0 {
         return Duration::ZERO;
     }
@@ -514,9 +522,26 @@ struct Row {
     rcont_scanned: u64,
     rcont_fn: Duration,
     rcont_full: Duration,
+    rcont_par_wall: Duration,
+    rcont_par_cpu: Duration,
 }
 
-fn measure(label: &str, p: &Program, init_ip: u64, hot_ip: u64, n: u64) -> Row {
+/// A breakpoint set whose searches do not use the code summaries.
+struct NoSummaries(Breakpoints);
+
+impl IpMatch for NoSummaries {
+    fn matches(&mut self, ip: u64) -> bool {
+        self.0.matches(ip)
+    }
+    fn may_match_range(&self, start: u64, end: u64) -> bool {
+        self.0.may_match_range(start, end)
+    }
+    fn fork(&self) -> Option<Box<dyn IpMatch + Send>> {
+        Some(Box::new(NoSummaries(self.0.clone())))
+    }
+}
+
+fn measure(label: &str, p: &Program, init_ip: u64, n: u64) -> Row {
     let t = Tick::now();
     let trace = generate(p, n);
     let generate = t.elapsed();
@@ -658,15 +683,23 @@ fn measure(label: &str, p: &Program, init_ip: u64, hot_ip: u64, n: u64) -> Row {
     let hit2 = h.rfind(&trace, &image, len, |ip| ip == init_ip);
     let rcont_fn = t.elapsed();
     assert_eq!(hit2, Some(hit));
-    // No pruning: a breakpoint inside the hot loop's code that is never an instruction start
-    // (the second byte of the loop's first instruction). Every segment's summary says "maybe",
-    // so every segment is decoded and the runs around it examined, all the way to the start.
+    // No pruning: the same breakpoint with the code summaries ignored, so every segment is
+    // decoded (runs are still filtered by address range): the raw backward scan speed, on one
+    // thread (CPU time) and on all of them (wall-clock time).
     h.clear_cache();
-    let mut never = Breakpoints::new([hot_ip + 1]);
+    h.set_search_threads(1);
+    let mut unpruned = NoSummaries(Breakpoints::new([init_ip]));
     let t = Tick::now();
-    let none = h.rfind_with(&trace, &image, len, &mut never);
+    let hit3 = h.rfind_with(&trace, &image, len, &mut unpruned);
     let rcont_full = t.elapsed();
-    assert_eq!(none, None);
+    assert_eq!(hit3, Some(hit));
+    h.clear_cache();
+    h.set_search_threads(ptrewind::history::MAX_SEARCH_THREADS);
+    let (t, p0) = (Tick::now(), process_cpu_now());
+    let hit4 = h.rfind_with(&trace, &image, len, &mut unpruned);
+    let rcont_par_wall = t.wall();
+    let rcont_par_cpu = process_cpu_now().saturating_sub(p0);
+    assert_eq!(hit4, Some(hit));
 
     Row {
         label: label.to_string(),
@@ -690,6 +723,8 @@ fn measure(label: &str, p: &Program, init_ip: u64, hot_ip: u64, n: u64) -> Row {
         rcont_scanned: len - hit,
         rcont_fn,
         rcont_full,
+        rcont_par_wall,
+        rcont_par_cpu,
     }
 }
 
@@ -737,31 +772,43 @@ fn print(rows: &[Row]) {
     }
     println!("\n### Reverse-continue: full backward scan to the first instructions\n");
     println!(
-        "| history | scanned insns | breakpoint ms (wall) | breakpoint Minsn/s | no pruning ms | no pruning Minsn/s | closure ms | closure Minsn/s | forward decoder Minsn/s | ratio breakpoint / no pruning / closure vs forward |"
+        "| history | scanned insns | breakpoint ms (wall) | breakpoint Minsn/s (wall) | summaries off, 1 thread Minsn/s | summaries off, {} threads: Minsn/s wall (per CPU-second of all threads) | closure Minsn/s | forward decoder Minsn/s (wall) | ratio to forward: breakpoint (wall) / 1 thread / parallel (wall) / closure |",
+        threads()
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in rows {
         let fwd = mips(r.insns, r.fwd_raw);
-        let bp = mips(r.rcont_scanned, r.rcont);
-        let full = mips(r.insns, r.rcont_full);
+        let fwd_wall = mips(r.insns, r.fwd_raw_wall);
+        let bp = mips(r.rcont_scanned, r.rcont_wall);
+        let seq = mips(r.rcont_scanned, r.rcont_full);
+        let par = mips(r.rcont_scanned, r.rcont_par_wall);
+        let par_cpu = mips(r.rcont_scanned, r.rcont_par_cpu);
         let cl = mips(r.rcont_scanned, r.rcont_fn);
         println!(
-            "| {} | {} | {:.2} ({:.2}) | {:.0} | {:.1} | {:.0} | {:.1} | {:.0} | {:.0} | {:.1} / {:.2} / {:.2} |",
+            "| {} | {} | {:.2} ({:.2} CPU) | {:.0} | {:.0} | {:.0} ({:.0}) | {:.0} | {:.0} ({:.0}) | {:.0} / {:.2} / {:.2} / {:.2} |",
             r.label,
             r.rcont_scanned,
-            r.rcont.as_secs_f64() * 1e3,
             r.rcont_wall.as_secs_f64() * 1e3,
+            r.rcont.as_secs_f64() * 1e3,
             bp,
-            r.rcont_full.as_secs_f64() * 1e3,
-            full,
-            r.rcont_fn.as_secs_f64() * 1e3,
+            seq,
+            par,
+            par_cpu,
             cl,
             fwd,
-            bp / fwd,
-            full / fwd,
+            fwd_wall,
+            bp / fwd_wall,
+            seq / fwd,
+            par / fwd_wall,
             cl / fwd,
         );
     }
+}
+
+fn threads() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(ptrewind::history::MAX_SEARCH_THREADS)
 }
 
 fn main() {
@@ -783,9 +830,8 @@ fn main() {
     if sizes.is_empty() {
         sizes = vec![10_000, 100_000, 1_000_000, 10_000_000, 100_000_000];
     }
-    let (prog, init, hot) = program(false);
+    let (prog, init) = program(false);
     let init_ip = prog.insns[prog.labels[init.0]].ip;
-    let hot_ip = prog.insns[prog.labels[hot.0]].ip;
     let mut rows = Vec::new();
     for &n in &sizes {
         let exp = (n as f64).log10();
@@ -795,16 +841,15 @@ fn main() {
             n.to_string()
         };
         eprintln!("measuring {label} ...");
-        rows.push(measure(&label, &prog, init_ip, hot_ip, n));
+        rows.push(measure(&label, &prog, init_ip, n));
     }
     if dense {
-        let (dp, dinit, dhot) = program(true);
+        let (dp, dinit) = program(true);
         let dinit_ip = dp.insns[dp.labels[dinit.0]].ip;
-        let dhot_ip = dp.insns[dp.labels[dhot.0]].ip;
         let n = *sizes.iter().max().unwrap_or(&10_000_000);
         let n = n.min(30_000_000);
         eprintln!("measuring dense {n} ...");
-        rows.push(measure(&format!("dense {n}"), &dp, dinit_ip, dhot_ip, n));
+        rows.push(measure(&format!("dense {n}"), &dp, dinit_ip, n));
     }
     print(&rows);
 }

@@ -148,6 +148,8 @@ fn check_trace(name: &str, samples: usize) {
         if round % 2 == 0 {
             h.clear_cache();
         }
+        // Alternate between one search thread and several (the parallel backward scan).
+        h.set_search_threads(if round % 4 < 2 { 1 } else { 4 });
         assert_eq!(
             h.rfind_with(&t.pt, &image, from, &mut bps),
             expect_prev.map(|i| i as u64),
@@ -157,6 +159,34 @@ fn check_trace(name: &str, samples: usize) {
             h.find_with(&t.pt, &image, from, &mut bps),
             expect_next.map(|i| from + i as u64),
             "{name}: find_with {addrs:x?} from {from}"
+        );
+    }
+    // A search for an address no instruction starts at, in code that runs everywhere (one byte
+    // past the most frequent instruction): nothing is pruned, so on a long trace the backward
+    // scan goes parallel, and must still find nothing.
+    let mut counts = std::collections::HashMap::new();
+    for &ip in &truth {
+        *counts.entry(ip).or_insert(0u64) += 1;
+    }
+    let hot = counts
+        .iter()
+        .max_by_key(|e| *e.1)
+        .map(|e| *e.0)
+        .unwrap_or(0);
+    if !truth.contains(&(hot + 1)) {
+        h.set_search_threads(4);
+        let before = h.stats().parallel_searches;
+        let mut never = Breakpoints::new([hot + 1]);
+        assert_eq!(
+            h.rfind_with(&t.pt, &image, truth.len() as u64, &mut never),
+            None,
+            "{name}: rfind_with {:#x}",
+            hot + 1
+        );
+        let parallel = h.stats().parallel_searches > before;
+        assert!(
+            parallel || h.sync_points().len() < 16,
+            "{name}: a long unpruned backward search stayed on one thread"
         );
     }
     assert_eq!(

@@ -70,6 +70,8 @@ pub struct HistoryStats {
     /// (the image changed under the history, or a decoder inconsistency). Always 0 in a sound
     /// history; instructions beyond what the decode yielded read as missing.
     pub segment_mismatches: u64,
+    /// Backward searches that decoded segments on several threads.
+    pub parallel_searches: u64,
 }
 
 /// Decides which instruction addresses a search stops at.
@@ -90,6 +92,27 @@ pub trait IpMatch {
     /// out. The default (`None`) decodes every segment.
     fn addresses(&self) -> Option<&[u64]> {
         None
+    }
+
+    /// An independent copy for another thread, so a long search can decode several segments at
+    /// once. The default (`None`) keeps the search on the calling thread.
+    fn fork(&self) -> Option<Box<dyn IpMatch + Send>> {
+        None
+    }
+}
+
+impl IpMatch for Box<dyn IpMatch + Send> {
+    fn matches(&mut self, ip: u64) -> bool {
+        (**self).matches(ip)
+    }
+    fn may_match_range(&self, start: u64, end: u64) -> bool {
+        (**self).may_match_range(start, end)
+    }
+    fn addresses(&self) -> Option<&[u64]> {
+        (**self).addresses()
+    }
+    fn fork(&self) -> Option<Box<dyn IpMatch + Send>> {
+        (**self).fork()
     }
 }
 
@@ -148,6 +171,10 @@ impl IpMatch for Breakpoints {
 
     fn addresses(&self) -> Option<&[u64]> {
         Some(&self.sorted)
+    }
+
+    fn fork(&self) -> Option<Box<dyn IpMatch + Send>> {
+        Some(Box::new(self.clone()))
     }
 }
 
@@ -216,6 +243,12 @@ impl CodeSummary {
     }
 }
 
+/// Most threads a backward search uses (see [`History::set_search_threads`]).
+pub const MAX_SEARCH_THREADS: usize = 4;
+
+/// A backward search goes parallel only when at least this many segments are left to decode.
+const PARALLEL_MIN_SEGMENTS: usize = 8;
+
 /// Default number of decoded segments kept for random access.
 pub const DEFAULT_CACHE_SEGMENTS: usize = 8;
 
@@ -243,6 +276,9 @@ pub struct History {
     cache: SegmentCache,
     segments_decoded: u64,
     segment_mismatches: u64,
+    /// Threads a backward search may use (1: the caller's only).
+    search_threads: usize,
+    parallel_searches: u64,
 }
 
 /// What one indexing pass found, before it is applied to a [`History`].
@@ -424,6 +460,10 @@ impl History {
             complete: false,
             cache: SegmentCache::new(DEFAULT_CACHE_SEGMENTS),
             segments_decoded: 0,
+            search_threads: std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(MAX_SEARCH_THREADS),
+            parallel_searches: 0,
             segment_mismatches: 0,
         }
     }
@@ -438,6 +478,13 @@ impl History {
     /// The decoder configuration.
     pub fn config(&self) -> &FlowConfig {
         &self.cfg
+    }
+
+    /// Sets how many threads a backward search ([`rfind_with`](Self::rfind_with)) may use to
+    /// decode segments at once (1: only the calling thread). The default is the number of CPUs,
+    /// at most [`MAX_SEARCH_THREADS`]. Only matchers that can [`fork`](IpMatch::fork) go parallel.
+    pub fn set_search_threads(&mut self, n: usize) {
+        self.search_threads = n.clamp(1, MAX_SEARCH_THREADS);
     }
 
     /// Sets how many decoded segments the random-access cache keeps (at least 1).
@@ -549,6 +596,7 @@ impl History {
             overflows: self.groups.iter().map(|g| g.overflows as u64).sum(),
             segments_decoded: self.segments_decoded,
             segment_mismatches: self.segment_mismatches,
+            parallel_searches: self.parallel_searches,
         }
     }
 
@@ -675,7 +723,10 @@ impl History {
     }
 
     /// Number of the last instruction before `from` that `m` matches (reverse-continue). Walks
-    /// segments backwards, each decoded forward once; cached segments are searched in place.
+    /// segments backwards, each decoded forward once: cached segments are searched in place,
+    /// groups of segments whose code summary rules the matcher out are skipped, and when many
+    /// segments remain and the matcher can [`fork`](IpMatch::fork), several threads decode them
+    /// at once (the nearest hit wins, as in the sequential order).
     pub fn rfind_with<M: IpMatch>(
         &mut self,
         trace: &[u8],
@@ -690,6 +741,7 @@ impl History {
         let view = self.view_of(trace);
         let mut dec: Option<FlowDecoder<'_>> = None;
         let mut k = self.segment_of(from - 1);
+        let mut first_segment = true;
         loop {
             if let Some((group_first, _)) = self.ruled_out(k, m) {
                 // No breakpoint in this group's code: skip all its segments.
@@ -699,36 +751,23 @@ impl History {
                 k = group_first - 1;
                 continue;
             }
-            let (first, _) = self.segment_range(k);
             let hit = if let Some(seg) = self.cache.get(k) {
                 seg.rfind(from, m)
             } else {
-                let d = reuse_decoder(&mut dec, view, image, &self.cfg, self.sync[k].offset);
-                self.segments_decoded += 1;
-                let mut i = first;
-                let mut last = None;
-                walk_segment(d, self.sync[k], self.sync.get(k + 1).copied(), |b| {
-                    if i >= from {
-                        return false;
-                    }
-                    let n = b.count as u64;
-                    if m.may_match_range(b.start, b.end) {
-                        let mut ip = b.start;
-                        for (j, &len) in b.lens().iter().enumerate() {
-                            let at = i + j as u64;
-                            if at >= from {
-                                break;
-                            }
-                            if m.matches(ip) {
-                                last = Some(at);
-                            }
-                            ip = ip.wrapping_add(len as u64);
+                if !first_segment && self.search_threads > 1 {
+                    let todo = self.backward_candidates(k, m);
+                    if todo.len() >= PARALLEL_MIN_SEGMENTS {
+                        if let Some(forks) = (1..self.search_threads.min(todo.len()))
+                            .map(|_| m.fork())
+                            .collect::<Option<Vec<_>>>()
+                        {
+                            return self.par_rfind(view, image, from, &todo, m, forks);
                         }
                     }
-                    i += n;
-                    true
-                });
-                last
+                }
+                let d = reuse_decoder(&mut dec, view, image, &self.cfg, self.sync[k].offset);
+                self.segments_decoded += 1;
+                scan_segment_back(d, &self.sync, k, self.segment_range(k).0, from, m)
             };
             if hit.is_some() {
                 return hit;
@@ -737,7 +776,79 @@ impl History {
                 return None;
             }
             k -= 1;
+            first_segment = false;
         }
+    }
+
+    /// The segments a backward search from segment `k` still has to look at, nearest first:
+    /// all of them down to 0 except those in groups the matcher is ruled out of.
+    fn backward_candidates<M: IpMatch>(&self, k: usize, m: &M) -> Vec<usize> {
+        let mut out = Vec::new();
+        let mut k = Some(k);
+        while let Some(j) = k {
+            match self.ruled_out(j, m) {
+                Some((group_first, _)) => k = group_first.checked_sub(1),
+                None => {
+                    out.push(j);
+                    k = j.checked_sub(1);
+                }
+            }
+        }
+        out
+    }
+
+    /// The parallel tail of [`rfind_with`](Self::rfind_with): `todo` (nearest first) is handed
+    /// out to the calling thread and one thread per fork; each decodes whole segments with its
+    /// own decoder. Once a hit is found in `todo[i]`, no segment after `i` is started, and the
+    /// hit with the smallest `i` (the nearest to `from`) is the answer.
+    fn par_rfind<M: IpMatch>(
+        &mut self,
+        view: &[u8],
+        image: &Image,
+        from: u64,
+        todo: &[usize],
+        m: &mut M,
+        forks: Vec<Box<dyn IpMatch + Send>>,
+    ) -> Option<u64> {
+        use std::sync::Mutex;
+        use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+        let next = AtomicUsize::new(0);
+        let best = AtomicUsize::new(usize::MAX);
+        let decoded = AtomicU64::new(0);
+        let hits: Mutex<Vec<(usize, u64)>> = Mutex::new(Vec::new());
+        let (sync, cfg) = (&self.sync[..], &self.cfg);
+        let firsts: Vec<u64> = todo.iter().map(|&k| self.segment_range(k).0).collect();
+        let work = |m: &mut dyn IpMatch| {
+            let mut dec: Option<FlowDecoder<'_>> = None;
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= todo.len() || i > best.load(Ordering::Acquire) {
+                    return;
+                }
+                let k = todo[i];
+                let d = reuse_decoder(&mut dec, view, image, cfg, sync[k].offset);
+                decoded.fetch_add(1, Ordering::Relaxed);
+                let mut m = DynMatch(m);
+                if let Some(hit) = scan_segment_back(d, sync, k, firsts[i], from, &mut m) {
+                    best.fetch_min(i, Ordering::AcqRel);
+                    hits.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push((i, hit));
+                    return;
+                }
+            }
+        };
+        std::thread::scope(|scope| {
+            for mut f in forks {
+                let work = &work;
+                scope.spawn(move || work(&mut *f));
+            }
+            work(m);
+        });
+        self.segments_decoded += decoded.into_inner();
+        self.parallel_searches += 1;
+        let hits = hits.into_inner().unwrap_or_else(|e| e.into_inner());
+        hits.into_iter().min_by_key(|h| h.0).map(|h| h.1)
     }
 
     /// Number of the first instruction at or after `from` that `m` matches (forward replay).
@@ -794,6 +905,56 @@ impl History {
         }
         None
     }
+}
+
+/// `&mut dyn IpMatch` as an [`IpMatch`] (for the shared search code).
+struct DynMatch<'m>(&'m mut dyn IpMatch);
+
+impl IpMatch for DynMatch<'_> {
+    #[inline]
+    fn matches(&mut self, ip: u64) -> bool {
+        self.0.matches(ip)
+    }
+    #[inline]
+    fn may_match_range(&self, start: u64, end: u64) -> bool {
+        self.0.may_match_range(start, end)
+    }
+}
+
+/// Decodes segment `k` (whose first instruction is number `first`) and returns the last
+/// instruction before `from` that `m` matches. Runs whose address range `m` rules out are not
+/// looked into.
+fn scan_segment_back<M: IpMatch + ?Sized>(
+    dec: &mut FlowDecoder<'_>,
+    sync: &[SyncPoint],
+    k: usize,
+    first: u64,
+    from: u64,
+    m: &mut M,
+) -> Option<u64> {
+    let mut i = first;
+    let mut last = None;
+    walk_segment(dec, sync[k], sync.get(k + 1).copied(), |b| {
+        if i >= from {
+            return false;
+        }
+        if m.may_match_range(b.start, b.end) {
+            let mut ip = b.start;
+            for (j, &len) in b.lens().iter().enumerate() {
+                let at = i + j as u64;
+                if at >= from {
+                    break;
+                }
+                if m.matches(ip) {
+                    last = Some(at);
+                }
+                ip = ip.wrapping_add(len as u64);
+            }
+        }
+        i += b.count as u64;
+        true
+    });
+    last
 }
 
 /// The search decoder: created once per search, then moved from segment to segment so its block
