@@ -394,6 +394,10 @@ void done(void) {}
 int main(void) {
     for (int i = 0; i < 64; i++) buf[i] = (unsigned char)(i * 7);
     memset(buf + 8, 0xab, 16);
+    /* One single step per REP iteration: each writes one element. */
+    unsigned char *p = buf + 40;
+    unsigned long n = 20;
+    __asm__ volatile("rep stosb" : "+D"(p), "+c"(n) : "a"(0x5a) : "memory");
     int fd = open("/dev/urandom", O_RDONLY);
     read(fd, rnd, sizeof rnd);
     close(fd);
@@ -464,4 +468,28 @@ int main(void) {
     rec.run(None).expect("run to exit");
     let r = rec.finish().expect("finish");
     check_decodes("state log", &r);
+}
+
+#[test]
+fn server_ptrace_target_drives_the_recorder() {
+    use ptrewind::target::{PtraceTarget, SpawnOptions};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = compile(dir.path(), "sig", SETJMP_SIGNALS, &[]);
+    let target = PtraceTarget::spawn(&exe.clone().into_os_string(), &[], &SpawnOptions::default())
+        .expect("server target");
+    let mut rec = SoftRecorder::new(target, config()).expect("recorder");
+    // This target reports no exit event: snapshot the code at main (libraries are loaded).
+    let (image, _) = procmaps::capture_image(rec.target()).expect("image");
+    rec.run(Some(20_000_000)).expect("record");
+    let mut r = rec.finish().expect("finish");
+    assert_eq!(r.exit, Some(Exit::Code(0)));
+    assert!(r.stats.handlers_entered >= 3, "{:?}", r.stats);
+    // The exit_group system call is the last recorded instruction (it executed).
+    let log = r.ip_log.as_ref().expect("log");
+    let last = *log.last().expect("non-empty");
+    let mut b = [0u8; 2];
+    assert_eq!(image.read(last, &mut b), 2);
+    assert_eq!(b, [0x0f, 0x05], "last instruction is a SYSCALL");
+    r.image = Some(image);
+    check_decodes("server target", &r);
 }

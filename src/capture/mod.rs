@@ -1,4 +1,5 @@
 //! Capture backends: the hardware `intel_pt` PMU (perf AUX area) and the software encoder that
 //! single-steps a target under ptrace and emits the packets a CPU would.
 
+pub mod perf;
 pub mod soft;

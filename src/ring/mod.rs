@@ -10,6 +10,8 @@
 //!   pointers, ToPA stop, ToPA PMI and every ToPA operational error.
 //! * [`SingleRange`] — single-range output (SDM §33.2.7.1): one circular power-of-two range.
 //! * [`SharedRing`] — the recorder thread writes, the drainer thread waits and drains.
+//! * [`aux`] — the consumer side of a real perf event's data ring and AUX area
+//!   (`perf_event_mmap_page` head/tail protocol, `PERF_RECORD_AUX` flags, snapshot mode).
 //!
 //! Both schemes implement [`TraceSink`] (the "processor" appends packet bytes) and
 //! [`TraceSource`] (the drainer reads back what was written, with exact loss accounting).
@@ -25,6 +27,7 @@
 //! where the returned bytes sit in the stream, so a consumer can resynchronise after a gap (as
 //! perf does after an AUX record flagged TRUNCATED).
 
+pub mod aux;
 mod memory;
 mod shared;
 mod single_range;

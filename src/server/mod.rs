@@ -30,10 +30,14 @@
 //! ```
 
 pub mod arch;
+pub mod btrace;
+pub mod lldb_trace;
 pub mod monitor;
 pub mod router;
+pub mod rsp;
 mod session;
 pub mod svr4;
+pub mod tracing;
 
 pub use monitor::{MonitorHandler, MonitorRegistry};
 pub use router::{Intercept, PacketHandler, Router, RouterState, ServeOutcome};

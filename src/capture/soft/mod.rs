@@ -8,12 +8,14 @@
 //! * [`recorder`] — the single-stepping recorder ([`SoftRecorder`]) with its output ring and
 //!   drainer;
 //! * [`state_log`] — per-instruction undo records for reverse execution ([`StateLog`]);
+//! * [`server_target`] — [`StepTarget`] for the GDB server's `PtraceTarget`;
 //! * [`procmaps`] — `/proc/PID/maps`, `main`/entry lookup, image snapshots.
 
 pub mod classify;
 pub mod encoder;
 pub mod procmaps;
 pub mod recorder;
+pub mod server_target;
 pub mod state_log;
 pub mod target;
 

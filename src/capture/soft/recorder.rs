@@ -507,7 +507,20 @@ impl<T: StepTarget> SoftRecorder<T> {
                 let end = self.target.cont(None)?;
                 self.ended(end, (!executed).then_some(ip))
             }
-            StepStop::Exited(_) | StepStop::Killed(_) => self.ended(stop, Some(ip)),
+            StepStop::Exited(_) | StepStop::Killed(_) => {
+                // Without PTRACE_EVENT_EXIT (a target that does not report it), an exit seen
+                // right after stepping exit/exit_group is that system call executing.
+                let executed = matches!(stop, StepStop::Exited(_))
+                    && signal.is_none()
+                    && insn.is_some_and(|i| i.class == InsnClass::SystemCall)
+                    && matches!(before.rax, 60 | 231);
+                if let (true, Some(insn)) = (executed, insn) {
+                    let mut after = before;
+                    after.rip = insn.nlip();
+                    self.executed(ip, &insn, &after)?;
+                }
+                self.ended(stop, (!executed).then_some(ip))
+            }
         }
     }
 

@@ -392,6 +392,11 @@ impl StateLog {
             if size == 0 && is_xsave(insn.insn.mnemonic()) {
                 size = xsave_area_size();
             }
+            if size == 0 && insn.rep_string {
+                // iced-x86 sizes a REP string operand as unknown (the count is dynamic); one
+                // single step runs one iteration, which writes one element at [RDI].
+                size = insn.insn.memory_size().element_size() as u64;
+            }
             if size == 0 || m.vsib_size() != 0 {
                 unknown += 1;
                 continue;
