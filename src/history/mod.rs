@@ -986,7 +986,8 @@ fn walk_segment(
 ) {
     let mut started = false;
     while let Some(item) = dec.next_block() {
-        match item {
+        // Borrow the item: moving it out costs a copy of the whole enum per run.
+        match &item {
             BlockItem::Event(e) => {
                 if let EventKind::Psb { .. } = e.kind {
                     if !started && e.offset == at.offset {
@@ -1000,7 +1001,7 @@ fn walk_segment(
             }
             BlockItem::Block(b) => {
                 // Nothing can precede the segment's own PSB event when starting at its PSB.
-                if started && !f(&b) {
+                if started && !f(b) {
                     return;
                 }
             }
