@@ -367,6 +367,7 @@ fn hase_and_piped_auxtrace_info_and_attrs() {
     let info = PerfData::parse(&bytes)
         .unwrap()
         .aux_streams()
+        .scan
         .intel_pt
         .unwrap();
     assert_eq!(info.time_mult, 0x2819aa06);
@@ -394,7 +395,7 @@ fn hase_and_piped_auxtrace_info_and_attrs() {
     // hase 2018-05 recordings are snapshots (AUX OVERWRITE), which is not data loss.
     let bytes = std::fs::read(root.join("hase-pt-recordings/loopy-20180514/perf.data.1")).unwrap();
     let streams = PerfData::parse(&bytes).unwrap().aux_streams();
-    assert_eq!(streams.aux_records, 2);
+    assert_eq!(streams.scan.aux_records, 2);
     assert_eq!(streams.loss_count(), 0);
 }
 
@@ -1051,4 +1052,19 @@ fn cli_errors_exit_2() {
         help.contains("EXIT STATUS") && help.contains("--lastip"),
         "{help}"
     );
+}
+
+#[test]
+fn pipe_mode_perf_data_from_stdin() {
+    let Some(root) = corpus() else { return };
+    let path = root.join("quipper-perfdata-intel_pt/perf.data.piped.intel_pt-4.14");
+    let from_file = dump_path(&path, &[]);
+    let from_stdin = Command::new(BIN)
+        .args(["dump", "-"])
+        .stdin(std::fs::File::open(&path).unwrap())
+        .output()
+        .unwrap();
+    assert_eq!(from_stdin.status.code(), Some(0), "{}", stderr(&from_stdin));
+    assert!(!from_stdin.stdout.is_empty());
+    assert_eq!(from_stdin.stdout, from_file.stdout);
 }

@@ -20,7 +20,7 @@ use super::CmdResult;
 #[command(after_help = DUMP_SHORT_HELP, after_long_help = DUMP_HELP)]
 pub struct DumpArgs {
     /// A raw PT file (AUX dump, extracted stream) or a perf.data file (normal or pipe mode;
-    /// detected by its PERFILE2 magic).
+    /// detected by its PERFILE2 magic); `-` reads standard input (e.g. `perf record -o - ...`).
     file: PathBuf,
     /// Append the IP reconstructed from Last IP to TIP, TIP.PGE, TIP.PGD and FUP lines
     /// (`ip=0x...`, `ip=suppressed`, or `ip=unknown` before the first PSB).
@@ -453,7 +453,11 @@ fn loss_name(kind: &LossKind) -> String {
 
 /// Runs `ptrewind dump`.
 pub fn run(args: DumpArgs) -> CmdResult {
-    let file = TraceFile::open(&args.file)?;
+    let file = if args.file.as_os_str() == "-" {
+        TraceFile::from_reader("-", io::stdin().lock())?
+    } else {
+        TraceFile::open(&args.file)?
+    };
     let source = TraceSource::from_bytes(file.bytes())
         .map_err(|e| format!("{}: {e}", args.file.display()))?;
     let mut damaged = false;

@@ -11,9 +11,10 @@ pub mod perf_data;
 
 use std::borrow::Cow;
 use std::fs::File;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use perf_data::{AuxStreams, DataLoss, PerfData, PerfDataError};
+use perf_data::{DataLoss, PerfData, PerfDataError, PerfScan};
 
 /// Errors opening or interpreting a trace file.
 #[derive(Debug, thiserror::Error)]
@@ -31,34 +32,63 @@ pub enum StoreError {
     PerfData(#[from] PerfDataError),
 }
 
-/// The bytes of a file, memory-mapped (or empty: an empty file cannot be mapped).
+/// The bytes of a trace file: memory-mapped when it is a regular file, read into memory when it
+/// is a pipe or another stream (perf's pipe mode is meant for `perf record -o - | ...`).
 #[derive(Debug)]
 pub struct TraceFile {
     path: PathBuf,
-    map: Option<memmap2::Mmap>,
+    bytes: Backing,
+}
+
+#[derive(Debug)]
+enum Backing {
+    Mapped(memmap2::Mmap),
+    Owned(Vec<u8>),
 }
 
 impl TraceFile {
-    /// Maps `path` read-only.
+    /// Maps `path` read-only (or reads it, when it is not a regular file).
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
         let path = path.as_ref().to_path_buf();
         let io = |source| StoreError::Io {
             path: path.clone(),
             source,
         };
-        let file = File::open(&path).map_err(io)?;
-        let len = file.metadata().map_err(io)?.len();
-        let map = if len == 0 {
-            None
+        let mut file = File::open(&path).map_err(io)?;
+        let meta = file.metadata().map_err(io)?;
+        // An empty file cannot be mapped, and pipes and character devices cannot be mapped.
+        let bytes = if !meta.is_file() || meta.len() == 0 {
+            let mut bytes = Vec::new();
+            file.read_to_end(&mut bytes).map_err(io)?;
+            Backing::Owned(bytes)
         } else {
             // SAFETY: the mapping is read-only and private to this process, and it lives as long
             // as `self` (every borrow of `bytes()` is tied to it). What Rust cannot rule out is
             // another process truncating or rewriting the file while it is mapped: that would
             // change the bytes under a shared borrow or raise SIGBUS. Trace files are written
             // once and then only read, so we accept that, as every mmap-based reader does.
-            Some(unsafe { memmap2::Mmap::map(&file) }.map_err(io)?)
+            Backing::Mapped(unsafe { memmap2::Mmap::map(&file) }.map_err(io)?)
         };
-        Ok(TraceFile { path, map })
+        Ok(TraceFile { path, bytes })
+    }
+
+    /// Reads a whole stream (e.g. stdin) into memory; `name` is what [`TraceFile::path`] reports.
+    pub fn from_reader(
+        name: impl Into<PathBuf>,
+        mut reader: impl Read,
+    ) -> Result<Self, StoreError> {
+        let path = name.into();
+        let mut bytes = Vec::new();
+        reader
+            .read_to_end(&mut bytes)
+            .map_err(|source| StoreError::Io {
+                path: path.clone(),
+                source,
+            })?;
+        Ok(TraceFile {
+            path,
+            bytes: Backing::Owned(bytes),
+        })
     }
 
     /// The file's path.
@@ -68,7 +98,10 @@ impl TraceFile {
 
     /// The file's bytes.
     pub fn bytes(&self) -> &[u8] {
-        self.map.as_deref().unwrap_or(&[])
+        match &self.bytes {
+            Backing::Mapped(map) => map,
+            Backing::Owned(bytes) => bytes,
+        }
     }
 
     /// Interprets the file ([`TraceSource::from_bytes`]).
@@ -144,7 +177,7 @@ pub struct TraceSource<'data> {
     pub streams: Vec<TraceStream<'data>>,
     /// For perf.data: what the scan found besides the streams (record counts, malformed records,
     /// the framing error that ended the scan, losses that match no stream).
-    pub perf: Option<AuxStreams<'data>>,
+    pub perf: Option<PerfScan>,
 }
 
 impl<'data> TraceSource<'data> {
@@ -173,12 +206,12 @@ impl<'data> TraceSource<'data> {
             });
         }
         let perf = PerfData::parse(bytes)?;
-        let mut aux = perf.aux_streams();
+        let aux = perf.aux_streams();
         // Per-CPU streams of one CPU but different threads would share `cpuN`: disambiguate.
         let labels: Vec<String> = aux.streams.iter().map(|s| s.label()).collect();
         let streams = aux
             .streams
-            .drain(..)
+            .into_iter()
             .enumerate()
             .map(|(i, s)| {
                 let duplicate = labels.iter().filter(|l| **l == labels[i]).count() > 1;
@@ -210,7 +243,7 @@ impl<'data> TraceSource<'data> {
                 pipe: perf.is_pipe(),
             },
             streams,
-            perf: Some(aux),
+            perf: Some(aux.scan),
         })
     }
 
@@ -242,6 +275,17 @@ mod tests {
         let trace = TraceFile::open(file.path()).unwrap();
         assert!(trace.bytes().is_empty());
         assert_eq!(trace.source().unwrap().streams[0].data.len(), 0);
+    }
+
+    #[test]
+    fn mapped_and_read_files_agree() {
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        std::io::Write::write_all(&mut file, b"PERFILE2").unwrap();
+        let mapped = TraceFile::open(file.path()).unwrap();
+        assert!(matches!(mapped.bytes, Backing::Mapped(_)));
+        let read = TraceFile::from_reader("-", &b"PERFILE2"[..]).unwrap();
+        assert_eq!(mapped.bytes(), read.bytes());
+        assert_eq!(read.path(), Path::new("-"));
     }
 
     #[test]

@@ -550,7 +550,8 @@ impl<'data> PerfData<'data> {
         if attrs_section.size > 0 {
             for (i, entry) in attrs_bytes.chunks_exact(attr_size as usize).enumerate() {
                 let entry_offset = attrs_section.offset + i as u64 * attr_size;
-                let attr = EventAttr::parse(entry, entry_offset).ok_or(PerfDataError::new(
+                let attr_bytes = &entry[..(attr_size - SECTION_SIZE) as usize];
+                let attr = EventAttr::parse(attr_bytes, entry_offset).ok_or(PerfDataError::new(
                     entry_offset,
                     PerfDataErrorKind::BadAttrSize { attr_size },
                 ))?;
@@ -1333,11 +1334,19 @@ impl AuxStream<'_> {
     }
 }
 
-/// The result of [`PerfData::aux_streams`].
+/// The result of [`PerfData::aux_streams`]: the streams and what the scan found besides them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuxStreams<'data> {
     /// The streams, ordered by key.
     pub streams: Vec<AuxStream<'data>>,
+    /// Everything else the scan found.
+    pub scan: PerfScan,
+}
+
+/// What a scan of a perf.data file's records found besides the trace streams: configuration,
+/// counts, and every problem (none of them fatal to the streams read before it).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PerfScan {
     /// The Intel PT configuration, if the file has an Intel PT AUXTRACE_INFO.
     pub intel_pt: Option<IntelPtInfo>,
     /// Records read.
@@ -1375,16 +1384,8 @@ struct FlaggedAux {
 
 impl<'data> AuxStreams<'data> {
     fn collect(file: &PerfData<'data>) -> Self {
-        let mut out = AuxStreams {
-            streams: Vec::new(),
-            intel_pt: None,
-            records: 0,
-            unknown_records: 0,
-            aux_records: 0,
-            unattributed_losses: Vec::new(),
-            malformed: Vec::new(),
-            error: None,
-        };
+        let mut streams = Vec::new();
+        let mut out = PerfScan::default();
         // (key, parts, losses) per stream, in first-seen order; concatenated at the end.
         let mut building: Vec<StreamBuilder<'data>> = Vec::new();
         let mut flagged: Vec<FlaggedAux> = Vec::new();
@@ -1537,7 +1538,7 @@ impl<'data> AuxStreams<'data> {
             } else {
                 Cow::Owned(parts.concat())
             };
-            out.streams.push(AuxStream {
+            streams.push(AuxStream {
                 key,
                 idx,
                 data,
@@ -1545,12 +1546,13 @@ impl<'data> AuxStreams<'data> {
                 losses,
             });
         }
-        out
+        AuxStreams { streams, scan: out }
     }
 
     /// Total losses (in streams and unattributed).
     pub fn loss_count(&self) -> usize {
-        self.streams.iter().map(|s| s.losses.len()).sum::<usize>() + self.unattributed_losses.len()
+        self.streams.iter().map(|s| s.losses.len()).sum::<usize>()
+            + self.scan.unattributed_losses.len()
     }
 }
 
@@ -1685,8 +1687,8 @@ mod tests {
         ]);
         let perf = PerfData::parse(&file).unwrap();
         let streams = perf.aux_streams();
-        assert!(streams.error.is_none());
-        assert_eq!(streams.unknown_records, 1);
+        assert!(streams.scan.error.is_none());
+        assert_eq!(streams.scan.unknown_records, 1);
         assert_eq!(streams.streams.len(), 2);
         let cpu0 = &streams.streams[0];
         assert_eq!(cpu0.label(), "cpu0");
@@ -1722,7 +1724,7 @@ mod tests {
         ]);
         let perf = PerfData::parse(&file).unwrap();
         let streams = perf.aux_streams();
-        assert_eq!(streams.aux_records, 3);
+        assert_eq!(streams.scan.aux_records, 3);
         assert_eq!(streams.streams.len(), 1);
         let s = &streams.streams[0];
         assert_eq!(
@@ -1735,7 +1737,7 @@ mod tests {
         assert_eq!(s.losses.len(), 1);
         assert_eq!(s.losses[0].kind, LossKind::Truncated);
         assert_eq!(s.losses[0].stream_offset, Some(8));
-        assert_eq!(streams.unattributed_losses.len(), 1);
+        assert_eq!(streams.scan.unattributed_losses.len(), 1);
         assert_eq!(streams.loss_count(), 2);
     }
 
@@ -1759,7 +1761,7 @@ mod tests {
         );
         assert!(!err.is_recoverable());
         let streams = perf.aux_streams();
-        assert_eq!(streams.error, Some(err));
+        assert_eq!(streams.scan.error, Some(err));
         assert!(streams.streams.is_empty());
     }
 
@@ -1890,7 +1892,7 @@ mod tests {
         }
         let file = pipe_file(&[record(record_type::AUXTRACE_INFO, 0, &body)]);
         let perf = PerfData::parse(&file).unwrap();
-        let info = perf.aux_streams().intel_pt.unwrap();
+        let info = perf.aux_streams().scan.intel_pt.unwrap();
         assert_eq!(info.pmu_type, 100);
         assert_eq!(info.tsc_bit, 105);
         assert_eq!(info.max_non_turbo_ratio, Some(115));
