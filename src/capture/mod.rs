@@ -2,3 +2,4 @@
 //! single-steps a target under ptrace and emits the packets a CPU would.
 
 pub mod perf;
+pub mod soft;

@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+pub mod attach;
 pub mod decode;
 pub mod dump;
 pub mod record;
@@ -26,6 +27,8 @@ enum Command {
     Decode(decode::DecodeArgs),
     /// Run a program under ptrewind, record it and serve it to GDB/LLDB.
     Record(record::RecordArgs),
+    /// Attach to a running process and serve it to GDB (forward debugging only).
+    Attach(attach::AttachArgs),
 }
 
 /// Runs the parsed command line.
@@ -34,5 +37,6 @@ pub fn run(cli: Cli) -> CmdResult {
         Command::Dump(args) => dump::run(args),
         Command::Decode(args) => decode::run(args),
         Command::Record(args) => record::run(args),
+        Command::Attach(args) => attach::run(args),
     }
 }

@@ -1,1 +1,87 @@
 //! The GDB remote-protocol server (gdbstub) with reverse execution, btrace and LLDB trace packets.
+//!
+//! Layers, outermost first:
+//!
+//! - [`Router`] owns the TCP connection and runs gdbstub's state machine itself
+//!   (`GdbStubStateMachine`), so it can look at every packet first: interceptors registered
+//!   with [`Router::intercept`] answer packets gdbstub does not know (`Qbtrace:*`,
+//!   `qXfer:btrace:read`, `jLLDBTrace*`, ...), [`Router::add_qsupported_feature`] extends the
+//!   `qSupported` reply, malformed packets are answered instead of killing the session.
+//! - [`Session`] implements gdbstub's `Target` over a ptrewind [`crate::target::Target`]:
+//!   registers with GDB's `amd64-linux` description ([`arch`]), memory, software
+//!   breakpoints, step/continue with signals, `qXfer:exec-file`, `qXfer:auxv`,
+//!   `qXfer:libraries-svr4` ([`svr4`]) and `monitor` commands ([`MonitorRegistry`]).
+//!
+//! Only forward execution is served for now; reverse execution plugs in as gdbstub's
+//! `ReverseStep`/`ReverseCont` extensions on [`Session`] once a history exists.
+//!
+//! ```no_run
+//! use ptrewind::server::{Router, Session, Intercept};
+//! use ptrewind::target::{PtraceTarget, SpawnOptions};
+//! let target = PtraceTarget::spawn(&"/bin/true".into(), &[], &SpawnOptions::default())?;
+//! let mut session = Session::new(Box::new(target));
+//! let mut router = Router::default();
+//! router.add_qsupported_feature("Qbtrace:off+");
+//! router.intercept(b"Qbtrace:", |_session, _state, _packet| Intercept::Reply(b"E.not recording".to_vec()));
+//! let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+//! let (stream, _) = listener.accept()?;
+//! let outcome = router.serve(stream, &mut session)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod arch;
+pub mod monitor;
+pub mod router;
+mod session;
+pub mod svr4;
+
+pub use monitor::{MonitorHandler, MonitorRegistry};
+pub use router::{Intercept, PacketHandler, Router, RouterState, ServeOutcome};
+pub use session::{Session, gdb_to_linux_signal, linux_to_gdb_signal, stop_reason};
+
+use crate::target::TargetError;
+use std::net::SocketAddr;
+
+/// Errors that end a served session.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The connection failed.
+    #[error("connection: {0}")]
+    Io(std::io::Error),
+    /// gdbstub gave up on the session (a protocol error it cannot recover from).
+    #[error("GDB protocol: {0}")]
+    Protocol(String),
+    /// Controlling the target failed.
+    #[error(transparent)]
+    Target(#[from] TargetError),
+    /// The listen address is not allowed.
+    #[error(
+        "refusing to listen on {0}: it is not a loopback address and anyone who can reach it \
+         could control the debugged program; pass --allow-remote to do it anyway"
+    )]
+    NonLoopback(SocketAddr),
+}
+
+/// Checks a listen address: loopback addresses are always allowed, others only with
+/// `allow_remote` (a GDB server gives whoever connects full control over the program).
+pub fn check_listen_addr(addr: SocketAddr, allow_remote: bool) -> Result<(), ServerError> {
+    if addr.ip().is_loopback() || allow_remote {
+        Ok(())
+    } else {
+        Err(ServerError::NonLoopback(addr))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_address_policy() {
+        assert!(check_listen_addr("127.0.0.1:0".parse().unwrap(), false).is_ok());
+        assert!(check_listen_addr("[::1]:1234".parse().unwrap(), false).is_ok());
+        assert!(check_listen_addr("0.0.0.0:1234".parse().unwrap(), false).is_err());
+        assert!(check_listen_addr("192.168.1.2:1234".parse().unwrap(), false).is_err());
+        assert!(check_listen_addr("0.0.0.0:1234".parse().unwrap(), true).is_ok());
+    }
+}

@@ -1,1 +1,265 @@
 //! Control of a live traced process through ptrace: start, attach, registers, memory, breakpoints.
+//!
+//! The [`Target`] trait is the small interface the GDB server drives. It follows gdbstub's
+//! "implement only what you support" style: the required methods are the base (registers,
+//! memory, resume, wait, kill), optional capabilities are reached through `support_*` methods
+//! that return `None` by default ([`Target::support_breakpoints`]). A recording or replaying
+//! layer implements `Target` by wrapping another `Target` (usually a [`PtraceTarget`]).
+//!
+//! # Driving a target from a recorder
+//!
+//! [`PtraceTarget`] also exposes synchronous primitives for a software trace backend that must
+//! observe every instruction between two stops: [`PtraceTarget::single_step`] (step one
+//! instruction and wait), [`PtraceTarget::cont`] + [`Target::wait`], [`Target::read_registers`]
+//! / [`Target::read_memory`]. Breakpoints are only written into the tracee while it runs under
+//! `cont`; whenever the target is stopped, memory reads see the original code bytes.
+
+mod procfs;
+mod ptrace;
+pub mod regs;
+
+pub use procfs::{MemoryMapping, read_auxv, read_maps};
+pub use ptrace::{PtraceTarget, SpawnOptions};
+pub use regs::X86Registers;
+
+use std::fmt;
+use std::path::PathBuf;
+
+/// Errors of target control. Each carries the operation and the process or address concerned.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    /// A system call on the tracee failed.
+    #[error("{op} on process {pid} failed: {source}")]
+    Sys {
+        /// What we were doing (`PTRACE_GETREGS`, `waitpid`, ...).
+        op: &'static str,
+        /// The process or thread id.
+        pid: i32,
+        /// The errno.
+        source: nix::Error,
+    },
+    /// The program could not be started.
+    #[error("cannot start {program}: {source}")]
+    Spawn {
+        /// The program path as given.
+        program: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A file under /proc could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// No byte at this address could be read or written.
+    #[error("memory at {addr:#x} is not accessible")]
+    Memory {
+        /// The first inaccessible address.
+        addr: u64,
+    },
+    /// The process has exited; nothing can be done with it any more.
+    #[error("process {pid} has exited")]
+    Exited {
+        /// The process id.
+        pid: i32,
+    },
+    /// The process stopped in a way we did not expect (e.g. not at the exec trap after spawn).
+    #[error("process {pid}: unexpected state: {what}")]
+    Unexpected {
+        /// The process id.
+        pid: i32,
+        /// Description.
+        what: String,
+    },
+    /// The operation is not supported by this target.
+    #[error("not supported: {0}")]
+    Unsupported(&'static str),
+}
+
+/// Result of target operations.
+pub type TargetResult<T> = Result<T, TargetError>;
+
+/// How to resume a stopped target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resume {
+    /// Run until something happens; deliver `signal` (a Linux signal number) first if given.
+    Continue {
+        /// Signal to deliver on resumption.
+        signal: Option<i32>,
+    },
+    /// Execute one instruction; deliver `signal` first if given (the handler's first
+    /// instruction is then the next stop, as on Linux).
+    Step {
+        /// Signal to deliver on resumption.
+        signal: Option<i32>,
+    },
+}
+
+/// Why a resumed target stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopEvent {
+    /// A software breakpoint was hit; the PC has been moved back to the breakpoint address.
+    Breakpoint {
+        /// The breakpoint address (the PC).
+        pc: u64,
+    },
+    /// A single step completed.
+    Step,
+    /// The program received a signal (Linux signal number); it is delivered only if the next
+    /// resume passes it.
+    Signal(i32),
+    /// The program exited with this status.
+    Exited(i32),
+    /// The program was killed by this signal.
+    Killed(i32),
+    /// Execution (replay) reached an end of the recorded history: the beginning when going
+    /// backward (`at_begin`), the live end when replaying forward. Only targets that support
+    /// [`ReverseExecution`] report it.
+    HistoryEnd {
+        /// True at the oldest recorded instruction.
+        at_begin: bool,
+    },
+}
+
+/// Direction-reversed resumption, for targets with a recorded history.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReverseResume {
+    /// Go back one instruction.
+    Step,
+    /// Go back until a breakpoint address is reached (reported as [`StopEvent::Breakpoint`]
+    /// with the PC at the breakpoint) or the history begins ([`StopEvent::HistoryEnd`]).
+    Continue,
+}
+
+/// Reverse execution over a recorded history. The stop is collected with [`Target::wait`],
+/// exactly as for a forward resume.
+pub trait ReverseExecution {
+    /// Starts a reverse step or continue.
+    fn resume_reverse(&mut self, how: ReverseResume) -> TargetResult<()>;
+}
+
+/// Something the user should know that is not a stop: events we detect but do not follow.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Notice {
+    /// The program created a thread, which runs untraced.
+    ThreadCreated {
+        /// The new thread's id.
+        tid: i32,
+    },
+    /// The program forked (or vforked); the child runs untraced.
+    Forked {
+        /// The child's pid.
+        child: i32,
+        /// True for vfork / `CLONE_VFORK` (e.g. `posix_spawn`, `system`).
+        vfork: bool,
+    },
+    /// The program called exec; the old breakpoints and GDB's symbols are stale.
+    Exec {
+        /// The new executable, if it could be read from /proc.
+        path: Option<PathBuf>,
+    },
+    /// A thread of an attached process other than the one we traced.
+    OtherThreads {
+        /// How many other threads exist.
+        count: usize,
+    },
+}
+
+impl fmt::Display for Notice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Notice::ThreadCreated { tid } => write!(
+                f,
+                "the program created thread {tid}; ptrewind follows only the main thread: the new \
+                 thread runs untraced, and if it hits a breakpoint the program is killed by SIGTRAP"
+            ),
+            Notice::Forked { child, vfork } => write!(
+                f,
+                "the program {} child process {child}; the child is detached and runs untraced \
+                 (following forks is not supported)",
+                if *vfork { "vforked" } else { "forked" }
+            ),
+            Notice::Exec { path } => write!(
+                f,
+                "the program called exec ({}); breakpoints were dropped and the debugger's \
+                 symbols are stale (following exec is not supported)",
+                path.as_ref()
+                    .map_or_else(|| "unknown file".to_string(), |p| p.display().to_string())
+            ),
+            Notice::OtherThreads { count } => write!(
+                f,
+                "the process has {count} other thread(s); only the main thread is debugged"
+            ),
+        }
+    }
+}
+
+/// Software breakpoints (x86 `int3`).
+pub trait Breakpoints {
+    /// Adds a breakpoint at `addr`. Adding the same address twice is harmless.
+    fn add_breakpoint(&mut self, addr: u64) -> TargetResult<()>;
+    /// Removes a breakpoint; returns `false` if none was at `addr`.
+    fn remove_breakpoint(&mut self, addr: u64) -> TargetResult<bool>;
+    /// The current breakpoint addresses, sorted.
+    fn breakpoint_addrs(&self) -> Vec<u64>;
+}
+
+/// A debuggable process (live or recorded), as the GDB server sees it.
+///
+/// Only one thread (the main thread, `tid() == pid()`) is debugged; see [`Notice`] for the
+/// events that are detected but not followed.
+pub trait Target {
+    /// The process id.
+    fn pid(&self) -> i32;
+    /// The id of the debugged thread.
+    fn tid(&self) -> i32 {
+        self.pid()
+    }
+    /// The executable file, as an absolute path if known.
+    fn exec_path(&self) -> Option<PathBuf>;
+    /// Reads all registers of the stopped thread.
+    fn read_registers(&mut self) -> TargetResult<X86Registers>;
+    /// Writes all registers of the stopped thread.
+    fn write_registers(&mut self, regs: &X86Registers) -> TargetResult<()>;
+    /// Reads memory at `addr` into `buf`; returns how many leading bytes could be read
+    /// (fewer than `buf.len()` when the range runs into an unmapped page). Reading zero bytes
+    /// is an error ([`TargetError::Memory`]).
+    fn read_memory(&self, addr: u64, buf: &mut [u8]) -> TargetResult<usize>;
+    /// Writes all of `data` at `addr`.
+    fn write_memory(&mut self, addr: u64, data: &[u8]) -> TargetResult<()>;
+    /// Resumes the stopped target. The stop is collected with [`Target::wait`].
+    fn resume(&mut self, how: Resume) -> TargetResult<()>;
+    /// Waits for the resumed target to stop. With `block == false` returns `Ok(None)` if it
+    /// is still running.
+    fn wait(&mut self, block: bool) -> TargetResult<Option<StopEvent>>;
+    /// Asks a running target to stop (the stop is reported by [`Target::wait`] as
+    /// `Signal(SIGINT)`).
+    fn interrupt(&mut self) -> TargetResult<()>;
+    /// Kills the process and reaps it.
+    fn kill(&mut self) -> TargetResult<()>;
+    /// Lets the process run on untraced (breakpoints removed).
+    fn detach(&mut self) -> TargetResult<()>;
+    /// True once the process has exited or was killed.
+    fn has_exited(&self) -> bool;
+    /// The auxiliary vector (raw bytes of /proc/PID/auxv).
+    fn auxv(&self) -> TargetResult<Vec<u8>> {
+        read_auxv(self.pid())
+    }
+    /// Takes the notices collected since the last call.
+    fn take_notices(&mut self) -> Vec<Notice> {
+        Vec::new()
+    }
+    /// Software breakpoints, if supported.
+    fn support_breakpoints(&mut self) -> Option<&mut dyn Breakpoints> {
+        None
+    }
+    /// Reverse execution, if this target has a history. The GDB server advertises
+    /// `ReverseStep+`/`ReverseContinue+` (and accepts `bs`/`bc`) only when this returns
+    /// `Some` at connection time.
+    fn support_reverse(&mut self) -> Option<&mut dyn ReverseExecution> {
+        None
+    }
+}

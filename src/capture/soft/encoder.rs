@@ -14,19 +14,36 @@
 //!   matching CALL on a 64-entry return stack (SDM "Indirect Transfer Compression for Returns"): the
 //!   stack is emptied at each PSB, the oldest entry is dropped when full, zero-length CALLs are not
 //!   pushed, and an uncompressed RET still pops — exactly the model decoders keep;
-//! * SYSCALL/SYSENTER leave the traced context: TIP.PGD with the IP suppressed. The first
-//!   instruction seen back in user space is announced with TIP.PGE (preceded by MODE.Exec only when
-//!   the mode changed or a PSB intervened, as the hardware does);
-//! * asynchronous transfers seen from user space (signal delivery, and the kernel entry that
-//!   precedes it) are FUP(NLIP of the interrupted flow) + TIP.PGD(suppressed), then TIP.PGE at the
+//! * SYSCALL/SYSENTER leave the traced context: TIP.PGD with the IP suppressed, no FUP (a
+//!   synchronous far transfer to CPL 0, SDM Table 36-50; libipt `syscall-sysret-cpl_3`). The first
+//!   instruction seen back in user space is announced with TIP.PGE;
+//! * software interrupts (INT n, INT3, INT1, INTO) are FUP(CLIP, the INT itself) + TIP.PGD
+//!   (suppressed) — SDM Table 36-23 gives the CLIP as the FUP IP of a software interrupt, and the
+//!   target is in the kernel, so the TIP becomes a TIP.PGD. A decoder cannot tell this from an
+//!   asynchronous event at the same IP (reference §7.17), so, as with hardware, the INT itself is
+//!   not part of the decoded instruction stream;
+//! * asynchronous transfers seen from user space (signal delivery after a fault, a timer or a
+//!   `kill`) are FUP(the IP that did not execute yet) + TIP.PGD(suppressed), then TIP.PGE at the
 //!   handler — the user-only sequence of SDM Table 36-50;
 //! * every `psb_period` bytes, at an instruction boundary, PSB+ restates the state: [TSC],
 //!   MODE.Exec, FUP(current IP), PSBEND; Last IP and the return stack restart from empty.
 //!
+//! Placement of MODE.Exec and TSC follows what a processor tracing with `USR = 1, OS = 0` does:
+//!
+//! * MODE.Exec directly precedes the TIP.PGE it applies to (SDM: "MODE.Exec always immediately
+//!   precedes the TIP or TIP.PGE"), and only when the decoder cannot know the mode yet: after a
+//!   PSB+ that carried no MODE.Exec (tracing was off at the PSB) — the 64-bit user mode never
+//!   changes across a kernel entry, so a TIP.PGE after a SYSCALL carries none;
+//! * TSC is emitted only where the processor initialises its time: inside each PSB+ (and so at
+//!   the TraceEn 0→1 of [`SoftEncoder::step`] after [`SoftEncoder::new`] or
+//!   [`SoftEncoder::disable`], which starts with PSB+). With `USR`-only tracing TraceEn stays set
+//!   across kernel entries, so a TIP.PGE after a system call gets no TSC of its own. Between
+//!   PSBs, time is not tracked (no MTC/CYC: the software clock has no crystal).
+//!
 //! The encoder only appends bytes to an internal buffer; the recorder moves them into the output
 //! ring (ToPA model) with [`SoftEncoder::take_output`].
 
-use crate::packet::{Encoder, IpKind, Packet, encode_packet};
+use crate::packet::{Encoder, IpKind, Packet, Tnt, encode_packet};
 
 /// The change-of-flow category of one executed instruction (SDM Table 33-1), as the recorder saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,11 +65,13 @@ pub enum Cofi {
     IndirectCall,
     /// Near RET: compressed TNT bit or TIP.
     Return,
-    /// Far JMP/CALL/RET, IRET and other far transfers that stay in user space: TIP.
+    /// Far JMP/CALL/RET, IRET and other far transfers that stay in user space: TIP (no FUP).
     FarTransfer,
-    /// SYSCALL, SYSENTER, INT n and anything else that enters the kernel synchronously: the flow
-    /// leaves the traced context (TIP.PGD, IP suppressed).
+    /// SYSCALL, SYSENTER: a synchronous far transfer into the kernel. The flow leaves the traced
+    /// context: TIP.PGD with the IP suppressed, no FUP.
     KernelEntry,
+    /// INT n, INT3, INT1, INTO: FUP(CLIP) + TIP.PGD(suppressed) (SDM Tables 36-23 and 36-50).
+    SoftwareInterrupt,
 }
 
 /// One instruction the target executed.
@@ -64,9 +83,18 @@ pub struct Step {
     pub len: u8,
     /// Its change-of-flow category.
     pub cofi: Cofi,
-    /// The address execution continued at in user space (for [`Cofi::KernelEntry`], where the
-    /// kernel returned to, which is normally the NLIP).
+    /// The address execution continued at in user space (for [`Cofi::KernelEntry`] and
+    /// [`Cofi::SoftwareInterrupt`], where the kernel returned to: the NLIP, a signal handler, or
+    /// the interrupted IP after `rt_sigreturn`; the encoder does not use it for those, since the
+    /// next step's IP is announced with TIP.PGE anyway).
     pub next_ip: u64,
+}
+
+impl Step {
+    /// The address of the next instruction in memory (NLIP).
+    pub fn nlip(&self) -> u64 {
+        self.ip.wrapping_add(u64::from(self.len))
+    }
 }
 
 /// Encoder settings, mirroring the `IA32_RTIT_CTL` bits that shape the packet stream.
@@ -74,9 +102,11 @@ pub struct Step {
 pub struct EncoderConfig {
     /// RET compression (`DisRETC = 0`).
     pub ret_compression: bool,
-    /// Approximate bytes between PSB+ (the hardware's `PSBFreq`: 2^(n+11) bytes).
+    /// Approximate bytes between PSB+ (the hardware's `PSBFreq`: 2^(n+11) bytes). A PSB+ is
+    /// emitted at the first instruction boundary once this many bytes were written since the
+    /// previous one.
     pub psb_period: usize,
-    /// Emit a TSC packet in each PSB+ and at enables (`TSCEn`).
+    /// Emit a TSC packet in each PSB+ (`TSCEn`).
     pub tsc: bool,
 }
 
@@ -91,7 +121,10 @@ impl Default for EncoderConfig {
 }
 
 /// Capacity of the processor's RET-compression stack (SDM: at least 64 entries).
-const RET_STACK_DEPTH: usize = 64;
+pub const RET_STACK_DEPTH: usize = 64;
+
+/// TNT bits per short TNT packet (TNT-8 carries up to six).
+const SHORT_TNT_BITS: u8 = 6;
 
 /// A fixed ring of the last 64 pushed NLIPs; pushing onto a full stack drops the oldest entry.
 #[derive(Debug, Clone)]
@@ -120,12 +153,11 @@ impl RetStack {
         self.len = (self.len + 1).min(RET_STACK_DEPTH);
     }
 
-    fn peek(&self) -> Option<u64> {
-        (self.len > 0).then(|| self.entries[self.top])
-    }
-
     fn pop(&mut self) -> Option<u64> {
-        let ip = self.peek()?;
+        if self.len == 0 {
+            return None;
+        }
+        let ip = self.entries[self.top];
         self.top = (self.top + RET_STACK_DEPTH - 1) % RET_STACK_DEPTH;
         self.len -= 1;
         Some(ip)
@@ -135,12 +167,13 @@ impl RetStack {
 /// Whether packet generation is on, from the encoder's point of view.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Enable {
-    /// Tracing is off (before the first step, or after [`SoftEncoder::disable`]).
+    /// TraceEn = 0 (before the first step, or after [`SoftEncoder::disable`]): the next step
+    /// starts with PSB+ and TIP.PGE.
     Off,
-    /// Tracing is on and the last emitted packets describe the flow up to `next`.
+    /// PacketEn = 1: the packets written so far describe the flow up to the last step.
     On,
-    /// The flow left user space (kernel entry or asynchronous event); the next step is announced
-    /// with TIP.PGE.
+    /// TraceEn = 1 but the flow left user space (kernel entry or asynchronous event); the next
+    /// step is announced with TIP.PGE.
     Paused,
 }
 
@@ -153,6 +186,12 @@ pub struct EncoderStats {
     pub psbs: u64,
     /// RETs compressed into TNT bits.
     pub compressed_rets: u64,
+    /// RETs sent as TIP.
+    pub uncompressed_rets: u64,
+    /// Transitions into the kernel (TIP.PGD) for system calls and software interrupts.
+    pub kernel_entries: u64,
+    /// Asynchronous transfers (FUP + TIP.PGD).
+    pub async_transfers: u64,
     /// Bytes produced so far.
     pub bytes: u64,
 }
@@ -167,11 +206,12 @@ pub struct SoftEncoder {
     tnt_count: u8,
     ret_stack: RetStack,
     state: Enable,
-    /// The mode was restated (PSB+) or changed since the last TIP.PGE: emit MODE.Exec before it.
+    /// No MODE.Exec has been emitted since the last PSB: the next TIP.PGE needs one.
     mode_pending: bool,
-    since_psb: usize,
+    /// Value of `stats.bytes` at the last PSB.
+    psb_at: u64,
     tsc: u64,
-    /// Bytes handed out by `take_output` so far.
+    /// Bytes removed from `out` by [`SoftEncoder::take_output`] / [`SoftEncoder::consume_output`].
     taken: u64,
     stats: EncoderStats,
 }
@@ -182,22 +222,34 @@ impl SoftEncoder {
         SoftEncoder {
             config,
             packets: Encoder::new(),
-            out: Vec::with_capacity(64 * 1024),
+            out: Vec::with_capacity(16 * 1024),
             tnt_bits: 0,
             tnt_count: 0,
             ret_stack: RetStack::new(),
             state: Enable::Off,
             mode_pending: true,
-            since_psb: 0,
+            psb_at: 0,
             tsc: 0,
             taken: 0,
             stats: EncoderStats::default(),
         }
     }
 
+    /// The configuration.
+    pub fn config(&self) -> &EncoderConfig {
+        &self.config
+    }
+
     /// Sets the time-stamp counter value used by the next TSC packet (the recorder's clock).
+    /// Only bits 55:0 are kept (the TSC packet's width).
     pub fn set_tsc(&mut self, tsc: u64) {
         self.tsc = tsc & ((1 << 56) - 1);
+    }
+
+    /// Whether packet generation is currently on (PacketEn = 1): false before the first step,
+    /// after [`disable`](Self::disable), and between a kernel entry and the next step.
+    pub fn is_tracing(&self) -> bool {
+        self.state == Enable::On
     }
 
     /// Encodes one executed instruction.
@@ -206,18 +258,20 @@ impl SoftEncoder {
             Enable::Off => self.enable_at(step.ip, true),
             Enable::Paused => self.enable_at(step.ip, false),
             Enable::On => {
-                if self.since_psb >= self.config.psb_period {
+                if self.stats.bytes - self.psb_at >= self.config.psb_period as u64 {
                     self.psb_plus(Some(step.ip));
                 }
             }
         }
         self.stats.instructions += 1;
-        let nlip = step.ip.wrapping_add(u64::from(step.len));
+        let nlip = step.nlip();
         match step.cofi {
             Cofi::None | Cofi::DirectJump => {}
             Cofi::Conditional { taken } => self.tnt(taken),
             Cofi::DirectCall => {
-                // A zero-length CALL (target == NLIP) is a way to read RIP, not a call: not pushed.
+                // A zero-length CALL (target == NLIP) is a way to read RIP, not a call: hardware
+                // does not push it, and decoders do not expect it on the stack (SDM, reference
+                // §3.3 rule 2).
                 if step.next_ip != nlip {
                     self.ret_stack.push(nlip);
                 }
@@ -228,24 +282,37 @@ impl SoftEncoder {
                 self.tip(IpKind::Tip, Some(step.next_ip));
             }
             Cofi::Return => {
+                // Pop even when not compressing, so later compressed RETs pair with the CALL at
+                // the same depth (decoders pop on uncompressed RETs too).
                 let top = self.ret_stack.pop();
                 if self.config.ret_compression && top == Some(step.next_ip) {
                     self.stats.compressed_rets += 1;
                     self.tnt(true);
                 } else {
+                    self.stats.uncompressed_rets += 1;
                     self.tip(IpKind::Tip, Some(step.next_ip));
                 }
             }
             Cofi::KernelEntry => {
                 self.tip(IpKind::TipPgd, None);
+                self.stats.kernel_entries += 1;
+                self.state = Enable::Paused;
+            }
+            Cofi::SoftwareInterrupt => {
+                self.flush_tnt();
+                self.ip_packet(IpKind::Fup, Some(step.ip));
+                self.ip_packet(IpKind::TipPgd, None);
+                self.stats.kernel_entries += 1;
                 self.state = Enable::Paused;
             }
         }
     }
 
-    /// An asynchronous transfer seen from user space (signal delivery, or any kernel entry not
-    /// caused by the instruction itself): `resume_ip` is the instruction that would have executed
-    /// next; the next [`step`](Self::step) (the handler) is announced with TIP.PGE.
+    /// An asynchronous transfer seen from user space (a fault, or a signal delivered between two
+    /// instructions): `resume_ip` is the instruction that did not execute (the faulting
+    /// instruction's CLIP, or the NLIP of the interrupted flow); the next
+    /// [`step`](Self::step) (normally the signal handler) is announced with TIP.PGE. Does nothing
+    /// when packet generation is off (the transfer happened while in the kernel already).
     pub fn async_transfer(&mut self, resume_ip: u64) {
         if self.state != Enable::On {
             return;
@@ -253,29 +320,49 @@ impl SoftEncoder {
         self.flush_tnt();
         self.ip_packet(IpKind::Fup, Some(resume_ip));
         self.ip_packet(IpKind::TipPgd, None);
+        self.stats.async_transfers += 1;
         self.state = Enable::Paused;
-        self.account();
     }
 
-    /// Turns tracing off before the instruction at `ip` (like a WRMSR clearing TraceEn):
-    /// FUP(ip) + TIP.PGD(suppressed). Recording resumes with TIP.PGE at the next step.
+    /// Turns tracing off before the instruction at `ip` (like a WRMSR clearing TraceEn, SDM
+    /// Table 36-50): FUP(ip) + TIP.PGD(suppressed) if packet generation was on. The next
+    /// [`step`](Self::step) starts a new PSB+ and TIP.PGE. Pending TNT bits are written out.
     pub fn disable(&mut self, ip: u64) {
         if self.state == Enable::On {
-            self.async_transfer(ip);
+            self.flush_tnt();
+            self.ip_packet(IpKind::Fup, Some(ip));
+            self.ip_packet(IpKind::TipPgd, None);
         }
+        self.flush_tnt();
         self.state = Enable::Off;
     }
 
-    /// Flushes pending TNT bits so that everything encoded so far is in the output.
+    /// Ends the trace because the process is gone (exit, or killed by a signal before the
+    /// instruction at `ip` executed): like [`disable`](Self::disable), so the trace always ends
+    /// with a TIP.PGD (after a final SYSCALL such as `exit_group`, it already did).
+    pub fn finish(&mut self, ip: u64) {
+        self.disable(ip);
+    }
+
+    /// Writes pending TNT bits out so that everything encoded so far is in the output. Like a
+    /// processor forcing out a partial TNT, this does not change what the stream means.
     pub fn flush(&mut self) {
         self.flush_tnt();
-        self.account();
     }
 
     /// Takes the bytes produced since the last call.
     pub fn take_output(&mut self) -> Vec<u8> {
         self.taken += self.out.len() as u64;
-        std::mem::replace(&mut self.out, Vec::with_capacity(64 * 1024))
+        std::mem::take(&mut self.out)
+    }
+
+    /// Passes the bytes produced since the last call to `f` and forgets them, keeping the buffer
+    /// (no allocation per call).
+    pub fn consume_output<T>(&mut self, f: impl FnOnce(&[u8]) -> T) -> T {
+        let r = f(&self.out);
+        self.taken += self.out.len() as u64;
+        self.out.clear();
+        r
     }
 
     /// Bytes produced but not yet taken.
@@ -285,12 +372,15 @@ impl SoftEncoder {
 
     /// What the encoder has produced so far.
     pub fn stats(&self) -> EncoderStats {
-        self.stats
+        let mut s = self.stats;
+        s.bytes = self.taken + self.out.len() as u64;
+        s
     }
 
     fn enable_at(&mut self, ip: u64, fresh: bool) {
         if fresh {
-            // Tracing begins: PSB+ without FUP (PacketEn is still 0), then MODE.Exec + TIP.PGE.
+            // TraceEn 0→1: PSB+ without FUP (PacketEn is still 0 at the PSB), then
+            // MODE.Exec + TIP.PGE at the first traced instruction.
             self.psb_plus(None);
         }
         if self.mode_pending {
@@ -301,12 +391,8 @@ impl SoftEncoder {
             });
             self.mode_pending = false;
         }
-        if self.config.tsc && !fresh {
-            self.put(&Packet::Tsc { tsc: self.tsc });
-        }
         self.ip_packet(IpKind::TipPge, Some(ip));
         self.state = Enable::On;
-        self.account();
     }
 
     fn psb_plus(&mut self, current_ip: Option<u64>) {
@@ -322,6 +408,7 @@ impl SoftEncoder {
                 csd: false,
                 iflag: false,
             });
+            self.mode_pending = false;
             self.ip_packet(IpKind::Fup, Some(ip));
         } else {
             // Without PacketEn, PSB+ carries no MODE.Exec: the next TIP.PGE must restate it.
@@ -329,14 +416,14 @@ impl SoftEncoder {
         }
         self.put(&Packet::PsbEnd);
         self.stats.psbs += 1;
-        self.since_psb = 0;
-        self.account();
+        self.psb_at = self.taken + self.out.len() as u64;
+        self.stats.bytes = self.psb_at;
     }
 
     fn tnt(&mut self, taken: bool) {
         self.tnt_bits = (self.tnt_bits << 1) | u64::from(taken);
         self.tnt_count += 1;
-        if self.tnt_count == 6 {
+        if self.tnt_count == SHORT_TNT_BITS {
             self.flush_tnt();
         }
     }
@@ -345,7 +432,7 @@ impl SoftEncoder {
         if self.tnt_count == 0 {
             return;
         }
-        let tnt = crate::packet::Tnt {
+        let tnt = Tnt {
             bits: self.tnt_bits,
             count: self.tnt_count,
         };
@@ -360,23 +447,438 @@ impl SoftEncoder {
     }
 
     fn ip_packet(&mut self, kind: IpKind, ip: Option<u64>) {
-        // Cannot fail: the encoder picks a compression valid against its own Last IP.
+        // Cannot fail: the packet encoder picks a compression valid against its own Last IP, and
+        // every IP packet here follows a PSB (which makes Last IP known).
         let written = self.packets.ip_packet(kind, ip, &mut self.out);
         debug_assert!(written.is_ok(), "unencodable {kind:?} {ip:?}");
-        self.account();
+        self.stats.bytes = self.taken + self.out.len() as u64;
     }
 
     fn put(&mut self, packet: &Packet) {
         // Every packet built here is valid by construction (TNT counts 1..=6, 56-bit TSC).
         let written = encode_packet(packet, &mut self.out);
         debug_assert!(written.is_ok(), "unencodable {packet:?}");
-        self.account();
+        self.stats.bytes = self.taken + self.out.len() as u64;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::packet::{IpCompression, LastIp, PacketDecoder};
+
+    /// A decoded packet, with IPs reconstructed through an independent Last-IP model.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    enum P {
+        Psb,
+        PsbEnd,
+        Tsc,
+        Mode,
+        /// TNT outcomes, oldest first.
+        Tnt(String),
+        Tip(u64),
+        Pge(u64),
+        Pgd(Option<u64>),
+        Fup(u64),
     }
 
-    /// Keeps the byte counters in step with the output buffer.
-    fn account(&mut self) {
-        let total = self.taken + self.out.len() as u64;
-        self.since_psb += (total - self.stats.bytes) as usize;
-        self.stats.bytes = total;
+    fn decode(bytes: &[u8]) -> Vec<P> {
+        decode_with_compression(bytes)
+            .into_iter()
+            .map(|(p, _)| p)
+            .collect()
+    }
+
+    fn decode_with_compression(bytes: &[u8]) -> Vec<(P, Option<IpCompression>)> {
+        let mut last = LastIp::new();
+        let mut out = Vec::new();
+        let mut dec = PacketDecoder::new(bytes);
+        while let Some(r) = dec.next_packet() {
+            let (_, p) = r.expect("encoder output must decode");
+            let item = match p {
+                Packet::Psb => {
+                    last.reset();
+                    (P::Psb, None)
+                }
+                Packet::PsbEnd => (P::PsbEnd, None),
+                Packet::Tsc { .. } => (P::Tsc, None),
+                Packet::ModeExec {
+                    csl: true,
+                    csd: false,
+                    ..
+                } => (P::Mode, None),
+                Packet::ShortTnt(t) | Packet::LongTnt(t) => {
+                    let s = (0..t.count)
+                        .rev()
+                        .map(|i| if t.bits >> i & 1 == 1 { 'T' } else { 'N' })
+                        .collect();
+                    (P::Tnt(s), None)
+                }
+                other => {
+                    let (kind, payload) = other.ip_payload().expect("unexpected packet");
+                    let ip = last.apply(payload).expect("Last IP known");
+                    let c = Some(payload.compression);
+                    match kind {
+                        IpKind::Tip => (P::Tip(ip.expect("TIP with IP")), c),
+                        IpKind::TipPge => (P::Pge(ip.expect("PGE with IP")), c),
+                        IpKind::TipPgd => (P::Pgd(ip), c),
+                        IpKind::Fup => (P::Fup(ip.expect("FUP with IP")), c),
+                    }
+                }
+            };
+            out.push(item);
+        }
+        out
+    }
+
+    fn step(ip: u64, len: u8, cofi: Cofi, next_ip: u64) -> Step {
+        Step {
+            ip,
+            len,
+            cofi,
+            next_ip,
+        }
+    }
+
+    fn plain(ip: u64) -> Step {
+        step(ip, 1, Cofi::None, ip + 1)
+    }
+
+    fn no_tsc() -> EncoderConfig {
+        EncoderConfig {
+            tsc: false,
+            psb_period: 1 << 30,
+            ..EncoderConfig::default()
+        }
+    }
+
+    fn run(config: EncoderConfig, steps: &[Step]) -> Vec<P> {
+        let mut e = SoftEncoder::new(config);
+        for s in steps {
+            e.step(*s);
+        }
+        e.flush();
+        decode(&e.take_output())
+    }
+
+    const BASE: u64 = 0x5555_5555_1000;
+
+    #[test]
+    fn start_is_psb_without_fup_then_mode_and_pge() {
+        let mut e = SoftEncoder::new(EncoderConfig::default());
+        e.set_tsc(0x1234);
+        e.step(plain(BASE));
+        let bytes = e.take_output();
+        // PSB, TSC, PSBEND, MODE.Exec(64-bit), TIP.PGE(IPBytes 011: sign-extended 48 bits).
+        let mut expected = vec![];
+        for _ in 0..8 {
+            expected.extend_from_slice(&[0x02, 0x82]);
+        }
+        expected.extend_from_slice(&[0x19, 0x34, 0x12, 0, 0, 0, 0, 0]);
+        expected.extend_from_slice(&[0x02, 0x23]);
+        expected.extend_from_slice(&[0x99, 0x01]);
+        expected.extend_from_slice(&[0x71, 0x00, 0x10, 0x55, 0x55, 0x55, 0x55]);
+        assert_eq!(bytes, expected);
+    }
+
+    #[test]
+    fn tnt_bits_oldest_first_six_per_packet() {
+        let pattern = [true, false, false, true, true, true, false, true];
+        let mut steps = Vec::new();
+        let mut ip = BASE;
+        for &taken in &pattern {
+            let next = if taken { ip + 0x10 } else { ip + 2 };
+            steps.push(step(ip, 2, Cofi::Conditional { taken }, next));
+            ip = next;
+        }
+        let got = run(no_tsc(), &steps);
+        assert_eq!(
+            &got[4..],
+            &[P::Tnt("TNNTTT".into()), P::Tnt("NT".into())],
+            "{got:?}"
+        );
+        // Raw byte check of the bit order: "TNNTTT" = stop bit at 6, B1 at bit 6 of the payload.
+        let mut e = SoftEncoder::new(no_tsc());
+        for s in &steps[..6] {
+            e.step(*s);
+        }
+        let out = e.take_output();
+        // payload (byte >> 1) = 1 TNNTTT = 0b1100111 → byte 0b1100_1110.
+        assert_eq!(*out.last().unwrap(), 0b1100_1110);
+    }
+
+    #[test]
+    fn indirect_branch_tip_uses_shortest_compression() {
+        let steps = [
+            step(BASE, 2, Cofi::IndirectJump, BASE + 0x40),
+            step(BASE + 0x40, 2, Cofi::IndirectJump, BASE + 0x1_2340),
+            step(BASE + 0x1_2340, 2, Cofi::IndirectCall, 0x7fff_f7a0_0000),
+            step(0x7fff_f7a0_0000, 1, Cofi::None, 0x7fff_f7a0_0001),
+        ];
+        let mut e = SoftEncoder::new(no_tsc());
+        for s in steps {
+            e.step(s);
+        }
+        let got = decode_with_compression(&e.take_output());
+        let tips: Vec<_> = got
+            .iter()
+            .filter(|(p, _)| matches!(p, P::Tip(_)))
+            .cloned()
+            .collect();
+        assert_eq!(
+            tips,
+            vec![
+                (P::Tip(BASE + 0x40), Some(IpCompression::Update16)),
+                (P::Tip(BASE + 0x1_2340), Some(IpCompression::Update32)),
+                // Upper 16 bits equal, bits 47:32 differ → the 6-byte forms.
+                (P::Tip(0x7fff_f7a0_0000), Some(IpCompression::Sext48)),
+            ]
+        );
+    }
+
+    #[test]
+    fn matching_ret_is_compressed_mismatched_ret_is_tip() {
+        let f = BASE + 0x100;
+        let steps = [
+            step(BASE, 5, Cofi::DirectCall, f),
+            step(f, 1, Cofi::Return, BASE + 5),
+            step(BASE + 5, 5, Cofi::DirectCall, f),
+            // Return address overwritten: RET goes elsewhere.
+            step(f, 1, Cofi::Return, BASE + 0x200),
+            step(BASE + 0x200, 1, Cofi::None, BASE + 0x201),
+        ];
+        let got = run(no_tsc(), &steps);
+        assert_eq!(
+            &got[4..],
+            &[P::Tnt("T".into()), P::Tip(BASE + 0x200)],
+            "{got:?}"
+        );
+    }
+
+    #[test]
+    fn ret_compression_can_be_disabled() {
+        let f = BASE + 0x100;
+        let cfg = EncoderConfig {
+            ret_compression: false,
+            ..no_tsc()
+        };
+        let got = run(
+            cfg,
+            &[
+                step(BASE, 5, Cofi::DirectCall, f),
+                step(f, 1, Cofi::Return, BASE + 5),
+            ],
+        );
+        assert_eq!(&got[4..], &[P::Tip(BASE + 5)]);
+    }
+
+    #[test]
+    fn zero_length_call_is_not_pushed() {
+        let f = BASE + 0x100;
+        let steps = [
+            step(BASE, 5, Cofi::DirectCall, f),
+            // call $+5 inside f: target == NLIP, not pushed.
+            step(f, 5, Cofi::DirectCall, f + 5),
+            step(f + 5, 1, Cofi::None, f + 6),
+            // The RET pairs with the first CALL and is compressed.
+            step(f + 6, 1, Cofi::Return, BASE + 5),
+        ];
+        let got = run(no_tsc(), &steps);
+        assert_eq!(&got[4..], &[P::Tnt("T".into())], "{got:?}");
+    }
+
+    #[test]
+    fn return_stack_keeps_only_the_newest_64_calls() {
+        // 70 nested calls, then 70 returns: the innermost 64 RETs are compressed, the outermost 6
+        // are TIPs, since their CALLs fell off the 64-entry stack.
+        let depth = 70u64;
+        let mut steps = Vec::new();
+        let call_site = |d: u64| BASE + d * 0x100;
+        for d in 0..depth {
+            steps.push(step(call_site(d), 5, Cofi::DirectCall, call_site(d + 1)));
+        }
+        for d in (0..depth).rev() {
+            let at = call_site(d + 1) + 0x50;
+            steps.push(step(at, 1, Cofi::Return, call_site(d) + 5));
+        }
+        let got = run(no_tsc(), &steps);
+        let tnt: String = got
+            .iter()
+            .filter_map(|p| match p {
+                P::Tnt(s) => Some(s.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(tnt, "T".repeat(64));
+        let tips: Vec<u64> = got
+            .iter()
+            .filter_map(|p| match p {
+                P::Tip(ip) => Some(*ip),
+                _ => None,
+            })
+            .collect();
+        let expected: Vec<u64> = (0..6).rev().map(|d| call_site(d) + 5).collect();
+        assert_eq!(tips, expected);
+    }
+
+    #[test]
+    fn syscall_is_pgd_without_fup_then_pge_without_mode() {
+        let steps = [
+            step(BASE, 2, Cofi::Conditional { taken: false }, BASE + 2),
+            step(BASE + 2, 2, Cofi::KernelEntry, BASE + 4),
+            step(BASE + 4, 1, Cofi::None, BASE + 5),
+            // rt_sigreturn-like: the kernel returns somewhere else.
+            step(BASE + 5, 2, Cofi::KernelEntry, BASE + 0x900),
+            step(BASE + 0x900, 1, Cofi::None, BASE + 0x901),
+        ];
+        let got = run(no_tsc(), &steps);
+        assert_eq!(
+            got,
+            vec![
+                P::Psb,
+                P::PsbEnd,
+                P::Mode,
+                P::Pge(BASE),
+                // The pending TNT bit is forced out before the PGD.
+                P::Tnt("N".into()),
+                P::Pgd(None),
+                P::Pge(BASE + 4),
+                P::Pgd(None),
+                P::Pge(BASE + 0x900),
+            ]
+        );
+    }
+
+    #[test]
+    fn software_interrupt_is_fup_clip_and_pgd() {
+        let steps = [
+            step(BASE, 1, Cofi::None, BASE + 1),
+            step(BASE + 1, 1, Cofi::SoftwareInterrupt, BASE + 2),
+            step(BASE + 2, 1, Cofi::None, BASE + 3),
+        ];
+        let got = run(no_tsc(), &steps);
+        assert_eq!(
+            &got[3..],
+            &[
+                P::Pge(BASE),
+                P::Fup(BASE + 1),
+                P::Pgd(None),
+                P::Pge(BASE + 2)
+            ]
+        );
+    }
+
+    #[test]
+    fn async_transfer_is_fup_pgd_then_pge_at_handler() {
+        let handler = BASE + 0x4000;
+        let mut e = SoftEncoder::new(no_tsc());
+        e.step(step(
+            BASE,
+            2,
+            Cofi::Conditional { taken: true },
+            BASE + 0x20,
+        ));
+        // The instruction at BASE + 0x20 faults (or a signal arrives before it).
+        e.async_transfer(BASE + 0x20);
+        e.step(plain(handler));
+        // Back from the handler via rt_sigreturn to the interrupted instruction.
+        e.step(step(handler + 1, 2, Cofi::KernelEntry, BASE + 0x20));
+        // An asynchronous transfer while already out of context adds nothing.
+        e.async_transfer(BASE + 0x20);
+        e.step(plain(BASE + 0x20));
+        e.flush();
+        let got = decode(&e.take_output());
+        assert_eq!(
+            &got[3..],
+            &[
+                P::Pge(BASE),
+                P::Tnt("T".into()),
+                P::Fup(BASE + 0x20),
+                P::Pgd(None),
+                P::Pge(handler),
+                P::Pgd(None),
+                P::Pge(BASE + 0x20),
+            ]
+        );
+    }
+
+    #[test]
+    fn disable_and_reenable_restart_with_psb() {
+        let mut e = SoftEncoder::new(no_tsc());
+        e.step(plain(BASE));
+        e.disable(BASE + 1);
+        assert!(!e.is_tracing());
+        e.step(plain(BASE + 0x80));
+        e.finish(BASE + 0x81);
+        let got = decode(&e.take_output());
+        assert_eq!(
+            got,
+            vec![
+                P::Psb,
+                P::PsbEnd,
+                P::Mode,
+                P::Pge(BASE),
+                P::Fup(BASE + 1),
+                P::Pgd(None),
+                P::Psb,
+                P::PsbEnd,
+                P::Mode,
+                P::Pge(BASE + 0x80),
+                P::Fup(BASE + 0x81),
+                P::Pgd(None),
+            ]
+        );
+    }
+
+    #[test]
+    fn periodic_psb_restates_state_and_resets_ret_stack() {
+        let cfg = EncoderConfig {
+            psb_period: 64,
+            tsc: true,
+            ret_compression: true,
+        };
+        let mut e = SoftEncoder::new(cfg);
+        let f = BASE + 0x1000;
+        e.step(step(BASE, 5, Cofi::DirectCall, f));
+        // Enough indirect jumps to pass the PSB period.
+        let mut ip = f;
+        for i in 0..40u64 {
+            let next = f + 0x100 * (i + 1);
+            e.step(step(ip, 2, Cofi::IndirectJump, next));
+            ip = next;
+        }
+        // This RET's CALL was before the PSB: it must not be compressed.
+        e.step(step(ip, 1, Cofi::Return, BASE + 5));
+        e.flush();
+        let got = decode(&e.take_output());
+        let psbs = got.iter().filter(|p| **p == P::Psb).count();
+        assert!(psbs >= 2, "{got:?}");
+        assert_eq!(psbs as u64, e.stats().psbs);
+        // Each periodic PSB+ is PSB TSC MODE FUP(current IP) PSBEND, and the FUP is the IP of the
+        // instruction about to be encoded: the target of the preceding TIP.
+        for (i, p) in got.iter().enumerate().skip(1) {
+            if *p == P::Psb {
+                assert_eq!(got[i + 1], P::Tsc);
+                assert_eq!(got[i + 2], P::Mode);
+                let P::Fup(fup) = got[i + 3] else {
+                    panic!("no FUP in PSB+ at {i}: {got:?}")
+                };
+                assert_eq!(got[i + 4], P::PsbEnd);
+                assert_eq!(got[i - 1], P::Tip(fup));
+            }
+        }
+        assert_eq!(got.last(), Some(&P::Tip(BASE + 5)));
+        assert_eq!(e.stats().compressed_rets, 0);
+    }
+
+    #[test]
+    fn stats_count_bytes_across_takes() {
+        let mut e = SoftEncoder::new(EncoderConfig::default());
+        e.step(step(BASE, 2, Cofi::IndirectJump, BASE + 0x10));
+        let a = e.take_output().len();
+        e.step(step(BASE + 0x10, 2, Cofi::IndirectJump, BASE + 0x20));
+        let b = e.consume_output(|o| o.len());
+        assert_eq!(e.stats().bytes, (a + b) as u64);
+        assert_eq!(e.stats().instructions, 2);
     }
 }

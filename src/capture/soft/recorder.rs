@@ -1,0 +1,876 @@
+//! The software recorder: single-steps a [`StepTarget`], classifies every executed instruction,
+//! feeds the [`SoftEncoder`] and writes its packets through a ToPA output ring that a drainer
+//! thread empties into a [`TraceStore`].
+//!
+//! ## What one step observes
+//!
+//! Before a step the recorder reads RIP and the (cached) instruction there; after it, the stop
+//! and the new RIP. From the pair it knows whether the instruction executed and where the flow
+//! went:
+//!
+//! * SIGTRAP with `si_code` `TRAP_TRACE`/`TRAP_BRKPT`: the instruction executed (the BRKPT form
+//!   is the trap the kernel reports after a single-stepped system call);
+//! * a signal-delivery stop (SIGSEGV at a faulting instruction, or an asynchronous SIGALRM):
+//!   the instruction did *not* execute (the kernel reports synchronous signals, the step trap
+//!   included, before asynchronous ones, so an asynchronous stop means the signal arrived before
+//!   the instruction). The signal is passed with the next step, as the program would receive it;
+//! * SIGTRAP with `si_code == SIGTRAP` after passing a signal: the kernel delivered it and the
+//!   tracee stands at the first instruction of the handler — an asynchronous transfer
+//!   (FUP(the instruction that did not run) + TIP.PGD, then TIP.PGE at the handler);
+//! * a REP string instruction that leaves RIP unchanged ran one iteration: it is recorded once,
+//!   when RIP finally moves on (a decoder reports it once too);
+//! * `PTRACE_EVENT_EXIT`: the last instruction (`exit_group`) executed; the process image is
+//!   snapshotted while its memory is still there, then the trace ends cleanly.
+//!
+//! `rt_sigreturn` needs no special case: it is a SYSCALL (TIP.PGD) after which the kernel
+//! returns somewhere else (TIP.PGE at the interrupted IP).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+
+use super::classify::{CachedInsn, DecodeInsnError, InsnCache, InsnClass};
+use super::encoder::{EncoderConfig, EncoderStats, SoftEncoder, Step};
+use super::procmaps::{self, SymbolError};
+use super::state_log::StateLog;
+use super::target::{
+    Regs, StepStop, StepTarget, TRAP_BRKPT, TRAP_SIGNAL_DELIVERED, TRAP_TRACE, TargetError,
+};
+use crate::image::Image;
+use crate::ring::{BuildError, Capabilities, IntOn, SharedRing, Topa, TraceSource, Wake};
+use crate::store::live::{Gap, TraceStore};
+
+/// Where recording starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordFrom {
+    /// At `main` (from the executable's symbol table): the dynamic loader and libc start-up run
+    /// untraced at full speed up to a temporary breakpoint.
+    Main,
+    /// At the executable's ELF entry point (`_start`), after the dynamic loader.
+    Entry,
+    /// At the first user instruction after `execve` (the dynamic loader's entry).
+    Exec,
+    /// Not automatically: call [`SoftRecorder::record_on`].
+    OnDemand,
+}
+
+/// How the recorder advances the target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepMode {
+    /// Single-step every instruction.
+    Single,
+    /// Run each run of straight-line instructions (no change of flow, so no packets) at full
+    /// speed up to a temporary INT3 on the next change-of-flow instruction, which is then
+    /// single-stepped. The recorded flow is the same; it is faster by about the average block
+    /// length. Used only while the [`StateLog`] is off (it needs every instruction's effects)
+    /// and no signal is pending.
+    Block,
+}
+
+/// Straight-line instructions below which a block is single-stepped instead.
+const MIN_BLOCK: usize = 3;
+/// Longest straight-line run decoded ahead.
+const MAX_BLOCK: usize = 256;
+
+/// The ToPA output table the encoder writes through.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RingConfig {
+    /// Output region sizes (each 4 KiB << n), in table order; the table is circular.
+    pub region_sizes: Vec<u64>,
+    /// Which regions raise a PMI (wake the drainer) when they fill.
+    pub int_on: IntOn,
+    /// The modelled processor's output capabilities.
+    pub caps: Capabilities,
+}
+
+impl Default for RingConfig {
+    /// 8 × 64 KiB, circular, PMI on every region.
+    fn default() -> Self {
+        RingConfig {
+            region_sizes: vec![64 * 1024; 8],
+            int_on: IntOn::Every,
+            caps: Capabilities::default(),
+        }
+    }
+}
+
+/// Recorder settings.
+#[derive(Debug, Clone)]
+pub struct RecorderConfig {
+    /// Packet-level settings.
+    pub encoder: EncoderConfig,
+    /// The output ring.
+    pub ring: RingConfig,
+    /// Where recording starts.
+    pub record_from: RecordFrom,
+    /// Keep the IP of every recorded instruction (ground truth for tests).
+    pub log_ips: bool,
+    /// Keep per-instruction register diffs and overwritten memory (see [`StateLog`]).
+    pub state_log: bool,
+    /// How to advance the target in [`SoftRecorder::run`].
+    pub step_mode: StepMode,
+    /// Snapshot the executable mappings when the process exits (see [`Recording::image`]).
+    pub capture_image_at_exit: bool,
+    /// Encoder output is written to the ring in batches of at least this many bytes (a real
+    /// processor also buffers internally); everything is written out at pauses and the end.
+    pub write_batch: usize,
+}
+
+impl Default for RecorderConfig {
+    fn default() -> Self {
+        RecorderConfig {
+            encoder: EncoderConfig::default(),
+            ring: RingConfig::default(),
+            record_from: RecordFrom::Main,
+            log_ips: false,
+            state_log: false,
+            step_mode: StepMode::Block,
+            capture_image_at_exit: true,
+            write_batch: 4096,
+        }
+    }
+}
+
+/// Why recording failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// Controlling the target failed.
+    #[error(transparent)]
+    Target(#[from] TargetError),
+    /// The instruction at an IP could not be read or decoded.
+    #[error(transparent)]
+    Decode(#[from] DecodeInsnError),
+    /// The start address could not be found.
+    #[error("cannot find the recording start: {0}")]
+    Symbol(#[from] SymbolError),
+    /// The output ring could not be built.
+    #[error("cannot build the output ring: {0}")]
+    Ring(#[from] BuildError),
+    /// The process exited before reaching the recording start.
+    #[error("process exited ({0:?}) before reaching {1:#x}")]
+    ExitedEarly(StepStop, u64),
+    /// The drainer thread panicked.
+    #[error("drainer thread panicked")]
+    Drainer,
+}
+
+/// How the process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// Exited with a status.
+    Code(i32),
+    /// Killed by a signal.
+    Signal(Signal),
+}
+
+/// What one [`SoftRecorder::step`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepEvent {
+    /// The instruction at `ip` executed (and was encoded if recording is on).
+    Executed {
+        /// Its address.
+        ip: u64,
+    },
+    /// One iteration of a REP string instruction; it is recorded when it completes.
+    Iteration {
+        /// Its address.
+        ip: u64,
+    },
+    /// A signal stopped the process before the instruction at `ip`; it is delivered with the
+    /// next step.
+    Signal {
+        /// The signal.
+        signal: Signal,
+        /// The instruction that did not execute.
+        ip: u64,
+    },
+    /// A signal was delivered to its handler, which starts at `handler`.
+    HandlerEntered {
+        /// The interrupted IP (the instruction that did not execute).
+        from: u64,
+        /// The handler's first instruction.
+        handler: u64,
+    },
+    /// The process ended.
+    Exited(Exit),
+}
+
+/// Counters of a recording.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecorderStats {
+    /// ptrace single steps taken.
+    pub single_steps: u64,
+    /// Straight-line blocks run to a temporary breakpoint ([`StepMode::Block`]).
+    pub blocks: u64,
+    /// Instructions executed while recording (encoded).
+    pub recorded: u64,
+    /// Instructions executed while not recording.
+    pub unrecorded: u64,
+    /// REP iterations that did not complete their instruction.
+    pub rep_iterations: u64,
+    /// Signal-delivery stops seen.
+    pub signal_stops: u64,
+    /// Signals delivered to a handler.
+    pub handlers_entered: u64,
+    /// Stops the recorder could not explain and resolved by looking at RIP (counted, never
+    /// silent).
+    pub anomalies: u64,
+    /// Times the recorder drained the ring itself because the drainer had not kept up.
+    pub inline_drains: u64,
+    /// ToPA PMIs raised.
+    pub pmis: u64,
+    /// Bytes the output ring lost (overwritten or dropped) — 0 unless the ring is too small
+    /// for one batch.
+    pub lost_bytes: u64,
+    /// Distinct instructions decoded.
+    pub decoded_instructions: u64,
+}
+
+/// A finished recording.
+#[derive(Debug)]
+pub struct Recording {
+    /// The trace bytes, in stream order.
+    pub trace: Vec<u8>,
+    /// Where bytes were lost (empty for a complete trace).
+    pub gaps: Vec<Gap>,
+    /// Recorder counters.
+    pub stats: RecorderStats,
+    /// Encoder counters.
+    pub encoder: EncoderStats,
+    /// IPs of the recorded instructions, in execution order, if [`RecorderConfig::log_ips`].
+    pub ip_log: Option<Vec<u64>>,
+    /// The executable mappings at exit, if captured.
+    pub image: Option<Image>,
+    /// How the process ended (`None` if it was still running when recording finished).
+    pub exit: Option<Exit>,
+    /// The state log, if enabled.
+    pub state_log: Option<StateLog>,
+}
+
+/// Single-steps a target and records its flow as Intel PT packets (see the module docs).
+pub struct SoftRecorder<T: StepTarget> {
+    target: T,
+    config: RecorderConfig,
+    encoder: SoftEncoder,
+    ring: SharedRing<Topa>,
+    store: TraceStore,
+    drainer: Option<JoinHandle<()>>,
+    drainer_stop: Arc<AtomicBool>,
+    cache: InsnCache,
+    recording: bool,
+    pending_signal: Option<Signal>,
+    /// Registers at the current stop (valid until the next resume).
+    regs: Option<Regs>,
+    ip_log: Option<Vec<u64>>,
+    state_log: Option<StateLog>,
+    image: Option<Image>,
+    exit: Option<Exit>,
+    stats: RecorderStats,
+}
+
+impl<T: StepTarget> std::fmt::Debug for SoftRecorder<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SoftRecorder")
+            .field("pid", &self.target.pid())
+            .field("recording", &self.recording)
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+fn drain_into(ring: &SharedRing<Topa>, store: &TraceStore) -> u64 {
+    // Drain and append under the ring lock, so drains by the drainer thread and by the recorder
+    // reach the store in stream order.
+    ring.with(|r| {
+        if r.pending() == 0 {
+            return 0;
+        }
+        let d = r.drain();
+        store.append(&d);
+        d.report.lost()
+    })
+}
+
+fn rdtsc() -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: RDTSC has no memory effects; it is available on every x86-64 processor.
+        unsafe { core::arch::x86_64::_rdtsc() }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        0
+    }
+}
+
+impl<T: StepTarget> SoftRecorder<T> {
+    /// Takes control of a target stopped at its first instruction (after `execve`), runs it to
+    /// the configured start and, unless [`RecordFrom::OnDemand`], turns recording on there.
+    pub fn new(mut target: T, config: RecorderConfig) -> Result<Self, RecordError> {
+        let start = match config.record_from {
+            RecordFrom::Main => Some(procmaps::symbol_address(target.pid(), "main")?),
+            RecordFrom::Entry => Some(procmaps::exe_addresses(target.pid())?.1.entry),
+            RecordFrom::Exec | RecordFrom::OnDemand => None,
+        };
+        if let Some(addr) = start {
+            run_to_breakpoint(&mut target, addr)?;
+        }
+        let topa = Topa::circular(
+            config.ring.caps,
+            &config.ring.region_sizes,
+            config.ring.int_on.clone(),
+        )?;
+        let ring = SharedRing::new(topa);
+        let store = TraceStore::new();
+        let drainer_stop = Arc::new(AtomicBool::new(false));
+        let drainer = {
+            let ring = ring.clone();
+            let store = store.clone();
+            let stop = Arc::clone(&drainer_stop);
+            std::thread::Builder::new()
+                .name("soft-pt-drainer".into())
+                .spawn(move || {
+                    loop {
+                        let wake = ring.wait_for_data(Duration::from_millis(50));
+                        drain_into(&ring, &store);
+                        if matches!(wake, Wake::Closed | Wake::Ended)
+                            || stop.load(Ordering::Acquire)
+                        {
+                            break;
+                        }
+                    }
+                })
+                .ok()
+        };
+        let mut me = SoftRecorder {
+            encoder: SoftEncoder::new(config.encoder),
+            ip_log: config.log_ips.then(Vec::new),
+            state_log: config.state_log.then(StateLog::new),
+            target,
+            config,
+            ring,
+            store,
+            drainer,
+            drainer_stop,
+            cache: InsnCache::new(),
+            recording: false,
+            pending_signal: None,
+            regs: None,
+            image: None,
+            exit: None,
+            stats: RecorderStats::default(),
+        };
+        if me.config.record_from != RecordFrom::OnDemand {
+            me.record_on();
+        }
+        Ok(me)
+    }
+
+    /// The target. The recorder forgets the registers it read at this stop, since the caller
+    /// may change them.
+    pub fn target(&mut self) -> &mut T {
+        self.regs = None;
+        &mut self.target
+    }
+
+    /// Whether recording is on.
+    pub fn is_recording(&self) -> bool {
+        self.recording
+    }
+
+    /// Whether the process has ended.
+    pub fn exit(&self) -> Option<Exit> {
+        self.exit
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> RecorderStats {
+        let mut s = self.stats;
+        s.decoded_instructions = self.cache.len() as u64;
+        s
+    }
+
+    /// The store the drainer fills (a shared handle: readable while recording runs).
+    pub fn store(&self) -> TraceStore {
+        self.store.clone()
+    }
+
+    /// The state log, if enabled.
+    pub fn state_log(&self) -> Option<&StateLog> {
+        self.state_log.as_ref()
+    }
+
+    /// Turns recording on: the next executed instruction starts a PSB+ and TIP.PGE
+    /// (`monitor record on`).
+    pub fn record_on(&mut self) {
+        self.recording = true;
+    }
+
+    /// Turns recording off before the current instruction: FUP + TIP.PGD, everything encoded
+    /// so far is written to the ring (`monitor record off`).
+    pub fn record_off(&mut self) -> Result<(), RecordError> {
+        if self.recording {
+            let ip = self.current_regs()?.rip;
+            self.encoder.disable(ip);
+            self.recording = false;
+            self.write_out(true);
+        }
+        Ok(())
+    }
+
+    /// The registers at the current stop.
+    pub fn current_regs(&mut self) -> Result<Regs, RecordError> {
+        if let Some(r) = self.regs {
+            return Ok(r);
+        }
+        let r = self.target.regs()?;
+        self.regs = Some(r);
+        Ok(r)
+    }
+
+    /// Executes one instruction (or delivers a pending signal) and records it.
+    pub fn step(&mut self) -> Result<StepEvent, RecordError> {
+        if let Some(e) = self.exit {
+            return Ok(StepEvent::Exited(e));
+        }
+        let before = self.current_regs()?;
+        let ip = before.rip;
+        // An undecodable instruction still gets stepped: the CPU raises #UD (SIGILL), which
+        // the signal path handles.
+        let insn = match self.cache.get(&mut self.target, ip) {
+            Ok(c) => Some(c),
+            Err(DecodeInsnError::Invalid { .. }) => None,
+            Err(e) => return Err(e.into()),
+        };
+        if let (Some(log), Some(insn)) = (self.state_log.as_mut(), insn.as_ref())
+            && self.recording
+        {
+            log.before_step(&mut self.target, &before, insn);
+        }
+        let signal = self.pending_signal.take();
+        self.regs = None;
+        self.stats.single_steps += 1;
+        let stop = self.target.single_step(signal)?;
+        match stop {
+            StepStop::Trap => {
+                let code = if signal.is_some()
+                    || insn.is_none_or(|i| {
+                        matches!(
+                            i.class,
+                            InsnClass::SoftwareInterrupt | InsnClass::SystemCall
+                        )
+                    }) {
+                    self.target.siginfo()?.code
+                } else {
+                    TRAP_TRACE
+                };
+                if signal.is_some() && code == TRAP_SIGNAL_DELIVERED {
+                    return self.handler_entered(ip);
+                }
+                let after = self.current_regs()?;
+                if code != TRAP_TRACE && code != TRAP_BRKPT {
+                    // A SIGTRAP that is not the step trap: the program's own INT3/INT1 (after
+                    // it executed), or a SIGTRAP sent to it. Either way the program gets it.
+                    self.pending_signal = Some(Signal::SIGTRAP);
+                    let executed = after.rip != ip
+                        || insn.is_some_and(|i| i.class == InsnClass::SoftwareInterrupt);
+                    if !executed {
+                        self.stats.signal_stops += 1;
+                        self.discard_state_entry();
+                        return Ok(StepEvent::Signal {
+                            signal: Signal::SIGTRAP,
+                            ip,
+                        });
+                    }
+                }
+                match insn {
+                    Some(insn) => self.executed(ip, &insn, &after),
+                    None => {
+                        // The bytes did not decode but the CPU executed them (an instruction
+                        // iced does not know): nothing to encode, the flow is unknown.
+                        self.stats.anomalies += 1;
+                        Ok(StepEvent::Executed { ip })
+                    }
+                }
+            }
+            StepStop::Signal(sig) => {
+                self.stats.signal_stops += 1;
+                self.pending_signal = Some(sig);
+                let after = self.current_regs()?;
+                if after.rip != ip {
+                    // Not expected (see the module docs); count it and follow RIP.
+                    self.stats.anomalies += 1;
+                    if let Some(insn) = insn {
+                        return self.executed(ip, &insn, &after);
+                    }
+                }
+                self.discard_state_entry();
+                Ok(StepEvent::Signal { signal: sig, ip })
+            }
+            StepStop::Exiting => {
+                // Either the instruction was exit/exit_group (it executed), or a signal we
+                // passed (or SIGKILL) ended the process before it ran.
+                let executed = signal.is_none()
+                    && insn.is_some_and(|i| i.class == InsnClass::SystemCall)
+                    && matches!(before.rax, 60 | 231);
+                if let (true, Some(insn)) = (executed, insn) {
+                    let mut after = before;
+                    after.rip = insn.nlip();
+                    self.executed(ip, &insn, &after)?;
+                }
+                if self.config.capture_image_at_exit {
+                    self.image = procmaps::capture_image(&mut self.target)
+                        .ok()
+                        .map(|(image, _)| image);
+                }
+                self.regs = None;
+                let end = self.target.cont(None)?;
+                self.ended(end, (!executed).then_some(ip))
+            }
+            StepStop::Exited(_) | StepStop::Killed(_) => {
+                // Without PTRACE_EVENT_EXIT (a target that does not report it), an exit seen
+                // right after stepping exit/exit_group is that system call executing.
+                let executed = matches!(stop, StepStop::Exited(_))
+                    && signal.is_none()
+                    && insn.is_some_and(|i| i.class == InsnClass::SystemCall)
+                    && matches!(before.rax, 60 | 231);
+                if let (true, Some(insn)) = (executed, insn) {
+                    let mut after = before;
+                    after.rip = insn.nlip();
+                    self.executed(ip, &insn, &after)?;
+                }
+                self.ended(stop, (!executed).then_some(ip))
+            }
+        }
+    }
+
+    /// Runs until the process ends, or until `limit` instructions executed. Returns the exit,
+    /// if any. Uses block stepping when [`RecorderConfig::step_mode`] allows it (see
+    /// [`StepMode`]).
+    pub fn run(&mut self, limit: Option<u64>) -> Result<Option<Exit>, RecordError> {
+        let mut n = 0u64;
+        while self.exit.is_none() {
+            let remaining = limit.map_or(u64::MAX, |l| l.saturating_sub(n));
+            if remaining == 0 {
+                break;
+            }
+            n += self.advance(remaining)?;
+        }
+        Ok(self.exit)
+    }
+
+    /// Executes at least one step and at most `max` instructions; returns how many
+    /// instructions executed.
+    pub fn advance(&mut self, max: u64) -> Result<u64, RecordError> {
+        if self.config.step_mode == StepMode::Block
+            && self.state_log.is_none()
+            && self.pending_signal.is_none()
+            && self.exit.is_none()
+            && max > 1
+            && let Some(n) = self.run_block(max)?
+        {
+            return Ok(n);
+        }
+        Ok(match self.step()? {
+            StepEvent::Executed { .. } => 1,
+            _ => 0,
+        })
+    }
+
+    /// Block stepping: runs the straight-line instructions before the next change of flow at
+    /// full speed up to a temporary INT3 on that instruction, and records them as executed.
+    /// Returns `None` (nothing done) when the current instruction is itself a change of flow
+    /// (it is single-stepped) or the code cannot be decoded.
+    fn run_block(&mut self, max: u64) -> Result<Option<u64>, RecordError> {
+        let start = self.current_regs()?;
+        let mut block: Vec<CachedInsn> = Vec::new();
+        let mut ip = start.rip;
+        let end = loop {
+            let insn = match self.cache.get(&mut self.target, ip) {
+                Ok(c) => c,
+                Err(DecodeInsnError::Invalid { .. }) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            };
+            if insn.class != InsnClass::Plain
+                || block.len() as u64 + 1 >= max
+                || block.len() >= MAX_BLOCK
+            {
+                break insn;
+            }
+            block.push(insn);
+            ip = insn.nlip();
+        };
+        // Short blocks are cheaper to single-step than to run to a breakpoint.
+        if block.len() < MIN_BLOCK {
+            return Ok(None);
+        }
+        let bp = end.insn.ip();
+        let mut orig = [0u8; 1];
+        if self.target.read_memory(bp, &mut orig)? != 1 {
+            return Ok(None);
+        }
+        self.target.write_memory(bp, &[0xcc])?;
+        self.regs = None;
+        self.stats.blocks += 1;
+        let stop = self.target.cont(None)?;
+        if matches!(stop, StepStop::Trap | StepStop::Signal(_)) {
+            self.target.write_memory(bp, &orig)?;
+        }
+        match stop {
+            StepStop::Trap => {
+                let mut regs = self.current_regs()?;
+                if regs.rip == bp + 1 {
+                    regs.rip = bp;
+                    self.target.set_regs(&regs)?;
+                    self.regs = Some(regs);
+                    Ok(Some(self.executed_straight(&block, bp)))
+                } else {
+                    // A SIGTRAP of the program's own (sent to it): deliver it, like any signal.
+                    self.stats.signal_stops += 1;
+                    self.pending_signal = Some(Signal::SIGTRAP);
+                    Ok(Some(self.executed_straight(&block, regs.rip)))
+                }
+            }
+            StepStop::Signal(sig) => {
+                // A fault in the block, or an asynchronous signal: everything before the stop
+                // IP executed, the instruction at it did not.
+                self.stats.signal_stops += 1;
+                self.pending_signal = Some(sig);
+                let at = self.current_regs()?.rip;
+                Ok(Some(self.executed_straight(&block, at)))
+            }
+            StepStop::Exiting | StepStop::Exited(_) | StepStop::Killed(_) => {
+                // Killed from outside while running the block (no instruction in it can exit):
+                // where it stopped is unknown, so the trace ends at the block start.
+                self.stats.anomalies += 1;
+                if stop == StepStop::Exiting {
+                    let end = self.target.cont(None)?;
+                    self.ended(end, Some(start.rip))?;
+                } else {
+                    self.ended(stop, Some(start.rip))?;
+                }
+                Ok(Some(0))
+            }
+        }
+    }
+
+    /// Records the block's instructions up to (not including) `stop_ip` as executed.
+    fn executed_straight(&mut self, block: &[CachedInsn], stop_ip: u64) -> u64 {
+        self.encoder.set_tsc(rdtsc());
+        let n = self.record_block(block, stop_ip);
+        self.write_out(false);
+        n
+    }
+
+    fn record_block(&mut self, block: &[CachedInsn], stop_ip: u64) -> u64 {
+        let mut n = 0;
+        for insn in block {
+            let ip = insn.insn.ip();
+            if ip == stop_ip {
+                return n;
+            }
+            self.record_straight(ip, insn);
+            n += 1;
+        }
+        let end = block.last().map(CachedInsn::nlip);
+        if end != Some(stop_ip) {
+            // The stop is not at an instruction boundary of the block: not expected.
+            self.stats.anomalies += 1;
+        }
+        n
+    }
+
+    fn record_straight(&mut self, ip: u64, insn: &CachedInsn) {
+        if !self.recording {
+            self.stats.unrecorded += 1;
+            return;
+        }
+        self.stats.recorded += 1;
+        if let Some(log) = self.ip_log.as_mut() {
+            log.push(ip);
+        }
+        self.encoder.step(Step {
+            ip,
+            len: insn.len(),
+            cofi: super::encoder::Cofi::None,
+            next_ip: insn.nlip(),
+        });
+    }
+
+    /// Ends the recording: writes out pending packets (ending with TIP.PGD if the process is
+    /// still running and recording was on), stops the drainer, and returns everything.
+    pub fn finish(mut self) -> Result<Recording, RecordError> {
+        if self.exit.is_none() && self.recording {
+            let ip = self.current_regs().map(|r| r.rip).unwrap_or(0);
+            self.encoder.finish(ip);
+        }
+        self.encoder.flush();
+        self.write_out(true);
+        self.ring.close();
+        self.drainer_stop.store(true, Ordering::Release);
+        let joined = self.drainer.take().map(|h| h.join());
+        self.stats.lost_bytes += drain_into(&self.ring, &self.store);
+        if matches!(joined, Some(Err(_))) {
+            return Err(RecordError::Drainer);
+        }
+        self.stats.lost_bytes = self.store.lost();
+        self.stats.pmis = self.ring.with(|r| r.pmi_count());
+        let stats = self.stats();
+        Ok(Recording {
+            trace: self.store.to_vec(),
+            gaps: self.store.gaps(),
+            stats,
+            encoder: self.encoder.stats(),
+            ip_log: self.ip_log.take(),
+            image: self.image.take(),
+            exit: self.exit,
+            state_log: self.state_log.take(),
+        })
+    }
+
+    fn discard_state_entry(&mut self) {
+        if let Some(log) = self.state_log.as_mut() {
+            log.cancel_step();
+        }
+    }
+
+    fn handler_entered(&mut self, ip: u64) -> Result<StepEvent, RecordError> {
+        self.stats.handlers_entered += 1;
+        self.discard_state_entry();
+        if self.recording {
+            self.encoder.async_transfer(ip);
+        }
+        let handler = self.current_regs()?.rip;
+        Ok(StepEvent::HandlerEntered { from: ip, handler })
+    }
+
+    fn executed(
+        &mut self,
+        ip: u64,
+        insn: &CachedInsn,
+        after: &Regs,
+    ) -> Result<StepEvent, RecordError> {
+        let next_ip = after.rip;
+        if insn.rep_string && next_ip == ip {
+            self.stats.rep_iterations += 1;
+            if let Some(log) = self.state_log.as_mut() {
+                log.after_step(&mut self.target, after, false);
+            }
+            return Ok(StepEvent::Iteration { ip });
+        }
+        if insn.class == InsnClass::SystemCall {
+            // Code may have changed under the cache: mmap, mprotect, munmap, mremap, execve,
+            // pkey_mprotect (orig_rax keeps the number after the call).
+            if matches!(after.orig_rax, 9..=11 | 25 | 59 | 329) {
+                self.cache.invalidate_all();
+            }
+        }
+        if !self.recording {
+            self.stats.unrecorded += 1;
+            return Ok(StepEvent::Executed { ip });
+        }
+        if let Some(log) = self.state_log.as_mut() {
+            log.after_step(&mut self.target, after, true);
+        }
+        self.stats.recorded += 1;
+        if let Some(log) = self.ip_log.as_mut() {
+            log.push(ip);
+        }
+        self.encoder.set_tsc(rdtsc());
+        self.encoder.step(Step {
+            ip,
+            len: insn.len(),
+            cofi: insn.class.cofi(insn.nlip(), next_ip),
+            next_ip,
+        });
+        self.write_out(false);
+        Ok(StepEvent::Executed { ip })
+    }
+
+    fn ended(&mut self, stop: StepStop, unexecuted: Option<u64>) -> Result<StepEvent, RecordError> {
+        let exit = match stop {
+            StepStop::Exited(code) => Exit::Code(code),
+            StepStop::Killed(sig) => Exit::Signal(sig),
+            other => {
+                return Err(TargetError::Unexpected {
+                    pid: self.target.pid(),
+                    what: format!("after exit event: {other:?}"),
+                }
+                .into());
+            }
+        };
+        self.exit = Some(exit);
+        self.regs = None;
+        if self.recording {
+            // Killed before `ip` executed: FUP(ip) + TIP.PGD. After exit_group the TIP.PGD was
+            // already written and this adds nothing.
+            self.encoder.finish(unexecuted.unwrap_or(0));
+        }
+        self.encoder.flush();
+        self.write_out(true);
+        Ok(StepEvent::Exited(exit))
+    }
+
+    /// Moves encoder output into the ring (in batches unless `force`), draining the ring on
+    /// this thread first if the drainer has not made room.
+    fn write_out(&mut self, force: bool) {
+        let pending = self.encoder.pending_output().len();
+        if pending == 0 || (!force && pending < self.config.write_batch) {
+            return;
+        }
+        let ring = &self.ring;
+        let store = &self.store;
+        let stats = &mut self.stats;
+        self.encoder.consume_output(|bytes| {
+            let room = ring.with(|r| r.capacity().saturating_sub(r.pending()));
+            if bytes.len() as u64 > room {
+                stats.inline_drains += 1;
+                stats.lost_bytes += drain_into(ring, store);
+            }
+            ring.write(bytes);
+        });
+    }
+}
+
+/// Runs the target at full speed to `addr` with a temporary INT3 there, then restores the byte
+/// and sets RIP back to `addr`. Signals that arrive meanwhile are passed on.
+pub fn run_to_breakpoint<T: StepTarget + ?Sized>(
+    target: &mut T,
+    addr: u64,
+) -> Result<(), RecordError> {
+    let mut orig = [0u8; 1];
+    if target.read_memory(addr, &mut orig)? != 1 {
+        return Err(TargetError::Unexpected {
+            pid: target.pid(),
+            what: format!("cannot read breakpoint address {addr:#x}"),
+        }
+        .into());
+    }
+    target.write_memory(addr, &[0xcc])?;
+    let mut signal = None;
+    let result = loop {
+        match target.cont(signal.take()) {
+            Ok(StepStop::Trap) => {
+                let mut regs = target.regs()?;
+                if regs.rip == addr + 1 {
+                    regs.rip = addr;
+                    target.set_regs(&regs)?;
+                    break Ok(());
+                }
+                // A SIGTRAP of the program's own: pass it on.
+                signal = Some(Signal::SIGTRAP);
+            }
+            Ok(StepStop::Signal(sig)) => signal = Some(sig),
+            Ok(StepStop::Exiting) => {}
+            Ok(end @ (StepStop::Exited(_) | StepStop::Killed(_))) => {
+                return Err(RecordError::ExitedEarly(end, addr));
+            }
+            Err(e) => break Err(e.into()),
+        }
+    };
+    target.write_memory(addr, &orig)?;
+    result
+}

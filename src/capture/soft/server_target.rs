@@ -1,0 +1,124 @@
+//! [`StepTarget`] for the GDB server's ptrace target ([`crate::target::PtraceTarget`]), so the
+//! server can drive the software recorder on the process it debugs.
+//!
+//! Registers, `siginfo` and register writes go straight to ptrace on the target's pid (the
+//! server's register read also fetches the XSAVE area, which the recorder does not need on every
+//! step); memory and resumption go through the server target so its breakpoint bookkeeping stays
+//! right. Call these from the thread that traces the process (a ptrace requirement).
+//!
+//! The server target does not enable `PTRACE_O_TRACEEXIT`, so [`StepStop::Exiting`] is never
+//! reported and no image is captured at exit; capture one with
+//! [`procmaps::capture_image`](super::procmaps::capture_image) while the process lives.
+
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
+
+use super::target::{Regs, SigInfo, StepStop, StepTarget, TargetError};
+use crate::target::{PtraceTarget, StopEvent, Target, TargetError as ServerError};
+
+fn convert(pid: i32, op: &'static str, e: ServerError) -> TargetError {
+    match e {
+        ServerError::Sys { source, .. } => TargetError::Sys {
+            op,
+            pid,
+            errno: source,
+        },
+        ServerError::Exited { pid } => TargetError::Gone { pid },
+        other => TargetError::Unexpected {
+            pid,
+            what: format!("{op}: {other}"),
+        },
+    }
+}
+
+fn to_stop(pid: i32, ev: StopEvent) -> Result<StepStop, TargetError> {
+    Ok(match ev {
+        StopEvent::Step | StopEvent::Breakpoint { .. } => StepStop::Trap,
+        StopEvent::Signal(libc::SIGTRAP) => StepStop::Trap,
+        StopEvent::Signal(s) => match Signal::try_from(s) {
+            Ok(sig) => StepStop::Signal(sig),
+            Err(_) => {
+                return Err(TargetError::Unexpected {
+                    pid,
+                    what: format!("stopped by unknown signal {s}"),
+                });
+            }
+        },
+        StopEvent::Exited(code) => StepStop::Exited(code),
+        StopEvent::Killed(s) => StepStop::Killed(Signal::try_from(s).unwrap_or(Signal::SIGKILL)),
+        StopEvent::HistoryEnd { .. } => {
+            return Err(TargetError::Unexpected {
+                pid,
+                what: "history end on a live target".into(),
+            });
+        }
+    })
+}
+
+impl StepTarget for PtraceTarget {
+    fn pid(&self) -> i32 {
+        Target::pid(self)
+    }
+
+    fn regs(&mut self) -> Result<Regs, TargetError> {
+        let pid = Target::pid(self);
+        nix::sys::ptrace::getregs(Pid::from_raw(pid)).map_err(|errno| TargetError::Sys {
+            op: "PTRACE_GETREGS",
+            pid,
+            errno,
+        })
+    }
+
+    fn set_regs(&mut self, regs: &Regs) -> Result<(), TargetError> {
+        let pid = Target::pid(self);
+        nix::sys::ptrace::setregs(Pid::from_raw(pid), *regs).map_err(|errno| TargetError::Sys {
+            op: "PTRACE_SETREGS",
+            pid,
+            errno,
+        })
+    }
+
+    fn read_memory(&mut self, addr: u64, buf: &mut [u8]) -> Result<usize, TargetError> {
+        let pid = Target::pid(self);
+        Target::read_memory(self, addr, buf).map_err(|e| convert(pid, "read memory", e))
+    }
+
+    fn write_memory(&mut self, addr: u64, data: &[u8]) -> Result<(), TargetError> {
+        let pid = Target::pid(self);
+        Target::write_memory(self, addr, data).map_err(|e| convert(pid, "write memory", e))
+    }
+
+    fn single_step(&mut self, signal: Option<Signal>) -> Result<StepStop, TargetError> {
+        let pid = Target::pid(self);
+        let ev = PtraceTarget::single_step(self, signal.map(|s| s as i32))
+            .map_err(|e| convert(pid, "single step", e))?;
+        to_stop(pid, ev)
+    }
+
+    fn cont(&mut self, signal: Option<Signal>) -> Result<StepStop, TargetError> {
+        let pid = Target::pid(self);
+        PtraceTarget::cont(self, signal.map(|s| s as i32))
+            .map_err(|e| convert(pid, "continue", e))?;
+        match Target::wait(self, true).map_err(|e| convert(pid, "wait", e))? {
+            Some(ev) => to_stop(pid, ev),
+            None => Err(TargetError::Unexpected {
+                pid,
+                what: "blocking wait returned no stop".into(),
+            }),
+        }
+    }
+
+    fn siginfo(&mut self) -> Result<SigInfo, TargetError> {
+        let pid = Target::pid(self);
+        let si =
+            nix::sys::ptrace::getsiginfo(Pid::from_raw(pid)).map_err(|errno| TargetError::Sys {
+                op: "PTRACE_GETSIGINFO",
+                pid,
+                errno,
+            })?;
+        Ok(SigInfo {
+            signo: si.si_signo,
+            code: si.si_code,
+        })
+    }
+}

@@ -1,0 +1,605 @@
+//! The full past state of a single-stepped recording: per instruction, the registers it changed
+//! (old values only) and the old contents of the memory it wrote, so that the registers and
+//! memory at any past position can be rebuilt by undoing from the present.
+//!
+//! ## What is covered
+//!
+//! * Registers: every field of `user_regs_struct` (GPRs, RIP, RFLAGS, segment selectors and
+//!   FS/GS bases) — a diff of the registers before and after each step. Changes made by the
+//!   kernel *between* steps (signal delivery sets RIP/RSP/RDI/...) are kept as
+//!   [`EntryKind::Event`] entries. Vector and x87 registers are not recorded.
+//! * Memory written by instructions: every memory operand iced-x86 reports with Write,
+//!   CondWrite, ReadWrite or ReadCondWrite access (implicit stack writes of PUSH/CALL/ENTER
+//!   included), its address computed from the registers before the step. Each iteration of a
+//!   REP string instruction is one step and writes one element; iterations are merged into
+//!   their instruction's entry.
+//! * Memory written by system calls: the output buffers of `read`, `pread64`, `readv`-less
+//!   single-buffer calls (`recvfrom`, `getrandom`, `readlink`), the stat family (`stat`,
+//!   `fstat`, `lstat`, `newfstatat`, `statx`), `clock_gettime`, `gettimeofday`, `uname`,
+//!   `getrlimit`/`prlimit64`, `rt_sigaction` and `rt_sigprocmask` old values, and `poll`
+//!   descriptors — snapshotted before the SYSCALL step from the argument registers.
+//!
+//! ## What is not (counted in [`StateLogStats`])
+//!
+//! * Other system calls that write user memory (`ioctl`, `readv`, `recvmsg`, `epoll_wait`,
+//!   `futex` word changes by other threads, ...): [`StateLogStats::unknown_syscalls`].
+//! * The signal frame the kernel writes below the stack pointer when it delivers a signal.
+//! * Memory operands with VSIB addressing (scatter) or whose size iced-x86 does not give
+//!   (the XSAVE family is sized from CPUID leaf 0DH): [`StateLogStats::unknown_writes`].
+//! * Writes by other processes to shared memory.
+
+use iced_x86::{InstructionInfoFactory, Mnemonic, OpAccess, Register};
+
+use super::classify::{CachedInsn, InsnClass};
+use super::target::{Regs, StepTarget};
+
+/// Number of 64-bit fields in `user_regs_struct`.
+pub const REG_COUNT: usize = 27;
+
+/// The fields of `user_regs_struct` in declaration order (an index into this is what a register
+/// diff stores).
+pub const REG_NAMES: [&str; REG_COUNT] = [
+    "r15", "r14", "r13", "r12", "rbp", "rbx", "r11", "r10", "r9", "r8", "rax", "rcx", "rdx", "rsi",
+    "rdi", "orig_rax", "rip", "cs", "eflags", "rsp", "ss", "fs_base", "gs_base", "ds", "es", "fs",
+    "gs",
+];
+
+/// The registers as an array in [`REG_NAMES`] order.
+pub fn regs_to_array(r: &Regs) -> [u64; REG_COUNT] {
+    [
+        r.r15, r.r14, r.r13, r.r12, r.rbp, r.rbx, r.r11, r.r10, r.r9, r.r8, r.rax, r.rcx, r.rdx,
+        r.rsi, r.rdi, r.orig_rax, r.rip, r.cs, r.eflags, r.rsp, r.ss, r.fs_base, r.gs_base, r.ds,
+        r.es, r.fs, r.gs,
+    ]
+}
+
+/// Sets one register by [`REG_NAMES`] index (out-of-range indices are ignored).
+pub fn set_reg(r: &mut Regs, index: usize, value: u64) {
+    let slot = match index {
+        0 => &mut r.r15,
+        1 => &mut r.r14,
+        2 => &mut r.r13,
+        3 => &mut r.r12,
+        4 => &mut r.rbp,
+        5 => &mut r.rbx,
+        6 => &mut r.r11,
+        7 => &mut r.r10,
+        8 => &mut r.r9,
+        9 => &mut r.r8,
+        10 => &mut r.rax,
+        11 => &mut r.rcx,
+        12 => &mut r.rdx,
+        13 => &mut r.rsi,
+        14 => &mut r.rdi,
+        15 => &mut r.orig_rax,
+        16 => &mut r.rip,
+        17 => &mut r.cs,
+        18 => &mut r.eflags,
+        19 => &mut r.rsp,
+        20 => &mut r.ss,
+        21 => &mut r.fs_base,
+        22 => &mut r.gs_base,
+        23 => &mut r.ds,
+        24 => &mut r.es,
+        25 => &mut r.fs,
+        26 => &mut r.gs,
+        _ => return,
+    };
+    *slot = value;
+}
+
+/// What an entry of the log undoes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    /// One recorded instruction (a position in the instruction stream).
+    Instruction,
+    /// Iterations of a REP string instruction that a signal interrupted before it completed.
+    Partial,
+    /// Register changes the kernel made between two steps (signal delivery).
+    Event,
+}
+
+/// One undo record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    /// What it undoes.
+    pub kind: EntryKind,
+    reg_start: u32,
+    reg_len: u8,
+    mem_start: u32,
+    mem_len: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct MemRecord {
+    addr: u64,
+    data_start: u64,
+    len: u32,
+}
+
+/// Size counters of the log.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StateLogStats {
+    /// Instruction entries.
+    pub instructions: u64,
+    /// Register values stored.
+    pub registers: u64,
+    /// Memory records stored.
+    pub memory_records: u64,
+    /// Bytes of old memory stored.
+    pub memory_bytes: u64,
+    /// Approximate bytes the log occupies (entries, register diffs, memory records and data).
+    pub total_bytes: u64,
+    /// System calls whose memory effects are not known (not in the handled list).
+    pub unknown_syscalls: u64,
+    /// Memory writes that could not be captured (no size, VSIB, unreadable memory).
+    pub unknown_writes: u64,
+}
+
+#[derive(Debug, Default)]
+struct Pending {
+    before: Option<Regs>,
+    mem_mark: usize,
+    open: bool,
+}
+
+/// The undo log (see the module docs).
+#[derive(Debug)]
+pub struct StateLog {
+    entries: Vec<Entry>,
+    regs: Vec<(u8, u64)>,
+    mem: Vec<MemRecord>,
+    data: Vec<u8>,
+    /// Registers after the last step (to detect kernel-made changes between steps).
+    last_after: Option<Regs>,
+    pending: Pending,
+    factory: InstructionInfoFactory,
+    stats: StateLogStats,
+    /// Instruction entries so far (the next instruction's position).
+    positions: Vec<u32>,
+    syscall_nr: Option<u64>,
+}
+
+impl Default for StateLog {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn reg_value(r: &Regs, reg: Register) -> Option<u64> {
+    use Register::*;
+    let full = reg.full_register();
+    let v = match full {
+        RAX => r.rax,
+        RBX => r.rbx,
+        RCX => r.rcx,
+        RDX => r.rdx,
+        RSI => r.rsi,
+        RDI => r.rdi,
+        RBP => r.rbp,
+        RSP => r.rsp,
+        R8 => r.r8,
+        R9 => r.r9,
+        R10 => r.r10,
+        R11 => r.r11,
+        R12 => r.r12,
+        R13 => r.r13,
+        R14 => r.r14,
+        R15 => r.r15,
+        RIP => r.rip,
+        _ => {
+            return match reg {
+                FS => Some(r.fs_base),
+                GS => Some(r.gs_base),
+                ES | CS | SS | DS => Some(0),
+                _ => Option::None,
+            };
+        }
+    };
+    Some(match reg.size() {
+        4 => v & 0xffff_ffff,
+        2 => v & 0xffff,
+        1 => v & 0xff,
+        _ => v,
+    })
+}
+
+fn is_xsave(m: Mnemonic) -> bool {
+    use Mnemonic::*;
+    matches!(
+        m,
+        Xsave | Xsave64 | Xsavec | Xsavec64 | Xsaveopt | Xsaveopt64 | Xsaves | Xsaves64
+    )
+}
+
+/// Bytes an XSAVE of the features enabled in XCR0 writes at most (CPUID.(EAX=0DH,ECX=0):EBX);
+/// the compacted forms (XSAVEC/XSAVES) write no more than that. iced-x86 gives these
+/// instructions no operand size (it depends on XCR0), and the dynamic loader's lazy-binding
+/// trampoline uses them on every first call through the PLT.
+fn xsave_area_size() -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // CPUID leaf 0DH exists on every processor with XSAVE (which the instruction implies).
+        let r = std::arch::x86_64::__cpuid_count(0xd, 0);
+        u64::from(r.ebx)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        0
+    }
+}
+
+/// Memory a system call writes, from its number and argument registers (see the module docs).
+fn syscall_writes(r: &Regs) -> Option<Vec<(u64, u64)>> {
+    let (a0, a1, a2, a3, a4) = (r.rdi, r.rsi, r.rdx, r.r10, r.r8);
+    const STAT: u64 = 144;
+    Some(match r.rax {
+        0 | 17 => vec![(a1, a2)],              // read, pread64 (fd, buf, count)
+        4..=6 => vec![(a1, STAT)],             // stat/fstat/lstat (…, statbuf)
+        262 => vec![(a2, STAT)],               // newfstatat (dirfd, path, statbuf, flags)
+        332 => vec![(a4, 256)],                // statx (…, statxbuf)
+        45 => vec![(a1, a2)],                  // recvfrom (fd, buf, len, …) — addr/addrlen too
+        318 => vec![(a0, a1)],                 // getrandom (buf, len, flags)
+        89 => vec![(a1, a2)],                  // readlink (path, buf, size)
+        267 => vec![(a2, a3)],                 // readlinkat (dirfd, path, buf, size)
+        228 => vec![(a1, 16)],                 // clock_gettime (clk, tp)
+        96 => vec![(a0, 16), (a1, 8)],         // gettimeofday (tv, tz)
+        63 => vec![(a0, 390)],                 // uname (utsname)
+        97 => vec![(a1, 16)],                  // getrlimit (res, rlim)
+        302 => vec![(a3, 16)],                 // prlimit64 (pid, res, new, old)
+        13 => vec![(a2, 24 + a3)],             // rt_sigaction (sig, act, oldact, sigsetsize)
+        14 => vec![(a2, a3)],                  // rt_sigprocmask (how, set, oldset, sigsetsize)
+        7 => vec![(a0, a1.saturating_mul(8))], // poll (fds, nfds, timeout): revents
+        // No user-memory output: write, close, mmap (fresh pages), munmap, mprotect, brk,
+        // lseek, exit, exit_group, getpid, kill, tgkill, rt_sigreturn (restores registers),
+        // sched_yield, nanosleep's NULL rem is common, openat, dup, pipe2 (2 ints).
+        1 | 3 | 8 | 9 | 10 | 11 | 12 | 15 | 24 | 39 | 60 | 62 | 110 | 186 | 200 | 231 | 234
+        | 257 | 32 | 33 | 37 | 38 | 21 | 102 | 104 | 107 | 108 | 218 | 273 | 334 => vec![],
+        22 | 293 => vec![(a0, 8)], // pipe, pipe2 (fds[2])
+        35 | 230 => vec![(if r.rax == 35 { a1 } else { a3 }, 16)], // nanosleep, clock_nanosleep rem
+        _ => return None,
+    })
+}
+
+impl StateLog {
+    /// An empty log.
+    pub fn new() -> Self {
+        StateLog {
+            entries: Vec::new(),
+            regs: Vec::new(),
+            mem: Vec::new(),
+            data: Vec::new(),
+            last_after: None,
+            pending: Pending::default(),
+            factory: InstructionInfoFactory::new(),
+            stats: StateLogStats::default(),
+            positions: Vec::new(),
+            syscall_nr: None,
+        }
+    }
+
+    /// Size counters.
+    pub fn stats(&self) -> StateLogStats {
+        let mut s = self.stats;
+        s.instructions = self.positions.len() as u64;
+        s.registers = self.regs.len() as u64;
+        s.memory_records = self.mem.len() as u64;
+        s.memory_bytes = self.data.len() as u64;
+        s.total_bytes = (self.entries.len() * std::mem::size_of::<Entry>()
+            + self.regs.len() * std::mem::size_of::<(u8, u64)>()
+            + self.mem.len() * std::mem::size_of::<MemRecord>()
+            + self.data.len()
+            + self.positions.len() * 4) as u64;
+        s
+    }
+
+    /// Number of recorded instructions (positions `0..len`; position `len` is the present).
+    pub fn len(&self) -> usize {
+        self.positions.len()
+    }
+
+    /// Whether no instruction was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.positions.is_empty()
+    }
+
+    /// The system call number of the step in progress, if it is a SYSCALL.
+    pub fn syscall_nr(&self) -> Option<u64> {
+        self.syscall_nr
+    }
+
+    fn push_mem<T: StepTarget + ?Sized>(&mut self, target: &mut T, addr: u64, len: u64) {
+        if len == 0 {
+            return;
+        }
+        // A garbage length (the syscall will fail with EFAULT) must not allocate gigabytes.
+        let Ok(len32) = u32::try_from(len) else {
+            self.stats.unknown_writes += 1;
+            return;
+        };
+        if len32 > 64 << 20 {
+            self.stats.unknown_writes += 1;
+            return;
+        }
+        let start = self.data.len();
+        self.data.resize(start + len32 as usize, 0);
+        let n = target
+            .read_memory(addr, &mut self.data[start..])
+            .unwrap_or(0);
+        // Unreadable (the write will fault, or the buffer is partly unmapped): keep what could
+        // be read; the rest cannot have held program data the write could destroy.
+        self.data.truncate(start + n);
+        if n == 0 {
+            return;
+        }
+        if (n as u64) < len {
+            self.stats.unknown_writes += 1;
+        }
+        self.mem.push(MemRecord {
+            addr,
+            data_start: start as u64,
+            len: n as u32,
+        });
+    }
+
+    /// Called before a step: records kernel-made register changes since the last step, and
+    /// snapshots the memory the instruction (or system call) is about to write.
+    pub fn before_step<T: StepTarget + ?Sized>(
+        &mut self,
+        target: &mut T,
+        before: &Regs,
+        insn: &CachedInsn,
+    ) {
+        if let Some(last) = self.last_after
+            && !self.pending.open
+        {
+            self.push_reg_diff(&last, before, EntryKind::Event);
+        }
+        if !self.pending.open {
+            self.pending.before = Some(*before);
+            self.pending.mem_mark = self.mem.len();
+            self.pending.open = true;
+        }
+        self.syscall_nr = None;
+        if insn.class == InsnClass::SystemCall {
+            self.syscall_nr = Some(before.rax);
+            match syscall_writes(before) {
+                Some(ranges) => {
+                    for (addr, len) in ranges {
+                        if addr != 0 {
+                            self.push_mem(target, addr, len);
+                        }
+                    }
+                }
+                None => self.stats.unknown_syscalls += 1,
+            }
+            return;
+        }
+        let info = self.factory.info(&insn.insn);
+        let mut writes: Vec<(u64, u64)> = Vec::new();
+        let mut unknown = 0;
+        for m in info.used_memory() {
+            if !matches!(
+                m.access(),
+                OpAccess::Write
+                    | OpAccess::CondWrite
+                    | OpAccess::ReadWrite
+                    | OpAccess::ReadCondWrite
+            ) {
+                continue;
+            }
+            let mut size = m.memory_size().size() as u64;
+            if size == 0 && is_xsave(insn.insn.mnemonic()) {
+                size = xsave_area_size();
+            }
+            if size == 0 && insn.rep_string {
+                // iced-x86 sizes a REP string operand as unknown (the count is dynamic); one
+                // single step runs one iteration, which writes one element at [RDI].
+                size = insn.insn.memory_size().element_size() as u64;
+            }
+            if size == 0 || m.vsib_size() != 0 {
+                unknown += 1;
+                continue;
+            }
+            match m.virtual_address(0, |reg, _, _| reg_value(before, reg)) {
+                Some(addr) => writes.push((addr, size)),
+                None => unknown += 1,
+            }
+        }
+        self.stats.unknown_writes += unknown;
+        for (addr, len) in writes {
+            self.push_mem(target, addr, len);
+        }
+    }
+
+    /// Called after a step that executed: closes the instruction's entry when `complete` (a
+    /// REP iteration that left RIP in place keeps it open).
+    pub fn after_step<T: StepTarget + ?Sized>(
+        &mut self,
+        _target: &mut T,
+        after: &Regs,
+        complete: bool,
+    ) {
+        self.last_after = Some(*after);
+        if complete {
+            self.close(after, EntryKind::Instruction);
+        }
+    }
+
+    /// Called when the step did not execute the instruction (a signal stopped it first): drops
+    /// the snapshots taken for it. Completed REP iterations stay, as a [`EntryKind::Partial`]
+    /// entry.
+    pub fn cancel_step(&mut self) {
+        if !self.pending.open {
+            return;
+        }
+        let Some(before) = self.pending.before else {
+            return;
+        };
+        match self.last_after {
+            // Some iterations of a REP instruction completed since `before`.
+            Some(last) if self.mem.len() > self.pending.mem_mark && last != before => {
+                // Snapshots of the cancelled step itself were pushed last; we cannot tell them
+                // apart from the iterations' here, so keep them all (undoing a write that did
+                // not happen restores the value that is still there: harmless).
+                self.close(&last, EntryKind::Partial);
+            }
+            _ => {
+                self.mem.truncate(self.pending.mem_mark);
+                let keep = self
+                    .mem
+                    .last()
+                    .map_or(0, |m| (m.data_start + u64::from(m.len)) as usize);
+                self.data.truncate(keep);
+                self.pending = Pending::default();
+            }
+        }
+    }
+
+    fn close(&mut self, after: &Regs, kind: EntryKind) {
+        let Some(before) = self.pending.before else {
+            return;
+        };
+        let reg_start = self.regs.len() as u32;
+        let b = regs_to_array(&before);
+        let a = regs_to_array(after);
+        for i in 0..REG_COUNT {
+            if a[i] != b[i] {
+                self.regs.push((i as u8, b[i]));
+            }
+        }
+        let reg_len = (self.regs.len() as u32 - reg_start) as u8;
+        let mem_start = self.pending.mem_mark as u32;
+        let mem_len = self.mem.len() as u32 - mem_start;
+        if kind == EntryKind::Instruction {
+            self.positions.push(self.entries.len() as u32);
+        }
+        self.entries.push(Entry {
+            kind,
+            reg_start,
+            reg_len,
+            mem_start,
+            mem_len,
+        });
+        self.pending = Pending::default();
+    }
+
+    fn push_reg_diff(&mut self, old: &Regs, new: &Regs, kind: EntryKind) {
+        if old == new {
+            return;
+        }
+        let reg_start = self.regs.len() as u32;
+        let o = regs_to_array(old);
+        let n = regs_to_array(new);
+        for i in 0..REG_COUNT {
+            if o[i] != n[i] {
+                self.regs.push((i as u8, o[i]));
+            }
+        }
+        self.entries.push(Entry {
+            kind,
+            reg_start,
+            reg_len: (self.regs.len() as u32 - reg_start) as u8,
+            mem_start: self.mem.len() as u32,
+            mem_len: 0,
+        });
+    }
+
+    /// Rebuilds the state before the instruction at `position` (0 = the first recorded
+    /// instruction; [`len`](Self::len) = the present) from the present state: `regs` (the
+    /// current registers) are rewritten in place, and every memory range to restore is passed
+    /// to `restore_memory(addr, old_bytes)` newest first — apply them in that order over the
+    /// current memory (later calls win).
+    ///
+    /// Returns `false` if `position` is beyond the log.
+    pub fn undo_to(
+        &self,
+        position: usize,
+        regs: &mut Regs,
+        mut restore_memory: impl FnMut(u64, &[u8]),
+    ) -> bool {
+        if position > self.positions.len() {
+            return false;
+        }
+        let first = match self.positions.get(position) {
+            Some(&e) => e as usize,
+            None => self.entries.len(),
+        };
+        for e in self.entries[first..].iter().rev() {
+            let regs_of =
+                &self.regs[e.reg_start as usize..e.reg_start as usize + e.reg_len as usize];
+            for &(i, v) in regs_of {
+                set_reg(regs, usize::from(i), v);
+            }
+            let mems = &self.mem[e.mem_start as usize..(e.mem_start + e.mem_len) as usize];
+            for m in mems.iter().rev() {
+                let d = &self.data[m.data_start as usize..m.data_start as usize + m.len as usize];
+                restore_memory(m.addr, d);
+            }
+        }
+        true
+    }
+
+    /// The registers before the instruction at `position`, given the present registers.
+    pub fn registers_at(&self, position: usize, present: &Regs) -> Option<Regs> {
+        let mut r = *present;
+        self.undo_to(position, &mut r, |_, _| {}).then_some(r)
+    }
+
+    /// Memory at `addr..addr + buf.len()` before the instruction at `position`: `buf` must
+    /// hold the present contents on entry and holds the past contents on return.
+    pub fn memory_at(&self, position: usize, addr: u64, buf: &mut [u8]) -> bool {
+        let mut scratch = zeroed_regs();
+        let end = addr + buf.len() as u64;
+        self.undo_to(position, &mut scratch, |a, old| {
+            let a_end = a + old.len() as u64;
+            if a_end <= addr || a >= end {
+                return;
+            }
+            let lo = a.max(addr);
+            let hi = a_end.min(end);
+            let dst = (lo - addr) as usize..(hi - addr) as usize;
+            let src = (lo - a) as usize..(hi - a) as usize;
+            buf[dst].copy_from_slice(&old[src]);
+        })
+    }
+}
+
+/// An all-zero register set.
+pub fn zeroed_regs() -> Regs {
+    let mut r = [0u64; REG_COUNT].map(|_| 0u64);
+    r[0] = 0;
+    let mut regs = Regs {
+        r15: 0,
+        r14: 0,
+        r13: 0,
+        r12: 0,
+        rbp: 0,
+        rbx: 0,
+        r11: 0,
+        r10: 0,
+        r9: 0,
+        r8: 0,
+        rax: 0,
+        rcx: 0,
+        rdx: 0,
+        rsi: 0,
+        rdi: 0,
+        orig_rax: 0,
+        rip: 0,
+        cs: 0,
+        eflags: 0,
+        rsp: 0,
+        ss: 0,
+        fs_base: 0,
+        gs_base: 0,
+        ds: 0,
+        es: 0,
+        fs: 0,
+        gs: 0,
+    };
+    for (i, v) in r.iter().enumerate() {
+        set_reg(&mut regs, i, *v);
+    }
+    regs
+}

@@ -1,0 +1,401 @@
+//! Instruction classification (iced-x86) and the block cache.
+//!
+//! A block is a run of instructions that ends at the first instruction whose successor the trace
+//! (or a static target) decides: any branch, a far transfer, PTWRITE (PTW packets bind to it), or
+//! an instruction that can switch tracing off. Blocks are decoded once and then replayed from the
+//! cache: the decoder never runs iced-x86 twice on the same address unless the cache was flushed.
+
+use crate::image::Image;
+use crate::packet::ExecMode;
+use iced_x86::{Code, Decoder, DecoderError, DecoderOptions, FlowControl, Instruction, Mnemonic};
+
+/// What kind of control flow an instruction is (reference §3.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum InsnClass {
+    /// No control flow (or nothing the trace reports).
+    Other,
+    /// Jcc, J*CXZ, LOOP*: one TNT bit.
+    CondBranch,
+    /// Direct near JMP: no trace.
+    DirectJump,
+    /// Direct near CALL: no trace; pushes the return address.
+    DirectCall,
+    /// Indirect near JMP: TIP.
+    IndirectJump,
+    /// Indirect near CALL: TIP; pushes the return address.
+    IndirectCall,
+    /// Near RET: a taken TNT bit (compressed) or a TIP.
+    Return,
+    /// Far CALL (direct or indirect): TIP.
+    FarCall,
+    /// Far JMP (direct or indirect), VMLAUNCH/VMRESUME: TIP.
+    FarJump,
+    /// Far RET, IRET, SYSRET, SYSEXIT: TIP.
+    FarReturn,
+    /// SYSCALL, SYSENTER, INT n, INT3, INTO, INT1: TIP (or TIP.PGD into an untraced kernel).
+    SysCall,
+    /// PTWRITE: binds PTW packets without an IP.
+    Ptwrite,
+    /// MOV to CR3, WRMSR and similar: no packet of its own, but may switch tracing off.
+    Special,
+}
+
+impl InsnClass {
+    /// True for instructions whose successor the trace must give as a TIP (or TIP.PGD).
+    #[inline]
+    pub fn needs_tip(self) -> bool {
+        matches!(
+            self,
+            InsnClass::IndirectJump
+                | InsnClass::IndirectCall
+                | InsnClass::FarCall
+                | InsnClass::FarJump
+                | InsnClass::FarReturn
+                | InsnClass::SysCall
+        )
+    }
+
+    /// True for far transfers and other instructions that may change the context (CPL, CR3) and
+    /// so disable tracing with a suppressed TIP.PGD IP.
+    #[inline]
+    pub fn can_disable_suppressed(self) -> bool {
+        matches!(
+            self,
+            InsnClass::FarCall
+                | InsnClass::FarJump
+                | InsnClass::FarReturn
+                | InsnClass::SysCall
+                | InsnClass::Special
+        )
+    }
+
+    /// True for any branch (near or far, direct or indirect, conditional or not).
+    #[inline]
+    pub fn is_branch(self) -> bool {
+        !matches!(
+            self,
+            InsnClass::Other | InsnClass::Ptwrite | InsnClass::Special
+        )
+    }
+
+    /// A short lowercase name (`cond`, `call`, `ret` ...), used by the CLI.
+    pub fn name(self) -> &'static str {
+        match self {
+            InsnClass::Other => "other",
+            InsnClass::CondBranch => "cond",
+            InsnClass::DirectJump => "jump",
+            InsnClass::DirectCall => "call",
+            InsnClass::IndirectJump => "ind-jump",
+            InsnClass::IndirectCall => "ind-call",
+            InsnClass::Return => "ret",
+            InsnClass::FarCall => "far-call",
+            InsnClass::FarJump => "far-jump",
+            InsnClass::FarReturn => "far-ret",
+            InsnClass::SysCall => "syscall",
+            InsnClass::Ptwrite => "ptwrite",
+            InsnClass::Special => "special",
+        }
+    }
+}
+
+/// Bitness for iced-x86.
+pub(crate) fn bitness(mode: ExecMode) -> u32 {
+    match mode {
+        ExecMode::Bits16 => 16,
+        ExecMode::Bits32 => 32,
+        ExecMode::Bits64 | ExecMode::Invalid => 64,
+    }
+}
+
+/// Classifies one decoded instruction.
+pub(crate) fn classify(i: &Instruction) -> InsnClass {
+    // iced-x86 files SYSCALL, SYSENTER and VMLAUNCH under `FlowControl::Call` and far returns
+    // under `Return`, so the far transfers are picked out by mnemonic first.
+    match i.mnemonic() {
+        Mnemonic::Syscall
+        | Mnemonic::Sysenter
+        | Mnemonic::Int
+        | Mnemonic::Int3
+        | Mnemonic::Into
+        | Mnemonic::Int1 => return InsnClass::SysCall,
+        Mnemonic::Sysret
+        | Mnemonic::Sysexit
+        | Mnemonic::Iret
+        | Mnemonic::Iretd
+        | Mnemonic::Iretq
+        | Mnemonic::Retf
+        | Mnemonic::Uiret => return InsnClass::FarReturn,
+        Mnemonic::Vmlaunch | Mnemonic::Vmresume => return InsnClass::FarJump,
+        Mnemonic::Ptwrite => return InsnClass::Ptwrite,
+        Mnemonic::Wrmsr | Mnemonic::Vmcall | Mnemonic::Vmmcall => return InsnClass::Special,
+        _ => {}
+    }
+    match i.flow_control() {
+        FlowControl::Next | FlowControl::XbeginXabortXend | FlowControl::Exception => {
+            if i.code() == Code::Mov_cr_r64 || i.code() == Code::Mov_cr_r32 {
+                InsnClass::Special
+            } else {
+                InsnClass::Other
+            }
+        }
+        FlowControl::ConditionalBranch => InsnClass::CondBranch,
+        FlowControl::UnconditionalBranch => {
+            if i.is_jmp_far() {
+                InsnClass::FarJump
+            } else {
+                InsnClass::DirectJump
+            }
+        }
+        FlowControl::IndirectBranch => {
+            if i.is_jmp_far_indirect() {
+                InsnClass::FarJump
+            } else {
+                InsnClass::IndirectJump
+            }
+        }
+        FlowControl::Call => {
+            if i.is_call_far() {
+                InsnClass::FarCall
+            } else {
+                InsnClass::DirectCall
+            }
+        }
+        FlowControl::IndirectCall => {
+            if i.is_call_far_indirect() {
+                InsnClass::FarCall
+            } else {
+                InsnClass::IndirectCall
+            }
+        }
+        FlowControl::Return => {
+            if i.mnemonic() == Mnemonic::Ret {
+                InsnClass::Return
+            } else {
+                InsnClass::FarReturn
+            }
+        }
+        FlowControl::Interrupt => InsnClass::SysCall,
+    }
+}
+
+/// How a cached block ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Term {
+    /// The last instruction is of this class (counted in the block).
+    Insn(InsnClass),
+    /// The block reached its length limit; the next instruction is at `next`.
+    Limit,
+    /// No code is mapped at `next` (the block holds the instructions before it).
+    NoCode,
+    /// The bytes at `next` do not decode.
+    BadInsn,
+}
+
+/// One cached block.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CachedBlock {
+    /// First instruction.
+    pub start: u64,
+    /// IP of the last instruction (meaningless when `n == 0`).
+    pub last_ip: u64,
+    /// Fall-through IP after the last instruction (or the IP of the failing instruction for
+    /// `NoCode`/`BadInsn`).
+    pub next: u64,
+    /// Static target of a direct branch (taken target of a conditional one).
+    pub target: u64,
+    /// Index of the first instruction length in the length arena.
+    pub lens_at: u32,
+    /// Number of instructions.
+    pub n: u32,
+    /// How it ends.
+    pub term: Term,
+    /// Mode it was decoded in.
+    pub mode: ExecMode,
+}
+
+/// Instructions per block at most (a straight run longer than this is split).
+const MAX_BLOCK_INSNS: u32 = 1024;
+
+/// The block cache: an open-addressing table from IP to block index plus arenas for the blocks and
+/// their instruction lengths. Flushed as a whole when it grows past its limit.
+pub(crate) struct BlockCache {
+    keys: Vec<u64>,
+    vals: Vec<u32>,
+    mask: usize,
+    used: usize,
+    pub(crate) blocks: Vec<CachedBlock>,
+    pub(crate) lens: Vec<u8>,
+    insn_limit: usize,
+    /// Instructions decoded with iced-x86 so far (cache misses), for statistics.
+    pub(crate) decoded: u64,
+    /// Number of flushes.
+    pub(crate) flushes: u64,
+}
+
+const EMPTY: u32 = u32::MAX;
+
+#[inline(always)]
+fn hash(ip: u64) -> usize {
+    // Fibonacci hashing: multiply by 2^64/phi, take the high bits.
+    (ip.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20) as usize
+}
+
+impl BlockCache {
+    pub(crate) fn new(insn_limit: usize) -> Self {
+        let cap = 1 << 12;
+        BlockCache {
+            keys: vec![0; cap],
+            vals: vec![EMPTY; cap],
+            mask: cap - 1,
+            used: 0,
+            blocks: Vec::new(),
+            lens: Vec::new(),
+            insn_limit: insn_limit.max(4096),
+            decoded: 0,
+            flushes: 0,
+        }
+    }
+
+    /// Drops everything if the cache has outgrown its limit. Only call this when no block index
+    /// handed out earlier is still in use.
+    pub(crate) fn maybe_flush(&mut self) {
+        if self.lens.len() > self.insn_limit || self.blocks.len() > self.insn_limit {
+            self.keys.iter_mut().for_each(|k| *k = 0);
+            self.vals.iter_mut().for_each(|v| *v = EMPTY);
+            self.used = 0;
+            self.blocks.clear();
+            self.lens.clear();
+            self.flushes += 1;
+        }
+    }
+
+    #[inline(always)]
+    fn find(&self, ip: u64) -> Option<u32> {
+        let mut i = hash(ip) & self.mask;
+        loop {
+            let v = self.vals[i];
+            if v == EMPTY {
+                return None;
+            }
+            if self.keys[i] == ip {
+                return Some(v);
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+
+    fn insert(&mut self, ip: u64, idx: u32) {
+        if (self.used + 1) * 2 > self.keys.len() {
+            self.grow();
+        }
+        let mut i = hash(ip) & self.mask;
+        loop {
+            if self.vals[i] == EMPTY {
+                self.keys[i] = ip;
+                self.vals[i] = idx;
+                self.used += 1;
+                return;
+            }
+            if self.keys[i] == ip {
+                self.vals[i] = idx;
+                return;
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+
+    fn grow(&mut self) {
+        let cap = self.keys.len() * 2;
+        let old_k = std::mem::replace(&mut self.keys, vec![0; cap]);
+        let old_v = std::mem::replace(&mut self.vals, vec![EMPTY; cap]);
+        self.mask = cap - 1;
+        self.used = 0;
+        for (k, v) in old_k.into_iter().zip(old_v) {
+            if v != EMPTY {
+                self.insert(k, v);
+            }
+        }
+    }
+
+    /// The block starting at `ip` in `mode`, decoding it on a miss.
+    #[inline]
+    pub(crate) fn get(&mut self, image: &Image, ip: u64, mode: ExecMode) -> u32 {
+        if let Some(idx) = self.find(ip) {
+            // Indices stay valid: blocks are only dropped all at once by `maybe_flush`, which
+            // also clears the table.
+            if self.blocks[idx as usize].mode == mode {
+                return idx;
+            }
+        }
+        self.decode(image, ip, mode)
+    }
+
+    #[cold]
+    fn decode(&mut self, image: &Image, ip: u64, mode: ExecMode) -> u32 {
+        let bits = bitness(mode);
+        let lens_at = self.lens.len() as u32;
+        let mut cur = ip;
+        let mut n = 0u32;
+        let mut instr = Instruction::default();
+        let mut buf = [0u8; 16];
+        let mut last_ip = ip;
+        let mut target = 0;
+        let term = loop {
+            if n >= MAX_BLOCK_INSNS {
+                break Term::Limit;
+            }
+            let got = image.read(cur, &mut buf[..15]);
+            if got == 0 {
+                break Term::NoCode;
+            }
+            let mut dec = Decoder::with_ip(bits, &buf[..got], cur, DecoderOptions::NONE);
+            dec.decode_out(&mut instr);
+            if instr.is_invalid() {
+                break if dec.last_error() == DecoderError::NoMoreBytes {
+                    Term::NoCode
+                } else {
+                    Term::BadInsn
+                };
+            }
+            self.decoded += 1;
+            let len = instr.len() as u8;
+            self.lens.push(len);
+            n += 1;
+            last_ip = cur;
+            let class = classify(&instr);
+            cur = match bits {
+                64 => cur.wrapping_add(len as u64),
+                32 => (cur as u32).wrapping_add(len as u32) as u64,
+                _ => (cur as u16).wrapping_add(len as u16) as u64,
+            };
+            if class != InsnClass::Other {
+                if matches!(
+                    class,
+                    InsnClass::CondBranch | InsnClass::DirectJump | InsnClass::DirectCall
+                ) {
+                    target = instr.near_branch_target();
+                }
+                break Term::Insn(class);
+            }
+        };
+        let idx = self.blocks.len() as u32;
+        self.blocks.push(CachedBlock {
+            start: ip,
+            last_ip,
+            next: cur,
+            target,
+            lens_at,
+            n,
+            term,
+            mode,
+        });
+        self.insert(ip, idx);
+        idx
+    }
+
+    /// The instruction lengths of block `idx`.
+    #[inline]
+    pub(crate) fn lens_of(&self, b: &CachedBlock) -> &[u8] {
+        &self.lens[b.lens_at as usize..(b.lens_at + b.n) as usize]
+    }
+}

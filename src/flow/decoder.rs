@@ -1,0 +1,1268 @@
+//! The flow decoder state machine.
+
+use super::cache::{BlockCache, CachedBlock, InsnClass, Term};
+use super::time::TimeState;
+use super::{Event, EventKind, FlowConfig, FlowErrorKind, Insn, Item};
+use crate::image::Image;
+use crate::packet::{ExecMode, IpPayload, LastIp, Packet, PacketDecoder, PacketError, Tnt};
+use std::collections::VecDeque;
+
+/// Where the decoder stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Not synchronised: looking for a PSB.
+    NoSync,
+    /// In sync, tracing off: waiting for TIP.PGE (or a PSB+ with FUP).
+    Disabled,
+    /// In sync, tracing on, `ip` is the next instruction.
+    Enabled,
+    /// After an error: the IP is unknown. TIP.PGE, a PSB+ with FUP, or a FUP after OVF resume.
+    Lost,
+}
+
+/// A piece of output waiting in the queue.
+#[derive(Debug, Clone)]
+enum Seg {
+    /// `count` instructions of cached block `blk` from index `skip`.
+    Run {
+        blk: u32,
+        skip: u32,
+        count: u32,
+        start_ip: u64,
+        end_ip: u64,
+        time: u64,
+    },
+    Event(Event),
+}
+
+/// A run of consecutive instructions (all fall through to the next one, except possibly the last).
+#[derive(Debug, Clone, Copy)]
+pub struct Block<'d> {
+    /// IP of the first instruction.
+    pub start: u64,
+    /// IP of the last instruction.
+    pub end: u64,
+    /// Number of instructions.
+    pub count: u32,
+    /// Execution mode.
+    pub mode: ExecMode,
+    /// Class of the last instruction (`Other` when the run was cut by an event before its branch).
+    pub class: InsnClass,
+    /// Approximate timestamp (TSC ticks).
+    pub time: u64,
+    lens: &'d [u8],
+}
+
+impl<'d> Block<'d> {
+    /// The instruction lengths, in order.
+    pub fn lens(&self) -> &'d [u8] {
+        self.lens
+    }
+
+    /// The instructions of the run.
+    pub fn insns(&self) -> impl Iterator<Item = Insn> + 'd {
+        let mut ip = self.start;
+        let last = self.lens.len().saturating_sub(1);
+        let (mode, class, time) = (self.mode, self.class, self.time);
+        self.lens.iter().enumerate().map(move |(k, &len)| {
+            let i = Insn {
+                ip,
+                len,
+                class: if k == last { class } else { InsnClass::Other },
+                mode,
+                time,
+            };
+            ip = ip.wrapping_add(len as u64);
+            i
+        })
+    }
+}
+
+/// One step of [`FlowDecoder::next_block`].
+#[derive(Debug, Clone)]
+pub enum BlockItem<'d> {
+    /// A run of instructions.
+    Block(Block<'d>),
+    /// An event.
+    Event(Event),
+}
+
+/// Counters of a decode.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FlowStats {
+    /// Instructions emitted.
+    pub insns: u64,
+    /// Runs emitted.
+    pub runs: u64,
+    /// Events emitted (errors included).
+    pub events: u64,
+    /// Error events emitted.
+    pub errors: u64,
+    /// Instructions decoded with iced-x86 (block-cache misses).
+    pub decoded_insns: u64,
+    /// Block-cache flushes.
+    pub cache_flushes: u64,
+}
+
+/// The return stack for RET compression: a fixed ring that drops its oldest entry when full.
+#[derive(Debug, Clone)]
+struct RetStack {
+    buf: Vec<u64>,
+    top: usize,
+    len: usize,
+}
+
+impl RetStack {
+    fn new(depth: usize) -> Self {
+        RetStack {
+            buf: vec![0; depth.max(1)],
+            top: 0,
+            len: 0,
+        }
+    }
+    #[inline]
+    fn push(&mut self, ip: u64) {
+        self.top = (self.top + 1) % self.buf.len();
+        self.buf[self.top] = ip;
+        self.len = (self.len + 1).min(self.buf.len());
+    }
+    #[inline]
+    fn pop(&mut self) -> Option<u64> {
+        if self.len == 0 {
+            return None;
+        }
+        let v = self.buf[self.top];
+        self.top = (self.top + self.buf.len() - 1) % self.buf.len();
+        self.len -= 1;
+        Some(v)
+    }
+    fn clear(&mut self) {
+        self.len = 0;
+    }
+}
+
+/// Events that wait for the FUP that gives their IP (MODE.TSX, PTW, EXSTOP, MWAIT, BEP, CFE).
+const MAX_CLAIMS: usize = 16;
+
+/// Reconstructs the executed instructions of a trace. See the [module docs](super).
+pub struct FlowDecoder<'a> {
+    image: &'a Image,
+    cfg: FlowConfig,
+    pkt: PacketDecoder<'a>,
+    pushback: Option<(u64, Packet)>,
+    last_ip: LastIp,
+    cache: BlockCache,
+    state: State,
+    ip: u64,
+    mode: ExecMode,
+    pending_mode: Option<ExecMode>,
+    /// TNT FIFO: the oldest pending bit is bit `tnt_count - 1`.
+    tnt_bits: u64,
+    tnt_count: u32,
+    ret: RetStack,
+    claims: Vec<(u64, EventKind)>,
+    ovf_pending: Option<u64>,
+    out: VecDeque<Seg>,
+    time: TimeState,
+    cur_offset: u64,
+    eof: bool,
+    stats: FlowStats,
+}
+
+/// Result of a walk.
+enum Walk {
+    /// The goal was reached.
+    Done,
+    /// An error was reported; the decoder is now `Lost`.
+    Failed,
+}
+
+impl<'a> FlowDecoder<'a> {
+    /// A decoder over the whole `trace`, starting at its first PSB.
+    pub fn new(trace: &'a [u8], image: &'a Image, cfg: FlowConfig) -> Self {
+        let mode = cfg.default_mode;
+        FlowDecoder {
+            image,
+            pkt: PacketDecoder::new(trace),
+            pushback: None,
+            last_ip: LastIp::new(),
+            cache: BlockCache::new(cfg.cache_insn_limit),
+            state: State::NoSync,
+            ip: 0,
+            mode,
+            pending_mode: None,
+            tnt_bits: 0,
+            tnt_count: 0,
+            ret: RetStack::new(cfg.ret_stack_depth),
+            claims: Vec::new(),
+            ovf_pending: None,
+            out: VecDeque::new(),
+            time: TimeState::new(cfg.timing),
+            cur_offset: 0,
+            eof: false,
+            stats: FlowStats::default(),
+            cfg,
+        }
+    }
+
+    /// A decoder that starts at the PSB at byte `offset` of `trace` (or at the first PSB after it
+    /// if there is none exactly there). Its output is the suffix of the full decode from that PSB's
+    /// [`EventKind::Psb`] event on.
+    pub fn at_psb(trace: &'a [u8], image: &'a Image, cfg: FlowConfig, offset: u64) -> Self {
+        let mut d = Self::new(trace, image, cfg);
+        d.pkt
+            .set_position(usize::try_from(offset).unwrap_or(usize::MAX));
+        d
+    }
+
+    /// Drops all state and resynchronises at the next PSB at or after `offset`.
+    pub fn resync_at(&mut self, offset: u64) {
+        self.pkt
+            .set_position(usize::try_from(offset).unwrap_or(usize::MAX));
+        self.pushback = None;
+        self.state = State::NoSync;
+        self.out.clear();
+        self.claims.clear();
+        self.ovf_pending = None;
+        self.tnt_count = 0;
+        self.eof = false;
+    }
+
+    /// Offset in the trace of the next packet to be read. Output already queued may come from
+    /// packets before it.
+    pub fn offset(&self) -> u64 {
+        self.pkt.offset()
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> FlowStats {
+        let mut s = self.stats;
+        s.decoded_insns = self.cache.decoded;
+        s.cache_flushes = self.cache.flushes;
+        s
+    }
+
+    /// The next run of instructions or event; `None` at the end of the trace.
+    pub fn next_block(&mut self) -> Option<BlockItem<'_>> {
+        if self.out.is_empty() {
+            self.fill();
+        }
+        match self.out.pop_front()? {
+            Seg::Event(e) => Some(BlockItem::Event(e)),
+            Seg::Run {
+                blk,
+                skip,
+                count,
+                start_ip,
+                end_ip,
+                time,
+            } => {
+                let b = &self.cache.blocks[blk as usize];
+                let lens = &self.cache.lens_of(b)[skip as usize..(skip + count) as usize];
+                Some(BlockItem::Block(Block {
+                    start: start_ip,
+                    end: end_ip,
+                    count,
+                    mode: b.mode,
+                    class: run_class(b, skip, count),
+                    time,
+                    lens,
+                }))
+            }
+        }
+    }
+
+    /// The next instruction or event; `None` at the end of the trace.
+    pub fn next_item(&mut self) -> Option<Item> {
+        if self.out.is_empty() {
+            self.fill();
+        }
+        let front = self.out.front_mut()?;
+        match front {
+            Seg::Event(_) => match self.out.pop_front() {
+                Some(Seg::Event(e)) => Some(Item::Event(e)),
+                _ => None,
+            },
+            Seg::Run {
+                blk,
+                skip,
+                count,
+                start_ip,
+                time,
+                ..
+            } => {
+                let b = &self.cache.blocks[*blk as usize];
+                let len = self.cache.lens[(b.lens_at + *skip) as usize];
+                let class = run_class(b, *skip, 1);
+                let insn = Insn {
+                    ip: *start_ip,
+                    len,
+                    class,
+                    mode: b.mode,
+                    time: *time,
+                };
+                *start_ip = start_ip.wrapping_add(len as u64);
+                *skip += 1;
+                *count -= 1;
+                if *count == 0 {
+                    self.out.pop_front();
+                }
+                Some(Item::Insn(insn))
+            }
+        }
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // Output
+
+    fn emit_event(&mut self, kind: EventKind) {
+        if matches!(kind, EventKind::Error { .. }) {
+            self.stats.errors += 1;
+        }
+        self.stats.events += 1;
+        self.out.push_back(Seg::Event(Event {
+            offset: self.cur_offset,
+            time: self.time.now(),
+            kind,
+        }));
+    }
+
+    fn error(&mut self, kind: FlowErrorKind, ip: Option<u64>) {
+        self.emit_event(EventKind::Error { kind, ip });
+        self.state = State::Lost;
+        self.tnt_count = 0;
+        self.claims.clear();
+    }
+
+    /// Emits instructions `skip .. skip+count` of block `idx`.
+    #[inline]
+    fn emit_run(&mut self, idx: u32, skip: u32, count: u32) {
+        if count == 0 {
+            return;
+        }
+        let b = &self.cache.blocks[idx as usize];
+        let (start_ip, end_ip) = if skip == 0 && count == b.n {
+            (b.start, b.last_ip)
+        } else {
+            let lens = self.cache.lens_of(b);
+            let mut ip = b.start;
+            for &l in &lens[..skip as usize] {
+                ip = ip.wrapping_add(l as u64);
+            }
+            let start = ip;
+            for &l in &lens[skip as usize..(skip + count - 1) as usize] {
+                ip = ip.wrapping_add(l as u64);
+            }
+            (start, ip)
+        };
+        self.stats.insns += count as u64;
+        self.stats.runs += 1;
+        self.out.push_back(Seg::Run {
+            blk: idx,
+            skip,
+            count,
+            start_ip,
+            end_ip,
+            time: self.time.now(),
+        });
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // Packets
+
+    /// The next packet that matters for the flow. Timing packets update the time, PAD/MNT/BIP/BBP
+    /// are skipped. `None` at the end of the trace, or after an invalid packet (reported; the
+    /// decoder is then `NoSync`).
+    fn next_packet(&mut self) -> Option<(u64, Packet)> {
+        if let Some(p) = self.pushback.take() {
+            self.cur_offset = p.0;
+            return Some(p);
+        }
+        loop {
+            match self.pkt.next_packet() {
+                None => {
+                    self.eof = true;
+                    return None;
+                }
+                Some(Ok((off, p))) => match p {
+                    Packet::Pad | Packet::Mnt { .. } | Packet::Bip { .. } | Packet::Bbp { .. } => {}
+                    Packet::Tsc { tsc } => self.time.tsc(tsc),
+                    Packet::Tma { ctc, fc } => self.time.tma(ctc, fc),
+                    Packet::Mtc { ctc } => self.time.mtc(ctc),
+                    Packet::Cyc { value } => self.time.cyc(value),
+                    Packet::Cbr { ratio } => self.time.cbr(ratio),
+                    _ => {
+                        self.cur_offset = off;
+                        return Some((off, p));
+                    }
+                },
+                Some(Err(PacketError::Truncated { .. })) => {
+                    // A cut-off final packet is the normal end of a ToPA/AUX buffer.
+                    self.eof = true;
+                    return None;
+                }
+                Some(Err(e)) => {
+                    if let PacketError::Invalid { offset, .. } = e {
+                        self.cur_offset = offset;
+                    }
+                    self.error(FlowErrorKind::Packet(e), None);
+                    self.state = State::NoSync;
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// Applies an IP payload to Last IP; reports and returns `None` on failure or suppression.
+    fn ip_of(&mut self, p: IpPayload) -> Option<u64> {
+        match self.last_ip.apply(p) {
+            Ok(ip) => ip,
+            Err(_) => {
+                self.emit_event(EventKind::Error {
+                    kind: FlowErrorKind::NoLastIp,
+                    ip: None,
+                });
+                self.stats.errors += 0;
+                None
+            }
+        }
+    }
+
+    fn mode_of(&mut self, csl: bool, csd: bool) -> Option<ExecMode> {
+        match (csl, csd) {
+            (true, false) => Some(ExecMode::Bits64),
+            (false, true) => Some(ExecMode::Bits32),
+            (false, false) => Some(ExecMode::Bits16),
+            (true, true) => {
+                self.emit_event(EventKind::Error {
+                    kind: FlowErrorKind::BadMode,
+                    ip: None,
+                });
+                None
+            }
+        }
+    }
+
+    fn apply_pending_mode(&mut self) {
+        if let Some(m) = self.pending_mode.take() {
+            if m != self.mode {
+                self.mode = m;
+                self.emit_event(EventKind::ModeChange { mode: m });
+            }
+        }
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // Main loop
+
+    /// Processes packets until some output is queued or the trace ends.
+    fn fill(&mut self) {
+        // No block index is referenced by queued output now, so a flush is safe.
+        self.cache.maybe_flush();
+        while self.out.is_empty() && !self.eof {
+            if self.state == State::NoSync
+                && self.pushback.is_none()
+                && self.pkt.sync_forward().is_none()
+            {
+                self.eof = true;
+                break;
+            }
+            let Some((off, p)) = self.next_packet() else {
+                continue;
+            };
+            self.handle(off, p);
+        }
+        if self.eof && self.out.is_empty() {
+            self.flush_claims();
+            if self.ovf_pending.take().is_some() {
+                self.emit_event(EventKind::Overflow { resume: None });
+            }
+        }
+    }
+
+    fn handle(&mut self, off: u64, p: Packet) {
+        match p {
+            Packet::Psb => return self.psb(off),
+            Packet::Ovf => return self.ovf(),
+            _ => {}
+        }
+        if self.state == State::NoSync {
+            return;
+        }
+        match p {
+            Packet::ShortTnt(t) | Packet::LongTnt(t) => self.tnt(t),
+            Packet::Tip(pl) => {
+                let Some(t) = self.ip_of(pl) else {
+                    if self.state == State::Enabled {
+                        self.error(
+                            FlowErrorKind::UnexpectedPacket("tip without ip"),
+                            Some(self.ip),
+                        );
+                    }
+                    return;
+                };
+                self.tip(t);
+            }
+            Packet::TipPge(pl) => {
+                let Some(t) = self.ip_of(pl) else {
+                    self.error(FlowErrorKind::UnexpectedPacket("tip.pge without ip"), None);
+                    return;
+                };
+                if let Some(o) = self.ovf_pending.take() {
+                    let _ = o;
+                    self.emit_event(EventKind::Overflow { resume: None });
+                }
+                self.tnt_count = 0;
+                self.apply_pending_mode();
+                self.emit_event(EventKind::Enabled { ip: t });
+                self.state = State::Enabled;
+                self.ip = t;
+            }
+            Packet::TipPgd(pl) => {
+                let t = if pl.compression == crate::packet::IpCompression::Suppressed {
+                    None
+                } else {
+                    self.ip_of(pl)
+                };
+                if self.ovf_pending.take().is_some() {
+                    // APL11: an OVF may be followed by TIP.PGD; continue disabled.
+                    self.emit_event(EventKind::Overflow { resume: None });
+                    self.emit_event(EventKind::Disabled { ip: t });
+                    self.state = State::Disabled;
+                    return;
+                }
+                if self.state == State::Enabled {
+                    self.sync_disable(t);
+                } else if self.state == State::Lost {
+                    self.state = State::Disabled;
+                }
+            }
+            Packet::Fup(pl) => {
+                let Some(x) = self.ip_of(pl) else { return };
+                self.fup(x);
+            }
+            Packet::ModeExec { csl, csd, .. } => {
+                if let Some(m) = self.mode_of(csl, csd) {
+                    self.pending_mode = Some(m);
+                }
+            }
+            Packet::ModeTsx { intx, abort } => {
+                let kind = EventKind::Tsx {
+                    ip: None,
+                    in_tx: intx,
+                    abort,
+                };
+                if self.state == State::Enabled {
+                    self.claim(kind);
+                } else {
+                    self.emit_event(kind);
+                }
+            }
+            Packet::Pip { cr3, nr } => self.emit_event(EventKind::Paging { cr3, nr }),
+            Packet::Vmcs { base } => self.emit_event(EventKind::Vmcs { base }),
+            Packet::TraceStop => {
+                self.emit_event(EventKind::Stop);
+                if self.state == State::Enabled {
+                    self.state = State::Disabled;
+                }
+            }
+            Packet::Ptw { payload, ip, .. } => {
+                if ip {
+                    self.claim(EventKind::Ptwrite { ip: None, payload });
+                } else {
+                    let at = if self.state == State::Enabled {
+                        self.walk_to_ptwrite()
+                    } else {
+                        None
+                    };
+                    self.emit_event(EventKind::Ptwrite { ip: at, payload });
+                }
+            }
+            Packet::Exstop { ip } => {
+                if ip {
+                    self.claim(EventKind::Exstop { ip: None });
+                } else {
+                    self.emit_event(EventKind::Exstop { ip: None });
+                }
+            }
+            Packet::Mwait { hints, ext } => self.claim(EventKind::Mwait {
+                ip: None,
+                hints,
+                ext,
+            }),
+            Packet::Pwre {
+                hw,
+                state,
+                substate,
+            } => self.emit_event(EventKind::PowerEntry {
+                state,
+                substate,
+                hw,
+            }),
+            Packet::Pwrx {
+                last,
+                deepest,
+                wake,
+            } => self.emit_event(EventKind::PowerExit {
+                last,
+                deepest,
+                wake,
+            }),
+            Packet::Bep { ip } => {
+                if ip {
+                    self.claim(EventKind::PebsBlock { ip: None });
+                } else {
+                    self.emit_event(EventKind::PebsBlock { ip: None });
+                }
+            }
+            Packet::Cfe { ip, kind, vector } => {
+                if ip {
+                    self.claim(EventKind::Cfe {
+                        ip: None,
+                        kind,
+                        vector,
+                    });
+                } else {
+                    self.emit_event(EventKind::Cfe {
+                        ip: None,
+                        kind,
+                        vector,
+                    });
+                }
+            }
+            Packet::Evd { kind, payload } => self.emit_event(EventKind::Evd { kind, payload }),
+            Packet::PsbEnd => {}
+            // Handled by `next_packet` / above.
+            Packet::Psb
+            | Packet::Ovf
+            | Packet::Pad
+            | Packet::Mnt { .. }
+            | Packet::Bip { .. }
+            | Packet::Bbp { .. }
+            | Packet::Tsc { .. }
+            | Packet::Tma { .. }
+            | Packet::Mtc { .. }
+            | Packet::Cyc { .. }
+            | Packet::Cbr { .. } => {}
+        }
+    }
+
+    fn claim(&mut self, kind: EventKind) {
+        if self.claims.len() >= MAX_CLAIMS {
+            let (off, k) = self.claims.remove(0);
+            self.out.push_back(Seg::Event(Event {
+                offset: off,
+                time: self.time.now(),
+                kind: k,
+            }));
+            self.stats.events += 1;
+        }
+        self.claims.push((self.cur_offset, kind));
+    }
+
+    /// Emits the waiting events without an IP (their FUP never came).
+    fn flush_claims(&mut self) {
+        for (off, k) in std::mem::take(&mut self.claims) {
+            self.out.push_back(Seg::Event(Event {
+                offset: off,
+                time: self.time.now(),
+                kind: k,
+            }));
+            self.stats.events += 1;
+        }
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // PSB+ and OVF
+
+    fn psb(&mut self, off: u64) {
+        // The processor resets its Last IP and RET-compression history at a PSB.
+        self.last_ip.reset();
+        self.ret.clear();
+        self.flush_claims();
+        self.tnt_count = 0;
+        self.tnt_bits = 0;
+        self.pushback = None;
+        let mut fup = None;
+        let mut mode = None;
+        let mut pip = None;
+        let mut vmcs = None;
+        let mut tsx = None;
+        let mut ovf_inside = false;
+        loop {
+            let Some((_, p)) = self.next_packet() else {
+                if self.state == State::NoSync && !self.eof {
+                    return; // invalid packet inside PSB+: already reported
+                }
+                break;
+            };
+            match p {
+                Packet::PsbEnd => break,
+                Packet::Fup(pl) => fup = self.ip_of(pl),
+                Packet::ModeExec { csl, csd, .. } => mode = self.mode_of(csl, csd),
+                Packet::ModeTsx { intx, abort } => tsx = Some((intx, abort)),
+                Packet::Pip { cr3, nr } => pip = Some((cr3, nr)),
+                Packet::Vmcs { base } => vmcs = Some(base),
+                Packet::Ovf => {
+                    ovf_inside = true;
+                    break;
+                }
+                other => {
+                    self.cur_offset = off;
+                    self.emit_event(EventKind::Error {
+                        kind: FlowErrorKind::UnexpectedPacket(other.name()),
+                        ip: None,
+                    });
+                    break;
+                }
+            }
+        }
+        self.cur_offset = off;
+        if self.ovf_pending.take().is_some() {
+            self.emit_event(EventKind::Overflow { resume: None });
+        }
+        if let (Some(x), State::Enabled) = (fup, self.state) {
+            // In sync: the PSB+ FUP is the current IP; reach it without trace.
+            if let Walk::Failed = self.walk_to_ip(x) {
+                // Reported; the PSB+ state below resynchronises anyway.
+            }
+        }
+        if let Some(m) = mode {
+            self.mode = m;
+        }
+        self.pending_mode = None;
+        self.emit_event(EventKind::Psb {
+            ip: fup,
+            mode: self.mode,
+        });
+        if let Some(base) = vmcs {
+            self.emit_event(EventKind::Vmcs { base });
+        }
+        if let Some((cr3, nr)) = pip {
+            self.emit_event(EventKind::Paging { cr3, nr });
+        }
+        if let Some((in_tx, abort)) = tsx {
+            if in_tx || abort {
+                self.emit_event(EventKind::Tsx {
+                    ip: None,
+                    in_tx,
+                    abort,
+                });
+            }
+        }
+        match fup {
+            Some(x) => {
+                self.state = State::Enabled;
+                self.ip = x;
+            }
+            None => self.state = State::Disabled,
+        }
+        if ovf_inside {
+            self.ovf();
+        }
+    }
+
+    fn ovf(&mut self) {
+        self.flush_claims();
+        self.tnt_count = 0;
+        self.ret.clear();
+        self.last_ip.reset();
+        self.pending_mode = None;
+        self.ovf_pending = Some(self.cur_offset);
+        // Instructions cannot be walked until the trace says where execution resumed.
+        self.state = State::Disabled;
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // Flow packets
+
+    fn tnt(&mut self, t: Tnt) {
+        match self.state {
+            State::Enabled => {}
+            State::Disabled => {
+                if self.ovf_pending.take().is_some() {
+                    self.emit_event(EventKind::Overflow { resume: None });
+                }
+                self.error(FlowErrorKind::UnexpectedPacket("tnt while disabled"), None);
+                return;
+            }
+            _ => return,
+        }
+        let count = t.count as u32;
+        if count == 0 || count > 47 {
+            return;
+        }
+        if self.tnt_count + count > 64 {
+            self.tnt_count = 0;
+        }
+        self.tnt_bits = (self.tnt_bits << count) | (t.bits & ((1u64 << count) - 1));
+        self.tnt_count += count;
+        self.walk_tnt();
+    }
+
+    #[inline(always)]
+    fn pop_bit(&mut self) -> bool {
+        self.tnt_count -= 1;
+        (self.tnt_bits >> self.tnt_count) & 1 != 0
+    }
+
+    /// Walks while TNT bits are pending; stops right after the branch that used the last bit.
+    fn walk_tnt(&mut self) {
+        let mut walked = 0u64;
+        while self.tnt_count > 0 {
+            let idx = self.cache.get(self.image, self.ip, self.mode);
+            let b: CachedBlock = self.cache.blocks[idx as usize];
+            walked += b.n as u64;
+            if walked > self.cfg.max_walk {
+                self.error(FlowErrorKind::RunawayWalk, Some(self.ip));
+                return;
+            }
+            match b.term {
+                Term::Insn(InsnClass::CondBranch) => {
+                    let taken = self.pop_bit();
+                    self.emit_run(idx, 0, b.n);
+                    self.ip = if taken { b.target } else { b.next };
+                    walked = 0;
+                }
+                Term::Insn(InsnClass::DirectJump) => {
+                    self.emit_run(idx, 0, b.n);
+                    self.ip = b.target;
+                }
+                Term::Insn(InsnClass::DirectCall) => {
+                    self.emit_run(idx, 0, b.n);
+                    if b.target != b.next {
+                        self.ret.push(b.next);
+                    }
+                    self.ip = b.target;
+                }
+                Term::Insn(InsnClass::Return) => {
+                    // Bits pending at a RET: it is compressed (§3.3).
+                    let taken = self.pop_bit();
+                    self.emit_run(idx, 0, b.n - 1);
+                    if !taken {
+                        self.error(FlowErrorKind::BadRetCompression, Some(b.last_ip));
+                        return;
+                    }
+                    let Some(t) = self.ret.pop() else {
+                        self.error(FlowErrorKind::BadRetCompression, Some(b.last_ip));
+                        return;
+                    };
+                    self.emit_run(idx, b.n - 1, 1);
+                    self.ip = t;
+                    walked = 0;
+                }
+                Term::Insn(c) if c.needs_tip() => {
+                    // A deferred TIP (§3.4): the next packet must be its TIP.
+                    self.emit_run(idx, 0, b.n - 1);
+                    self.ip = b.last_ip;
+                    if let Walk::Failed = self.deferred_tip(idx, &b, c) {
+                        return;
+                    }
+                    if self.state != State::Enabled {
+                        if self.tnt_count > 0 {
+                            self.error(FlowErrorKind::UnexpectedTnt, None);
+                        }
+                        return;
+                    }
+                    walked = 0;
+                }
+                Term::Insn(_) | Term::Limit => {
+                    self.emit_run(idx, 0, b.n);
+                    self.ip = b.next;
+                }
+                Term::NoCode | Term::BadInsn => {
+                    self.emit_run(idx, 0, b.n);
+                    self.no_code(b);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn no_code(&mut self, b: CachedBlock) {
+        let kind = if b.term == Term::NoCode {
+            FlowErrorKind::NoCode
+        } else {
+            FlowErrorKind::BadInsn
+        };
+        self.error(kind, Some(b.next));
+    }
+
+    /// Reads the TIP for the branch that ends block `idx` (the decoder stands at that branch, not
+    /// yet emitted). Middle packets (MODE.Exec, PIP, VMCS) are applied on the way.
+    fn deferred_tip(&mut self, idx: u32, b: &CachedBlock, c: InsnClass) -> Walk {
+        loop {
+            let Some((off, p)) = self.next_packet() else {
+                return Walk::Failed;
+            };
+            match p {
+                Packet::ModeExec { csl, csd, .. } => {
+                    if let Some(m) = self.mode_of(csl, csd) {
+                        self.pending_mode = Some(m);
+                    }
+                }
+                Packet::Pip { cr3, nr } => self.emit_event(EventKind::Paging { cr3, nr }),
+                Packet::Vmcs { base } => self.emit_event(EventKind::Vmcs { base }),
+                Packet::Tip(pl) => {
+                    let Some(t) = self.ip_of(pl) else {
+                        self.error(FlowErrorKind::MissingTip("tip without ip"), Some(b.last_ip));
+                        return Walk::Failed;
+                    };
+                    self.take_branch(idx, b, c, t);
+                    return Walk::Done;
+                }
+                Packet::TipPgd(pl) => {
+                    let t = if pl.compression == crate::packet::IpCompression::Suppressed {
+                        None
+                    } else {
+                        self.ip_of(pl)
+                    };
+                    self.emit_run(idx, b.n - 1, 1);
+                    if c == InsnClass::IndirectCall || c == InsnClass::DirectCall {
+                        self.ret.push(b.next);
+                    }
+                    self.emit_event(EventKind::Disabled { ip: t });
+                    self.state = State::Disabled;
+                    return Walk::Done;
+                }
+                other => {
+                    self.pushback = Some((off, other));
+                    self.error(FlowErrorKind::MissingTip(other.name()), Some(b.last_ip));
+                    return Walk::Failed;
+                }
+            }
+        }
+    }
+
+    /// Emits the branch at the end of block `idx` and continues at `target`.
+    fn take_branch(&mut self, idx: u32, b: &CachedBlock, c: InsnClass, target: u64) {
+        self.emit_run(idx, b.n - 1, 1);
+        if c == InsnClass::IndirectCall {
+            self.ret.push(b.next);
+        }
+        self.ip = target;
+        self.apply_pending_mode();
+    }
+
+    /// A TIP: walk to the indirect branch, uncompressed RET or far transfer it belongs to.
+    fn tip(&mut self, target: u64) {
+        match self.state {
+            State::Enabled => {}
+            State::Disabled if self.ovf_pending.is_some() => {
+                // SKD010: the FUP after OVF is missing; resume at the TIP.
+                self.ovf_pending = None;
+                self.emit_event(EventKind::Overflow {
+                    resume: Some(target),
+                });
+                self.apply_pending_mode();
+                self.state = State::Enabled;
+                self.ip = target;
+                return;
+            }
+            State::Disabled => {
+                self.error(FlowErrorKind::UnexpectedPacket("tip while disabled"), None);
+                return;
+            }
+            _ => return,
+        }
+        let mut walked = 0u64;
+        loop {
+            let idx = self.cache.get(self.image, self.ip, self.mode);
+            let b: CachedBlock = self.cache.blocks[idx as usize];
+            walked += b.n as u64;
+            if walked > self.cfg.max_walk {
+                self.error(FlowErrorKind::RunawayWalk, Some(self.ip));
+                return;
+            }
+            match b.term {
+                Term::Insn(InsnClass::Return) => {
+                    self.emit_run(idx, 0, b.n);
+                    // An uncompressed RET still pops, so later compressed RETs line up.
+                    self.ret.pop();
+                    self.ip = target;
+                    self.apply_pending_mode();
+                    return;
+                }
+                Term::Insn(c) if c.needs_tip() => {
+                    self.emit_run(idx, 0, b.n - 1);
+                    self.take_branch(idx, &b, c, target);
+                    return;
+                }
+                Term::Insn(InsnClass::CondBranch) => {
+                    self.emit_run(idx, 0, b.n - 1);
+                    self.ip = b.last_ip;
+                    self.error(FlowErrorKind::UnexpectedTip, Some(b.last_ip));
+                    return;
+                }
+                Term::Insn(InsnClass::DirectJump) => {
+                    self.emit_run(idx, 0, b.n);
+                    self.ip = b.target;
+                }
+                Term::Insn(InsnClass::DirectCall) => {
+                    self.emit_run(idx, 0, b.n);
+                    if b.target != b.next {
+                        self.ret.push(b.next);
+                    }
+                    self.ip = b.target;
+                }
+                Term::Insn(_) | Term::Limit => {
+                    self.emit_run(idx, 0, b.n);
+                    self.ip = b.next;
+                }
+                Term::NoCode | Term::BadInsn => {
+                    self.emit_run(idx, 0, b.n);
+                    self.no_code(b);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Walks until `ip == x` through instructions that need no trace; `x` itself is not emitted.
+    fn walk_to_ip(&mut self, x: u64) -> Walk {
+        let mut walked = 0u64;
+        loop {
+            if self.ip == x {
+                return Walk::Done;
+            }
+            let idx = self.cache.get(self.image, self.ip, self.mode);
+            let b: CachedBlock = self.cache.blocks[idx as usize];
+            if b.n > 0 && x > b.start && x <= b.last_ip {
+                let lens = self.cache.lens_of(&b);
+                let mut ip = b.start;
+                let mut k = 0u32;
+                while ip < x && (k as usize) < lens.len() {
+                    ip = ip.wrapping_add(lens[k as usize] as u64);
+                    k += 1;
+                }
+                if ip == x {
+                    self.emit_run(idx, 0, k);
+                    self.ip = x;
+                    return Walk::Done;
+                }
+            }
+            walked += b.n as u64;
+            if walked > self.cfg.max_walk {
+                self.error(FlowErrorKind::RunawayWalk, Some(self.ip));
+                return Walk::Failed;
+            }
+            match b.term {
+                Term::Insn(InsnClass::DirectJump) => {
+                    self.emit_run(idx, 0, b.n);
+                    self.ip = b.target;
+                }
+                Term::Insn(InsnClass::DirectCall) => {
+                    self.emit_run(idx, 0, b.n);
+                    if b.target != b.next {
+                        self.ret.push(b.next);
+                    }
+                    self.ip = b.target;
+                }
+                Term::Insn(c) if c.is_branch() => {
+                    self.emit_run(idx, 0, b.n - 1);
+                    self.ip = b.last_ip;
+                    self.error(FlowErrorKind::EventIpUnreachable(x), Some(b.last_ip));
+                    return Walk::Failed;
+                }
+                Term::Insn(_) | Term::Limit => {
+                    self.emit_run(idx, 0, b.n);
+                    self.ip = b.next;
+                }
+                Term::NoCode | Term::BadInsn => {
+                    self.emit_run(idx, 0, b.n);
+                    self.no_code(b);
+                    return Walk::Failed;
+                }
+            }
+        }
+    }
+
+    /// Looks ahead (without emitting) for the first block end `bind` accepts, following only
+    /// instructions that need no trace. Returns the blocks to emit, or `None` if a branch that
+    /// needs trace (or missing code) comes first.
+    fn probe(&mut self, bind: impl Fn(&CachedBlock, InsnClass) -> bool) -> Option<Vec<u32>> {
+        let mut path = Vec::new();
+        let mut ip = self.ip;
+        let mut walked = 0u64;
+        loop {
+            let idx = self.cache.get(self.image, ip, self.mode);
+            let b = self.cache.blocks[idx as usize];
+            walked += b.n as u64;
+            if walked > self.cfg.max_walk {
+                return None;
+            }
+            path.push(idx);
+            match b.term {
+                Term::Insn(c) if bind(&b, c) => return Some(path),
+                Term::Insn(InsnClass::DirectJump) | Term::Insn(InsnClass::DirectCall) => {
+                    ip = b.target
+                }
+                Term::Insn(c) if c.is_branch() => return None,
+                Term::Insn(_) | Term::Limit => ip = b.next,
+                Term::NoCode | Term::BadInsn => return None,
+            }
+        }
+    }
+
+    /// Emits a probed path (pushing direct calls on the way); returns the last block.
+    fn commit(&mut self, path: &[u32]) -> Option<CachedBlock> {
+        let mut last = None;
+        for &idx in path {
+            let b = self.cache.blocks[idx as usize];
+            self.emit_run(idx, 0, b.n);
+            if b.term == Term::Insn(InsnClass::DirectCall) && b.target != b.next {
+                self.ret.push(b.next);
+            }
+            last = Some(b);
+        }
+        last
+    }
+
+    /// A TIP.PGD without FUP: tracing stopped at the next instruction that can do that (§3.5).
+    fn sync_disable(&mut self, t: Option<u64>) {
+        let path = match t {
+            None => self.probe(|_, c| c.can_disable_suppressed()),
+            Some(to) => self.probe(|b, c| match c {
+                InsnClass::Other | InsnClass::Ptwrite | InsnClass::Special => false,
+                InsnClass::DirectJump | InsnClass::DirectCall => b.target == to,
+                _ => true,
+            }),
+        };
+        // No instruction reachable without trace can have disabled tracing, so it was disabled
+        // before any of them ran: e.g. a TIP.PGE immediately followed by TIP.PGD (a tracer that
+        // enables and disables at once, as in Griffin recordings). Disable right here.
+        if let Some(path) = path {
+            if let Some(b) = self.commit(&path) {
+                if b.term == Term::Insn(InsnClass::IndirectCall) {
+                    self.ret.push(b.next);
+                }
+            }
+        }
+        self.tnt_count = 0;
+        self.emit_event(EventKind::Disabled { ip: t });
+        self.state = State::Disabled;
+    }
+
+    /// PTW without IP: binds to the next PTWRITE instruction.
+    fn walk_to_ptwrite(&mut self) -> Option<u64> {
+        let path = self.probe(|_, c| c == InsnClass::Ptwrite)?;
+        let b = self.commit(&path)?;
+        self.ip = b.next;
+        Some(b.last_ip)
+    }
+
+    /// A FUP outside PSB+.
+    fn fup(&mut self, x: u64) {
+        if !self.claims.is_empty() {
+            let claims = std::mem::take(&mut self.claims);
+            let mut async_follows = false;
+            if self.state == State::Enabled {
+                if let Walk::Failed = self.walk_to_ip(x) {
+                    self.state = State::Enabled;
+                }
+                self.ip = x;
+            }
+            for (off, mut k) in claims {
+                match &mut k {
+                    EventKind::Tsx { ip, abort, .. } => {
+                        *ip = Some(x);
+                        async_follows |= *abort;
+                    }
+                    EventKind::Ptwrite { ip, .. }
+                    | EventKind::Exstop { ip }
+                    | EventKind::Mwait { ip, .. }
+                    | EventKind::PebsBlock { ip } => *ip = Some(x),
+                    EventKind::Cfe { ip, .. } => {
+                        *ip = Some(x);
+                        async_follows = true;
+                    }
+                    _ => {}
+                }
+                self.out.push_back(Seg::Event(Event {
+                    offset: off,
+                    time: self.time.now(),
+                    kind: k,
+                }));
+                self.stats.events += 1;
+            }
+            if async_follows && self.state == State::Enabled {
+                self.async_target(x, true);
+            }
+            return;
+        }
+        if self.ovf_pending.take().is_some() {
+            // The overflow resolved with tracing on: resume at the FUP IP (not a branch).
+            self.emit_event(EventKind::Overflow { resume: Some(x) });
+            self.apply_pending_mode();
+            self.state = State::Enabled;
+            self.ip = x;
+            return;
+        }
+        if self.state != State::Enabled {
+            return;
+        }
+        self.tnt_count = 0;
+        if let Walk::Failed = self.walk_to_ip(x) {
+            // Reported; the FUP tells where execution was, so carry on from there.
+            self.state = State::Enabled;
+            self.ip = x;
+        }
+        self.async_target(x, false);
+    }
+
+    /// After an asynchronous FUP at `x`: the TIP or TIP.PGD that completes the transfer.
+    fn async_target(&mut self, x: u64, optional: bool) {
+        loop {
+            let Some((off, p)) = self.next_packet() else {
+                return;
+            };
+            match p {
+                Packet::ModeExec { csl, csd, .. } => {
+                    if let Some(m) = self.mode_of(csl, csd) {
+                        self.pending_mode = Some(m);
+                    }
+                }
+                Packet::Pip { cr3, nr } => self.emit_event(EventKind::Paging { cr3, nr }),
+                Packet::Vmcs { base } => self.emit_event(EventKind::Vmcs { base }),
+                Packet::Tip(pl) => {
+                    let Some(t) = self.ip_of(pl) else {
+                        self.error(FlowErrorKind::UnexpectedPacket("tip without ip"), Some(x));
+                        return;
+                    };
+                    self.emit_event(EventKind::AsyncBranch { from: x, to: t });
+                    self.apply_pending_mode();
+                    self.ip = t;
+                    self.state = State::Enabled;
+                    return;
+                }
+                Packet::TipPgd(pl) => {
+                    if pl.compression != crate::packet::IpCompression::Suppressed {
+                        let _ = self.ip_of(pl);
+                    }
+                    self.emit_event(EventKind::Disabled { ip: Some(x) });
+                    self.state = State::Disabled;
+                    return;
+                }
+                other => {
+                    self.pushback = Some((off, other));
+                    if !optional {
+                        self.emit_event(EventKind::Error {
+                            kind: FlowErrorKind::LoneFup,
+                            ip: Some(x),
+                        });
+                    }
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Class of the last instruction of a run.
+#[inline]
+fn run_class(b: &CachedBlock, skip: u32, count: u32) -> InsnClass {
+    match b.term {
+        Term::Insn(c) if skip + count == b.n => c,
+        _ => InsnClass::Other,
+    }
+}

@@ -1,0 +1,138 @@
+//! Approximate timestamps from TSC, TMA, MTC, CYC and CBR packets (reference §4).
+//!
+//! The model is deliberately simple and documented:
+//!
+//! * A TSC packet sets the time (its 56 bits are extended with the previous value's top byte,
+//!   wrapping forward at 2^56).
+//! * A TMA after it anchors the crystal clock: `base = TSC − FC − (CTC mod 2^N)·R`.
+//! * Each MTC advances the crystal-clock count by `(v − last) mod 256` periods of 2^N CTC ticks and
+//!   sets `time = base + ctc·R` (never backwards). Without a TMA or without the TSC:CTC ratio `R`
+//!   the MTC is ignored.
+//! * CYC packets add core cycles since the last TSC/MTC, converted to TSC ticks as
+//!   `cycles · max_nonturbo_ratio / CBR` (the CBR estimate of §4.4 (a)).
+//!
+//! Instructions get the time current when the packet that explained them was read; so a run of
+//! instructions between two timing packets shares one timestamp (resolution = MTC period, or CYC
+//! granularity with cycle-accurate tracing).
+
+/// Timing parameters from the recording (perf's AUXTRACE_INFO or sysfs).
+#[derive(Debug, Clone, Copy)]
+pub struct TimingConfig {
+    /// MTCFreq N: an MTC every 2^N crystal-clock ticks.
+    pub mtc_freq: u8,
+    /// TSC ticks per crystal-clock tick as numerator / denominator (CPUID.15H EBX / EAX); a zero
+    /// denominator disables MTC-based time.
+    pub ctc_ratio: (u32, u32),
+    /// Maximum non-turbo ratio (MSR_PLATFORM_INFO[15:8]); 0 disables CYC-based time.
+    pub max_nonturbo_ratio: u8,
+}
+
+impl Default for TimingConfig {
+    fn default() -> Self {
+        TimingConfig {
+            mtc_freq: 3,
+            ctc_ratio: (0, 0),
+            max_nonturbo_ratio: 0,
+        }
+    }
+}
+
+/// The time state.
+#[derive(Debug, Clone, Default)]
+pub struct TimeState {
+    cfg_mtc_freq: u8,
+    ratio: (u32, u32),
+    nonturbo: u8,
+    tsc: u64,
+    have_tsc: bool,
+    /// TSC at the crystal-clock anchor, and CTC ticks counted since it.
+    base: u64,
+    ctc: u64,
+    last_mtc: u8,
+    have_tma: bool,
+    /// Time at the last TSC/MTC.
+    reference: u64,
+    cycles: u64,
+    cbr: u8,
+    now: u64,
+}
+
+impl TimeState {
+    /// A fresh state for `cfg`.
+    pub fn new(cfg: TimingConfig) -> Self {
+        TimeState {
+            cfg_mtc_freq: cfg.mtc_freq.min(15),
+            ratio: cfg.ctc_ratio,
+            nonturbo: cfg.max_nonturbo_ratio,
+            ..Default::default()
+        }
+    }
+
+    /// The current estimate in TSC ticks.
+    #[inline(always)]
+    pub fn now(&self) -> u64 {
+        self.now
+    }
+
+    fn set(&mut self, t: u64) {
+        self.reference = self.reference.max(t);
+        self.cycles = 0;
+        self.now = self.reference;
+    }
+
+    /// A TSC packet.
+    pub fn tsc(&mut self, low56: u64) {
+        let mask = (1u64 << 56) - 1;
+        let mut t = (self.tsc & !mask) | (low56 & mask);
+        if self.have_tsc && t.wrapping_add(0x10000) < self.tsc {
+            t = t.wrapping_add(1 << 56);
+        }
+        self.tsc = t;
+        self.have_tsc = true;
+        self.have_tma = false;
+        // A TSC is authoritative: reset the reference even if it went back slightly.
+        self.reference = t;
+        self.cycles = 0;
+        self.now = t;
+    }
+
+    /// A TMA packet (directly after a TSC).
+    pub fn tma(&mut self, ctc: u16, fc: u16) {
+        if !self.have_tsc || self.ratio.1 == 0 {
+            return;
+        }
+        let n = self.cfg_mtc_freq as u32;
+        let rem = (ctc as u64) & ((1u64 << n) - 1);
+        let r_ticks = rem * self.ratio.0 as u64 / self.ratio.1 as u64;
+        self.base = self.tsc.saturating_sub(fc as u64).saturating_sub(r_ticks);
+        self.last_mtc = ((ctc as u64 >> n) & 0xff) as u8;
+        self.ctc = 0;
+        self.have_tma = true;
+    }
+
+    /// An MTC packet.
+    pub fn mtc(&mut self, v: u8) {
+        if !self.have_tma {
+            return;
+        }
+        let d = v.wrapping_sub(self.last_mtc) as u64;
+        self.last_mtc = v;
+        self.ctc += d << self.cfg_mtc_freq;
+        let t = self.base + self.ctc * self.ratio.0 as u64 / self.ratio.1.max(1) as u64;
+        self.set(t);
+    }
+
+    /// A CBR packet.
+    pub fn cbr(&mut self, ratio: u8) {
+        self.cbr = ratio;
+    }
+
+    /// A CYC packet.
+    pub fn cyc(&mut self, cycles: u64) {
+        self.cycles = self.cycles.saturating_add(cycles);
+        if self.cbr != 0 && self.nonturbo != 0 {
+            let ticks = self.cycles.saturating_mul(self.nonturbo as u64) / self.cbr as u64;
+            self.now = self.reference.saturating_add(ticks);
+        }
+    }
+}

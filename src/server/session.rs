@@ -1,0 +1,555 @@
+//! [`Session`]: the gdbstub `Target` implementation over a ptrewind [`Target`].
+
+use super::arch::{GdbRegId, GdbRegisters, X86_64Linux, copy_range, target_xml};
+use super::monitor::MonitorRegistry;
+use super::svr4::read_library_list;
+use crate::target::regs::GDB_REGS;
+use crate::target::{Resume, ReverseResume, StopEvent, Target, TargetError};
+use gdbstub::common::{Pid, Signal, Tid};
+use gdbstub::stub::MultiThreadStopReason;
+use gdbstub::target::ext::base::BaseOps;
+use gdbstub::target::ext::base::multithread::{
+    MultiThreadBase, MultiThreadResume, MultiThreadResumeOps, MultiThreadSchedulerLocking,
+    MultiThreadSchedulerLockingOps, MultiThreadSingleStep, MultiThreadSingleStepOps,
+};
+use gdbstub::target::ext::base::reverse_exec::{
+    ReplayLogPosition, ReverseCont, ReverseContOps, ReverseStep, ReverseStepOps,
+};
+use gdbstub::target::ext::base::single_register_access::{
+    SingleRegisterAccess, SingleRegisterAccessOps,
+};
+use gdbstub::target::ext::breakpoints::{
+    Breakpoints, BreakpointsOps, SwBreakpoint, SwBreakpointOps,
+};
+use gdbstub::target::{TargetError as GsError, TargetResult as GsResult};
+
+/// Linux signal number → GDB protocol signal number (`enum gdb_signal`).
+pub fn linux_to_gdb_signal(sig: i32) -> u8 {
+    const TABLE: [u8; 32] = [
+        0, 1, 2, 3, 4, 5, 6, 10, 8, 9, 30, 11, 31, 13, 14, 15, 143, 20, 19, 17, 18, 21, 22, 16, 24,
+        25, 26, 27, 28, 23, 32, 12,
+    ];
+    match sig {
+        0..=31 => TABLE[sig as usize],
+        32 => 77,
+        33..=63 => (45 + (sig - 33)) as u8,
+        64 => 78,
+        _ => 143, // GDB_SIGNAL_UNKNOWN
+    }
+}
+
+/// GDB protocol signal number → Linux signal number, if Linux has it.
+pub fn gdb_to_linux_signal(sig: u8) -> Option<i32> {
+    if sig == 0 {
+        return None;
+    }
+    (1..=64).find(|&l| linux_to_gdb_signal(l) == sig && !(l == 16 && sig == 143))
+}
+
+/// Converts a target stop into the stop reply gdbstub sends.
+pub fn stop_reason(tid: i32, ev: StopEvent) -> MultiThreadStopReason<u64> {
+    let tid = thread_id(tid);
+    match ev {
+        StopEvent::Breakpoint { .. } => MultiThreadStopReason::SwBreak(tid),
+        StopEvent::Step => MultiThreadStopReason::SignalWithThread {
+            tid,
+            signal: Signal::SIGTRAP,
+        },
+        StopEvent::Signal(s) => MultiThreadStopReason::SignalWithThread {
+            tid,
+            signal: Signal(linux_to_gdb_signal(s)),
+        },
+        StopEvent::Exited(code) => MultiThreadStopReason::Exited(code as u8),
+        StopEvent::Killed(s) => MultiThreadStopReason::Terminated(Signal(linux_to_gdb_signal(s))),
+        StopEvent::HistoryEnd { at_begin } => MultiThreadStopReason::ReplayLog {
+            tid: Some(tid),
+            pos: if at_begin {
+                ReplayLogPosition::Begin
+            } else {
+                ReplayLogPosition::End
+            },
+        },
+    }
+}
+
+fn thread_id(tid: i32) -> Tid {
+    Tid::new(tid.max(1) as usize).unwrap_or(Tid::MIN)
+}
+
+/// A debugging session: the target, its monitor commands and the pending resume request.
+pub struct Session {
+    target: Box<dyn Target>,
+    monitors: MonitorRegistry,
+    resume: Option<Resume>,
+    avx: Option<bool>,
+    attached: bool,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("pid", &self.target.pid())
+            .field("monitors", &self.monitors)
+            .field("resume", &self.resume)
+            .finish()
+    }
+}
+
+impl Session {
+    /// A session over `target` with the built-in monitor commands.
+    pub fn new(target: Box<dyn Target>) -> Self {
+        Session {
+            target,
+            monitors: MonitorRegistry::with_builtins(),
+            resume: None,
+            avx: None,
+            attached: false,
+        }
+    }
+
+    /// Marks the program as attached to (not started by us): GDB then detaches instead of
+    /// killing it when it quits.
+    pub fn set_attached(&mut self, attached: bool) {
+        self.attached = attached;
+    }
+
+    /// True if the program was attached to rather than started by us.
+    pub fn is_attached(&self) -> bool {
+        self.attached
+    }
+
+    /// The target.
+    pub fn target(&self) -> &dyn Target {
+        self.target.as_ref()
+    }
+
+    /// The target, mutably.
+    pub fn target_mut(&mut self) -> &mut dyn Target {
+        self.target.as_mut()
+    }
+
+    /// The monitor command registry (add commands here).
+    pub fn monitors_mut(&mut self) -> &mut MonitorRegistry {
+        &mut self.monitors
+    }
+
+    /// Runs a monitor command line and returns its console text.
+    pub fn run_monitor(&mut self, line: &str) -> String {
+        self.monitors.run(self.target.as_mut(), line)
+    }
+}
+
+fn non_fatal(e: TargetError) -> GsError<TargetError> {
+    match e {
+        TargetError::Memory { .. } => GsError::Errno(libc::EFAULT as u8),
+        TargetError::Exited { .. } => GsError::Errno(libc::ESRCH as u8),
+        _ => GsError::Errno(libc::EIO as u8),
+    }
+}
+
+impl gdbstub::target::Target for Session {
+    type Arch = X86_64Linux;
+    type Error = TargetError;
+
+    fn base_ops(&mut self) -> BaseOps<'_, Self::Arch, Self::Error> {
+        BaseOps::MultiThread(self)
+    }
+
+    fn support_breakpoints(&mut self) -> Option<BreakpointsOps<'_, Self>> {
+        Some(self)
+    }
+
+    fn support_monitor_cmd(
+        &mut self,
+    ) -> Option<gdbstub::target::ext::monitor_cmd::MonitorCmdOps<'_, Self>> {
+        Some(self)
+    }
+
+    fn support_exec_file(
+        &mut self,
+    ) -> Option<gdbstub::target::ext::exec_file::ExecFileOps<'_, Self>> {
+        Some(self)
+    }
+
+    fn support_auxv(&mut self) -> Option<gdbstub::target::ext::auxv::AuxvOps<'_, Self>> {
+        Some(self)
+    }
+
+    fn support_libraries_svr4(
+        &mut self,
+    ) -> Option<gdbstub::target::ext::libraries::LibrariesSvr4Ops<'_, Self>> {
+        Some(self)
+    }
+
+    fn support_target_description_xml_override(
+        &mut self,
+    ) -> Option<
+        gdbstub::target::ext::target_description_xml_override::TargetDescriptionXmlOverrideOps<
+            '_,
+            Self,
+        >,
+    > {
+        Some(self)
+    }
+
+    fn support_extended_mode(
+        &mut self,
+    ) -> Option<gdbstub::target::ext::extended_mode::ExtendedModeOps<'_, Self>> {
+        // Implemented (minimally) so gdbstub reports the real pid instead of a fake `p1`;
+        // starting or attaching other processes from GDB is refused.
+        Some(self)
+    }
+
+    // We report neither fork nor vfork stops (children are detached), so do not advertise them.
+    fn use_fork_stop_reason(&self) -> bool {
+        false
+    }
+
+    fn use_vfork_stop_reason(&self) -> bool {
+        false
+    }
+
+    fn use_vforkdone_stop_reason(&self) -> bool {
+        false
+    }
+}
+
+impl MultiThreadBase for Session {
+    fn read_registers(&mut self, regs: &mut GdbRegisters, _tid: Tid) -> GsResult<(), Self> {
+        regs.regs = self.target.read_registers().map_err(non_fatal)?;
+        self.avx = Some(regs.regs.has_avx());
+        Ok(())
+    }
+
+    fn write_registers(&mut self, regs: &GdbRegisters, _tid: Tid) -> GsResult<(), Self> {
+        let mut live = self.target.read_registers().map_err(non_fatal)?;
+        let mut off = 0;
+        for (num, desc) in GDB_REGS.iter().enumerate() {
+            let Some(bytes) = regs.written.get(off..off + desc.size) else {
+                break;
+            };
+            if !live.set_gdb_reg(num, bytes) {
+                break;
+            }
+            off += desc.size;
+        }
+        if off != regs.written.len() {
+            return Err(GsError::Errno(libc::EINVAL as u8));
+        }
+        self.target.write_registers(&live).map_err(non_fatal)
+    }
+
+    fn support_single_register_access(&mut self) -> Option<SingleRegisterAccessOps<'_, Tid, Self>> {
+        Some(self)
+    }
+
+    fn read_addrs(&mut self, start: u64, data: &mut [u8], _tid: Tid) -> GsResult<usize, Self> {
+        self.target.read_memory(start, data).map_err(non_fatal)
+    }
+
+    fn write_addrs(&mut self, start: u64, data: &[u8], _tid: Tid) -> GsResult<(), Self> {
+        self.target.write_memory(start, data).map_err(non_fatal)
+    }
+
+    fn list_active_threads(
+        &mut self,
+        thread_is_active: &mut dyn FnMut(Tid),
+    ) -> Result<(), Self::Error> {
+        thread_is_active(thread_id(self.target.tid()));
+        Ok(())
+    }
+
+    fn support_resume(&mut self) -> Option<MultiThreadResumeOps<'_, Self>> {
+        Some(self)
+    }
+}
+
+impl SingleRegisterAccess<Tid> for Session {
+    fn read_register(&mut self, _tid: Tid, reg: GdbRegId, buf: &mut [u8]) -> GsResult<usize, Self> {
+        let regs = self.target.read_registers().map_err(non_fatal)?;
+        let mut n = 0;
+        regs.gdb_layout(|num, bytes| {
+            if num == reg.0 && bytes.len() <= buf.len() {
+                buf[..bytes.len()].copy_from_slice(bytes);
+                n = bytes.len();
+            }
+        });
+        if n == 0 {
+            return Err(GsError::Errno(libc::EINVAL as u8));
+        }
+        Ok(n)
+    }
+
+    fn write_register(&mut self, _tid: Tid, reg: GdbRegId, val: &[u8]) -> GsResult<(), Self> {
+        let mut regs = self.target.read_registers().map_err(non_fatal)?;
+        if !regs.set_gdb_reg(reg.0, val) {
+            return Err(GsError::Errno(libc::EINVAL as u8));
+        }
+        self.target.write_registers(&regs).map_err(non_fatal)
+    }
+}
+
+impl MultiThreadResume for Session {
+    fn resume(&mut self) -> Result<(), Self::Error> {
+        let how = self.resume.unwrap_or(Resume::Continue { signal: None });
+        self.resume = Some(how);
+        self.target.resume(how)
+    }
+
+    fn clear_resume_actions(&mut self) -> Result<(), Self::Error> {
+        self.resume = None;
+        Ok(())
+    }
+
+    fn set_resume_action_continue(
+        &mut self,
+        _tid: Tid,
+        signal: Option<Signal>,
+    ) -> Result<(), Self::Error> {
+        // A step request for our thread wins over a wildcard continue.
+        if !matches!(self.resume, Some(Resume::Step { .. })) {
+            self.resume = Some(Resume::Continue {
+                signal: signal.and_then(|s| gdb_to_linux_signal(s.0)),
+            });
+        }
+        Ok(())
+    }
+
+    fn support_single_step(&mut self) -> Option<MultiThreadSingleStepOps<'_, Self>> {
+        Some(self)
+    }
+
+    fn support_scheduler_locking(&mut self) -> Option<MultiThreadSchedulerLockingOps<'_, Self>> {
+        Some(self)
+    }
+
+    fn support_reverse_step(&mut self) -> Option<ReverseStepOps<'_, Tid, Self>> {
+        if self.target.support_reverse().is_some() {
+            Some(self)
+        } else {
+            None
+        }
+    }
+
+    fn support_reverse_cont(&mut self) -> Option<ReverseContOps<'_, Tid, Self>> {
+        if self.target.support_reverse().is_some() {
+            Some(self)
+        } else {
+            None
+        }
+    }
+}
+
+impl Session {
+    fn reverse(&mut self, how: ReverseResume) -> Result<(), TargetError> {
+        match self.target.support_reverse() {
+            Some(rev) => rev.resume_reverse(how),
+            None => Err(TargetError::Unsupported("reverse execution")),
+        }
+    }
+}
+
+impl ReverseStep<Tid> for Session {
+    fn reverse_step(&mut self, _tid: Tid) -> Result<(), Self::Error> {
+        self.reverse(ReverseResume::Step)
+    }
+}
+
+impl ReverseCont<Tid> for Session {
+    fn reverse_cont(&mut self) -> Result<(), Self::Error> {
+        self.reverse(ReverseResume::Continue)
+    }
+}
+
+impl MultiThreadSingleStep for Session {
+    fn set_resume_action_step(
+        &mut self,
+        _tid: Tid,
+        signal: Option<Signal>,
+    ) -> Result<(), Self::Error> {
+        self.resume = Some(Resume::Step {
+            signal: signal.and_then(|s| gdb_to_linux_signal(s.0)),
+        });
+        Ok(())
+    }
+}
+
+impl MultiThreadSchedulerLocking for Session {
+    fn set_resume_action_scheduler_lock(&mut self) -> Result<(), Self::Error> {
+        // Only one thread is debugged: locking the scheduler changes nothing.
+        Ok(())
+    }
+}
+
+impl Breakpoints for Session {
+    fn support_sw_breakpoint(&mut self) -> Option<SwBreakpointOps<'_, Self>> {
+        Some(self)
+    }
+}
+
+impl SwBreakpoint for Session {
+    fn add_sw_breakpoint(&mut self, addr: u64, _kind: usize) -> GsResult<bool, Self> {
+        match self.target.support_breakpoints() {
+            Some(bp) => Ok(bp.add_breakpoint(addr).is_ok()),
+            None => Ok(false),
+        }
+    }
+
+    fn remove_sw_breakpoint(&mut self, addr: u64, _kind: usize) -> GsResult<bool, Self> {
+        match self.target.support_breakpoints() {
+            Some(bp) => bp.remove_breakpoint(addr).map_err(non_fatal),
+            None => Ok(false),
+        }
+    }
+}
+
+impl gdbstub::target::ext::monitor_cmd::MonitorCmd for Session {
+    fn handle_monitor_cmd(
+        &mut self,
+        cmd: &[u8],
+        mut out: gdbstub::target::ext::monitor_cmd::ConsoleOutput<'_>,
+    ) -> Result<(), Self::Error> {
+        let line = String::from_utf8_lossy(cmd).into_owned();
+        let text = self.run_monitor(&line);
+        out.write_raw(text.as_bytes());
+        Ok(())
+    }
+}
+
+impl gdbstub::target::ext::extended_mode::ExtendedMode for Session {
+    fn run(
+        &mut self,
+        _filename: Option<&[u8]>,
+        _args: gdbstub::target::ext::extended_mode::Args<'_, '_>,
+    ) -> GsResult<Pid, Self> {
+        Err(GsError::Errno(libc::EPERM as u8))
+    }
+
+    fn attach(&mut self, _pid: Pid) -> GsResult<(), Self> {
+        Err(GsError::Errno(libc::EPERM as u8))
+    }
+
+    fn query_if_attached(
+        &mut self,
+        _pid: Pid,
+    ) -> GsResult<gdbstub::target::ext::extended_mode::AttachKind, Self> {
+        Ok(if self.attached {
+            gdbstub::target::ext::extended_mode::AttachKind::Attach
+        } else {
+            gdbstub::target::ext::extended_mode::AttachKind::Run
+        })
+    }
+
+    fn kill(
+        &mut self,
+        _pid: Option<Pid>,
+    ) -> GsResult<gdbstub::target::ext::extended_mode::ShouldTerminate, Self> {
+        self.target.kill().map_err(GsError::Fatal)?;
+        Ok(gdbstub::target::ext::extended_mode::ShouldTerminate::Yes)
+    }
+
+    fn restart(&mut self) -> Result<(), Self::Error> {
+        // `R` is only sent in extended-remote mode, which we do not offer.
+        Ok(())
+    }
+
+    fn support_current_active_pid(
+        &mut self,
+    ) -> Option<gdbstub::target::ext::extended_mode::CurrentActivePidOps<'_, Self>> {
+        Some(self)
+    }
+}
+
+impl gdbstub::target::ext::extended_mode::CurrentActivePid for Session {
+    fn current_active_pid(&mut self) -> Result<Pid, Self::Error> {
+        Ok(Pid::new(self.target.pid().max(1) as usize).unwrap_or(Pid::MIN))
+    }
+}
+
+impl gdbstub::target::ext::exec_file::ExecFile for Session {
+    fn get_exec_file(
+        &self,
+        _pid: Option<Pid>,
+        offset: u64,
+        length: usize,
+        buf: &mut [u8],
+    ) -> GsResult<usize, Self> {
+        let path = self
+            .target
+            .exec_path()
+            .ok_or(GsError::Errno(libc::ENOENT as u8))?;
+        Ok(copy_range(
+            path.as_os_str().as_encoded_bytes(),
+            offset,
+            length,
+            buf,
+        ))
+    }
+}
+
+impl gdbstub::target::ext::auxv::Auxv for Session {
+    fn get_auxv(&self, offset: u64, length: usize, buf: &mut [u8]) -> GsResult<usize, Self> {
+        let auxv = self.target.auxv().map_err(non_fatal)?;
+        Ok(copy_range(&auxv, offset, length, buf))
+    }
+}
+
+impl gdbstub::target::ext::libraries::LibrariesSvr4 for Session {
+    fn get_libraries_svr4(
+        &self,
+        offset: u64,
+        length: usize,
+        buf: &mut [u8],
+    ) -> GsResult<usize, Self> {
+        let xml = read_library_list(self.target.as_ref()).to_xml();
+        Ok(copy_range(xml.as_bytes(), offset, length, buf))
+    }
+}
+
+impl gdbstub::target::ext::target_description_xml_override::TargetDescriptionXmlOverride
+    for Session
+{
+    fn target_description_xml(
+        &self,
+        annex: &[u8],
+        offset: u64,
+        length: usize,
+        buf: &mut [u8],
+    ) -> GsResult<usize, Self> {
+        if annex != b"target.xml" {
+            return Err(GsError::Errno(libc::ENOENT as u8));
+        }
+        // `avx` is learnt on the first register read; before that, ask the CPU directly.
+        let avx = self.avx.unwrap_or_else(cpu_has_avx_state);
+        Ok(copy_range(target_xml(avx).as_bytes(), offset, length, buf))
+    }
+}
+
+fn cpu_has_avx_state() -> bool {
+    crate::target::regs::avx_enabled()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signal_numbers_follow_gdb() {
+        assert_eq!(linux_to_gdb_signal(libc::SIGSEGV), 11);
+        assert_eq!(linux_to_gdb_signal(libc::SIGUSR1), 30);
+        assert_eq!(linux_to_gdb_signal(libc::SIGUSR2), 31);
+        assert_eq!(linux_to_gdb_signal(libc::SIGCHLD), 20);
+        assert_eq!(linux_to_gdb_signal(libc::SIGBUS), 10);
+        assert_eq!(linux_to_gdb_signal(libc::SIGSYS), 12);
+        assert_eq!(linux_to_gdb_signal(libc::SIGSTOP), 17);
+        assert_eq!(linux_to_gdb_signal(libc::SIGIO), 23);
+        assert_eq!(linux_to_gdb_signal(34), 46);
+        for linux in 1..=64 {
+            if linux == 16 {
+                continue; // SIGSTKFLT has no GDB number
+            }
+            assert_eq!(gdb_to_linux_signal(linux_to_gdb_signal(linux)), Some(linux));
+        }
+        assert_eq!(gdb_to_linux_signal(0), None);
+    }
+}

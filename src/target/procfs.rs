@@ -1,0 +1,78 @@
+//! Small readers for /proc/PID files: auxv and maps.
+
+use super::{TargetError, TargetResult};
+use std::path::PathBuf;
+
+/// Reads the raw auxiliary vector of a process.
+pub fn read_auxv(pid: i32) -> TargetResult<Vec<u8>> {
+    let path = PathBuf::from(format!("/proc/{pid}/auxv"));
+    std::fs::read(&path).map_err(|source| TargetError::Io { path, source })
+}
+
+/// One line of /proc/PID/maps.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemoryMapping {
+    /// First address.
+    pub start: u64,
+    /// One past the last address.
+    pub end: u64,
+    /// Permissions, e.g. `r-xp`.
+    pub perms: String,
+    /// File offset.
+    pub offset: u64,
+    /// Path or pseudo-name (`[stack]`), empty for anonymous memory.
+    pub name: String,
+}
+
+/// Reads and parses /proc/PID/maps. Lines that do not parse are skipped (the kernel's format
+/// is fixed; a skipped line would mean a kernel we do not know).
+pub fn read_maps(pid: i32) -> TargetResult<Vec<MemoryMapping>> {
+    let path = PathBuf::from(format!("/proc/{pid}/maps"));
+    let text = std::fs::read_to_string(&path).map_err(|source| TargetError::Io { path, source })?;
+    Ok(text.lines().filter_map(parse_maps_line).collect())
+}
+
+fn parse_maps_line(line: &str) -> Option<MemoryMapping> {
+    let mut fields = line.splitn(6, ' ');
+    let range = fields.next()?;
+    let perms = fields.next()?.to_string();
+    let offset = u64::from_str_radix(fields.next()?, 16).ok()?;
+    let _dev = fields.next()?;
+    let _inode = fields.next()?;
+    let name = fields.next().unwrap_or("").trim_start().to_string();
+    let (start, end) = range.split_once('-')?;
+    Some(MemoryMapping {
+        start: u64::from_str_radix(start, 16).ok()?,
+        end: u64::from_str_radix(end, 16).ok()?,
+        perms,
+        offset,
+        name,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_maps_lines() {
+        let m = parse_maps_line(
+            "555555554000-555555555000 r--p 00000000 08:01 1234                       /tmp/a b",
+        )
+        .unwrap();
+        assert_eq!(m.start, 0x5555_5555_4000);
+        assert_eq!(m.end, 0x5555_5555_5000);
+        assert_eq!(m.perms, "r--p");
+        assert_eq!(m.name, "/tmp/a b");
+        let anon = parse_maps_line("7ffff7fc1000-7ffff7fc5000 rw-p 00000000 00:00 0 ").unwrap();
+        assert_eq!(anon.name, "");
+        assert!(parse_maps_line("garbage").is_none());
+    }
+
+    #[test]
+    fn reads_own_maps_and_auxv() {
+        let pid = std::process::id() as i32;
+        assert!(!read_maps(pid).unwrap().is_empty());
+        assert_eq!(read_auxv(pid).unwrap().len() % 16, 0);
+    }
+}

@@ -1,0 +1,1033 @@
+//! Real GDB (batch mode) against `ptrewind record`, plus raw-protocol checks of the packet
+//! router. Expected values come from the C sources (marker comments give line numbers) and
+//! from computing the programs' results independently, never from our own output.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+fn crate_dir() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn example_source(name: &str) -> PathBuf {
+    crate_dir().join("examples/c").join(name)
+}
+
+/// 1-based line number of the first line of `file` containing `marker`.
+fn line_of(file: &str, marker: &str) -> usize {
+    let text = std::fs::read_to_string(example_source(file)).unwrap();
+    text.lines()
+        .position(|l| l.contains(marker))
+        .unwrap_or_else(|| panic!("marker {marker:?} not in {file}"))
+        + 1
+}
+
+fn cc(args: &[&str]) {
+    let out = Command::new("cc")
+        .args(args)
+        .output()
+        .expect("cc not found");
+    assert!(
+        out.status.success(),
+        "cc {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Compiles the examples once per test run (`cc -g -O0`), into the cargo test temp dir.
+fn examples() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gdb-examples");
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = |n: &str| example_source(n).to_string_lossy().into_owned();
+        let out = |n: &str| dir.join(n).to_string_lossy().into_owned();
+        for p in [
+            "crash",
+            "recursion",
+            "funcptr",
+            "switch",
+            "signal",
+            "setjmp",
+            "syscalls",
+            "exitcode",
+            "fork",
+            "exec",
+            "attachme",
+        ] {
+            cc(&["-g", "-O0", "-o", &out(p), &src(&format!("{p}.c"))]);
+        }
+        cc(&[
+            "-g",
+            "-O0",
+            "-pthread",
+            "-o",
+            &out("threads"),
+            &src("threads.c"),
+        ]);
+        cc(&["-g", "-O0", "-mavx", "-o", &out("avx"), &src("avx.c")]);
+        cc(&[
+            "-g",
+            "-O0",
+            "-fPIC",
+            "-shared",
+            "-o",
+            &out("libshared.so"),
+            &src("libshared.c"),
+        ]);
+        cc(&[
+            "-g",
+            "-O0",
+            "-o",
+            &out("uselib"),
+            &src("uselib.c"),
+            "-L",
+            &dir.to_string_lossy(),
+            "-lshared",
+            "-Wl,-rpath,$ORIGIN",
+        ]);
+        dir
+    })
+}
+
+fn example(name: &str) -> PathBuf {
+    examples().join(name)
+}
+
+/// Collects a child's pipe on a thread; lines are also forwarded to `tx` as they arrive.
+fn collect(
+    pipe: impl Read + Send + 'static,
+    tx: Option<mpsc::Sender<String>>,
+) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(pipe).lines() {
+            let Ok(line) = line else { break };
+            if let Some(tx) = &tx {
+                let _ = tx.send(line.clone());
+            }
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    })
+}
+
+/// Waits for `child` until `deadline`; kills it and returns `None` on timeout.
+fn wait_until(child: &mut Child, deadline: Instant) -> Option<std::process::ExitStatus> {
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A `ptrewind record` server with its port and pid read from stderr.
+struct Server {
+    child: Child,
+    port: u16,
+    pid: i32,
+    stderr: std::thread::JoinHandle<String>,
+    stdout: std::thread::JoinHandle<String>,
+}
+
+impl Server {
+    fn start(program: &Path, args: &[&str]) -> Server {
+        let mut cli: Vec<std::ffi::OsString> = ["record", "--listen", "127.0.0.1:0", "--"]
+            .iter()
+            .map(Into::into)
+            .collect();
+        cli.push(program.into());
+        cli.extend(args.iter().map(Into::into));
+        Server::start_cli(&cli)
+    }
+
+    fn start_cli(cli: &[std::ffi::OsString]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ptrewind"))
+            .args(cli)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("cannot run ptrewind");
+        let (tx, rx) = mpsc::channel();
+        let stderr = collect(child.stderr.take().unwrap(), Some(tx));
+        let stdout = collect(child.stdout.take().unwrap(), None);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let (mut port, mut pid) = (None, None);
+        while port.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Ok(line) = rx.recv_timeout(left) else {
+                let _ = child.kill();
+                panic!(
+                    "ptrewind printed no listening line: {}",
+                    stderr.join().unwrap()
+                );
+            };
+            // "ptrewind: started process PID; listening on 127.0.0.1:PORT"
+            let rest = line
+                .strip_prefix("ptrewind: started process ")
+                .or_else(|| line.strip_prefix("ptrewind: attached to process "));
+            if let Some(rest) = rest {
+                let (p, addr) = rest.split_once("; listening on ").unwrap();
+                pid = Some(p.parse().unwrap());
+                port = Some(addr.rsplit(':').next().unwrap().parse().unwrap());
+            }
+        }
+        Server {
+            child,
+            port: port.unwrap(),
+            pid: pid.unwrap(),
+            stderr,
+            stdout,
+        }
+    }
+}
+
+/// The result of one GDB session.
+struct Run {
+    /// GDB's stdout and stderr.
+    gdb: String,
+    /// ptrewind's stderr.
+    server: String,
+    /// The debugged program's stdout (inherited by ptrewind).
+    program_stdout: String,
+    pid: i32,
+}
+
+/// Runs GDB in batch mode against `ptrewind record -- program args`, with `commands` as
+/// `-ex` arguments after connecting. Fails on timeout (both processes are killed).
+fn gdb(program: &str, args: &[&str], commands: &[&str]) -> Run {
+    let program = example(program);
+    let server = Server::start(&program, args);
+    gdb_with(server, &program, commands)
+}
+
+/// Runs GDB against an already started server.
+fn gdb_with(mut server: Server, program: &Path, commands: &[&str]) -> Run {
+    let mut cmd = Command::new("gdb");
+    cmd.args([
+        "-batch",
+        "-nx",
+        "-ex",
+        "set confirm off",
+        "-ex",
+        "set pagination off",
+    ])
+    .arg("-ex")
+    .arg(format!("target remote 127.0.0.1:{}", server.port));
+    for c in commands {
+        cmd.arg("-ex").arg(c);
+    }
+    let mut g = cmd
+        .arg(program)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("gdb not found (gdb 13 is required for these tests)");
+    let out = collect(g.stdout.take().unwrap(), None);
+    let err = collect(g.stderr.take().unwrap(), None);
+    let deadline = Instant::now() + TIMEOUT;
+    let gdb_status = wait_until(&mut g, deadline);
+    let server_status = wait_until(&mut server.child, Instant::now() + Duration::from_secs(10));
+    let gdb_text = format!("{}{}", out.join().unwrap(), err.join().unwrap());
+    let server_text = server.stderr.join().unwrap();
+    let program_stdout = server.stdout.join().unwrap();
+    assert!(
+        gdb_status.is_some(),
+        "gdb timed out after {TIMEOUT:?}\n--- gdb:\n{gdb_text}\n--- server:\n{server_text}"
+    );
+    assert!(
+        server_status.is_some(),
+        "ptrewind did not exit after gdb\n--- gdb:\n{gdb_text}\n--- server:\n{server_text}"
+    );
+    Run {
+        gdb: gdb_text,
+        server: server_text,
+        program_stdout,
+        pid: server.pid,
+    }
+}
+
+impl Run {
+    #[track_caller]
+    fn expect(&self, needle: &str) {
+        assert!(
+            self.gdb.contains(needle),
+            "GDB output lacks {needle:?}\n--- gdb:\n{}\n--- server:\n{}",
+            self.gdb,
+            self.server
+        );
+    }
+
+    /// Position of `needle` in GDB's output (panics if absent).
+    #[track_caller]
+    fn pos(&self, needle: &str) -> usize {
+        self.expect(needle);
+        self.gdb.find(needle).unwrap()
+    }
+}
+
+fn factorial(n: u64) -> u64 {
+    (1..=n).product()
+}
+
+#[test]
+fn break_main_continue_backtrace_print() {
+    let main_line = line_of("recursion.c", "unsigned long f = factorial(10);");
+    let r = gdb(
+        "recursion",
+        &[],
+        &[
+            "break main",
+            "continue",
+            "bt",
+            "next",
+            "print f",
+            "print is_even(4)",
+            "continue",
+        ],
+    );
+    r.expect("Breakpoint 1, main () at ");
+    r.expect(&format!("recursion.c:{main_line}"));
+    r.expect("#0  main () at ");
+    r.expect(&format!("$1 = {}", factorial(10)));
+    // An inferior call: GDB writes registers, runs the function to a breakpoint, restores.
+    r.expect("$2 = 1");
+    r.expect("exited normally");
+    assert!(
+        r.program_stdout
+            .contains(&format!("factorial(10)={}", factorial(10))),
+        "{}",
+        r.program_stdout
+    );
+}
+
+#[test]
+fn recursion_backtrace_depth() {
+    let base_line = line_of("recursion.c", "/* BASE CASE */");
+    let r = gdb(
+        "recursion",
+        &[],
+        &[
+            &format!("break {base_line}"),
+            "continue",
+            "bt",
+            "print n",
+            "kill",
+        ],
+    );
+    r.expect(&format!("recursion.c:{base_line}"));
+    // factorial(10) recurses down to n == 1: frames #0..#9 are factorial, #10 is main.
+    r.expect("#9  ");
+    r.expect("#10 ");
+    assert!(r.gdb[r.pos("#10 ")..].contains("main ()"), "{}", r.gdb);
+    r.expect("$1 = 1");
+}
+
+#[test]
+fn step_next_finish() {
+    let sum_line = line_of("crash.c", "int total = sum_list(&a);");
+    let first_in_sum = line_of("crash.c", "int total = 0;");
+    let r = gdb(
+        "crash",
+        &[],
+        &[
+            &format!("break {sum_line}"),
+            "continue",
+            "step",
+            "next",
+            "info frame",
+            "finish",
+            "next",
+            "print total",
+            "kill",
+        ],
+    );
+    r.expect(&format!("crash.c:{sum_line}"));
+    // `step` enters sum_list at its first statement.
+    r.expect("sum_list (n=0x");
+    let step_pos = r.pos(&format!("{first_in_sum}\t    int total = 0;"));
+    // `finish` returns to main and prints the value: 1 + 2 + 3.
+    let finish_pos = r.pos("Value returned is $1 = 6");
+    assert!(finish_pos > step_pos);
+    assert!(
+        r.gdb[step_pos..finish_pos].contains("in main () at "),
+        "{}",
+        r.gdb
+    );
+    r.expect("$2 = 6");
+}
+
+#[test]
+fn shared_library_breakpoints() {
+    let shared_line = line_of("libshared.c", "/* SHARED LINE */");
+    let call_line = line_of("uselib.c", "int v = shared_scale(20);");
+    let r = gdb(
+        "uselib",
+        &[],
+        &[
+            "break shared_scale",
+            "continue",
+            "bt",
+            "info sharedlibrary",
+            "finish",
+            "break puts",
+            "continue",
+            "continue",
+        ],
+    );
+    r.expect("Breakpoint 1, shared_scale (x=20) at ");
+    r.expect(&format!("libshared.c:{shared_line}"));
+    r.expect(&format!("uselib.c:{call_line}"));
+    r.expect("libshared.so");
+    r.expect("libc.so.6");
+    r.expect("Value returned is $1 = 41");
+    // puts lives in libc: resolved through libraries-svr4 as well.
+    let bp2 = r.pos("Breakpoint 2, ");
+    let line_end = r.gdb[bp2..].find('\n').unwrap() + bp2;
+    assert!(
+        r.gdb[bp2..line_end].contains("puts"),
+        "{}",
+        &r.gdb[bp2..line_end]
+    );
+    r.expect("exited normally");
+}
+
+#[test]
+fn crash_reports_sigsegv_at_the_right_line() {
+    let crash_line = line_of("crash.c", "/* CRASH LINE */");
+    let r = gdb("crash", &[], &["continue", "bt", "continue"]);
+    let sig = r.pos("Program received signal SIGSEGV, Segmentation fault.");
+    let at = r.pos("crash_here (p=0x0) at ");
+    assert!(at > sig);
+    r.expect(&format!("crash.c:{crash_line}"));
+    r.expect("in main () at ");
+    // Passing the signal on kills the program.
+    r.expect("Program terminated with signal SIGSEGV");
+    assert!(r.server.contains("killed by signal 11"), "{}", r.server);
+}
+
+#[test]
+fn exit_code_and_verbatim_arguments() {
+    // No shell: `$HOME`, spaces and `;` reach the program unchanged.
+    let arg = "a b $HOME;x";
+    let code = arg.len() + 2; // strlen(argv[1]) + argc
+    let r = gdb("exitcode", &[arg], &["continue"]);
+    // GDB prints the status in octal with a leading 0.
+    r.expect(&format!("exited with code 0{code:o}]"));
+    assert!(
+        r.server.contains(&format!("exited with status {code}")),
+        "{}",
+        r.server
+    );
+}
+
+#[test]
+fn monitor_commands() {
+    let r = gdb(
+        "switch",
+        &[],
+        &[
+            "monitor help",
+            "monitor pid",
+            "monitor maps",
+            "monitor bogus",
+            "kill",
+        ],
+    );
+    r.expect("help");
+    r.expect("pid ");
+    r.expect("maps ");
+    // `monitor pid` prints the pid ptrewind announced.
+    assert!(
+        r.gdb.lines().any(|l| l.trim() == r.pid.to_string()),
+        "pid {} not printed:\n{}",
+        r.pid,
+        r.gdb
+    );
+    // `monitor maps` lists the executable.
+    r.expect("/switch\n");
+    r.expect("unknown monitor command 'bogus'");
+    // GDB shows the real pid, not a placeholder.
+    r.expect(&format!("process {}", r.pid));
+}
+
+#[test]
+fn signal_handler_receives_the_signal() {
+    let handler_line = line_of("signal.c", "/* HANDLER LINE */");
+    let r = gdb(
+        "signal",
+        &[],
+        &["break on_usr1", "continue", "continue", "bt", "continue"],
+    );
+    let sig = r.pos("Program received signal SIGUSR1");
+    let bp = r.pos("Breakpoint 1, on_usr1 (sig=10) at ");
+    assert!(bp > sig);
+    r.expect(&format!("signal.c:{handler_line}"));
+    r.expect("<signal handler called>");
+    r.expect("exited normally");
+    assert!(r.program_stdout.contains("hits=10"), "{}", r.program_stdout);
+}
+
+#[test]
+fn avx_registers() {
+    let avx_line = line_of("avx.c", "/* AVX LINE */");
+    let r = gdb(
+        "avx",
+        &[],
+        &[
+            &format!("break {avx_line}"),
+            "continue",
+            "continue",
+            "print $ymm0.v8_float",
+            "print $rip == $pc",
+            "info registers fs_base",
+            "kill",
+        ],
+    );
+    // After one loop iteration acc = data[0..8] = {0, ..., 7}; GCC -O0 keeps acc in ymm0
+    // right after the add was stored back (the breakpoint is at the loop line).
+    r.expect("= {0, 1, 2, 3, 4, 5, 6, 7}");
+    r.expect("= 1");
+    r.expect("fs_base        0x7");
+}
+
+#[test]
+fn fork_and_vfork_children_are_detached_and_reported() {
+    let after_line = line_of("fork.c", "/* AFTER LINE */");
+    let r = gdb(
+        "fork",
+        &[],
+        &[
+            "break after_children",
+            "continue",
+            "print a",
+            "print b",
+            "continue",
+        ],
+    );
+    // Both children are announced on GDB's console and on ptrewind's stderr.
+    r.expect("ptrewind: the program forked child process");
+    r.expect("ptrewind: the program vforked child process");
+    assert!(
+        r.server.contains("warning: the program forked child"),
+        "{}",
+        r.server
+    );
+    // The parent is still debugged: the breakpoint after the children works, and the
+    // children ran (fork child exit status 7, /bin/true 0).
+    r.expect(&format!("fork.c:{after_line}"));
+    r.expect("$1 = 7");
+    r.expect("$2 = 0");
+    r.expect("exited normally");
+}
+
+#[test]
+fn new_threads_are_reported_and_main_thread_kept() {
+    let joined = line_of("threads.c", "/* JOINED LINE */");
+    let r = gdb(
+        "threads",
+        &[],
+        &[
+            &format!("break {joined}"),
+            "continue",
+            "next",
+            "print sum",
+            "continue",
+        ],
+    );
+    r.expect("ptrewind: the program created thread");
+    r.expect("follows only the main thread");
+    r.expect(&format!("threads.c:{joined}"));
+    r.expect(&format!("$1 = {}", (1..=100).sum::<i64>()));
+    r.expect("exited normally");
+}
+
+#[test]
+fn exec_is_reported() {
+    let r = gdb("exec", &[], &["continue"]);
+    r.expect("ptrewind: the program called exec (");
+    r.expect("exited normally");
+}
+
+#[test]
+fn attach_break_and_detach() {
+    let tick_line = line_of("attachme.c", "/* TICK LINE */");
+    let program = example("attachme");
+    let mut victim = Command::new(&program).spawn().unwrap();
+    let pid = victim.id();
+    std::thread::sleep(Duration::from_millis(100));
+    let server = Server::start_cli(&["attach".into(), pid.to_string().into()]);
+    assert_eq!(server.pid, pid as i32);
+    let r = gdb_with(
+        server,
+        &program,
+        &[
+            "break tick",
+            "continue",
+            "print counter > 0",
+            "bt",
+            "detach",
+        ],
+    );
+    let alive = victim.try_wait().unwrap().is_none();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let _ = victim.kill();
+    let _ = victim.wait();
+    r.expect("Breakpoint 1, tick () at ");
+    r.expect(&format!("attachme.c:{tick_line}"));
+    r.expect("$1 = 1");
+    r.expect("in main () at ");
+    r.expect(&format!("process {pid}) detached"));
+    assert!(r.server.contains("detached from process"), "{}", r.server);
+    // Detached: still running and no longer traced.
+    assert!(alive, "the attached process died\n{}", r.gdb);
+    assert!(status.contains("TracerPid:\t0\n"), "{status}");
+}
+
+#[test]
+fn non_loopback_listen_is_refused() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ptrewind"))
+        .args(["record", "--listen", "0.0.0.0:0", "--", "/bin/true"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--allow-remote"), "{err}");
+    assert!(err.contains("0.0.0.0"), "{err}");
+}
+
+#[test]
+fn missing_program_is_an_error() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ptrewind"))
+        .args(["record", "--", "/nonexistent/program"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/nonexistent/program"), "{err}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Raw protocol against the router (library API, no GDB).
+
+fn packet(body: &str) -> Vec<u8> {
+    let sum = body.bytes().fold(0u8, |a, b| a.wrapping_add(b));
+    format!("${body}#{sum:02x}").into_bytes()
+}
+
+struct Raw {
+    s: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Raw {
+    fn send(&mut self, bytes: &[u8]) {
+        self.s.write_all(bytes).unwrap();
+    }
+
+    fn byte(&mut self) -> u8 {
+        if self.buf.is_empty() {
+            let mut tmp = [0u8; 4096];
+            let n = self.s.read(&mut tmp).unwrap();
+            assert!(n > 0, "connection closed");
+            self.buf.extend_from_slice(&tmp[..n]);
+        }
+        self.buf.remove(0)
+    }
+
+    /// Reads one packet (skipping acks) and checks its checksum; returns the body.
+    fn reply(&mut self) -> String {
+        while self.byte() != b'$' {}
+        let mut body = Vec::new();
+        loop {
+            let b = self.byte();
+            if b == b'#' {
+                break;
+            }
+            body.push(b);
+        }
+        let cs = [self.byte(), self.byte()];
+        let sum = body.iter().fold(0u8, |a, b| a.wrapping_add(*b));
+        assert_eq!(
+            u8::from_str_radix(std::str::from_utf8(&cs).unwrap(), 16).unwrap(),
+            sum,
+            "bad checksum from server"
+        );
+        // Undo run-length encoding (`X*n`: n - 29 more copies of X).
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < body.len() {
+            if body[i] == b'*' && i + 1 < body.len() && !out.is_empty() {
+                let prev = *out.last().unwrap();
+                out.extend(std::iter::repeat_n(prev, usize::from(body[i + 1] - 29)));
+                i += 2;
+            } else {
+                out.push(body[i]);
+                i += 1;
+            }
+        }
+        // Undo the binary escape (`}` then byte ^ 0x20).
+        let mut plain = Vec::new();
+        let mut it = out.into_iter();
+        while let Some(b) = it.next() {
+            if b == b'}' {
+                plain.push(it.next().expect("dangling escape") ^ 0x20);
+            } else {
+                plain.push(b);
+            }
+        }
+        String::from_utf8_lossy(&plain).into_owned()
+    }
+
+    fn ack(&mut self) -> u8 {
+        self.byte()
+    }
+}
+
+#[test]
+fn router_intercepts_extends_qsupported_and_survives_bad_packets() {
+    use ptrewind::server::{Intercept, Router, ServeOutcome, Session};
+    use ptrewind::target::{PtraceTarget, SpawnOptions};
+
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    // ptrace ties the tracee to the thread that started it: start and serve on one thread.
+    let server = std::thread::spawn(move || {
+        let target = PtraceTarget::spawn(&"/bin/true".into(), &[], &SpawnOptions::default())
+            .expect("spawn /bin/true");
+        let mut session = Session::new(Box::new(target));
+        let mut router = Router::default();
+        router.add_qsupported_feature("Qbtrace:pt+");
+        router.intercept(b"Qptrewind.test", |session, state, body| {
+            let text = format!(
+                "intercepted:{}:{}:{}",
+                String::from_utf8_lossy(body),
+                state.general_thread.as_deref().unwrap_or("none"),
+                session.target().pid() > 0
+            );
+            Intercept::Reply(text.into_bytes())
+        });
+        router.intercept(b"qSupported", |_, _, _| Intercept::Pass);
+        let (stream, _) = listener.accept().unwrap();
+        router.serve(stream, &mut session)
+    });
+    let s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(TIMEOUT)).unwrap();
+    let mut c = Raw { s, buf: Vec::new() };
+
+    c.send(&packet(
+        "qSupported:multiprocess+;swbreak+;xmlRegisters=i386",
+    ));
+    assert_eq!(c.ack(), b'+');
+    let supported = c.reply();
+    assert!(supported.contains("PacketSize="), "{supported}");
+    assert!(
+        supported.contains("qXfer:libraries-svr4:read+"),
+        "{supported}"
+    );
+    assert!(supported.ends_with(";Qbtrace:pt+"), "{supported}");
+    c.send(b"+");
+
+    c.send(&packet("Hg0"));
+    assert_eq!(c.ack(), b'+');
+    assert_eq!(c.reply(), "OK");
+    c.send(b"+");
+
+    // An intercepted packet (with a `}` escape: `}]` is `}`) never reaches gdbstub.
+    c.send(&packet("Qptrewind.test:}]"));
+    assert_eq!(c.ack(), b'+');
+    assert_eq!(c.reply(), "intercepted:Qptrewind.test:}:0:true");
+    c.send(b"+");
+
+    // Bad checksum: NAK, nothing else.
+    c.send(b"$g#00");
+    assert_eq!(c.ack(), b'-');
+
+    // Malformed packets gdbstub would choke on: an error reply, the session survives.
+    for bad in [
+        "mzz,10",
+        "m",
+        "Z0,zz,1",
+        "Hx",
+        "p12345678901234567890",
+        "vCont;q",
+    ] {
+        c.send(&packet(bad));
+        assert_eq!(c.ack(), b'+', "{bad}");
+        assert_eq!(c.reply(), "E01", "{bad}");
+        c.send(b"+");
+    }
+
+    // Oversized packet: discarded with an error reply.
+    let huge = "X".repeat(64 * 1024);
+    c.send(&packet(&huge));
+    assert_eq!(c.ack(), b'+');
+    assert_eq!(c.reply(), "E01");
+    c.send(b"+");
+
+    // A NAK makes the server resend its last packet.
+    c.send(b"-");
+    assert_eq!(c.reply(), "E01");
+
+    // Still alive: the stop reason names the real pid (multiprocess thread id).
+    c.send(&packet("?"));
+    assert_eq!(c.ack(), b'+');
+    let stop = c.reply();
+    assert!(stop.starts_with("T05"), "{stop}");
+    c.send(b"+");
+
+    // Registers: the whole amd64-linux set, hex.
+    c.send(&packet("g"));
+    assert_eq!(c.ack(), b'+');
+    let g = c.reply();
+    assert!(
+        g.len() == 2 * 560 || g.len() == 2 * 816,
+        "g reply has {} hex digits",
+        g.len()
+    );
+    c.send(b"+");
+
+    c.send(&packet("vKill;1"));
+    assert_eq!(c.ack(), b'+');
+    assert_eq!(c.reply(), "OK");
+    c.send(b"+");
+    drop(c);
+    let outcome = server.join().unwrap().expect("serve failed");
+    assert_eq!(outcome, ServeOutcome::KilledByDebugger);
+}
+
+#[test]
+fn router_interrupt_stops_a_running_program() {
+    use ptrewind::server::{Router, ServeOutcome, Session};
+    use ptrewind::target::{PtraceTarget, SpawnOptions};
+
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let args = ["30".into()];
+        let target = PtraceTarget::spawn(&"/bin/sleep".into(), &args, &SpawnOptions::default())
+            .expect("spawn /bin/sleep");
+        let mut session = Session::new(Box::new(target));
+        let (stream, _) = listener.accept().unwrap();
+        Router::default().serve(stream, &mut session)
+    });
+    let s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(TIMEOUT)).unwrap();
+    let mut c = Raw { s, buf: Vec::new() };
+    c.send(&packet("qSupported:multiprocess+"));
+    assert_eq!(c.ack(), b'+');
+    c.reply();
+    c.send(b"+");
+    c.send(&packet("vCont;c"));
+    assert_eq!(c.ack(), b'+');
+    std::thread::sleep(Duration::from_millis(200));
+    c.send(&[0x03]);
+    let stop = c.reply();
+    // GDB signal 2 = SIGINT, with the thread of the stopped process.
+    assert!(stop.starts_with("T02thread:"), "{stop}");
+    c.send(b"+");
+    // The process is stopped, not gone: registers can be read.
+    c.send(&packet("g"));
+    assert_eq!(c.ack(), b'+');
+    assert!(c.reply().len() > 100);
+    c.send(b"+");
+    // Closing the connection kills the program we started.
+    drop(c);
+    let outcome = server.join().unwrap().expect("serve failed");
+    assert_eq!(outcome, ServeOutcome::ConnectionClosed);
+}
+
+/// An in-memory "recorded" target: a fixed list of PCs, the cursor at the end (the live
+/// point). Exercises the reverse-execution plumbing of the server without a recorder.
+struct FakeReplay {
+    pcs: Vec<u64>,
+    pos: usize,
+    breakpoints: Vec<u64>,
+    pending: Option<ptrewind::target::StopEvent>,
+}
+
+impl ptrewind::target::Breakpoints for FakeReplay {
+    fn add_breakpoint(&mut self, addr: u64) -> ptrewind::target::TargetResult<()> {
+        self.breakpoints.push(addr);
+        Ok(())
+    }
+    fn remove_breakpoint(&mut self, addr: u64) -> ptrewind::target::TargetResult<bool> {
+        let before = self.breakpoints.len();
+        self.breakpoints.retain(|&a| a != addr);
+        Ok(before != self.breakpoints.len())
+    }
+    fn breakpoint_addrs(&self) -> Vec<u64> {
+        self.breakpoints.clone()
+    }
+}
+
+impl ptrewind::target::ReverseExecution for FakeReplay {
+    fn resume_reverse(
+        &mut self,
+        how: ptrewind::target::ReverseResume,
+    ) -> ptrewind::target::TargetResult<()> {
+        use ptrewind::target::{ReverseResume, StopEvent};
+        self.pending = Some(match how {
+            ReverseResume::Step if self.pos == 0 => StopEvent::HistoryEnd { at_begin: true },
+            ReverseResume::Step => {
+                self.pos -= 1;
+                StopEvent::Step
+            }
+            ReverseResume::Continue => loop {
+                if self.pos == 0 {
+                    break StopEvent::HistoryEnd { at_begin: true };
+                }
+                self.pos -= 1;
+                if self.breakpoints.contains(&self.pcs[self.pos]) {
+                    break StopEvent::Breakpoint {
+                        pc: self.pcs[self.pos],
+                    };
+                }
+            },
+        });
+        Ok(())
+    }
+}
+
+impl ptrewind::target::Target for FakeReplay {
+    fn pid(&self) -> i32 {
+        4242
+    }
+    fn exec_path(&self) -> Option<PathBuf> {
+        None
+    }
+    fn read_registers(&mut self) -> ptrewind::target::TargetResult<ptrewind::target::X86Registers> {
+        let mut regs = ptrewind::target::X86Registers {
+            xsave: vec![0; 512],
+            ..Default::default()
+        };
+        regs.set_pc(self.pcs[self.pos]);
+        Ok(regs)
+    }
+    fn write_registers(
+        &mut self,
+        _: &ptrewind::target::X86Registers,
+    ) -> ptrewind::target::TargetResult<()> {
+        Err(ptrewind::target::TargetError::Unsupported(
+            "writing history",
+        ))
+    }
+    fn read_memory(&self, _addr: u64, buf: &mut [u8]) -> ptrewind::target::TargetResult<usize> {
+        buf.fill(0x90);
+        Ok(buf.len())
+    }
+    fn write_memory(&mut self, addr: u64, _: &[u8]) -> ptrewind::target::TargetResult<()> {
+        Err(ptrewind::target::TargetError::Memory { addr })
+    }
+    fn resume(&mut self, _: ptrewind::target::Resume) -> ptrewind::target::TargetResult<()> {
+        self.pending = Some(ptrewind::target::StopEvent::HistoryEnd { at_begin: false });
+        Ok(())
+    }
+    fn wait(
+        &mut self,
+        _block: bool,
+    ) -> ptrewind::target::TargetResult<Option<ptrewind::target::StopEvent>> {
+        Ok(self.pending.take())
+    }
+    fn interrupt(&mut self) -> ptrewind::target::TargetResult<()> {
+        Ok(())
+    }
+    fn kill(&mut self) -> ptrewind::target::TargetResult<()> {
+        Ok(())
+    }
+    fn detach(&mut self) -> ptrewind::target::TargetResult<()> {
+        Ok(())
+    }
+    fn has_exited(&self) -> bool {
+        false
+    }
+    fn auxv(&self) -> ptrewind::target::TargetResult<Vec<u8>> {
+        Ok(Vec::new())
+    }
+    fn support_breakpoints(&mut self) -> Option<&mut dyn ptrewind::target::Breakpoints> {
+        Some(self)
+    }
+    fn support_reverse(&mut self) -> Option<&mut dyn ptrewind::target::ReverseExecution> {
+        Some(self)
+    }
+}
+
+#[test]
+fn reverse_execution_plumbing_with_a_fake_history() {
+    use ptrewind::server::{Router, Session};
+
+    let pcs: Vec<u64> = (0..10).map(|i| 0x401000 + 4 * i).collect();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let fake = FakeReplay {
+        pcs: pcs.clone(),
+        pos: pcs.len() - 1,
+        breakpoints: Vec::new(),
+        pending: None,
+    };
+    let server = std::thread::spawn(move || {
+        let mut session = Session::new(Box::new(fake));
+        let (stream, _) = listener.accept().unwrap();
+        Router::default().serve(stream, &mut session)
+    });
+    let s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(TIMEOUT)).unwrap();
+    let mut c = Raw { s, buf: Vec::new() };
+    let mut ask = |c: &mut Raw, body: &str| -> String {
+        c.send(&packet(body));
+        assert_eq!(c.ack(), b'+', "{body}");
+        let r = c.reply();
+        c.send(b"+");
+        r
+    };
+    let supported = ask(&mut c, "qSupported:multiprocess+;swbreak+");
+    assert!(supported.contains("ReverseStep+"), "{supported}");
+    assert!(supported.contains("ReverseContinue+"), "{supported}");
+    // `p 10` is rip (register 16 = 0x10): little-endian hex of the PC.
+    let rip = |c: &mut Raw, ask: &mut dyn FnMut(&mut Raw, &str) -> String| {
+        let hex = ask(c, "p10");
+        let bytes: Vec<u8> = (0..8)
+            .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+            .collect();
+        u64::from_le_bytes(bytes.try_into().unwrap())
+    };
+    assert_eq!(rip(&mut c, &mut ask), pcs[9]);
+    assert_eq!(ask(&mut c, "Hc0"), "OK");
+    let stop = ask(&mut c, "bs");
+    assert!(stop.starts_with("T05"), "{stop}");
+    assert_eq!(rip(&mut c, &mut ask), pcs[8]);
+    // Reverse-continue to a breakpoint: the PC is the breakpoint address, no +1.
+    assert_eq!(ask(&mut c, &format!("Z0,{:x},1", pcs[3])), "OK");
+    let stop = ask(&mut c, "bc");
+    assert!(stop.contains("swbreak"), "{stop}");
+    assert_eq!(rip(&mut c, &mut ask), pcs[3]);
+    // Again: the history begins before any other breakpoint.
+    let stop = ask(&mut c, "bc");
+    assert!(stop.contains("replaylog:begin"), "{stop}");
+    assert_eq!(rip(&mut c, &mut ask), pcs[0]);
+    // Forward from the past reaches the end of the history.
+    let stop = ask(&mut c, "vCont;c");
+    assert!(stop.contains("replaylog:end"), "{stop}");
+    // `bs` after `Hc-1` is answered with an error (gdbstub would end the session).
+    assert_eq!(ask(&mut c, "Hc-1"), "OK");
+    assert_eq!(ask(&mut c, "bs"), "E01");
+    assert_eq!(ask(&mut c, "vKill;1"), "OK");
+    drop(c);
+    server.join().unwrap().expect("serve failed");
+}
