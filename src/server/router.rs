@@ -223,18 +223,44 @@ fn is_hex(s: &[u8]) -> bool {
     !s.is_empty() && s.iter().all(|b| b.is_ascii_hexdigit())
 }
 
-fn is_addr(s: &[u8]) -> bool {
-    is_hex(s) && s.len() <= 16
+fn is_even_hex(s: &[u8]) -> bool {
+    s.len() % 2 == 0 && s.iter().all(u8::is_ascii_hexdigit)
 }
 
+/// A hex number gdbstub can decode into a 64-bit integer.
+fn is_addr(s: &[u8]) -> bool {
+    is_hex(s) && s.iter().skip_while(|&&b| b == b'0').count() <= 16
+}
+
+/// A non-zero hex number (gdbstub's `Pid`/`Tid` are non-zero).
+fn is_nonzero_id(s: &[u8]) -> bool {
+    is_addr(s) && s.iter().any(|&b| b != b'0')
+}
+
+/// `-1`, `0`, `<id>`, `p<id>`, `p<id>.<id>` with ids as in [`is_nonzero_id`].
 fn is_thread_id(s: &[u8]) -> bool {
-    fn part(p: &[u8]) -> bool {
-        p == b"-1" || is_addr(p)
+    thread_kind(s).is_some()
+}
+
+/// The thread part of a thread id: `Some(true)` for one specific thread, `Some(false)` for
+/// "all" (`-1`) or "any" (`0`) — which gdbstub refuses, fatally, where it needs one thread
+/// (`Hg`, `T`, a `vCont` step) — and `None` if it does not parse.
+fn thread_kind(s: &[u8]) -> Option<bool> {
+    fn part(p: &[u8]) -> Option<bool> {
+        if p == b"-1" || p == b"0" {
+            Some(false)
+        } else {
+            is_nonzero_id(p).then_some(true)
+        }
     }
     match s.strip_prefix(b"p") {
         Some(rest) => match rest.iter().position(|&b| b == b'.') {
-            Some(dot) => part(&rest[..dot]) && part(&rest[dot + 1..]),
-            None => part(rest),
+            Some(dot) => {
+                part(&rest[..dot])?;
+                part(&rest[dot + 1..])
+            }
+            // `p<pid>` alone means all threads of the process.
+            None => part(rest).map(|_| false),
         },
         None => part(s),
     }
@@ -245,70 +271,207 @@ fn split2(s: &[u8], sep: u8) -> Option<(&[u8], &[u8])> {
     Some((&s[..i], &s[i + 1..]))
 }
 
-/// Checks the packets whose malformed forms would make gdbstub end the session. Packets not
-/// listed are accepted (gdbstub answers unknown ones with an empty reply).
-pub fn is_well_formed(body: &[u8]) -> bool {
+/// What the router does with a packet before gdbstub sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Check {
+    /// Hand it to gdbstub.
+    Pass,
+    /// Not a packet gdbstub knows, although it starts like one (e.g. `qCRC:` vs `qC`):
+    /// answer with the empty "unsupported" reply.
+    Unsupported,
+    /// A known packet with malformed arguments: answer `E01`.
+    Malformed,
+}
+
+/// Rewrites the valid `qSupported` forms gdbstub rejects: no feature list at all
+/// (`qSupported`) or empty entries (`qSupported:a;;b`). Other packets are returned as is.
+pub fn normalize_qsupported(body: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    let Some(rest) = body.strip_prefix(b"qSupported") else {
+        return body.into();
+    };
+    let features: Vec<&[u8]> = match rest.split_first() {
+        None => Vec::new(),
+        Some((b':', list)) => list
+            .split(|&b| b == b';')
+            .filter(|f| !f.is_empty())
+            .collect(),
+        Some(_) => return body.into(),
+    };
+    if !features.is_empty() && features.len() == rest[1..].split(|&b| b == b';').count() {
+        return body.into();
+    }
+    let mut out = b"qSupported:".to_vec();
+    if features.is_empty() {
+        // The default: GDB did not offer multiprocess.
+        out.extend_from_slice(b"multiprocess-");
+    } else {
+        out.extend_from_slice(&features.join(&b';'));
+    }
+    out.into()
+}
+
+/// `:annex:offset,length` of a `qXfer:...:read` packet.
+fn qxfer_args(rest: &[u8], annex_ok: impl Fn(&[u8]) -> bool) -> bool {
+    let Some(rest) = rest.strip_prefix(b":") else {
+        return false;
+    };
+    let Some((annex, range)) = split2(rest, b':') else {
+        return false;
+    };
+    let range = range.split(|&b| b == b':').next().unwrap_or(b"");
+    annex_ok(annex) && split2(range, b',').is_some_and(|(o, l)| is_addr(o) && is_addr(l))
+}
+
+/// Classifies packets whose malformed forms would make gdbstub end the session: gdbstub
+/// picks a command by name prefix and treats a failed argument parse as fatal, and it also
+/// ends the session on some well-formed but unexpected requests (`Hg-1`, `T-1`, `vCont;t`,
+/// a step of "all threads" such as `s` after `Hc-1`). Packets not listed pass (gdbstub
+/// answers unknown ones with an empty reply). `body` is the escaped packet body;
+/// `resume_all` says whether the last `Hc` selected all threads.
+pub fn check_packet(body: &[u8], resume_all: bool) -> Check {
+    use Check::{Malformed, Pass, Unsupported};
+    let ok = |good: bool| if good { Pass } else { Malformed };
+    // Commands without arguments: a longer packet with the same start is another packet.
+    for name in [
+        &b"qfThreadInfo"[..],
+        b"qsThreadInfo",
+        b"QStartNoAckMode",
+        b"qC",
+        b"bc",
+        b"bs",
+    ] {
+        if let Some(rest) = body.strip_prefix(name) {
+            return if !rest.is_empty() {
+                Unsupported
+            } else if name == b"bs" && resume_all {
+                Malformed
+            } else {
+                Pass
+            };
+        }
+    }
+    if let Some(rest) = body.strip_prefix(b"qSupported") {
+        // gdbstub needs `:` and no empty feature (see `normalize_qsupported`).
+        return match rest.split_first() {
+            Some((b':', features)) => ok(features.split(|&b| b == b';').all(|f| !f.is_empty())),
+            None => Malformed,
+            Some(_) => Unsupported,
+        };
+    }
+    if let Some(rest) = body.strip_prefix(b"qAttached") {
+        return match rest.split_first() {
+            None => Pass,
+            Some((b':', pid)) => ok(is_nonzero_id(pid)),
+            Some(_) => Unsupported,
+        };
+    }
+    if let Some(rest) = body.strip_prefix(b"qRcmd") {
+        return match rest.split_first() {
+            Some((b',', hex)) => ok(is_even_hex(hex)),
+            _ => Unsupported,
+        };
+    }
+    if let Some(rest) = body.strip_prefix(b"qXfer:") {
+        let empty = |a: &[u8]| a.is_empty();
+        let annex_any = |_: &[u8]| true;
+        let exec_annex = |a: &[u8]| a.is_empty() || is_nonzero_id(a);
+        // The objects gdbstub parses (others are unknown to it and answered empty).
+        type AnnexCheck<'f> = &'f dyn Fn(&[u8]) -> bool;
+        let objects: [(&[u8], AnnexCheck<'_>); 6] = [
+            (b"features:read", &annex_any),
+            (b"auxv:read", &empty),
+            (b"exec-file:read", &exec_annex),
+            (b"libraries-svr4:read", &empty),
+            (b"libraries:read", &empty),
+            (b"memory-map:read", &empty),
+        ];
+        let checked = objects
+            .iter()
+            .find_map(|(name, annex_ok)| rest.strip_prefix(*name).map(|r| qxfer_args(r, annex_ok)));
+        return checked.map_or(Pass, ok);
+    }
+    if let Some(rest) = body.strip_prefix(b"vKill") {
+        return ok(rest.strip_prefix(b";").is_some_and(is_nonzero_id));
+    }
+    if let Some(rest) = body.strip_prefix(b"vAttach") {
+        return ok(rest.strip_prefix(b";").is_some_and(is_nonzero_id));
+    }
+    if let Some(rest) = body.strip_prefix(b"vRun") {
+        return ok(rest
+            .strip_prefix(b";")
+            .is_some_and(|r| r.split(|&b| b == b';').all(is_even_hex)));
+    }
+    if let Some(rest) = body.strip_prefix(b"vCont") {
+        if rest == b"?" {
+            return Pass;
+        }
+        let Some(actions) = rest.strip_prefix(b";") else {
+            return Malformed;
+        };
+        return ok(actions.split(|&b| b == b';').all(|action| {
+            let (act, tid) = split2(action, b':').unwrap_or((action, b""));
+            // No `t` (stop) or `r` (range step, not offered); a step needs one thread.
+            let (act_ok, needs_one_thread) = match act.first() {
+                Some(b'c') => (act.len() == 1, false),
+                Some(b's') => (act.len() == 1, true),
+                Some(b'C') => (act.len() >= 2 && act.len() <= 3 && is_hex(&act[1..]), false),
+                Some(b'S') => (act.len() >= 2 && act.len() <= 3 && is_hex(&act[1..]), true),
+                _ => (false, false),
+            };
+            let tid_ok = if needs_one_thread {
+                thread_kind(tid) == Some(true)
+            } else {
+                tid.is_empty() || is_thread_id(tid)
+            };
+            act_ok && tid_ok
+        }));
+    }
     let Some((&cmd, rest)) = body.split_first() else {
-        return true;
+        return Pass;
     };
     match cmd {
-        b'm' => split2(rest, b',').is_some_and(|(a, l)| is_addr(a) && is_addr(l)),
-        b'M' => split2(rest, b',').is_some_and(|(a, rest)| {
+        b'?' | b'g' | b'k' | b'!' => ok(rest.is_empty()),
+        b'D' => ok(rest.is_empty() || rest.strip_prefix(b";").is_some_and(is_nonzero_id)),
+        b'R' => ok(rest.len() == 2),
+        b'm' => ok(split2(rest, b',').is_some_and(|(a, l)| is_addr(a) && is_addr(l))),
+        b'M' => ok(split2(rest, b',').is_some_and(|(a, rest)| {
             is_addr(a)
-                && split2(rest, b':').is_some_and(|(l, data)| {
-                    is_addr(l) && data.len() % 2 == 0 && data.iter().all(u8::is_ascii_hexdigit)
-                })
-        }),
-        b'X' => split2(rest, b',').is_some_and(|(a, rest)| {
+                && split2(rest, b':').is_some_and(|(l, data)| is_addr(l) && is_even_hex(data))
+        })),
+        b'X' => ok(split2(rest, b',').is_some_and(|(a, rest)| {
             is_addr(a) && split2(rest, b':').is_some_and(|(l, _)| is_addr(l))
-        }),
-        b'p' => is_addr(rest),
+        })),
+        b'p' => ok(is_addr(rest)),
         b'P' => {
-            split2(rest, b'=').is_some_and(|(n, v)| is_addr(n) && is_hex(v) && v.len() % 2 == 0)
+            ok(split2(rest, b'=').is_some_and(|(n, v)| is_addr(n) && is_hex(v) && is_even_hex(v)))
         }
-        b'G' => rest.len() % 2 == 0 && rest.iter().all(u8::is_ascii_hexdigit),
+        b'G' => ok(is_even_hex(rest)),
         b'Z' | b'z' => {
-            let fields: Vec<&[u8]> = rest
-                .split(|&b| b == b';')
-                .next()
-                .unwrap_or(&[])
-                .split(|&b| b == b',')
-                .collect();
-            fields.len() == 3
+            let fields: Vec<&[u8]> = rest.split(|&b| b == b',').collect();
+            ok(fields.len() == 3
                 && matches!(fields[0], b"0" | b"1" | b"2" | b"3" | b"4")
                 && is_addr(fields[1])
-                && is_addr(fields[2])
+                && is_addr(fields[2]))
         }
-        b'H' => rest.len() >= 2 && matches!(rest[0], b'g' | b'c') && is_thread_id(&rest[1..]),
-        b'T' => is_thread_id(rest),
-        b'c' | b's' => rest.is_empty() || is_addr(rest),
+        b'H' => ok(match rest.split_first() {
+            // `Hg` needs one thread (`0` = any is fine: gdbstub picks one), `Hc` any form.
+            Some((b'g', tid)) => {
+                thread_kind(tid) == Some(true) || tid == b"0" || tid.ends_with(b".0")
+            }
+            Some((b'c', tid)) => is_thread_id(tid),
+            _ => false,
+        }),
+        b'T' => ok(thread_kind(rest) == Some(true)),
+        b'c' => ok(rest.is_empty() || is_addr(rest)),
+        b's' => ok(!resume_all && (rest.is_empty() || is_addr(rest))),
         b'C' | b'S' => {
             let (sig, addr) = split2(rest, b';').unwrap_or((rest, b""));
-            is_hex(sig) && sig.len() <= 2 && (addr.is_empty() || is_addr(addr))
+            ok(is_hex(sig)
+                && sig.len() <= 2
+                && (addr.is_empty() || is_addr(addr))
+                && !(cmd == b'S' && resume_all))
         }
-        b'v' if rest.starts_with(b"Cont;") => rest[5..].split(|&b| b == b';').all(|action| {
-            let (act, tid) = split2(action, b':').unwrap_or((action, b""));
-            let act_ok = match act.first() {
-                Some(b'c' | b's' | b't') => act.len() == 1,
-                Some(b'C' | b'S') => act.len() >= 2 && act.len() <= 3 && is_hex(&act[1..]),
-                Some(b'r') => {
-                    split2(&act[1..], b',').is_some_and(|(a, b)| is_addr(a) && is_addr(b))
-                }
-                _ => false,
-            };
-            act_ok && (tid.is_empty() || is_thread_id(tid))
-        }),
-        b'q' if rest.starts_with(b"Rcmd,") => {
-            let hex = &rest[5..];
-            hex.len() % 2 == 0 && hex.iter().all(u8::is_ascii_hexdigit)
-        }
-        b'q' if rest.starts_with(b"Xfer:") => {
-            // qXfer:object:read:annex:offset,length
-            let last = rest.rsplit(|&b| b == b':').next().unwrap_or(b"");
-            rest.split(|&b| b == b':').count() >= 5
-                && split2(last, b',').is_some_and(|(o, l)| is_addr(o) && is_addr(l))
-        }
-        _ => true,
+        _ => Pass,
     }
 }
 
@@ -467,6 +630,53 @@ pub enum ServeOutcome {
 /// Receives target notices (e.g. to print them on the CLI's stderr).
 pub type NoticeSink = Box<dyn FnMut(&Notice)>;
 
+/// LLDB's `qMemoryRegionInfo` reply for `addr`: the mapping that contains it (with
+/// permissions and the hex-encoded file name), or the unmapped gap around it.
+pub fn memory_region_info(maps: &[crate::target::MemoryMapping], addr: u64) -> String {
+    if let Some(m) = maps.iter().find(|m| m.start <= addr && addr < m.end) {
+        let perms: String = m.perms.chars().take(3).filter(|&c| c != '-').collect();
+        let mut out = format!(
+            "start:{:x};size:{:x};permissions:{perms};",
+            m.start,
+            m.end - m.start
+        );
+        if !m.name.is_empty() && !m.name.starts_with('[') {
+            let name: String = m.name.bytes().map(|b| format!("{b:02x}")).collect();
+            out.push_str(&format!("name:{name};"));
+        }
+        return out;
+    }
+    let start = maps
+        .iter()
+        .map(|m| m.end)
+        .filter(|&e| e <= addr)
+        .max()
+        .unwrap_or(0);
+    let end = maps
+        .iter()
+        .map(|m| m.start)
+        .filter(|&s| s > addr)
+        .min()
+        .unwrap_or(u64::MAX);
+    format!("start:{start:x};size:{:x};", end - start)
+}
+
+/// The `qHostInfo` / `qProcessInfo` reply (LLDB's format: hex pid, hex-encoded triple).
+fn lldb_info(pid: Option<i32>) -> String {
+    let triple: String = "x86_64-pc-linux-gnu"
+        .bytes()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let mut out = String::new();
+    if let Some(pid) = pid {
+        out.push_str(&format!("pid:{pid:x};"));
+    }
+    out.push_str(&format!(
+        "triple:{triple};ostype:linux;vendor:pc;endian:little;ptrsize:8;"
+    ));
+    out
+}
+
 type Sm<'a> = GdbStubStateMachine<'a, Session, RouterConn>;
 
 fn conn<'s>(sm: &'s mut Sm<'_>) -> &'s mut RouterConn {
@@ -520,7 +730,7 @@ impl Router {
     /// A router whose gdbstub uses a packet buffer of `packet_size` bytes.
     pub fn new(packet_size: usize) -> Self {
         let packet_size = packet_size.max(1024);
-        Router {
+        let mut router = Router {
             handlers: Vec::new(),
             features: Vec::new(),
             packet_size,
@@ -528,7 +738,34 @@ impl Router {
             // Room for "$", "#xx" and the slack gdbstub needs in its own buffer.
             framer: Framer::new(packet_size - 8),
             notice_sink: None,
-        }
+        };
+        // LLDB's host/process queries. gdbstub 0.7 writes `pid:` in decimal where LLDB reads
+        // hex, and has no `ostype`, which LLDB needs to pick its Linux dynamic loader.
+        router.intercept(b"qHostInfo", |_, _, body| {
+            if body != b"qHostInfo" {
+                return Intercept::Pass;
+            }
+            Intercept::Reply(lldb_info(None).into_bytes())
+        });
+        router.intercept(b"qMemoryRegionInfo:", |session, _, body| {
+            let hex = &body[b"qMemoryRegionInfo:".len()..];
+            let addr = std::str::from_utf8(hex)
+                .ok()
+                .and_then(|h| u64::from_str_radix(h, 16).ok());
+            match (addr, crate::target::read_maps(session.target().pid())) {
+                (Some(addr), Ok(maps)) => {
+                    Intercept::Reply(memory_region_info(&maps, addr).into_bytes())
+                }
+                _ => Intercept::Reply(b"E01".to_vec()),
+            }
+        });
+        router.intercept(b"qProcessInfo", |session, _, body| {
+            if body != b"qProcessInfo" {
+                return Intercept::Pass;
+            }
+            Intercept::Reply(lldb_info(Some(session.target().pid())).into_bytes())
+        });
+        router
     }
 
     /// Answers packets starting with `prefix` (after un-escaping) with `handler` before
@@ -599,9 +836,13 @@ impl Router {
                         r.report_stop(session, stop_reason(tid, ev))
                             .map_err(gs_err)?
                     } else {
-                        // Back off from 0 to 10 ms so single steps are answered at once while
-                        // a long-running program does not spin.
-                        let timeout = idle_polls.min(10) as i32;
+                        // A single step stops within microseconds: yield-spin briefly first,
+                        // then back off to 10 ms polls so a long-running program costs no CPU.
+                        const SPINS: u32 = 200;
+                        let timeout = idle_polls.saturating_sub(SPINS).min(10) as i32;
+                        if idle_polls < SPINS {
+                            std::thread::yield_now();
+                        }
                         idle_polls += 1;
                         if poll_readable(&reader, timeout)? {
                             let n = read_some(&mut reader, &mut buf)?;
@@ -723,6 +964,7 @@ impl Router {
         session: &mut Session,
         body: &[u8],
     ) -> Result<Sm<'a>, ServerError> {
+        let body = &*normalize_qsupported(body);
         let plain = unescape(body);
         for (prefix, handler) in &mut self.handlers {
             if !plain.starts_with(prefix) {
@@ -735,17 +977,20 @@ impl Router {
                 return Ok(sm);
             }
         }
-        // gdbstub ends the session on `bs` after `Hc-1`; answer with an error instead.
-        let reverse_step_all = body == b"bs"
-            && self
-                .state
-                .continue_thread
-                .as_deref()
-                .is_some_and(|t| t == "-1" || t.ends_with(".-1"));
-        if reverse_step_all || !is_well_formed(body) {
+        // gdbstub ends the session on a step of "all threads" (`s`/`bs` after `Hc-1`).
+        let resume_all = self.state.continue_thread.as_deref().is_some_and(|t| {
+            thread_kind(t.as_bytes()) == Some(false) && t != "0" && !t.ends_with(".0")
+        });
+        let check = check_packet(body, resume_all);
+        if check != Check::Pass {
             let c = conn(&mut sm);
             c.ack().map_err(ServerError::Io)?;
-            c.send_packet(b"E01").map_err(ServerError::Io)?;
+            let reply: &[u8] = if check == Check::Malformed {
+                b"E01"
+            } else {
+                b""
+            };
+            c.send_packet(reply).map_err(ServerError::Io)?;
             return Ok(sm);
         }
         if let Some(features) = plain.strip_prefix(b"qSupported") {
@@ -886,6 +1131,88 @@ mod tests {
     }
 
     #[test]
+    fn lookalike_packets_are_unsupported_not_errors() {
+        for other in [
+            &b"qCRC:1000,10"[..],
+            b"qfThreadInfoX",
+            b"bsx",
+            b"qSupportedX",
+            b"qAttachedX",
+        ] {
+            assert_eq!(
+                check_packet(other, false),
+                Check::Unsupported,
+                "{}",
+                String::from_utf8_lossy(other)
+            );
+        }
+    }
+
+    #[test]
+    fn steps_of_all_threads_are_refused() {
+        assert_eq!(check_packet(b"s", true), Check::Malformed);
+        assert_eq!(check_packet(b"S05", true), Check::Malformed);
+        assert_eq!(check_packet(b"bs", true), Check::Malformed);
+        assert_eq!(check_packet(b"c", true), Check::Pass);
+        assert_eq!(check_packet(b"s", false), Check::Pass);
+    }
+
+    #[test]
+    fn qsupported_normalisation() {
+        assert_eq!(
+            &*normalize_qsupported(b"qSupported"),
+            b"qSupported:multiprocess-"
+        );
+        assert_eq!(
+            &*normalize_qsupported(b"qSupported:"),
+            b"qSupported:multiprocess-"
+        );
+        assert_eq!(
+            &*normalize_qsupported(b"qSupported:a+;;b-;"),
+            b"qSupported:a+;b-"
+        );
+        assert_eq!(
+            &*normalize_qsupported(b"qSupported:a+;b-"),
+            b"qSupported:a+;b-"
+        );
+        assert_eq!(&*normalize_qsupported(b"g"), b"g");
+        for b in [&b"qSupported"[..], b"qSupported:", b"qSupported:a+;;b-;"] {
+            assert_eq!(check_packet(&normalize_qsupported(b), false), Check::Pass);
+        }
+    }
+
+    #[test]
+    fn memory_region_replies() {
+        use crate::target::MemoryMapping;
+        let maps = vec![
+            MemoryMapping {
+                start: 0x1000,
+                end: 0x3000,
+                perms: "r-xp".into(),
+                offset: 0,
+                name: "/bin/x".into(),
+            },
+            MemoryMapping {
+                start: 0x5000,
+                end: 0x6000,
+                perms: "rw-p".into(),
+                offset: 0,
+                name: "[heap]".into(),
+            },
+        ];
+        assert_eq!(
+            memory_region_info(&maps, 0x1800),
+            "start:1000;size:2000;permissions:rx;name:2f62696e2f78;"
+        );
+        assert_eq!(
+            memory_region_info(&maps, 0x5000),
+            "start:5000;size:1000;permissions:rw;"
+        );
+        assert_eq!(memory_region_info(&maps, 0x4000), "start:3000;size:2000;");
+        assert_eq!(memory_region_info(&maps, 0x10), "start:0;size:1000;");
+    }
+
+    #[test]
     fn rle_expansion() {
         // "0* " = '0' followed by 3 more ('space' = 32, 32 - 29 = 3)
         assert_eq!(expand_rle(b"0* 1"), b"00001".to_vec());
@@ -901,7 +1228,13 @@ mod tests {
             b"p10",
             b"P10=0011223344556677",
             b"Z0,401000,1",
-            b"z0,401000,1;X1,00",
+            b"z0,401000,1",
+            b"qXfer:exec-file:read:1a2b:0,fff",
+            b"qXfer:btrace:read:all:0,fff",
+            b"qC",
+            b"vKill;1a2b",
+            b"D;1a2b",
+            b"D",
             b"Hgp1a.1a",
             b"Hc-1",
             b"Hg0",
@@ -916,7 +1249,12 @@ mod tests {
             b"qSupported:multiprocess+",
             b"?",
         ] {
-            assert!(is_well_formed(good), "{}", String::from_utf8_lossy(good));
+            assert_eq!(
+                check_packet(good, false),
+                Check::Pass,
+                "{}",
+                String::from_utf8_lossy(good)
+            );
         }
         for bad in [
             &b"m"[..],
@@ -932,8 +1270,27 @@ mod tests {
             b"vCont;q",
             b"qRcmd,6",
             b"qXfer:features:read:target.xml:0",
+            b"qXfer:auxv:read:x:0,10",
+            b"vKill;0",
+            b"vKill",
+            b"D;",
+            b"gg",
+            b"?x",
+            b"Hg-1",
+            b"Hgp5",
+            b"T-1",
+            b"Tp5.0",
+            b"vCont;t",
+            b"vCont;s",
+            b"vCont;s:-1",
+            b"vCont;r1,2:1",
         ] {
-            assert!(!is_well_formed(bad), "{}", String::from_utf8_lossy(bad));
+            assert_eq!(
+                check_packet(bad, false),
+                Check::Malformed,
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
         }
     }
 }

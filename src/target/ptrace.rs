@@ -41,6 +41,10 @@ enum RunState {
 
 /// A live process traced with ptrace. Only the main thread is debugged: new threads, forked
 /// children and exec are detected (see [`Notice`]) and not followed.
+///
+/// ptrace ties a tracee to the *thread* that attached to it: create the target on the
+/// thread that will drive it (the GDB server loop or a recorder) and keep it there. Dropping
+/// the target kills a spawned program and detaches from an attached one.
 #[derive(Debug)]
 pub struct PtraceTarget {
     pid: Pid,
@@ -223,8 +227,8 @@ impl PtraceTarget {
         loop {
             match waitpid_raw(pid, true)? {
                 Wait::Stopped(libc::SIGSTOP) => break,
-                // Another signal arrived first: keep it pending by re-delivering it later is
-                // not possible here, so pass it on and wait for our SIGSTOP.
+                // Another signal arrived before our SIGSTOP: deliver it (the process would
+                // have received it anyway) and keep waiting for the SIGSTOP.
                 Wait::Stopped(sig) => {
                     ptrace_with_signal(libc::PTRACE_CONT, "PTRACE_CONT", pid, Some(sig))?
                 }
@@ -290,6 +294,9 @@ impl PtraceTarget {
         }
     }
 
+    /// Reads through /proc/PID/mem (as gdbserver does): unlike process_vm_readv it also
+    /// reads pages the program cannot read itself (e.g. PROT_NONE guard pages GDB may ask
+    /// for), and the kernel stops at the first unmapped page, which gives the partial count.
     fn read_raw(&self, addr: u64, buf: &mut [u8]) -> TargetResult<usize> {
         let mut done = 0;
         while done < buf.len() {
@@ -801,6 +808,23 @@ mod tests {
         assert_eq!(t.wait(true).unwrap(), Some(StopEvent::Exited(7)));
         assert!(t.has_exited());
         assert!(t.read_registers().is_err());
+    }
+
+    #[test]
+    fn partial_read_at_the_end_of_a_mapping() {
+        let t = spawn("/bin/true", &[]);
+        let maps = crate::target::read_maps(t.pid()).unwrap();
+        // A mapping whose end is not the start of another one: the next page is unmapped.
+        let end = maps
+            .iter()
+            .map(|m| m.end)
+            .find(|&end| !maps.iter().any(|m| m.start <= end && end < m.end))
+            .expect("a mapping followed by a hole");
+        let mut buf = [0u8; 16];
+        assert_eq!(t.read_memory(end - 8, &mut buf).unwrap(), 8);
+        assert!(
+            matches!(t.read_memory(end, &mut buf), Err(TargetError::Memory { addr }) if addr == end)
+        );
     }
 
     #[test]

@@ -195,6 +195,12 @@ impl X86Registers {
     /// Serialises the register file in the order of [`GDB_REGS`] (GDB's `g` packet layout),
     /// little-endian, calling `out` once per register with its bytes.
     pub fn gdb_layout(&self, mut out: impl FnMut(usize, &[u8])) {
+        if self.xsave.len() < fx::LEGACY_SIZE {
+            // A hand-built register file (e.g. a replayed one): x87/SSE state reads as zero.
+            let mut padded = self.clone();
+            padded.xsave.resize(fx::LEGACY_SIZE, 0);
+            return padded.gdb_layout(out);
+        }
         let g = &self.gprs;
         const GDB_GPR_ORDER: [usize; 16] = [
             gpr::RAX,
@@ -259,7 +265,7 @@ impl X86Registers {
         out(n, &g[gpr::GS_BASE].to_le_bytes());
         n += 1;
         if let Some(off) = self.ymm_hi_offset {
-            let avx_live = self.xstate_bv() & XFEATURE_AVX != 0;
+            let avx_live = self.xstate_bv() & XFEATURE_AVX != 0 && off + 256 <= self.xsave.len();
             for y in 0..16 {
                 if avx_live {
                     out(n, &self.xsave[off + 16 * y..off + 16 * y + 16]);
@@ -296,6 +302,9 @@ impl X86Registers {
         let Some(desc) = GDB_REGS.get(regnum) else {
             return false;
         };
+        if self.xsave.len() < fx::LEGACY_SIZE {
+            self.xsave.resize(fx::LEGACY_SIZE, 0);
+        }
         if bytes.len() != desc.size || (regnum >= GDB_REGS_NO_AVX && !self.has_avx()) {
             return false;
         }
@@ -353,7 +362,7 @@ impl X86Registers {
             58 => self.gprs[gpr::FS_BASE] = v,
             59 => self.gprs[gpr::GS_BASE] = v,
             _ => {
-                let Some(off) = self.ymm_hi_offset else {
+                let Some(off) = self.ymm_hi_offset.filter(|&o| o + 256 <= self.xsave.len()) else {
                     return false;
                 };
                 self.put(off + 16 * (regnum - 60), bytes);
@@ -625,6 +634,21 @@ mod tests {
         assert_eq!(&regs.xsave[576 + 16..576 + 32], &[0xab; 16]);
         assert!(!regs.set_gdb_reg(76, &[0; 16]));
         assert!(!regs.set_gdb_reg(0, &[0; 4]));
+    }
+
+    #[test]
+    fn hand_built_register_files_do_not_panic() {
+        let mut regs = X86Registers::default();
+        regs.set_pc(0x401000);
+        let mut n = 0;
+        regs.gdb_layout(|_, _| n += 1);
+        assert_eq!(n, GDB_REGS_NO_AVX);
+        regs.ymm_hi_offset = Some(576); // claimed, but the image is too short
+        let mut bytes = 0;
+        regs.gdb_layout(|_, b| bytes += b.len());
+        assert_eq!(bytes, regs.gdb_layout_len());
+        assert!(regs.set_gdb_reg(40, &[1; 16]));
+        assert!(!regs.set_gdb_reg(60, &[1; 16]));
     }
 
     #[test]
