@@ -65,8 +65,9 @@ pub enum StepMode {
     /// Run each run of straight-line instructions (no change of flow, so no packets) at full
     /// speed up to a temporary INT3 on the next change-of-flow instruction, which is then
     /// single-stepped. The recorded flow is the same; it is faster by about the average block
-    /// length. Used only while the [`StateLog`] is off (it needs every instruction's effects)
-    /// and no signal is pending.
+    /// length. Used only while the [`StateLog`] is off (it needs every instruction's effects),
+    /// no signal is pending, and the process has not created threads (which share the code
+    /// and would hit the temporary INT3).
     Block,
 }
 
@@ -227,6 +228,9 @@ pub struct RecorderStats {
     pub lost_bytes: u64,
     /// Distinct instructions decoded.
     pub decoded_instructions: u64,
+    /// Successful clone/clone3 calls (threads and children run untraced; block stepping is
+    /// turned off after the first).
+    pub clones: u64,
 }
 
 /// A finished recording.
@@ -261,6 +265,8 @@ pub struct SoftRecorder<T: StepTarget> {
     drainer_stop: Arc<AtomicBool>,
     cache: InsnCache,
     recording: bool,
+    finished: bool,
+    block_stepping_allowed: bool,
     pending_signal: Option<Signal>,
     /// Registers at the current stop (valid until the next resume).
     regs: Option<Regs>,
@@ -278,6 +284,17 @@ impl<T: StepTarget> std::fmt::Debug for SoftRecorder<T> {
             .field("recording", &self.recording)
             .field("stats", &self.stats)
             .finish_non_exhaustive()
+    }
+}
+
+impl<T: StepTarget> Drop for SoftRecorder<T> {
+    fn drop(&mut self) {
+        // Without finish(): stop the drainer thread so it does not outlive the recorder.
+        self.ring.close();
+        self.drainer_stop.store(true, Ordering::Release);
+        if let Some(h) = self.drainer.take() {
+            let _ = h.join();
+        }
     }
 }
 
@@ -357,6 +374,8 @@ impl<T: StepTarget> SoftRecorder<T> {
             drainer_stop,
             cache: InsnCache::new(),
             recording: false,
+            finished: false,
+            block_stepping_allowed: true,
             pending_signal: None,
             regs: None,
             image: None,
@@ -404,9 +423,9 @@ impl<T: StepTarget> SoftRecorder<T> {
     }
 
     /// Turns recording on: the next executed instruction starts a PSB+ and TIP.PGE
-    /// (`monitor record on`).
+    /// (`monitor record on`). Does nothing after [`finish`](Self::finish).
     pub fn record_on(&mut self) {
-        self.recording = true;
+        self.recording = !self.finished;
     }
 
     /// Turns recording off before the current instruction: FUP + TIP.PGD, everything encoded
@@ -451,6 +470,11 @@ impl<T: StepTarget> SoftRecorder<T> {
             log.before_step(&mut self.target, &before, insn);
         }
         let signal = self.pending_signal.take();
+        if let (Some(log), Some(_)) = (self.state_log.as_mut(), signal)
+            && self.recording
+        {
+            log.before_signal(&mut self.target, &before);
+        }
         self.regs = None;
         self.stats.single_steps += 1;
         let stop = self.target.single_step(signal)?;
@@ -566,6 +590,7 @@ impl<T: StepTarget> SoftRecorder<T> {
     /// instructions executed.
     pub fn advance(&mut self, max: u64) -> Result<u64, RecordError> {
         if self.config.step_mode == StepMode::Block
+            && self.block_stepping_allowed
             && self.state_log.is_none()
             && self.pending_signal.is_none()
             && self.exit.is_none()
@@ -702,11 +727,16 @@ impl<T: StepTarget> SoftRecorder<T> {
 
     /// Ends the recording: writes out pending packets (ending with TIP.PGD if the process is
     /// still running and recording was on), stops the drainer, and returns everything.
-    pub fn finish(mut self) -> Result<Recording, RecordError> {
+    ///
+    /// The recorder stays usable as a handle on the target ([`target`](Self::target),
+    /// [`step`](Self::step) without recording); recording cannot be turned on again.
+    pub fn finish(&mut self) -> Result<Recording, RecordError> {
         if self.exit.is_none() && self.recording {
             let ip = self.current_regs().map(|r| r.rip).unwrap_or(0);
             self.encoder.finish(ip);
         }
+        self.recording = false;
+        self.finished = true;
         self.encoder.flush();
         self.write_out(true);
         self.ring.close();
@@ -739,11 +769,18 @@ impl<T: StepTarget> SoftRecorder<T> {
 
     fn handler_entered(&mut self, ip: u64) -> Result<StepEvent, RecordError> {
         self.stats.handlers_entered += 1;
-        self.discard_state_entry();
+        let regs = self.current_regs()?;
+        if let Some(log) = self.state_log.as_mut() {
+            if self.recording {
+                log.signal_delivered(&regs);
+            } else {
+                log.cancel_step();
+            }
+        }
         if self.recording {
             self.encoder.async_transfer(ip);
         }
-        let handler = self.current_regs()?.rip;
+        let handler = regs.rip;
         Ok(StepEvent::HandlerEntered { from: ip, handler })
     }
 
@@ -757,7 +794,7 @@ impl<T: StepTarget> SoftRecorder<T> {
         if insn.rep_string && next_ip == ip {
             self.stats.rep_iterations += 1;
             if let Some(log) = self.state_log.as_mut() {
-                log.after_step(&mut self.target, after, false);
+                log.after_step(after, false);
             }
             return Ok(StepEvent::Iteration { ip });
         }
@@ -767,13 +804,20 @@ impl<T: StepTarget> SoftRecorder<T> {
             if matches!(after.orig_rax, 9..=11 | 25 | 59 | 329) {
                 self.cache.invalidate_all();
             }
+            // clone/clone3 created a thread or process (the parent sees a positive id). A
+            // thread shares the code: a temporary INT3 of block stepping could trap it, and it
+            // is not traced, so from now on every instruction is single-stepped.
+            if matches!(after.orig_rax, 56 | 435) && (after.rax as i64) > 0 {
+                self.stats.clones += 1;
+                self.block_stepping_allowed = false;
+            }
         }
         if !self.recording {
             self.stats.unrecorded += 1;
             return Ok(StepEvent::Executed { ip });
         }
         if let Some(log) = self.state_log.as_mut() {
-            log.after_step(&mut self.target, after, true);
+            log.after_step(after, true);
         }
         self.stats.recorded += 1;
         if let Some(log) = self.ip_log.as_mut() {
