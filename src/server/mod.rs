@@ -31,11 +31,13 @@
 
 pub mod arch;
 pub mod monitor;
+pub mod replay;
 pub mod router;
 mod session;
 pub mod svr4;
 
 pub use monitor::{MonitorHandler, MonitorRegistry};
+pub use replay::{RecordingTarget, register_monitors};
 pub use router::{Intercept, PacketHandler, Router, RouterState, ServeOutcome};
 pub use session::{Session, gdb_to_linux_signal, linux_to_gdb_signal, stop_reason};
 
