@@ -452,7 +452,7 @@ impl Recorder {
                         StopEvent::Breakpoint { pc }
                     }
                     None => {
-                        self.cursor = (self.len() > 0).then_some(0);
+                        self.cursor = (!self.is_empty()).then_some(0);
                         StopEvent::HistoryEnd { at_begin: true }
                     }
                 }
@@ -801,7 +801,7 @@ fn symbolizer_for(pid: i32) -> Symbolizer {
 /// `function+off (file:line)` for an address.
 fn describe(sym: &Symbolizer, addr: u64) -> String {
     let mut s = match sym.symbol(addr) {
-        Some((name, off)) if off == 0 => name.to_string(),
+        Some((name, 0)) => name.to_string(),
         Some((name, off)) => format!("{name}+{off}"),
         None => "??".to_string(),
     };
