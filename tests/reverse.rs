@@ -435,3 +435,70 @@ fn backend_pt_fails_with_probe_message_and_auto_falls_back() {
         assert!(text.contains(&why.to_string()), "{text}");
     }
 }
+
+#[test]
+fn ptrewind_gdb_runs_gdb_with_the_pt_commands() {
+    let program = example("recursion");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ptrewind"))
+        .args(["gdb", "--batch"])
+        .args([
+            "--ex",
+            "break factorial",
+            "--ex",
+            "continue",
+            "--ex",
+            "continue",
+        ])
+        .args([
+            "--ex",
+            "continue",
+            "--ex",
+            "pt where",
+            "--ex",
+            "pt calls 10",
+        ])
+        .args([
+            "--ex",
+            "pt history 10",
+            "--ex",
+            "pt goto begin",
+            "--ex",
+            "pt where",
+        ])
+        .arg("--")
+        .arg(&program)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = collect(child.stdout.take().unwrap(), None);
+    let err = collect(child.stderr.take().unwrap(), None);
+    let status = wait_until(&mut child, Instant::now() + TIMEOUT);
+    let text = format!("{}{}", out.join().unwrap(), err.join().unwrap());
+    assert!(status.is_some(), "ptrewind gdb timed out:\n{text}");
+    // Three hits of factorial: n = 10, 9, 8.
+    assert!(text.contains("factorial (n=8)"), "{text}");
+    // The call history: main, then factorial nested three deep (indented by two per level).
+    let calls: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("\tinst "))
+        .map(|l| l.split('\t').nth(1).unwrap_or(""))
+        .collect();
+    assert_eq!(
+        calls,
+        vec!["main", "  factorial", "    factorial", "      factorial"],
+        "{text}"
+    );
+    // The branch history names the call site in main and its source line.
+    let call_line = line_of("recursion.c", "unsigned long f = factorial(10);");
+    assert!(text.contains("-> 0x"), "{text}");
+    assert!(text.contains("factorial at recursion.c:"), "{text}");
+    let call_site = text
+        .lines()
+        .find(|l| l.contains(" main+") && l.ends_with(&format!("at recursion.c:{call_line}")));
+    assert!(call_site.is_some(), "{text}");
+    // goto begin: instruction 0 is main's first instruction.
+    assert!(text.contains("replaying: instruction 0 of"), "{text}");
+    assert!(text.contains("#0  main () at"), "{text}");
+}

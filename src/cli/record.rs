@@ -265,3 +265,67 @@ fn shell_quote(s: &str) -> String {
         format!("'{}'", s.replace('\'', "'\\''"))
     }
 }
+
+/// Arguments of `ptrewind gdb`.
+#[derive(clap::Args, Debug)]
+pub struct GdbArgs {
+    /// A GDB command to run after connecting (repeatable; passed as `gdb -ex CMD`).
+    #[arg(long = "ex", value_name = "CMD")]
+    ex: Vec<String>,
+    /// Run GDB in batch mode (`-batch -nx`: exit after the `--ex` commands).
+    #[arg(long)]
+    batch: bool,
+    /// The GDB executable.
+    #[arg(long, default_value = "gdb")]
+    gdb: OsString,
+    #[command(flatten)]
+    record: RecordArgs,
+}
+
+/// The GDB helper script (`pt history`, `pt calls`, ...), embedded so the binary is
+/// self-contained.
+const GDB_SCRIPT: &str = include_str!("../../gdb-scripts/ptrewind.py");
+
+/// Runs `ptrewind gdb`: records the program and runs GDB connected to the recording (like
+/// `rr replay`). GDB is executed directly, never through a shell.
+pub fn run_gdb(args: GdbArgs) -> CmdResult {
+    let (target, listener) = match start_recording(&args.record)? {
+        Ok(v) => v,
+        Err(code) => return Ok(code),
+    };
+    let program = args.record.command[0].clone();
+    let addr = listener.local_addr()?;
+    let script = std::env::temp_dir().join(format!("ptrewind-gdb-{}.py", std::process::id()));
+    std::fs::write(&script, GDB_SCRIPT)
+        .map_err(|e| format!("cannot write {}: {e}", script.display()))?;
+    let exe = ptrewind::target::Target::exec_path(&target)
+        .map(std::ffi::OsString::from)
+        .unwrap_or_else(|| program.clone());
+    let mut cmd = std::process::Command::new(&args.gdb);
+    cmd.arg("-q");
+    if args.batch {
+        cmd.args(["-batch", "-nx"]);
+    }
+    let mut source = std::ffi::OsString::from("source ");
+    source.push(&script);
+    cmd.arg("-ex").arg(source);
+    cmd.arg("-ex").arg(format!("target remote {addr}"));
+    for e in &args.ex {
+        cmd.arg("-ex").arg(e);
+    }
+    cmd.arg(&exe);
+    let mut gdb = cmd.spawn().map_err(|e| {
+        let _ = std::fs::remove_file(&script);
+        format!("cannot run {}: {e}", args.gdb.to_string_lossy())
+    })?;
+    let served = serve_recording(target, listener, &program);
+    let status = gdb.wait();
+    let _ = std::fs::remove_file(&script);
+    served?;
+    let status = status.map_err(|e| format!("waiting for gdb: {e}"))?;
+    Ok(match status.code() {
+        Some(0) => ExitCode::SUCCESS,
+        Some(c) => ExitCode::from(c.clamp(1, 255) as u8),
+        None => ExitCode::FAILURE,
+    })
+}
