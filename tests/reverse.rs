@@ -502,3 +502,93 @@ fn ptrewind_gdb_runs_gdb_with_the_pt_commands() {
     assert!(text.contains("replaying: instruction 0 of"), "{text}");
     assert!(text.contains("#0  main () at"), "{text}");
 }
+
+#[test]
+fn software_watchpoint_reverse_continue_stops_at_the_last_write() {
+    // GDB single-steps (forward and backward) and compares the value itself: every `bs` must
+    // give the right past memory. total goes 0 -> 1 -> 3 -> 6 over the list 1 -> 2 -> 3.
+    let r = gdb(
+        "crash",
+        &[
+            "set can-use-hw-watchpoints 0",
+            "break sum_list",
+            "continue",
+            "next",
+            "watch total",
+            "continue",
+            "continue",
+            "continue",
+            "delete 1",
+            r#"printf "LIVE %d\n", total"#,
+            "reverse-continue",
+            r#"printf "BACK %d\n", total"#,
+            "reverse-continue",
+            r#"printf "BACK %d\n", total"#,
+        ],
+    );
+    assert_eq!(r.tagged("LIVE"), vec!["6"], "{}", r.dump());
+    r.expect("Old value = 3\nNew value = 6");
+    // Going back over `total += 3` the watchpoint triggers with the value before it.
+    r.expect("Old value = 6\nNew value = 3");
+    assert_eq!(r.tagged("BACK"), vec!["3", "1"], "{}", r.dump());
+}
+
+#[test]
+fn monitor_save_writes_a_recording_that_decodes_to_the_history() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("reverse-saved");
+    let _ = std::fs::remove_dir_all(&dir);
+    let r = gdb(
+        "crash",
+        &[
+            "continue",
+            &format!("monitor save {}", dir.display()),
+            "monitor stats",
+        ],
+    );
+    let recorded: u64 = stat(&r.gdb, "recorded instructions").parse().unwrap();
+    let readme = std::fs::read_to_string(dir.join("README")).unwrap();
+    let cmd = readme
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("ptrewind "))
+        .expect("README has the decode command");
+    let args: Vec<&str> = cmd.split_whitespace().collect();
+    let out = Command::new(env!("CARGO_BIN_EXE_ptrewind"))
+        .args(&args)
+        .arg("--stats")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let insns: u64 = text
+        .split_whitespace()
+        .skip_while(|w| *w != "insns")
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no insns count in {text}"));
+    assert_eq!(insns, recorded, "{text}\n{}", r.dump());
+    assert!(text.contains("errors 0"), "{text}");
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
+    // Registers at the end are the crash point's: RIP inside crash_here, RAX/RDI... not
+    // checked; the start is main's first instruction (recording starts at main).
+    let start_rip = manifest["registers_at_start"]["rip"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let nm = Command::new("nm").arg(example("crash")).output().unwrap();
+    let main_off = String::from_utf8_lossy(&nm.stdout)
+        .lines()
+        .find(|l| l.ends_with(" T main"))
+        .and_then(|l| u64::from_str_radix(l.split_whitespace().next().unwrap(), 16).ok())
+        .expect("nm finds main");
+    let rip = u64::from_str_radix(start_rip.trim_start_matches("0x"), 16).unwrap();
+    assert_eq!(
+        rip & 0xfff,
+        main_off & 0xfff,
+        "start rip {start_rip}, main at {main_off:#x}"
+    );
+}

@@ -936,6 +936,105 @@ impl Recorder {
     }
 }
 
+fn regs_json(r: &Regs) -> serde_json::Value {
+    let names = crate::capture::soft::state_log::REG_NAMES;
+    let vals = crate::capture::soft::state_log::regs_to_array(r);
+    serde_json::Value::Object(
+        names
+            .iter()
+            .zip(vals)
+            .map(|(n, v)| (n.to_string(), serde_json::Value::String(format!("{v:#x}"))))
+            .collect(),
+    )
+}
+
+impl Recorder {
+    /// Writes a self-contained recording into `dir` (`monitor save DIR`): `trace.pt`, the code
+    /// as raw sections (`code-ADDR.bin`), `manifest.json` (sections, registers at the first
+    /// recorded instruction and at the present, counters), `maps.json` and a `README` with the
+    /// exact `ptrewind decode` command. Returns a summary.
+    pub fn save(&mut self, dir: &std::path::Path) -> Result<String, String> {
+        let io = |what: &str, e: std::io::Error| format!("{what}: {e}");
+        std::fs::create_dir_all(dir).map_err(|e| io(&dir.display().to_string(), e))?;
+        let trace = self.rec.store().to_vec();
+        std::fs::write(dir.join("trace.pt"), &trace).map_err(|e| io("trace.pt", e))?;
+        let mut sections = Vec::new();
+        let mut raw_args = Vec::new();
+        for sec in self.image.sections() {
+            let name = format!("code-{:x}.bin", sec.addr);
+            std::fs::write(dir.join(&name), sec.data()).map_err(|e| io(&name, e))?;
+            raw_args.push(format!(
+                "--raw {}:{:#x}",
+                dir.join(&name).display(),
+                sec.addr
+            ));
+            sections.push(serde_json::json!({
+                "file": name,
+                "addr": format!("{:#x}", sec.addr),
+                "len": sec.data().len(),
+                "origin": &*sec.origin,
+            }));
+        }
+        let pid = self.pid();
+        let maps: Vec<serde_json::Value> = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::Value::String(l.to_string()))
+            .collect();
+        std::fs::write(
+            dir.join("maps.json"),
+            serde_json::to_string_pretty(&maps).unwrap_or_default(),
+        )
+        .map_err(|e| io("maps.json", e))?;
+        let present = if self.exited.is_none() {
+            self.present_regs().ok()
+        } else {
+            None
+        };
+        let start = present.and_then(|p| self.rec.state_log().and_then(|l| l.registers_at(0, &p)));
+        let r = self.rec.stats();
+        let manifest = serde_json::json!({
+            "format": "ptrewind-recording-1",
+            "trace": "trace.pt",
+            "trace_bytes": trace.len(),
+            "lost_bytes": self.rec.store().lost(),
+            "instructions": self.history.len(),
+            "recorded_instructions": r.recorded,
+            "sync_points": self.history.stats().sync_points,
+            "sections": sections,
+            "registers_at_start": start.as_ref().map(regs_json),
+            "registers_at_end": present.as_ref().map(regs_json),
+        });
+        std::fs::write(
+            dir.join("manifest.json"),
+            serde_json::to_string_pretty(&manifest).unwrap_or_default(),
+        )
+        .map_err(|e| io("manifest.json", e))?;
+        let cmd = format!(
+            "ptrewind decode --pt {} {}",
+            dir.join("trace.pt").display(),
+            raw_args.join(" ")
+        );
+        let readme = format!(
+            "A ptrewind recording (software backend).\n\n\
+             trace.pt       Intel PT packets of {} instructions\n\
+             code-*.bin     the executable mappings' bytes (see manifest.json for addresses)\n\
+             manifest.json  sections, registers at the first recorded instruction and at the end\n\
+             maps.json      /proc/PID/maps when saved\n\n\
+             Decode with:\n\n    {cmd}\n",
+            self.history.len()
+        );
+        std::fs::write(dir.join("README"), readme).map_err(|e| io("README", e))?;
+        Ok(format!(
+            "saved {} trace bytes, {} instructions, {} code sections to {}\ndecode with: {cmd}\n",
+            trace.len(),
+            self.history.len(),
+            self.image.sections().len(),
+            dir.display()
+        ))
+    }
+}
+
 /// Registers the recording monitor commands (`stats`, `record`, `where`, `goto`, `history`,
 /// `calls`) on `registry`, over the shared state of a [`RecordingTarget`].
 pub fn register_monitors(registry: &mut MonitorRegistry, target: &RecordingTarget) {
@@ -995,6 +1094,17 @@ pub fn register_monitors(registry: &mut MonitorRegistry, target: &RecordingTarge
             r.goto(n);
             r.regs_at = None;
             Ok(r.where_text())
+        },
+    );
+    let s = target.shared();
+    registry.register(
+        "save",
+        "save DIR: write the recording (trace, code, registers, manifest) to DIR",
+        move |_, a| {
+            if a.trim().is_empty() {
+                return Err("usage: monitor save DIR".into());
+            }
+            s.borrow_mut().save(std::path::Path::new(a.trim()))
         },
     );
     let s = target.shared();
