@@ -80,7 +80,8 @@ fn peak_rss_kb() -> u64 {
 }
 
 fn compare(t: &CorpusTrace, img: &Image, cfg: &FlowConfig) {
-    let oracle = libipt::ipt_insns(&t.pt, t.cpu, &t.images);
+    let (masked, _) = libipt::mask_psb_fup_before_pge(&t.pt);
+    let oracle = libipt::ipt_insns(&masked, t.cpu, &t.images);
     let theirs = oracle.ips();
     let mut ours = Vec::new();
     let mut events = Vec::new();
@@ -121,6 +122,10 @@ fn compare(t: &CorpusTrace, img: &Image, cfg: &FlowConfig) {
         {
             println!("  event at {at}: {e:?}");
         }
+    }
+    println!("  tail ips: {:x?}", &ours[ours.len().saturating_sub(8)..]);
+    for (at, e) in events.iter().rev().take(4) {
+        println!("  tail event at {at}: {e:?}");
     }
     let errs: Vec<_> = events
         .iter()

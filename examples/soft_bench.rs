@@ -12,7 +12,7 @@
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use ptrewind::capture::soft::{PtraceChild, RecorderConfig, SoftRecorder};
+use ptrewind::capture::soft::{PtraceChild, RecorderConfig, SoftRecorder, StepMode};
 
 const SRC: &str = r#"
 #include <stdio.h>
@@ -68,7 +68,11 @@ fn main() {
     println!("iterations: {iterations}");
     println!("native loop: {:.3} ms", native / 1e6);
 
-    for state_log in [false, true] {
+    for (state_log, mode) in [
+        (false, StepMode::Single),
+        (false, StepMode::Block),
+        (true, StepMode::Single),
+    ] {
         let mut cmd = Command::new(&exe);
         cmd.arg(&arg).stdout(Stdio::piped());
         let mut child = PtraceChild::spawn(cmd).expect("spawn");
@@ -80,6 +84,7 @@ fn main() {
         });
         let config = RecorderConfig {
             state_log,
+            step_mode: mode,
             capture_image_at_exit: false,
             ..RecorderConfig::default()
         };
@@ -91,14 +96,17 @@ fn main() {
         let recorded_loop = loop_ns(&reader.join().expect("reader"));
         let insns = r.stats.recorded as f64;
         println!(
-            "recorded (state log {}): loop {:.1} ms, slowdown {:.0}x; {} instructions in {:.2} s \
-             wall from main = {:.0} steps/s; trace {} bytes = {:.3} bytes/insn; lost {}",
+            "recorded ({mode:?} stepping, state log {}): loop {:.1} ms, slowdown {:.0}x; {} \
+             instructions ({} single steps, {} blocks) in {:.2} s wall from main = {:.0} insns/s; \
+             trace {} bytes = {:.3} bytes/insn; lost {}",
             if state_log { "on" } else { "off" },
             recorded_loop / 1e6,
             recorded_loop / native,
             r.stats.recorded,
+            r.stats.single_steps,
+            r.stats.blocks,
             wall,
-            r.stats.single_steps as f64 / wall,
+            insns / wall,
             r.trace.len(),
             r.trace.len() as f64 / insns,
             r.stats.lost_bytes

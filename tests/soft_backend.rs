@@ -386,12 +386,16 @@ fn state_log_rebuilds_past_registers_and_memory() {
     let dir = tempfile::tempdir().expect("tempdir");
     let src = r#"
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 #include <string.h>
 unsigned char buf[64];
 unsigned char rnd[32];
 void done(void) {}
+static void on_usr1(int sig) { buf[63] = (unsigned char)sig; }
 int main(void) {
+    signal(SIGUSR1, on_usr1);
+    raise(SIGUSR1);
     for (int i = 0; i < 64; i++) buf[i] = (unsigned char)(i * 7);
     memset(buf + 8, 0xab, 16);
     /* One single step per REP iteration: each writes one element. */
@@ -420,14 +424,22 @@ int main(void) {
     let buf = procmaps::symbol_address(pid, "buf").expect("buf");
     let rnd = procmaps::symbol_address(pid, "rnd").expect("rnd");
     let done = procmaps::symbol_address(pid, "done").expect("done");
+    // The stack below main's frame: calls, the signal frame of SIGUSR1's delivery, and
+    // system-call output buffers are all written there.
+    let stack_top = rec.current_regs().expect("regs").rsp;
+    const STACK: usize = 16 * 1024;
+    let stack = stack_top - STACK as u64;
     let read_mem = |rec: &mut SoftRecorder<PtraceChild>| {
-        let mut m = vec![0u8; 96];
+        let mut m = vec![0u8; 96 + STACK];
         rec.target()
             .read_memory(buf, &mut m[..64])
             .expect("read buf");
         rec.target()
-            .read_memory(rnd, &mut m[64..])
+            .read_memory(rnd, &mut m[64..96])
             .expect("read rnd");
+        rec.target()
+            .read_memory(stack, &mut m[96..])
+            .expect("read stack");
         m
     };
     // Ground truth: registers and memory observed directly at chosen positions.
@@ -455,16 +467,30 @@ int main(void) {
         let mut b = present_mem[..64].to_vec();
         assert!(log.memory_at(*pos, buf, &mut b));
         assert_eq!(b, mem[..64], "buf at position {pos}");
-        let mut r = present_mem[64..].to_vec();
+        let mut r = present_mem[64..96].to_vec();
         assert!(log.memory_at(*pos, rnd, &mut r));
         assert_eq!(
             r,
-            mem[64..],
+            mem[64..96],
             "rnd at position {pos} (read() output snapshot)"
         );
+        let mut st = present_mem[96..].to_vec();
+        assert!(log.memory_at(*pos, stack, &mut st));
+        if st != mem[96..] {
+            let i = st
+                .iter()
+                .zip(&mem[96..])
+                .position(|(a, b)| a != b)
+                .unwrap_or(0);
+            panic!(
+                "stack differs at position {pos}, address {:#x}",
+                stack + i as u64
+            );
+        }
     }
     let stats = log.stats();
     assert_eq!(stats.unknown_writes, 0, "{stats:?}");
+    assert_eq!(stats.signal_deliveries, 1, "{stats:?}");
     rec.run(None).expect("run to exit");
     let r = rec.finish().expect("finish");
     check_decodes("state log", &r);
@@ -492,4 +518,63 @@ fn server_ptrace_target_drives_the_recorder() {
     assert_eq!(b, [0x0f, 0x05], "last instruction is a SYSCALL");
     r.image = Some(image);
     check_decodes("server target", &r);
+}
+
+#[test]
+fn single_and_block_stepping_record_the_same_flow() {
+    use ptrewind::capture::soft::StepMode;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = compile(dir.path(), "rec", RECURSION_AND_POINTERS, &[]);
+    let single = RecorderConfig {
+        step_mode: StepMode::Single,
+        ..config()
+    };
+    let (a, _) = record(&exe, &[], single.clone());
+    let (b, _) = record(&exe, &[], config());
+    assert_eq!(a.stats.blocks, 0);
+    assert!(b.stats.blocks > 100, "{:?}", b.stats);
+    assert!(
+        b.stats.single_steps < a.stats.single_steps / 2,
+        "{:?}",
+        b.stats
+    );
+    assert!(a.ip_log == b.ip_log, "IP logs differ");
+    check_decodes("single-stepped", &a);
+    check_decodes("block-stepped", &b);
+    // Signals arriving while a block runs at full speed, and while single-stepping.
+    let exe = compile(dir.path(), "sig", SETJMP_SIGNALS, &[]);
+    let (r, out) = record(&exe, &[], single);
+    assert_eq!(out, "7 10 1\n");
+    check_decodes("signals, single-stepped", &r);
+}
+
+#[test]
+fn threads_run_untraced_and_the_main_thread_decodes_exactly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = r#"
+#include <pthread.h>
+#include <stdio.h>
+static long result;
+static void *worker(void *arg) {
+    long s = 0;
+    for (long i = 0; i < 100000; i++) s += i ^ (long)arg;
+    result = s;
+    return 0;
+}
+int main(void) {
+    pthread_t t;
+    pthread_create(&t, 0, worker, (void *)3);
+    long s = 0;
+    for (int i = 0; i < 200; i++) s += i;
+    pthread_join(t, 0);
+    printf("%ld %ld\n", s, result);
+    return 0;
+}
+"#;
+    let exe = compile(dir.path(), "threads", src, &["-pthread"]);
+    let (r, out) = record(&exe, &[], config());
+    assert_eq!(out, native_stdout(&exe, &[]));
+    assert_eq!(r.exit, Some(Exit::Code(0)));
+    assert_eq!(r.stats.clones, 1, "{:?}", r.stats);
+    check_decodes("threads", &r);
 }

@@ -1,12 +1,399 @@
-//! `ptrewind decode`.
+//! `ptrewind decode`: reconstruct the executed instructions of a trace (like libipt's ptxed).
+//!
+//! Output formats (`--format`):
+//! * `ips` (default): one executed instruction address per line as lowercase hex with `0x`;
+//!   every event on its own line starting with `[` (`[enabled]`, `[disabled]`, `[overflow]`,
+//!   `[psb]`, `[interrupt 0x… -> 0x…]`, `[error: <what> at offset 0x…]` …). This format is an
+//!   interface: scripts compare it.
+//! * `insn`: address, symbol+offset, Intel-syntax disassembly.
+//! * `blocks`: one line per run of sequential instructions: `0xSTART..0xEND COUNT CLASS`.
+//! * `calls`: the function-call history as an indented tree (like GDB's
+//!   `record function-call-history`).
+//! * `json`: one JSON object per line (`{"ip":…}` or `{"event":…}`).
+//!
+//! `--stats` prints only counts and throughput, on stdout. A progress bar is drawn on stderr when
+//! it is a terminal.
 
 use super::CmdResult;
+use ptrewind::flow::{BlockItem, Event, EventKind, FlowConfig, FlowDecoder, InsnClass};
+use ptrewind::image::{ElfSpec, Image, RawSpec, Symbolizer};
+use ptrewind::packet::ExecMode;
+use ptrewind::store::TraceFile;
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+/// Output format of `ptrewind decode`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// One instruction address per line, events in brackets.
+    Ips,
+    /// Address, symbol+offset and disassembly.
+    Insn,
+    /// Runs of sequential instructions.
+    Blocks,
+    /// Function-call history tree.
+    Calls,
+    /// One JSON object per line.
+    Json,
+}
 
 /// Arguments of `ptrewind decode`.
 #[derive(clap::Args, Debug)]
-pub struct DecodeArgs {}
+pub struct DecodeArgs {
+    /// Raw PT trace file.
+    #[arg(long, value_name = "FILE", conflicts_with = "perf")]
+    pt: Option<PathBuf>,
+    /// perf.data recorded with `-e intel_pt//`; every AUX stream is decoded in turn.
+    #[arg(long, value_name = "perf.data")]
+    perf: Option<PathBuf>,
+    /// Raw code bytes: FILE[:FROM[-TO]]:BASE (ptxed syntax).
+    #[arg(long, value_name = "FILE[:FROM[-TO]]:BASE")]
+    raw: Vec<RawSpec>,
+    /// ELF file whose executable segments (and symbols) are loaded, at BASE if given.
+    #[arg(long, value_name = "FILE[:BASE]")]
+    elf: Vec<ElfSpec>,
+    /// CPU the trace was recorded on (FAMILY/MODEL[/STEPPING]); accepted for ptxed
+    /// compatibility, no erratum workaround depends on it yet.
+    #[arg(long, value_name = "FAMILY/MODEL[/STEPPING]")]
+    cpu: Option<String>,
+    /// Execution mode assumed before the trace's first MODE.Exec (16, 32 or 64).
+    #[arg(long, default_value_t = 64)]
+    bits: u32,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Ips)]
+    format: Format,
+    /// Print only counts and throughput (on stdout).
+    #[arg(long)]
+    stats: bool,
+}
+
+fn parse_cpu(s: &str) -> Result<(u16, u8, u8), String> {
+    let parts: Vec<&str> = s.split('/').collect();
+    let num = |p: &str| ptrewind::image::parse_number(p).ok_or(format!("bad --cpu {s:?}"));
+    match parts.as_slice() {
+        [f, m] => Ok((num(f)? as u16, num(m)? as u8, 0)),
+        [f, m, st] => Ok((num(f)? as u16, num(m)? as u8, num(st)? as u8)),
+        _ => Err(format!("bad --cpu {s:?}: expected FAMILY/MODEL[/STEPPING]")),
+    }
+}
 
 /// Runs `ptrewind decode`.
-pub fn run(_args: DecodeArgs) -> CmdResult {
-    Err("not implemented yet".into())
+pub fn run(args: DecodeArgs) -> CmdResult {
+    if let Some(cpu) = &args.cpu {
+        parse_cpu(cpu)?;
+    }
+    let mode = match args.bits {
+        16 => ExecMode::Bits16,
+        32 => ExecMode::Bits32,
+        64 => ExecMode::Bits64,
+        b => return Err(format!("--bits {b}: expected 16, 32 or 64").into()),
+    };
+    let mut image = Image::new();
+    let mut syms = Symbolizer::new();
+    for spec in &args.raw {
+        image.add(spec.load()?)?;
+    }
+    for spec in &args.elf {
+        let elf = image.load_elf(spec)?;
+        // Symbols are a convenience: an ELF without a usable symbol table still decodes.
+        let _ = syms.add_elf(&elf);
+    }
+    let path = match (&args.pt, &args.perf) {
+        (Some(p), None) | (None, Some(p)) => p.clone(),
+        _ => return Err("give the trace with --pt FILE or --perf perf.data".into()),
+    };
+    let file = TraceFile::open(&path)?;
+    let source = file.source()?;
+    let mut cfg = FlowConfig {
+        default_mode: mode,
+        ..FlowConfig::default()
+    };
+    if let Some(info) = source.perf.as_ref().and_then(|p| p.intel_pt) {
+        if let (Some(n), Some(d)) = (info.tsc_ctc_ratio_n, info.tsc_ctc_ratio_d) {
+            cfg.timing.ctc_ratio = (n as u32, d as u32);
+        }
+        if let Some(m) = info.max_non_turbo_ratio {
+            cfg.timing.max_nonturbo_ratio = m as u8;
+        }
+    }
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::with_capacity(1 << 16, stdout.lock());
+    let many = source.streams.len() > 1;
+    let mut errors = 0u64;
+    for stream in &source.streams {
+        if many && !args.stats {
+            writeln!(out, "[stream {}]", stream.label)?;
+        }
+        let r = decode_stream(&stream.data, &image, &syms, cfg.clone(), &args, &mut out);
+        match r {
+            Ok(e) => errors += e,
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(ExitCode::SUCCESS),
+            Err(e) => return Err(e.into()),
+        }
+        if args.stats && many {
+            writeln!(out, "  (stream {})", stream.label)?;
+        }
+    }
+    match out.flush() {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(ExitCode::SUCCESS),
+        r => r?,
+    }
+    Ok(if errors > 0 {
+        ExitCode::from(2)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// Text of an event for the `ips`/`insn`/`blocks` formats.
+fn event_line(e: &Event) -> String {
+    match &e.kind {
+        EventKind::Enabled { .. } => "[enabled]".into(),
+        EventKind::Disabled { .. } => "[disabled]".into(),
+        EventKind::AsyncBranch { from, to } => format!("[interrupt {from:#x} -> {to:#x}]"),
+        EventKind::Overflow { .. } => "[overflow]".into(),
+        EventKind::Psb { .. } => "[psb]".into(),
+        EventKind::ModeChange { mode } => format!("[mode {}]", mode_bits(*mode)),
+        EventKind::Tsx { in_tx, abort, .. } => {
+            format!(
+                "[tsx{}{}]",
+                if *in_tx { " begin" } else { "" },
+                if *abort { " abort" } else { "" }
+            )
+        }
+        EventKind::Ptwrite { payload, .. } => format!("[ptwrite {payload:#x}]"),
+        EventKind::Paging { cr3, .. } => format!("[paging cr3={cr3:#x}]"),
+        EventKind::Vmcs { base } => format!("[vmcs {base:#x}]"),
+        EventKind::Exstop { .. } => "[exstop]".into(),
+        EventKind::Mwait { hints, ext, .. } => format!("[mwait {hints:#x} {ext:#x}]"),
+        EventKind::PowerEntry {
+            state, substate, ..
+        } => format!("[pwre c{state}.{substate}]"),
+        EventKind::PowerExit { last, deepest, .. } => format!("[pwrx c{last} c{deepest}]"),
+        EventKind::Cfe { kind, vector, .. } => format!("[cfe {kind} {vector}]"),
+        EventKind::Evd { kind, payload } => format!("[evd {kind} {payload:#x}]"),
+        EventKind::PebsBlock { .. } => "[pebs]".into(),
+        EventKind::Stop => "[stop]".into(),
+        EventKind::Error { kind, ip } => match ip {
+            Some(ip) => format!("[error: {kind} at offset {:#x}, ip {ip:#x}]", e.offset),
+            None => format!("[error: {kind} at offset {:#x}]", e.offset),
+        },
+    }
+}
+
+fn mode_bits(m: ExecMode) -> u32 {
+    match m {
+        ExecMode::Bits16 => 16,
+        ExecMode::Bits32 => 32,
+        _ => 64,
+    }
+}
+
+fn event_json(e: &Event) -> serde_json::Value {
+    let name = match &e.kind {
+        EventKind::Enabled { .. } => "enabled",
+        EventKind::Disabled { .. } => "disabled",
+        EventKind::AsyncBranch { .. } => "interrupt",
+        EventKind::Overflow { .. } => "overflow",
+        EventKind::Psb { .. } => "psb",
+        EventKind::ModeChange { .. } => "mode",
+        EventKind::Tsx { .. } => "tsx",
+        EventKind::Ptwrite { .. } => "ptwrite",
+        EventKind::Paging { .. } => "paging",
+        EventKind::Vmcs { .. } => "vmcs",
+        EventKind::Exstop { .. } => "exstop",
+        EventKind::Mwait { .. } => "mwait",
+        EventKind::PowerEntry { .. } => "pwre",
+        EventKind::PowerExit { .. } => "pwrx",
+        EventKind::Cfe { .. } => "cfe",
+        EventKind::Evd { .. } => "evd",
+        EventKind::PebsBlock { .. } => "pebs",
+        EventKind::Stop => "stop",
+        EventKind::Error { .. } => "error",
+    };
+    serde_json::json!({
+        "event": name,
+        "offset": e.offset,
+        "time": e.time,
+        "detail": format!("{:?}", e.kind),
+    })
+}
+
+struct Calls {
+    depth: usize,
+    pending: bool,
+    seq: u64,
+}
+
+fn sym_of(syms: &Symbolizer, ip: u64) -> String {
+    match syms.symbol(ip) {
+        Some((name, 0)) => name.to_string(),
+        Some((name, off)) => format!("{name}+{off:#x}"),
+        None => format!("{ip:#x}"),
+    }
+}
+
+fn decode_stream(
+    pt: &[u8],
+    image: &Image,
+    syms: &Symbolizer,
+    cfg: FlowConfig,
+    args: &DecodeArgs,
+    out: &mut impl Write,
+) -> std::io::Result<u64> {
+    let started = Instant::now();
+    let mut dec = FlowDecoder::new(pt, image, cfg);
+    let bar = if std::io::stderr().is_terminal() && pt.len() > (1 << 20) {
+        let b = indicatif::ProgressBar::new(pt.len() as u64);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {eta}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        Some(b)
+    } else {
+        None
+    };
+    let mut calls = Calls {
+        depth: 0,
+        pending: true,
+        seq: 0,
+    };
+    let mut formatter = iced_x86::IntelFormatter::new();
+    let mut text = String::new();
+    let mut n = 0u64;
+    loop {
+        if let Some(b) = &bar {
+            if n & 0xfff == 0 {
+                b.set_position(dec.offset());
+            }
+        }
+        n += 1;
+        let Some(item) = dec.next_block() else { break };
+        if args.stats {
+            continue;
+        }
+        match item {
+            BlockItem::Event(e) => match args.format {
+                Format::Json => writeln!(out, "{}", event_json(&e))?,
+                Format::Calls => {
+                    if matches!(
+                        e.kind,
+                        EventKind::Enabled { .. }
+                            | EventKind::Disabled { .. }
+                            | EventKind::Overflow { .. }
+                            | EventKind::Error { .. }
+                            | EventKind::AsyncBranch { .. }
+                    ) {
+                        writeln!(out, "{}", event_line(&e))?;
+                        calls.pending = true;
+                    }
+                }
+                _ => writeln!(out, "{}", event_line(&e))?,
+            },
+            BlockItem::Block(b) => match args.format {
+                Format::Ips => {
+                    for i in b.insns() {
+                        writeln!(out, "{:#x}", i.ip)?;
+                    }
+                }
+                Format::Blocks => writeln!(
+                    out,
+                    "{:#x}..{:#x} {} {}",
+                    b.start,
+                    b.end,
+                    b.count,
+                    b.class.name()
+                )?,
+                Format::Json => {
+                    for i in b.insns() {
+                        writeln!(
+                            out,
+                            "{}",
+                            serde_json::json!({
+                                "ip": format!("{:#x}", i.ip),
+                                "len": i.len,
+                                "class": i.class.name(),
+                                "time": i.time,
+                            })
+                        )?;
+                    }
+                }
+                Format::Insn => {
+                    for i in b.insns() {
+                        let mut bytes = [0u8; 16];
+                        let got = image.read(i.ip, &mut bytes[..i.len as usize]);
+                        let mut d = iced_x86::Decoder::with_ip(
+                            ptrewind_bits(i.mode),
+                            &bytes[..got],
+                            i.ip,
+                            iced_x86::DecoderOptions::NONE,
+                        );
+                        let ins = d.decode();
+                        text.clear();
+                        iced_x86::Formatter::format(&mut formatter, &ins, &mut text);
+                        writeln!(out, "{:#018x}  {:<32} {}", i.ip, sym_of(syms, i.ip), text)?;
+                    }
+                }
+                Format::Calls => {
+                    if calls.pending {
+                        calls.seq += 1;
+                        writeln!(
+                            out,
+                            "{}\t{}{}",
+                            calls.seq,
+                            "  ".repeat(calls.depth.min(64)),
+                            sym_of_fn(syms, b.start)
+                        )?;
+                        calls.pending = false;
+                    }
+                    match b.class {
+                        InsnClass::DirectCall | InsnClass::IndirectCall | InsnClass::FarCall => {
+                            calls.depth += 1;
+                            calls.pending = true;
+                        }
+                        InsnClass::Return | InsnClass::FarReturn => {
+                            calls.depth = calls.depth.saturating_sub(1);
+                            calls.pending = true;
+                        }
+                        _ => {}
+                    }
+                }
+            },
+        }
+    }
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let s = dec.stats();
+    if args.stats {
+        let secs = started.elapsed().as_secs_f64();
+        writeln!(
+            out,
+            "insns {} runs {} events {} errors {} trace-bytes {} decoded-insns {} seconds {:.3} Minsn/s {:.1} MB/s {:.1}",
+            s.insns,
+            s.runs,
+            s.events,
+            s.errors,
+            pt.len(),
+            s.decoded_insns,
+            secs,
+            s.insns as f64 / secs / 1e6,
+            pt.len() as f64 / secs / 1e6
+        )?;
+    }
+    Ok(s.errors)
+}
+
+/// The function name at `ip` (without offset), for the call tree.
+fn sym_of_fn(syms: &Symbolizer, ip: u64) -> String {
+    match syms.symbol(ip) {
+        Some((name, _)) => name.to_string(),
+        None => format!("{ip:#x}"),
+    }
+}
+
+fn ptrewind_bits(m: ExecMode) -> u32 {
+    mode_bits(m)
 }

@@ -527,7 +527,10 @@ impl<'a> FlowDecoder<'a> {
                 if self.ovf_pending.take().is_some() {
                     // APL11: an OVF may be followed by TIP.PGD; continue disabled.
                     self.emit_event(EventKind::Overflow { resume: None });
-                    self.emit_event(EventKind::Disabled { ip: t });
+                    self.emit_event(EventKind::Disabled {
+                        ip: t,
+                        asynchronous: false,
+                    });
                     self.state = State::Disabled;
                     return;
                 }
@@ -727,9 +730,10 @@ impl<'a> FlowDecoder<'a> {
                 // Reported; the PSB+ state below resynchronises anyway.
             }
         }
-        if let Some(m) = mode {
-            self.mode = m;
-        }
+        // A PSB+ without MODE.Exec means tracing is off and a MODE.Exec will precede the next
+        // TIP.PGE; falling back to the configured mode keeps a decode started at this PSB
+        // identical to the full decode.
+        self.mode = mode.unwrap_or(self.cfg.default_mode);
         self.pending_mode = None;
         self.emit_event(EventKind::Psb {
             ip: fup,
@@ -921,7 +925,10 @@ impl<'a> FlowDecoder<'a> {
                     if c == InsnClass::IndirectCall || c == InsnClass::DirectCall {
                         self.ret.push(b.next);
                     }
-                    self.emit_event(EventKind::Disabled { ip: t });
+                    self.emit_event(EventKind::Disabled {
+                        ip: t,
+                        asynchronous: false,
+                    });
                     self.state = State::Disabled;
                     return Walk::Done;
                 }
@@ -1139,7 +1146,10 @@ impl<'a> FlowDecoder<'a> {
             }
         }
         self.tnt_count = 0;
-        self.emit_event(EventKind::Disabled { ip: t });
+        self.emit_event(EventKind::Disabled {
+            ip: t,
+            asynchronous: false,
+        });
         self.state = State::Disabled;
     }
 
@@ -1161,6 +1171,13 @@ impl<'a> FlowDecoder<'a> {
                     self.state = State::Enabled;
                 }
                 self.ip = x;
+                // PTW's FUP names the PTWRITE itself, which has executed: emit it first.
+                if claims
+                    .iter()
+                    .any(|(_, k)| matches!(k, EventKind::Ptwrite { .. }))
+                {
+                    let _ = self.walk_to_ptwrite();
+                }
             }
             for (off, mut k) in claims {
                 match &mut k {
@@ -1239,7 +1256,10 @@ impl<'a> FlowDecoder<'a> {
                     if pl.compression != crate::packet::IpCompression::Suppressed {
                         let _ = self.ip_of(pl);
                     }
-                    self.emit_event(EventKind::Disabled { ip: Some(x) });
+                    self.emit_event(EventKind::Disabled {
+                        ip: Some(x),
+                        asynchronous: true,
+                    });
                     self.state = State::Disabled;
                     return;
                 }

@@ -119,6 +119,8 @@ pub enum EventKind {
     Disabled {
         /// Where execution continued, when known.
         ip: Option<u64>,
+        /// FUP + TIP.PGD: an asynchronous disable at `ip` (that instruction did not execute).
+        asynchronous: bool,
     },
     /// An asynchronous transfer (interrupt, exception, signal, TSX abort ...) at `from` (which did
     /// not execute) to `to`.

@@ -1,1 +1,860 @@
-//! The indexed execution history: sync points, instruction numbers and a cursor that walks both ways.
+//! The indexed execution history: sync points, instruction numbers and random access both ways.
+//!
+//! A trace is a sequence of *segments*, one per PSB+ that the flow decoder honoured: segment `k`
+//! holds the instructions between the [`EventKind::Psb`] events of sync points `k` and `k + 1`
+//! (the last one runs to the end of the indexed trace). Because a [`FlowDecoder`] started at a
+//! PSB yields exactly the suffix of the full decode from that PSB's event on, any segment can be
+//! decoded on its own. The index is therefore just the list of [`SyncPoint`]s — the trace offset
+//! of each PSB and the number of instructions executed before it — 16 bytes per PSB period
+//! (4 KiB of trace by default), about 0.4 % of the trace. Nothing is stored per instruction.
+//!
+//! Queries decode segments on demand:
+//!
+//! * [`History::insn`] (reverse-stepi, goto) decodes the one segment holding the instruction and
+//!   keeps it in a small LRU cache of expanded segments (runs + instruction lengths), so stepping
+//!   backwards through a segment costs one decode of it;
+//! * [`History::rfind`] / [`History::rfind_with`] (reverse-continue) walk segments backwards,
+//!   decoding each forward once, and only look inside a run of instructions when the matcher says
+//!   a breakpoint may lie within its address range ([`IpMatch::may_match_range`]); one decoder
+//!   serves the whole search so its block cache stays warm across segments;
+//! * [`History::find`] / [`History::find_with`] (forward replay to a breakpoint) the same, forwards.
+//!
+//! # Growing traces
+//!
+//! [`History::update`] indexes a trace that grows at its end (recording in progress). With
+//! `complete = false` it only trusts what cannot change when more bytes arrive: it decodes up to
+//! the last PSB in the bytes present, so every PSB+ it records was read whole, and the
+//! instructions after the last sync point stay pending. With `complete = true` (the target
+//! stopped, or the recording ended) those pending instructions are counted too, as the decode of
+//! the trace as it is now. [`worker::HistoryWorker`] runs this on a background thread.
+
+use crate::flow::{BlockItem, EventKind, FlowConfig, FlowDecoder};
+use crate::image::Image;
+use crate::packet::find_psb_backward;
+
+pub mod worker;
+
+pub use worker::{HistoryWorker, TraceView, WaitError, WorkerStats};
+
+/// A PSB the decoder synchronised at: decoding from `offset` yields the history from instruction
+/// number `insn` on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SyncPoint {
+    /// Byte offset of the PSB in the trace.
+    pub offset: u64,
+    /// Number of instructions executed before this PSB took effect.
+    pub insn: u64,
+}
+
+/// Counters and sizes of a [`History`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HistoryStats {
+    /// Instructions indexed ([`History::len`]).
+    pub insns: u64,
+    /// Sync points (PSB+ the decoder honoured).
+    pub sync_points: u64,
+    /// Trace bytes the index covers (the decoder's view at the last update).
+    pub indexed_bytes: u64,
+    /// Bytes the index itself occupies (sync points, excluding the segment cache).
+    pub index_bytes: u64,
+    /// Bytes held by the cache of decoded segments.
+    pub cache_bytes: u64,
+    /// Decode errors met while indexing (each one is a resynchronisation, never a stop).
+    pub errors: u64,
+    /// Overflows (OVF: packets the hardware lost) met while indexing.
+    pub overflows: u64,
+    /// Segments decoded to answer queries (cache misses of [`History::insn`] and segments
+    /// scanned by the searches).
+    pub segments_decoded: u64,
+    /// Segments whose on-demand decode did not yield the instruction count the index recorded
+    /// (the image changed under the history, or a decoder inconsistency). Always 0 in a sound
+    /// history; instructions beyond what the decode yielded read as missing.
+    pub segment_mismatches: u64,
+}
+
+/// Decides which instruction addresses a search stops at.
+pub trait IpMatch {
+    /// Whether the instruction at `ip` is a hit.
+    fn matches(&mut self, ip: u64) -> bool;
+
+    /// Whether some instruction in the address range `start ..= end` may be a hit. Returning
+    /// `false` lets a search skip a whole run of instructions without looking at each one; the
+    /// default (always `true`) looks at every instruction.
+    fn may_match_range(&self, start: u64, end: u64) -> bool {
+        let _ = (start, end);
+        true
+    }
+}
+
+/// An [`IpMatch`] from a closure over the instruction address (looks at every instruction).
+#[derive(Debug, Clone, Copy)]
+pub struct MatchFn<F>(pub F);
+
+impl<F: FnMut(u64) -> bool> IpMatch for MatchFn<F> {
+    fn matches(&mut self, ip: u64) -> bool {
+        (self.0)(ip)
+    }
+}
+
+/// A set of breakpoint addresses. Searches with it skip every run of instructions whose address
+/// range holds no breakpoint, so a reverse-continue costs little more than decoding.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Breakpoints {
+    sorted: Vec<u64>,
+}
+
+impl Breakpoints {
+    /// A set of the given addresses (duplicates are dropped).
+    pub fn new(addrs: impl IntoIterator<Item = u64>) -> Self {
+        let mut sorted: Vec<u64> = addrs.into_iter().collect();
+        sorted.sort_unstable();
+        sorted.dedup();
+        Breakpoints { sorted }
+    }
+
+    /// The addresses, sorted.
+    pub fn addrs(&self) -> &[u64] {
+        &self.sorted
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(&self) -> bool {
+        self.sorted.is_empty()
+    }
+}
+
+impl IpMatch for Breakpoints {
+    #[inline]
+    fn matches(&mut self, ip: u64) -> bool {
+        self.sorted.binary_search(&ip).is_ok()
+    }
+
+    #[inline]
+    fn may_match_range(&self, start: u64, end: u64) -> bool {
+        if end < start {
+            // The run wrapped around the address space (16/32-bit code): be conservative.
+            return !self.sorted.is_empty();
+        }
+        let i = self.sorted.partition_point(|&a| a < start);
+        i < self.sorted.len() && self.sorted[i] <= end
+    }
+}
+
+/// Default number of decoded segments kept for random access.
+pub const DEFAULT_CACHE_SEGMENTS: usize = 8;
+
+/// The instruction history of one trace: a sync-point index plus a cache of decoded segments.
+///
+/// The history does not own the trace or the image: every query takes them, so that the trace can
+/// live in a growing buffer (see [`worker`]). They must be the ones the index was built from; the
+/// trace may have grown since (only the indexed prefix is read).
+#[derive(Debug, Clone)]
+pub struct History {
+    cfg: FlowConfig,
+    sync: Vec<SyncPoint>,
+    /// The first `firm` sync points cannot change when the trace grows; the others were found
+    /// by a complete update after the last PSB+ that was certainly whole.
+    firm: usize,
+    /// Instructions after the last sync point, counted by a complete update (0 otherwise).
+    tail: u64,
+    /// Length of the trace prefix the last update decoded: every segment is decoded in
+    /// `trace[..view]`, so the tail reads exactly as it was counted.
+    view: u64,
+    /// The last update was complete (the tail is counted).
+    complete: bool,
+    errors: u64,
+    overflows: u64,
+    tail_errors: u64,
+    tail_overflows: u64,
+    cache: SegmentCache,
+    segments_decoded: u64,
+    segment_mismatches: u64,
+}
+
+/// What one indexing pass found, before it is applied to a [`History`].
+#[derive(Debug, Clone, Default)]
+struct Scan {
+    /// The firm sync point the pass started from (`None`: the start of the trace).
+    from: Option<SyncPoint>,
+    /// The view length the pass decoded.
+    view: u64,
+    complete: bool,
+    /// Every PSB event after `from`.
+    points: Vec<SyncPoint>,
+    /// How many of `points` are firm (their PSB+ lies wholly before the last PSB of the trace,
+    /// so more trace bytes cannot change them).
+    firm: usize,
+    /// Instructions after the last point (complete passes only).
+    tail: u64,
+    /// Errors / overflows in the segments that end at firm points.
+    errors: u64,
+    overflows: u64,
+    /// Errors / overflows after the last firm point (complete passes only).
+    tail_errors: u64,
+    tail_overflows: u64,
+}
+
+/// Where an update's scan starts.
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    from: Option<SyncPoint>,
+}
+
+/// The prefix of a growing trace that can be indexed for good: up to the last PSB in it (every
+/// PSB+ before it was read whole), or all of it when the trace is complete.
+fn view_len(trace: &[u8], complete: bool) -> usize {
+    if complete {
+        trace.len()
+    } else {
+        find_psb_backward(trace, trace.len()).unwrap_or(0)
+    }
+}
+
+/// Decodes `trace[..view]` from `from` (or from the start) and records every PSB event after it.
+fn scan(
+    trace: &[u8],
+    image: &Image,
+    cfg: &FlowConfig,
+    from: Option<SyncPoint>,
+    complete: bool,
+) -> Scan {
+    let view = view_len(trace, complete);
+    // Points at or after the last PSB may still change: their PSB+ may be cut short by the end
+    // of the bytes present (only a complete pass decodes that far).
+    let firm_limit = view_len(trace, false) as u64;
+    let bytes = &trace[..view];
+    let mut s = Scan {
+        from,
+        view: view as u64,
+        complete,
+        ..Scan::default()
+    };
+    let (mut dec, mut insns, mut skip_first) = match from {
+        Some(p) => (
+            FlowDecoder::at_psb(bytes, image, cfg.clone(), p.offset),
+            p.insn,
+            true,
+        ),
+        None => (FlowDecoder::new(bytes, image, cfg.clone()), 0, false),
+    };
+    // Errors and overflows since the last point: they belong to the segment that the next point
+    // ends, or to the tail.
+    let (mut errors, mut overflows) = (0u64, 0u64);
+    while let Some(item) = dec.next_block() {
+        match item {
+            BlockItem::Block(b) => insns += b.count as u64,
+            BlockItem::Event(e) => match e.kind {
+                EventKind::Psb { .. } => {
+                    if skip_first && from.is_some_and(|p| p.offset == e.offset) {
+                        skip_first = false;
+                        continue;
+                    }
+                    skip_first = false;
+                    s.points.push(SyncPoint {
+                        offset: e.offset,
+                        insn: insns,
+                    });
+                    if e.offset < firm_limit {
+                        s.firm = s.points.len();
+                        s.errors += errors;
+                        s.overflows += overflows;
+                    } else {
+                        s.tail_errors += errors;
+                        s.tail_overflows += overflows;
+                    }
+                    errors = 0;
+                    overflows = 0;
+                }
+                EventKind::Error { .. } => errors += 1,
+                EventKind::Overflow { .. } => overflows += 1,
+                _ => {}
+            },
+        }
+    }
+    if complete {
+        let base = s.points.last().or(from.as_ref()).map_or(0, |p| p.insn);
+        s.tail = insns - base;
+        s.tail_errors += errors;
+        s.tail_overflows += overflows;
+    } else {
+        s.points.truncate(s.firm);
+        s.tail_errors = 0;
+        s.tail_overflows = 0;
+    }
+    s
+}
+
+impl History {
+    /// An empty history that will decode with `cfg`.
+    pub fn new(cfg: FlowConfig) -> Self {
+        History {
+            cfg,
+            sync: Vec::new(),
+            firm: 0,
+            tail: 0,
+            view: 0,
+            complete: false,
+            errors: 0,
+            overflows: 0,
+            tail_errors: 0,
+            tail_overflows: 0,
+            cache: SegmentCache::new(DEFAULT_CACHE_SEGMENTS),
+            segments_decoded: 0,
+            segment_mismatches: 0,
+        }
+    }
+
+    /// The history of a complete trace, indexed in one pass.
+    pub fn build(trace: &[u8], image: &Image, cfg: FlowConfig) -> Self {
+        let mut h = History::new(cfg);
+        h.update(trace, image, true);
+        h
+    }
+
+    /// The decoder configuration.
+    pub fn config(&self) -> &FlowConfig {
+        &self.cfg
+    }
+
+    /// Sets how many decoded segments the random-access cache keeps (at least 1).
+    pub fn set_cache_segments(&mut self, n: usize) {
+        self.cache.set_capacity(n);
+    }
+
+    /// Indexes what `trace` holds beyond the last update. `trace` is the same trace as before,
+    /// possibly longer. With `complete = false` only the instructions before the last PSB in
+    /// `trace` are counted (more bytes cannot change them); with `complete = true` all of them,
+    /// as the trace decodes now. A later update recounts whatever a complete one counted after
+    /// the last PSB, so [`len`](Self::len) may shrink when a complete update is followed by an
+    /// incomplete one. Returns the number of instructions indexed.
+    ///
+    /// Cost: one decode from the last firm sync point to the end of the trace (the pending tail
+    /// is decoded again by the next update; the PSB period bounds that repeated work).
+    pub fn update(&mut self, trace: &[u8], image: &Image, complete: bool) -> u64 {
+        if let Some(plan) = self.plan(trace, complete) {
+            let s = scan(trace, image, &self.cfg, plan.from, complete);
+            self.apply(s);
+        }
+        self.len()
+    }
+
+    /// The last firm sync point: where the next scan starts.
+    fn resume_point(&self) -> Option<SyncPoint> {
+        self.sync[..self.firm].last().copied()
+    }
+
+    /// Whether an update of `trace` with `complete` would change anything; if so, the point its
+    /// scan starts from. Cheap (a backward PSB search).
+    fn plan(&self, trace: &[u8], complete: bool) -> Option<Plan> {
+        let view = view_len(trace, complete) as u64;
+        let changed = view > self.view || (view == self.view && complete && !self.complete);
+        changed.then(|| Plan {
+            from: self.resume_point(),
+        })
+    }
+
+    /// Applies a scan made from the current resume point. Returns `false` (and changes nothing)
+    /// if the history moved on since the scan was planned.
+    fn apply(&mut self, s: Scan) -> bool {
+        if s.from != self.resume_point() || s.view < self.view {
+            return false;
+        }
+        // The segments from the resume point on are re-read: drop their decoded copies.
+        self.cache.forget_from(self.firm.saturating_sub(1));
+        self.sync.truncate(self.firm);
+        self.sync.extend_from_slice(&s.points);
+        self.firm += s.firm;
+        self.errors += s.errors;
+        self.overflows += s.overflows;
+        self.tail = s.tail;
+        self.tail_errors = s.tail_errors;
+        self.tail_overflows = s.tail_overflows;
+        self.view = s.view;
+        self.complete = s.complete;
+        true
+    }
+
+    /// Number of instructions in the history.
+    pub fn len(&self) -> u64 {
+        self.sync.last().map_or(0, |p| p.insn) + self.tail
+    }
+
+    /// Whether the history holds no instruction.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether the last update was complete (the instructions after the last PSB are counted).
+    pub fn is_complete(&self) -> bool {
+        self.complete
+    }
+
+    /// The sync points, in trace order (instruction numbers never decrease).
+    pub fn sync_points(&self) -> &[SyncPoint] {
+        &self.sync
+    }
+
+    /// Trace bytes the index covers.
+    pub fn indexed_bytes(&self) -> u64 {
+        self.view
+    }
+
+    /// Counters and sizes.
+    pub fn stats(&self) -> HistoryStats {
+        HistoryStats {
+            insns: self.len(),
+            sync_points: self.sync.len() as u64,
+            indexed_bytes: self.view,
+            index_bytes: (self.sync.capacity() * std::mem::size_of::<SyncPoint>()) as u64,
+            cache_bytes: self.cache.bytes(),
+            errors: self.errors + self.tail_errors,
+            overflows: self.overflows + self.tail_overflows,
+            segments_decoded: self.segments_decoded,
+            segment_mismatches: self.segment_mismatches,
+        }
+    }
+
+    /// Drops the decoded segments (the index stays).
+    pub fn clear_cache(&mut self) {
+        self.cache.clear();
+    }
+
+    /// Index of the segment holding instruction `n` (`n < len()`).
+    fn segment_of(&self, n: u64) -> usize {
+        // The last point whose first instruction is <= n. Empty segments (several PSBs with no
+        // instruction between them) are skipped by taking the last one.
+        self.sync.partition_point(|p| p.insn <= n).saturating_sub(1)
+    }
+
+    /// First instruction and end (exclusive) of segment `k`.
+    fn segment_range(&self, k: usize) -> (u64, u64) {
+        let first = self.sync[k].insn;
+        let end = match self.sync.get(k + 1) {
+            Some(p) => p.insn,
+            None => first + self.tail,
+        };
+        (first, end)
+    }
+
+    /// The part of `trace` the index was built from.
+    fn view_of<'t>(&self, trace: &'t [u8]) -> &'t [u8] {
+        let v = usize::try_from(self.view).unwrap_or(usize::MAX);
+        &trace[..v.min(trace.len())]
+    }
+
+    /// Address and length of instruction number `n` (0 is the first), or `None` past the end.
+    /// Decodes at most one segment (none when it is cached).
+    pub fn insn(&mut self, trace: &[u8], image: &Image, n: u64) -> Option<(u64, u8)> {
+        if n >= self.len() {
+            return None;
+        }
+        let k = self.segment_of(n);
+        if self.cache.get(k).is_none() {
+            let view = self.view_of(trace);
+            let mut dec = FlowDecoder::at_psb(view, image, self.cfg.clone(), self.sync[k].offset);
+            let seg = self.decode_segment(&mut dec, k);
+            self.cache.insert(seg);
+        }
+        self.cache.get(k)?.insn(n)
+    }
+
+    /// Decodes segment `k` into runs (`dec` is positioned at its PSB or will be resynchronised).
+    fn decode_segment(&mut self, dec: &mut FlowDecoder<'_>, k: usize) -> Segment {
+        let (first, end) = self.segment_range(k);
+        let mut seg = Segment {
+            k,
+            first,
+            runs: Vec::new(),
+            lens: Vec::with_capacity((end - first).min(1 << 24) as usize),
+        };
+        let expect = end - first;
+        walk_segment(dec, self.sync[k], self.sync.get(k + 1).copied(), |b| {
+            let have = seg.lens.len() as u64;
+            if have >= expect {
+                return false;
+            }
+            let lens = b.lens();
+            let take = (lens.len() as u64).min(expect - have) as usize;
+            seg.runs.push(Run {
+                start: b.start,
+                first: have as u32,
+            });
+            seg.lens.extend_from_slice(&lens[..take]);
+            true
+        });
+        self.segments_decoded += 1;
+        if seg.lens.len() as u64 != expect {
+            self.segment_mismatches += 1;
+        }
+        seg.runs.shrink_to_fit();
+        seg
+    }
+
+    /// Number of the last instruction before `from` whose address satisfies `pred`
+    /// (reverse-continue to a condition), or `None` if there is none.
+    pub fn rfind(
+        &mut self,
+        trace: &[u8],
+        image: &Image,
+        from: u64,
+        pred: impl FnMut(u64) -> bool,
+    ) -> Option<u64> {
+        self.rfind_with(trace, image, from, &mut MatchFn(pred))
+    }
+
+    /// Number of the first instruction at or after `from` whose address satisfies `pred`
+    /// (forward replay to a condition), or `None` if there is none.
+    pub fn find(
+        &mut self,
+        trace: &[u8],
+        image: &Image,
+        from: u64,
+        pred: impl FnMut(u64) -> bool,
+    ) -> Option<u64> {
+        self.find_with(trace, image, from, &mut MatchFn(pred))
+    }
+
+    /// Number of the last instruction before `from` that `m` matches (reverse-continue). Walks
+    /// segments backwards, each decoded forward once; cached segments are searched in place.
+    pub fn rfind_with<M: IpMatch>(
+        &mut self,
+        trace: &[u8],
+        image: &Image,
+        from: u64,
+        m: &mut M,
+    ) -> Option<u64> {
+        let from = from.min(self.len());
+        if from == 0 {
+            return None;
+        }
+        let view = self.view_of(trace);
+        let mut dec: Option<FlowDecoder<'_>> = None;
+        let mut k = self.segment_of(from - 1);
+        loop {
+            let (first, _) = self.segment_range(k);
+            let hit = if let Some(seg) = self.cache.get(k) {
+                seg.rfind(from, m)
+            } else {
+                let d = reuse_decoder(&mut dec, view, image, &self.cfg, self.sync[k].offset);
+                self.segments_decoded += 1;
+                let mut i = first;
+                let mut last = None;
+                walk_segment(d, self.sync[k], self.sync.get(k + 1).copied(), |b| {
+                    if i >= from {
+                        return false;
+                    }
+                    let n = b.count as u64;
+                    if m.may_match_range(b.start, b.end) {
+                        let mut ip = b.start;
+                        for (j, &len) in b.lens().iter().enumerate() {
+                            let at = i + j as u64;
+                            if at >= from {
+                                break;
+                            }
+                            if m.matches(ip) {
+                                last = Some(at);
+                            }
+                            ip = ip.wrapping_add(len as u64);
+                        }
+                    }
+                    i += n;
+                    true
+                });
+                last
+            };
+            if hit.is_some() {
+                return hit;
+            }
+            if k == 0 {
+                return None;
+            }
+            k -= 1;
+        }
+    }
+
+    /// Number of the first instruction at or after `from` that `m` matches (forward replay).
+    pub fn find_with<M: IpMatch>(
+        &mut self,
+        trace: &[u8],
+        image: &Image,
+        from: u64,
+        m: &mut M,
+    ) -> Option<u64> {
+        if from >= self.len() {
+            return None;
+        }
+        let view = self.view_of(trace);
+        let mut dec: Option<FlowDecoder<'_>> = None;
+        let mut k = self.segment_of(from);
+        while k < self.sync.len() {
+            let (first, end) = self.segment_range(k);
+            let hit = if let Some(seg) = self.cache.get(k) {
+                seg.find(from, m)
+            } else if end <= from {
+                None
+            } else {
+                let d = reuse_decoder(&mut dec, view, image, &self.cfg, self.sync[k].offset);
+                self.segments_decoded += 1;
+                let mut i = first;
+                let mut hit = None;
+                walk_segment(d, self.sync[k], self.sync.get(k + 1).copied(), |b| {
+                    let n = b.count as u64;
+                    if i + n > from && m.may_match_range(b.start, b.end) {
+                        let mut ip = b.start;
+                        for (j, &len) in b.lens().iter().enumerate() {
+                            let at = i + j as u64;
+                            if at >= from && at < end && m.matches(ip) {
+                                hit = Some(at);
+                                return false;
+                            }
+                            ip = ip.wrapping_add(len as u64);
+                        }
+                    }
+                    i += n;
+                    i < end
+                });
+                hit
+            };
+            if hit.is_some() {
+                return hit;
+            }
+            k += 1;
+        }
+        None
+    }
+}
+
+/// The search decoder: created once per search, then moved from segment to segment so its block
+/// cache (decoded code) is reused.
+fn reuse_decoder<'d, 'a>(
+    slot: &'d mut Option<FlowDecoder<'a>>,
+    view: &'a [u8],
+    image: &'a Image,
+    cfg: &FlowConfig,
+    offset: u64,
+) -> &'d mut FlowDecoder<'a> {
+    match slot {
+        Some(d) => {
+            d.resync_at(offset);
+            d
+        }
+        None => slot.insert(FlowDecoder::at_psb(view, image, cfg.clone(), offset)),
+    }
+}
+
+/// Feeds the runs of the segment that starts at sync point `at` (and ends at the PSB event of
+/// `next`, or at the end of the decoder's view) to `f`, until `f` returns `false`. The decoder
+/// must have been positioned at `at.offset`.
+fn walk_segment(
+    dec: &mut FlowDecoder<'_>,
+    at: SyncPoint,
+    next: Option<SyncPoint>,
+    mut f: impl FnMut(&crate::flow::Block<'_>) -> bool,
+) {
+    let mut started = false;
+    while let Some(item) = dec.next_block() {
+        match item {
+            BlockItem::Event(e) => {
+                if let EventKind::Psb { .. } = e.kind {
+                    if !started && e.offset == at.offset {
+                        started = true;
+                    } else if next.is_some_and(|p| p.offset == e.offset) || started {
+                        // The next sync point (or, if the index and the decode disagree, any
+                        // later PSB) ends the segment.
+                        return;
+                    }
+                }
+            }
+            BlockItem::Block(b) => {
+                // Nothing can precede the segment's own PSB event when starting at its PSB.
+                if started && !f(&b) {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// A run of consecutive instructions inside a decoded segment.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    /// Address of its first instruction.
+    start: u64,
+    /// Index (within the segment) of its first instruction.
+    first: u32,
+}
+
+/// A decoded segment: its instructions as runs plus one length byte per instruction.
+#[derive(Debug, Clone)]
+struct Segment {
+    k: usize,
+    first: u64,
+    runs: Vec<Run>,
+    lens: Vec<u8>,
+}
+
+impl Segment {
+    fn bytes(&self) -> u64 {
+        (self.runs.capacity() * std::mem::size_of::<Run>() + self.lens.capacity()) as u64
+            + std::mem::size_of::<Segment>() as u64
+    }
+
+    /// Index of the run holding segment-relative instruction `i`.
+    #[inline]
+    fn run_of(&self, i: u32) -> usize {
+        self.runs
+            .partition_point(|r| r.first <= i)
+            .saturating_sub(1)
+    }
+
+    /// Address of the run-relative instruction `i` given its run `r`.
+    #[inline]
+    fn ip_at(&self, r: usize, i: u32) -> u64 {
+        let run = self.runs[r];
+        self.lens[run.first as usize..i as usize]
+            .iter()
+            .fold(run.start, |ip, &l| ip.wrapping_add(l as u64))
+    }
+
+    fn insn(&self, n: u64) -> Option<(u64, u8)> {
+        let i = u32::try_from(n.checked_sub(self.first)?).ok()?;
+        let len = *self.lens.get(i as usize)?;
+        Some((self.ip_at(self.run_of(i), i), len))
+    }
+
+    /// Run `r`'s end (exclusive, segment-relative).
+    fn run_end(&self, r: usize) -> u32 {
+        self.runs
+            .get(r + 1)
+            .map_or(self.lens.len() as u32, |n| n.first)
+    }
+
+    /// Last instruction before `from` (absolute) that `m` matches.
+    fn rfind<M: IpMatch>(&self, from: u64, m: &mut M) -> Option<u64> {
+        let limit = from.saturating_sub(self.first).min(self.lens.len() as u64) as u32;
+        if limit == 0 {
+            return None;
+        }
+        let mut r = self.run_of(limit - 1);
+        loop {
+            let run = self.runs[r];
+            let end = self.run_end(r).min(limit);
+            if end > run.first {
+                let last_ip = self.ip_at(r, end - 1);
+                if m.may_match_range(run.start, last_ip) {
+                    let mut ip = run.start;
+                    let mut hit = None;
+                    for i in run.first..end {
+                        if m.matches(ip) {
+                            hit = Some(i);
+                        }
+                        ip = ip.wrapping_add(self.lens[i as usize] as u64);
+                    }
+                    if let Some(i) = hit {
+                        return Some(self.first + i as u64);
+                    }
+                }
+            }
+            if r == 0 {
+                return None;
+            }
+            r -= 1;
+        }
+    }
+
+    /// First instruction at or after `from` (absolute) that `m` matches.
+    fn find<M: IpMatch>(&self, from: u64, m: &mut M) -> Option<u64> {
+        let start = from.saturating_sub(self.first);
+        if start >= self.lens.len() as u64 {
+            return None;
+        }
+        let start = start as u32;
+        for r in self.run_of(start)..self.runs.len() {
+            let run = self.runs[r];
+            let end = self.run_end(r);
+            if end == run.first {
+                continue;
+            }
+            if m.may_match_range(run.start, self.ip_at(r, end - 1)) {
+                let mut ip = run.start;
+                for i in run.first..end {
+                    if i >= start && m.matches(ip) {
+                        return Some(self.first + i as u64);
+                    }
+                    ip = ip.wrapping_add(self.lens[i as usize] as u64);
+                }
+            }
+        }
+        None
+    }
+}
+
+/// A small LRU of decoded segments.
+#[derive(Debug, Clone)]
+struct SegmentCache {
+    entries: Vec<(u64, Segment)>,
+    capacity: usize,
+    tick: u64,
+}
+
+impl SegmentCache {
+    fn new(capacity: usize) -> Self {
+        SegmentCache {
+            entries: Vec::new(),
+            capacity: capacity.max(1),
+            tick: 0,
+        }
+    }
+
+    fn set_capacity(&mut self, n: usize) {
+        self.capacity = n.max(1);
+        while self.entries.len() > self.capacity {
+            self.evict();
+        }
+    }
+
+    fn get(&mut self, k: usize) -> Option<&Segment> {
+        self.tick += 1;
+        let tick = self.tick;
+        let e = self.entries.iter_mut().find(|e| e.1.k == k)?;
+        e.0 = tick;
+        Some(&e.1)
+    }
+
+    fn insert(&mut self, seg: Segment) {
+        self.forget(seg.k);
+        if self.entries.len() >= self.capacity {
+            self.evict();
+        }
+        self.tick += 1;
+        self.entries.push((self.tick, seg));
+    }
+
+    fn evict(&mut self) {
+        if let Some(i) = self
+            .entries
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, e)| e.0)
+            .map(|(i, _)| i)
+        {
+            self.entries.swap_remove(i);
+        }
+    }
+
+    fn forget(&mut self, k: usize) {
+        self.entries.retain(|e| e.1.k != k);
+    }
+
+    fn forget_from(&mut self, k: usize) {
+        self.entries.retain(|e| e.1.k < k);
+    }
+
+    fn clear(&mut self) {
+        self.entries.clear();
+    }
+
+    fn bytes(&self) -> u64 {
+        self.entries.iter().map(|e| e.1.bytes()).sum()
+    }
+}

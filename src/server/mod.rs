@@ -33,6 +33,7 @@ pub mod arch;
 pub mod btrace;
 pub mod lldb_trace;
 pub mod monitor;
+pub mod replay;
 pub mod router;
 pub mod rsp;
 mod session;
@@ -40,6 +41,7 @@ pub mod svr4;
 pub mod tracing;
 
 pub use monitor::{MonitorHandler, MonitorRegistry};
+pub use replay::{RecordingTarget, register_monitors};
 pub use router::{Intercept, PacketHandler, Router, RouterState, ServeOutcome};
 pub use session::{Session, gdb_to_linux_signal, linux_to_gdb_signal, stop_reason};
 

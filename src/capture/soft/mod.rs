@@ -23,7 +23,7 @@ pub use classify::{CachedInsn, InsnCache, InsnClass};
 pub use encoder::{Cofi, EncoderConfig, EncoderStats, SoftEncoder, Step};
 pub use recorder::{
     Exit, RecordError, RecordFrom, RecorderConfig, RecorderStats, Recording, RingConfig,
-    SoftRecorder, StepEvent,
+    SoftRecorder, StepEvent, StepMode,
 };
 pub use state_log::{StateLog, StateLogStats};
 pub use target::{PtraceChild, Regs, SigInfo, StepStop, StepTarget, TargetError};

@@ -57,6 +57,25 @@ pub enum RecordFrom {
     OnDemand,
 }
 
+/// How the recorder advances the target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepMode {
+    /// Single-step every instruction.
+    Single,
+    /// Run each run of straight-line instructions (no change of flow, so no packets) at full
+    /// speed up to a temporary INT3 on the next change-of-flow instruction, which is then
+    /// single-stepped. The recorded flow is the same; it is faster by about the average block
+    /// length. Used only while the [`StateLog`] is off (it needs every instruction's effects),
+    /// no signal is pending, and the process has not created threads (which share the code
+    /// and would hit the temporary INT3).
+    Block,
+}
+
+/// Straight-line instructions below which a block is single-stepped instead.
+const MIN_BLOCK: usize = 3;
+/// Longest straight-line run decoded ahead.
+const MAX_BLOCK: usize = 256;
+
 /// The ToPA output table the encoder writes through.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RingConfig {
@@ -92,6 +111,8 @@ pub struct RecorderConfig {
     pub log_ips: bool,
     /// Keep per-instruction register diffs and overwritten memory (see [`StateLog`]).
     pub state_log: bool,
+    /// How to advance the target in [`SoftRecorder::run`].
+    pub step_mode: StepMode,
     /// Snapshot the executable mappings when the process exits (see [`Recording::image`]).
     pub capture_image_at_exit: bool,
     /// Encoder output is written to the ring in batches of at least this many bytes (a real
@@ -107,6 +128,7 @@ impl Default for RecorderConfig {
             record_from: RecordFrom::Main,
             log_ips: false,
             state_log: false,
+            step_mode: StepMode::Block,
             capture_image_at_exit: true,
             write_batch: 4096,
         }
@@ -182,6 +204,8 @@ pub enum StepEvent {
 pub struct RecorderStats {
     /// ptrace single steps taken.
     pub single_steps: u64,
+    /// Straight-line blocks run to a temporary breakpoint ([`StepMode::Block`]).
+    pub blocks: u64,
     /// Instructions executed while recording (encoded).
     pub recorded: u64,
     /// Instructions executed while not recording.
@@ -204,6 +228,9 @@ pub struct RecorderStats {
     pub lost_bytes: u64,
     /// Distinct instructions decoded.
     pub decoded_instructions: u64,
+    /// Successful clone/clone3 calls (threads and children run untraced; block stepping is
+    /// turned off after the first).
+    pub clones: u64,
 }
 
 /// A finished recording.
@@ -238,6 +265,8 @@ pub struct SoftRecorder<T: StepTarget> {
     drainer_stop: Arc<AtomicBool>,
     cache: InsnCache,
     recording: bool,
+    finished: bool,
+    block_stepping_allowed: bool,
     pending_signal: Option<Signal>,
     /// Registers at the current stop (valid until the next resume).
     regs: Option<Regs>,
@@ -255,6 +284,17 @@ impl<T: StepTarget> std::fmt::Debug for SoftRecorder<T> {
             .field("recording", &self.recording)
             .field("stats", &self.stats)
             .finish_non_exhaustive()
+    }
+}
+
+impl<T: StepTarget> Drop for SoftRecorder<T> {
+    fn drop(&mut self) {
+        // Without finish(): stop the drainer thread so it does not outlive the recorder.
+        self.ring.close();
+        self.drainer_stop.store(true, Ordering::Release);
+        if let Some(h) = self.drainer.take() {
+            let _ = h.join();
+        }
     }
 }
 
@@ -334,6 +374,8 @@ impl<T: StepTarget> SoftRecorder<T> {
             drainer_stop,
             cache: InsnCache::new(),
             recording: false,
+            finished: false,
+            block_stepping_allowed: true,
             pending_signal: None,
             regs: None,
             image: None,
@@ -381,9 +423,9 @@ impl<T: StepTarget> SoftRecorder<T> {
     }
 
     /// Turns recording on: the next executed instruction starts a PSB+ and TIP.PGE
-    /// (`monitor record on`).
+    /// (`monitor record on`). Does nothing after [`finish`](Self::finish).
     pub fn record_on(&mut self) {
-        self.recording = true;
+        self.recording = !self.finished;
     }
 
     /// Turns recording off before the current instruction: FUP + TIP.PGD, everything encoded
@@ -396,6 +438,27 @@ impl<T: StepTarget> SoftRecorder<T> {
             self.write_out(true);
         }
         Ok(())
+    }
+
+    /// Makes the store hold every byte encoded so far: writes pending encoder output to the ring
+    /// and drains the ring on this thread (a debugger stop must see the trace up to the PC).
+    /// Returns the bytes lost by that drain (also counted in [`RecorderStats::lost_bytes`]).
+    pub fn sync_store(&mut self) -> u64 {
+        self.write_out(true);
+        let lost = drain_into(&self.ring, &self.store);
+        self.stats.lost_bytes += lost;
+        lost
+    }
+
+    /// The signal the next step delivers (the one that stopped the process, if any).
+    pub fn pending_signal(&self) -> Option<Signal> {
+        self.pending_signal
+    }
+
+    /// Replaces the signal the next step delivers: a debugger may suppress the signal that
+    /// stopped the program (`signal 0`) or send another one.
+    pub fn set_pending_signal(&mut self, signal: Option<Signal>) {
+        self.pending_signal = signal;
     }
 
     /// The registers at the current stop.
@@ -428,6 +491,11 @@ impl<T: StepTarget> SoftRecorder<T> {
             log.before_step(&mut self.target, &before, insn);
         }
         let signal = self.pending_signal.take();
+        if let (Some(log), Some(_)) = (self.state_log.as_mut(), signal)
+            && self.recording
+        {
+            log.before_signal(&mut self.target, &before);
+        }
         self.regs = None;
         self.stats.single_steps += 1;
         let stop = self.target.single_step(signal)?;
@@ -524,26 +592,172 @@ impl<T: StepTarget> SoftRecorder<T> {
         }
     }
 
-    /// Steps until the process ends (or `limit` steps were taken). Returns the exit, if any.
+    /// Runs until the process ends, or until `limit` instructions executed. Returns the exit,
+    /// if any. Uses block stepping when [`RecorderConfig::step_mode`] allows it (see
+    /// [`StepMode`]).
     pub fn run(&mut self, limit: Option<u64>) -> Result<Option<Exit>, RecordError> {
         let mut n = 0u64;
         while self.exit.is_none() {
-            if limit.is_some_and(|l| n >= l) {
+            let remaining = limit.map_or(u64::MAX, |l| l.saturating_sub(n));
+            if remaining == 0 {
                 break;
             }
-            self.step()?;
-            n += 1;
+            n += self.advance(remaining)?;
         }
         Ok(self.exit)
     }
 
+    /// Executes at least one step and at most `max` instructions; returns how many
+    /// instructions executed.
+    pub fn advance(&mut self, max: u64) -> Result<u64, RecordError> {
+        if self.config.step_mode == StepMode::Block
+            && self.block_stepping_allowed
+            && self.state_log.is_none()
+            && self.pending_signal.is_none()
+            && self.exit.is_none()
+            && max > 1
+            && let Some(n) = self.run_block(max)?
+        {
+            return Ok(n);
+        }
+        Ok(match self.step()? {
+            StepEvent::Executed { .. } => 1,
+            _ => 0,
+        })
+    }
+
+    /// Block stepping: runs the straight-line instructions before the next change of flow at
+    /// full speed up to a temporary INT3 on that instruction, and records them as executed.
+    /// Returns `None` (nothing done) when the current instruction is itself a change of flow
+    /// (it is single-stepped) or the code cannot be decoded.
+    fn run_block(&mut self, max: u64) -> Result<Option<u64>, RecordError> {
+        let start = self.current_regs()?;
+        let mut block: Vec<CachedInsn> = Vec::new();
+        let mut ip = start.rip;
+        let end = loop {
+            let insn = match self.cache.get(&mut self.target, ip) {
+                Ok(c) => c,
+                Err(DecodeInsnError::Invalid { .. }) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            };
+            if insn.class != InsnClass::Plain
+                || block.len() as u64 + 1 >= max
+                || block.len() >= MAX_BLOCK
+            {
+                break insn;
+            }
+            block.push(insn);
+            ip = insn.nlip();
+        };
+        // Short blocks are cheaper to single-step than to run to a breakpoint.
+        if block.len() < MIN_BLOCK {
+            return Ok(None);
+        }
+        let bp = end.insn.ip();
+        let mut orig = [0u8; 1];
+        if self.target.read_memory(bp, &mut orig)? != 1 {
+            return Ok(None);
+        }
+        self.target.write_memory(bp, &[0xcc])?;
+        self.regs = None;
+        self.stats.blocks += 1;
+        let stop = self.target.cont(None)?;
+        if matches!(stop, StepStop::Trap | StepStop::Signal(_)) {
+            self.target.write_memory(bp, &orig)?;
+        }
+        match stop {
+            StepStop::Trap => {
+                let mut regs = self.current_regs()?;
+                if regs.rip == bp + 1 {
+                    regs.rip = bp;
+                    self.target.set_regs(&regs)?;
+                    self.regs = Some(regs);
+                    Ok(Some(self.executed_straight(&block, bp)))
+                } else {
+                    // A SIGTRAP of the program's own (sent to it): deliver it, like any signal.
+                    self.stats.signal_stops += 1;
+                    self.pending_signal = Some(Signal::SIGTRAP);
+                    Ok(Some(self.executed_straight(&block, regs.rip)))
+                }
+            }
+            StepStop::Signal(sig) => {
+                // A fault in the block, or an asynchronous signal: everything before the stop
+                // IP executed, the instruction at it did not.
+                self.stats.signal_stops += 1;
+                self.pending_signal = Some(sig);
+                let at = self.current_regs()?.rip;
+                Ok(Some(self.executed_straight(&block, at)))
+            }
+            StepStop::Exiting | StepStop::Exited(_) | StepStop::Killed(_) => {
+                // Killed from outside while running the block (no instruction in it can exit):
+                // where it stopped is unknown, so the trace ends at the block start.
+                self.stats.anomalies += 1;
+                if stop == StepStop::Exiting {
+                    let end = self.target.cont(None)?;
+                    self.ended(end, Some(start.rip))?;
+                } else {
+                    self.ended(stop, Some(start.rip))?;
+                }
+                Ok(Some(0))
+            }
+        }
+    }
+
+    /// Records the block's instructions up to (not including) `stop_ip` as executed.
+    fn executed_straight(&mut self, block: &[CachedInsn], stop_ip: u64) -> u64 {
+        self.encoder.set_tsc(rdtsc());
+        let n = self.record_block(block, stop_ip);
+        self.write_out(false);
+        n
+    }
+
+    fn record_block(&mut self, block: &[CachedInsn], stop_ip: u64) -> u64 {
+        let mut n = 0;
+        for insn in block {
+            let ip = insn.insn.ip();
+            if ip == stop_ip {
+                return n;
+            }
+            self.record_straight(ip, insn);
+            n += 1;
+        }
+        let end = block.last().map(CachedInsn::nlip);
+        if end != Some(stop_ip) {
+            // The stop is not at an instruction boundary of the block: not expected.
+            self.stats.anomalies += 1;
+        }
+        n
+    }
+
+    fn record_straight(&mut self, ip: u64, insn: &CachedInsn) {
+        if !self.recording {
+            self.stats.unrecorded += 1;
+            return;
+        }
+        self.stats.recorded += 1;
+        if let Some(log) = self.ip_log.as_mut() {
+            log.push(ip);
+        }
+        self.encoder.step(Step {
+            ip,
+            len: insn.len(),
+            cofi: super::encoder::Cofi::None,
+            next_ip: insn.nlip(),
+        });
+    }
+
     /// Ends the recording: writes out pending packets (ending with TIP.PGD if the process is
     /// still running and recording was on), stops the drainer, and returns everything.
-    pub fn finish(mut self) -> Result<Recording, RecordError> {
+    ///
+    /// The recorder stays usable as a handle on the target ([`target`](Self::target),
+    /// [`step`](Self::step) without recording); recording cannot be turned on again.
+    pub fn finish(&mut self) -> Result<Recording, RecordError> {
         if self.exit.is_none() && self.recording {
             let ip = self.current_regs().map(|r| r.rip).unwrap_or(0);
             self.encoder.finish(ip);
         }
+        self.recording = false;
+        self.finished = true;
         self.encoder.flush();
         self.write_out(true);
         self.ring.close();
@@ -576,11 +790,18 @@ impl<T: StepTarget> SoftRecorder<T> {
 
     fn handler_entered(&mut self, ip: u64) -> Result<StepEvent, RecordError> {
         self.stats.handlers_entered += 1;
-        self.discard_state_entry();
+        let regs = self.current_regs()?;
+        if let Some(log) = self.state_log.as_mut() {
+            if self.recording {
+                log.signal_delivered(&regs);
+            } else {
+                log.cancel_step();
+            }
+        }
         if self.recording {
             self.encoder.async_transfer(ip);
         }
-        let handler = self.current_regs()?.rip;
+        let handler = regs.rip;
         Ok(StepEvent::HandlerEntered { from: ip, handler })
     }
 
@@ -594,7 +815,7 @@ impl<T: StepTarget> SoftRecorder<T> {
         if insn.rep_string && next_ip == ip {
             self.stats.rep_iterations += 1;
             if let Some(log) = self.state_log.as_mut() {
-                log.after_step(&mut self.target, after, false);
+                log.after_step(after, false);
             }
             return Ok(StepEvent::Iteration { ip });
         }
@@ -604,13 +825,20 @@ impl<T: StepTarget> SoftRecorder<T> {
             if matches!(after.orig_rax, 9..=11 | 25 | 59 | 329) {
                 self.cache.invalidate_all();
             }
+            // clone/clone3 created a thread or process (the parent sees a positive id). A
+            // thread shares the code: a temporary INT3 of block stepping could trap it, and it
+            // is not traced, so from now on every instruction is single-stepped.
+            if matches!(after.orig_rax, 56 | 435) && (after.rax as i64) > 0 {
+                self.stats.clones += 1;
+                self.block_stepping_allowed = false;
+            }
         }
         if !self.recording {
             self.stats.unrecorded += 1;
             return Ok(StepEvent::Executed { ip });
         }
         if let Some(log) = self.state_log.as_mut() {
-            log.after_step(&mut self.target, after, true);
+            log.after_step(after, true);
         }
         self.stats.recorded += 1;
         if let Some(log) = self.ip_log.as_mut() {

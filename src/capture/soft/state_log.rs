@@ -95,26 +95,18 @@ pub enum EntryKind {
     Instruction,
     /// Iterations of a REP string instruction that a signal interrupted before it completed.
     Partial,
-    /// Register changes the kernel made between two steps (signal delivery).
+    /// Changes the kernel made between two steps: signal delivery (registers, and the signal
+    /// frame it wrote below the stack pointer).
     Event,
 }
 
-/// One undo record.
+/// One undo record. Its register values and memory records are the next ones in the log's
+/// arrays (the arrays are walked from the end when undoing, so no start offsets are stored).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Entry {
-    /// What it undoes.
-    pub kind: EntryKind,
-    reg_start: u32,
+struct Entry {
+    kind: EntryKind,
     reg_len: u8,
-    mem_start: u32,
     mem_len: u32,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct MemRecord {
-    addr: u64,
-    data_start: u64,
-    len: u32,
 }
 
 /// Size counters of the log.
@@ -128,34 +120,41 @@ pub struct StateLogStats {
     pub memory_records: u64,
     /// Bytes of old memory stored.
     pub memory_bytes: u64,
-    /// Approximate bytes the log occupies (entries, register diffs, memory records and data).
+    /// Bytes the log occupies (entries, positions, register diffs, memory records and data).
     pub total_bytes: u64,
     /// System calls whose memory effects are not known (not in the handled list).
     pub unknown_syscalls: u64,
     /// Memory writes that could not be captured (no size, VSIB, unreadable memory).
     pub unknown_writes: u64,
+    /// Signal deliveries recorded (registers and signal frame).
+    pub signal_deliveries: u64,
 }
 
 #[derive(Debug, Default)]
 struct Pending {
     before: Option<Regs>,
     mem_mark: usize,
+    data_mark: usize,
     open: bool,
 }
 
-/// The undo log (see the module docs).
+/// The undo log (see the module docs). Layout per entry: 8 bytes, plus 9 bytes per changed
+/// register (index + old value), 12 bytes per memory record (address + length) and the old
+/// bytes; plus 4 bytes per instruction to find positions.
 #[derive(Debug)]
 pub struct StateLog {
     entries: Vec<Entry>,
-    regs: Vec<(u8, u64)>,
-    mem: Vec<MemRecord>,
+    reg_idx: Vec<u8>,
+    reg_val: Vec<u64>,
+    mem_addr: Vec<u64>,
+    mem_len: Vec<u32>,
     data: Vec<u8>,
     /// Registers after the last step (to detect kernel-made changes between steps).
     last_after: Option<Regs>,
     pending: Pending,
     factory: InstructionInfoFactory,
     stats: StateLogStats,
-    /// Instruction entries so far (the next instruction's position).
+    /// Entry index of each recorded instruction.
     positions: Vec<u32>,
     syscall_nr: Option<u64>,
 }
@@ -164,6 +163,13 @@ impl Default for StateLog {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// Bytes below the stack pointer the kernel may write when it delivers a signal: the 128-byte
+/// red zone is skipped, then `rt_sigframe` (siginfo + ucontext, under 1 KiB) and the XSAVE
+/// area, aligned down.
+fn signal_frame_span() -> u64 {
+    128 + 1024 + xsave_area_size() + 64
 }
 
 fn reg_value(r: &Regs, reg: Register) -> Option<u64> {
@@ -266,8 +272,10 @@ impl StateLog {
     pub fn new() -> Self {
         StateLog {
             entries: Vec::new(),
-            regs: Vec::new(),
-            mem: Vec::new(),
+            reg_idx: Vec::new(),
+            reg_val: Vec::new(),
+            mem_addr: Vec::new(),
+            mem_len: Vec::new(),
             data: Vec::new(),
             last_after: None,
             pending: Pending::default(),
@@ -282,12 +290,13 @@ impl StateLog {
     pub fn stats(&self) -> StateLogStats {
         let mut s = self.stats;
         s.instructions = self.positions.len() as u64;
-        s.registers = self.regs.len() as u64;
-        s.memory_records = self.mem.len() as u64;
+        s.registers = self.reg_val.len() as u64;
+        s.memory_records = self.mem_addr.len() as u64;
         s.memory_bytes = self.data.len() as u64;
         s.total_bytes = (self.entries.len() * std::mem::size_of::<Entry>()
-            + self.regs.len() * std::mem::size_of::<(u8, u64)>()
-            + self.mem.len() * std::mem::size_of::<MemRecord>()
+            + self.reg_idx.len()
+            + self.reg_val.len() * 8
+            + self.mem_addr.len() * 12
             + self.data.len()
             + self.positions.len() * 4) as u64;
         s
@@ -312,7 +321,7 @@ impl StateLog {
         if len == 0 {
             return;
         }
-        // A garbage length (the syscall will fail with EFAULT) must not allocate gigabytes.
+        // A garbage length (the system call will fail with EFAULT) must not allocate gigabytes.
         let Ok(len32) = u32::try_from(len) else {
             self.stats.unknown_writes += 1;
             return;
@@ -327,7 +336,7 @@ impl StateLog {
             .read_memory(addr, &mut self.data[start..])
             .unwrap_or(0);
         // Unreadable (the write will fault, or the buffer is partly unmapped): keep what could
-        // be read; the rest cannot have held program data the write could destroy.
+        // be read; a write cannot succeed where nothing is mapped.
         self.data.truncate(start + n);
         if n == 0 {
             return;
@@ -335,11 +344,28 @@ impl StateLog {
         if (n as u64) < len {
             self.stats.unknown_writes += 1;
         }
-        self.mem.push(MemRecord {
-            addr,
-            data_start: start as u64,
-            len: n as u32,
-        });
+        // Extend the previous record of the same step when contiguous (REP STOS/MOVS
+        // iterations, pushes of adjacent slots): its data is the last in `data`.
+        if self.mem_addr.len() > self.pending.mem_mark
+            && let (Some(&a), Some(l)) = (self.mem_addr.last(), self.mem_len.last_mut())
+            && a.wrapping_add(u64::from(*l)) == addr
+        {
+            *l += n as u32;
+            return;
+        }
+        self.mem_addr.push(addr);
+        self.mem_len.push(n as u32);
+    }
+
+    fn open(&mut self, before: &Regs) {
+        if !self.pending.open {
+            self.pending = Pending {
+                before: Some(*before),
+                mem_mark: self.mem_addr.len(),
+                data_mark: self.data.len(),
+                open: true,
+            };
+        }
     }
 
     /// Called before a step: records kernel-made register changes since the last step, and
@@ -355,11 +381,7 @@ impl StateLog {
         {
             self.push_reg_diff(&last, before, EntryKind::Event);
         }
-        if !self.pending.open {
-            self.pending.before = Some(*before);
-            self.pending.mem_mark = self.mem.len();
-            self.pending.open = true;
-        }
+        self.open(before);
         self.syscall_nr = None;
         if insn.class == InsnClass::SystemCall {
             self.syscall_nr = Some(before.rax);
@@ -412,14 +434,26 @@ impl StateLog {
         }
     }
 
+    /// Called before a step that delivers a signal: snapshots the stack below `before.rsp`
+    /// where the kernel will write the signal frame (a handler on an alternate signal stack is
+    /// not covered).
+    pub fn before_signal<T: StepTarget + ?Sized>(&mut self, target: &mut T, before: &Regs) {
+        self.open(before);
+        let span = signal_frame_span();
+        self.push_mem(target, before.rsp.wrapping_sub(span), span);
+    }
+
+    /// Called when a signal was delivered to its handler (the instruction did not execute):
+    /// keeps the snapshots and the register changes as an [`EntryKind::Event`].
+    pub fn signal_delivered(&mut self, handler_regs: &Regs) {
+        self.stats.signal_deliveries += 1;
+        self.close(handler_regs, EntryKind::Event);
+        self.last_after = Some(*handler_regs);
+    }
+
     /// Called after a step that executed: closes the instruction's entry when `complete` (a
     /// REP iteration that left RIP in place keeps it open).
-    pub fn after_step<T: StepTarget + ?Sized>(
-        &mut self,
-        _target: &mut T,
-        after: &Regs,
-        complete: bool,
-    ) {
+    pub fn after_step(&mut self, after: &Regs, complete: bool) {
         self.last_after = Some(*after);
         if complete {
             self.close(after, EntryKind::Instruction);
@@ -427,7 +461,7 @@ impl StateLog {
     }
 
     /// Called when the step did not execute the instruction (a signal stopped it first): drops
-    /// the snapshots taken for it. Completed REP iterations stay, as a [`EntryKind::Partial`]
+    /// the snapshots taken for it. Completed REP iterations stay, as an [`EntryKind::Partial`]
     /// entry.
     pub fn cancel_step(&mut self) {
         if !self.pending.open {
@@ -438,19 +472,16 @@ impl StateLog {
         };
         match self.last_after {
             // Some iterations of a REP instruction completed since `before`.
-            Some(last) if self.mem.len() > self.pending.mem_mark && last != before => {
-                // Snapshots of the cancelled step itself were pushed last; we cannot tell them
-                // apart from the iterations' here, so keep them all (undoing a write that did
-                // not happen restores the value that is still there: harmless).
+            Some(last) if last != before && self.mem_addr.len() > self.pending.mem_mark => {
+                // The cancelled step's own snapshots were pushed last and cannot be told apart
+                // from the iterations' here; keeping them is harmless (undoing a write that did
+                // not happen restores the value that is still there).
                 self.close(&last, EntryKind::Partial);
             }
             _ => {
-                self.mem.truncate(self.pending.mem_mark);
-                let keep = self
-                    .mem
-                    .last()
-                    .map_or(0, |m| (m.data_start + u64::from(m.len)) as usize);
-                self.data.truncate(keep);
+                self.mem_addr.truncate(self.pending.mem_mark);
+                self.mem_len.truncate(self.pending.mem_mark);
+                self.data.truncate(self.pending.data_mark);
                 self.pending = Pending::default();
             }
         }
@@ -460,47 +491,42 @@ impl StateLog {
         let Some(before) = self.pending.before else {
             return;
         };
-        let reg_start = self.regs.len() as u32;
-        let b = regs_to_array(&before);
-        let a = regs_to_array(after);
-        for i in 0..REG_COUNT {
-            if a[i] != b[i] {
-                self.regs.push((i as u8, b[i]));
-            }
-        }
-        let reg_len = (self.regs.len() as u32 - reg_start) as u8;
-        let mem_start = self.pending.mem_mark as u32;
-        let mem_len = self.mem.len() as u32 - mem_start;
+        let reg_len = self.push_regs(&before, after);
+        let mem_len = (self.mem_addr.len() - self.pending.mem_mark) as u32;
         if kind == EntryKind::Instruction {
             self.positions.push(self.entries.len() as u32);
         }
         self.entries.push(Entry {
             kind,
-            reg_start,
             reg_len,
-            mem_start,
             mem_len,
         });
         self.pending = Pending::default();
+    }
+
+    /// Pushes the old values of the registers that differ; returns how many.
+    fn push_regs(&mut self, old: &Regs, new: &Regs) -> u8 {
+        let o = regs_to_array(old);
+        let n = regs_to_array(new);
+        let mut count = 0;
+        for i in 0..REG_COUNT {
+            if o[i] != n[i] {
+                self.reg_idx.push(i as u8);
+                self.reg_val.push(o[i]);
+                count += 1;
+            }
+        }
+        count
     }
 
     fn push_reg_diff(&mut self, old: &Regs, new: &Regs, kind: EntryKind) {
         if old == new {
             return;
         }
-        let reg_start = self.regs.len() as u32;
-        let o = regs_to_array(old);
-        let n = regs_to_array(new);
-        for i in 0..REG_COUNT {
-            if o[i] != n[i] {
-                self.regs.push((i as u8, o[i]));
-            }
-        }
+        let reg_len = self.push_regs(old, new);
         self.entries.push(Entry {
             kind,
-            reg_start,
-            reg_len: (self.regs.len() as u32 - reg_start) as u8,
-            mem_start: self.mem.len() as u32,
+            reg_len,
             mem_len: 0,
         });
     }
@@ -525,19 +551,42 @@ impl StateLog {
             Some(&e) => e as usize,
             None => self.entries.len(),
         };
+        // The entry being built (a REP instruction mid-way) is not part of any position.
+        let mut reg_end = self.reg_val.len();
+        let mut mem_end = self.pending_mem_start();
+        let mut data_end = self.pending_data_start();
         for e in self.entries[first..].iter().rev() {
-            let regs_of =
-                &self.regs[e.reg_start as usize..e.reg_start as usize + e.reg_len as usize];
-            for &(i, v) in regs_of {
-                set_reg(regs, usize::from(i), v);
+            let reg_start = reg_end - usize::from(e.reg_len);
+            for i in reg_start..reg_end {
+                set_reg(regs, usize::from(self.reg_idx[i]), self.reg_val[i]);
             }
-            let mems = &self.mem[e.mem_start as usize..(e.mem_start + e.mem_len) as usize];
-            for m in mems.iter().rev() {
-                let d = &self.data[m.data_start as usize..m.data_start as usize + m.len as usize];
-                restore_memory(m.addr, d);
+            reg_end = reg_start;
+            let mem_start = mem_end - e.mem_len as usize;
+            for m in (mem_start..mem_end).rev() {
+                let len = self.mem_len[m] as usize;
+                let d = &self.data[data_end - len..data_end];
+                restore_memory(self.mem_addr[m], d);
+                data_end -= len;
             }
+            mem_end = mem_start;
         }
         true
+    }
+
+    fn pending_mem_start(&self) -> usize {
+        if self.pending.open {
+            self.pending.mem_mark
+        } else {
+            self.mem_addr.len()
+        }
+    }
+
+    fn pending_data_start(&self) -> usize {
+        if self.pending.open {
+            self.pending.data_mark
+        } else {
+            self.data.len()
+        }
     }
 
     /// The registers before the instruction at `position`, given the present registers.

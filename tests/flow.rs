@@ -1,0 +1,1063 @@
+//! Instruction-flow decoder tests.
+//!
+//! * Differential tests against Intel's libipt (`pt_insn_decoder`, through tests/support/libipt.rs)
+//!   on every real corpus trace that has code images, plus the HASE ground-truth branch lists.
+//! * Generated traces with known ground truth: small x86 code sequences built by hand and the
+//!   packets a CPU emits for a chosen path, one test per decoding rule.
+//! * Restartability: decoding from any PSB yields the suffix of the full decode.
+//! * Robustness: corrupted traces never panic and always terminate.
+
+mod support;
+
+use ptrewind::flow::{
+    BlockItem, Event, EventKind, FlowConfig, FlowDecoder, FlowErrorKind, InsnClass, Item,
+};
+use ptrewind::image::{Image, Section};
+use ptrewind::packet::{Encoder, ExecMode, IpKind, Packet, Tnt};
+use support::corpus::{self, CorpusTrace};
+use support::libipt::{self, OracleItem};
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+fn image_of(t: &CorpusTrace) -> Image {
+    let mut img = Image::new();
+    for s in &t.images {
+        img.add(Section::new(s.addr, s.bytes.clone(), &s.name))
+            .expect("corpus section");
+    }
+    img
+}
+
+fn cfg_of(t: &CorpusTrace) -> FlowConfig {
+    let mut cfg = FlowConfig::default();
+    if matches!(t.mode, libipt::ExecMode::Bits32) {
+        cfg.default_mode = ExecMode::Bits32;
+    }
+    cfg
+}
+
+/// Our decode of a whole trace as items, with the error events separately.
+fn decode_items(pt: &[u8], img: &Image, cfg: FlowConfig) -> Vec<Item> {
+    let mut dec = FlowDecoder::new(pt, img, cfg);
+    let mut out = Vec::new();
+    while let Some(i) = dec.next_item() {
+        out.push(i);
+    }
+    out
+}
+
+fn ips(items: &[Item]) -> Vec<u64> {
+    items
+        .iter()
+        .filter_map(|i| match i {
+            Item::Insn(x) => Some(x.ip),
+            _ => None,
+        })
+        .collect()
+}
+
+fn errors(items: &[Item]) -> Vec<&Event> {
+    items
+        .iter()
+        .filter_map(|i| match i {
+            Item::Event(e) if matches!(e.kind, EventKind::Error { .. }) => Some(e),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Outcome of a lock-step comparison of our instruction stream with libipt's.
+#[derive(Debug, Default)]
+struct Diff {
+    libipt_insns: u64,
+    ours_insns: u64,
+    /// Instructions both produced identically before the first difference (or the end).
+    common: u64,
+    /// First difference: (index, ours, libipt).
+    first_diff: Option<(u64, Option<u64>, u64)>,
+    libipt_errors: Vec<(i32, u64)>,
+    our_errors: Vec<(FlowErrorKind, u64, Option<u64>)>,
+    /// libipt's instruction count when its first error came.
+    libipt_insns_at_first_error: Option<u64>,
+}
+
+/// Runs libipt (on the trace with the PSB+FUP-before-PGE artefact masked, see
+/// `mask_psb_fup_before_pge`: libipt 2.0.5 cannot decode the original) and our decoder (on the
+/// original trace) in lock step, without storing either instruction stream.
+fn lockstep(t: &CorpusTrace) -> Diff {
+    let img = image_of(t);
+    let mut dec = FlowDecoder::new(&t.pt, &img, cfg_of(t));
+    let mut d = Diff::default();
+    let mut next_ours = |d: &mut Diff| -> Option<u64> {
+        loop {
+            match dec.next_item()? {
+                Item::Insn(i) => {
+                    d.ours_insns += 1;
+                    return Some(i.ip);
+                }
+                Item::Event(e) => {
+                    if let EventKind::Error { kind, ip } = e.kind {
+                        d.our_errors.push((kind, e.offset, ip));
+                    }
+                }
+            }
+        }
+    };
+    let (masked, _) = libipt::mask_psb_fup_before_pge(&t.pt);
+    let mut diverged = false;
+    libipt::ipt_insn_walk(&masked, t.cpu, &t.images, |item| match item {
+        OracleItem::Insn(i) => {
+            d.libipt_insns += 1;
+            if diverged {
+                return;
+            }
+            let ours = next_ours(&mut d);
+            if ours == Some(i.ip) {
+                d.common += 1;
+            } else {
+                diverged = true;
+                d.first_diff = Some((d.common, ours, i.ip));
+            }
+        }
+        OracleItem::Error(e) => {
+            if d.libipt_insns_at_first_error.is_none() {
+                d.libipt_insns_at_first_error = Some(d.libipt_insns);
+            }
+            d.libipt_errors.push((e.code, e.offset));
+        }
+        OracleItem::Event(_) => {}
+    });
+    while next_ours(&mut d).is_some() {}
+    d
+}
+
+fn corpus_traces(filter: impl Fn(&str) -> bool) -> Option<Vec<CorpusTrace>> {
+    corpus::require_corpus("flow")?;
+    Some(
+        corpus::all_traces()
+            .into_iter()
+            .filter(|t| t.has_images() && filter(&t.name))
+            .collect(),
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Differential tests on the real corpus
+
+/// Every corpus trace that libipt decodes without error: identical instruction sequences, and no
+/// error on our side. Includes the multi-million-instruction libxdc mruby and qemu traces.
+#[test]
+fn libipt_agrees_on_every_clean_corpus_trace() {
+    let Some(traces) = corpus_traces(|_| true) else {
+        return;
+    };
+    let mut checked = 0;
+    for t in &traces {
+        let d = lockstep(t);
+        if !d.libipt_errors.is_empty() {
+            continue; // covered by the tests below
+        }
+        checked += 1;
+        assert_eq!(
+            d.first_diff, None,
+            "{}: first difference (index, ours, libipt)",
+            t.name
+        );
+        assert_eq!(
+            d.ours_insns, d.libipt_insns,
+            "{}: instruction counts",
+            t.name
+        );
+        assert!(
+            d.our_errors.is_empty(),
+            "{}: our errors {:x?}",
+            t.name,
+            d.our_errors
+        );
+        // The README's independent libipt figure, where it gives one.
+        if let Some(n) = corpus::readme_libipt_insns(&t.name) {
+            assert_eq!(d.ours_insns, n, "{}: README instruction count", t.name);
+        }
+    }
+    // DynamoRIO, HASE, ARCUS hello/last and the libxdc traces at least.
+    assert!(checked >= 12, "only {checked} clean traces");
+}
+
+/// ARCUS toy/CVE programs: libipt stops after the dynamic loader at `_start` (TIP.PGE, TIP.PGD
+/// without IP, TIP.PGE at the same address: the Griffin tracer enabled and immediately disabled
+/// tracing). No instruction reachable from `_start` without trace can disable tracing, so the
+/// disable happened before any instruction ran; we resume at the second TIP.PGE and decode on
+/// through `main` to the end. Up to libipt's error both streams are identical.
+#[test]
+fn arcus_decodes_past_libipt_to_main_and_the_crash() {
+    let Some(traces) =
+        corpus_traces(|n| n.starts_with("arcus/") && n != "arcus/hello" && n != "arcus/last")
+    else {
+        return;
+    };
+    assert!(traces.len() >= 13);
+    for t in &traces {
+        let d = lockstep(t);
+        assert!(
+            !d.libipt_errors.is_empty(),
+            "{}: libipt decodes it cleanly now?",
+            t.name
+        );
+        let at_err = d.libipt_insns_at_first_error.expect("error position");
+        assert!(
+            at_err > 100_000,
+            "{}: libipt decodes the loader first ({at_err})",
+            t.name
+        );
+        // libipt's prefix (the loader) is ours exactly.
+        assert!(
+            d.common >= at_err,
+            "{}: common prefix {} < {at_err}: {:x?}",
+            t.name,
+            d.common,
+            d.first_diff
+        );
+        assert!(
+            d.our_errors.is_empty(),
+            "{}: our errors {:x?}",
+            t.name,
+            d.our_errors
+        );
+        assert!(
+            d.ours_insns > at_err,
+            "{}: nothing decoded past libipt",
+            t.name
+        );
+    }
+    // The buffer-overflow PoCs end in an indirect branch of the PIE executable (a RET or a call
+    // through an overwritten pointer) to the attacker's 0x41414141.. bytes: tracing stops there
+    // (TIP.PGD with that target), after main's instructions.
+    for t in traces
+        .iter()
+        .filter(|t| t.name.starts_with("arcus/ovf-") && t.name.ends_with("-poc"))
+    {
+        let img = image_of(t);
+        let items = decode_items(&t.pt, &img, cfg_of(t));
+        let d = lockstep(t);
+        let at_err = d.libipt_insns_at_first_error.unwrap_or(0) as usize;
+        let all = ips(&items);
+        let exe = |ip: u64| (0x5500_0000_0000..0x5700_0000_0000).contains(&ip);
+        let in_main = all[at_err..].iter().filter(|&&ip| exe(ip)).count();
+        assert!(
+            in_main > 20,
+            "{}: only {in_main} instructions in the executable after _start",
+            t.name
+        );
+        let last_insn = items.iter().rev().find_map(|i| match i {
+            Item::Insn(x) => Some(*x),
+            _ => None,
+        });
+        let last_insn = last_insn.expect("instructions");
+        assert!(
+            matches!(
+                last_insn.class,
+                InsnClass::Return | InsnClass::IndirectCall | InsnClass::IndirectJump
+            ),
+            "{}: {last_insn:?}",
+            t.name
+        );
+        assert!(
+            exe(last_insn.ip),
+            "{}: last branch at {:#x}",
+            t.name,
+            last_insn.ip
+        );
+        let crash = items.iter().rev().find_map(|i| match i {
+            Item::Event(Event {
+                kind: EventKind::Disabled { ip: Some(ip), .. },
+                ..
+            }) => Some(*ip),
+            _ => None,
+        });
+        let crash = crash.expect("final disable");
+        // Fully (0x4141414141) or partially (0x554141414141) overwritten: the low bytes are 'A's.
+        let a_bytes = crash
+            .to_le_bytes()
+            .iter()
+            .take_while(|&&b| b == 0x41)
+            .count();
+        assert!(a_bytes >= 4, "{}: crash target {crash:#x}", t.name);
+    }
+}
+
+/// libxdc dyn_test: the page list lacks some pages. libipt reports "no memory mapped" and
+/// resynchronises at the next PSB; we report `NoCode` at the same trace offsets and resume at the
+/// same PSBs, so the instruction streams stay identical.
+#[test]
+fn dyn_test_reports_missing_code_where_libipt_does() {
+    let Some(traces) = corpus_traces(|n| n == "libxdc/dyn_test") else {
+        return;
+    };
+    let t = &traces[0];
+    let d = lockstep(t);
+    assert_eq!(d.first_diff, None);
+    assert_eq!(d.ours_insns, d.libipt_insns);
+    assert!(!d.libipt_errors.is_empty());
+    assert!(
+        d.our_errors.iter().all(|e| e.0 == FlowErrorKind::NoCode),
+        "{:x?}",
+        d.our_errors
+    );
+    // libipt reports the offset after the failing query and skips to the next PSB; we report the
+    // packet that led to the missing code and resume at the next TIP.PGE or PSB, so the offsets
+    // may differ by up to a few packets and we may report a second miss before that PSB (with no
+    // instruction in between: the streams are identical, asserted above).
+    let ours: Vec<u64> = d.our_errors.iter().map(|e| e.1).collect();
+    for (_, off) in &d.libipt_errors {
+        assert!(
+            ours.iter().any(|&o| o <= *off && off - o < 256),
+            "libipt error at {off:#x} has no counterpart in {ours:x?}"
+        );
+    }
+    // And the IPs we name are really unmapped.
+    let img = image_of(t);
+    for (_, _, ip) in &d.our_errors {
+        assert!(img.slice_at(ip.expect("ip")).is_none());
+    }
+}
+
+/// Our branches in the HASE `.trace` form: `(from, to)` for every transfer, `(0, ip)` at an
+/// enable, `(last, 0)` at a disable (the interrupted IP for an asynchronous one).
+fn branches(items: &[Item]) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut last: Option<u64> = None;
+    let mut prev: Option<(u64, u64)> = None;
+    for i in items {
+        match i {
+            Item::Insn(x) => {
+                if let Some((pip, fall)) = prev {
+                    if x.ip != fall {
+                        out.push((pip, x.ip));
+                    }
+                }
+                prev = Some((x.ip, x.ip + x.len as u64));
+                last = Some(x.ip);
+            }
+            Item::Event(e) => match e.kind {
+                EventKind::Enabled { ip } => {
+                    out.push((0, ip));
+                    last = Some(ip);
+                    prev = None;
+                }
+                EventKind::Disabled { ip, asynchronous } => {
+                    let from = if asynchronous { ip } else { last };
+                    if let Some(f) = from {
+                        out.push((f, 0));
+                    }
+                    last = None;
+                    prev = None;
+                }
+                EventKind::Overflow { .. } | EventKind::Error { .. } => prev = None,
+                _ => {}
+            },
+        }
+    }
+    out
+}
+
+#[test]
+fn hase_branches_match_ground_truth() {
+    let Some(traces) = corpus_traces(|n| n.starts_with("hase/")) else {
+        return;
+    };
+    let mut checked = 0;
+    for t in &traces {
+        let Some(truth) = &t.ground_truth else {
+            continue;
+        };
+        let img = image_of(t);
+        let items = decode_items(&t.pt, &img, cfg_of(t));
+        assert!(
+            errors(&items).is_empty(),
+            "{}: {:?}",
+            t.name,
+            errors(&items)
+        );
+        let ours = branches(&items);
+        let first = ours.iter().zip(truth).position(|(a, b)| a != b);
+        assert_eq!(
+            ours.len(),
+            truth.len(),
+            "{}: first difference at {first:?}",
+            t.name
+        );
+        assert_eq!(first, None, "{}", t.name);
+        checked += 1;
+    }
+    assert!(checked >= 2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Restartability
+
+/// Item identity for suffix comparison: instructions by IP, events by kind (timestamps depend on
+/// timing packets before the PSB and are not part of the contract).
+fn key(i: &Item) -> (u64, String) {
+    match i {
+        Item::Insn(x) => (x.ip, String::new()),
+        Item::Event(e) => (e.offset, format!("{:?}", e.kind)),
+    }
+}
+
+fn check_restart(name: &str, pt: &[u8], img: &Image, cfg: &FlowConfig, max_psbs: usize) {
+    let full: Vec<(u64, String)> = decode_items(pt, img, cfg.clone()).iter().map(key).collect();
+    let psbs: Vec<(usize, u64)> = full
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, k))| k.starts_with("Psb"))
+        .map(|(i, (off, _))| (i, *off))
+        .collect();
+    assert!(psbs.len() >= 2, "{name}: {} PSBs", psbs.len());
+    let step = (psbs.len() / max_psbs).max(1);
+    for &(at, off) in psbs.iter().step_by(step) {
+        let mut dec = FlowDecoder::at_psb(pt, img, cfg.clone(), off);
+        let mut k = at;
+        while let Some(item) = dec.next_item() {
+            let got = key(&item);
+            assert!(
+                k < full.len(),
+                "{name}: restart at PSB {off:#x} yields more items"
+            );
+            assert_eq!(
+                got, full[k],
+                "{name}: restart at PSB {off:#x}, item {} of the full decode",
+                k
+            );
+            k += 1;
+        }
+        assert_eq!(k, full.len(), "{name}: restart at PSB {off:#x} ended early");
+    }
+}
+
+#[test]
+fn decoding_from_any_psb_yields_the_suffix_of_the_full_decode() {
+    let Some(traces) = corpus_traces(|n| {
+        matches!(
+            n,
+            "arcus/last"
+                | "arcus/ovf-01-poc"
+                | "libxdc/avscript_32"
+                | "libxdc/Unzip"
+                | "libxdc/dyn_test"
+                | "hase/control_flow-20180515"
+                | "libxdc/foo"
+        )
+    }) else {
+        return;
+    };
+    assert!(traces.len() >= 5);
+    for t in &traces {
+        let img = image_of(t);
+        check_restart(&t.name, &t.pt, &img, &cfg_of(t), 12);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Generated traces with known ground truth
+
+/// A trace under construction.
+struct Gen {
+    enc: Encoder,
+    out: Vec<u8>,
+}
+
+impl Gen {
+    fn new() -> Self {
+        Gen {
+            enc: Encoder::new(),
+            out: Vec::new(),
+        }
+    }
+    fn p(&mut self, p: Packet) -> &mut Self {
+        self.enc.packet(&p, &mut self.out).expect("encodable");
+        self
+    }
+    fn ip(&mut self, kind: IpKind, ip: Option<u64>) -> &mut Self {
+        self.enc
+            .ip_packet(kind, ip, &mut self.out)
+            .expect("encodable");
+        self
+    }
+    /// PSB+ with tracing off (no FUP).
+    fn psb_off(&mut self) -> &mut Self {
+        self.enc.psb(&mut self.out);
+        self.p(Packet::PsbEnd)
+    }
+    /// PSB+ with tracing on at `ip` in 64-bit mode.
+    fn psb_on(&mut self, ip: u64) -> &mut Self {
+        self.enc.psb(&mut self.out);
+        self.p(Packet::ModeExec {
+            csl: true,
+            csd: false,
+            iflag: false,
+        });
+        self.ip(IpKind::Fup, Some(ip));
+        self.p(Packet::PsbEnd)
+    }
+    fn pge64(&mut self, ip: u64) -> &mut Self {
+        self.p(Packet::ModeExec {
+            csl: true,
+            csd: false,
+            iflag: false,
+        });
+        self.ip(IpKind::TipPge, Some(ip))
+    }
+    /// TNT packets for `bits` (oldest first), as many as needed.
+    fn tnt(&mut self, bits: &[bool]) -> &mut Self {
+        for chunk in bits.chunks(6) {
+            let mut v = 0u64;
+            for &b in chunk {
+                v = v << 1 | b as u64;
+            }
+            self.p(Packet::ShortTnt(Tnt {
+                bits: v,
+                count: chunk.len() as u8,
+            }));
+        }
+        self
+    }
+}
+
+fn image(code: &[(u64, &[u8])]) -> Image {
+    let mut img = Image::new();
+    for (addr, bytes) in code {
+        img.add(Section::new(*addr, bytes.to_vec(), "generated"))
+            .unwrap();
+    }
+    img
+}
+
+fn run(pt: &[u8], img: &Image) -> Vec<Item> {
+    decode_items(pt, img, FlowConfig::default())
+}
+
+/// Short text of the stream: instruction IPs in hex, events as words.
+fn text(items: &[Item]) -> Vec<String> {
+    items
+        .iter()
+        .filter_map(|i| match i {
+            Item::Insn(x) => Some(format!("{:x}", x.ip)),
+            Item::Event(e) => match &e.kind {
+                EventKind::Enabled { ip } => Some(format!("en {ip:x}")),
+                EventKind::Disabled { ip: Some(ip), .. } => Some(format!("dis {ip:x}")),
+                EventKind::Disabled { ip: None, .. } => Some("dis".into()),
+                EventKind::AsyncBranch { from, to } => Some(format!("async {from:x}>{to:x}")),
+                EventKind::Overflow { resume: Some(r) } => Some(format!("ovf {r:x}")),
+                EventKind::Overflow { resume: None } => Some("ovf".into()),
+                EventKind::Psb { .. } | EventKind::ModeChange { .. } => None,
+                EventKind::Tsx { ip, in_tx, abort } => Some(format!("tsx {ip:x?} {in_tx} {abort}")),
+                EventKind::Ptwrite { ip, payload } => Some(format!("ptw {ip:x?} {payload:x}")),
+                EventKind::Error { kind, ip } => Some(format!("err {kind:?} {ip:x?}")),
+                k => Some(format!("{k:?}")),
+            },
+        })
+        .collect()
+}
+
+fn s(v: &[&str]) -> Vec<String> {
+    v.iter().map(|x| x.to_string()).collect()
+}
+
+/// call/ret, a loop, a syscall:
+/// ```text
+/// 1000: call 1010      1010: xor rax,rax
+/// 1005: je 1009        1013: ret
+/// 1007: jmp 1000
+/// 1009: syscall
+/// ```
+const LOOP_CODE: &[u8] = &[
+    0xE8, 0x0B, 0x00, 0x00, 0x00, // 1000 call 1010
+    0x74, 0x02, // 1005 je 1009
+    0xEB, 0xF7, // 1007 jmp 1000
+    0x0F, 0x05, // 1009 syscall
+    0x90, 0x90, 0x90, 0x90, 0x90, // padding
+    0x48, 0x31, 0xC0, // 1010 xor rax,rax
+    0xC3, // 1013 ret
+];
+
+const LOOP_PATH: &[&str] = &[
+    "en 1000", "1000", "1010", "1013", "1005", "1007", "1000", "1010", "1013", "1005", "1009",
+    "dis",
+];
+
+#[test]
+fn ret_compression_on() {
+    let img = image(&[(0x1000, LOOP_CODE)]);
+    let mut g = Gen::new();
+    // ret T, je N, ret T, je T; syscall into the untraced kernel: TIP.PGD without IP.
+    g.psb_off()
+        .pge64(0x1000)
+        .tnt(&[true, false, true, true])
+        .ip(IpKind::TipPgd, None);
+    let items = run(&g.out, &img);
+    assert_eq!(text(&items), s(LOOP_PATH));
+}
+
+#[test]
+fn ret_compression_off() {
+    let img = image(&[(0x1000, LOOP_CODE)]);
+    let mut g = Gen::new();
+    // Uncompressed RETs are never deferred: the pending TNT goes out before each RET's TIP.
+    g.psb_off().pge64(0x1000);
+    g.ip(IpKind::Tip, Some(0x1005))
+        .tnt(&[false])
+        .ip(IpKind::Tip, Some(0x1005))
+        .tnt(&[true]);
+    g.ip(IpKind::TipPgd, None);
+    assert_eq!(text(&run(&g.out, &img)), s(LOOP_PATH));
+}
+
+#[test]
+fn not_taken_bit_at_a_ret_is_an_error() {
+    let img = image(&[(0x1000, LOOP_CODE)]);
+    let mut g = Gen::new();
+    g.psb_off().pge64(0x1000).tnt(&[false]);
+    let items = run(&g.out, &img);
+    assert_eq!(
+        text(&items),
+        s(&[
+            "en 1000",
+            "1000",
+            "1010",
+            "err BadRetCompression Some(1013)"
+        ])
+    );
+    let e = errors(&items)[0];
+    assert!(
+        e.offset > 16,
+        "error carries the TNT's offset, not 0: {}",
+        e.offset
+    );
+}
+
+#[test]
+fn zero_length_call_is_not_pushed() {
+    // 2000: call 2005 (E8 00000000: pushes nothing for RET compression)
+    // 2005: call 2010 ; 200a: syscall ; 2010: ret
+    let code: &[u8] = &[
+        0xE8, 0x00, 0x00, 0x00, 0x00, 0xE8, 0x06, 0x00, 0x00, 0x00, 0x0F, 0x05, 0x90, 0x90, 0x90,
+        0x90, 0xC3,
+    ];
+    let img = image(&[(0x2000, code)]);
+    let mut g = Gen::new();
+    g.psb_off()
+        .pge64(0x2000)
+        .tnt(&[true])
+        .ip(IpKind::TipPgd, None);
+    assert_eq!(
+        text(&run(&g.out, &img)),
+        s(&["en 2000", "2000", "2005", "2010", "200a", "dis"])
+    );
+    // 2100: call 2105 (zero-length) ; 2105: ret. Had the CALL been pushed, a compressed RET could
+    // pop it; it was not, so a taken bit at the RET is bad RET compression.
+    let img = image(&[(0x2100, &[0xE8, 0x00, 0x00, 0x00, 0x00, 0xC3])]);
+    let mut g = Gen::new();
+    g.psb_off().pge64(0x2100).tnt(&[true]);
+    assert_eq!(
+        text(&run(&g.out, &img)),
+        s(&["en 2100", "2100", "err BadRetCompression Some(2105)"])
+    );
+}
+
+#[test]
+fn deferred_tip_after_tnt() {
+    // 3000: je 3002 ; 3002: jmp rax ; 3010: jne 3012 ; 3012: syscall
+    let img = image(&[
+        (0x3000, &[0x74, 0x00, 0xFF, 0xE0]),
+        (0x3010, &[0x75, 0x00, 0x0F, 0x05]),
+    ]);
+    let mut g = Gen::new();
+    // The CPU holds the indirect jump's TIP back until the TNT (with the later jne) is out.
+    g.psb_off()
+        .pge64(0x3000)
+        .tnt(&[true, false])
+        .ip(IpKind::Tip, Some(0x3010))
+        .ip(IpKind::TipPgd, None);
+    assert_eq!(
+        text(&run(&g.out, &img)),
+        s(&["en 3000", "3000", "3002", "3010", "3012", "dis"])
+    );
+    // A missing deferred TIP is an error at the indirect jump.
+    let mut g = Gen::new();
+    g.psb_off().pge64(0x3000).tnt(&[true, false]).tnt(&[true]);
+    let t = text(&run(&g.out, &img));
+    assert_eq!(t[..2], s(&["en 3000", "3000"])[..]);
+    assert!(
+        t[2].starts_with("err MissingTip") && t[2].ends_with("Some(3002)"),
+        "{t:?}"
+    );
+}
+
+#[test]
+fn async_interrupt_fup_binds_to_the_interrupted_instruction() {
+    // 4000..4004: nop x4 ; 4004: je 4000 ; 4006: syscall
+    let img = image(&[(0x4000, &[0x90, 0x90, 0x90, 0x90, 0x74, 0xFA, 0x0F, 0x05])]);
+    let mut g = Gen::new();
+    g.psb_off().pge64(0x4000);
+    // Interrupt before 4002 executed: FUP(4002) TIP.PGD; the kernel returns to 4002.
+    g.ip(IpKind::Fup, Some(0x4002))
+        .ip(IpKind::TipPgd, None)
+        .ip(IpKind::TipPge, Some(0x4002));
+    // Then a signal: FUP(4003) and a TIP to the handler at 4000 (async branch, traced).
+    g.ip(IpKind::Fup, Some(0x4003))
+        .ip(IpKind::Tip, Some(0x4000));
+    g.tnt(&[false]).ip(IpKind::TipPgd, None);
+    assert_eq!(
+        text(&run(&g.out, &img)),
+        s(&[
+            "en 4000",
+            "4000",
+            "4001",
+            "dis 4002",
+            "en 4002",
+            "4002",
+            "async 4003>4000",
+            "4000",
+            "4001",
+            "4002",
+            "4003",
+            "4004",
+            "4006",
+            "dis"
+        ])
+    );
+}
+
+#[test]
+fn overflow_resumes_at_the_fup_and_clears_the_return_stack() {
+    let img = image(&[(0x1000, LOOP_CODE)]);
+    let mut g = Gen::new();
+    g.psb_off().pge64(0x1000).tnt(&[true, false]);
+    // Packets lost; the overflow resolved with tracing on at 1010 (inside the callee).
+    g.p(Packet::Ovf).ip(IpKind::Fup, Some(0x1010));
+    // The RET's CALL was before the OVF: the CPU sends it uncompressed.
+    g.ip(IpKind::Tip, Some(0x1005))
+        .tnt(&[true])
+        .ip(IpKind::TipPgd, None);
+    assert_eq!(
+        text(&run(&g.out, &img)),
+        s(&[
+            "en 1000", "1000", "1010", "1013", "1005", "ovf 1010", "1010", "1013", "1005", "1009",
+            "dis"
+        ])
+    );
+    // A compressed RET right after the OVF has nothing to pop: an error, not a guess.
+    let mut g = Gen::new();
+    g.psb_off()
+        .pge64(0x1000)
+        .tnt(&[true, false])
+        .p(Packet::Ovf)
+        .ip(IpKind::Fup, Some(0x1010));
+    g.tnt(&[true]);
+    let t = text(&run(&g.out, &img));
+    assert_eq!(t.last().unwrap(), "err BadRetCompression Some(1013)");
+    // OVF resolved while disabled: resume at TIP.PGE.
+    let mut g = Gen::new();
+    g.psb_off()
+        .pge64(0x1000)
+        .tnt(&[true, false])
+        .p(Packet::Ovf)
+        .pge64(0x1009);
+    g.ip(IpKind::TipPgd, None);
+    let t = text(&run(&g.out, &img));
+    assert_eq!(t[5..], s(&["ovf", "en 1009", "1009", "dis"])[..]);
+}
+
+#[test]
+fn psb_every_few_hundred_bytes_and_restart() {
+    // 5000: dec ecx ; 5002: jnz 5000 ; 5004: syscall
+    let img = image(&[(0x5000, &[0xFF, 0xC9, 0x75, 0xFC, 0x0F, 0x05])]);
+    let mut g = Gen::new();
+    g.psb_off().pge64(0x5000);
+    let iterations = 3000;
+    let mut expect = vec!["en 5000".to_string()];
+    let mut bits = 0;
+    for i in 0..iterations {
+        expect.push("5000".into());
+        expect.push("5002".into());
+        let last = i == iterations - 1;
+        g.tnt(&[!last]);
+        bits += 1;
+        // A PSB+ roughly every 200 bytes: it states the current IP (the loop head).
+        if bits % 150 == 0 && !last {
+            g.psb_on(0x5000);
+        }
+    }
+    expect.push("5004".into());
+    expect.push("dis".into());
+    g.ip(IpKind::TipPgd, None);
+    assert!(g.out.len() > 3000);
+    let items = run(&g.out, &img);
+    assert_eq!(text(&items), expect);
+    check_restart("generated loop", &g.out, &img, &FlowConfig::default(), 100);
+}
+
+#[test]
+fn psb_fup_is_reached_by_walking_without_trace() {
+    // 6000: nop; 6001: nop; 6002: jmp 6010 ; 6010: nop ; 6011: syscall
+    let img = image(&[
+        (0x6000, &[0x90, 0x90, 0xEB, 0x0C]),
+        (0x6010, &[0x90, 0x0F, 0x05]),
+    ]);
+    let mut g = Gen::new();
+    g.psb_off()
+        .pge64(0x6000)
+        .psb_on(0x6011)
+        .ip(IpKind::TipPgd, None);
+    let items = run(&g.out, &img);
+    assert_eq!(
+        text(&items),
+        s(&["en 6000", "6000", "6001", "6002", "6010", "6011", "dis"])
+    );
+    // The PSB event sits right before the instruction at the PSB+ FUP IP.
+    let pos = items.iter().position(|i| {
+        matches!(
+            i,
+            Item::Event(Event {
+                kind: EventKind::Psb {
+                    ip: Some(0x6011),
+                    ..
+                },
+                ..
+            })
+        )
+    });
+    assert!(matches!(items[pos.unwrap() + 1], Item::Insn(x) if x.ip == 0x6011));
+}
+
+#[test]
+fn ptwrite_with_and_without_fup() {
+    // 7000: ptwrite eax ; 7004: nop ; 7005: ptwrite eax ; 7009: syscall
+    let code: &[u8] = &[
+        0xF3, 0x0F, 0xAE, 0xE0, 0x90, 0xF3, 0x0F, 0xAE, 0xE0, 0x0F, 0x05,
+    ];
+    let img = image(&[(0x7000, code)]);
+    let mut g = Gen::new();
+    g.psb_off().pge64(0x7000);
+    g.p(Packet::Ptw {
+        payload: 0xAB,
+        size: 4,
+        ip: true,
+    })
+    .ip(IpKind::Fup, Some(0x7000));
+    g.p(Packet::Ptw {
+        payload: 0xCD,
+        size: 8,
+        ip: false,
+    });
+    g.ip(IpKind::TipPgd, None);
+    assert_eq!(
+        text(&run(&g.out, &img)),
+        s(&[
+            "en 7000",
+            "7000",
+            "ptw Some(7000) ab",
+            "7004",
+            "7005",
+            "ptw Some(7005) cd",
+            "7009",
+            "dis"
+        ])
+    );
+}
+
+#[test]
+fn tsx_begin_and_abort() {
+    // 8000: xbegin 8020 (C7 F8 rel32) ; 8006: nop ; 8007: nop ; 8008: nop ; 8020: syscall
+    let mut code = vec![0xC7, 0xF8, 0x1A, 0x00, 0x00, 0x00, 0x90, 0x90, 0x90];
+    code.resize(0x20, 0x90);
+    code.extend_from_slice(&[0x0F, 0x05]);
+    let img = image(&[(0x8000, &code)]);
+    let mut g = Gen::new();
+    g.psb_off().pge64(0x8000);
+    g.p(Packet::ModeTsx {
+        intx: true,
+        abort: false,
+    })
+    .ip(IpKind::Fup, Some(0x8006));
+    g.p(Packet::ModeTsx {
+        intx: false,
+        abort: true,
+    })
+    .ip(IpKind::Fup, Some(0x8008));
+    g.ip(IpKind::Tip, Some(0x8020)).ip(IpKind::TipPgd, None);
+    assert_eq!(
+        text(&run(&g.out, &img)),
+        s(&[
+            "en 8000",
+            "8000",
+            "tsx Some(8006) true false",
+            "8006",
+            "8007",
+            "tsx Some(8008) false true",
+            "async 8008>8020",
+            "8020",
+            "dis"
+        ])
+    );
+}
+
+#[test]
+fn thirty_two_bit_mode() {
+    // 32-bit: 9000: inc eax (40) ; 9001: dec eax (48) ; 9002: je 9004 ; 9004: int 0x80.
+    // In 64-bit mode 40 48 would be REX prefixes of the je.
+    let img = image(&[(0x9000, &[0x40, 0x48, 0x74, 0x00, 0xCD, 0x80])]);
+    let mut g = Gen::new();
+    g.psb_off().p(Packet::ModeExec {
+        csl: false,
+        csd: true,
+        iflag: false,
+    });
+    g.ip(IpKind::TipPge, Some(0x9000))
+        .tnt(&[true])
+        .ip(IpKind::TipPgd, None);
+    let items = run(&g.out, &img);
+    assert_eq!(
+        text(&items),
+        s(&["en 9000", "9000", "9001", "9002", "9004", "dis"])
+    );
+    assert!(items.iter().all(|i| match i {
+        Item::Insn(x) => x.mode == ExecMode::Bits32,
+        _ => true,
+    }));
+}
+
+#[test]
+fn enable_immediately_disabled_then_enabled_again() {
+    // The Griffin artefact: TIP.PGE(a) TIP.PGD() TIP.PGE(a) where the code at a reaches an
+    // indirect call before any instruction that could disable tracing.
+    // a000: mov eax,1 ; a005: call rax ; b000: syscall
+    let img = image(&[
+        (0xa000, &[0xB8, 0x01, 0x00, 0x00, 0x00, 0xFF, 0xD0]),
+        (0xb000, &[0x0F, 0x05]),
+    ]);
+    let mut g = Gen::new();
+    g.psb_off()
+        .pge64(0xa000)
+        .ip(IpKind::TipPgd, None)
+        .ip(IpKind::TipPge, Some(0xa000));
+    g.ip(IpKind::Tip, Some(0xb000)).ip(IpKind::TipPgd, None);
+    assert_eq!(
+        text(&run(&g.out, &img)),
+        s(&["en a000", "dis", "en a000", "a000", "a005", "b000", "dis"])
+    );
+}
+
+#[test]
+fn syscall_disable_and_enable_at_an_unrelated_ip() {
+    let img = image(&[(0x1000, LOOP_CODE)]);
+    let mut g = Gen::new();
+    // exec-like: tracing comes back somewhere else entirely (1010), no branch from 1009.
+    g.psb_off()
+        .pge64(0x1000)
+        .tnt(&[true, true])
+        .ip(IpKind::TipPgd, None);
+    g.ip(IpKind::TipPge, Some(0x1010))
+        .ip(IpKind::Tip, Some(0x1009))
+        .ip(IpKind::TipPgd, None);
+    assert_eq!(
+        text(&run(&g.out, &img)),
+        s(&[
+            "en 1000", "1000", "1010", "1013", "1005", "1009", "dis", "en 1010", "1010", "1013",
+            "1009", "dis"
+        ])
+    );
+}
+
+#[test]
+fn missing_code_and_runaway_walks_are_errors() {
+    // c000: jmp c000 forever; a TIP that needs an indirect branch never finds one.
+    let img = image(&[(0xc000, &[0xEB, 0xFE])]);
+    let mut g = Gen::new();
+    g.psb_off().pge64(0xc000).ip(IpKind::Tip, Some(0xd000));
+    let cfg = FlowConfig {
+        max_walk: 1000,
+        ..FlowConfig::default()
+    };
+    let items = decode_items(&g.out, &img, cfg);
+    let errs = errors(&items);
+    assert_eq!(errs.len(), 1);
+    assert!(matches!(
+        errs[0].kind,
+        EventKind::Error {
+            kind: FlowErrorKind::RunawayWalk,
+            ..
+        }
+    ));
+    // Enabled at an address with no code.
+    let mut g = Gen::new();
+    g.psb_off().pge64(0xe000).tnt(&[true]);
+    let t = text(&run(&g.out, &img));
+    assert_eq!(t, s(&["en e000", "err NoCode Some(e000)"]));
+}
+
+#[test]
+fn blocks_and_items_agree() {
+    let img = image(&[(0x1000, LOOP_CODE)]);
+    let mut g = Gen::new();
+    g.psb_off()
+        .pge64(0x1000)
+        .tnt(&[true, false, true, true])
+        .ip(IpKind::TipPgd, None);
+    let items = run(&g.out, &img);
+    let mut dec = FlowDecoder::new(&g.out, &img, FlowConfig::default());
+    let mut from_blocks = Vec::new();
+    while let Some(b) = dec.next_block() {
+        match b {
+            BlockItem::Block(b) => {
+                assert_eq!(b.count as usize, b.lens().len());
+                let v: Vec<_> = b.insns().collect();
+                assert_eq!(v.first().unwrap().ip, b.start);
+                assert_eq!(v.last().unwrap().ip, b.end);
+                from_blocks.extend(v.into_iter().map(Item::Insn));
+            }
+            BlockItem::Event(e) => from_blocks.push(Item::Event(e)),
+        }
+    }
+    assert_eq!(from_blocks, items);
+    assert_eq!(dec.stats().insns, 10);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Robustness
+
+/// Deterministic byte corruption of real traces: never a panic, always the end of the stream,
+/// output bounded.
+#[test]
+fn corrupted_traces_terminate_without_panic() {
+    let Some(traces) =
+        corpus_traces(|n| matches!(n, "arcus/hello" | "libxdc/Unzip" | "hase/loopy-20180404"))
+    else {
+        return;
+    };
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for t in &traces {
+        let img = image_of(t);
+        for round in 0..20 {
+            let mut pt = t.pt.clone();
+            let flips = 1 + round * 3;
+            for _ in 0..flips {
+                let at = (rnd() as usize) % pt.len();
+                pt[at] = rnd() as u8;
+            }
+            let mut dec = FlowDecoder::new(&pt, &img, FlowConfig::default());
+            let mut n = 0u64;
+            while dec.next_block().is_some() {
+                n += 1;
+                assert!(n < 50_000_000, "{}: no end", t.name);
+            }
+        }
+    }
+}
