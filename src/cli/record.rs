@@ -3,8 +3,9 @@
 
 use super::CmdResult;
 use ptrewind::capture::soft::{RecordFrom, RecorderConfig, RingConfig, SoftRecorder, StepMode};
+use ptrewind::server::btrace::{PtCpu, TraceStoreProvider};
 use ptrewind::server::{
-    RecordingTarget, Router, ServeOutcome, Session, check_listen_addr, register_monitors,
+    RecordingTarget, Router, ServeOutcome, Session, check_listen_addr, register_monitors, tracing,
 };
 use ptrewind::target::{PtraceTarget, SpawnOptions};
 use std::ffi::OsString;
@@ -190,7 +191,22 @@ pub(crate) fn serve_recording(
 ) -> CmdResult {
     let mut session = Session::new(Box::new(target.clone()));
     register_monitors(session.monitors_mut(), &target);
-    serve_session(session, listener, "started", false, fallback_exe)
+    // LLDB's Intel PT plug-in (`process trace start`, `thread trace dump ...`) reads the
+    // recorded trace itself; GDB gets reverse execution from the server instead of btrace.
+    let mut provider = TraceStoreProvider::new(PtCpu::SOFTWARE);
+    if let Ok(tid) = u32::try_from(session.target().tid()) {
+        provider.attach(tid, target.shared().borrow().trace_store());
+    }
+    serve_session(
+        session,
+        listener,
+        "started",
+        false,
+        fallback_exe,
+        |router| {
+            tracing::install_lldb(router, Box::new(provider));
+        },
+    )
 }
 
 /// Binds the listening socket (after the loopback check done by the caller).
@@ -208,16 +224,18 @@ pub(crate) fn serve(
     fallback_exe: &std::ffi::OsStr,
 ) -> CmdResult {
     let session = Session::new(Box::new(target));
-    serve_session(session, listener, how, attached, fallback_exe)
+    serve_session(session, listener, how, attached, fallback_exe, |_| {})
 }
 
-/// Prints how to connect, accepts one GDB connection and serves `session`.
+/// Prints how to connect, accepts one GDB connection and serves `session`; `configure` adds
+/// interceptors to the router.
 pub(crate) fn serve_session(
     mut session: Session,
     listener: TcpListener,
     how: &str,
     attached: bool,
     fallback_exe: &std::ffi::OsStr,
+    configure: impl FnOnce(&mut Router),
 ) -> CmdResult {
     let addr = listener.local_addr()?;
     let pid = session.target().pid();
@@ -230,11 +248,16 @@ pub(crate) fn serve_session(
         "ptrewind: connect with: gdb -ex 'target remote {addr}' {}",
         shell_quote(&exe.to_string_lossy())
     );
+    eprintln!(
+        "ptrewind:          or: lldb -o 'gdb-remote {addr}' {}",
+        shell_quote(&exe.to_string_lossy())
+    );
     let (stream, peer) = listener.accept()?;
     eprintln!("ptrewind: debugger connected from {peer}");
     session.set_attached(attached);
     let mut router = Router::default();
     router.on_notice(|n| eprintln!("ptrewind: warning: {n}"));
+    configure(&mut router);
     let outcome = router.serve(stream, &mut session)?;
     match outcome {
         ServeOutcome::Exited(code) => {

@@ -177,6 +177,13 @@ impl Recorder {
         })
     }
 
+    /// A handle on the recorded trace (the same bytes the history is decoded from). At every
+    /// stop the trace ends at the stop PC (FUP + TIP.PGD), so a debugger can decode it as is
+    /// (LLDB's `thread trace dump` through `jLLDBTrace*`).
+    pub fn trace_store(&self) -> crate::store::live::TraceStore {
+        self.rec.store()
+    }
+
     fn ptrace(&mut self) -> &mut PtraceTarget {
         self.rec.target()
     }
