@@ -672,3 +672,25 @@ fn reverse_protocol_exchange_as_lldb21_sends_it() {
     let log = server.finish();
     assert!(log.contains("killed by the debugger"), "{log}");
 }
+
+/// Every ```json block of the IDE and LLDB docs is valid JSON (VS Code's launch.json accepts
+/// comments, but the snippets are meant to be pasted anywhere).
+#[test]
+fn docs_json_snippets_parse() {
+    let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs");
+    let mut parsed = 0;
+    for name in ["vscode.md", "lldb.md", "clion.md"] {
+        let text = std::fs::read_to_string(docs.join(name)).unwrap();
+        let mut rest = text.as_str();
+        while let Some(start) = rest.find("```json\n") {
+            let body = &rest[start + 8..];
+            let end = body.find("```").expect("unterminated code block");
+            let value: serde_json::Value = serde_json::from_str(&body[..end])
+                .unwrap_or_else(|e| panic!("{name}: {e}\n{}", &body[..end]));
+            assert!(value.get("type").is_some(), "{name}: no \"type\"");
+            parsed += 1;
+            rest = &body[end..];
+        }
+    }
+    assert_eq!(parsed, 2, "expected the cppdbg and CodeLLDB configurations");
+}
