@@ -4,8 +4,10 @@
 //!
 //! The buffer is built from the real raw PT streams of the corpus (libxdc, hase, quipper,
 //! DynamoRIO), each cut to start at its first PSB and to end after its last complete packet,
-//! concatenated and repeated until it reaches `--mib` MiB. Both decoders count packets; the counts
-//! must agree.
+//! concatenated and repeated until it reaches `--mib` MiB. An untimed cross-check first requires
+//! both decoders to produce the same sequence of (packet type, size) on one repetition; in the
+//! timed runs both count packets and the counts must agree. Times are the best of `--reps` runs
+//! of each decoder (interleaved), as thread CPU time (the machine is shared) and wall time.
 //!
 //! ```text
 //! cargo run --release --example bench_packets -- [--mib 256] [--reps 3] [--corpus DIR]
@@ -186,6 +188,86 @@ fn clean_stream(bytes: &[u8]) -> Option<&[u8]> {
         }
     }
     Some(&s[..end])
+}
+
+/// libipt's `enum pt_packet_type` value for one of our packets (BBP/BIP/BEP, CFE and EVD are
+/// newer than libipt 2.0 and map to 0 = ppt_invalid).
+fn ppt(p: &Packet) -> u32 {
+    match p {
+        Packet::Pad => 2,
+        Packet::Psb => 3,
+        Packet::PsbEnd => 4,
+        Packet::Fup(_) => 5,
+        Packet::Tip(_) => 6,
+        Packet::TipPge(_) => 7,
+        Packet::TipPgd(_) => 8,
+        Packet::ShortTnt(_) => 9,
+        Packet::LongTnt(_) => 10,
+        Packet::ModeExec { .. } | Packet::ModeTsx { .. } => 11,
+        Packet::Pip { .. } => 12,
+        Packet::Vmcs { .. } => 13,
+        Packet::Cbr { .. } => 14,
+        Packet::Tsc { .. } => 15,
+        Packet::Tma { .. } => 16,
+        Packet::Mtc { .. } => 17,
+        Packet::Cyc { .. } => 18,
+        Packet::TraceStop => 19,
+        Packet::Ovf => 20,
+        Packet::Mnt { .. } => 21,
+        Packet::Exstop { .. } => 22,
+        Packet::Mwait { .. } => 23,
+        Packet::Pwre { .. } => 24,
+        Packet::Pwrx { .. } => 25,
+        Packet::Ptw { .. } => 26,
+        Packet::Bbp { .. } | Packet::Bip { .. } | Packet::Bep { .. } => 0,
+        Packet::Cfe { .. } | Packet::Evd { .. } => 0,
+    }
+}
+
+/// Untimed cross-check on one repetition of the input: both decoders must produce the same
+/// sequence of (packet type, packet size). Returns the number of packets compared.
+fn cross_check(buf: &mut [u8]) -> usize {
+    use libipt::*;
+    let ours: Vec<(u32, u8)> = {
+        let mut v = Vec::new();
+        let mut dec = PacketDecoder::new(buf);
+        while let Some(Ok((off, p))) = dec.next_packet() {
+            v.push((ppt(&p), (dec.position() as u64 - off) as u8));
+        }
+        v
+    };
+    let mut theirs = Vec::with_capacity(ours.len());
+    // SAFETY: as in libipt_pass: a zeroed pt_config with size, begin and end describing `buf`.
+    let mut cfg: PtConfig = unsafe { std::mem::zeroed() };
+    cfg.size = std::mem::size_of::<PtConfig>();
+    cfg.begin = buf.as_mut_ptr();
+    // SAFETY: one past the end of the same allocation.
+    cfg.end = unsafe { buf.as_mut_ptr().add(buf.len()) };
+    // SAFETY: cfg describes `buf`, which outlives the decoder.
+    let dec = unsafe { pt_pkt_alloc_decoder(&cfg) };
+    assert!(!dec.is_null(), "pt_pkt_alloc_decoder failed");
+    // SAFETY: dec is live.
+    if unsafe { pt_pkt_sync_forward(dec) } >= 0 {
+        let mut pkt = PtPacket {
+            kind: 0,
+            size: 0,
+            payload: [0; 2],
+        };
+        // SAFETY: dec is live; pkt is a properly sized pt_packet.
+        while unsafe { pt_pkt_next(dec, &mut pkt, std::mem::size_of::<PtPacket>()) } >= 0 {
+            theirs.push((pkt.kind, pkt.size));
+        }
+    }
+    // SAFETY: allocated above, freed once.
+    unsafe { pt_pkt_free_decoder(dec) };
+    if let Some(i) = ours.iter().zip(&theirs).position(|(a, b)| a != b) {
+        panic!(
+            "packet {i} differs: ptrewind (type, size) {:?}, libipt {:?}",
+            ours[i], theirs[i]
+        );
+    }
+    assert_eq!(ours.len(), theirs.len(), "packet counts differ");
+    ours.len()
 }
 
 fn ours(buf: &[u8]) -> Counts {
@@ -381,6 +463,10 @@ fn main() {
         !unit.is_empty(),
         "no raw PT streams found under {}",
         dir.display()
+    );
+    let checked = cross_check(&mut unit);
+    println!(
+        "cross-check: both decoders give the same {checked} (packet type, size) pairs on one repetition"
     );
     let target = mib << 20;
     let mut buf = Vec::with_capacity(target + unit.len());

@@ -14,6 +14,7 @@ fuzz_target!(|data: &[u8]| {
     let mut d = PacketDecoder::new(data);
     let mut last_ip = LastIp::new();
     let mut items = Vec::new();
+    let mut out = Vec::with_capacity(16);
     let mut steps = 0usize;
     loop {
         let before = d.position();
@@ -27,7 +28,7 @@ fuzz_target!(|data: &[u8]| {
                 let len = d.position() - off as usize;
                 assert_eq!(decode_packet(data, off as usize, block), Ok((p, len)));
                 // Round trip through the encoder.
-                let mut out = Vec::new();
+                out.clear();
                 let n = encode_packet_in_block(&p, block, &mut out)
                     .unwrap_or_else(|e| panic!("decoded {p:?} but cannot encode it: {e}"));
                 assert_eq!(decode_packet(&out, 0, block), Ok((p, n)));
@@ -71,11 +72,11 @@ fuzz_target!(|data: &[u8]| {
     let _ = find_psb_backward(data, data.len() / 2);
     // Batch decoding (without resync) agrees with next_packet up to the first error.
     let mut d = PacketDecoder::new(data);
-    let mut out = Vec::new();
-    let res = d.decode_into(&mut out, usize::MAX);
+    let mut batch = Vec::new();
+    let res = d.decode_into(&mut batch, usize::MAX);
     let ok_prefix: Vec<_> = items.iter().take_while(|r| r.is_ok()).cloned().map(Result::unwrap).collect();
-    assert_eq!(out, ok_prefix);
+    assert_eq!(batch, ok_prefix);
     if let Err(e) = res {
-        assert_eq!(items.get(out.len()), Some(&Err(e)));
+        assert_eq!(items.get(batch.len()), Some(&Err(e)));
     }
 });

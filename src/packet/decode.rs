@@ -1,11 +1,15 @@
 //! Zero-copy packet decoding: bytes → [`Packet`]s.
 //!
-//! The hot path reads a fixed 16-byte window (the longest packet, PSB, is 16 bytes) whenever at
-//! least 16 bytes remain, so the per-packet work is one table lookup on the first byte, a jump and
-//! a few loads from a stack copy with no bounds checks. Near the end of the buffer the remaining
-//! bytes are copied into a zero-padded window and the result is checked against what is actually
-//! there, which is what turns a cut-off packet into [`PacketError::Truncated`] instead of a bogus
-//! [`PacketError::Invalid`].
+//! The hot path borrows a fixed 16-byte window of the input (the longest packet, PSB, is 16
+//! bytes) whenever at least 16 bytes remain, so the per-packet work is a test for PAD and TNT-8, a
+//! 256-entry first-byte table lookup and one jump for the rest, and a few loads with no bounds
+//! checks. Near the end of the buffer the remaining bytes are copied into a zero-padded window and
+//! the result is checked against what is actually there, which is what turns a cut-off packet into
+//! [`PacketError::Truncated`] instead of a bogus [`PacketError::Invalid`].
+//!
+//! Performance notes (measured with `examples/bench_packets.rs`, see `docs/benchmarks.md`):
+//! consumers should borrow the returned packet (`match &item`) rather than move it out of the
+//! `Option<Result<..>>` right away, and [`PacketDecoder::decode_into`] is the batch API.
 
 use super::{IpCompression, IpPayload, Packet, PacketError, Tnt};
 

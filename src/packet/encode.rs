@@ -81,6 +81,24 @@ fn tnt_ok(t: &Tnt, max: u8) -> bool {
     t.count >= 1 && t.count <= max && fits(t.bits, t.count as u32)
 }
 
+/// Writes an IP packet: header (opcode | IPBytes << 5), then the payload bytes.
+fn encode_ip(
+    p: &Packet,
+    kind: IpKind,
+    ip: IpPayload,
+    out: &mut Vec<u8>,
+) -> Result<(), EncodeError> {
+    let len = ip.compression.payload_len();
+    check(
+        p,
+        fits(ip.raw, 8 * len as u32),
+        "IP payload wider than its IPBytes",
+    )?;
+    out.push(kind.opcode() | (ip.compression.ipbytes() << 5));
+    out.extend_from_slice(&ip.raw.to_le_bytes()[..len]);
+    Ok(())
+}
+
 /// Encodes `p` outside a BBP block, appending its bytes to `out`; returns the number of bytes
 /// written. A BIP needs its block's payload size, so it is rejected here: use
 /// [`encode_packet_in_block`] or [`Encoder::packet`].
@@ -121,19 +139,10 @@ pub fn encode_packet_in_block(
             out.extend_from_slice(&[0x02, 0xa3]);
             out.extend_from_slice(&v.to_le_bytes()[..6]);
         }
-        Packet::Tip(ip) | Packet::TipPge(ip) | Packet::TipPgd(ip) | Packet::Fup(ip) => {
-            let len = ip.compression.payload_len();
-            check(
-                p,
-                fits(ip.raw, 8 * len as u32),
-                "IP payload wider than its IPBytes",
-            )?;
-            let Some((kind, _)) = p.ip_payload() else {
-                unreachable!()
-            };
-            out.push(kind.opcode() | (ip.compression.ipbytes() << 5));
-            out.extend_from_slice(&ip.raw.to_le_bytes()[..len]);
-        }
+        Packet::Tip(ip) => encode_ip(p, IpKind::Tip, ip, out)?,
+        Packet::TipPge(ip) => encode_ip(p, IpKind::TipPge, ip, out)?,
+        Packet::TipPgd(ip) => encode_ip(p, IpKind::TipPgd, ip, out)?,
+        Packet::Fup(ip) => encode_ip(p, IpKind::Fup, ip, out)?,
         Packet::ModeExec { csl, csd, iflag } => {
             out.extend_from_slice(&[0x99, csl as u8 | (csd as u8) << 1 | (iflag as u8) << 2]);
         }

@@ -145,7 +145,7 @@ pub enum Packet {
     },
     /// TSC (`19`): low 56 bits of the time-stamp counter.
     Tsc {
-        /// TSC[55:0].
+        /// TSC\[55:0\].
         tsc: u64,
     },
     /// MTC (`59`): 8 bits of the crystal clock counter.
@@ -155,9 +155,9 @@ pub enum Packet {
     },
     /// TMA (`02 73`): aligns the preceding TSC with the crystal clock.
     Tma {
-        /// CTC[15:0].
+        /// CTC\[15:0\].
         ctc: u16,
-        /// FastCounter[8:0].
+        /// FastCounter\[8:0\].
         fc: u16,
     },
     /// CYC: core cycles since the previous CYC.
@@ -197,9 +197,9 @@ pub enum Packet {
     },
     /// MWAIT (`02 C2`).
     Mwait {
-        /// EAX hints[7:0].
+        /// EAX hints\[7:0\].
         hints: u8,
-        /// ECX extensions[1:0].
+        /// ECX extensions\[1:0\].
         ext: u8,
     },
     /// PWRE (`02 22`): power entry.

@@ -30,11 +30,15 @@
 //! ```
 
 pub mod arch;
+pub mod btrace;
+pub mod lldb_trace;
 pub mod monitor;
 pub mod replay;
 pub mod router;
+pub mod rsp;
 mod session;
 pub mod svr4;
+pub mod tracing;
 
 pub use monitor::{MonitorHandler, MonitorRegistry};
 pub use replay::{RecordingTarget, register_monitors};

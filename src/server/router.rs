@@ -15,8 +15,10 @@
 //! mode, and the features GDB announced in `qSupported`.
 
 use super::ServerError;
+use super::arch::GdbRegId;
 use super::session::{Session, stop_reason};
-use crate::target::Notice;
+use crate::target::regs::gpr;
+use crate::target::{Notice, StopEvent};
 use gdbstub::conn::Connection;
 use gdbstub::stub::state_machine::GdbStubStateMachine;
 use gdbstub::stub::{DisconnectReason, GdbStubBuilder, MultiThreadStopReason};
@@ -833,8 +835,29 @@ impl Router {
                     if let Some(ev) = stop {
                         idle_polls = 0;
                         let tid = session.target().tid();
-                        r.report_stop(session, stop_reason(tid, ev))
-                            .map_err(gs_err)?
+                        // Expedite rbp, rsp and rip (as gdbserver does) so GDB can identify
+                        // the frame without fetching every register after each step.
+                        let expedited = match ev {
+                            StopEvent::Exited(_) | StopEvent::Killed(_) => None,
+                            _ => session.target_mut().read_registers().ok(),
+                        };
+                        match expedited {
+                            Some(regs) => {
+                                let values: Vec<(GdbRegId, [u8; 8])> =
+                                    [(6, gpr::RBP), (7, gpr::RSP), (16, gpr::RIP)]
+                                        .iter()
+                                        .map(|&(num, idx)| {
+                                            (GdbRegId(num), regs.gprs[idx].to_le_bytes())
+                                        })
+                                        .collect();
+                                let mut iter = values.iter().map(|(id, v)| (*id, &v[..]));
+                                r.report_stop_with_regs(session, stop_reason(tid, ev), &mut iter)
+                                    .map_err(gs_err)?
+                            }
+                            None => r
+                                .report_stop(session, stop_reason(tid, ev))
+                                .map_err(gs_err)?,
+                        }
                     } else {
                         // A single step stops within microseconds: yield-spin briefly first,
                         // then back off to 10 ms polls so a long-running program costs no CPU.

@@ -1,0 +1,75 @@
+//! Wires the trace packet modules ([`super::btrace`] for GDB, [`super::lldb_trace`] for LLDB)
+//! into the [`Router`]: interceptors for their packets and the btrace `qSupported` features.
+//!
+//! Both protocols share one [`PtTraceProvider`]; only one debugger is connected at a time.
+
+use super::btrace::{self, BtraceServer, PtTraceProvider};
+use super::lldb_trace::LldbTraceServer;
+use super::router::{Intercept, Router, RouterState};
+use super::session::Session;
+use std::cell::RefCell;
+use std::rc::Rc;
+
+/// The trace state shared by the interceptors.
+pub struct TraceHub {
+    /// Where the trace bytes come from.
+    pub provider: Box<dyn PtTraceProvider>,
+    /// GDB's btrace state.
+    pub btrace: BtraceServer,
+    /// LLDB's trace state.
+    pub lldb: LldbTraceServer,
+}
+
+impl std::fmt::Debug for TraceHub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TraceHub")
+            .field("btrace", &self.btrace)
+            .field("lldb", &self.lldb)
+            .finish_non_exhaustive()
+    }
+}
+
+fn current_tid(session: &Session) -> u32 {
+    // Linux thread ids are positive; a target without one has no thread to trace.
+    u32::try_from(session.target().tid()).unwrap_or(0)
+}
+
+/// Registers the trace interceptors and `qSupported` features on `router`, serving trace
+/// from `provider`. Returns the shared state (e.g. to inspect what is traced afterwards).
+pub fn install(router: &mut Router, provider: Box<dyn PtTraceProvider>) -> Rc<RefCell<TraceHub>> {
+    let hub = Rc::new(RefCell::new(TraceHub {
+        provider,
+        btrace: BtraceServer::new(),
+        lldb: LldbTraceServer::new(),
+    }));
+    for feature in btrace::QSUPPORTED_FEATURES {
+        router.add_qsupported_feature(*feature);
+    }
+
+    let gdb = |hub: Rc<RefCell<TraceHub>>| {
+        move |session: &mut Session, state: &RouterState, packet: &[u8]| {
+            let tid = current_tid(session);
+            // The session debugs one thread (see `crate::target::Target`).
+            let thread = btrace::resolve_thread(state.general_thread.as_deref(), tid, |t| t == tid);
+            let hub = &mut *hub.borrow_mut();
+            match hub.btrace.handle(packet, thread, hub.provider.as_mut()) {
+                Some(reply) => Intercept::Reply(reply),
+                None => Intercept::Pass,
+            }
+        }
+    };
+    router.intercept(b"Qbtrace", gdb(Rc::clone(&hub)));
+    router.intercept(b"qXfer:btrace", gdb(Rc::clone(&hub)));
+
+    let lldb_hub = Rc::clone(&hub);
+    router.intercept(b"jLLDBTrace", move |session, _state, packet| {
+        let live = [current_tid(session)];
+        let hub = &mut *lldb_hub.borrow_mut();
+        match hub.lldb.handle(packet, &live, hub.provider.as_mut()) {
+            Some(reply) => Intercept::Reply(reply),
+            None => Intercept::Pass,
+        }
+    });
+
+    hub
+}

@@ -1,0 +1,625 @@
+//! GDB's `record btrace pt` and LLDB's `process trace start` against the ptrewind server,
+//! driving the real debuggers in batch mode.
+//!
+//! No recording backend is wired into the server's resume path yet, so each session serves a
+//! trace fixed in advance, of two kinds. (1) A *known* one: the test
+//! program runs a hand-written assembly routine whose path is fixed, and the test encodes the
+//! Intel PT packets for exactly that path by hand (PSB+, MODE.Exec, TIP.PGE at the start, one
+//! TNT-8 byte for the compressed RET and the not-taken JZ, FUP + TIP.PGD where the thread
+//! stops), independent of ptrewind's encoder. It is served through
+//! [`FixedTraceProvider`]; the debugger decodes it with its own libipt, reading code from the
+//! live process through the server. (2) One recorded by ptrewind's software backend
+//! (`SoftRecorder`) from `bt_start` to `bt_stop` in a first run of the same non-PIE program,
+//! served for a second run at the same addresses. The ground truth is the assembly source: the
+//! decoded instruction and function-call history must be exactly that path (and, for (2), the
+//! IPs the recorder stepped through).
+//!
+//! GDB 13: `record btrace pt` (Qbtrace:pt, qXfer:btrace:read all/delta/new),
+//! `record instruction-history`, `record function-call-history`, `record goto`,
+//! `reverse-stepi` in GDB's own replay. LLDB 19: `process trace start` (jLLDBTraceSupported,
+//! jLLDBTraceStart), `thread trace dump info|instructions|function-calls`
+//! (jLLDBTraceGetState, jLLDBTraceGetBinaryData for the trace and the CPU description).
+//! Set `PTREWIND_SHOW_DEBUGGER=1` to print the debugger output and packet logs.
+
+use ptrewind::capture::soft::recorder::run_to_breakpoint;
+use ptrewind::capture::soft::{RecordFrom, RecorderConfig, SoftRecorder};
+use ptrewind::server::btrace::{FixedTraceProvider, PtCpu};
+use ptrewind::server::{Router, Session, tracing};
+use ptrewind::target::{PtraceTarget, SpawnOptions, Target};
+use std::io::ErrorKind;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+/// `main` calls `bt_start`, a routine with a fixed path: nop, call bt_leaf (mov, ret),
+/// mov, test, jz (not taken), add, then `bt_stop`.
+const PROGRAM: &str = r#"
+__asm__(
+    ".text\n"
+    ".globl bt_start\n.type bt_start,@function\n"
+    "bt_start:\n"
+    "  nop\n"
+    "  call bt_leaf\n"
+    "  mov $1, %eax\n"
+    "  test %eax, %eax\n"
+    "  jz 1f\n"
+    "  add $2, %eax\n"
+    "1:\n"
+    ".globl bt_stop\n"
+    "bt_stop:\n"
+    "  nop\n"
+    "  ret\n"
+    ".size bt_start, .-bt_start\n"
+    ".globl bt_leaf\n.type bt_leaf,@function\n"
+    "bt_leaf:\n"
+    "  mov $5, %ecx\n"
+    "  ret\n"
+    ".size bt_leaf, .-bt_leaf\n");
+int bt_start(void);
+int main(void) { return bt_start() == 3 ? 0 : 1; }
+"#;
+
+/// The mnemonics of the path from `bt_start` up to (not including) `bt_stop`.
+const PATH: &[&str] = &["nop", "call", "mov", "ret", "mov", "test", "je", "add"];
+
+fn have(tool: &str) -> bool {
+    Command::new(tool)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn build_program(dir: &Path) -> PathBuf {
+    let src = dir.join("bt.c");
+    let exe = dir.join("bt");
+    std::fs::write(&src, PROGRAM).unwrap();
+    let out = Command::new("gcc")
+        .args(["-O0", "-g", "-no-pie", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .expect("gcc");
+    assert!(
+        out.status.success(),
+        "gcc: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
+/// Symbol address from `nm` (the program is not position independent).
+fn symbol(exe: &Path, name: &str) -> u64 {
+    let out = Command::new("nm").arg(exe).output().expect("nm");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| {
+            let mut f = l.split_whitespace();
+            let addr = f.next()?;
+            let _kind = f.next()?;
+            (f.next()? == name).then(|| u64::from_str_radix(addr, 16).ok())?
+        })
+        .unwrap_or_else(|| panic!("no symbol {name}"))
+}
+
+/// The PT packets of the path, encoded by hand from the SDM layouts.
+/// With `jz_taken` the JZ bit says "taken" (a path the program did not run; for the control).
+fn known_trace(start: u64, stop: u64, jz_taken: bool) -> Vec<u8> {
+    let mut t = Vec::new();
+    t.extend(std::iter::repeat_n([0x02u8, 0x82], 8).flatten()); // PSB
+    t.extend([0x02, 0x23]); // PSBEND
+    t.extend([0x99, 0x01]); // MODE.Exec: CS.L = 1 (64-bit)
+    t.push(0x71); // TIP.PGE, IPBytes = 011 (6 bytes, sign-extended)
+    t.extend(&start.to_le_bytes()[..6]);
+    // TNT-8 with two bits, oldest first: RET compressed (taken = 1), JZ not taken (0).
+    // Stop bit at byte bit 3, B1 at bit 2, B2 at bit 1, bit 0 = 0.
+    t.push(if jz_taken { 0b0000_1110 } else { 0b0000_1100 });
+    t.push(0x7d); // FUP, IPBytes = 011: the breakpoint at bt_stop traps before it executes
+    t.extend(&stop.to_le_bytes()[..6]);
+    t.push(0x01); // TIP.PGD, IP suppressed: tracing stops (the thread entered the kernel)
+    t
+}
+
+struct Served {
+    debugger: Output,
+    outcome: String,
+}
+
+/// Starts `exe` under the ptrewind server with a known trace for its thread, runs
+/// `debugger(port)` and serves it until it disconnects.
+/// With `record_from_start` the server starts recording before the debugger connects.
+fn serve_with(
+    exe: &Path,
+    trace: impl FnOnce(u32) -> Vec<u8>,
+    record_from_start: bool,
+    debugger: impl FnOnce(u16) -> Command,
+) -> Served {
+    let target = PtraceTarget::spawn(&exe.as_os_str().to_owned(), &[], &SpawnOptions::default())
+        .expect("spawn");
+    let tid = u32::try_from(target.tid()).unwrap();
+    let mut provider = FixedTraceProvider::new(PtCpu::SOFTWARE);
+    provider.set_trace(tid, trace(tid));
+    let mut session = Session::new(Box::new(target));
+    let mut router = Router::default();
+    let hub = tracing::install(&mut router, Box::new(provider));
+    if record_from_start {
+        let hub = &mut *hub.borrow_mut();
+        hub.btrace
+            .start_recording(tid, hub.provider.as_mut())
+            .unwrap();
+    }
+
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let mut cmd = debugger(port);
+    let child = std::thread::spawn(move || cmd.output().expect("debugger"));
+    listener.set_nonblocking(true).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let stream = loop {
+        match listener.accept() {
+            Ok((s, _)) => break s,
+            Err(e) if e.kind() == ErrorKind::WouldBlock && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("debugger did not connect: {e}"),
+        }
+    };
+    stream.set_nonblocking(false).unwrap();
+    let outcome = format!("{:?}", router.serve(stream, &mut session));
+    let debugger = child.join().unwrap();
+    Served { debugger, outcome }
+}
+
+/// Parses `record instruction-history` lines: `N\t0xADDR <sym+off>:\tmnemonic operands`.
+fn history(text: &str) -> Vec<(u64, String, String)> {
+    text.lines()
+        .filter_map(|l| {
+            let (idx, rest) = l.split_once('\t')?;
+            idx.trim().parse::<u64>().ok()?;
+            let rest = rest.trim_start_matches("=> ");
+            let (loc, insn) = rest.split_once(":\t")?;
+            let addr = loc.split_whitespace().next()?;
+            let addr = u64::from_str_radix(addr.strip_prefix("0x")?, 16).ok()?;
+            let sym = loc.split('<').nth(1)?.trim_end_matches('>').to_string();
+            let mnemonic = insn.split_whitespace().next()?.to_string();
+            Some((addr, sym, mnemonic))
+        })
+        .collect()
+}
+
+struct GdbRun {
+    stdout: String,
+    stderr: String,
+    /// Everything, for assertion messages.
+    ctx: String,
+}
+
+/// Builds the program, serves it with the trace `make_trace(start, stop)` and runs GDB's
+/// `record btrace pt` session over it, with `extra` commands at the end.
+fn run_gdb(exe: &Path, trace: Vec<u8>, record_from_start: bool, extra: &[&str]) -> GdbRun {
+    let exe_for_gdb = exe.to_path_buf();
+    let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+    let served = serve_with(
+        exe,
+        |_| trace,
+        record_from_start,
+        move |port| {
+            let mut c = Command::new("timeout");
+            c.args(["120", "gdb", "-batch", "-nx"])
+                .args(["-ex", "set pagination off", "-ex", "set confirm off"])
+                .args(["-ex", "set debug remote 1"])
+                // Not GDB's default (16 KiB): GDB must send Qbtrace-conf:pt:size and show the
+                // size read back from qXfer:btrace-conf.
+                .args(["-ex", "set record btrace pt buffer-size 65536"])
+                .arg("-ex")
+                .arg(format!("file {}", exe_for_gdb.display()))
+                .arg("-ex")
+                .arg(format!("target remote 127.0.0.1:{port}"))
+                .args(["-ex", "break *bt_start", "-ex", "continue"]);
+            if !record_from_start {
+                c.args(["-ex", "record btrace pt"]);
+            }
+            c.args(["-ex", "break *bt_stop", "-ex", "continue"])
+                .args(["-ex", "info record"])
+                .args(["-ex", "record instruction-history 1,20"])
+                .args(["-ex", "record function-call-history"]);
+            for e in &extra {
+                c.arg("-ex").arg(e);
+            }
+            c.args(["-ex", "record stop", "-ex", "kill"]);
+            c
+        },
+    );
+    let stdout = String::from_utf8_lossy(&served.debugger.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&served.debugger.stderr).into_owned();
+    let tail: Vec<&str> = stderr.lines().rev().take(60).collect();
+    let tail: Vec<&str> = tail.into_iter().rev().collect();
+    let ctx = format!(
+        "server: {}\n--- gdb stdout ---\n{stdout}\n--- gdb stderr (tail) ---\n{}",
+        served.outcome,
+        tail.join("\n")
+    );
+    if std::env::var_os("PTREWIND_SHOW_DEBUGGER").is_some() {
+        eprintln!("{ctx}");
+    }
+    GdbRun {
+        stdout,
+        stderr,
+        ctx,
+    }
+}
+
+fn gdb_ready() -> bool {
+    if have("gdb") && have("gcc") && have("nm") {
+        return true;
+    }
+    eprintln!("SKIPPED: gdb, gcc or nm not installed");
+    false
+}
+
+#[test]
+fn gdb_record_btrace_pt_decodes_the_served_trace() {
+    if !gdb_ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build_program(dir.path());
+    let (start, stop, leaf) = (
+        symbol(&exe, "bt_start"),
+        symbol(&exe, "bt_stop"),
+        symbol(&exe, "bt_leaf"),
+    );
+    let GdbRun {
+        stdout,
+        stderr,
+        ctx,
+    } = run_gdb(
+        &exe,
+        // 3000 leading PAD bytes make the document larger than GDB's 0x1000-byte reads, so it
+        // is paged out in several qXfer chunks.
+        [vec![0u8; 3000], known_trace(start, stop, false)].concat(),
+        false,
+        &[
+            // Client-side replay from our trace: go to instruction 3 (in bt_leaf), step back.
+            "record goto 3",
+            "p/x $pc",
+            "reverse-stepi",
+            "p/x $pc",
+            "record goto end",
+        ],
+    );
+
+    // The btrace features were advertised and GDB used them.
+    assert!(
+        stderr.contains("Qbtrace:pt+"),
+        "qSupported lacks Qbtrace:pt+\n{ctx}"
+    );
+    assert!(stderr.contains("Sending packet: $Qbtrace:pt"), "{ctx}");
+    assert!(stderr.contains("qXfer:btrace:read:"), "{ctx}");
+    let paged = stderr.lines().any(|l| {
+        l.split("qXfer:btrace:read:").nth(1).is_some_and(|r| {
+            let offset = r.split(':').nth(1).and_then(|o| o.split(',').next());
+            offset.is_some_and(|o| o != "0")
+        })
+    });
+    assert!(
+        paged,
+        "the btrace document was not read in several chunks\n{ctx}"
+    );
+    assert!(
+        stdout.contains("Recording format: Intel Processor Trace."),
+        "{ctx}"
+    );
+    assert!(
+        stdout.contains("Recorded 8 instructions in 3 functions (0 gaps)"),
+        "{ctx}"
+    );
+    assert!(
+        !stdout.contains("decode error") && !stderr.contains("decode error"),
+        "{ctx}"
+    );
+
+    // Instruction history = the path of the assembly source, at the right addresses.
+    let h = history(&stdout);
+    let mnemonics: Vec<&str> = h.iter().map(|(_, _, m)| m.as_str()).collect();
+    assert_eq!(mnemonics, PATH, "{ctx}");
+    assert_eq!(h[0].0, start, "{ctx}");
+    assert_eq!(h[2].0, leaf, "{ctx}");
+    assert!(
+        h[2].1.starts_with("bt_leaf") && h[3].1.starts_with("bt_leaf"),
+        "{ctx}"
+    );
+    // Back in bt_start right after the 5-byte call; the 3-byte add ends at bt_stop.
+    assert_eq!(h[4].0, start + 1 + 5, "{ctx}");
+    assert_eq!(h[7].0 + 3, stop, "{ctx}");
+
+    // Function-call history: bt_start, bt_leaf, back in bt_start.
+    let calls: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| {
+            let (idx, f) = l.split_once('\t')?;
+            idx.trim().parse::<u64>().ok()?;
+            Some(f.trim())
+        })
+        .filter(|f| !f.contains(':'))
+        .collect();
+    assert_eq!(calls, ["bt_start", "bt_leaf", "bt_start"], "{ctx}");
+
+    // Replay: instruction 3 is bt_leaf's first; one step back is the call.
+    assert!(stdout.contains(&format!("$1 = {leaf:#x}")), "{ctx}");
+    assert!(stdout.contains(&format!("$2 = {:#x}", start + 1)), "{ctx}");
+}
+
+/// Records `bt_start` → `bt_stop` of one run of `exe` with ptrewind's software backend
+/// (ptrace single-stepping encoder). Returns the trace and the IPs the recorder executed.
+fn record_with_soft_backend(exe: &Path, start: u64, stop: u64) -> (Vec<u8>, Vec<u64>) {
+    let target = PtraceTarget::spawn(&exe.as_os_str().to_owned(), &[], &SpawnOptions::default())
+        .expect("spawn");
+    let config = RecorderConfig {
+        record_from: RecordFrom::OnDemand,
+        log_ips: true,
+        capture_image_at_exit: false,
+        ..RecorderConfig::default()
+    };
+    let mut rec = SoftRecorder::new(target, config).expect("recorder");
+    run_to_breakpoint(rec.target(), start).expect("run to bt_start");
+    rec.record_on();
+    for _ in 0..100 {
+        if rec.current_regs().expect("regs").rip == stop {
+            break;
+        }
+        rec.step().expect("step");
+    }
+    assert_eq!(
+        rec.current_regs().unwrap().rip,
+        stop,
+        "did not reach bt_stop"
+    );
+    rec.record_off().expect("record off");
+    // Dropping the recorder's target kills the recorded process.
+    let recording = rec.finish().expect("finish");
+    assert!(recording.gaps.is_empty(), "{:?}", recording.gaps);
+    (recording.trace, recording.ip_log.unwrap_or_default())
+}
+
+/// End to end with the software backend: a trace recorded by ptrewind's encoder from a real
+/// run (a first process), served for a second run of the same non-PIE program at the same
+/// addresses, decodes in GDB (its libipt, our CPU identity) to exactly the executed path.
+#[test]
+fn gdb_decodes_a_trace_recorded_by_the_software_backend() {
+    if !gdb_ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build_program(dir.path());
+    let (start, stop) = (symbol(&exe, "bt_start"), symbol(&exe, "bt_stop"));
+    let (trace, ips) = record_with_soft_backend(&exe, start, stop);
+    let GdbRun { stdout, ctx, .. } = run_gdb(&exe, trace, false, &[]);
+    let ctx = format!("recorded ips: {ips:x?}\n{ctx}");
+    assert!(
+        stdout.contains("Recorded 8 instructions in 3 functions (0 gaps)"),
+        "{ctx}"
+    );
+    let h = history(&stdout);
+    let mnemonics: Vec<&str> = h.iter().map(|(_, _, m)| m.as_str()).collect();
+    assert_eq!(mnemonics, PATH, "{ctx}");
+    // The decoded addresses are the ones the recorder single-stepped through.
+    let decoded: Vec<u64> = h.iter().map(|(a, _, _)| *a).collect();
+    assert_eq!(decoded, ips, "{ctx}");
+}
+
+/// The server records from the start: GDB notices on connect (btrace-conf says PT) and
+/// switches to record-btrace without `record btrace pt`.
+#[test]
+fn gdb_adopts_a_recording_started_by_the_server() {
+    if !gdb_ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build_program(dir.path());
+    let (start, stop) = (symbol(&exe, "bt_start"), symbol(&exe, "bt_stop"));
+    let GdbRun {
+        stdout,
+        stderr,
+        ctx,
+    } = run_gdb(&exe, known_trace(start, stop, false), true, &[]);
+    assert!(stderr.contains("qXfer:btrace-conf:read::0,"), "{ctx}");
+    assert!(!stderr.contains("Sending packet: $Qbtrace:pt"), "{ctx}");
+    assert!(
+        stdout.contains("Target is recording using Intel Processor Trace"),
+        "{ctx}"
+    );
+    let h = history(&stdout);
+    let mnemonics: Vec<&str> = h.iter().map(|(_, _, m)| m.as_str()).collect();
+    assert_eq!(mnemonics, PATH, "{ctx}");
+}
+
+/// Control: the same session with the JZ bit flipped (taken) must decode to a different
+/// path, so the history above really comes from the served bytes.
+#[test]
+fn gdb_history_follows_the_trace_bits() {
+    if !gdb_ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build_program(dir.path());
+    let (start, stop) = (symbol(&exe, "bt_start"), symbol(&exe, "bt_stop"));
+    let GdbRun { stdout, ctx, .. } = run_gdb(&exe, known_trace(start, stop, true), false, &[]);
+    let h = history(&stdout);
+    let mnemonics: Vec<&str> = h.iter().map(|(_, _, m)| m.as_str()).collect();
+    assert_eq!(mnemonics, &PATH[..7], "{ctx}");
+    assert!(
+        stdout.contains("Recorded 7 instructions in 3 functions (0 gaps)"),
+        "{ctx}"
+    );
+}
+
+fn lldb_ready() -> bool {
+    if gdb_ready() && have("lldb-19") {
+        return true;
+    }
+    eprintln!("SKIPPED: lldb-19 not installed");
+    false
+}
+
+#[test]
+fn lldb_decodes_the_known_trace() {
+    if !lldb_ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build_program(dir.path());
+    let (start, stop) = (symbol(&exe, "bt_start"), symbol(&exe, "bt_stop"));
+    lldb_session(dir.path(), &exe, known_trace(start, stop, false));
+}
+
+#[test]
+fn lldb_decodes_a_trace_recorded_by_the_software_backend() {
+    if !lldb_ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build_program(dir.path());
+    let (start, stop) = (symbol(&exe, "bt_start"), symbol(&exe, "bt_stop"));
+    let (trace, _) = record_with_soft_backend(&exe, start, stop);
+    lldb_session(dir.path(), &exe, trace);
+}
+
+/// LLDB 19: `process trace start` at `bt_start`, continue to `bt_stop`, dump the trace; the
+/// served trace must decode to [`PATH`].
+fn lldb_session(dir: &Path, exe: &Path, trace: Vec<u8>) {
+    let (start, stop) = (symbol(exe, "bt_start"), symbol(exe, "bt_stop"));
+    let exe = exe.to_path_buf();
+    let log = dir.join("lldb-packets.log");
+    let exe2 = exe.clone();
+    let log2 = log.clone();
+    let served = serve_with(
+        &exe,
+        |_| trace,
+        false,
+        move |port| {
+            let mut c = Command::new("timeout");
+            c.args(["120", "lldb-19", "--batch", "--no-lldbinit"])
+                .arg("-o")
+                .arg(format!(
+                    "log enable -f {} gdb-remote packets",
+                    log2.display()
+                ))
+                .arg("-o")
+                .arg(format!("target create {}", exe2.display()))
+                .arg("-o")
+                .arg(format!("gdb-remote 127.0.0.1:{port}"))
+                .arg("-o")
+                .arg(format!("breakpoint set -a {start:#x}"))
+                .args(["-o", "continue", "-o", "process trace start"])
+                .arg("-o")
+                .arg(format!("breakpoint set -a {stop:#x}"))
+                .args(["-o", "continue"])
+                .args(["-o", "thread trace dump info"])
+                .args(["-o", "thread trace dump instructions -f"])
+                .args(["-o", "thread trace dump function-calls"])
+                .args(["-o", "process kill"]);
+            c
+        },
+    );
+    let stdout = String::from_utf8_lossy(&served.debugger.stdout);
+    let stderr = String::from_utf8_lossy(&served.debugger.stderr);
+    let packets = std::fs::read_to_string(&log).unwrap_or_default();
+    let ctx = format!(
+        "server {}\n--- stdout\n{stdout}\n--- stderr\n{stderr}\n--- packets\n{packets}",
+        served.outcome
+    );
+    if std::env::var_os("PTREWIND_SHOW_DEBUGGER").is_some() {
+        eprintln!("{ctx}");
+    }
+    // LLDB picked its intel-pt plug-in from jLLDBTraceSupported and started process tracing.
+    assert!(packets.contains("jLLDBTraceStart:"), "{ctx}");
+    assert!(stdout.contains("Trace technology: intel-pt"), "{ctx}");
+    // It fetched our CPU description and trace, and decoded without errors.
+    assert!(packets.contains(r#""kind":"procfsCpuInfo""#), "{ctx}");
+    assert!(packets.contains(r#""kind":"iptTrace""#), "{ctx}");
+    assert!(stdout.contains("Number of individual errors: 0"), "{ctx}");
+    // `thread trace dump instructions -f`: "    N: 0xADDR    mnemonic operands" (oldest first).
+    let insns: Vec<(u64, String)> = stdout
+        .lines()
+        .filter_map(|l| {
+            let (idx, rest) = l.trim().split_once(": 0x")?;
+            idx.parse::<u64>().ok()?;
+            let mut f = rest.split_whitespace();
+            let addr = u64::from_str_radix(f.next()?, 16).ok()?;
+            Some((addr, f.next()?.to_string()))
+        })
+        .collect();
+    let mnemonics: Vec<&str> = insns.iter().map(|(_, m)| m.as_str()).collect();
+    // LLDB prints AT&T mnemonics with size suffixes.
+    assert_eq!(
+        mnemonics,
+        [
+            "nop", "callq", "movl", "retq", "movl", "testl", "je", "addl"
+        ],
+        "{ctx}"
+    );
+    assert_eq!(insns[0].0, start, "{ctx}");
+    assert_eq!(insns[2].0, symbol(&exe, "bt_leaf"), "{ctx}");
+    assert_eq!(insns[7].0 + 3, stop, "{ctx}");
+    // Function calls: bt_start calls bt_leaf, then continues in bt_start.
+    // (Item numbers are not checked: a TSC packet, as the software encoder emits after PSB,
+    // is an item of its own in LLDB's numbering.)
+    let tree: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.trim_start().starts_with("bt`") && l.contains(" to <"))
+        .map(|l| l.split("  [").next().unwrap_or(l).trim())
+        .collect();
+    assert_eq!(
+        tree,
+        [
+            "bt`bt_start to <+1>",
+            "bt`bt_leaf to <+5>",
+            "bt`bt_start + 6 to <+15>"
+        ],
+        "{ctx}"
+    );
+}
+
+/// The CPU reported for software traces must be one the installed libipt knows (GDB and LLDB
+/// refuse to decode otherwise) and must enable no erratum workaround except APL11, which only
+/// acts after an OVF packet (see `PtCpu::SOFTWARE`). Asks libipt itself through a tiny C
+/// program, so the check follows the libipt that GDB and LLDB load.
+#[test]
+fn software_cpu_is_known_to_libipt_with_only_apl11() {
+    if !have("gcc") || !Path::new("/usr/include/intel-pt.h").exists() {
+        eprintln!("SKIPPED: gcc or libipt headers not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("errata.c");
+    let exe = dir.path().join("errata");
+    let cpu = PtCpu::SOFTWARE;
+    std::fs::write(
+        &src,
+        format!(
+            "#include <intel-pt.h>\n#include <stdio.h>\n\
+             int main(void) {{ struct pt_cpu c = {{ pcv_intel, {}, {}, {} }}; struct pt_errata e;\n\
+             int r = pt_cpu_errata(&e, &c);\n\
+             printf(\"%d %d%d%d%d%d%d%d%d%d\\n\", r, e.bdm70, e.bdm64, e.skd007, e.skd022, e.skd010,\n\
+             e.skl014, e.apl12, e.apl11, e.skl168); return 0; }}\n",
+            cpu.family, cpu.model, cpu.stepping
+        ),
+    )
+    .unwrap();
+    let out = Command::new("gcc")
+        .arg(&src)
+        .arg("-o")
+        .arg(&exe)
+        .arg("-lipt")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(&exe).output().unwrap();
+    // Status 0 (known CPU); bits: bdm70 bdm64 skd007 skd022 skd010 skl014 apl12 apl11 skl168.
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "0 000000010");
+}
