@@ -211,6 +211,9 @@ pub(crate) struct CachedBlock {
     pub term: Term,
     /// Mode it was decoded in.
     pub mode: ExecMode,
+    /// Cached indices of the successor blocks: `[fall-through, static target]` (`u32::MAX`
+    /// until first used). Following a TNT bit or a direct branch then needs no hash lookup.
+    pub succ: [u32; 2],
 }
 
 /// Instructions per block at most (a straight run longer than this is split).
@@ -388,8 +391,24 @@ impl BlockCache {
             n,
             term,
             mode,
+            succ: [EMPTY; 2],
         });
         self.insert(ip, idx);
+        idx
+    }
+
+    /// The block at `ip`, the successor `which` (0 fall-through, 1 static target) of block
+    /// `from`, through the successor link when it is set.
+    #[inline(always)]
+    pub(crate) fn succ(&mut self, image: &Image, from: u32, which: usize, ip: u64) -> u32 {
+        let b = &self.blocks[from as usize];
+        let s = b.succ[which];
+        if s != EMPTY {
+            return s;
+        }
+        let mode = b.mode;
+        let idx = self.get(image, ip, mode);
+        self.blocks[from as usize].succ[which] = idx;
         idx
     }
 
