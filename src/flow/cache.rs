@@ -343,22 +343,40 @@ impl BlockCache {
         let mut buf = [0u8; 16];
         let mut last_ip = ip;
         let mut target = 0;
+        // Decode straight from the section's bytes while the instruction lies inside it; an
+        // instruction that runs into an adjacent section (page lists!) goes through a copy.
+        let mut in_section = image
+            .slice_at(ip)
+            .map(|s| Decoder::with_ip(bits, s, ip, DecoderOptions::NONE));
         let term = loop {
             if n >= MAX_BLOCK_INSNS {
                 break Term::Limit;
             }
-            let got = image.read(cur, &mut buf[..15]);
-            if got == 0 {
-                break Term::NoCode;
+            let mut ok = false;
+            if let Some(dec) = in_section.as_mut() {
+                dec.decode_out(&mut instr);
+                if !instr.is_invalid() {
+                    ok = true;
+                } else if dec.last_error() != DecoderError::NoMoreBytes {
+                    break Term::BadInsn;
+                }
             }
-            let mut dec = Decoder::with_ip(bits, &buf[..got], cur, DecoderOptions::NONE);
-            dec.decode_out(&mut instr);
-            if instr.is_invalid() {
-                break if dec.last_error() == DecoderError::NoMoreBytes {
-                    Term::NoCode
-                } else {
-                    Term::BadInsn
-                };
+            if !ok {
+                // Crossing the section end: this and the rest of the block use copies.
+                in_section = None;
+                let got = image.read(cur, &mut buf[..15]);
+                if got == 0 {
+                    break Term::NoCode;
+                }
+                let mut dec = Decoder::with_ip(bits, &buf[..got], cur, DecoderOptions::NONE);
+                dec.decode_out(&mut instr);
+                if instr.is_invalid() {
+                    break if dec.last_error() == DecoderError::NoMoreBytes {
+                        Term::NoCode
+                    } else {
+                        Term::BadInsn
+                    };
+                }
             }
             self.decoded += 1;
             let len = instr.len() as u8;

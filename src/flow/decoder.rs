@@ -168,6 +168,8 @@ pub struct FlowDecoder<'a> {
     cur_offset: u64,
     eof: bool,
     stats: FlowStats,
+    n_insns: u64,
+    n_runs: u64,
 }
 
 /// Result of a walk.
@@ -202,6 +204,8 @@ impl<'a> FlowDecoder<'a> {
             cur_offset: 0,
             eof: false,
             stats: FlowStats::default(),
+            n_insns: 0,
+            n_runs: 0,
             cfg,
         }
     }
@@ -238,6 +242,8 @@ impl<'a> FlowDecoder<'a> {
     /// Counters so far.
     pub fn stats(&self) -> FlowStats {
         let mut s = self.stats;
+        s.insns = self.n_insns;
+        s.runs = self.n_runs;
         s.decoded_insns = self.cache.decoded;
         s.cache_flushes = self.cache.flushes;
         s
@@ -356,8 +362,10 @@ impl<'a> FlowDecoder<'a> {
             }
             (start, ip)
         };
-        self.stats.insns += count as u64;
-        self.stats.runs += 1;
+        // Plain scalar counters: updating `stats.insns`/`stats.runs` together compiled to one
+        // 16-byte read-modify-write per run, which stalled on the previous run's store.
+        self.n_insns += count as u64;
+        self.n_runs += 1;
         self.out.push_back(Seg::Run {
             blk: idx,
             skip,
