@@ -666,6 +666,46 @@ fn zero_length_call_is_not_pushed() {
 }
 
 #[test]
+fn return_stack_holds_64_calls_and_drops_the_oldest() {
+    // 1000: call 1010 ; 1005: syscall
+    // 1010: dec ecx ; 1012: jz 1019 ; 1014: call 1010 ; 1019: ret
+    let mut code = vec![0xE8, 0x0B, 0x00, 0x00, 0x00, 0x0F, 0x05];
+    code.resize(0x10, 0x90);
+    code.extend_from_slice(&[0xFF, 0xC9, 0x74, 0x05, 0xE8, 0xF7, 0xFF, 0xFF, 0xFF, 0xC3]);
+    let img = image(&[(0x1000, &code)]);
+    let depth = 70; // 70 frames of f: deeper than the 64-entry stack
+    let mut expect = vec!["en 1000".to_string(), "1000".to_string()];
+    for i in 0..depth {
+        expect.extend(["1010", "1012"].map(String::from));
+        if i + 1 < depth {
+            expect.push("1014".into());
+        }
+    }
+    for _ in 0..depth {
+        expect.push("1019".into());
+    }
+    expect.extend(["1005", "dis"].map(String::from));
+    let mut jz = vec![false; depth - 1];
+    jz.push(true);
+    // The CPU compresses the 64 RETs whose CALLs it still remembers and sends the 6 older ones
+    // (5 to 1019, the last to 1005) as TIPs.
+    let mut g = Gen::new();
+    g.psb_off().pge64(0x1000).tnt(&jz).tnt(&[true; 64]);
+    for _ in 0..depth - 65 {
+        g.ip(IpKind::Tip, Some(0x1019));
+    }
+    g.ip(IpKind::Tip, Some(0x1005)).ip(IpKind::TipPgd, None);
+    assert_eq!(text(&run(&g.out, &img)), expect);
+    // Had a 65th RET been compressed, its CALL is gone from the stack: an error, not a guess.
+    let mut g = Gen::new();
+    g.psb_off().pge64(0x1000).tnt(&jz).tnt(&[true; 65]);
+    let t = text(&run(&g.out, &img));
+    let rets = t.iter().filter(|l| *l == "1019").count();
+    assert_eq!(rets, 64, "{:?}", &t[t.len() - 3..]);
+    assert_eq!(t.last().unwrap(), "err BadRetCompression Some(1019)");
+}
+
+#[test]
 fn deferred_tip_after_tnt() {
     // 3000: je 3002 ; 3002: jmp rax ; 3010: jne 3012 ; 3012: syscall
     let img = image(&[

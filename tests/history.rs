@@ -5,8 +5,10 @@
 mod support;
 
 use ptrewind::flow::{FlowConfig, FlowDecoder, Item};
-use ptrewind::history::History;
+use ptrewind::history::{Breakpoints, History, HistoryWorker};
 use ptrewind::image::{Image, Section};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 fn image_of(t: &support::CorpusTrace) -> Image {
     let mut img = Image::new();
@@ -120,6 +122,79 @@ fn check_trace(name: &str, samples: usize) {
     }
     assert_eq!(h.rfind(&t.pt, &image, truth.len() as u64, |_| false), None);
 
+    // The same searches with breakpoint sets, which skip segments by their code summaries and
+    // runs by their address ranges: no hit may be lost. Some addresses are executed, one lies
+    // just past an executed one (usually inside an instruction, never or rarely executed).
+    // Summary groups start at segment 0, in order, each spanning at least 4 KiB of trace.
+    let groups = h.groups();
+    assert_eq!(groups.first().map(|g| g.first), Some(0), "{name}: groups");
+    for w in groups.windows(2) {
+        let (a, b) = (h.sync_points()[w[0].first], h.sync_points()[w[1].first]);
+        assert!(
+            b.offset >= a.offset + ptrewind::history::GROUP_BYTES,
+            "{name}: groups"
+        );
+    }
+    for round in 0..20 {
+        let from = lcg(&mut seed) % truth.len() as u64;
+        let mut addrs: Vec<u64> = (0..1 + round % 3)
+            .map(|_| truth[(lcg(&mut seed) % truth.len() as u64) as usize])
+            .collect();
+        addrs.push(addrs[0] + 1);
+        let is_bp = |ip: &u64| addrs.contains(ip);
+        let expect_prev = truth[..from as usize].iter().rposition(is_bp);
+        let expect_next = truth[from as usize..].iter().position(is_bp);
+        let mut bps = Breakpoints::new(addrs.iter().copied());
+        if round % 2 == 0 {
+            h.clear_cache();
+        }
+        // Alternate between one search thread and several (the parallel backward scan).
+        h.set_search_threads(if round % 4 < 2 { 1 } else { 4 });
+        assert_eq!(
+            h.rfind_with(&t.pt, &image, from, &mut bps),
+            expect_prev.map(|i| i as u64),
+            "{name}: rfind_with {addrs:x?} before {from}"
+        );
+        assert_eq!(
+            h.find_with(&t.pt, &image, from, &mut bps),
+            expect_next.map(|i| from + i as u64),
+            "{name}: find_with {addrs:x?} from {from}"
+        );
+    }
+    // A search for an address no instruction starts at, in code that runs everywhere (one byte
+    // past the most frequent instruction): nothing is pruned, so on a long trace the backward
+    // scan goes parallel, and must still find nothing.
+    let mut counts = std::collections::HashMap::new();
+    for &ip in &truth {
+        *counts.entry(ip).or_insert(0u64) += 1;
+    }
+    let hot = counts
+        .iter()
+        .max_by_key(|e| *e.1)
+        .map(|e| *e.0)
+        .unwrap_or(0);
+    if !truth.contains(&(hot + 1)) {
+        h.set_search_threads(4);
+        let before = h.stats().parallel_searches;
+        let mut never = Breakpoints::new([hot + 1]);
+        assert_eq!(
+            h.rfind_with(&t.pt, &image, truth.len() as u64, &mut never),
+            None,
+            "{name}: rfind_with {:#x}",
+            hot + 1
+        );
+        let parallel = h.stats().parallel_searches > before;
+        assert!(
+            parallel || h.sync_points().len() < 16,
+            "{name}: a long unpruned backward search stayed on one thread"
+        );
+    }
+    assert_eq!(
+        h.stats().segment_mismatches,
+        0,
+        "{name}: a segment decoded differently on demand than while indexing"
+    );
+
     // Incremental indexing of a growing trace ends with the same index as one pass.
     let mut inc = History::new(cfg_of(&t));
     let mut end = 0;
@@ -134,6 +209,21 @@ fn check_trace(name: &str, samples: usize) {
         inc.sync_points(),
         h.sync_points(),
         "{name}: incremental sync points"
+    );
+    assert_eq!(
+        inc.groups(),
+        h.groups(),
+        "{name}: incremental summary groups"
+    );
+    assert_eq!(
+        inc.stats().errors,
+        h.stats().errors,
+        "{name}: incremental errors"
+    );
+    assert_eq!(
+        inc.stats().overflows,
+        h.stats().overflows,
+        "{name}: incremental overflows"
     );
     for &n in positions.iter().take(50) {
         assert_eq!(inc.insn(&t.pt, &image, n).unwrap().0, truth[n as usize]);
@@ -158,4 +248,149 @@ fn history_matches_sequential_decode_libxdc_mruby_with_overflow() {
 #[test]
 fn history_matches_sequential_decode_32bit() {
     check_trace("libxdc/avscript_32", 200);
+}
+
+/// The live indexer against a one-pass build: a thread appends a real trace in random chunks while
+/// the worker indexes; mid-way complete waits must agree with the truth before their last sync
+/// point, and the final index must equal `History::build` of the whole trace.
+fn check_worker(name: &str, seed0: u64) {
+    let Some(t) = support::trace(name) else {
+        if support::require_corpus(name).is_none() {
+            return;
+        }
+        panic!("{name}: not in the corpus");
+    };
+    let image = Arc::new(image_of(&t));
+    let truth = sequential_ips(&t.pt, &image, cfg_of(&t));
+    let built = History::build(&t.pt, &image, cfg_of(&t));
+
+    let buf = Arc::new(RwLock::new(Vec::<u8>::new()));
+    // A small window makes the worker take many steps even for a small trace.
+    let worker = Arc::new(
+        HistoryWorker::spawn_with_window(Arc::clone(&buf), Arc::clone(&image), cfg_of(&t), 16384)
+            .expect("spawn the history worker"),
+    );
+    let pt = Arc::new(t.pt.clone());
+    let appender = {
+        let (buf, worker, pt) = (Arc::clone(&buf), Arc::clone(&worker), Arc::clone(&pt));
+        std::thread::spawn(move || {
+            let mut seed = seed0;
+            let mut end = 0;
+            while end < pt.len() {
+                let next = (end + 1 + (lcg(&mut seed) as usize % 30_000)).min(pt.len());
+                buf.write().unwrap().extend_from_slice(&pt[end..next]);
+                end = next;
+                worker.notify();
+                if lcg(&mut seed) % 4 == 0 {
+                    std::thread::yield_now();
+                }
+            }
+        })
+    };
+
+    // Reverse requests while recording: each waits for a complete index of what is there.
+    let mut seed = seed0 ^ 0xabcd;
+    for _ in 0..5 {
+        std::thread::sleep(Duration::from_millis(lcg(&mut seed) % 20));
+        let n = worker
+            .wait_indexed(Duration::from_secs(60))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(
+            n <= truth.len() as u64 + 64,
+            "{name}: {n} instructions mid-way"
+        );
+        let points = worker.sync_points();
+        // Everything before the second-to-last sync point is firm: it must match the truth.
+        let firm = points
+            .len()
+            .checked_sub(2)
+            .map_or(0, |i| points[i].insn)
+            .min(n);
+        if firm > 0 {
+            worker.with_history(|h, trace, image| {
+                for _ in 0..20 {
+                    let k = lcg(&mut seed) % firm;
+                    assert_eq!(
+                        h.insn(trace, image, k).map(|x| x.0),
+                        Some(truth[k as usize]),
+                        "{name}: instruction {k} mid-way"
+                    );
+                }
+            });
+        }
+    }
+    appender.join().expect("appender");
+
+    let n = worker
+        .wait_indexed(Duration::from_secs(60))
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert_eq!(
+        n,
+        truth.len() as u64,
+        "{name}: instructions after the last append"
+    );
+    assert_eq!(
+        worker.sync_points(),
+        built.sync_points(),
+        "{name}: sync points"
+    );
+    let st = worker.stats();
+    assert_eq!(st.decode_lag, 0, "{name}: {st:?}");
+    assert!(st.complete, "{name}: {st:?}");
+    assert_eq!(st.insns, truth.len() as u64);
+    assert_eq!(st.sync_points, built.sync_points().len() as u64);
+    assert_eq!(st.errors, built.stats().errors, "{name}: errors");
+    assert_eq!(st.overflows, built.stats().overflows, "{name}: overflows");
+    worker.with_history(|h, trace, image| {
+        for _ in 0..100 {
+            let k = lcg(&mut seed) % truth.len() as u64;
+            assert_eq!(
+                h.insn(trace, image, k).map(|x| x.0),
+                Some(truth[k as usize])
+            );
+        }
+        assert_eq!(h.groups(), built.groups(), "{name}: summary groups");
+    });
+    let worker = Arc::try_unwrap(worker).expect("appender gone");
+    let h = worker.into_history();
+    assert_eq!(h.len(), truth.len() as u64);
+}
+
+#[test]
+fn worker_indexes_growing_trace_unzip() {
+    check_worker("libxdc/Unzip", 1);
+}
+
+#[test]
+fn worker_indexes_growing_trace_mruby_with_overflow() {
+    check_worker("libxdc/mruby", 2);
+}
+
+#[test]
+fn worker_indexes_growing_trace_32bit() {
+    check_worker("libxdc/avscript_32", 3);
+}
+
+/// A worker over a trace that is complete from the start, and a wait on an empty trace.
+#[test]
+fn worker_on_static_and_empty_traces() {
+    let name = "arcus/hello";
+    let Some(t) = support::trace(name) else {
+        if support::require_corpus(name).is_none() {
+            return;
+        }
+        panic!("{name}: not in the corpus");
+    };
+    let image = Arc::new(image_of(&t));
+    let built = History::build(&t.pt, &image, cfg_of(&t));
+    let w = HistoryWorker::spawn(Arc::new(t.pt.clone()), Arc::clone(&image), cfg_of(&t))
+        .expect("spawn");
+    assert_eq!(w.wait_indexed(Duration::from_secs(60)), Ok(built.len()));
+    assert_eq!(w.sync_points(), built.sync_points());
+    // A second wait with nothing new returns at once with the same answer.
+    assert_eq!(w.wait_indexed(Duration::from_secs(60)), Ok(built.len()));
+
+    let empty = HistoryWorker::spawn(Arc::new(Vec::<u8>::new()), image, cfg_of(&t)).expect("spawn");
+    assert_eq!(empty.wait_indexed(Duration::from_secs(60)), Ok(0));
+    assert_eq!(empty.stats().insns, 0);
 }

@@ -592,3 +592,37 @@ fn monitor_save_writes_a_recording_that_decodes_to_the_history() {
         "start rip {start_rip}, main at {main_off:#x}"
     );
 }
+
+#[test]
+fn record_off_gap_bounds_reverse_execution() {
+    // factorial's k-th breakpoint hit has n = 11 - k. The second hit is reached untraced: its
+    // registers and memory changes are unknown, so reverse execution stops where recording
+    // resumed (at that hit) instead of showing a wrong past.
+    let r = gdb(
+        "recursion",
+        &[
+            "break factorial",
+            "continue",
+            "monitor record off",
+            "continue",
+            "monitor record on",
+            "continue",
+            r#"printf "LIVE %d\n", n"#,
+            "reverse-continue",
+            r#"printf "BACK %d\n", n"#,
+            "reverse-continue",
+            r#"printf "BACK %d\n", n"#,
+            "monitor goto 0",
+            "monitor stats",
+        ],
+    );
+    assert_eq!(r.tagged("LIVE"), vec!["8"], "{}", r.dump());
+    assert_eq!(r.tagged("BACK"), vec!["9", "9"], "{}", r.dump());
+    r.expect("No more reverse-execution history.");
+    r.expect("is before an untraced run");
+    assert!(
+        stat(&r.gdb, "history check").starts_with("ok"),
+        "{}",
+        r.dump()
+    );
+}

@@ -308,6 +308,8 @@ fn small_ring_is_drained_without_loss_and_periodic_psbs_decode() {
         encoder: EncoderConfig {
             psb_period: 256,
             ret_compression: false,
+            // The minimal MODE.Exec placement must decode too.
+            mode_exec_on_every_pge: false,
             ..EncoderConfig::default()
         },
         write_batch: 2048,
@@ -577,4 +579,231 @@ int main(void) {
     assert_eq!(r.exit, Some(Exit::Code(0)));
     assert_eq!(r.stats.clones, 1, "{:?}", r.stats);
     check_decodes("threads", &r);
+}
+
+#[test]
+fn exec_replaces_the_program_and_recording_goes_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = r#"
+#include <unistd.h>
+int main(void) {
+    execl("/bin/sh", "sh", "-c", "exit 3", (char *)0);
+    return 1;
+}
+"#;
+    let exe = compile(dir.path(), "exec", src, &[]);
+    let (r, _) = record(&exe, &[], config());
+    // The exec'd shell ran to its own exit status: the exec was not mistaken for a SIGTRAP
+    // of the program's own (which would have killed it).
+    assert_eq!(r.exit, Some(Exit::Code(3)));
+    assert_eq!(r.stats.execs, 1, "{:?}", r.stats);
+    // The shell was recorded too: far more instructions than the caller's few.
+    assert!(r.stats.recorded > 10_000, "{:?}", r.stats);
+}
+
+#[test]
+fn interrupt_stops_a_run_which_can_resume() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = compile(dir.path(), "loops", LOOPS, &[]);
+    let mut rec = SoftRecorder::new(spawn(&exe, &["long"]), config()).expect("recorder");
+    let stop = rec.interrupter();
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        stop.interrupt();
+    });
+    let first = rec.run(None).expect("run until interrupted");
+    t.join().expect("interrupter thread");
+    assert_eq!(first, None, "interrupted before the program could finish");
+    let at = rec.stats().recorded;
+    assert!(at > 0);
+    assert_eq!(rec.run(None).expect("resume"), Some(Exit::Code(0)));
+    let r = rec.finish().expect("finish");
+    assert!(r.stats.recorded > at);
+    check_decodes("interrupted", &r);
+}
+
+#[test]
+fn fatal_fault_ends_the_trace_at_the_faulting_instruction() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = r#"
+#include <stdio.h>
+int main(void) {
+    volatile int *p = (int *)16;
+    for (int i = 0; i < 10; i++) if (i == 7) *p = i;
+    return 0;
+}
+"#;
+    let exe = compile(dir.path(), "segv", src, &[]);
+    let (r, _) = record(&exe, &[], config());
+    assert_eq!(
+        r.exit,
+        Some(Exit::Signal(nix::sys::signal::Signal::SIGSEGV))
+    );
+    // The trace ends with FUP(faulting instruction) + TIP.PGD: the store never executed.
+    let p = packets(&r.trace);
+    let n = p.len();
+    assert!(matches!(p[n - 2], Packet::Fup(_)), "{:?}", &p[n - 3..]);
+    assert!(matches!(p[n - 1], Packet::TipPgd(_)));
+    check_decodes("fatal fault", &r);
+}
+
+#[test]
+fn int3_is_a_software_interrupt_reported_at_its_ip() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = r#"
+#include <signal.h>
+#include <stdio.h>
+static volatile int traps;
+static void on_trap(int sig) { (void)sig; traps++; }
+int main(void) {
+    signal(SIGTRAP, on_trap);
+    /* One INT3 only: every single-step trap taken inside the SIGTRAP handler (where SIGTRAP is
+       blocked) makes the kernel reset the handler to SIG_DFL (force_sig), as under GDB. */
+    __asm__ volatile("int3");
+    printf("%d\n", traps);
+    return 0;
+}
+"#;
+    let exe = compile(dir.path(), "int3", src, &[]);
+    let (r, out) = record(&exe, &[], config());
+    assert_eq!(out, "1\n", "{:?} {:?}", r.exit, r.stats);
+    assert_eq!(r.exit, Some(Exit::Code(0)));
+    assert_eq!(r.stats.handlers_entered, 1, "{:?}", r.stats);
+    // Each INT3 is FUP(its own IP) + TIP.PGD (SDM Table 36-23: CLIP for software interrupts).
+    // Decoders treat that like an asynchronous event at the INT3, so they report every logged
+    // instruction except the INT3s themselves.
+    let image = r.image.as_ref().expect("image");
+    let log = r.ip_log.as_ref().expect("log");
+    let expected: Vec<u64> = log
+        .iter()
+        .copied()
+        .filter(|&ip| {
+            let mut b = [0u8; 1];
+            image.read(ip, &mut b);
+            b[0] != 0xcc
+        })
+        .collect();
+    assert_eq!(log.len() - expected.len(), 1);
+    let (ips, errors) = flow_ips(&r.trace, image);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert!(ips == expected, "flow: {}", first_mismatch(&ips, &expected));
+    let (ips, errors) = libipt_ips(&r.trace, image);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert!(
+        ips == expected,
+        "libipt: {}",
+        first_mismatch(&ips, &expected)
+    );
+}
+
+#[test]
+fn loss_is_counted_when_one_write_exceeds_the_ring() {
+    // A 4 KiB ring and 64 KiB write batches: each batch laps the ring within one write, so
+    // bytes are overwritten before any drain. They must be counted, never silently dropped.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = compile(dir.path(), "loops", LOOPS, &[]);
+    let cfg = RecorderConfig {
+        ring: RingConfig {
+            region_sizes: vec![4096],
+            int_on: IntOn::Every,
+            ..RingConfig::default()
+        },
+        encoder: EncoderConfig {
+            ret_compression: false,
+            ..EncoderConfig::default()
+        },
+        write_batch: 64 * 1024,
+        ..config()
+    };
+    let (r, _) = record(&exe, &["long"], cfg);
+    assert!(r.stats.lost_bytes > 0, "{:?}", r.stats);
+    assert_eq!(
+        r.trace.len() as u64 + r.stats.lost_bytes,
+        r.encoder.bytes,
+        "stored + lost = produced"
+    );
+    assert!(!r.gaps.is_empty());
+    assert_eq!(
+        r.gaps.iter().map(|g| g.lost).sum::<u64>(),
+        r.stats.lost_bytes
+    );
+}
+
+#[test]
+fn stripped_executable_is_recorded_from_its_entry_point() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = compile(dir.path(), "stripped", LOOPS, &["-s"]);
+    let child = spawn(&exe, &[]);
+    let mut rec = SoftRecorder::new(child, config()).expect("recorder");
+    let start = rec.start_address().expect("start address");
+    rec.run(None).expect("record");
+    let r = rec.finish().expect("finish");
+    assert_eq!(r.ip_log.as_ref().expect("log")[0], start);
+    // `_start` is at the ELF entry point; its page offset is the same in the unstripped build.
+    let unstripped = compile(dir.path(), "unstripped", LOOPS, &[]);
+    assert_eq!(start & 0xfff, nm_address(&unstripped, "_start") & 0xfff);
+    check_decodes("stripped", &r);
+}
+
+#[test]
+fn call_through_a_null_pointer_faults_at_address_zero() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = r#"
+#include <setjmp.h>
+#include <signal.h>
+#include <stdio.h>
+static sigjmp_buf jb;
+static void on_segv(int sig) { (void)sig; siglongjmp(jb, 1); }
+int main(void) {
+    void (*volatile f)(void) = 0;
+    signal(SIGSEGV, on_segv);
+    if (sigsetjmp(jb, 1) == 0) f();
+    puts("recovered");
+    return 0;
+}
+"#;
+    let exe = compile(dir.path(), "null", src, &[]);
+    let (r, out) = record(&exe, &[], config());
+    assert_eq!(out, "recovered\n");
+    assert_eq!(r.stats.handlers_entered, 1, "{:?}", r.stats);
+    check_decodes("null call", &r);
+}
+
+#[test]
+fn debugger_breakpoints_of_the_server_target_stop_a_block_stepped_run() {
+    use ptrewind::target::{PtraceTarget, SpawnOptions, Target};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = compile(dir.path(), "loops", LOOPS, &[]);
+    let target = PtraceTarget::spawn(&exe.clone().into_os_string(), &[], &SpawnOptions::default())
+        .expect("server target");
+    let mut rec = SoftRecorder::new(target, config()).expect("recorder");
+    let (image, _) = procmaps::capture_image(rec.target()).expect("image");
+    let add = procmaps::symbol_address(StepTarget::pid(rec.target()), "add").expect("add");
+    // A breakpoint inside add's straight-line body (after `push rbp`), as GDB would set one.
+    let bp = add + 1;
+    rec.target()
+        .support_breakpoints()
+        .expect("breakpoints")
+        .add_breakpoint(bp)
+        .expect("add breakpoint");
+    let mut hits = 0;
+    loop {
+        let exit = rec.run(None).expect("run");
+        match rec.take_breakpoint_hit() {
+            Some(pc) => {
+                assert_eq!(pc, bp);
+                assert_eq!(rec.current_regs().expect("regs").rip, bp);
+                hits += 1;
+            }
+            None => {
+                assert_eq!(exit, Some(Exit::Code(0)));
+                break;
+            }
+        }
+    }
+    // add() is called for i % 3 == 0, i in 0..300.
+    assert_eq!(hits, 100);
+    let mut r = rec.finish().expect("finish");
+    r.image = Some(image);
+    check_decodes("breakpoints", &r);
 }

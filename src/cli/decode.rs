@@ -12,7 +12,11 @@
 //! * `json`: one JSON object per line (`{"ip":…}` or `{"event":…}`).
 //!
 //! `--stats` prints only counts and throughput, on stdout. A progress bar is drawn on stderr when
-//! it is a terminal.
+//! it is a terminal (and the trace is over 1 MiB). A perf.data file with several AUX streams
+//! (per-CPU recording) is decoded stream by stream, each introduced by `[stream cpuN]`.
+//!
+//! Exit status: 0 when the decode reported no error event, 2 when it did (the output is still
+//! complete: errors are lines in the stream), 1 when the inputs could not be read.
 
 use super::CmdResult;
 use ptrewind::flow::{BlockItem, Event, EventKind, FlowConfig, FlowDecoder, InsnClass};

@@ -211,6 +211,9 @@ pub(crate) struct CachedBlock {
     pub term: Term,
     /// Mode it was decoded in.
     pub mode: ExecMode,
+    /// Cached indices of the successor blocks: `[fall-through, static target]` (`u32::MAX`
+    /// until first used). Following a TNT bit or a direct branch then needs no hash lookup.
+    pub succ: [u32; 2],
 }
 
 /// Instructions per block at most (a straight run longer than this is split).
@@ -340,22 +343,40 @@ impl BlockCache {
         let mut buf = [0u8; 16];
         let mut last_ip = ip;
         let mut target = 0;
+        // Decode straight from the section's bytes while the instruction lies inside it; an
+        // instruction that runs into an adjacent section (page lists!) goes through a copy.
+        let mut in_section = image
+            .slice_at(ip)
+            .map(|s| Decoder::with_ip(bits, s, ip, DecoderOptions::NONE));
         let term = loop {
             if n >= MAX_BLOCK_INSNS {
                 break Term::Limit;
             }
-            let got = image.read(cur, &mut buf[..15]);
-            if got == 0 {
-                break Term::NoCode;
+            let mut ok = false;
+            if let Some(dec) = in_section.as_mut() {
+                dec.decode_out(&mut instr);
+                if !instr.is_invalid() {
+                    ok = true;
+                } else if dec.last_error() != DecoderError::NoMoreBytes {
+                    break Term::BadInsn;
+                }
             }
-            let mut dec = Decoder::with_ip(bits, &buf[..got], cur, DecoderOptions::NONE);
-            dec.decode_out(&mut instr);
-            if instr.is_invalid() {
-                break if dec.last_error() == DecoderError::NoMoreBytes {
-                    Term::NoCode
-                } else {
-                    Term::BadInsn
-                };
+            if !ok {
+                // Crossing the section end: this and the rest of the block use copies.
+                in_section = None;
+                let got = image.read(cur, &mut buf[..15]);
+                if got == 0 {
+                    break Term::NoCode;
+                }
+                let mut dec = Decoder::with_ip(bits, &buf[..got], cur, DecoderOptions::NONE);
+                dec.decode_out(&mut instr);
+                if instr.is_invalid() {
+                    break if dec.last_error() == DecoderError::NoMoreBytes {
+                        Term::NoCode
+                    } else {
+                        Term::BadInsn
+                    };
+                }
             }
             self.decoded += 1;
             let len = instr.len() as u8;
@@ -388,8 +409,24 @@ impl BlockCache {
             n,
             term,
             mode,
+            succ: [EMPTY; 2],
         });
         self.insert(ip, idx);
+        idx
+    }
+
+    /// The block at `ip`, the successor `which` (0 fall-through, 1 static target) of block
+    /// `from`, through the successor link when it is set.
+    #[inline(always)]
+    pub(crate) fn succ(&mut self, image: &Image, from: u32, which: usize, ip: u64) -> u32 {
+        let b = &self.blocks[from as usize];
+        let s = b.succ[which];
+        if s != EMPTY {
+            return s;
+        }
+        let mode = b.mode;
+        let idx = self.get(image, ip, mode);
+        self.blocks[from as usize].succ[which] = idx;
         idx
     }
 

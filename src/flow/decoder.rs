@@ -32,7 +32,8 @@ enum Seg {
         end_ip: u64,
         time: u64,
     },
-    Event(Event),
+    /// Boxed: events are rare, runs are the hot path and should stay small to move.
+    Event(Box<Event>),
 }
 
 /// A run of consecutive instructions (all fall through to the next one, except possibly the last).
@@ -167,6 +168,8 @@ pub struct FlowDecoder<'a> {
     cur_offset: u64,
     eof: bool,
     stats: FlowStats,
+    n_insns: u64,
+    n_runs: u64,
 }
 
 /// Result of a walk.
@@ -201,6 +204,8 @@ impl<'a> FlowDecoder<'a> {
             cur_offset: 0,
             eof: false,
             stats: FlowStats::default(),
+            n_insns: 0,
+            n_runs: 0,
             cfg,
         }
     }
@@ -237,6 +242,8 @@ impl<'a> FlowDecoder<'a> {
     /// Counters so far.
     pub fn stats(&self) -> FlowStats {
         let mut s = self.stats;
+        s.insns = self.n_insns;
+        s.runs = self.n_runs;
         s.decoded_insns = self.cache.decoded;
         s.cache_flushes = self.cache.flushes;
         s
@@ -248,7 +255,7 @@ impl<'a> FlowDecoder<'a> {
             self.fill();
         }
         match self.out.pop_front()? {
-            Seg::Event(e) => Some(BlockItem::Event(e)),
+            Seg::Event(e) => Some(BlockItem::Event(*e)),
             Seg::Run {
                 blk,
                 skip,
@@ -280,7 +287,7 @@ impl<'a> FlowDecoder<'a> {
         let front = self.out.front_mut()?;
         match front {
             Seg::Event(_) => match self.out.pop_front() {
-                Some(Seg::Event(e)) => Some(Item::Event(e)),
+                Some(Seg::Event(e)) => Some(Item::Event(*e)),
                 _ => None,
             },
             Seg::Run {
@@ -320,11 +327,11 @@ impl<'a> FlowDecoder<'a> {
             self.stats.errors += 1;
         }
         self.stats.events += 1;
-        self.out.push_back(Seg::Event(Event {
+        self.out.push_back(Seg::Event(Box::new(Event {
             offset: self.cur_offset,
             time: self.time.now(),
             kind,
-        }));
+        })));
     }
 
     fn error(&mut self, kind: FlowErrorKind, ip: Option<u64>) {
@@ -355,8 +362,10 @@ impl<'a> FlowDecoder<'a> {
             }
             (start, ip)
         };
-        self.stats.insns += count as u64;
-        self.stats.runs += 1;
+        // Plain scalar counters: updating `stats.insns`/`stats.runs` together compiled to one
+        // 16-byte read-modify-write per run, which stalled on the previous run's store.
+        self.n_insns += count as u64;
+        self.n_runs += 1;
         self.out.push_back(Seg::Run {
             blk: idx,
             skip,
@@ -467,6 +476,9 @@ impl<'a> FlowDecoder<'a> {
                 self.eof = true;
                 break;
             }
+            if self.state == State::Enabled && self.short_tnt_fast_path() {
+                continue;
+            }
             let Some((off, p)) = self.next_packet() else {
                 continue;
             };
@@ -478,6 +490,31 @@ impl<'a> FlowDecoder<'a> {
                 self.emit_event(EventKind::Overflow { resume: None });
             }
         }
+    }
+
+    /// TNT-8 is the most frequent packet: decode it straight from the byte (reference §1.4)
+    /// without the general packet decoder. Only outside a BBP block, where a byte with bit 0
+    /// clear (other than PAD and the `02` escape) is always TNT-8.
+    #[inline]
+    fn short_tnt_fast_path(&mut self) -> bool {
+        if self.pushback.is_some() || self.pkt.block_context().is_some() {
+            return false;
+        }
+        let pos = self.pkt.position();
+        let Some(&b) = self.pkt.buffer().get(pos) else {
+            return false;
+        };
+        if b & 1 != 0 || b <= 2 {
+            return false;
+        }
+        let payload = b >> 1;
+        // The stop bit is the highest set bit; its index is the number of outcomes.
+        let count = 7 - payload.leading_zeros() as u8;
+        let bits = (payload & ((1u8 << count) - 1)) as u64;
+        self.pkt.set_position(pos + 1);
+        self.cur_offset = pos as u64;
+        self.tnt(Tnt { bits, count });
+        true
     }
 
     fn handle(&mut self, off: u64, p: Packet) {
@@ -653,11 +690,11 @@ impl<'a> FlowDecoder<'a> {
     fn claim(&mut self, kind: EventKind) {
         if self.claims.len() >= MAX_CLAIMS {
             let (off, k) = self.claims.remove(0);
-            self.out.push_back(Seg::Event(Event {
+            self.out.push_back(Seg::Event(Box::new(Event {
                 offset: off,
                 time: self.time.now(),
                 kind: k,
-            }));
+            })));
             self.stats.events += 1;
         }
         self.claims.push((self.cur_offset, kind));
@@ -666,11 +703,11 @@ impl<'a> FlowDecoder<'a> {
     /// Emits the waiting events without an IP (their FUP never came).
     fn flush_claims(&mut self) {
         for (off, k) in std::mem::take(&mut self.claims) {
-            self.out.push_back(Seg::Event(Event {
+            self.out.push_back(Seg::Event(Box::new(Event {
                 offset: off,
                 time: self.time.now(),
                 kind: k,
-            }));
+            })));
             self.stats.events += 1;
         }
     }
@@ -813,8 +850,13 @@ impl<'a> FlowDecoder<'a> {
     /// Walks while TNT bits are pending; stops right after the branch that used the last bit.
     fn walk_tnt(&mut self) {
         let mut walked = 0u64;
+        // The block at `self.ip` when already known through a successor link.
+        let mut cur: Option<u32> = None;
         while self.tnt_count > 0 {
-            let idx = self.cache.get(self.image, self.ip, self.mode);
+            let idx = match cur.take() {
+                Some(i) => i,
+                None => self.cache.get(self.image, self.ip, self.mode),
+            };
             let b: CachedBlock = self.cache.blocks[idx as usize];
             walked += b.n as u64;
             if walked > self.cfg.max_walk {
@@ -826,11 +868,15 @@ impl<'a> FlowDecoder<'a> {
                     let taken = self.pop_bit();
                     self.emit_run(idx, 0, b.n);
                     self.ip = if taken { b.target } else { b.next };
+                    if self.tnt_count > 0 {
+                        cur = Some(self.cache.succ(self.image, idx, taken as usize, self.ip));
+                    }
                     walked = 0;
                 }
                 Term::Insn(InsnClass::DirectJump) => {
                     self.emit_run(idx, 0, b.n);
                     self.ip = b.target;
+                    cur = Some(self.cache.succ(self.image, idx, 1, self.ip));
                 }
                 Term::Insn(InsnClass::DirectCall) => {
                     self.emit_run(idx, 0, b.n);
@@ -838,6 +884,7 @@ impl<'a> FlowDecoder<'a> {
                         self.ret.push(b.next);
                     }
                     self.ip = b.target;
+                    cur = Some(self.cache.succ(self.image, idx, 1, self.ip));
                 }
                 Term::Insn(InsnClass::Return) => {
                     // Bits pending at a RET: it is compressed (§3.3).
@@ -873,6 +920,7 @@ impl<'a> FlowDecoder<'a> {
                 Term::Insn(_) | Term::Limit => {
                     self.emit_run(idx, 0, b.n);
                     self.ip = b.next;
+                    cur = Some(self.cache.succ(self.image, idx, 0, self.ip));
                 }
                 Term::NoCode | Term::BadInsn => {
                     self.emit_run(idx, 0, b.n);
@@ -1195,11 +1243,11 @@ impl<'a> FlowDecoder<'a> {
                     }
                     _ => {}
                 }
-                self.out.push_back(Seg::Event(Event {
+                self.out.push_back(Seg::Event(Box::new(Event {
                     offset: off,
                     time: self.time.now(),
                     kind: k,
-                }));
+                })));
                 self.stats.events += 1;
             }
             if async_follows && self.state == State::Enabled {

@@ -23,7 +23,7 @@ pub struct TimingConfig {
     /// TSC ticks per crystal-clock tick as numerator / denominator (CPUID.15H EBX / EAX); a zero
     /// denominator disables MTC-based time.
     pub ctc_ratio: (u32, u32),
-    /// Maximum non-turbo ratio (MSR_PLATFORM_INFO[15:8]); 0 disables CYC-based time.
+    /// Maximum non-turbo ratio (`MSR_PLATFORM_INFO[15:8]`); 0 disables CYC-based time.
     pub max_nonturbo_ratio: u8,
 }
 

@@ -70,6 +70,8 @@ pub struct HistoryStats {
     /// (the image changed under the history, or a decoder inconsistency). Always 0 in a sound
     /// history; instructions beyond what the decode yielded read as missing.
     pub segment_mismatches: u64,
+    /// Backward searches that decoded segments on several threads.
+    pub parallel_searches: u64,
 }
 
 /// Decides which instruction addresses a search stops at.
@@ -83,6 +85,34 @@ pub trait IpMatch {
     fn may_match_range(&self, start: u64, end: u64) -> bool {
         let _ = (start, end);
         true
+    }
+
+    /// Every address that can match, when the matcher is a finite set of addresses. Searches then
+    /// skip, without decoding, every segment whose [code summary](CodeSummary) rules all of them
+    /// out. The default (`None`) decodes every segment.
+    fn addresses(&self) -> Option<&[u64]> {
+        None
+    }
+
+    /// An independent copy for another thread, so a long search can decode several segments at
+    /// once. The default (`None`) keeps the search on the calling thread.
+    fn fork(&self) -> Option<Box<dyn IpMatch + Send>> {
+        None
+    }
+}
+
+impl IpMatch for Box<dyn IpMatch + Send> {
+    fn matches(&mut self, ip: u64) -> bool {
+        (**self).matches(ip)
+    }
+    fn may_match_range(&self, start: u64, end: u64) -> bool {
+        (**self).may_match_range(start, end)
+    }
+    fn addresses(&self) -> Option<&[u64]> {
+        (**self).addresses()
+    }
+    fn fork(&self) -> Option<Box<dyn IpMatch + Send>> {
+        (**self).fork()
     }
 }
 
@@ -138,7 +168,86 @@ impl IpMatch for Breakpoints {
         let i = self.sorted.partition_point(|&a| a < start);
         i < self.sorted.len() && self.sorted[i] <= end
     }
+
+    fn addresses(&self) -> Option<&[u64]> {
+        Some(&self.sorted)
+    }
+
+    fn fork(&self) -> Option<Box<dyn IpMatch + Send>> {
+        Some(Box::new(self.clone()))
+    }
 }
+
+/// Which code a group of segments executed, approximately: two 256-bit Bloom filters, over the 64-byte lines
+/// and over the 4 KiB pages its instructions occupy. A search for a set of addresses skips every
+/// segment whose summary rules them all out; a false "maybe" only costs a decode. The page filter
+/// keeps pruning when a segment ran so much code that the line filter is saturated.
+///
+/// 64 bytes per [`SegmentGroup`] (at least 4 KiB of trace: at most 1.6 %); built while indexing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CodeSummary {
+    lines: [u64; 4],
+    pages: [u64; 4],
+}
+
+/// Bits of one filter (256) as a shift of the hashes' top bits.
+const SUMMARY_HASH_SHIFT: u32 = 64 - 8;
+
+impl CodeSummary {
+    #[inline(always)]
+    fn set(f: &mut [u64; 4], key: u64) {
+        let h1 = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> SUMMARY_HASH_SHIFT) as usize;
+        let h2 = (key.wrapping_mul(0xC2B2_AE3D_27D4_EB4F) >> SUMMARY_HASH_SHIFT) as usize;
+        f[h1 >> 6] |= 1 << (h1 & 63);
+        f[h2 >> 6] |= 1 << (h2 & 63);
+    }
+
+    #[inline(always)]
+    fn test(f: &[u64; 4], key: u64) -> bool {
+        let h1 = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> SUMMARY_HASH_SHIFT) as usize;
+        let h2 = (key.wrapping_mul(0xC2B2_AE3D_27D4_EB4F) >> SUMMARY_HASH_SHIFT) as usize;
+        f[h1 >> 6] & (1 << (h1 & 63)) != 0 && f[h2 >> 6] & (1 << (h2 & 63)) != 0
+    }
+
+    /// Records the run of instructions from `start` to `end` (the last instruction's address; it
+    /// may extend up to 15 bytes further, but no instruction *starts* beyond `end`).
+    #[inline]
+    pub fn add_run(&mut self, start: u64, end: u64) {
+        if end < start || (end >> 6) - (start >> 6) > 4096 {
+            // Wrapped (16/32-bit code) or absurdly long: give up on these segments.
+            self.lines = [u64::MAX; 4];
+            self.pages = [u64::MAX; 4];
+            return;
+        }
+        let mut line = start >> 6;
+        let mut page = u64::MAX;
+        while line <= end >> 6 {
+            Self::set(&mut self.lines, line);
+            if line >> 6 != page {
+                page = line >> 6;
+                Self::set(&mut self.pages, page);
+            }
+            line += 1;
+        }
+    }
+
+    /// Whether an instruction at `ip` may have executed in the segments summarised.
+    #[inline]
+    pub fn may_contain(&self, ip: u64) -> bool {
+        Self::test(&self.pages, ip >> 12) && Self::test(&self.lines, ip >> 6)
+    }
+
+    /// Whether any of `ips` may have executed in the segments summarised.
+    pub fn may_contain_any(&self, ips: &[u64]) -> bool {
+        ips.iter().any(|&ip| self.may_contain(ip))
+    }
+}
+
+/// Most threads a backward search uses (see [`History::set_search_threads`]).
+pub const MAX_SEARCH_THREADS: usize = 4;
+
+/// A backward search goes parallel only when at least this many segments are left to decode.
+const PARALLEL_MIN_SEGMENTS: usize = 8;
 
 /// Default number of decoded segments kept for random access.
 pub const DEFAULT_CACHE_SEGMENTS: usize = 8;
@@ -155,6 +264,8 @@ pub struct History {
     /// The first `firm` sync points cannot change when the trace grows; the others were found
     /// by a complete update after the last PSB+ that was certainly whole.
     firm: usize,
+    /// Summary groups, in order; the first starts at segment 0.
+    groups: Vec<SegmentGroup>,
     /// Instructions after the last sync point, counted by a complete update (0 otherwise).
     tail: u64,
     /// Length of the trace prefix the last update decoded: every segment is decoded in
@@ -162,42 +273,55 @@ pub struct History {
     view: u64,
     /// The last update was complete (the tail is counted).
     complete: bool,
-    errors: u64,
-    overflows: u64,
-    tail_errors: u64,
-    tail_overflows: u64,
     cache: SegmentCache,
     segments_decoded: u64,
     segment_mismatches: u64,
+    /// Threads a backward search may use (1: the caller's only).
+    search_threads: usize,
+    parallel_searches: u64,
 }
 
 /// What one indexing pass found, before it is applied to a [`History`].
 #[derive(Debug, Clone, Default)]
 struct Scan {
-    /// The firm sync point the pass started from (`None`: the start of the trace).
-    from: Option<SyncPoint>,
+    /// The sync point the pass started from, with its index (`None`: the start of the trace).
+    /// It is always the first point of a summary group.
+    from: Option<(usize, SyncPoint)>,
     /// The view length the pass decoded.
     view: u64,
     complete: bool,
     /// Every PSB event after `from`.
     points: Vec<SyncPoint>,
+    /// The summary groups from `from` on.
+    groups: Vec<SegmentGroup>,
     /// How many of `points` are firm (their PSB+ lies wholly before the last PSB of the trace,
     /// so more trace bytes cannot change them).
     firm: usize,
     /// Instructions after the last point (complete passes only).
     tail: u64,
-    /// Errors / overflows in the segments that end at firm points.
-    errors: u64,
-    overflows: u64,
-    /// Errors / overflows after the last firm point (complete passes only).
-    tail_errors: u64,
-    tail_overflows: u64,
+}
+
+/// Trace bytes a [`SegmentGroup`] spans at least (except the last): bounds the summaries to
+/// 80 bytes per 4 KiB of trace whatever the PSB frequency.
+pub const GROUP_BYTES: u64 = 4096;
+
+/// Consecutive segments spanning at least [`GROUP_BYTES`] of trace, with what their decode found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SegmentGroup {
+    /// Index of its first segment (= sync point); it runs to the next group's first segment.
+    pub first: usize,
+    /// The code its instructions executed.
+    pub summary: CodeSummary,
+    /// Decode errors in its segments.
+    pub errors: u32,
+    /// Overflows in its segments.
+    pub overflows: u32,
 }
 
 /// Where an update's scan starts.
 #[derive(Debug, Clone, Copy)]
 struct Plan {
-    from: Option<SyncPoint>,
+    from: Option<(usize, SyncPoint)>,
 }
 
 /// The prefix of a growing trace that can be indexed for good: up to the last PSB in it (every
@@ -210,12 +334,13 @@ fn view_len(trace: &[u8], complete: bool) -> usize {
     }
 }
 
-/// Decodes `trace[..view]` from `from` (or from the start) and records every PSB event after it.
+/// Decodes `trace[..view]` from `from` (or from the start) and records every PSB event after it,
+/// with the summary groups.
 fn scan(
     trace: &[u8],
     image: &Image,
     cfg: &FlowConfig,
-    from: Option<SyncPoint>,
+    from: Option<(usize, SyncPoint)>,
     complete: bool,
 ) -> Scan {
     let view = view_len(trace, complete);
@@ -230,56 +355,94 @@ fn scan(
         ..Scan::default()
     };
     let (mut dec, mut insns, mut skip_first) = match from {
-        Some(p) => (
+        Some((_, p)) => (
             FlowDecoder::at_psb(bytes, image, cfg.clone(), p.offset),
             p.insn,
             true,
         ),
         None => (FlowDecoder::new(bytes, image, cfg.clone()), 0, false),
     };
-    // Errors and overflows since the last point: they belong to the segment that the next point
-    // ends, or to the tail.
-    let (mut errors, mut overflows) = (0u64, 0u64);
+    let base_idx = from.map_or(0, |(i, _)| i + 1);
+    // The group being filled, and the trace offset where it started.
+    let mut cur: Option<SegmentGroup> = from.map(|(i, _)| SegmentGroup {
+        first: i,
+        ..SegmentGroup::default()
+    });
+    let mut group_at = from.map_or(0, |(_, p)| p.offset);
+    // (groups before the one holding the last firm point, its errors, its overflows) as they
+    // stood at that point: what an incomplete pass keeps.
+    let mut firm_snap = (0usize, 0u32, 0u32);
+    // Errors before the first PSB (none in practice: the decoder starts by synchronising).
+    let (mut early_errors, mut early_overflows) = (0u32, 0u32);
     while let Some(item) = dec.next_block() {
         match item {
-            BlockItem::Block(b) => insns += b.count as u64,
+            BlockItem::Block(b) => {
+                insns += b.count as u64;
+                if let Some(g) = cur.as_mut() {
+                    g.summary.add_run(b.start, b.end);
+                }
+            }
             BlockItem::Event(e) => match e.kind {
                 EventKind::Psb { .. } => {
-                    if skip_first && from.is_some_and(|p| p.offset == e.offset) {
+                    if skip_first && from.is_some_and(|(_, p)| p.offset == e.offset) {
                         skip_first = false;
                         continue;
                     }
                     skip_first = false;
+                    let idx = base_idx + s.points.len();
                     s.points.push(SyncPoint {
                         offset: e.offset,
                         insn: insns,
                     });
+                    if cur.is_none() || e.offset >= group_at.saturating_add(GROUP_BYTES) {
+                        s.groups.extend(cur.take());
+                        cur = Some(SegmentGroup {
+                            first: idx,
+                            errors: std::mem::take(&mut early_errors),
+                            overflows: std::mem::take(&mut early_overflows),
+                            ..SegmentGroup::default()
+                        });
+                        group_at = e.offset;
+                    }
                     if e.offset < firm_limit {
                         s.firm = s.points.len();
-                        s.errors += errors;
-                        s.overflows += overflows;
-                    } else {
-                        s.tail_errors += errors;
-                        s.tail_overflows += overflows;
+                        let g = cur.as_ref().map_or((0, 0), |g| (g.errors, g.overflows));
+                        firm_snap = (s.groups.len(), g.0, g.1);
                     }
-                    errors = 0;
-                    overflows = 0;
                 }
-                EventKind::Error { .. } => errors += 1,
-                EventKind::Overflow { .. } => overflows += 1,
+                EventKind::Error { .. } => match cur.as_mut() {
+                    Some(g) => g.errors = g.errors.saturating_add(1),
+                    None => early_errors = early_errors.saturating_add(1),
+                },
+                EventKind::Overflow { .. } => match cur.as_mut() {
+                    Some(g) => g.overflows = g.overflows.saturating_add(1),
+                    None => early_overflows = early_overflows.saturating_add(1),
+                },
                 _ => {}
             },
         }
     }
+    s.groups.extend(cur);
     if complete {
-        let base = s.points.last().or(from.as_ref()).map_or(0, |p| p.insn);
+        let base = s
+            .points
+            .last()
+            .copied()
+            .or(from.map(|(_, p)| p))
+            .map_or(0, |p| p.insn);
         s.tail = insns - base;
-        s.tail_errors += errors;
-        s.tail_overflows += overflows;
     } else {
+        // Keep what cannot change: the firm points, and the groups up to the one holding the
+        // last of them, with its counts as they stood there. (Its summary may hold code run
+        // after that point: a harmless "maybe", recomputed by the next pass, which starts at
+        // that group.)
         s.points.truncate(s.firm);
-        s.tail_errors = 0;
-        s.tail_overflows = 0;
+        let (g, errors, overflows) = firm_snap;
+        s.groups.truncate(g + 1);
+        if let Some(last) = s.groups.get_mut(g) {
+            last.errors = errors;
+            last.overflows = overflows;
+        }
     }
     s
 }
@@ -291,15 +454,16 @@ impl History {
             cfg,
             sync: Vec::new(),
             firm: 0,
+            groups: Vec::new(),
             tail: 0,
             view: 0,
             complete: false,
-            errors: 0,
-            overflows: 0,
-            tail_errors: 0,
-            tail_overflows: 0,
             cache: SegmentCache::new(DEFAULT_CACHE_SEGMENTS),
             segments_decoded: 0,
+            search_threads: std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(MAX_SEARCH_THREADS),
+            parallel_searches: 0,
             segment_mismatches: 0,
         }
     }
@@ -314,6 +478,13 @@ impl History {
     /// The decoder configuration.
     pub fn config(&self) -> &FlowConfig {
         &self.cfg
+    }
+
+    /// Sets how many threads a backward search ([`rfind_with`](Self::rfind_with)) may use to
+    /// decode segments at once (1: only the calling thread). The default is the number of CPUs,
+    /// at most [`MAX_SEARCH_THREADS`]. Only matchers that can [`fork`](IpMatch::fork) go parallel.
+    pub fn set_search_threads(&mut self, n: usize) {
+        self.search_threads = n.clamp(1, MAX_SEARCH_THREADS);
     }
 
     /// Sets how many decoded segments the random-access cache keeps (at least 1).
@@ -338,9 +509,13 @@ impl History {
         self.len()
     }
 
-    /// The last firm sync point: where the next scan starts.
-    fn resume_point(&self) -> Option<SyncPoint> {
-        self.sync[..self.firm].last().copied()
+    /// Where the next scan starts: the first point of the summary group that holds the last
+    /// firm point (the group's summary is rebuilt whole), with its index.
+    fn resume_point(&self) -> Option<(usize, SyncPoint)> {
+        let last_firm = self.firm.checked_sub(1)?;
+        let g = self.groups.partition_point(|g| g.first <= last_firm);
+        let first = self.groups.get(g.checked_sub(1)?)?.first;
+        Some((first, self.sync[first]))
     }
 
     /// Whether an update of `trace` with `complete` would change anything; if so, the point its
@@ -359,18 +534,26 @@ impl History {
         if s.from != self.resume_point() || s.view < self.view {
             return false;
         }
+        let keep = s.from.map_or(0, |(i, _)| i + 1);
+        let keep_groups = s
+            .from
+            .map_or(0, |(i, _)| self.groups.partition_point(|g| g.first < i));
         // The segments from the resume point on are re-read: drop their decoded copies.
-        self.cache.forget_from(self.firm.saturating_sub(1));
-        self.sync.truncate(self.firm);
+        self.cache.forget_from(keep.saturating_sub(1));
+        self.sync.truncate(keep);
         self.sync.extend_from_slice(&s.points);
-        self.firm += s.firm;
-        self.errors += s.errors;
-        self.overflows += s.overflows;
+        self.groups.truncate(keep_groups);
+        self.groups.extend_from_slice(&s.groups);
+        self.firm = keep + s.firm;
         self.tail = s.tail;
-        self.tail_errors = s.tail_errors;
-        self.tail_overflows = s.tail_overflows;
         self.view = s.view;
         self.complete = s.complete;
+        if s.complete {
+            // A complete update is a stop or the end of a recording: a good time to return the
+            // vectors' spare capacity.
+            self.sync.shrink_to_fit();
+            self.groups.shrink_to_fit();
+        }
         true
     }
 
@@ -405,12 +588,15 @@ impl History {
             insns: self.len(),
             sync_points: self.sync.len() as u64,
             indexed_bytes: self.view,
-            index_bytes: (self.sync.capacity() * std::mem::size_of::<SyncPoint>()) as u64,
+            index_bytes: (self.sync.capacity() * std::mem::size_of::<SyncPoint>()
+                + self.groups.capacity() * std::mem::size_of::<SegmentGroup>())
+                as u64,
             cache_bytes: self.cache.bytes(),
-            errors: self.errors + self.tail_errors,
-            overflows: self.overflows + self.tail_overflows,
+            errors: self.groups.iter().map(|g| g.errors as u64).sum(),
+            overflows: self.groups.iter().map(|g| g.overflows as u64).sum(),
             segments_decoded: self.segments_decoded,
             segment_mismatches: self.segment_mismatches,
+            parallel_searches: self.parallel_searches,
         }
     }
 
@@ -490,6 +676,28 @@ impl History {
         seg
     }
 
+    /// If the summary of the group holding segment `k` shows that `m` cannot match in it, the
+    /// group's segments (`first..end`).
+    fn ruled_out<M: IpMatch>(&self, k: usize, m: &M) -> Option<(usize, usize)> {
+        let addrs = m.addresses()?;
+        let g = self
+            .groups
+            .partition_point(|g| g.first <= k)
+            .checked_sub(1)?;
+        let grp = self.groups[g];
+        if grp.summary.may_contain_any(addrs) {
+            return None;
+        }
+        let end = self.groups.get(g + 1).map_or(self.sync.len(), |n| n.first);
+        Some((grp.first, end))
+    }
+
+    /// The summary groups: consecutive segments spanning at least [`GROUP_BYTES`] of trace with
+    /// a summary of the code they ran.
+    pub fn groups(&self) -> &[SegmentGroup] {
+        &self.groups
+    }
+
     /// Number of the last instruction before `from` whose address satisfies `pred`
     /// (reverse-continue to a condition), or `None` if there is none.
     pub fn rfind(
@@ -515,7 +723,10 @@ impl History {
     }
 
     /// Number of the last instruction before `from` that `m` matches (reverse-continue). Walks
-    /// segments backwards, each decoded forward once; cached segments are searched in place.
+    /// segments backwards, each decoded forward once: cached segments are searched in place,
+    /// groups of segments whose code summary rules the matcher out are skipped, and when many
+    /// segments remain and the matcher can [`fork`](IpMatch::fork), several threads decode them
+    /// at once (the nearest hit wins, as in the sequential order).
     pub fn rfind_with<M: IpMatch>(
         &mut self,
         trace: &[u8],
@@ -530,37 +741,33 @@ impl History {
         let view = self.view_of(trace);
         let mut dec: Option<FlowDecoder<'_>> = None;
         let mut k = self.segment_of(from - 1);
+        let mut first_segment = true;
         loop {
-            let (first, _) = self.segment_range(k);
+            if let Some((group_first, _)) = self.ruled_out(k, m) {
+                // No breakpoint in this group's code: skip all its segments.
+                if group_first == 0 {
+                    return None;
+                }
+                k = group_first - 1;
+                continue;
+            }
             let hit = if let Some(seg) = self.cache.get(k) {
                 seg.rfind(from, m)
             } else {
-                let d = reuse_decoder(&mut dec, view, image, &self.cfg, self.sync[k].offset);
-                self.segments_decoded += 1;
-                let mut i = first;
-                let mut last = None;
-                walk_segment(d, self.sync[k], self.sync.get(k + 1).copied(), |b| {
-                    if i >= from {
-                        return false;
-                    }
-                    let n = b.count as u64;
-                    if m.may_match_range(b.start, b.end) {
-                        let mut ip = b.start;
-                        for (j, &len) in b.lens().iter().enumerate() {
-                            let at = i + j as u64;
-                            if at >= from {
-                                break;
-                            }
-                            if m.matches(ip) {
-                                last = Some(at);
-                            }
-                            ip = ip.wrapping_add(len as u64);
+                if !first_segment && self.search_threads > 1 {
+                    let todo = self.backward_candidates(k, m);
+                    if todo.len() >= PARALLEL_MIN_SEGMENTS {
+                        if let Some(forks) = (1..self.search_threads.min(todo.len()))
+                            .map(|_| m.fork())
+                            .collect::<Option<Vec<_>>>()
+                        {
+                            return self.par_rfind(view, image, from, &todo, m, forks);
                         }
                     }
-                    i += n;
-                    true
-                });
-                last
+                }
+                let d = reuse_decoder(&mut dec, view, image, &self.cfg, self.sync[k].offset);
+                self.segments_decoded += 1;
+                scan_segment_back(d, &self.sync, k, self.segment_range(k).0, from, m)
             };
             if hit.is_some() {
                 return hit;
@@ -569,7 +776,79 @@ impl History {
                 return None;
             }
             k -= 1;
+            first_segment = false;
         }
+    }
+
+    /// The segments a backward search from segment `k` still has to look at, nearest first:
+    /// all of them down to 0 except those in groups the matcher is ruled out of.
+    fn backward_candidates<M: IpMatch>(&self, k: usize, m: &M) -> Vec<usize> {
+        let mut out = Vec::new();
+        let mut k = Some(k);
+        while let Some(j) = k {
+            match self.ruled_out(j, m) {
+                Some((group_first, _)) => k = group_first.checked_sub(1),
+                None => {
+                    out.push(j);
+                    k = j.checked_sub(1);
+                }
+            }
+        }
+        out
+    }
+
+    /// The parallel tail of [`rfind_with`](Self::rfind_with): `todo` (nearest first) is handed
+    /// out to the calling thread and one thread per fork; each decodes whole segments with its
+    /// own decoder. Once a hit is found in `todo[i]`, no segment after `i` is started, and the
+    /// hit with the smallest `i` (the nearest to `from`) is the answer.
+    fn par_rfind<M: IpMatch>(
+        &mut self,
+        view: &[u8],
+        image: &Image,
+        from: u64,
+        todo: &[usize],
+        m: &mut M,
+        forks: Vec<Box<dyn IpMatch + Send>>,
+    ) -> Option<u64> {
+        use std::sync::Mutex;
+        use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+        let next = AtomicUsize::new(0);
+        let best = AtomicUsize::new(usize::MAX);
+        let decoded = AtomicU64::new(0);
+        let hits: Mutex<Vec<(usize, u64)>> = Mutex::new(Vec::new());
+        let (sync, cfg) = (&self.sync[..], &self.cfg);
+        let firsts: Vec<u64> = todo.iter().map(|&k| self.segment_range(k).0).collect();
+        let work = |m: &mut dyn IpMatch| {
+            let mut dec: Option<FlowDecoder<'_>> = None;
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= todo.len() || i > best.load(Ordering::Acquire) {
+                    return;
+                }
+                let k = todo[i];
+                let d = reuse_decoder(&mut dec, view, image, cfg, sync[k].offset);
+                decoded.fetch_add(1, Ordering::Relaxed);
+                let mut m = DynMatch(m);
+                if let Some(hit) = scan_segment_back(d, sync, k, firsts[i], from, &mut m) {
+                    best.fetch_min(i, Ordering::AcqRel);
+                    hits.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push((i, hit));
+                    return;
+                }
+            }
+        };
+        std::thread::scope(|scope| {
+            for mut f in forks {
+                let work = &work;
+                scope.spawn(move || work(&mut *f));
+            }
+            work(m);
+        });
+        self.segments_decoded += decoded.into_inner();
+        self.parallel_searches += 1;
+        let hits = hits.into_inner().unwrap_or_else(|e| e.into_inner());
+        hits.into_iter().min_by_key(|h| h.0).map(|h| h.1)
     }
 
     /// Number of the first instruction at or after `from` that `m` matches (forward replay).
@@ -587,6 +866,10 @@ impl History {
         let mut dec: Option<FlowDecoder<'_>> = None;
         let mut k = self.segment_of(from);
         while k < self.sync.len() {
+            if let Some((_, group_end)) = self.ruled_out(k, m) {
+                k = group_end;
+                continue;
+            }
             let (first, end) = self.segment_range(k);
             let hit = if let Some(seg) = self.cache.get(k) {
                 seg.find(from, m)
@@ -622,6 +905,56 @@ impl History {
         }
         None
     }
+}
+
+/// `&mut dyn IpMatch` as an [`IpMatch`] (for the shared search code).
+struct DynMatch<'m>(&'m mut dyn IpMatch);
+
+impl IpMatch for DynMatch<'_> {
+    #[inline]
+    fn matches(&mut self, ip: u64) -> bool {
+        self.0.matches(ip)
+    }
+    #[inline]
+    fn may_match_range(&self, start: u64, end: u64) -> bool {
+        self.0.may_match_range(start, end)
+    }
+}
+
+/// Decodes segment `k` (whose first instruction is number `first`) and returns the last
+/// instruction before `from` that `m` matches. Runs whose address range `m` rules out are not
+/// looked into.
+fn scan_segment_back<M: IpMatch + ?Sized>(
+    dec: &mut FlowDecoder<'_>,
+    sync: &[SyncPoint],
+    k: usize,
+    first: u64,
+    from: u64,
+    m: &mut M,
+) -> Option<u64> {
+    let mut i = first;
+    let mut last = None;
+    walk_segment(dec, sync[k], sync.get(k + 1).copied(), |b| {
+        if i >= from {
+            return false;
+        }
+        if m.may_match_range(b.start, b.end) {
+            let mut ip = b.start;
+            for (j, &len) in b.lens().iter().enumerate() {
+                let at = i + j as u64;
+                if at >= from {
+                    break;
+                }
+                if m.matches(ip) {
+                    last = Some(at);
+                }
+                ip = ip.wrapping_add(len as u64);
+            }
+        }
+        i += b.count as u64;
+        true
+    });
+    last
 }
 
 /// The search decoder: created once per search, then moved from segment to segment so its block

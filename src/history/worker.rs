@@ -382,7 +382,7 @@ impl<T: TraceView> Shared<T> {
             let h = lock(&self.history);
             (h.resume_point(), h.view, h.complete, h.cfg.clone())
         };
-        let start = from.map_or(0, |p| usize::try_from(p.offset).unwrap_or(usize::MAX));
+        let start = from.map_or(0, |(_, p)| usize::try_from(p.offset).unwrap_or(usize::MAX));
         let image = &*self.image;
         let (scan, len, caught_up) = self.trace.with_bytes(|bytes| {
             let len = bytes.len();

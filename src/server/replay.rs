@@ -14,7 +14,10 @@
 //! and shown by `monitor stats` (it is never silently ignored).
 //!
 //! With recording off (`monitor record off`) forward execution runs at full speed through the
-//! ptrace target (its INT3 breakpoints), untraced.
+//! ptrace target (its INT3 breakpoints), untraced. Such a run changes registers and memory
+//! without a record, so the state before it cannot be rebuilt: reverse execution then stops at
+//! the first instruction recorded after it (the *floor*, shown by `monitor stats`), reporting
+//! `replaylog:begin`; `monitor history`/`calls` still show the older control flow.
 //!
 //! ## Replay (the cursor `n` is before the present)
 //!
@@ -24,7 +27,7 @@
 //! * Memory reads are the live memory with the old values of every write after `n` put back.
 //!   The live process's breakpoints are never visible (the ptrace target shows original code
 //!   bytes while stopped). Writes to memory or registers in the past are refused.
-//! * `bs` moves to `n - 1` (at 0: `replaylog:begin`); `bc` to the last earlier instruction at a
+//! * `bs` moves to `n - 1` (at 0 or the floor: `replaylog:begin`); `bc` to the last earlier instruction at a
 //!   breakpoint address ([`History::rfind_with`]), or to 0 with `replaylog:begin`.
 //! * Forward step/continue replay forward ([`History::find_with`]); reaching the present by a
 //!   continue reports `replaylog:end` (GDB: "No more reverse-execution history") and leaves the
@@ -122,8 +125,12 @@ pub struct Recorder {
     /// Cache of the registers at the cursor.
     regs_at: Option<(u64, Regs)>,
     notices: Vec<Notice>,
-    /// Instructions run untraced (recording off) — they are not in the history.
+    /// Resumptions run untraced (recording off).
     untraced_runs: u64,
+    /// The oldest position the state can be rebuilt for: an untraced run changed registers
+    /// and memory without a record, so nothing before it can be undone to. Reverse execution
+    /// stops here (`replaylog:begin`).
+    floor: u64,
     symbols: Option<Symbolizer>,
 }
 
@@ -173,6 +180,7 @@ impl Recorder {
             regs_at: None,
             notices: Vec::new(),
             untraced_runs: 0,
+            floor: 0,
             symbols: None,
         })
     }
@@ -229,9 +237,24 @@ impl Recorder {
         });
     }
 
-    /// Moves the cursor (`n >= len()` means the present).
-    pub fn goto(&mut self, n: u64) {
+    /// Moves the cursor (`n >= len()` means the present). Positions before
+    /// [`floor`](Self::floor) cannot be reconstructed and are refused.
+    pub fn goto(&mut self, n: u64) -> Result<(), String> {
+        if n < self.floor {
+            return Err(format!(
+                "instruction {n} is before an untraced run (recording was off): the state \
+                 there cannot be rebuilt; the oldest reachable instruction is {}",
+                self.floor
+            ));
+        }
         self.cursor = (n < self.len()).then_some(n);
+        self.regs_at = None;
+        Ok(())
+    }
+
+    /// The oldest instruction whose state can be rebuilt (after the last untraced run).
+    pub fn floor(&self) -> u64 {
+        self.floor
     }
 
     /// Recorder counters.
@@ -297,8 +320,9 @@ impl Recorder {
         );
         line(&mut out, "decode errors", h.errors.to_string());
         line(&mut out, "overflows", h.overflows.to_string());
-        line(&mut out, "untraced instructions", r.unrecorded.to_string());
+        line(&mut out, "unrecorded steps", r.unrecorded.to_string());
         line(&mut out, "untraced runs", self.untraced_runs.to_string());
+        line(&mut out, "reverse floor", self.floor.to_string());
         line(&mut out, "single steps", r.single_steps.to_string());
         line(&mut out, "signal stops", r.signal_stops.to_string());
         line(&mut out, "recorder anomalies", r.anomalies.to_string());
@@ -440,7 +464,7 @@ impl Recorder {
         let c = self.position();
         let ev = match how {
             ReverseResume::Step => {
-                if c == 0 {
+                if c <= self.floor {
                     StopEvent::HistoryEnd { at_begin: true }
                 } else {
                     self.cursor = Some(c - 1);
@@ -453,13 +477,13 @@ impl Recorder {
                 let (h, img) = (&mut self.history, &self.image);
                 let hit = store.with_bytes(|b| h.rfind_with(b, img, c, &mut m));
                 match hit {
-                    Some(k) => {
+                    Some(k) if k >= self.floor => {
                         self.cursor = Some(k);
                         let pc = self.insn_ip(k).unwrap_or(0);
                         StopEvent::Breakpoint { pc }
                     }
-                    None => {
-                        self.cursor = (!self.is_empty()).then_some(0);
+                    _ => {
+                        self.cursor = (self.floor < self.len()).then_some(self.floor);
                         StopEvent::HistoryEnd { at_begin: true }
                     }
                 }
@@ -473,7 +497,7 @@ impl Recorder {
         let len = self.len();
         let ev = match how {
             Resume::Step { .. } => {
-                self.goto(c + 1);
+                self.cursor = (c + 1 < len).then_some(c + 1);
                 StopEvent::Step
             }
             Resume::Continue { .. } => {
@@ -525,6 +549,7 @@ impl Recorder {
         } else {
             self.rec.set_pending_signal(None);
             self.untraced_runs += 1;
+            self.floor = self.len();
             let how = match how {
                 Resume::Continue { .. } => Resume::Continue {
                     signal: signal.map(|s| s as i32),
@@ -1089,7 +1114,7 @@ pub fn register_monitors(registry: &mut MonitorRegistry, target: &RecordingTarge
             let mut r = s.borrow_mut();
             let len = r.len();
             let n = match a.trim() {
-                "begin" | "start" => 0,
+                "begin" | "start" => r.floor(),
                 "end" | "present" => len,
                 other => other
                     .parse::<u64>()
@@ -1098,8 +1123,7 @@ pub fn register_monitors(registry: &mut MonitorRegistry, target: &RecordingTarge
             if n > len {
                 return Err(format!("instruction {n} is beyond the history ({len})"));
             }
-            r.goto(n);
-            r.regs_at = None;
+            r.goto(n)?;
             Ok(r.where_text())
         },
     );

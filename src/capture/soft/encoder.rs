@@ -25,15 +25,18 @@
 //! * asynchronous transfers seen from user space (signal delivery after a fault, a timer or a
 //!   `kill`) are FUP(the IP that did not execute yet) + TIP.PGD(suppressed), then TIP.PGE at the
 //!   handler — the user-only sequence of SDM Table 36-50;
-//! * every `psb_period` bytes, at an instruction boundary, PSB+ restates the state: [TSC],
+//! * every `psb_period` bytes, at an instruction boundary, PSB+ restates the state: \[TSC\],
 //!   MODE.Exec, FUP(current IP), PSBEND; Last IP and the return stack restart from empty.
 //!
 //! Placement of MODE.Exec and TSC follows what a processor tracing with `USR = 1, OS = 0` does:
 //!
 //! * MODE.Exec directly precedes the TIP.PGE it applies to (SDM: "MODE.Exec always immediately
-//!   precedes the TIP or TIP.PGE"), and only when the decoder cannot know the mode yet: after a
-//!   PSB+ that carried no MODE.Exec (tracing was off at the PSB) — the 64-bit user mode never
-//!   changes across a kernel entry, so a TIP.PGE after a SYSCALL carries none;
+//!   precedes the TIP or TIP.PGE"). The SDM generates it for "any scenario that can generate a
+//!   TIP.PGE, such that the mode may have changed since the last MODE.Exec": with `OS = 0`
+//!   every TIP.PGE follows time spent outside the traced context, where it may have, so by
+//!   default every TIP.PGE gets one ([`EncoderConfig::mode_exec_on_every_pge`]); with that off,
+//!   only a TIP.PGE after a PSB+ without MODE.Exec (tracing was off at the PSB) gets one — the
+//!   minimum a decoder needs, since the 64-bit user mode never changes across a kernel entry;
 //! * TSC is emitted only where the processor initialises its time: inside each PSB+ (and so at
 //!   the TraceEn 0→1 of [`SoftEncoder::step`] after [`SoftEncoder::new`] or
 //!   [`SoftEncoder::disable`], which starts with PSB+). With `USR`-only tracing TraceEn stays set
@@ -108,6 +111,9 @@ pub struct EncoderConfig {
     pub psb_period: usize,
     /// Emit a TSC packet in each PSB+ (`TSCEn`).
     pub tsc: bool,
+    /// Precede every TIP.PGE with MODE.Exec (see the module docs); when false, only the first
+    /// TIP.PGE after a PSB+ without MODE.Exec gets one.
+    pub mode_exec_on_every_pge: bool,
 }
 
 impl Default for EncoderConfig {
@@ -116,6 +122,7 @@ impl Default for EncoderConfig {
             ret_compression: true,
             psb_period: 4096,
             tsc: true,
+            mode_exec_on_every_pge: true,
         }
     }
 }
@@ -337,11 +344,22 @@ impl SoftEncoder {
         self.state = Enable::Off;
     }
 
-    /// Ends the trace because the process is gone (exit, or killed by a signal before the
-    /// instruction at `ip` executed): like [`disable`](Self::disable), so the trace always ends
-    /// with a TIP.PGD (after a final SYSCALL such as `exit_group`, it already did).
-    pub fn finish(&mut self, ip: u64) {
-        self.disable(ip);
+    /// Ends the trace because the process is gone or recording stops for good. With `Some(ip)`
+    /// (killed before the instruction at `ip` executed, or stopped there) this is
+    /// [`disable`](Self::disable); with `None` (where execution stood is unknown) a lone
+    /// TIP.PGD(suppressed) ends packet generation. Either way the trace ends with a TIP.PGD
+    /// (after a final SYSCALL such as `exit_group` it already did, and nothing is added).
+    pub fn finish(&mut self, ip: Option<u64>) {
+        match ip {
+            Some(ip) => self.disable(ip),
+            None => {
+                if self.state == Enable::On {
+                    self.tip(IpKind::TipPgd, None);
+                }
+                self.flush_tnt();
+                self.state = Enable::Off;
+            }
+        }
     }
 
     /// Writes pending TNT bits out so that everything encoded so far is in the output. Like a
@@ -383,7 +401,7 @@ impl SoftEncoder {
             // MODE.Exec + TIP.PGE at the first traced instruction.
             self.psb_plus(None);
         }
-        if self.mode_pending {
+        if self.mode_pending || self.config.mode_exec_on_every_pge {
             self.put(&Packet::ModeExec {
                 csl: true,
                 csd: false,
@@ -722,7 +740,7 @@ mod tests {
     }
 
     #[test]
-    fn syscall_is_pgd_without_fup_then_pge_without_mode() {
+    fn syscall_is_pgd_without_fup_then_pge_with_mode() {
         let steps = [
             step(BASE, 2, Cofi::Conditional { taken: false }, BASE + 2),
             step(BASE + 2, 2, Cofi::KernelEntry, BASE + 4),
@@ -742,11 +760,22 @@ mod tests {
                 // The pending TNT bit is forced out before the PGD.
                 P::Tnt("N".into()),
                 P::Pgd(None),
+                P::Mode,
                 P::Pge(BASE + 4),
                 P::Pgd(None),
+                P::Mode,
                 P::Pge(BASE + 0x900),
             ]
         );
+        // The minimal form: MODE.Exec only where the decoder cannot know the mode.
+        let cfg = EncoderConfig {
+            mode_exec_on_every_pge: false,
+            ..no_tsc()
+        };
+        let got = run(cfg, &steps);
+        let modes = got.iter().filter(|p| **p == P::Mode).count();
+        assert_eq!(modes, 1, "{got:?}");
+        assert_eq!(got[6], P::Pge(BASE + 4));
     }
 
     #[test]
@@ -763,6 +792,7 @@ mod tests {
                 P::Pge(BASE),
                 P::Fup(BASE + 1),
                 P::Pgd(None),
+                P::Mode,
                 P::Pge(BASE + 2)
             ]
         );
@@ -795,8 +825,10 @@ mod tests {
                 P::Tnt("T".into()),
                 P::Fup(BASE + 0x20),
                 P::Pgd(None),
+                P::Mode,
                 P::Pge(handler),
                 P::Pgd(None),
+                P::Mode,
                 P::Pge(BASE + 0x20),
             ]
         );
@@ -809,7 +841,7 @@ mod tests {
         e.disable(BASE + 1);
         assert!(!e.is_tracing());
         e.step(plain(BASE + 0x80));
-        e.finish(BASE + 0x81);
+        e.finish(Some(BASE + 0x81));
         let got = decode(&e.take_output());
         assert_eq!(
             got,
@@ -836,6 +868,7 @@ mod tests {
             psb_period: 64,
             tsc: true,
             ret_compression: true,
+            mode_exec_on_every_pge: true,
         };
         let mut e = SoftEncoder::new(cfg);
         let f = BASE + 0x1000;

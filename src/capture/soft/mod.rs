@@ -11,6 +11,24 @@
 //! * [`server_target`] — [`StepTarget`] for the GDB server's `PtraceTarget`;
 //! * [`procmaps`] — `/proc/PID/maps`, `main`/entry lookup, image snapshots.
 
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::process::Command;
+//! use ptrewind::capture::soft::{PtraceChild, RecorderConfig, SoftRecorder};
+//!
+//! let child = PtraceChild::spawn(Command::new("./a.out"))?;
+//! // Runs the dynamic loader untraced to `main`, then records until the process exits.
+//! let mut recorder = SoftRecorder::new(child, RecorderConfig::default())?;
+//! recorder.run(None)?;
+//! let recording = recorder.finish()?;
+//! assert_eq!(recording.stats.lost_bytes, 0);
+//! // `recording.trace` is an Intel PT stream (user-only, as `intel_pt//u` would give) and
+//! // `recording.image` the process's code at exit: decode them with `crate::flow::FlowDecoder`.
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
 pub mod classify;
 pub mod encoder;
 pub mod procmaps;
@@ -22,8 +40,8 @@ pub mod target;
 pub use classify::{CachedInsn, InsnCache, InsnClass};
 pub use encoder::{Cofi, EncoderConfig, EncoderStats, SoftEncoder, Step};
 pub use recorder::{
-    Exit, RecordError, RecordFrom, RecorderConfig, RecorderStats, Recording, RingConfig,
-    SoftRecorder, StepEvent, StepMode,
+    Exit, Interrupter, RecordError, RecordFrom, RecorderConfig, RecorderStats, Recording,
+    RingConfig, SoftRecorder, StepEvent, StepMode,
 };
 pub use state_log::{StateLog, StateLogStats};
 pub use target::{PtraceChild, Regs, SigInfo, StepStop, StepTarget, TargetError};

@@ -23,7 +23,28 @@
 //!   snapshotted while its memory is still there, then the trace ends cleanly.
 //!
 //! `rt_sigreturn` needs no special case: it is a SYSCALL (TIP.PGD) after which the kernel
-//! returns somewhere else (TIP.PGE at the interrupted IP).
+//! returns somewhere else (TIP.PGE at the interrupted IP). A successful `execve` is a SYSCALL
+//! too, reported as `PTRACE_EVENT_EXEC`; recording goes on in the new program (TIP.PGE at its
+//! first instruction) with the instruction cache emptied.
+//!
+//! ## Block stepping
+//!
+//! Straight-line code produces no packets, so by default ([`StepMode::Block`]) the recorder
+//! runs each run of non-branch instructions at full speed up to a temporary INT3 on the next
+//! change-of-flow instruction (or system call), and single-steps only that one. A signal or
+//! fault inside the block stops it at an instruction boundary: everything before that IP
+//! executed. Block stepping is not used while the [`StateLog`] is on (it needs every
+//! instruction's effects), while a signal is to be delivered, or once the process created a
+//! thread (threads share the code and are not traced).
+//!
+//! ## Limits
+//!
+//! One thread is recorded (threads and children the program creates run untraced). Code that
+//! is modified without `mmap`/`mprotect`/`munmap`/`mremap` system calls (a JIT writing into
+//! RWX memory) is not re-decoded. The execution mode is assumed to be 64-bit user mode (far
+//! transfers into 32-bit code get no MODE.Exec). Inside a SIGTRAP handler every step's trap
+//! finds SIGTRAP blocked, and the kernel then resets the program's SIGTRAP handler to the
+//! default action (as when GDB steps there): a second SIGTRAP (INT3) would kill the program.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -47,7 +68,8 @@ use crate::store::live::{Gap, TraceStore};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RecordFrom {
     /// At `main` (from the executable's symbol table): the dynamic loader and libc start-up run
-    /// untraced at full speed up to a temporary breakpoint.
+    /// untraced at full speed up to a temporary breakpoint. A stripped executable (no `main`
+    /// symbol) is recorded from its entry point ([`SoftRecorder::start_address`] says where).
     Main,
     /// At the executable's ELF entry point (`_start`), after the dynamic loader.
     Entry,
@@ -55,6 +77,17 @@ pub enum RecordFrom {
     Exec,
     /// Not automatically: call [`SoftRecorder::record_on`].
     OnDemand,
+}
+
+/// Stops a [`SoftRecorder::run`] from another thread.
+#[derive(Debug, Clone)]
+pub struct Interrupter(Arc<AtomicBool>);
+
+impl Interrupter {
+    /// Asks the running recorder to return at the next instruction boundary.
+    pub fn interrupt(&self) {
+        self.0.store(true, Ordering::Release);
+    }
 }
 
 /// How the recorder advances the target.
@@ -226,8 +259,10 @@ pub struct RecorderStats {
     /// Bytes the output ring lost (overwritten or dropped) — 0 unless the ring is too small
     /// for one batch.
     pub lost_bytes: u64,
-    /// Distinct instructions decoded.
+    /// Instructions in the decode cache (distinct addresses since the last invalidation).
     pub decoded_instructions: u64,
+    /// Successful `execve` calls (recording continues in the new program).
+    pub execs: u64,
     /// Successful clone/clone3 calls (threads and children run untraced; block stepping is
     /// turned off after the first).
     pub clones: u64,
@@ -267,6 +302,9 @@ pub struct SoftRecorder<T: StepTarget> {
     recording: bool,
     finished: bool,
     block_stepping_allowed: bool,
+    breakpoint_hit: Option<u64>,
+    start_address: Option<u64>,
+    interrupt: Arc<AtomicBool>,
     pending_signal: Option<Signal>,
     /// Registers at the current stop (valid until the next resume).
     regs: Option<Regs>,
@@ -328,13 +366,24 @@ impl<T: StepTarget> SoftRecorder<T> {
     /// the configured start and, unless [`RecordFrom::OnDemand`], turns recording on there.
     pub fn new(mut target: T, config: RecorderConfig) -> Result<Self, RecordError> {
         let start = match config.record_from {
-            RecordFrom::Main => Some(procmaps::symbol_address(target.pid(), "main")?),
+            RecordFrom::Main => match procmaps::symbol_address(target.pid(), "main") {
+                Ok(a) => Some(a),
+                // A stripped executable: start at its entry point instead.
+                Err(SymbolError::NoSymbol { .. }) => {
+                    Some(procmaps::exe_addresses(target.pid())?.1.entry)
+                }
+                Err(e) => return Err(e.into()),
+            },
             RecordFrom::Entry => Some(procmaps::exe_addresses(target.pid())?.1.entry),
             RecordFrom::Exec | RecordFrom::OnDemand => None,
         };
         if let Some(addr) = start {
             run_to_breakpoint(&mut target, addr)?;
         }
+        let start_address = match start {
+            Some(a) => Some(a),
+            None => target.regs().ok().map(|r| r.rip),
+        };
         let topa = Topa::circular(
             config.ring.caps,
             &config.ring.region_sizes,
@@ -376,6 +425,9 @@ impl<T: StepTarget> SoftRecorder<T> {
             recording: false,
             finished: false,
             block_stepping_allowed: true,
+            breakpoint_hit: None,
+            start_address,
+            interrupt: Arc::new(AtomicBool::new(false)),
             pending_signal: None,
             regs: None,
             image: None,
@@ -393,6 +445,12 @@ impl<T: StepTarget> SoftRecorder<T> {
     pub fn target(&mut self) -> &mut T {
         self.regs = None;
         &mut self.target
+    }
+
+    /// Where the target stood when the recorder took over (after running to the configured
+    /// start): `main`, the entry point, or the first instruction after `execve`.
+    pub fn start_address(&self) -> Option<u64> {
+        self.start_address
     }
 
     /// Whether recording is on.
@@ -431,7 +489,7 @@ impl<T: StepTarget> SoftRecorder<T> {
     /// Turns recording off before the current instruction: FUP + TIP.PGD, everything encoded
     /// so far is written to the ring (`monitor record off`).
     pub fn record_off(&mut self) -> Result<(), RecordError> {
-        if self.recording {
+        if self.recording && self.exit.is_none() {
             let ip = self.current_regs()?.rip;
             self.encoder.disable(ip);
             self.recording = false;
@@ -478,13 +536,9 @@ impl<T: StepTarget> SoftRecorder<T> {
         }
         let before = self.current_regs()?;
         let ip = before.rip;
-        // An undecodable instruction still gets stepped: the CPU raises #UD (SIGILL), which
-        // the signal path handles.
-        let insn = match self.cache.get(&mut self.target, ip) {
-            Ok(c) => Some(c),
-            Err(DecodeInsnError::Invalid { .. }) => None,
-            Err(e) => return Err(e.into()),
-        };
+        // An undecodable or unreadable instruction still gets stepped: the CPU raises #UD or
+        // #PF (SIGILL, SIGSEGV), which the signal path handles.
+        let insn = self.cache.get(&mut self.target, ip).ok();
         if let (Some(log), Some(insn)) = (self.state_log.as_mut(), insn.as_ref())
             && self.recording
         {
@@ -500,7 +554,9 @@ impl<T: StepTarget> SoftRecorder<T> {
         self.stats.single_steps += 1;
         let stop = self.target.single_step(signal)?;
         match stop {
-            StepStop::Trap => {
+            // A breakpoint report for a single step means the step ended on a breakpoint
+            // address: it is the step's trap.
+            StepStop::Trap | StepStop::Breakpoint { .. } => {
                 let code = if signal.is_some()
                     || insn.is_none_or(|i| {
                         matches!(
@@ -575,6 +631,17 @@ impl<T: StepTarget> SoftRecorder<T> {
                 let end = self.target.cont(None)?;
                 self.ended(end, (!executed).then_some(ip))
             }
+            StepStop::Exec => {
+                // The execve system call executed and returned into a new program: its code is
+                // all different (the image captured at exit is the new program's).
+                self.stats.execs += 1;
+                self.cache.invalidate_all();
+                let after = self.current_regs()?;
+                match insn {
+                    Some(insn) => self.executed(ip, &insn, &after),
+                    None => Ok(StepEvent::Executed { ip }),
+                }
+            }
             StepStop::Exited(_) | StepStop::Killed(_) => {
                 // Without PTRACE_EVENT_EXIT (a target that does not report it), an exit seen
                 // right after stepping exit/exit_group is that system call executing.
@@ -592,12 +659,31 @@ impl<T: StepTarget> SoftRecorder<T> {
         }
     }
 
-    /// Runs until the process ends, or until `limit` instructions executed. Returns the exit,
+    /// The debugger breakpoint a block-stepped [`run`](Self::run) stopped at (targets that
+    /// manage breakpoints report them, see [`StepStop::Breakpoint`]); taking it lets the next
+    /// `run` go on. Single steps (the state log on, a signal pending, threads) do not look for
+    /// breakpoints: a caller that needs them compares the PC after each [`step`](Self::step).
+    pub fn take_breakpoint_hit(&mut self) -> Option<u64> {
+        self.breakpoint_hit.take()
+    }
+
+    /// A handle that makes a [`run`](Self::run) in progress on another thread return at the next
+    /// instruction boundary (a debugger's interrupt). The request is consumed by that return.
+    pub fn interrupter(&self) -> Interrupter {
+        Interrupter(Arc::clone(&self.interrupt))
+    }
+
+    /// Runs until the process ends, until `limit` instructions executed, until
+    /// [`Interrupter::interrupt`] is called, or until a debugger breakpoint is reached
+    /// ([`take_breakpoint_hit`](Self::take_breakpoint_hit)). Returns the exit,
     /// if any. Uses block stepping when [`RecorderConfig::step_mode`] allows it (see
     /// [`StepMode`]).
     pub fn run(&mut self, limit: Option<u64>) -> Result<Option<Exit>, RecordError> {
         let mut n = 0u64;
         while self.exit.is_none() {
+            if self.interrupt.swap(false, Ordering::AcqRel) || self.breakpoint_hit.is_some() {
+                break;
+            }
             let remaining = limit.map_or(u64::MAX, |l| l.saturating_sub(n));
             if remaining == 0 {
                 break;
@@ -637,10 +723,12 @@ impl<T: StepTarget> SoftRecorder<T> {
         let end = loop {
             let insn = match self.cache.get(&mut self.target, ip) {
                 Ok(c) => c,
-                Err(DecodeInsnError::Invalid { .. }) => return Ok(None),
-                Err(e) => return Err(e.into()),
+                // Undecodable or unreadable bytes ahead (data after a UD2, the end of a
+                // mapping): single-step instead; the CPU decides what happens there.
+                Err(_) => return Ok(None),
             };
             if insn.class != InsnClass::Plain
+                || insn.insn.flow_control() == iced_x86::FlowControl::Exception
                 || block.len() as u64 + 1 >= max
                 || block.len() >= MAX_BLOCK
             {
@@ -658,14 +746,25 @@ impl<T: StepTarget> SoftRecorder<T> {
         if self.target.read_memory(bp, &mut orig)? != 1 {
             return Ok(None);
         }
-        self.target.write_memory(bp, &[0xcc])?;
+        if self.target.write_memory(bp, &[0xcc]).is_err() {
+            return Ok(None);
+        }
         self.regs = None;
         self.stats.blocks += 1;
         let stop = self.target.cont(None)?;
-        if matches!(stop, StepStop::Trap | StepStop::Signal(_)) {
+        if matches!(
+            stop,
+            StepStop::Trap | StepStop::Signal(_) | StepStop::Breakpoint { .. }
+        ) {
             self.target.write_memory(bp, &orig)?;
         }
         match stop {
+            StepStop::Breakpoint { pc } => {
+                // A debugger's breakpoint inside the block: stop there, so the debugger can
+                // report it; nothing is delivered to the program.
+                self.breakpoint_hit = Some(pc);
+                Ok(Some(self.executed_straight(&block, pc)))
+            }
             StepStop::Trap => {
                 let mut regs = self.current_regs()?;
                 if regs.rip == bp + 1 {
@@ -687,6 +786,13 @@ impl<T: StepTarget> SoftRecorder<T> {
                 self.pending_signal = Some(sig);
                 let at = self.current_regs()?.rip;
                 Ok(Some(self.executed_straight(&block, at)))
+            }
+            StepStop::Exec => {
+                // Not possible (system calls end blocks); count it and go on single-stepping.
+                self.stats.anomalies += 1;
+                self.stats.execs += 1;
+                self.cache.invalidate_all();
+                Ok(Some(0))
             }
             StepStop::Exiting | StepStop::Exited(_) | StepStop::Killed(_) => {
                 // Killed from outside while running the block (no instruction in it can exit):
@@ -753,7 +859,7 @@ impl<T: StepTarget> SoftRecorder<T> {
     /// [`step`](Self::step) without recording); recording cannot be turned on again.
     pub fn finish(&mut self) -> Result<Recording, RecordError> {
         if self.exit.is_none() && self.recording {
-            let ip = self.current_regs().map(|r| r.rip).unwrap_or(0);
+            let ip = self.current_regs().ok().map(|r| r.rip);
             self.encoder.finish(ip);
         }
         self.recording = false;
@@ -872,7 +978,7 @@ impl<T: StepTarget> SoftRecorder<T> {
         if self.recording {
             // Killed before `ip` executed: FUP(ip) + TIP.PGD. After exit_group the TIP.PGD was
             // already written and this adds nothing.
-            self.encoder.finish(unexecuted.unwrap_or(0));
+            self.encoder.finish(unexecuted);
         }
         self.encoder.flush();
         self.write_out(true);
@@ -929,7 +1035,8 @@ pub fn run_to_breakpoint<T: StepTarget + ?Sized>(
                 signal = Some(Signal::SIGTRAP);
             }
             Ok(StepStop::Signal(sig)) => signal = Some(sig),
-            Ok(StepStop::Exiting) => {}
+            // A debugger breakpoint on the way (the target steps over it when continuing).
+            Ok(StepStop::Exiting | StepStop::Exec | StepStop::Breakpoint { .. }) => {}
             Ok(end @ (StepStop::Exited(_) | StepStop::Killed(_))) => {
                 return Err(RecordError::ExitedEarly(end, addr));
             }

@@ -33,7 +33,8 @@ fn convert(pid: i32, op: &'static str, e: ServerError) -> TargetError {
 
 fn to_stop(pid: i32, ev: StopEvent) -> Result<StepStop, TargetError> {
     Ok(match ev {
-        StopEvent::Step | StopEvent::Breakpoint { .. } => StepStop::Trap,
+        StopEvent::Step => StepStop::Trap,
+        StopEvent::Breakpoint { pc } => StepStop::Breakpoint { pc },
         StopEvent::Signal(libc::SIGTRAP) => StepStop::Trap,
         StopEvent::Signal(s) => match Signal::try_from(s) {
             Ok(sig) => StepStop::Signal(sig),

@@ -349,8 +349,9 @@ impl StateLog {
         if self.mem_addr.len() > self.pending.mem_mark
             && let (Some(&a), Some(l)) = (self.mem_addr.last(), self.mem_len.last_mut())
             && a.wrapping_add(u64::from(*l)) == addr
+            && let Some(sum) = l.checked_add(n as u32)
         {
-            *l += n as u32;
+            *l = sum;
             return;
         }
         self.mem_addr.push(addr);

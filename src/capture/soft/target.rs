@@ -81,6 +81,16 @@ pub enum StepStop {
     Signal(Signal),
     /// The process is about to exit (`PTRACE_EVENT_EXIT`): its memory is still readable.
     Exiting,
+    /// A debugger breakpoint of the target's own bookkeeping was hit during a full-speed run;
+    /// the target already moved the PC back to `pc` (only targets that manage breakpoints, such
+    /// as the GDB server's, report this).
+    Breakpoint {
+        /// The breakpoint address, where the process stands.
+        pc: u64,
+    },
+    /// A successful `execve` replaced the program (`PTRACE_EVENT_EXEC`); the process stands at
+    /// the new program's first instruction.
+    Exec,
     /// The process exited with this status.
     Exited(i32),
     /// The process was killed by this signal.
@@ -148,6 +158,14 @@ fn sys(op: &'static str, pid: Pid) -> impl FnOnce(Errno) -> TargetError {
     }
 }
 
+fn open_mem(pid: Pid) -> Option<File> {
+    File::options()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/{}/mem", pid.as_raw()))
+        .ok()
+}
+
 impl PtraceChild {
     /// Starts `command` traced. Its stdin/stdout/stderr and environment are whatever the
     /// `Command` says. Returns once the child stopped after `execve`.
@@ -187,14 +205,14 @@ impl PtraceChild {
         }
         ptrace::setoptions(
             pid,
-            ptrace::Options::PTRACE_O_EXITKILL | ptrace::Options::PTRACE_O_TRACEEXIT,
+            // TRACEEXEC: an exec is reported as an event, not as a plain SIGTRAP that would
+            // look like the program's own signal.
+            ptrace::Options::PTRACE_O_EXITKILL
+                | ptrace::Options::PTRACE_O_TRACEEXIT
+                | ptrace::Options::PTRACE_O_TRACEEXEC,
         )
         .map_err(sys("PTRACE_SETOPTIONS", pid))?;
-        me.mem = File::options()
-            .read(true)
-            .write(true)
-            .open(format!("/proc/{}/mem", pid.as_raw()))
-            .ok();
+        me.mem = open_mem(pid);
         Ok(me)
     }
 
@@ -238,6 +256,11 @@ impl PtraceChild {
                 WaitStatus::Stopped(_, sig) => StepStop::Signal(sig),
                 WaitStatus::PtraceEvent(_, _, ev) if ev == libc::PTRACE_EVENT_EXIT => {
                     StepStop::Exiting
+                }
+                WaitStatus::PtraceEvent(_, _, ev) if ev == libc::PTRACE_EVENT_EXEC => {
+                    // The open /proc/PID/mem still refers to the old address space.
+                    self.mem = open_mem(self.pid);
+                    StepStop::Exec
                 }
                 WaitStatus::Exited(_, code) => {
                     self.gone = true;
