@@ -7,6 +7,8 @@
 //!   with [`Router::intercept`] answer packets gdbstub does not know (`Qbtrace:*`,
 //!   `qXfer:btrace:read`, `jLLDBTrace*`, ...), [`Router::add_qsupported_feature`] extends the
 //!   `qSupported` reply, malformed packets are answered instead of killing the session.
+//!   Built in for LLDB: `qHostInfo`, `qProcessInfo`, `qMemoryRegionInfo`, `qShlibInfoAddr`
+//!   (where its dynamic-loader plug-in finds `r_debug`), and `X09` as the reply to `k`.
 //! - [`Session`] implements gdbstub's `Target` over a ptrewind [`crate::target::Target`]:
 //!   registers with GDB's `amd64-linux` description ([`arch`]), memory, software
 //!   breakpoints, step/continue with signals, `qXfer:exec-file`, `qXfer:auxv`,
