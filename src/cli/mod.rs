@@ -29,6 +29,8 @@ enum Command {
     Record(record::RecordArgs),
     /// Attach to a running process and serve it to GDB (forward debugging only).
     Attach(attach::AttachArgs),
+    /// Record a program and debug it in GDB with reverse execution (like `rr replay`).
+    Gdb(record::GdbArgs),
 }
 
 /// Runs the parsed command line.
@@ -38,5 +40,6 @@ pub fn run(cli: Cli) -> CmdResult {
         Command::Decode(args) => decode::run(args),
         Command::Record(args) => record::run(args),
         Command::Attach(args) => attach::run(args),
+        Command::Gdb(args) => record::run_gdb(args),
     }
 }

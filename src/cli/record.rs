@@ -1,8 +1,13 @@
-//! `ptrewind record`: start a program under ptrace and serve it to GDB.
+//! `ptrewind record`: start a program under ptrace, record it with the software backend and
+//! serve it to GDB with reverse execution.
 
 use super::CmdResult;
-use ptrewind::server::{Router, ServeOutcome, Session, check_listen_addr};
-use ptrewind::target::{PtraceTarget, SpawnOptions, Target};
+use ptrewind::capture::soft::{RecordFrom, RecorderConfig, RingConfig, SoftRecorder, StepMode};
+use ptrewind::server::btrace::{PtCpu, TraceStoreProvider};
+use ptrewind::server::{
+    RecordingTarget, Router, ServeOutcome, Session, check_listen_addr, register_monitors, tracing,
+};
+use ptrewind::target::{PtraceTarget, SpawnOptions};
 use std::ffi::OsString;
 use std::net::{SocketAddr, TcpListener};
 use std::process::ExitCode;
@@ -27,6 +32,17 @@ pub enum Mode {
     Snapshot,
 }
 
+/// Where recording starts.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordFromArg {
+    /// At `main`.
+    Main,
+    /// At the executable's ELF entry point.
+    Entry,
+    /// Not automatically (`monitor record on`).
+    None,
+}
+
 /// Arguments of `ptrewind record`.
 #[derive(clap::Args, Debug)]
 pub struct RecordArgs {
@@ -36,15 +52,20 @@ pub struct RecordArgs {
     /// Allow listening on a non-loopback address (whoever connects controls the program).
     #[arg(long)]
     allow_remote: bool,
-    /// Capture backend (recording is not wired into the server yet).
-    #[arg(long, value_enum)]
-    backend: Option<Backend>,
-    /// Trace buffer size, e.g. 4M (recording is not wired into the server yet).
+    /// Capture backend: `auto` uses hardware Intel PT when the probe succeeds and otherwise
+    /// falls back to the software encoder, saying why.
+    #[arg(long, value_enum, default_value = "auto")]
+    backend: Backend,
+    /// Trace output ring size, e.g. 512K or 4M (rounded to 8 power-of-two regions).
     #[arg(long)]
     buffer: Option<String>,
-    /// Trace buffer mode (recording is not wired into the server yet).
-    #[arg(long, value_enum)]
-    mode: Option<Mode>,
+    /// Trace buffer mode.
+    #[arg(long, value_enum, default_value = "full")]
+    mode: Mode,
+    /// Where recording starts: at `main`, at the executable's entry point, or not until
+    /// `monitor record on`.
+    #[arg(long, value_enum, default_value = "main")]
+    record_from: RecordFromArg,
     /// Keep address-space randomisation enabled in the program (GDB disables it by default).
     #[arg(long)]
     keep_aslr: bool,
@@ -53,24 +74,139 @@ pub struct RecordArgs {
     command: Vec<OsString>,
 }
 
+/// Parses a size such as `4096`, `512K`, `4M`.
+fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let (num, mult) = match t.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&t[..i], 1u64 << 10),
+        Some((i, 'm' | 'M')) => (&t[..i], 1 << 20),
+        Some((i, 'g' | 'G')) => (&t[..i], 1 << 30),
+        _ => (t, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .filter(|&n| n >= 8 * 4096)
+        .ok_or_else(|| format!("invalid --buffer size '{text}' (at least 32K, e.g. 512K or 4M)"))
+}
+
+/// Picks the backend: `pt` fails (exit code 2) unless the probe succeeds; `auto` falls back
+/// to the software encoder and says why.
+fn choose_backend(backend: Backend) -> Result<(), ExitCode> {
+    match backend {
+        Backend::Soft => Ok(()),
+        Backend::Pt | Backend::Auto => match ptrewind::capture::perf::probe() {
+            Ok(_) => {
+                eprintln!(
+                    "ptrewind: Intel PT is available, but the live reverse-debugging session \
+                     is served by the software encoder only (the perf backend records but does \
+                     not serve registers or memory in the past yet); using --backend soft"
+                );
+                if backend == Backend::Pt {
+                    return Err(ExitCode::from(2));
+                }
+                Ok(())
+            }
+            Err(why) => {
+                if backend == Backend::Pt {
+                    eprintln!("ptrewind: --backend pt: Intel PT is not available: {why}");
+                    return Err(ExitCode::from(2));
+                }
+                eprintln!(
+                    "ptrewind: hardware Intel PT is not available ({why}); falling back to the \
+                     software backend (ptrace single-stepping, much slower)"
+                );
+                Ok(())
+            }
+        },
+    }
+}
+
 /// Runs `ptrewind record`.
 pub fn run(args: RecordArgs) -> CmdResult {
+    let (target, listener) = match start_recording(&args)? {
+        Ok(v) => v,
+        Err(code) => return Ok(code),
+    };
+    let program = args.command[0].clone();
+    serve_recording(target, listener, &program)
+}
+
+/// Starts the program and its recording and binds the listener; `Err(code)` when the command
+/// must end with that exit code (the message was printed).
+pub(crate) fn start_recording(
+    args: &RecordArgs,
+) -> Result<
+    Result<(RecordingTarget, TcpListener), ExitCode>,
+    Box<dyn std::error::Error + Send + Sync>,
+> {
     check_listen_addr(args.listen, args.allow_remote)?;
-    if args.backend.is_some() || args.buffer.is_some() || args.mode.is_some() {
-        eprintln!(
-            "ptrewind: note: recording is not wired into the server yet; --backend/--buffer/--mode \
-             are accepted but the program is only debugged forward"
-        );
+    if let Err(code) = choose_backend(args.backend) {
+        return Ok(Err(code));
     }
     let Some((program, prog_args)) = args.command.split_first() else {
         return Err("no program given".into());
     };
+    let mut ring = RingConfig::default();
+    if let Some(b) = &args.buffer {
+        let total = parse_size(b)?;
+        // 8 regions of a power-of-two multiple of 4 KiB each.
+        let region = (total / 8).max(4096).next_power_of_two();
+        ring.region_sizes = vec![region; 8];
+    }
+    if args.mode == Mode::Snapshot {
+        eprintln!(
+            "ptrewind: note: --mode snapshot is not supported by the software backend (reverse \
+             execution needs the whole history); recording in full mode"
+        );
+    }
     let listener = bind(args.listen)?;
     let options = SpawnOptions {
         disable_aslr: !args.keep_aslr,
     };
     let target = PtraceTarget::spawn(program, prog_args, &options)?;
-    serve(target, listener, "started", false, program)
+    let config = RecorderConfig {
+        ring,
+        record_from: match args.record_from {
+            RecordFromArg::Main => RecordFrom::Main,
+            RecordFromArg::Entry => RecordFrom::Entry,
+            RecordFromArg::None => RecordFrom::OnDemand,
+        },
+        state_log: true,
+        step_mode: StepMode::Single,
+        capture_image_at_exit: false,
+        ..RecorderConfig::default()
+    };
+    let recorder =
+        SoftRecorder::new(target, config).map_err(|e| format!("cannot start recording: {e}"))?;
+    let target = RecordingTarget::new(recorder)?;
+    Ok(Ok((target, listener)))
+}
+
+/// Serves a recording session to one GDB connection.
+pub(crate) fn serve_recording(
+    target: RecordingTarget,
+    listener: TcpListener,
+    fallback_exe: &std::ffi::OsStr,
+) -> CmdResult {
+    let mut session = Session::new(Box::new(target.clone()));
+    register_monitors(session.monitors_mut(), &target);
+    // LLDB's Intel PT plug-in (`process trace start`, `thread trace dump ...`) reads the
+    // recorded trace itself; GDB gets reverse execution from the server instead of btrace.
+    let mut provider = TraceStoreProvider::new(PtCpu::SOFTWARE);
+    if let Ok(tid) = u32::try_from(session.target().tid()) {
+        provider.attach(tid, target.shared().borrow().trace_store());
+    }
+    serve_session(
+        session,
+        listener,
+        "started",
+        false,
+        fallback_exe,
+        |router| {
+            tracing::install_lldb(router, Box::new(provider));
+        },
+    )
 }
 
 /// Binds the listening socket (after the loopback check done by the caller).
@@ -87,9 +223,24 @@ pub(crate) fn serve(
     attached: bool,
     fallback_exe: &std::ffi::OsStr,
 ) -> CmdResult {
+    let session = Session::new(Box::new(target));
+    serve_session(session, listener, how, attached, fallback_exe, |_| {})
+}
+
+/// Prints how to connect, accepts one GDB connection and serves `session`; `configure` adds
+/// interceptors to the router.
+pub(crate) fn serve_session(
+    mut session: Session,
+    listener: TcpListener,
+    how: &str,
+    attached: bool,
+    fallback_exe: &std::ffi::OsStr,
+    configure: impl FnOnce(&mut Router),
+) -> CmdResult {
     let addr = listener.local_addr()?;
-    let pid = target.pid();
-    let exe = target
+    let pid = session.target().pid();
+    let exe = session
+        .target()
         .exec_path()
         .unwrap_or_else(|| std::path::PathBuf::from(fallback_exe));
     eprintln!("ptrewind: {how} process {pid}; listening on {addr}");
@@ -97,12 +248,16 @@ pub(crate) fn serve(
         "ptrewind: connect with: gdb -ex 'target remote {addr}' {}",
         shell_quote(&exe.to_string_lossy())
     );
+    eprintln!(
+        "ptrewind:          or: lldb -o 'gdb-remote {addr}' {}",
+        shell_quote(&exe.to_string_lossy())
+    );
     let (stream, peer) = listener.accept()?;
     eprintln!("ptrewind: debugger connected from {peer}");
-    let mut session = Session::new(Box::new(target));
     session.set_attached(attached);
     let mut router = Router::default();
     router.on_notice(|n| eprintln!("ptrewind: warning: {n}"));
+    configure(&mut router);
     let outcome = router.serve(stream, &mut session)?;
     match outcome {
         ServeOutcome::Exited(code) => {
@@ -132,4 +287,68 @@ fn shell_quote(s: &str) -> String {
     } else {
         format!("'{}'", s.replace('\'', "'\\''"))
     }
+}
+
+/// Arguments of `ptrewind gdb`.
+#[derive(clap::Args, Debug)]
+pub struct GdbArgs {
+    /// A GDB command to run after connecting (repeatable; passed as `gdb -ex CMD`).
+    #[arg(long = "ex", value_name = "CMD")]
+    ex: Vec<String>,
+    /// Run GDB in batch mode (`-batch -nx`: exit after the `--ex` commands).
+    #[arg(long)]
+    batch: bool,
+    /// The GDB executable.
+    #[arg(long, default_value = "gdb")]
+    gdb: OsString,
+    #[command(flatten)]
+    record: RecordArgs,
+}
+
+/// The GDB helper script (`pt history`, `pt calls`, ...), embedded so the binary is
+/// self-contained.
+const GDB_SCRIPT: &str = include_str!("../../gdb-scripts/ptrewind.py");
+
+/// Runs `ptrewind gdb`: records the program and runs GDB connected to the recording (like
+/// `rr replay`). GDB is executed directly, never through a shell.
+pub fn run_gdb(args: GdbArgs) -> CmdResult {
+    let (target, listener) = match start_recording(&args.record)? {
+        Ok(v) => v,
+        Err(code) => return Ok(code),
+    };
+    let program = args.record.command[0].clone();
+    let addr = listener.local_addr()?;
+    let script = std::env::temp_dir().join(format!("ptrewind-gdb-{}.py", std::process::id()));
+    std::fs::write(&script, GDB_SCRIPT)
+        .map_err(|e| format!("cannot write {}: {e}", script.display()))?;
+    let exe = ptrewind::target::Target::exec_path(&target)
+        .map(std::ffi::OsString::from)
+        .unwrap_or_else(|| program.clone());
+    let mut cmd = std::process::Command::new(&args.gdb);
+    cmd.arg("-q");
+    if args.batch {
+        cmd.args(["-batch", "-nx"]);
+    }
+    let mut source = std::ffi::OsString::from("source ");
+    source.push(&script);
+    cmd.arg("-ex").arg(source);
+    cmd.arg("-ex").arg(format!("target remote {addr}"));
+    for e in &args.ex {
+        cmd.arg("-ex").arg(e);
+    }
+    cmd.arg(&exe);
+    let mut gdb = cmd.spawn().map_err(|e| {
+        let _ = std::fs::remove_file(&script);
+        format!("cannot run {}: {e}", args.gdb.to_string_lossy())
+    })?;
+    let served = serve_recording(target, listener, &program);
+    let status = gdb.wait();
+    let _ = std::fs::remove_file(&script);
+    served?;
+    let status = status.map_err(|e| format!("waiting for gdb: {e}"))?;
+    Ok(match status.code() {
+        Some(0) => ExitCode::SUCCESS,
+        Some(c) => ExitCode::from(c.clamp(1, 255) as u8),
+        None => ExitCode::FAILURE,
+    })
 }

@@ -101,6 +101,59 @@ fn reg_type(name: &str) -> (&'static str, Option<&'static str>) {
     }
 }
 
+/// The register's DWARF number (x86-64 psABI; `.eh_frame` uses the same numbers) and its
+/// LLDB generic role. GDB ignores these attributes; LLDB reads `dwarf_regnum`,
+/// `ehframe_regnum` and `generic` from the target description, and without them it cannot map
+/// CFI register numbers to our registers nor find the pc/sp/fp/argument registers (lldb-server
+/// sends the same attributes).
+fn lldb_numbers(name: &str) -> (Option<u32>, Option<&'static str>) {
+    const GPRS: [&str; 17] = [
+        "rax", "rdx", "rcx", "rbx", "rsi", "rdi", "rbp", "rsp", "r8", "r9", "r10", "r11", "r12",
+        "r13", "r14", "r15", "rip",
+    ];
+    let generic = match name {
+        "rip" => Some("pc"),
+        "rsp" => Some("sp"),
+        "rbp" => Some("fp"),
+        "eflags" => Some("flags"),
+        "rdi" => Some("arg1"),
+        "rsi" => Some("arg2"),
+        "rdx" => Some("arg3"),
+        "rcx" => Some("arg4"),
+        "r8" => Some("arg5"),
+        "r9" => Some("arg6"),
+        _ => None,
+    };
+    let indexed = |prefix: &str, base: u32, count: u32| {
+        name.strip_prefix(prefix)
+            .and_then(|n| n.parse::<u32>().ok())
+            .filter(|&n| n < count)
+            .map(|n| base + n)
+    };
+    let dwarf = GPRS
+        .iter()
+        .position(|&r| r == name)
+        .map(|i| i as u32)
+        .or_else(|| indexed("xmm", 17, 16))
+        .or_else(|| indexed("st", 33, 8))
+        .or(match name {
+            "eflags" => Some(49),
+            "es" => Some(50),
+            "cs" => Some(51),
+            "ss" => Some(52),
+            "ds" => Some(53),
+            "fs" => Some(54),
+            "gs" => Some(55),
+            "fs_base" => Some(58),
+            "gs_base" => Some(59),
+            "mxcsr" => Some(64),
+            "fctrl" => Some(65),
+            "fstat" => Some(66),
+            _ => None,
+        });
+    (dwarf, generic)
+}
+
 fn build_xml(avx: bool) -> String {
     const EFLAGS: &str = r#"<flags id="i386_eflags" size="4"><field name="CF" start="0" end="0"/><field name="" start="1" end="1"/><field name="PF" start="2" end="2"/><field name="AF" start="4" end="4"/><field name="ZF" start="6" end="6"/><field name="SF" start="7" end="7"/><field name="TF" start="8" end="8"/><field name="IF" start="9" end="9"/><field name="DF" start="10" end="10"/><field name="OF" start="11" end="11"/><field name="NT" start="14" end="14"/><field name="RF" start="16" end="16"/><field name="VM" start="17" end="17"/><field name="AC" start="18" end="18"/><field name="VIF" start="19" end="19"/><field name="VIP" start="20" end="20"/><field name="ID" start="21" end="21"/></flags>"#;
     const SSE_TYPES: &str = r#"<vector id="v4f" type="ieee_single" count="4"/><vector id="v2d" type="ieee_double" count="2"/><vector id="v16i8" type="int8" count="16"/><vector id="v8i16" type="int16" count="8"/><vector id="v4i32" type="int32" count="4"/><vector id="v2i64" type="int64" count="2"/><union id="vec128"><field name="v4_float" type="v4f"/><field name="v2_double" type="v2d"/><field name="v16_int8" type="v16i8"/><field name="v8_int16" type="v8i16"/><field name="v4_int32" type="v4i32"/><field name="v2_int64" type="v2i64"/><field name="uint128" type="uint128"/></union><flags id="i386_mxcsr" size="4"><field name="IE" start="0" end="0"/><field name="DE" start="1" end="1"/><field name="ZE" start="2" end="2"/><field name="OE" start="3" end="3"/><field name="UE" start="4" end="4"/><field name="PE" start="5" end="5"/><field name="DAZ" start="6" end="6"/><field name="IM" start="7" end="7"/><field name="DM" start="8" end="8"/><field name="ZM" start="9" end="9"/><field name="OM" start="10" end="10"/><field name="UM" start="11" end="11"/><field name="PM" start="12" end="12"/><field name="FZ" start="15" end="15"/></flags>"#;
@@ -122,11 +175,16 @@ fn build_xml(avx: bool) -> String {
         xml.push_str(&format!("<feature name=\"{name}\">{types}"));
         for (num, reg) in GDB_REGS.iter().enumerate().take(end).skip(first) {
             let (ty, group) = reg_type(reg.name);
+            let (dwarf, generic) = lldb_numbers(reg.name);
             xml.push_str(&format!(
-                "<reg name=\"{}\" bitsize=\"{}\" type=\"{ty}\" regnum=\"{num}\"{}/>",
+                "<reg name=\"{}\" bitsize=\"{}\" type=\"{ty}\" regnum=\"{num}\"{}{}{}/>",
                 reg.name,
                 reg.size * 8,
-                group.map_or(String::new(), |g| format!(" group=\"{g}\""))
+                group.map_or(String::new(), |g| format!(" group=\"{g}\"")),
+                dwarf.map_or(String::new(), |d| format!(
+                    " dwarf_regnum=\"{d}\" ehframe_regnum=\"{d}\""
+                )),
+                generic.map_or(String::new(), |g| format!(" generic=\"{g}\""))
             ));
         }
         xml.push_str("</feature>");
@@ -167,6 +225,52 @@ mod tests {
         }
         assert!(!target_xml(false).contains("ymm0h"));
         assert!(target_xml(false).contains("fs_base"));
+    }
+
+    #[test]
+    fn xml_carries_lldb_register_numbers() {
+        let xml = target_xml(false);
+        // DWARF numbers from the x86-64 psABI (figure "DWARF Register Number Mapping").
+        for (reg, dwarf, generic) in [
+            ("rax", 0, None),
+            ("rdx", 1, Some("arg3")),
+            ("rbx", 3, None),
+            ("rdi", 5, Some("arg1")),
+            ("rbp", 6, Some("fp")),
+            ("rsp", 7, Some("sp")),
+            ("r9", 9, Some("arg6")),
+            ("r15", 15, None),
+            ("rip", 16, Some("pc")),
+            ("xmm0", 17, None),
+            ("xmm15", 32, None),
+            ("st7", 40, None),
+            ("eflags", 49, Some("flags")),
+            ("fs_base", 58, None),
+        ] {
+            let start = xml.find(&format!("<reg name=\"{reg}\" ")).unwrap();
+            let elem = &xml[start..start + xml[start..].find("/>").unwrap()];
+            assert!(
+                elem.contains(&format!(" dwarf_regnum=\"{dwarf}\"")),
+                "{elem}"
+            );
+            assert!(
+                elem.contains(&format!(" ehframe_regnum=\"{dwarf}\"")),
+                "{elem}"
+            );
+            match generic {
+                Some(g) => assert!(elem.contains(&format!(" generic=\"{g}\"")), "{elem}"),
+                None => assert!(!elem.contains("generic="), "{elem}"),
+            }
+        }
+        // Registers without a DWARF number get none (orig_rax, ftag).
+        let start = xml.find("<reg name=\"orig_rax\" ").unwrap();
+        assert!(
+            !xml[start..start + 120]
+                .split("/>")
+                .next()
+                .unwrap()
+                .contains("dwarf")
+        );
     }
 
     #[test]

@@ -7,6 +7,8 @@
 //!   with [`Router::intercept`] answer packets gdbstub does not know (`Qbtrace:*`,
 //!   `qXfer:btrace:read`, `jLLDBTrace*`, ...), [`Router::add_qsupported_feature`] extends the
 //!   `qSupported` reply, malformed packets are answered instead of killing the session.
+//!   Built in for LLDB: `qHostInfo`, `qProcessInfo`, `qMemoryRegionInfo`, `qShlibInfoAddr`
+//!   (where its dynamic-loader plug-in finds `r_debug`), and `X09` as the reply to `k`.
 //! - [`Session`] implements gdbstub's `Target` over a ptrewind [`crate::target::Target`]:
 //!   registers with GDB's `amd64-linux` description ([`arch`]), memory, software
 //!   breakpoints, step/continue with signals, `qXfer:exec-file`, `qXfer:auxv`,
@@ -33,6 +35,7 @@ pub mod arch;
 pub mod btrace;
 pub mod lldb_trace;
 pub mod monitor;
+pub mod replay;
 pub mod router;
 pub mod rsp;
 mod session;
@@ -40,6 +43,7 @@ pub mod svr4;
 pub mod tracing;
 
 pub use monitor::{MonitorHandler, MonitorRegistry};
+pub use replay::{RecordingTarget, register_monitors};
 pub use router::{Intercept, PacketHandler, Router, RouterState, ServeOutcome};
 pub use session::{Session, gdb_to_linux_signal, linux_to_gdb_signal, stop_reason};
 

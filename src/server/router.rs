@@ -490,6 +490,8 @@ pub struct RouterConn {
     watch_no_ack: bool,
     no_ack: bool,
     last_packet: Vec<u8>,
+    /// A body that replaces the next packet gdbstub sends (its reply to `k`).
+    replace_reply: Option<Vec<u8>>,
 }
 
 impl RouterConn {
@@ -501,6 +503,7 @@ impl RouterConn {
             watch_no_ack: false,
             no_ack: false,
             last_packet: Vec::new(),
+            replace_reply: None,
         }
     }
 
@@ -575,6 +578,9 @@ impl RouterConn {
                     plain.extend_from_slice(f.as_bytes());
                 }
                 pkt = encode_packet(&plain);
+            }
+            if let Some(reply) = self.replace_reply.take() {
+                pkt = encode_packet(&reply);
             }
             if self.watch_no_ack {
                 self.watch_no_ack = false;
@@ -759,6 +765,16 @@ impl Router {
                     Intercept::Reply(memory_region_info(&maps, addr).into_bytes())
                 }
                 _ => Intercept::Reply(b"E01".to_vec()),
+            }
+        });
+        // Where LLDB's POSIX dynamic loader finds `r_debug` (see `svr4::shlib_info_addr`).
+        router.intercept(b"qShlibInfoAddr", |session, _, body| {
+            if body != b"qShlibInfoAddr" {
+                return Intercept::Pass;
+            }
+            match super::svr4::shlib_info_addr(session.target()) {
+                Some(addr) => Intercept::Reply(format!("{addr:x}").into_bytes()),
+                None => Intercept::Reply(b"E01".to_vec()),
             }
         });
         router.intercept(b"qProcessInfo", |session, _, body| {
@@ -1033,6 +1049,12 @@ impl Router {
             self.state.continue_thread = Some(String::from_utf8_lossy(thread).into_owned());
         } else if plain == b"QStartNoAckMode" {
             conn(&mut sm).watch_no_ack = true;
+        } else if plain == b"k" {
+            // gdbstub answers `k` with `OK`. GDB reads no reply to `k` (it uses `vKill`,
+            // answered `OK`, when multiprocess is on), but LLDB waits for an exit-status
+            // stop reply and reports "unexpected response to k packet: OK" otherwise;
+            // lldb-server answers `X09` (terminated by SIGKILL), and so do we.
+            conn(&mut sm).replace_reply = Some(b"X09".to_vec());
         }
         let sum = body.iter().fold(0u8, |a, &b| a.wrapping_add(b));
         let mut raw = Vec::with_capacity(body.len() + 4);

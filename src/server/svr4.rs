@@ -65,9 +65,10 @@ fn read_cstr(t: &dyn Target, addr: u64) -> Option<String> {
     None
 }
 
-/// Finds `r_debug` through the executable's `DT_DEBUG` entry. `None` before the dynamic
-/// loader has filled it in, or for a static executable.
-fn find_r_debug(t: &dyn Target, auxv: &[u8]) -> Option<u64> {
+/// Finds the address of the executable's `DT_DEBUG` value (the `d_ptr` the dynamic loader
+/// fills with the address of `r_debug`), from the program headers named by auxv `AT_PHDR`.
+/// `None` for a static executable or unreadable headers.
+fn find_dt_debug_slot(t: &dyn Target, auxv: &[u8]) -> Option<u64> {
     let mut phdr = None;
     let mut phent = 56u64;
     let mut phnum = None;
@@ -99,16 +100,34 @@ fn find_r_debug(t: &dyn Target, auxv: &[u8]) -> Option<u64> {
     }
     let dynamic = dynamic?.wrapping_add(bias.unwrap_or(0));
     for i in 0..MAX_DYN_ENTRIES as u64 {
-        let tag = read_u64(t, dynamic + 16 * i)?;
+        let entry = dynamic.wrapping_add(16 * i);
+        let tag = read_u64(t, entry)?;
         if tag == DT_NULL {
             return None;
         }
         if tag == DT_DEBUG {
-            let r_debug = read_u64(t, dynamic + 16 * i + 8)?;
-            return (r_debug != 0).then_some(r_debug);
+            return Some(entry.wrapping_add(8));
         }
     }
     None
+}
+
+/// Finds `r_debug` through the executable's `DT_DEBUG` entry. `None` before the dynamic
+/// loader has filled it in, or for a static executable.
+fn find_r_debug(t: &dyn Target, auxv: &[u8]) -> Option<u64> {
+    let r_debug = read_u64(t, find_dt_debug_slot(t, auxv)?)?;
+    (r_debug != 0).then_some(r_debug)
+}
+
+/// The answer to LLDB's `qShlibInfoAddr`: the address of the executable's `DT_DEBUG` value,
+/// as lldb-server reports it. LLDB's POSIX dynamic-loader plug-in reads the `r_debug` pointer
+/// from there to find the rendezvous structure; the value is still 0 before the dynamic
+/// loader ran, which LLDB handles by asking again at the next loader event. Without this
+/// packet LLDB falls back to the `main-lm` attribute of `qXfer:libraries-svr4`, which is a
+/// `link_map` address rather than this slot, and then never sees a library load.
+/// `None` for a static executable (no `DT_DEBUG`).
+pub fn shlib_info_addr(t: &dyn Target) -> Option<u64> {
+    find_dt_debug_slot(t, &t.auxv().ok()?)
 }
 
 /// Reads the list of loaded objects. Unreadable or inconsistent memory ends the walk early

@@ -61,7 +61,30 @@ pub fn install(router: &mut Router, provider: Box<dyn PtTraceProvider>) -> Rc<Re
     router.intercept(b"Qbtrace", gdb(Rc::clone(&hub)));
     router.intercept(b"qXfer:btrace", gdb(Rc::clone(&hub)));
 
-    let lldb_hub = Rc::clone(&hub);
+    intercept_lldb(router, &hub);
+    hub
+}
+
+/// Registers only LLDB's `jLLDBTrace*` packets, serving trace from `provider`. For a server
+/// that already serves reverse execution itself (`ptrewind record`): GDB is then not offered
+/// `Qbtrace` (its client-side btrace replay would compete with the server's), while LLDB,
+/// which has no reverse execution before version 21, can still see the recorded instruction
+/// and call history through its Intel PT plug-in.
+pub fn install_lldb(
+    router: &mut Router,
+    provider: Box<dyn PtTraceProvider>,
+) -> Rc<RefCell<TraceHub>> {
+    let hub = Rc::new(RefCell::new(TraceHub {
+        provider,
+        btrace: BtraceServer::new(),
+        lldb: LldbTraceServer::new(),
+    }));
+    intercept_lldb(router, &hub);
+    hub
+}
+
+fn intercept_lldb(router: &mut Router, hub: &Rc<RefCell<TraceHub>>) {
+    let lldb_hub = Rc::clone(hub);
     router.intercept(b"jLLDBTrace", move |session, _state, packet| {
         let live = [current_tid(session)];
         let hub = &mut *lldb_hub.borrow_mut();
@@ -70,6 +93,4 @@ pub fn install(router: &mut Router, provider: Box<dyn PtTraceProvider>) -> Rc<Re
             None => Intercept::Pass,
         }
     });
-
-    hub
 }

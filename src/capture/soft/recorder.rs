@@ -500,6 +500,27 @@ impl<T: StepTarget> SoftRecorder<T> {
         Ok(())
     }
 
+    /// Makes the store hold every byte encoded so far: writes pending encoder output to the ring
+    /// and drains the ring on this thread (a debugger stop must see the trace up to the PC).
+    /// Returns the bytes lost by that drain (also counted in [`RecorderStats::lost_bytes`]).
+    pub fn sync_store(&mut self) -> u64 {
+        self.write_out(true);
+        let lost = drain_into(&self.ring, &self.store);
+        self.stats.lost_bytes += lost;
+        lost
+    }
+
+    /// The signal the next step delivers (the one that stopped the process, if any).
+    pub fn pending_signal(&self) -> Option<Signal> {
+        self.pending_signal
+    }
+
+    /// Replaces the signal the next step delivers: a debugger may suppress the signal that
+    /// stopped the program (`signal 0`) or send another one.
+    pub fn set_pending_signal(&mut self, signal: Option<Signal>) {
+        self.pending_signal = signal;
+    }
+
     /// The registers at the current stop.
     pub fn current_regs(&mut self) -> Result<Regs, RecordError> {
         if let Some(r) = self.regs {

@@ -1,0 +1,696 @@
+//! LLDB against `ptrewind record` (the live software recording), driving the real `lldb-19`
+//! in batch mode, plus the reverse-execution packet exchange of LLDB ≥ 21 over a raw
+//! connection (lldb-19 has no reverse execution; see docs/lldb.md).
+//!
+//! Ground truth is independent of ptrewind: symbol addresses from `nm`, the test programs'
+//! sources (values they compute, the fixed path of an assembly routine), and for the trace
+//! dump a second decoder: LLDB decodes the served trace with its own libipt, and the result
+//! must agree with ptrewind's history (`monitor history` / `pt stats`).
+//!
+//! Tests that need lldb-19 print "SKIPPED: ..." and pass when it is not installed (CI installs
+//! it). Every debugger run is bounded by `timeout`, every wait by a deadline.
+//! Set `PTREWIND_SHOW_DEBUGGER=1` to print the debugger output.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// A shared library and a program that calls it and libc, with a global string to read.
+const LIB_C: &str = r#"
+int lib_scale(int x) {
+    int doubled = x * 2;
+    return doubled + 1;
+}
+"#;
+
+const MAIN_C: &str = r#"
+#include <stdio.h>
+const char greeting[] = "hello-from-ptrewind";
+int lib_scale(int x);
+int main(void) {
+    int v = lib_scale(20);
+    puts(greeting);
+    return v == 41 ? 0 : 1;
+}
+"#;
+
+/// `main` calls `rv_start`, a routine with a fixed path (as in tests/btrace.rs): nop,
+/// call rv_leaf (mov, ret), mov, test, jz (not taken), add, then `rv_stop`.
+const ASM_C: &str = r#"
+__asm__(
+    ".text\n"
+    ".globl rv_start\n.type rv_start,@function\n"
+    "rv_start:\n"
+    "  nop\n"
+    "  call rv_leaf\n"
+    "  mov $1, %eax\n"
+    "  test %eax, %eax\n"
+    "  jz 1f\n"
+    "  add $2, %eax\n"
+    "1:\n"
+    ".globl rv_stop\n"
+    "rv_stop:\n"
+    "  nop\n"
+    "  ret\n"
+    ".size rv_start, .-rv_start\n"
+    ".globl rv_leaf\n.type rv_leaf,@function\n"
+    "rv_leaf:\n"
+    "  mov $5, %ecx\n"
+    "  ret\n"
+    ".size rv_leaf, .-rv_leaf\n");
+int rv_start(void);
+int main(void) { return rv_start() == 3 ? 0 : 1; }
+"#;
+
+fn have(tool: &str) -> bool {
+    Command::new(tool)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn tools_ready(need_lldb: bool) -> bool {
+    for tool in ["gcc", "nm", "timeout"] {
+        if !have(tool) {
+            eprintln!("SKIPPED: {tool} not installed");
+            return false;
+        }
+    }
+    if need_lldb && !have("lldb-19") {
+        eprintln!("SKIPPED: lldb-19 not installed");
+        return false;
+    }
+    true
+}
+
+fn gcc(args: &[&str]) {
+    let out = Command::new("gcc").args(args).output().expect("gcc");
+    assert!(
+        out.status.success(),
+        "gcc {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Builds `libscale.so` and `uselib` (linked against it with an `$ORIGIN` rpath) in `dir`.
+fn build_uselib(dir: &Path) -> PathBuf {
+    let p = |n: &str| dir.join(n).to_string_lossy().into_owned();
+    std::fs::write(dir.join("lib.c"), LIB_C).unwrap();
+    std::fs::write(dir.join("main.c"), MAIN_C).unwrap();
+    gcc(&[
+        "-g",
+        "-O0",
+        "-fPIC",
+        "-shared",
+        "-o",
+        &p("libscale.so"),
+        &p("lib.c"),
+    ]);
+    gcc(&[
+        "-g",
+        "-O0",
+        "-o",
+        &p("uselib"),
+        &p("main.c"),
+        "-L",
+        &p(""),
+        "-lscale",
+        "-Wl,-rpath,$ORIGIN",
+    ]);
+    dir.join("uselib")
+}
+
+fn build_asm(dir: &Path) -> PathBuf {
+    std::fs::write(dir.join("rv.c"), ASM_C).unwrap();
+    let exe = dir.join("rv");
+    gcc(&[
+        "-g",
+        "-O0",
+        "-no-pie",
+        "-o",
+        &exe.to_string_lossy(),
+        &dir.join("rv.c").to_string_lossy(),
+    ]);
+    exe
+}
+
+/// Symbol address from `nm` (for PIE binaries: the link-time address).
+fn symbol(file: &Path, name: &str) -> u64 {
+    let out = Command::new("nm").arg(file).output().expect("nm");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| {
+            let mut f = l.split_whitespace();
+            let addr = f.next()?;
+            let _kind = f.next()?;
+            (f.next()? == name).then(|| u64::from_str_radix(addr, 16).ok())?
+        })
+        .unwrap_or_else(|| panic!("no symbol {name} in {}", file.display()))
+}
+
+/// `ptrewind record -- exe` running in the background, with its stderr collected.
+struct Server {
+    child: Child,
+    addr: String,
+    stderr: mpsc::Receiver<String>,
+}
+
+impl Server {
+    /// Starts `ptrewind record ARGS --listen 127.0.0.1:0 -- exe`.
+    fn start(exe: &Path, args: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ptrewind"))
+            .args(["record", "--backend", "soft"])
+            .args(args)
+            .args(["--listen", "127.0.0.1:0", "--"])
+            .arg(exe)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("ptrewind record");
+        let (tx, rx) = mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut seen = Vec::new();
+        let addr = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) => {
+                    if let Some(a) = line.split("listening on ").nth(1) {
+                        break a.trim().to_string();
+                    }
+                    seen.push(line);
+                }
+                Err(_) => {
+                    let _ = child.kill();
+                    panic!("ptrewind record did not start listening: {seen:?}");
+                }
+            }
+        };
+        Server {
+            child,
+            addr,
+            stderr: rx,
+        }
+    }
+
+    /// Waits (bounded) for the server to end; returns its remaining stderr.
+    fn finish(mut self) -> String {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if !matches!(self.child.try_wait(), Ok(Some(_))) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        let mut text = String::new();
+        while let Ok(line) = self.stderr.recv_timeout(Duration::from_millis(200)) {
+            text.push_str(&line);
+            text.push('\n');
+        }
+        text
+    }
+}
+
+struct LldbRun {
+    stdout: String,
+    /// Everything, for assertion messages.
+    ctx: String,
+}
+
+/// Runs lldb-19 in batch mode against `ptrewind record RECORD_ARGS -- exe`: `target create
+/// exe`, `gdb-remote`, then `commands`.
+fn run_lldb(exe: &Path, record_args: &[&str], commands: &[String]) -> LldbRun {
+    let server = Server::start(exe, record_args);
+    let mut c = Command::new("timeout");
+    c.args(["120", "lldb-19", "--batch", "--no-lldbinit"])
+        .arg("-o")
+        .arg(format!("target create {}", exe.display()))
+        .arg("-o")
+        .arg(format!("gdb-remote {}", server.addr));
+    for cmd in commands {
+        c.arg("-o").arg(cmd);
+    }
+    let out = c.output().expect("lldb-19");
+    let server_log = server.finish();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let ctx = format!(
+        "--- lldb stdout\n{stdout}\n--- lldb stderr\n{}\n--- server\n{server_log}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if std::env::var_os("PTREWIND_SHOW_DEBUGGER").is_some() {
+        eprintln!("{ctx}");
+    }
+    LldbRun { stdout, ctx }
+}
+
+fn strs(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+/// The text between the echo of `command` and the next `(lldb) ` echo.
+fn section<'a>(stdout: &'a str, command: &str) -> &'a str {
+    let start = stdout
+        .find(&format!("(lldb) {command}\n"))
+        .map(|i| i + command.len() + 8)
+        .unwrap_or(stdout.len());
+    let rest = &stdout[start..];
+    &rest[..rest.find("(lldb) ").unwrap_or(rest.len())]
+}
+
+/// Forward debugging: breakpoints in the executable, in our shared library and in libc
+/// resolve and hit; backtrace through the library call; registers, memory and variables;
+/// `process kill` reports the SIGKILL exit LLDB expects.
+#[test]
+fn lldb_forward_debugging_with_shared_libraries_and_kill() {
+    if !tools_ready(true) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build_uselib(dir.path());
+    // Not recording: the session starts at the dynamic loader's first instruction, before
+    // any library is loaded, so LLDB must follow the loader's rendezvous to see them.
+    let run = run_lldb(
+        &exe,
+        &["--record-from", "none"],
+        &strs(&[
+            "breakpoint set -n main",
+            "breakpoint set -n lib_scale",
+            "breakpoint set -n puts",
+            "continue",
+            "register read rip rsp rbp",
+            "memory read -f s -c 1 &greeting",
+            "continue",
+            "bt",
+            "frame variable",
+            "continue",
+            "register read rdi",
+            "process kill",
+        ]),
+    );
+    let (out, ctx) = (&run.stdout, &run.ctx);
+    // The shared-library breakpoints were pending, then resolved when the loader reported
+    // the libraries (qShlibInfoAddr + qXfer:libraries-svr4).
+    assert!(out.contains("1 location added to breakpoint 2"), "{ctx}");
+    assert!(out.contains("1 location added to breakpoint 3"), "{ctx}");
+    // Stop 1: main. ASLR is off, so the PIE executable sits at 0x555555554000.
+    let main = 0x5555_5555_4000 + symbol(&exe, "main");
+    let regs = section(out, "register read rip rsp rbp");
+    let rip = regs
+        .split("rip = 0x")
+        .nth(1)
+        .and_then(|r| u64::from_str_radix(&r[..16], 16).ok())
+        .unwrap_or_else(|| panic!("no rip\n{ctx}"));
+    // LLDB puts the breakpoint after main's prologue: within the first bytes of main.
+    assert!((main..main + 32).contains(&rip), "rip {rip:#x}\n{ctx}");
+    assert!(regs.contains("uselib`main"), "{ctx}");
+    assert!(regs.contains("rsp = 0x00007fff"), "{ctx}");
+    assert!(
+        section(out, "memory read -f s -c 1 &greeting").contains("\"hello-from-ptrewind\""),
+        "{ctx}"
+    );
+    // Stop 2: in the library, called from main (the unwinder crossed the PLT-resolved call).
+    let bt = section(out, "bt");
+    assert!(bt.contains("frame #0: "), "{ctx}");
+    assert!(bt.contains("libscale.so`lib_scale(x=20)"), "{ctx}");
+    assert!(
+        bt.contains("frame #1: ") && bt.contains("uselib`main"),
+        "{ctx}"
+    );
+    assert!(
+        section(out, "frame variable").contains("(int) x = 20"),
+        "{ctx}"
+    );
+    // Stop 3: libc's puts, first argument = the greeting's address.
+    assert!(out.contains("stop reason = breakpoint 3.1"), "{ctx}");
+    assert!(out.contains("`puts") || out.contains("_IO_puts"), "{ctx}");
+    let rdi = section(out, "register read rdi");
+    assert!(rdi.contains("greeting"), "{ctx}");
+    // `k` is answered with X09: LLDB reports the kill as an exit by signal 9.
+    assert!(out.contains("exited with status = 9"), "{ctx}");
+    assert!(
+        !run.ctx.contains("unexpected response to k packet"),
+        "{ctx}"
+    );
+    assert!(ctx.contains("killed by the debugger"), "{ctx}");
+}
+
+/// `command script import gdb-scripts/ptrewind_lldb.py`, then the `pt` commands print the
+/// server's monitor output; errors are reported as LLDB errors.
+#[test]
+fn lldb_python_pt_commands() {
+    if !tools_ready(true) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build_asm(dir.path());
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("gdb-scripts/ptrewind_lldb.py");
+    let stop = symbol(&exe, "rv_stop");
+    let run = run_lldb(
+        &exe,
+        &[],
+        &[
+            format!("command script import {}", script.display()),
+            format!("breakpoint set -a {stop:#x}"),
+            "continue".into(),
+            "pt where".into(),
+            "pt stats".into(),
+            "pt history 3".into(),
+            "pt goto".into(),
+            "process kill".into(),
+        ],
+    );
+    let (out, ctx) = (&run.stdout, &run.ctx);
+    let where_ = section(out, "pt where");
+    assert!(where_.contains("at the present: instruction"), "{ctx}");
+    assert!(where_.contains(&format!("pc {stop:#x}")), "{ctx}");
+    assert!(!where_.contains("packet:"), "LLDB's trailer leaked\n{ctx}");
+    let stats = section(out, "pt stats");
+    assert!(stats.contains("history check            ok"), "{ctx}");
+    // The last branches before the stop (ptrewind pads addresses: parse them): the call
+    // into rv_leaf and its ret back into rv_start, after the 5-byte call.
+    let targets: Vec<u64> = section(out, "pt history 3")
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("-> 0x")?.split_whitespace().next())
+        .filter_map(|a| u64::from_str_radix(a, 16).ok())
+        .collect();
+    let start = symbol(&exe, "rv_start");
+    assert_eq!(
+        targets[targets.len().saturating_sub(2)..],
+        [symbol(&exe, "rv_leaf"), start + 6],
+        "{ctx}"
+    );
+    assert!(
+        run.ctx.contains("usage: pt goto N|begin|end"),
+        "missing usage error\n{ctx}"
+    );
+}
+
+/// LLDB's Intel PT plug-in decodes the live recording (served over jLLDBTrace*) with its own
+/// libipt; the instruction stream must agree with ptrewind's history: same number of
+/// instructions as `pt stats` reports, every branch of `monitor history` present at its
+/// place, and the fixed path of the assembly routine at the end.
+#[test]
+fn lldb_trace_dump_matches_ptrewind_history() {
+    if !tools_ready(true) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build_asm(dir.path());
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("gdb-scripts/ptrewind_lldb.py");
+    let (start, stop, leaf) = (
+        symbol(&exe, "rv_start"),
+        symbol(&exe, "rv_stop"),
+        symbol(&exe, "rv_leaf"),
+    );
+    let run = run_lldb(
+        &exe,
+        &[],
+        &[
+            format!("command script import {}", script.display()),
+            format!("breakpoint set -a {stop:#x}"),
+            "continue".into(),
+            "process trace start".into(),
+            "thread trace dump info".into(),
+            "thread trace dump instructions -f -c 100000".into(),
+            "pt stats".into(),
+            "pt history 40".into(),
+            "process kill".into(),
+        ],
+    );
+    let (out, ctx) = (&run.stdout, &run.ctx);
+    assert!(
+        out.contains("Trace technology: intel-pt"),
+        "LLDB did not pick its intel-pt plug-in\n{ctx}"
+    );
+    assert!(out.contains("Number of individual errors: 0"), "{ctx}");
+    // LLDB's decode, oldest first: "  N: 0xADDR    mnemonic ...".
+    let insns: Vec<u64> = section(out, "thread trace dump instructions -f -c 100000")
+        .lines()
+        .filter_map(|l| {
+            let (idx, rest) = l.trim().split_once(": 0x")?;
+            idx.parse::<u64>().ok()?;
+            u64::from_str_radix(rest.split_whitespace().next()?, 16).ok()
+        })
+        .collect();
+    let recorded: usize = section(out, "pt stats")
+        .lines()
+        .find_map(|l| l.strip_prefix("history instructions"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no history count\n{ctx}"));
+    assert!(recorded > 8, "{ctx}");
+    assert_eq!(insns.len(), recorded, "LLDB and ptrewind disagree\n{ctx}");
+    // The end of the stream is the routine's path, ground truth from the assembly source.
+    let path = [
+        start,
+        start + 1,
+        leaf,
+        leaf + 5,
+        start + 6,
+        start + 11,
+        start + 13,
+        start + 15,
+    ];
+    assert_eq!(&insns[insns.len() - path.len()..], &path, "{ctx}");
+    assert_eq!(path[7] + 3, stop);
+    // Every branch ptrewind lists ("N  0xFROM ...\n -> 0xTO ...") is a consecutive pair in
+    // LLDB's stream at the same instruction number (ptrewind counts from 0 or 1: accept the
+    // pair at N or N-1, but it must be that place, not anywhere).
+    let history = section(out, "pt history 40");
+    let lines: Vec<&str> = history.lines().collect();
+    let mut checked = 0;
+    for pair in lines.windows(2) {
+        let mut f = pair[0].split_whitespace();
+        let (Some(n), Some(from)) = (
+            f.next().and_then(|n| n.parse::<usize>().ok()),
+            f.next().and_then(|a| a.strip_prefix("0x")),
+        ) else {
+            continue;
+        };
+        let Some(to) = pair[1]
+            .trim()
+            .strip_prefix("-> 0x")
+            .and_then(|t| t.split_whitespace().next())
+        else {
+            continue;
+        };
+        let (from, to) = (
+            u64::from_str_radix(from, 16).unwrap(),
+            u64::from_str_radix(to, 16).unwrap(),
+        );
+        let at = |i: usize| insns.get(i) == Some(&from) && insns.get(i + 1) == Some(&to);
+        assert!(
+            at(n) || (n > 0 && at(n - 1)),
+            "branch {n}: {from:#x} -> {to:#x} not in LLDB's decode there\n{ctx}"
+        );
+        checked += 1;
+    }
+    assert!(checked >= 3, "too few branches compared ({checked})\n{ctx}");
+}
+
+/// A minimal GDB remote client, speaking like LLDB does.
+struct Rsp {
+    stream: TcpStream,
+    no_ack: bool,
+}
+
+impl Rsp {
+    fn connect(addr: &str) -> Rsp {
+        let stream = TcpStream::connect(addr).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .unwrap();
+        Rsp {
+            stream,
+            no_ack: false,
+        }
+    }
+
+    fn send(&mut self, body: &str) {
+        let sum = body.bytes().fold(0u8, |a, b| a.wrapping_add(b));
+        write!(self.stream, "${body}#{sum:02x}").unwrap();
+    }
+
+    /// Reads one reply packet (skipping acks and `O` console packets), acking it.
+    fn recv(&mut self) -> String {
+        loop {
+            let mut byte = [0u8; 1];
+            let mut body = Vec::new();
+            loop {
+                self.stream.read_exact(&mut byte).expect("reply");
+                if byte[0] == b'$' {
+                    break;
+                }
+            }
+            loop {
+                self.stream.read_exact(&mut byte).expect("reply");
+                if byte[0] == b'#' {
+                    break;
+                }
+                body.push(byte[0]);
+            }
+            let mut sum = [0u8; 2];
+            self.stream.read_exact(&mut sum).unwrap();
+            if !self.no_ack {
+                self.stream.write_all(b"+").unwrap();
+            }
+            let text = expand(&body);
+            if text.starts_with('O') && text != "OK" {
+                continue;
+            }
+            return text;
+        }
+    }
+
+    fn ask(&mut self, body: &str) -> String {
+        self.send(body);
+        self.recv()
+    }
+
+    /// rip from a `p10` (register 16) reply.
+    fn pc(&mut self) -> u64 {
+        let hex = self.ask("p10");
+        let bytes: Vec<u8> = (0..8)
+            .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+            .collect();
+        u64::from_le_bytes(bytes.try_into().unwrap())
+    }
+}
+
+/// Undoes run-length encoding and `}` escapes in a reply.
+fn expand(body: &[u8]) -> String {
+    let mut out: Vec<u8> = Vec::new();
+    let mut i = 0;
+    while i < body.len() {
+        match body[i] {
+            b'*' if i + 1 < body.len() => {
+                let last = *out.last().unwrap_or(&b'0');
+                out.extend(std::iter::repeat_n(last, (body[i + 1] - 29) as usize));
+                i += 2;
+            }
+            b'}' if i + 1 < body.len() => {
+                out.push(body[i + 1] ^ 0x20);
+                i += 2;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The packets LLDB 21 sends for `process continue --reverse` and its reverse step over a
+/// breakpoint (`Hc<thread>` + `bs`, then `bc`), against the live recording: capabilities in
+/// `qSupported`, reverse steps along the routine's known path, `replaylog:begin` at the start
+/// of the history, forward replay back to the breakpoint, and `k` answered `X09`.
+#[test]
+fn reverse_protocol_exchange_as_lldb21_sends_it() {
+    if !tools_ready(false) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build_asm(dir.path());
+    let (start, stop, leaf, main) = (
+        symbol(&exe, "rv_start"),
+        symbol(&exe, "rv_stop"),
+        symbol(&exe, "rv_leaf"),
+        symbol(&exe, "main"),
+    );
+    let server = Server::start(&exe, &[]);
+    let mut c = Rsp::connect(&server.addr);
+    c.send("QStartNoAckMode");
+    assert_eq!(c.recv(), "OK");
+    c.no_ack = true;
+    // LLDB 19/21 send this feature list.
+    let features =
+        c.ask("qSupported:xmlRegisters=i386,arm,mips,arc;multiprocess+;fork-events+;vfork-events+");
+    assert!(features.contains("ReverseContinue+"), "{features}");
+    assert!(features.contains("ReverseStep+"), "{features}");
+    let stop0 = c.ask("?");
+    let thread = stop0
+        .split("thread:")
+        .nth(1)
+        .and_then(|t| t.split(';').next())
+        .unwrap_or_else(|| panic!("no thread in {stop0}"))
+        .to_string();
+    // Forward to rv_stop, as LLDB continues (vCont with all threads of the process).
+    let pid = thread.trim_start_matches('p').split('.').next().unwrap();
+    assert_eq!(c.ask(&format!("Z0,{stop:x},1")), "OK");
+    let hit = c.ask(&format!("vCont;c:p{pid}.-1"));
+    assert!(hit.starts_with("T05") && hit.contains("swbreak"), "{hit}");
+    assert_eq!(c.pc(), stop);
+    // LLDB 21 steps back over the breakpoint it stands on with Hc<thread> + bs.
+    assert_eq!(c.ask(&format!("Hc{thread}")), "OK");
+    let s1 = c.ask("bs");
+    assert!(s1.starts_with("T05"), "{s1}");
+    assert!(!s1.contains("replaylog"), "{s1}");
+    assert_eq!(c.pc(), start + 15, "one step back from rv_stop is the add");
+    let s2 = c.ask("bs");
+    assert!(s2.starts_with("T05"), "{s2}");
+    assert_eq!(c.pc(), start + 13, "then the jz");
+    // Reverse-continue with a breakpoint in rv_leaf: stops at its first instruction.
+    assert_eq!(c.ask(&format!("Z0,{leaf:x},1")), "OK");
+    let back = c.ask("bc");
+    assert!(
+        back.starts_with("T05") && !back.contains("replaylog"),
+        "{back}"
+    );
+    assert_eq!(c.pc(), leaf);
+    // Without breakpoints, bc runs to the start of the history: replaylog:begin, which LLDB
+    // 21 shows as the stop reason "history boundary".
+    assert_eq!(c.ask(&format!("z0,{leaf:x},1")), "OK");
+    assert_eq!(c.ask(&format!("z0,{stop:x},1")), "OK");
+    let begin = c.ask("bc");
+    assert!(begin.contains("replaylog:begin"), "{begin}");
+    // Recording starts at main (`--record-from main`, the default).
+    assert_eq!(c.pc(), main);
+    // Forward again (replaying) to the breakpoint.
+    assert_eq!(c.ask(&format!("Z0,{stop:x},1")), "OK");
+    let again = c.ask(&format!("vCont;c:p{pid}.-1"));
+    assert!(again.starts_with("T05"), "{again}");
+    assert_eq!(c.pc(), stop);
+    // `k`: an exit-status reply, as lldb-server sends.
+    assert_eq!(c.ask("k"), "X09");
+    drop(c);
+    let log = server.finish();
+    assert!(log.contains("killed by the debugger"), "{log}");
+}
+
+/// Every ```json block of the IDE and LLDB docs is valid JSON (VS Code's launch.json accepts
+/// comments, but the snippets are meant to be pasted anywhere).
+#[test]
+fn docs_json_snippets_parse() {
+    let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs");
+    let mut parsed = 0;
+    for name in ["vscode.md", "lldb.md", "clion.md"] {
+        let text = std::fs::read_to_string(docs.join(name)).unwrap();
+        let mut rest = text.as_str();
+        while let Some(start) = rest.find("```json\n") {
+            let body = &rest[start + 8..];
+            let end = body.find("```").expect("unterminated code block");
+            let value: serde_json::Value = serde_json::from_str(&body[..end])
+                .unwrap_or_else(|e| panic!("{name}: {e}\n{}", &body[..end]));
+            assert!(value.get("type").is_some(), "{name}: no \"type\"");
+            parsed += 1;
+            rest = &body[end..];
+        }
+    }
+    assert_eq!(parsed, 2, "expected the cppdbg and CodeLLDB configurations");
+}

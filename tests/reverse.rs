@@ -1,0 +1,628 @@
+//! Reverse execution in real GDB (batch mode) against `ptrewind record` (software backend):
+//! reverse-stepi against the PCs GDB printed while stepping forward, reverse-continue to the
+//! right dynamic instance of a breakpoint, reverse-next/finish/step onto the source lines named
+//! by marker comments in the C examples, past variable values computed from the program's
+//! data, and the recording's own consistency check. Nothing expected here is copied from our
+//! own output.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const TIMEOUT: Duration = Duration::from_secs(90);
+
+fn crate_dir() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn example_source(name: &str) -> PathBuf {
+    crate_dir().join("examples/c").join(name)
+}
+
+/// 1-based line number of the first line of `file` containing `marker`.
+fn line_of(file: &str, marker: &str) -> usize {
+    let text = std::fs::read_to_string(example_source(file)).unwrap();
+    text.lines()
+        .position(|l| l.contains(marker))
+        .unwrap_or_else(|| panic!("marker {marker:?} not in {file}"))
+        + 1
+}
+
+/// Compiles the examples this file needs once per test run (`cc -g -O0`).
+fn examples() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("reverse-examples");
+        std::fs::create_dir_all(&dir).unwrap();
+        for p in ["crash", "recursion"] {
+            let out = Command::new("cc")
+                .args(["-g", "-O0", "-o"])
+                .arg(dir.join(p))
+                .arg(example_source(&format!("{p}.c")))
+                .output()
+                .expect("cc not found");
+            assert!(
+                out.status.success(),
+                "cc {p} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        dir
+    })
+}
+
+fn example(name: &str) -> PathBuf {
+    examples().join(name)
+}
+
+fn collect(
+    pipe: impl Read + Send + 'static,
+    tx: Option<mpsc::Sender<String>>,
+) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(pipe).lines() {
+            let Ok(line) = line else { break };
+            if let Some(tx) = &tx {
+                let _ = tx.send(line.clone());
+            }
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    })
+}
+
+fn wait_until(child: &mut Child, deadline: Instant) -> Option<std::process::ExitStatus> {
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+struct Server {
+    child: Child,
+    port: u16,
+    stderr: std::thread::JoinHandle<String>,
+}
+
+impl Server {
+    fn start(extra: &[&str], program: &Path) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ptrewind"))
+            .args(["record", "--listen", "127.0.0.1:0"])
+            .args(extra)
+            .arg("--")
+            .arg(program)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("cannot run ptrewind");
+        let (tx, rx) = mpsc::channel();
+        let stderr = collect(child.stderr.take().unwrap(), Some(tx));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Ok(line) = rx.recv_timeout(left) else {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "ptrewind printed no listening line: {}",
+                    stderr.join().unwrap()
+                );
+            };
+            if let Some((_, addr)) = line.split_once("; listening on ") {
+                let port = addr.rsplit(':').next().unwrap().parse().unwrap();
+                return Server {
+                    child,
+                    port,
+                    stderr,
+                };
+            }
+        }
+    }
+}
+
+struct Run {
+    gdb: String,
+    server: String,
+}
+
+/// Runs GDB in batch mode against `ptrewind record -- program` with `commands`.
+fn gdb(program: &str, commands: &[&str]) -> Run {
+    let program = example(program);
+    let mut server = Server::start(&[], &program);
+    let mut cmd = Command::new("gdb");
+    cmd.args([
+        "-batch",
+        "-nx",
+        "-ex",
+        "set confirm off",
+        "-ex",
+        "set pagination off",
+    ])
+    .arg("-ex")
+    .arg(format!("target remote 127.0.0.1:{}", server.port));
+    for c in commands {
+        cmd.arg("-ex").arg(c);
+    }
+    let mut g = cmd
+        .arg(&program)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("gdb not found (gdb 13 is required for these tests)");
+    let out = collect(g.stdout.take().unwrap(), None);
+    let err = collect(g.stderr.take().unwrap(), None);
+    let gdb_status = wait_until(&mut g, Instant::now() + TIMEOUT);
+    let server_status = wait_until(&mut server.child, Instant::now() + Duration::from_secs(10));
+    let gdb_text = format!("{}{}", out.join().unwrap(), err.join().unwrap());
+    let server_text = server.stderr.join().unwrap();
+    assert!(
+        gdb_status.is_some(),
+        "gdb timed out after {TIMEOUT:?}\n--- gdb:\n{gdb_text}\n--- server:\n{server_text}"
+    );
+    assert!(
+        server_status.is_some(),
+        "ptrewind did not exit after gdb\n--- gdb:\n{gdb_text}\n--- server:\n{server_text}"
+    );
+    Run {
+        gdb: gdb_text,
+        server: server_text,
+    }
+}
+
+impl Run {
+    #[track_caller]
+    fn expect(&self, needle: &str) {
+        assert!(
+            self.gdb.contains(needle),
+            "GDB output lacks {needle:?}\n--- gdb:\n{}\n--- server:\n{}",
+            self.gdb,
+            self.server
+        );
+    }
+
+    /// Values printed by `printf "TAG %lx\n", ...` lines, in order.
+    fn tagged(&self, tag: &str) -> Vec<String> {
+        let prefix = format!("{tag} ");
+        self.gdb
+            .lines()
+            .filter_map(|l| l.strip_prefix(&prefix).map(str::to_string))
+            .collect()
+    }
+
+    /// The source line numbers GDB printed as the current line (`NN\t...`), in order.
+    fn lines_shown(&self) -> Vec<usize> {
+        self.gdb
+            .lines()
+            .filter_map(|l| {
+                let (num, _) = l.split_once('\t')?;
+                num.trim().parse().ok()
+            })
+            .collect()
+    }
+
+    fn dump(&self) -> String {
+        format!("--- gdb:\n{}\n--- server:\n{}", self.gdb, self.server)
+    }
+}
+
+#[test]
+fn reverse_stepi_retraces_forward_pcs() {
+    const N: usize = 60;
+    let mut cmds: Vec<String> = vec!["break factorial".into(), "continue".into()];
+    cmds.push(r#"printf "FWD %lx\n", $pc"#.into());
+    for _ in 0..N {
+        cmds.push("stepi".into());
+        cmds.push(r#"printf "FWD %lx\n", $pc"#.into());
+    }
+    for _ in 0..N {
+        cmds.push("reverse-stepi".into());
+        cmds.push(r#"printf "REV %lx\n", $pc"#.into());
+    }
+    // One more than recorded since the breakpoint would be... still in history: the
+    // instructions of main before the first factorial call were recorded too.
+    let refs: Vec<&str> = cmds.iter().map(String::as_str).collect();
+    let r = gdb("recursion", &refs);
+    let fwd = r.tagged("FWD");
+    let rev = r.tagged("REV");
+    assert_eq!(fwd.len(), N + 1, "{}", r.dump());
+    assert_eq!(rev.len(), N, "{}", r.dump());
+    // The N stepis went through calls into deeper factorial instances and back: the PCs must
+    // not be a trivial straight line.
+    let distinct: std::collections::BTreeSet<&String> = fwd.iter().collect();
+    assert!(distinct.len() > 10, "{}", r.dump());
+    let mut expected: Vec<String> = fwd[..N].to_vec();
+    expected.reverse();
+    assert_eq!(rev, expected, "{}", r.dump());
+}
+
+#[test]
+fn reverse_continue_stops_at_previous_dynamic_instance() {
+    // factorial(10) recurses with n = 10, 9, 8, ...: the k-th hit of a breakpoint in it has
+    // n = 11 - k.
+    const K: usize = 5;
+    let mut cmds: Vec<String> = vec!["break factorial".into()];
+    for _ in 0..K {
+        cmds.push("continue".into());
+    }
+    cmds.push(r#"printf "LIVE %d\n", n"#.into());
+    cmds.push("reverse-continue".into());
+    cmds.push(r#"printf "BACK1 %d\n", n"#.into());
+    cmds.push("reverse-continue".into());
+    cmds.push(r#"printf "BACK2 %d\n", n"#.into());
+    // Forward again, in the replayed past: the next instance, then the present.
+    cmds.push("continue".into());
+    cmds.push(r#"printf "FWD1 %d\n", n"#.into());
+    cmds.push("continue".into());
+    cmds.push(r#"printf "FWD2 %d\n", n"#.into());
+    let refs: Vec<&str> = cmds.iter().map(String::as_str).collect();
+    let r = gdb("recursion", &refs);
+    let n = |tag: &str| -> Vec<String> { r.tagged(tag) };
+    assert_eq!(n("LIVE"), vec![(11 - K).to_string()], "{}", r.dump());
+    assert_eq!(n("BACK1"), vec![(12 - K).to_string()], "{}", r.dump());
+    assert_eq!(n("BACK2"), vec![(13 - K).to_string()], "{}", r.dump());
+    assert_eq!(n("FWD1"), vec![(12 - K).to_string()], "{}", r.dump());
+    // Replaying forward from there reaches instance K again (still in the history).
+    assert_eq!(n("FWD2"), vec![(11 - K).to_string()], "{}", r.dump());
+}
+
+#[test]
+fn reverse_finish_next_step_land_on_source_lines() {
+    let call_line = line_of("crash.c", "return crash_here(p);");
+    let p_line = line_of("crash.c", "int *p = NULL;");
+    let fflush_line = line_of("crash.c", "fflush(stdout);");
+    let printf_line = line_of("crash.c", "printf(\"total=%d\\n\", total);");
+    let sum_end = line_of("crash.c", "return total;") + 1;
+    let r = gdb(
+        "crash",
+        &[
+            "continue",
+            "echo MARK-FINISH\\n",
+            "reverse-finish",
+            "echo MARK-NEXT\\n",
+            "reverse-next",
+            "reverse-next",
+            "reverse-next",
+            "reverse-next",
+            "echo MARK-STEP\\n",
+            "reverse-step",
+            "bt",
+            "echo MARK-FWD\\n",
+            "next",
+            "next",
+        ],
+    );
+    r.expect("Program received signal SIGSEGV");
+    let after = |mark: &str| -> Vec<usize> {
+        let i = r
+            .gdb
+            .find(mark)
+            .unwrap_or_else(|| panic!("no {mark}\n{}", r.dump()));
+        Run {
+            gdb: r.gdb[i..].to_string(),
+            server: String::new(),
+        }
+        .lines_shown()
+    };
+    // reverse-finish goes back to the call in main.
+    assert_eq!(
+        after("MARK-FINISH").first(),
+        Some(&call_line),
+        "{}",
+        r.dump()
+    );
+    // reverse-finish stops in the middle of the call line, so the first reverse-next goes to
+    // the start of that line; the next three show p = NULL, fflush, printf (stepping back over
+    // the calls into libc).
+    let nexts = after("MARK-NEXT");
+    let shown: Vec<usize> = nexts
+        .iter()
+        .copied()
+        .filter(|&l| l != call_line)
+        .take(3)
+        .collect();
+    assert_eq!(
+        shown,
+        vec![p_line, fflush_line, printf_line],
+        "{}",
+        r.dump()
+    );
+    // reverse-step from the printf line steps back into sum_list's last line.
+    assert_eq!(after("MARK-STEP").first(), Some(&sum_end), "{}", r.dump());
+    r.expect("#0  sum_list (n=0x0)");
+    // Forward again in the replayed past: next over sum_list returns to main's printf line.
+    let fwd = after("MARK-FWD");
+    assert!(fwd.contains(&printf_line), "{}", r.dump());
+}
+
+#[test]
+fn from_the_crash_back_to_the_faulting_function_and_past_values() {
+    let add_line = line_of("crash.c", "total += n->value;");
+    let r = gdb(
+        "crash",
+        &[
+            "continue",
+            "break crash_here",
+            "reverse-continue",
+            r#"printf "P %lx\n", (unsigned long)p"#,
+            &format!("break {add_line}"),
+            "reverse-continue",
+            r#"printf "TOTAL %d\n", total"#,
+            r#"printf "VALUE %d\n", n->value"#,
+            "reverse-continue",
+            r#"printf "TOTAL %d\n", total"#,
+            "monitor stats",
+        ],
+    );
+    r.expect("Program received signal SIGSEGV");
+    r.expect("Breakpoint 1, crash_here (p=0x0)");
+    assert_eq!(r.tagged("P"), vec!["0"], "{}", r.dump());
+    // The list is 1 -> 2 -> 3 (crash.c main): at the last visit of the += line, total holds
+    // 1 + 2 and n->value is 3; one visit earlier total was 1. total ends up 6 (overwritten).
+    assert_eq!(r.tagged("TOTAL"), vec!["3", "1"], "{}", r.dump());
+    assert_eq!(r.tagged("VALUE"), vec!["3"], "{}", r.dump());
+}
+
+fn stat(text: &str, key: &str) -> String {
+    text.lines()
+        .find_map(|l| l.strip_prefix(key).map(|v| v.trim().to_string()))
+        .unwrap_or_else(|| panic!("no {key:?} in stats:\n{text}"))
+}
+
+#[test]
+fn monitor_stats_history_matches_recording() {
+    let r = gdb(
+        "crash",
+        &[
+            "continue",
+            "monitor stats",
+            "reverse-stepi",
+            "monitor where",
+        ],
+    );
+    assert_eq!(stat(&r.gdb, "lost bytes"), "0", "{}", r.dump());
+    let recorded: u64 = stat(&r.gdb, "recorded instructions").parse().unwrap();
+    let history: u64 = stat(&r.gdb, "history instructions").parse().unwrap();
+    assert!(recorded > 1000, "{}", r.dump());
+    assert_eq!(recorded, history, "{}", r.dump());
+    assert!(
+        stat(&r.gdb, "history check").starts_with("ok"),
+        "{}",
+        r.dump()
+    );
+    r.expect(&format!(
+        "replaying: instruction {} of {}",
+        history - 1,
+        history
+    ));
+}
+
+#[test]
+fn backend_pt_fails_with_probe_message_and_auto_falls_back() {
+    let probe = ptrewind::capture::perf::probe();
+    let out = Command::new(env!("CARGO_BIN_EXE_ptrewind"))
+        .args(["record", "--backend", "pt", "--", "/bin/true"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    if let Err(why) = &probe {
+        assert!(stderr.contains(&why.to_string()), "{stderr}");
+        // auto: falls back, says why, and serves (we only wait for the listening line).
+        let server = Server::start(&["--backend", "auto"], &example("recursion"));
+        let mut child = server.child;
+        let _ = child.kill();
+        let _ = child.wait();
+        let text = server.stderr.join().unwrap();
+        assert!(
+            text.contains("falling back to the software backend"),
+            "{text}"
+        );
+        assert!(text.contains(&why.to_string()), "{text}");
+    }
+}
+
+#[test]
+fn ptrewind_gdb_runs_gdb_with_the_pt_commands() {
+    let program = example("recursion");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ptrewind"))
+        .args(["gdb", "--batch"])
+        .args([
+            "--ex",
+            "break factorial",
+            "--ex",
+            "continue",
+            "--ex",
+            "continue",
+        ])
+        .args([
+            "--ex",
+            "continue",
+            "--ex",
+            "pt where",
+            "--ex",
+            "pt calls 10",
+        ])
+        .args([
+            "--ex",
+            "pt history 10",
+            "--ex",
+            "pt goto begin",
+            "--ex",
+            "pt where",
+        ])
+        .arg("--")
+        .arg(&program)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = collect(child.stdout.take().unwrap(), None);
+    let err = collect(child.stderr.take().unwrap(), None);
+    let status = wait_until(&mut child, Instant::now() + TIMEOUT);
+    let text = format!("{}{}", out.join().unwrap(), err.join().unwrap());
+    assert!(status.is_some(), "ptrewind gdb timed out:\n{text}");
+    // Three hits of factorial: n = 10, 9, 8.
+    assert!(text.contains("factorial (n=8)"), "{text}");
+    // The call history: main, then factorial nested three deep (indented by two per level).
+    let calls: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("\tinst "))
+        .map(|l| l.split('\t').nth(1).unwrap_or(""))
+        .collect();
+    assert_eq!(
+        calls,
+        vec!["main", "  factorial", "    factorial", "      factorial"],
+        "{text}"
+    );
+    // The branch history names the call site in main and its source line.
+    let call_line = line_of("recursion.c", "unsigned long f = factorial(10);");
+    assert!(text.contains("-> 0x"), "{text}");
+    assert!(text.contains("factorial at recursion.c:"), "{text}");
+    let call_site = text
+        .lines()
+        .find(|l| l.contains(" main+") && l.ends_with(&format!("at recursion.c:{call_line}")));
+    assert!(call_site.is_some(), "{text}");
+    // goto begin: instruction 0 is main's first instruction.
+    assert!(text.contains("replaying: instruction 0 of"), "{text}");
+    assert!(text.contains("#0  main () at"), "{text}");
+}
+
+#[test]
+fn software_watchpoint_reverse_continue_stops_at_the_last_write() {
+    // GDB single-steps (forward and backward) and compares the value itself: every `bs` must
+    // give the right past memory. total goes 0 -> 1 -> 3 -> 6 over the list 1 -> 2 -> 3.
+    let r = gdb(
+        "crash",
+        &[
+            "set can-use-hw-watchpoints 0",
+            "break sum_list",
+            "continue",
+            "next",
+            "watch total",
+            "continue",
+            "continue",
+            "continue",
+            "delete 1",
+            r#"printf "LIVE %d\n", total"#,
+            "reverse-continue",
+            r#"printf "BACK %d\n", total"#,
+            "reverse-continue",
+            r#"printf "BACK %d\n", total"#,
+        ],
+    );
+    assert_eq!(r.tagged("LIVE"), vec!["6"], "{}", r.dump());
+    r.expect("Old value = 3\nNew value = 6");
+    // Going back over `total += 3` the watchpoint triggers with the value before it.
+    r.expect("Old value = 6\nNew value = 3");
+    assert_eq!(r.tagged("BACK"), vec!["3", "1"], "{}", r.dump());
+}
+
+#[test]
+fn monitor_save_writes_a_recording_that_decodes_to_the_history() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("reverse-saved");
+    let _ = std::fs::remove_dir_all(&dir);
+    let r = gdb(
+        "crash",
+        &[
+            "continue",
+            &format!("monitor save {}", dir.display()),
+            "monitor stats",
+        ],
+    );
+    let recorded: u64 = stat(&r.gdb, "recorded instructions").parse().unwrap();
+    let readme = std::fs::read_to_string(dir.join("README")).unwrap();
+    let cmd = readme
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("ptrewind "))
+        .expect("README has the decode command");
+    let args: Vec<&str> = cmd.split_whitespace().collect();
+    let out = Command::new(env!("CARGO_BIN_EXE_ptrewind"))
+        .args(&args)
+        .arg("--stats")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let insns: u64 = text
+        .split_whitespace()
+        .skip_while(|w| *w != "insns")
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no insns count in {text}"));
+    assert_eq!(insns, recorded, "{text}\n{}", r.dump());
+    assert!(text.contains("errors 0"), "{text}");
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
+    // Registers at the end are the crash point's: RIP inside crash_here, RAX/RDI... not
+    // checked; the start is main's first instruction (recording starts at main).
+    let start_rip = manifest["registers_at_start"]["rip"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let nm = Command::new("nm").arg(example("crash")).output().unwrap();
+    let main_off = String::from_utf8_lossy(&nm.stdout)
+        .lines()
+        .find(|l| l.ends_with(" T main"))
+        .and_then(|l| u64::from_str_radix(l.split_whitespace().next().unwrap(), 16).ok())
+        .expect("nm finds main");
+    let rip = u64::from_str_radix(start_rip.trim_start_matches("0x"), 16).unwrap();
+    assert_eq!(
+        rip & 0xfff,
+        main_off & 0xfff,
+        "start rip {start_rip}, main at {main_off:#x}"
+    );
+}
+
+#[test]
+fn record_off_gap_bounds_reverse_execution() {
+    // factorial's k-th breakpoint hit has n = 11 - k. The second hit is reached untraced: its
+    // registers and memory changes are unknown, so reverse execution stops where recording
+    // resumed (at that hit) instead of showing a wrong past.
+    let r = gdb(
+        "recursion",
+        &[
+            "break factorial",
+            "continue",
+            "monitor record off",
+            "continue",
+            "monitor record on",
+            "continue",
+            r#"printf "LIVE %d\n", n"#,
+            "reverse-continue",
+            r#"printf "BACK %d\n", n"#,
+            "reverse-continue",
+            r#"printf "BACK %d\n", n"#,
+            "monitor goto 0",
+            "monitor stats",
+        ],
+    );
+    assert_eq!(r.tagged("LIVE"), vec!["8"], "{}", r.dump());
+    assert_eq!(r.tagged("BACK"), vec!["9", "9"], "{}", r.dump());
+    r.expect("No more reverse-execution history.");
+    r.expect("is before an untraced run");
+    assert!(
+        stat(&r.gdb, "history check").starts_with("ok"),
+        "{}",
+        r.dump()
+    );
+}
