@@ -7,7 +7,8 @@
 //!
 //! For each trace: instructions/s and MB/s of PT for ptrewind (blocks only, and with every
 //! instruction materialised as an `Insn`) and for libipt, the ratio, and both instruction counts.
-//! `--compare` diffs the two instruction-address sequences and prints the first divergence.
+//! `--compare` diffs the two instruction-address sequences and prints the first divergence
+//! (`--trace all`: every corpus trace that has code images).
 //! Peak RSS is read from /proc/self/status after each trace. `--memory` decodes each trace
 //! repeated 1, 4 and 16 times and prints the decoder's peak heap (it must not grow).
 //! `--ours-only` times only ptrewind (for profiling).
@@ -391,6 +392,13 @@ fn main() {
         .iter()
         .map(|s| s.to_string())
         .collect();
+    }
+    if names.iter().any(|n| n == "all") {
+        names = corpus::all_traces()
+            .into_iter()
+            .filter(|t| t.has_images())
+            .map(|t| t.name)
+            .collect();
     }
     if corpus::corpus_dir().is_none() {
         eprintln!("corpus not found (set PTREWIND_CORPUS)");

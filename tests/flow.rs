@@ -396,23 +396,42 @@ fn hase_branches_match_ground_truth() {
 // ---------------------------------------------------------------------------------------------
 // Restartability
 
-/// Item identity for suffix comparison: instructions by IP, events by kind (timestamps depend on
-/// timing packets before the PSB and are not part of the contract).
-fn key(i: &Item) -> (u64, String) {
+/// Item identity for suffix comparison: instructions by IP, events by offset and a hash of their
+/// kind (timestamps depend on timing packets before the PSB and are not part of the contract).
+fn key(i: &Item) -> (u64, u64) {
+    use std::hash::{Hash, Hasher};
     match i {
-        Item::Insn(x) => (x.ip, String::new()),
-        Item::Event(e) => (e.offset, format!("{:?}", e.kind)),
+        Item::Insn(x) => (x.ip, 0),
+        Item::Event(e) => {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            format!("{:?}", e.kind).hash(&mut h);
+            (e.offset, h.finish() | 1)
+        }
     }
 }
 
+fn is_psb(i: &Item) -> bool {
+    matches!(
+        i,
+        Item::Event(Event {
+            kind: EventKind::Psb { .. },
+            ..
+        })
+    )
+}
+
 fn check_restart(name: &str, pt: &[u8], img: &Image, cfg: &FlowConfig, max_psbs: usize) {
-    let full: Vec<(u64, String)> = decode_items(pt, img, cfg.clone()).iter().map(key).collect();
-    let psbs: Vec<(usize, u64)> = full
-        .iter()
-        .enumerate()
-        .filter(|(_, (_, k))| k.starts_with("Psb"))
-        .map(|(i, (off, _))| (i, *off))
-        .collect();
+    let mut full: Vec<(u64, u64)> = Vec::new();
+    let mut psbs: Vec<(usize, u64)> = Vec::new();
+    let mut dec = FlowDecoder::new(pt, img, cfg.clone());
+    while let Some(item) = dec.next_item() {
+        if is_psb(&item) {
+            if let Item::Event(e) = &item {
+                psbs.push((full.len(), e.offset));
+            }
+        }
+        full.push(key(&item));
+    }
     assert!(psbs.len() >= 2, "{name}: {} PSBs", psbs.len());
     let step = (psbs.len() / max_psbs).max(1);
     for &(at, off) in psbs.iter().step_by(step) {
@@ -447,14 +466,17 @@ fn decoding_from_any_psb_yields_the_suffix_of_the_full_decode() {
                 | "libxdc/dyn_test"
                 | "hase/control_flow-20180515"
                 | "libxdc/foo"
+                | "libxdc/mruby"
         )
     }) else {
         return;
     };
-    assert!(traces.len() >= 5);
+    assert_eq!(traces.len(), 8, "all eight traces present");
     for t in &traces {
         let img = image_of(t);
-        check_restart(&t.name, &t.pt, &img, &cfg_of(t), 12);
+        // mruby (6.3 M instructions, with an OVF in the middle): fewer restarts, for time.
+        let restarts = if t.name == "libxdc/mruby" { 5 } else { 12 };
+        check_restart(&t.name, &t.pt, &img, &cfg_of(t), restarts);
     }
 }
 

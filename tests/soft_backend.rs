@@ -578,6 +578,7 @@ int main(void) {
     assert_eq!(out, native_stdout(&exe, &[]));
     assert_eq!(r.exit, Some(Exit::Code(0)));
     assert_eq!(r.stats.clones, 1, "{:?}", r.stats);
+    assert_eq!(r.stats.thread_clones, 1, "{:?}", r.stats);
     check_decodes("threads", &r);
 }
 
@@ -806,4 +807,34 @@ fn debugger_breakpoints_of_the_server_target_stop_a_block_stepped_run() {
     let mut r = rec.finish().expect("finish");
     r.image = Some(image);
     check_decodes("breakpoints", &r);
+}
+
+#[test]
+fn fork_and_system_keep_block_stepping() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = r#"
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+int main(void) {
+    pid_t p = fork();
+    if (p == 0) _exit(5);
+    int st = 0;
+    waitpid(p, &st, 0);
+    int rc = system("exit 2");
+    long s = 0;
+    for (int i = 0; i < 100; i++) s += i;
+    printf("%d %d %ld\n", WEXITSTATUS(st), WEXITSTATUS(rc), s);
+    return 0;
+}
+"#;
+    let exe = compile(dir.path(), "fork", src, &[]);
+    let (r, out) = record(&exe, &[], config());
+    assert_eq!(out, "5 2 4950\n");
+    assert_eq!(r.exit, Some(Exit::Code(0)));
+    // fork() and system()'s vfork-style clone: neither shares memory with a running child.
+    assert_eq!(r.stats.clones, 2, "{:?}", r.stats);
+    assert_eq!(r.stats.thread_clones, 0, "{:?}", r.stats);
+    check_decodes("fork", &r);
 }

@@ -263,9 +263,11 @@ pub struct RecorderStats {
     pub decoded_instructions: u64,
     /// Successful `execve` calls (recording continues in the new program).
     pub execs: u64,
-    /// Successful clone/clone3 calls (threads and children run untraced; block stepping is
-    /// turned off after the first).
+    /// Successful clone/clone3 calls (threads and children run untraced).
     pub clones: u64,
+    /// Of those, clones sharing the address space with a running task (threads): block
+    /// stepping is off from the first one on.
+    pub thread_clones: u64,
 }
 
 /// A finished recording.
@@ -933,10 +935,28 @@ impl<T: StepTarget> SoftRecorder<T> {
             }
             // clone/clone3 created a thread or process (the parent sees a positive id). A
             // thread shares the code: a temporary INT3 of block stepping could trap it, and it
-            // is not traced, so from now on every instruction is single-stepped.
+            // is not traced, so from then on every instruction is single-stepped. A forked
+            // child has its own copy of memory, and a vfork child has exec'd or exited by the
+            // time the parent returns: both leave block stepping on.
             if matches!(after.orig_rax, 56 | 435) && (after.rax as i64) > 0 {
                 self.stats.clones += 1;
-                self.block_stepping_allowed = false;
+                let flags = if after.orig_rax == 56 {
+                    Some(after.rdi)
+                } else {
+                    // clone3: the flags are the first field of struct clone_args at RDI.
+                    let mut b = [0u8; 8];
+                    match self.target.read_memory(after.rdi, &mut b) {
+                        Ok(8) => Some(u64::from_le_bytes(b)),
+                        _ => None,
+                    }
+                };
+                let shares_memory = flags.is_none_or(|f| {
+                    f & libc::CLONE_VM as u64 != 0 && f & libc::CLONE_VFORK as u64 == 0
+                });
+                if shares_memory {
+                    self.stats.thread_clones += 1;
+                    self.block_stepping_allowed = false;
+                }
             }
         }
         if !self.recording {
