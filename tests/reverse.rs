@@ -664,3 +664,21 @@ fn reverse_continue_into_a_signal_handler_restores_its_frame() {
     r.expect("<signal handler called>");
     r.expect("in main () at ");
 }
+
+#[test]
+fn ptrewind_gdb_does_not_hang_when_gdb_never_connects() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ptrewind"))
+        .args(["gdb", "--gdb", "/bin/false", "--"])
+        .arg(example("recursion"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let err = collect(child.stderr.take().unwrap(), None);
+    let status = wait_until(&mut child, Instant::now() + Duration::from_secs(30));
+    let text = err.join().unwrap();
+    let status = status.unwrap_or_else(|| panic!("ptrewind gdb hung:\n{text}"));
+    // /bin/false's status is passed on.
+    assert_eq!(status.code(), Some(1), "{text}");
+}
