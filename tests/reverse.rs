@@ -37,7 +37,7 @@ fn examples() -> &'static Path {
     DIR.get_or_init(|| {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("reverse-examples");
         std::fs::create_dir_all(&dir).unwrap();
-        for p in ["crash", "recursion"] {
+        for p in ["crash", "recursion", "signal"] {
             let out = Command::new("cc")
                 .args(["-g", "-O0", "-o"])
                 .arg(dir.join(p))
@@ -625,4 +625,60 @@ fn record_off_gap_bounds_reverse_execution() {
         "{}",
         r.dump()
     );
+}
+
+#[test]
+fn reverse_continue_into_a_signal_handler_restores_its_frame() {
+    let after_raise = line_of("signal.c", "printf(\"hits=%d\\n\", (int)hits);");
+    let handler_line = line_of("signal.c", "/* HANDLER LINE */");
+    let r = gdb(
+        "signal",
+        &[
+            &format!("break {after_raise}"),
+            "continue",
+            "continue",
+            r#"printf "LIVE %d\n", hits"#,
+            "break on_usr1",
+            "reverse-continue",
+            r#"printf "BACK %d %d\n", hits, sig"#,
+            "bt",
+        ],
+    );
+    r.expect("Program received signal SIGUSR1");
+    // The handler adds the signal number (SIGUSR1) once; before it ran, hits was 0.
+    assert_eq!(
+        r.tagged("LIVE"),
+        vec![libc::SIGUSR1.to_string()],
+        "{}",
+        r.dump()
+    );
+    assert_eq!(
+        r.tagged("BACK"),
+        vec![format!("0 {}", libc::SIGUSR1)],
+        "{}",
+        r.dump()
+    );
+    r.expect(&format!("signal.c:{handler_line}"));
+    // The signal frame the kernel wrote (and the stack under it) is rebuilt: GDB unwinds
+    // through it back to main.
+    r.expect("<signal handler called>");
+    r.expect("in main () at ");
+}
+
+#[test]
+fn ptrewind_gdb_does_not_hang_when_gdb_never_connects() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ptrewind"))
+        .args(["gdb", "--gdb", "/bin/false", "--"])
+        .arg(example("recursion"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let err = collect(child.stderr.take().unwrap(), None);
+    let status = wait_until(&mut child, Instant::now() + Duration::from_secs(30));
+    let text = err.join().unwrap();
+    let status = status.unwrap_or_else(|| panic!("ptrewind gdb hung:\n{text}"));
+    // /bin/false's status is passed on.
+    assert_eq!(status.code(), Some(1), "{text}");
 }

@@ -341,8 +341,19 @@ pub fn run_gdb(args: GdbArgs) -> CmdResult {
         let _ = std::fs::remove_file(&script);
         format!("cannot run {}: {e}", args.gdb.to_string_lossy())
     })?;
+    // If GDB ends without connecting (a bad option, a failed `target remote`), the accept below
+    // would wait forever: when GDB exits, poke the listener so the accept returns and the
+    // session ends as "debugger disconnected" (after a normal session nobody listens any more
+    // and the connection attempt just fails).
+    let watcher = std::thread::spawn(move || {
+        let status = gdb.wait();
+        let _ = std::net::TcpStream::connect(addr);
+        status
+    });
     let served = serve_recording(target, listener, &program);
-    let status = gdb.wait();
+    let status = watcher
+        .join()
+        .map_err(|_| "the thread waiting for gdb panicked".to_string())?;
     let _ = std::fs::remove_file(&script);
     served?;
     let status = status.map_err(|e| format!("waiting for gdb: {e}"))?;
