@@ -542,6 +542,29 @@ impl Cursor<'_> {
     }
 }
 
+/// Checks the size the control page gives for `ring` against the mapped length.
+fn check_ring_size(ring: &'static str, page_size: u64, mapped: usize) -> Result<(), RingError> {
+    if page_size == 0 {
+        return Err(RingError::EmptyRing { ring });
+    }
+    if page_size != mapped as u64 {
+        return Err(RingError::SizeMismatch {
+            ring,
+            page_size,
+            mapped: mapped as u64,
+        });
+    }
+    Ok(())
+}
+
+/// Checks that the producer's head of `ring` is not behind our tail (free-running counters).
+fn check_head_tail(ring: &'static str, head: u64, tail: u64) -> Result<(), RingError> {
+    if head < tail {
+        return Err(RingError::HeadBehindTail { ring, head, tail });
+    }
+    Ok(())
+}
+
 /// Splits `len` bytes starting at free-running counter `start` of a ring of `region.ring_len()`
 /// bytes into at most two slices (before and after the wrap).
 pub fn ring_slices<R: RingRegion + ?Sized>(
@@ -650,27 +673,12 @@ impl DataRingReader {
         F: FnMut(&SideRecord),
     {
         let size = page.data_size.load(Ordering::Relaxed);
-        if size == 0 {
-            return Err(RingError::EmptyRing { ring: "data" });
-        }
-        if size != data.ring_len() as u64 {
-            return Err(RingError::SizeMismatch {
-                ring: "data",
-                page_size: size,
-                mapped: data.ring_len() as u64,
-            });
-        }
+        check_ring_size("data", size, data.ring_len())?;
         // perf_event.h: read data_head, then smp_rmb() before reading the records.
         let head = page.data_head.load(Ordering::Acquire);
         // Only we write data_tail.
         let mut tail = page.data_tail.load(Ordering::Relaxed);
-        if head < tail {
-            return Err(RingError::HeadBehindTail {
-                ring: "data",
-                head,
-                tail,
-            });
-        }
+        check_head_tail("data", head, tail)?;
         let mut count = 0;
         let mut result = Ok(());
         while head - tail >= PERF_EVENT_HEADER_SIZE as u64 {
@@ -770,25 +778,10 @@ where
     F: FnMut(&[u8]),
 {
     let size = page.aux_size.load(Ordering::Relaxed);
-    if size == 0 {
-        return Err(RingError::EmptyRing { ring: "aux" });
-    }
-    if size != aux.ring_len() as u64 {
-        return Err(RingError::SizeMismatch {
-            ring: "aux",
-            page_size: size,
-            mapped: aux.ring_len() as u64,
-        });
-    }
+    check_ring_size("aux", size, aux.ring_len())?;
     let head = page.aux_head.load(Ordering::Acquire);
     let mut tail = page.aux_tail.load(Ordering::Relaxed);
-    if head < tail {
-        return Err(RingError::HeadBehindTail {
-            ring: "aux",
-            head,
-            tail,
-        });
-    }
+    check_head_tail("aux", head, tail)?;
     if head - tail > size {
         let lost = head - tail - size;
         stats.aux_overrun_bytes += lost;
