@@ -565,6 +565,34 @@ fn check_head_tail(ring: &'static str, head: u64, tail: u64) -> Result<(), RingE
     Ok(())
 }
 
+/// Hands the `n` bytes at free-running counter `start` of the AUX ring to `sink`, in at most
+/// two slices (before and after the wrap). `n <= page_size`, the ring's length.
+fn sink_range<R, F>(
+    aux: &R,
+    start: u64,
+    n: u64,
+    page_size: u64,
+    sink: &mut F,
+) -> Result<(), RingError>
+where
+    R: RingRegion + ?Sized,
+    F: FnMut(&[u8]),
+{
+    // n <= page_size <= usize::MAX because the region is mapped.
+    let Some((a, b)) = ring_slices(aux, start, n as usize) else {
+        return Err(RingError::SizeMismatch {
+            ring: "aux",
+            page_size,
+            mapped: aux.ring_len() as u64,
+        });
+    };
+    sink(a);
+    if !b.is_empty() {
+        sink(b);
+    }
+    Ok(())
+}
+
 /// Splits `len` bytes starting at free-running counter `start` of a ring of `region.ring_len()`
 /// bytes into at most two slices (before and after the wrap).
 pub fn ring_slices<R: RingRegion + ?Sized>(
@@ -789,18 +817,7 @@ where
     }
     let n = (head - tail).min(limit.unwrap_or(u64::MAX));
     if n > 0 {
-        // n <= size <= usize::MAX because the region is mapped.
-        let Some((a, b)) = ring_slices(aux, tail, n as usize) else {
-            return Err(RingError::SizeMismatch {
-                ring: "aux",
-                page_size: size,
-                mapped: aux.ring_len() as u64,
-            });
-        };
-        sink(a);
-        if !b.is_empty() {
-            sink(b);
-        }
+        sink_range(aux, tail, n, size, &mut sink)?;
         stats.aux_bytes_copied += n;
     }
     page.aux_tail.store(tail + n, Ordering::Release);
@@ -932,17 +949,7 @@ impl SnapshotReader {
         let n = valid.min(max_len.unwrap_or(u64::MAX));
         if n > 0 {
             let start = (pos + size - n) % size;
-            let Some((a, b)) = ring_slices(aux, start, n as usize) else {
-                return Err(RingError::SizeMismatch {
-                    ring: "aux",
-                    page_size: size,
-                    mapped: aux.ring_len() as u64,
-                });
-            };
-            sink(a);
-            if !b.is_empty() {
-                sink(b);
-            }
+            sink_range(aux, start, n, size, &mut sink)?;
         }
         stats.snapshots += 1;
         stats.aux_bytes_copied += n;

@@ -241,6 +241,12 @@ impl PtraceTarget {
         }
         let opts = trace_options() | nix::sys::ptrace::Options::PTRACE_O_EXITKILL;
         nix::sys::ptrace::setoptions(pid, opts).map_err(sys("PTRACE_SETOPTIONS", pid))?;
+        Self::stopped(pid, Vec::new(), true)
+    }
+
+    /// The target for the traced, stopped process `pid` (options already set): no
+    /// breakpoints yet, `notices` to report, `spawned` if we started it.
+    fn stopped(pid: Pid, notices: Vec<Notice>, spawned: bool) -> TargetResult<Self> {
         Ok(PtraceTarget {
             pid,
             exe: exe_of(pid),
@@ -250,8 +256,8 @@ impl PtraceTarget {
             vfork_lifted: false,
             state: RunState::Stopped,
             pending: None,
-            notices: Vec::new(),
-            spawned: true,
+            notices,
+            spawned,
         })
     }
 
@@ -283,18 +289,7 @@ impl PtraceTarget {
                 notices.push(Notice::OtherThreads { count });
             }
         }
-        Ok(PtraceTarget {
-            pid,
-            exe: exe_of(pid),
-            mem: open_mem(pid)?,
-            breakpoints: BTreeMap::new(),
-            inserted: false,
-            vfork_lifted: false,
-            state: RunState::Stopped,
-            pending: None,
-            notices,
-            spawned: false,
-        })
+        Self::stopped(pid, notices, false)
     }
 
     /// Resumes with `PTRACE_CONT` (inserting breakpoints, stepping over one at the PC first).
