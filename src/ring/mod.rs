@@ -173,6 +173,20 @@ impl RtitStatus {
     pub fn pend_topa_pmi(self) -> bool {
         self.0 & Self::PEND_TOPA_PMI != 0
     }
+
+    /// Whether output proceeds, given this status and TraceEn: an error or a stop wins over
+    /// TraceEn (both keep TraceEn set but end output).
+    pub fn output_state(self, trace_en: bool) -> OutputState {
+        if self.error() {
+            OutputState::Error
+        } else if self.stopped() {
+            OutputState::Stopped
+        } else if !trace_en {
+            OutputState::Disabled
+        } else {
+            OutputState::Tracing
+        }
+    }
 }
 
 /// Whether the modelled processor is producing output.

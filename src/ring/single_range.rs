@@ -292,14 +292,6 @@ impl TraceSource for SingleRange {
     }
 
     fn state(&self) -> OutputState {
-        if self.status.error() {
-            OutputState::Error
-        } else if self.status.stopped() {
-            OutputState::Stopped
-        } else if !self.trace_en {
-            OutputState::Disabled
-        } else {
-            OutputState::Tracing
-        }
+        self.status.output_state(self.trace_en)
     }
 }

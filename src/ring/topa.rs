@@ -916,15 +916,7 @@ impl TraceSource for Topa {
     }
 
     fn state(&self) -> OutputState {
-        if self.status.error() {
-            OutputState::Error
-        } else if self.status.stopped() {
-            OutputState::Stopped
-        } else if !self.trace_en {
-            OutputState::Disabled
-        } else {
-            OutputState::Tracing
-        }
+        self.status.output_state(self.trace_en)
     }
 }
 
