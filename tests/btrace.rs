@@ -29,8 +29,16 @@ use ptrewind::target::{PtraceTarget, SpawnOptions, Target};
 use std::io::ErrorKind;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::{Duration, Instant};
+
+mod support;
+
+use support::cbuild::{compile_source, have, nm_symbol};
+use support::gdb::{Finished, gdb_batch, run_until};
+
+/// How long one debugger session may take before it is killed.
+const DEBUGGER_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// `main` calls `bt_start`, a routine with a fixed path: nop, call bt_leaf (mov, ret),
 /// mov, test, jz (not taken), add, then `bt_stop`.
@@ -63,43 +71,13 @@ int main(void) { return bt_start() == 3 ? 0 : 1; }
 /// The mnemonics of the path from `bt_start` up to (not including) `bt_stop`.
 const PATH: &[&str] = &["nop", "call", "mov", "ret", "mov", "test", "je", "add"];
 
-fn have(tool: &str) -> bool {
-    Command::new(tool)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 fn build_program(dir: &Path) -> PathBuf {
-    let src = dir.join("bt.c");
-    let exe = dir.join("bt");
-    std::fs::write(&src, PROGRAM).unwrap();
-    let out = Command::new("gcc")
-        .args(["-O0", "-g", "-no-pie", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .expect("gcc");
-    assert!(
-        out.status.success(),
-        "gcc: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    exe
+    compile_source("gcc", dir, "bt", PROGRAM, &["-O0", "-g", "-no-pie"], &[])
 }
 
 /// Symbol address from `nm` (the program is not position independent).
 fn symbol(exe: &Path, name: &str) -> u64 {
-    let out = Command::new("nm").arg(exe).output().expect("nm");
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.lines()
-        .find_map(|l| {
-            let mut f = l.split_whitespace();
-            let addr = f.next()?;
-            let _kind = f.next()?;
-            (f.next()? == name).then(|| u64::from_str_radix(addr, 16).ok())?
-        })
-        .unwrap_or_else(|| panic!("no symbol {name}"))
+    nm_symbol(exe, name)
 }
 
 /// The PT packets of the path, encoded by hand from the SDM layouts.
@@ -121,7 +99,7 @@ fn known_trace(start: u64, stop: u64, jz_taken: bool) -> Vec<u8> {
 }
 
 struct Served {
-    debugger: Output,
+    debugger: Finished,
     outcome: String,
 }
 
@@ -152,7 +130,7 @@ fn serve_with(
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let mut cmd = debugger(port);
-    let child = std::thread::spawn(move || cmd.output().expect("debugger"));
+    let child = std::thread::spawn(move || run_until(&mut cmd, DEBUGGER_TIMEOUT));
     listener.set_nonblocking(true).unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     let stream = loop {
@@ -204,10 +182,8 @@ fn run_gdb(exe: &Path, trace: Vec<u8>, record_from_start: bool, extra: &[&str]) 
         |_| trace,
         record_from_start,
         move |port| {
-            let mut c = Command::new("timeout");
-            c.args(["120", "gdb", "-batch", "-nx"])
-                .args(["-ex", "set pagination off", "-ex", "set confirm off"])
-                .args(["-ex", "set debug remote 1"])
+            let mut c = gdb_batch();
+            c.args(["-ex", "set debug remote 1"])
                 // Not GDB's default (16 KiB): GDB must send Qbtrace-conf:pt:size and show the
                 // size read back from qXfer:btrace-conf.
                 .args(["-ex", "set record btrace pt buffer-size 65536"])
@@ -230,8 +206,7 @@ fn run_gdb(exe: &Path, trace: Vec<u8>, record_from_start: bool, extra: &[&str]) 
             c
         },
     );
-    let stdout = String::from_utf8_lossy(&served.debugger.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&served.debugger.stderr).into_owned();
+    let Finished { stdout, stderr, .. } = served.debugger;
     let tail: Vec<&str> = stderr.lines().rev().take(60).collect();
     let tail: Vec<&str> = tail.into_iter().rev().collect();
     let ctx = format!(
@@ -498,8 +473,8 @@ fn lldb_session(dir: &Path, exe: &Path, trace: Vec<u8>) {
         |_| trace,
         false,
         move |port| {
-            let mut c = Command::new("timeout");
-            c.args(["120", "lldb-19", "--batch", "--no-lldbinit"])
+            let mut c = Command::new("lldb-19");
+            c.args(["--batch", "--no-lldbinit"])
                 .arg("-o")
                 .arg(format!(
                     "log enable -f {} gdb-remote packets",
@@ -522,8 +497,7 @@ fn lldb_session(dir: &Path, exe: &Path, trace: Vec<u8>) {
             c
         },
     );
-    let stdout = String::from_utf8_lossy(&served.debugger.stdout);
-    let stderr = String::from_utf8_lossy(&served.debugger.stderr);
+    let Finished { stdout, stderr, .. } = &served.debugger;
     let packets = std::fs::read_to_string(&log).unwrap_or_default();
     let ctx = format!(
         "server {}\n--- stdout\n{stdout}\n--- stderr\n{stderr}\n--- packets\n{packets}",
@@ -592,33 +566,16 @@ fn software_cpu_is_known_to_libipt_with_only_apl11() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let src = dir.path().join("errata.c");
-    let exe = dir.path().join("errata");
     let cpu = PtCpu::SOFTWARE;
-    std::fs::write(
-        &src,
-        format!(
-            "#include <intel-pt.h>\n#include <stdio.h>\n\
-             int main(void) {{ struct pt_cpu c = {{ pcv_intel, {}, {}, {} }}; struct pt_errata e;\n\
-             int r = pt_cpu_errata(&e, &c);\n\
-             printf(\"%d %d%d%d%d%d%d%d%d%d\\n\", r, e.bdm70, e.bdm64, e.skd007, e.skd022, e.skd010,\n\
-             e.skl014, e.apl12, e.apl11, e.skl168); return 0; }}\n",
-            cpu.family, cpu.model, cpu.stepping
-        ),
-    )
-    .unwrap();
-    let out = Command::new("gcc")
-        .arg(&src)
-        .arg("-o")
-        .arg(&exe)
-        .arg("-lipt")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let src = format!(
+        "#include <intel-pt.h>\n#include <stdio.h>\n\
+         int main(void) {{ struct pt_cpu c = {{ pcv_intel, {}, {}, {} }}; struct pt_errata e;\n\
+         int r = pt_cpu_errata(&e, &c);\n\
+         printf(\"%d %d%d%d%d%d%d%d%d%d\\n\", r, e.bdm70, e.bdm64, e.skd007, e.skd022, e.skd010,\n\
+         e.skl014, e.apl12, e.apl11, e.skl168); return 0; }}\n",
+        cpu.family, cpu.model, cpu.stepping
     );
+    let exe = compile_source("gcc", dir.path(), "errata", &src, &[], &["-lipt"]);
     let out = Command::new(&exe).output().unwrap();
     // Status 0 (known CPU); bits: bdm70 bdm64 skd007 skd022 skd010 skl014 apl12 apl11 skl168.
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "0 000000010");

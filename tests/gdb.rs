@@ -2,13 +2,17 @@
 //! router. Expected values come from the C sources (marker comments give line numbers) and
 //! from computing the programs' results independently, never from our own output.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
+
+mod support;
+
+use support::cbuild::cc;
+use support::gdb::{Server, gdb_batch, run_until, wait_until};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -27,18 +31,6 @@ fn line_of(file: &str, marker: &str) -> usize {
         .position(|l| l.contains(marker))
         .unwrap_or_else(|| panic!("marker {marker:?} not in {file}"))
         + 1
-}
-
-fn cc(args: &[&str]) {
-    let out = Command::new("cc")
-        .args(args)
-        .output()
-        .expect("cc not found");
-    assert!(
-        out.status.success(),
-        "cc {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// Compiles the examples once per test run (`cc -g -O0`), into the cargo test temp dir.
@@ -62,9 +54,9 @@ fn examples() -> &'static Path {
             "exec",
             "attachme",
         ] {
-            cc(&["-g", "-O0", "-o", &out(p), &src(&format!("{p}.c"))]);
+            cc(["-g", "-O0", "-o", &out(p), &src(&format!("{p}.c"))]);
         }
-        cc(&[
+        cc([
             "-g",
             "-O0",
             "-pthread",
@@ -72,8 +64,8 @@ fn examples() -> &'static Path {
             &out("threads"),
             &src("threads.c"),
         ]);
-        cc(&["-g", "-O0", "-mavx", "-o", &out("avx"), &src("avx.c")]);
-        cc(&[
+        cc(["-g", "-O0", "-mavx", "-o", &out("avx"), &src("avx.c")]);
+        cc([
             "-g",
             "-O0",
             "-fPIC",
@@ -82,7 +74,7 @@ fn examples() -> &'static Path {
             &out("libshared.so"),
             &src("libshared.c"),
         ]);
-        cc(&[
+        cc([
             "-g",
             "-O0",
             "-o",
@@ -99,102 +91,6 @@ fn examples() -> &'static Path {
 
 fn example(name: &str) -> PathBuf {
     examples().join(name)
-}
-
-/// Collects a child's pipe on a thread; lines are also forwarded to `tx` as they arrive.
-fn collect(
-    pipe: impl Read + Send + 'static,
-    tx: Option<mpsc::Sender<String>>,
-) -> std::thread::JoinHandle<String> {
-    std::thread::spawn(move || {
-        let mut all = String::new();
-        for line in BufReader::new(pipe).lines() {
-            let Ok(line) = line else { break };
-            if let Some(tx) = &tx {
-                let _ = tx.send(line.clone());
-            }
-            all.push_str(&line);
-            all.push('\n');
-        }
-        all
-    })
-}
-
-/// Waits for `child` until `deadline`; kills it and returns `None` on timeout.
-fn wait_until(child: &mut Child, deadline: Instant) -> Option<std::process::ExitStatus> {
-    loop {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Some(status);
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// A `ptrewind record` server with its port and pid read from stderr.
-struct Server {
-    child: Child,
-    port: u16,
-    pid: i32,
-    stderr: std::thread::JoinHandle<String>,
-    stdout: std::thread::JoinHandle<String>,
-}
-
-impl Server {
-    fn start(program: &Path, args: &[&str]) -> Server {
-        let mut cli: Vec<std::ffi::OsString> = ["record", "--listen", "127.0.0.1:0", "--"]
-            .iter()
-            .map(Into::into)
-            .collect();
-        cli.push(program.into());
-        cli.extend(args.iter().map(Into::into));
-        Server::start_cli(&cli)
-    }
-
-    fn start_cli(cli: &[std::ffi::OsString]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ptrewind"))
-            .args(cli)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("cannot run ptrewind");
-        let (tx, rx) = mpsc::channel();
-        let stderr = collect(child.stderr.take().unwrap(), Some(tx));
-        let stdout = collect(child.stdout.take().unwrap(), None);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let (mut port, mut pid) = (None, None);
-        while port.is_none() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let Ok(line) = rx.recv_timeout(left) else {
-                let _ = child.kill();
-                panic!(
-                    "ptrewind printed no listening line: {}",
-                    stderr.join().unwrap()
-                );
-            };
-            // "ptrewind: started process PID; listening on 127.0.0.1:PORT"
-            let rest = line
-                .strip_prefix("ptrewind: started process ")
-                .or_else(|| line.strip_prefix("ptrewind: attached to process "));
-            if let Some(rest) = rest {
-                let (p, addr) = rest.split_once("; listening on ").unwrap();
-                pid = Some(p.parse().unwrap());
-                port = Some(addr.rsplit(':').next().unwrap().parse().unwrap());
-            }
-        }
-        Server {
-            child,
-            port: port.unwrap(),
-            pid: pid.unwrap(),
-            stderr,
-            stdout,
-        }
-    }
 }
 
 /// The result of one GDB session.
@@ -218,33 +114,17 @@ fn gdb(program: &str, args: &[&str], commands: &[&str]) -> Run {
 
 /// Runs GDB against an already started server.
 fn gdb_with(mut server: Server, program: &Path, commands: &[&str]) -> Run {
-    let mut cmd = Command::new("gdb");
-    cmd.args([
-        "-batch",
-        "-nx",
-        "-ex",
-        "set confirm off",
-        "-ex",
-        "set pagination off",
-    ])
-    .arg("-ex")
-    .arg(format!("target remote 127.0.0.1:{}", server.port));
+    let mut cmd = gdb_batch();
+    cmd.arg("-ex")
+        .arg(format!("target remote 127.0.0.1:{}", server.port));
     for c in commands {
         cmd.arg("-ex").arg(c);
     }
-    let mut g = cmd
-        .arg(program)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("gdb not found (gdb 13 is required for these tests)");
-    let out = collect(g.stdout.take().unwrap(), None);
-    let err = collect(g.stderr.take().unwrap(), None);
-    let deadline = Instant::now() + TIMEOUT;
-    let gdb_status = wait_until(&mut g, deadline);
+    cmd.arg(program);
+    let g = run_until(&mut cmd, TIMEOUT);
+    let gdb_status = g.status;
     let server_status = wait_until(&mut server.child, Instant::now() + Duration::from_secs(10));
-    let gdb_text = format!("{}{}", out.join().unwrap(), err.join().unwrap());
+    let gdb_text = format!("{}{}", g.stdout, g.stderr);
     let server_text = server.stderr.join().unwrap();
     let program_stdout = server.stdout.join().unwrap();
     assert!(
@@ -1180,8 +1060,8 @@ fn lldb_breaks_and_backtraces() {
     let crash_line = line_of("crash.c", "/* CRASH LINE */");
     let program = example("crash");
     let mut server = Server::start(&program, &[]);
-    let mut lldb = Command::new("lldb-19")
-        .arg("-b")
+    let mut lldb = Command::new("lldb-19");
+    lldb.arg("-b")
         .args(["-o", &format!("gdb-remote 127.0.0.1:{}", server.port)])
         .args([
             "-o",
@@ -1194,17 +1074,11 @@ fn lldb_breaks_and_backtraces() {
             "register read rip",
         ])
         .args(["-o", "process kill"])
-        .arg(&program)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let out = collect(lldb.stdout.take().unwrap(), None);
-    let err = collect(lldb.stderr.take().unwrap(), None);
-    let status = wait_until(&mut lldb, Instant::now() + TIMEOUT);
+        .arg(&program);
+    let lldb = run_until(&mut lldb, TIMEOUT);
+    let status = lldb.status;
     let server_status = wait_until(&mut server.child, Instant::now() + Duration::from_secs(10));
-    let text = format!("{}{}", out.join().unwrap(), err.join().unwrap());
+    let text = format!("{}{}", lldb.stdout, lldb.stderr);
     let server_text = server.stderr.join().unwrap();
     assert!(
         status.is_some() && server_status.is_some(),

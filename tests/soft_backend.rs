@@ -17,26 +17,19 @@ use ptrewind::flow::{EventKind, FlowConfig, FlowDecoder, Item};
 use ptrewind::image::Image;
 use ptrewind::packet::{Packet, PacketDecoder};
 use ptrewind::ring::IntOn;
+use support::cbuild::{compile_source, nm_symbol};
 use support::libipt::{ImageSection, OracleItem, ipt_insns};
 
 /// Compiles `src` with `cc -g -O0` into `dir` and returns the executable.
 fn compile(dir: &Path, name: &str, src: &str, extra: &[&str]) -> PathBuf {
-    let c = dir.join(format!("{name}.c"));
-    std::fs::write(&c, src).expect("write C source");
-    let exe = dir.join(name);
-    let out = Command::new("cc")
-        .args(["-g", "-O0", "-fno-omit-frame-pointer", "-o"])
-        .arg(&exe)
-        .arg(&c)
-        .args(extra)
-        .output()
-        .expect("run cc");
-    assert!(
-        out.status.success(),
-        "cc failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    exe
+    compile_source(
+        "cc",
+        dir,
+        name,
+        src,
+        &["-g", "-O0", "-fno-omit-frame-pointer"],
+        extra,
+    )
 }
 
 fn spawn(exe: &Path, args: &[&str]) -> PtraceChild {
@@ -244,7 +237,7 @@ fn loops_and_libc_calls_decode_exactly() {
     check_decodes("loops", &r);
     // Recording started at main: the first logged IP is main's address.
     let log = r.ip_log.as_ref().expect("log");
-    let main = nm_address(&exe, "main");
+    let main = nm_symbol(&exe, "main");
     assert_eq!(log[0] & 0xfff, main & 0xfff, "first IP {:#x}", log[0]);
     // The trace starts PSB, TSC, PSBEND, MODE.Exec, TIP.PGE(main) and ends with a TIP.PGD
     // (the exit_group system call).
@@ -253,19 +246,6 @@ fn loops_and_libc_calls_decode_exactly() {
     assert!(matches!(p[4], Packet::TipPge(_)), "{:?}", &p[..5]);
     assert!(matches!(p.last(), Some(Packet::TipPgd(_))));
     assert!(r.encoder.compressed_rets > 300, "{:?}", r.encoder);
-}
-
-fn nm_address(exe: &Path, sym: &str) -> u64 {
-    let out = Command::new("nm").arg(exe).output().expect("nm");
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.lines()
-        .find_map(|l| {
-            let mut it = l.split_whitespace();
-            let addr = it.next()?;
-            let _kind = it.next()?;
-            (it.next()? == sym).then(|| u64::from_str_radix(addr, 16).ok())?
-        })
-        .expect("symbol in nm output")
 }
 
 #[test]
@@ -335,7 +315,7 @@ fn record_from_entry_and_exec() {
         },
     );
     let log = r.ip_log.as_ref().expect("log");
-    assert_eq!(log[0] & 0xfff, nm_address(&exe, "_start") & 0xfff);
+    assert_eq!(log[0] & 0xfff, nm_symbol(&exe, "_start") & 0xfff);
     check_decodes("from entry", &r);
 
     // From exec: the dynamic loader is recorded too (its first IP is not in the executable).
@@ -742,7 +722,7 @@ fn stripped_executable_is_recorded_from_its_entry_point() {
     assert_eq!(r.ip_log.as_ref().expect("log")[0], start);
     // `_start` is at the ELF entry point; its page offset is the same in the unstripped build.
     let unstripped = compile(dir.path(), "unstripped", LOOPS, &[]);
-    assert_eq!(start & 0xfff, nm_address(&unstripped, "_start") & 0xfff);
+    assert_eq!(start & 0xfff, nm_symbol(&unstripped, "_start") & 0xfff);
     check_decodes("stripped", &r);
 }
 

@@ -62,6 +62,19 @@ impl MapEntry {
         self.inode != 0 && self.path.as_deref().is_some_and(|p| p.starts_with('/'))
     }
 
+    /// The permissions as the kernel prints them (`r-xp`, `rw-s`).
+    pub fn perms(&self) -> String {
+        let flag = |set: bool, c: char| if set { c } else { '-' };
+        [
+            flag(self.read, 'r'),
+            flag(self.write, 'w'),
+            flag(self.exec, 'x'),
+            if self.shared { 's' } else { 'p' },
+        ]
+        .iter()
+        .collect()
+    }
+
     /// The path for messages (`[anon]` for anonymous memory).
     pub fn name(&self) -> &str {
         self.path.as_deref().unwrap_or("[anon]")
@@ -120,6 +133,17 @@ pub fn parse_maps(text: &str, source: &Path) -> Result<Vec<MapEntry>, LoadError>
         .collect()
 }
 
+/// Parses the text of a `/proc/PID/maps` file, skipping lines that do not parse, for callers
+/// that only look for particular mappings ([`parse_maps`] reports such lines instead).
+pub fn parse_maps_lenient(text: &str) -> impl Iterator<Item = MapEntry> + '_ {
+    text.lines().filter_map(MapEntry::parse_line)
+}
+
+/// The path of process `pid`'s maps file, `/proc/PID/maps`.
+pub fn maps_path(pid: i32) -> PathBuf {
+    PathBuf::from(format!("/proc/{pid}/maps"))
+}
+
 /// The address-space layout of a process at one moment: what to save with a recording so that
 /// its image can be rebuilt later (from the files, or from saved bytes).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -144,7 +168,7 @@ fn hint_for(kind: ErrorKind) -> &'static str {
 impl ProcessSnapshot {
     /// Reads `/proc/PID/maps`.
     pub fn capture(pid: i32) -> Result<Self, LoadError> {
-        let path = PathBuf::from(format!("/proc/{pid}/maps"));
+        let path = maps_path(pid);
         let text = std::fs::read_to_string(&path).map_err(|source| LoadError::Process {
             pid,
             hint: hint_for(source.kind()),
@@ -356,5 +380,10 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsysca
         assert!(maps[4].exec && !maps[4].read);
         let err = parse_maps("zz-1 r-xp 0 0 0\n", Path::new("bad")).unwrap_err();
         assert!(matches!(err, LoadError::Maps { line: 1, .. }));
+        assert_eq!(maps[1].perms(), "r-xp");
+        assert_eq!(maps[3].perms(), "rw-p");
+        assert_eq!(maps[4].perms(), "--xp");
+        let lenient: Vec<_> = parse_maps_lenient(&format!("garbage\n{text}")).collect();
+        assert_eq!(lenient, maps);
     }
 }

@@ -542,6 +542,57 @@ impl Cursor<'_> {
     }
 }
 
+/// Checks the size the control page gives for `ring` against the mapped length.
+fn check_ring_size(ring: &'static str, page_size: u64, mapped: usize) -> Result<(), RingError> {
+    if page_size == 0 {
+        return Err(RingError::EmptyRing { ring });
+    }
+    if page_size != mapped as u64 {
+        return Err(RingError::SizeMismatch {
+            ring,
+            page_size,
+            mapped: mapped as u64,
+        });
+    }
+    Ok(())
+}
+
+/// Checks that the producer's head of `ring` is not behind our tail (free-running counters).
+fn check_head_tail(ring: &'static str, head: u64, tail: u64) -> Result<(), RingError> {
+    if head < tail {
+        return Err(RingError::HeadBehindTail { ring, head, tail });
+    }
+    Ok(())
+}
+
+/// Hands the `n` bytes at free-running counter `start` of the AUX ring to `sink`, in at most
+/// two slices (before and after the wrap). `n <= page_size`, the ring's length.
+fn sink_range<R, F>(
+    aux: &R,
+    start: u64,
+    n: u64,
+    page_size: u64,
+    sink: &mut F,
+) -> Result<(), RingError>
+where
+    R: RingRegion + ?Sized,
+    F: FnMut(&[u8]),
+{
+    // n <= page_size <= usize::MAX because the region is mapped.
+    let Some((a, b)) = ring_slices(aux, start, n as usize) else {
+        return Err(RingError::SizeMismatch {
+            ring: "aux",
+            page_size,
+            mapped: aux.ring_len() as u64,
+        });
+    };
+    sink(a);
+    if !b.is_empty() {
+        sink(b);
+    }
+    Ok(())
+}
+
 /// Splits `len` bytes starting at free-running counter `start` of a ring of `region.ring_len()`
 /// bytes into at most two slices (before and after the wrap).
 pub fn ring_slices<R: RingRegion + ?Sized>(
@@ -650,27 +701,12 @@ impl DataRingReader {
         F: FnMut(&SideRecord),
     {
         let size = page.data_size.load(Ordering::Relaxed);
-        if size == 0 {
-            return Err(RingError::EmptyRing { ring: "data" });
-        }
-        if size != data.ring_len() as u64 {
-            return Err(RingError::SizeMismatch {
-                ring: "data",
-                page_size: size,
-                mapped: data.ring_len() as u64,
-            });
-        }
+        check_ring_size("data", size, data.ring_len())?;
         // perf_event.h: read data_head, then smp_rmb() before reading the records.
         let head = page.data_head.load(Ordering::Acquire);
         // Only we write data_tail.
         let mut tail = page.data_tail.load(Ordering::Relaxed);
-        if head < tail {
-            return Err(RingError::HeadBehindTail {
-                ring: "data",
-                head,
-                tail,
-            });
-        }
+        check_head_tail("data", head, tail)?;
         let mut count = 0;
         let mut result = Ok(());
         while head - tail >= PERF_EVENT_HEADER_SIZE as u64 {
@@ -770,25 +806,10 @@ where
     F: FnMut(&[u8]),
 {
     let size = page.aux_size.load(Ordering::Relaxed);
-    if size == 0 {
-        return Err(RingError::EmptyRing { ring: "aux" });
-    }
-    if size != aux.ring_len() as u64 {
-        return Err(RingError::SizeMismatch {
-            ring: "aux",
-            page_size: size,
-            mapped: aux.ring_len() as u64,
-        });
-    }
+    check_ring_size("aux", size, aux.ring_len())?;
     let head = page.aux_head.load(Ordering::Acquire);
     let mut tail = page.aux_tail.load(Ordering::Relaxed);
-    if head < tail {
-        return Err(RingError::HeadBehindTail {
-            ring: "aux",
-            head,
-            tail,
-        });
-    }
+    check_head_tail("aux", head, tail)?;
     if head - tail > size {
         let lost = head - tail - size;
         stats.aux_overrun_bytes += lost;
@@ -796,18 +817,7 @@ where
     }
     let n = (head - tail).min(limit.unwrap_or(u64::MAX));
     if n > 0 {
-        // n <= size <= usize::MAX because the region is mapped.
-        let Some((a, b)) = ring_slices(aux, tail, n as usize) else {
-            return Err(RingError::SizeMismatch {
-                ring: "aux",
-                page_size: size,
-                mapped: aux.ring_len() as u64,
-            });
-        };
-        sink(a);
-        if !b.is_empty() {
-            sink(b);
-        }
+        sink_range(aux, tail, n, size, &mut sink)?;
         stats.aux_bytes_copied += n;
     }
     page.aux_tail.store(tail + n, Ordering::Release);
@@ -939,17 +949,7 @@ impl SnapshotReader {
         let n = valid.min(max_len.unwrap_or(u64::MAX));
         if n > 0 {
             let start = (pos + size - n) % size;
-            let Some((a, b)) = ring_slices(aux, start, n as usize) else {
-                return Err(RingError::SizeMismatch {
-                    ring: "aux",
-                    page_size: size,
-                    mapped: aux.ring_len() as u64,
-                });
-            };
-            sink(a);
-            if !b.is_empty() {
-                sink(b);
-            }
+            sink_range(aux, start, n, size, &mut sink)?;
         }
         stats.snapshots += 1;
         stats.aux_bytes_copied += n;

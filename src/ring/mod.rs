@@ -129,6 +129,24 @@ impl Capabilities {
             n => (1u64 << n) - 1,
         }
     }
+
+    /// The #GP checks of WRMSR IA32_RTIT_OUTPUT_BASE / IA32_RTIT_OUTPUT_MASK_PTRS, the same
+    /// for both output schemes: only while TraceEn = 0, and OUTPUT_BASE bits 6:0 and bits at or
+    /// above MAXPHYADDR are reserved. Returns the MASK_PTRS value stored (bits 6:0 forced to 1).
+    pub(crate) fn check_output_msrs(
+        &self,
+        trace_en: bool,
+        output_base: u64,
+        mask_ptrs: u64,
+    ) -> Result<u64, MsrFault> {
+        if trace_en {
+            return Err(MsrFault::TraceEnabled);
+        }
+        if output_base & (0x7F | !self.phys_addr_mask()) != 0 {
+            return Err(MsrFault::OutputBaseReserved(output_base));
+        }
+        Ok(mask_ptrs | 0x7F)
+    }
 }
 
 /// IA32_RTIT_STATUS (MSR 571H) bits the output schemes touch (SDM §33.2.8.4).
@@ -154,6 +172,20 @@ impl RtitStatus {
     /// Status.PendToPAPMI.
     pub fn pend_topa_pmi(self) -> bool {
         self.0 & Self::PEND_TOPA_PMI != 0
+    }
+
+    /// Whether output proceeds, given this status and TraceEn: an error or a stop wins over
+    /// TraceEn (both keep TraceEn set but end output).
+    pub fn output_state(self, trace_en: bool) -> OutputState {
+        if self.error() {
+            OutputState::Error
+        } else if self.stopped() {
+            OutputState::Stopped
+        } else if !trace_en {
+            OutputState::Disabled
+        } else {
+            OutputState::Tracing
+        }
     }
 }
 

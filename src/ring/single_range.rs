@@ -87,14 +87,10 @@ impl SingleRange {
     /// OUTPUT_BASE bits 6:0 and bits at or above MAXPHYADDR are reserved (#GP); MASK_PTRS
     /// bits 6:0 are forced to 1.
     pub fn write_output_msrs(&mut self, output_base: u64, mask_ptrs: u64) -> Result<(), MsrFault> {
-        if self.trace_en {
-            return Err(MsrFault::TraceEnabled);
-        }
-        if output_base & (0x7F | !self.caps.phys_addr_mask()) != 0 {
-            return Err(MsrFault::OutputBaseReserved(output_base));
-        }
+        self.msr_mask_ptrs = self
+            .caps
+            .check_output_msrs(self.trace_en, output_base, mask_ptrs)?;
         self.msr_base = output_base;
-        self.msr_mask_ptrs = mask_ptrs | 0x7F;
         Ok(())
     }
 
@@ -296,14 +292,6 @@ impl TraceSource for SingleRange {
     }
 
     fn state(&self) -> OutputState {
-        if self.status.error() {
-            OutputState::Error
-        } else if self.status.stopped() {
-            OutputState::Stopped
-        } else if !self.trace_en {
-            OutputState::Disabled
-        } else {
-            OutputState::Tracing
-        }
+        self.status.output_state(self.trace_en)
     }
 }

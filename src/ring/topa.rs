@@ -469,14 +469,10 @@ impl Topa {
     /// MASK_PTRS bits 6:0 are forced to 1. A table base misaligned within bits 11:7 is *not* a
     /// #GP but an operational error when tracing is enabled (ToPA errors 2a).
     pub fn write_output_msrs(&mut self, output_base: u64, mask_ptrs: u64) -> Result<(), MsrFault> {
-        if self.trace_en {
-            return Err(MsrFault::TraceEnabled);
-        }
-        if output_base & (0x7F | !self.caps.phys_addr_mask()) != 0 {
-            return Err(MsrFault::OutputBaseReserved(output_base));
-        }
+        self.msr_mask_ptrs = self
+            .caps
+            .check_output_msrs(self.trace_en, output_base, mask_ptrs)?;
         self.msr_base = output_base;
-        self.msr_mask_ptrs = mask_ptrs | 0x7F;
         Ok(())
     }
 
@@ -920,15 +916,7 @@ impl TraceSource for Topa {
     }
 
     fn state(&self) -> OutputState {
-        if self.status.error() {
-            OutputState::Error
-        } else if self.status.stopped() {
-            OutputState::Stopped
-        } else if !self.trace_en {
-            OutputState::Disabled
-        } else {
-            OutputState::Tracing
-        }
+        self.status.output_state(self.trace_en)
     }
 }
 

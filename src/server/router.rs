@@ -16,6 +16,8 @@
 
 use super::ServerError;
 use super::arch::GdbRegId;
+pub use super::rsp::{encode_packet, unescape};
+use super::rsp::{frame, hex_digit, hex_encode};
 use super::session::{Session, stop_reason};
 use crate::target::regs::gpr;
 use crate::target::{Notice, StopEvent};
@@ -90,10 +92,6 @@ pub struct Framer {
     max: usize,
 }
 
-fn hex_val(b: u8) -> Option<u8> {
-    (b as char).to_digit(16).map(|d| d as u8)
-}
-
 impl Framer {
     /// A framer accepting packet bodies of at most `max` bytes.
     pub fn new(max: usize) -> Self {
@@ -144,8 +142,8 @@ impl Framer {
             }
             FramerState::Checksum2 => {
                 self.state = FramerState::Idle;
-                let given = hex_val(self.first_digit)
-                    .zip(hex_val(b))
+                let given = hex_digit(self.first_digit)
+                    .zip(hex_digit(b))
                     .map(|(h, l)| h << 4 | l);
                 let body = std::mem::take(&mut self.body);
                 if self.overflow {
@@ -165,41 +163,6 @@ impl Framer {
         self.sum = 0;
         self.overflow = false;
     }
-}
-
-/// Undoes the `}` binary escape (`}` followed by byte XOR 0x20).
-pub fn unescape(body: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(body.len());
-    let mut it = body.iter();
-    while let Some(&b) = it.next() {
-        if b == b'}' {
-            if let Some(&n) = it.next() {
-                out.push(n ^ 0x20);
-            }
-        } else {
-            out.push(b);
-        }
-    }
-    out
-}
-
-/// Frames `body` as `$body#cs`, escaping `$ # } *`.
-pub fn encode_packet(body: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(body.len() + 4);
-    out.push(b'$');
-    let mut sum = 0u8;
-    for &b in body {
-        if matches!(b, b'$' | b'#' | b'}' | b'*') {
-            out.push(b'}');
-            out.push(b ^ 0x20);
-            sum = sum.wrapping_add(b'}').wrapping_add(b ^ 0x20);
-        } else {
-            out.push(b);
-            sum = sum.wrapping_add(b);
-        }
-    }
-    out.extend_from_slice(format!("#{sum:02x}").as_bytes());
-    out
 }
 
 /// Expands run-length encoding (`X*n` = X repeated n-29 more times) in a reply body.
@@ -538,12 +501,7 @@ impl RouterConn {
 
     /// Sends a console-output (`O`) packet; only valid while the target runs.
     pub fn send_console(&mut self, text: &str) -> std::io::Result<()> {
-        let mut body = Vec::with_capacity(1 + 2 * text.len());
-        body.push(b'O');
-        for b in text.bytes() {
-            body.extend_from_slice(format!("{b:02x}").as_bytes());
-        }
-        self.send_packet(&body)
+        self.send_packet(format!("O{}", hex_encode(text.as_bytes())).as_bytes())
     }
 
     fn resend_last(&mut self) -> std::io::Result<()> {
@@ -649,8 +607,7 @@ pub fn memory_region_info(maps: &[crate::target::MemoryMapping], addr: u64) -> S
             m.end - m.start
         );
         if !m.name.is_empty() && !m.name.starts_with('[') {
-            let name: String = m.name.bytes().map(|b| format!("{b:02x}")).collect();
-            out.push_str(&format!("name:{name};"));
+            out.push_str(&format!("name:{};", hex_encode(m.name.as_bytes())));
         }
         return out;
     }
@@ -671,10 +628,7 @@ pub fn memory_region_info(maps: &[crate::target::MemoryMapping], addr: u64) -> S
 
 /// The `qHostInfo` / `qProcessInfo` reply (LLDB's format: hex pid, hex-encoded triple).
 fn lldb_info(pid: Option<i32>) -> String {
-    let triple: String = "x86_64-pc-linux-gnu"
-        .bytes()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let triple = hex_encode(b"x86_64-pc-linux-gnu");
     let mut out = String::new();
     if let Some(pid) = pid {
         out.push_str(&format!("pid:{pid:x};"));
@@ -1056,12 +1010,7 @@ impl Router {
             // lldb-server answers `X09` (terminated by SIGKILL), and so do we.
             conn(&mut sm).replace_reply = Some(b"X09".to_vec());
         }
-        let sum = body.iter().fold(0u8, |a, &b| a.wrapping_add(b));
-        let mut raw = Vec::with_capacity(body.len() + 4);
-        raw.push(b'$');
-        raw.extend_from_slice(body);
-        raw.extend_from_slice(format!("#{sum:02x}").as_bytes());
-        feed_raw(sm, session, &raw)
+        feed_raw(sm, session, &frame(body))
     }
 }
 

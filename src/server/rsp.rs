@@ -1,11 +1,11 @@
 //! Small, pure helpers for the GDB remote serial protocol (RSP) used by the packet handlers
 //! that sit in front of gdbstub ([`super::btrace`], [`super::lldb_trace`]).
 //!
-//! Framing, checksums, incoming `}` un-escaping and outgoing escaping of whole packets live in
-//! [`super::router`] ([`super::router::unescape`], [`super::router::encode_packet`]); handlers
-//! return *unescaped* reply bodies and the router escapes them. This module adds what the
-//! handlers need on top: hex, number and thread-id parsing, `qXfer:…:read` requests and their
-//! chunked `m`/`l` replies, and the error-reply conventions of GDB and LLDB.
+//! This is the one home of the protocol's byte-level rules: checksums and `$…#cs` framing
+//! ([`checksum`], [`frame`], [`encode_packet`]), `}` escaping both ways ([`escape_binary`],
+//! [`unescape`]), hex, number and thread-id parsing, `qXfer:…:read` requests and their chunked
+//! `m`/`l` replies, and the error-reply conventions of GDB and LLDB. Handlers return
+//! *unescaped* reply bodies; [`super::router`] escapes and frames them with these helpers.
 
 use std::fmt;
 
@@ -49,7 +49,8 @@ pub fn hex_encode(bytes: &[u8]) -> String {
     s
 }
 
-fn hex_digit(b: u8) -> Option<u8> {
+/// The value of one hex digit (either case).
+pub fn hex_digit(b: u8) -> Option<u8> {
     match b {
         b'0'..=b'9' => Some(b - b'0'),
         b'a'..=b'f' => Some(b - b'a' + 10),
@@ -224,6 +225,41 @@ pub fn escape_binary(data: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Undoes the `}` binary escape (`}` followed by byte XOR 0x20).
+pub fn unescape(body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(body.len());
+    let mut it = body.iter();
+    while let Some(&b) = it.next() {
+        if b == b'}' {
+            if let Some(&n) = it.next() {
+                out.push(n ^ 0x20);
+            }
+        } else {
+            out.push(b);
+        }
+    }
+    out
+}
+
+/// The packet checksum: the sum of the (escaped) body bytes modulo 256.
+pub fn checksum(escaped_body: &[u8]) -> u8 {
+    escaped_body.iter().fold(0u8, |a, &b| a.wrapping_add(b))
+}
+
+/// Frames an already escaped body as `$body#cs`.
+pub fn frame(escaped_body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(escaped_body.len() + 4);
+    out.push(b'$');
+    out.extend_from_slice(escaped_body);
+    out.extend_from_slice(format!("#{:02x}", checksum(escaped_body)).as_bytes());
+    out
+}
+
+/// Frames `body` as `$body#cs`, escaping `$ # } *`.
+pub fn encode_packet(body: &[u8]) -> Vec<u8> {
+    frame(&escape_binary(body))
+}
+
 /// A GDB error reply with text: `E.` followed by the message (the form gdbserver uses for
 /// btrace errors; GDB prints the text after `E.`).
 pub fn gdb_error(message: &str) -> Vec<u8> {
@@ -242,7 +278,6 @@ pub fn lldb_error(code: u8, message: &str) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::server::router::unescape;
 
     #[test]
     fn hex_roundtrip_and_errors() {

@@ -27,6 +27,23 @@ struct Inner {
     drains: u64,
 }
 
+impl Inner {
+    /// Accounts the bytes from the current stream end up to `stream_offset` as lost (one
+    /// [`Gap`]), if the stream skips any.
+    fn skip_to(&mut self, stream_offset: u64) {
+        if stream_offset > self.stream_end {
+            let lost = stream_offset - self.stream_end;
+            self.gaps.push(Gap {
+                data_offset: self.bytes.len(),
+                stream_offset: self.stream_end,
+                lost,
+            });
+            self.lost += lost;
+            self.stream_end = stream_offset;
+        }
+    }
+}
+
 /// Trace bytes in stream order behind a shared handle: clone it to give the drainer thread and
 /// a reader access to the same store.
 #[derive(Debug, Clone, Default)]
@@ -51,32 +68,13 @@ impl TraceStore {
         let mut st = self.lock();
         st.drains += 1;
         for run in &drain.runs {
-            if run.stream_offset > st.stream_end {
-                let lost = run.stream_offset - st.stream_end;
-                let gap = Gap {
-                    data_offset: st.bytes.len(),
-                    stream_offset: st.stream_end,
-                    lost,
-                };
-                st.gaps.push(gap);
-                st.lost += lost;
-            }
+            st.skip_to(run.stream_offset);
             let bytes = &drain.data[run.data_offset..run.data_offset + run.len];
             st.bytes.extend_from_slice(bytes);
             st.stream_end = run.stream_offset + run.len as u64;
         }
         // Bytes lost at the end of the drained range (no run after them).
-        if drain.report.end > st.stream_end {
-            let lost = drain.report.end - st.stream_end;
-            let gap = Gap {
-                data_offset: st.bytes.len(),
-                stream_offset: st.stream_end,
-                lost,
-            };
-            st.gaps.push(gap);
-            st.lost += lost;
-            st.stream_end = drain.report.end;
-        }
+        st.skip_to(drain.report.end);
     }
 
     /// Number of stored bytes.

@@ -1,6 +1,7 @@
-//! Small readers for /proc/PID files: auxv and maps.
+//! Small readers for /proc/PID files: auxv and maps (parsed by [`crate::image::procfs`]).
 
 use super::{TargetError, TargetResult};
+use crate::image::procfs::{self, MapEntry};
 use std::path::PathBuf;
 
 /// Reads the raw auxiliary vector of a process.
@@ -9,7 +10,7 @@ pub fn read_auxv(pid: i32) -> TargetResult<Vec<u8>> {
     std::fs::read(&path).map_err(|source| TargetError::Io { path, source })
 }
 
-/// One line of /proc/PID/maps.
+/// One line of /proc/PID/maps, as the GDB server reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MemoryMapping {
     /// First address.
@@ -24,35 +25,35 @@ pub struct MemoryMapping {
     pub name: String,
 }
 
+impl From<MapEntry> for MemoryMapping {
+    fn from(m: MapEntry) -> Self {
+        MemoryMapping {
+            start: m.start,
+            end: m.end,
+            perms: m.perms(),
+            offset: m.offset,
+            name: m.path.unwrap_or_default(),
+        }
+    }
+}
+
 /// Reads and parses /proc/PID/maps. Lines that do not parse are skipped (the kernel's format
 /// is fixed; a skipped line would mean a kernel we do not know).
 pub fn read_maps(pid: i32) -> TargetResult<Vec<MemoryMapping>> {
-    let path = PathBuf::from(format!("/proc/{pid}/maps"));
+    let path = procfs::maps_path(pid);
     let text = std::fs::read_to_string(&path).map_err(|source| TargetError::Io { path, source })?;
-    Ok(text.lines().filter_map(parse_maps_line).collect())
-}
-
-fn parse_maps_line(line: &str) -> Option<MemoryMapping> {
-    let mut fields = line.splitn(6, ' ');
-    let range = fields.next()?;
-    let perms = fields.next()?.to_string();
-    let offset = u64::from_str_radix(fields.next()?, 16).ok()?;
-    let _dev = fields.next()?;
-    let _inode = fields.next()?;
-    let name = fields.next().unwrap_or("").trim_start().to_string();
-    let (start, end) = range.split_once('-')?;
-    Some(MemoryMapping {
-        start: u64::from_str_radix(start, 16).ok()?,
-        end: u64::from_str_radix(end, 16).ok()?,
-        perms,
-        offset,
-        name,
-    })
+    Ok(procfs::parse_maps_lenient(&text)
+        .map(MemoryMapping::from)
+        .collect())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn parse_maps_line(line: &str) -> Option<MemoryMapping> {
+        MapEntry::parse_line(line).map(MemoryMapping::from)
+    }
 
     #[test]
     fn parses_maps_lines() {

@@ -72,6 +72,42 @@ fn sys(op: &'static str, pid: Pid) -> impl FnOnce(nix::Error) -> TargetError {
     }
 }
 
+/// Direction of a [`regset`] transfer.
+#[derive(Clone, Copy)]
+enum RegsetOp {
+    /// `PTRACE_GETREGSET`: the kernel fills the buffer.
+    Get,
+    /// `PTRACE_SETREGSET`: the kernel reads the buffer.
+    Set,
+}
+
+/// `PTRACE_GETREGSET` / `PTRACE_SETREGSET` of register set `note` with `buf`; returns the
+/// number of bytes the kernel transferred.
+fn regset(pid: Pid, op: RegsetOp, note: usize, buf: &mut [u8]) -> TargetResult<usize> {
+    let (request, name) = match op {
+        RegsetOp::Get => (libc::PTRACE_GETREGSET, "PTRACE_GETREGSET"),
+        RegsetOp::Set => (libc::PTRACE_SETREGSET, "PTRACE_SETREGSET"),
+    };
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: the kernel writes (GETREGSET) or reads (SETREGSET) at most `iov_len` bytes of
+    // `buf`, which outlives the call, and updates `iov_len` to the size transferred.
+    let r = unsafe {
+        libc::ptrace(
+            request,
+            pid.as_raw(),
+            note as *mut libc::c_void,
+            &mut iov as *mut libc::iovec,
+        )
+    };
+    if r < 0 {
+        return Err(sys(name, pid)(nix::Error::last()));
+    }
+    Ok(iov.iov_len)
+}
+
 /// Decoded `waitpid` status (our own decoding: nix cannot represent real-time signals).
 #[derive(Debug, Clone, Copy)]
 enum Wait {
@@ -205,6 +241,12 @@ impl PtraceTarget {
         }
         let opts = trace_options() | nix::sys::ptrace::Options::PTRACE_O_EXITKILL;
         nix::sys::ptrace::setoptions(pid, opts).map_err(sys("PTRACE_SETOPTIONS", pid))?;
+        Self::stopped(pid, Vec::new(), true)
+    }
+
+    /// The target for the traced, stopped process `pid` (options already set): no
+    /// breakpoints yet, `notices` to report, `spawned` if we started it.
+    fn stopped(pid: Pid, notices: Vec<Notice>, spawned: bool) -> TargetResult<Self> {
         Ok(PtraceTarget {
             pid,
             exe: exe_of(pid),
@@ -214,8 +256,8 @@ impl PtraceTarget {
             vfork_lifted: false,
             state: RunState::Stopped,
             pending: None,
-            notices: Vec::new(),
-            spawned: true,
+            notices,
+            spawned,
         })
     }
 
@@ -247,18 +289,7 @@ impl PtraceTarget {
                 notices.push(Notice::OtherThreads { count });
             }
         }
-        Ok(PtraceTarget {
-            pid,
-            exe: exe_of(pid),
-            mem: open_mem(pid)?,
-            breakpoints: BTreeMap::new(),
-            inserted: false,
-            vfork_lifted: false,
-            state: RunState::Stopped,
-            pending: None,
-            notices,
-            spawned: false,
-        })
+        Self::stopped(pid, notices, false)
     }
 
     /// Resumes with `PTRACE_CONT` (inserting breakpoints, stepping over one at the PC first).
@@ -525,24 +556,8 @@ impl Target for PtraceTarget {
             None => (NT_PRFPREG, 512),
         };
         let mut buf = vec![0u8; size];
-        let mut iov = libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: buf.len(),
-        };
-        // SAFETY: PTRACE_GETREGSET writes at most `iov_len` bytes into `buf`, which outlives
-        // the call, and updates `iov_len` to the size written.
-        let r = unsafe {
-            libc::ptrace(
-                libc::PTRACE_GETREGSET,
-                self.pid.as_raw(),
-                note as *mut libc::c_void,
-                &mut iov as *mut libc::iovec,
-            )
-        };
-        if r < 0 {
-            return Err(sys("PTRACE_GETREGSET", self.pid)(nix::Error::last()));
-        }
-        buf.truncate(iov.iov_len.min(size));
+        let written = regset(self.pid, RegsetOp::Get, note, &mut buf)?;
+        buf.truncate(written.min(size));
         Ok(X86Registers::from_parts(&gprs, buf))
     }
 
@@ -556,23 +571,7 @@ impl Target for PtraceTarget {
             NT_PRFPREG
         };
         let mut buf = regs.xsave.clone();
-        let mut iov = libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: buf.len(),
-        };
-        // SAFETY: PTRACE_SETREGSET reads at most `iov_len` bytes from `buf`, which outlives
-        // the call.
-        let r = unsafe {
-            libc::ptrace(
-                libc::PTRACE_SETREGSET,
-                self.pid.as_raw(),
-                note as *mut libc::c_void,
-                &mut iov as *mut libc::iovec,
-            )
-        };
-        if r < 0 {
-            return Err(sys("PTRACE_SETREGSET", self.pid)(nix::Error::last()));
-        }
+        regset(self.pid, RegsetOp::Set, note, &mut buf)?;
         Ok(())
     }
 

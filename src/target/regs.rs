@@ -62,6 +62,27 @@ pub mod gpr {
     pub const COUNT: usize = 27;
 }
 
+/// The [`gpr`] index of GDB's x86-64 registers 0..=15 (`rax rbx rcx rdx rsi rdi rbp rsp
+/// r8`..`r15`), which is not `user_regs_struct` order.
+const GDB_GPR_ORDER: [usize; 16] = [
+    gpr::RAX,
+    gpr::RBX,
+    gpr::RCX,
+    gpr::RDX,
+    gpr::RSI,
+    gpr::RDI,
+    gpr::RBP,
+    gpr::RSP,
+    gpr::R8,
+    gpr::R9,
+    gpr::R10,
+    gpr::R11,
+    gpr::R12,
+    gpr::R13,
+    gpr::R14,
+    gpr::R15,
+];
+
 /// The registers of one stopped thread.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct X86Registers {
@@ -202,24 +223,6 @@ impl X86Registers {
             return padded.gdb_layout(out);
         }
         let g = &self.gprs;
-        const GDB_GPR_ORDER: [usize; 16] = [
-            gpr::RAX,
-            gpr::RBX,
-            gpr::RCX,
-            gpr::RDX,
-            gpr::RSI,
-            gpr::RDI,
-            gpr::RBP,
-            gpr::RSP,
-            gpr::R8,
-            gpr::R9,
-            gpr::R10,
-            gpr::R11,
-            gpr::R12,
-            gpr::R13,
-            gpr::R14,
-            gpr::R15,
-        ];
         let mut n = 0;
         for idx in GDB_GPR_ORDER {
             out(n, &g[idx].to_le_bytes());
@@ -311,26 +314,8 @@ impl X86Registers {
         let mut b8 = [0u8; 8];
         b8[..bytes.len().min(8)].copy_from_slice(&bytes[..bytes.len().min(8)]);
         let v = u64::from_le_bytes(b8);
-        const GPR_OF: [usize; 16] = [
-            gpr::RAX,
-            gpr::RBX,
-            gpr::RCX,
-            gpr::RDX,
-            gpr::RSI,
-            gpr::RDI,
-            gpr::RBP,
-            gpr::RSP,
-            gpr::R8,
-            gpr::R9,
-            gpr::R10,
-            gpr::R11,
-            gpr::R12,
-            gpr::R13,
-            gpr::R14,
-            gpr::R15,
-        ];
         match regnum {
-            0..=15 => self.gprs[GPR_OF[regnum]] = v,
+            0..=15 => self.gprs[GDB_GPR_ORDER[regnum]] = v,
             16 => self.gprs[gpr::RIP] = v,
             17 => self.gprs[gpr::EFLAGS] = v & 0xffff_ffff,
             18..=23 => {

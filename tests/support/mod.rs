@@ -5,9 +5,13 @@
 //!   flow); self-contained, so benchmarks can `#[path]`-include it.
 //! - [`corpus`]: readers for the real-hardware trace corpus in `shared/corpus` (needs sibling
 //!   `libipt`).
+//! - [`cbuild`]: compiling the C test programs, `nm` symbol lookups, tool detection.
+//! - [`gdb`]: child processes with deadlines, GDB in batch mode, `ptrewind record` servers.
 #![allow(dead_code)]
 
+pub mod cbuild;
 pub mod corpus;
+pub mod gdb;
 pub mod libipt;
 
 #[allow(unused_imports)]

@@ -402,15 +402,21 @@ impl SoftEncoder {
             self.psb_plus(None);
         }
         if self.mode_pending || self.config.mode_exec_on_every_pge {
-            self.put(&Packet::ModeExec {
-                csl: true,
-                csd: false,
-                iflag: false,
-            });
-            self.mode_pending = false;
+            self.mode_exec();
         }
         self.ip_packet(IpKind::TipPge, Some(ip));
         self.state = Enable::On;
+    }
+
+    /// MODE.Exec for 64-bit code (the only mode the recorder traces); it settles a pending
+    /// mode change.
+    fn mode_exec(&mut self) {
+        self.put(&Packet::ModeExec {
+            csl: true,
+            csd: false,
+            iflag: false,
+        });
+        self.mode_pending = false;
     }
 
     fn psb_plus(&mut self, current_ip: Option<u64>) {
@@ -421,12 +427,7 @@ impl SoftEncoder {
             self.put(&Packet::Tsc { tsc: self.tsc });
         }
         if let Some(ip) = current_ip {
-            self.put(&Packet::ModeExec {
-                csl: true,
-                csd: false,
-                iflag: false,
-            });
-            self.mode_pending = false;
+            self.mode_exec();
             self.ip_packet(IpKind::Fup, Some(ip));
         } else {
             // Without PacketEn, PSB+ carries no MODE.Exec: the next TIP.PGE must restate it.

@@ -6,9 +6,11 @@ use std::path::PathBuf;
 use object::{Object, ObjectSegment, ObjectSymbol};
 
 use super::target::{StepTarget, TargetError};
+use crate::image::procfs::{self, MapEntry};
 use crate::image::{Image, Section};
 
-/// One line of `/proc/PID/maps`.
+/// One line of `/proc/PID/maps`, reduced to what symbol lookup and image snapshots need
+/// (parsed by [`MapEntry::parse_line`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mapping {
     /// First address.
@@ -23,6 +25,19 @@ pub struct Mapping {
     pub offset: u64,
     /// Path or pseudo-name (`[vdso]`, `[stack]`), empty for anonymous mappings.
     pub path: String,
+}
+
+impl From<MapEntry> for Mapping {
+    fn from(m: MapEntry) -> Self {
+        Mapping {
+            start: m.start,
+            end: m.end,
+            read: m.read,
+            exec: m.exec,
+            offset: m.offset,
+            path: m.path.unwrap_or_default(),
+        }
+    }
 }
 
 /// Why a run-time address could not be found.
@@ -64,32 +79,14 @@ pub enum SymbolError {
 
 /// Parses the text of `/proc/PID/maps`; malformed lines are skipped.
 pub fn parse_maps(text: &str) -> Vec<Mapping> {
-    text.lines().filter_map(parse_maps_line).collect()
-}
-
-fn parse_maps_line(line: &str) -> Option<Mapping> {
-    let mut it = line.split_ascii_whitespace();
-    let range = it.next()?;
-    let perms = it.next()?.as_bytes();
-    let offset = u64::from_str_radix(it.next()?, 16).ok()?;
-    let _dev = it.next()?;
-    let _inode = it.next()?;
-    // The path may contain spaces: take the rest of the line after the inode.
-    let path = it.collect::<Vec<_>>().join(" ");
-    let (s, e) = range.split_once('-')?;
-    Some(Mapping {
-        start: u64::from_str_radix(s, 16).ok()?,
-        end: u64::from_str_radix(e, 16).ok()?,
-        read: perms.first() == Some(&b'r'),
-        exec: perms.get(2) == Some(&b'x'),
-        offset,
-        path,
-    })
+    procfs::parse_maps_lenient(text)
+        .map(Mapping::from)
+        .collect()
 }
 
 /// The mappings of process `pid`.
 pub fn read_maps(pid: i32) -> Result<Vec<Mapping>, SymbolError> {
-    let path = PathBuf::from(format!("/proc/{pid}/maps"));
+    let path = procfs::maps_path(pid);
     let text = std::fs::read_to_string(&path).map_err(|source| SymbolError::Io { path, source })?;
     Ok(parse_maps(&text))
 }

@@ -338,6 +338,12 @@ impl<T: StepTarget> Drop for SoftRecorder<T> {
     }
 }
 
+/// True if `insn` is a system call instruction about to run `exit` (60) or `exit_group` (231)
+/// with the registers `before` it.
+fn is_exit_syscall(insn: Option<&CachedInsn>, before: &Regs) -> bool {
+    insn.is_some_and(|i| i.class == InsnClass::SystemCall) && matches!(before.rax, 60 | 231)
+}
+
 fn drain_into(ring: &SharedRing<Topa>, store: &TraceStore) -> u64 {
     // Drain and append under the ring lock, so drains by the drainer thread and by the recorder
     // reach the store in stream order.
@@ -616,9 +622,7 @@ impl<T: StepTarget> SoftRecorder<T> {
             StepStop::Exiting => {
                 // Either the instruction was exit/exit_group (it executed), or a signal we
                 // passed (or SIGKILL) ended the process before it ran.
-                let executed = signal.is_none()
-                    && insn.is_some_and(|i| i.class == InsnClass::SystemCall)
-                    && matches!(before.rax, 60 | 231);
+                let executed = signal.is_none() && is_exit_syscall(insn.as_ref(), &before);
                 if let (true, Some(insn)) = (executed, insn) {
                     let mut after = before;
                     after.rip = insn.nlip();
@@ -649,8 +653,7 @@ impl<T: StepTarget> SoftRecorder<T> {
                 // right after stepping exit/exit_group is that system call executing.
                 let executed = matches!(stop, StepStop::Exited(_))
                     && signal.is_none()
-                    && insn.is_some_and(|i| i.class == InsnClass::SystemCall)
-                    && matches!(before.rax, 60 | 231);
+                    && is_exit_syscall(insn.as_ref(), &before);
                 if let (true, Some(insn)) = (executed, insn) {
                     let mut after = before;
                     after.rip = insn.nlip();

@@ -1,0 +1,172 @@
+//! Driving debuggers and the `ptrewind` binary from tests: child processes with deadlines
+//! (killed, never waited for forever), their output collected on threads, GDB in batch mode,
+//! and `ptrewind record` servers whose port and pid are read from their stderr.
+
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Collects a child's pipe on a thread; lines are also forwarded to `tx` as they arrive.
+pub fn collect(
+    pipe: impl Read + Send + 'static,
+    tx: Option<mpsc::Sender<String>>,
+) -> JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(pipe).lines() {
+            let Ok(line) = line else { break };
+            if let Some(tx) = &tx {
+                let _ = tx.send(line.clone());
+            }
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    })
+}
+
+/// Reads a child's pipe to its end on a thread, as text (invalid UTF-8, such as binary packet
+/// bytes in a debugger's protocol log, is replaced, not a reason to stop reading).
+pub fn collect_all(mut pipe: impl Read + Send + 'static) -> JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut all = Vec::new();
+        let _ = pipe.read_to_end(&mut all);
+        String::from_utf8_lossy(&all).into_owned()
+    })
+}
+
+/// Waits for `child` until `deadline`; kills it and returns `None` on timeout.
+pub fn wait_until(child: &mut Child, deadline: Instant) -> Option<ExitStatus> {
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A child process run to its end or to a deadline.
+pub struct Finished {
+    /// The exit status; `None` if it was killed at the deadline.
+    pub status: Option<ExitStatus>,
+    /// Its standard output.
+    pub stdout: String,
+    /// Its standard error.
+    pub stderr: String,
+}
+
+/// Runs `cmd` (stdin from /dev/null, output collected) and kills it if it has not finished
+/// within `timeout`.
+pub fn run_until(cmd: &mut Command, timeout: Duration) -> Finished {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {:?}: {e}", cmd.get_program()));
+    let out = collect_all(child.stdout.take().expect("piped stdout"));
+    let err = collect_all(child.stderr.take().expect("piped stderr"));
+    let status = wait_until(&mut child, Instant::now() + timeout);
+    Finished {
+        status,
+        stdout: out.join().expect("stdout reader"),
+        stderr: err.join().expect("stderr reader"),
+    }
+}
+
+/// `gdb -batch -nx` with confirmations and paging off; add `-ex` commands and run it with
+/// [`run_until`].
+pub fn gdb_batch() -> Command {
+    let mut cmd = Command::new("gdb");
+    cmd.args([
+        "-batch",
+        "-nx",
+        "-ex",
+        "set confirm off",
+        "-ex",
+        "set pagination off",
+    ]);
+    cmd
+}
+
+/// A `ptrewind record` server with its port and pid read from stderr.
+pub struct Server {
+    /// The `ptrewind` process.
+    pub child: Child,
+    /// The port it listens on (127.0.0.1).
+    pub port: u16,
+    /// The debugged process.
+    pub pid: i32,
+    /// Collects ptrewind's stderr.
+    pub stderr: JoinHandle<String>,
+    /// Collects ptrewind's stdout (the debugged program's, which it inherits).
+    pub stdout: JoinHandle<String>,
+}
+
+impl Server {
+    /// Starts `ptrewind record --listen 127.0.0.1:0 -- program args`.
+    pub fn start(program: &Path, args: &[&str]) -> Server {
+        let mut cli: Vec<OsString> = ["record", "--listen", "127.0.0.1:0", "--"]
+            .iter()
+            .map(Into::into)
+            .collect();
+        cli.push(program.into());
+        cli.extend(args.iter().map(Into::into));
+        Server::start_cli(&cli)
+    }
+
+    /// Starts `ptrewind` with arguments `cli`, which must make it print its listening line.
+    pub fn start_cli(cli: &[OsString]) -> Server {
+        // Set for integration tests only (benchmarks include this module too).
+        let Some(exe) = option_env!("CARGO_BIN_EXE_ptrewind") else {
+            panic!("the ptrewind binary is only known to integration tests");
+        };
+        let mut child = Command::new(exe)
+            .args(cli)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("cannot run ptrewind");
+        let (tx, rx) = mpsc::channel();
+        let stderr = collect(child.stderr.take().unwrap(), Some(tx));
+        let stdout = collect(child.stdout.take().unwrap(), None);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let (mut port, mut pid) = (None, None);
+        while port.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Ok(line) = rx.recv_timeout(left) else {
+                let _ = child.kill();
+                panic!(
+                    "ptrewind printed no listening line: {}",
+                    stderr.join().unwrap()
+                );
+            };
+            // "ptrewind: started process PID; listening on 127.0.0.1:PORT"
+            let rest = line
+                .strip_prefix("ptrewind: started process ")
+                .or_else(|| line.strip_prefix("ptrewind: attached to process "));
+            if let Some(rest) = rest {
+                let (p, addr) = rest.split_once("; listening on ").unwrap();
+                pid = Some(p.parse().unwrap());
+                port = Some(addr.rsplit(':').next().unwrap().parse().unwrap());
+            }
+        }
+        Server {
+            child,
+            port: port.unwrap(),
+            pid: pid.unwrap(),
+            stderr,
+            stdout,
+        }
+    }
+}
