@@ -415,7 +415,7 @@ fn generate(p: &Program, n: u64) -> Vec<u8> {
         }
         pc = next;
     }
-    enc.finish(p.insns[pc].ip);
+    enc.finish(Some(p.insns[pc].ip));
     enc.consume_output(|b| out.extend_from_slice(b));
     out
 }
