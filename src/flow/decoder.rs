@@ -20,18 +20,22 @@ enum State {
     Lost,
 }
 
+/// `count` instructions of cached block `blk` from index `skip`.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    blk: u32,
+    skip: u32,
+    count: u32,
+    start_ip: u64,
+    end_ip: u64,
+    time: u64,
+}
+
 /// A piece of output waiting in the queue.
 #[derive(Debug, Clone)]
 enum Seg {
-    /// `count` instructions of cached block `blk` from index `skip`.
-    Run {
-        blk: u32,
-        skip: u32,
-        count: u32,
-        start_ip: u64,
-        end_ip: u64,
-        time: u64,
-    },
+    /// A run of instructions.
+    Run(Run),
     /// Boxed: events are rare, runs are the hot path and should stay small to move.
     Event(Box<Event>),
 }
@@ -160,6 +164,11 @@ pub struct FlowDecoder<'a> {
     /// TNT FIFO: the oldest pending bit is bit `tnt_count - 1`.
     tnt_bits: u64,
     tnt_count: u32,
+    /// Instructions walked since the last TNT bit was used (runaway guard of the TNT walk).
+    tnt_walked: u64,
+    /// Cache index of the block at `ip` when the TNT walk knows it through a successor link
+    /// (`u32::MAX` or stale otherwise: checked against `ip` and `mode` before use).
+    next_blk: u32,
     ret: RetStack,
     claims: Vec<(u64, EventKind)>,
     ovf_pending: Option<u64>,
@@ -196,6 +205,8 @@ impl<'a> FlowDecoder<'a> {
             pending_mode: None,
             tnt_bits: 0,
             tnt_count: 0,
+            tnt_walked: 0,
+            next_blk: u32::MAX,
             ret: RetStack::new(cfg.ret_stack_depth),
             claims: Vec::new(),
             ovf_pending: None,
@@ -250,39 +261,56 @@ impl<'a> FlowDecoder<'a> {
     }
 
     /// The next run of instructions or event; `None` at the end of the trace.
+    #[inline]
     pub fn next_block(&mut self) -> Option<BlockItem<'_>> {
-        if self.out.is_empty() {
-            self.fill();
-        }
-        match self.out.pop_front()? {
-            Seg::Event(e) => Some(BlockItem::Event(*e)),
-            Seg::Run {
-                blk,
-                skip,
-                count,
-                start_ip,
-                end_ip,
-                time,
-            } => {
-                let b = &self.cache.blocks[blk as usize];
-                let lens = &self.cache.lens_of(b)[skip as usize..(skip + count) as usize];
-                Some(BlockItem::Block(Block {
-                    start: start_ip,
-                    end: end_ip,
-                    count,
-                    mode: b.mode,
-                    class: run_class(b, skip, count),
-                    time,
-                    lens,
-                }))
+        loop {
+            if let Some(seg) = self.out.pop_front() {
+                return Some(match seg {
+                    Seg::Event(e) => BlockItem::Event(*e),
+                    Seg::Run(r) => BlockItem::Block(self.block_of(r)),
+                });
+            }
+            if self.walking_tnt() {
+                // The hot path: one block per TNT bit (or direct branch), handed out without a
+                // trip through the queue.
+                if let Some(r) = self.tnt_step() {
+                    return Some(BlockItem::Block(self.block_of(r)));
+                }
+                continue;
+            }
+            self.fill(true);
+            if self.out.is_empty() && !self.walking_tnt() {
+                return None;
             }
         }
+    }
+
+    /// The public view of a run.
+    #[inline(always)]
+    fn block_of(&self, r: Run) -> Block<'_> {
+        let b = &self.cache.blocks[r.blk as usize];
+        let at = (b.lens_at + r.skip) as usize;
+        Block {
+            start: r.start_ip,
+            end: r.end_ip,
+            count: r.count,
+            mode: b.mode,
+            class: run_class(b, r.skip, r.count),
+            time: r.time,
+            lens: &self.cache.lens[at..at + r.count as usize],
+        }
+    }
+
+    /// True while TNT bits wait to be walked (no packet may be read before they are).
+    #[inline(always)]
+    fn walking_tnt(&self) -> bool {
+        self.tnt_count > 0 && self.state == State::Enabled
     }
 
     /// The next instruction or event; `None` at the end of the trace.
     pub fn next_item(&mut self) -> Option<Item> {
         if self.out.is_empty() {
-            self.fill();
+            self.fill(false);
         }
         let front = self.out.front_mut()?;
         match front {
@@ -290,14 +318,14 @@ impl<'a> FlowDecoder<'a> {
                 Some(Seg::Event(e)) => Some(Item::Event(*e)),
                 _ => None,
             },
-            Seg::Run {
+            Seg::Run(Run {
                 blk,
                 skip,
                 count,
                 start_ip,
                 time,
                 ..
-            } => {
+            }) => {
                 let b = &self.cache.blocks[*blk as usize];
                 let len = self.cache.lens[(b.lens_at + *skip) as usize];
                 let class = run_class(b, *skip, 1);
@@ -347,6 +375,13 @@ impl<'a> FlowDecoder<'a> {
         if count == 0 {
             return;
         }
+        let r = self.make_run(idx, skip, count);
+        self.out.push_back(Seg::Run(r));
+    }
+
+    /// Instructions `skip .. skip+count` (`count > 0`) of block `idx` as output, counted.
+    #[inline(always)]
+    fn make_run(&mut self, idx: u32, skip: u32, count: u32) -> Run {
         let b = &self.cache.blocks[idx as usize];
         let (start_ip, end_ip) = if skip == 0 && count == b.n {
             (b.start, b.last_ip)
@@ -366,14 +401,14 @@ impl<'a> FlowDecoder<'a> {
         // 16-byte read-modify-write per run, which stalled on the previous run's store.
         self.n_insns += count as u64;
         self.n_runs += 1;
-        self.out.push_back(Seg::Run {
+        Run {
             blk: idx,
             skip,
             count,
             start_ip,
             end_ip,
             time: self.time.now(),
-        });
+        }
     }
 
     // ----------------------------------------------------------------------------------------
@@ -464,11 +499,21 @@ impl<'a> FlowDecoder<'a> {
     // ----------------------------------------------------------------------------------------
     // Main loop
 
-    /// Processes packets until some output is queued or the trace ends.
-    fn fill(&mut self) {
+    /// Processes packets until some output is queued or the trace ends (with `stop_at_tnt`, also
+    /// when TNT bits are pending: the caller walks them itself).
+    fn fill(&mut self, stop_at_tnt: bool) {
         // No block index is referenced by queued output now, so a flush is safe.
         self.cache.maybe_flush();
         while self.out.is_empty() && !self.eof {
+            if self.walking_tnt() {
+                if stop_at_tnt {
+                    return;
+                }
+                if let Some(r) = self.tnt_step() {
+                    self.out.push_back(Seg::Run(r));
+                }
+                continue;
+            }
             if self.state == State::NoSync
                 && self.pushback.is_none()
                 && self.pkt.sync_forward().is_none()
@@ -838,7 +883,8 @@ impl<'a> FlowDecoder<'a> {
         }
         self.tnt_bits = (self.tnt_bits << count) | (t.bits & ((1u64 << count) - 1));
         self.tnt_count += count;
-        self.walk_tnt();
+        // The bits are walked block by block by the caller of `fill` (`tnt_step`).
+        self.tnt_walked = 0;
     }
 
     #[inline(always)]
@@ -847,86 +893,96 @@ impl<'a> FlowDecoder<'a> {
         (self.tnt_bits >> self.tnt_count) & 1 != 0
     }
 
-    /// Walks while TNT bits are pending; stops right after the branch that used the last bit.
-    fn walk_tnt(&mut self) {
-        let mut walked = 0u64;
-        // The block at `self.ip` when already known through a successor link.
-        let mut cur: Option<u32> = None;
-        while self.tnt_count > 0 {
-            let idx = match cur.take() {
-                Some(i) => i,
-                None => self.cache.get(self.image, self.ip, self.mode),
-            };
-            let b: CachedBlock = self.cache.blocks[idx as usize];
-            walked += b.n as u64;
-            if walked > self.cfg.max_walk {
-                self.error(FlowErrorKind::RunawayWalk, Some(self.ip));
-                return;
+    /// The block at `ip`: through the successor link of the previous step when it is valid.
+    #[inline(always)]
+    fn cur_block(&mut self) -> u32 {
+        let n = self.next_blk;
+        if let Some(b) = self.cache.blocks.get(n as usize) {
+            if b.start == self.ip && b.mode == self.mode {
+                return n;
             }
-            match b.term {
-                Term::Insn(InsnClass::CondBranch) => {
-                    let taken = self.pop_bit();
-                    self.emit_run(idx, 0, b.n);
-                    self.ip = if taken { b.target } else { b.next };
+        }
+        self.cache.get(self.image, self.ip, self.mode)
+    }
+
+    /// One block of the walk while TNT bits are pending (`walking_tnt()`): stops right after the
+    /// block's last instruction. Returns the run when that is all the step produced (the caller
+    /// hands it out or queues it); anything else (events, split runs) is queued and `None`
+    /// returned.
+    #[inline]
+    fn tnt_step(&mut self) -> Option<Run> {
+        let idx = self.cur_block();
+        let b: CachedBlock = self.cache.blocks[idx as usize];
+        self.next_blk = u32::MAX;
+        self.tnt_walked += b.n as u64;
+        if self.tnt_walked > self.cfg.max_walk {
+            self.error(FlowErrorKind::RunawayWalk, Some(self.ip));
+            return None;
+        }
+        match b.term {
+            Term::Insn(InsnClass::CondBranch) => {
+                let taken = self.pop_bit();
+                self.ip = if taken { b.target } else { b.next };
+                if self.tnt_count > 0 {
+                    self.next_blk = self.cache.succ(self.image, idx, taken as usize, self.ip);
+                }
+                self.tnt_walked = 0;
+                Some(self.make_run(idx, 0, b.n))
+            }
+            Term::Insn(InsnClass::DirectJump) => {
+                self.ip = b.target;
+                self.next_blk = self.cache.succ(self.image, idx, 1, self.ip);
+                Some(self.make_run(idx, 0, b.n))
+            }
+            Term::Insn(InsnClass::DirectCall) => {
+                if b.target != b.next {
+                    self.ret.push(b.next);
+                }
+                self.ip = b.target;
+                self.next_blk = self.cache.succ(self.image, idx, 1, self.ip);
+                Some(self.make_run(idx, 0, b.n))
+            }
+            Term::Insn(InsnClass::Return) => {
+                // Bits pending at a RET: it is compressed (§3.3).
+                let taken = self.pop_bit();
+                let target = if taken { self.ret.pop() } else { None };
+                let Some(t) = target else {
+                    self.emit_run(idx, 0, b.n - 1);
+                    self.error(FlowErrorKind::BadRetCompression, Some(b.last_ip));
+                    return None;
+                };
+                self.ip = t;
+                self.tnt_walked = 0;
+                Some(self.make_run(idx, 0, b.n))
+            }
+            Term::Insn(c) if c.needs_tip() => {
+                // A deferred TIP (§3.4): the next packet must be its TIP.
+                self.emit_run(idx, 0, b.n - 1);
+                self.ip = b.last_ip;
+                if let Walk::Failed = self.deferred_tip(idx, &b, c) {
+                    // The trace ended (or the error was reported): the rest of the bits are
+                    // not walked.
+                    self.tnt_count = 0;
+                    return None;
+                }
+                if self.state != State::Enabled {
                     if self.tnt_count > 0 {
-                        cur = Some(self.cache.succ(self.image, idx, taken as usize, self.ip));
+                        self.error(FlowErrorKind::UnexpectedTnt, None);
                     }
-                    walked = 0;
+                    return None;
                 }
-                Term::Insn(InsnClass::DirectJump) => {
-                    self.emit_run(idx, 0, b.n);
-                    self.ip = b.target;
-                    cur = Some(self.cache.succ(self.image, idx, 1, self.ip));
-                }
-                Term::Insn(InsnClass::DirectCall) => {
-                    self.emit_run(idx, 0, b.n);
-                    if b.target != b.next {
-                        self.ret.push(b.next);
-                    }
-                    self.ip = b.target;
-                    cur = Some(self.cache.succ(self.image, idx, 1, self.ip));
-                }
-                Term::Insn(InsnClass::Return) => {
-                    // Bits pending at a RET: it is compressed (§3.3).
-                    let taken = self.pop_bit();
-                    self.emit_run(idx, 0, b.n - 1);
-                    if !taken {
-                        self.error(FlowErrorKind::BadRetCompression, Some(b.last_ip));
-                        return;
-                    }
-                    let Some(t) = self.ret.pop() else {
-                        self.error(FlowErrorKind::BadRetCompression, Some(b.last_ip));
-                        return;
-                    };
-                    self.emit_run(idx, b.n - 1, 1);
-                    self.ip = t;
-                    walked = 0;
-                }
-                Term::Insn(c) if c.needs_tip() => {
-                    // A deferred TIP (§3.4): the next packet must be its TIP.
-                    self.emit_run(idx, 0, b.n - 1);
-                    self.ip = b.last_ip;
-                    if let Walk::Failed = self.deferred_tip(idx, &b, c) {
-                        return;
-                    }
-                    if self.state != State::Enabled {
-                        if self.tnt_count > 0 {
-                            self.error(FlowErrorKind::UnexpectedTnt, None);
-                        }
-                        return;
-                    }
-                    walked = 0;
-                }
-                Term::Insn(_) | Term::Limit => {
-                    self.emit_run(idx, 0, b.n);
-                    self.ip = b.next;
-                    cur = Some(self.cache.succ(self.image, idx, 0, self.ip));
-                }
-                Term::NoCode | Term::BadInsn => {
-                    self.emit_run(idx, 0, b.n);
-                    self.no_code(b);
-                    return;
-                }
+                self.tnt_walked = 0;
+                None
+            }
+            Term::Insn(_) | Term::Limit => {
+                self.ip = b.next;
+                self.next_blk = self.cache.succ(self.image, idx, 0, self.ip);
+                Some(self.make_run(idx, 0, b.n))
+            }
+            Term::NoCode | Term::BadInsn => {
+                self.emit_run(idx, 0, b.n);
+                self.no_code(b);
+                None
             }
         }
     }
