@@ -1,8 +1,9 @@
 //! Zero-copy packet decoding: bytes → [`Packet`]s.
 //!
 //! The hot path borrows a fixed 16-byte window of the input (the longest packet, PSB, is 16
-//! bytes) whenever at least 16 bytes remain, so the per-packet work is a test for PAD and TNT-8, a
-//! 256-entry first-byte table lookup and one jump for the rest, and a few loads with no bounds
+//! bytes) whenever at least 16 bytes remain, so the per-packet work is one test for the one-byte
+//! packets (PAD, TNT-8) and a copy from a 256-entry packet table, or a 256-entry first-byte table
+//! lookup and one jump for the rest, and a few loads with no bounds
 //! checks. Near the end of the buffer the remaining bytes are copied into a zero-padded window and
 //! the result is checked against what is actually there, which is what turns a cut-off packet into
 //! [`PacketError::Truncated`] instead of a bogus [`PacketError::Invalid`].
@@ -924,6 +925,25 @@ mod tests {
         assert_eq!(CLASS[0x99], Class::Mode);
         for b in [0x39, 0x79, 0xb9, 0xf9, 0x05, 0x09, 0x15, 0xc9] {
             assert_eq!(CLASS[b], Class::Bad, "{b:#x}");
+        }
+    }
+
+    #[test]
+    fn one_byte_table_matches_full_dispatch() {
+        // The fast path (combined test + table) must agree with the full decode table for every
+        // first byte outside a block, and must not claim any byte the table decodes otherwise.
+        for b in 0..=255u8 {
+            let mut w = [0u8; WINDOW];
+            w[0] = b;
+            let full = decode_window(&w, None);
+            if is_one_byte_packet(b) {
+                assert_eq!(full, Ok((ONE_BYTE_PACKET[b as usize], 1)), "{b:#04x}");
+            } else {
+                assert!(
+                    !matches!(full, Ok((Packet::Pad | Packet::ShortTnt(_), _))),
+                    "{b:#04x}"
+                );
+            }
         }
     }
 
