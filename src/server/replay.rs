@@ -1159,7 +1159,7 @@ pub fn register_monitors(registry: &mut MonitorRegistry, target: &RecordingTarge
     let s = target.shared();
     registry.register(
         "insns",
-        "insns FROM TO: the address of each history instruction FROM..TO (at most 100000)",
+        "insns FROM TO|end: the address of each history instruction FROM..TO (at most 100000)",
         move |_, a| insns_text(&mut s.borrow_mut(), a),
     );
 }
@@ -1167,8 +1167,12 @@ pub fn register_monitors(registry: &mut MonitorRegistry, target: &RecordingTarge
 /// `monitor insns FROM TO`: one `N 0xADDR` line per history instruction in `FROM..TO`.
 fn insns_text(r: &mut Recorder, args: &str) -> Result<String, String> {
     const MAX: u64 = 100_000;
-    let usage = || format!("usage: monitor insns FROM TO (got '{args}')");
-    let mut it = args.split_whitespace().map(str::parse::<u64>);
+    let usage = || format!("usage: monitor insns FROM TO|end (got '{args}')");
+    let len = r.len();
+    let mut it = args.split_whitespace().map(|w| match w {
+        "end" | "present" => Ok(len),
+        n => n.parse::<u64>(),
+    });
     let (Some(Ok(from)), Some(Ok(to)), None) = (it.next(), it.next(), it.next()) else {
         return Err(usage());
     };
