@@ -854,6 +854,37 @@ mod tests {
     }
 
     #[test]
+    fn view_from_enable_starts_at_the_first_psb_after_the_enable_point() {
+        use crate::ring::{Capabilities, IntOn, Topa, TraceSink, TraceSource};
+        let mut ring = Topa::circular(Capabilities::default(), &[4096], IntOn::Every).unwrap();
+        let store = TraceStore::new();
+        let mut p = TraceStoreProvider::from_enable(PtCpu::SOFTWARE);
+        p.attach(TID, store.clone());
+        let mut s = BtraceServer::new();
+        // Recorded before GDB enables tracing: a PSB and a packet GDB must never see.
+        ring.write(&PSB);
+        ring.write(&[0x00, 0x11]);
+        store.append(&ring.drain());
+        assert_eq!(send(&mut s, &mut p, b"Qbtrace:pt"), "OK");
+        // Stopped: nothing after the enable point yet.
+        let doc = read_doc(&mut s, &mut p, "btrace", "all", 0x1000).unwrap();
+        assert!(!doc.contains("<raw>"), "{doc}");
+        // Bytes before the next PSB (the tail of a closed trace) cannot start a decode.
+        ring.write(&[0x00, 0x22]);
+        ring.write(&PSB);
+        ring.write(&[0x00, 0x33]);
+        store.append(&ring.drain());
+        let doc = read_doc(&mut s, &mut p, "btrace", "new", 0x1000).unwrap();
+        let want = format!("<raw>\n{}0033\n</raw>", "0282".repeat(8));
+        assert!(doc.contains(&want), "{doc}");
+        // Re-enabling moves the view to the new present.
+        assert_eq!(send(&mut s, &mut p, b"Qbtrace:off"), "OK");
+        assert_eq!(send(&mut s, &mut p, b"Qbtrace:pt"), "OK");
+        let doc = read_doc(&mut s, &mut p, "btrace", "all", 0x1000).unwrap();
+        assert!(!doc.contains("<raw>"), "{doc}");
+    }
+
+    #[test]
     fn server_started_recording_is_visible_to_gdb() {
         let mut p = provider(&[0x02, 0x82]);
         let mut s = BtraceServer::new();
