@@ -580,3 +580,221 @@ fn software_cpu_is_known_to_libipt_with_only_apl11() {
     // Status 0 (known CPU); bits: bdm70 bdm64 skd007 skd022 skd010 skl014 apl12 apl11 skl168.
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "0 000000010");
 }
+
+// ---- GDB's own `record btrace pt` against a live `ptrewind record` session ----
+
+/// Runs `ptrewind record -- exe` and GDB in batch mode against it with `commands`; returns
+/// GDB's output (stdout then stderr) and the server's stderr.
+fn gdb_against_record(exe: &Path, commands: &[&str]) -> (String, String) {
+    use std::io::{BufRead, BufReader, Read};
+    use std::process::Stdio;
+    let mut server = Command::new(env!("CARGO_BIN_EXE_ptrewind"))
+        .args(["record", "--listen", "127.0.0.1:0", "--"])
+        .arg(exe)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("cannot run ptrewind");
+    let mut lines = BufReader::new(server.stderr.take().expect("stderr piped"));
+    let mut server_log = String::new();
+    let port = loop {
+        let mut line = String::new();
+        if lines.read_line(&mut line).unwrap_or(0) == 0 {
+            let _ = server.kill();
+            panic!("ptrewind printed no listening line:\n{server_log}");
+        }
+        server_log.push_str(&line);
+        if let Some((_, addr)) = line.trim().split_once("; listening on ") {
+            break addr.rsplit(':').next().and_then(|p| p.parse::<u16>().ok());
+        }
+    }
+    .expect("listening line names a port");
+    let mut cmd = Command::new("gdb");
+    cmd.args([
+        "-batch",
+        "-nx",
+        "-ex",
+        "set confirm off",
+        "-ex",
+        "set pagination off",
+    ])
+    .arg("-ex")
+    .arg(format!("target remote 127.0.0.1:{port}"));
+    for c in commands {
+        cmd.arg("-ex").arg(c);
+    }
+    // One file for both streams keeps GDB's stdout (echo) and stderr (monitor output in batch
+    // mode) in the order GDB wrote them.
+    let log_path = exe.with_extension(format!("gdb-{port}.log"));
+    let log = std::fs::File::create(&log_path).expect("create gdb log");
+    let status = cmd
+        .arg(exe)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("dup gdb log"))
+        .stderr(log)
+        .status()
+        .expect("gdb runs");
+    // GDB kills the process when it exits; the server then ends by itself.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while server.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+    let _ = lines.read_to_string(&mut server_log);
+    let gdb = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let _ = std::fs::remove_file(&log_path);
+    assert!(
+        status.success(),
+        "gdb failed: {status}\n{gdb}\n{server_log}"
+    );
+    if std::env::var_os("PTREWIND_SHOW_DEBUGGER").is_some() {
+        eprintln!("--- gdb:\n{gdb}\n--- server:\n{server_log}");
+    }
+    (gdb, server_log)
+}
+
+/// The instruction position `monitor where` printed after the line tagged `tag` (GDB echoes
+/// the `echo TAG\n` command output just before the monitor output).
+fn present_after(text: &str, tag: &str) -> u64 {
+    let mut it = text.lines().skip_while(|l| l.trim() != tag);
+    it.next();
+    let line = it.next().unwrap_or_default();
+    // "at the present: instruction N of N (live), ..."
+    line.strip_prefix("at the present: instruction ")
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no 'monitor where' line after {tag}:\n{text}"))
+}
+
+#[test]
+fn gdb_record_btrace_pt_on_a_live_recording_equals_ptrewinds_history() {
+    if !gdb_ready() {
+        return;
+    }
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("btrace-live");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let exe = dir.join("recursion");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/c/recursion.c");
+    let out = Command::new("gcc")
+        .args(["-g", "-O0", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .expect("gcc");
+    assert!(
+        out.status.success(),
+        "gcc: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let (gdb, server) = gdb_against_record(
+        &exe,
+        &[
+            "break main",
+            "continue",
+            // Before `record btrace pt`, GDB must not be recording by itself.
+            "info record",
+            "echo BEFORE\\n",
+            "monitor where",
+            "record btrace pt",
+            "next",
+            "next",
+            "info record",
+            "echo AFTER\\n",
+            "monitor where",
+            "set record instruction-history-size unlimited",
+            "set record function-call-history-size unlimited",
+            "echo INSNS\\n",
+            "record instruction-history",
+            "echo CALLS\\n",
+            "record function-call-history",
+            "echo OURS\\n",
+            "monitor insns 0 end",
+            "echo END\\n",
+        ],
+    );
+    let dump = || format!("--- gdb:\n{gdb}\n--- server:\n{server}");
+    assert!(
+        gdb.contains("No recording is currently active."),
+        "{}",
+        dump()
+    );
+    let from = present_after(&gdb, "BEFORE");
+    let to = present_after(&gdb, "AFTER");
+    assert!(
+        to > from + 100,
+        "two `next`s over calls ran {from}..{to}\n{}",
+        dump()
+    );
+
+    // GDB decoded the whole span with its own libipt, without gaps or errors.
+    let span = to - from;
+    assert!(
+        gdb.contains(&format!("Recorded {span} instructions in ")),
+        "{}",
+        dump()
+    );
+    assert!(gdb.contains("(0 gaps)"), "{}", dump());
+    for bad in [
+        "decode error",
+        "Non-contiguous",
+        "overflow",
+        "warning: Decode",
+    ] {
+        assert!(!gdb.contains(bad), "GDB reported {bad:?}\n{}", dump());
+    }
+
+    // The addresses GDB lists are exactly ptrewind's own history for the same span.
+    let section = |a: &str, b: &str| -> Vec<String> {
+        gdb.lines()
+            .skip_while(|l| l.trim() != a)
+            .skip(1)
+            .take_while(|l| l.trim() != b)
+            .map(str::to_string)
+            .collect()
+    };
+    let gdb_addrs: Vec<u64> = section("INSNS", "CALLS")
+        .iter()
+        .filter_map(|l| {
+            let (_, rest) = l.split_once('\t')?;
+            let hex = rest.trim().strip_prefix("0x")?.split_whitespace().next()?;
+            u64::from_str_radix(hex.trim_end_matches(':'), 16).ok()
+        })
+        .collect();
+    assert_eq!(gdb_addrs.len() as u64, span, "{}", dump());
+
+    // `N 0xADDR` lines; recording started at `main`, so 0..end covers the span.
+    let own: Vec<u64> = section("OURS", "END")
+        .iter()
+        .filter_map(|l| {
+            let (n, hex) = l.trim().split_once(" 0x")?;
+            let n: u64 = n.parse().ok()?;
+            (from..to)
+                .contains(&n)
+                .then(|| u64::from_str_radix(hex, 16).ok())?
+        })
+        .collect();
+    assert_eq!(gdb_addrs, own, "{}", dump());
+
+    // The first instruction is the one at the `main` breakpoint, where btrace was enabled.
+    let bp = gdb
+        .lines()
+        .find_map(|l| l.strip_prefix("Breakpoint 1 at 0x"))
+        .and_then(|r| u64::from_str_radix(r.split(':').next()?, 16).ok())
+        .unwrap_or_else(|| panic!("no breakpoint address\n{}", dump()));
+    assert_eq!(gdb_addrs.first(), Some(&bp), "{}", dump());
+
+    // The function-call history names the recursive functions.
+    let calls = section("CALLS", "END").join("\n");
+    for f in ["factorial", "is_even", "is_odd", "main"] {
+        assert!(
+            calls.contains(f),
+            "{f} missing from the call history\n{}",
+            dump()
+        );
+    }
+    let factorials = calls.lines().filter(|l| l.ends_with("\tfactorial")).count();
+    assert!(factorials >= 10, "factorial(10) recurses 10 deep:\n{calls}");
+}

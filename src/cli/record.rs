@@ -192,10 +192,14 @@ pub(crate) fn serve_recording(
     let mut session = Session::new(Box::new(target.clone()));
     register_monitors(session.monitors_mut(), &target);
     // LLDB's Intel PT plug-in (`process trace start`, `thread trace dump ...`) reads the
-    // recorded trace itself; GDB gets reverse execution from the server instead of btrace.
+    // whole recorded trace itself. GDB gets reverse execution from the server, and its own
+    // `record btrace pt` only when the user asks: a view of the recording from that point on.
     let mut provider = TraceStoreProvider::new(PtCpu::SOFTWARE);
+    let mut gdb_view = TraceStoreProvider::from_enable(PtCpu::SOFTWARE);
     if let Ok(tid) = u32::try_from(session.target().tid()) {
-        provider.attach(tid, target.shared().borrow().trace_store());
+        let store = target.shared().borrow().trace_store();
+        provider.attach(tid, store.clone());
+        gdb_view.attach(tid, store);
     }
     serve_session(
         session,
@@ -205,6 +209,7 @@ pub(crate) fn serve_recording(
         fallback_exe,
         |router| {
             tracing::install_lldb(router, Box::new(provider));
+            tracing::install_btrace(router, Box::new(gdb_view));
         },
     )
 }

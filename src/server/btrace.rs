@@ -237,10 +237,18 @@ impl PtTraceProvider for FixedTraceProvider {
 /// to whoever drives it, which can ask [`TraceStoreProvider::is_active`]. A snapshot is only
 /// complete up to the current stop if the recorder has written out its pending packets and the
 /// ring was drained before the debugger reads it.
+///
+/// By default everything stored is served. A provider made with
+/// [`TraceStoreProvider::from_enable`] serves a *view* instead: only the trace recorded after
+/// the debugger started tracing the thread, from the first PSB at or after the store's length
+/// at that moment (a decoder can only start at a PSB; a recorder that closes the trace at every
+/// stop reopens it with a PSB+ on the next resume, so that PSB is where the program resumed).
 #[derive(Clone, Debug)]
 pub struct TraceStoreProvider {
     stores: BTreeMap<u32, TraceStore>,
-    active: BTreeMap<u32, u64>,
+    /// Per traced thread: the buffer size and, for views, the store length at the start.
+    active: BTreeMap<u32, (u64, usize)>,
+    from_enable: bool,
     cpu: PtCpu,
 }
 
@@ -250,7 +258,18 @@ impl TraceStoreProvider {
         TraceStoreProvider {
             stores: BTreeMap::new(),
             active: BTreeMap::new(),
+            from_enable: false,
             cpu,
+        }
+    }
+
+    /// No stores yet; serves each thread's trace only from the point where tracing was
+    /// started for it (see the type docs). For a debugger that turns tracing on while the
+    /// program is already being recorded (GDB's `record btrace pt` against `ptrewind record`).
+    pub fn from_enable(cpu: PtCpu) -> Self {
+        TraceStoreProvider {
+            from_enable: true,
+            ..Self::new(cpu)
         }
     }
 
@@ -267,10 +286,11 @@ impl TraceStoreProvider {
 
 impl PtTraceProvider for TraceStoreProvider {
     fn start(&mut self, tid: u32, options: &StartOptions) -> Result<u64, String> {
-        if !self.stores.contains_key(&tid) {
+        let Some(store) = self.stores.get(&tid) else {
             return Err(format!("thread {tid} is not being recorded"));
-        }
-        self.active.insert(tid, options.buffer_size);
+        };
+        let base = if self.from_enable { store.len() } else { 0 };
+        self.active.insert(tid, (options.buffer_size, base));
         Ok(options.buffer_size)
     }
 
@@ -282,14 +302,24 @@ impl PtTraceProvider for TraceStoreProvider {
     }
 
     fn snapshot(&mut self, tid: u32) -> Result<TraceSnapshot<'_>, String> {
-        let store = self
+        let (store, &(_, base)) = self
             .stores
             .get(&tid)
-            .filter(|_| self.active.contains_key(&tid))
+            .zip(self.active.get(&tid))
             .ok_or_else(|| format!("thread {tid} is not traced"))?;
         // Two separate reads: a drain in between can only make `lost` (and so the head) newer
         // than `data`, which at worst makes the next `new` read return the data again.
-        let data = store.to_vec();
+        let data = store.with_bytes(|b| {
+            let tail = b.get(base..).unwrap_or_default();
+            let start = if base == 0 {
+                0
+            } else {
+                // Nothing before the first PSB can be decoded; until the program resumes
+                // there is none, and the view is empty.
+                find_psb(tail).unwrap_or(tail.len())
+            };
+            tail[start..].to_vec()
+        });
         let lost = store.lost();
         Ok(TraceSnapshot {
             head: data.len() as u64 + lost,
@@ -301,6 +331,16 @@ impl PtTraceProvider for TraceStoreProvider {
     fn cpu(&self) -> PtCpu {
         self.cpu
     }
+}
+
+/// The PSB packet: `02 82` eight times (SDM 33.4.2.18), unique in a packet stream.
+const PSB: [u8; 16] = [
+    0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82,
+];
+
+/// Offset of the first PSB in `bytes`.
+fn find_psb(bytes: &[u8]) -> Option<usize> {
+    bytes.windows(PSB.len()).position(|w| w == PSB)
 }
 
 /// Why the general thread cannot be used for a btrace packet (gdbserver's messages).
@@ -811,6 +851,37 @@ mod tests {
         );
         assert_eq!(send(&mut s, &mut p, b"Qbtrace:off"), "OK");
         assert!(!p.is_active(TID));
+    }
+
+    #[test]
+    fn view_from_enable_starts_at_the_first_psb_after_the_enable_point() {
+        use crate::ring::{Capabilities, IntOn, Topa, TraceSink, TraceSource};
+        let mut ring = Topa::circular(Capabilities::default(), &[4096], IntOn::Every).unwrap();
+        let store = TraceStore::new();
+        let mut p = TraceStoreProvider::from_enable(PtCpu::SOFTWARE);
+        p.attach(TID, store.clone());
+        let mut s = BtraceServer::new();
+        // Recorded before GDB enables tracing: a PSB and a packet GDB must never see.
+        ring.write(&PSB);
+        ring.write(&[0x00, 0x11]);
+        store.append(&ring.drain());
+        assert_eq!(send(&mut s, &mut p, b"Qbtrace:pt"), "OK");
+        // Stopped: nothing after the enable point yet.
+        let doc = read_doc(&mut s, &mut p, "btrace", "all", 0x1000).unwrap();
+        assert!(!doc.contains("<raw>"), "{doc}");
+        // Bytes before the next PSB (the tail of a closed trace) cannot start a decode.
+        ring.write(&[0x00, 0x22]);
+        ring.write(&PSB);
+        ring.write(&[0x00, 0x33]);
+        store.append(&ring.drain());
+        let doc = read_doc(&mut s, &mut p, "btrace", "new", 0x1000).unwrap();
+        let want = format!("<raw>\n{}0033\n</raw>", "0282".repeat(8));
+        assert!(doc.contains(&want), "{doc}");
+        // Re-enabling moves the view to the new present.
+        assert_eq!(send(&mut s, &mut p, b"Qbtrace:off"), "OK");
+        assert_eq!(send(&mut s, &mut p, b"Qbtrace:pt"), "OK");
+        let doc = read_doc(&mut s, &mut p, "btrace", "all", 0x1000).unwrap();
+        assert!(!doc.contains("<raw>"), "{doc}");
     }
 
     #[test]

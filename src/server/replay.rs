@@ -1156,4 +1156,39 @@ pub fn register_monitors(registry: &mut MonitorRegistry, target: &RecordingTarge
             Ok(s.borrow_mut().calls_text(n))
         },
     );
+    let s = target.shared();
+    registry.register(
+        "insns",
+        "insns FROM TO|end: the address of each history instruction FROM..TO (at most 100000)",
+        move |_, a| insns_text(&mut s.borrow_mut(), a),
+    );
+}
+
+/// `monitor insns FROM TO`: one `N 0xADDR` line per history instruction in `FROM..TO`.
+fn insns_text(r: &mut Recorder, args: &str) -> Result<String, String> {
+    const MAX: u64 = 100_000;
+    let usage = || format!("usage: monitor insns FROM TO|end (got '{args}')");
+    let len = r.len();
+    let mut it = args.split_whitespace().map(|w| match w {
+        "end" | "present" => Ok(len),
+        n => n.parse::<u64>(),
+    });
+    let (Some(Ok(from)), Some(Ok(to)), None) = (it.next(), it.next(), it.next()) else {
+        return Err(usage());
+    };
+    if to < from || to - from > MAX {
+        return Err(format!(
+            "FROM..TO must be ascending and at most {MAX} instructions"
+        ));
+    }
+    let len = r.len();
+    if to > len {
+        return Err(format!("instruction {to} is beyond the history ({len})"));
+    }
+    let mut out = String::new();
+    r.for_each_insn(from, to, |n, ip, _| {
+        use std::fmt::Write as _;
+        let _ = writeln!(out, "{n} {ip:#x}");
+    });
+    Ok(out)
 }

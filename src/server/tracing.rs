@@ -42,6 +42,50 @@ pub fn install(router: &mut Router, provider: Box<dyn PtTraceProvider>) -> Rc<Re
         btrace: BtraceServer::new(),
         lldb: LldbTraceServer::new(),
     }));
+    intercept_gdb(router, &hub);
+    intercept_lldb(router, &hub);
+    hub
+}
+
+/// Registers only LLDB's `jLLDBTrace*` packets, serving trace from `provider`. For a server
+/// that already serves reverse execution itself (`ptrewind record`): LLDB, which has no
+/// reverse execution before version 21, can still see the recorded instruction and call
+/// history through its Intel PT plug-in. GDB's packets are registered separately
+/// ([`install_btrace`]), so that GDB is not told a thread is traced (it would enter btrace
+/// mode on connect and compete with the server's reverse execution).
+pub fn install_lldb(
+    router: &mut Router,
+    provider: Box<dyn PtTraceProvider>,
+) -> Rc<RefCell<TraceHub>> {
+    let hub = Rc::new(RefCell::new(TraceHub {
+        provider,
+        btrace: BtraceServer::new(),
+        lldb: LldbTraceServer::new(),
+    }));
+    intercept_lldb(router, &hub);
+    hub
+}
+
+/// Registers only GDB's btrace packets (and their `qSupported` features), serving trace from
+/// `provider`, with no thread traced: GDB enters btrace mode only when the user types
+/// `record btrace pt`. For `ptrewind record`, with a [`TraceStoreProvider::from_enable`]
+/// provider over the live recording, so GDB's trace begins where the user enabled it.
+///
+/// [`TraceStoreProvider::from_enable`]: super::btrace::TraceStoreProvider::from_enable
+pub fn install_btrace(
+    router: &mut Router,
+    provider: Box<dyn PtTraceProvider>,
+) -> Rc<RefCell<TraceHub>> {
+    let hub = Rc::new(RefCell::new(TraceHub {
+        provider,
+        btrace: BtraceServer::new(),
+        lldb: LldbTraceServer::new(),
+    }));
+    intercept_gdb(router, &hub);
+    hub
+}
+
+fn intercept_gdb(router: &mut Router, hub: &Rc<RefCell<TraceHub>>) {
     for feature in btrace::QSUPPORTED_FEATURES {
         router.add_qsupported_feature(*feature);
     }
@@ -58,29 +102,8 @@ pub fn install(router: &mut Router, provider: Box<dyn PtTraceProvider>) -> Rc<Re
             }
         }
     };
-    router.intercept(b"Qbtrace", gdb(Rc::clone(&hub)));
-    router.intercept(b"qXfer:btrace", gdb(Rc::clone(&hub)));
-
-    intercept_lldb(router, &hub);
-    hub
-}
-
-/// Registers only LLDB's `jLLDBTrace*` packets, serving trace from `provider`. For a server
-/// that already serves reverse execution itself (`ptrewind record`): GDB is then not offered
-/// `Qbtrace` (its client-side btrace replay would compete with the server's), while LLDB,
-/// which has no reverse execution before version 21, can still see the recorded instruction
-/// and call history through its Intel PT plug-in.
-pub fn install_lldb(
-    router: &mut Router,
-    provider: Box<dyn PtTraceProvider>,
-) -> Rc<RefCell<TraceHub>> {
-    let hub = Rc::new(RefCell::new(TraceHub {
-        provider,
-        btrace: BtraceServer::new(),
-        lldb: LldbTraceServer::new(),
-    }));
-    intercept_lldb(router, &hub);
-    hub
+    router.intercept(b"Qbtrace", gdb(Rc::clone(hub)));
+    router.intercept(b"qXfer:btrace", gdb(Rc::clone(hub)));
 }
 
 fn intercept_lldb(router: &mut Router, hub: &Rc<RefCell<TraceHub>>) {
