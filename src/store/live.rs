@@ -3,6 +3,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use crate::history::worker::{Notifier, TraceView};
 use crate::ring::Drain;
 
 /// A gap in the stored stream: bytes the ring lost (overwritten or dropped) before they could be
@@ -25,6 +26,8 @@ struct Inner {
     lost: u64,
     gaps: Vec<Gap>,
     drains: u64,
+    /// Told after every append that added bytes (the history worker).
+    listener: Option<Notifier>,
 }
 
 /// Trace bytes in stream order behind a shared handle: clone it to give the drainer thread and
@@ -49,6 +52,25 @@ impl TraceStore {
     /// (between runs, or between the previous drain and this one).
     pub fn append(&self, drain: &Drain) {
         let mut st = self.lock();
+        let before = st.bytes.len();
+        self.append_locked(&mut st, drain);
+        let listener = (st.bytes.len() > before)
+            .then(|| st.listener.clone())
+            .flatten();
+        // Outside the lock: the listener's reader may be waiting for it.
+        drop(st);
+        if let Some(l) = listener {
+            l.notify();
+        }
+    }
+
+    /// Tells `listener` after every append that adds bytes (replacing any earlier listener).
+    /// Appends are whole under the store's lock, so a reader never sees part of a drain.
+    pub fn set_listener(&self, listener: Option<Notifier>) {
+        self.lock().listener = listener;
+    }
+
+    fn append_locked(&self, st: &mut Inner, drain: &Drain) {
         st.drains += 1;
         for run in &drain.runs {
             if run.stream_offset > st.stream_end {
@@ -112,6 +134,18 @@ impl TraceStore {
     /// Runs `f` over the stored bytes without copying them (the store is locked meanwhile).
     pub fn with_bytes<T>(&self, f: impl FnOnce(&[u8]) -> T) -> T {
         f(&self.lock().bytes)
+    }
+}
+
+/// The history worker reads the store in place: each read holds the lock, and an append is
+/// applied whole under it, so a read sees a prefix of the stream ending at a drain boundary.
+impl TraceView for TraceStore {
+    fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
+        TraceStore::with_bytes(self, f)
+    }
+
+    fn len(&self) -> u64 {
+        TraceStore::len(self) as u64
     }
 }
 
