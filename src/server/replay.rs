@@ -16,7 +16,7 @@
 //! Three threads move the trace: the recorder (this server's thread) encodes packets into the
 //! ToPA ring; the recorder's drainer thread moves them into the [`TraceStore`]; a
 //! [`HistoryWorker`] thread, woken by every append that adds bytes (a mutex and a condition
-//! variable, nothing more), decodes what arrived and indexes the [`History`] (sync points at
+//! variable, nothing more), decodes what arrived and indexes the [`History`](crate::history::History) (sync points at
 //! PSBs with instruction counts) while the target runs. At a stop the trace is closed and
 //! drained, the worker is asked to finish the index (count the instructions after the last PSB)
 //! and the stop is reported at once: nothing waits for decoding. A request that needs the
@@ -46,8 +46,8 @@
 //!   The live process's breakpoints are never visible (the ptrace target shows original code
 //!   bytes while stopped). Writes to memory or registers in the past are refused.
 //! * `bs` moves to `n - 1` (at 0 or the floor: `replaylog:begin`); `bc` to the last earlier instruction at a
-//!   breakpoint address ([`History::rfind_with`]), or to 0 with `replaylog:begin`.
-//! * Forward step/continue replay forward ([`History::find_with`]); reaching the present by a
+//!   breakpoint address ([`History::rfind_with`](crate::history::History::rfind_with)), or to 0 with `replaylog:begin`.
+//! * Forward step/continue replay forward ([`History::find_with`](crate::history::History::find_with)); reaching the present by a
 //!   continue reports `replaylog:end` (GDB: "No more reverse-execution history") and leaves the
 //!   cursor at the present, so the next resume runs the process live again. A forward single
 //!   step onto the present is an ordinary step.
