@@ -682,3 +682,84 @@ fn ptrewind_gdb_does_not_hang_when_gdb_never_connects() {
     // /bin/false's status is passed on.
     assert_eq!(status.code(), Some(1), "{text}");
 }
+
+// --- Background indexing of a live recording (pipeline) ---
+
+/// A loop of about 250 000 instructions, compiled next to the other examples.
+fn long_loop_example() -> &'static str {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let dir = examples();
+        let src = dir.join("long_loop.c");
+        std::fs::write(
+            &src,
+            // Indirect calls: a TIP packet each, so the trace spans many PSB periods.
+            "volatile long sink;\n\
+             static long f0(long x) { return x + 1; }\n\
+             static long f1(long x) { return x ^ 3; }\n\
+             long (*tab[2])(long) = { f0, f1 };\n\
+             void done(long v) { sink = v; }\n\
+             int main(void) {\n\
+             \x20 long sum = 0;\n\
+             \x20 for (long i = 0; i < 12000; i++) sum = tab[(i ^ (i >> 2)) & 1](sum + i);\n\
+             \x20 done(sum);\n\
+             \x20 return 0;\n\
+             }\n",
+        )
+        .unwrap();
+        let out = Command::new("cc")
+            .args(["-g", "-O0", "-o"])
+            .arg(dir.join("long_loop"))
+            .arg(&src)
+            .output()
+            .expect("cc not found");
+        assert!(
+            out.status.success(),
+            "cc long_loop failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
+    "long_loop"
+}
+
+#[test]
+fn history_is_indexed_in_the_background_while_the_target_runs() {
+    let r = gdb(
+        long_loop_example(),
+        &[
+            "break done",
+            "continue",
+            "monitor stats",
+            "reverse-stepi",
+            "monitor where",
+        ],
+    );
+    let num = |key: &str| -> u64 {
+        let v = stat(&r.gdb, key);
+        v.split_whitespace()
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{key}: {v:?}\n{}", r.dump()))
+    };
+    let recorded = num("recorded instructions");
+    assert!(recorded > 150_000, "{}", r.dump());
+    // The worker applied updates while the loop ran (a stop-time index of this trace is one
+    // update), and had indexed part of the trace before the stop asked for anything.
+    assert!(num("index updates") > 1, "{}", r.dump());
+    let early = num("indexed at last stop");
+    assert!(early > 0 && early <= recorded, "{}", r.dump());
+    assert!(num("sync points (PSB)") > 1, "{}", r.dump());
+    assert_eq!(num("decode lag (bytes)"), 0, "{}", r.dump());
+    assert_eq!(num("history instructions"), recorded, "{}", r.dump());
+    assert_eq!(num("lost bytes"), 0, "{}", r.dump());
+    assert!(
+        stat(&r.gdb, "history check").starts_with("ok"),
+        "{}",
+        r.dump()
+    );
+    r.expect(&format!(
+        "replaying: instruction {} of {}",
+        recorded - 1,
+        recorded
+    ));
+}

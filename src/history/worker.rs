@@ -134,7 +134,8 @@ impl Ctl {
 
 struct Shared<T> {
     trace: Arc<T>,
-    image: Arc<Image>,
+    /// Replaced when the code changes ([`HistoryWorker::set_image`]); steps take a copy.
+    image: RwLock<Arc<Image>>,
     history: Mutex<History>,
     ctl: Mutex<Ctl>,
     /// The worker sleeps on it; notified on new bytes, requests and shutdown.
@@ -183,7 +184,7 @@ impl<T: TraceView + 'static> HistoryWorker<T> {
     ) -> std::io::Result<Self> {
         let shared = Arc::new(Shared {
             trace,
-            image,
+            image: RwLock::new(image),
             history: Mutex::new(History::new(cfg)),
             ctl: Mutex::new(Ctl::default()),
             wake: Condvar::new(),
@@ -212,6 +213,18 @@ impl<T: TraceView + 'static> HistoryWorker<T> {
         let mut c = lock(&self.shared.ctl);
         c.seq += 1;
         self.shared.wake.notify_one();
+    }
+
+    /// A cheap handle that does what [`notify`](Self::notify) does, for the thread that appends
+    /// the bytes (a drainer). It does not keep the worker alive.
+    pub fn notifier(&self) -> Notifier {
+        Notifier(Arc::downgrade(&self.shared) as std::sync::Weak<dyn Notify>)
+    }
+
+    /// Decodes bytes indexed from now on against `image` (the code changed: a new mapping).
+    /// What is indexed already stays as it was decoded.
+    pub fn set_image(&self, image: Arc<Image>) {
+        *self.shared.image.write().unwrap_or_else(|e| e.into_inner()) = image;
     }
 
     /// The target stopped: index the trace completely as it is now, without waiting for it.
@@ -266,11 +279,11 @@ impl<T: TraceView + 'static> HistoryWorker<T> {
     /// Runs `f` on the history with the trace bytes and the image (a query: `insn`, `rfind` ...).
     /// The worker cannot apply an update meanwhile, so keep it short.
     pub fn with_history<R>(&self, f: impl FnOnce(&mut History, &[u8], &Image) -> R) -> R {
+        let image = self.shared.image();
         let mut h = lock(&self.shared.history);
-        let image = &*self.shared.image;
         self.shared
             .trace
-            .with_bytes(|bytes| f(&mut h, bytes, image))
+            .with_bytes(|bytes| f(&mut h, bytes, &image))
     }
 
     /// The sync points indexed so far (a copy).
@@ -347,6 +360,44 @@ struct Step {
     caught_up: bool,
 }
 
+/// Wakes a worker from another thread (see [`HistoryWorker::notifier`]).
+#[derive(Clone)]
+pub struct Notifier(std::sync::Weak<dyn Notify>);
+
+impl std::fmt::Debug for Notifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Notifier").finish_non_exhaustive()
+    }
+}
+
+impl Notifier {
+    /// New trace bytes arrived (a no-op once the worker is gone).
+    pub fn notify(&self) {
+        if let Some(s) = self.0.upgrade() {
+            s.notify();
+        }
+    }
+}
+
+/// Type-erased [`Shared::notify`], so a [`Notifier`] does not carry the trace type.
+trait Notify: Send + Sync {
+    fn notify(&self);
+}
+
+impl<T: TraceView> Notify for Shared<T> {
+    fn notify(&self) {
+        let mut c = lock(&self.ctl);
+        c.seq += 1;
+        self.wake.notify_one();
+    }
+}
+
+impl<T> Shared<T> {
+    fn image(&self) -> Arc<Image> {
+        Arc::clone(&self.image.read().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
 impl<T: TraceView> Shared<T> {
     fn run(&self) {
         loop {
@@ -383,7 +434,8 @@ impl<T: TraceView> Shared<T> {
             (h.resume_point(), h.view, h.complete, h.cfg.clone())
         };
         let start = from.map_or(0, |(_, p)| usize::try_from(p.offset).unwrap_or(usize::MAX));
-        let image = &*self.image;
+        let image = self.image();
+        let image = &*image;
         let (scan, len, caught_up) = self.trace.with_bytes(|bytes| {
             let len = bytes.len();
             let mut window = self.window;

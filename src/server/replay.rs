@@ -9,9 +9,27 @@
 //! never written into the process while recording: the recorder stops after every instruction
 //! and the PC is compared with the breakpoint set. At every stop the trace is closed at the PC
 //! (FUP + TIP.PGD, reopened with PSB+ / TIP.PGE on the next resume), so the trace is exact up to
-//! the PC, and the [`History`] is indexed completely before GDB sees the stop. The history length
-//! is checked against the recorder's instruction count and the state log's; a mismatch is kept
-//! and shown by `monitor stats` (it is never silently ignored).
+//! the PC.
+//!
+//! ## The background pipeline
+//!
+//! Three threads move the trace: the recorder (this server's thread) encodes packets into the
+//! ToPA ring; the recorder's drainer thread moves them into the [`TraceStore`]; a
+//! [`HistoryWorker`] thread, woken by every append that adds bytes (a mutex and a condition
+//! variable, nothing more), decodes what arrived and indexes the [`History`](crate::history::History) (sync points at
+//! PSBs with instruction counts) while the target runs. At a stop the trace is closed and
+//! drained, the worker is asked to finish the index (count the instructions after the last PSB)
+//! and the stop is reported at once: nothing waits for decoding. A request that needs the
+//! history (`bs`, `bc`, replaying forward, `monitor goto|history|calls|save|stats`) waits until
+//! the index covers the trace as it was at the stop ([`Recorder::ensure_indexed`]) — at most
+//! [`INDEX_WAIT`] for a reverse resume, [`MONITOR_INDEX_WAIT`] for a monitor command — and
+//! otherwise fails with a message giving the decode lag, never hangs. Until then the present's
+//! position is the recorder's instruction count.
+//!
+//! When the index is complete, the history length is checked against the recorder's instruction
+//! count and the state log's; a mismatch is kept and shown by `monitor stats` (it is never
+//! silently ignored), with the worker's counters (decode lag, updates, sync points, index size)
+//! and every loss (ring bytes overwritten before they were drained, overflows, decode errors).
 //!
 //! With recording off (`monitor record off`) forward execution runs at full speed through the
 //! ptrace target (its INT3 breakpoints), untraced. Such a run changes registers and memory
@@ -28,8 +46,8 @@
 //!   The live process's breakpoints are never visible (the ptrace target shows original code
 //!   bytes while stopped). Writes to memory or registers in the past are refused.
 //! * `bs` moves to `n - 1` (at 0 or the floor: `replaylog:begin`); `bc` to the last earlier instruction at a
-//!   breakpoint address ([`History::rfind_with`]), or to 0 with `replaylog:begin`.
-//! * Forward step/continue replay forward ([`History::find_with`]); reaching the present by a
+//!   breakpoint address ([`History::rfind_with`](crate::history::History::rfind_with)), or to 0 with `replaylog:begin`.
+//! * Forward step/continue replay forward ([`History::find_with`](crate::history::History::find_with)); reaching the present by a
 //!   continue reports `replaylog:end` (GDB: "No more reverse-execution history") and leaves the
 //!   cursor at the present, so the next resume runs the process live again. A forward single
 //!   step onto the present is an ordinary step.
@@ -55,9 +73,10 @@ use crate::capture::soft::{
     Exit, RecordError, RecorderStats, Regs, SoftRecorder, StepEvent, procmaps::capture_image,
 };
 use crate::flow::FlowConfig;
-use crate::history::{Breakpoints as BpSet, History};
+use crate::history::{Breakpoints as BpSet, HistoryWorker};
 use crate::image::{ElfSpec, Image, Symbolizer};
 use crate::server::MonitorRegistry;
+use crate::store::live::TraceStore;
 use crate::target::{
     Breakpoints, Notice, PtraceTarget, Resume, ReverseExecution, ReverseResume, StopEvent, Target,
     TargetError, TargetResult, X86Registers,
@@ -66,6 +85,18 @@ use crate::target::{
 /// How long one non-blocking [`Target::wait`] keeps recording before it reports "still
 /// running" (so the server can notice an interrupt from GDB).
 const WAIT_SLICE: Duration = Duration::from_millis(50);
+
+/// How long a reverse resume waits for the background index to cover the stop. GDB waits for a
+/// stop reply without a timeout, so this only bounds a worker that cannot keep up.
+pub const INDEX_WAIT: Duration = Duration::from_secs(60);
+
+/// How long a monitor command waits for the index: GDB gives up on a reply after its
+/// `remotetimeout` (2 s by default).
+pub const MONITOR_INDEX_WAIT: Duration = Duration::from_millis(1500);
+
+/// Trace bytes the worker decodes per step while the target runs. The store is locked for the
+/// step (the drainer waits meanwhile), so it is kept well below the worker's default.
+const LIVE_WINDOW: usize = 64 * 1024;
 
 fn record_err(e: RecordError) -> TargetError {
     match e {
@@ -93,7 +124,7 @@ enum Running {
     Ready(StopEvent),
 }
 
-/// Consistency problems found at stops; shown by `monitor stats`.
+/// Consistency problems found when the index of a stop completes; shown by `monitor stats`.
 #[derive(Debug, Default, Clone)]
 pub struct Checks {
     /// Stops at which the history length differed from the recorded instruction count.
@@ -108,8 +139,14 @@ pub struct Checks {
 /// history and the replay cursor. [`RecordingTarget`] and the monitor commands share it.
 pub struct Recorder {
     rec: SoftRecorder<PtraceTarget>,
-    history: History,
-    image: Image,
+    /// Indexes the history from the store on its own thread.
+    worker: HistoryWorker<TraceStore>,
+    /// The history length, once the index covers the last stop (checked); `None` until then.
+    index: Option<u64>,
+    /// Instructions the worker had indexed when the target last stopped: what was indexed in
+    /// the background while it ran.
+    indexed_at_stop: u64,
+    image: Arc<Image>,
     /// `/proc/PID/maps` lines of executable mappings when `image` was captured.
     image_maps: String,
     /// Replay position; `None` at the present.
@@ -138,7 +175,7 @@ impl std::fmt::Debug for Recorder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Recorder")
             .field("cursor", &self.cursor)
-            .field("history_len", &self.history.len())
+            .field("history_len", &self.index)
             .field("running", &self.running)
             .finish_non_exhaustive()
     }
@@ -165,9 +202,16 @@ impl Recorder {
             what: format!("cannot snapshot the code: {e}"),
         })?;
         let record_wanted = rec.is_recording();
+        let image = Arc::new(image);
+        let worker = spawn_worker(&rec.store(), &image).map_err(|e| TargetError::Unexpected {
+            pid,
+            what: format!("cannot start the history worker: {e}"),
+        })?;
         Ok(Recorder {
             rec,
-            history: History::new(FlowConfig::default()),
+            worker,
+            index: None,
+            indexed_at_stop: 0,
             image,
             image_maps,
             cursor: None,
@@ -196,14 +240,48 @@ impl Recorder {
         self.rec.target()
     }
 
-    /// Number of instructions in the history (the present's position).
+    /// Number of instructions in the history (the present's position): the checked history
+    /// length once the index covers the last stop, the recorder's count before (the two agree
+    /// unless the history check fails).
     pub fn len(&self) -> u64 {
-        self.history.len()
+        self.index.unwrap_or_else(|| self.rec.stats().recorded)
     }
 
     /// Whether nothing was recorded yet.
     pub fn is_empty(&self) -> bool {
-        self.history.is_empty()
+        self.len() == 0
+    }
+
+    /// Waits up to `timeout` until the background index covers the trace as it was at the last
+    /// stop, then checks its length (once per stop). Returns the history length, or why it is
+    /// not available yet.
+    pub fn ensure_indexed(&mut self, timeout: Duration) -> Result<u64, String> {
+        if let Some(n) = self.index {
+            return Ok(n);
+        }
+        match self.worker.wait_indexed(timeout) {
+            Ok(n) => {
+                self.check_length(n);
+                self.index = Some(n);
+                Ok(n)
+            }
+            Err(e) => Err(format!(
+                "the recorded history is not indexed yet: {e}; nothing is lost, retry \
+                 (monitor stats shows the decode lag)"
+            )),
+        }
+    }
+
+    /// Compares a complete history's length with the recorder's and the state log's counts.
+    fn check_length(&mut self, history: u64) {
+        let recorded = self.rec.stats().recorded;
+        let logged = self.rec.state_log().map(|l| l.len() as u64);
+        if history != recorded || logged.is_some_and(|l| l != recorded) {
+            self.checks.length_mismatches += 1;
+            self.checks.last_mismatch = Some(format!(
+                "history {history} instructions, recorder {recorded}, state log {logged:?}"
+            ));
+        }
     }
 
     /// The replay position (`len()` at the present).
@@ -218,16 +296,14 @@ impl Recorder {
 
     /// Address of history instruction `n`.
     pub fn insn_ip(&mut self, n: u64) -> Option<u64> {
-        let store = self.rec.store();
-        let (h, img) = (&mut self.history, &self.image);
-        store.with_bytes(|b| h.insn(b, img, n)).map(|(ip, _)| ip)
+        self.worker
+            .with_history(|h, b, img| h.insn(b, img, n))
+            .map(|(ip, _)| ip)
     }
 
     /// Calls `f(n, ip)` for the instructions `from..to` in order (a decode of that range).
     pub fn for_each_insn(&mut self, from: u64, to: u64, mut f: impl FnMut(u64, u64, u8)) {
-        let store = self.rec.store();
-        let (h, img) = (&mut self.history, &self.image);
-        store.with_bytes(|b| {
+        self.worker.with_history(|h, b, img| {
             for n in from..to.min(h.len()) {
                 match h.insn(b, img, n) {
                     Some((ip, len)) => f(n, ip, len),
@@ -283,9 +359,11 @@ impl Recorder {
 
     /// The `monitor stats` text.
     pub fn stats_text(&mut self) -> String {
+        // The check needs the complete index; the counters are shown either way.
+        let indexed = self.ensure_indexed(MONITOR_INDEX_WAIT);
         let r = self.rec.stats();
         let store = self.rec.store();
-        let h = self.history.stats();
+        let h = self.worker.stats();
         let log = self.rec.state_log().map(|l| l.stats());
         let log_len = self.rec.state_log().map_or(0, |l| l.len() as u64);
         let mut out = String::new();
@@ -305,18 +383,34 @@ impl Recorder {
         line(&mut out, "trace bytes", store.len().to_string());
         line(&mut out, "lost bytes", store.lost().to_string());
         line(&mut out, "gaps", store.gaps().len().to_string());
+        line(&mut out, "recorder lost bytes", r.lost_bytes.to_string());
         line(&mut out, "ring PMIs", r.pmis.to_string());
         line(&mut out, "ring inline drains", r.inline_drains.to_string());
         line(&mut out, "recorded instructions", r.recorded.to_string());
         line(&mut out, "history instructions", h.insns.to_string());
         line(&mut out, "state-log instructions", log_len.to_string());
         line(&mut out, "sync points (PSB)", h.sync_points.to_string());
+        line(&mut out, "decode lag (bytes)", h.decode_lag.to_string());
+        line(&mut out, "indexed trace bytes", h.indexed_bytes.to_string());
         line(
             &mut out,
-            "decode lag (bytes)",
-            (store.len() as u64)
-                .saturating_sub(h.indexed_bytes)
-                .to_string(),
+            "index bytes",
+            format!(
+                "{} ({:.4} per trace byte)",
+                h.index_bytes,
+                h.index_bytes as f64 / h.trace_bytes.max(1) as f64
+            ),
+        );
+        line(&mut out, "index updates", h.updates.to_string());
+        line(
+            &mut out,
+            "indexed at last stop",
+            format!("{} instructions (in the background)", self.indexed_at_stop),
+        );
+        line(
+            &mut out,
+            "index complete",
+            if h.complete { "yes" } else { "no" }.into(),
         );
         line(&mut out, "decode errors", h.errors.to_string());
         line(&mut out, "overflows", h.overflows.to_string());
@@ -357,7 +451,9 @@ impl Recorder {
         line(
             &mut out,
             "history check",
-            if consistent && self.checks.length_mismatches == 0 {
+            if let Err(e) = indexed {
+                format!("pending: {e}")
+            } else if consistent && self.checks.length_mismatches == 0 {
                 "ok: history length == recorded instructions".into()
             } else {
                 format!(
@@ -387,8 +483,9 @@ impl Recorder {
         out
     }
 
-    /// Brings the trace and the history up to the current stop: closes the trace at the PC,
-    /// re-snapshots the code if mappings changed, indexes completely and checks the length.
+    /// Brings the trace up to the current stop and asks for the index without waiting for it:
+    /// closes the trace at the PC, re-snapshots the code if mappings changed, drains the ring and
+    /// asks the worker to complete the index (checked by [`ensure_indexed`](Self::ensure_indexed)).
     fn sync_history(&mut self) {
         if self.exited.is_none() {
             if self.rec.is_recording() {
@@ -402,23 +499,20 @@ impl Recorder {
             if maps != self.image_maps
                 && let Ok((image, _)) = capture_image(self.rec.target())
             {
-                self.image = image;
+                self.image = Arc::new(image);
                 self.image_maps = maps;
+                // The worker may have decoded code of the new mapping against the old image
+                // while the target ran: index again from the start against the new one.
+                match spawn_worker(&self.rec.store(), &self.image) {
+                    Ok(w) => self.worker = w,
+                    Err(_) => self.worker.set_image(Arc::clone(&self.image)),
+                }
             }
         }
         self.rec.sync_store();
-        let store = self.rec.store();
-        let (h, img) = (&mut self.history, &self.image);
-        store.with_bytes(|b| h.update(b, img, true));
-        let recorded = self.rec.stats().recorded;
-        let logged = self.rec.state_log().map(|l| l.len() as u64);
-        if self.history.len() != recorded || logged.is_some_and(|l| l != recorded) {
-            self.checks.length_mismatches += 1;
-            self.checks.last_mismatch = Some(format!(
-                "history {} instructions, recorder {recorded}, state log {logged:?}",
-                self.history.len()
-            ));
-        }
+        self.indexed_at_stop = self.worker.stats().insns;
+        self.worker.request_complete();
+        self.index = None;
         self.regs_at = None;
     }
 
@@ -461,6 +555,8 @@ impl Recorder {
                 "reverse execution after the process exited",
             ));
         }
+        self.ensure_indexed(INDEX_WAIT)
+            .map_err(|what| TargetError::Unexpected { pid: 0, what })?;
         let c = self.position();
         let ev = match how {
             ReverseResume::Step => {
@@ -473,9 +569,9 @@ impl Recorder {
             }
             ReverseResume::Continue => {
                 let mut m = self.bp_set();
-                let store = self.rec.store();
-                let (h, img) = (&mut self.history, &self.image);
-                let hit = store.with_bytes(|b| h.rfind_with(b, img, c, &mut m));
+                let hit = self
+                    .worker
+                    .with_history(|h, b, img| h.rfind_with(b, img, c, &mut m));
                 match hit {
                     Some(k) if k >= self.floor => {
                         self.cursor = Some(k);
@@ -502,9 +598,9 @@ impl Recorder {
             }
             Resume::Continue { .. } => {
                 let mut m = self.bp_set();
-                let store = self.rec.store();
-                let (h, img) = (&mut self.history, &self.image);
-                let hit = store.with_bytes(|b| h.find_with(b, img, c + 1, &mut m));
+                let hit = self
+                    .worker
+                    .with_history(|h, b, img| h.find_with(b, img, c + 1, &mut m));
                 match hit {
                     Some(k) if k < len => {
                         self.cursor = Some(k);
@@ -804,6 +900,21 @@ impl ReverseExecution for RecordingTarget {
     }
 }
 
+/// Starts indexing `store` against `image` in the background, woken by every append.
+fn spawn_worker(
+    store: &TraceStore,
+    image: &Arc<Image>,
+) -> std::io::Result<HistoryWorker<TraceStore>> {
+    let w = HistoryWorker::spawn_with_window(
+        Arc::new(store.clone()),
+        Arc::clone(image),
+        FlowConfig::default(),
+        LIVE_WINDOW,
+    )?;
+    store.set_listener(Some(w.notifier()));
+    Ok(w)
+}
+
 fn symbolizer_for(pid: i32) -> Symbolizer {
     let mut sym = Symbolizer::new();
     let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
@@ -986,6 +1097,7 @@ impl Recorder {
     /// recorded instruction and at the present, counters), `maps.json` and a `README` with the
     /// exact `ptrewind decode` command. Returns a summary.
     pub fn save(&mut self, dir: &std::path::Path) -> Result<String, String> {
+        let insns = self.ensure_indexed(MONITOR_INDEX_WAIT)?;
         let io = |what: &str, e: std::io::Error| format!("{what}: {e}");
         std::fs::create_dir_all(dir).map_err(|e| io(&dir.display().to_string(), e))?;
         let trace = self.rec.store().to_vec();
@@ -1030,9 +1142,9 @@ impl Recorder {
             "trace": "trace.pt",
             "trace_bytes": trace.len(),
             "lost_bytes": self.rec.store().lost(),
-            "instructions": self.history.len(),
+            "instructions": insns,
             "recorded_instructions": r.recorded,
-            "sync_points": self.history.stats().sync_points,
+            "sync_points": self.worker.stats().sync_points,
             "sections": sections,
             "registers_at_start": start.as_ref().map(regs_json),
             "registers_at_end": present.as_ref().map(regs_json),
@@ -1054,13 +1166,13 @@ impl Recorder {
              manifest.json  sections, registers at the first recorded instruction and at the end\n\
              maps.json      /proc/PID/maps when saved\n\n\
              Decode with:\n\n    {cmd}\n",
-            self.history.len()
+            insns
         );
         std::fs::write(dir.join("README"), readme).map_err(|e| io("README", e))?;
         Ok(format!(
             "saved {} trace bytes, {} instructions, {} code sections to {}\ndecode with: {cmd}\n",
             trace.len(),
-            self.history.len(),
+            insns,
             self.image.sections().len(),
             dir.display()
         ))
@@ -1112,7 +1224,7 @@ pub fn register_monitors(registry: &mut MonitorRegistry, target: &RecordingTarge
         "goto N|begin|end: move the replay cursor (then 'maintenance flush register-cache')",
         move |_, a| {
             let mut r = s.borrow_mut();
-            let len = r.len();
+            let len = r.ensure_indexed(MONITOR_INDEX_WAIT)?;
             let n = match a.trim() {
                 "begin" | "start" => r.floor(),
                 "end" | "present" => len,
@@ -1144,7 +1256,9 @@ pub fn register_monitors(registry: &mut MonitorRegistry, target: &RecordingTarge
         "history [N]: the last N branches before the cursor (default 10)",
         move |_, a| {
             let n = parse_count(a, 10)?;
-            Ok(s.borrow_mut().history_text(n))
+            let mut r = s.borrow_mut();
+            r.ensure_indexed(MONITOR_INDEX_WAIT)?;
+            Ok(r.history_text(n))
         },
     );
     let s = target.shared();
@@ -1153,7 +1267,9 @@ pub fn register_monitors(registry: &mut MonitorRegistry, target: &RecordingTarge
         "calls [N]: the last N function segments before the cursor, indented by call depth",
         move |_, a| {
             let n = parse_count(a, 20)?;
-            Ok(s.borrow_mut().calls_text(n))
+            let mut r = s.borrow_mut();
+            r.ensure_indexed(MONITOR_INDEX_WAIT)?;
+            Ok(r.calls_text(n))
         },
     );
     let s = target.shared();

@@ -3,6 +3,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use crate::history::worker::{Notifier, TraceView};
 use crate::ring::Drain;
 
 /// A gap in the stored stream: bytes the ring lost (overwritten or dropped) before they could be
@@ -25,6 +26,8 @@ struct Inner {
     lost: u64,
     gaps: Vec<Gap>,
     drains: u64,
+    /// Told after every append that added bytes (the history worker).
+    listener: Option<Notifier>,
 }
 
 impl Inner {
@@ -66,6 +69,25 @@ impl TraceStore {
     /// (between runs, or between the previous drain and this one).
     pub fn append(&self, drain: &Drain) {
         let mut st = self.lock();
+        let before = st.bytes.len();
+        self.append_locked(&mut st, drain);
+        let listener = (st.bytes.len() > before)
+            .then(|| st.listener.clone())
+            .flatten();
+        // Outside the lock: the listener's reader may be waiting for it.
+        drop(st);
+        if let Some(l) = listener {
+            l.notify();
+        }
+    }
+
+    /// Tells `listener` after every append that adds bytes (replacing any earlier listener).
+    /// Appends are whole under the store's lock, so a reader never sees part of a drain.
+    pub fn set_listener(&self, listener: Option<Notifier>) {
+        self.lock().listener = listener;
+    }
+
+    fn append_locked(&self, st: &mut Inner, drain: &Drain) {
         st.drains += 1;
         for run in &drain.runs {
             st.skip_to(run.stream_offset);
@@ -113,6 +135,18 @@ impl TraceStore {
     }
 }
 
+/// The history worker reads the store in place: each read holds the lock, and an append is
+/// applied whole under it, so a read sees a prefix of the stream ending at a drain boundary.
+impl TraceView for TraceStore {
+    fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
+        TraceStore::with_bytes(self, f)
+    }
+
+    fn len(&self) -> u64 {
+        TraceStore::len(self) as u64
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -148,5 +182,92 @@ mod tests {
         assert_eq!(gaps.iter().map(|g| g.lost).sum::<u64>(), store.lost());
         // What is stored is the tail of the stream.
         assert_eq!(store.to_vec(), data[data.len() - stored as usize..]);
+    }
+
+    /// A reader through [`TraceView`] never sees part of a drain, while a drainer appends.
+    #[test]
+    fn views_see_whole_drains_while_appending() {
+        const DRAIN: usize = 1000;
+        const DRAINS: usize = 200;
+        let store = TraceStore::new();
+        let writer = {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                let mut ring = Topa::circular(Capabilities::default(), &[4096], IntOn::None)
+                    .expect("valid layout");
+                for d in 0..DRAINS {
+                    ring.write(&[d as u8; DRAIN]);
+                    store.append(&ring.drain());
+                }
+            })
+        };
+        let mut reads = 0;
+        loop {
+            let len = TraceView::len(&store);
+            let whole = TraceView::with_bytes(&store, |b| {
+                b.len() % DRAIN == 0
+                    && b.chunks(DRAIN)
+                        .enumerate()
+                        .all(|(d, c)| c.iter().all(|&x| x == d as u8))
+            });
+            assert!(whole && len % DRAIN as u64 == 0, "torn read at {len} bytes");
+            reads += 1;
+            if len == (DRAIN * DRAINS) as u64 {
+                break;
+            }
+        }
+        writer.join().expect("writer");
+        assert!(reads > 0);
+        assert_eq!(store.lost(), 0);
+    }
+
+    /// The listener is told after each append that adds bytes, so a history worker indexes
+    /// without anyone calling `notify`, and a wait covers exactly the bytes present when it
+    /// began.
+    #[test]
+    fn appends_wake_the_history_worker() {
+        use crate::flow::FlowConfig;
+        use crate::history::HistoryWorker;
+        use crate::image::Image;
+        use crate::packet::PSB_BYTES;
+        use std::time::{Duration, Instant};
+
+        let store = TraceStore::new();
+        let w = HistoryWorker::spawn(
+            Arc::new(store.clone()),
+            Arc::new(Image::new()),
+            FlowConfig::default(),
+        )
+        .expect("spawn");
+        store.set_listener(Some(w.notifier()));
+        // Let the worker finish its first look (at nothing), so only the listener can wake it.
+        assert_eq!(w.wait_indexed(Duration::from_secs(20)), Ok(0));
+        let mut ring =
+            Topa::circular(Capabilities::default(), &[4096], IntOn::None).expect("valid layout");
+        // PSB+ (PSB, PSBEND) with tracing off: sync points without instructions.
+        let psb_plus: Vec<u8> = PSB_BYTES.iter().copied().chain([0x02, 0x23]).collect();
+        for _ in 0..3 {
+            ring.write(&psb_plus);
+            store.append(&ring.drain());
+        }
+        let len = store.len() as u64;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        // No notify, no request: the appends alone must get the segments before the last PSB
+        // indexed.
+        while w.stats().indexed_bytes == 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let st = w.stats();
+        assert!(st.indexed_bytes > 0, "{st:?}");
+        assert!(st.updates > 0, "{st:?}");
+        assert_eq!(w.wait_indexed(Duration::from_secs(20)), Ok(0));
+        let st = w.stats();
+        assert_eq!((st.trace_bytes, st.decode_lag), (len, 0), "{st:?}");
+        assert!(st.complete, "{st:?}");
+        // Without a listener, appends are still counted in the view.
+        store.set_listener(None);
+        ring.write(&psb_plus);
+        store.append(&ring.drain());
+        assert_eq!(w.stats().trace_bytes, len + psb_plus.len() as u64);
     }
 }
