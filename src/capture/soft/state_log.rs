@@ -180,9 +180,15 @@ pub struct StateLog {
     /// Entry index of each recorded instruction.
     positions: Vec<u32>,
     syscall_nr: Option<u64>,
-    /// Vector-state snapshots: (entry index, start in `vec_data`), ascending by entry.
+    /// Vector-state snapshots: (entry index, start of its record in `vec_data`), ascending
+    /// by entry. A record is a 64-bit mask of the 16-byte chunks of the image it stores,
+    /// then those chunks: every [`VEC_KEY_EVERY`]-th record stores all of them (a key), the
+    /// others only the chunks that differ from the previous snapshot — consecutive snapshots
+    /// differ by what one instruction changed, typically one register.
     vec_index: Vec<(u32, usize)>,
     vec_data: Vec<u8>,
+    /// The newest snapshot, unencoded (to diff the next one against).
+    vec_last: Vec<u8>,
     /// The newest entry whose vector-state change is not known.
     vec_unknown: Option<u32>,
     /// Whether to keep vector state at all (off only through the diagnostic knob).
@@ -283,15 +289,25 @@ fn touches_vector_state(insn: &iced_x86::Instruction, info: &InstructionInfo) ->
     })
 }
 
+/// Granule of the vector-snapshot diff (one XMM register, one x87 register slot).
+const VEC_CHUNK: usize = 16;
+/// Every this many vector snapshots one is stored whole, bounding the decode work.
+const VEC_KEY_EVERY: usize = 64;
+
 /// Bytes of the XSAVE image a vector snapshot keeps: the legacy area and XSAVE header, plus
-/// the AVX component (CPUID.(EAX=0DH,ECX=2): EAX size, EBX offset) when the processor has it.
-/// That is everything GDB is shown (x87, SSE, YMM upper halves).
+/// the AVX component (CPUID.(EAX=0DH,ECX=2): EAX size, EBX offset) when the processor has it
+/// and it lies within the first 1 KiB (64 chunks, the width of a record's mask — where the
+/// kernel's standard layout puts it). That is everything GDB is shown (x87, SSE, YMM upper
+/// halves).
 fn vector_keep_len() -> usize {
     const LEGACY_AND_HEADER: usize = 576;
     #[cfg(target_arch = "x86_64")]
     {
         let r = std::arch::x86_64::__cpuid_count(0xd, 2);
-        if r.eax == 256 && r.ebx as usize >= LEGACY_AND_HEADER {
+        if r.eax == 256
+            && r.ebx as usize >= LEGACY_AND_HEADER
+            && r.ebx as usize + 256 <= 64 * VEC_CHUNK
+        {
             return r.ebx as usize + 256;
         }
     }
@@ -373,6 +389,7 @@ impl StateLog {
             syscall_nr: None,
             vec_index: Vec::new(),
             vec_data: Vec::new(),
+            vec_last: Vec::new(),
             vec_unknown: None,
             // Diagnostic/test knob: behave as if the XSAVE image could not be read, so that
             // the "unknown vector state" path can be exercised on any machine.
@@ -394,7 +411,7 @@ impl StateLog {
             + self.mem_addr.len() * 12
             + self.data.len()
             + self.positions.len() * 4
-            + self.vec_index.len() * 12
+            + self.vec_index.len() * std::mem::size_of::<(u32, usize)>()
             + self.vec_data.len()) as u64;
         s.vector_snapshots = self.vec_index.len() as u64;
         s.vector_bytes = self.vec_data.len() as u64;
@@ -438,18 +455,63 @@ impl StateLog {
         }
         // The oldest snapshot at or after `first` holds the whole state before it.
         let i = self.vec_index.partition_point(|&(e, _)| e < first);
-        if let Some(&(_, start)) = self.vec_index.get(i) {
-            let end = self
-                .vec_index
-                .get(i + 1)
-                .map_or(self.vec_data.len(), |&(_, s)| s);
-            let snap = &self.vec_data[start..end];
-            if xsave.len() < snap.len() {
-                xsave.resize(snap.len(), 0);
-            }
-            xsave[..snap.len()].copy_from_slice(snap);
+        if i < self.vec_index.len() {
+            let snap = self.vector_snapshot(i);
+            let n = snap.len().min(xsave.len());
+            xsave[..n].copy_from_slice(&snap[..n]);
         }
         true
+    }
+
+    /// Appends the snapshot taken before entry `entry` (see `vec_index`).
+    fn push_vector_snapshot(&mut self, entry: u32, mut image: Vec<u8>) {
+        image.resize(self.vec_keep, 0);
+        let key = self.vec_index.len() % VEC_KEY_EVERY == 0 || self.vec_last.len() != image.len();
+        let start = self.vec_data.len();
+        self.vec_data.extend_from_slice(&[0; 8]);
+        let mut mask = 0u64;
+        for (c, chunk) in image.chunks(VEC_CHUNK).enumerate() {
+            let lo = c * VEC_CHUNK;
+            if key || self.vec_last.get(lo..lo + chunk.len()) != Some(chunk) {
+                mask |= 1 << c;
+                self.vec_data.extend_from_slice(chunk);
+            }
+        }
+        self.vec_data[start..start + 8].copy_from_slice(&mask.to_le_bytes());
+        self.vec_index.push((entry, start));
+        self.vec_last = image;
+    }
+
+    /// Decodes snapshot `i`: from the key at or before it, applies the records up to it.
+    fn vector_snapshot(&self, i: usize) -> Vec<u8> {
+        let mut image = vec![0u8; self.vec_keep];
+        for j in i - i % VEC_KEY_EVERY..=i {
+            let Some(&(_, start)) = self.vec_index.get(j) else {
+                break;
+            };
+            let end = self
+                .vec_index
+                .get(j + 1)
+                .map_or(self.vec_data.len(), |&(_, s)| s);
+            let Some(record) = self.vec_data.get(start..end) else {
+                break;
+            };
+            let (mask, mut chunks) = record.split_at(8.min(record.len()));
+            let mut m = [0u8; 8];
+            m[..mask.len()].copy_from_slice(mask);
+            let mask = u64::from_le_bytes(m);
+            for (c, dst) in image.chunks_mut(VEC_CHUNK).enumerate() {
+                if mask & (1 << c) == 0 {
+                    continue;
+                }
+                let Some((src, rest)) = chunks.split_at_checked(dst.len()) else {
+                    break;
+                };
+                dst.copy_from_slice(src);
+                chunks = rest;
+            }
+        }
+        image
     }
 
     /// Number of recorded instructions (positions `0..len`; position `len` is the present).
@@ -661,8 +723,7 @@ impl StateLog {
             self.positions.push(entry);
         }
         if let Some(x) = self.pending.xstate.take() {
-            self.vec_index.push((entry, self.vec_data.len()));
-            self.vec_data.extend_from_slice(&x);
+            self.push_vector_snapshot(entry, x);
         } else if self.pending.xstate_unknown {
             self.stats.vector_unknown += 1;
             self.vec_unknown = Some(entry);
@@ -822,4 +883,36 @@ pub fn zeroed_regs() -> Regs {
         set_reg(&mut regs, i, *v);
     }
     regs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The diff-encoded vector snapshots decode to exactly the images pushed, across key
+    /// boundaries, with images that change one chunk, several, or none between snapshots.
+    #[test]
+    fn vector_snapshots_round_trip() {
+        let mut log = StateLog::new();
+        log.vec_keep = 832;
+        let mut image = vec![0u8; 832];
+        let mut pushed = Vec::new();
+        let mut seed = 0x1234_5678u32;
+        for i in 0..200u32 {
+            // A small xorshift PRNG picks which bytes change.
+            for _ in 0..(i % 4) {
+                seed ^= seed << 13;
+                seed ^= seed >> 17;
+                seed ^= seed << 5;
+                image[seed as usize % 832] = seed as u8 | 1;
+            }
+            log.push_vector_snapshot(i * 2, image.clone());
+            pushed.push(image.clone());
+        }
+        for (i, want) in pushed.iter().enumerate() {
+            assert_eq!(&log.vector_snapshot(i), want, "snapshot {i}");
+        }
+        // Diffs keep far less than whole images.
+        assert!(log.vec_data.len() < pushed.len() * 832 / 4);
+    }
 }
