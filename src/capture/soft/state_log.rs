@@ -442,7 +442,7 @@ impl StateLog {
     /// the vector/x87 state there is not known (an instruction since then may have changed it
     /// and its old state was not kept), or `position` is beyond the log; `xsave` is then
     /// unspecified.
-    pub fn xstate_at(&self, position: usize, xsave: &mut Vec<u8>) -> bool {
+    pub fn xstate_at(&self, position: usize, xsave: &mut [u8]) -> bool {
         if position > self.positions.len() {
             return false;
         }
