@@ -163,7 +163,9 @@ struct Pending {
 
 /// The undo log (see the module docs). Layout per entry: 8 bytes, plus 9 bytes per changed
 /// register (index + old value), 12 bytes per memory record (address + length) and the old
-/// bytes; plus 4 bytes per instruction to find positions.
+/// bytes; plus 4 bytes per instruction to find positions; plus, per instruction that may change
+/// vector/x87 state, a 16-byte index slot and a diff of the old XSAVE image against the previous
+/// snapshot (an 8-byte chunk mask and the changed 16-byte chunks; whole every 64th).
 #[derive(Debug)]
 pub struct StateLog {
     entries: Vec<Entry>,
