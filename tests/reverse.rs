@@ -763,3 +763,185 @@ fn history_is_indexed_in_the_background_while_the_target_runs() {
         recorded
     ));
 }
+
+// ---- Vector/x87 registers at past positions (branch `pastregs`) ----
+
+/// `examples/c/avx.c` built with `-mavx` (once per test run).
+fn avx_example() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("reverse-examples-avx");
+        std::fs::create_dir_all(&dir).unwrap();
+        let bin = dir.join("avx");
+        let out = Command::new("cc")
+            .args(["-g", "-O0", "-mavx", "-o"])
+            .arg(&bin)
+            .arg(example_source("avx.c"))
+            .output()
+            .expect("cc not found");
+        assert!(
+            out.status.success(),
+            "cc avx failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        bin
+    })
+}
+
+/// Like [`gdb`], for the AVX example, with `env` set for the ptrewind server only.
+fn gdb_avx(env: &[(&str, &str)], commands: &[String]) -> Run {
+    let program = avx_example();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ptrewind"))
+        .args(["record", "--listen", "127.0.0.1:0", "--"])
+        .arg(program)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("cannot run ptrewind");
+    let (tx, rx) = mpsc::channel();
+    let stderr = collect(child.stderr.take().unwrap(), Some(tx));
+    let port: u16 = loop {
+        let Ok(line) = rx.recv_timeout(Duration::from_secs(30)) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "ptrewind printed no listening line: {}",
+                stderr.join().unwrap()
+            );
+        };
+        if let Some((_, addr)) = line.split_once("; listening on ") {
+            break addr.rsplit(':').next().unwrap().parse().unwrap();
+        }
+    };
+    let mut cmd = Command::new("gdb");
+    cmd.args(["-batch", "-nx", "-ex", "set confirm off"])
+        .args(["-ex", "set pagination off"])
+        .arg("-ex")
+        .arg(format!("target remote 127.0.0.1:{port}"));
+    for c in commands {
+        cmd.arg("-ex").arg(c);
+    }
+    let mut g = cmd
+        .arg(program)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("gdb not found");
+    let out = collect(g.stdout.take().unwrap(), None);
+    let err = collect(g.stderr.take().unwrap(), None);
+    let gdb_status = wait_until(&mut g, Instant::now() + TIMEOUT);
+    let server_status = wait_until(&mut child, Instant::now() + Duration::from_secs(10));
+    let run = Run {
+        gdb: format!("{}{}", out.join().unwrap(), err.join().unwrap()),
+        server: stderr.join().unwrap(),
+    };
+    assert!(gdb_status.is_some(), "gdb timed out\n{}", run.dump());
+    assert!(
+        server_status.is_some(),
+        "ptrewind did not exit\n{}",
+        run.dump()
+    );
+    run
+}
+
+/// GDB commands printing one `TAG:<pc> <ymm0 as 8 ints> <xmm1 as 4 ints> <mxcsr>` line.
+fn print_vector_state(cmds: &mut Vec<String>, tag: &str) {
+    cmds.push(format!("echo {tag}:"));
+    cmds.push("output/x $pc".into());
+    cmds.push("echo \\040".into());
+    cmds.push("output $ymm0.v8_int32".into());
+    cmds.push("echo \\040".into());
+    cmds.push("output $xmm1.v4_int32".into());
+    cmds.push("echo \\040".into());
+    cmds.push("output $mxcsr".into());
+    cmds.push("echo \\n".into());
+}
+
+fn tagged_lines(run: &Run, tag: &str) -> Vec<String> {
+    let prefix = format!("{tag}:");
+    run.gdb
+        .lines()
+        .filter_map(|l| l.strip_prefix(&prefix).map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn reverse_stepi_over_avx_restores_past_ymm_values() {
+    // Stop in the second iteration of the AVX loop (acc is non-zero), step forward across
+    // more than one iteration while ymm0/xmm1 change, then step back: every past position
+    // must show exactly the vector values GDB printed there on the way forward.
+    const N: usize = 40;
+    let avx_line = line_of("avx.c", "/* AVX LINE */");
+    let mut cmds: Vec<String> = vec![
+        format!("break {avx_line}"),
+        "continue".into(),
+        "continue".into(),
+    ];
+    print_vector_state(&mut cmds, "FWD");
+    for _ in 0..N {
+        cmds.push("stepi".into());
+        print_vector_state(&mut cmds, "FWD");
+    }
+    for _ in 0..N {
+        cmds.push("reverse-stepi".into());
+        print_vector_state(&mut cmds, "REV");
+    }
+    cmds.push("info registers xmm0".into());
+    let r = gdb_avx(&[], &cmds);
+    let fwd = tagged_lines(&r, "FWD");
+    let rev = tagged_lines(&r, "REV");
+    assert_eq!(fwd.len(), N + 1, "{}", r.dump());
+    assert_eq!(rev.len(), N, "{}", r.dump());
+    // The test can only fail if the vector state actually changed along the way.
+    let ymm: std::collections::BTreeSet<&str> = fwd
+        .iter()
+        .map(|l| l.split_once(' ').map_or("", |(_, rest)| rest))
+        .collect();
+    assert!(ymm.len() >= 3, "vector state did not change:\n{}", r.dump());
+    assert!(!r.gdb.contains("<unavailable>"), "{}", r.dump());
+    let mut expected = fwd[..N].to_vec();
+    expected.reverse();
+    assert_eq!(rev, expected, "{}", r.dump());
+    r.expect("xmm0");
+}
+
+#[test]
+fn vector_state_the_log_does_not_cover_is_unavailable() {
+    // The diagnostic knob makes the state log keep no vector snapshots (as if the XSAVE image
+    // could not be read): past vector registers must then be `<unavailable>`, never the
+    // present values, while the general-purpose registers the log does cover stay readable.
+    let avx_line = line_of("avx.c", "/* AVX LINE */");
+    let mut cmds: Vec<String> = vec![
+        format!("break {avx_line}"),
+        "continue".into(),
+        "continue".into(),
+    ];
+    for _ in 0..12 {
+        cmds.push("stepi".into());
+    }
+    print_vector_state(&mut cmds, "PRESENT");
+    for _ in 0..10 {
+        cmds.push("reverse-stepi".into());
+    }
+    cmds.push("p $ymm0.v8_int32".into());
+    cmds.push("info registers xmm1".into());
+    cmds.push(r#"printf "RSP %lx\n", $rsp"#.into());
+    cmds.push(r#"printf "PC %lx\n", $pc"#.into());
+    let r = gdb_avx(&[("PTREWIND_STATE_LOG_NO_VECTOR", "1")], &cmds);
+    let present = tagged_lines(&r, "PRESENT");
+    assert_eq!(present.len(), 1, "{}", r.dump());
+    assert!(!present[0].contains("unavailable"), "{}", r.dump());
+    r.expect("= <unavailable>");
+    assert!(
+        r.gdb
+            .lines()
+            .any(|l| l.starts_with("xmm1") && l.contains("<unavailable>")),
+        "{}",
+        r.dump()
+    );
+    assert_eq!(r.tagged("RSP").len(), 1, "{}", r.dump());
+    assert_eq!(r.tagged("PC").len(), 1, "{}", r.dump());
+}

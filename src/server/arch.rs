@@ -31,9 +31,13 @@ impl gdbstub::arch::Registers for GdbRegisters {
     }
 
     fn gdb_serialize(&self, mut write_byte: impl FnMut(Option<u8>)) {
-        self.regs.gdb_layout(|_, bytes| {
+        let unavailable = self.regs.unavailable;
+        self.regs.gdb_layout(|num, bytes| {
+            // `xx` bytes: GDB marks the register `<unavailable>` rather than showing a value
+            // that is not known (e.g. vector state in the past that no log covers).
+            let known = !unavailable.contains(num);
             for &b in bytes {
-                write_byte(Some(b));
+                write_byte(known.then_some(b));
             }
         });
     }

@@ -78,8 +78,8 @@ use crate::image::{ElfSpec, Image, Symbolizer};
 use crate::server::MonitorRegistry;
 use crate::store::live::TraceStore;
 use crate::target::{
-    Breakpoints, Notice, PtraceTarget, Resume, ReverseExecution, ReverseResume, StopEvent, Target,
-    TargetError, TargetResult, X86Registers,
+    Breakpoints, Notice, PtraceTarget, RegMask, Resume, ReverseExecution, ReverseResume, StopEvent,
+    Target, TargetError, TargetResult, X86Registers,
 };
 
 /// How long one non-blocking [`Target::wait`] keeps recording before it reports "still
@@ -438,6 +438,14 @@ impl Recorder {
                 "state-log unknown syscalls",
                 l.unknown_syscalls.to_string(),
             );
+            line(
+                &mut out,
+                "state-log vector snaps",
+                format!(
+                    "{} ({} bytes, {} unknown)",
+                    l.vector_snapshots, l.vector_bytes, l.vector_unknown
+                ),
+            );
         }
         line(
             &mut out,
@@ -787,7 +795,18 @@ impl Target for RecordingTarget {
             None => Ok(live),
             Some(n) => {
                 let past = r.past_regs(n)?;
-                Ok(X86Registers::from_parts(&past, live.xsave))
+                // Vector/x87 state: the log's snapshot, or unavailable — never the present
+                // values, which may differ.
+                let mut xsave = live.xsave;
+                let known = r
+                    .rec
+                    .state_log()
+                    .is_some_and(|log| log.xstate_at(n as usize, &mut xsave));
+                let mut regs = X86Registers::from_parts(&past, xsave);
+                if !known {
+                    regs.unavailable = RegMask::VECTOR;
+                }
+                Ok(regs)
             }
         }
     }

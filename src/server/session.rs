@@ -267,6 +267,10 @@ impl MultiThreadBase for Session {
 impl SingleRegisterAccess<Tid> for Session {
     fn read_register(&mut self, _tid: Tid, reg: GdbRegId, buf: &mut [u8]) -> GsResult<usize, Self> {
         let regs = self.target.read_registers().map_err(non_fatal)?;
+        if regs.unavailable.contains(reg.0) {
+            // gdbstub answers `xx` x the register size: "valid but unavailable".
+            return Ok(0);
+        }
         let mut n = 0;
         regs.gdb_layout(|num, bytes| {
             if num == reg.0 && bytes.len() <= buf.len() {

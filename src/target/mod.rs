@@ -20,7 +20,7 @@ pub mod regs;
 
 pub use procfs::{MemoryMapping, read_auxv, read_maps};
 pub use ptrace::{PtraceTarget, SpawnOptions};
-pub use regs::X86Registers;
+pub use regs::{RegMask, X86Registers};
 
 use std::fmt;
 use std::path::PathBuf;

@@ -93,6 +93,36 @@ pub struct X86Registers {
     /// Offset of the YMM_Hi128 component in `xsave`, if AVX is enabled in XCR0 and the offset
     /// (CPUID leaf 0xD, sub-leaf 2) lies inside the image.
     pub ymm_hi_offset: Option<usize>,
+    /// Registers whose value is not known (GDB numbering, see [`GDB_REGS`]); empty for a live
+    /// thread. A replaying target sets it for state its log does not cover, so that GDB shows
+    /// `<unavailable>` instead of a wrong (present) value.
+    pub unavailable: RegMask,
+}
+
+/// A set of registers in GDB numbering ([`GDB_REGS`]); the default is the empty set.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RegMask(pub u128);
+
+impl RegMask {
+    /// No register.
+    pub const NONE: RegMask = RegMask(0);
+
+    /// The x87, SSE and AVX state: `st0`-`st7`, the x87 control registers, `xmm0`-`xmm15`,
+    /// `mxcsr` and `ymm0h`-`ymm15h` (GDB numbers 24..=56 and 60..=75).
+    pub const VECTOR: RegMask = RegMask((((1u128 << 33) - 1) << 24) | (((1u128 << 16) - 1) << 60));
+
+    /// Every register except the program counter (`rip`, GDB number 16).
+    pub const ALL_BUT_PC: RegMask = RegMask(((1u128 << GDB_REGS.len()) - 1) & !(1u128 << 16));
+
+    /// Whether GDB register `regnum` is in the set.
+    pub fn contains(self, regnum: usize) -> bool {
+        regnum < 128 && self.0 & (1u128 << regnum) != 0
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
 }
 
 impl X86Registers {
@@ -106,6 +136,7 @@ impl X86Registers {
             gprs: gprs_from_libc(regs),
             xsave,
             ymm_hi_offset,
+            unavailable: RegMask::NONE,
         }
     }
 
@@ -562,6 +593,7 @@ mod tests {
             gprs: [0; gpr::COUNT],
             xsave,
             ymm_hi_offset: Some(576),
+            unavailable: RegMask::NONE,
         };
         for (i, g) in regs.gprs.iter_mut().enumerate() {
             *g = 0x1000 + i as u64;
@@ -589,6 +621,7 @@ mod tests {
         assert_eq!(total, regs.gdb_layout_len());
         let no_avx = X86Registers {
             ymm_hi_offset: None,
+            unavailable: RegMask::NONE,
             ..regs
         };
         let mut c = 0;

@@ -61,6 +61,10 @@ impl StepTarget for PtraceTarget {
         Target::pid(self)
     }
 
+    fn xstate(&mut self) -> Option<Vec<u8>> {
+        Target::read_registers(self).ok().map(|r| r.xsave)
+    }
+
     fn regs(&mut self) -> Result<Regs, TargetError> {
         let pid = Target::pid(self);
         nix::sys::ptrace::getregs(Pid::from_raw(pid)).map_err(|errno| TargetError::Sys {

@@ -7,7 +7,17 @@
 //! * Registers: every field of `user_regs_struct` (GPRs, RIP, RFLAGS, segment selectors and
 //!   FS/GS bases) — a diff of the registers before and after each step. Changes made by the
 //!   kernel *between* steps (signal delivery sets RIP/RSP/RDI/...) are kept as
-//!   [`EntryKind::Event`] entries. Vector and x87 registers are not recorded.
+//!   [`EntryKind::Event`] entries.
+//! * Vector and x87 state (x87 stack and control registers, XMM, MXCSR, the YMM upper halves):
+//!   before every instruction that may change it — one that uses any XMM/YMM/ZMM register
+//!   (SSE arithmetic also sets MXCSR flags, so reads count), any x87 or MMX instruction, and
+//!   the whole-state ones (`LDMXCSR`, `FXRSTOR`, `XRSTOR`, `VZEROUPPER`, `VZEROALL`, `EMMS`)
+//!   — and before signal delivery, `rt_sigreturn` and `execve`, the log keeps the old XSAVE
+//!   image up to the end of the AVX component ([`StateLog::xstate_at`]). Instructions that
+//!   touch none of it cost nothing. Components after AVX (AVX-512, PKRU) are not kept. When
+//!   the target cannot read the XSAVE image (or the `PTREWIND_STATE_LOG_NO_VECTOR`
+//!   diagnostic knob is set), the vector state before such an instruction is reported as
+//!   unknown rather than guessed.
 //! * Memory written by instructions: every memory operand iced-x86 reports with Write,
 //!   CondWrite, ReadWrite or ReadCondWrite access (implicit stack writes of PUSH/CALL/ENTER
 //!   included), its address computed from the registers before the step. Each iteration of a
@@ -28,7 +38,9 @@
 //!   (the XSAVE family is sized from CPUID leaf 0DH): [`StateLogStats::unknown_writes`].
 //! * Writes by other processes to shared memory.
 
-use iced_x86::{InstructionInfoFactory, Mnemonic, OpAccess, Register};
+use iced_x86::{
+    CpuidFeature, InstructionInfo, InstructionInfoFactory, Mnemonic, OpAccess, Register,
+};
 
 use super::classify::{CachedInsn, InsnClass};
 use super::target::{Regs, StepTarget};
@@ -128,6 +140,13 @@ pub struct StateLogStats {
     pub unknown_writes: u64,
     /// Signal deliveries recorded (registers and signal frame).
     pub signal_deliveries: u64,
+    /// Vector/x87 state snapshots stored (one per instruction that may change that state).
+    pub vector_snapshots: u64,
+    /// Bytes of vector/x87 state snapshots stored (included in `total_bytes`).
+    pub vector_bytes: u64,
+    /// Instructions that may change vector/x87 state whose old state could not be kept (the
+    /// state before them is reported unknown).
+    pub vector_unknown: u64,
 }
 
 #[derive(Debug, Default)]
@@ -136,11 +155,17 @@ struct Pending {
     mem_mark: usize,
     data_mark: usize,
     open: bool,
+    /// The vector/x87 state before the step, if the step may change it.
+    xstate: Option<Vec<u8>>,
+    /// The step may change vector/x87 state that could not be read.
+    xstate_unknown: bool,
 }
 
 /// The undo log (see the module docs). Layout per entry: 8 bytes, plus 9 bytes per changed
 /// register (index + old value), 12 bytes per memory record (address + length) and the old
-/// bytes; plus 4 bytes per instruction to find positions.
+/// bytes; plus 4 bytes per instruction to find positions; plus, per instruction that may change
+/// vector/x87 state, a 16-byte index slot and a diff of the old XSAVE image against the previous
+/// snapshot (an 8-byte chunk mask and the changed 16-byte chunks; whole every 64th).
 #[derive(Debug)]
 pub struct StateLog {
     entries: Vec<Entry>,
@@ -157,6 +182,21 @@ pub struct StateLog {
     /// Entry index of each recorded instruction.
     positions: Vec<u32>,
     syscall_nr: Option<u64>,
+    /// Vector-state snapshots: (entry index, start of its record in `vec_data`), ascending
+    /// by entry. A record is a 64-bit mask of the 16-byte chunks of the image it stores,
+    /// then those chunks: every [`VEC_KEY_EVERY`]-th record stores all of them (a key), the
+    /// others only the chunks that differ from the previous snapshot — consecutive snapshots
+    /// differ by what one instruction changed, typically one register.
+    vec_index: Vec<(u32, usize)>,
+    vec_data: Vec<u8>,
+    /// The newest snapshot, unencoded (to diff the next one against).
+    vec_last: Vec<u8>,
+    /// The newest entry whose vector-state change is not known.
+    vec_unknown: Option<u32>,
+    /// Whether to keep vector state at all (off only through the diagnostic knob).
+    log_vector: bool,
+    /// Bytes of the XSAVE image a snapshot keeps (legacy area, header, AVX component).
+    vec_keep: usize,
 }
 
 impl Default for StateLog {
@@ -208,6 +248,72 @@ fn reg_value(r: &Regs, reg: Register) -> Option<u64> {
         1 => v & 0xff,
         _ => v,
     })
+}
+
+/// Whether an instruction may change the x87/MMX/SSE/AVX state (see the module docs): any use
+/// of a vector register (SSE arithmetic sets MXCSR exception flags even when it only reads),
+/// any x87/MMX instruction (they update the status and tag words), and the whole-state ones.
+fn touches_vector_state(insn: &iced_x86::Instruction, info: &InstructionInfo) -> bool {
+    use Mnemonic::*;
+    if info.used_registers().iter().any(|r| {
+        let reg = r.register();
+        reg.is_xmm() || reg.is_ymm() || reg.is_zmm() || reg.is_st() || reg.is_mm()
+    }) {
+        return true;
+    }
+    if matches!(
+        insn.mnemonic(),
+        Ldmxcsr
+            | Vldmxcsr
+            | Fxrstor
+            | Fxrstor64
+            | Xrstor
+            | Xrstor64
+            | Xrstors
+            | Xrstors64
+            | Vzeroupper
+            | Vzeroall
+            | Emms
+            | Femms
+    ) {
+        return true;
+    }
+    insn.cpuid_features().iter().any(|f| {
+        matches!(
+            f,
+            CpuidFeature::FPU
+                | CpuidFeature::FPU287
+                | CpuidFeature::FPU287XL_ONLY
+                | CpuidFeature::FPU387
+                | CpuidFeature::FPU387SL_ONLY
+                | CpuidFeature::MMX
+        )
+    })
+}
+
+/// Granule of the vector-snapshot diff (one XMM register, one x87 register slot).
+const VEC_CHUNK: usize = 16;
+/// Every this many vector snapshots one is stored whole, bounding the decode work.
+const VEC_KEY_EVERY: usize = 64;
+
+/// Bytes of the XSAVE image a vector snapshot keeps: the legacy area and XSAVE header, plus
+/// the AVX component (CPUID.(EAX=0DH,ECX=2): EAX size, EBX offset) when the processor has it
+/// and it lies within the first 1 KiB (64 chunks, the width of a record's mask — where the
+/// kernel's standard layout puts it). That is everything GDB is shown (x87, SSE, YMM upper
+/// halves).
+fn vector_keep_len() -> usize {
+    const LEGACY_AND_HEADER: usize = 576;
+    #[cfg(target_arch = "x86_64")]
+    {
+        let r = std::arch::x86_64::__cpuid_count(0xd, 2);
+        if r.eax == 256
+            && r.ebx as usize >= LEGACY_AND_HEADER
+            && r.ebx as usize + 256 <= 64 * VEC_CHUNK
+        {
+            return r.ebx as usize + 256;
+        }
+    }
+    LEGACY_AND_HEADER
 }
 
 fn is_xsave(m: Mnemonic) -> bool {
@@ -283,6 +389,14 @@ impl StateLog {
             stats: StateLogStats::default(),
             positions: Vec::new(),
             syscall_nr: None,
+            vec_index: Vec::new(),
+            vec_data: Vec::new(),
+            vec_last: Vec::new(),
+            vec_unknown: None,
+            // Diagnostic/test knob: behave as if the XSAVE image could not be read, so that
+            // the "unknown vector state" path can be exercised on any machine.
+            log_vector: std::env::var_os("PTREWIND_STATE_LOG_NO_VECTOR").is_none(),
+            vec_keep: vector_keep_len(),
         }
     }
 
@@ -298,8 +412,108 @@ impl StateLog {
             + self.reg_val.len() * 8
             + self.mem_addr.len() * 12
             + self.data.len()
-            + self.positions.len() * 4) as u64;
+            + self.positions.len() * 4
+            + self.vec_index.len() * std::mem::size_of::<(u32, usize)>()
+            + self.vec_data.len()) as u64;
+        s.vector_snapshots = self.vec_index.len() as u64;
+        s.vector_bytes = self.vec_data.len() as u64;
         s
+    }
+
+    /// Keeps the vector/x87 state before the step in progress (once per step).
+    fn snapshot_xstate<T: StepTarget + ?Sized>(&mut self, target: &mut T) {
+        if self.pending.xstate.is_some() || self.pending.xstate_unknown {
+            return;
+        }
+        let image = if self.log_vector {
+            target.xstate()
+        } else {
+            None
+        };
+        match image {
+            Some(mut x) => {
+                x.truncate(self.vec_keep);
+                self.pending.xstate = Some(x);
+            }
+            None => self.pending.xstate_unknown = true,
+        }
+    }
+
+    /// Rewrites `xsave` (the present XSAVE image, as `PTRACE_GETREGSET NT_X86_XSTATE`
+    /// returns it) into the image before the instruction at `position`. Returns `false` if
+    /// the vector/x87 state there is not known (an instruction since then may have changed it
+    /// and its old state was not kept), or `position` is beyond the log; `xsave` is then
+    /// unspecified.
+    pub fn xstate_at(&self, position: usize, xsave: &mut [u8]) -> bool {
+        if position > self.positions.len() {
+            return false;
+        }
+        let first = match self.positions.get(position) {
+            Some(&e) => e,
+            None => self.entries.len() as u32,
+        };
+        if self.vec_unknown.is_some_and(|u| u >= first) {
+            return false;
+        }
+        // The oldest snapshot at or after `first` holds the whole state before it.
+        let i = self.vec_index.partition_point(|&(e, _)| e < first);
+        if i < self.vec_index.len() {
+            let snap = self.vector_snapshot(i);
+            let n = snap.len().min(xsave.len());
+            xsave[..n].copy_from_slice(&snap[..n]);
+        }
+        true
+    }
+
+    /// Appends the snapshot taken before entry `entry` (see `vec_index`).
+    fn push_vector_snapshot(&mut self, entry: u32, mut image: Vec<u8>) {
+        image.resize(self.vec_keep, 0);
+        let key = self.vec_index.len() % VEC_KEY_EVERY == 0 || self.vec_last.len() != image.len();
+        let start = self.vec_data.len();
+        self.vec_data.extend_from_slice(&[0; 8]);
+        let mut mask = 0u64;
+        for (c, chunk) in image.chunks(VEC_CHUNK).enumerate() {
+            let lo = c * VEC_CHUNK;
+            if key || self.vec_last.get(lo..lo + chunk.len()) != Some(chunk) {
+                mask |= 1 << c;
+                self.vec_data.extend_from_slice(chunk);
+            }
+        }
+        self.vec_data[start..start + 8].copy_from_slice(&mask.to_le_bytes());
+        self.vec_index.push((entry, start));
+        self.vec_last = image;
+    }
+
+    /// Decodes snapshot `i`: from the key at or before it, applies the records up to it.
+    fn vector_snapshot(&self, i: usize) -> Vec<u8> {
+        let mut image = vec![0u8; self.vec_keep];
+        for j in i - i % VEC_KEY_EVERY..=i {
+            let Some(&(_, start)) = self.vec_index.get(j) else {
+                break;
+            };
+            let end = self
+                .vec_index
+                .get(j + 1)
+                .map_or(self.vec_data.len(), |&(_, s)| s);
+            let Some(record) = self.vec_data.get(start..end) else {
+                break;
+            };
+            let (mask, mut chunks) = record.split_at(8.min(record.len()));
+            let mut m = [0u8; 8];
+            m[..mask.len()].copy_from_slice(mask);
+            let mask = u64::from_le_bytes(m);
+            for (c, dst) in image.chunks_mut(VEC_CHUNK).enumerate() {
+                if mask & (1 << c) == 0 {
+                    continue;
+                }
+                let Some((src, rest)) = chunks.split_at_checked(dst.len()) else {
+                    break;
+                };
+                dst.copy_from_slice(src);
+                chunks = rest;
+            }
+        }
+        image
     }
 
     /// Number of recorded instructions (positions `0..len`; position `len` is the present).
@@ -365,6 +579,8 @@ impl StateLog {
                 mem_mark: self.mem_addr.len(),
                 data_mark: self.data.len(),
                 open: true,
+                xstate: None,
+                xstate_unknown: false,
             };
         }
     }
@@ -386,6 +602,10 @@ impl StateLog {
         self.syscall_nr = None;
         if insn.class == InsnClass::SystemCall {
             self.syscall_nr = Some(before.rax);
+            // rt_sigreturn restores the vector state from the signal frame; execve resets it.
+            if matches!(before.rax, 15 | 59 | 322) {
+                self.snapshot_xstate(target);
+            }
             match syscall_writes(before) {
                 Some(ranges) => {
                     for (addr, len) in ranges {
@@ -399,6 +619,7 @@ impl StateLog {
             return;
         }
         let info = self.factory.info(&insn.insn);
+        let vector = touches_vector_state(&insn.insn, info);
         let mut writes: Vec<(u64, u64)> = Vec::new();
         let mut unknown = 0;
         for m in info.used_memory() {
@@ -433,6 +654,9 @@ impl StateLog {
         for (addr, len) in writes {
             self.push_mem(target, addr, len);
         }
+        if vector {
+            self.snapshot_xstate(target);
+        }
     }
 
     /// Called before a step that delivers a signal: snapshots the stack below `before.rsp`
@@ -440,6 +664,8 @@ impl StateLog {
     /// not covered).
     pub fn before_signal<T: StepTarget + ?Sized>(&mut self, target: &mut T, before: &Regs) {
         self.open(before);
+        // The handler starts with a fresh x87/SSE state (the old one goes to the frame).
+        self.snapshot_xstate(target);
         let span = signal_frame_span();
         self.push_mem(target, before.rsp.wrapping_sub(span), span);
     }
@@ -494,8 +720,15 @@ impl StateLog {
         };
         let reg_len = self.push_regs(&before, after);
         let mem_len = (self.mem_addr.len() - self.pending.mem_mark) as u32;
+        let entry = self.entries.len() as u32;
         if kind == EntryKind::Instruction {
-            self.positions.push(self.entries.len() as u32);
+            self.positions.push(entry);
+        }
+        if let Some(x) = self.pending.xstate.take() {
+            self.push_vector_snapshot(entry, x);
+        } else if self.pending.xstate_unknown {
+            self.stats.vector_unknown += 1;
+            self.vec_unknown = Some(entry);
         }
         self.entries.push(Entry {
             kind,
@@ -652,4 +885,36 @@ pub fn zeroed_regs() -> Regs {
         set_reg(&mut regs, i, *v);
     }
     regs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The diff-encoded vector snapshots decode to exactly the images pushed, across key
+    /// boundaries, with images that change one chunk, several, or none between snapshots.
+    #[test]
+    fn vector_snapshots_round_trip() {
+        let mut log = StateLog::new();
+        log.vec_keep = 832;
+        let mut image = vec![0u8; 832];
+        let mut pushed = Vec::new();
+        let mut seed = 0x1234_5678u32;
+        for i in 0..200u32 {
+            // A small xorshift PRNG picks which bytes change.
+            for _ in 0..(i % 4) {
+                seed ^= seed << 13;
+                seed ^= seed >> 17;
+                seed ^= seed << 5;
+                image[seed as usize % 832] = seed as u8 | 1;
+            }
+            log.push_vector_snapshot(i * 2, image.clone());
+            pushed.push(image.clone());
+        }
+        for (i, want) in pushed.iter().enumerate() {
+            assert_eq!(&log.vector_snapshot(i), want, "snapshot {i}");
+        }
+        // Diffs keep far less than whole images.
+        assert!(log.vec_data.len() < pushed.len() * 832 / 4);
+    }
 }

@@ -136,6 +136,12 @@ pub trait StepTarget {
     fn cont(&mut self, signal: Option<Signal>) -> Result<StepStop, TargetError>;
     /// The siginfo of the current signal stop.
     fn siginfo(&mut self) -> Result<SigInfo, TargetError>;
+    /// The thread's XSAVE image (x87, SSE, AVX state, as `PTRACE_GETREGSET NT_X86_XSTATE`
+    /// returns it), for the state log; `None` if this target cannot read it (the log then
+    /// reports the vector state before such instructions as unknown).
+    fn xstate(&mut self) -> Option<Vec<u8>> {
+        None
+    }
 }
 
 /// A child process started under ptrace (`PTRACE_TRACEME`) with address-space randomisation
