@@ -11,27 +11,10 @@ use std::time::{Duration, Instant};
 
 mod support;
 
-use support::cbuild::cc;
-use support::gdb::{Server, gdb_batch, run_until, wait_until};
+use support::cbuild::{cc, example_source, line_of};
+use support::gdb::{GdbRun, Server, gdb_session, run_until, wait_until};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
-
-fn crate_dir() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn example_source(name: &str) -> PathBuf {
-    crate_dir().join("examples/c").join(name)
-}
-
-/// 1-based line number of the first line of `file` containing `marker`.
-fn line_of(file: &str, marker: &str) -> usize {
-    let text = std::fs::read_to_string(example_source(file)).unwrap();
-    text.lines()
-        .position(|l| l.contains(marker))
-        .unwrap_or_else(|| panic!("marker {marker:?} not in {file}"))
-        + 1
-}
 
 /// Compiles the examples once per test run (`cc -g -O0`), into the cargo test temp dir.
 fn examples() -> &'static Path {
@@ -94,15 +77,7 @@ fn example(name: &str) -> PathBuf {
 }
 
 /// The result of one GDB session.
-struct Run {
-    /// GDB's stdout and stderr.
-    gdb: String,
-    /// ptrewind's stderr.
-    server: String,
-    /// The debugged program's stdout (inherited by ptrewind).
-    program_stdout: String,
-    pid: i32,
-}
+type Run = GdbRun;
 
 /// Runs GDB in batch mode against `ptrewind record -- program args`, with `commands` as
 /// `-ex` arguments after connecting. Fails on timeout (both processes are killed).
@@ -113,34 +88,8 @@ fn gdb(program: &str, args: &[&str], commands: &[&str]) -> Run {
 }
 
 /// Runs GDB against an already started server.
-fn gdb_with(mut server: Server, program: &Path, commands: &[&str]) -> Run {
-    let mut cmd = gdb_batch();
-    cmd.arg("-ex")
-        .arg(format!("target remote 127.0.0.1:{}", server.port));
-    for c in commands {
-        cmd.arg("-ex").arg(c);
-    }
-    cmd.arg(program);
-    let g = run_until(&mut cmd, TIMEOUT);
-    let gdb_status = g.status;
-    let server_status = wait_until(&mut server.child, Instant::now() + Duration::from_secs(10));
-    let gdb_text = format!("{}{}", g.stdout, g.stderr);
-    let server_text = server.stderr.join().unwrap();
-    let program_stdout = server.stdout.join().unwrap();
-    assert!(
-        gdb_status.is_some(),
-        "gdb timed out after {TIMEOUT:?}\n--- gdb:\n{gdb_text}\n--- server:\n{server_text}"
-    );
-    assert!(
-        server_status.is_some(),
-        "ptrewind did not exit after gdb\n--- gdb:\n{gdb_text}\n--- server:\n{server_text}"
-    );
-    Run {
-        gdb: gdb_text,
-        server: server_text,
-        program_stdout,
-        pid: server.pid,
-    }
+fn gdb_with(server: Server, program: &Path, commands: &[&str]) -> Run {
+    gdb_session(server, program, commands, TIMEOUT)
 }
 
 impl Run {

@@ -11,12 +11,18 @@
 //! it). Every debugger run is bounded by `timeout`, every wait by a deadline.
 //! Set `PTREWIND_SHOW_DEBUGGER=1` to print the debugger output.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
+
+mod support;
+
+// Symbol addresses from `nm` (for PIE binaries: the link-time address).
+use support::cbuild::nm_symbol as symbol;
+use support::cbuild::{cc_with, have};
+use support::gdb::{Server, ptrewind, run_until, wait_until};
 
 /// A shared library and a program that calls it and libc, with a global string to read.
 const LIB_C: &str = r#"
@@ -65,15 +71,8 @@ int rv_start(void);
 int main(void) { return rv_start() == 3 ? 0 : 1; }
 "#;
 
-fn have(tool: &str) -> bool {
-    Command::new(tool)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 fn tools_ready(need_lldb: bool) -> bool {
-    for tool in ["gcc", "nm", "timeout"] {
+    for tool in ["gcc", "nm"] {
         if !have(tool) {
             eprintln!("SKIPPED: {tool} not installed");
             return false;
@@ -87,12 +86,7 @@ fn tools_ready(need_lldb: bool) -> bool {
 }
 
 fn gcc(args: &[&str]) {
-    let out = Command::new("gcc").args(args).output().expect("gcc");
-    assert!(
-        out.status.success(),
-        "gcc {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    cc_with("gcc", args);
 }
 
 /// Builds `libscale.so` and `uselib` (linked against it with an `$ORIGIN` rpath) in `dir`.
@@ -137,94 +131,21 @@ fn build_asm(dir: &Path) -> PathBuf {
     exe
 }
 
-/// Symbol address from `nm` (for PIE binaries: the link-time address).
-fn symbol(file: &Path, name: &str) -> u64 {
-    let out = Command::new("nm").arg(file).output().expect("nm");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find_map(|l| {
-            let mut f = l.split_whitespace();
-            let addr = f.next()?;
-            let _kind = f.next()?;
-            (f.next()? == name).then(|| u64::from_str_radix(addr, 16).ok())?
-        })
-        .unwrap_or_else(|| panic!("no symbol {name} in {}", file.display()))
-}
-
-/// `ptrewind record -- exe` running in the background, with its stderr collected.
-struct Server {
-    child: Child,
-    addr: String,
-    stderr: mpsc::Receiver<String>,
-}
-
-impl Server {
-    /// Starts `ptrewind record ARGS --listen 127.0.0.1:0 -- exe`.
-    fn start(exe: &Path, args: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ptrewind"))
+/// Starts `ptrewind record --backend soft ARGS --listen 127.0.0.1:0 -- exe`.
+fn record(exe: &Path, args: &[&str]) -> Server {
+    Server::spawn(
+        ptrewind()
             .args(["record", "--backend", "soft"])
             .args(args)
             .args(["--listen", "127.0.0.1:0", "--"])
-            .arg(exe)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("ptrewind record");
-        let (tx, rx) = mpsc::channel();
-        let stderr = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let mut seen = Vec::new();
-        let addr = loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left) {
-                Ok(line) => {
-                    if let Some(a) = line.split("listening on ").nth(1) {
-                        break a.trim().to_string();
-                    }
-                    seen.push(line);
-                }
-                Err(_) => {
-                    let _ = child.kill();
-                    panic!("ptrewind record did not start listening: {seen:?}");
-                }
-            }
-        };
-        Server {
-            child,
-            addr,
-            stderr: rx,
-        }
-    }
+            .arg(exe),
+    )
+}
 
-    /// Waits (bounded) for the server to end; returns its remaining stderr.
-    fn finish(mut self) -> String {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        if !matches!(self.child.try_wait(), Ok(Some(_))) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        let mut text = String::new();
-        while let Ok(line) = self.stderr.recv_timeout(Duration::from_millis(200)) {
-            text.push_str(&line);
-            text.push('\n');
-        }
-        text
-    }
+/// Waits (bounded) for the server to end, killing it at the deadline; returns its stderr.
+fn finish(mut server: Server) -> String {
+    let _ = wait_until(&mut server.child, Instant::now() + Duration::from_secs(60));
+    server.stderr.join().unwrap()
 }
 
 struct LldbRun {
@@ -236,22 +157,22 @@ struct LldbRun {
 /// Runs lldb-19 in batch mode against `ptrewind record RECORD_ARGS -- exe`: `target create
 /// exe`, `gdb-remote`, then `commands`.
 fn run_lldb(exe: &Path, record_args: &[&str], commands: &[String]) -> LldbRun {
-    let server = Server::start(exe, record_args);
-    let mut c = Command::new("timeout");
-    c.args(["120", "lldb-19", "--batch", "--no-lldbinit"])
+    let server = record(exe, record_args);
+    let mut c = Command::new("lldb-19");
+    c.args(["--batch", "--no-lldbinit"])
         .arg("-o")
         .arg(format!("target create {}", exe.display()))
         .arg("-o")
-        .arg(format!("gdb-remote {}", server.addr));
+        .arg(format!("gdb-remote 127.0.0.1:{}", server.port));
     for cmd in commands {
         c.arg("-o").arg(cmd);
     }
-    let out = c.output().expect("lldb-19");
-    let server_log = server.finish();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let out = run_until(&mut c, Duration::from_secs(120));
+    let server_log = finish(server);
+    let stdout = out.stdout;
     let ctx = format!(
         "--- lldb stdout\n{stdout}\n--- lldb stderr\n{}\n--- server\n{server_log}",
-        String::from_utf8_lossy(&out.stderr)
+        out.stderr
     );
     if std::env::var_os("PTREWIND_SHOW_DEBUGGER").is_some() {
         eprintln!("{ctx}");
@@ -613,8 +534,8 @@ fn reverse_protocol_exchange_as_lldb21_sends_it() {
         symbol(&exe, "rv_leaf"),
         symbol(&exe, "main"),
     );
-    let server = Server::start(&exe, &[]);
-    let mut c = Rsp::connect(&server.addr);
+    let server = record(&exe, &[]);
+    let mut c = Rsp::connect(&format!("127.0.0.1:{}", server.port));
     c.send("QStartNoAckMode");
     assert_eq!(c.recv(), "OK");
     c.no_ack = true;
@@ -669,7 +590,7 @@ fn reverse_protocol_exchange_as_lldb21_sends_it() {
     // `k`: an exit-status reply, as lldb-server sends.
     assert_eq!(c.ask("k"), "X09");
     drop(c);
-    let log = server.finish();
+    let log = finish(server);
     assert!(log.contains("killed by the debugger"), "{log}");
 }
 

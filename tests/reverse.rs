@@ -5,31 +5,17 @@
 //! data, and the recording's own consistency check. Nothing expected here is copied from our
 //! own output.
 
-use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::sync::OnceLock;
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+mod support;
+
+use support::cbuild::{cc, compile_source, example_source, line_of, nm_symbol};
+use support::gdb::{GdbRun, Server, gdb_session, ptrewind, run_until};
 
 const TIMEOUT: Duration = Duration::from_secs(90);
-
-fn crate_dir() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn example_source(name: &str) -> PathBuf {
-    crate_dir().join("examples/c").join(name)
-}
-
-/// 1-based line number of the first line of `file` containing `marker`.
-fn line_of(file: &str, marker: &str) -> usize {
-    let text = std::fs::read_to_string(example_source(file)).unwrap();
-    text.lines()
-        .position(|l| l.contains(marker))
-        .unwrap_or_else(|| panic!("marker {marker:?} not in {file}"))
-        + 1
-}
 
 /// Compiles the examples this file needs once per test run (`cc -g -O0`).
 fn examples() -> &'static Path {
@@ -38,17 +24,15 @@ fn examples() -> &'static Path {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("reverse-examples");
         std::fs::create_dir_all(&dir).unwrap();
         for p in ["crash", "recursion", "signal"] {
-            let out = Command::new("cc")
-                .args(["-g", "-O0", "-o"])
-                .arg(dir.join(p))
-                .arg(example_source(&format!("{p}.c")))
-                .output()
-                .expect("cc not found");
-            assert!(
-                out.status.success(),
-                "cc {p} failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            let out = dir.join(p);
+            let src = example_source(&format!("{p}.c"));
+            cc([
+                "-g".as_ref(),
+                "-O0".as_ref(),
+                "-o".as_ref(),
+                out.as_os_str(),
+                src.as_os_str(),
+            ]);
         }
         dir
     })
@@ -58,129 +42,24 @@ fn example(name: &str) -> PathBuf {
     examples().join(name)
 }
 
-fn collect(
-    pipe: impl Read + Send + 'static,
-    tx: Option<mpsc::Sender<String>>,
-) -> std::thread::JoinHandle<String> {
-    std::thread::spawn(move || {
-        let mut all = String::new();
-        for line in BufReader::new(pipe).lines() {
-            let Ok(line) = line else { break };
-            if let Some(tx) = &tx {
-                let _ = tx.send(line.clone());
-            }
-            all.push_str(&line);
-            all.push('\n');
-        }
-        all
-    })
-}
+/// One GDB session's output (GDB's, then the server's stderr).
+type Run = GdbRun;
 
-fn wait_until(child: &mut Child, deadline: Instant) -> Option<std::process::ExitStatus> {
-    loop {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Some(status);
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-struct Server {
-    child: Child,
-    port: u16,
-    stderr: std::thread::JoinHandle<String>,
-}
-
-impl Server {
-    fn start(extra: &[&str], program: &Path) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ptrewind"))
+/// Starts `ptrewind record --listen 127.0.0.1:0 EXTRA -- program`.
+fn record(extra: &[&str], program: &Path) -> Server {
+    Server::spawn(
+        ptrewind()
             .args(["record", "--listen", "127.0.0.1:0"])
             .args(extra)
             .arg("--")
-            .arg(program)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("cannot run ptrewind");
-        let (tx, rx) = mpsc::channel();
-        let stderr = collect(child.stderr.take().unwrap(), Some(tx));
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let Ok(line) = rx.recv_timeout(left) else {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "ptrewind printed no listening line: {}",
-                    stderr.join().unwrap()
-                );
-            };
-            if let Some((_, addr)) = line.split_once("; listening on ") {
-                let port = addr.rsplit(':').next().unwrap().parse().unwrap();
-                return Server {
-                    child,
-                    port,
-                    stderr,
-                };
-            }
-        }
-    }
-}
-
-struct Run {
-    gdb: String,
-    server: String,
+            .arg(program),
+    )
 }
 
 /// Runs GDB in batch mode against `ptrewind record -- program` with `commands`.
 fn gdb(program: &str, commands: &[&str]) -> Run {
     let program = example(program);
-    let mut server = Server::start(&[], &program);
-    let mut cmd = Command::new("gdb");
-    cmd.args([
-        "-batch",
-        "-nx",
-        "-ex",
-        "set confirm off",
-        "-ex",
-        "set pagination off",
-    ])
-    .arg("-ex")
-    .arg(format!("target remote 127.0.0.1:{}", server.port));
-    for c in commands {
-        cmd.arg("-ex").arg(c);
-    }
-    let mut g = cmd
-        .arg(&program)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("gdb not found (gdb 13 is required for these tests)");
-    let out = collect(g.stdout.take().unwrap(), None);
-    let err = collect(g.stderr.take().unwrap(), None);
-    let gdb_status = wait_until(&mut g, Instant::now() + TIMEOUT);
-    let server_status = wait_until(&mut server.child, Instant::now() + Duration::from_secs(10));
-    let gdb_text = format!("{}{}", out.join().unwrap(), err.join().unwrap());
-    let server_text = server.stderr.join().unwrap();
-    assert!(
-        gdb_status.is_some(),
-        "gdb timed out after {TIMEOUT:?}\n--- gdb:\n{gdb_text}\n--- server:\n{server_text}"
-    );
-    assert!(
-        server_status.is_some(),
-        "ptrewind did not exit after gdb\n--- gdb:\n{gdb_text}\n--- server:\n{server_text}"
-    );
-    Run {
-        gdb: gdb_text,
-        server: server_text,
-    }
+    gdb_session(record(&[], &program), &program, commands, TIMEOUT)
 }
 
 impl Run {
@@ -203,20 +82,19 @@ impl Run {
             .collect()
     }
 
-    /// The source line numbers GDB printed as the current line (`NN\t...`), in order.
-    fn lines_shown(&self) -> Vec<usize> {
-        self.gdb
-            .lines()
-            .filter_map(|l| {
-                let (num, _) = l.split_once('\t')?;
-                num.trim().parse().ok()
-            })
-            .collect()
-    }
-
     fn dump(&self) -> String {
         format!("--- gdb:\n{}\n--- server:\n{}", self.gdb, self.server)
     }
+}
+
+/// The source line numbers GDB printed as the current line (`NN\t...`) in `gdb`, in order.
+fn lines_shown(gdb: &str) -> Vec<usize> {
+    gdb.lines()
+        .filter_map(|l| {
+            let (num, _) = l.split_once('\t')?;
+            num.trim().parse().ok()
+        })
+        .collect()
 }
 
 #[test]
@@ -311,11 +189,7 @@ fn reverse_finish_next_step_land_on_source_lines() {
             .gdb
             .find(mark)
             .unwrap_or_else(|| panic!("no {mark}\n{}", r.dump()));
-        Run {
-            gdb: r.gdb[i..].to_string(),
-            server: String::new(),
-        }
-        .lines_shown()
+        lines_shown(&r.gdb[i..])
     };
     // reverse-finish goes back to the call in main.
     assert_eq!(
@@ -413,7 +287,7 @@ fn monitor_stats_history_matches_recording() {
 #[test]
 fn backend_pt_fails_with_probe_message_and_auto_falls_back() {
     let probe = ptrewind::capture::perf::probe();
-    let out = Command::new(env!("CARGO_BIN_EXE_ptrewind"))
+    let out = ptrewind()
         .args(["record", "--backend", "pt", "--", "/bin/true"])
         .stdin(Stdio::null())
         .output()
@@ -423,7 +297,7 @@ fn backend_pt_fails_with_probe_message_and_auto_falls_back() {
     if let Err(why) = &probe {
         assert!(stderr.contains(&why.to_string()), "{stderr}");
         // auto: falls back, says why, and serves (we only wait for the listening line).
-        let server = Server::start(&["--backend", "auto"], &example("recursion"));
+        let server = record(&["--backend", "auto"], &example("recursion"));
         let mut child = server.child;
         let _ = child.kill();
         let _ = child.wait();
@@ -439,8 +313,8 @@ fn backend_pt_fails_with_probe_message_and_auto_falls_back() {
 #[test]
 fn ptrewind_gdb_runs_gdb_with_the_pt_commands() {
     let program = example("recursion");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ptrewind"))
-        .args(["gdb", "--batch"])
+    let mut cmd = ptrewind();
+    cmd.args(["gdb", "--batch"])
         .args([
             "--ex",
             "break factorial",
@@ -466,17 +340,10 @@ fn ptrewind_gdb_runs_gdb_with_the_pt_commands() {
             "pt where",
         ])
         .arg("--")
-        .arg(&program)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let out = collect(child.stdout.take().unwrap(), None);
-    let err = collect(child.stderr.take().unwrap(), None);
-    let status = wait_until(&mut child, Instant::now() + TIMEOUT);
-    let text = format!("{}{}", out.join().unwrap(), err.join().unwrap());
-    assert!(status.is_some(), "ptrewind gdb timed out:\n{text}");
+        .arg(&program);
+    let run = run_until(&mut cmd, TIMEOUT);
+    let text = format!("{}{}", run.stdout, run.stderr);
+    assert!(run.status.is_some(), "ptrewind gdb timed out:\n{text}");
     // Three hits of factorial: n = 10, 9, 8.
     assert!(text.contains("factorial (n=8)"), "{text}");
     // The call history: main, then factorial nested three deep (indented by two per level).
@@ -552,11 +419,7 @@ fn monitor_save_writes_a_recording_that_decodes_to_the_history() {
         .find_map(|l| l.trim().strip_prefix("ptrewind "))
         .expect("README has the decode command");
     let args: Vec<&str> = cmd.split_whitespace().collect();
-    let out = Command::new(env!("CARGO_BIN_EXE_ptrewind"))
-        .args(&args)
-        .arg("--stats")
-        .output()
-        .unwrap();
+    let out = ptrewind().args(&args).arg("--stats").output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -579,12 +442,7 @@ fn monitor_save_writes_a_recording_that_decodes_to_the_history() {
         .as_str()
         .unwrap()
         .to_string();
-    let nm = Command::new("nm").arg(example("crash")).output().unwrap();
-    let main_off = String::from_utf8_lossy(&nm.stdout)
-        .lines()
-        .find(|l| l.ends_with(" T main"))
-        .and_then(|l| u64::from_str_radix(l.split_whitespace().next().unwrap(), 16).ok())
-        .expect("nm finds main");
+    let main_off = nm_symbol(&example("crash"), "main");
     let rip = u64::from_str_radix(start_rip.trim_start_matches("0x"), 16).unwrap();
     assert_eq!(
         rip & 0xfff,
@@ -667,18 +525,16 @@ fn reverse_continue_into_a_signal_handler_restores_its_frame() {
 
 #[test]
 fn ptrewind_gdb_does_not_hang_when_gdb_never_connects() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ptrewind"))
-        .args(["gdb", "--gdb", "/bin/false", "--"])
-        .arg(example("recursion"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let err = collect(child.stderr.take().unwrap(), None);
-    let status = wait_until(&mut child, Instant::now() + Duration::from_secs(30));
-    let text = err.join().unwrap();
-    let status = status.unwrap_or_else(|| panic!("ptrewind gdb hung:\n{text}"));
+    let run = run_until(
+        ptrewind()
+            .args(["gdb", "--gdb", "/bin/false", "--"])
+            .arg(example("recursion")),
+        Duration::from_secs(30),
+    );
+    let text = run.stderr;
+    let status = run
+        .status
+        .unwrap_or_else(|| panic!("ptrewind gdb hung:\n{text}"));
     // /bin/false's status is passed on.
     assert_eq!(status.code(), Some(1), "{text}");
 }
@@ -690,10 +546,10 @@ fn long_loop_example() -> &'static str {
     static BUILT: OnceLock<()> = OnceLock::new();
     BUILT.get_or_init(|| {
         let dir = examples();
-        let src = dir.join("long_loop.c");
-        std::fs::write(
-            &src,
-            // Indirect calls: a TIP packet each, so the trace spans many PSB periods.
+        compile_source(
+            "cc",
+            dir,
+            "long_loop",
             "volatile long sink;\n\
              static long f0(long x) { return x + 1; }\n\
              static long f1(long x) { return x ^ 3; }\n\
@@ -705,18 +561,8 @@ fn long_loop_example() -> &'static str {
              \x20 done(sum);\n\
              \x20 return 0;\n\
              }\n",
-        )
-        .unwrap();
-        let out = Command::new("cc")
-            .args(["-g", "-O0", "-o"])
-            .arg(dir.join("long_loop"))
-            .arg(&src)
-            .output()
-            .expect("cc not found");
-        assert!(
-            out.status.success(),
-            "cc long_loop failed: {}",
-            String::from_utf8_lossy(&out.stderr)
+            &["-g", "-O0"],
+            &[],
         );
     });
     "long_loop"
@@ -773,17 +619,15 @@ fn avx_example() -> &'static Path {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("reverse-examples-avx");
         std::fs::create_dir_all(&dir).unwrap();
         let bin = dir.join("avx");
-        let out = Command::new("cc")
-            .args(["-g", "-O0", "-mavx", "-o"])
-            .arg(&bin)
-            .arg(example_source("avx.c"))
-            .output()
-            .expect("cc not found");
-        assert!(
-            out.status.success(),
-            "cc avx failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let src = example_source("avx.c");
+        cc([
+            "-g".as_ref(),
+            "-O0".as_ref(),
+            "-mavx".as_ref(),
+            "-o".as_ref(),
+            bin.as_os_str(),
+            src.as_os_str(),
+        ]);
         bin
     })
 }
@@ -791,60 +635,13 @@ fn avx_example() -> &'static Path {
 /// Like [`gdb`], for the AVX example, with `env` set for the ptrewind server only.
 fn gdb_avx(env: &[(&str, &str)], commands: &[String]) -> Run {
     let program = avx_example();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ptrewind"))
-        .args(["record", "--listen", "127.0.0.1:0", "--"])
-        .arg(program)
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("cannot run ptrewind");
-    let (tx, rx) = mpsc::channel();
-    let stderr = collect(child.stderr.take().unwrap(), Some(tx));
-    let port: u16 = loop {
-        let Ok(line) = rx.recv_timeout(Duration::from_secs(30)) else {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "ptrewind printed no listening line: {}",
-                stderr.join().unwrap()
-            );
-        };
-        if let Some((_, addr)) = line.split_once("; listening on ") {
-            break addr.rsplit(':').next().unwrap().parse().unwrap();
-        }
-    };
-    let mut cmd = Command::new("gdb");
-    cmd.args(["-batch", "-nx", "-ex", "set confirm off"])
-        .args(["-ex", "set pagination off"])
-        .arg("-ex")
-        .arg(format!("target remote 127.0.0.1:{port}"));
-    for c in commands {
-        cmd.arg("-ex").arg(c);
-    }
-    let mut g = cmd
-        .arg(program)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("gdb not found");
-    let out = collect(g.stdout.take().unwrap(), None);
-    let err = collect(g.stderr.take().unwrap(), None);
-    let gdb_status = wait_until(&mut g, Instant::now() + TIMEOUT);
-    let server_status = wait_until(&mut child, Instant::now() + Duration::from_secs(10));
-    let run = Run {
-        gdb: format!("{}{}", out.join().unwrap(), err.join().unwrap()),
-        server: stderr.join().unwrap(),
-    };
-    assert!(gdb_status.is_some(), "gdb timed out\n{}", run.dump());
-    assert!(
-        server_status.is_some(),
-        "ptrewind did not exit\n{}",
-        run.dump()
+    let server = Server::spawn(
+        ptrewind()
+            .args(["record", "--listen", "127.0.0.1:0", "--"])
+            .arg(program)
+            .envs(env.iter().copied()),
     );
-    run
+    gdb_session(server, program, commands, TIMEOUT)
 }
 
 /// GDB commands printing one `TAG:<pc> <ymm0 as 8 ints> <xmm1 as 4 ints> <mxcsr>` line.

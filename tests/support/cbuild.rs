@@ -74,3 +74,19 @@ pub fn nm_symbol(exe: &Path, name: &str) -> u64 {
         })
         .unwrap_or_else(|| panic!("no symbol {name} in {}", exe.display()))
 }
+
+/// The path of `examples/c/NAME` in the crate.
+pub fn example_source(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples/c")
+        .join(name)
+}
+
+/// 1-based line number of the first line of `examples/c/FILE` containing `marker`.
+pub fn line_of(file: &str, marker: &str) -> usize {
+    let text = std::fs::read_to_string(example_source(file)).unwrap();
+    text.lines()
+        .position(|l| l.contains(marker))
+        .unwrap_or_else(|| panic!("marker {marker:?} not in {file}"))
+        + 1
+}

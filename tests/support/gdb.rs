@@ -98,6 +98,15 @@ pub fn gdb_batch() -> Command {
     cmd
 }
 
+/// A `Command` for the `ptrewind` binary under test.
+pub fn ptrewind() -> Command {
+    // Set for integration tests only (benchmarks include this module too).
+    let Some(exe) = option_env!("CARGO_BIN_EXE_ptrewind") else {
+        panic!("the ptrewind binary is only known to integration tests");
+    };
+    Command::new(exe)
+}
+
 /// A `ptrewind record` server with its port and pid read from stderr.
 pub struct Server {
     /// The `ptrewind` process.
@@ -126,12 +135,13 @@ impl Server {
 
     /// Starts `ptrewind` with arguments `cli`, which must make it print its listening line.
     pub fn start_cli(cli: &[OsString]) -> Server {
-        // Set for integration tests only (benchmarks include this module too).
-        let Some(exe) = option_env!("CARGO_BIN_EXE_ptrewind") else {
-            panic!("the ptrewind binary is only known to integration tests");
-        };
-        let mut child = Command::new(exe)
-            .args(cli)
+        Server::spawn(ptrewind().args(cli))
+    }
+
+    /// Starts the prepared `ptrewind` command `cmd` (see [`ptrewind`]; arguments and
+    /// environment already set), which must make it print its listening line.
+    pub fn spawn(cmd: &mut Command) -> Server {
+        let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -140,12 +150,13 @@ impl Server {
         let (tx, rx) = mpsc::channel();
         let stderr = collect(child.stderr.take().unwrap(), Some(tx));
         let stdout = collect(child.stdout.take().unwrap(), None);
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + Duration::from_secs(30);
         let (mut port, mut pid) = (None, None);
         while port.is_none() {
             let left = deadline.saturating_duration_since(Instant::now());
             let Ok(line) = rx.recv_timeout(left) else {
                 let _ = child.kill();
+                let _ = child.wait();
                 panic!(
                     "ptrewind printed no listening line: {}",
                     stderr.join().unwrap()
@@ -168,5 +179,54 @@ impl Server {
             stderr,
             stdout,
         }
+    }
+}
+
+/// One GDB batch session against a [`Server`], both run to their end.
+pub struct GdbRun {
+    /// GDB's stdout followed by its stderr.
+    pub gdb: String,
+    /// ptrewind's stderr.
+    pub server: String,
+    /// The debugged program's stdout (inherited by ptrewind).
+    pub program_stdout: String,
+    /// The debugged process.
+    pub pid: i32,
+}
+
+/// Runs GDB in batch mode connected to `server`, with `commands` as `-ex` arguments after
+/// `target remote` and `program` as its file; fails if GDB has not finished within `timeout`
+/// or the server has not exited 10 s after GDB (both are killed then).
+pub fn gdb_session<S: AsRef<std::ffi::OsStr>>(
+    mut server: Server,
+    program: &Path,
+    commands: &[S],
+    timeout: Duration,
+) -> GdbRun {
+    let mut cmd = gdb_batch();
+    cmd.arg("-ex")
+        .arg(format!("target remote 127.0.0.1:{}", server.port));
+    for c in commands {
+        cmd.arg("-ex").arg(c);
+    }
+    cmd.arg(program);
+    let g = run_until(&mut cmd, timeout);
+    let server_status = wait_until(&mut server.child, Instant::now() + Duration::from_secs(10));
+    let gdb_text = format!("{}{}", g.stdout, g.stderr);
+    let server_text = server.stderr.join().unwrap();
+    let program_stdout = server.stdout.join().unwrap();
+    assert!(
+        g.status.is_some(),
+        "gdb timed out after {timeout:?}\n--- gdb:\n{gdb_text}\n--- server:\n{server_text}"
+    );
+    assert!(
+        server_status.is_some(),
+        "ptrewind did not exit after gdb\n--- gdb:\n{gdb_text}\n--- server:\n{server_text}"
+    );
+    GdbRun {
+        gdb: gdb_text,
+        server: server_text,
+        program_stdout,
+        pid: server.pid,
     }
 }
