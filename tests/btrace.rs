@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 mod support;
 
 use support::cbuild::{compile_source, have, nm_symbol};
-use support::gdb::{Finished, gdb_batch, run_until};
+use support::gdb::{Finished, Server, gdb_batch, run_until, wait_until};
 
 /// How long one debugger session may take before it is killed.
 const DEBUGGER_TIMEOUT: Duration = Duration::from_secs(120);
@@ -586,41 +586,12 @@ fn software_cpu_is_known_to_libipt_with_only_apl11() {
 /// Runs `ptrewind record -- exe` and GDB in batch mode against it with `commands`; returns
 /// GDB's output (stdout then stderr) and the server's stderr.
 fn gdb_against_record(exe: &Path, commands: &[&str]) -> (String, String) {
-    use std::io::{BufRead, BufReader, Read};
     use std::process::Stdio;
-    let mut server = Command::new(env!("CARGO_BIN_EXE_ptrewind"))
-        .args(["record", "--listen", "127.0.0.1:0", "--"])
-        .arg(exe)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("cannot run ptrewind");
-    let mut lines = BufReader::new(server.stderr.take().expect("stderr piped"));
-    let mut server_log = String::new();
-    let port = loop {
-        let mut line = String::new();
-        if lines.read_line(&mut line).unwrap_or(0) == 0 {
-            let _ = server.kill();
-            panic!("ptrewind printed no listening line:\n{server_log}");
-        }
-        server_log.push_str(&line);
-        if let Some((_, addr)) = line.trim().split_once("; listening on ") {
-            break addr.rsplit(':').next().and_then(|p| p.parse::<u16>().ok());
-        }
-    }
-    .expect("listening line names a port");
-    let mut cmd = Command::new("gdb");
-    cmd.args([
-        "-batch",
-        "-nx",
-        "-ex",
-        "set confirm off",
-        "-ex",
-        "set pagination off",
-    ])
-    .arg("-ex")
-    .arg(format!("target remote 127.0.0.1:{port}"));
+    let mut server = Server::start(exe, &[]);
+    let port = server.port;
+    let mut cmd = gdb_batch();
+    cmd.arg("-ex")
+        .arg(format!("target remote 127.0.0.1:{port}"));
     for c in commands {
         cmd.arg("-ex").arg(c);
     }
@@ -636,13 +607,8 @@ fn gdb_against_record(exe: &Path, commands: &[&str]) -> (String, String) {
         .status()
         .expect("gdb runs");
     // GDB kills the process when it exits; the server then ends by itself.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while server.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = server.kill();
-    let _ = server.wait();
-    let _ = lines.read_to_string(&mut server_log);
+    let _ = wait_until(&mut server.child, Instant::now() + Duration::from_secs(20));
+    let server_log = server.stderr.join().unwrap();
     let gdb = std::fs::read_to_string(&log_path).unwrap_or_default();
     let _ = std::fs::remove_file(&log_path);
     assert!(

@@ -256,6 +256,22 @@ fn stat(text: &str, key: &str) -> String {
         .unwrap_or_else(|| panic!("no {key:?} in stats:\n{text}"))
 }
 
+/// `monitor stats` reported a passing history check, and `monitor where` says GDB is replaying
+/// the last of `history` instructions.
+#[track_caller]
+fn expect_checked_at_last(r: &Run, history: u64) {
+    assert!(
+        stat(&r.gdb, "history check").starts_with("ok"),
+        "{}",
+        r.dump()
+    );
+    r.expect(&format!(
+        "replaying: instruction {} of {}",
+        history - 1,
+        history
+    ));
+}
+
 #[test]
 fn monitor_stats_history_matches_recording() {
     let r = gdb(
@@ -272,16 +288,7 @@ fn monitor_stats_history_matches_recording() {
     let history: u64 = stat(&r.gdb, "history instructions").parse().unwrap();
     assert!(recorded > 1000, "{}", r.dump());
     assert_eq!(recorded, history, "{}", r.dump());
-    assert!(
-        stat(&r.gdb, "history check").starts_with("ok"),
-        "{}",
-        r.dump()
-    );
-    r.expect(&format!(
-        "replaying: instruction {} of {}",
-        history - 1,
-        history
-    ));
+    expect_checked_at_last(&r, history);
 }
 
 #[test]
@@ -598,16 +605,7 @@ fn history_is_indexed_in_the_background_while_the_target_runs() {
     assert_eq!(num("decode lag (bytes)"), 0, "{}", r.dump());
     assert_eq!(num("history instructions"), recorded, "{}", r.dump());
     assert_eq!(num("lost bytes"), 0, "{}", r.dump());
-    assert!(
-        stat(&r.gdb, "history check").starts_with("ok"),
-        "{}",
-        r.dump()
-    );
-    r.expect(&format!(
-        "replaying: instruction {} of {}",
-        recorded - 1,
-        recorded
-    ));
+    expect_checked_at_last(&r, recorded);
 }
 
 // ---- Vector/x87 registers at past positions (branch `pastregs`) ----
