@@ -32,8 +32,10 @@ pub enum InsnClass {
     FarJump,
     /// Far RET, IRET, SYSRET, SYSEXIT: TIP.
     FarReturn,
-    /// SYSCALL, SYSENTER, INT n, INT3, INTO, INT1: TIP (or TIP.PGD into an untraced kernel).
+    /// SYSCALL, SYSENTER: TIP (or TIP.PGD into an untraced kernel).
     SysCall,
+    /// INT n, INT3, INTO, INT1: TIP (or TIP.PGD into an untraced kernel), as for [`Self::SysCall`].
+    SoftInt,
     /// PTWRITE: binds PTW packets without an IP.
     Ptwrite,
     /// MOV to CR3, WRMSR and similar: no packet of its own, but may switch tracing off.
@@ -41,6 +43,75 @@ pub enum InsnClass {
 }
 
 impl InsnClass {
+    /// Classifies one decoded instruction (any mode).
+    pub fn of(i: &Instruction) -> InsnClass {
+        // iced-x86 files SYSCALL, SYSENTER and VMLAUNCH under `FlowControl::Call` and far returns
+        // under `Return`, so the far transfers are picked out by mnemonic first.
+        match i.mnemonic() {
+            Mnemonic::Syscall | Mnemonic::Sysenter => return InsnClass::SysCall,
+            Mnemonic::Int | Mnemonic::Int3 | Mnemonic::Into | Mnemonic::Int1 => {
+                return InsnClass::SoftInt;
+            }
+            Mnemonic::Sysret
+            | Mnemonic::Sysexit
+            | Mnemonic::Iret
+            | Mnemonic::Iretd
+            | Mnemonic::Iretq
+            | Mnemonic::Retf
+            | Mnemonic::Uiret => return InsnClass::FarReturn,
+            Mnemonic::Vmlaunch | Mnemonic::Vmresume => return InsnClass::FarJump,
+            Mnemonic::Ptwrite => return InsnClass::Ptwrite,
+            Mnemonic::Wrmsr | Mnemonic::Vmcall | Mnemonic::Vmmcall => return InsnClass::Special,
+            _ => {}
+        }
+        match i.flow_control() {
+            FlowControl::Next | FlowControl::XbeginXabortXend | FlowControl::Exception => {
+                if i.code() == Code::Mov_cr_r64 || i.code() == Code::Mov_cr_r32 {
+                    InsnClass::Special
+                } else {
+                    InsnClass::Other
+                }
+            }
+            FlowControl::ConditionalBranch => InsnClass::CondBranch,
+            FlowControl::UnconditionalBranch => {
+                if i.is_jmp_far() {
+                    InsnClass::FarJump
+                } else {
+                    InsnClass::DirectJump
+                }
+            }
+            FlowControl::IndirectBranch => {
+                if i.is_jmp_far_indirect() {
+                    InsnClass::FarJump
+                } else {
+                    InsnClass::IndirectJump
+                }
+            }
+            FlowControl::Call => {
+                if i.is_call_far() {
+                    InsnClass::FarCall
+                } else {
+                    InsnClass::DirectCall
+                }
+            }
+            FlowControl::IndirectCall => {
+                if i.is_call_far_indirect() {
+                    InsnClass::FarCall
+                } else {
+                    InsnClass::IndirectCall
+                }
+            }
+            FlowControl::Return => {
+                if i.mnemonic() == Mnemonic::Ret {
+                    InsnClass::Return
+                } else {
+                    InsnClass::FarReturn
+                }
+            }
+            FlowControl::Interrupt => InsnClass::SoftInt,
+        }
+    }
+
     /// True for instructions whose successor the trace must give as a TIP (or TIP.PGD).
     #[inline]
     pub fn needs_tip(self) -> bool {
@@ -52,6 +123,7 @@ impl InsnClass {
                 | InsnClass::FarJump
                 | InsnClass::FarReturn
                 | InsnClass::SysCall
+                | InsnClass::SoftInt
         )
     }
 
@@ -65,6 +137,7 @@ impl InsnClass {
                 | InsnClass::FarJump
                 | InsnClass::FarReturn
                 | InsnClass::SysCall
+                | InsnClass::SoftInt
                 | InsnClass::Special
         )
     }
@@ -92,6 +165,7 @@ impl InsnClass {
             InsnClass::FarJump => "far-jump",
             InsnClass::FarReturn => "far-ret",
             InsnClass::SysCall => "syscall",
+            InsnClass::SoftInt => "int",
             InsnClass::Ptwrite => "ptwrite",
             InsnClass::Special => "special",
         }
@@ -104,77 +178,6 @@ pub(crate) fn bitness(mode: ExecMode) -> u32 {
         ExecMode::Bits16 => 16,
         ExecMode::Bits32 => 32,
         ExecMode::Bits64 | ExecMode::Invalid => 64,
-    }
-}
-
-/// Classifies one decoded instruction.
-pub(crate) fn classify(i: &Instruction) -> InsnClass {
-    // iced-x86 files SYSCALL, SYSENTER and VMLAUNCH under `FlowControl::Call` and far returns
-    // under `Return`, so the far transfers are picked out by mnemonic first.
-    match i.mnemonic() {
-        Mnemonic::Syscall
-        | Mnemonic::Sysenter
-        | Mnemonic::Int
-        | Mnemonic::Int3
-        | Mnemonic::Into
-        | Mnemonic::Int1 => return InsnClass::SysCall,
-        Mnemonic::Sysret
-        | Mnemonic::Sysexit
-        | Mnemonic::Iret
-        | Mnemonic::Iretd
-        | Mnemonic::Iretq
-        | Mnemonic::Retf
-        | Mnemonic::Uiret => return InsnClass::FarReturn,
-        Mnemonic::Vmlaunch | Mnemonic::Vmresume => return InsnClass::FarJump,
-        Mnemonic::Ptwrite => return InsnClass::Ptwrite,
-        Mnemonic::Wrmsr | Mnemonic::Vmcall | Mnemonic::Vmmcall => return InsnClass::Special,
-        _ => {}
-    }
-    match i.flow_control() {
-        FlowControl::Next | FlowControl::XbeginXabortXend | FlowControl::Exception => {
-            if i.code() == Code::Mov_cr_r64 || i.code() == Code::Mov_cr_r32 {
-                InsnClass::Special
-            } else {
-                InsnClass::Other
-            }
-        }
-        FlowControl::ConditionalBranch => InsnClass::CondBranch,
-        FlowControl::UnconditionalBranch => {
-            if i.is_jmp_far() {
-                InsnClass::FarJump
-            } else {
-                InsnClass::DirectJump
-            }
-        }
-        FlowControl::IndirectBranch => {
-            if i.is_jmp_far_indirect() {
-                InsnClass::FarJump
-            } else {
-                InsnClass::IndirectJump
-            }
-        }
-        FlowControl::Call => {
-            if i.is_call_far() {
-                InsnClass::FarCall
-            } else {
-                InsnClass::DirectCall
-            }
-        }
-        FlowControl::IndirectCall => {
-            if i.is_call_far_indirect() {
-                InsnClass::FarCall
-            } else {
-                InsnClass::IndirectCall
-            }
-        }
-        FlowControl::Return => {
-            if i.mnemonic() == Mnemonic::Ret {
-                InsnClass::Return
-            } else {
-                InsnClass::FarReturn
-            }
-        }
-        FlowControl::Interrupt => InsnClass::SysCall,
     }
 }
 
@@ -383,7 +386,7 @@ impl BlockCache {
             self.lens.push(len);
             n += 1;
             last_ip = cur;
-            let class = classify(&instr);
+            let class = InsnClass::of(&instr);
             cur = match bits {
                 64 => cur.wrapping_add(len as u64),
                 32 => (cur as u32).wrapping_add(len as u32) as u64,

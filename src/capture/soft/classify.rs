@@ -3,7 +3,9 @@
 
 use std::collections::HashMap;
 
-use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic};
+use iced_x86::{Decoder, DecoderOptions, Instruction};
+
+pub use crate::flow::InsnClass;
 
 use super::encoder::Cofi;
 use super::target::{StepTarget, TargetError};
@@ -11,95 +13,25 @@ use super::target::{StepTarget, TargetError};
 /// The longest x86 instruction.
 pub const MAX_INSN_LEN: usize = 15;
 
-/// The static class of an instruction: what it can do to the flow, before knowing the outcome.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum InsnClass {
-    /// Falls through.
-    Plain,
-    /// Jcc, JrCXZ, LOOPcc.
-    Conditional,
-    /// JMP rel.
-    DirectJump,
-    /// CALL rel.
-    DirectCall,
-    /// JMP r/m.
-    IndirectJump,
-    /// CALL r/m.
-    IndirectCall,
-    /// Near RET.
-    Return,
-    /// Far JMP/CALL/RET, IRET.
-    FarTransfer,
-    /// SYSCALL, SYSENTER.
-    SystemCall,
-    /// INT n, INT3, INT1, INTO.
-    SoftwareInterrupt,
-}
-
-impl InsnClass {
-    /// Classifies a decoded 64-bit instruction.
-    pub fn of(insn: &Instruction) -> InsnClass {
-        match insn.flow_control() {
-            FlowControl::Next | FlowControl::Exception | FlowControl::XbeginXabortXend => {
-                InsnClass::Plain
-            }
-            FlowControl::ConditionalBranch => InsnClass::Conditional,
-            FlowControl::UnconditionalBranch => {
-                if insn.is_jmp_far() {
-                    InsnClass::FarTransfer
-                } else {
-                    InsnClass::DirectJump
-                }
-            }
-            FlowControl::IndirectBranch => {
-                if insn.is_jmp_far_indirect() {
-                    InsnClass::FarTransfer
-                } else {
-                    InsnClass::IndirectJump
-                }
-            }
-            FlowControl::Call => match insn.mnemonic() {
-                Mnemonic::Syscall | Mnemonic::Sysenter => InsnClass::SystemCall,
-                _ if insn.is_call_far() => InsnClass::FarTransfer,
-                Mnemonic::Call => InsnClass::DirectCall,
-                // VMCALL and friends fault in user mode.
-                _ => InsnClass::Plain,
-            },
-            FlowControl::IndirectCall => {
-                if insn.is_call_far_indirect() {
-                    InsnClass::FarTransfer
-                } else {
-                    InsnClass::IndirectCall
-                }
-            }
-            FlowControl::Return => match insn.mnemonic() {
-                Mnemonic::Ret => InsnClass::Return,
-                Mnemonic::Retf | Mnemonic::Iret | Mnemonic::Iretd | Mnemonic::Iretq => {
-                    InsnClass::FarTransfer
-                }
-                // SYSRET, SYSEXIT, RSM, ... fault in user mode.
-                _ => InsnClass::Plain,
-            },
-            FlowControl::Interrupt => InsnClass::SoftwareInterrupt,
-        }
-    }
-
-    /// The change-of-flow category of one execution that went on at `next_ip`.
-    pub fn cofi(self, nlip: u64, next_ip: u64) -> Cofi {
-        match self {
-            InsnClass::Plain => Cofi::None,
-            InsnClass::Conditional => Cofi::Conditional {
-                taken: next_ip != nlip,
-            },
-            InsnClass::DirectJump => Cofi::DirectJump,
-            InsnClass::DirectCall => Cofi::DirectCall,
-            InsnClass::IndirectJump => Cofi::IndirectJump,
-            InsnClass::IndirectCall => Cofi::IndirectCall,
-            InsnClass::Return => Cofi::Return,
-            InsnClass::FarTransfer => Cofi::FarTransfer,
-            InsnClass::SystemCall => Cofi::KernelEntry,
-            InsnClass::SoftwareInterrupt => Cofi::SoftwareInterrupt,
-        }
+/// The change-of-flow category of one execution of an instruction of class `class` that went on
+/// at `next_ip` (`nlip` is the address after it). The classes are the flow decoder's, so the
+/// encoder and the decoder agree on which instructions report what. Instructions that only
+/// fault in user mode (SYSRET, VMLAUNCH, ...) never reach the encoder: the fault stops the step
+/// before it counts as executed.
+pub fn cofi(class: InsnClass, nlip: u64, next_ip: u64) -> Cofi {
+    match class {
+        InsnClass::Other | InsnClass::Ptwrite | InsnClass::Special => Cofi::None,
+        InsnClass::CondBranch => Cofi::Conditional {
+            taken: next_ip != nlip,
+        },
+        InsnClass::DirectJump => Cofi::DirectJump,
+        InsnClass::DirectCall => Cofi::DirectCall,
+        InsnClass::IndirectJump => Cofi::IndirectJump,
+        InsnClass::IndirectCall => Cofi::IndirectCall,
+        InsnClass::Return => Cofi::Return,
+        InsnClass::FarCall | InsnClass::FarJump | InsnClass::FarReturn => Cofi::FarTransfer,
+        InsnClass::SysCall => Cofi::KernelEntry,
+        InsnClass::SoftInt => Cofi::SoftwareInterrupt,
     }
 }
 
@@ -251,24 +183,24 @@ mod tests {
 
     #[test]
     fn classes_of_common_instructions() {
-        assert_eq!(class(&[0x90]), InsnClass::Plain);
-        assert_eq!(class(&[0x74, 0x05]), InsnClass::Conditional);
-        assert_eq!(class(&[0xe3, 0x05]), InsnClass::Conditional); // jrcxz
-        assert_eq!(class(&[0xe2, 0x05]), InsnClass::Conditional); // loop
+        assert_eq!(class(&[0x90]), InsnClass::Other);
+        assert_eq!(class(&[0x74, 0x05]), InsnClass::CondBranch);
+        assert_eq!(class(&[0xe3, 0x05]), InsnClass::CondBranch); // jrcxz
+        assert_eq!(class(&[0xe2, 0x05]), InsnClass::CondBranch); // loop
         assert_eq!(class(&[0xeb, 0x05]), InsnClass::DirectJump);
         assert_eq!(class(&[0xe8, 0, 0, 0, 0]), InsnClass::DirectCall);
         assert_eq!(class(&[0xff, 0xe0]), InsnClass::IndirectJump); // jmp rax
         assert_eq!(class(&[0xff, 0xd0]), InsnClass::IndirectCall); // call rax
-        assert_eq!(class(&[0xff, 0x18]), InsnClass::FarTransfer); // call far [rax]
+        assert_eq!(class(&[0xff, 0x18]), InsnClass::FarCall); // call far [rax]
         assert_eq!(class(&[0xc3]), InsnClass::Return);
         assert_eq!(class(&[0xc2, 0x08, 0x00]), InsnClass::Return);
-        assert_eq!(class(&[0xcb]), InsnClass::FarTransfer); // retf
-        assert_eq!(class(&[0x48, 0xcf]), InsnClass::FarTransfer); // iretq
-        assert_eq!(class(&[0x0f, 0x05]), InsnClass::SystemCall);
-        assert_eq!(class(&[0xcc]), InsnClass::SoftwareInterrupt);
-        assert_eq!(class(&[0xcd, 0x80]), InsnClass::SoftwareInterrupt);
-        assert_eq!(class(&[0xf1]), InsnClass::SoftwareInterrupt);
-        assert_eq!(class(&[0x0f, 0x0b]), InsnClass::Plain); // ud2 faults
+        assert_eq!(class(&[0xcb]), InsnClass::FarReturn); // retf
+        assert_eq!(class(&[0x48, 0xcf]), InsnClass::FarReturn); // iretq
+        assert_eq!(class(&[0x0f, 0x05]), InsnClass::SysCall);
+        assert_eq!(class(&[0xcc]), InsnClass::SoftInt);
+        assert_eq!(class(&[0xcd, 0x80]), InsnClass::SoftInt);
+        assert_eq!(class(&[0xf1]), InsnClass::SoftInt);
+        assert_eq!(class(&[0x0f, 0x0b]), InsnClass::Other); // ud2 faults
     }
 
     #[test]
@@ -285,11 +217,11 @@ mod tests {
     fn conditional_outcome_from_next_ip() {
         let c = decode_insn(0x1000, &[0x74, 0x05]).expect("je");
         assert_eq!(
-            c.class.cofi(c.nlip(), 0x1007),
+            cofi(c.class, c.nlip(), 0x1007),
             Cofi::Conditional { taken: true }
         );
         assert_eq!(
-            c.class.cofi(c.nlip(), 0x1002),
+            cofi(c.class, c.nlip(), 0x1002),
             Cofi::Conditional { taken: false }
         );
     }

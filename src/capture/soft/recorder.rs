@@ -53,7 +53,7 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
-use super::classify::{CachedInsn, DecodeInsnError, InsnCache, InsnClass};
+use super::classify::{CachedInsn, DecodeInsnError, InsnCache, InsnClass, cofi};
 use super::encoder::{EncoderConfig, EncoderStats, SoftEncoder, Step};
 use super::procmaps::{self, SymbolError};
 use super::state_log::StateLog;
@@ -341,7 +341,7 @@ impl<T: StepTarget> Drop for SoftRecorder<T> {
 /// True if `insn` is a system call instruction about to run `exit` (60) or `exit_group` (231)
 /// with the registers `before` it.
 fn is_exit_syscall(insn: Option<&CachedInsn>, before: &Regs) -> bool {
-    insn.is_some_and(|i| i.class == InsnClass::SystemCall) && matches!(before.rax, 60 | 231)
+    insn.is_some_and(|i| i.class == InsnClass::SysCall) && matches!(before.rax, 60 | 231)
 }
 
 fn drain_into(ring: &SharedRing<Topa>, store: &TraceStore) -> u64 {
@@ -566,12 +566,9 @@ impl<T: StepTarget> SoftRecorder<T> {
             // address: it is the step's trap.
             StepStop::Trap | StepStop::Breakpoint { .. } => {
                 let code = if signal.is_some()
-                    || insn.is_none_or(|i| {
-                        matches!(
-                            i.class,
-                            InsnClass::SoftwareInterrupt | InsnClass::SystemCall
-                        )
-                    }) {
+                    || insn
+                        .is_none_or(|i| matches!(i.class, InsnClass::SoftInt | InsnClass::SysCall))
+                {
                     self.target.siginfo()?.code
                 } else {
                     TRAP_TRACE
@@ -584,8 +581,8 @@ impl<T: StepTarget> SoftRecorder<T> {
                     // A SIGTRAP that is not the step trap: the program's own INT3/INT1 (after
                     // it executed), or a SIGTRAP sent to it. Either way the program gets it.
                     self.pending_signal = Some(Signal::SIGTRAP);
-                    let executed = after.rip != ip
-                        || insn.is_some_and(|i| i.class == InsnClass::SoftwareInterrupt);
+                    let executed =
+                        after.rip != ip || insn.is_some_and(|i| i.class == InsnClass::SoftInt);
                     if !executed {
                         self.stats.signal_stops += 1;
                         self.discard_state_entry();
@@ -732,7 +729,7 @@ impl<T: StepTarget> SoftRecorder<T> {
                 // mapping): single-step instead; the CPU decides what happens there.
                 Err(_) => return Ok(None),
             };
-            if insn.class != InsnClass::Plain
+            if insn.class.is_branch()
                 || insn.insn.flow_control() == iced_x86::FlowControl::Exception
                 || block.len() as u64 + 1 >= max
                 || block.len() >= MAX_BLOCK
@@ -930,7 +927,7 @@ impl<T: StepTarget> SoftRecorder<T> {
             }
             return Ok(StepEvent::Iteration { ip });
         }
-        if insn.class == InsnClass::SystemCall {
+        if insn.class == InsnClass::SysCall {
             // Code may have changed under the cache: mmap, mprotect, munmap, mremap, execve,
             // pkey_mprotect (orig_rax keeps the number after the call).
             if matches!(after.orig_rax, 9..=11 | 25 | 59 | 329) {
@@ -977,7 +974,7 @@ impl<T: StepTarget> SoftRecorder<T> {
         self.encoder.step(Step {
             ip,
             len: insn.len(),
-            cofi: insn.class.cofi(insn.nlip(), next_ip),
+            cofi: cofi(insn.class, insn.nlip(), next_ip),
             next_ip,
         });
         self.write_out(false);

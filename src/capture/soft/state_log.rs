@@ -600,7 +600,7 @@ impl StateLog {
         }
         self.open(before);
         self.syscall_nr = None;
-        if insn.class == InsnClass::SystemCall {
+        if insn.class == InsnClass::SysCall {
             self.syscall_nr = Some(before.rax);
             // rt_sigreturn restores the vector state from the signal frame; execve resets it.
             if matches!(before.rax, 15 | 59 | 322) {
