@@ -245,23 +245,13 @@ impl LldbTraceServer {
                 if self.process.is_some() {
                     return Err("Process currently traced. Stop process tracing first".into());
                 }
-                // Start every live thread; undo on failure so the state stays consistent.
-                let mut started = Vec::new();
-                for &tid in live_threads {
-                    if self.threads.contains_key(&tid) {
-                        continue;
-                    }
-                    match provider.start(tid, &options) {
-                        Ok(size) => started.push((tid, size)),
-                        Err(e) => {
-                            for (t, _) in started {
-                                let _ = provider.stop(t);
-                            }
-                            return Err(format!("cannot trace thread {tid}: {e}"));
-                        }
-                    }
-                }
-                self.threads.extend(started);
+                // Start every live thread not traced yet.
+                let untraced = live_threads
+                    .iter()
+                    .copied()
+                    .filter(|tid| !self.threads.contains_key(tid));
+                self.threads
+                    .extend(start_all(provider, untraced, &options)?);
                 self.process = Some(options);
             }
             Some(tids) => {
@@ -273,19 +263,8 @@ impl LldbTraceServer {
                         return Err(format!("Thread {tid} already traced"));
                     }
                 }
-                let mut started = Vec::new();
-                for &tid in &tids {
-                    match provider.start(tid, &options) {
-                        Ok(size) => started.push((tid, size)),
-                        Err(e) => {
-                            for (t, _) in started {
-                                let _ = provider.stop(t);
-                            }
-                            return Err(format!("cannot trace thread {tid}: {e}"));
-                        }
-                    }
-                }
-                self.threads.extend(started);
+                self.threads
+                    .extend(start_all(provider, tids.iter().copied(), &options)?);
             }
         }
         Ok(b"OK".to_vec())
@@ -384,6 +363,28 @@ impl LldbTraceServer {
             other => Err(format!("Unsupported trace binary data kind: {other}")),
         }
     }
+}
+
+/// Starts tracing each of `tids` with `options`; returns each thread's buffer size. On a failure
+/// the threads started so far are stopped again, so the traced set stays as it was.
+fn start_all(
+    provider: &mut dyn PtTraceProvider,
+    tids: impl Iterator<Item = u32>,
+    options: &StartOptions,
+) -> Result<Vec<(u32, u64)>, String> {
+    let mut started = Vec::new();
+    for tid in tids {
+        match provider.start(tid, options) {
+            Ok(size) => started.push((tid, size)),
+            Err(e) => {
+                for (t, _) in started {
+                    let _ = provider.stop(t);
+                }
+                return Err(format!("cannot trace thread {tid}: {e}"));
+            }
+        }
+    }
+    Ok(started)
 }
 
 #[cfg(test)]

@@ -29,6 +29,17 @@ impl std::fmt::Debug for TraceHub {
     }
 }
 
+impl TraceHub {
+    /// A hub serving `provider` with nothing traced yet, shared by the interceptors.
+    fn shared(provider: Box<dyn PtTraceProvider>) -> Rc<RefCell<TraceHub>> {
+        Rc::new(RefCell::new(TraceHub {
+            provider,
+            btrace: BtraceServer::new(),
+            lldb: LldbTraceServer::new(),
+        }))
+    }
+}
+
 fn current_tid(session: &Session) -> u32 {
     // Linux thread ids are positive; a target without one has no thread to trace.
     u32::try_from(session.target().tid()).unwrap_or(0)
@@ -37,11 +48,7 @@ fn current_tid(session: &Session) -> u32 {
 /// Registers the trace interceptors and `qSupported` features on `router`, serving trace
 /// from `provider`. Returns the shared state (e.g. to inspect what is traced afterwards).
 pub fn install(router: &mut Router, provider: Box<dyn PtTraceProvider>) -> Rc<RefCell<TraceHub>> {
-    let hub = Rc::new(RefCell::new(TraceHub {
-        provider,
-        btrace: BtraceServer::new(),
-        lldb: LldbTraceServer::new(),
-    }));
+    let hub = TraceHub::shared(provider);
     intercept_gdb(router, &hub);
     intercept_lldb(router, &hub);
     hub
@@ -57,11 +64,7 @@ pub fn install_lldb(
     router: &mut Router,
     provider: Box<dyn PtTraceProvider>,
 ) -> Rc<RefCell<TraceHub>> {
-    let hub = Rc::new(RefCell::new(TraceHub {
-        provider,
-        btrace: BtraceServer::new(),
-        lldb: LldbTraceServer::new(),
-    }));
+    let hub = TraceHub::shared(provider);
     intercept_lldb(router, &hub);
     hub
 }
@@ -76,11 +79,7 @@ pub fn install_btrace(
     router: &mut Router,
     provider: Box<dyn PtTraceProvider>,
 ) -> Rc<RefCell<TraceHub>> {
-    let hub = Rc::new(RefCell::new(TraceHub {
-        provider,
-        btrace: BtraceServer::new(),
-        lldb: LldbTraceServer::new(),
-    }));
+    let hub = TraceHub::shared(provider);
     intercept_gdb(router, &hub);
     hub
 }
