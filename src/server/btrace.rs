@@ -465,6 +465,11 @@ impl BtraceServer {
         if self.threads.contains_key(&tid) {
             return Ok(());
         }
+        self.start_thread(tid, provider)
+    }
+
+    /// Starts tracing `tid` (not traced yet) with the configured buffer size.
+    fn start_thread(&mut self, tid: u32, provider: &mut dyn PtTraceProvider) -> Result<(), String> {
         let options = StartOptions {
             buffer_size: self.pt_size,
             enable_tsc: false,
@@ -528,19 +533,7 @@ impl BtraceServer {
             if self.threads.contains_key(&tid) {
                 return Err("Btrace already enabled.".into());
             }
-            let options = StartOptions {
-                buffer_size: self.pt_size,
-                enable_tsc: false,
-                psb_period: None,
-            };
-            let size = provider.start(tid, &options)?;
-            self.threads.insert(
-                tid,
-                ThreadTrace {
-                    size,
-                    last_head: None,
-                },
-            );
+            self.start_thread(tid, provider)?;
         } else {
             if !self.threads.contains_key(&tid) {
                 return Err("Branch tracing not enabled.".into());
