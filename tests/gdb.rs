@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 mod support;
 
-use support::cbuild::{cc, example_source, line_of};
+use support::cbuild::{build_example, cc, example_source, line_of};
 use support::gdb::{GdbRun, Server, gdb_session, run_until, wait_until};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -37,17 +37,10 @@ fn examples() -> &'static Path {
             "exec",
             "attachme",
         ] {
-            cc(["-g", "-O0", "-o", &out(p), &src(&format!("{p}.c"))]);
+            build_example(&dir, p, &[]);
         }
-        cc([
-            "-g",
-            "-O0",
-            "-pthread",
-            "-o",
-            &out("threads"),
-            &src("threads.c"),
-        ]);
-        cc(["-g", "-O0", "-mavx", "-o", &out("avx"), &src("avx.c")]);
+        build_example(&dir, "threads", &["-pthread"]);
+        build_example(&dir, "avx", &["-mavx"]);
         cc([
             "-g",
             "-O0",

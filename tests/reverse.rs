@@ -12,7 +12,7 @@ use std::time::Duration;
 
 mod support;
 
-use support::cbuild::{cc, compile_source, example_source, line_of, nm_symbol};
+use support::cbuild::{build_example, compile_source, line_of, nm_symbol};
 use support::gdb::{GdbRun, Server, gdb_session, ptrewind, run_until};
 
 const TIMEOUT: Duration = Duration::from_secs(90);
@@ -24,15 +24,7 @@ fn examples() -> &'static Path {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("reverse-examples");
         std::fs::create_dir_all(&dir).unwrap();
         for p in ["crash", "recursion", "signal"] {
-            let out = dir.join(p);
-            let src = example_source(&format!("{p}.c"));
-            cc([
-                "-g".as_ref(),
-                "-O0".as_ref(),
-                "-o".as_ref(),
-                out.as_os_str(),
-                src.as_os_str(),
-            ]);
+            build_example(&dir, p, &[]);
         }
         dir
     })
@@ -616,17 +608,7 @@ fn avx_example() -> &'static Path {
     BIN.get_or_init(|| {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("reverse-examples-avx");
         std::fs::create_dir_all(&dir).unwrap();
-        let bin = dir.join("avx");
-        let src = example_source("avx.c");
-        cc([
-            "-g".as_ref(),
-            "-O0".as_ref(),
-            "-mavx".as_ref(),
-            "-o".as_ref(),
-            bin.as_os_str(),
-            src.as_os_str(),
-        ]);
-        bin
+        build_example(&dir, "avx", &["-mavx"])
     })
 }
 

@@ -90,3 +90,13 @@ pub fn line_of(file: &str, marker: &str) -> usize {
         .unwrap_or_else(|| panic!("marker {marker:?} not in {file}"))
         + 1
 }
+
+/// Compiles `examples/c/NAME.c` into `dir/NAME` with `cc -g -O0 FLAGS`.
+pub fn build_example(dir: &Path, name: &str, flags: &[&str]) -> PathBuf {
+    let exe = dir.join(name);
+    let src = example_source(&format!("{name}.c"));
+    let mut args: Vec<&OsStr> = ["-g", "-O0"].iter().chain(flags).map(OsStr::new).collect();
+    args.extend([OsStr::new("-o"), exe.as_os_str(), src.as_os_str()]);
+    cc(args);
+    exe
+}
