@@ -21,7 +21,7 @@ mod support;
 
 // Symbol addresses from `nm` (for PIE binaries: the link-time address).
 use support::cbuild::nm_symbol as symbol;
-use support::cbuild::{cc_with, have};
+use support::cbuild::{cc_with, compile_source, have};
 use support::gdb::{Server, ptrewind, run_until, wait_until};
 
 /// A shared library and a program that calls it and libc, with a global string to read.
@@ -117,18 +117,14 @@ fn build_uselib(dir: &Path) -> PathBuf {
     dir.join("uselib")
 }
 
+/// Builds `rv` (from [`ASM_C`], not position-independent) in `dir`.
 fn build_asm(dir: &Path) -> PathBuf {
-    std::fs::write(dir.join("rv.c"), ASM_C).unwrap();
-    let exe = dir.join("rv");
-    gcc(&[
-        "-g",
-        "-O0",
-        "-no-pie",
-        "-o",
-        &exe.to_string_lossy(),
-        &dir.join("rv.c").to_string_lossy(),
-    ]);
-    exe
+    compile_source("gcc", dir, "rv", ASM_C, &["-g", "-O0", "-no-pie"], &[])
+}
+
+/// The LLDB command script that adds the `pt` commands.
+fn lldb_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("gdb-scripts/ptrewind_lldb.py")
 }
 
 /// Starts `ptrewind record --backend soft ARGS --listen 127.0.0.1:0 -- exe`.
@@ -280,7 +276,7 @@ fn lldb_python_pt_commands() {
     }
     let dir = tempfile::tempdir().unwrap();
     let exe = build_asm(dir.path());
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("gdb-scripts/ptrewind_lldb.py");
+    let script = lldb_script();
     let stop = symbol(&exe, "rv_stop");
     let run = run_lldb(
         &exe,
@@ -333,7 +329,7 @@ fn lldb_trace_dump_matches_ptrewind_history() {
     }
     let dir = tempfile::tempdir().unwrap();
     let exe = build_asm(dir.path());
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("gdb-scripts/ptrewind_lldb.py");
+    let script = lldb_script();
     let (start, stop, leaf) = (
         symbol(&exe, "rv_start"),
         symbol(&exe, "rv_stop"),
