@@ -722,3 +722,60 @@ fn vector_state_the_log_does_not_cover_is_unavailable() {
     assert_eq!(r.tagged("RSP").len(), 1, "{}", r.dump());
     assert_eq!(r.tagged("PC").len(), 1, "{}", r.dump());
 }
+
+/// `ptrewind attach` records from the attach point (where the process usually sits inside
+/// `usleep`'s interrupted `clock_nanosleep`, which the kernel restarts): reverse execution goes
+/// back to an earlier `tick`, the history check passes, and `detach` leaves the process running.
+#[test]
+fn attach_records_from_the_attach_point_and_detaches() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("reverse-attach");
+    std::fs::create_dir_all(&dir).unwrap();
+    let program = build_example(&dir, "attachme", &[]);
+    let mut victim = std::process::Command::new(&program)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = victim.id();
+    std::thread::sleep(Duration::from_millis(100));
+    let server =
+        Server::spawn(ptrewind().args(["attach", "--listen", "127.0.0.1:0", &pid.to_string()]));
+    let r = gdb_session(
+        server,
+        &program,
+        &[
+            "break tick",
+            "continue",
+            "printf \"COUNTER %d\\n\", counter",
+            "continue",
+            "printf \"COUNTER %d\\n\", counter",
+            "reverse-continue",
+            "printf \"COUNTER %d\\n\", counter",
+            "monitor stats",
+            "detach",
+        ],
+        TIMEOUT,
+    );
+    std::thread::sleep(Duration::from_millis(100));
+    let alive = victim.try_wait().unwrap().is_none();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let _ = victim.kill();
+    let _ = victim.wait();
+    let counters: Vec<i64> = r
+        .tagged("COUNTER")
+        .iter()
+        .map(|c| c.parse().unwrap())
+        .collect();
+    assert_eq!(counters.len(), 3, "{}", r.dump());
+    let k = counters[0];
+    assert_eq!(counters, vec![k, k + 1, k], "{}", r.dump());
+    assert!(
+        stat(&r.gdb, "history check").starts_with("ok"),
+        "{}",
+        r.dump()
+    );
+    assert!(!r.gdb.contains("ERROR"), "{}", r.dump());
+    r.expect(&format!("process {pid}) detached"));
+    assert!(r.server.contains("detached from process"), "{}", r.server);
+    assert!(alive, "the attached process died\n{}", r.dump());
+    assert!(status.contains("TracerPid:\t0\n"), "{status}");
+}

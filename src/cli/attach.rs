@@ -1,8 +1,11 @@
-//! `ptrewind attach PID`: attach to a running process and serve it to GDB.
+//! `ptrewind attach PID`: attach to a running process, record it with the software backend
+//! from the attach point on and serve it to GDB with reverse execution (`--no-record`: forward
+//! debugging only).
 
 use super::CmdResult;
-use super::record::{bind, serve};
-use ptrewind::server::check_listen_addr;
+use super::record::{bind, serve, serve_recording};
+use ptrewind::capture::soft::{RecordFrom, RecorderConfig, SoftRecorder, StepMode};
+use ptrewind::server::{RecordingTarget, check_listen_addr};
 use ptrewind::target::PtraceTarget;
 use std::net::SocketAddr;
 
@@ -15,6 +18,9 @@ pub struct AttachArgs {
     /// Allow listening on a non-loopback address (whoever connects controls the process).
     #[arg(long)]
     allow_remote: bool,
+    /// Do not record: serve forward debugging only (the process runs at full speed).
+    #[arg(long)]
+    no_record: bool,
     /// The process to attach to (its main thread is debugged; other threads keep running).
     pid: i32,
 }
@@ -24,5 +30,21 @@ pub fn run(args: AttachArgs) -> CmdResult {
     check_listen_addr(args.listen, args.allow_remote)?;
     let listener = bind(args.listen)?;
     let target = PtraceTarget::attach(args.pid)?;
-    serve(target, listener, "attached to", true, "".as_ref())
+    if args.no_record {
+        return serve(target, listener, "attached to", true, "".as_ref());
+    }
+    // Recording starts at the attach stop (which may be inside an interrupted system call:
+    // the recorder records its restart as the `syscall` instruction executing again).
+    let config = RecorderConfig {
+        record_from: RecordFrom::OnDemand,
+        state_log: true,
+        step_mode: StepMode::Single,
+        capture_image_at_exit: false,
+        ..RecorderConfig::default()
+    };
+    let mut recorder =
+        SoftRecorder::new(target, config).map_err(|e| format!("cannot start recording: {e}"))?;
+    recorder.record_on();
+    let target = RecordingTarget::new(recorder)?;
+    serve_recording(target, listener, "attached to", true, "".as_ref())
 }

@@ -27,7 +27,8 @@ enum Command {
     Decode(decode::DecodeArgs),
     /// Run a program under ptrewind, record it and serve it to GDB/LLDB.
     Record(record::RecordArgs),
-    /// Attach to a running process and serve it to GDB (forward debugging only).
+    /// Attach to a running process, record it from there on and serve it to GDB (`--no-record`:
+    /// forward debugging only).
     Attach(attach::AttachArgs),
     /// Record a program and debug it in GDB with reverse execution (like `rr replay`).
     Gdb(record::GdbArgs),

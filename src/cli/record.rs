@@ -129,7 +129,7 @@ pub fn run(args: RecordArgs) -> CmdResult {
         Err(code) => return Ok(code),
     };
     let program = args.command[0].clone();
-    serve_recording(target, listener, &program)
+    serve_recording(target, listener, "started", false, &program)
 }
 
 /// Starts the program and its recording and binds the listener; `Err(code)` when the command
@@ -183,10 +183,13 @@ pub(crate) fn start_recording(
     Ok(Ok((target, listener)))
 }
 
-/// Serves a recording session to one GDB connection.
+/// Serves a recording session to one GDB connection; `how` and `attached` as for
+/// [`serve_session`] (an attached process is detached, not killed, when the debugger leaves).
 pub(crate) fn serve_recording(
     target: RecordingTarget,
     listener: TcpListener,
+    how: &str,
+    attached: bool,
     fallback_exe: &std::ffi::OsStr,
 ) -> CmdResult {
     let mut session = Session::new(Box::new(target.clone()));
@@ -201,17 +204,10 @@ pub(crate) fn serve_recording(
         provider.attach(tid, store.clone());
         gdb_view.attach(tid, store);
     }
-    serve_session(
-        session,
-        listener,
-        "started",
-        false,
-        fallback_exe,
-        |router| {
-            tracing::install_lldb(router, Box::new(provider));
-            tracing::install_btrace(router, Box::new(gdb_view));
-        },
-    )
+    serve_session(session, listener, how, attached, fallback_exe, |router| {
+        tracing::install_lldb(router, Box::new(provider));
+        tracing::install_btrace(router, Box::new(gdb_view));
+    })
 }
 
 /// Binds the listening socket (after the loopback check done by the caller).
@@ -355,7 +351,7 @@ pub fn run_gdb(args: GdbArgs) -> CmdResult {
         let _ = std::net::TcpStream::connect(addr);
         status
     });
-    let served = serve_recording(target, listener, &program);
+    let served = serve_recording(target, listener, "started", false, &program);
     let status = watcher
         .join()
         .map_err(|_| "the thread waiting for gdb panicked".to_string())?;

@@ -420,6 +420,7 @@ impl Recorder {
         line(&mut out, "single steps", r.single_steps.to_string());
         line(&mut out, "signal stops", r.signal_stops.to_string());
         line(&mut out, "recorder anomalies", r.anomalies.to_string());
+        line(&mut out, "syscall restarts", r.syscall_restarts.to_string());
         if let Some(l) = log {
             line(&mut out, "state-log bytes", l.total_bytes.to_string());
             let per = if l.instructions == 0 {

@@ -27,6 +27,16 @@
 //! too, reported as `PTRACE_EVENT_EXEC`; recording goes on in the new program (TIP.PGE at its
 //! first instruction) with the instruction cache emptied.
 //!
+//! ## Stops inside a restartable system call
+//!
+//! A process stopped inside an interrupted system call (at attach, or by an interrupt while a
+//! blocking call ran) stands *after* its 2-byte `syscall` with RAX = `-ERESTARTSYS`,
+//! `-ERESTARTNOINTR`, `-ERESTARTNOHAND` or `-ERESTART_RESTARTBLOCK` and ORIG_RAX = the call.
+//! Resumed without a signal handler to run, the kernel restarts it (x86
+//! `arch_do_signal_or_restart`): RIP -= 2 and RAX = the call (`restart_syscall` for
+//! `-ERESTART_RESTARTBLOCK`), so the next instruction executed is that `syscall` again. The
+//! recorder records such a step as the `syscall` at RIP - 2 with those registers before it.
+//!
 //! ## Block stepping
 //!
 //! Straight-line code produces no packets, so by default ([`StepMode::Block`]) the recorder
@@ -252,6 +262,8 @@ pub struct RecorderStats {
     /// Stops the recorder could not explain and resolved by looking at RIP (counted, never
     /// silent).
     pub anomalies: u64,
+    /// Steps that re-executed a system call interrupted at a stop (the kernel's restart).
+    pub syscall_restarts: u64,
     /// Times the recorder drained the ring itself because the drainer had not kept up.
     pub inline_drains: u64,
     /// ToPA PMIs raised.
@@ -342,6 +354,32 @@ impl<T: StepTarget> Drop for SoftRecorder<T> {
 /// with the registers `before` it.
 fn is_exit_syscall(insn: Option<&CachedInsn>, before: &Regs) -> bool {
     insn.is_some_and(|i| i.class == InsnClass::SysCall) && matches!(before.rax, 60 | 231)
+}
+
+/// `__NR_restart_syscall` on x86-64.
+const NR_RESTART_SYSCALL: u64 = 219;
+
+/// The registers the kernel resumes with from a stop inside an interrupted system call when no
+/// signal handler runs (`arch_do_signal_or_restart`): the `syscall` 2 bytes back with RAX = the
+/// call to restart and no system call in progress; `None` at any other stop.
+fn restart_point(regs: &Regs) -> Option<Regs> {
+    const ERESTARTSYS: i64 = -512;
+    const ERESTARTNOINTR: i64 = -513;
+    const ERESTARTNOHAND: i64 = -514;
+    const ERESTART_RESTARTBLOCK: i64 = -516;
+    if (regs.orig_rax as i64) < 0 {
+        return None;
+    }
+    let nr = match regs.rax as i64 {
+        ERESTARTSYS | ERESTARTNOINTR | ERESTARTNOHAND => regs.orig_rax,
+        ERESTART_RESTARTBLOCK => NR_RESTART_SYSCALL,
+        _ => return None,
+    };
+    let mut restarted = *regs;
+    restarted.rip = regs.rip.wrapping_sub(2);
+    restarted.rax = nr;
+    restarted.orig_rax = u64::MAX;
+    Some(restarted)
 }
 
 fn drain_into(ring: &SharedRing<Topa>, store: &TraceStore) -> u64 {
@@ -542,7 +580,18 @@ impl<T: StepTarget> SoftRecorder<T> {
         if let Some(e) = self.exit {
             return Ok(StepEvent::Exited(e));
         }
-        let before = self.current_regs()?;
+        let mut before = self.current_regs()?;
+        // Resumed without a signal, a stop inside an interrupted system call re-executes the
+        // `syscall` before RIP (see the module docs): that is the instruction this step runs.
+        if self.pending_signal.is_none()
+            && let Some(restarted) = restart_point(&before)
+            && let Ok(insn) = self.cache.get(&mut self.target, restarted.rip)
+            && insn.class == InsnClass::SysCall
+            && insn.nlip() == before.rip
+        {
+            self.stats.syscall_restarts += 1;
+            before = restarted;
+        }
         let ip = before.rip;
         // An undecodable or unreadable instruction still gets stepped: the CPU raises #UD or
         // #PF (SIGILL, SIGSEGV), which the signal path handles.
@@ -607,8 +656,16 @@ impl<T: StepTarget> SoftRecorder<T> {
                 self.pending_signal = Some(sig);
                 let after = self.current_regs()?;
                 if after.rip != ip {
-                    // Not expected (see the module docs); count it and follow RIP.
-                    self.stats.anomalies += 1;
+                    // A system call interrupted by the signal entered the kernel and stopped
+                    // after its `syscall` (it restarts on the next step, see the module docs);
+                    // anything else is not expected: count it and follow RIP.
+                    let interrupted_syscall = restart_point(&after).is_some()
+                        && insn.is_some_and(|i| {
+                            i.class == InsnClass::SysCall && i.nlip() == after.rip
+                        });
+                    if !interrupted_syscall {
+                        self.stats.anomalies += 1;
+                    }
                     if let Some(insn) = insn {
                         return self.executed(ip, &insn, &after);
                     }
@@ -720,6 +777,10 @@ impl<T: StepTarget> SoftRecorder<T> {
     /// (it is single-stepped) or the code cannot be decoded.
     fn run_block(&mut self, max: u64) -> Result<Option<u64>, RecordError> {
         let start = self.current_regs()?;
+        // Resuming re-executes an interrupted system call first: single-step it.
+        if restart_point(&start).is_some() {
+            return Ok(None);
+        }
         let mut block: Vec<CachedInsn> = Vec::new();
         let mut ip = start.rip;
         let end = loop {
@@ -1065,4 +1126,34 @@ pub fn run_to_breakpoint<T: StepTarget + ?Sized>(
     };
     target.write_memory(addr, &orig)?;
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn regs(rip: u64, rax: i64, orig_rax: i64) -> Regs {
+        // SAFETY: `user_regs_struct` is plain integers; all-zero is a valid value.
+        let mut r: Regs = unsafe { std::mem::zeroed() };
+        r.rip = rip;
+        r.rax = rax as u64;
+        r.orig_rax = orig_rax as u64;
+        r
+    }
+
+    #[test]
+    fn restart_point_follows_the_kernel_restart_rules() {
+        // clock_nanosleep (230) interrupted: restarted through restart_syscall (219).
+        let r = restart_point(&regs(0x1002, -516, 230)).unwrap();
+        assert_eq!((r.rip, r.rax, r.orig_rax as i64), (0x1000, 219, -1));
+        // read (0) interrupted with -ERESTARTSYS / NOINTR / NOHAND: the call itself again.
+        for code in [-512, -513, -514] {
+            let r = restart_point(&regs(0x2002, code, 0)).unwrap();
+            assert_eq!((r.rip, r.rax), (0x2000, 0));
+        }
+        // Not inside a system call, or a finished one (-EINTR, a result).
+        assert!(restart_point(&regs(0x1002, -516, -1)).is_none());
+        assert!(restart_point(&regs(0x1002, -4, 230)).is_none());
+        assert!(restart_point(&regs(0x1002, 0, 230)).is_none());
+    }
 }
