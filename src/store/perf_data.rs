@@ -701,9 +701,9 @@ impl<'data> PerfData<'data> {
     /// Groups the `PERF_RECORD_AUXTRACE` payloads into one logical trace stream per (cpu, tid),
     /// and attributes `PERF_RECORD_AUX` loss flags and AUX offset gaps to the streams.
     ///
-    /// Never fails: a framing error ends the scan and is returned in [`AuxStreams::error`] with
-    /// the streams gathered up to it; malformed records are collected in
-    /// [`AuxStreams::malformed`].
+    /// Never fails: a framing error ends the scan and is returned in [`PerfScan::error`] (in
+    /// [`AuxStreams::scan`]) with the streams gathered up to it; malformed records are collected
+    /// in [`PerfScan::malformed`].
     pub fn aux_streams(&self) -> AuxStreams<'data> {
         AuxStreams::collect(self)
     }
