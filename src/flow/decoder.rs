@@ -562,16 +562,35 @@ impl<'a> FlowDecoder<'a> {
         true
     }
 
+    /// Applies a packet that may sit between a FUP and its TIP, or stand alone (MODE.Exec, PIP,
+    /// VMCS; reference §3.6): MODE.Exec takes effect at the next TIP/TIP.PGE, PIP and VMCS are
+    /// events. Returns false for any other packet.
+    fn middle_packet(&mut self, p: Packet) -> bool {
+        match p {
+            Packet::ModeExec { csl, csd, .. } => {
+                if let Some(m) = self.mode_of(csl, csd) {
+                    self.pending_mode = Some(m);
+                }
+            }
+            Packet::Pip { cr3, nr } => self.emit_event(EventKind::Paging { cr3, nr }),
+            Packet::Vmcs { base } => self.emit_event(EventKind::Vmcs { base }),
+            _ => return false,
+        }
+        true
+    }
+
     fn handle(&mut self, off: u64, p: Packet) {
         match p {
             Packet::Psb => return self.psb(off),
             Packet::Ovf => return self.ovf(),
             _ => {}
         }
-        if self.state == State::NoSync {
+        if self.state == State::NoSync || self.middle_packet(p) {
             return;
         }
         match p {
+            // Applied by `middle_packet` above.
+            Packet::ModeExec { .. } | Packet::Pip { .. } | Packet::Vmcs { .. } => {}
             Packet::ShortTnt(t) | Packet::LongTnt(t) => self.tnt(t),
             Packet::Tip(pl) => {
                 let Some(t) = self.ip_of(pl) else {
@@ -626,11 +645,6 @@ impl<'a> FlowDecoder<'a> {
                 let Some(x) = self.ip_of(pl) else { return };
                 self.fup(x);
             }
-            Packet::ModeExec { csl, csd, .. } => {
-                if let Some(m) = self.mode_of(csl, csd) {
-                    self.pending_mode = Some(m);
-                }
-            }
             Packet::ModeTsx { intx, abort } => {
                 let kind = EventKind::Tsx {
                     ip: None,
@@ -643,8 +657,6 @@ impl<'a> FlowDecoder<'a> {
                     self.emit_event(kind);
                 }
             }
-            Packet::Pip { cr3, nr } => self.emit_event(EventKind::Paging { cr3, nr }),
-            Packet::Vmcs { base } => self.emit_event(EventKind::Vmcs { base }),
             Packet::TraceStop => {
                 self.emit_event(EventKind::Stop);
                 if self.state == State::Enabled {
@@ -1003,14 +1015,10 @@ impl<'a> FlowDecoder<'a> {
             let Some((off, p)) = self.next_packet() else {
                 return Walk::Failed;
             };
+            if self.middle_packet(p) {
+                continue;
+            }
             match p {
-                Packet::ModeExec { csl, csd, .. } => {
-                    if let Some(m) = self.mode_of(csl, csd) {
-                        self.pending_mode = Some(m);
-                    }
-                }
-                Packet::Pip { cr3, nr } => self.emit_event(EventKind::Paging { cr3, nr }),
-                Packet::Vmcs { base } => self.emit_event(EventKind::Vmcs { base }),
                 Packet::Tip(pl) => {
                     let Some(t) = self.ip_of(pl) else {
                         self.error(FlowErrorKind::MissingTip("tip without ip"), Some(b.last_ip));
@@ -1337,14 +1345,10 @@ impl<'a> FlowDecoder<'a> {
             let Some((off, p)) = self.next_packet() else {
                 return;
             };
+            if self.middle_packet(p) {
+                continue;
+            }
             match p {
-                Packet::ModeExec { csl, csd, .. } => {
-                    if let Some(m) = self.mode_of(csl, csd) {
-                        self.pending_mode = Some(m);
-                    }
-                }
-                Packet::Pip { cr3, nr } => self.emit_event(EventKind::Paging { cr3, nr }),
-                Packet::Vmcs { base } => self.emit_event(EventKind::Vmcs { base }),
                 Packet::Tip(pl) => {
                     let Some(t) = self.ip_of(pl) else {
                         self.error(FlowErrorKind::UnexpectedPacket("tip without ip"), Some(x));
