@@ -3,7 +3,7 @@
 //! debugging only).
 
 use super::CmdResult;
-use super::record::{bind, serve, serve_recording};
+use super::record::{Served, bind, serve, serve_recording};
 use ptrewind::capture::soft::{RecordFrom, RecorderConfig, SoftRecorder, StepMode};
 use ptrewind::server::{RecordingTarget, check_listen_addr};
 use ptrewind::target::PtraceTarget;
@@ -31,7 +31,7 @@ pub fn run(args: AttachArgs) -> CmdResult {
     let listener = bind(args.listen)?;
     let target = PtraceTarget::attach(args.pid)?;
     if args.no_record {
-        return serve(target, listener, "attached to", true, "".as_ref());
+        return serve(target, listener, Served::Attached, "".as_ref());
     }
     // Recording starts at the attach stop (which may be inside an interrupted system call:
     // the recorder records its restart as the `syscall` instruction executing again).
@@ -46,5 +46,5 @@ pub fn run(args: AttachArgs) -> CmdResult {
         SoftRecorder::new(target, config).map_err(|e| format!("cannot start recording: {e}"))?;
     recorder.record_on();
     let target = RecordingTarget::new(recorder)?;
-    serve_recording(target, listener, "attached to", true, "".as_ref())
+    serve_recording(target, listener, Served::Attached, "".as_ref())
 }

@@ -83,6 +83,25 @@ fn parse_cpu(s: &str) -> Result<(u16, u8, u8), String> {
     }
 }
 
+/// The code image (and its symbols) from `--raw` and `--elf` options: shared by `decode` and
+/// `replay`.
+pub(crate) fn build_image(
+    raw: &[RawSpec],
+    elf: &[ElfSpec],
+) -> Result<(Image, Symbolizer), Box<dyn std::error::Error + Send + Sync>> {
+    let mut image = Image::new();
+    let mut syms = Symbolizer::new();
+    for spec in raw {
+        image.add(spec.load()?)?;
+    }
+    for spec in elf {
+        let elf = image.load_elf(spec)?;
+        // Symbols are a convenience: an ELF without a usable symbol table still decodes.
+        let _ = syms.add_elf(&elf);
+    }
+    Ok((image, syms))
+}
+
 /// Runs `ptrewind decode`.
 pub fn run(args: DecodeArgs) -> CmdResult {
     if let Some(cpu) = &args.cpu {
@@ -94,16 +113,7 @@ pub fn run(args: DecodeArgs) -> CmdResult {
         64 => ExecMode::Bits64,
         b => return Err(format!("--bits {b}: expected 16, 32 or 64").into()),
     };
-    let mut image = Image::new();
-    let mut syms = Symbolizer::new();
-    for spec in &args.raw {
-        image.add(spec.load()?)?;
-    }
-    for spec in &args.elf {
-        let elf = image.load_elf(spec)?;
-        // Symbols are a convenience: an ELF without a usable symbol table still decodes.
-        let _ = syms.add_elf(&elf);
-    }
+    let (image, syms) = build_image(&args.raw, &args.elf)?;
     let path = match (&args.pt, &args.perf) {
         (Some(p), None) | (None, Some(p)) => p.clone(),
         _ => return Err("give the trace with --pt FILE or --perf perf.data".into()),

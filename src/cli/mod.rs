@@ -7,6 +7,7 @@ pub mod attach;
 pub mod decode;
 pub mod dump;
 pub mod record;
+pub mod replay;
 
 /// The result type of a subcommand: an exit code, or an error printed by `main`.
 pub type CmdResult = Result<ExitCode, Box<dyn std::error::Error + Send + Sync>>;
@@ -32,6 +33,9 @@ enum Command {
     Attach(attach::AttachArgs),
     /// Record a program and debug it in GDB with reverse execution (like `rr replay`).
     Gdb(record::GdbArgs),
+    /// Serve a saved recording or a trace file to GDB/LLDB with reverse execution (no live
+    /// process; registers and memory in the past as far as they are known).
+    Replay(replay::ReplayArgs),
 }
 
 /// Runs the parsed command line.
@@ -42,5 +46,6 @@ pub fn run(cli: Cli) -> CmdResult {
         Command::Record(args) => record::run(args),
         Command::Attach(args) => attach::run(args),
         Command::Gdb(args) => record::run_gdb(args),
+        Command::Replay(args) => replay::run(args),
     }
 }

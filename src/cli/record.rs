@@ -1,9 +1,14 @@
-//! `ptrewind record`: start a program under ptrace, record it with the software backend and
-//! serve it to GDB with reverse execution.
+//! `ptrewind record`: start a program under ptrace, record it (hardware Intel PT when
+//! available, else the software encoder) and serve it to GDB with reverse execution.
 
 use super::CmdResult;
-use ptrewind::capture::soft::{RecordFrom, RecorderConfig, RingConfig, SoftRecorder, StepMode};
-use ptrewind::server::btrace::{PtCpu, TraceStoreProvider};
+use ptrewind::capture::perf::{PerfPtConfig, PtCapabilities};
+use ptrewind::capture::soft::recorder::run_to_breakpoint;
+use ptrewind::capture::soft::{
+    RecordFrom, RecorderConfig, RingConfig, SoftRecorder, StepMode, procmaps,
+};
+use ptrewind::server::btrace::{CpuVendor, PtCpu, TraceStoreProvider};
+use ptrewind::server::replay::PerfCapture;
 use ptrewind::server::{
     RecordingTarget, Router, ServeOutcome, Session, check_listen_addr, register_monitors, tracing,
 };
@@ -30,6 +35,17 @@ pub enum Mode {
     Full,
     /// Keep only the most recent buffer's worth (overwrite ring).
     Snapshot,
+}
+
+/// Whether the software backend keeps its state log.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StateLogArg {
+    /// Registers and memory are rebuilt exactly at every past position.
+    On,
+    /// PC-only past, exactly as with the hardware backend: RIP everywhere, all registers where
+    /// they were captured (start, stops), other registers unavailable, memory only from
+    /// read-only code (for checking that path, and for lower overhead).
+    Off,
 }
 
 /// Where recording starts.
@@ -66,6 +82,10 @@ pub struct RecordArgs {
     /// `monitor record on`.
     #[arg(long, value_enum, default_value = "main")]
     record_from: RecordFromArg,
+    /// Software backend: keep the state log (registers and memory in the past), or serve the
+    /// past PC-only like the hardware backend.
+    #[arg(long, value_enum, default_value = "on")]
+    state_log: StateLogArg,
     /// Keep address-space randomisation enabled in the program (GDB disables it by default).
     #[arg(long)]
     keep_aslr: bool,
@@ -90,23 +110,23 @@ fn parse_size(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("invalid --buffer size '{text}' (at least 32K, e.g. 512K or 4M)"))
 }
 
-/// Picks the backend: `pt` fails (exit code 2) unless the probe succeeds; `auto` falls back
-/// to the software encoder and says why.
-fn choose_backend(backend: Backend) -> Result<(), ExitCode> {
+/// The backend a recording uses.
+#[derive(Debug)]
+enum Chosen {
+    /// The software encoder.
+    Soft,
+    /// Hardware Intel PT (the probe succeeded).
+    Pt(Box<PtCapabilities>),
+}
+
+/// Picks the backend: `pt` fails (exit code 2) with the probe's reason unless it succeeds;
+/// `auto` uses Intel PT when the probe succeeds and otherwise falls back to the software encoder,
+/// saying why.
+fn choose_backend(backend: Backend) -> Result<Chosen, ExitCode> {
     match backend {
-        Backend::Soft => Ok(()),
+        Backend::Soft => Ok(Chosen::Soft),
         Backend::Pt | Backend::Auto => match ptrewind::capture::perf::probe() {
-            Ok(_) => {
-                eprintln!(
-                    "ptrewind: Intel PT is available, but the live reverse-debugging session \
-                     is served by the software encoder only (the perf backend records but does \
-                     not serve registers or memory in the past yet); using --backend soft"
-                );
-                if backend == Backend::Pt {
-                    return Err(ExitCode::from(2));
-                }
-                Ok(())
-            }
+            Ok(caps) => Ok(Chosen::Pt(Box::new(caps))),
             Err(why) => {
                 if backend == Backend::Pt {
                     eprintln!("ptrewind: --backend pt: Intel PT is not available: {why}");
@@ -116,9 +136,31 @@ fn choose_backend(backend: Backend) -> Result<(), ExitCode> {
                     "ptrewind: hardware Intel PT is not available ({why}); falling back to the \
                      software backend (ptrace single-stepping, much slower)"
                 );
-                Ok(())
+                Ok(Chosen::Soft)
             }
         },
+    }
+}
+
+/// The CPU this process runs on, as `/proc/cpuinfo` says (for decoders of a hardware trace).
+fn host_cpu() -> PtCpu {
+    let text = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |name: &str| {
+        text.lines()
+            .filter_map(|l| l.split_once(':'))
+            .find(|(k, _)| k.trim() == name)
+            .map(|(_, v)| v.trim().to_string())
+    };
+    let num = |name: &str| field(name).and_then(|v| v.parse::<u32>().ok()).unwrap_or(0);
+    PtCpu {
+        vendor: if field("vendor_id").as_deref() == Some("GenuineIntel") {
+            CpuVendor::Intel
+        } else {
+            CpuVendor::Unknown
+        },
+        family: num("cpu family") as u16,
+        model: num("model") as u8,
+        stepping: num("stepping") as u8,
     }
 }
 
@@ -129,7 +171,7 @@ pub fn run(args: RecordArgs) -> CmdResult {
         Err(code) => return Ok(code),
     };
     let program = args.command[0].clone();
-    serve_recording(target, listener, "started", false, &program)
+    serve_recording(target, listener, Served::Started, &program)
 }
 
 /// Starts the program and its recording and binds the listener; `Err(code)` when the command
@@ -141,12 +183,20 @@ pub(crate) fn start_recording(
     Box<dyn std::error::Error + Send + Sync>,
 > {
     check_listen_addr(args.listen, args.allow_remote)?;
-    if let Err(code) = choose_backend(args.backend) {
-        return Ok(Err(code));
-    }
+    let chosen = match choose_backend(args.backend) {
+        Ok(c) => c,
+        Err(code) => return Ok(Err(code)),
+    };
     let Some((program, prog_args)) = args.command.split_first() else {
         return Err("no program given".into());
     };
+    if let Chosen::Pt(caps) = chosen {
+        eprintln!(
+            "ptrewind: recording with hardware Intel PT (perf intel_pt PMU type {})",
+            caps.pmu_type
+        );
+        return start_hardware_recording(args, program, prog_args);
+    }
     let mut ring = RingConfig::default();
     if let Some(b) = &args.buffer {
         let total = parse_size(b)?;
@@ -172,7 +222,7 @@ pub(crate) fn start_recording(
             RecordFromArg::Entry => RecordFrom::Entry,
             RecordFromArg::None => RecordFrom::OnDemand,
         },
-        state_log: true,
+        state_log: args.state_log == StateLogArg::On,
         step_mode: StepMode::Single,
         capture_image_at_exit: false,
         ..RecorderConfig::default()
@@ -183,13 +233,97 @@ pub(crate) fn start_recording(
     Ok(Ok((target, listener)))
 }
 
-/// Serves a recording session to one GDB connection; `how` and `attached` as for
-/// [`serve_session`] (an attached process is detached, not killed, when the debugger leaves).
+/// `--backend pt`: runs the program to the configured start under ptrace, opens the
+/// `intel_pt` event on it and serves it with the hardware capture (PC-only past).
+fn start_hardware_recording(
+    args: &RecordArgs,
+    program: &OsString,
+    prog_args: &[OsString],
+) -> Result<
+    Result<(RecordingTarget, TcpListener), ExitCode>,
+    Box<dyn std::error::Error + Send + Sync>,
+> {
+    if args.mode == Mode::Snapshot {
+        eprintln!(
+            "ptrewind: note: --mode snapshot keeps only the newest trace, but reverse execution \
+             needs the whole history; recording in full mode"
+        );
+    }
+    if args.state_log == StateLogArg::On {
+        eprintln!(
+            "ptrewind: note: the hardware backend has no state log: the past is served PC-only \
+             (RIP everywhere, all registers where the program stopped, other registers \
+             unavailable, memory only from read-only code)"
+        );
+    }
+    let mut config = PerfPtConfig::default();
+    if let Some(b) = &args.buffer {
+        let total = parse_size(b)?;
+        let pages = (total / 4096).max(1).next_power_of_two();
+        config.aux_pages_log2 = pages.trailing_zeros().min(20) as u8;
+    }
+    let listener = bind(args.listen)?;
+    let options = SpawnOptions {
+        disable_aslr: !args.keep_aslr,
+    };
+    let mut target = PtraceTarget::spawn(program, prog_args, &options)?;
+    let pid = ptrewind::target::Target::pid(&target);
+    let start = match args.record_from {
+        RecordFromArg::Main => Some(
+            procmaps::symbol_address(pid, "main")
+                .or_else(|_| procmaps::exe_addresses(pid).map(|(_, a, _)| a.entry))
+                .map_err(|e| format!("cannot find where to start recording: {e}"))?,
+        ),
+        RecordFromArg::Entry => Some(
+            procmaps::exe_addresses(pid)
+                .map(|(_, a, _)| a.entry)
+                .map_err(|e| format!("cannot find the entry point: {e}"))?,
+        ),
+        RecordFromArg::None => None,
+    };
+    if let Some(addr) = start {
+        run_to_breakpoint(&mut target, addr)
+            .map_err(|e| format!("cannot run to {addr:#x}: {e}"))?;
+    }
+    let capture = match PerfCapture::open(target, config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("ptrewind: --backend pt: {e}");
+            return Ok(Err(ExitCode::from(2)));
+        }
+    };
+    let target = RecordingTarget::with_capture(Box::new(capture), start.is_some())?;
+    Ok(Ok((target, listener)))
+}
+
+/// How the served process came to be, for the messages and for what happens when the debugger
+/// leaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Served {
+    /// Started by us: killed when the debugger leaves.
+    Started,
+    /// Attached to: detached (left running) when the debugger leaves.
+    Attached,
+    /// A recording replayed with no process.
+    Replay,
+}
+
+impl Served {
+    fn how(self) -> &'static str {
+        match self {
+            Served::Started => "started",
+            Served::Attached => "attached to",
+            Served::Replay => "replaying",
+        }
+    }
+}
+
+/// Serves a recording session to one GDB connection; `served` as for [`serve_session`] (an
+/// attached process is detached, not killed, when the debugger leaves).
 pub(crate) fn serve_recording(
     target: RecordingTarget,
     listener: TcpListener,
-    how: &str,
-    attached: bool,
+    served: Served,
     fallback_exe: &std::ffi::OsStr,
 ) -> CmdResult {
     let mut session = Session::new(Box::new(target.clone()));
@@ -197,14 +331,19 @@ pub(crate) fn serve_recording(
     // LLDB's Intel PT plug-in (`process trace start`, `thread trace dump ...`) reads the
     // whole recorded trace itself. GDB gets reverse execution from the server, and its own
     // `record btrace pt` only when the user asks: a view of the recording from that point on.
-    let mut provider = TraceStoreProvider::new(PtCpu::SOFTWARE);
-    let mut gdb_view = TraceStoreProvider::from_enable(PtCpu::SOFTWARE);
+    let cpu = if target.shared().borrow().has_hardware_trace() {
+        host_cpu()
+    } else {
+        PtCpu::SOFTWARE
+    };
+    let mut provider = TraceStoreProvider::new(cpu);
+    let mut gdb_view = TraceStoreProvider::from_enable(cpu);
     if let Ok(tid) = u32::try_from(session.target().tid()) {
         let store = target.shared().borrow().trace_store();
         provider.attach(tid, store.clone());
         gdb_view.attach(tid, store);
     }
-    serve_session(session, listener, how, attached, fallback_exe, |router| {
+    serve_session(session, listener, served, fallback_exe, |router| {
         tracing::install_lldb(router, Box::new(provider));
         tracing::install_btrace(router, Box::new(gdb_view));
     })
@@ -216,16 +355,15 @@ pub(crate) fn bind(addr: SocketAddr) -> Result<TcpListener, String> {
 }
 
 /// Prints how to connect, accepts one GDB connection and serves `target` until the session
-/// ends. `how` is "started" or "attached to" (for the messages).
+/// ends.
 pub(crate) fn serve(
     target: PtraceTarget,
     listener: TcpListener,
-    how: &str,
-    attached: bool,
+    served: Served,
     fallback_exe: &std::ffi::OsStr,
 ) -> CmdResult {
     let session = Session::new(Box::new(target));
-    serve_session(session, listener, how, attached, fallback_exe, |_| {})
+    serve_session(session, listener, served, fallback_exe, |_| {})
 }
 
 /// Prints how to connect, accepts one GDB connection and serves `session`; `configure` adds
@@ -233,11 +371,12 @@ pub(crate) fn serve(
 pub(crate) fn serve_session(
     mut session: Session,
     listener: TcpListener,
-    how: &str,
-    attached: bool,
+    served: Served,
     fallback_exe: &std::ffi::OsStr,
     configure: impl FnOnce(&mut Router),
 ) -> CmdResult {
+    let how = served.how();
+    let attached = served == Served::Attached;
     let addr = listener.local_addr()?;
     let pid = session.target().pid();
     let exe = session
@@ -260,6 +399,10 @@ pub(crate) fn serve_session(
     router.on_notice(|n| eprintln!("ptrewind: warning: {n}"));
     configure(&mut router);
     let outcome = router.serve(stream, &mut session)?;
+    if served == Served::Replay {
+        eprintln!("ptrewind: debugger disconnected; replay of process {pid} ended");
+        return Ok(ExitCode::SUCCESS);
+    }
     match outcome {
         ServeOutcome::Exited(code) => {
             eprintln!("ptrewind: process {pid} exited with status {code}");
@@ -351,7 +494,7 @@ pub fn run_gdb(args: GdbArgs) -> CmdResult {
         let _ = std::net::TcpStream::connect(addr);
         status
     });
-    let served = serve_recording(target, listener, "started", false, &program);
+    let served = serve_recording(target, listener, Served::Started, &program);
     let status = watcher
         .join()
         .map_err(|_| "the thread waiting for gdb panicked".to_string())?;

@@ -1,0 +1,978 @@
+//! [`RecordingTarget`]: reverse execution over an indexed history, for a live process recorded
+//! by a capture backend or for a recording replayed with no process at all.
+//!
+//! The module is split by concern:
+//!
+//! * this file — the reverse-execution core ([`Recorder`]): the history worker, the replay
+//!   cursor, `bs`/`bc`, breakpoints, replaying forward, the hand-over to the live process at
+//!   the present, and what registers and memory the past shows;
+//! * [`capture`] — the [`LiveCapture`] trait a live backend implements, and shared helpers;
+//! * [`soft`] — the software backend (single-stepping encoder, optional state log);
+//! * [`perf`] — the hardware backend (perf `intel_pt`, INT3 breakpoints, AUX drained at stops);
+//! * [`offline`] — `ptrewind replay`: a saved recording or a trace file, no process;
+//! * [`inspect`] and [`monitors`] — `monitor where|history|calls|insns|goto|stats|save`.
+//!
+//! ## Live (the cursor is at the present)
+//!
+//! Forward `continue`/`stepi` run the process through the capture backend. The software backend
+//! single-steps and encodes every instruction as Intel PT packets (GDB's breakpoints are compared
+//! with the PC after each instruction and never written into the process); the hardware backend
+//! lets the process run at full speed with ordinary INT3 breakpoints while the CPU traces it. At
+//! every stop the backend makes the trace complete up to the PC (the software backend closes it
+//! with FUP + TIP.PGD; the hardware backend drains the AUX area, the stop waiting for the drain),
+//! and the registers of the stop are kept: they are exact for that history position forever.
+//!
+//! ## The background pipeline
+//!
+//! The trace moves from the backend's buffer into the [`TraceStore`]; a [`HistoryWorker`]
+//! thread, woken by every append that adds bytes, decodes what arrived and indexes the
+//! [`History`](crate::history::History) (sync points at PSBs with instruction counts) while the
+//! target runs. At a stop the worker is asked to finish the index and the stop is reported at
+//! once: nothing waits for decoding. A request that needs the history (`bs`, `bc`, replaying
+//! forward, `monitor goto|history|calls|save|stats`) waits until the index covers the trace as
+//! it was at the stop ([`Recorder::ensure_indexed`]) — at most [`INDEX_WAIT`] for a reverse
+//! resume, [`MONITOR_INDEX_WAIT`] for a monitor command — and otherwise fails with a message
+//! giving the decode lag, never hangs. When the index is complete, the history length is checked
+//! against the instructions the backend counted (software backend) and the state log's; a
+//! mismatch is kept and shown by `monitor stats`.
+//!
+//! With recording off (`monitor record off`) forward execution runs untraced. With a state log,
+//! the state before such a run cannot be rebuilt: reverse execution then stops at the first
+//! instruction recorded after it (the *floor*, shown by `monitor stats`), reporting
+//! `replaylog:begin`; PC-only replay has no floor.
+//!
+//! ## Replay (the cursor `n` is before the present)
+//!
+//! * The PC is always the history's instruction `n`.
+//! * **With a state log** (software backend, `--state-log on`): all general-purpose registers are
+//!   rebuilt by undoing from the present, vector/x87 registers from the log's snapshots or
+//!   unavailable; memory is the live memory with the old value of every later write put back.
+//! * **PC-only** (hardware backend, `ptrewind replay`, `--state-log off`): at a position where
+//!   the registers were captured (the start of the recording, every stop of the live process, a
+//!   saved recording's start and end) the full register file is served; at any other position
+//!   RIP is the history's PC and every other register is unavailable (`xx` in the `g` reply, GDB
+//!   prints `<unavailable>`). Memory reads are served only inside read-only, file-backed code
+//!   mappings (which cannot have changed), from the code image; any other read is refused
+//!   (GDB: "Cannot access memory"). A present value is never shown as a past one. Source-level
+//!   reverse stepping needs the stack pointer and does not work there; reverse-stepi and
+//!   reverse-continue do.
+//! * The live process's breakpoints are never visible (the ptrace target shows original code
+//!   bytes while stopped). Writes to memory or registers in the past are refused.
+//! * `bs` moves to `n - 1` (at 0 or the floor: `replaylog:begin`); `bc` to the last earlier
+//!   instruction at a breakpoint address ([`History::rfind_with`](crate::history::History::rfind_with)),
+//!   or to the floor with `replaylog:begin`.
+//! * Forward step/continue replay forward ([`History::find_with`](crate::history::History::find_with));
+//!   reaching the present by a continue reports `replaylog:end` (GDB: "No more reverse-execution
+//!   history") and leaves the cursor at the present, so the next resume runs the live process
+//!   again. A forward single step onto the present is an ordinary step. With no live process
+//!   ([`offline`]) the end of the history is as far as forward execution goes: a continue or a
+//!   step there reports `replaylog:end` again.
+
+pub mod capture;
+pub mod inspect;
+pub mod monitors;
+pub mod offline;
+pub mod perf;
+pub mod soft;
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crate::capture::soft::{Regs, SoftRecorder, procmaps::capture_image};
+use crate::flow::FlowConfig;
+use crate::history::{Breakpoints as BpSet, HistoryWorker};
+use crate::image::{Image, Symbolizer};
+use crate::store::live::TraceStore;
+use crate::target::{
+    Breakpoints, Notice, PtraceTarget, RegMask, Resume, ReverseExecution, ReverseResume, StopEvent,
+    Target, TargetError, TargetResult, X86Registers,
+};
+
+pub use capture::{ImmutableCode, LiveCapture};
+pub use monitors::register_monitors;
+pub use perf::PerfCapture;
+pub use soft::SoftCapture;
+
+/// How long a reverse resume waits for the background index to cover the stop. GDB waits for a
+/// stop reply without a timeout, so this only bounds a worker that cannot keep up.
+pub const INDEX_WAIT: Duration = Duration::from_secs(60);
+
+/// How long a monitor command waits for the index: GDB gives up on a reply after its
+/// `remotetimeout` (2 s by default).
+pub const MONITOR_INDEX_WAIT: Duration = Duration::from_millis(1500);
+
+/// Trace bytes the worker decodes per step while the target runs. The store is locked for the
+/// step (the drainer waits meanwhile), so it is kept well below the worker's default.
+const LIVE_WINDOW: usize = 64 * 1024;
+
+/// What a resumed [`RecordingTarget`] is doing until [`Target::wait`] reports the stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Running {
+    /// Stopped.
+    Idle,
+    /// Forward, live, through the capture backend.
+    Live,
+    /// A stop that is already known (replay moves are computed at resume time).
+    Ready(StopEvent),
+}
+
+/// Consistency problems found when the index of a stop completes; shown by `monitor stats`.
+#[derive(Debug, Default, Clone)]
+pub struct Checks {
+    /// Stops at which the history length differed from the recorded instruction count.
+    pub length_mismatches: u64,
+    /// The last mismatch (or trace problem at a stop), described.
+    pub last_mismatch: Option<String>,
+    /// Replay positions where the state log's RIP differed from the history's instruction.
+    pub pc_mismatches: u64,
+    /// Captured register files whose RIP differed from the history's instruction at their
+    /// position (not served there).
+    pub snapshot_mismatches: u64,
+}
+
+/// What a read of memory or registers in the past returns, for `monitor stats` and the
+/// `monitor past` help.
+pub const PAST_PC_ONLY: &str = "PC-only: RIP is the traced PC; all registers where they were \
+    captured (recording start, every stop, a saved recording's start/end); elsewhere every \
+    other register is <unavailable>. Memory: read-only file-backed code from the image; any \
+    other address is refused (Cannot access memory)";
+
+/// The state-log counterpart of [`PAST_PC_ONLY`].
+pub const PAST_STATE_LOG: &str = "state log: all general-purpose registers and memory rebuilt \
+    exactly; vector/x87 registers from the log's snapshots or <unavailable>";
+
+/// The shared state of a reverse-execution session: the capture (live process, or none), the
+/// history and the replay cursor. [`RecordingTarget`] and the monitor commands share it.
+pub struct Recorder {
+    /// The live process and its capture backend; `None` when replaying a recording offline.
+    live: Option<Box<dyn LiveCapture>>,
+    store: TraceStore,
+    /// Indexes the history from the store on its own thread.
+    worker: HistoryWorker<TraceStore>,
+    /// The history length, once the index covers the last stop (checked); `None` until then.
+    index: Option<u64>,
+    /// Instructions the worker had indexed when the target last stopped: what was indexed in
+    /// the background while it ran.
+    indexed_at_stop: u64,
+    image: Arc<Image>,
+    /// `/proc/PID/maps` lines of executable mappings when `image` was captured.
+    image_maps: String,
+    /// Where past memory reads are served from the image (PC-only replay).
+    immutable: ImmutableCode,
+    /// Replay position; `None` at the present (always `Some` offline).
+    cursor: Option<u64>,
+    /// Breakpoint addresses GDB set (also kept by the ptrace target for runs at full speed).
+    bps: BTreeSet<u64>,
+    running: Running,
+    interrupt: Arc<AtomicBool>,
+    /// Whether the user wants recording (`monitor record on|off`).
+    record_wanted: bool,
+    exited: Option<StopEvent>,
+    checks: Checks,
+    /// Cache of the state-log registers at the cursor.
+    regs_at: Option<(u64, Regs)>,
+    notices: Vec<Notice>,
+    /// Resumptions run untraced (recording off).
+    untraced_runs: u64,
+    /// The oldest position the state log can rebuild (after the last untraced run).
+    floor: u64,
+    symbols: Option<Symbolizer>,
+    /// Complete register files known at history positions (recording start, stops, a saved
+    /// recording's start and end).
+    snapshots: BTreeMap<u64, X86Registers>,
+    /// The registers of the last stop, keyed once the index says at which position it is.
+    pending_snapshot: Option<X86Registers>,
+    /// Register-file shape (XSAVE size, AVX) for PC-only replies.
+    template: X86Registers,
+    /// Offline: the process id the recording had (for GDB's display), its executable, and a
+    /// description of the source.
+    offline: Option<OfflineInfo>,
+    /// Problems met at stops (trace closing or draining).
+    stop_errors: u64,
+}
+
+/// What an offline replay knows about the recorded process.
+#[derive(Debug, Clone, Default)]
+pub struct OfflineInfo {
+    /// The recorded process id, if known (otherwise 1).
+    pub pid: i32,
+    /// The recorded executable, if known.
+    pub exe: Option<PathBuf>,
+    /// Where the recording came from, for `monitor stats`.
+    pub source: String,
+}
+
+impl std::fmt::Debug for Recorder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recorder")
+            .field("cursor", &self.cursor)
+            .field("history_len", &self.index)
+            .field("running", &self.running)
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) fn exec_maps(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .map(|t| {
+            t.lines()
+                .filter(|l| l.split_whitespace().nth(1).is_some_and(|p| p.contains('x')))
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .unwrap_or_default()
+}
+
+/// A register file with every value unknown, in the shape of `like` (its XSAVE size and AVX
+/// layout, so the `g` reply has the length the target description promises).
+fn unknown_registers(like: &X86Registers, pc: u64) -> X86Registers {
+    let mut r = like.clone();
+    r.gprs = [0; crate::target::regs::gpr::COUNT];
+    r.xsave.iter_mut().for_each(|b| *b = 0);
+    r.set_pc(pc);
+    r.unavailable = RegMask::ALL_BUT_PC;
+    r
+}
+
+impl Recorder {
+    /// Wraps a live capture whose process is stopped at the start of the recording.
+    pub fn new(mut live: Box<dyn LiveCapture>, record_wanted: bool) -> TargetResult<Self> {
+        let pid = Target::pid(live.ptrace());
+        let image_maps = exec_maps(pid);
+        let (image, _) = capture_image(live.ptrace()).map_err(|e| TargetError::Unexpected {
+            pid,
+            what: format!("cannot snapshot the code: {e}"),
+        })?;
+        let image = Arc::new(image);
+        let store = live.store();
+        let worker = spawn_worker(&store, &image).map_err(|e| TargetError::Unexpected {
+            pid,
+            what: format!("cannot start the history worker: {e}"),
+        })?;
+        let start = live.ptrace().read_registers()?;
+        let immutable = ImmutableCode::from_maps(
+            &std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default(),
+        );
+        let mut r = Recorder::assemble(Some(live), store, worker, image, start.clone());
+        r.image_maps = image_maps;
+        r.immutable = immutable;
+        r.record_wanted = record_wanted;
+        // The registers where recording starts: position 0 once indexed.
+        r.pending_snapshot = Some(start);
+        Ok(r)
+    }
+
+    fn assemble(
+        live: Option<Box<dyn LiveCapture>>,
+        store: TraceStore,
+        worker: HistoryWorker<TraceStore>,
+        image: Arc<Image>,
+        template: X86Registers,
+    ) -> Self {
+        Recorder {
+            live,
+            store,
+            worker,
+            index: None,
+            indexed_at_stop: 0,
+            image,
+            image_maps: String::new(),
+            immutable: ImmutableCode::default(),
+            cursor: None,
+            bps: BTreeSet::new(),
+            running: Running::Idle,
+            interrupt: Arc::new(AtomicBool::new(false)),
+            record_wanted: true,
+            exited: None,
+            checks: Checks::default(),
+            regs_at: None,
+            notices: Vec::new(),
+            untraced_runs: 0,
+            floor: 0,
+            symbols: None,
+            snapshots: BTreeMap::new(),
+            pending_snapshot: None,
+            template,
+            offline: None,
+            stop_errors: 0,
+        }
+    }
+
+    /// A handle on the recorded trace (the same bytes the history is decoded from). At every
+    /// stop the trace covers everything up to the stop PC, so a debugger can decode it as is
+    /// (LLDB's `thread trace dump` through `jLLDBTrace*`).
+    pub fn trace_store(&self) -> TraceStore {
+        self.store.clone()
+    }
+
+    fn live(&mut self) -> TargetResult<&mut Box<dyn LiveCapture>> {
+        self.live.as_mut().ok_or(TargetError::Unsupported(
+            "no live process: this is a replay of a recording",
+        ))
+    }
+
+    /// Whether a live process is behind this recording (not an offline replay).
+    pub fn is_live(&self) -> bool {
+        self.live.is_some()
+    }
+
+    /// Whether the trace was recorded by the CPU (hardware backend).
+    pub fn has_hardware_trace(&self) -> bool {
+        self.live.as_ref().is_some_and(|l| l.is_hardware())
+    }
+
+    /// Whether registers and memory in the past are rebuilt from a state log (otherwise the
+    /// past is served PC-only).
+    pub fn has_state_log(&self) -> bool {
+        self.live.as_ref().is_some_and(|l| l.state_log().is_some())
+    }
+
+    /// Number of instructions in the history (the present's position): the checked history
+    /// length once the index covers the last stop, the backend's count before (the two agree
+    /// unless the history check fails), or what is indexed so far.
+    pub fn len(&self) -> u64 {
+        self.index.unwrap_or_else(|| {
+            self.live
+                .as_ref()
+                .and_then(|l| l.recorded())
+                .unwrap_or_else(|| self.worker.stats().insns)
+        })
+    }
+
+    /// Whether nothing was recorded yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The last position the cursor can take: the present (`len()`) for a live process; offline,
+    /// `len()` when the registers after the last instruction are known, else the last
+    /// instruction (`len() - 1`).
+    pub fn end(&self) -> u64 {
+        let len = self.len();
+        if self.live.is_some() || self.snapshots.contains_key(&len) {
+            len
+        } else {
+            len.saturating_sub(1)
+        }
+    }
+
+    /// Waits up to `timeout` until the background index covers the trace as it was at the last
+    /// stop, then checks its length (once per stop). Returns the history length, or why it is
+    /// not available yet.
+    pub fn ensure_indexed(&mut self, timeout: Duration) -> Result<u64, String> {
+        if let Some(n) = self.index {
+            return Ok(n);
+        }
+        match self.worker.wait_indexed(timeout) {
+            Ok(n) => {
+                self.check_length(n);
+                self.index = Some(n);
+                if let Some(regs) = self.pending_snapshot.take() {
+                    self.snapshots.insert(n, regs);
+                }
+                Ok(n)
+            }
+            Err(e) => Err(format!(
+                "the recorded history is not indexed yet: {e}; nothing is lost, retry \
+                 (monitor stats shows the decode lag)"
+            )),
+        }
+    }
+
+    /// Compares a complete history's length with the backend's and the state log's counts.
+    fn check_length(&mut self, history: u64) {
+        let Some(live) = self.live.as_ref() else {
+            return;
+        };
+        let Some(recorded) = live.recorded() else {
+            return;
+        };
+        let logged = live.state_log().map(|l| l.len() as u64);
+        if history != recorded || logged.is_some_and(|l| l != recorded) {
+            self.checks.length_mismatches += 1;
+            self.checks.last_mismatch = Some(format!(
+                "history {history} instructions, recorder {recorded}, state log {logged:?}"
+            ));
+        }
+    }
+
+    /// The replay position (`len()` at the present).
+    pub fn position(&self) -> u64 {
+        self.cursor.unwrap_or_else(|| self.len())
+    }
+
+    /// Whether the cursor is in the past.
+    pub fn is_replaying(&self) -> bool {
+        self.cursor.is_some()
+    }
+
+    /// Address of history instruction `n`.
+    pub fn insn_ip(&mut self, n: u64) -> Option<u64> {
+        self.worker
+            .with_history(|h, b, img| h.insn(b, img, n))
+            .map(|(ip, _)| ip)
+    }
+
+    /// Calls `f(n, ip, len)` for the instructions `from..to` in order (a decode of that range).
+    pub fn for_each_insn(&mut self, from: u64, to: u64, mut f: impl FnMut(u64, u64, u8)) {
+        self.worker.with_history(|h, b, img| {
+            for n in from..to.min(h.len()) {
+                match h.insn(b, img, n) {
+                    Some((ip, len)) => f(n, ip, len),
+                    None => break,
+                }
+            }
+        });
+    }
+
+    /// Moves the cursor (`n >= len()` means the present; offline, the end). Positions before
+    /// [`floor`](Self::floor) cannot be reconstructed and are refused.
+    pub fn goto(&mut self, n: u64) -> Result<(), String> {
+        if n < self.floor() {
+            return Err(format!(
+                "instruction {n} is before an untraced run (recording was off): the state \
+                 there cannot be rebuilt; the oldest reachable instruction is {}",
+                self.floor()
+            ));
+        }
+        self.cursor = if self.live.is_some() {
+            (n < self.len()).then_some(n)
+        } else {
+            Some(n.min(self.end()))
+        };
+        self.regs_at = None;
+        Ok(())
+    }
+
+    /// The oldest instruction the state log can rebuild (after the last untraced run); 0 when
+    /// the past is served PC-only (the PC is known everywhere).
+    pub fn floor(&self) -> u64 {
+        if self.has_state_log() { self.floor } else { 0 }
+    }
+
+    /// The consistency checks so far.
+    pub fn checks(&self) -> &Checks {
+        &self.checks
+    }
+
+    /// Turns recording on or off (`monitor record on|off`).
+    pub fn set_recording(&mut self, on: bool) -> Result<(), String> {
+        if self.live.is_none() {
+            return Err("no live process: this is a replay of a recording".into());
+        }
+        if self.exited.is_some() {
+            return Err("the process has exited".into());
+        }
+        self.record_wanted = on;
+        Ok(())
+    }
+
+    /// Whether recording is wanted.
+    pub fn recording_wanted(&self) -> bool {
+        self.record_wanted
+    }
+
+    /// What reads of registers and memory in the past return, in words.
+    pub fn past_reads_text(&self) -> &'static str {
+        if self.has_state_log() {
+            PAST_STATE_LOG
+        } else {
+            PAST_PC_ONLY
+        }
+    }
+
+    /// Brings the trace up to the current stop and asks for the index without waiting for it:
+    /// the backend completes the trace up to the PC, the code is re-snapshotted if mappings
+    /// changed, and the worker is asked to complete the index (checked by
+    /// [`ensure_indexed`](Self::ensure_indexed)). The stop's registers are kept for its position.
+    fn sync_history(&mut self) {
+        let exited = self.exited.is_some();
+        if let Some(live) = self.live.as_mut() {
+            if let Err(e) = live.sync_at_stop(exited) {
+                self.stop_errors += 1;
+                self.checks.last_mismatch = Some(e);
+            }
+            if !exited {
+                let pid = Target::pid(live.ptrace());
+                let maps = exec_maps(pid);
+                if maps != self.image_maps
+                    && let Ok((image, _)) = capture_image(live.ptrace())
+                {
+                    self.image = Arc::new(image);
+                    self.image_maps = maps;
+                    self.immutable = ImmutableCode::from_maps(
+                        &std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default(),
+                    );
+                    // The worker may have decoded code of the new mapping against the old
+                    // image while the target ran: index again from the start against the new one.
+                    match spawn_worker(&self.store, &self.image) {
+                        Ok(w) => self.worker = w,
+                        Err(_) => self.worker.set_image(Arc::clone(&self.image)),
+                    }
+                }
+            }
+        }
+        // Only this stop's registers may be keyed at the position the index will report.
+        self.pending_snapshot = match self.live.as_mut() {
+            Some(live) if !exited => live.ptrace().read_registers().ok(),
+            _ => None,
+        };
+        self.indexed_at_stop = self.worker.stats().insns;
+        self.worker.request_complete();
+        self.index = None;
+        self.regs_at = None;
+    }
+
+    fn present_gprs(&mut self) -> TargetResult<Regs> {
+        self.live()?.present_gprs()
+    }
+
+    /// General-purpose registers at `n` rebuilt from the state log.
+    fn logged_regs(&mut self, n: u64) -> TargetResult<Regs> {
+        if let Some((at, r)) = self.regs_at
+            && at == n
+        {
+            return Ok(r);
+        }
+        let present = self.present_gprs()?;
+        let live = self.live()?;
+        let log = live.state_log().ok_or(TargetError::Unsupported(
+            "registers in the past without a state log",
+        ))?;
+        let mut r = log
+            .registers_at(n as usize, &present)
+            .ok_or(TargetError::Unsupported("position beyond the state log"))?;
+        if let Some(ip) = self.insn_ip(n)
+            && ip != r.rip
+        {
+            self.checks.pc_mismatches += 1;
+            // The trace is authoritative for the PC.
+            r.rip = ip;
+        }
+        self.regs_at = Some((n, r));
+        Ok(r)
+    }
+
+    /// The register file at position `n` in the past: from the state log if there is one,
+    /// otherwise PC-only (see the module docs).
+    fn past_registers(&mut self, n: u64) -> TargetResult<X86Registers> {
+        if self.has_state_log() {
+            let gprs = self.logged_regs(n)?;
+            let live = self.live()?;
+            let mut xsave = live.ptrace().read_registers()?.xsave;
+            // Vector/x87 state: the log's snapshot, or unavailable — never the present values,
+            // which may differ.
+            let known = live
+                .state_log()
+                .is_some_and(|log| log.xstate_at(n as usize, &mut xsave));
+            let mut regs = X86Registers::from_parts(&gprs, xsave);
+            if !known {
+                regs.unavailable = RegMask::VECTOR;
+            }
+            return Ok(regs);
+        }
+        self.pc_only_registers(n)
+    }
+
+    /// PC-only registers at `n`: a captured register file if one is known there (and agrees
+    /// with the trace's PC), else RIP alone.
+    fn pc_only_registers(&mut self, n: u64) -> TargetResult<X86Registers> {
+        let ip = self.insn_ip(n);
+        if let Some(snap) = self.snapshots.get(&n) {
+            // Offline, the position after the last instruction has no trace PC: the saved
+            // registers there are all there is.
+            let at_end = ip.is_none() && self.live.is_none() && n == self.len();
+            if ip == Some(snap.pc()) || at_end {
+                return Ok(snap.clone());
+            }
+            self.checks.snapshot_mismatches += 1;
+        }
+        match ip {
+            Some(pc) => Ok(unknown_registers(&self.template, pc)),
+            None => Err(TargetError::Unexpected {
+                pid: 0,
+                what: format!("instruction {n} is not in the decoded history"),
+            }),
+        }
+    }
+
+    /// Memory in the past at `n`, PC-only: bytes of immutable code from the image; anything
+    /// else is refused.
+    fn pc_only_memory(&self, addr: u64, buf: &mut [u8]) -> TargetResult<usize> {
+        let want = self.immutable.covered(addr, buf.len());
+        let got = if want == 0 {
+            0
+        } else {
+            self.image.read(addr, &mut buf[..want])
+        };
+        if got == 0 {
+            return Err(TargetError::Memory { addr });
+        }
+        Ok(got)
+    }
+
+    fn bp_set(&self) -> BpSet {
+        BpSet::new(self.bps.iter().copied())
+    }
+
+    fn reverse(&mut self, how: ReverseResume) -> TargetResult<()> {
+        if self.exited.is_some() {
+            return Err(TargetError::Unsupported(
+                "reverse execution after the process exited",
+            ));
+        }
+        self.ensure_indexed(INDEX_WAIT)
+            .map_err(|what| TargetError::Unexpected { pid: 0, what })?;
+        let c = self.position();
+        let floor = self.floor();
+        let ev = match how {
+            ReverseResume::Step => {
+                if c <= floor {
+                    StopEvent::HistoryEnd { at_begin: true }
+                } else {
+                    self.cursor = Some(c - 1);
+                    StopEvent::Step
+                }
+            }
+            ReverseResume::Continue => {
+                let mut m = self.bp_set();
+                let hit = self
+                    .worker
+                    .with_history(|h, b, img| h.rfind_with(b, img, c, &mut m));
+                match hit {
+                    Some(k) if k >= floor => {
+                        self.cursor = Some(k);
+                        let pc = self.insn_ip(k).unwrap_or(0);
+                        StopEvent::Breakpoint { pc }
+                    }
+                    _ => {
+                        self.cursor = (floor < self.len() || self.live.is_none()).then_some(floor);
+                        StopEvent::HistoryEnd { at_begin: true }
+                    }
+                }
+            }
+        };
+        self.regs_at = None;
+        self.running = Running::Ready(ev);
+        Ok(())
+    }
+
+    fn resume_replay(&mut self, how: Resume, c: u64) -> TargetResult<()> {
+        self.ensure_indexed(INDEX_WAIT)
+            .map_err(|what| TargetError::Unexpected { pid: 0, what })?;
+        let len = self.len();
+        let end = self.end();
+        let live = self.live.is_some();
+        let ev = match how {
+            Resume::Step { .. } if live => {
+                self.cursor = (c + 1 < len).then_some(c + 1);
+                StopEvent::Step
+            }
+            Resume::Step { .. } => {
+                if c < end {
+                    self.cursor = Some(c + 1);
+                    StopEvent::Step
+                } else {
+                    StopEvent::HistoryEnd { at_begin: false }
+                }
+            }
+            Resume::Continue { .. } => {
+                let mut m = self.bp_set();
+                let hit = self
+                    .worker
+                    .with_history(|h, b, img| h.find_with(b, img, c + 1, &mut m));
+                match hit {
+                    Some(k) if k < len && k <= end => {
+                        self.cursor = Some(k);
+                        let pc = self.insn_ip(k).unwrap_or(0);
+                        StopEvent::Breakpoint { pc }
+                    }
+                    _ => {
+                        self.cursor = if live { None } else { Some(end) };
+                        StopEvent::HistoryEnd { at_begin: false }
+                    }
+                }
+            }
+        };
+        self.running = Running::Ready(ev);
+        Ok(())
+    }
+
+    fn resume(&mut self, how: Resume) -> TargetResult<()> {
+        if self.exited.is_some() {
+            let pid = match self.live.as_mut() {
+                Some(l) => Target::pid(l.ptrace()),
+                None => 0,
+            };
+            return Err(TargetError::Exited { pid });
+        }
+        self.interrupt.store(false, Ordering::Release);
+        self.regs_at = None;
+        if let Some(c) = self.cursor {
+            return self.resume_replay(how, c);
+        }
+        let record = self.record_wanted;
+        if !record {
+            self.untraced_runs += 1;
+            self.floor = self.len();
+        }
+        self.live()?.resume(how, record)?;
+        self.running = Running::Live;
+        Ok(())
+    }
+
+    fn stopped(&mut self, ev: StopEvent) -> StopEvent {
+        self.running = Running::Idle;
+        if matches!(ev, StopEvent::Exited(_) | StopEvent::Killed(_)) {
+            self.exited = Some(ev);
+        }
+        self.sync_history();
+        ev
+    }
+
+    fn wait(&mut self, block: bool) -> TargetResult<Option<StopEvent>> {
+        match self.running {
+            Running::Idle => Err(TargetError::Unexpected {
+                pid: 0,
+                what: "wait on a stopped target".into(),
+            }),
+            Running::Ready(ev) => {
+                self.running = Running::Idle;
+                Ok(Some(ev))
+            }
+            Running::Live => {
+                let interrupt = Arc::clone(&self.interrupt);
+                let bps = self.bps.clone();
+                match self.live()?.wait(block, &bps, &interrupt)? {
+                    Some(ev) => Ok(Some(self.stopped(ev))),
+                    None => Ok(None),
+                }
+            }
+        }
+    }
+}
+
+/// A process recorded by a capture backend, or a recording replayed offline, with reverse
+/// execution (see the module docs). Cheap handle on shared state: [`RecordingTarget::shared`]
+/// gives the state to monitor commands.
+#[derive(Debug, Clone)]
+pub struct RecordingTarget {
+    inner: Rc<RefCell<Recorder>>,
+    pid: i32,
+    exe: Option<PathBuf>,
+    interrupt: Arc<AtomicBool>,
+}
+
+impl RecordingTarget {
+    /// Wraps a software recorder over a ptrace target. With its state log on, registers and
+    /// memory are rebuilt in the past; without, the past is served PC-only.
+    pub fn new(rec: SoftRecorder<PtraceTarget>) -> TargetResult<Self> {
+        let record_wanted = rec.is_recording();
+        Self::with_capture(Box::new(SoftCapture::new(rec)), record_wanted)
+    }
+
+    /// Wraps any live capture whose process is stopped where recording starts.
+    pub fn with_capture(mut live: Box<dyn LiveCapture>, record_wanted: bool) -> TargetResult<Self> {
+        let pid = Target::pid(live.ptrace());
+        let exe = live.ptrace().exec_path();
+        let mut r = Recorder::new(live, record_wanted)?;
+        // Index what was recorded before GDB connects (nothing when recording starts at main).
+        r.sync_history();
+        Ok(Self::from_recorder(r, pid, exe))
+    }
+
+    fn from_recorder(r: Recorder, pid: i32, exe: Option<PathBuf>) -> Self {
+        let interrupt = Arc::clone(&r.interrupt);
+        RecordingTarget {
+            inner: Rc::new(RefCell::new(r)),
+            pid,
+            exe,
+            interrupt,
+        }
+    }
+
+    /// The shared recording state (for monitor commands).
+    pub fn shared(&self) -> Rc<RefCell<Recorder>> {
+        Rc::clone(&self.inner)
+    }
+}
+
+impl Target for RecordingTarget {
+    fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    fn exec_path(&self) -> Option<PathBuf> {
+        self.exe.clone()
+    }
+
+    fn read_registers(&mut self) -> TargetResult<X86Registers> {
+        let mut r = self.inner.borrow_mut();
+        if r.exited.is_some() {
+            return Err(TargetError::Exited { pid: self.pid });
+        }
+        match r.cursor {
+            None => r.live()?.ptrace().read_registers(),
+            Some(n) => r.past_registers(n),
+        }
+    }
+
+    fn write_registers(&mut self, regs: &X86Registers) -> TargetResult<()> {
+        let mut r = self.inner.borrow_mut();
+        if r.cursor.is_some() {
+            return Err(TargetError::Unsupported(
+                "changing registers in the past (go to the present first: monitor goto end)",
+            ));
+        }
+        r.live()?.ptrace().write_registers(regs)
+    }
+
+    fn read_memory(&self, addr: u64, buf: &mut [u8]) -> TargetResult<usize> {
+        let mut r = self.inner.borrow_mut();
+        let Some(pos) = r.cursor else {
+            return Target::read_memory(r.live()?.ptrace(), addr, buf);
+        };
+        if !r.has_state_log() {
+            return r.pc_only_memory(addr, buf);
+        }
+        let live = r.live()?;
+        let n = Target::read_memory(live.ptrace(), addr, buf)?;
+        if let Some(log) = live.state_log() {
+            log.memory_at(pos as usize, addr, &mut buf[..n]);
+        }
+        Ok(n)
+    }
+
+    fn write_memory(&mut self, addr: u64, data: &[u8]) -> TargetResult<()> {
+        let mut r = self.inner.borrow_mut();
+        if r.cursor.is_some() {
+            return Err(TargetError::Unsupported(
+                "changing memory in the past (go to the present first: monitor goto end)",
+            ));
+        }
+        r.live()?.ptrace().write_memory(addr, data)
+    }
+
+    fn resume(&mut self, how: Resume) -> TargetResult<()> {
+        self.inner.borrow_mut().resume(how)
+    }
+
+    fn wait(&mut self, block: bool) -> TargetResult<Option<StopEvent>> {
+        self.inner.borrow_mut().wait(block)
+    }
+
+    fn interrupt(&mut self) -> TargetResult<()> {
+        self.interrupt.store(true, Ordering::Release);
+        let mut r = self.inner.borrow_mut();
+        if r.running == Running::Live
+            && let Some(live) = r.live.as_mut()
+        {
+            live.interrupt()?;
+        }
+        Ok(())
+    }
+
+    fn kill(&mut self) -> TargetResult<()> {
+        let mut r = self.inner.borrow_mut();
+        r.running = Running::Idle;
+        match r.live.as_mut() {
+            Some(live) => live.ptrace().kill(),
+            None => Ok(()),
+        }
+    }
+
+    fn detach(&mut self) -> TargetResult<()> {
+        match self.inner.borrow_mut().live.as_mut() {
+            Some(live) => live.ptrace().detach(),
+            None => Ok(()),
+        }
+    }
+
+    fn has_exited(&self) -> bool {
+        let mut r = self.inner.borrow_mut();
+        if r.exited.is_some() {
+            return true;
+        }
+        r.live.as_mut().is_some_and(|l| l.ptrace().has_exited())
+    }
+
+    fn auxv(&self) -> TargetResult<Vec<u8>> {
+        let mut r = self.inner.borrow_mut();
+        match r.live.as_mut() {
+            Some(live) => live.ptrace().auxv(),
+            None => Err(TargetError::Unsupported(
+                "the auxiliary vector of a replayed recording",
+            )),
+        }
+    }
+
+    fn take_notices(&mut self) -> Vec<Notice> {
+        let mut r = self.inner.borrow_mut();
+        let mut n = std::mem::take(&mut r.notices);
+        if let Some(live) = r.live.as_mut() {
+            n.extend(live.ptrace().take_notices());
+        }
+        n
+    }
+
+    fn support_breakpoints(&mut self) -> Option<&mut dyn Breakpoints> {
+        Some(self)
+    }
+
+    fn support_reverse(&mut self) -> Option<&mut dyn ReverseExecution> {
+        Some(self)
+    }
+}
+
+impl Breakpoints for RecordingTarget {
+    fn add_breakpoint(&mut self, addr: u64) -> TargetResult<()> {
+        let mut r = self.inner.borrow_mut();
+        if let Some(live) = r.live.as_mut()
+            && let Some(bp) = live.ptrace().support_breakpoints()
+        {
+            bp.add_breakpoint(addr)?;
+        }
+        r.bps.insert(addr);
+        Ok(())
+    }
+
+    fn remove_breakpoint(&mut self, addr: u64) -> TargetResult<bool> {
+        let mut r = self.inner.borrow_mut();
+        if let Some(live) = r.live.as_mut()
+            && let Some(bp) = live.ptrace().support_breakpoints()
+        {
+            bp.remove_breakpoint(addr)?;
+        }
+        Ok(r.bps.remove(&addr))
+    }
+
+    fn breakpoint_addrs(&self) -> Vec<u64> {
+        self.inner.borrow().bps.iter().copied().collect()
+    }
+}
+
+impl ReverseExecution for RecordingTarget {
+    fn resume_reverse(&mut self, how: ReverseResume) -> TargetResult<()> {
+        self.inner.borrow_mut().reverse(how)
+    }
+}
+
+/// Starts indexing `store` against `image` in the background, woken by every append.
+fn spawn_worker(
+    store: &TraceStore,
+    image: &Arc<Image>,
+) -> std::io::Result<HistoryWorker<TraceStore>> {
+    let w = HistoryWorker::spawn_with_window(
+        Arc::new(store.clone()),
+        Arc::clone(image),
+        FlowConfig::default(),
+        LIVE_WINDOW,
+    )?;
+    store.set_listener(Some(w.notifier()));
+    Ok(w)
+}

@@ -1,0 +1,215 @@
+//! `ptrewind replay`: reverse execution over a recording with no process behind it — a
+//! directory written by `monitor save DIR`, or a trace file (raw PT or perf.data) with its
+//! code image.
+//!
+//! The history is indexed before the server listens; the cursor starts at the end of the
+//! history. The past is served PC-only (see the [module docs](super)): the PC at every
+//! position, a saved recording's registers at its start (position 0) and end (after the last
+//! instruction, where the cursor then starts), and memory only inside the code image — of a
+//! saved recording, only the mappings that were read-only and file-backed. Forward execution
+//! stops at the end of the history with `replaylog:end`: there is no present to resume.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::capture::{ImmutableCode, append_bytes};
+use super::inspect::symbolizer_from_maps;
+use super::monitors::SAVE_FORMAT;
+use super::{OfflineInfo, Recorder, RecordingTarget, spawn_worker};
+use crate::capture::soft::Regs;
+use crate::capture::soft::state_log::{REG_NAMES, set_reg, zeroed_regs};
+use crate::image::{Image, Section, Symbolizer};
+use crate::store::live::TraceStore;
+use crate::target::{RegMask, X86Registers};
+
+/// How long loading waits for the history to be indexed.
+pub const LOAD_INDEX_WAIT: Duration = Duration::from_secs(120);
+
+/// Offset of the AVX upper halves in the register-file shape used offline (the standard XSAVE
+/// layout: legacy area, XSAVE header, then YMM_Hi128).
+const OFFLINE_YMM_OFFSET: usize = 576;
+
+/// What to replay: the trace, its code, and what is known about the process.
+#[derive(Debug)]
+pub struct OfflineRecording {
+    /// Intel PT bytes of one thread.
+    pub trace: Vec<u8>,
+    /// The code the trace ran.
+    pub image: Image,
+    /// Where past memory reads are served from `image` (`None`: all of it).
+    pub immutable: Option<ImmutableCode>,
+    /// Symbols for `monitor where|history|calls`.
+    pub symbols: Symbolizer,
+    /// Registers before the first instruction, if known.
+    pub registers_at_start: Option<Regs>,
+    /// Registers after the last instruction, if known.
+    pub registers_at_end: Option<Regs>,
+    /// The instruction count the recording claims (checked against the decoded history).
+    pub instructions: Option<u64>,
+    /// Process id, executable, source description.
+    pub info: OfflineInfo,
+}
+
+/// A register-file shape for this CPU (with the AVX upper halves when the CPU has them, as the
+/// target description says), every value zero.
+fn offline_template() -> X86Registers {
+    let avx = crate::target::regs::avx_enabled();
+    let len = if avx {
+        OFFLINE_YMM_OFFSET + 256
+    } else {
+        OFFLINE_YMM_OFFSET
+    };
+    let mut r = X86Registers::from_parts(&zeroed_regs(), vec![0; len]);
+    r.ymm_hi_offset = avx.then_some(OFFLINE_YMM_OFFSET);
+    r
+}
+
+/// The general-purpose registers of a manifest object (`{"rip": "0x...", ...}`); `None` unless
+/// every register is present and valid (a partial set would pass zeros off as values).
+pub fn regs_from_json(v: &serde_json::Value) -> Option<Regs> {
+    let obj = v.as_object()?;
+    let mut r = zeroed_regs();
+    for (i, name) in REG_NAMES.iter().enumerate() {
+        let text = obj.get(*name)?.as_str()?;
+        let value = u64::from_str_radix(text.trim_start_matches("0x"), 16).ok()?;
+        set_reg(&mut r, i, value);
+    }
+    Some(r)
+}
+
+/// Reads a directory written by `monitor save DIR`.
+pub fn load_saved(dir: &Path) -> Result<OfflineRecording, String> {
+    let read = |name: &str| {
+        std::fs::read(dir.join(name)).map_err(|e| format!("{}: {e}", dir.join(name).display()))
+    };
+    let manifest: serde_json::Value = serde_json::from_slice(&read("manifest.json")?)
+        .map_err(|e| format!("{}: {e}", dir.join("manifest.json").display()))?;
+    let format = manifest["format"].as_str().unwrap_or("");
+    if format != SAVE_FORMAT {
+        return Err(format!(
+            "{}: format {format:?}, expected {SAVE_FORMAT:?}",
+            dir.join("manifest.json").display()
+        ));
+    }
+    let trace = read(manifest["trace"].as_str().unwrap_or("trace.pt"))?;
+    let mut image = Image::new();
+    for (i, sec) in manifest["sections"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+    {
+        let bad = |what: &str| format!("manifest.json: section {i}: {what}");
+        let file = sec["file"].as_str().ok_or_else(|| bad("no file"))?;
+        let addr = sec["addr"]
+            .as_str()
+            .and_then(|a| u64::from_str_radix(a.trim_start_matches("0x"), 16).ok())
+            .ok_or_else(|| bad("no addr"))?;
+        let origin = sec["origin"].as_str().unwrap_or(file);
+        image
+            .add(Section::new(addr, read(file)?, origin))
+            .map_err(|e| bad(&e.to_string()))?;
+    }
+    let maps: Vec<String> = std::fs::read(dir.join("maps.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    let maps = maps.join("\n");
+    let immutable = (!maps.is_empty()).then(|| ImmutableCode::from_maps(&maps));
+    Ok(OfflineRecording {
+        trace,
+        image,
+        immutable,
+        symbols: symbolizer_from_maps(&maps),
+        registers_at_start: regs_from_json(&manifest["registers_at_start"]),
+        registers_at_end: regs_from_json(&manifest["registers_at_end"]),
+        instructions: manifest["instructions"].as_u64(),
+        info: OfflineInfo {
+            pid: manifest["pid"]
+                .as_i64()
+                .and_then(|p| i32::try_from(p).ok())
+                .filter(|&p| p > 0)
+                .unwrap_or(1),
+            exe: manifest["exe"].as_str().map(PathBuf::from),
+            source: format!("saved recording {}", dir.display()),
+        },
+    })
+}
+
+impl RecordingTarget {
+    /// A target replaying `rec` with no process: indexes the history (waiting up to
+    /// [`LOAD_INDEX_WAIT`]) and puts the cursor at its end.
+    pub fn offline(rec: OfflineRecording) -> Result<Self, String> {
+        let store = TraceStore::new();
+        append_bytes(&store, &rec.trace);
+        let image = Arc::new(rec.image);
+        let worker =
+            spawn_worker(&store, &image).map_err(|e| format!("cannot start the indexer: {e}"))?;
+        let template = offline_template();
+        let immutable = rec.immutable.unwrap_or_else(|| {
+            ImmutableCode::from_ranges(image.sections().iter().map(|s| (s.addr, s.end())).collect())
+        });
+        let mut r = Recorder::assemble(None, store, worker, image, template.clone());
+        r.immutable = immutable;
+        r.symbols = Some(rec.symbols);
+        r.record_wanted = false;
+        r.offline = Some(rec.info.clone());
+        r.worker.request_complete();
+        let len = r.ensure_indexed(LOAD_INDEX_WAIT)?;
+        if len == 0 {
+            return Err("the trace decodes to no instruction (wrong code image?)".into());
+        }
+        let full = |g: &Regs| {
+            let mut x = X86Registers::from_parts(g, template.xsave.clone());
+            x.ymm_hi_offset = template.ymm_hi_offset;
+            // Only the general-purpose registers were saved.
+            x.unavailable = RegMask::VECTOR;
+            x
+        };
+        if let Some(g) = &rec.registers_at_start {
+            r.snapshots.insert(0, full(g));
+        }
+        match (rec.instructions, &rec.registers_at_end) {
+            (Some(n), Some(g)) if n == len => {
+                r.snapshots.insert(len, full(g));
+            }
+            (Some(n), _) if n != len => {
+                r.checks.length_mismatches += 1;
+                r.checks.last_mismatch = Some(format!(
+                    "the recording says {n} instructions, its trace decodes to {len}; the \
+                     registers saved at its end are not served"
+                ));
+            }
+            _ => {}
+        }
+        let end = r.end();
+        r.cursor = Some(end);
+        let exe = rec.info.exe.clone();
+        Ok(Self::from_recorder(r, rec.info.pid, exe))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manifest_registers_need_every_register() {
+        let mut obj = serde_json::Map::new();
+        for (i, n) in REG_NAMES.iter().enumerate() {
+            obj.insert(n.to_string(), format!("{:#x}", i * 16).into());
+        }
+        let full = serde_json::Value::Object(obj.clone());
+        let r = regs_from_json(&full).unwrap();
+        assert_eq!(r.rip, 16 * 16);
+        assert_eq!(r.r15, 0);
+        assert_eq!(r.gs, 26 * 16);
+        obj.remove("rsp");
+        assert!(regs_from_json(&serde_json::Value::Object(obj.clone())).is_none());
+        obj.insert("rsp".into(), "zz".into());
+        assert!(regs_from_json(&serde_json::Value::Object(obj)).is_none());
+        assert!(regs_from_json(&serde_json::Value::Null).is_none());
+    }
+}
