@@ -165,7 +165,8 @@ impl Server {
             // "ptrewind: started process PID; listening on 127.0.0.1:PORT"
             let rest = line
                 .strip_prefix("ptrewind: started process ")
-                .or_else(|| line.strip_prefix("ptrewind: attached to process "));
+                .or_else(|| line.strip_prefix("ptrewind: attached to process "))
+                .or_else(|| line.strip_prefix("ptrewind: replaying process "));
             if let Some(rest) = rest {
                 let (p, addr) = rest.split_once("; listening on ").unwrap();
                 pid = Some(p.parse().unwrap());

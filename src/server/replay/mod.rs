@@ -254,16 +254,15 @@ impl Recorder {
             pid,
             what: format!("cannot start the history worker: {e}"),
         })?;
-        let start = live.ptrace().read_registers()?;
+        // The register-file shape for PC-only replies (the values are not used).
+        let template = live.ptrace().read_registers()?;
         let immutable = ImmutableCode::from_maps(
             &std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default(),
         );
-        let mut r = Recorder::assemble(Some(live), store, worker, image, start.clone());
+        let mut r = Recorder::assemble(Some(live), store, worker, image, template);
         r.image_maps = image_maps;
         r.immutable = immutable;
         r.record_wanted = record_wanted;
-        // The registers where recording starts: position 0 once indexed.
-        r.pending_snapshot = Some(start);
         Ok(r)
     }
 
@@ -517,11 +516,21 @@ impl Recorder {
                 }
             }
         }
-        // Only this stop's registers may be keyed at the position the index will report.
-        self.pending_snapshot = match self.live.as_mut() {
-            Some(live) if !exited => live.ptrace().read_registers().ok(),
-            _ => None,
-        };
+        // The stop's registers belong to the position of the next instruction. A backend that
+        // counts instructions knows it now; otherwise the index will say (it is asked before
+        // the process runs again, see `resume`). Only this stop's registers may be keyed there.
+        self.pending_snapshot = None;
+        if let Some(live) = self.live.as_mut()
+            && !exited
+            && let Ok(regs) = live.ptrace().read_registers()
+        {
+            match live.recorded() {
+                Some(n) => {
+                    self.snapshots.insert(n, regs);
+                }
+                None => self.pending_snapshot = Some(regs),
+            }
+        }
         self.indexed_at_stop = self.worker.stats().insns;
         self.worker.request_complete();
         self.index = None;
@@ -715,6 +724,15 @@ impl Recorder {
         self.regs_at = None;
         if let Some(c) = self.cursor {
             return self.resume_replay(how, c);
+        }
+        if self.pending_snapshot.is_some() {
+            // Key the last stop's registers before the trace grows past it (hardware backend:
+            // only the index knows the stop's position).
+            if let Err(e) = self.ensure_indexed(INDEX_WAIT) {
+                self.pending_snapshot = None;
+                self.stop_errors += 1;
+                self.checks.last_mismatch = Some(format!("the registers of a stop are lost: {e}"));
+            }
         }
         let record = self.record_wanted;
         if !record {

@@ -1,0 +1,546 @@
+//! PC-only reverse execution in real GDB (batch mode): the path the hardware backend and
+//! `ptrewind replay` serve, exercised through `ptrewind record --state-log off` (a live process
+//! recorded without a state log), `ptrewind replay DIR` (a `monitor save` directory) and
+//! `ptrewind replay --pt` (a real hardware trace from the corpus).
+//!
+//! Ground truth is never our own output: the PCs GDB printed while single-stepping the live
+//! program (ASLR is off, the program deterministic, so a separate run retraces them), the
+//! values GDB printed at live stops, `nm` for symbol addresses, and for the hardware trace the
+//! corpus's ground-truth branch list with instruction boundaries from `objdump -d`.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+mod support;
+
+use support::cbuild::{build_example, nm_symbol};
+use support::gdb::{GdbRun, Server, gdb_session, ptrewind};
+
+const TIMEOUT: Duration = Duration::from_secs(90);
+
+/// `examples/c/recursion.c`, built once per test run.
+fn recursion() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("replay-examples");
+        std::fs::create_dir_all(&dir).unwrap();
+        build_example(&dir, "recursion", &[])
+    })
+}
+
+fn record(extra: &[&str], program: &Path) -> Server {
+    Server::spawn(
+        ptrewind()
+            .args(["record", "--listen", "127.0.0.1:0"])
+            .args(extra)
+            .arg("--")
+            .arg(program),
+    )
+}
+
+fn replay(args: &[&std::ffi::OsStr]) -> Server {
+    Server::spawn(
+        ptrewind()
+            .args(["replay", "--listen", "127.0.0.1:0"])
+            .args(args),
+    )
+}
+
+trait RunExt {
+    fn tagged(&self, tag: &str) -> Vec<String>;
+    fn dump(&self) -> String;
+    fn expect(&self, needle: &str);
+    fn after(&self, mark: &str) -> &str;
+}
+
+impl RunExt for GdbRun {
+    /// Values printed by `printf "TAG %lx\n", ...` lines, in order.
+    fn tagged(&self, tag: &str) -> Vec<String> {
+        let prefix = format!("{tag} ");
+        self.gdb
+            .lines()
+            .filter_map(|l| l.strip_prefix(&prefix).map(str::to_string))
+            .collect()
+    }
+
+    fn dump(&self) -> String {
+        format!("--- gdb:\n{}\n--- server:\n{}", self.gdb, self.server)
+    }
+
+    #[track_caller]
+    fn expect(&self, needle: &str) {
+        assert!(
+            self.gdb.contains(needle),
+            "GDB output lacks {needle:?}\n{}",
+            self.dump()
+        );
+    }
+
+    /// GDB's output after the line `mark` (printed with `echo mark\n`).
+    #[track_caller]
+    fn after(&self, mark: &str) -> &str {
+        let i = self
+            .gdb
+            .find(&format!("{mark}\n"))
+            .unwrap_or_else(|| panic!("no {mark}\n{}", self.dump()));
+        &self.gdb[i + mark.len() + 1..]
+    }
+}
+
+/// GDB prints `monitor` output and error messages on stderr, which the session collects
+/// after stdout: the `monitor where` lines, in order.
+fn where_lines(r: &GdbRun) -> Vec<&str> {
+    r.gdb
+        .lines()
+        .filter(|l| {
+            (l.starts_with("replaying: instruction")
+                || l.starts_with("at the present: instruction"))
+                && l.contains(" of ")
+        })
+        .collect()
+}
+
+/// The `x` command after `mark` printed no value: its output line is at most the address,
+/// followed directly by the `NOVALUE` marker echoed after it (the error went to stderr).
+#[track_caller]
+fn assert_no_value(r: &GdbRun, mark: &str) {
+    let line = first_line(r.after(mark));
+    let rest = line.split_once(":\t").map_or(line, |(_, rest)| rest);
+    assert!(rest.starts_with("NOVALUE"), "{line:?}\n{}", r.dump());
+}
+
+/// The first line of `text` (GDB's output of one command).
+fn first_line(text: &str) -> &str {
+    text.lines().next().unwrap_or("")
+}
+
+/// The instruction number in a `monitor where` line ("... instruction N of M ...").
+fn where_insn(line: &str) -> u64 {
+    line.split_whitespace()
+        .skip_while(|w| *w != "instruction")
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no instruction number in {line:?}"))
+}
+
+/// Forward PCs from the first hit of `factorial` on, single-stepped live (the ground truth for
+/// the runs below: same program, ASLR off, same path).
+fn forward_pcs(steps: usize) -> Vec<String> {
+    static PCS: OnceLock<Vec<String>> = OnceLock::new();
+    PCS.get_or_init(|| {
+        let mut cmds: Vec<String> = vec!["break factorial".into(), "continue".into()];
+        cmds.push("delete".into());
+        cmds.push(r#"printf "FWD %lx\n", $pc"#.into());
+        for _ in 0..steps {
+            cmds.push("stepi".into());
+            cmds.push(r#"printf "FWD %lx\n", $pc"#.into());
+        }
+        let program = recursion();
+        let r = gdb_session(record(&[], program), program, &cmds, TIMEOUT);
+        let fwd = r.tagged("FWD");
+        assert_eq!(fwd.len(), steps + 1, "{}", r.dump());
+        fwd
+    })
+    .clone()
+}
+
+/// Index in `fwd` of the `k`-th (1-based) time the PC is `fwd[0]` (factorial's breakpoint
+/// address, reached once per call).
+fn kth_hit(fwd: &[String], k: usize) -> usize {
+    fwd.iter()
+        .enumerate()
+        .filter(|(_, pc)| **pc == fwd[0])
+        .nth(k - 1)
+        .map(|(i, _)| i)
+        .unwrap_or_else(|| panic!("factorial hit {k} not within the forward steps: {fwd:?}"))
+}
+
+/// A live recording without a state log: reverse-stepi retraces the live PCs exactly, the
+/// registers GDB saw at earlier stops come back in full (not the present's), every other
+/// register in the past is unavailable, code reads work and other memory is refused.
+#[test]
+fn state_log_off_serves_the_past_pc_only() {
+    const K: usize = 4;
+    let fwd = forward_pcs(80);
+    let j = kth_hit(&fwd, K);
+    let back = j; // reverse-stepi all the way to the first hit
+    let mut cmds: Vec<String> = vec!["break factorial".into()];
+    for _ in 0..K {
+        cmds.push("continue".into());
+        cmds.push("monitor where".into());
+        cmds.push(r#"printf "LIVE %lx %lx\n", $rdi, $rsp"#.into());
+    }
+    cmds.push("monitor past".into());
+    // Back to the previous dynamic instance: the stop there had its registers captured.
+    cmds.push("reverse-continue".into());
+    cmds.push("monitor where".into());
+    cmds.push(r#"printf "BACK %lx %lx\n", $rdi, $rsp"#.into());
+    cmds.push("echo STACK\\n".into());
+    cmds.push("x/gx $rsp".into());
+    cmds.push("echo NOVALUE\\n".into());
+    // One instruction earlier nobody stopped: only RIP is known.
+    cmds.push("reverse-stepi".into());
+    cmds.push("echo PAST\\n".into());
+    cmds.push("p $rax".into());
+    cmds.push("echo RIP\\n".into());
+    cmds.push("info registers rip".into());
+    cmds.push("echo CODE\\n".into());
+    cmds.push("x/i $pc".into());
+    cmds.push("echo SP\\n".into());
+    cmds.push("x/gx $sp".into());
+    cmds.push("echo NOVALUE\\n".into());
+    // Forward to the present (no breakpoint in the way), then retrace from there.
+    cmds.push("delete".into());
+    cmds.push("continue".into());
+    cmds.push(r#"printf "PRESENT %lx\n", $rdi"#.into());
+    cmds.push(r#"printf "REV %lx\n", $pc"#.into());
+    for _ in 0..back {
+        cmds.push("reverse-stepi".into());
+        cmds.push(r#"printf "REV %lx\n", $pc"#.into());
+    }
+    cmds.push("monitor stats".into());
+    let program = recursion();
+    let r = gdb_session(
+        record(&["--state-log", "off"], program),
+        program,
+        &cmds,
+        TIMEOUT,
+    );
+    // factorial(10): the k-th hit has n = 11 - k in rdi.
+    let live = r.tagged("LIVE");
+    assert_eq!(live.len(), K, "{}", r.dump());
+    let rdi = |line: &str| line.split_whitespace().next().unwrap_or("").to_string();
+    assert_eq!(rdi(&live[K - 1]), format!("{:x}", 11 - K), "{}", r.dump());
+    // reverse-continue lands on hit K-1 at the position the live stop had, with the
+    // registers GDB printed there (not the present's n = 11 - K).
+    let wheres = where_lines(&r);
+    assert_eq!(wheres.len(), K + 1, "{}", r.dump());
+    assert!(
+        wheres[..K].iter().all(|l| l.starts_with("at the present")),
+        "{}",
+        r.dump()
+    );
+    assert!(wheres[K].starts_with("replaying"), "{}", r.dump());
+    assert_eq!(
+        where_insn(wheres[K]),
+        where_insn(wheres[K - 2]),
+        "{}",
+        r.dump()
+    );
+    let back = r.tagged("BACK");
+    assert_eq!(back, vec![live[K - 2].clone()], "{}", r.dump());
+    // Memory in the past is refused even where the address is known.
+    let rsp = back[0].split_whitespace().nth(1).unwrap_or("").to_string();
+    r.expect(&format!("Cannot access memory at address 0x{rsp}"));
+    assert_no_value(&r, "STACK");
+    assert!(
+        first_line(r.after("PAST")).contains("<unavailable>"),
+        "{}",
+        r.dump()
+    );
+    let rip_line = first_line(r.after("RIP"));
+    assert!(rip_line.starts_with("rip"), "{}", r.dump());
+    let code = first_line(r.after("CODE"));
+    assert!(code.starts_with("=> 0x"), "{}", r.dump());
+    assert!(code.contains("factorial"), "{}", r.dump());
+    // No value is shown for the stack in the past (the error text itself goes to stderr).
+    assert_no_value(&r, "SP");
+    r.expect("No more reverse-execution history.");
+    assert_eq!(
+        r.tagged("PRESENT"),
+        vec![format!("{:x}", 11 - K)],
+        "{}",
+        r.dump()
+    );
+    // Retrace: exactly the live PCs, backwards, from hit K to hit 1.
+    let mut expected: Vec<String> = fwd[..=j].to_vec();
+    expected.reverse();
+    assert_eq!(r.tagged("REV"), expected, "{}", r.dump());
+    r.expect("PC-only");
+    assert!(!r.gdb.contains("ERROR"), "{}", r.dump());
+}
+
+/// `monitor save` from a recording, then `ptrewind replay DIR`: the cursor starts at the end
+/// with the saved registers, reverse-stepi retraces the live PCs, position 0 has the start
+/// registers, other positions only RIP, and forward execution ends at the end of the history.
+#[test]
+fn replay_of_a_saved_recording() {
+    const K: usize = 3;
+    const BACK: usize = 12;
+    let fwd = forward_pcs(80);
+    let j = kth_hit(&fwd, K);
+    assert!(j >= BACK);
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("replay-saved");
+    let _ = std::fs::remove_dir_all(&dir);
+    let program = recursion();
+    let mut cmds: Vec<String> = vec!["break factorial".into()];
+    for _ in 0..K {
+        cmds.push("continue".into());
+    }
+    cmds.push(r#"printf "LIVE %lx %lx\n", $rdi, $rsp"#.into());
+    cmds.push(format!("monitor save {}", dir.display()));
+    let live = gdb_session(record(&[], program), program, &cmds, TIMEOUT);
+    let saved = live.tagged("LIVE");
+    assert_eq!(saved.len(), 1, "{}", live.dump());
+
+    let mut cmds: Vec<String> = vec![
+        r#"printf "END %lx %lx\n", $rdi, $rsp"#.into(),
+        r#"printf "REV %lx\n", $pc"#.into(),
+    ];
+    for _ in 0..BACK {
+        cmds.push("reverse-stepi".into());
+        cmds.push(r#"printf "REV %lx\n", $pc"#.into());
+    }
+    cmds.push("echo PAST\\n".into());
+    cmds.push("p $rdi".into());
+    cmds.push("echo FWD-END\\n".into());
+    cmds.push("continue".into());
+    cmds.push("echo AGAIN\\n".into());
+    cmds.push("continue".into());
+    cmds.push("monitor goto 0".into());
+    cmds.push("maintenance flush register-cache".into());
+    cmds.push(r#"printf "START %lx\n", $pc"#.into());
+    cmds.push("echo START-SP\\n".into());
+    cmds.push("p/x $rsp".into());
+    cmds.push("echo BEGIN\\n".into());
+    cmds.push("reverse-stepi".into());
+    let args: Vec<&std::ffi::OsStr> = vec![dir.as_os_str()];
+    let r = gdb_session(replay(&args), program, &cmds, TIMEOUT);
+    // At the end: the registers the live session printed when it saved.
+    assert_eq!(r.tagged("END"), saved, "{}", r.dump());
+    let mut expected: Vec<String> = fwd[j - BACK..=j].to_vec();
+    expected.reverse();
+    assert_eq!(r.tagged("REV"), expected, "{}", r.dump());
+    assert!(
+        first_line(r.after("PAST")).contains("<unavailable>"),
+        "{}",
+        r.dump()
+    );
+    // Forward to the end and past it: no live process to resume.
+    assert!(
+        r.after("FWD-END")
+            .contains("No more reverse-execution history."),
+        "{}",
+        r.dump()
+    );
+    assert!(
+        r.after("AGAIN")
+            .contains("No more reverse-execution history."),
+        "{}",
+        r.dump()
+    );
+    // Instruction 0 is main's first instruction (recording starts at main), with the saved
+    // registers there.
+    let start = r.tagged("START");
+    assert_eq!(start.len(), 1, "{}", r.dump());
+    let pc = u64::from_str_radix(&start[0], 16).unwrap();
+    assert_eq!(
+        pc & 0xfff,
+        nm_symbol(program, "main") & 0xfff,
+        "{}",
+        r.dump()
+    );
+    let sp = first_line(r.after("START-SP"));
+    assert!(sp.contains("= 0x7ff"), "{}", r.dump());
+    assert!(
+        r.after("BEGIN")
+            .contains("No more reverse-execution history."),
+        "{}",
+        r.dump()
+    );
+}
+
+// ---- A real hardware trace (corpus: hase loopy) ----
+
+fn corpus() -> PathBuf {
+    support::require_corpus("replay")
+        .expect("corpus")
+        .join("hase-pt-recordings")
+}
+
+/// `(address, mnemonic)` of every instruction `objdump -d` lists.
+fn objdump_insns(exe: &Path) -> Vec<(u64, String)> {
+    let out = std::process::Command::new("objdump")
+        .arg("-d")
+        .arg(exe)
+        .output()
+        .expect("objdump");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split('\t');
+            let addr = f.next()?.trim().strip_suffix(':')?;
+            let _bytes = f.next()?;
+            let mnemonic = f.next()?.split_whitespace().next()?.to_string();
+            Some((u64::from_str_radix(addr, 16).ok()?, mnemonic))
+        })
+        .collect()
+}
+
+/// The executed instruction addresses the ground-truth branch list (`from<TAB>to`, 0 for
+/// trace enable/disable) implies: each segment runs from a branch target to the next branch
+/// source; a disable's source is included when it is a branch (the `syscall` entering the
+/// kernel) and excluded otherwise (tracing stopped before it ran).
+fn ground_truth(trace: &str, insns: &[(u64, String)]) -> Vec<u64> {
+    let is_branch = |a: u64| {
+        insns.iter().any(|(x, m)| {
+            *x == a
+                && (m.starts_with('j')
+                    || ["call", "ret", "syscall", "int"]
+                        .iter()
+                        .any(|b| m.starts_with(b)))
+        })
+    };
+    let mut out = Vec::new();
+    let mut at: Option<u64> = None;
+    for line in trace.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(from), Some(to)) = (f.next(), f.next()) else {
+            continue;
+        };
+        let from = u64::from_str_radix(from, 16).unwrap();
+        let to = u64::from_str_radix(to, 16).unwrap();
+        if let Some(start) = at
+            && from != 0
+        {
+            let inclusive = to != 0 || is_branch(from);
+            out.extend(
+                insns
+                    .iter()
+                    .map(|(a, _)| *a)
+                    .filter(|&a| a >= start && (a < from || (inclusive && a == from))),
+            );
+        }
+        at = (to != 0).then_some(to);
+    }
+    out
+}
+
+/// `ptrewind replay --pt` on a real Intel PT trace: reverse-stepi from the end gives the
+/// ground-truth PCs backwards; reverse-continue stops at the right dynamic instances of a
+/// breakpoint; code is readable, data is not, registers other than RIP are unavailable.
+#[test]
+fn replay_of_a_hardware_trace_retraces_the_ground_truth() {
+    let dir = corpus();
+    let exe = dir.join("loopy-20180404/loopy");
+    let pt = dir.join("extracted-aux/loopy-20180404T162955.aux.bin");
+    let truth = ground_truth(
+        &std::fs::read_to_string(dir.join("loopy-20180404/loopy-20180404T162955.trace")).unwrap(),
+        &objdump_insns(&exe),
+    );
+    assert!(truth.len() > 40, "{truth:x?}");
+    // The loop body's `dec %r8` runs once per iteration: its last two instances.
+    let dec = 0x400110u64;
+    let dec_hits: Vec<usize> = truth
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| **a == dec)
+        .map(|(i, _)| i)
+        .collect();
+    assert!(dec_hits.len() >= 3, "{truth:x?}");
+    let mut cmds: Vec<String> = vec![
+        r#"printf "REV %lx\n", $pc"#.into(),
+        "echo RAX\\n".into(),
+        "p $rax".into(),
+        "echo CODE\\n".into(),
+        "x/i $pc".into(),
+        "echo DATA\\n".into(),
+        "x/gx 0x60013c".into(),
+        "echo NOVALUE\\n".into(),
+        "echo END\\n".into(),
+        "continue".into(),
+    ];
+    for _ in 1..truth.len() {
+        cmds.push("reverse-stepi".into());
+        cmds.push(r#"printf "REV %lx\n", $pc"#.into());
+    }
+    cmds.push("echo BEGIN\\n".into());
+    cmds.push("reverse-stepi".into());
+    cmds.push("monitor goto end".into());
+    cmds.push("maintenance flush register-cache".into());
+    cmds.push(format!("break *{dec:#x}"));
+    for _ in 0..2 {
+        cmds.push("reverse-continue".into());
+        cmds.push("monitor where".into());
+    }
+    cmds.push("continue".into());
+    cmds.push("monitor where".into());
+    let r = gdb_session(
+        replay(&[
+            "--pt".as_ref(),
+            pt.as_os_str(),
+            "--elf".as_ref(),
+            exe.as_os_str(),
+        ]),
+        &exe,
+        &cmds,
+        TIMEOUT,
+    );
+    let mut expected: Vec<String> = truth.iter().map(|a| format!("{a:x}")).collect();
+    expected.reverse();
+    assert_eq!(r.tagged("REV"), expected, "{}", r.dump());
+    assert!(
+        first_line(r.after("RAX")).contains("<unavailable>"),
+        "{}",
+        r.dump()
+    );
+    let code = first_line(r.after("CODE"));
+    assert!(
+        code.starts_with(&format!("=> {:#x}", truth[truth.len() - 1])) && code.contains("syscall"),
+        "{}",
+        r.dump()
+    );
+    assert_no_value(&r, "DATA");
+    r.expect("Cannot access memory at address 0x60013c");
+    assert!(
+        r.after("END")
+            .contains("No more reverse-execution history."),
+        "{}",
+        r.dump()
+    );
+    assert!(
+        r.after("BEGIN")
+            .contains("No more reverse-execution history."),
+        "{}",
+        r.dump()
+    );
+    // `monitor where` after `goto end`, after each reverse-continue, and after the continue
+    // forward again: the last two instances, then the last one again.
+    let n = dec_hits.len();
+    let wheres: Vec<u64> = where_lines(&r).iter().map(|l| where_insn(l)).collect();
+    let want: Vec<u64> = [
+        truth.len() - 1,
+        dec_hits[n - 1],
+        dec_hits[n - 2],
+        dec_hits[n - 1],
+    ]
+    .iter()
+    .map(|&i| i as u64)
+    .collect();
+    assert_eq!(wheres, want, "{}", r.dump());
+}
+
+/// `replay` refuses a trace whose code is not given, and a directory that is not a saved
+/// recording.
+#[test]
+fn replay_refuses_incomplete_inputs() {
+    let dir = corpus();
+    let pt = dir.join("extracted-aux/loopy-20180404T162955.aux.bin");
+    let out = ptrewind()
+        .args(["replay", "--listen", "127.0.0.1:0", "--pt"])
+        .arg(&pt)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("--elf"), "{text}");
+    let out = ptrewind()
+        .args(["replay", "--listen", "127.0.0.1:0"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("manifest.json"), "{text}");
+}
