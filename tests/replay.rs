@@ -521,6 +521,46 @@ fn replay_of_a_hardware_trace_retraces_the_ground_truth() {
     assert_eq!(wheres, want, "{}", r.dump());
 }
 
+/// `ptrewind replay --perf` takes the AUX stream out of the original perf.data file: the
+/// history lists exactly the ground-truth instructions, and GDB starts at the last one.
+#[test]
+fn replay_of_a_perf_data_file_has_the_ground_truth_history() {
+    let dir = corpus();
+    let exe = dir.join("loopy-20180404/loopy");
+    let perf = dir.join("loopy-20180404/loopy-20180404T162955.perf");
+    let truth = ground_truth(
+        &std::fs::read_to_string(dir.join("loopy-20180404/loopy-20180404T162955.trace")).unwrap(),
+        &objdump_insns(&exe),
+    );
+    let r = gdb_session(
+        replay(&[
+            "--perf".as_ref(),
+            perf.as_os_str(),
+            "--elf".as_ref(),
+            exe.as_os_str(),
+        ]),
+        &exe,
+        &[r#"printf "PC %lx\n", $pc"#, "monitor insns 0 end"],
+        TIMEOUT,
+    );
+    let listed: Vec<u64> = r
+        .gdb
+        .lines()
+        .filter_map(|l| {
+            let (n, addr) = l.split_once(" 0x")?;
+            n.parse::<u64>().ok()?;
+            u64::from_str_radix(addr, 16).ok()
+        })
+        .collect();
+    assert_eq!(listed, truth, "{}", r.dump());
+    assert_eq!(
+        r.tagged("PC"),
+        vec![format!("{:x}", truth[truth.len() - 1])],
+        "{}",
+        r.dump()
+    );
+}
+
 /// `replay` refuses a trace whose code is not given, and a directory that is not a saved
 /// recording.
 #[test]

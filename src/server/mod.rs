@@ -14,8 +14,9 @@
 //!   breakpoints, step/continue with signals, `qXfer:exec-file`, `qXfer:auxv`,
 //!   `qXfer:libraries-svr4` ([`svr4`]) and `monitor` commands ([`MonitorRegistry`]).
 //!
-//! Only forward execution is served for now; reverse execution plugs in as gdbstub's
-//! `ReverseStep`/`ReverseCont` extensions on [`Session`] once a history exists.
+//! - [`replay`]: reverse execution (gdbstub's `ReverseStep`/`ReverseCont` through
+//!   [`crate::target::ReverseExecution`]) over an indexed history, for a live process recorded
+//!   by a capture backend or for a recording replayed with no process.
 //!
 //! ```no_run
 //! use ptrewind::server::{Router, Session, Intercept};
