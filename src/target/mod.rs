@@ -166,6 +166,12 @@ pub enum Notice {
         /// How many other threads exist.
         count: usize,
     },
+    /// The trace at a stop may not cover everything executed up to it (the capture could not
+    /// complete it); reverse execution there may miss instructions.
+    TraceIncomplete {
+        /// What happened.
+        what: String,
+    },
 }
 
 impl fmt::Display for Notice {
@@ -192,6 +198,10 @@ impl fmt::Display for Notice {
             Notice::OtherThreads { count } => write!(
                 f,
                 "the process has {count} other thread(s); only the main thread is debugged"
+            ),
+            Notice::TraceIncomplete { what } => write!(
+                f,
+                "the recorded trace at this stop may be incomplete: {what} (monitor stats)"
             ),
         }
     }

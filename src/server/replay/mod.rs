@@ -494,6 +494,8 @@ impl Recorder {
         if let Some(live) = self.live.as_mut() {
             if let Err(e) = live.sync_at_stop(exited) {
                 self.stop_errors += 1;
+                self.notices
+                    .push(Notice::TraceIncomplete { what: e.clone() });
                 self.checks.last_mismatch = Some(e);
             }
             if !exited {
