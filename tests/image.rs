@@ -2,7 +2,10 @@
 //!
 //! Ground truth comes from independent tools: C programs built at test time with `cc`, segment
 //! tables from binutils `readelf`, symbol addresses from `nm`, source lines from `addr2line`, and
-//! the live layout of a child process from `/proc/PID/maps`.
+//! the live layout of a child process from `/proc/PID/maps`. Images from perf.data sideband are
+//! checked against the HASE recordings' ground-truth branch lists and against `--elf` decodes.
+
+mod support;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -632,6 +635,7 @@ fn perf_mmap_records() {
         symfs: vec![root.clone()],
         remap: Some(&remap),
         include_data: false,
+        ..MmapOptions::default()
     };
     let out = Image::from_mmaps(&records, &opts);
     // The text bytes are the file's bytes at the recorded address.
@@ -742,4 +746,533 @@ fn corpus_elfs_load_at_their_vaddrs() {
         );
     }
     assert!(checked > 0 || !corpus.join("hase-pt-recordings").exists());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Images from perf.data sideband (MMAP/MMAP2 records), end to end
+
+use ptrewind::flow::{Cpu, Errata, EventKind, FlowConfig, FlowDecoder, FlowErrorKind, Item};
+use ptrewind::image::perf_maps::{PerfSideband, elf_build_id};
+use ptrewind::store::TraceSource;
+use ptrewind::store::perf_data::PerfData;
+
+/// The HASE recordings: perf.data, the directory holding its binary (flat), the binary, and the
+/// ground-truth branch list when the recording has one.
+const HASE_PERF: [(&str, &str, &str, Option<&str>); 4] = [
+    (
+        "loopy-20180404/loopy-20180404T162955.perf",
+        "loopy-20180404",
+        "loopy",
+        Some("loopy-20180404/loopy-20180404T162955.trace"),
+    ),
+    (
+        "control_flow-20180404/control_flow-20180404T163033.perf",
+        "control_flow-20180404",
+        "control_flow",
+        Some("control_flow-20180404/control_flow-20180404T163033.trace"),
+    ),
+    (
+        "loopy-20180514/perf.data.1",
+        "loopy-20180514/binaries/home/joerg/git/hase/tests/bin/loopy",
+        "loopy",
+        None,
+    ),
+    (
+        "control_flow-20180515/perf.data.1",
+        "control_flow-20180515/binaries/home/joerg/git/hase/tests/bin/control_flow",
+        "control_flow",
+        None,
+    ),
+];
+
+fn decode_all(pt: &[u8], image: &Image, cfg: FlowConfig) -> Vec<Item> {
+    let mut dec = FlowDecoder::new(pt, image, cfg);
+    std::iter::from_fn(|| dec.next_item()).collect()
+}
+
+/// Branches in the HASE `.trace` form (as in tests/flow.rs): `(from, to)` for every transfer,
+/// `(0, ip)` at an enable, `(last, 0)` at a disable.
+fn hase_branches(items: &[Item]) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut last: Option<u64> = None;
+    let mut prev: Option<(u64, u64)> = None;
+    for i in items {
+        match i {
+            Item::Insn(x) => {
+                if let Some((pip, fall)) = prev {
+                    if x.ip != fall {
+                        out.push((pip, x.ip));
+                    }
+                }
+                prev = Some((x.ip, x.ip + x.len as u64));
+                last = Some(x.ip);
+            }
+            Item::Event(e) => match e.kind {
+                EventKind::Enabled { ip } => {
+                    out.push((0, ip));
+                    last = Some(ip);
+                    prev = None;
+                }
+                EventKind::Disabled { ip, asynchronous } => {
+                    let from = if asynchronous { ip } else { last };
+                    if let Some(f) = from {
+                        out.push((f, 0));
+                    }
+                    last = None;
+                    prev = None;
+                }
+                EventKind::Overflow { .. } | EventKind::Error { .. } => prev = None,
+                _ => {}
+            },
+        }
+    }
+    out
+}
+
+fn error_kinds(items: &[Item]) -> Vec<FlowErrorKind> {
+    items
+        .iter()
+        .filter_map(|i| match i {
+            Item::Event(e) => match &e.kind {
+                EventKind::Error { kind, .. } => Some(kind.clone()),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+/// `decode --perf X --search-dir DIR` without `--elf`: the image comes from the MMAP2 records
+/// (which name the binaries by their original absolute paths on the recording machine), and the
+/// instruction stream is exactly the one the ELF image gives — and the ground truth where the
+/// recording has one.
+#[test]
+fn hase_perf_mmap_images_match_the_elf_and_the_ground_truth() {
+    let Some(corpus) = support::require_corpus("hase_perf_mmap_images") else {
+        return;
+    };
+    let hase = corpus.join("hase-pt-recordings");
+    let mut with_truth = 0;
+    for (perf_rel, dir_rel, bin, truth) in HASE_PERF {
+        let bytes = std::fs::read(hase.join(perf_rel)).unwrap();
+        let perf = PerfData::parse(&bytes).unwrap();
+        let sb = PerfSideband::read(&perf);
+        let source = TraceSource::from_bytes(&bytes).unwrap();
+        assert_eq!(source.streams.len(), 1, "{perf_rel}");
+        let stream = &source.streams[0];
+        let pid = sb.pid_for_stream(stream.cpu, stream.tid);
+        assert!(pid.is_some(), "{perf_rel}: no traced process found");
+        let recorded: Vec<&str> = sb
+            .mmaps
+            .iter()
+            .filter(|m| m.exec && m.filename.ends_with(&format!("/{bin}")))
+            .map(|m| m.filename.as_str())
+            .collect();
+        assert!(!recorded.is_empty(), "{perf_rel}: no MMAP record for {bin}");
+        assert!(
+            recorded.iter().all(|p| !Path::new(p).exists()),
+            "{perf_rel}: the recorded path exists here, the search would prove nothing"
+        );
+        let dir = hase.join(dir_rel);
+        let opts = MmapOptions {
+            pid,
+            search_dirs: vec![dir.clone()],
+            build_ids: sb.build_id_map(),
+            ..MmapOptions::default()
+        };
+        let m = Image::from_mmaps(&sb.mmaps, &opts);
+        // Only pseudo mappings (stack, anonymous, vdso) have no file.
+        for x in &m.missing {
+            assert!(
+                x.filename.starts_with('[') || x.filename.starts_with("//"),
+                "{perf_rel}: {x:?}"
+            );
+        }
+        assert_eq!(m.elfs.len(), 1, "{perf_rel}");
+        assert_eq!(m.elfs[0].path, dir.join(bin));
+        assert_eq!(m.elfs[0].bias, 0, "{perf_rel}: static non-PIE binary");
+        // The CPU of the header selects the errata (SOURCE.txt / perf report give the models).
+        let cpu = Cpu::from_perf_cpuid(perf.cpuid().unwrap()).unwrap();
+        assert!(matches!(cpu.model, 94 | 61), "{perf_rel}: {cpu}");
+        let cfg = FlowConfig {
+            errata: Errata::for_cpu(&cpu),
+            ..FlowConfig::default()
+        };
+        let by_mmap = decode_all(&stream.data, &m.image, cfg.clone());
+        let mut elf_image = Image::new();
+        elf_image
+            .load_elf(&ElfSpec::new(dir.join(bin), None))
+            .unwrap();
+        let by_elf = decode_all(&stream.data, &elf_image, cfg.clone());
+        assert!(error_kinds(&by_mmap).is_empty(), "{perf_rel}");
+        assert!(by_mmap.len() > 50, "{perf_rel}");
+        assert_eq!(by_mmap, by_elf, "{perf_rel}");
+        if let Some(truth) = truth {
+            let truth = support::corpus::read_branch_list(&hase.join(truth)).unwrap();
+            assert_eq!(hase_branches(&by_mmap), truth, "{perf_rel}");
+            with_truth += 1;
+        }
+        // Symbols come from the same ELF: `_start` is at the entry point (nm as the oracle).
+        let mut syms = Symbolizer::new();
+        syms.add_elf(&m.elfs[0]).unwrap();
+        let (start, _) = nm(&dir.join(bin), "_start").unwrap();
+        assert_eq!(syms.symbol(start), Some(("_start", 0)));
+
+        // Without the search directory the binary is missing, reported, and the decode reports
+        // the code it could not find instead of inventing any.
+        let none = Image::from_mmaps(
+            &sb.mmaps,
+            &MmapOptions {
+                pid,
+                ..MmapOptions::default()
+            },
+        );
+        assert!(
+            none.missing
+                .iter()
+                .any(|x| recorded.contains(&x.filename.as_str()))
+        );
+        let items = decode_all(&stream.data, &none.image, cfg);
+        assert!(
+            error_kinds(&items).contains(&FlowErrorKind::NoCode),
+            "{perf_rel}"
+        );
+        assert!(!items.iter().any(|i| matches!(i, Item::Insn(_))));
+    }
+    assert_eq!(with_truth, 2);
+}
+
+fn ptrewind(args: &[&std::ffi::OsStr]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_ptrewind"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// The CLI: `--perf` alone builds the image from the MMAP records; missing files are reported
+/// once each with a hint; symbols and the header CPU are used.
+#[test]
+fn decode_perf_cli_uses_mmap_records() {
+    let Some(corpus) = support::require_corpus("decode_perf_cli") else {
+        return;
+    };
+    let hase = corpus.join("hase-pt-recordings");
+    let perf = hase.join("loopy-20180404/loopy-20180404T162955.perf");
+    let dir = hase.join("loopy-20180404");
+    let os = |s: &str| std::ffi::OsString::from(s);
+    let by_mmap = ptrewind(&[
+        &os("decode"),
+        &os("--perf"),
+        perf.as_os_str(),
+        &os("--search-dir"),
+        dir.as_os_str(),
+    ]);
+    let by_elf = ptrewind(&[
+        &os("decode"),
+        &os("--perf"),
+        perf.as_os_str(),
+        &os("--no-mmaps"),
+        &os("--elf"),
+        dir.join("loopy").as_os_str(),
+    ]);
+    assert_eq!(by_mmap.status.code(), Some(0));
+    assert_eq!(by_elf.status.code(), Some(0));
+    assert_eq!(by_mmap.stdout, by_elf.stdout);
+    assert!(String::from_utf8_lossy(&by_mmap.stdout).contains("0x4000e8"));
+    // The pseudo mappings (no file) are reported once each, the binary is not.
+    let err = String::from_utf8_lossy(&by_mmap.stderr);
+    assert_eq!(err.matches("no code for [vdso]").count(), 1, "{err}");
+    assert!(!err.contains("/loopy "), "{err}");
+    // Symbols from the ELF found through the MMAP record.
+    let calls = ptrewind(&[
+        &os("decode"),
+        &os("--perf"),
+        perf.as_os_str(),
+        &os("--search-dir"),
+        dir.as_os_str(),
+        &os("--format"),
+        &os("calls"),
+    ]);
+    assert!(String::from_utf8_lossy(&calls.stdout).contains("\t_start"));
+    // The CPU from the header (GenuineIntel,6,94,3: Skylake) and its errata, or --cpu's.
+    let stats = ptrewind(&[
+        &os("decode"),
+        &os("--perf"),
+        perf.as_os_str(),
+        &os("--stats"),
+    ]);
+    let text = String::from_utf8_lossy(&stats.stdout);
+    assert!(
+        text.contains("cpu intel 6/0x5e/3 from perf.data header")
+            && text.contains("errata bdm70,skd007,skd022,skd010,skl014,skl168"),
+        "{text}"
+    );
+    let stats = ptrewind(&[
+        &os("decode"),
+        &os("--perf"),
+        perf.as_os_str(),
+        &os("--stats"),
+        &os("--cpu"),
+        &os("6/61"),
+    ]);
+    let text = String::from_utf8_lossy(&stats.stdout);
+    assert!(text.contains("from --cpu errata bdm70,bdm64"), "{text}");
+
+    // Without a way to find the binary: its recorded path is named with the hint, the decode
+    // still runs and reports the missing code, exit status 2.
+    let blind = ptrewind(&[&os("decode"), &os("--perf"), perf.as_os_str()]);
+    assert_eq!(blind.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&blind.stderr);
+    assert_eq!(
+        err.matches("no code for /home/joerg/git/angr/hase/tests/bin/loopy/loopy")
+            .count(),
+        1,
+        "{err}"
+    );
+    assert!(err.contains("0x400000-0x401000"), "{err}");
+    assert!(err.contains("--search-dir"), "{err}");
+    assert!(String::from_utf8_lossy(&blind.stdout).contains("[error: no code mapped"));
+}
+
+/// The quipper recordings have no binaries: every user-space file the MMAP records name is
+/// reported, with the build id the perf.data holds (its `.buildids` listing is the oracle).
+#[test]
+fn decode_perf_cli_reports_quipper_missing_binaries() {
+    let Some(corpus) = support::require_corpus("quipper_missing") else {
+        return;
+    };
+    let q = corpus.join("quipper-perfdata-intel_pt");
+    let listing = std::fs::read_to_string(q.join("perf.data.intel_pt-4.14.buildids")).unwrap();
+    let ids: std::collections::HashMap<&str, &str> = listing
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(id, path)| (path.trim(), id))
+        .collect();
+    for file in ["perf.data.intel_pt-4.14", "perf.data.piped.intel_pt-4.14"] {
+        let out = ptrewind(&[
+            std::ffi::OsStr::new("decode"),
+            std::ffi::OsStr::new("--perf"),
+            q.join(file).as_os_str(),
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{file}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        for lib in [
+            "/usr/bin/coreutils",
+            "/lib64/libc-2.23.so",
+            "/lib64/ld-2.23.so",
+        ] {
+            let lines: Vec<&str> = err
+                .lines()
+                .filter(|l| l.contains(&format!("no code for {lib} ")))
+                .collect();
+            assert_eq!(lines.len(), 1, "{file}: {lib}: {err}");
+            if file == "perf.data.intel_pt-4.14" {
+                assert!(lines[0].contains(ids[lib]), "{file}: {}", lines[0]);
+            }
+        }
+        // Kernel mappings are not user-space images: never reported.
+        assert!(!err.contains("kallsyms") && !err.contains(".ko"), "{err}");
+        assert!(err.contains("hint:"));
+    }
+}
+
+/// A file found by name whose build id differs from the recorded one is not used; the next
+/// candidate with the right id is.
+#[test]
+fn build_id_mismatch_is_reported_not_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a");
+    let b = dir.path().join("b");
+    std::fs::create_dir_all(&a).unwrap();
+    std::fs::create_dir_all(&b).unwrap();
+    let good = build(&a, "prog", PROGRAM, &["-no-pie", "-Wl,--build-id=sha1"]);
+    let other = build(
+        &b,
+        "prog",
+        LIBRARY_MAIN,
+        &["-no-pie", "-Wl,--build-id=sha1"],
+    );
+    // readelf is the oracle for the ids.
+    let id_of = |p: &Path| {
+        let notes = tool("readelf", &["-n", p.to_str().unwrap()]);
+        notes
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("Build ID: "))
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    let (good_id, other_id) = (id_of(&good), id_of(&other));
+    assert_ne!(good_id, other_id);
+    let hex = |s: &str| {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect::<Vec<u8>>()
+    };
+    assert_eq!(
+        elf_build_id(&std::fs::read(&good).unwrap()),
+        Some(hex(&good_id))
+    );
+    let text = readelf_loads(&good).into_iter().find(|s| s.exec).unwrap();
+    let recorded = "/build/machine/prog";
+    let rec = MmapRecord {
+        pid: 1,
+        tid: 1,
+        addr: text.vaddr & !0xfff,
+        len: (text.filesz + (text.vaddr & 0xfff) + 0xfff) & !0xfff,
+        pgoff: text.offset & !0xfff,
+        filename: recorded.to_string(),
+        exec: true,
+    };
+    let mut ids = std::collections::HashMap::new();
+    ids.insert(recorded.to_string(), hex(&good_id));
+    // b/prog (wrong id) is searched first, a/prog (right id) second.
+    let opts = MmapOptions {
+        search_dirs: vec![b.clone(), a.clone()],
+        build_ids: ids.clone(),
+        ..MmapOptions::default()
+    };
+    let out = Image::from_mmaps(std::slice::from_ref(&rec), &opts);
+    assert!(out.missing.is_empty(), "{:?}", out.missing);
+    assert_eq!(out.elfs[0].path, good);
+    assert_eq!(
+        read_image(&out.image, text.vaddr, text.filesz),
+        file_bytes(&good, &text)
+    );
+    // Only the wrong one: reported with both ids, nothing mapped.
+    let opts = MmapOptions {
+        search_dirs: vec![b.clone()],
+        build_ids: ids,
+        ..MmapOptions::default()
+    };
+    let out = Image::from_mmaps(std::slice::from_ref(&rec), &opts);
+    assert_eq!(out.missing.len(), 1);
+    let reason = &out.missing[0].reason;
+    assert!(
+        reason.contains(&good_id) && reason.contains(&other_id) && reason.contains("differs"),
+        "{reason}"
+    );
+    assert!(out.image.sections().is_empty());
+    // Without a recorded id the first file found is used (nothing to check against).
+    let opts = MmapOptions {
+        search_dirs: vec![b.clone(), a],
+        ..MmapOptions::default()
+    };
+    let out = Image::from_mmaps(std::slice::from_ref(&rec), &opts);
+    assert_eq!(out.elfs[0].path, other);
+}
+
+const LIBRARY_MAIN: &str = r#"
+int main(int argc, char **argv) { return argc * 7 + (int)(long)argv[0][0]; }
+"#;
+
+/// Sideband over time: an exec drops the process's earlier mappings; a later mapping replaces
+/// the overlapped part of an earlier one; ITRACE_START names the traced process; MMAP2 build ids
+/// are collected. A hand-made pipe-mode perf.data (layouts from the kernel's perf_event.h).
+#[test]
+fn perf_sideband_follows_exec_and_remaps() {
+    fn record(kind: u32, misc: u16, body: &[u8]) -> Vec<u8> {
+        let mut r = Vec::new();
+        r.extend_from_slice(&kind.to_le_bytes());
+        r.extend_from_slice(&misc.to_le_bytes());
+        r.extend_from_slice(&((8 + body.len()) as u16).to_le_bytes());
+        r.extend_from_slice(body);
+        r
+    }
+    fn name(s: &str) -> Vec<u8> {
+        let mut v = s.as_bytes().to_vec();
+        v.push(0);
+        while v.len() % 8 != 0 {
+            v.push(0);
+        }
+        v
+    }
+    fn mmap(pid: u32, addr: u64, len: u64, file: &str) -> Vec<u8> {
+        let mut b = Vec::new();
+        for v in [pid, pid] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in [addr, len, 0] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        b.extend(name(file));
+        record(1, 0, &b)
+    }
+    fn mmap2_build_id(pid: u32, addr: u64, len: u64, id: &[u8], file: &str) -> Vec<u8> {
+        let mut b = Vec::new();
+        for v in [pid, pid] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in [addr, len, 0] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        let mut area = [0u8; 24];
+        area[0] = id.len() as u8;
+        area[4..4 + id.len()].copy_from_slice(id);
+        b.extend_from_slice(&area);
+        b.extend_from_slice(&5u32.to_le_bytes()); // PROT_READ | PROT_EXEC
+        b.extend_from_slice(&2u32.to_le_bytes()); // MAP_PRIVATE
+        b.extend(name(file));
+        record(10, 1 << 14, &b) // PERF_RECORD_MISC_MMAP_BUILD_ID
+    }
+    let mut file = b"PERFILE2".to_vec();
+    file.extend_from_slice(&16u64.to_le_bytes());
+    file.extend(mmap(7, 0x400000, 0x1000, "/old/shell"));
+    file.extend(mmap(8, 0x400000, 0x1000, "/other/process"));
+    let mut comm = Vec::new();
+    comm.extend_from_slice(&7u32.to_le_bytes());
+    comm.extend_from_slice(&7u32.to_le_bytes());
+    comm.extend(name("prog"));
+    file.extend(record(3, 1 << 13, &comm)); // PERF_RECORD_MISC_COMM_EXEC
+    file.extend(mmap2_build_id(
+        7,
+        0x500000,
+        0x2000,
+        &[0xab; 20],
+        "/new/prog",
+    ));
+    file.extend(mmap(7, 0x501000, 0x1000, "/new/libpatch"));
+    let mut start = Vec::new();
+    start.extend_from_slice(&7u32.to_le_bytes());
+    start.extend_from_slice(&9u32.to_le_bytes());
+    file.extend(record(12, 0, &start)); // PERF_RECORD_ITRACE_START (pid 7, tid 9)
+    let perf = PerfData::parse(&file).unwrap();
+    let sb = PerfSideband::read(&perf);
+    assert_eq!(sb.malformed, 0);
+    assert_eq!(sb.superseded_by_exec, 1);
+    let names: Vec<&str> = sb.mmaps.iter().map(|m| m.filename.as_str()).collect();
+    assert_eq!(names, ["/other/process", "/new/prog", "/new/libpatch"]);
+    assert_eq!(sb.build_ids.get("/new/prog"), Some(&vec![0xab; 20]));
+    assert_eq!(sb.pid_for_stream(None, Some(9)), Some(7));
+    assert_eq!(sb.pid_for_stream(Some(0), None), Some(7));
+    // Supply the files through `remap`: the later record replaces the second page.
+    let dir = tempfile::tempdir().unwrap();
+    let prog = dir.path().join("prog");
+    let patch = dir.path().join("patch");
+    std::fs::write(&prog, vec![0x11u8; 0x2000]).unwrap();
+    std::fs::write(&patch, vec![0x22u8; 0x1000]).unwrap();
+    let remap = |n: &str| match n {
+        "/new/prog" => Some(prog.clone()),
+        "/new/libpatch" => Some(patch.clone()),
+        _ => None,
+    };
+    let out = Image::from_mmaps(
+        &sb.mmaps,
+        &MmapOptions {
+            pid: Some(7),
+            remap: Some(&remap),
+            ..MmapOptions::default()
+        },
+    );
+    assert!(out.missing.is_empty(), "{:?}", out.missing);
+    assert_eq!(out.ignored_other_pid, 1);
+    assert_eq!(
+        read_image(&out.image, 0x500ffe, 4),
+        [0x11, 0x11, 0x22, 0x22]
+    );
+    assert!(
+        out.image.slice_at(0x400000).is_none(),
+        "pre-exec mapping dropped"
+    );
 }

@@ -521,7 +521,8 @@ fn replay_of_a_hardware_trace_retraces_the_ground_truth() {
     assert_eq!(wheres, want, "{}", r.dump());
 }
 
-/// `ptrewind replay --perf` takes the AUX stream out of the original perf.data file: the
+/// `ptrewind replay --perf` takes the AUX stream out of the original perf.data file and the
+/// code from its MMAP records (the binary found with `--search-dir`, as `decode` does): the
 /// history lists exactly the ground-truth instructions, and GDB starts at the last one.
 #[test]
 fn replay_of_a_perf_data_file_has_the_ground_truth_history() {
@@ -536,8 +537,8 @@ fn replay_of_a_perf_data_file_has_the_ground_truth_history() {
         replay(&[
             "--perf".as_ref(),
             perf.as_os_str(),
-            "--elf".as_ref(),
-            exe.as_os_str(),
+            "--search-dir".as_ref(),
+            dir.join("loopy-20180404").as_os_str(),
         ]),
         &exe,
         &[r#"printf "PC %lx\n", $pc"#, "monitor insns 0 end"],

@@ -11,6 +11,18 @@
 //!   `record function-call-history`).
 //! * `json`: one JSON object per line (`{"ip":…}` or `{"event":…}`).
 //!
+//! Code images: `--raw` and `--elf` as in ptxed; with `--perf`, also the perf.data file's own
+//! `MMAP`/`MMAP2` records (see `ptrewind::image::perf_maps`): each AUX stream gets the mappings of
+//! the process it traced (`PERF_RECORD_ITRACE_START`, or `--pid`), the files found under
+//! `--symfs DIR` (DIR + recorded path), at the recorded path, or by base name in `--search-dir
+//! DIR`, checked against the perf.data build ids. `--elf`/`--raw` are mapped on top and win
+//! where they overlap. Every mapping whose file is missing is reported on stderr (once per file)
+//! before decoding, which then reports the instructions it could not find as errors.
+//!
+//! Errata: `--cpu FAMILY/MODEL[/STEPPING]`, or else the perf.data `HEADER_CPUID`, selects the
+//! processor errata the flow decoder works around (`ptrewind::flow::errata`); none when the CPU
+//! is unknown. `--stats` names the CPU and errata used.
+//!
 //! `--stats` prints only counts and throughput, on stdout. A progress bar is drawn on stderr when
 //! it is a terminal (and the trace is over 1 MiB). A perf.data file with several AUX streams
 //! (per-CPU recording) is decoded stream by stream, each introduced by `[stream cpuN]`.
@@ -19,10 +31,17 @@
 //! complete: errors are lines in the stream), 1 when the inputs could not be read.
 
 use super::CmdResult;
-use ptrewind::flow::{BlockItem, Event, EventKind, FlowConfig, FlowDecoder, InsnClass};
-use ptrewind::image::{ElfSpec, Image, RawSpec, Symbolizer};
+use ptrewind::flow::{
+    BlockItem, Cpu, Errata, Event, EventKind, FlowConfig, FlowDecoder, InsnClass,
+};
+use ptrewind::image::perf_maps::{PerfSideband, hex_id};
+use ptrewind::image::{
+    ElfSpec, Image, LoadedElf, MissingImage, MmapOptions, RawSpec, Section, Segments, Symbolizer,
+};
 use ptrewind::packet::ExecMode;
 use ptrewind::store::TraceFile;
+use ptrewind::store::perf_data::PerfData;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -43,6 +62,32 @@ pub enum Format {
     Json,
 }
 
+/// The code-image options `decode` and `replay` share.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct ImageArgs {
+    /// Raw code bytes: FILE[:FROM[-TO]]:BASE (ptxed syntax).
+    #[arg(long, value_name = "FILE[:FROM[-TO]]:BASE")]
+    pub(crate) raw: Vec<RawSpec>,
+    /// ELF file whose executable segments (and symbols) are loaded, at BASE if given.
+    #[arg(long, value_name = "FILE[:BASE]")]
+    pub(crate) elf: Vec<ElfSpec>,
+    /// perf.data only: a root directory for the files its MMAP records name (DIR joined with
+    /// the recorded absolute path, like perf --symfs). May be repeated.
+    #[arg(long, value_name = "DIR", requires = "perf")]
+    pub(crate) symfs: Vec<PathBuf>,
+    /// perf.data only: a directory searched for the recorded files by base name (a flat
+    /// directory of binaries). May be repeated.
+    #[arg(long = "search-dir", value_name = "DIR", requires = "perf")]
+    pub(crate) search_dir: Vec<PathBuf>,
+    /// perf.data only: use the MMAP records of this process (default: the process each AUX
+    /// stream traced, from its ITRACE_START records; all processes if that is ambiguous).
+    #[arg(long, requires = "perf")]
+    pub(crate) pid: Option<u32>,
+    /// perf.data only: ignore its MMAP records (code only from --elf/--raw).
+    #[arg(long, requires = "perf")]
+    pub(crate) no_mmaps: bool,
+}
+
 /// Arguments of `ptrewind decode`.
 #[derive(clap::Args, Debug)]
 pub struct DecodeArgs {
@@ -52,16 +97,13 @@ pub struct DecodeArgs {
     /// perf.data recorded with `-e intel_pt//`; every AUX stream is decoded in turn.
     #[arg(long, value_name = "perf.data")]
     perf: Option<PathBuf>,
-    /// Raw code bytes: FILE[:FROM[-TO]]:BASE (ptxed syntax).
-    #[arg(long, value_name = "FILE[:FROM[-TO]]:BASE")]
-    raw: Vec<RawSpec>,
-    /// ELF file whose executable segments (and symbols) are loaded, at BASE if given.
-    #[arg(long, value_name = "FILE[:BASE]")]
-    elf: Vec<ElfSpec>,
-    /// CPU the trace was recorded on (FAMILY/MODEL[/STEPPING]); accepted for ptxed
-    /// compatibility, no erratum workaround depends on it yet.
+    /// The code: --raw, --elf, and the perf.data mappings.
+    #[command(flatten)]
+    image: ImageArgs,
+    /// CPU the trace was recorded on (FAMILY/MODEL[/STEPPING]): selects the erratum
+    /// workarounds (default for perf.data: the CPU in its header; otherwise none).
     #[arg(long, value_name = "FAMILY/MODEL[/STEPPING]")]
-    cpu: Option<String>,
+    cpu: Option<Cpu>,
     /// Execution mode assumed before the trace's first MODE.Exec (16, 32 or 64).
     #[arg(long, default_value_t = 64)]
     bits: u32,
@@ -73,55 +115,46 @@ pub struct DecodeArgs {
     stats: bool,
 }
 
-fn parse_cpu(s: &str) -> Result<(u16, u8, u8), String> {
-    let parts: Vec<&str> = s.split('/').collect();
-    let num = |p: &str| ptrewind::image::parse_number(p).ok_or(format!("bad --cpu {s:?}"));
-    match parts.as_slice() {
-        [f, m] => Ok((num(f)? as u16, num(m)? as u8, 0)),
-        [f, m, st] => Ok((num(f)? as u16, num(m)? as u8, num(st)? as u8)),
-        _ => Err(format!("bad --cpu {s:?}: expected FAMILY/MODEL[/STEPPING]")),
-    }
-}
-
-/// The code image (and its symbols) from `--raw` and `--elf` options: shared by `decode` and
-/// `replay`.
-pub(crate) fn build_image(
-    raw: &[RawSpec],
-    elf: &[ElfSpec],
-) -> Result<(Image, Symbolizer), Box<dyn std::error::Error + Send + Sync>> {
-    let mut image = Image::new();
-    let mut syms = Symbolizer::new();
-    for spec in raw {
-        image.add(spec.load()?)?;
-    }
-    for spec in elf {
-        let elf = image.load_elf(spec)?;
-        // Symbols are a convenience: an ELF without a usable symbol table still decodes.
-        let _ = syms.add_elf(&elf);
-    }
-    Ok((image, syms))
-}
-
 /// Runs `ptrewind decode`.
 pub fn run(args: DecodeArgs) -> CmdResult {
-    if let Some(cpu) = &args.cpu {
-        parse_cpu(cpu)?;
-    }
     let mode = match args.bits {
         16 => ExecMode::Bits16,
         32 => ExecMode::Bits32,
         64 => ExecMode::Bits64,
         b => return Err(format!("--bits {b}: expected 16, 32 or 64").into()),
     };
-    let (image, syms) = build_image(&args.raw, &args.elf)?;
+    // The images given on the command line: mapped after (over) the perf.data mappings.
+    let (given, given_elfs) = given_images(&args.image)?;
     let path = match (&args.pt, &args.perf) {
         (Some(p), None) | (None, Some(p)) => p.clone(),
         _ => return Err("give the trace with --pt FILE or --perf perf.data".into()),
     };
     let file = TraceFile::open(&path)?;
     let source = file.source()?;
+    let perf = match source.format {
+        ptrewind::store::SourceFormat::PerfData { .. } => Some(PerfData::parse(file.bytes())?),
+        ptrewind::store::SourceFormat::RawPt => None,
+    };
+    let sideband = match &perf {
+        Some(p) if !args.image.no_mmaps => Some(PerfSideband::read(p)),
+        _ => None,
+    };
+    // The CPU: --cpu, else the perf.data header; unknown means no errata, as in libipt.
+    let (cpu, cpu_from) = match (args.cpu, perf.as_ref().and_then(|p| p.cpuid())) {
+        (Some(c), _) => (Some(c), "--cpu".to_string()),
+        (None, Some(id)) => match Cpu::from_perf_cpuid(id) {
+            Ok(c) => (Some(c), format!("perf.data header {id:?}")),
+            Err(e) => {
+                eprintln!("ptrewind: {e}; no erratum workarounds");
+                (None, String::new())
+            }
+        },
+        (None, None) => (None, String::new()),
+    };
+    let errata = cpu.as_ref().map(Errata::for_cpu).unwrap_or_default();
     let mut cfg = FlowConfig {
         default_mode: mode,
+        errata,
         ..FlowConfig::default()
     };
     if let Some(info) = source.perf.as_ref().and_then(|p| p.intel_pt) {
@@ -134,13 +167,56 @@ pub fn run(args: DecodeArgs) -> CmdResult {
     }
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::with_capacity(1 << 16, stdout.lock());
+    if args.stats {
+        let names = errata.names();
+        match cpu {
+            Some(c) => writeln!(
+                out,
+                "cpu {c} from {cpu_from} errata {}",
+                if names.is_empty() {
+                    "none".to_string()
+                } else {
+                    names.join(",")
+                }
+            )?,
+            None => writeln!(out, "cpu unknown errata none")?,
+        }
+    }
+    // One image per process the streams traced, built on first use.
+    let mut images: HashMap<Option<u32>, (Image, Symbolizer)> = HashMap::new();
+    let mut reported: HashSet<String> = HashSet::new();
+    let mut any_missing = false;
     let many = source.streams.len() > 1;
     let mut errors = 0u64;
     for stream in &source.streams {
+        let pid = match &sideband {
+            Some(sb) => args
+                .image
+                .pid
+                .or_else(|| sb.pid_for_stream(stream.cpu, stream.tid)),
+            None => None,
+        };
+        if let std::collections::hash_map::Entry::Vacant(slot) = images.entry(pid) {
+            let (image, syms, missing) =
+                build_image(&args.image, sideband.as_ref(), pid, &given, &given_elfs)?;
+            any_missing |= report_missing(&missing, pid, sideband.as_ref(), &mut reported);
+            if args.stats {
+                writeln!(
+                    out,
+                    "image{} sections {} bytes {} missing {}",
+                    pid.map(|p| format!(" pid {p}")).unwrap_or_default(),
+                    image.sections().len(),
+                    image.mapped_bytes(),
+                    missing.len()
+                )?;
+            }
+            slot.insert((image, syms));
+        }
+        let (image, syms) = &images[&pid];
         if many && !args.stats {
             writeln!(out, "[stream {}]", stream.label)?;
         }
-        let r = decode_stream(&stream.data, &image, &syms, cfg.clone(), &args, &mut out);
+        let r = decode_stream(&stream.data, image, syms, cfg.clone(), &args, &mut out);
         match r {
             Ok(e) => errors += e,
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(ExitCode::SUCCESS),
@@ -149,6 +225,12 @@ pub fn run(args: DecodeArgs) -> CmdResult {
         if args.stats && many {
             writeln!(out, "  (stream {})", stream.label)?;
         }
+    }
+    if any_missing {
+        eprintln!(
+            "ptrewind: hint: give the missing files with --symfs DIR (DIR + recorded path), \
+             --search-dir DIR (by file name), or --elf FILE:BASE / --raw FILE:BASE"
+        );
     }
     match out.flush() {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(ExitCode::SUCCESS),
@@ -159,6 +241,96 @@ pub fn run(args: DecodeArgs) -> CmdResult {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// The `--raw` sections and `--elf` files of the command line (mapped over the perf.data
+/// mappings by [`build_image`]).
+pub(crate) fn given_images(
+    args: &ImageArgs,
+) -> Result<(Vec<Section>, Vec<LoadedElf>), ptrewind::image::LoadError> {
+    let mut given: Vec<Section> = Vec::new();
+    let mut given_elfs: Vec<LoadedElf> = Vec::new();
+    for spec in &args.raw {
+        given.push(spec.load()?);
+    }
+    for spec in &args.elf {
+        let elf = LoadedElf::open(spec)?;
+        given.extend(elf.sections(Segments::Executable));
+        given_elfs.push(elf);
+    }
+    Ok((given, given_elfs))
+}
+
+/// The image and symbols for process `pid` (all processes when `None`): the perf.data
+/// mappings, then the command-line images over them. Shared by `decode` and `replay`.
+pub(crate) fn build_image(
+    args: &ImageArgs,
+    sideband: Option<&PerfSideband>,
+    pid: Option<u32>,
+    given: &[Section],
+    given_elfs: &[LoadedElf],
+) -> Result<(Image, Symbolizer, Vec<MissingImage>), ptrewind::image::ImageError> {
+    let mut syms = Symbolizer::new();
+    let (mut image, missing) = match sideband {
+        Some(sb) => {
+            let opts = MmapOptions {
+                pid,
+                symfs: args.symfs.clone(),
+                search_dirs: args.search_dir.clone(),
+                build_ids: sb.build_id_map(),
+                ..MmapOptions::default()
+            };
+            let m = Image::from_mmaps(&sb.mmaps, &opts);
+            for elf in &m.elfs {
+                // Symbols are a convenience: an ELF without a usable symbol table still decodes.
+                let _ = syms.add_elf(elf);
+            }
+            (m.image, m.missing)
+        }
+        None => (Image::new(), Vec::new()),
+    };
+    for s in given {
+        image.add(s.clone())?;
+    }
+    for elf in given_elfs {
+        let _ = syms.add_elf(elf);
+    }
+    Ok((image, syms, missing))
+}
+
+/// Prints each missing file once (all its mappings on one line); true if anything was printed.
+pub(crate) fn report_missing(
+    missing: &[MissingImage],
+    pid: Option<u32>,
+    sideband: Option<&PerfSideband>,
+    reported: &mut HashSet<String>,
+) -> bool {
+    let mut by_file: BTreeMap<&str, Vec<&MissingImage>> = BTreeMap::new();
+    for m in missing {
+        by_file.entry(&m.filename).or_default().push(m);
+    }
+    let mut any = false;
+    for (name, maps) in by_file {
+        if !reported.insert(name.to_string()) {
+            continue;
+        }
+        any = true;
+        let ranges: Vec<String> = maps
+            .iter()
+            .map(|m| format!("{:#x}-{:#x}", m.addr, m.addr.wrapping_add(m.len)))
+            .collect();
+        let id = sideband
+            .and_then(|sb| sb.build_ids.get(name))
+            .map(|id| format!(" build id {}", hex_id(id)))
+            .unwrap_or_default();
+        eprintln!(
+            "ptrewind: no code for {name}{}{id} at {}: {}",
+            pid.map(|p| format!(" (pid {p})")).unwrap_or_default(),
+            ranges.join(", "),
+            maps[0].reason
+        );
+    }
+    any
 }
 
 /// Text of an event for the `ips`/`insn`/`blocks` formats.

@@ -3,13 +3,15 @@
 //! code given like `ptrewind decode`'s (`--elf`, `--raw`). Reverse execution is PC-only.
 
 use super::CmdResult;
-use super::decode::build_image;
+use super::decode::{ImageArgs, build_image, given_images, report_missing};
 use super::record::{Served, bind, serve_session};
-use ptrewind::image::{ElfSpec, RawSpec};
+use ptrewind::image::perf_maps::PerfSideband;
 use ptrewind::server::replay::OfflineInfo;
 use ptrewind::server::replay::offline::{OfflineRecording, load_saved};
 use ptrewind::server::{RecordingTarget, Session, check_listen_addr, register_monitors};
-use ptrewind::store::TraceFile;
+use ptrewind::store::perf_data::PerfData;
+use ptrewind::store::{SourceFormat, TraceFile};
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -30,12 +32,9 @@ pub struct ReplayArgs {
     /// in `[stream LABEL]`, or its index from 0) when there are several.
     #[arg(long, value_name = "LABEL|N")]
     stream: Option<String>,
-    /// Raw code bytes: FILE[:FROM[-TO]]:BASE (ptxed syntax).
-    #[arg(long, value_name = "FILE[:FROM[-TO]]:BASE")]
-    raw: Vec<RawSpec>,
-    /// ELF file whose executable segments (and symbols) are loaded, at BASE if given.
-    #[arg(long, value_name = "FILE[:BASE]")]
-    elf: Vec<ElfSpec>,
+    /// The code: --raw, --elf, and (perf.data) the recorded mappings, as for `decode`.
+    #[command(flatten)]
+    image: ImageArgs,
     /// Address to listen on for GDB (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:0")]
     listen: SocketAddr,
@@ -44,8 +43,11 @@ pub struct ReplayArgs {
     allow_remote: bool,
 }
 
-/// The trace bytes of `--pt FILE` or of one AUX stream of `--perf perf.data`.
-fn load_trace(args: &ReplayArgs) -> Result<(Vec<u8>, String), String> {
+/// The trace of `--pt FILE` or of one AUX stream of `--perf perf.data`, with its code image
+/// built as `ptrewind decode` builds it (perf.data mappings, then `--elf`/`--raw` over them).
+fn load_trace(
+    args: &ReplayArgs,
+) -> Result<OfflineRecording, Box<dyn std::error::Error + Send + Sync>> {
     let path = match (&args.pt, &args.perf) {
         (Some(p), None) | (None, Some(p)) => p,
         _ => return Err("give a saved recording DIR, --pt FILE or --perf perf.data".into()),
@@ -63,7 +65,8 @@ fn load_trace(args: &ReplayArgs) -> Result<(Vec<u8>, String), String> {
                 path.display(),
                 labels.len(),
                 labels.join(", ")
-            ));
+            )
+            .into());
         }
         Some(want) => labels
             .iter()
@@ -78,10 +81,52 @@ fn load_trace(args: &ReplayArgs) -> Result<(Vec<u8>, String), String> {
             })?,
     };
     let stream = &source.streams[index];
-    Ok((
-        stream.data.to_vec(),
-        format!("{} [{}]", path.display(), stream.label),
-    ))
+    let perf = match source.format {
+        SourceFormat::PerfData { .. } => Some(PerfData::parse(file.bytes())?),
+        SourceFormat::RawPt => None,
+    };
+    let sideband = match &perf {
+        Some(p) if !args.image.no_mmaps => Some(PerfSideband::read(p)),
+        _ => None,
+    };
+    let pid = sideband.as_ref().and_then(|sb| {
+        args.image
+            .pid
+            .or_else(|| sb.pid_for_stream(stream.cpu, stream.tid))
+    });
+    let (given, given_elfs) = given_images(&args.image)?;
+    let (image, symbols, missing) =
+        build_image(&args.image, sideband.as_ref(), pid, &given, &given_elfs)?;
+    report_missing(&missing, pid, sideband.as_ref(), &mut HashSet::new());
+    if image.sections().is_empty() {
+        return Err(
+            "no code for the trace: give it with --elf FILE[:BASE] or --raw \
+                    (perf.data: --symfs/--search-dir for its recorded mappings)"
+                .into(),
+        );
+    }
+    // The first ELF given, else the first recorded file that exists here.
+    let exe = args.image.elf.first().map(|e| e.path.clone()).or_else(|| {
+        image
+            .sections()
+            .iter()
+            .map(|s| PathBuf::from(&*s.origin))
+            .find(|p| p.is_absolute() && p.is_file())
+    });
+    Ok(OfflineRecording {
+        trace: stream.data.to_vec(),
+        image,
+        immutable: None,
+        symbols,
+        registers_at_start: None,
+        registers_at_end: None,
+        instructions: None,
+        info: OfflineInfo {
+            pid: pid.and_then(|p| i32::try_from(p).ok()).unwrap_or(1),
+            exe,
+            source: format!("{} [{}]", path.display(), stream.label),
+        },
+    })
 }
 
 /// Runs `ptrewind replay`.
@@ -89,32 +134,12 @@ pub fn run(args: ReplayArgs) -> CmdResult {
     check_listen_addr(args.listen, args.allow_remote)?;
     let rec = match &args.dir {
         Some(dir) => {
-            if !args.raw.is_empty() || !args.elf.is_empty() {
+            if !args.image.raw.is_empty() || !args.image.elf.is_empty() {
                 return Err("a saved recording brings its own code: drop --elf/--raw".into());
             }
             load_saved(dir)?
         }
-        None => {
-            let (trace, source) = load_trace(&args)?;
-            let (image, symbols) = build_image(&args.raw, &args.elf)?;
-            if image.sections().is_empty() {
-                return Err("give the traced code with --elf FILE[:BASE] or --raw".into());
-            }
-            OfflineRecording {
-                trace,
-                image,
-                immutable: None,
-                symbols,
-                registers_at_start: None,
-                registers_at_end: None,
-                instructions: None,
-                info: OfflineInfo {
-                    pid: 1,
-                    exe: args.elf.first().map(|e| e.path.clone()),
-                    source,
-                },
-            }
-        }
+        None => load_trace(&args)?,
     };
     let target = match RecordingTarget::offline(rec) {
         Ok(t) => t,

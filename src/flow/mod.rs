@@ -42,10 +42,12 @@
 
 mod cache;
 mod decoder;
+pub mod errata;
 pub mod time;
 
 pub use cache::InsnClass;
 pub use decoder::{Block, BlockItem, FlowDecoder, FlowStats};
+pub use errata::{Cpu, CpuVendor, Errata};
 
 use crate::packet::{ExecMode, PacketError};
 
@@ -64,6 +66,13 @@ pub struct FlowConfig {
     pub default_mode: ExecMode,
     /// Timing parameters (for the approximate timestamps only).
     pub timing: time::TimingConfig,
+    /// The processor errata to work around ([`Errata::for_cpu`]); none by default, as for an
+    /// unknown CPU.
+    pub errata: Errata,
+    /// The IP filter ranges that were configured while recording (`[from, to]`, inclusive, as in
+    /// `IA32_RTIT_ADDRn_A/B` with FilterEn). Only the SKL014 workaround reads them; empty means
+    /// no filter.
+    pub ip_filter: Vec<(u64, u64)>,
 }
 
 impl Default for FlowConfig {
@@ -74,6 +83,8 @@ impl Default for FlowConfig {
             cache_insn_limit: 1 << 22,
             default_mode: ExecMode::Bits64,
             timing: time::TimingConfig::default(),
+            errata: Errata::default(),
+            ip_filter: Vec::new(),
         }
     }
 }

@@ -2,21 +2,40 @@
 //!
 //! Each record says "the file `filename`, from byte `pgoff`, is mapped at `[addr, addr+len)`". The
 //! image maps exactly those file bytes there, in record order (a later mapping replaces what it
-//! overlaps, as `mmap(MAP_FIXED)` does), which is what perf and libipt's sideband decoder do. This
-//! gives the layout after the last record; a decoder that must follow `exec`/`dlopen`/`munmap` over
-//! time rebuilds its image at each record instead.
+//! overlaps, as `mmap(MAP_FIXED)` does), which is what perf and libipt's sideband decoder do.
 //!
-//! Finding files: a [`MmapOptions::remap`] function is asked first (it may also supply files for
-//! pseudo mappings such as `[vdso]`); then each [`MmapOptions::symfs`] root joined with the
-//! recorded absolute path (like `perf --symfs`); then the recorded path itself. A record whose file
-//! is not found, or whose offset lies past the file's end, is returned in
+//! # Over time
+//! The image is one layout for the whole trace: the one after the last record. What is followed:
+//! a later mapping replaces the overlapped part of an earlier one (re-`mmap`, `dlclose` then
+//! `dlopen` at the same address), and an `exec` (a `PERF_RECORD_COMM` with the exec flag, see
+//! [`PerfSideband::read`]) drops every earlier mapping of that process. What is not followed:
+//! `munmap` (perf records none), and code that changes *during* the trace (a library unloaded and
+//! another loaded at the same address while tracing): both generations cannot be in one image, so
+//! the trace before the change is decoded against the later code. A decoder that must follow that
+//! would rebuild its image at each record's timestamp.
+//!
+//! # Finding files
+//! A [`MmapOptions::remap`] function is asked first (it may also supply files for pseudo
+//! mappings such as `[vdso]`); then each [`MmapOptions::symfs`] root joined with the recorded
+//! absolute path (like `perf --symfs`); then the recorded path itself; then the recorded file's
+//! base name in each of [`MmapOptions::search_dirs`] (a flat directory of binaries). When the
+//! recording names a build id for the file ([`MmapOptions::build_ids`]: perf's `HEADER_BUILD_ID`
+//! table, or an `MMAP2` that carries one) and a candidate has a `.note.gnu.build-id`, the two must
+//! match; a mismatching candidate is skipped (the next one is tried) and named in the reason if
+//! none fits, so a wrong binary is never used silently.
+//!
+//! A record whose file is not found, or whose offset lies past the file's end, is returned in
 //! [`MmapImage::missing`] — never skipped silently. Kernel records (`[kernel.kallsyms]…`, kernel
 //! modules, pid -1) are ignored and counted. If the file is shorter than `pgoff + len` only the
 //! bytes that exist are mapped: the rest of such a mapping faults on access and so is never code.
+//! Every ELF file found is also returned, placed where it was mapped ([`MmapImage::elfs`]), for
+//! symbols.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use super::{FileCache, Image, LoadError, Section};
+use super::{FileCache, Image, LoadError, LoadedElf, Section, SectionBytes};
+use crate::store::perf_data::{PerfData, Record, RecordData};
 
 /// A perf `PERF_RECORD_MMAP` or `PERF_RECORD_MMAP2` record, reduced to what an image needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,6 +86,11 @@ pub struct MmapOptions<'a> {
     pub remap: Option<RemapFn<'a>>,
     /// Also map non-executable records (data), e.g. for memory reads.
     pub include_data: bool,
+    /// Directories searched for the recorded file's base name, after the paths above.
+    pub search_dirs: Vec<PathBuf>,
+    /// Build ids the recording gives for file names (as recorded); a found file with a different
+    /// `.note.gnu.build-id` is not used.
+    pub build_ids: HashMap<String, Vec<u8>>,
 }
 
 impl std::fmt::Debug for MmapOptions<'_> {
@@ -76,6 +100,8 @@ impl std::fmt::Debug for MmapOptions<'_> {
             .field("symfs", &self.symfs)
             .field("remap", &self.remap.map(|_| "fn"))
             .field("include_data", &self.include_data)
+            .field("search_dirs", &self.search_dirs)
+            .field("build_ids", &self.build_ids.len())
             .finish()
     }
 }
@@ -93,12 +119,21 @@ pub struct MmapImage {
     pub ignored_data: usize,
     /// Records of other processes skipped by the pid filter.
     pub ignored_other_pid: usize,
+    /// The ELF files found, each placed where its first executable mapping puts it (one per
+    /// file), for symbols. Files that are not ELF (raw dumps, `[vdso]` supplied as bytes) are
+    /// mapped but not listed.
+    pub elfs: Vec<LoadedElf>,
 }
 
 fn is_kernel(r: &MmapRecord) -> bool {
     r.pid == u32::MAX
         || r.filename.starts_with("[kernel.kallsyms]")
         || r.filename.starts_with("[guest.kernel")
+}
+
+/// Whether a recorded name is not a file: `[vdso]`, `[stack]`, `[heap]`, `//anon`, ...
+fn is_pseudo(name: &str) -> bool {
+    name.starts_with('[') || name.starts_with("//")
 }
 
 /// Candidate local paths for a recorded name.
@@ -109,6 +144,9 @@ fn candidates(name: &str, opts: &MmapOptions<'_>) -> Vec<PathBuf> {
             out.push(p);
         }
     }
+    if is_pseudo(name) {
+        return out;
+    }
     // perf records unlinked files as "/path (deleted)"; the file may exist again at its path.
     let plain = name.strip_suffix(" (deleted)").unwrap_or(name);
     if plain.starts_with('/') {
@@ -116,8 +154,99 @@ fn candidates(name: &str, opts: &MmapOptions<'_>) -> Vec<PathBuf> {
             out.push(root.join(plain.trim_start_matches('/')));
         }
         out.push(PathBuf::from(plain));
+        if let Some(base) = Path::new(plain).file_name() {
+            for dir in &opts.search_dirs {
+                out.push(dir.join(base));
+            }
+        }
     }
     out
+}
+
+/// The `.note.gnu.build-id` of an ELF file, if it has one.
+pub fn elf_build_id(bytes: &[u8]) -> Option<Vec<u8>> {
+    use object::Object;
+    let file = object::File::parse(bytes).ok()?;
+    file.build_id().ok().flatten().map(<[u8]>::to_vec)
+}
+
+/// Whether a build id from perf (a 20-byte field, zero-padded when the id is shorter and the
+/// record does not give its size) names the same file as the id in the file.
+fn same_build_id(recorded: &[u8], file: &[u8]) -> bool {
+    recorded == file
+        || (recorded.len() > file.len()
+            && recorded.starts_with(file)
+            && recorded[file.len()..].iter().all(|&b| b == 0))
+}
+
+/// Lowercase hex of a build id, as perf prints it.
+pub fn hex_id(id: &[u8]) -> String {
+    id.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Finds the local file for a recorded name: the first candidate that can be read and whose build
+/// id (when both sides have one) matches. `Err` lists every candidate tried and why it failed.
+fn find_file(
+    name: &str,
+    opts: &MmapOptions<'_>,
+    files: &mut FileCache,
+) -> Result<(PathBuf, SectionBytes), String> {
+    let paths = candidates(name, opts);
+    if paths.is_empty() {
+        return Err(match name {
+            "[vdso]" | "[vsyscall]" => format!(
+                "{name} of the recording machine is not in perf.data (dump it there and give it \
+                 with --raw FILE:ADDR)"
+            ),
+            _ if is_pseudo(name) => {
+                "anonymous memory (stack, heap or generated code): its contents are not in \
+                 perf.data"
+                    .to_string()
+            }
+            _ => "not an absolute path: nothing to search for".to_string(),
+        });
+    }
+    let wanted = opts.build_ids.get(name);
+    let mut errors = Vec::new();
+    for p in paths {
+        match files.get(&p) {
+            Ok(bytes) => {
+                if let (Some(want), Some(have)) = (wanted, elf_build_id(&bytes)) {
+                    if !same_build_id(want, &have) {
+                        errors.push(format!(
+                            "{}: build id {} differs from the recorded {}",
+                            p.display(),
+                            hex_id(&have),
+                            hex_id(want)
+                        ));
+                        continue;
+                    }
+                }
+                return Ok((p, bytes));
+            }
+            Err(LoadError::Io { source, .. }) => errors.push(format!("{}: {source}", p.display())),
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    Err(errors.join("; "))
+}
+
+/// Places a parsed ELF file so that its byte at file offset `pgoff` is at `addr` (the bias of
+/// the mapping). `None` when no loadable segment holds `pgoff`.
+fn place_elf(mut elf: LoadedElf, addr: u64, pgoff: u64) -> Option<LoadedElf> {
+    let seg = elf.segments.iter().find(|s| {
+        let start = s.file_offset & !0xfff;
+        pgoff >= start && pgoff < s.file_offset.saturating_add(s.file_size.max(1))
+    })?;
+    // The link-time address of the byte at file offset `pgoff`.
+    let vaddr = seg.vaddr.wrapping_sub(seg.file_offset).wrapping_add(pgoff);
+    let bias = addr.wrapping_sub(vaddr);
+    elf.bias = bias;
+    elf.entry = elf.entry.wrapping_add(bias);
+    for s in &mut elf.segments {
+        s.addr = s.vaddr.wrapping_add(bias);
+    }
+    Some(elf)
 }
 
 impl Image {
@@ -128,6 +257,8 @@ impl Image {
     ) -> MmapImage {
         let mut out = MmapImage::default();
         let mut files = FileCache::new();
+        let mut resolved: HashMap<String, Result<(PathBuf, SectionBytes), String>> = HashMap::new();
+        let mut placed: HashMap<PathBuf, usize> = HashMap::new();
         for r in records {
             if is_kernel(r) {
                 out.ignored_kernel += 1;
@@ -151,31 +282,30 @@ impl Image {
             if r.len == 0 {
                 continue;
             }
-            let paths = candidates(&r.filename, opts);
-            if paths.is_empty() {
-                out.missing.push(missing(
-                    "no file for this pseudo or anonymous mapping".to_string(),
-                ));
-                continue;
-            }
-            let mut errors = Vec::new();
-            let mut found = None;
-            for p in &paths {
-                match files.get(p) {
-                    Ok(bytes) => {
-                        found = Some((p, bytes));
-                        break;
-                    }
-                    Err(LoadError::Io { source, .. }) => {
-                        errors.push(format!("{}: {source}", p.display()))
-                    }
-                    Err(e) => errors.push(e.to_string()),
+            let found = match resolved.get(&r.filename) {
+                Some(f) => f.clone(),
+                None => {
+                    let f = find_file(&r.filename, opts, &mut files);
+                    resolved.insert(r.filename.clone(), f.clone());
+                    f
+                }
+            };
+            let (path, bytes) = match found {
+                Ok(f) => f,
+                Err(reason) => {
+                    out.missing.push(missing(reason));
+                    continue;
+                }
+            };
+            if r.exec && !placed.contains_key(&path) {
+                let elf = LoadedElf::from_bytes(&path, bytes.clone(), None)
+                    .ok()
+                    .and_then(|elf| place_elf(elf, r.addr, r.pgoff));
+                if let Some(elf) = elf {
+                    placed.insert(path.clone(), out.elfs.len());
+                    out.elfs.push(elf);
                 }
             }
-            let Some((path, bytes)) = found else {
-                out.missing.push(missing(errors.join("; ")));
-                continue;
-            };
             let file_len = bytes.len() as u64;
             if r.pgoff >= file_len {
                 out.missing.push(missing(format!(
@@ -191,7 +321,7 @@ impl Image {
                 bytes,
                 offset: r.pgoff as usize,
                 len: len as usize,
-                origin: std::sync::Arc::from(display_path(path).as_str()),
+                origin: std::sync::Arc::from(display_path(&path).as_str()),
             };
             if let Err(e) = out.image.add(section) {
                 out.missing.push(missing(e.to_string()));
@@ -203,4 +333,154 @@ impl Image {
 
 fn display_path(p: &Path) -> String {
     p.to_string_lossy().into_owned()
+}
+
+/// `PERF_RECORD_MISC_MMAP_DATA`: an `MMAP` record of a non-executable mapping.
+const MISC_MMAP_DATA: u16 = 1 << 13;
+/// `PROT_EXEC` in an `MMAP2` record's `prot`.
+const PROT_EXEC: u32 = 4;
+
+/// What the sideband records of a perf.data file say about the traced processes' code.
+#[derive(Debug, Clone, Default)]
+pub struct PerfSideband {
+    /// The `MMAP`/`MMAP2` records in file order, without those an `exec` of their process
+    /// superseded (see the [module docs](self)).
+    pub mmaps: Vec<MmapRecord>,
+    /// Build ids by recorded file name: the `HEADER_BUILD_ID` table (or its pipe-mode records)
+    /// and `MMAP2` records that carry one.
+    pub build_ids: HashMap<String, Vec<u8>>,
+    /// Threads tracing started for (`PERF_RECORD_ITRACE_START`): pid, tid and, when the record
+    /// says, the CPU.
+    pub traced: Vec<(u32, u32, Option<u32>)>,
+    /// Mappings dropped because their process called `exec` after them.
+    pub superseded_by_exec: usize,
+    /// Records that could not be decoded (skipped; counted so that nothing is lost silently).
+    pub malformed: usize,
+}
+
+fn lossy(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+impl PerfSideband {
+    /// Collects the sideband of `perf` in one pass over its records.
+    ///
+    /// A `PERF_RECORD_COMM` with the exec flag for process P drops P's earlier mappings: the
+    /// kernel writes it after `exec` replaced the address space and before the new program's
+    /// mappings, so what follows is the program that runs from then on.
+    pub fn read(perf: &PerfData<'_>) -> Self {
+        let mut out = PerfSideband::default();
+        if let Ok(ids) = perf.build_ids() {
+            for b in ids {
+                out.build_ids.insert(lossy(b.filename), b.build_id.to_vec());
+            }
+        }
+        for r in perf.records() {
+            let Ok(Record {
+                misc,
+                data,
+                sample_id,
+                ..
+            }) = r
+            else {
+                out.malformed += 1;
+                continue;
+            };
+            match data {
+                RecordData::Mmap {
+                    pid,
+                    tid,
+                    addr,
+                    len,
+                    pgoff,
+                    filename,
+                } => out.mmaps.push(MmapRecord {
+                    pid,
+                    tid,
+                    addr,
+                    len,
+                    pgoff,
+                    filename: lossy(filename),
+                    exec: misc & MISC_MMAP_DATA == 0,
+                }),
+                RecordData::Mmap2 {
+                    pid,
+                    tid,
+                    addr,
+                    len,
+                    pgoff,
+                    build_id,
+                    prot,
+                    filename,
+                    ..
+                } => {
+                    let filename = lossy(filename);
+                    if let Some(id) = build_id.filter(|id| !id.is_empty()) {
+                        out.build_ids.insert(filename.clone(), id.to_vec());
+                    }
+                    out.mmaps.push(MmapRecord {
+                        pid,
+                        tid,
+                        addr,
+                        len,
+                        pgoff,
+                        filename,
+                        exec: prot & PROT_EXEC != 0,
+                    });
+                }
+                RecordData::Comm {
+                    pid, exec: true, ..
+                } => {
+                    let before = out.mmaps.len();
+                    out.mmaps.retain(|m| m.pid != pid);
+                    out.superseded_by_exec += before - out.mmaps.len();
+                }
+                RecordData::ItraceStart { pid, tid } => {
+                    out.traced.push((pid, tid, sample_id.cpu));
+                }
+                RecordData::BuildId(b) => {
+                    out.build_ids.insert(lossy(b.filename), b.build_id.to_vec());
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// The process whose code a trace stream shows, when the sideband tells: the pid of the
+    /// traced thread `tid` (per-thread recording), else the one process tracing started for on
+    /// `cpu` (or in the whole file). `None` when several processes qualify or none is known:
+    /// then every process's mappings make up the image.
+    pub fn pid_for_stream(&self, cpu: Option<u32>, tid: Option<u32>) -> Option<u32> {
+        let user = |pid: u32| pid != 0 && pid != u32::MAX;
+        if let Some(tid) = tid {
+            let by_tid = self
+                .traced
+                .iter()
+                .find(|t| t.1 == tid)
+                .map(|t| t.0)
+                .or_else(|| self.mmaps.iter().find(|m| m.tid == tid).map(|m| m.pid));
+            if let Some(pid) = by_tid.filter(|&p| user(p)) {
+                return Some(pid);
+            }
+        }
+        let only = |it: &mut dyn Iterator<Item = u32>| {
+            let mut pids: Vec<u32> = it.filter(|&p| user(p)).collect();
+            pids.sort_unstable();
+            pids.dedup();
+            (pids.len() == 1).then(|| pids[0])
+        };
+        if let Some(cpu) = cpu {
+            let on_cpu = self.traced.iter().filter(|t| t.2 == Some(cpu)).map(|t| t.0);
+            if let Some(pid) = only(&mut on_cpu.clone()) {
+                return Some(pid);
+            }
+        }
+        only(&mut self.traced.iter().map(|t| t.0))
+    }
+
+    /// [`MmapOptions::build_ids`] from this sideband (a copy: options outlive the file).
+    pub fn build_id_map(&self) -> HashMap<String, Vec<u8>> {
+        self.build_ids.clone()
+    }
 }

@@ -106,6 +106,8 @@ pub mod aux_flag {
 
 /// Feature bit of the build-id table (`HEADER_BUILD_ID`).
 pub const FEATURE_BUILD_ID: u32 = 2;
+/// Feature bit of the CPU identification string (`HEADER_CPUID`, e.g. `GenuineIntel,6,94,3`).
+pub const FEATURE_CPUID: u32 = 9;
 /// `PERF_AUXTRACE_INTEL_PT`: the `type` of an Intel PT `PERF_RECORD_AUXTRACE_INFO`.
 pub const AUXTRACE_TYPE_INTEL_PT: u32 = 1;
 
@@ -696,6 +698,34 @@ impl<'data> PerfData<'data> {
             at += size;
         }
         Ok(out)
+    }
+
+    /// A string header feature (`HEADER_CPUID`, `HEADER_CPUDESC`, `HEADER_OSRELEASE`, ...): the
+    /// file-mode feature section, or the first `PERF_RECORD_HEADER_FEATURE` record for it in pipe
+    /// mode. The feature's data is a `perf_header_string` (a `u32` length, then that many bytes
+    /// holding a NUL-terminated, NUL-padded string). `None` when the file does not have it or
+    /// its data is malformed.
+    pub fn string_feature(&self, feature: u32) -> Option<&'data [u8]> {
+        let data = if self.pipe {
+            self.records().find_map(|r| match r {
+                Ok(Record {
+                    data: RecordData::Feature { feature: f, data },
+                    ..
+                }) if f == u64::from(feature) => Some(data),
+                _ => None,
+            })?
+        } else {
+            self.feature_section(feature)?.ok()?
+        };
+        let len = u32_at(data, 0)? as usize;
+        let bytes = data.get(4..4usize.checked_add(len)?)?;
+        Some(c_string(bytes))
+    }
+
+    /// The CPU the file was recorded on, as perf writes it in `HEADER_CPUID`: on x86
+    /// `VENDOR,FAMILY,MODEL,STEPPING` (e.g. `GenuineIntel,6,94,3`).
+    pub fn cpuid(&self) -> Option<&'data str> {
+        std::str::from_utf8(self.string_feature(FEATURE_CPUID)?).ok()
     }
 
     /// Groups the `PERF_RECORD_AUXTRACE` payloads into one logical trace stream per (cpu, tid),
