@@ -142,25 +142,18 @@ fn choose_backend(backend: Backend) -> Result<Chosen, ExitCode> {
     }
 }
 
-/// The CPU this process runs on, as `/proc/cpuinfo` says (for decoders of a hardware trace).
+/// The CPU this process runs on (for decoders of a hardware trace).
 fn host_cpu() -> PtCpu {
-    let text = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let field = |name: &str| {
-        text.lines()
-            .filter_map(|l| l.split_once(':'))
-            .find(|(k, _)| k.trim() == name)
-            .map(|(_, v)| v.trim().to_string())
-    };
-    let num = |name: &str| field(name).and_then(|v| v.parse::<u32>().ok()).unwrap_or(0);
+    let c = ptrewind::server::replay::perf::host_cpu();
     PtCpu {
-        vendor: if field("vendor_id").as_deref() == Some("GenuineIntel") {
+        vendor: if c.vendor == ptrewind::flow::CpuVendor::Intel {
             CpuVendor::Intel
         } else {
             CpuVendor::Unknown
         },
-        family: num("cpu family") as u16,
-        model: num("model") as u8,
-        stepping: num("stepping") as u8,
+        family: c.family,
+        model: c.model,
+        stepping: c.stepping,
     }
 }
 

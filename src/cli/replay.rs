@@ -5,6 +5,7 @@
 use super::CmdResult;
 use super::decode::{ImageArgs, build_image, given_images, report_missing};
 use super::record::{Served, bind, serve_session};
+use ptrewind::flow::{Cpu, Errata, FlowConfig};
 use ptrewind::image::perf_maps::PerfSideband;
 use ptrewind::server::replay::OfflineInfo;
 use ptrewind::server::replay::offline::{OfflineRecording, load_saved};
@@ -32,6 +33,10 @@ pub struct ReplayArgs {
     /// in `[stream LABEL]`, or its index from 0) when there are several.
     #[arg(long, value_name = "LABEL|N")]
     stream: Option<String>,
+    /// CPU the trace was recorded on (FAMILY/MODEL[/STEPPING]): selects the erratum
+    /// workarounds (default for perf.data: the CPU in its header; otherwise none).
+    #[arg(long, value_name = "FAMILY/MODEL[/STEPPING]")]
+    cpu: Option<Cpu>,
     /// The code: --raw, --elf, and (perf.data) the recorded mappings, as for `decode`.
     #[command(flatten)]
     image: ImageArgs,
@@ -85,6 +90,26 @@ fn load_trace(
         SourceFormat::PerfData { .. } => Some(PerfData::parse(file.bytes())?),
         SourceFormat::RawPt => None,
     };
+    // Errata and timing as `decode` picks them: --cpu, else the perf.data header.
+    let cpu = match (args.cpu, perf.as_ref().and_then(|p| p.cpuid())) {
+        (Some(c), _) => Some(c),
+        (None, Some(id)) => Cpu::from_perf_cpuid(id)
+            .map_err(|e| eprintln!("ptrewind: {e}; no erratum workarounds"))
+            .ok(),
+        (None, None) => None,
+    };
+    let mut flow = FlowConfig {
+        errata: cpu.as_ref().map(Errata::for_cpu).unwrap_or_default(),
+        ..FlowConfig::default()
+    };
+    if let Some(info) = source.perf.as_ref().and_then(|p| p.intel_pt) {
+        if let (Some(n), Some(d)) = (info.tsc_ctc_ratio_n, info.tsc_ctc_ratio_d) {
+            flow.timing.ctc_ratio = (n as u32, d as u32);
+        }
+        if let Some(m) = info.max_non_turbo_ratio {
+            flow.timing.max_nonturbo_ratio = m as u8;
+        }
+    }
     let sideband = match &perf {
         Some(p) if !args.image.no_mmaps => Some(PerfSideband::read(p)),
         _ => None,
@@ -121,6 +146,7 @@ fn load_trace(
         registers_at_start: None,
         registers_at_end: None,
         instructions: None,
+        flow,
         info: OfflineInfo {
             pid: pid.and_then(|p| i32::try_from(p).ok()).unwrap_or(1),
             exe,

@@ -12,6 +12,7 @@ use std::collections::BTreeSet;
 use std::sync::atomic::AtomicBool;
 
 use crate::capture::soft::{Regs, StateLog};
+use crate::flow::FlowConfig;
 use crate::ring::{Drain, DrainReport, OutputState, Run};
 use crate::store::live::TraceStore;
 use crate::target::{PtraceTarget, Resume, StopEvent, TargetResult};
@@ -26,6 +27,11 @@ pub trait LiveCapture {
     /// than from the software encoder.
     fn is_hardware(&self) -> bool {
         false
+    }
+
+    /// How the trace is decoded (a hardware trace: with the errata of the CPU it runs on).
+    fn flow_config(&self) -> FlowConfig {
+        FlowConfig::default()
     }
 
     /// The live process: registers, memory and INT3 breakpoints at the present.

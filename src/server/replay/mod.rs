@@ -194,6 +194,8 @@ pub struct Recorder {
     offline: Option<OfflineInfo>,
     /// Problems met at stops (trace closing or draining).
     stop_errors: u64,
+    /// How the history is decoded (errata of the CPU that recorded a hardware trace).
+    flow: FlowConfig,
 }
 
 /// What an offline replay knows about the recorded process.
@@ -250,7 +252,8 @@ impl Recorder {
         })?;
         let image = Arc::new(image);
         let store = live.store();
-        let worker = spawn_worker(&store, &image).map_err(|e| TargetError::Unexpected {
+        let flow = live.flow_config();
+        let worker = spawn_worker(&store, &image, &flow).map_err(|e| TargetError::Unexpected {
             pid,
             what: format!("cannot start the history worker: {e}"),
         })?;
@@ -260,6 +263,7 @@ impl Recorder {
             &std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default(),
         );
         let mut r = Recorder::assemble(Some(live), store, worker, image, template);
+        r.flow = flow;
         r.image_maps = image_maps;
         r.immutable = immutable;
         r.record_wanted = record_wanted;
@@ -299,6 +303,7 @@ impl Recorder {
             template,
             offline: None,
             stop_errors: 0,
+            flow: FlowConfig::default(),
         }
     }
 
@@ -511,7 +516,7 @@ impl Recorder {
                     );
                     // The worker may have decoded code of the new mapping against the old
                     // image while the target ran: index again from the start against the new one.
-                    match spawn_worker(&self.store, &self.image) {
+                    match spawn_worker(&self.store, &self.image, &self.flow) {
                         Ok(w) => self.worker = w,
                         Err(_) => self.worker.set_image(Arc::clone(&self.image)),
                     }
@@ -986,11 +991,12 @@ impl ReverseExecution for RecordingTarget {
 fn spawn_worker(
     store: &TraceStore,
     image: &Arc<Image>,
+    flow: &FlowConfig,
 ) -> std::io::Result<HistoryWorker<TraceStore>> {
     let w = HistoryWorker::spawn_with_window(
         Arc::new(store.clone()),
         Arc::clone(image),
-        FlowConfig::default(),
+        flow.clone(),
         LIVE_WINDOW,
     )?;
     store.set_listener(Some(w.notifier()));

@@ -19,6 +19,7 @@ use super::monitors::SAVE_FORMAT;
 use super::{OfflineInfo, Recorder, RecordingTarget, spawn_worker};
 use crate::capture::soft::Regs;
 use crate::capture::soft::state_log::{REG_NAMES, set_reg, zeroed_regs};
+use crate::flow::FlowConfig;
 use crate::image::{Image, Section, Symbolizer};
 use crate::store::live::TraceStore;
 use crate::target::{RegMask, X86Registers};
@@ -49,6 +50,8 @@ pub struct OfflineRecording {
     pub instructions: Option<u64>,
     /// Process id, executable, source description.
     pub info: OfflineInfo,
+    /// How the trace is decoded (errata and timing of the CPU that recorded it).
+    pub flow: FlowConfig,
 }
 
 /// A register-file shape for this CPU (with the AVX upper halves when the CPU has them, as the
@@ -135,6 +138,8 @@ pub fn load_saved(dir: &Path) -> Result<OfflineRecording, String> {
             exe: manifest["exe"].as_str().map(PathBuf::from),
             source: format!("saved recording {}", dir.display()),
         },
+        // A saved recording is the software backend's: no errata apply.
+        flow: FlowConfig::default(),
     })
 }
 
@@ -145,8 +150,8 @@ impl RecordingTarget {
         let store = TraceStore::new();
         append_bytes(&store, &rec.trace);
         let image = Arc::new(rec.image);
-        let worker =
-            spawn_worker(&store, &image).map_err(|e| format!("cannot start the indexer: {e}"))?;
+        let worker = spawn_worker(&store, &image, &rec.flow)
+            .map_err(|e| format!("cannot start the indexer: {e}"))?;
         let template = offline_template();
         let immutable = rec.immutable.unwrap_or_else(|| {
             ImmutableCode::from_ranges(image.sections().iter().map(|s| (s.addr, s.end())).collect())
@@ -156,6 +161,7 @@ impl RecordingTarget {
         r.symbols = Some(rec.symbols);
         r.record_wanted = false;
         r.offline = Some(rec.info.clone());
+        r.flow = rec.flow.clone();
         r.worker.request_complete();
         let len = r.ensure_indexed(LOAD_INDEX_WAIT)?;
         if len == 0 {

@@ -34,9 +34,33 @@ use crate::capture::perf::{
     DrainSource, Drainer, PerfPtBackend, PerfPtConfig, PerfPtError, StartMode, TraceSink,
 };
 use crate::capture::soft::Regs;
+use crate::flow::{Cpu, CpuVendor, Errata, FlowConfig};
 use crate::ring::aux::{AuxFlags, AuxStats, SideRecord};
 use crate::store::live::TraceStore;
 use crate::target::{PtraceTarget, Resume, StopEvent, Target, TargetResult};
+
+/// The CPU this process runs on, from `/proc/cpuinfo` (vendor, family, model, stepping): the
+/// errata a live hardware trace is decoded with.
+pub fn host_cpu() -> Cpu {
+    let text = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |name: &str| {
+        text.lines()
+            .filter_map(|l| l.split_once(':'))
+            .find(|(k, _)| k.trim() == name)
+            .map(|(_, v)| v.trim().to_string())
+    };
+    let num = |name: &str| field(name).and_then(|v| v.parse::<u32>().ok()).unwrap_or(0);
+    Cpu {
+        vendor: if field("vendor_id").as_deref() == Some("GenuineIntel") {
+            CpuVendor::Intel
+        } else {
+            CpuVendor::Unknown
+        },
+        family: num("cpu family") as u16,
+        model: num("model") as u8,
+        stepping: num("stepping") as u8,
+    }
+}
 
 /// How often the background drainer looks at the AUX area when the kernel does not wake it.
 pub const DRAIN_PERIOD: Duration = Duration::from_millis(20);
@@ -314,6 +338,13 @@ impl<B: PtSource> LiveCapture for PerfCapture<B> {
         true
     }
 
+    fn flow_config(&self) -> FlowConfig {
+        FlowConfig {
+            errata: Errata::for_cpu(&host_cpu()),
+            ..FlowConfig::default()
+        }
+    }
+
     fn ptrace(&mut self) -> &mut PtraceTarget {
         &mut self.ptrace
     }
@@ -405,7 +436,6 @@ mod tests {
     //! the ground-truth instruction flow of the recording.
 
     use super::*;
-    use crate::flow::FlowConfig;
     use crate::history::HistoryWorker;
     use crate::image::{ElfSpec, Image};
     use crate::ring::aux::{PerfMmapPage, drain_aux_full};
