@@ -511,8 +511,19 @@ impl Recorder {
                 {
                     self.image = Arc::new(image);
                     self.image_maps = maps;
-                    self.immutable = ImmutableCode::from_maps(
-                        &std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default(),
+                    // Code mapped now is no answer for a read before this stop, whose position
+                    // the index says when the backend does not count (if it cannot say in
+                    // time, the new code is never served for the past).
+                    let at = live.recorded().unwrap_or_else(|| {
+                        self.worker.request_complete();
+                        self.worker.wait_indexed(INDEX_WAIT).unwrap_or(u64::MAX)
+                    });
+                    self.immutable = self.immutable.remapped(
+                        ImmutableCode::from_maps(
+                            &std::fs::read_to_string(format!("/proc/{pid}/maps"))
+                                .unwrap_or_default(),
+                        ),
+                        at,
                     );
                     // The worker may have decoded code of the new mapping against the old
                     // image while the target ran: index again from the start against the new one.
@@ -617,10 +628,10 @@ impl Recorder {
         }
     }
 
-    /// Memory in the past at `n`, PC-only: bytes of immutable code from the image; anything
-    /// else is refused.
-    fn pc_only_memory(&self, addr: u64, buf: &mut [u8]) -> TargetResult<usize> {
-        let want = self.immutable.covered(addr, buf.len());
+    /// Memory in the past at `n`, PC-only: bytes of immutable code (mapped at `n`) from the
+    /// image; anything else is refused.
+    fn pc_only_memory(&self, n: u64, addr: u64, buf: &mut [u8]) -> TargetResult<usize> {
+        let want = self.immutable.covered(addr, buf.len(), n);
         let got = if want == 0 {
             0
         } else {
@@ -863,7 +874,7 @@ impl Target for RecordingTarget {
             return Target::read_memory(r.live()?.ptrace(), addr, buf);
         };
         if !r.has_state_log() {
-            return r.pc_only_memory(addr, buf);
+            return r.pc_only_memory(pos, addr, buf);
         }
         let live = r.live()?;
         let n = Target::read_memory(live.ptrace(), addr, buf)?;

@@ -18,6 +18,19 @@
 //! runs is tested with simulated perf mmap pages (see the tests): only the system calls behind
 //! [`PerfPtBackend`] are not exercised on a machine without Intel PT.
 //!
+//! ## Where a stop sits in the history
+//!
+//! A stop ends the trace where the task left user space: a single step (`#DB` after the
+//! instruction) and an INT3 breakpoint (a software interrupt from the breakpoint address) both
+//! end with FUP at the stop PC and TIP.PGD, so the instruction at the stop PC is not in the
+//! history and the stop is at position `len` — the same convention the software backend uses
+//! when it closes the trace at a stop. The code image is captured without breakpoints (the
+//! ptrace target shows original bytes), so the decoder walks the original instructions. Because
+//! only the index knows `len` here, a stop's registers are keyed at their position before the
+//! process runs again, and each one is checked against the history's PC when it is served (a
+//! mismatch is counted by `monitor stats` and the register file is not used). On this machine
+//! this convention is exercised with a simulated CPU (see the tests), not with Intel PT.
+//!
 //! ## What the past shows
 //!
 //! A hardware trace gives the PC at every position and nothing else: the past is served PC-only
