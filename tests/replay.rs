@@ -262,35 +262,40 @@ fn state_log_off_serves_the_past_pc_only() {
 }
 
 /// `monitor save` from a recording, then `ptrewind replay DIR`: the cursor starts at the end
-/// with the saved registers, reverse-stepi retraces the live PCs, position 0 has the start
-/// registers, other positions only RIP, and forward execution ends at the end of the history.
+/// with the saved registers, reverse-stepi retraces the live PCs, the positions where the live
+/// process stopped and position 0 have their registers, other positions only RIP, and forward
+/// execution ends at the end of the history.
 #[test]
 fn replay_of_a_saved_recording() {
     const K: usize = 3;
-    const BACK: usize = 12;
     let fwd = forward_pcs(80);
     let j = kth_hit(&fwd, K);
-    assert!(j >= BACK);
+    // Back to the previous hit, where the live process stopped (its registers were saved), and
+    // one instruction further, where it did not.
+    let to_stop = j - kth_hit(&fwd, K - 1);
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("replay-saved");
     let _ = std::fs::remove_dir_all(&dir);
     let program = recursion();
     let mut cmds: Vec<String> = vec!["break factorial".into()];
     for _ in 0..K {
         cmds.push("continue".into());
+        cmds.push(r#"printf "LIVE %lx %lx\n", $rdi, $rsp"#.into());
     }
-    cmds.push(r#"printf "LIVE %lx %lx\n", $rdi, $rsp"#.into());
     cmds.push(format!("monitor save {}", dir.display()));
     let live = gdb_session(record(&[], program), program, &cmds, TIMEOUT);
     let saved = live.tagged("LIVE");
-    assert_eq!(saved.len(), 1, "{}", live.dump());
+    assert_eq!(saved.len(), K, "{}", live.dump());
 
     let mut cmds: Vec<String> = vec![
         r#"printf "END %lx %lx\n", $rdi, $rsp"#.into(),
         r#"printf "REV %lx\n", $pc"#.into(),
     ];
-    for _ in 0..BACK {
+    for i in 1..=to_stop + 1 {
         cmds.push("reverse-stepi".into());
         cmds.push(r#"printf "REV %lx\n", $pc"#.into());
+        if i == to_stop {
+            cmds.push(r#"printf "STOP %lx %lx\n", $rdi, $rsp"#.into());
+        }
     }
     cmds.push("echo PAST\\n".into());
     cmds.push("p $rdi".into());
@@ -308,10 +313,12 @@ fn replay_of_a_saved_recording() {
     let args: Vec<&std::ffi::OsStr> = vec![dir.as_os_str()];
     let r = gdb_session(replay(&args), program, &cmds, TIMEOUT);
     // At the end: the registers the live session printed when it saved.
-    assert_eq!(r.tagged("END"), saved, "{}", r.dump());
-    let mut expected: Vec<String> = fwd[j - BACK..=j].to_vec();
+    assert_eq!(r.tagged("END"), vec![saved[K - 1].clone()], "{}", r.dump());
+    let mut expected: Vec<String> = fwd[j - to_stop - 1..=j].to_vec();
     expected.reverse();
     assert_eq!(r.tagged("REV"), expected, "{}", r.dump());
+    // At the previous hit: the registers GDB printed there live.
+    assert_eq!(r.tagged("STOP"), vec![saved[K - 2].clone()], "{}", r.dump());
     assert!(
         first_line(r.after("PAST")).contains("<unavailable>"),
         "{}",

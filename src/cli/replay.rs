@@ -145,6 +145,7 @@ fn load_trace(
         symbols,
         registers_at_start: None,
         registers_at_end: None,
+        registers_at: Vec::new(),
         instructions: None,
         flow,
         info: OfflineInfo {

@@ -81,6 +81,19 @@ impl Recorder {
             _ => None,
         };
         let start = logged_start.or_else(|| self.snapshots.get(&0).map(|r| r.to_libc()));
+        // Every register file captured at a position (start, stops): the general-purpose
+        // registers, for `ptrewind replay`.
+        let stops: Vec<serde_json::Value> = self
+            .snapshots
+            .iter()
+            .filter(|&(&n, _)| n <= insns)
+            .map(|(&n, r)| {
+                serde_json::json!({
+                    "position": n,
+                    "registers": regs_json(&r.to_libc()),
+                })
+            })
+            .collect();
         let backend = self.live.as_ref().map_or("offline replay", |l| l.backend());
         let manifest = serde_json::json!({
             "format": SAVE_FORMAT,
@@ -96,6 +109,7 @@ impl Recorder {
             "sections": sections,
             "registers_at_start": start.as_ref().map(regs_json),
             "registers_at_end": present.as_ref().map(regs_json),
+            "registers_at_stops": stops,
         });
         std::fs::write(
             dir.join("manifest.json"),
@@ -111,7 +125,8 @@ impl Recorder {
             "A ptrewind recording ({backend}).\n\n\
              trace.pt       Intel PT packets of {} instructions\n\
              code-*.bin     the executable mappings' bytes (see manifest.json for addresses)\n\
-             manifest.json  sections, registers at the first recorded instruction and at the end\n\
+             manifest.json  sections, registers at the first recorded instruction, at the end and \
+             at every stop\n\
              maps.json      /proc/PID/maps when saved\n\n\
              Decode with:\n\n    {cmd}\n\n\
              Debug it (reverse execution, PC-only) with:\n\n    ptrewind replay {}\n",

@@ -46,6 +46,8 @@ pub struct OfflineRecording {
     pub registers_at_start: Option<Regs>,
     /// Registers after the last instruction, if known.
     pub registers_at_end: Option<Regs>,
+    /// Registers known at other positions (the stops of the recorded process).
+    pub registers_at: Vec<(u64, Regs)>,
     /// The instruction count the recording claims (checked against the decoded history).
     pub instructions: Option<u64>,
     /// Process id, executable, source description.
@@ -128,6 +130,13 @@ pub fn load_saved(dir: &Path) -> Result<OfflineRecording, String> {
         symbols: symbolizer_from_maps(&maps),
         registers_at_start: regs_from_json(&manifest["registers_at_start"]),
         registers_at_end: regs_from_json(&manifest["registers_at_end"]),
+        registers_at: manifest["registers_at_stops"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|s| Some((s["position"].as_u64()?, regs_from_json(&s["registers"])?)))
+            .collect(),
         instructions: manifest["instructions"].as_u64(),
         info: OfflineInfo {
             pid: manifest["pid"]
@@ -174,6 +183,12 @@ impl RecordingTarget {
             x.unavailable = RegMask::VECTOR;
             x
         };
+        // Stops inside the history (each is checked against the trace's PC when served).
+        for (n, g) in &rec.registers_at {
+            if *n < len {
+                r.snapshots.insert(*n, full(g));
+            }
+        }
         if let Some(g) = &rec.registers_at_start {
             r.snapshots.insert(0, full(g));
         }
