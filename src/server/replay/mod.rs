@@ -49,7 +49,8 @@
 //!   unavailable; memory is the live memory with the old value of every later write put back.
 //! * **PC-only** (hardware backend, `ptrewind replay`, `--state-log off`): at a position where
 //!   the registers were captured (the start of the recording, every stop of the live process, a
-//!   saved recording's start and end) the full register file is served; at any other position
+//!   saved recording's start, stops and end) the full register file is served (general-purpose
+//!   registers only for a saved recording); at any other position
 //!   RIP is the history's PC and every other register is unavailable (`xx` in the `g` reply, GDB
 //!   prints `<unavailable>`). Memory reads are served only inside read-only, file-backed code
 //!   mappings (which cannot have changed), from the code image; any other read is refused
@@ -138,7 +139,7 @@ pub struct Checks {
 /// What a read of memory or registers in the past returns, for `monitor stats` and the
 /// `monitor past` help.
 pub const PAST_PC_ONLY: &str = "PC-only: RIP is the traced PC; all registers where they were \
-    captured (recording start, every stop, a saved recording's start/end); elsewhere every \
+    captured (recording start, every stop, a saved recording's start/stops/end); elsewhere every \
     other register is <unavailable>. Memory: read-only file-backed code from the image; any \
     other address is refused (Cannot access memory)";
 
@@ -183,7 +184,7 @@ pub struct Recorder {
     floor: u64,
     symbols: Option<Symbolizer>,
     /// Complete register files known at history positions (recording start, stops, a saved
-    /// recording's start and end).
+    /// recording's start, stops and end).
     snapshots: BTreeMap<u64, X86Registers>,
     /// The registers of the last stop, keyed once the index says at which position it is.
     pending_snapshot: Option<X86Registers>,

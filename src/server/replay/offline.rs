@@ -4,8 +4,9 @@
 //!
 //! The history is indexed before the server listens; the cursor starts at the end of the
 //! history. The past is served PC-only (see the [module docs](super)): the PC at every
-//! position, a saved recording's registers at its start (position 0) and end (after the last
-//! instruction, where the cursor then starts), and memory only inside the code image — of a
+//! position, a saved recording's general-purpose registers at its start (position 0), at every
+//! stop of the recorded process, and at its end (after the last instruction, where the cursor
+//! then starts), and memory only inside the code image — of a
 //! saved recording, only the mappings that were read-only and file-backed. Forward execution
 //! stops at the end of the history with `replaylog:end`: there is no present to resume.
 
