@@ -78,10 +78,10 @@ impl Recorder {
         if pos < self.len() {
             return self.insn_ip(pos);
         }
-        if let Some(s) = self.snapshots.get(&pos) {
-            if self.live.is_none() {
-                return Some(s.pc());
-            }
+        if let Some(pc) = self.snapshots.pc(pos)
+            && self.live.is_none()
+        {
+            return Some(pc);
         }
         if self.exited.is_some() {
             return None;

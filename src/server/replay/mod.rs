@@ -74,10 +74,11 @@ pub mod inspect;
 pub mod monitors;
 pub mod offline;
 pub mod perf;
+pub mod regfiles;
 pub mod soft;
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -97,6 +98,7 @@ use crate::target::{
 pub use capture::{ImmutableCode, LiveCapture};
 pub use monitors::register_monitors;
 pub use perf::PerfCapture;
+pub use regfiles::RegisterFiles;
 pub use soft::SoftCapture;
 
 /// How long a reverse resume waits for the background index to cover the stop. GDB waits for a
@@ -185,7 +187,7 @@ pub struct Recorder {
     symbols: Option<Symbolizer>,
     /// Complete register files known at history positions (recording start, stops, a saved
     /// recording's start, stops and end).
-    snapshots: BTreeMap<u64, X86Registers>,
+    snapshots: RegisterFiles,
     /// The registers of the last stop, keyed once the index says at which position it is.
     pending_snapshot: Option<X86Registers>,
     /// Register-file shape (XSAVE size, AVX) for PC-only replies.
@@ -299,7 +301,7 @@ impl Recorder {
             untraced_runs: 0,
             floor: 0,
             symbols: None,
-            snapshots: BTreeMap::new(),
+            snapshots: RegisterFiles::default(),
             pending_snapshot: None,
             template,
             offline: None,
@@ -359,7 +361,7 @@ impl Recorder {
     /// instruction (`len() - 1`).
     pub fn end(&self) -> u64 {
         let len = self.len();
-        if self.live.is_some() || self.snapshots.contains_key(&len) {
+        if self.live.is_some() || self.snapshots.contains(len) {
             len
         } else {
             len.saturating_sub(1)
@@ -611,12 +613,12 @@ impl Recorder {
     /// with the trace's PC), else RIP alone.
     fn pc_only_registers(&mut self, n: u64) -> TargetResult<X86Registers> {
         let ip = self.insn_ip(n);
-        if let Some(snap) = self.snapshots.get(&n) {
+        if let Some(snap) = self.snapshots.get(n) {
             // Offline, the position after the last instruction has no trace PC: the saved
             // registers there are all there is.
             let at_end = ip.is_none() && self.live.is_none() && n == self.len();
             if ip == Some(snap.pc()) || at_end {
-                return Ok(snap.clone());
+                return Ok(snap);
             }
             self.checks.snapshot_mismatches += 1;
         }

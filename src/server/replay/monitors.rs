@@ -74,24 +74,25 @@ impl Recorder {
         let present = match self.live.as_mut() {
             Some(live) if self.exited.is_none() => live.present_gprs().ok(),
             Some(_) => None,
-            None => self.snapshots.get(&insns).map(|r| r.to_libc()),
+            None => self.snapshots.get(insns).map(|r| r.to_libc()),
         };
         let logged_start = match (present, self.live.as_ref()) {
             (Some(p), Some(live)) => live.state_log().and_then(|l| l.registers_at(0, &p)),
             _ => None,
         };
-        let start = logged_start.or_else(|| self.snapshots.get(&0).map(|r| r.to_libc()));
+        let start = logged_start.or_else(|| self.snapshots.get(0).map(|r| r.to_libc()));
         // Every register file captured at a position (start, stops): the general-purpose
         // registers, for `ptrewind replay`.
         let stops: Vec<serde_json::Value> = self
             .snapshots
-            .iter()
-            .filter(|&(&n, _)| n <= insns)
-            .map(|(&n, r)| {
-                serde_json::json!({
+            .positions()
+            .filter(|&n| n <= insns)
+            .filter_map(|n| {
+                let r = self.snapshots.get(n)?;
+                Some(serde_json::json!({
                     "position": n,
                     "registers": regs_json(&r.to_libc()),
-                })
+                }))
             })
             .collect();
         let backend = self.live.as_ref().map_or("offline replay", |l| l.backend());
@@ -198,12 +199,13 @@ impl Recorder {
         line(
             "known register files",
             format!(
-                "{} (at {})",
+                "{} ({} distinct XSAVE images; at {})",
                 self.snapshots.len(),
+                self.snapshots.distinct_xsave_images(),
                 self.snapshots
-                    .keys()
+                    .positions()
                     .take(8)
-                    .map(u64::to_string)
+                    .map(|n| n.to_string())
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
