@@ -6,6 +6,8 @@
 //! * this file — the reverse-execution core ([`Recorder`]): the history worker, the replay
 //!   cursor, `bs`/`bc`, breakpoints, replaying forward, the hand-over to the live process at
 //!   the present, and what registers and memory the past shows;
+//! * `target.rs` — [`RecordingTarget`], the [`Target`] GDB's session drives over the core;
+//! * [`regfiles`] — the register files known at positions (start, stops);
 //! * [`capture`] — the [`LiveCapture`] trait a live backend implements, and shared helpers;
 //! * [`soft`] — the software backend (single-stepping encoder, optional state log);
 //! * [`perf`] — the hardware backend (perf `intel_pt`, INT3 breakpoints, AUX drained at stops);
@@ -76,23 +78,22 @@ pub mod offline;
 pub mod perf;
 pub mod regfiles;
 pub mod soft;
+mod target;
 
-use std::cell::RefCell;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use crate::capture::soft::{Regs, SoftRecorder, procmaps::capture_image};
+use crate::capture::soft::{Regs, procmaps::capture_image};
 use crate::flow::FlowConfig;
 use crate::history::{Breakpoints as BpSet, HistoryWorker};
 use crate::image::{Image, Symbolizer};
 use crate::store::live::TraceStore;
 use crate::target::{
-    Breakpoints, Notice, PtraceTarget, RegMask, Resume, ReverseExecution, ReverseResume, StopEvent,
-    Target, TargetError, TargetResult, X86Registers,
+    Notice, RegMask, Resume, ReverseResume, StopEvent, Target, TargetError, TargetResult,
+    X86Registers,
 };
 
 pub use capture::{ImmutableCode, LiveCapture};
@@ -100,6 +101,7 @@ pub use monitors::register_monitors;
 pub use perf::PerfCapture;
 pub use regfiles::RegisterFiles;
 pub use soft::SoftCapture;
+pub use target::RecordingTarget;
 
 /// How long a reverse resume waits for the background index to cover the stop. GDB waits for a
 /// stop reply without a timeout, so this only bounds a worker that cannot keep up.
@@ -793,211 +795,6 @@ impl Recorder {
                 }
             }
         }
-    }
-}
-
-/// A process recorded by a capture backend, or a recording replayed offline, with reverse
-/// execution (see the module docs). Cheap handle on shared state: [`RecordingTarget::shared`]
-/// gives the state to monitor commands.
-#[derive(Debug, Clone)]
-pub struct RecordingTarget {
-    inner: Rc<RefCell<Recorder>>,
-    pid: i32,
-    exe: Option<PathBuf>,
-    interrupt: Arc<AtomicBool>,
-}
-
-impl RecordingTarget {
-    /// Wraps a software recorder over a ptrace target. With its state log on, registers and
-    /// memory are rebuilt in the past; without, the past is served PC-only.
-    pub fn new(rec: SoftRecorder<PtraceTarget>) -> TargetResult<Self> {
-        let record_wanted = rec.is_recording();
-        Self::with_capture(Box::new(SoftCapture::new(rec)), record_wanted)
-    }
-
-    /// Wraps any live capture whose process is stopped where recording starts.
-    pub fn with_capture(mut live: Box<dyn LiveCapture>, record_wanted: bool) -> TargetResult<Self> {
-        let pid = Target::pid(live.ptrace());
-        let exe = live.ptrace().exec_path();
-        let mut r = Recorder::new(live, record_wanted)?;
-        // Index what was recorded before GDB connects (nothing when recording starts at main).
-        r.sync_history();
-        Ok(Self::from_recorder(r, pid, exe))
-    }
-
-    fn from_recorder(r: Recorder, pid: i32, exe: Option<PathBuf>) -> Self {
-        let interrupt = Arc::clone(&r.interrupt);
-        RecordingTarget {
-            inner: Rc::new(RefCell::new(r)),
-            pid,
-            exe,
-            interrupt,
-        }
-    }
-
-    /// The shared recording state (for monitor commands).
-    pub fn shared(&self) -> Rc<RefCell<Recorder>> {
-        Rc::clone(&self.inner)
-    }
-}
-
-impl Target for RecordingTarget {
-    fn pid(&self) -> i32 {
-        self.pid
-    }
-
-    fn exec_path(&self) -> Option<PathBuf> {
-        self.exe.clone()
-    }
-
-    fn read_registers(&mut self) -> TargetResult<X86Registers> {
-        let mut r = self.inner.borrow_mut();
-        if r.exited.is_some() {
-            return Err(TargetError::Exited { pid: self.pid });
-        }
-        match r.cursor {
-            None => r.live()?.ptrace().read_registers(),
-            Some(n) => r.past_registers(n),
-        }
-    }
-
-    fn write_registers(&mut self, regs: &X86Registers) -> TargetResult<()> {
-        let mut r = self.inner.borrow_mut();
-        if r.cursor.is_some() {
-            return Err(TargetError::Unsupported(
-                "changing registers in the past (go to the present first: monitor goto end)",
-            ));
-        }
-        r.live()?.ptrace().write_registers(regs)
-    }
-
-    fn read_memory(&self, addr: u64, buf: &mut [u8]) -> TargetResult<usize> {
-        let mut r = self.inner.borrow_mut();
-        let Some(pos) = r.cursor else {
-            return Target::read_memory(r.live()?.ptrace(), addr, buf);
-        };
-        if !r.has_state_log() {
-            return r.pc_only_memory(pos, addr, buf);
-        }
-        let live = r.live()?;
-        let n = Target::read_memory(live.ptrace(), addr, buf)?;
-        if let Some(log) = live.state_log() {
-            log.memory_at(pos as usize, addr, &mut buf[..n]);
-        }
-        Ok(n)
-    }
-
-    fn write_memory(&mut self, addr: u64, data: &[u8]) -> TargetResult<()> {
-        let mut r = self.inner.borrow_mut();
-        if r.cursor.is_some() {
-            return Err(TargetError::Unsupported(
-                "changing memory in the past (go to the present first: monitor goto end)",
-            ));
-        }
-        r.live()?.ptrace().write_memory(addr, data)
-    }
-
-    fn resume(&mut self, how: Resume) -> TargetResult<()> {
-        self.inner.borrow_mut().resume(how)
-    }
-
-    fn wait(&mut self, block: bool) -> TargetResult<Option<StopEvent>> {
-        self.inner.borrow_mut().wait(block)
-    }
-
-    fn interrupt(&mut self) -> TargetResult<()> {
-        self.interrupt.store(true, Ordering::Release);
-        let mut r = self.inner.borrow_mut();
-        if r.running == Running::Live
-            && let Some(live) = r.live.as_mut()
-        {
-            live.interrupt()?;
-        }
-        Ok(())
-    }
-
-    fn kill(&mut self) -> TargetResult<()> {
-        let mut r = self.inner.borrow_mut();
-        r.running = Running::Idle;
-        match r.live.as_mut() {
-            Some(live) => live.ptrace().kill(),
-            None => Ok(()),
-        }
-    }
-
-    fn detach(&mut self) -> TargetResult<()> {
-        match self.inner.borrow_mut().live.as_mut() {
-            Some(live) => live.ptrace().detach(),
-            None => Ok(()),
-        }
-    }
-
-    fn has_exited(&self) -> bool {
-        let mut r = self.inner.borrow_mut();
-        if r.exited.is_some() {
-            return true;
-        }
-        r.live.as_mut().is_some_and(|l| l.ptrace().has_exited())
-    }
-
-    fn auxv(&self) -> TargetResult<Vec<u8>> {
-        let mut r = self.inner.borrow_mut();
-        match r.live.as_mut() {
-            Some(live) => live.ptrace().auxv(),
-            None => Err(TargetError::Unsupported(
-                "the auxiliary vector of a replayed recording",
-            )),
-        }
-    }
-
-    fn take_notices(&mut self) -> Vec<Notice> {
-        let mut r = self.inner.borrow_mut();
-        let mut n = std::mem::take(&mut r.notices);
-        if let Some(live) = r.live.as_mut() {
-            n.extend(live.ptrace().take_notices());
-        }
-        n
-    }
-
-    fn support_breakpoints(&mut self) -> Option<&mut dyn Breakpoints> {
-        Some(self)
-    }
-
-    fn support_reverse(&mut self) -> Option<&mut dyn ReverseExecution> {
-        Some(self)
-    }
-}
-
-impl Breakpoints for RecordingTarget {
-    fn add_breakpoint(&mut self, addr: u64) -> TargetResult<()> {
-        let mut r = self.inner.borrow_mut();
-        if let Some(live) = r.live.as_mut()
-            && let Some(bp) = live.ptrace().support_breakpoints()
-        {
-            bp.add_breakpoint(addr)?;
-        }
-        r.bps.insert(addr);
-        Ok(())
-    }
-
-    fn remove_breakpoint(&mut self, addr: u64) -> TargetResult<bool> {
-        let mut r = self.inner.borrow_mut();
-        if let Some(live) = r.live.as_mut()
-            && let Some(bp) = live.ptrace().support_breakpoints()
-        {
-            bp.remove_breakpoint(addr)?;
-        }
-        Ok(r.bps.remove(&addr))
-    }
-
-    fn breakpoint_addrs(&self) -> Vec<u64> {
-        self.inner.borrow().bps.iter().copied().collect()
-    }
-}
-
-impl ReverseExecution for RecordingTarget {
-    fn resume_reverse(&mut self, how: ReverseResume) -> TargetResult<()> {
-        self.inner.borrow_mut().reverse(how)
     }
 }
 
