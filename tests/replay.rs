@@ -473,6 +473,8 @@ fn replay_of_a_hardware_trace_retraces_the_ground_truth() {
     }
     cmds.push("continue".into());
     cmds.push("monitor where".into());
+    cmds.push("monitor goto end".into());
+    cmds.push("monitor history 50".into());
     let r = gdb_session(
         replay(&[
             "--pt".as_ref(),
@@ -512,8 +514,8 @@ fn replay_of_a_hardware_trace_retraces_the_ground_truth() {
         "{}",
         r.dump()
     );
-    // `monitor where` after `goto end`, after each reverse-continue, and after the continue
-    // forward again: the last two instances, then the last one again.
+    // `monitor where` after `goto end`, after each reverse-continue, after the continue
+    // forward again (the last two instances, then the last one again), and the final goto.
     let n = dec_hits.len();
     let wheres: Vec<u64> = where_lines(&r).iter().map(|l| where_insn(l)).collect();
     let want: Vec<u64> = [
@@ -521,11 +523,36 @@ fn replay_of_a_hardware_trace_retraces_the_ground_truth() {
         dec_hits[n - 1],
         dec_hits[n - 2],
         dec_hits[n - 1],
+        truth.len() - 1,
     ]
     .iter()
     .map(|&i| i as u64)
     .collect();
     assert_eq!(wheres, want, "{}", r.dump());
+    // `monitor history`: the taken branches of the ground-truth list (from and to both in user
+    // space; the syscalls' disable/enable pairs continue sequentially).
+    let hex = |t: &str| u64::from_str_radix(t.trim_start_matches("0x"), 16).ok();
+    let lines: Vec<&str> = r.gdb.lines().collect();
+    let listed: Vec<(Option<u64>, Option<u64>)> = lines
+        .windows(2)
+        .filter_map(|w| {
+            let to = w[1].trim().strip_prefix("-> ")?;
+            let from = w[0].split_whitespace().nth(1)?;
+            Some((hex(from), to.split_whitespace().next().and_then(hex)))
+        })
+        .collect();
+    let branches: Vec<(Option<u64>, Option<u64>)> =
+        std::fs::read_to_string(dir.join("loopy-20180404/loopy-20180404T162955.trace"))
+            .unwrap()
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split_whitespace().map(hex);
+                let (from, to) = (f.next()??, f.next()??);
+                (from != 0 && to != 0).then_some((Some(from), Some(to)))
+            })
+            .collect();
+    assert!(!branches.is_empty());
+    assert_eq!(listed, branches, "{}", r.dump());
 }
 
 /// `ptrewind replay --perf` takes the AUX stream out of the original perf.data file and the
