@@ -297,6 +297,15 @@ impl<B: PtSource> AuxPipeline<B> {
     }
 }
 
+impl<B: PtSource> Drop for AuxPipeline<B> {
+    fn drop(&mut self) {
+        // Ends the drainer thread (it would otherwise poll until the process exits).
+        if let PipeState::Running(d) = std::mem::replace(&mut self.state, PipeState::Gone) {
+            let _ = d.stop();
+        }
+    }
+}
+
 /// The hardware backend of a live recording (see the module docs).
 pub struct PerfCapture<B: PtSource = PerfPtBackend> {
     ptrace: PtraceTarget,
