@@ -43,5 +43,5 @@ pub use recorder::{
     Exit, Interrupter, RecordError, RecordFrom, RecorderConfig, RecorderStats, Recording,
     RingConfig, SoftRecorder, StepEvent, StepMode,
 };
-pub use state_log::{StateLog, StateLogStats};
+pub use state_log::{EntryKind, StateLog, StateLogStats, UnknownWrite, WriteHit};
 pub use target::{PtraceChild, Regs, SigInfo, StepStop, StepTarget, TargetError};

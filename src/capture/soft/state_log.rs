@@ -45,6 +45,13 @@ use iced_x86::{
 use super::classify::{CachedInsn, InsnClass};
 use super::target::{Regs, StepTarget};
 
+mod writes;
+
+pub use writes::{UnknownWrite, WriteHit, WriteSearch};
+
+/// Every this many entries the log keeps where their memory records start (see `mem_marks`).
+const MEM_MARK_EVERY: usize = 256;
+
 /// Number of 64-bit fields in `user_regs_struct`.
 pub const REG_COUNT: usize = 27;
 
@@ -152,6 +159,8 @@ pub struct StateLogStats {
 #[derive(Debug, Default)]
 struct Pending {
     before: Option<Regs>,
+    /// Why some memory the step writes is not in the log, if so.
+    unknown: Option<UnknownWrite>,
     mem_mark: usize,
     data_mark: usize,
     open: bool,
@@ -195,6 +204,12 @@ pub struct StateLog {
     vec_unknown: Option<u32>,
     /// Whether to keep vector state at all (off only through the diagnostic knob).
     log_vector: bool,
+    /// Entries whose memory writes are not all in the log, ascending by entry index (the
+    /// write queries stop there rather than miss a write).
+    unknown: Vec<(u32, UnknownWrite)>,
+    /// Index into `mem_addr` of the first memory record of every [`MEM_MARK_EVERY`]-th
+    /// entry, so that a query can start in the middle of the log without summing from its end.
+    mem_marks: Vec<usize>,
     /// Bytes of the XSAVE image a snapshot keeps (legacy area, header, AVX component).
     vec_keep: usize,
 }
@@ -396,6 +411,8 @@ impl StateLog {
             // Diagnostic/test knob: behave as if the XSAVE image could not be read, so that
             // the "unknown vector state" path can be exercised on any machine.
             log_vector: std::env::var_os("PTREWIND_STATE_LOG_NO_VECTOR").is_none(),
+            unknown: Vec::new(),
+            mem_marks: Vec::new(),
             vec_keep: vector_keep_len(),
         }
     }
@@ -414,7 +431,9 @@ impl StateLog {
             + self.data.len()
             + self.positions.len() * 4
             + self.vec_index.len() * std::mem::size_of::<(u32, usize)>()
-            + self.vec_data.len()) as u64;
+            + self.vec_data.len()
+            + self.unknown.len() * std::mem::size_of::<(u32, UnknownWrite)>()
+            + self.mem_marks.len() * std::mem::size_of::<usize>()) as u64;
         s.vector_snapshots = self.vec_index.len() as u64;
         s.vector_bytes = self.vec_data.len() as u64;
         s
@@ -538,10 +557,16 @@ impl StateLog {
         // A garbage length (the system call will fail with EFAULT) must not allocate gigabytes.
         let Ok(len32) = u32::try_from(len) else {
             self.stats.unknown_writes += 1;
+            self.pending
+                .unknown
+                .get_or_insert(UnknownWrite::Unreadable { addr });
             return;
         };
         if len32 > 64 << 20 {
             self.stats.unknown_writes += 1;
+            self.pending
+                .unknown
+                .get_or_insert(UnknownWrite::Unreadable { addr });
             return;
         }
         let start = self.data.len();
@@ -557,6 +582,11 @@ impl StateLog {
         }
         if (n as u64) < len {
             self.stats.unknown_writes += 1;
+            self.pending
+                .unknown
+                .get_or_insert(UnknownWrite::Unreadable {
+                    addr: addr.wrapping_add(n as u64),
+                });
         }
         // Extend the previous record of the same step when contiguous (REP STOS/MOVS
         // iterations, pushes of adjacent slots): its data is the last in `data`.
@@ -576,6 +606,7 @@ impl StateLog {
         if !self.pending.open {
             self.pending = Pending {
                 before: Some(*before),
+                unknown: None,
                 mem_mark: self.mem_addr.len(),
                 data_mark: self.data.len(),
                 open: true,
@@ -614,7 +645,10 @@ impl StateLog {
                         }
                     }
                 }
-                None => self.stats.unknown_syscalls += 1,
+                None => {
+                    self.stats.unknown_syscalls += 1;
+                    self.pending.unknown = Some(UnknownWrite::Syscall { nr: before.rax });
+                }
             }
             return;
         }
@@ -651,6 +685,11 @@ impl StateLog {
             }
         }
         self.stats.unknown_writes += unknown;
+        if unknown > 0 {
+            self.pending
+                .unknown
+                .get_or_insert(UnknownWrite::Operand { ip: before.rip });
+        }
         for (addr, len) in writes {
             self.push_mem(target, addr, len);
         }
@@ -730,11 +769,18 @@ impl StateLog {
             self.stats.vector_unknown += 1;
             self.vec_unknown = Some(entry);
         }
-        self.entries.push(Entry {
-            kind,
-            reg_len,
-            mem_len,
-        });
+        if let Some(why) = self.pending.unknown {
+            self.unknown.push((entry, why));
+        }
+        let mem_start = self.pending.mem_mark;
+        self.push_entry(
+            Entry {
+                kind,
+                reg_len,
+                mem_len,
+            },
+            mem_start,
+        );
         self.pending = Pending::default();
     }
 
@@ -758,11 +804,23 @@ impl StateLog {
             return;
         }
         let reg_len = self.push_regs(old, new);
-        self.entries.push(Entry {
-            kind,
-            reg_len,
-            mem_len: 0,
-        });
+        let mem_start = self.mem_addr.len();
+        self.push_entry(
+            Entry {
+                kind,
+                reg_len,
+                mem_len: 0,
+            },
+            mem_start,
+        );
+    }
+
+    /// Appends an entry whose memory records start at `mem_start` in `mem_addr`.
+    fn push_entry(&mut self, entry: Entry, mem_start: usize) {
+        if self.entries.len() % MEM_MARK_EVERY == 0 {
+            self.mem_marks.push(mem_start);
+        }
+        self.entries.push(entry);
     }
 
     /// Rebuilds the state before the instruction at `position` (0 = the first recorded
