@@ -4,7 +4,7 @@ use super::arch::{GdbRegId, GdbRegisters, X86_64Linux, copy_range, target_xml};
 use super::monitor::MonitorRegistry;
 use super::svr4::read_library_list;
 use crate::target::regs::GDB_REGS;
-use crate::target::{Resume, ReverseResume, StopEvent, Target, TargetError};
+use crate::target::{Resume, ReverseResume, StopEvent, Target, TargetError, WatchKind};
 use gdbstub::common::{Pid, Signal, Tid};
 use gdbstub::stub::MultiThreadStopReason;
 use gdbstub::target::ext::base::BaseOps;
@@ -19,7 +19,8 @@ use gdbstub::target::ext::base::single_register_access::{
     SingleRegisterAccess, SingleRegisterAccessOps,
 };
 use gdbstub::target::ext::breakpoints::{
-    Breakpoints, BreakpointsOps, SwBreakpoint, SwBreakpointOps,
+    Breakpoints, BreakpointsOps, HwWatchpoint, HwWatchpointOps, SwBreakpoint, SwBreakpointOps,
+    WatchKind as GsWatchKind,
 };
 use gdbstub::target::{TargetError as GsError, TargetResult as GsResult};
 
@@ -51,6 +52,11 @@ pub fn stop_reason(tid: i32, ev: StopEvent) -> MultiThreadStopReason<u64> {
     let tid = thread_id(tid);
     match ev {
         StopEvent::Breakpoint { .. } => MultiThreadStopReason::SwBreak(tid),
+        StopEvent::Watch { addr } => MultiThreadStopReason::Watch {
+            tid,
+            kind: GsWatchKind::Write,
+            addr,
+        },
         StopEvent::Step => MultiThreadStopReason::SignalWithThread {
             tid,
             signal: Signal::SIGTRAP,
@@ -388,6 +394,51 @@ impl MultiThreadSchedulerLocking for Session {
 impl Breakpoints for Session {
     fn support_sw_breakpoint(&mut self) -> Option<SwBreakpointOps<'_, Self>> {
         Some(self)
+    }
+
+    fn support_hw_watchpoint(&mut self) -> Option<HwWatchpointOps<'_, Self>> {
+        Some(self)
+    }
+}
+
+fn watch_kind(kind: GsWatchKind) -> WatchKind {
+    match kind {
+        GsWatchKind::Write => WatchKind::Write,
+        GsWatchKind::Read => WatchKind::Read,
+        GsWatchKind::ReadWrite => WatchKind::Access,
+    }
+}
+
+/// `Z2`–`Z4`: the target decides (a recording with a state log serves write watchpoints);
+/// anything it refuses is an error reply, so GDB says it could not insert the watchpoint rather
+/// than trusting a stop that would never come.
+impl HwWatchpoint for Session {
+    fn add_hw_watchpoint(
+        &mut self,
+        addr: u64,
+        len: u64,
+        kind: GsWatchKind,
+    ) -> GsResult<bool, Self> {
+        match self.target.support_watchpoints() {
+            Some(w) => w
+                .add_watchpoint(addr, len, watch_kind(kind))
+                .map_err(non_fatal),
+            None => Ok(false),
+        }
+    }
+
+    fn remove_hw_watchpoint(
+        &mut self,
+        addr: u64,
+        len: u64,
+        kind: GsWatchKind,
+    ) -> GsResult<bool, Self> {
+        match self.target.support_watchpoints() {
+            Some(w) => w
+                .remove_watchpoint(addr, len, watch_kind(kind))
+                .map_err(non_fatal),
+            None => Ok(false),
+        }
     }
 }
 

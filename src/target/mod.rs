@@ -108,6 +108,13 @@ pub enum StopEvent {
     },
     /// A single step completed.
     Step,
+    /// A write watchpoint triggered: memory at `addr` (inside a watched range) was written.
+    /// Forward, the target stops after the writing instruction; in reverse, before it (the
+    /// state GDB sees is the one before the write).
+    Watch {
+        /// The lowest watched address written.
+        addr: u64,
+    },
     /// The program received a signal (Linux signal number); it is delivered only if the next
     /// resume passes it.
     Signal(i32),
@@ -172,6 +179,14 @@ pub enum Notice {
         /// What happened.
         what: String,
     },
+    /// Replay stopped with watchpoints set at an instruction whose memory writes the recording
+    /// does not know: a watched location may have changed there unseen.
+    WatchUncertain {
+        /// The history position of the stop.
+        position: u64,
+        /// Why the writes are not known.
+        what: String,
+    },
 }
 
 impl fmt::Display for Notice {
@@ -203,6 +218,12 @@ impl fmt::Display for Notice {
                 f,
                 "the recorded trace at this stop may be incomplete: {what} (monitor stats)"
             ),
+            Notice::WatchUncertain { position, what } => write!(
+                f,
+                "stopped at instruction {position} with watchpoints set: its memory writes are \
+                 not all recorded ({what}); a watched location may have changed here without \
+                 the old value being known"
+            ),
         }
     }
 }
@@ -215,6 +236,26 @@ pub trait Breakpoints {
     fn remove_breakpoint(&mut self, addr: u64) -> TargetResult<bool>;
     /// The current breakpoint addresses, sorted.
     fn breakpoint_addrs(&self) -> Vec<u64>;
+}
+
+/// What a watchpoint watches for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WatchKind {
+    /// Writes (`watch`, `Z2`).
+    Write,
+    /// Reads (`rwatch`, `Z3`).
+    Read,
+    /// Reads and writes (`awatch`, `Z4`).
+    Access,
+}
+
+/// Data watchpoints (GDB's "hardware" watchpoints, `Z2`–`Z4`).
+pub trait Watchpoints {
+    /// Watches `[addr, addr + len)` for `kind`. `Ok(false)`: this kind of watchpoint is not
+    /// supported here (GDB then reports that it could not insert it).
+    fn add_watchpoint(&mut self, addr: u64, len: u64, kind: WatchKind) -> TargetResult<bool>;
+    /// Removes one watchpoint added with the same arguments; `false` if there was none.
+    fn remove_watchpoint(&mut self, addr: u64, len: u64, kind: WatchKind) -> TargetResult<bool>;
 }
 
 /// A debuggable process (live or recorded), as the GDB server sees it.
@@ -264,6 +305,10 @@ pub trait Target {
     }
     /// Software breakpoints, if supported.
     fn support_breakpoints(&mut self) -> Option<&mut dyn Breakpoints> {
+        None
+    }
+    /// Data watchpoints, if supported (asked at every `Z2`–`Z4`).
+    fn support_watchpoints(&mut self) -> Option<&mut dyn Watchpoints> {
         None
     }
     /// Reverse execution, if this target has a history. The GDB server advertises

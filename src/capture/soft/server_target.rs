@@ -35,7 +35,7 @@ fn to_stop(pid: i32, ev: StopEvent) -> Result<StepStop, TargetError> {
     Ok(match ev {
         StopEvent::Step => StepStop::Trap,
         StopEvent::Breakpoint { pc } => StepStop::Breakpoint { pc },
-        StopEvent::Signal(libc::SIGTRAP) => StepStop::Trap,
+        StopEvent::Signal(libc::SIGTRAP) | StopEvent::Watch { .. } => StepStop::Trap,
         StopEvent::Signal(s) => match Signal::try_from(s) {
             Ok(sig) => StepStop::Signal(sig),
             Err(_) => {

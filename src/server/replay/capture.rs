@@ -53,6 +53,13 @@ pub trait LiveCapture {
     /// The general-purpose registers at the present.
     fn present_gprs(&mut self) -> TargetResult<Regs>;
 
+    /// Write watchpoints for forward runs from the present: `[addr, addr + len)` ranges the
+    /// backend stops after a write to ([`StopEvent::Watch`]). Returns `false` when it cannot
+    /// see writes (the core then refuses watchpoints: a run that never stops would be wrong).
+    fn set_watches(&mut self, _ranges: &[(u64, u64)]) -> bool {
+        false
+    }
+
     /// Starts a forward run from the present; `record`: whether it is traced. Breakpoints are
     /// the ones in the ptrace target (INT3) for a run at full speed, or `bps` given to
     /// [`wait`](Self::wait) for a backend that stops after every instruction.

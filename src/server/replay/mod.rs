@@ -86,7 +86,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use crate::capture::soft::{Regs, procmaps::capture_image};
+use crate::capture::soft::{Regs, WriteHit, procmaps::capture_image};
 use crate::flow::FlowConfig;
 use crate::history::{Breakpoints as BpSet, HistoryWorker};
 use crate::image::{Image, Symbolizer};
@@ -173,6 +173,8 @@ pub struct Recorder {
     cursor: Option<u64>,
     /// Breakpoint addresses GDB set (also kept by the ptrace target for runs at full speed).
     bps: BTreeSet<u64>,
+    /// Write watchpoints GDB set, `(addr, len)`, one element per `Z2` (only with a state log).
+    watches: Vec<(u64, u64)>,
     running: Running,
     interrupt: Arc<AtomicBool>,
     /// Whether the user wants recording (`monitor record on|off`).
@@ -293,6 +295,7 @@ impl Recorder {
             immutable: ImmutableCode::default(),
             cursor: None,
             bps: BTreeSet::new(),
+            watches: Vec::new(),
             running: Running::Idle,
             interrupt: Arc::new(AtomicBool::new(false)),
             record_wanted: true,
@@ -648,6 +651,70 @@ impl Recorder {
         Ok(got)
     }
 
+    /// Adds a write watchpoint: only with a state log (it alone knows what each instruction
+    /// wrote) and a backend that stops at writes while recording. `false`: refused.
+    fn add_watch(&mut self, addr: u64, len: u64) -> bool {
+        if len == 0 || !self.has_state_log() {
+            return false;
+        }
+        self.watches.push((addr, len));
+        let ranges = self.watches.clone();
+        if self.live.as_mut().is_some_and(|l| l.set_watches(&ranges)) {
+            return true;
+        }
+        self.watches.pop();
+        false
+    }
+
+    /// Removes one write watchpoint added with the same range.
+    fn remove_watch(&mut self, addr: u64, len: u64) -> bool {
+        let Some(i) = self.watches.iter().position(|&w| w == (addr, len)) else {
+            return false;
+        };
+        self.watches.remove(i);
+        let ranges = self.watches.clone();
+        if let Some(l) = self.live.as_mut() {
+            l.set_watches(&ranges);
+        }
+        true
+    }
+
+    /// The state log's write search, backward: the last write to a watched range between
+    /// `floor` and `before` (see [`StateLog::rfind_write`](crate::capture::soft::StateLog::rfind_write)).
+    fn watch_back(&self, before: u64, floor: u64) -> Option<WriteHit> {
+        if self.watches.is_empty() {
+            return None;
+        }
+        let log = self.live.as_ref()?.state_log()?;
+        log.rfind_write(before as usize, floor as usize, &self.watches)
+    }
+
+    /// The state log's write search, forward: the first write to a watched range by the
+    /// instructions `from..to`.
+    fn watch_forward(&self, from: u64, to: u64) -> Option<WriteHit> {
+        if self.watches.is_empty() {
+            return None;
+        }
+        let log = self.live.as_ref()?.state_log()?;
+        log.find_write(from as usize, to as usize, &self.watches)
+    }
+
+    /// The stop for a write-search hit at position `at`: a watchpoint trigger, or — where the
+    /// log does not know what the instruction wrote — a plain trap with a notice saying why
+    /// (the past memory the log shows does not change there, so GDB could not see a change).
+    fn watch_stop(&mut self, hit: WriteHit, at: u64) -> StopEvent {
+        match (hit.addr, hit.unknown) {
+            (Some(addr), _) => StopEvent::Watch { addr },
+            (None, why) => {
+                self.notices.push(Notice::WatchUncertain {
+                    position: at,
+                    what: why.map_or_else(|| "unknown".into(), |w| w.to_string()),
+                });
+                StopEvent::Signal(libc::SIGTRAP)
+            }
+        }
+    }
+
     fn bp_set(&self) -> BpSet {
         BpSet::new(self.bps.iter().copied())
     }
@@ -668,16 +735,31 @@ impl Recorder {
                     StopEvent::HistoryEnd { at_begin: true }
                 } else {
                     self.cursor = Some(c - 1);
-                    StopEvent::Step
+                    match self.watch_back(c, c - 1) {
+                        Some(w) => self.watch_stop(w, c - 1),
+                        None => StopEvent::Step,
+                    }
                 }
             }
             ReverseResume::Continue => {
-                let mut m = self.bp_set();
-                let hit = self
-                    .worker
-                    .with_history(|h, b, img| h.rfind_with(b, img, c, &mut m));
-                match hit {
-                    Some(k) if k >= floor => {
+                // The nearer of the last write to a watched range and the last breakpoint hit
+                // (a write at a breakpoint's instruction is reported as the watchpoint).
+                let watch = self.watch_back(c, floor);
+                let hit = if self.bps.is_empty() {
+                    None
+                } else {
+                    let mut m = self.bp_set();
+                    self.worker
+                        .with_history(|h, b, img| h.rfind_with(b, img, c, &mut m))
+                };
+                let bp = hit.filter(|&k| k >= floor);
+                match (watch, bp) {
+                    (Some(w), bp) if bp.is_none_or(|k| w.before() as u64 >= k) => {
+                        let at = (w.before() as u64).max(floor);
+                        self.cursor = Some(at);
+                        self.watch_stop(w, at)
+                    }
+                    (_, Some(k)) => {
                         self.cursor = Some(k);
                         let pc = self.insn_ip(k).unwrap_or(0);
                         StopEvent::Breakpoint { pc }
@@ -703,7 +785,10 @@ impl Recorder {
         let ev = match how {
             Resume::Step { .. } if live => {
                 self.cursor = (c + 1 < len).then_some(c + 1);
-                StopEvent::Step
+                match self.watch_forward(c, c + 1) {
+                    Some(w) => self.watch_stop(w, c + 1),
+                    None => StopEvent::Step,
+                }
             }
             Resume::Step { .. } => {
                 if c < end {
@@ -714,20 +799,33 @@ impl Recorder {
                 }
             }
             Resume::Continue { .. } => {
-                let mut m = self.bp_set();
-                let hit = self
-                    .worker
-                    .with_history(|h, b, img| h.find_with(b, img, c + 1, &mut m));
-                match hit {
-                    Some(k) if k < len && k <= end => {
-                        self.cursor = Some(k);
-                        let pc = self.insn_ip(k).unwrap_or(0);
-                        StopEvent::Breakpoint { pc }
+                // The nearer of the first write to a watched range (stopping after it) and
+                // the first breakpoint hit.
+                let watch = self.watch_forward(c, len);
+                let hit = if self.bps.is_empty() {
+                    None
+                } else {
+                    let mut m = self.bp_set();
+                    self.worker
+                        .with_history(|h, b, img| h.find_with(b, img, c + 1, &mut m))
+                };
+                match watch {
+                    Some(w) if hit.is_none_or(|k| w.after() as u64 <= k) => {
+                        let at = w.after() as u64;
+                        self.cursor = (at < len || !live).then_some(at);
+                        self.watch_stop(w, at)
                     }
-                    _ => {
-                        self.cursor = if live { None } else { Some(end) };
-                        StopEvent::HistoryEnd { at_begin: false }
-                    }
+                    _ => match hit {
+                        Some(k) if k < len && k <= end => {
+                            self.cursor = Some(k);
+                            let pc = self.insn_ip(k).unwrap_or(0);
+                            StopEvent::Breakpoint { pc }
+                        }
+                        _ => {
+                            self.cursor = if live { None } else { Some(end) };
+                            StopEvent::HistoryEnd { at_begin: false }
+                        }
+                    },
                 }
             }
         };

@@ -49,6 +49,11 @@ enum Run {
 pub struct SoftCapture {
     rec: SoftRecorder<PtraceTarget>,
     run: Run,
+    /// Watched `[addr, addr + len)` ranges (write watchpoints).
+    watches: Vec<(u64, u64)>,
+    /// The watched ranges' bytes when the run started (read lazily): a step whose writes the
+    /// state log does not know is a watch stop only if it changed them.
+    watched_bytes: Option<Vec<Option<Vec<u8>>>>,
 }
 
 impl std::fmt::Debug for SoftCapture {
@@ -67,12 +72,59 @@ impl SoftCapture {
         SoftCapture {
             rec,
             run: Run::Idle,
+            watches: Vec::new(),
+            watched_bytes: None,
         }
     }
 
     /// Whether the recorder is recording now.
     pub fn is_recording(&self) -> bool {
         self.rec.is_recording()
+    }
+
+    /// The present bytes of every watched range (`None` where unreadable).
+    fn read_watched(&mut self) -> Vec<Option<Vec<u8>>> {
+        let ranges = self.watches.clone();
+        ranges
+            .iter()
+            .map(|&(addr, len)| {
+                let mut buf = vec![0u8; len.min(4096) as usize];
+                match Target::read_memory(self.rec.target(), addr, &mut buf) {
+                    Ok(n) => {
+                        buf.truncate(n);
+                        Some(buf)
+                    }
+                    Err(_) => None,
+                }
+            })
+            .collect()
+    }
+
+    /// The watch stop for the entries the state log closed since `mark`, if any: a known write
+    /// to a watched range, or a step with unknown writes that changed a watched range (the
+    /// live memory says; the ranges had their start-of-run bytes until then, since any known
+    /// write to them would have stopped the run).
+    fn watch_hit(&mut self, mark: usize) -> Option<StopEvent> {
+        if self.watches.is_empty() {
+            return None;
+        }
+        let hit = self
+            .rec
+            .state_log()?
+            .find_write_since(mark, &self.watches)?;
+        if let Some(addr) = hit.addr {
+            return Some(StopEvent::Watch { addr });
+        }
+        let before = self.watched_bytes.take().unwrap_or_default();
+        let now = self.read_watched();
+        let changed = self
+            .watches
+            .iter()
+            .zip(before.iter().zip(now.iter()))
+            .find(|(_, (b, n))| b != n)
+            .map(|(&(addr, _), _)| addr);
+        self.watched_bytes = Some(now);
+        changed.map(|addr| StopEvent::Watch { addr })
     }
 }
 
@@ -105,7 +157,16 @@ impl LiveCapture for SoftCapture {
         self.rec.current_regs().map_err(record_err)
     }
 
+    fn set_watches(&mut self, ranges: &[(u64, u64)]) -> bool {
+        if self.rec.state_log().is_none() {
+            return false;
+        }
+        self.watches = ranges.to_vec();
+        true
+    }
+
     fn resume(&mut self, how: Resume, record: bool) -> TargetResult<()> {
+        self.watched_bytes = None;
         let signal = match how {
             Resume::Continue { signal } | Resume::Step { signal } => signal,
         };
@@ -157,11 +218,25 @@ impl LiveCapture for SoftCapture {
             Run::Recorded { step, executed_any } => {
                 let start = Instant::now();
                 let mut executed_any = executed_any;
+                if !self.watches.is_empty() && self.watched_bytes.is_none() {
+                    let bytes = self.read_watched();
+                    self.watched_bytes = Some(bytes);
+                }
                 loop {
                     if interrupt.swap(false, Ordering::AcqRel) && executed_any {
                         return stop(self, StopEvent::Signal(libc::SIGINT));
                     }
+                    let mark = self.rec.state_log().map_or(0, |l| l.entry_count());
                     let ev = self.rec.step().map_err(record_err)?;
+                    if matches!(
+                        ev,
+                        StepEvent::Executed { .. }
+                            | StepEvent::Iteration { .. }
+                            | StepEvent::HandlerEntered { .. }
+                    ) && let Some(w) = self.watch_hit(mark)
+                    {
+                        return stop(self, w);
+                    }
                     match ev {
                         StepEvent::Executed { .. } | StepEvent::Iteration { .. } => {
                             executed_any = true;

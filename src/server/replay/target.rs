@@ -12,7 +12,7 @@ use super::{LiveCapture, Recorder, Running, SoftCapture};
 use crate::capture::soft::SoftRecorder;
 use crate::target::{
     Breakpoints, Notice, PtraceTarget, Resume, ReverseExecution, ReverseResume, StopEvent, Target,
-    TargetError, TargetResult, X86Registers,
+    TargetError, TargetResult, WatchKind, Watchpoints, X86Registers,
 };
 
 /// A process recorded by a capture backend, or a recording replayed offline, with reverse
@@ -184,6 +184,31 @@ impl Target for RecordingTarget {
 
     fn support_reverse(&mut self) -> Option<&mut dyn ReverseExecution> {
         Some(self)
+    }
+
+    fn support_watchpoints(&mut self) -> Option<&mut dyn Watchpoints> {
+        Some(self)
+    }
+}
+
+/// Write watchpoints, served from the state log (which records what every instruction wrote):
+/// reverse-continue stops before the last earlier write, forward replay and live recording
+/// after the next one. Refused without a state log (PC-only past: what was written is not
+/// known) and for read/access watchpoints (reads are not recorded), so GDB reports that it
+/// could not insert them instead of waiting for a stop that would never be reported.
+impl Watchpoints for RecordingTarget {
+    fn add_watchpoint(&mut self, addr: u64, len: u64, kind: WatchKind) -> TargetResult<bool> {
+        if kind != WatchKind::Write {
+            return Ok(false);
+        }
+        Ok(self.inner.borrow_mut().add_watch(addr, len))
+    }
+
+    fn remove_watchpoint(&mut self, addr: u64, len: u64, kind: WatchKind) -> TargetResult<bool> {
+        if kind != WatchKind::Write {
+            return Ok(false);
+        }
+        Ok(self.inner.borrow_mut().remove_watch(addr, len))
     }
 }
 

@@ -351,9 +351,10 @@ mod tests {
             .writes
             .iter()
             .flat_map(|&(a, n)| {
-                ranges.iter().filter_map(move |&(s, l)| {
-                    (l > 0 && a < s + l && s < a + u64::from(n)).then(|| a.max(s))
-                })
+                ranges
+                    .iter()
+                    .filter(move |&&(s, l)| l > 0 && a < s + l && s < a + u64::from(n))
+                    .map(move |&(s, _)| a.max(s))
             })
             .min();
         WriteHit {
