@@ -779,3 +779,203 @@ fn attach_records_from_the_attach_point_and_detaches() {
     assert!(alive, "the attached process died\n{}", r.dump());
     assert!(status.contains("TracerPid:\t0\n"), "{status}");
 }
+
+// ---- Native write watchpoints (Z2) from the state log ----
+
+/// `examples/c/watch.c` (once per test run).
+fn watch_example() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| build_example(examples(), "watch", &[]))
+}
+
+/// The values `total` takes in `examples/c/watch.c`, from its statements (W1..W4): `= 1`,
+/// `+= 10`, `*= 3`, `-= 4`, starting from 0.
+fn watch_totals() -> Vec<i64> {
+    let mut v = vec![0i64];
+    for op in [|_: i64| 1, |t| t + 10, |t| t * 3, |t| t - 4] {
+        let last = *v.last().unwrap();
+        v.push(op(last));
+    }
+    v
+}
+
+/// Every watchpoint report GDB printed: (old value, new value, source line shown after it).
+fn watch_reports(gdb: &str) -> Vec<(String, String, usize)> {
+    let lines: Vec<&str> = gdb.lines().collect();
+    let mut out = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        let Some(old) = l.strip_prefix("Old value = ") else {
+            continue;
+        };
+        let Some(new) = lines
+            .get(i + 1)
+            .and_then(|l| l.strip_prefix("New value = "))
+        else {
+            continue;
+        };
+        let line = lines[i + 2..]
+            .iter()
+            .take(3)
+            .find_map(|l| l.split_once('\t')?.0.trim().parse().ok())
+            .unwrap_or(0);
+        out.push((old.to_string(), new.to_string(), line));
+    }
+    out
+}
+
+fn gdb_watch(extra: &[&str], commands: &[&str]) -> Run {
+    let program = watch_example();
+    gdb_session(record(extra, program), program, commands, TIMEOUT)
+}
+
+#[test]
+fn native_watchpoint_reverse_continue_stops_before_each_write() {
+    // Default GDB settings: `watch` makes a hardware watchpoint (Z2), served natively.
+    let w: Vec<usize> = ["/* W1 */", "/* W2 */", "/* W3 */", "/* W4 */"]
+        .iter()
+        .map(|m| line_of("watch.c", m))
+        .collect();
+    let done_call = line_of("watch.c", "    done();");
+    let r = gdb_watch(
+        &[],
+        &[
+            "break done",
+            "continue",
+            "watch total",
+            "reverse-continue",
+            "reverse-continue",
+            "reverse-continue",
+            "reverse-continue",
+            r#"printf "BACK %ld\n", total"#,
+            "reverse-continue",
+            "continue",
+            "continue",
+            "continue",
+            "continue",
+            r#"printf "FWD %ld\n", total"#,
+        ],
+    );
+    let t = watch_totals();
+    let reports = watch_reports(&r.gdb);
+    assert_eq!(reports.len(), 8, "{}", r.dump());
+    // Backward: each write is found, the state shown is the one before it (GDB's "new" value
+    // is the older one), and the line shown is the write's own.
+    for k in 0..4 {
+        let (old, new, line) = &reports[k];
+        let i = 4 - k;
+        assert_eq!(
+            (old.as_str(), new.as_str(), *line),
+            (
+                t[i].to_string().as_str(),
+                t[i - 1].to_string().as_str(),
+                w[i - 1]
+            ),
+            "reverse stop {k}\n{}",
+            r.dump()
+        );
+    }
+    assert_eq!(r.tagged("BACK"), vec![t[0].to_string()], "{}", r.dump());
+    r.expect("No more reverse-execution history.");
+    // Forward replay in the past: stops after each write, on the statement that follows it.
+    let next = [w[1], w[2], w[3], done_call];
+    for k in 0..4 {
+        let (old, new, line) = &reports[4 + k];
+        assert_eq!(
+            (old.as_str(), new.as_str()),
+            (t[k].to_string().as_str(), t[k + 1].to_string().as_str()),
+            "forward stop {k}\n{}",
+            r.dump()
+        );
+        assert!(
+            *line > w[k] && *line <= next[k],
+            "forward stop {k}\n{}",
+            r.dump()
+        );
+    }
+    assert_eq!(r.tagged("FWD"), vec![t[4].to_string()], "{}", r.dump());
+    assert!(!r.gdb.contains("Could not insert"), "{}", r.dump());
+}
+
+#[test]
+fn native_watchpoint_live_and_a_buffer_written_by_read() {
+    let t = watch_totals();
+    let r = gdb_watch(
+        &[],
+        &[
+            "break main",
+            "continue",
+            "watch total",
+            "continue",
+            "continue",
+            "watch buf[1]",
+            "continue",
+            "continue",
+            r#"printf "LIVE %d\n", 'watch.c'::buf[1]"#,
+            "continue",
+            "reverse-continue",
+            "reverse-continue",
+            r#"printf "PAST %d\n", 'watch.c'::buf[1]"#,
+            "x/i $pc",
+            "delete",
+            "rwatch total",
+            "reverse-continue",
+        ],
+    );
+    let reports = watch_reports(&r.gdb);
+    let values: Vec<(String, String)> = reports
+        .iter()
+        .map(|(o, n, _)| (o.clone(), n.clone()))
+        .collect();
+    let e = i32::from(b"hello"[1]);
+    let pair = |a: String, b: String| (a, b);
+    assert_eq!(
+        values,
+        vec![
+            // Live: total = 1, total += 10, total *= 3, then read() fills buf, total -= 4.
+            pair(t[0].to_string(), t[1].to_string()),
+            pair(t[1].to_string(), t[2].to_string()),
+            pair(t[2].to_string(), t[3].to_string()),
+            pair("0 '\\000'".into(), format!("{e} 'e'")),
+            pair(t[3].to_string(), t[4].to_string()),
+            // Back over total -= 4, then to the read system call that wrote buf.
+            pair(t[4].to_string(), t[3].to_string()),
+            pair(format!("{e} 'e'"), "0 '\\000'".into()),
+        ],
+        "{}",
+        r.dump()
+    );
+    assert_eq!(r.tagged("LIVE"), vec![e.to_string()], "{}", r.dump());
+    assert_eq!(r.tagged("PAST"), vec!["0"], "{}", r.dump());
+    // The write is the read system call itself.
+    assert!(
+        r.gdb
+            .lines()
+            .any(|l| l.starts_with("=> ") && l.contains("syscall")),
+        "{}",
+        r.dump()
+    );
+    // Read watchpoints are not recorded: refused, not silently never triggered.
+    r.expect("Could not insert hardware watchpoint");
+}
+
+#[test]
+fn native_watchpoint_is_refused_without_a_state_log() {
+    // PC-only: what an instruction wrote is not known, so Z2 is refused and GDB says so; the
+    // session goes on.
+    let r = gdb_watch(
+        &["--state-log", "off"],
+        &[
+            "break done",
+            "continue",
+            "watch total",
+            "reverse-continue",
+            "delete 2",
+            "reverse-continue",
+            "info registers rip",
+        ],
+    );
+    r.expect("Could not insert hardware watchpoint 2.");
+    assert!(!r.gdb.contains("Old value"), "{}", r.dump());
+    r.expect("No more reverse-execution history.");
+    r.expect("rip");
+}
