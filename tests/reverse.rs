@@ -860,8 +860,7 @@ fn native_watchpoint_reverse_continue_stops_before_each_write() {
     assert_eq!(reports.len(), 8, "{}", r.dump());
     // Backward: each write is found, the state shown is the one before it (GDB's "new" value
     // is the older one), and the line shown is the write's own.
-    for k in 0..4 {
-        let (old, new, line) = &reports[k];
+    for (k, (old, new, line)) in reports.iter().take(4).enumerate() {
         let i = 4 - k;
         assert_eq!(
             (old.as_str(), new.as_str(), *line),
@@ -878,8 +877,7 @@ fn native_watchpoint_reverse_continue_stops_before_each_write() {
     r.expect("No more reverse-execution history.");
     // Forward replay in the past: stops after each write, on the statement that follows it.
     let next = [w[1], w[2], w[3], done_call];
-    for k in 0..4 {
-        let (old, new, line) = &reports[4 + k];
+    for (k, (old, new, line)) in reports.iter().skip(4).enumerate() {
         assert_eq!(
             (old.as_str(), new.as_str()),
             (t[k].to_string().as_str(), t[k + 1].to_string().as_str()),
