@@ -126,8 +126,8 @@ fn run(ptrewind: &Path, program: &Path, iters: u64, software: bool) -> Timing {
         gdb.arg("-ex").arg(c);
     }
     let out = gdb.arg(program).output().expect("run gdb");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned()
-        + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     let _ = server.wait_timeout_or_kill(Duration::from_secs(10));
     let seconds = text
         .lines()

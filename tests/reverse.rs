@@ -977,3 +977,60 @@ fn native_watchpoint_is_refused_without_a_state_log() {
     r.expect("No more reverse-execution history.");
     r.expect("rip");
 }
+
+#[test]
+fn native_watchpoint_stops_at_a_system_call_whose_writes_are_unknown() {
+    // sysinfo(2) is not in the state log's list of system calls with known output buffers: it
+    // may have written `total` (it did not, but the log cannot tell), so reverse-continue must
+    // stop there and say why rather than pass it.
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    let program = BUILT.get_or_init(|| {
+        compile_source(
+            "cc",
+            examples(),
+            "watch_unknown",
+            "#include <sys/sysinfo.h>\n\
+             long total;\n\
+             struct sysinfo si;\n\
+             int main(void) {\n\
+             \x20 total = 5;\n\
+             \x20 sysinfo(&si);\n\
+             \x20 total = 7;\n\
+             \x20 return 0; /* END */\n\
+             }\n",
+            &["-g", "-O0"],
+            &[],
+        )
+    });
+    let r = gdb_session(
+        record(&[], program),
+        program,
+        &[
+            "break 8",
+            "continue",
+            "watch total",
+            "reverse-continue",
+            "reverse-continue",
+            "x/i $pc",
+            "reverse-continue",
+            r#"printf "BACK %ld\n", total"#,
+        ],
+        TIMEOUT,
+    );
+    let reports = watch_reports(&r.gdb);
+    let values: Vec<(&str, &str, usize)> = reports
+        .iter()
+        .map(|(o, n, l)| (o.as_str(), n.as_str(), *l))
+        .collect();
+    assert_eq!(values, vec![("7", "5", 7), ("5", "0", 5)], "{}", r.dump());
+    r.expect("its memory writes are not all recorded (system call 99");
+    r.expect("Program received signal SIGTRAP");
+    assert!(
+        r.gdb
+            .lines()
+            .any(|l| l.starts_with("=> ") && l.contains("syscall")),
+        "{}",
+        r.dump()
+    );
+    assert_eq!(r.tagged("BACK"), vec!["0"], "{}", r.dump());
+}

@@ -37,6 +37,11 @@
 //! * Memory operands with VSIB addressing (scatter) or whose size iced-x86 does not give
 //!   (the XSAVE family is sized from CPUID leaf 0DH): [`StateLogStats::unknown_writes`].
 //! * Writes by other processes to shared memory.
+//!
+//! Entries with writes of the first and third kinds are listed (by entry), so that the write
+//! queries of the `writes` submodule ([`StateLog::rfind_write`], [`StateLog::find_write`], used
+//! for write watchpoints) stop at them instead of passing them; a signal frame on an alternate
+//! signal stack and writes by other processes cannot be seen at all.
 
 use iced_x86::{
     CpuidFeature, InstructionInfo, InstructionInfoFactory, Mnemonic, OpAccess, Register,

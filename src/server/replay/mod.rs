@@ -70,6 +70,19 @@
 //!   again. A forward single step onto the present is an ordinary step. With no live process
 //!   ([`offline`]) the end of the history is as far as forward execution goes: a continue or a
 //!   step there reports `replaylog:end` again.
+//!
+//! ## Write watchpoints
+//!
+//! Served only with a state log (which records what every instruction wrote); refused
+//! otherwise, and for read/access watchpoints. `bc` stops at the nearer of the last breakpoint
+//! hit and the last write to a watched range
+//! ([`StateLog::rfind_write`](crate::capture::soft::StateLog::rfind_write)), the cursor *before*
+//! the write (GDB shows the writing instruction and the old value); `bs` over a write reports
+//! it too. Forward replay stops *after* the next write
+//! ([`StateLog::find_write`](crate::capture::soft::StateLog::find_write)); a live run stops
+//! after the instruction that wrote (the software backend checks each step). A search never
+//! passes an entry whose writes the log does not know: in the past it stops there with a plain
+//! trap and a [`Notice::WatchUncertain`] (the log shows no change there, so GDB could not tell).
 
 pub mod capture;
 pub mod inspect;
