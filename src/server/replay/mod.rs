@@ -493,6 +493,11 @@ impl Recorder {
         if self.exited.is_some() {
             return Err("the process has exited".into());
         }
+        if !on && !self.watches.is_empty() {
+            // GDB keeps them inserted (`breakpoint always-inserted on`): an untraced run would
+            // pass their writes unseen.
+            return Err("write watchpoints are inserted: delete them before recording off".into());
+        }
         self.record_wanted = on;
         Ok(())
     }
@@ -666,8 +671,10 @@ impl Recorder {
 
     /// Adds a write watchpoint: only with a state log (it alone knows what each instruction
     /// wrote) and a backend that stops at writes while recording. `false`: refused.
+    /// Refused too while recording is off: an untraced run is not single-stepped, a write
+    /// would pass unseen.
     fn add_watch(&mut self, addr: u64, len: u64) -> bool {
-        if len == 0 || !self.has_state_log() {
+        if len == 0 || !self.has_state_log() || !self.record_wanted {
             return false;
         }
         self.watches.push((addr, len));

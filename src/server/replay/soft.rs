@@ -88,7 +88,9 @@ impl SoftCapture {
         ranges
             .iter()
             .map(|&(addr, len)| {
-                let mut buf = vec![0u8; len.min(4096) as usize];
+                // Bounded: a huge range must not allocate without limit (only a step with
+                // unknown writes compares these bytes).
+                let mut buf = vec![0u8; len.min(1 << 20) as usize];
                 match Target::read_memory(self.rec.target(), addr, &mut buf) {
                     Ok(n) => {
                         buf.truncate(n);
