@@ -853,11 +853,14 @@ fn native_watchpoint_reverse_continue_stops_before_each_write() {
             "continue",
             "continue",
             r#"printf "FWD %ld\n", total"#,
+            // Single instructions over the write report it too, both ways.
+            "reverse-stepi",
+            "stepi",
         ],
     );
     let t = watch_totals();
     let reports = watch_reports(&r.gdb);
-    assert_eq!(reports.len(), 8, "{}", r.dump());
+    assert_eq!(reports.len(), 10, "{}", r.dump());
     // Backward: each write is found, the state shown is the one before it (GDB's "new" value
     // is the older one), and the line shown is the write's own.
     for (k, (old, new, line)) in reports.iter().take(4).enumerate() {
@@ -877,7 +880,7 @@ fn native_watchpoint_reverse_continue_stops_before_each_write() {
     r.expect("No more reverse-execution history.");
     // Forward replay in the past: stops after each write, on the statement that follows it.
     let next = [w[1], w[2], w[3], done_call];
-    for (k, (old, new, line)) in reports.iter().skip(4).enumerate() {
+    for (k, (old, new, line)) in reports.iter().skip(4).take(4).enumerate() {
         assert_eq!(
             (old.as_str(), new.as_str()),
             (t[k].to_string().as_str(), t[k + 1].to_string().as_str()),
@@ -891,6 +894,14 @@ fn native_watchpoint_reverse_continue_stops_before_each_write() {
         );
     }
     assert_eq!(r.tagged("FWD"), vec![t[4].to_string()], "{}", r.dump());
+    let (s3, s4) = (t[3].to_string(), t[4].to_string());
+    assert_eq!(
+        reports[8],
+        (s4.clone(), s3.clone(), w[3]),
+        "reverse-stepi\n{}",
+        r.dump()
+    );
+    assert_eq!((&reports[9].0, &reports[9].1), (&s3, &s4), "{}", r.dump());
     assert!(!r.gdb.contains("Could not insert"), "{}", r.dump());
 }
 
