@@ -196,20 +196,26 @@ impl Recorder {
         line("overflows", h.overflows.to_string());
         line("untraced runs", self.untraced_runs.to_string());
         line("reverse floor", self.floor().to_string());
-        line(
-            "known register files",
+        let known = if self.snapshots.is_empty() {
+            "0".to_string()
+        } else {
+            let mut at: Vec<String> = self
+                .snapshots
+                .positions()
+                .take(8)
+                .map(|n| n.to_string())
+                .collect();
+            if self.snapshots.len() > at.len() {
+                at.push("…".into());
+            }
             format!(
-                "{} ({} distinct XSAVE images; at {})",
+                "{} ({} distinct XSAVE images; at instructions {})",
                 self.snapshots.len(),
                 self.snapshots.distinct_xsave_images(),
-                self.snapshots
-                    .positions()
-                    .take(8)
-                    .map(|n| n.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        );
+                at.join(", ")
+            )
+        };
+        line("known register files", known);
         line("stop trace problems", self.stop_errors.to_string());
         line(
             "cursor",
