@@ -196,7 +196,7 @@ pub fn run(args: DecodeArgs) -> CmdResult {
                 .or_else(|| sb.pid_for_stream(stream.cpu, stream.tid)),
             None => None,
         };
-        if !images.contains_key(&pid) {
+        if let std::collections::hash_map::Entry::Vacant(slot) = images.entry(pid) {
             let (image, syms, missing) =
                 build_image(&args, sideband.as_ref(), pid, &given, &given_elfs)?;
             any_missing |= report_missing(&missing, pid, sideband.as_ref(), &mut reported);
@@ -210,7 +210,7 @@ pub fn run(args: DecodeArgs) -> CmdResult {
                     missing.len()
                 )?;
             }
-            images.insert(pid, (image, syms));
+            slot.insert((image, syms));
         }
         let (image, syms) = &images[&pid];
         if many && !args.stats {

@@ -255,6 +255,22 @@ fn make_config(pt: &[u8], cpu: Option<(u16, u8, u8)>) -> RawConfig {
     config
 }
 
+/// libipt's errata bits for an Intel CPU (`pt_cpu_errata`): the first word of `struct
+/// pt_errata`, bit 0 = bdm70, then bdm64, skd007, skd022, skd010, skl014, apl12, apl11, skl168,
+/// skz84 (declaration order). `None` if libipt rejects the CPU.
+pub fn cpu_errata_bits(family: u16, model: u8, stepping: u8) -> Option<u32> {
+    let cpu = RawCpu {
+        vendor: 1,
+        family,
+        model,
+        stepping,
+    };
+    let mut errata = RawErrata::default();
+    // SAFETY: both pointers are to live, correctly laid-out structs owned by this frame.
+    let status = unsafe { pt_cpu_errata(&mut errata, &cpu) };
+    (status >= 0).then_some(errata.bits)
+}
+
 // ---------------------------------------------------------------------------------------------
 // Shared public types
 // ---------------------------------------------------------------------------------------------
