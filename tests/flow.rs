@@ -1250,14 +1250,33 @@ fn erratum_bdm70_psb_fup_before_tip_pge() {
     assert_eq!(psb_ips(&run_on(&g.out, &img, Some(SKYLAKE))), [None, None]);
     // Without: the PSB claims tracing was on at 0x1000.
     assert_eq!(psb_ips(&run(&g.out, &img)), [None, Some(0x1000)]);
-    // The erratum is only considered while tracing is off: the same PSB+ while tracing is on is
-    // its architectural self.
+    // While tracing is (believed to be) on, the walk to the FUP still happens, and the PSB still
+    // says "disabled": a decoder started at that PSB gives the suffix of the full decode.
     let mut g = Gen::new();
-    g.psb_off().pge64(0x1000).psb_on(0x1000).pge64(0x1000);
+    g.psb_off().pge64(0x1000).tnt(&[true]);
+    let second = g.out.len() as u64;
+    g.psb_on(0x1005).pge64(0x1000).tnt(&[true, true]);
+    g.ip(IpKind::TipPgd, None);
+    let cfg = FlowConfig {
+        errata: errata_of(SKYLAKE),
+        ..FlowConfig::default()
+    };
+    let full = decode_items(&g.out, &img, cfg.clone());
+    assert_eq!(psb_ips(&full), [None, None]);
     assert_eq!(
-        psb_ips(&run_on(&g.out, &img, Some(SKYLAKE))),
-        [None, Some(0x1000)]
+        text(&full),
+        s(&[
+            "en 1000", "1000", "1010", "1013", "en 1000", "1000", "1010", "1013", "1005", "1009",
+            "dis"
+        ])
     );
+    let mut dec = FlowDecoder::at_psb(&g.out, &img, cfg, second);
+    let suffix: Vec<Item> = std::iter::from_fn(|| dec.next_item()).collect();
+    let at = full
+        .iter()
+        .position(|i| matches!(i, Item::Event(e) if e.offset == second))
+        .unwrap();
+    assert_eq!(suffix, full[at..]);
 }
 
 /// SKD007: an OVF after the first byte of a 2-byte CYC: `07 02 F3` reads as CYC(07 02) CYC(F3)

@@ -96,6 +96,10 @@ pub struct DecodeArgs {
     /// workarounds (default for perf.data: the CPU in its header; otherwise none).
     #[arg(long, value_name = "FAMILY/MODEL[/STEPPING]")]
     cpu: Option<Cpu>,
+    /// An IP filter range that was active while recording, FROM-TO inclusive (IA32_RTIT_ADDRn
+    /// with FilterEn); only the SKL014 erratum workaround uses it. May be repeated.
+    #[arg(long = "ip-filter", value_name = "FROM-TO", value_parser = parse_range)]
+    ip_filter: Vec<(u64, u64)>,
     /// Execution mode assumed before the trace's first MODE.Exec (16, 32 or 64).
     #[arg(long, default_value_t = 64)]
     bits: u32,
@@ -105,6 +109,18 @@ pub struct DecodeArgs {
     /// Print only counts and throughput (on stdout).
     #[arg(long)]
     stats: bool,
+}
+
+fn parse_range(s: &str) -> Result<(u64, u64), String> {
+    let num = |p: &str| ptrewind::image::parse_number(p).ok_or(format!("bad address {p:?}"));
+    let (from, to) = s
+        .split_once('-')
+        .ok_or(format!("{s:?}: expected FROM-TO"))?;
+    let (from, to) = (num(from)?, num(to)?);
+    if from > to {
+        return Err(format!("{s:?}: FROM is above TO"));
+    }
+    Ok((from, to))
 }
 
 /// Runs `ptrewind decode`.
@@ -156,6 +172,7 @@ pub fn run(args: DecodeArgs) -> CmdResult {
     let mut cfg = FlowConfig {
         default_mode: mode,
         errata,
+        ip_filter: args.ip_filter.clone(),
         ..FlowConfig::default()
     };
     if let Some(info) = source.perf.as_ref().and_then(|p| p.intel_pt) {

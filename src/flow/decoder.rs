@@ -829,15 +829,12 @@ impl<'a> FlowDecoder<'a> {
             }
         }
         self.cur_offset = off;
-        if fup.is_some()
-            && !ovf_inside
-            && self.cfg.errata.bdm70
-            && self.state != State::Enabled
-            && self.tip_pge_follows_psbend()
-        {
-            // BDM70: a PSB+ right before a TIP.PGE may hold a FUP although tracing is off.
-            fup = None;
-        }
+        // BDM70: a PSB+ right before a TIP.PGE may hold a FUP although tracing is off. libipt
+        // checks only while it believes tracing is off; checking in every state keeps a decoder
+        // started at this PSB in agreement with the full decode (a TIP.PGE cannot follow while
+        // tracing is on, so the full decode was wrong to think it was).
+        let bdm70 =
+            fup.is_some() && !ovf_inside && self.cfg.errata.bdm70 && self.tip_pge_follows_psbend();
         if self.ovf_pending.take().is_some() {
             self.emit_event(EventKind::Overflow { resume: None });
         }
@@ -846,6 +843,9 @@ impl<'a> FlowDecoder<'a> {
             if let Walk::Failed = self.walk_to_ip(x) {
                 // Reported; the PSB+ state below resynchronises anyway.
             }
+        }
+        if bdm70 {
+            fup = None;
         }
         // A PSB+ without MODE.Exec means tracing is off and a MODE.Exec will precede the next
         // TIP.PGE; falling back to the configured mode keeps a decode started at this PSB
