@@ -1473,6 +1473,28 @@ fn erratum_bdm64_tsx_abort_after_wrong_tip() {
     );
 }
 
+/// SKZ84: in a VMX guest with TSC offsetting a TMA has reserved bits set and a bogus extra
+/// byte. With the workaround the 8 bytes are skipped; without, the packet is invalid and the
+/// decoder loses sync until the next PSB.
+#[test]
+fn erratum_skz84_corrupt_tma() {
+    let code: &[(u64, &[u8])] = &[(0x1000, LOOP_CODE)];
+    let img = image(code);
+    let mut g = Gen::new();
+    g.psb_off().pge64(0x1000).tnt(&[true, false]);
+    g.out
+        .extend_from_slice(&[0x02, 0x73, 0x34, 0x12, 0x00, 0x56, 0xfe, 0x99]);
+    g.tnt(&[true, true]).ip(IpKind::TipPgd, None);
+    let with = run_on(&g.out, &img, Some((6, 0x55, 4)));
+    assert_eq!(text(&with), s(LOOP_PATH));
+    let t = text(&run(&g.out, &img));
+    assert!(
+        t.iter().any(|x| x.starts_with("err Packet(Invalid")),
+        "{t:?}"
+    );
+    assert!(!t.contains(&"1009".to_string()), "{t:?}");
+}
+
 /// The HASE recordings decoded with the errata of the CPUs they were recorded on (perf.data
 /// headers: GenuineIntel,6,94,3 and 6,61,4): same instructions as libipt configured alike, and
 /// still the ground truth.

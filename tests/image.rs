@@ -983,6 +983,27 @@ fn decode_perf_cli_uses_mmap_records() {
     let err = String::from_utf8_lossy(&by_mmap.stderr);
     assert_eq!(err.matches("no code for [vdso]").count(), 1, "{err}");
     assert!(!err.contains("/loopy "), "{err}");
+    // --raw/--elf are mapped over the MMAP image: the original bytes change nothing, other
+    // bytes at the entry point change the decode.
+    let tmp = tempfile::tempdir().unwrap();
+    let text_bytes = std::fs::read(dir.join("loopy")).unwrap();
+    let same = tmp.path().join("same.bin");
+    std::fs::write(&same, &text_bytes[0xe8..0x100]).unwrap();
+    let other = tmp.path().join("other.bin");
+    std::fs::write(&other, [0xEBu8, 0xFE]).unwrap(); // jmp $
+    let with_raw = |raw: &Path| {
+        ptrewind(&[
+            &os("decode"),
+            &os("--perf"),
+            perf.as_os_str(),
+            &os("--search-dir"),
+            dir.as_os_str(),
+            &os("--raw"),
+            &os(&format!("{}:0x4000e8", raw.display())),
+        ])
+    };
+    assert_eq!(with_raw(&same).stdout, by_mmap.stdout);
+    assert_ne!(with_raw(&other).stdout, by_mmap.stdout);
     // Symbols from the ELF found through the MMAP record.
     let calls = ptrewind(&[
         &os("decode"),

@@ -454,6 +454,9 @@ impl<'a> FlowDecoder<'a> {
                     return None;
                 }
                 Some(Err(e)) => {
+                    if self.cfg.errata.skz84 && self.skz84_skip_tma(&e) {
+                        continue;
+                    }
                     if let PacketError::Invalid { offset, .. } = e {
                         self.cur_offset = offset;
                     }
@@ -1529,6 +1532,23 @@ impl FlowDecoder<'_> {
             end == start + 2 && buf.get(start + 1) == Some(&0x02) && buf.get(end) == Some(&0xf3);
         if hit {
             self.pkt.set_position(start + 1);
+        }
+        hit
+    }
+
+    /// SKZ84: a TMA with reserved bits set is corrupt and followed by one bogus byte; skip the
+    /// 8 bytes and ignore it (libipt's packet decoder does the same).
+    fn skz84_skip_tma(&mut self, e: &PacketError) -> bool {
+        let PacketError::Invalid { offset, .. } = *e else {
+            return false;
+        };
+        let Ok(start) = usize::try_from(offset.wrapping_sub(self.pkt_base())) else {
+            return false;
+        };
+        let buf = self.pkt.buffer();
+        let hit = buf.get(start..start + 2) == Some(&[0x02, 0x73][..]) && buf.len() >= start + 8;
+        if hit {
+            self.pkt.set_position(start + 8);
         }
         hit
     }
