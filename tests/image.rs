@@ -638,6 +638,13 @@ fn perf_mmap_records() {
         ..MmapOptions::default()
     };
     let out = Image::from_mmaps(&records, &opts);
+    // The ELF is returned placed at the mapping's bias, for symbols (nm is the oracle).
+    assert_eq!(out.elfs.len(), 1);
+    assert_eq!(out.elfs[0].bias, base);
+    let mut syms = Symbolizer::new();
+    syms.add_elf(&out.elfs[0]).unwrap();
+    let (named, _) = nm(&pie, "named_fn").unwrap();
+    assert_eq!(syms.symbol(base + named + 1), Some(("named_fn", 1)));
     // The text bytes are the file's bytes at the recorded address.
     assert_eq!(
         read_image(&out.image, base + text.vaddr, text.filesz),

@@ -213,6 +213,24 @@ pub fn run(args: DecodeArgs) -> CmdResult {
                 .or_else(|| sb.pid_for_stream(stream.cpu, stream.tid)),
             None => None,
         };
+        if let (Some(sb), None) = (&sideband, pid) {
+            let mut pids: Vec<u32> = sb
+                .mmaps
+                .iter()
+                .filter(|m| m.pid != 0 && m.pid != u32::MAX)
+                .map(|m| m.pid)
+                .collect();
+            pids.sort_unstable();
+            pids.dedup();
+            if pids.len() > 1 {
+                eprintln!(
+                    "ptrewind: stream {}: the traced process is not known; using the mappings of \
+                     all {} processes (later ones win where they overlap); choose one with --pid",
+                    stream.label,
+                    pids.len()
+                );
+            }
+        }
         if let std::collections::hash_map::Entry::Vacant(slot) = images.entry(pid) {
             let (image, syms, missing) =
                 build_image(&args, sideband.as_ref(), pid, &given, &given_elfs)?;
