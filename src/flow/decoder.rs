@@ -1462,16 +1462,22 @@ impl<'a> FlowDecoder<'a> {
     }
 }
 
+/// How far the erratum lookaheads read.
+const LOOKAHEAD_PACKETS: usize = 1 << 12;
+
 /// Lookaheads and checks of the erratum workarounds (see [`super::errata`]). They read packets
 /// with a copy of the packet decoder, so the decoder's own position never moves.
 impl FlowDecoder<'_> {
-    /// The packets after the current position, as far as they decode.
+    /// The packets after the current position, as far as they decode, at most
+    /// [`LOOKAHEAD_PACKETS`] of them (a scan that finds no answer counts as "cannot tell", so a
+    /// trace of nothing but timing packets after each OVF cannot make decoding quadratic).
     fn lookahead(&self) -> impl Iterator<Item = Packet> + '_ {
         let mut pkt = self.pkt.clone();
         std::iter::from_fn(move || match pkt.next_packet() {
             Some(Ok((_, p))) => Some(p),
             _ => None,
         })
+        .take(LOOKAHEAD_PACKETS)
     }
 
     /// BDM70: whether a TIP.PGE follows (the PSBEND just read) with only PAD, timing, PIP, MODE,
