@@ -1098,6 +1098,19 @@ fn decode_perf_cli_reports_quipper_missing_binaries() {
                 assert!(lines[0].contains(ids[lib]), "{file}: {}", lines[0]);
             }
         }
+        // The CPU comes from HEADER_CPUID (a feature section, or a HEADER_FEATURE record in
+        // pipe mode); `perf report --header-only` prints "cpuid : GenuineIntel,6,78,3" for both.
+        let stats = ptrewind(&[
+            std::ffi::OsStr::new("decode"),
+            std::ffi::OsStr::new("--perf"),
+            q.join(file).as_os_str(),
+            std::ffi::OsStr::new("--stats"),
+        ]);
+        let text = String::from_utf8_lossy(&stats.stdout);
+        assert!(
+            text.contains("cpu intel 6/0x4e/3 from perf.data header \"GenuineIntel,6,78,3\""),
+            "{file}: {text}"
+        );
         // Kernel mappings are not user-space images: never reported.
         assert!(!err.contains("kallsyms") && !err.contains(".ko"), "{err}");
         assert!(err.contains("hint:"));
