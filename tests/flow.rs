@@ -1400,8 +1400,8 @@ fn erratum_skd022_vm_entry_fup_tip_pgd() {
     );
 }
 
-/// SKL014: a direct JMP out of the IP filter range gives a TIP.PGD without IP. libipt's oracle
-/// here has no filter configuration, so the ground truth is the generated path.
+/// SKL014: a direct JMP out of the IP filter range gives a TIP.PGD without IP; libipt gets the
+/// same filter configuration.
 #[test]
 fn erratum_skl014_direct_jump_leaves_the_filter() {
     // 3000: nop ; 3001: jmp 5000 (outside the filter) ; 5000: syscall
@@ -1426,6 +1426,33 @@ fn erratum_skl014_direct_jump_leaves_the_filter() {
             "en 3000", "3000", "3001", "dis", "en 3000", "3000", "3001", "dis 5000"
         ])
     );
+    let sections: Vec<libipt::ImageSection> = code
+        .iter()
+        .map(|(addr, bytes)| libipt::ImageSection {
+            addr: *addr,
+            bytes: bytes.to_vec(),
+            name: "generated".into(),
+        })
+        .collect();
+    let mut lib = Vec::new();
+    let summary = libipt::ipt_insn_walk_filtered(&g.out, Some(SKYLAKE), &filter, &sections, |i| {
+        if let OracleItem::Insn(x) = i {
+            lib.push(x.ip)
+        }
+    });
+    assert!(summary.errors.is_empty(), "{:?}", summary.errors);
+    assert_eq!(ips(&with), lib);
+    let mut lib_without = Vec::new();
+    let summary = libipt::ipt_insn_walk_filtered(&g.out, None, &filter, &sections, |i| {
+        if let OracleItem::Insn(x) = i {
+            lib_without.push(x.ip)
+        }
+    });
+    eprintln!(
+        "skl014: libipt without the CPU: {lib_without:x?} {:?}",
+        summary.errors
+    );
+    assert!(lib_without != lib || !summary.errors.is_empty());
     // Without the erratum (or without the filter configuration) the suppressed disable binds to
     // the SYSCALL past the jump, which was never traced.
     let expected_wrong = [
@@ -1485,8 +1512,7 @@ fn erratum_skz84_corrupt_tma() {
     g.out
         .extend_from_slice(&[0x02, 0x73, 0x34, 0x12, 0x00, 0x56, 0xfe, 0x99]);
     g.tnt(&[true, true]).ip(IpKind::TipPgd, None);
-    let with = run_on(&g.out, &img, Some((6, 0x55, 4)));
-    assert_eq!(text(&with), s(LOOP_PATH));
+    check_against_libipt("skz84", &g.out, code, (6, 0x55, 4), LOOP_PATH);
     let t = text(&run(&g.out, &img));
     assert!(
         t.iter().any(|x| x.starts_with("err Packet(Invalid")),

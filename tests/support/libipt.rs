@@ -1225,6 +1225,18 @@ pub fn ipt_insn_walk(
     pt: &[u8],
     cpu: Option<(u16, u8, u8)>,
     images: &[ImageSection],
+    sink: impl FnMut(OracleItem),
+) -> OracleSummary {
+    ipt_insn_walk_filtered(pt, cpu, &[], images, sink)
+}
+
+/// [`ipt_insn_walk`] with IP filter ranges (`[from, to]`, up to four) in
+/// `pt_config.addr_filter`, each configured as a FilterEn range (`addrN_cfg = pt_addr_cfg_filter`).
+pub fn ipt_insn_walk_filtered(
+    pt: &[u8],
+    cpu: Option<(u16, u8, u8)>,
+    filter: &[(u64, u64)],
+    images: &[ImageSection],
     mut sink: impl FnMut(OracleItem),
 ) -> OracleSummary {
     let mut summary = OracleSummary::default();
@@ -1239,7 +1251,13 @@ pub fn ipt_insn_walk(
     sections.sort_by_key(|(addr, _)| *addr);
     let image = CallbackImage { sections };
 
-    let config = make_config(pt, cpu);
+    let mut config = make_config(pt, cpu);
+    // `addr_filter`: the addrN_cfg nibbles (1 = filter), then addr0_a, addr0_b, addr1_a, ...
+    for (i, &(from, to)) in filter.iter().take(4).enumerate() {
+        config.addr_filter[0] |= 1 << (4 * i);
+        config.addr_filter[1 + 2 * i] = from;
+        config.addr_filter[2 + 2 * i] = to;
+    }
     // SAFETY: `config` is a fully initialised pt_config delimiting `pt`, which outlives the
     // decoder (freed by `guard` at the end of this function).
     let decoder = unsafe { pt_insn_alloc_decoder(&config) };
