@@ -1549,3 +1549,54 @@ fn hase_with_the_recording_cpus_errata() {
 
 const SKYLAKE_I5_6500: (u16, u8, u8) = (6, 94, 3);
 const BROADWELL_I7_5600U: (u16, u8, u8) = (6, 61, 4);
+
+/// The HASE 2018-05 recordings (Broadwell i7-5600U, GenuineIntel,6,61,4: BDM70) really show
+/// BDM70: PSB+ blocks with a FUP right before a TIP.PGE. libipt configured with that CPU decodes
+/// the original stream (without it, it stops with an error, which is why the other tests mask
+/// those FUPs for libipt), identically to us, and our PSB events then say "disabled".
+#[test]
+fn bdm70_in_the_real_hase_2018_05_recordings() {
+    let Some(traces) = corpus_traces(|n| n.starts_with("hase/") && n.contains("201805")) else {
+        return;
+    };
+    assert!(!traces.is_empty());
+    for t in &traces {
+        let (_, masked) = libipt::mask_psb_fup_before_pge(&t.pt);
+        assert!(!masked.is_empty(), "{}: no BDM70 pattern", t.name);
+        let lib = libipt::ipt_insns(&t.pt, Some(BROADWELL_I7_5600U), &t.images);
+        assert!(lib.errors().is_empty(), "{}: {:?}", t.name, lib.errors());
+        let lib_unknown = libipt::ipt_insns(&t.pt, None, &t.images);
+        assert!(!lib_unknown.errors().is_empty(), "{}", t.name);
+        let img = image_of(t);
+        let cfg = FlowConfig {
+            errata: errata_of(BROADWELL_I7_5600U),
+            ..FlowConfig::default()
+        };
+        let ours = decode_items(&t.pt, &img, cfg);
+        assert!(errors(&ours).is_empty(), "{}", t.name);
+        assert_eq!(ips(&ours), lib.ips(), "{}", t.name);
+        // Each PSB whose FUP libipt's workaround drops is a "disabled" PSB for us too.
+        let disabled_psbs = |items: &[Item]| {
+            items
+                .iter()
+                .filter(|i| {
+                    matches!(
+                        i,
+                        Item::Event(Event {
+                            kind: EventKind::Psb { ip: None, .. },
+                            ..
+                        })
+                    )
+                })
+                .count()
+        };
+        let plain = decode_items(&t.pt, &img, FlowConfig::default());
+        assert_eq!(ips(&plain), ips(&ours), "{}", t.name);
+        assert_eq!(
+            disabled_psbs(&ours),
+            disabled_psbs(&plain) + masked.len(),
+            "{}",
+            t.name
+        );
+    }
+}
