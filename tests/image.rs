@@ -914,6 +914,26 @@ fn hase_perf_mmap_images_match_the_elf_and_the_ground_truth() {
         assert!(error_kinds(&by_mmap).is_empty(), "{perf_rel}");
         assert!(by_mmap.len() > 50, "{perf_rel}");
         assert_eq!(by_mmap, by_elf, "{perf_rel}");
+        // The 2018-05 tarballs keep the binary under binaries/<recorded absolute path>: the perf
+        // --symfs layout, found without any name search.
+        if let Some((tarball, _)) = dir_rel.split_once("/binaries/") {
+            let root = hase.join(tarball).join("binaries");
+            let by_symfs = Image::from_mmaps(
+                &sb.mmaps,
+                &MmapOptions {
+                    pid,
+                    symfs: vec![root.clone()],
+                    build_ids: sb.build_id_map(),
+                    ..MmapOptions::default()
+                },
+            );
+            assert_eq!(by_symfs.elfs.len(), 1, "{perf_rel}");
+            assert!(by_symfs.elfs[0].path.starts_with(&root));
+            assert_eq!(
+                decode_all(&stream.data, &by_symfs.image, cfg.clone()),
+                by_mmap
+            );
+        }
         if let Some(truth) = truth {
             let truth = support::corpus::read_branch_list(&hase.join(truth)).unwrap();
             assert_eq!(hase_branches(&by_mmap), truth, "{perf_rel}");
