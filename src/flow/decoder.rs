@@ -172,8 +172,6 @@ pub struct FlowDecoder<'a> {
     ret: RetStack,
     claims: Vec<(u64, EventKind)>,
     ovf_pending: Option<u64>,
-    /// Target of the last TIP taken (BDM64: a TSX abort right after it may show it was wrong).
-    last_tip_target: u64,
     out: VecDeque<Seg>,
     time: TimeState,
     cur_offset: u64,
@@ -212,7 +210,6 @@ impl<'a> FlowDecoder<'a> {
             ret: RetStack::new(cfg.ret_stack_depth),
             claims: Vec::new(),
             ovf_pending: None,
-            last_tip_target: u64::MAX,
             out: VecDeque::new(),
             time: TimeState::new(cfg.timing),
             cur_offset: 0,
@@ -1086,7 +1083,6 @@ impl<'a> FlowDecoder<'a> {
             self.ret.push(b.next);
         }
         self.ip = target;
-        self.last_tip_target = target;
         self.apply_pending_mode();
     }
 
@@ -1135,7 +1131,6 @@ impl<'a> FlowDecoder<'a> {
                     // An uncompressed RET still pops, so later compressed RETs line up.
                     self.ret.pop();
                     self.ip = target;
-                    self.last_tip_target = target;
                     self.apply_pending_mode();
                     return;
                 }
@@ -1330,14 +1325,16 @@ impl<'a> FlowDecoder<'a> {
             let claims = std::mem::take(&mut self.claims);
             let mut async_follows = false;
             if self.state == State::Enabled {
+                // BDM64: the branch target logged just before a TSX abort may be wrong; when the
+                // abort's FUP cannot be reached from where the trace left us, it says where
+                // execution really was, so nothing is walked to get there. (libipt applies this
+                // when the last instruction was a branch, which is where this lazy decoder stands
+                // at every packet boundary.)
                 let bdm64 = self.cfg.errata.bdm64
-                    && self.ip == self.last_tip_target
                     && claims
                         .iter()
                         .any(|(_, k)| matches!(k, EventKind::Tsx { abort: true, .. }))
                     && !self.reaches_without_trace(x);
-                // BDM64: the TIP just before a TSX abort may carry a wrong target; the abort's
-                // FUP says where execution really was, so nothing is walked to get there.
                 if !bdm64 {
                     if let Walk::Failed = self.walk_to_ip(x) {
                         self.state = State::Enabled;
