@@ -765,6 +765,8 @@ use ptrewind::store::perf_data::PerfData;
 
 /// The HASE recordings: perf.data, the directory holding its binary (flat), the binary, and the
 /// ground-truth branch list when the recording has one.
+/// The AUX payload of each is also in `extracted-aux/`, the stream tests/flow.rs decodes with
+/// the ELF image.
 const HASE_PERF: [(&str, &str, &str, Option<&str>); 4] = [
     (
         "loopy-20180404/loopy-20180404T162955.perf",
@@ -867,6 +869,15 @@ fn hase_perf_mmap_images_match_the_elf_and_the_ground_truth() {
         let source = TraceSource::from_bytes(&bytes).unwrap();
         assert_eq!(source.streams.len(), 1, "{perf_rel}");
         let stream = &source.streams[0];
+        // The same bytes the flow tests decode (extracted-aux/<stem>.aux.bin).
+        let stem = Path::new(perf_rel).file_stem().unwrap().to_str().unwrap();
+        let extracted = match stem {
+            "perf.data" if perf_rel.starts_with("loopy") => "loopy-20180514T145114",
+            "perf.data" => "control_flow-20180515T180451",
+            other => other,
+        };
+        let aux = std::fs::read(hase.join(format!("extracted-aux/{extracted}.aux.bin"))).unwrap();
+        assert_eq!(&stream.data[..], &aux[..], "{perf_rel}");
         let pid = sb.pid_for_stream(stream.cpu, stream.tid);
         assert!(pid.is_some(), "{perf_rel}: no traced process found");
         let recorded: Vec<&str> = sb
