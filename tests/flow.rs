@@ -10,7 +10,8 @@
 mod support;
 
 use ptrewind::flow::{
-    BlockItem, Event, EventKind, FlowConfig, FlowDecoder, FlowErrorKind, InsnClass, Item,
+    BlockItem, Cpu, Errata, Event, EventKind, FlowConfig, FlowDecoder, FlowErrorKind, InsnClass,
+    Item,
 };
 use ptrewind::image::{Image, Section};
 use ptrewind::packet::{Encoder, ExecMode, IpKind, Packet, Tnt};
@@ -31,6 +32,10 @@ fn image_of(t: &CorpusTrace) -> Image {
 
 fn cfg_of(t: &CorpusTrace) -> FlowConfig {
     let mut cfg = FlowConfig::default();
+    // The same errata libipt gets for the trace's CPU (none when it is unknown).
+    if let Some((f, m, st)) = t.cpu {
+        cfg.errata = Errata::for_cpu(&Cpu::intel(f, m, st));
+    }
     if matches!(t.mode, libipt::ExecMode::Bits32) {
         cfg.default_mode = ExecMode::Bits32;
     }
@@ -1121,5 +1126,479 @@ fn corrupted_traces_terminate_without_panic() {
                 assert!(n < 50_000_000, "{}: no end", t.name);
             }
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// CPU errata: each workaround on a generated trace that shows the erratum, with the errata of
+// a CPU that has it and without (an unknown CPU); against libipt configured with the same CPU
+// where libipt 2.0.5 implements the workaround.
+
+/// Skylake (6/0x5e): BDM70, SKD007, SKD022, SKD010, SKL014, SKL168.
+const SKYLAKE: (u16, u8, u8) = (6, 0x5e, 3);
+/// Broadwell (6/0x3d): BDM70, BDM64.
+const BROADWELL: (u16, u8, u8) = (6, 0x3d, 4);
+/// Apollo Lake (6/0x5c): APL12, APL11.
+const APOLLO_LAKE: (u16, u8, u8) = (6, 0x5c, 9);
+/// Gemini Lake (6/0x7a): APL11 only.
+const GEMINI_LAKE: (u16, u8, u8) = (6, 0x7a, 1);
+
+fn errata_of(cpu: (u16, u8, u8)) -> Errata {
+    Errata::for_cpu(&Cpu::intel(cpu.0, cpu.1, cpu.2))
+}
+
+fn run_on(pt: &[u8], img: &Image, cpu: Option<(u16, u8, u8)>) -> Vec<Item> {
+    let cfg = FlowConfig {
+        errata: cpu.map(errata_of).unwrap_or_default(),
+        ..FlowConfig::default()
+    };
+    decode_items(pt, img, cfg)
+}
+
+fn oracle(pt: &[u8], code: &[(u64, &[u8])], cpu: Option<(u16, u8, u8)>) -> libipt::OracleRun {
+    let images: Vec<libipt::ImageSection> = code
+        .iter()
+        .map(|(addr, bytes)| libipt::ImageSection {
+            addr: *addr,
+            bytes: bytes.to_vec(),
+            name: "generated".into(),
+        })
+        .collect();
+    libipt::ipt_insns(pt, cpu, &images)
+}
+
+/// With the CPU: libipt and we agree and neither reports an error. Without: libipt reports one
+/// (its decode is wrong or stops), as our decode does (`ours_fails`) or at least differs.
+fn check_against_libipt(
+    name: &str,
+    pt: &[u8],
+    code: &[(u64, &[u8])],
+    cpu: (u16, u8, u8),
+    expected: &[&str],
+) {
+    let img = image(code);
+    let with = run_on(pt, &img, Some(cpu));
+    assert_eq!(text(&with), s(expected), "{name}: with the workaround");
+    let lib = oracle(pt, code, Some(cpu));
+    assert!(lib.errors().is_empty(), "{name}: libipt {:?}", lib.errors());
+    assert_eq!(ips(&with), lib.ips(), "{name}: libipt with the same CPU");
+    let lib_without = oracle(pt, code, None);
+    eprintln!(
+        "{name}: libipt without the CPU: {} insns, errors {:?}",
+        lib_without.insn_count(),
+        lib_without.errors()
+    );
+    assert!(
+        !lib_without.errors().is_empty() || lib_without.ips() != lib.ips(),
+        "{name}: libipt decodes it without the erratum too"
+    );
+}
+
+#[test]
+fn errata_table_matches_libipt_for_every_model() {
+    let names = [
+        "bdm70", "bdm64", "skd007", "skd022", "skd010", "skl014", "apl12", "apl11", "skl168",
+        "skz84",
+    ];
+    let mut with_errata = 0;
+    for family in [5u16, 6, 7, 15] {
+        for model in 0..=255u8 {
+            // libipt rejects CPUs it knows nothing about (other families): no errata.
+            let bits = libipt::cpu_errata_bits(family, model, 0).unwrap_or(0);
+            let theirs: Vec<&str> = (0..names.len())
+                .filter(|&i| bits & (1 << i) != 0)
+                .map(|i| names[i])
+                .collect();
+            let ours = Errata::for_cpu(&Cpu::intel(family, model, 0)).names();
+            assert_eq!(ours, theirs, "{family}/{model:#x}");
+            with_errata += !ours.is_empty() as u32;
+        }
+    }
+    assert!(with_errata >= 25);
+    assert!(Errata::default().is_empty());
+}
+
+/// BDM70: a PSB+ before TIP.PGE carries FUP + MODE.Exec although tracing is off. With the
+/// workaround the PSB says "disabled" (no IP), which is what a decoder started there needs.
+#[test]
+fn erratum_bdm70_psb_fup_before_tip_pge() {
+    let code: &[(u64, &[u8])] = &[(0x1000, LOOP_CODE)];
+    let mut g = Gen::new();
+    g.psb_off().pge64(0x1000).tnt(&[true, false, true, true]);
+    g.ip(IpKind::TipPgd, None);
+    // Tracing is off; the next PSB+ wrongly holds FUP 0x1000 and MODE.Exec, then TIP.PGE.
+    g.psb_on(0x1000).pge64(0x1000).tnt(&[true, true]);
+    g.ip(IpKind::TipPgd, None);
+    let path = [
+        "en 1000", "1000", "1010", "1013", "1005", "1007", "1000", "1010", "1013", "1005", "1009",
+        "dis", "en 1000", "1000", "1010", "1013", "1005", "1009", "dis",
+    ];
+    check_against_libipt("bdm70", &g.out, code, SKYLAKE, &path);
+    let psb_ips = |items: &[Item]| -> Vec<Option<u64>> {
+        items
+            .iter()
+            .filter_map(|i| match i {
+                Item::Event(Event {
+                    kind: EventKind::Psb { ip, .. },
+                    ..
+                }) => Some(*ip),
+                _ => None,
+            })
+            .collect()
+    };
+    let img = image(code);
+    assert_eq!(psb_ips(&run_on(&g.out, &img, Some(SKYLAKE))), [None, None]);
+    // Without: the PSB claims tracing was on at 0x1000.
+    assert_eq!(psb_ips(&run(&g.out, &img)), [None, Some(0x1000)]);
+    // While tracing is (believed to be) on, the walk to the FUP still happens, and the PSB still
+    // says "disabled": a decoder started at that PSB gives the suffix of the full decode.
+    let mut g = Gen::new();
+    g.psb_off().pge64(0x1000).tnt(&[true]);
+    let second = g.out.len() as u64;
+    g.psb_on(0x1005).pge64(0x1000).tnt(&[true, true]);
+    g.ip(IpKind::TipPgd, None);
+    let cfg = FlowConfig {
+        errata: errata_of(SKYLAKE),
+        ..FlowConfig::default()
+    };
+    let full = decode_items(&g.out, &img, cfg.clone());
+    assert_eq!(psb_ips(&full), [None, None]);
+    assert_eq!(
+        text(&full),
+        s(&[
+            "en 1000", "1000", "1010", "1013", "en 1000", "1000", "1010", "1013", "1005", "1009",
+            "dis"
+        ])
+    );
+    let mut dec = FlowDecoder::at_psb(&g.out, &img, cfg, second);
+    let suffix: Vec<Item> = std::iter::from_fn(|| dec.next_item()).collect();
+    let at = full
+        .iter()
+        .position(|i| matches!(i, Item::Event(e) if e.offset == second))
+        .unwrap();
+    assert_eq!(suffix, full[at..]);
+}
+
+/// SKD007: an OVF after the first byte of a 2-byte CYC: `07 02 F3` reads as CYC(07 02) CYC(F3)
+/// and hides the OVF.
+#[test]
+fn erratum_skd007_ovf_inside_cyc() {
+    let code: &[(u64, &[u8])] = &[(0x1000, LOOP_CODE)];
+    let mut g = Gen::new();
+    g.psb_off().pge64(0x1000).tnt(&[true, false]);
+    g.out.extend_from_slice(&[0x07, 0x02, 0xF3]);
+    g.ip(IpKind::Fup, Some(0x1009)).ip(IpKind::TipPgd, None);
+    let expected = [
+        "en 1000", "1000", "1010", "1013", "1005", "ovf 1009", "1009", "dis",
+    ];
+    check_against_libipt("skd007", &g.out, code, SKYLAKE, &expected);
+    // Without: no overflow, and the FUP cannot be reached from where the TNT left off.
+    let t = text(&run(&g.out, &image(code)));
+    assert!(!t.iter().any(|x| x.starts_with("ovf")), "{t:?}");
+    assert!(t.iter().any(|x| x.starts_with("err")), "{t:?}");
+}
+
+/// SKD010: the FUP after an OVF is missing; the next TIP tells where execution resumed.
+#[test]
+fn erratum_skd010_tip_after_ovf() {
+    let code: &[(u64, &[u8])] = &[(0x1000, LOOP_CODE)];
+    let mut g = Gen::new();
+    g.psb_off().pge64(0x1000).tnt(&[true, false]);
+    g.p(Packet::Ovf).ip(IpKind::Tip, Some(0x1009));
+    g.ip(IpKind::TipPgd, None);
+    let expected = [
+        "en 1000", "1000", "1010", "1013", "1005", "ovf 1009", "1009", "dis",
+    ];
+    check_against_libipt("skd010", &g.out, code, SKYLAKE, &expected);
+    let t = text(&run(&g.out, &image(code)));
+    assert_eq!(
+        t[5..],
+        s(&[
+            "ovf",
+            "err UnexpectedPacket(\"tip after overflow\") Some(1009)"
+        ])[..]
+    );
+}
+
+/// APL11: an OVF followed by TIP.PGD (tracing was being disabled as the overflow resolved).
+#[test]
+fn erratum_apl11_tip_pgd_after_ovf() {
+    let code: &[(u64, &[u8])] = &[(0x1000, LOOP_CODE)];
+    let mut g = Gen::new();
+    g.psb_off().pge64(0x1000).tnt(&[true, false]);
+    g.p(Packet::Ovf).ip(IpKind::TipPgd, None);
+    g.pge64(0x1009).ip(IpKind::TipPgd, None);
+    let expected = [
+        "en 1000", "1000", "1010", "1013", "1005", "ovf", "dis", "en 1009", "1009", "dis",
+    ];
+    check_against_libipt("apl11", &g.out, code, GEMINI_LAKE, &expected);
+    // SKD010 CPUs take the same path (their FUP was dropped, then tracing stopped).
+    assert_eq!(
+        text(&run_on(&g.out, &image(code), Some(SKYLAKE))),
+        s(&expected)
+    );
+    let t = text(&run(&g.out, &image(code)));
+    assert_eq!(t[5], "ovf");
+    assert!(
+        t[6].starts_with("err UnexpectedPacket(\"tip.pgd after overflow\")"),
+        "{t:?}"
+    );
+    assert_eq!(t[7..], s(&["en 1009", "1009", "dis"])[..]);
+}
+
+/// APL12: a FUP after an OVF although tracing is off (the TIP.PGE that follows shows it).
+#[test]
+fn erratum_apl12_spurious_fup_after_ovf() {
+    let code: &[(u64, &[u8])] = &[(0x1000, LOOP_CODE)];
+    let mut g = Gen::new();
+    g.psb_off().pge64(0x1000).tnt(&[true, false]);
+    g.p(Packet::Ovf).ip(IpKind::Fup, Some(0x1005));
+    g.pge64(0x1009).ip(IpKind::TipPgd, None);
+    let expected = [
+        "en 1000", "1000", "1010", "1013", "1005", "ovf", "en 1009", "1009", "dis",
+    ];
+    check_against_libipt("apl12", &g.out, code, APOLLO_LAKE, &expected);
+    // Without: the overflow claims tracing resumed at the spurious FUP.
+    let t = text(&run(&g.out, &image(code)));
+    assert_eq!(t[5], "ovf 1005");
+    // With APL12 a FUP that is followed by trace is still the architectural resume point.
+    let mut g = Gen::new();
+    g.psb_off().pge64(0x1000).tnt(&[true, false]);
+    g.p(Packet::Ovf)
+        .ip(IpKind::Fup, Some(0x1009))
+        .ip(IpKind::TipPgd, None);
+    let t = text(&run_on(&g.out, &image(code), Some(APOLLO_LAKE)));
+    assert_eq!(t[5..], s(&["ovf 1009", "1009", "dis"])[..]);
+}
+
+/// SKD022: a VMLAUNCH that clears TraceEn sends FUP + TIP.PGD: the VMLAUNCH ran, the disable is
+/// synchronous.
+#[test]
+fn erratum_skd022_vm_entry_fup_tip_pgd() {
+    // 2000: nop ; 2001: vmlaunch
+    let code: &[(u64, &[u8])] = &[(0x2000, &[0x90, 0x0F, 0x01, 0xC2])];
+    let mut g = Gen::new();
+    g.psb_off().pge64(0x2000);
+    g.ip(IpKind::Fup, Some(0x2001)).ip(IpKind::TipPgd, None);
+    check_against_libipt(
+        "skd022",
+        &g.out,
+        code,
+        SKYLAKE,
+        &["en 2000", "2000", "2001", "dis"],
+    );
+    // Without: an asynchronous disable before the VMLAUNCH.
+    assert_eq!(
+        text(&run(&g.out, &image(code))),
+        s(&["en 2000", "2000", "dis 2001"])
+    );
+    // An ordinary instruction at the FUP stays an asynchronous disable with the workaround.
+    let code: &[(u64, &[u8])] = &[(0x2000, &[0x90, 0x90, 0x0F, 0x05])];
+    assert_eq!(
+        text(&run_on(&g.out, &image(code), Some(SKYLAKE))),
+        s(&["en 2000", "2000", "dis 2001"])
+    );
+}
+
+/// SKL014: a direct JMP out of the IP filter range gives a TIP.PGD without IP; libipt gets the
+/// same filter configuration.
+#[test]
+fn erratum_skl014_direct_jump_leaves_the_filter() {
+    // 3000: nop ; 3001: jmp 5000 (outside the filter) ; 5000: syscall
+    let code: &[(u64, &[u8])] = &[
+        (0x3000, &[0x90, 0xE9, 0xFA, 0x1F, 0x00, 0x00]),
+        (0x5000, &[0x0F, 0x05]),
+    ];
+    let img = image(code);
+    let mut g = Gen::new();
+    g.psb_off().pge64(0x3000).ip(IpKind::TipPgd, None);
+    g.pge64(0x3000).ip(IpKind::TipPgd, Some(0x5000));
+    let cfg = |errata, filter: &[(u64, u64)]| FlowConfig {
+        errata,
+        ip_filter: filter.to_vec(),
+        ..FlowConfig::default()
+    };
+    let filter = [(0x3000, 0x3fff)];
+    let with = decode_items(&g.out, &img, cfg(errata_of(SKYLAKE), &filter));
+    assert_eq!(
+        text(&with),
+        s(&[
+            "en 3000", "3000", "3001", "dis", "en 3000", "3000", "3001", "dis 5000"
+        ])
+    );
+    let sections: Vec<libipt::ImageSection> = code
+        .iter()
+        .map(|(addr, bytes)| libipt::ImageSection {
+            addr: *addr,
+            bytes: bytes.to_vec(),
+            name: "generated".into(),
+        })
+        .collect();
+    let mut lib = Vec::new();
+    let summary = libipt::ipt_insn_walk_filtered(&g.out, Some(SKYLAKE), &filter, &sections, |i| {
+        if let OracleItem::Insn(x) = i {
+            lib.push(x.ip)
+        }
+    });
+    assert!(summary.errors.is_empty(), "{:?}", summary.errors);
+    assert_eq!(ips(&with), lib);
+    let mut lib_without = Vec::new();
+    let summary = libipt::ipt_insn_walk_filtered(&g.out, None, &filter, &sections, |i| {
+        if let OracleItem::Insn(x) = i {
+            lib_without.push(x.ip)
+        }
+    });
+    eprintln!(
+        "skl014: libipt without the CPU: {lib_without:x?} {:?}",
+        summary.errors
+    );
+    assert!(lib_without != lib || !summary.errors.is_empty());
+    // Without the erratum (or without the filter configuration) the suppressed disable binds to
+    // the SYSCALL past the jump, which was never traced.
+    let expected_wrong = [
+        "en 3000", "3000", "3001", "5000", "dis", "en 3000", "3000", "3001", "dis 5000",
+    ];
+    for c in [
+        cfg(Errata::default(), &filter),
+        cfg(errata_of(SKYLAKE), &[]),
+    ] {
+        assert_eq!(text(&decode_items(&g.out, &img, c)), s(&expected_wrong));
+    }
+}
+
+/// BDM64: a TSX abort right after an indirect branch whose TIP target is wrong: the abort FUP
+/// cannot be reached from that target.
+#[test]
+fn erratum_bdm64_tsx_abort_after_wrong_tip() {
+    // 4000: jmp rax ; 4010: nop ; 4100: jmp rbx ; 4200: syscall
+    let mut code = vec![0x90u8; 0x210];
+    code[0..2].copy_from_slice(&[0xFF, 0xE0]);
+    code[0x100..0x102].copy_from_slice(&[0xFF, 0xE3]);
+    code[0x200..0x202].copy_from_slice(&[0x0F, 0x05]);
+    let code: &[(u64, &[u8])] = &[(0x4000, &code)];
+    let mut g = Gen::new();
+    g.psb_off().pge64(0x4000).ip(IpKind::Tip, Some(0x4100));
+    g.p(Packet::ModeTsx {
+        intx: false,
+        abort: true,
+    })
+    .ip(IpKind::Fup, Some(0x4010));
+    g.ip(IpKind::Tip, Some(0x4200)).ip(IpKind::TipPgd, None);
+    let expected = [
+        "en 4000",
+        "4000",
+        "tsx Some(4010) false true",
+        "async 4010>4200",
+        "4200",
+        "dis",
+    ];
+    check_against_libipt("bdm64", &g.out, code, BROADWELL, &expected);
+    let t = text(&run(&g.out, &image(code)));
+    assert!(
+        t.iter().any(|x| x.starts_with("err EventIpUnreachable")),
+        "{t:?}"
+    );
+}
+
+/// SKZ84: in a VMX guest with TSC offsetting a TMA has reserved bits set and a bogus extra
+/// byte. With the workaround the 8 bytes are skipped; without, the packet is invalid and the
+/// decoder loses sync until the next PSB.
+#[test]
+fn erratum_skz84_corrupt_tma() {
+    let code: &[(u64, &[u8])] = &[(0x1000, LOOP_CODE)];
+    let img = image(code);
+    let mut g = Gen::new();
+    g.psb_off().pge64(0x1000).tnt(&[true, false]);
+    g.out
+        .extend_from_slice(&[0x02, 0x73, 0x34, 0x12, 0x00, 0x56, 0xfe, 0x99]);
+    g.tnt(&[true, true]).ip(IpKind::TipPgd, None);
+    check_against_libipt("skz84", &g.out, code, (6, 0x55, 4), LOOP_PATH);
+    let t = text(&run(&g.out, &img));
+    assert!(
+        t.iter().any(|x| x.starts_with("err Packet(Invalid")),
+        "{t:?}"
+    );
+    assert!(!t.contains(&"1009".to_string()), "{t:?}");
+}
+
+/// The HASE recordings decoded with the errata of the CPUs they were recorded on (perf.data
+/// headers: GenuineIntel,6,94,3 and 6,61,4): same instructions as libipt configured alike, and
+/// still the ground truth.
+#[test]
+fn hase_with_the_recording_cpus_errata() {
+    let Some(traces) = corpus_traces(|n| n.starts_with("hase/")) else {
+        return;
+    };
+    for mut t in traces {
+        t.cpu = Some(if t.name.contains("201804") {
+            SKYLAKE_I5_6500
+        } else {
+            BROADWELL_I7_5600U
+        });
+        let d = lockstep(&t);
+        assert!(d.libipt_insns > 0, "{}", t.name);
+        assert_eq!(d.first_diff, None, "{}: {d:?}", t.name);
+        assert_eq!(d.ours_insns, d.libipt_insns, "{}", t.name);
+        assert!(
+            d.our_errors.is_empty() && d.libipt_errors.is_empty(),
+            "{}: {d:?}",
+            t.name
+        );
+    }
+}
+
+const SKYLAKE_I5_6500: (u16, u8, u8) = (6, 94, 3);
+const BROADWELL_I7_5600U: (u16, u8, u8) = (6, 61, 4);
+
+/// The HASE 2018-05 recordings (Broadwell i7-5600U, GenuineIntel,6,61,4: BDM70) really show
+/// BDM70: PSB+ blocks with a FUP right before a TIP.PGE. libipt configured with that CPU decodes
+/// the original stream (without it, it stops with an error, which is why the other tests mask
+/// those FUPs for libipt), identically to us, and our PSB events then say "disabled".
+#[test]
+fn bdm70_in_the_real_hase_2018_05_recordings() {
+    let Some(traces) = corpus_traces(|n| n.starts_with("hase/") && n.contains("201805")) else {
+        return;
+    };
+    assert!(!traces.is_empty());
+    for t in &traces {
+        let (_, masked) = libipt::mask_psb_fup_before_pge(&t.pt);
+        assert!(!masked.is_empty(), "{}: no BDM70 pattern", t.name);
+        let lib = libipt::ipt_insns(&t.pt, Some(BROADWELL_I7_5600U), &t.images);
+        assert!(lib.errors().is_empty(), "{}: {:?}", t.name, lib.errors());
+        let lib_unknown = libipt::ipt_insns(&t.pt, None, &t.images);
+        assert!(!lib_unknown.errors().is_empty(), "{}", t.name);
+        let img = image_of(t);
+        let cfg = FlowConfig {
+            errata: errata_of(BROADWELL_I7_5600U),
+            ..FlowConfig::default()
+        };
+        let ours = decode_items(&t.pt, &img, cfg.clone());
+        assert!(errors(&ours).is_empty(), "{}", t.name);
+        assert_eq!(ips(&ours), lib.ips(), "{}", t.name);
+        // With the workaround, decoding from any PSB still yields the suffix of the full decode.
+        check_restart(&t.name, &t.pt, &img, &cfg, 64);
+        // Each PSB whose FUP libipt's workaround drops is a "disabled" PSB for us too.
+        let disabled_psbs = |items: &[Item]| {
+            items
+                .iter()
+                .filter(|i| {
+                    matches!(
+                        i,
+                        Item::Event(Event {
+                            kind: EventKind::Psb { ip: None, .. },
+                            ..
+                        })
+                    )
+                })
+                .count()
+        };
+        let plain = decode_items(&t.pt, &img, FlowConfig::default());
+        assert_eq!(ips(&plain), ips(&ours), "{}", t.name);
+        assert_eq!(
+            disabled_psbs(&ours),
+            disabled_psbs(&plain) + masked.len(),
+            "{}",
+            t.name
+        );
     }
 }

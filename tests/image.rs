@@ -638,6 +638,13 @@ fn perf_mmap_records() {
         ..MmapOptions::default()
     };
     let out = Image::from_mmaps(&records, &opts);
+    // The ELF is returned placed at the mapping's bias, for symbols (nm is the oracle).
+    assert_eq!(out.elfs.len(), 1);
+    assert_eq!(out.elfs[0].bias, base);
+    let mut syms = Symbolizer::new();
+    syms.add_elf(&out.elfs[0]).unwrap();
+    let (named, _) = nm(&pie, "named_fn").unwrap();
+    assert_eq!(syms.symbol(base + named + 1), Some(("named_fn", 1)));
     // The text bytes are the file's bytes at the recorded address.
     assert_eq!(
         read_image(&out.image, base + text.vaddr, text.filesz),
@@ -758,6 +765,8 @@ use ptrewind::store::perf_data::PerfData;
 
 /// The HASE recordings: perf.data, the directory holding its binary (flat), the binary, and the
 /// ground-truth branch list when the recording has one.
+/// The AUX payload of each is also in `extracted-aux/`, the stream tests/flow.rs decodes with
+/// the ELF image.
 const HASE_PERF: [(&str, &str, &str, Option<&str>); 4] = [
     (
         "loopy-20180404/loopy-20180404T162955.perf",
@@ -860,6 +869,15 @@ fn hase_perf_mmap_images_match_the_elf_and_the_ground_truth() {
         let source = TraceSource::from_bytes(&bytes).unwrap();
         assert_eq!(source.streams.len(), 1, "{perf_rel}");
         let stream = &source.streams[0];
+        // The same bytes the flow tests decode (extracted-aux/<stem>.aux.bin).
+        let stem = Path::new(perf_rel).file_stem().unwrap().to_str().unwrap();
+        let extracted = match stem {
+            "perf.data" if perf_rel.starts_with("loopy") => "loopy-20180514T145114",
+            "perf.data" => "control_flow-20180515T180451",
+            other => other,
+        };
+        let aux = std::fs::read(hase.join(format!("extracted-aux/{extracted}.aux.bin"))).unwrap();
+        assert_eq!(&stream.data[..], &aux[..], "{perf_rel}");
         let pid = sb.pid_for_stream(stream.cpu, stream.tid);
         assert!(pid.is_some(), "{perf_rel}: no traced process found");
         let recorded: Vec<&str> = sb
@@ -907,6 +925,26 @@ fn hase_perf_mmap_images_match_the_elf_and_the_ground_truth() {
         assert!(error_kinds(&by_mmap).is_empty(), "{perf_rel}");
         assert!(by_mmap.len() > 50, "{perf_rel}");
         assert_eq!(by_mmap, by_elf, "{perf_rel}");
+        // The 2018-05 tarballs keep the binary under binaries/<recorded absolute path>: the perf
+        // --symfs layout, found without any name search.
+        if let Some((tarball, _)) = dir_rel.split_once("/binaries/") {
+            let root = hase.join(tarball).join("binaries");
+            let by_symfs = Image::from_mmaps(
+                &sb.mmaps,
+                &MmapOptions {
+                    pid,
+                    symfs: vec![root.clone()],
+                    build_ids: sb.build_id_map(),
+                    ..MmapOptions::default()
+                },
+            );
+            assert_eq!(by_symfs.elfs.len(), 1, "{perf_rel}");
+            assert!(by_symfs.elfs[0].path.starts_with(&root));
+            assert_eq!(
+                decode_all(&stream.data, &by_symfs.image, cfg.clone()),
+                by_mmap
+            );
+        }
         if let Some(truth) = truth {
             let truth = support::corpus::read_branch_list(&hase.join(truth)).unwrap();
             assert_eq!(hase_branches(&by_mmap), truth, "{perf_rel}");
@@ -983,6 +1021,27 @@ fn decode_perf_cli_uses_mmap_records() {
     let err = String::from_utf8_lossy(&by_mmap.stderr);
     assert_eq!(err.matches("no code for [vdso]").count(), 1, "{err}");
     assert!(!err.contains("/loopy "), "{err}");
+    // --raw/--elf are mapped over the MMAP image: the original bytes change nothing, other
+    // bytes at the entry point change the decode.
+    let tmp = tempfile::tempdir().unwrap();
+    let text_bytes = std::fs::read(dir.join("loopy")).unwrap();
+    let same = tmp.path().join("same.bin");
+    std::fs::write(&same, &text_bytes[0xe8..0x100]).unwrap();
+    let other = tmp.path().join("other.bin");
+    std::fs::write(&other, [0xEBu8, 0xFE]).unwrap(); // jmp $
+    let with_raw = |raw: &Path| {
+        ptrewind(&[
+            &os("decode"),
+            &os("--perf"),
+            perf.as_os_str(),
+            &os("--search-dir"),
+            dir.as_os_str(),
+            &os("--raw"),
+            &os(&format!("{}:0x4000e8", raw.display())),
+        ])
+    };
+    assert_eq!(with_raw(&same).stdout, by_mmap.stdout);
+    assert_ne!(with_raw(&other).stdout, by_mmap.stdout);
     // Symbols from the ELF found through the MMAP record.
     let calls = ptrewind(&[
         &os("decode"),
@@ -1070,6 +1129,19 @@ fn decode_perf_cli_reports_quipper_missing_binaries() {
                 assert!(lines[0].contains(ids[lib]), "{file}: {}", lines[0]);
             }
         }
+        // The CPU comes from HEADER_CPUID (a feature section, or a HEADER_FEATURE record in
+        // pipe mode); `perf report --header-only` prints "cpuid : GenuineIntel,6,78,3" for both.
+        let stats = ptrewind(&[
+            std::ffi::OsStr::new("decode"),
+            std::ffi::OsStr::new("--perf"),
+            q.join(file).as_os_str(),
+            std::ffi::OsStr::new("--stats"),
+        ]);
+        let text = String::from_utf8_lossy(&stats.stdout);
+        assert!(
+            text.contains("cpu intel 6/0x4e/3 from perf.data header \"GenuineIntel,6,78,3\""),
+            "{file}: {text}"
+        );
         // Kernel mappings are not user-space images: never reported.
         assert!(!err.contains("kallsyms") && !err.contains(".ko"), "{err}");
         assert!(err.contains("hint:"));

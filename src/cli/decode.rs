@@ -104,6 +104,10 @@ pub struct DecodeArgs {
     /// workarounds (default for perf.data: the CPU in its header; otherwise none).
     #[arg(long, value_name = "FAMILY/MODEL[/STEPPING]")]
     cpu: Option<Cpu>,
+    /// An IP filter range that was active while recording, FROM-TO inclusive (IA32_RTIT_ADDRn
+    /// with FilterEn); only the SKL014 erratum workaround uses it. May be repeated.
+    #[arg(long = "ip-filter", value_name = "FROM-TO", value_parser = parse_range)]
+    ip_filter: Vec<(u64, u64)>,
     /// Execution mode assumed before the trace's first MODE.Exec (16, 32 or 64).
     #[arg(long, default_value_t = 64)]
     bits: u32,
@@ -113,6 +117,18 @@ pub struct DecodeArgs {
     /// Print only counts and throughput (on stdout).
     #[arg(long)]
     stats: bool,
+}
+
+fn parse_range(s: &str) -> Result<(u64, u64), String> {
+    let num = |p: &str| ptrewind::image::parse_number(p).ok_or(format!("bad address {p:?}"));
+    let (from, to) = s
+        .split_once('-')
+        .ok_or(format!("{s:?}: expected FROM-TO"))?;
+    let (from, to) = (num(from)?, num(to)?);
+    if from > to {
+        return Err(format!("{s:?}: FROM is above TO"));
+    }
+    Ok((from, to))
 }
 
 /// Runs `ptrewind decode`.
@@ -155,6 +171,7 @@ pub fn run(args: DecodeArgs) -> CmdResult {
     let mut cfg = FlowConfig {
         default_mode: mode,
         errata,
+        ip_filter: args.ip_filter.clone(),
         ..FlowConfig::default()
     };
     if let Some(info) = source.perf.as_ref().and_then(|p| p.intel_pt) {
@@ -196,6 +213,24 @@ pub fn run(args: DecodeArgs) -> CmdResult {
                 .or_else(|| sb.pid_for_stream(stream.cpu, stream.tid)),
             None => None,
         };
+        if let (Some(sb), None) = (&sideband, pid) {
+            let mut pids: Vec<u32> = sb
+                .mmaps
+                .iter()
+                .filter(|m| m.pid != 0 && m.pid != u32::MAX)
+                .map(|m| m.pid)
+                .collect();
+            pids.sort_unstable();
+            pids.dedup();
+            if pids.len() > 1 {
+                eprintln!(
+                    "ptrewind: stream {}: the traced process is not known; using the mappings of \
+                     all {} processes (later ones win where they overlap); choose one with --pid",
+                    stream.label,
+                    pids.len()
+                );
+            }
+        }
         if let std::collections::hash_map::Entry::Vacant(slot) = images.entry(pid) {
             let (image, syms, missing) =
                 build_image(&args.image, sideband.as_ref(), pid, &given, &given_elfs)?;

@@ -433,7 +433,12 @@ impl<'a> FlowDecoder<'a> {
                     Packet::Tsc { tsc } => self.time.tsc(tsc),
                     Packet::Tma { ctc, fc } => self.time.tma(ctc, fc),
                     Packet::Mtc { ctc } => self.time.mtc(ctc),
-                    Packet::Cyc { value } => self.time.cyc(value),
+                    Packet::Cyc { value } => {
+                        if self.cfg.errata.skd007 && self.skd007_ovf_in_cyc(off) {
+                            continue;
+                        }
+                        self.time.cyc(value)
+                    }
                     Packet::Cbr { ratio } => self.time.cbr(ratio),
                     _ => {
                         self.cur_offset = off;
@@ -446,6 +451,9 @@ impl<'a> FlowDecoder<'a> {
                     return None;
                 }
                 Some(Err(e)) => {
+                    if self.cfg.errata.skz84 && self.skz84_skip_tma(&e) {
+                        continue;
+                    }
                     if let PacketError::Invalid { offset, .. } = e {
                         self.cur_offset = offset;
                     }
@@ -626,8 +634,14 @@ impl<'a> FlowDecoder<'a> {
                     self.ip_of(pl)
                 };
                 if self.ovf_pending.take().is_some() {
-                    // APL11: an OVF may be followed by TIP.PGD; continue disabled.
                     self.emit_event(EventKind::Overflow { resume: None });
+                    if !(self.cfg.errata.apl11 || self.cfg.errata.skd010) {
+                        // Only a FUP or TIP.PGE may resolve an overflow (§3.8).
+                        self.error(FlowErrorKind::UnexpectedPacket("tip.pgd after overflow"), t);
+                        return;
+                    }
+                    // APL11: an OVF may be followed by TIP.PGD (SKD010: its FUP was dropped and
+                    // tracing stopped since); continue disabled.
                     self.emit_event(EventKind::Disabled {
                         ip: t,
                         asynchronous: false,
@@ -815,6 +829,12 @@ impl<'a> FlowDecoder<'a> {
             }
         }
         self.cur_offset = off;
+        // BDM70: a PSB+ right before a TIP.PGE may hold a FUP although tracing is off. libipt
+        // checks only while it believes tracing is off; checking in every state keeps a decoder
+        // started at this PSB in agreement with the full decode (a TIP.PGE cannot follow while
+        // tracing is on, so the full decode was wrong to think it was).
+        let bdm70 =
+            fup.is_some() && !ovf_inside && self.cfg.errata.bdm70 && self.tip_pge_follows_psbend();
         if self.ovf_pending.take().is_some() {
             self.emit_event(EventKind::Overflow { resume: None });
         }
@@ -823,6 +843,9 @@ impl<'a> FlowDecoder<'a> {
             if let Walk::Failed = self.walk_to_ip(x) {
                 // Reported; the PSB+ state below resynchronises anyway.
             }
+        }
+        if bdm70 {
+            fup = None;
         }
         // A PSB+ without MODE.Exec means tracing is off and a MODE.Exec will precede the next
         // TIP.PGE; falling back to the configured mode keeps a decode started at this PSB
@@ -1067,6 +1090,15 @@ impl<'a> FlowDecoder<'a> {
     fn tip(&mut self, target: u64) {
         match self.state {
             State::Enabled => {}
+            State::Disabled if self.ovf_pending.is_some() && !self.cfg.errata.skd010 => {
+                self.ovf_pending = None;
+                self.emit_event(EventKind::Overflow { resume: None });
+                self.error(
+                    FlowErrorKind::UnexpectedPacket("tip after overflow"),
+                    Some(target),
+                );
+                return;
+            }
             State::Disabled if self.ovf_pending.is_some() => {
                 // SKD010: the FUP after OVF is missing; resume at the TIP.
                 self.ovf_pending = None;
@@ -1240,6 +1272,20 @@ impl<'a> FlowDecoder<'a> {
     /// A TIP.PGD without FUP: tracing stopped at the next instruction that can do that (§3.5).
     fn sync_disable(&mut self, t: Option<u64>) {
         let path = match t {
+            None if self.cfg.errata.skl014 && !self.cfg.ip_filter.is_empty() => {
+                // SKL014: a direct JMP/CALL whose target leaves the filter may give a TIP.PGD
+                // without IP.
+                let filter = std::mem::take(&mut self.cfg.ip_filter);
+                let path = self.probe(|b, c| {
+                    c.can_disable_suppressed()
+                        || (matches!(c, InsnClass::DirectJump | InsnClass::DirectCall)
+                            && !filter
+                                .iter()
+                                .any(|&(lo, hi)| lo <= b.target && b.target <= hi))
+                });
+                self.cfg.ip_filter = filter;
+                path
+            }
             None => self.probe(|_, c| c.can_disable_suppressed()),
             Some(to) => self.probe(|b, c| match c {
                 InsnClass::Other | InsnClass::Ptwrite | InsnClass::Special => false,
@@ -1279,8 +1325,20 @@ impl<'a> FlowDecoder<'a> {
             let claims = std::mem::take(&mut self.claims);
             let mut async_follows = false;
             if self.state == State::Enabled {
-                if let Walk::Failed = self.walk_to_ip(x) {
-                    self.state = State::Enabled;
+                // BDM64: the branch target logged just before a TSX abort may be wrong; when the
+                // abort's FUP cannot be reached from where the trace left us, it says where
+                // execution really was, so nothing is walked to get there. (libipt applies this
+                // when the last instruction was a branch, which is where this lazy decoder stands
+                // at every packet boundary.)
+                let bdm64 = self.cfg.errata.bdm64
+                    && claims
+                        .iter()
+                        .any(|(_, k)| matches!(k, EventKind::Tsx { abort: true, .. }))
+                    && !self.reaches_without_trace(x);
+                if !bdm64 {
+                    if let Walk::Failed = self.walk_to_ip(x) {
+                        self.state = State::Enabled;
+                    }
                 }
                 self.ip = x;
                 // PTW's FUP names the PTWRITE itself, which has executed: emit it first.
@@ -1317,6 +1375,13 @@ impl<'a> FlowDecoder<'a> {
             if async_follows && self.state == State::Enabled {
                 self.async_target(x, true);
             }
+            return;
+        }
+        if self.ovf_pending.is_some() && self.cfg.errata.apl12 && self.apl12_tracing_is_off() {
+            // APL12: a FUP after OVF although tracing is off; ignore it.
+            self.ovf_pending = None;
+            self.emit_event(EventKind::Overflow { resume: None });
+            self.state = State::Disabled;
             return;
         }
         if self.ovf_pending.take().is_some() {
@@ -1361,8 +1426,16 @@ impl<'a> FlowDecoder<'a> {
                     return;
                 }
                 Packet::TipPgd(pl) => {
-                    if pl.compression != crate::packet::IpCompression::Suppressed {
-                        let _ = self.ip_of(pl);
+                    let t = if pl.compression != crate::packet::IpCompression::Suppressed {
+                        self.ip_of(pl)
+                    } else {
+                        None
+                    };
+                    if self.cfg.errata.skd022 && self.ip == x && self.is_vm_entry(x) {
+                        // SKD022: a VM entry that clears TraceEn sends FUP + TIP.PGD; the
+                        // VMLAUNCH/VMRESUME at the FUP ran and disabled tracing synchronously.
+                        self.sync_disable(t);
+                        return;
                     }
                     self.emit_event(EventKind::Disabled {
                         ip: Some(x),
@@ -1383,6 +1456,151 @@ impl<'a> FlowDecoder<'a> {
                 }
             }
         }
+    }
+}
+
+/// How far the erratum lookaheads read.
+const LOOKAHEAD_PACKETS: usize = 1 << 12;
+
+/// Lookaheads and checks of the erratum workarounds (see [`super::errata`]). They read packets
+/// with a copy of the packet decoder, so the decoder's own position never moves.
+impl FlowDecoder<'_> {
+    /// The packets after the current position, as far as they decode, at most
+    /// [`LOOKAHEAD_PACKETS`] of them (a scan that finds no answer counts as "cannot tell", so a
+    /// trace of nothing but timing packets after each OVF cannot make decoding quadratic).
+    fn lookahead(&self) -> impl Iterator<Item = Packet> + '_ {
+        let mut pkt = self.pkt.clone();
+        std::iter::from_fn(move || match pkt.next_packet() {
+            Some(Ok((_, p))) => Some(p),
+            _ => None,
+        })
+        .take(LOOKAHEAD_PACKETS)
+    }
+
+    /// BDM70: whether a TIP.PGE follows (the PSBEND just read) with only PAD, timing, PIP, MODE,
+    /// VMCS or MNT packets in between (libipt's list).
+    fn tip_pge_follows_psbend(&self) -> bool {
+        for p in self.lookahead() {
+            match p {
+                Packet::TipPge(_) => return true,
+                Packet::Pad
+                | Packet::Tsc { .. }
+                | Packet::Cbr { .. }
+                | Packet::PsbEnd
+                | Packet::Pip { .. }
+                | Packet::ModeExec { .. }
+                | Packet::ModeTsx { .. }
+                | Packet::Vmcs { .. }
+                | Packet::Tma { .. }
+                | Packet::Mtc { .. }
+                | Packet::Cyc { .. }
+                | Packet::Mnt { .. } => {}
+                _ => return false,
+            }
+        }
+        false
+    }
+
+    /// APL12: whether the packets after an OVF's FUP show that tracing is in fact off: a TIP.PGE
+    /// or TraceStop before any TNT, TIP or TIP.PGD, or a PSB+ without FUP. The end of the trace,
+    /// another OVF or an undecodable packet cannot tell, which keeps the FUP (libipt's rule).
+    fn apl12_tracing_is_off(&self) -> bool {
+        let mut in_psb = false;
+        for p in self.lookahead() {
+            match p {
+                Packet::TipPge(_) | Packet::TraceStop if !in_psb => return true,
+                Packet::ShortTnt(_) | Packet::LongTnt(_) | Packet::Tip(_) | Packet::TipPgd(_) => {
+                    return false;
+                }
+                Packet::Psb => in_psb = true,
+                Packet::Fup(_) if in_psb => return false,
+                Packet::PsbEnd => return in_psb,
+                Packet::Ovf => return false,
+                _ => {}
+            }
+        }
+        false
+    }
+
+    /// SKD007: the CYC at `off` (just decoded, 2 bytes) is the start of a CYC cut off by an OVF
+    /// when its second byte is `02` and `F3` follows: then the decoder is moved to that `02`, so
+    /// the next packet read is the OVF.
+    fn skd007_ovf_in_cyc(&mut self, off: u64) -> bool {
+        let buf = self.pkt.buffer();
+        let end = self.pkt.position();
+        let Ok(start) = usize::try_from(off.wrapping_sub(self.pkt_base())) else {
+            return false;
+        };
+        let hit =
+            end == start + 2 && buf.get(start + 1) == Some(&0x02) && buf.get(end) == Some(&0xf3);
+        if hit {
+            self.pkt.set_position(start + 1);
+        }
+        hit
+    }
+
+    /// SKZ84: a TMA with reserved bits set is corrupt and followed by one bogus byte; skip the
+    /// 8 bytes and ignore it (libipt's packet decoder does the same).
+    fn skz84_skip_tma(&mut self, e: &PacketError) -> bool {
+        let PacketError::Invalid { offset, .. } = *e else {
+            return false;
+        };
+        let Ok(start) = usize::try_from(offset.wrapping_sub(self.pkt_base())) else {
+            return false;
+        };
+        let buf = self.pkt.buffer();
+        let hit = buf.get(start..start + 2) == Some(&[0x02, 0x73][..]) && buf.len() >= start + 8;
+        if hit {
+            self.pkt.set_position(start + 8);
+        }
+        hit
+    }
+
+    /// The trace offset of buffer position 0 (packet offsets are positions plus this base).
+    fn pkt_base(&self) -> u64 {
+        self.pkt.offset().wrapping_sub(self.pkt.position() as u64)
+    }
+
+    /// SKD022: whether the instruction at `ip` is VMLAUNCH or VMRESUME.
+    fn is_vm_entry(&self, ip: u64) -> bool {
+        let mut bytes = [0u8; 16];
+        let n = self.image.read(ip, &mut bytes);
+        let bits = match self.mode {
+            ExecMode::Bits16 => 16,
+            ExecMode::Bits32 => 32,
+            _ => 64,
+        };
+        let insn =
+            iced_x86::Decoder::with_ip(bits, &bytes[..n], ip, iced_x86::DecoderOptions::NONE)
+                .decode();
+        matches!(
+            insn.mnemonic(),
+            iced_x86::Mnemonic::Vmlaunch | iced_x86::Mnemonic::Vmresume
+        )
+    }
+
+    /// BDM64: whether `x` can be reached from the current IP through instructions that need no
+    /// trace, within a short distance (libipt looks 256 instructions ahead).
+    fn reaches_without_trace(&mut self, x: u64) -> bool {
+        let mut ip = self.ip;
+        let mut walked = 0u32;
+        while walked < 256 {
+            let idx = self.cache.get(self.image, ip, self.mode);
+            let b = self.cache.blocks[idx as usize];
+            if x >= b.start && x <= b.last_ip && b.n > 0 {
+                return true;
+            }
+            walked += b.n.max(1);
+            match b.term {
+                Term::Insn(InsnClass::DirectJump) | Term::Insn(InsnClass::DirectCall) => {
+                    ip = b.target
+                }
+                Term::Insn(c) if c.is_branch() => return false,
+                Term::Insn(_) | Term::Limit => ip = b.next,
+                Term::NoCode | Term::BadInsn => return false,
+            }
+        }
+        false
     }
 }
 

@@ -14,7 +14,7 @@
 //! | erratum | symptom | workaround |
 //! |---|---|---|
 //! | BDM70 | a PSB+ right before a TIP.PGE holds FUP and MODE.Exec although tracing is off | while tracing is off, a PSB+ FUP followed (after PSBEND, through PAD/timing/PIP/MODE/VMCS/MNT only) by a TIP.PGE is ignored: the PSB says "disabled" |
-//! | BDM64 | a TSX abort right after a branch may log a wrong TIP target | an abort FUP that cannot be reached from the TIP target without trace is taken as the place execution really went |
+//! | BDM64 | a TSX abort right after a branch may log a wrong TIP target | an abort FUP that cannot be reached without trace from where the trace left the decoder (the branch target) is taken as the place execution really went |
 //! | SKD007 | an OVF overwrites the tail of a multi-byte CYC | a 2-byte CYC whose second byte is `02` and that is followed by `F3` is dropped, and decoding restarts at its second byte (the OVF) |
 //! | SKD010 | the FUP (or TIP.PGE) after an OVF is missing | a TIP after the OVF resumes tracing at its target; a TIP.PGD after it continues disabled |
 //! | SKD022 | a VM entry that clears TraceEn sends FUP + TIP.PGD | a FUP+TIP.PGD whose FUP is at VMLAUNCH/VMRESUME is a synchronous disable after that instruction |
@@ -22,7 +22,7 @@
 //! | APL11 | an OVF may be followed by a TIP.PGD | accepted: tracing continues disabled |
 //! | APL12 | an OVF may be followed by a FUP although tracing is off | a FUP after an OVF is ignored when the packets after it show tracing is off (a TIP.PGE or TraceStop before any TNT/TIP/TIP.PGD, or a PSB+ without FUP) |
 //! | SKL168 | a CYC (and maybe an MTC) before a PSB is dropped | nothing to do: the time model (see [`time`](super::time)) does not calibrate on MTC/CYC, and the PSB+'s TSC resets the time |
-//! | SKZ84 | TMA packets in a VMX guest with TSC offsetting/scaling are corrupt | computed for completeness, not applied: such TMAs are reported as malformed packets |
+//! | SKZ84 | TMA packets in a VMX guest with TSC offsetting/scaling are corrupt, plus a bogus byte | a TMA with reserved bits set is skipped with the byte after it (8 bytes), as libipt's packet decoder does |
 
 use std::fmt;
 use std::str::FromStr;

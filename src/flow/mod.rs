@@ -34,6 +34,13 @@
 //! [`FlowDecoder::at_psb`] yields exactly the suffix of the full decode from that event on. The
 //! history index relies on this to decode any part of a trace independently.
 //!
+//! # Errata
+//!
+//! [`FlowConfig::errata`] enables libipt's workarounds for processors that emit packet sequences
+//! the architecture forbids (BDM70, BDM64, SKD007, SKD010, SKD022, SKL014, APL11, APL12, SKZ84;
+//! see [`errata`]). They are off by default, as for an unknown CPU: then an OVF followed by TIP or
+//! TIP.PGD is an error, as in libipt.
+//!
 //! # Time
 //!
 //! Every instruction and event carries an approximate timestamp in TSC ticks (see [`time`]): the

@@ -255,6 +255,22 @@ fn make_config(pt: &[u8], cpu: Option<(u16, u8, u8)>) -> RawConfig {
     config
 }
 
+/// libipt's errata bits for an Intel CPU (`pt_cpu_errata`): the first word of `struct
+/// pt_errata`, bit 0 = bdm70, then bdm64, skd007, skd022, skd010, skl014, apl12, apl11, skl168,
+/// skz84 (declaration order). `None` if libipt rejects the CPU.
+pub fn cpu_errata_bits(family: u16, model: u8, stepping: u8) -> Option<u32> {
+    let cpu = RawCpu {
+        vendor: 1,
+        family,
+        model,
+        stepping,
+    };
+    let mut errata = RawErrata::default();
+    // SAFETY: both pointers are to live, correctly laid-out structs owned by this frame.
+    let status = unsafe { pt_cpu_errata(&mut errata, &cpu) };
+    (status >= 0).then_some(errata.bits)
+}
+
 // ---------------------------------------------------------------------------------------------
 // Shared public types
 // ---------------------------------------------------------------------------------------------
@@ -1209,6 +1225,18 @@ pub fn ipt_insn_walk(
     pt: &[u8],
     cpu: Option<(u16, u8, u8)>,
     images: &[ImageSection],
+    sink: impl FnMut(OracleItem),
+) -> OracleSummary {
+    ipt_insn_walk_filtered(pt, cpu, &[], images, sink)
+}
+
+/// [`ipt_insn_walk`] with IP filter ranges (`[from, to]`, up to four) in
+/// `pt_config.addr_filter`, each configured as a FilterEn range (`addrN_cfg = pt_addr_cfg_filter`).
+pub fn ipt_insn_walk_filtered(
+    pt: &[u8],
+    cpu: Option<(u16, u8, u8)>,
+    filter: &[(u64, u64)],
+    images: &[ImageSection],
     mut sink: impl FnMut(OracleItem),
 ) -> OracleSummary {
     let mut summary = OracleSummary::default();
@@ -1223,7 +1251,13 @@ pub fn ipt_insn_walk(
     sections.sort_by_key(|(addr, _)| *addr);
     let image = CallbackImage { sections };
 
-    let config = make_config(pt, cpu);
+    let mut config = make_config(pt, cpu);
+    // `addr_filter`: the addrN_cfg nibbles (1 = filter), then addr0_a, addr0_b, addr1_a, ...
+    for (i, &(from, to)) in filter.iter().take(4).enumerate() {
+        config.addr_filter[0] |= 1 << (4 * i);
+        config.addr_filter[1 + 2 * i] = from;
+        config.addr_filter[2 + 2 * i] = to;
+    }
     // SAFETY: `config` is a fully initialised pt_config delimiting `pt`, which outlives the
     // decoder (freed by `guard` at the end of this function).
     let decoder = unsafe { pt_insn_alloc_decoder(&config) };
