@@ -13,7 +13,7 @@ use std::time::Duration;
 mod support;
 
 use support::cbuild::{build_example, compile_source, line_of, nm_symbol};
-use support::gdb::{GdbRun, Server, gdb_session, ptrewind, run_until};
+use support::gdb::{GdbRun, Server, gdb_session, gdb_session_interrupting, ptrewind, run_until};
 
 const TIMEOUT: Duration = Duration::from_secs(90);
 
@@ -1062,4 +1062,90 @@ fn native_watchpoint_stops_at_a_system_call_whose_writes_are_unknown() {
         r.dump()
     );
     assert_eq!(r.tagged("BACK"), vec!["0"], "{}", r.dump());
+}
+
+// --- Ctrl-C while the recorded program blocks in a system call ---
+
+/// Sleeps in `clock_nanosleep` for 3 s between two writes.
+const NAP_C: &str = "#include <stdio.h>\n\
+                     #include <unistd.h>\n\
+                     volatile int before, after;\n\
+                     int main(void) {\n\
+                     \x20 before = 1;\n\
+                     \x20 sleep(3);\n\
+                     \x20 after = 1; /* AFTER LINE */\n\
+                     \x20 printf(\"woke after=%d\\n\", after);\n\
+                     \x20 return 0;\n\
+                     }\n";
+
+fn nap_example() -> &'static str {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        compile_source("cc", examples(), "nap", NAP_C, &["-g", "-O0"], &[]);
+    });
+    "nap"
+}
+
+/// GDB's Ctrl-C (`\x03`) reaches a recorded program that is blocked inside a system call while
+/// the recorder single-steps it: the stop is reported as SIGINT inside the sleep, the history up
+/// to there is complete and can be walked backwards, and continuing restarts the interrupted
+/// sleep, which then finishes normally under recording.
+#[test]
+fn ctrl_c_during_a_blocking_system_call_stops_and_resumes() {
+    let program = example(nap_example());
+    let server = record(&[], &program);
+    let pid = server.pid;
+    // Interrupt once the tracee sits in clock_nanosleep (x86-64 syscall 230), seen from /proc.
+    let in_sleep = move || {
+        std::fs::read_to_string(format!("/proc/{pid}/syscall"))
+            .map(|s| s.starts_with("230 "))
+            .unwrap_or(false)
+    };
+    let after_line = 1 + NAP_C
+        .lines()
+        .position(|l| l.contains("/* AFTER LINE */"))
+        .expect("marker");
+    let r = gdb_session_interrupting(
+        server,
+        &program,
+        &[
+            "continue",
+            "bt",
+            "monitor stats",
+            "reverse-stepi",
+            "reverse-stepi",
+            "print before",
+            &format!("break nap.c:{after_line}"),
+            "continue",
+            "continue",
+            "print after",
+            "continue",
+        ],
+        TIMEOUT,
+        in_sleep,
+    );
+    let pos = |needle: &str| {
+        r.gdb
+            .find(needle)
+            .unwrap_or_else(|| panic!("GDB output lacks {needle:?}\n{}", r.dump()))
+    };
+    let sigint = pos("Program received signal SIGINT");
+    let nanosleep = pos("clock_nanosleep");
+    assert!(nanosleep > sigint, "{}", r.dump());
+    r.expect("in main () at ");
+    // The recorded history ends exactly at the interrupted instruction.
+    assert!(
+        stat(&r.gdb, "history check").starts_with("ok"),
+        "{}",
+        r.dump()
+    );
+    r.expect("$1 = 1");
+    // Forward: replay to the present (end of history), then live through the restarted sleep
+    // to the breakpoint after it.
+    r.expect("No more reverse-execution history.");
+    let bp = pos(&format!("nap.c:{after_line}"));
+    assert!(bp > sigint, "{}", r.dump());
+    r.expect("$2 = 0");
+    r.expect("exited normally");
+    assert!(r.program_stdout.contains("woke after=1"), "{}", r.dump());
 }

@@ -67,6 +67,16 @@ pub struct Finished {
 /// Runs `cmd` (stdin from /dev/null, output collected) and kills it if it has not finished
 /// within `timeout`.
 pub fn run_until(cmd: &mut Command, timeout: Duration) -> Finished {
+    run_interrupting(cmd, timeout, || false)
+}
+
+/// [`run_until`], sending the child one SIGINT (as a terminal's Ctrl-C would) as soon as
+/// `ready()` returns true (polled every 20 ms).
+pub fn run_interrupting(
+    cmd: &mut Command,
+    timeout: Duration,
+    mut ready: impl FnMut() -> bool,
+) -> Finished {
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -75,7 +85,21 @@ pub fn run_until(cmd: &mut Command, timeout: Duration) -> Finished {
         .unwrap_or_else(|e| panic!("cannot run {:?}: {e}", cmd.get_program()));
     let out = collect_all(child.stdout.take().expect("piped stdout"));
     let err = collect_all(child.stderr.take().expect("piped stderr"));
-    let status = wait_until(&mut child, Instant::now() + timeout);
+    let deadline = Instant::now() + timeout;
+    let mut interrupted = false;
+    while !interrupted && Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            break;
+        }
+        if ready() {
+            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
+            interrupted = true;
+        } else {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let status = wait_until(&mut child, deadline);
     Finished {
         status,
         stdout: out.join().expect("stdout reader"),
@@ -199,10 +223,22 @@ pub struct GdbRun {
 /// `target remote` and `program` as its file; fails if GDB has not finished within `timeout`
 /// or the server has not exited 10 s after GDB (both are killed then).
 pub fn gdb_session<S: AsRef<std::ffi::OsStr>>(
+    server: Server,
+    program: &Path,
+    commands: &[S],
+    timeout: Duration,
+) -> GdbRun {
+    gdb_session_interrupting(server, program, commands, timeout, || false)
+}
+
+/// [`gdb_session`], sending GDB a SIGINT (Ctrl-C: GDB interrupts the running target) once
+/// `ready()` returns true.
+pub fn gdb_session_interrupting<S: AsRef<std::ffi::OsStr>>(
     mut server: Server,
     program: &Path,
     commands: &[S],
     timeout: Duration,
+    ready: impl FnMut() -> bool,
 ) -> GdbRun {
     let mut cmd = gdb_batch();
     cmd.arg("-ex")
@@ -211,7 +247,7 @@ pub fn gdb_session<S: AsRef<std::ffi::OsStr>>(
         cmd.arg("-ex").arg(c);
     }
     cmd.arg(program);
-    let g = run_until(&mut cmd, timeout);
+    let g = run_interrupting(&mut cmd, timeout, ready);
     let server_status = wait_until(&mut server.child, Instant::now() + Duration::from_secs(10));
     let gdb_text = format!("{}{}", g.stdout, g.stderr);
     let server_text = server.stderr.join().unwrap();
