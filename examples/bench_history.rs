@@ -23,6 +23,11 @@
 //!   instructions hit (a full backward scan), with a `Breakpoints` set and with a closure, as
 //!   scanned instructions/s and as a ratio to the forward decode.
 //!
+//! * scan comparison: the forward decode and the unprunable backward scan (a breakpoint search
+//!   with the code summaries ignored, so every segment is decoded) on the same history,
+//!   alternating `--reps N` times (default 3), on one thread and on two, in thread CPU time and
+//!   wall time, as ratios; `--scan` runs only this.
+//!
 //! `--dense` adds the worst case for segment size: a loop of 64 straight-line instructions per
 //! conditional branch (~400 instructions per trace byte, ~1.6 M per PSB segment).
 
@@ -536,6 +541,9 @@ impl IpMatch for NoSummaries {
     fn may_match_range(&self, start: u64, end: u64) -> bool {
         self.0.may_match_range(start, end)
     }
+    fn may_match_insns(&self, start: u64, lens: &[u8]) -> bool {
+        self.0.may_match_insns(start, lens)
+    }
     fn fork(&self) -> Option<Box<dyn IpMatch + Send>> {
         Some(Box::new(NoSummaries(self.0.clone())))
     }
@@ -728,6 +736,210 @@ fn measure(label: &str, p: &Program, init_ip: u64, n: u64) -> Row {
     }
 }
 
+/// One repetition of one case of the scan comparison: (thread CPU, wall) of the forward decode
+/// and of the 1-thread backward scan, (CPU of all threads, wall) of the 2-thread scan.
+#[derive(Clone, Copy, Default)]
+struct ScanRep {
+    fwd: (Duration, Duration),
+    back1: (Duration, Duration),
+    back2: (Duration, Duration),
+}
+
+/// A backward search that nothing prunes, compared against the forward decode.
+struct ScanCase {
+    label: String,
+    /// Instructions the search looks at (from the present back to its hit, or all).
+    scanned: u64,
+    reps: Vec<ScanRep>,
+}
+
+/// Forward decode against unprunable backward scans on the same history, alternating (forward,
+/// backward on 1 thread, backward on 2 threads) `reps` times per case, so a change in the
+/// machine's load hits both sides alike. Cases: the breakpoint on `init` with the code summaries
+/// ignored (every segment decoded; only the last instructions hit), and a breakpoint one byte
+/// into an instruction of the hottest loop with the summaries on (never hit, in code every
+/// segment runs: nothing can be skipped by summary or address range).
+struct ScanCompare {
+    label: String,
+    insns: u64,
+    cases: Vec<ScanCase>,
+    /// Reverse-continue to a breakpoint hit in the last segment (the hottest loop), from the
+    /// present with an empty segment cache: (thread CPU, wall) per repetition.
+    near: Vec<(Duration, Duration)>,
+}
+
+/// Address one byte into a multi-byte instruction of the hottest loop (`l1`'s body): inside
+/// code every segment runs, and never an instruction start.
+fn hot_mid_address(p: &Program) -> u64 {
+    p.insns
+        .iter()
+        .find(|i| i.len >= 2 && matches!(i.op, Op::Plain))
+        .map_or(p.base, |i| i.ip + 1)
+}
+
+/// The address of the first instruction of the hottest loop (hit in every segment).
+fn hot_address(p: &Program) -> u64 {
+    p.insns
+        .iter()
+        .find(|i| matches!(i.op, Op::Plain))
+        .map_or(p.base, |i| i.ip)
+}
+
+fn scan_compare(label: &str, p: &Program, init_ip: u64, n: u64, reps: usize) -> ScanCompare {
+    let trace = generate(p, n);
+    let mut image = Image::new();
+    image
+        .add(Section::new(p.base, p.code.clone(), "bench"))
+        .expect("one section");
+    let cfg = FlowConfig::default();
+    let mut h = History::build(&trace, &image, cfg.clone());
+    let len = h.len();
+    assert_eq!(
+        len, n,
+        "history length differs from the instructions simulated"
+    );
+    let mid = hot_mid_address(p);
+    let mut out = ScanCompare {
+        label: label.to_string(),
+        insns: len,
+        cases: Vec::new(),
+        near: Vec::new(),
+    };
+    type Case = (&'static str, Box<dyn Fn() -> Box<dyn IpMatch + Send>>);
+    let cases: Vec<Case> = vec![
+        (
+            "`init`, summaries off",
+            Box::new(move || Box::new(NoSummaries(Breakpoints::new([init_ip])))),
+        ),
+        (
+            "inside the hot loop (never hit)",
+            Box::new(move || Box::new(Breakpoints::new([mid]))),
+        ),
+    ];
+    for (name, make) in &cases {
+        let mut case = ScanCase {
+            label: name.to_string(),
+            scanned: 0,
+            reps: Vec::new(),
+        };
+        for _ in 0..reps {
+            let mut rep = ScanRep::default();
+            let t = Tick::now();
+            let mut dec = FlowDecoder::new(&trace, &image, cfg.clone());
+            let mut raw = 0u64;
+            while let Some(item) = dec.next_block() {
+                if let BlockItem::Block(b) = item {
+                    raw += b.count as u64;
+                }
+            }
+            rep.fwd = (t.elapsed(), t.wall());
+            assert_eq!(raw, len, "decoder and history disagree");
+
+            let mut m = make();
+            h.clear_cache();
+            h.set_search_threads(1);
+            let t = Tick::now();
+            let hit = h.rfind_with(&trace, &image, len, &mut m);
+            rep.back1 = (t.elapsed(), t.wall());
+            if let Some(hit) = hit {
+                assert!(hit < 16, "init hit at {hit}");
+                assert_eq!(h.insn(&trace, &image, hit).map(|x| x.0), Some(init_ip));
+            }
+            case.scanned = len - hit.unwrap_or(0);
+
+            h.clear_cache();
+            h.set_search_threads(2);
+            let parallel = h.stats().parallel_searches;
+            let (t, p0) = (Tick::now(), process_cpu_now());
+            let hit2 = h.rfind_with(&trace, &image, len, &mut m);
+            rep.back2 = (process_cpu_now().saturating_sub(p0), t.wall());
+            assert_eq!(hit2, hit);
+            assert!(
+                h.stats().parallel_searches > parallel,
+                "the 2-thread search stayed on one thread"
+            );
+            case.reps.push(rep);
+        }
+        out.cases.push(case);
+    }
+    let hot = hot_address(p);
+    for _ in 0..reps.max(5) {
+        h.clear_cache();
+        let mut bp = Breakpoints::new([hot]);
+        let t = Tick::now();
+        let hit = h.rfind_with(&trace, &image, len, &mut bp);
+        out.near.push((t.elapsed(), t.wall()));
+        let hit = hit.expect("the hot loop runs in the last segment");
+        let last = h.sync_points().last().map_or(0, |p| p.insn);
+        assert!(hit >= last, "hot-loop hit {hit} before the last segment");
+    }
+    out
+}
+
+/// "min–max" of a list of figures.
+fn range(v: impl IntoIterator<Item = f64>, prec: usize) -> String {
+    let v: Vec<f64> = v.into_iter().collect();
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if v.len() == 1 || format!("{lo:.prec$}") == format!("{hi:.prec$}") {
+        format!("{lo:.prec$}")
+    } else {
+        format!("{lo:.prec$}–{hi:.prec$}")
+    }
+}
+
+fn print_scan(rows: &[ScanCompare]) {
+    println!(
+        "\n### Unprunable backward scan against forward decoding (same history, alternating; ranges over the repetitions)\n"
+    );
+    println!(
+        "| history | breakpoint | reps | forward Minsn/s CPU (wall) | backward 1 thread Minsn/s CPU (wall) | 1 thread / forward: CPU (wall) | backward 2 threads Minsn/s wall (per CPU-s of both) | 2 threads wall / forward: wall (CPU) |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|");
+    for r in rows {
+        for c in &r.cases {
+            let f = |d: Duration, n: u64| mips(n, d);
+            let fwd = c.reps.iter().map(|x| f(x.fwd.0, r.insns));
+            let fwd_w = c.reps.iter().map(|x| f(x.fwd.1, r.insns));
+            let b1 = c.reps.iter().map(|x| f(x.back1.0, c.scanned));
+            let b1_w = c.reps.iter().map(|x| f(x.back1.1, c.scanned));
+            let b2_w = c.reps.iter().map(|x| f(x.back2.1, c.scanned));
+            let b2_c = c.reps.iter().map(|x| f(x.back2.0, c.scanned));
+            // Ratios per repetition (the passes of one repetition ran under the same load).
+            let q = |a: fn(&ScanRep) -> Duration, b: fn(&ScanRep) -> Duration| {
+                c.reps
+                    .iter()
+                    .map(|x| f(a(x), c.scanned) / f(b(x), r.insns))
+                    .collect::<Vec<f64>>()
+            };
+            println!(
+                "| {} | {} | {} | {} ({}) | {} ({}) | {} ({}) | {} ({}) | {} ({}) |",
+                r.label,
+                c.label,
+                c.reps.len(),
+                range(fwd, 0),
+                range(fwd_w, 0),
+                range(b1, 0),
+                range(b1_w, 0),
+                range(q(|x| x.back1.0, |x| x.fwd.0), 2),
+                range(q(|x| x.back1.1, |x| x.fwd.1), 2),
+                range(b2_w, 0),
+                range(b2_c, 0),
+                range(q(|x| x.back2.1, |x| x.fwd.1), 2),
+                range(q(|x| x.back2.1, |x| x.fwd.0), 2),
+            );
+        }
+    }
+    println!(
+        "\nReverse-continue to a breakpoint hit in the last segment (cold segment cache), µs CPU (wall), min–max:\n"
+    );
+    for r in rows {
+        let cpu = r.near.iter().map(|x| x.0.as_secs_f64() * 1e6);
+        let wall = r.near.iter().map(|x| x.1.as_secs_f64() * 1e6);
+        println!("* {}: {} ({})", r.label, range(cpu, 0), range(wall, 0));
+    }
+}
+
 fn print(rows: &[Row]) {
     println!("### Index build (forward decode) and size\n");
     println!(
@@ -814,16 +1026,25 @@ fn threads() -> usize {
 fn main() {
     let mut sizes: Vec<u64> = Vec::new();
     let mut dense = false;
-    for a in std::env::args().skip(1) {
+    let mut scan_only = false;
+    let mut reps = 3usize;
+    let usage = || -> ! {
+        eprintln!("usage: bench_history [SIZE]... [--dense] [--quick] [--scan] [--reps N]");
+        std::process::exit(2);
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
         match a.as_str() {
             "--dense" => dense = true,
             "--quick" => sizes.extend([10_000, 100_000, 1_000_000]),
+            "--scan" => scan_only = true,
+            "--reps" => match args.next().and_then(|v| v.parse().ok()) {
+                Some(n) if n >= 1 => reps = n,
+                _ => usage(),
+            },
             s => match s.replace('_', "").parse::<f64>() {
                 Ok(v) if v >= 1.0 => sizes.push(v as u64),
-                _ => {
-                    eprintln!("usage: bench_history [SIZE]... [--dense] [--quick]");
-                    std::process::exit(2);
-                }
+                _ => usage(),
             },
         }
     }
@@ -832,24 +1053,37 @@ fn main() {
     }
     let (prog, init) = program(false);
     let init_ip = prog.insns[prog.labels[init.0]].ip;
-    let mut rows = Vec::new();
-    for &n in &sizes {
+    let label_of = |n: u64| {
         let exp = (n as f64).log10();
-        let label = if (exp - exp.round()).abs() < 1e-9 {
+        if (exp - exp.round()).abs() < 1e-9 {
             format!("10^{}", exp.round() as u32)
         } else {
             n.to_string()
-        };
-        eprintln!("measuring {label} ...");
-        rows.push(measure(&label, &prog, init_ip, n));
+        }
+    };
+    let mut rows = Vec::new();
+    if !scan_only {
+        for &n in &sizes {
+            let label = label_of(n);
+            eprintln!("measuring {label} ...");
+            rows.push(measure(&label, &prog, init_ip, n));
+        }
+        if dense {
+            let (dp, dinit) = program(true);
+            let dinit_ip = dp.insns[dp.labels[dinit.0]].ip;
+            let n = *sizes.iter().max().unwrap_or(&10_000_000);
+            let n = n.min(30_000_000);
+            eprintln!("measuring dense {n} ...");
+            rows.push(measure(&format!("dense {n}"), &dp, dinit_ip, n));
+        }
+        print(&rows);
     }
-    if dense {
-        let (dp, dinit) = program(true);
-        let dinit_ip = dp.insns[dp.labels[dinit.0]].ip;
-        let n = *sizes.iter().max().unwrap_or(&10_000_000);
-        let n = n.min(30_000_000);
-        eprintln!("measuring dense {n} ...");
-        rows.push(measure(&format!("dense {n}"), &dp, dinit_ip, n));
+    // The scan comparison, on the sizes where a scan lasts long enough to time (>= 10^6).
+    let mut scans = Vec::new();
+    for &n in sizes.iter().filter(|&&n| n >= 1_000_000 || scan_only) {
+        let label = label_of(n);
+        eprintln!("comparing scans at {label} ...");
+        scans.push(scan_compare(&label, &prog, init_ip, n, reps));
     }
-    print(&rows);
+    print_scan(&scans);
 }

@@ -4,8 +4,8 @@
 
 mod support;
 
-use ptrewind::flow::{FlowConfig, FlowDecoder, Item};
-use ptrewind::history::{Breakpoints, History, HistoryWorker};
+use ptrewind::flow::{BlockItem, FilteredDecoder, FlowConfig, FlowDecoder, Item};
+use ptrewind::history::{Breakpoints, History, HistoryWorker, IpMatch};
 use ptrewind::image::{Image, Section};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -193,6 +193,43 @@ fn check_trace(name: &str, samples: usize) {
         h.stats().segment_mismatches,
         0,
         "{name}: a segment decoded differently on demand than while indexing"
+    );
+
+    // The filtered decode the searches run on: the runs it hands out sit at the right
+    // instruction numbers, it never passes over an instruction at a breakpoint, and from the
+    // budget on it hands out every run.
+    let addrs: Vec<u64> = (0..3)
+        .map(|_| truth[(lcg(&mut seed) % truth.len() as u64) as usize])
+        .collect();
+    let bps = Breakpoints::new(addrs.iter().copied());
+    let budget = truth.len() as u64 * 3 / 4;
+    let mut dec = FilteredDecoder::new(FlowDecoder::new(&t.pt, &image, cfg_of(&t)));
+    let mut n = 0u64;
+    let mut handed_out = vec![false; truth.len()];
+    let mut wants = |start: u64, lens: &[u8]| bps.may_match_insns(start, lens);
+    while let Some(item) = dec.next_block(&mut n, budget, &mut wants) {
+        if let BlockItem::Block(b) = item {
+            let mut ip = b.start;
+            for (j, &len) in b.lens().iter().enumerate() {
+                let at = n as usize + j;
+                assert_eq!(truth.get(at), Some(&ip), "{name}: filtered run at {at}");
+                handed_out[at] = true;
+                ip = ip.wrapping_add(len as u64);
+            }
+            n += b.count as u64;
+        }
+    }
+    assert_eq!(n, truth.len() as u64, "{name}: filtered decode length");
+    for (i, ip) in truth.iter().enumerate() {
+        assert!(
+            handed_out[i] || (!addrs.contains(ip) && (i as u64) < budget),
+            "{name}: filtered decode passed over instruction {i} at {ip:#x}"
+        );
+    }
+    let passed_over = handed_out.iter().filter(|h| !**h).count();
+    assert!(
+        passed_over > 0,
+        "{name}: the filter passed over no instruction"
     );
 
     // Incremental indexing of a growing trace ends with the same index as one pass.

@@ -7,6 +7,10 @@ use crate::image::Image;
 use crate::packet::{ExecMode, IpPayload, LastIp, Packet, PacketDecoder, PacketError, Tnt};
 use std::collections::VecDeque;
 
+// A separate child module (it drives the private hot path below): see its docs.
+mod filtered;
+pub use filtered::FilteredDecoder;
+
 /// Where the decoder stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -921,7 +925,7 @@ impl<'a> FlowDecoder<'a> {
     /// block's last instruction. Returns the run when that is all the step produced (the caller
     /// hands it out or queues it); anything else (events, split runs) is queued and `None`
     /// returned.
-    #[inline]
+    #[inline(always)]
     fn tnt_step(&mut self) -> Option<Run> {
         let idx = self.cur_block();
         let b: CachedBlock = self.cache.blocks[idx as usize];

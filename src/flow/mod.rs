@@ -45,7 +45,7 @@ mod decoder;
 pub mod time;
 
 pub use cache::InsnClass;
-pub use decoder::{Block, BlockItem, FlowDecoder, FlowStats};
+pub use decoder::{Block, BlockItem, FilteredDecoder, FlowDecoder, FlowStats};
 
 use crate::packet::{ExecMode, PacketError};
 

@@ -1,0 +1,148 @@
+//! A decoder that passes over the runs of uninteresting blocks without handing them out.
+//!
+//! A search through a decode (the history's reverse-continue and forward replay to a breakpoint)
+//! looks at almost no run: only those whose code holds a breakpoint. [`FlowDecoder::next_block`]
+//! still builds and returns every run, and the caller rejects it; at ~5 instructions per run that
+//! per-run hand-out is a large share of the decode. [`FilteredDecoder`] asks once per cached block
+//! whether its instructions can interest the caller, keeps the answer beside the block cache, and
+//! walks the TNT bits of uninteresting blocks without leaving the decoder, only counting their
+//! instructions.
+//!
+//! It lives in a child module of the decoder because it drives the decoder's private hot path
+//! (`tnt_step`, the output queue, `fill`) exactly as `next_block` does; the output it hands out
+//! is that of `next_block` with the passed-over runs removed.
+
+use super::{BlockItem, FlowDecoder, Seg};
+
+/// Classification of a cached block, by block index.
+const UNKNOWN: u8 = 0;
+const PASS: u8 = 1;
+const WANT: u8 = 2;
+
+/// A [`FlowDecoder`] that hands out only the runs of blocks a classifier wants, and every event.
+///
+/// The classifier (`wants` in [`next_block`](Self::next_block)) is called at most once per block
+/// of the decoder's block cache with the block's first address and instruction lengths; its answer
+/// is kept until [`reset_filter`](Self::reset_filter) (or a flush of the block cache). It must
+/// therefore answer the same for the same block for as long as the answers are kept, and say
+/// `true` whenever *any* instruction of the block may interest the caller: a run handed out may be
+/// a part of its block (a run cut by an event), and a run passed over is never seen again.
+pub struct FilteredDecoder<'a> {
+    dec: FlowDecoder<'a>,
+    /// Per block index of `dec`'s cache: `UNKNOWN`, `PASS` or `WANT`.
+    flags: Vec<u8>,
+    /// The cache's flush count the flags belong to (a flush renumbers the blocks).
+    flushes: u64,
+}
+
+impl<'a> FilteredDecoder<'a> {
+    /// Filters the output of `dec`.
+    pub fn new(dec: FlowDecoder<'a>) -> Self {
+        let flushes = dec.cache.flushes;
+        FilteredDecoder {
+            dec,
+            flags: Vec::new(),
+            flushes,
+        }
+    }
+
+    /// The underlying decoder.
+    pub fn decoder(&self) -> &FlowDecoder<'a> {
+        &self.dec
+    }
+
+    /// The underlying decoder, without the filter.
+    pub fn into_inner(self) -> FlowDecoder<'a> {
+        self.dec
+    }
+
+    /// [`FlowDecoder::resync_at`]: the block cache and the classifications are kept.
+    pub fn resync_at(&mut self, offset: u64) {
+        self.dec.resync_at(offset);
+    }
+
+    /// Forgets every classification (the classifier changed).
+    pub fn reset_filter(&mut self) {
+        self.flags.clear();
+    }
+
+    /// Whether the run of block `blk` is handed out.
+    #[inline(always)]
+    fn wants(&mut self, blk: u32, wants: &mut impl FnMut(u64, &[u8]) -> bool) -> bool {
+        match self.flags.get(blk as usize) {
+            Some(&PASS) => false,
+            Some(&WANT) => true,
+            _ => self.classify(blk, wants),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn classify(&mut self, blk: u32, wants: &mut impl FnMut(u64, &[u8]) -> bool) -> bool {
+        let i = blk as usize;
+        let Some(b) = self.dec.cache.blocks.get(i) else {
+            return true;
+        };
+        let yes = wants(b.start, self.dec.cache.lens_of(b));
+        if self.flags.len() <= i {
+            self.flags
+                .resize(self.dec.cache.blocks.len().max(i + 1), UNKNOWN);
+        }
+        self.flags[i] = if yes { WANT } else { PASS };
+        yes
+    }
+
+    /// After anything that may have flushed the block cache: drop stale classifications.
+    #[inline(always)]
+    fn check_flush(&mut self) {
+        if self.dec.cache.flushes != self.flushes {
+            self.flushes = self.dec.cache.flushes;
+            self.flags.clear();
+        }
+    }
+
+    /// The next event, or run of a block that `wants` accepts, as [`FlowDecoder::next_block`]
+    /// would hand it out; `None` at the end of the trace. Runs of other blocks are passed over
+    /// and their instructions added to `*skipped`, but only while `*skipped` stays below
+    /// `budget`: the run that would reach it is handed out whatever its block, so a caller
+    /// interested only in the first `budget` instructions can stop there.
+    #[inline]
+    pub fn next_block(
+        &mut self,
+        skipped: &mut u64,
+        budget: u64,
+        wants: &mut impl FnMut(u64, &[u8]) -> bool,
+    ) -> Option<BlockItem<'_>> {
+        loop {
+            if let Some(seg) = self.dec.out.pop_front() {
+                match seg {
+                    Seg::Event(e) => return Some(BlockItem::Event(*e)),
+                    Seg::Run(r) => {
+                        let total = *skipped + r.count as u64;
+                        if total < budget && !self.wants(r.blk, wants) {
+                            *skipped = total;
+                            continue;
+                        }
+                        return Some(BlockItem::Block(self.dec.block_of(r)));
+                    }
+                }
+            }
+            if self.dec.walking_tnt() {
+                if let Some(r) = self.dec.tnt_step() {
+                    let total = *skipped + r.count as u64;
+                    if total < budget && !self.wants(r.blk, wants) {
+                        *skipped = total;
+                        continue;
+                    }
+                    return Some(BlockItem::Block(self.dec.block_of(r)));
+                }
+                continue;
+            }
+            self.dec.fill(true);
+            self.check_flush();
+            if self.dec.out.is_empty() && !self.dec.walking_tnt() {
+                return None;
+            }
+        }
+    }
+}
