@@ -18,10 +18,13 @@
 //!   trace bytes, not its instruction count, so one PSB period bounds it;
 //! * [`History::rfind`] / [`History::rfind_with`] (reverse-continue) walk segments backwards,
 //!   decoding each forward once. With a set of addresses ([`Breakpoints`]) whole groups whose code
-//!   summary excludes them are skipped undecoded, runs whose address range excludes them are not
-//!   expanded, and when many segments remain they are decoded on several threads
-//!   ([`History::set_search_threads`]); one decoder per thread serves the whole search so its
-//!   block cache stays warm;
+//!   summary excludes them are skipped undecoded; inside the segments that are decoded, the
+//!   decoder ([`FilteredDecoder`]) passes over the runs of every block of code that holds none of
+//!   them — asked once per block ([`IpMatch::may_match_insns`]), so a rejected run costs a table
+//!   lookup and never leaves the decoder. When many segments remain they are decoded on several
+//!   threads ([`History::set_search_threads`]); one decoder per thread serves the whole search
+//!   so its block cache (decoded code and the matcher's verdicts) stays warm. When nothing can
+//!   be skipped this scans faster than a plain forward decode hands out its runs;
 //! * [`History::find`] / [`History::find_with`] (forward replay to a breakpoint) the same,
 //!   forwards (one thread).
 //!
@@ -149,8 +152,8 @@ impl<F: FnMut(u64) -> bool> IpMatch for MatchFn<F> {
     }
 }
 
-/// A set of breakpoint addresses. Searches with it skip every run of instructions whose address
-/// range holds no breakpoint, so a reverse-continue costs little more than decoding.
+/// A set of breakpoint addresses. Searches with it pass over every run of a block of code none of
+/// whose instructions starts at a breakpoint, so a reverse-continue costs less than decoding.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Breakpoints {
     sorted: Vec<u64>,
