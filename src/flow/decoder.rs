@@ -273,8 +273,8 @@ impl<'a> FlowDecoder<'a> {
             if self.walking_tnt() {
                 // The hot path: one block per TNT bit (or direct branch), handed out without a
                 // trip through the queue.
-                if let Some(r) = self.tnt_step() {
-                    return Some(BlockItem::Block(self.block_of(r)));
+                if let Some(idx) = self.tnt_step() {
+                    return Some(BlockItem::Block(self.whole_block(idx)));
                 }
                 continue;
             }
@@ -298,6 +298,26 @@ impl<'a> FlowDecoder<'a> {
             class: run_class(b, r.skip, r.count),
             time: r.time,
             lens: &self.cache.lens[at..at + r.count as usize],
+        }
+    }
+
+    /// The public view of all of block `idx` (already counted by `tnt_step`): built straight
+    /// from the cached block, with no intermediate [`Run`].
+    #[inline(always)]
+    fn whole_block(&self, idx: u32) -> Block<'_> {
+        let b = &self.cache.blocks[idx as usize];
+        let at = b.lens_at as usize;
+        Block {
+            start: b.start,
+            end: b.last_ip,
+            count: b.n,
+            mode: b.mode,
+            class: match b.term {
+                Term::Insn(c) => c,
+                _ => InsnClass::Other,
+            },
+            time: self.time.now(),
+            lens: &self.cache.lens[at..at + b.n as usize],
         }
     }
 
@@ -382,6 +402,16 @@ impl<'a> FlowDecoder<'a> {
     /// Instructions `skip .. skip+count` (`count > 0`) of block `idx` as output, counted.
     #[inline(always)]
     fn make_run(&mut self, idx: u32, skip: u32, count: u32) -> Run {
+        // Plain scalar counters: updating `stats.insns`/`stats.runs` together compiled to one
+        // 16-byte read-modify-write per run, which stalled on the previous run's store.
+        self.n_insns += count as u64;
+        self.n_runs += 1;
+        self.run_of(idx, skip, count)
+    }
+
+    /// Instructions `skip .. skip+count` (`count > 0`) of block `idx` as a [`Run`] (not counted).
+    #[inline(always)]
+    fn run_of(&self, idx: u32, skip: u32, count: u32) -> Run {
         let b = &self.cache.blocks[idx as usize];
         let (start_ip, end_ip) = if skip == 0 && count == b.n {
             (b.start, b.last_ip)
@@ -397,10 +427,6 @@ impl<'a> FlowDecoder<'a> {
             }
             (start, ip)
         };
-        // Plain scalar counters: updating `stats.insns`/`stats.runs` together compiled to one
-        // 16-byte read-modify-write per run, which stalled on the previous run's store.
-        self.n_insns += count as u64;
-        self.n_runs += 1;
         Run {
             blk: idx,
             skip,
@@ -509,7 +535,8 @@ impl<'a> FlowDecoder<'a> {
                 if stop_at_tnt {
                     return;
                 }
-                if let Some(r) = self.tnt_step() {
+                if let Some(idx) = self.tnt_step() {
+                    let r = self.run_of(idx, 0, self.cache.blocks[idx as usize].n);
                     self.out.push_back(Seg::Run(r));
                 }
                 continue;
@@ -918,58 +945,61 @@ impl<'a> FlowDecoder<'a> {
     }
 
     /// One block of the walk while TNT bits are pending (`walking_tnt()`): stops right after the
-    /// block's last instruction. Returns the run when that is all the step produced (the caller
-    /// hands it out or queues it); anything else (events, split runs) is queued and `None`
-    /// returned.
+    /// block's last instruction. Returns the block's index when all of it is the step's output
+    /// (counted; the caller hands it out or queues it); anything else (events, split runs) is
+    /// queued and `None` returned.
     #[inline]
-    fn tnt_step(&mut self) -> Option<Run> {
+    fn tnt_step(&mut self) -> Option<u32> {
         let idx = self.cur_block();
-        let b: CachedBlock = self.cache.blocks[idx as usize];
         self.next_blk = u32::MAX;
-        self.tnt_walked += b.n as u64;
+        let b = &self.cache.blocks[idx as usize];
+        let (n, term) = (b.n, b.term);
+        self.tnt_walked += n as u64;
         if self.tnt_walked > self.cfg.max_walk {
             self.error(FlowErrorKind::RunawayWalk, Some(self.ip));
             return None;
         }
-        match b.term {
+        // The common arms read only the fields they need from the cached block and follow its
+        // successor link: no copy of the whole block, no second lookup to build the output.
+        match term {
             Term::Insn(InsnClass::CondBranch) => {
-                let taken = self.pop_bit();
+                self.tnt_count -= 1;
+                let taken = (self.tnt_bits >> self.tnt_count) & 1 != 0;
                 self.ip = if taken { b.target } else { b.next };
+                self.tnt_walked = 0;
                 if self.tnt_count > 0 {
                     self.next_blk = self.cache.succ(self.image, idx, taken as usize, self.ip);
                 }
-                self.tnt_walked = 0;
-                Some(self.make_run(idx, 0, b.n))
             }
             Term::Insn(InsnClass::DirectJump) => {
                 self.ip = b.target;
                 self.next_blk = self.cache.succ(self.image, idx, 1, self.ip);
-                Some(self.make_run(idx, 0, b.n))
             }
             Term::Insn(InsnClass::DirectCall) => {
-                if b.target != b.next {
-                    self.ret.push(b.next);
+                let (next, target) = (b.next, b.target);
+                if target != next {
+                    self.ret.push(next);
                 }
-                self.ip = b.target;
-                self.next_blk = self.cache.succ(self.image, idx, 1, self.ip);
-                Some(self.make_run(idx, 0, b.n))
+                self.ip = target;
+                self.next_blk = self.cache.succ(self.image, idx, 1, target);
             }
             Term::Insn(InsnClass::Return) => {
                 // Bits pending at a RET: it is compressed (§3.3).
+                let last_ip = b.last_ip;
                 let taken = self.pop_bit();
                 let target = if taken { self.ret.pop() } else { None };
                 let Some(t) = target else {
-                    self.emit_run(idx, 0, b.n - 1);
-                    self.error(FlowErrorKind::BadRetCompression, Some(b.last_ip));
+                    self.emit_run(idx, 0, n - 1);
+                    self.error(FlowErrorKind::BadRetCompression, Some(last_ip));
                     return None;
                 };
                 self.ip = t;
                 self.tnt_walked = 0;
-                Some(self.make_run(idx, 0, b.n))
             }
             Term::Insn(c) if c.needs_tip() => {
                 // A deferred TIP (§3.4): the next packet must be its TIP.
-                self.emit_run(idx, 0, b.n - 1);
+                let b = *b;
+                self.emit_run(idx, 0, n - 1);
                 self.ip = b.last_ip;
                 if let Walk::Failed = self.deferred_tip(idx, &b, c) {
                     // The trace ended (or the error was reported): the rest of the bits are
@@ -984,19 +1014,22 @@ impl<'a> FlowDecoder<'a> {
                     return None;
                 }
                 self.tnt_walked = 0;
-                None
+                return None;
             }
             Term::Insn(_) | Term::Limit => {
                 self.ip = b.next;
                 self.next_blk = self.cache.succ(self.image, idx, 0, self.ip);
-                Some(self.make_run(idx, 0, b.n))
             }
             Term::NoCode | Term::BadInsn => {
-                self.emit_run(idx, 0, b.n);
+                let b = *b;
+                self.emit_run(idx, 0, n);
                 self.no_code(b);
-                None
+                return None;
             }
         }
+        self.n_insns += n as u64;
+        self.n_runs += 1;
+        Some(idx)
     }
 
     fn no_code(&mut self, b: CachedBlock) {
