@@ -264,15 +264,22 @@ impl BlockCache {
 
     /// Drops everything if the cache has outgrown its limit. Only call this when no block index
     /// handed out earlier is still in use.
+    #[inline(always)]
     pub(crate) fn maybe_flush(&mut self) {
         if self.lens.len() > self.insn_limit || self.blocks.len() > self.insn_limit {
-            self.keys.iter_mut().for_each(|k| *k = 0);
-            self.vals.iter_mut().for_each(|v| *v = EMPTY);
-            self.used = 0;
-            self.blocks.clear();
-            self.lens.clear();
-            self.flushes += 1;
+            self.flush();
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn flush(&mut self) {
+        self.keys.iter_mut().for_each(|k| *k = 0);
+        self.vals.iter_mut().for_each(|v| *v = EMPTY);
+        self.used = 0;
+        self.blocks.clear();
+        self.lens.clear();
+        self.flushes += 1;
     }
 
     #[inline(always)]
