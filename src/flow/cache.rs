@@ -44,9 +44,28 @@ pub enum InsnClass {
 
 impl InsnClass {
     /// Classifies one decoded instruction (any mode).
+    #[inline]
     pub fn of(i: &Instruction) -> InsnClass {
+        Self::of_code(i.code())
+    }
+
+    /// The class of every instruction with this iced-x86 `Code` (the class depends on nothing
+    /// else). One load from a table built on first use: the cold block decoder classifies
+    /// every new instruction, and the two large iced-x86 tables (`Code` → mnemonic, `Code` →
+    /// flow control) it would otherwise read per instruction cost more than the decode itself.
+    #[inline]
+    pub fn of_code(code: Code) -> InsnClass {
+        code_classes()
+            .get(code as usize)
+            .copied()
+            .unwrap_or_else(|| Self::classify(code))
+    }
+
+    /// What [`Self::of_code`] tabulates.
+    fn classify(code: Code) -> InsnClass {
         // iced-x86 files SYSCALL, SYSENTER and VMLAUNCH under `FlowControl::Call` and far returns
         // under `Return`, so the far transfers are picked out by mnemonic first.
+        let i = code;
         match i.mnemonic() {
             Mnemonic::Syscall | Mnemonic::Sysenter => return InsnClass::SysCall,
             Mnemonic::Int | Mnemonic::Int3 | Mnemonic::Into | Mnemonic::Int1 => {
@@ -66,7 +85,7 @@ impl InsnClass {
         }
         match i.flow_control() {
             FlowControl::Next | FlowControl::XbeginXabortXend | FlowControl::Exception => {
-                if i.code() == Code::Mov_cr_r64 || i.code() == Code::Mov_cr_r32 {
+                if i == Code::Mov_cr_r64 || i == Code::Mov_cr_r32 {
                     InsnClass::Special
                 } else {
                     InsnClass::Other
@@ -172,6 +191,12 @@ impl InsnClass {
     }
 }
 
+/// [`InsnClass::classify`] of every `Code`, indexed by the code's value.
+fn code_classes() -> &'static [InsnClass] {
+    static CLASSES: std::sync::OnceLock<Vec<InsnClass>> = std::sync::OnceLock::new();
+    CLASSES.get_or_init(|| Code::values().map(InsnClass::classify).collect())
+}
+
 /// Bitness for iced-x86.
 pub(crate) fn bitness(mode: ExecMode) -> u32 {
     match mode {
@@ -240,6 +265,9 @@ pub(crate) struct BlockCache {
 
 const EMPTY: u32 = u32::MAX;
 
+/// Blocks the cache has room for before its arenas first grow (and half its table's slots).
+const INITIAL_BLOCKS: usize = 4096;
+
 #[inline(always)]
 fn hash(ip: u64) -> usize {
     // Fibonacci hashing: multiply by 2^64/phi, take the high bits.
@@ -248,14 +276,16 @@ fn hash(ip: u64) -> usize {
 
 impl BlockCache {
     pub(crate) fn new(insn_limit: usize) -> Self {
-        let cap = 1 << 12;
+        let cap = INITIAL_BLOCKS * 2;
         BlockCache {
             keys: vec![0; cap],
             vals: vec![EMPTY; cap],
             mask: cap - 1,
             used: 0,
-            blocks: Vec::new(),
-            lens: Vec::new(),
+            // Room for a typical working set up front: growing these by doubling copied them
+            // several times while a short trace was still decoding its code for the first time.
+            blocks: Vec::with_capacity(INITIAL_BLOCKS),
+            lens: Vec::with_capacity(INITIAL_BLOCKS * 4),
             insn_limit: insn_limit.max(4096),
             decoded: 0,
             flushes: 0,
@@ -264,15 +294,22 @@ impl BlockCache {
 
     /// Drops everything if the cache has outgrown its limit. Only call this when no block index
     /// handed out earlier is still in use.
+    #[inline(always)]
     pub(crate) fn maybe_flush(&mut self) {
         if self.lens.len() > self.insn_limit || self.blocks.len() > self.insn_limit {
-            self.keys.iter_mut().for_each(|k| *k = 0);
-            self.vals.iter_mut().for_each(|v| *v = EMPTY);
-            self.used = 0;
-            self.blocks.clear();
-            self.lens.clear();
-            self.flushes += 1;
+            self.flush();
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn flush(&mut self) {
+        self.keys.iter_mut().for_each(|k| *k = 0);
+        self.vals.iter_mut().for_each(|v| *v = EMPTY);
+        self.used = 0;
+        self.blocks.clear();
+        self.lens.clear();
+        self.flushes += 1;
     }
 
     #[inline(always)]
@@ -339,6 +376,7 @@ impl BlockCache {
     #[cold]
     fn decode(&mut self, image: &Image, ip: u64, mode: ExecMode) -> u32 {
         let bits = bitness(mode);
+        let classes = code_classes();
         let lens_at = self.lens.len() as u32;
         let mut cur = ip;
         let mut n = 0u32;
@@ -386,7 +424,10 @@ impl BlockCache {
             self.lens.push(len);
             n += 1;
             last_ip = cur;
-            let class = InsnClass::of(&instr);
+            let class = classes
+                .get(instr.code() as usize)
+                .copied()
+                .unwrap_or_else(|| InsnClass::classify(instr.code()));
             cur = match bits {
                 64 => cur.wrapping_add(len as u64),
                 32 => (cur as u32).wrapping_add(len as u32) as u64,
@@ -437,5 +478,40 @@ impl BlockCache {
     #[inline]
     pub(crate) fn lens_of(&self, b: &CachedBlock) -> &[u8] {
         &self.lens[b.lens_at as usize..(b.lens_at + b.n) as usize]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn code_table_classifies_like_iced_x86() {
+        // Spot checks against the SDM categories; the table is `classify` of every code.
+        let cases = [
+            (Code::Jne_rel8_64, InsnClass::CondBranch),
+            (Code::Loop_rel8_64_RCX, InsnClass::CondBranch),
+            (Code::Jmp_rel32_64, InsnClass::DirectJump),
+            (Code::Call_rel32_64, InsnClass::DirectCall),
+            (Code::Jmp_rm64, InsnClass::IndirectJump),
+            (Code::Call_rm64, InsnClass::IndirectCall),
+            (Code::Retnq, InsnClass::Return),
+            (Code::Retfq, InsnClass::FarReturn),
+            (Code::Iretq, InsnClass::FarReturn),
+            (Code::Syscall, InsnClass::SysCall),
+            (Code::Int3, InsnClass::SoftInt),
+            (Code::Ptwrite_rm64, InsnClass::Ptwrite),
+            (Code::Mov_cr_r64, InsnClass::Special),
+            (Code::Wrmsr, InsnClass::Special),
+            (Code::Add_rm64_r64, InsnClass::Other),
+            (Code::Nopd, InsnClass::Other),
+        ];
+        for (code, class) in cases {
+            assert_eq!(InsnClass::of_code(code), class, "{code:?}");
+        }
+        assert_eq!(code_classes().len(), Code::values().len());
+        for code in Code::values() {
+            assert_eq!(InsnClass::of_code(code), InsnClass::classify(code));
+        }
     }
 }

@@ -267,6 +267,33 @@ impl<'a> FlowDecoder<'a> {
     /// The next run of instructions or event; `None` at the end of the trace.
     #[inline]
     pub fn next_block(&mut self) -> Option<BlockItem<'_>> {
+        // The hot path, small enough to inline into the caller's loop: one block per TNT bit (or
+        // direct branch), handed out without a trip through the queue.
+        if self.out.is_empty() && self.state == State::Enabled {
+            if self.tnt_count == 0 && !self.short_tnt_refill() {
+                return self.next_block_slow();
+            }
+            if let Some(idx) = self.tnt_step() {
+                return Some(BlockItem::Block(self.whole_block(idx)));
+            }
+        }
+        self.next_block_slow()
+    }
+
+    /// The next TNT-8 packet's bits when the walk has used up the last ones (see
+    /// [`Self::short_tnt_fast_path`]): a run of TNT-8 packets is walked without leaving
+    /// [`Self::next_block`]'s fast path.
+    #[inline(always)]
+    fn short_tnt_refill(&mut self) -> bool {
+        // No block index is referenced by queued output now (the queue is empty), so this is as
+        // good a place as `fill` to keep the block cache bounded.
+        self.cache.maybe_flush();
+        self.short_tnt_fast_path() && self.tnt_count > 0
+    }
+
+    /// [`Self::next_block`] when the queue holds output or packets must be read.
+    #[inline(never)]
+    fn next_block_slow(&mut self) -> Option<BlockItem<'_>> {
         loop {
             if let Some(seg) = self.out.pop_front() {
                 return Some(match seg {
@@ -277,8 +304,8 @@ impl<'a> FlowDecoder<'a> {
             if self.walking_tnt() {
                 // The hot path: one block per TNT bit (or direct branch), handed out without a
                 // trip through the queue.
-                if let Some(r) = self.tnt_step() {
-                    return Some(BlockItem::Block(self.block_of(r)));
+                if let Some(idx) = self.tnt_step() {
+                    return Some(BlockItem::Block(self.whole_block(idx)));
                 }
                 continue;
             }
@@ -302,6 +329,26 @@ impl<'a> FlowDecoder<'a> {
             class: run_class(b, r.skip, r.count),
             time: r.time,
             lens: &self.cache.lens[at..at + r.count as usize],
+        }
+    }
+
+    /// The public view of all of block `idx` (already counted by `tnt_step`): built straight
+    /// from the cached block, with no intermediate [`Run`].
+    #[inline(always)]
+    fn whole_block(&self, idx: u32) -> Block<'_> {
+        let b = &self.cache.blocks[idx as usize];
+        let at = b.lens_at as usize;
+        Block {
+            start: b.start,
+            end: b.last_ip,
+            count: b.n,
+            mode: b.mode,
+            class: match b.term {
+                Term::Insn(c) => c,
+                _ => InsnClass::Other,
+            },
+            time: self.time.now(),
+            lens: &self.cache.lens[at..at + b.n as usize],
         }
     }
 
@@ -386,6 +433,16 @@ impl<'a> FlowDecoder<'a> {
     /// Instructions `skip .. skip+count` (`count > 0`) of block `idx` as output, counted.
     #[inline(always)]
     fn make_run(&mut self, idx: u32, skip: u32, count: u32) -> Run {
+        // Plain scalar counters: updating `stats.insns`/`stats.runs` together compiled to one
+        // 16-byte read-modify-write per run, which stalled on the previous run's store.
+        self.n_insns += count as u64;
+        self.n_runs += 1;
+        self.run_of(idx, skip, count)
+    }
+
+    /// Instructions `skip .. skip+count` (`count > 0`) of block `idx` as a [`Run`] (not counted).
+    #[inline(always)]
+    fn run_of(&self, idx: u32, skip: u32, count: u32) -> Run {
         let b = &self.cache.blocks[idx as usize];
         let (start_ip, end_ip) = if skip == 0 && count == b.n {
             (b.start, b.last_ip)
@@ -401,10 +458,6 @@ impl<'a> FlowDecoder<'a> {
             }
             (start, ip)
         };
-        // Plain scalar counters: updating `stats.insns`/`stats.runs` together compiled to one
-        // 16-byte read-modify-write per run, which stalled on the previous run's store.
-        self.n_insns += count as u64;
-        self.n_runs += 1;
         Run {
             blk: idx,
             skip,
@@ -513,7 +566,8 @@ impl<'a> FlowDecoder<'a> {
                 if stop_at_tnt {
                     return;
                 }
-                if let Some(r) = self.tnt_step() {
+                if let Some(idx) = self.tnt_step() {
+                    let r = self.run_of(idx, 0, self.cache.blocks[idx as usize].n);
                     self.out.push_back(Seg::Run(r));
                 }
                 continue;
@@ -542,18 +596,28 @@ impl<'a> FlowDecoder<'a> {
     }
 
     /// TNT-8 is the most frequent packet: decode it straight from the byte (reference §1.4)
-    /// without the general packet decoder. Only outside a BBP block, where a byte with bit 0
-    /// clear (other than PAD and the `02` escape) is always TNT-8.
-    #[inline]
+    /// without the general packet decoder, skipping the PADs before it. Only outside a BBP block,
+    /// where a byte with bit 0 clear (other than PAD and the `02` escape) is always TNT-8.
+    #[inline(always)]
     fn short_tnt_fast_path(&mut self) -> bool {
         if self.pushback.is_some() || self.pkt.block_context().is_some() {
             return false;
         }
-        let pos = self.pkt.position();
-        let Some(&b) = self.pkt.buffer().get(pos) else {
-            return false;
+        let buf = self.pkt.buffer();
+        let start = self.pkt.position();
+        let mut pos = start;
+        let b = loop {
+            match buf.get(pos) {
+                Some(0) => pos += 1,
+                Some(&b) => break b,
+                None => break 1,
+            }
         };
-        if b & 1 != 0 || b <= 2 {
+        if b & 1 != 0 || b == 2 {
+            if pos != start {
+                // Only PADs were consumed.
+                self.pkt.set_position(pos);
+            }
             return false;
         }
         let payload = b >> 1;
@@ -922,85 +986,126 @@ impl<'a> FlowDecoder<'a> {
     }
 
     /// One block of the walk while TNT bits are pending (`walking_tnt()`): stops right after the
-    /// block's last instruction. Returns the run when that is all the step produced (the caller
-    /// hands it out or queues it); anything else (events, split runs) is queued and `None`
-    /// returned.
+    /// block's last instruction. Returns the block's index when all of it is the step's output
+    /// (counted; the caller hands it out or queues it); anything else (events, split runs) is
+    /// queued and `None` returned.
+    ///
+    /// Only the frequent block ends are handled here, so that this stays small enough to be
+    /// inlined into the consumer's loop; the rest is in [`Self::tnt_step_rare`].
     #[inline(always)]
-    fn tnt_step(&mut self) -> Option<Run> {
+    fn tnt_step(&mut self) -> Option<u32> {
         let idx = self.cur_block();
-        let b: CachedBlock = self.cache.blocks[idx as usize];
         self.next_blk = u32::MAX;
-        self.tnt_walked += b.n as u64;
+        let b = &self.cache.blocks[idx as usize];
+        let n = b.n;
+        self.tnt_walked += n as u64;
         if self.tnt_walked > self.cfg.max_walk {
-            self.error(FlowErrorKind::RunawayWalk, Some(self.ip));
+            self.runaway();
             return None;
         }
-        match b.term {
+        // The common arms read only the fields they need from the cached block and follow its
+        // successor link: no copy of the whole block, no second lookup to build the output.
+        let (which, link) = match b.term {
             Term::Insn(InsnClass::CondBranch) => {
-                let taken = self.pop_bit();
+                self.tnt_count -= 1;
+                let taken = (self.tnt_bits >> self.tnt_count) & 1 != 0;
                 self.ip = if taken { b.target } else { b.next };
-                if self.tnt_count > 0 {
-                    self.next_blk = self.cache.succ(self.image, idx, taken as usize, self.ip);
-                }
                 self.tnt_walked = 0;
-                Some(self.make_run(idx, 0, b.n))
+                let link = b.succ[taken as usize];
+                if self.tnt_count == 0 {
+                    // The walk stops here; keep a known link for the next packet's walk, but
+                    // do not decode ahead.
+                    self.next_blk = link;
+                    self.n_insns += n as u64;
+                    self.n_runs += 1;
+                    return Some(idx);
+                }
+                (taken as usize, link)
             }
             Term::Insn(InsnClass::DirectJump) => {
                 self.ip = b.target;
-                self.next_blk = self.cache.succ(self.image, idx, 1, self.ip);
-                Some(self.make_run(idx, 0, b.n))
+                (1, b.succ[1])
             }
             Term::Insn(InsnClass::DirectCall) => {
-                if b.target != b.next {
-                    self.ret.push(b.next);
+                let (next, target, link) = (b.next, b.target, b.succ[1]);
+                if target != next {
+                    self.ret.push(next);
                 }
-                self.ip = b.target;
-                self.next_blk = self.cache.succ(self.image, idx, 1, self.ip);
-                Some(self.make_run(idx, 0, b.n))
+                self.ip = target;
+                (1, link)
             }
-            Term::Insn(InsnClass::Return) => {
-                // Bits pending at a RET: it is compressed (§3.3).
-                let taken = self.pop_bit();
-                let target = if taken { self.ret.pop() } else { None };
-                let Some(t) = target else {
-                    self.emit_run(idx, 0, b.n - 1);
-                    self.error(FlowErrorKind::BadRetCompression, Some(b.last_ip));
-                    return None;
-                };
-                self.ip = t;
-                self.tnt_walked = 0;
-                Some(self.make_run(idx, 0, b.n))
-            }
-            Term::Insn(c) if c.needs_tip() => {
-                // A deferred TIP (§3.4): the next packet must be its TIP.
-                self.emit_run(idx, 0, b.n - 1);
-                self.ip = b.last_ip;
-                if let Walk::Failed = self.deferred_tip(idx, &b, c) {
-                    // The trace ended (or the error was reported): the rest of the bits are
-                    // not walked.
-                    self.tnt_count = 0;
-                    return None;
-                }
-                if self.state != State::Enabled {
-                    if self.tnt_count > 0 {
-                        self.error(FlowErrorKind::UnexpectedTnt, None);
-                    }
-                    return None;
-                }
-                self.tnt_walked = 0;
-                None
-            }
-            Term::Insn(_) | Term::Limit => {
+            Term::Insn(InsnClass::Other | InsnClass::Special | InsnClass::Ptwrite)
+            | Term::Limit => {
                 self.ip = b.next;
-                self.next_blk = self.cache.succ(self.image, idx, 0, self.ip);
-                Some(self.make_run(idx, 0, b.n))
+                (0, b.succ[0])
             }
+            Term::Insn(InsnClass::Return) => return self.compressed_ret(idx),
+            // Every class left needs a TIP.
+            Term::Insn(c) => return self.deferred_tip_step(idx, c),
             Term::NoCode | Term::BadInsn => {
-                self.emit_run(idx, 0, b.n);
+                let b = *b;
+                self.emit_run(idx, 0, n);
                 self.no_code(b);
-                None
+                return None;
             }
+        };
+        self.next_blk = if link != u32::MAX {
+            link
+        } else {
+            self.cache.succ(self.image, idx, which, self.ip)
+        };
+        self.n_insns += n as u64;
+        self.n_runs += 1;
+        Some(idx)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn runaway(&mut self) {
+        self.error(FlowErrorKind::RunawayWalk, Some(self.ip));
+    }
+
+    /// A RET while TNT bits are pending: it is compressed (§3.3).
+    #[inline(never)]
+    fn compressed_ret(&mut self, idx: u32) -> Option<u32> {
+        let (n, last_ip) = {
+            let b = &self.cache.blocks[idx as usize];
+            (b.n, b.last_ip)
+        };
+        let taken = self.pop_bit();
+        let target = if taken { self.ret.pop() } else { None };
+        let Some(t) = target else {
+            self.emit_run(idx, 0, n - 1);
+            self.error(FlowErrorKind::BadRetCompression, Some(last_ip));
+            return None;
+        };
+        self.ip = t;
+        self.tnt_walked = 0;
+        self.n_insns += n as u64;
+        self.n_runs += 1;
+        Some(idx)
+    }
+
+    /// A branch that needs a TIP while TNT bits are pending: a deferred TIP (§3.4), the next
+    /// packet must be its TIP.
+    #[inline(never)]
+    fn deferred_tip_step(&mut self, idx: u32, c: InsnClass) -> Option<u32> {
+        let b: CachedBlock = self.cache.blocks[idx as usize];
+        self.emit_run(idx, 0, b.n - 1);
+        self.ip = b.last_ip;
+        if let Walk::Failed = self.deferred_tip(idx, &b, c) {
+            // The trace ended (or the error was reported): the rest of the bits are not walked.
+            self.tnt_count = 0;
+            return None;
         }
+        if self.state != State::Enabled {
+            if self.tnt_count > 0 {
+                self.error(FlowErrorKind::UnexpectedTnt, None);
+            }
+            return None;
+        }
+        self.tnt_walked = 0;
+        None
     }
 
     fn no_code(&mut self, b: CachedBlock) {

@@ -9,10 +9,10 @@
 //! instructions.
 //!
 //! It lives in a child module of the decoder because it drives the decoder's private hot path
-//! (`tnt_step`, the output queue, `fill`) exactly as `next_block` does; the output it hands out
-//! is that of `next_block` with the passed-over runs removed.
+//! (`tnt_step`, the TNT-8 refill, the output queue, `fill`) exactly as `next_block` does; the
+//! output it hands out is that of `next_block` with the passed-over runs removed.
 
-use super::{BlockItem, FlowDecoder, Seg};
+use super::{BlockItem, FlowDecoder, Seg, State};
 
 /// Classification of a cached block, by block index.
 const UNKNOWN: u8 = 0;
@@ -103,13 +103,14 @@ impl<'a> FilteredDecoder<'a> {
 
     /// The next event, or run of a block that `wants` accepts, as [`FlowDecoder::next_block`]
     /// would hand it out; `None` at the end of the trace. Runs of other blocks are passed over
-    /// and their instructions added to `*skipped`, but only while `*skipped` stays below
-    /// `budget`: the run that would reach it is handed out whatever its block, so a caller
-    /// interested only in the first `budget` instructions can stop there.
+    /// and their instructions added to `*count`, but only while `*count` stays below `budget`:
+    /// the run that would reach it is handed out whatever its block, so a caller that adds the
+    /// runs it is handed to `*count` too, and is interested only in instructions before
+    /// `budget`, can stop there.
     #[inline]
     pub fn next_block(
         &mut self,
-        skipped: &mut u64,
+        count: &mut u64,
         budget: u64,
         wants: &mut impl FnMut(u64, &[u8]) -> bool,
     ) -> Option<BlockItem<'_>> {
@@ -118,25 +119,34 @@ impl<'a> FilteredDecoder<'a> {
                 match seg {
                     Seg::Event(e) => return Some(BlockItem::Event(*e)),
                     Seg::Run(r) => {
-                        let total = *skipped + r.count as u64;
+                        let total = *count + r.count as u64;
                         if total < budget && !self.wants(r.blk, wants) {
-                            *skipped = total;
+                            *count = total;
                             continue;
                         }
                         return Some(BlockItem::Block(self.dec.block_of(r)));
                     }
                 }
             }
-            if self.dec.walking_tnt() {
-                if let Some(r) = self.dec.tnt_step() {
-                    let total = *skipped + r.count as u64;
-                    if total < budget && !self.wants(r.blk, wants) {
-                        *skipped = total;
-                        continue;
+            // The decoder's hot path (as in `next_block`): walk the pending TNT bits, refilled
+            // straight from TNT-8 packets, one whole block per step.
+            if self.dec.state == State::Enabled {
+                let walking = self.dec.tnt_count > 0 || {
+                    let refilled = self.dec.short_tnt_refill();
+                    self.check_flush();
+                    refilled
+                };
+                if walking {
+                    if let Some(idx) = self.dec.tnt_step() {
+                        let total = *count + self.dec.cache.blocks[idx as usize].n as u64;
+                        if total < budget && !self.wants(idx, wants) {
+                            *count = total;
+                            continue;
+                        }
+                        return Some(BlockItem::Block(self.dec.whole_block(idx)));
                     }
-                    return Some(BlockItem::Block(self.dec.block_of(r)));
+                    continue;
                 }
-                continue;
             }
             self.dec.fill(true);
             self.check_flush();
