@@ -33,7 +33,7 @@
 
 use ptrewind::capture::soft::{Cofi, EncoderConfig, SoftEncoder, Step};
 use ptrewind::flow::{BlockItem, FlowConfig, FlowDecoder};
-use ptrewind::history::{Breakpoints, History, IpMatch};
+use ptrewind::history::{Breakpoints, History, IpMatch, MatchFn};
 use ptrewind::image::{Image, Section};
 use std::time::{Duration, Instant};
 
@@ -785,6 +785,70 @@ fn hot_address(p: &Program) -> u64 {
         .map_or(p.base, |i| i.ip)
 }
 
+/// What every case of [`scan_compare`] runs on.
+struct CaseCtx<'a> {
+    trace: &'a [u8],
+    image: &'a Image,
+    cfg: &'a FlowConfig,
+    init_ip: u64,
+    reps: usize,
+}
+
+impl CaseCtx<'_> {
+    /// `reps` times: the forward decode, then the backward search from the present with a fresh
+    /// `make()` on 1 thread and on 2 (statically dispatched, as the server calls it).
+    fn run<M: IpMatch>(&self, h: &mut History, label: &str, make: impl Fn() -> M) -> ScanCase {
+        let (trace, image, len) = (self.trace, self.image, h.len());
+        let mut case = ScanCase {
+            label: label.to_string(),
+            scanned: 0,
+            reps: Vec::new(),
+        };
+        for _ in 0..self.reps {
+            let mut rep = ScanRep::default();
+            let t = Tick::now();
+            let mut dec = FlowDecoder::new(trace, image, self.cfg.clone());
+            let mut raw = 0u64;
+            while let Some(item) = dec.next_block() {
+                if let BlockItem::Block(b) = item {
+                    raw += b.count as u64;
+                }
+            }
+            rep.fwd = (t.elapsed(), t.wall());
+            assert_eq!(raw, len, "decoder and history disagree");
+
+            let mut m = make();
+            h.clear_cache();
+            h.set_search_threads(1);
+            let t = Tick::now();
+            let hit = h.rfind_with(trace, image, len, &mut m);
+            rep.back1 = (t.elapsed(), t.wall());
+            if let Some(hit) = hit {
+                assert!(hit < 16, "init hit at {hit}");
+                assert_eq!(h.insn(trace, image, hit).map(|x| x.0), Some(self.init_ip));
+            }
+            case.scanned = len - hit.unwrap_or(0);
+
+            let mut m = make();
+            h.clear_cache();
+            h.set_search_threads(2);
+            let parallel = h.stats().parallel_searches;
+            let (t, p0) = (Tick::now(), process_cpu_now());
+            let hit2 = h.rfind_with(trace, image, len, &mut m);
+            rep.back2 = (process_cpu_now().saturating_sub(p0), t.wall());
+            assert_eq!(hit2, hit);
+            assert!(
+                h.stats().parallel_searches > parallel
+                    || m.fork().is_none()
+                    || h.sync_points().len() < 16,
+                "the 2-thread search stayed on one thread"
+            );
+            case.reps.push(rep);
+        }
+        case
+    }
+}
+
 fn scan_compare(label: &str, p: &Program, init_ip: u64, n: u64, reps: usize) -> ScanCompare {
     let trace = generate(p, n);
     let mut image = Image::new();
@@ -805,63 +869,27 @@ fn scan_compare(label: &str, p: &Program, init_ip: u64, n: u64, reps: usize) -> 
         cases: Vec::new(),
         near: Vec::new(),
     };
-    type Case = (&'static str, Box<dyn Fn() -> Box<dyn IpMatch + Send>>);
-    let cases: Vec<Case> = vec![
-        (
-            "`init`, summaries off",
-            Box::new(move || Box::new(NoSummaries(Breakpoints::new([init_ip])))),
-        ),
-        (
-            "inside the hot loop (never hit)",
-            Box::new(move || Box::new(Breakpoints::new([mid]))),
-        ),
-    ];
-    for (name, make) in &cases {
-        let mut case = ScanCase {
-            label: name.to_string(),
-            scanned: 0,
-            reps: Vec::new(),
-        };
-        for _ in 0..reps {
-            let mut rep = ScanRep::default();
-            let t = Tick::now();
-            let mut dec = FlowDecoder::new(&trace, &image, cfg.clone());
-            let mut raw = 0u64;
-            while let Some(item) = dec.next_block() {
-                if let BlockItem::Block(b) = item {
-                    raw += b.count as u64;
-                }
-            }
-            rep.fwd = (t.elapsed(), t.wall());
-            assert_eq!(raw, len, "decoder and history disagree");
-
-            let mut m = make();
-            h.clear_cache();
-            h.set_search_threads(1);
-            let t = Tick::now();
-            let hit = h.rfind_with(&trace, &image, len, &mut m);
-            rep.back1 = (t.elapsed(), t.wall());
-            if let Some(hit) = hit {
-                assert!(hit < 16, "init hit at {hit}");
-                assert_eq!(h.insn(&trace, &image, hit).map(|x| x.0), Some(init_ip));
-            }
-            case.scanned = len - hit.unwrap_or(0);
-
-            h.clear_cache();
-            h.set_search_threads(2);
-            let parallel = h.stats().parallel_searches;
-            let (t, p0) = (Tick::now(), process_cpu_now());
-            let hit2 = h.rfind_with(&trace, &image, len, &mut m);
-            rep.back2 = (process_cpu_now().saturating_sub(p0), t.wall());
-            assert_eq!(hit2, hit);
-            assert!(
-                h.stats().parallel_searches > parallel,
-                "the 2-thread search stayed on one thread"
-            );
-            case.reps.push(rep);
-        }
-        out.cases.push(case);
-    }
+    let ctx = CaseCtx {
+        trace: &trace,
+        image: &image,
+        cfg: &cfg,
+        init_ip,
+        reps,
+    };
+    out.cases.push(ctx.run(&mut h, "`init`, summaries off", || {
+        NoSummaries(Breakpoints::new([init_ip]))
+    }));
+    out.cases
+        .push(ctx.run(&mut h, "inside the hot loop (never hit)", || {
+            Breakpoints::new([mid])
+        }));
+    // An address the optimiser cannot see, so every instruction is really compared.
+    let nowhere = std::hint::black_box(u64::MAX);
+    out.cases.push(ctx.run(
+        &mut h,
+        "closure `ip == x`, never true (every instruction examined; 1 thread)",
+        || MatchFn(move |ip: u64| ip == nowhere),
+    ));
     let hot = hot_address(p);
     for _ in 0..reps.max(5) {
         h.clear_cache();
@@ -876,67 +904,70 @@ fn scan_compare(label: &str, p: &Program, init_ip: u64, n: u64, reps: usize) -> 
     out
 }
 
-/// "min–max" of a list of figures.
-fn range(v: impl IntoIterator<Item = f64>, prec: usize) -> String {
+/// The median of a list of figures.
+fn med(v: impl IntoIterator<Item = f64>) -> f64 {
+    let mut v: Vec<f64> = v.into_iter().collect();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// "median (min–max)" of a list of ratios.
+fn spread(v: impl IntoIterator<Item = f64>) -> String {
     let v: Vec<f64> = v.into_iter().collect();
     let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
     let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    if v.len() == 1 || format!("{lo:.prec$}") == format!("{hi:.prec$}") {
-        format!("{lo:.prec$}")
-    } else {
-        format!("{lo:.prec$}–{hi:.prec$}")
-    }
+    format!("{:.2} ({lo:.2}–{hi:.2})", med(v.iter().copied()))
 }
 
 fn print_scan(rows: &[ScanCompare]) {
     println!(
-        "\n### Unprunable backward scan against forward decoding (same history, alternating; ranges over the repetitions)\n"
+        "\n### Unprunable backward scan against forward decoding (same history, alternating)\n"
     );
     println!(
-        "| history | breakpoint | reps | forward Minsn/s CPU (wall) | backward 1 thread Minsn/s CPU (wall) | 1 thread / forward: CPU (wall) | backward 2 threads Minsn/s wall (per CPU-s of both) | 2 threads wall / forward: wall (CPU) |"
+        "Throughputs are medians over the repetitions; ratios are per repetition (both passes ran under the same load), median (min–max).\n"
     );
-    println!("|---|---|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| history | breakpoint | reps | forward Minsn/s: CPU / wall | backward 1 thread Minsn/s: CPU / wall | 1 thread ÷ forward, CPU | 1 thread ÷ forward, wall | backward 2 threads Minsn/s: wall / per CPU-s of both | 2 threads wall ÷ forward wall | 2 threads wall ÷ forward CPU |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in rows {
         for c in &r.cases {
             let f = |d: Duration, n: u64| mips(n, d);
-            let fwd = c.reps.iter().map(|x| f(x.fwd.0, r.insns));
-            let fwd_w = c.reps.iter().map(|x| f(x.fwd.1, r.insns));
-            let b1 = c.reps.iter().map(|x| f(x.back1.0, c.scanned));
-            let b1_w = c.reps.iter().map(|x| f(x.back1.1, c.scanned));
-            let b2_w = c.reps.iter().map(|x| f(x.back2.1, c.scanned));
-            let b2_c = c.reps.iter().map(|x| f(x.back2.0, c.scanned));
+            let fig = |g: fn(&ScanRep) -> Duration, n: u64| med(c.reps.iter().map(|x| f(g(x), n)));
             // Ratios per repetition (the passes of one repetition ran under the same load).
             let q = |a: fn(&ScanRep) -> Duration, b: fn(&ScanRep) -> Duration| {
-                c.reps
-                    .iter()
-                    .map(|x| f(a(x), c.scanned) / f(b(x), r.insns))
-                    .collect::<Vec<f64>>()
+                spread(c.reps.iter().map(|x| f(a(x), c.scanned) / f(b(x), r.insns)))
             };
             println!(
-                "| {} | {} | {} | {} ({}) | {} ({}) | {} ({}) | {} ({}) | {} ({}) |",
+                "| {} | {} | {} | {:.0} / {:.0} | {:.0} / {:.0} | {} | {} | {:.0} / {:.0} | {} | {} |",
                 r.label,
                 c.label,
                 c.reps.len(),
-                range(fwd, 0),
-                range(fwd_w, 0),
-                range(b1, 0),
-                range(b1_w, 0),
-                range(q(|x| x.back1.0, |x| x.fwd.0), 2),
-                range(q(|x| x.back1.1, |x| x.fwd.1), 2),
-                range(b2_w, 0),
-                range(b2_c, 0),
-                range(q(|x| x.back2.1, |x| x.fwd.1), 2),
-                range(q(|x| x.back2.1, |x| x.fwd.0), 2),
+                fig(|x| x.fwd.0, r.insns),
+                fig(|x| x.fwd.1, r.insns),
+                fig(|x| x.back1.0, c.scanned),
+                fig(|x| x.back1.1, c.scanned),
+                q(|x| x.back1.0, |x| x.fwd.0),
+                q(|x| x.back1.1, |x| x.fwd.1),
+                fig(|x| x.back2.1, c.scanned),
+                fig(|x| x.back2.0, c.scanned),
+                q(|x| x.back2.1, |x| x.fwd.1),
+                q(|x| x.back2.1, |x| x.fwd.0),
             );
         }
     }
     println!(
-        "\nReverse-continue to a breakpoint hit in the last segment (cold segment cache), µs CPU (wall), min–max:\n"
+        "\nReverse-continue to a breakpoint hit in the last segment (cold segment cache), µs CPU (wall): median (min–max)\n"
     );
     for r in rows {
-        let cpu = r.near.iter().map(|x| x.0.as_secs_f64() * 1e6);
-        let wall = r.near.iter().map(|x| x.1.as_secs_f64() * 1e6);
-        println!("* {}: {} ({})", r.label, range(cpu, 0), range(wall, 0));
+        let cpu: Vec<f64> = r.near.iter().map(|x| x.0.as_secs_f64() * 1e6).collect();
+        let wall: Vec<f64> = r.near.iter().map(|x| x.1.as_secs_f64() * 1e6).collect();
+        let lohi = |v: &[f64]| {
+            let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            format!("{:.0} ({lo:.0}–{hi:.0})", med(v.iter().copied()))
+        };
+        println!("* {}: {} CPU, {} wall", r.label, lohi(&cpu), lohi(&wall));
     }
 }
 
@@ -1084,6 +1115,18 @@ fn main() {
         let label = label_of(n);
         eprintln!("comparing scans at {label} ...");
         scans.push(scan_compare(&label, &prog, init_ip, n, reps));
+    }
+    if dense {
+        let (dp, dinit) = program(true);
+        let dinit_ip = dp.insns[dp.labels[dinit.0]].ip;
+        let n = sizes
+            .iter()
+            .copied()
+            .max()
+            .unwrap_or(10_000_000)
+            .min(30_000_000);
+        eprintln!("comparing scans at dense {n} ...");
+        scans.push(scan_compare(&format!("dense {n}"), &dp, dinit_ip, n, reps));
     }
     print_scan(&scans);
 }

@@ -1007,16 +1007,19 @@ fn scan_segment_back<M: IpMatch + ?Sized>(
         if i >= from {
             return false;
         }
+        // The run's instructions before `from`, examined in a loop with nothing else in it.
+        let lens = b.lens();
+        let lens = &lens[..(from - i).min(lens.len() as u64) as usize];
         let mut ip = b.start;
-        for (j, &len) in b.lens().iter().enumerate() {
-            let at = i + j as u64;
-            if at >= from {
-                break;
-            }
+        let mut hit = None;
+        for (j, &len) in lens.iter().enumerate() {
             if m.matches(ip) {
-                last = Some(at);
+                hit = Some(j);
             }
             ip = ip.wrapping_add(len as u64);
+        }
+        if let Some(j) = hit {
+            last = Some(i + j as u64);
         }
         true
     });
