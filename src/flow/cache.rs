@@ -244,6 +244,80 @@ pub(crate) struct CachedBlock {
     pub succ: [u32; 2],
 }
 
+/// A recorded TNT walk (see [`PathCache`]): what walking the bits `pattern` from block `start`
+/// produced, keyed by `(start << 8) | pattern`.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct PathSlot {
+    /// `(start block << 8) | pattern`, where `pattern` is the pending bits with a stop bit above
+    /// them (so never 0); 0 marks an empty slot.
+    pub key: u64,
+    /// Where the walk left off: the IP of the next block, ...
+    pub end_ip: u64,
+    /// ... its index when a successor link gave it (`u32::MAX` otherwise), ...
+    pub end_blk: u32,
+    /// ... the number of TNT bits still pending (0 when the walk used them all) ...
+    pub end_count: u32,
+    /// ... and the instructions walked since the last bit was used (the runaway guard).
+    pub end_walked: u32,
+    /// The walked blocks: `path_elems[at .. at + len]`.
+    pub at: u32,
+    /// Number of blocks walked (at least 1).
+    pub len: u32,
+}
+
+/// Flag on a path element: the block ends in a direct CALL that pushes its return address.
+pub(crate) const PATH_PUSH: u32 = 1 << 31;
+
+/// Slots of the path table (direct mapped: a new path replaces an older one in its slot).
+const PATH_SLOTS: usize = 1 << 13;
+
+/// Blocks in one recorded path at most (longer walks are not recorded).
+pub(crate) const MAX_PATH_LEN: usize = 256;
+
+/// Path elements kept at most before the path cache is cleared (bounds its memory).
+const PATH_ELEMS_LIMIT: usize = 1 << 20;
+
+/// The TNT-packet outcome cache (libxdc's idea, kept exact): for a block and the bits of one
+/// TNT-8 packet, the blocks the walk hands out and the state it ends in. A walk is a function of
+/// (start block, bits) alone as long as it meets only conditional branches, direct jumps and
+/// calls and fall-throughs (compressed RETs, TIPs and errors end a recording before them), so
+/// replaying it hands out the same blocks without deciding anything per block.
+pub(crate) struct PathCache {
+    pub(crate) slots: Vec<PathSlot>,
+    /// Block indices of all recorded paths, [`PATH_PUSH`] flagged.
+    pub(crate) elems: Vec<u32>,
+}
+
+impl PathCache {
+    fn new() -> Self {
+        PathCache {
+            slots: vec![PathSlot::default(); PATH_SLOTS],
+            elems: Vec::with_capacity(INITIAL_BLOCKS * 4),
+        }
+    }
+
+    /// The slot for `key`.
+    #[inline(always)]
+    pub(crate) fn slot(&self, key: u64) -> usize {
+        hash(key) & (PATH_SLOTS - 1)
+    }
+
+    /// Forgets every path (block indices are about to change, or the arena is full).
+    fn clear(&mut self) {
+        self.slots.iter_mut().for_each(|s| s.key = 0);
+        self.elems.clear();
+    }
+
+    /// Clears the cache if its arena has outgrown its limit. Only call this when no replay is
+    /// in progress.
+    #[inline(always)]
+    pub(crate) fn maybe_clear(&mut self) {
+        if self.elems.len() > PATH_ELEMS_LIMIT {
+            self.clear();
+        }
+    }
+}
+
 /// Instructions per block at most (a straight run longer than this is split).
 const MAX_BLOCK_INSNS: u32 = 1024;
 
@@ -261,6 +335,8 @@ pub(crate) struct BlockCache {
     pub(crate) decoded: u64,
     /// Number of flushes.
     pub(crate) flushes: u64,
+    /// Recorded TNT walks over these blocks (flushed with them).
+    pub(crate) paths: PathCache,
 }
 
 const EMPTY: u32 = u32::MAX;
@@ -289,6 +365,7 @@ impl BlockCache {
             insn_limit: insn_limit.max(4096),
             decoded: 0,
             flushes: 0,
+            paths: PathCache::new(),
         }
     }
 
@@ -309,6 +386,7 @@ impl BlockCache {
         self.used = 0;
         self.blocks.clear();
         self.lens.clear();
+        self.paths.clear();
         self.flushes += 1;
     }
 
