@@ -107,6 +107,10 @@ pub struct FlowStats {
     pub decoded_insns: u64,
     /// Block-cache flushes.
     pub cache_flushes: u64,
+    /// TNT-8 packets whose walk was replayed from the path cache.
+    pub path_hits: u64,
+    /// TNT-8 packet walks recorded into the path cache.
+    pub paths_recorded: u64,
 }
 
 /// The return stack for RET compression: a fixed ring that drops its oldest entry when full.
@@ -314,6 +318,7 @@ impl<'a> FlowDecoder<'a> {
         let paths = &self.cache.paths;
         let slot = &paths.slots[paths.slot(key)];
         if slot.key == key {
+            self.stats.path_hits += 1;
             self.ip = slot.end_ip;
             self.next_blk = slot.end_blk;
             self.tnt_count = slot.end_count;
@@ -353,6 +358,7 @@ impl<'a> FlowDecoder<'a> {
         if len == 0 || end_walked > u32::MAX as u64 {
             return;
         }
+        self.stats.paths_recorded += 1;
         let at = paths.slot(key);
         paths.slots[at] = PathSlot {
             key,
