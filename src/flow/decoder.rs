@@ -160,7 +160,7 @@ pub struct FlowDecoder<'a> {
     pkt: PacketDecoder<'a>,
     pushback: Option<(u64, Packet)>,
     last_ip: LastIp,
-    cache: BlockCache,
+    cache: BlockCache<'a>,
     state: State,
     ip: u64,
     mode: ExecMode,
@@ -359,6 +359,7 @@ impl<'a> FlowDecoder<'a> {
             return;
         }
         self.stats.paths_recorded += 1;
+        paths.recorded += 1;
         let at = paths.slot(key);
         paths.slots[at] = PathSlot {
             key,
