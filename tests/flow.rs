@@ -37,13 +37,35 @@ fn cfg_of(t: &CorpusTrace) -> FlowConfig {
     cfg
 }
 
-/// Our decode of a whole trace as items, with the error events separately.
+/// Our decode of a whole trace as items, with the error events separately. Also checks that
+/// `next_block` (with its TNT/TIP fast paths and path replays) yields exactly the same stream.
 fn decode_items(pt: &[u8], img: &Image, cfg: FlowConfig) -> Vec<Item> {
-    let mut dec = FlowDecoder::new(pt, img, cfg);
+    let mut dec = FlowDecoder::new(pt, img, cfg.clone());
     let mut out = Vec::new();
     while let Some(i) = dec.next_item() {
         out.push(i);
     }
+    let mut blocks = FlowDecoder::new(pt, img, cfg);
+    let mut at = 0;
+    while let Some(b) = blocks.next_block() {
+        match b {
+            BlockItem::Block(b) => {
+                for i in b.insns() {
+                    assert_eq!(out.get(at), Some(&Item::Insn(i)), "next_block at item {at}");
+                    at += 1;
+                }
+            }
+            BlockItem::Event(e) => {
+                assert_eq!(
+                    out.get(at),
+                    Some(&Item::Event(e)),
+                    "next_block at item {at}"
+                );
+                at += 1;
+            }
+        }
+    }
+    assert_eq!(at, out.len(), "next_block ended early");
     out
 }
 

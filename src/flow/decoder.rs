@@ -4,7 +4,9 @@ use super::cache::{BlockCache, CachedBlock, InsnClass, MAX_PATH_LEN, PATH_PUSH, 
 use super::time::TimeState;
 use super::{Event, EventKind, FlowConfig, FlowErrorKind, Insn, Item};
 use crate::image::Image;
-use crate::packet::{ExecMode, IpPayload, LastIp, Packet, PacketDecoder, PacketError, Tnt};
+use crate::packet::{
+    ExecMode, IpCompression, IpPayload, LastIp, Packet, PacketDecoder, PacketError, Tnt,
+};
 use std::collections::VecDeque;
 
 /// Where the decoder stands.
@@ -290,6 +292,9 @@ impl<'a> FlowDecoder<'a> {
         if self.out.is_empty() && self.state == State::Enabled {
             if self.tnt_count == 0 {
                 if !self.short_tnt_refill() {
+                    if let Some(idx) = self.tip_fast_path() {
+                        return Some(BlockItem::Block(self.whole_block(idx)));
+                    }
                     return self.next_block_slow();
                 }
                 if self.start_path() {
@@ -331,6 +336,68 @@ impl<'a> FlowDecoder<'a> {
         self.rec_key = key;
         self.rec_at = self.cache.paths.elems.len() as u32;
         false
+    }
+
+    /// A TIP (with an IP) that the block at the current IP ends for: an uncompressed RET or an
+    /// indirect branch or far transfer with nothing to walk before it, the usual case right
+    /// after a TNT walk. The TIP is decoded straight from its bytes and the block, branch
+    /// included, handed out as one run, with no trip through the packet decoder and the queue.
+    /// `None` (nothing consumed) for anything else; the general path then handles it.
+    #[inline(never)]
+    fn tip_fast_path(&mut self) -> Option<u32> {
+        if self.pushback.is_some()
+            || self.pkt.block_context().is_some()
+            || self.pending_mode.is_some()
+            || self.ovf_pending.is_some()
+        {
+            return None;
+        }
+        let buf = self.pkt.buffer();
+        let pos = self.pkt.position();
+        let b0 = *buf.get(pos)?;
+        if b0 & 0x1f != 0x0d {
+            return None;
+        }
+        let (compression, len) = match b0 >> 5 {
+            1 => (IpCompression::Update16, 2),
+            2 => (IpCompression::Update32, 4),
+            3 => (IpCompression::Sext48, 6),
+            4 => (IpCompression::Update48, 6),
+            6 => (IpCompression::Full, 8),
+            _ => return None,
+        };
+        let payload = buf.get(pos + 1..pos + 1 + len)?;
+        let raw = payload
+            .iter()
+            .rev()
+            .fold(0u64, |acc, &b| (acc << 8) | b as u64);
+        let pl = IpPayload { compression, raw };
+        let Ok(Some(target)) = self.last_ip.reconstruct(pl) else {
+            return None;
+        };
+        let idx = self.cur_block();
+        let b = &self.cache.blocks[idx as usize];
+        let (n, next) = (b.n, b.next);
+        match b.term {
+            Term::Insn(InsnClass::Return) => {
+                // An uncompressed RET still pops, so later compressed RETs line up.
+                self.ret.pop();
+            }
+            Term::Insn(c) if c.needs_tip() => {
+                if c == InsnClass::IndirectCall {
+                    self.ret.push(next);
+                }
+            }
+            _ => return None,
+        }
+        let _ = self.last_ip.apply(pl);
+        self.pkt.set_position(pos + 1 + len);
+        self.cur_offset = pos as u64;
+        self.ip = target;
+        self.next_blk = u32::MAX;
+        self.n_insns += n as u64;
+        self.n_runs += 1;
+        Some(idx)
     }
 
     /// Hands out the next block of a path replay (counted, its CALL pushed).
