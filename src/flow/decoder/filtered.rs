@@ -101,6 +101,24 @@ impl<'a> FilteredDecoder<'a> {
         }
     }
 
+    /// Whether a run of `n` instructions of block `blk` is passed over (and counted).
+    #[inline(always)]
+    fn pass_over(
+        &mut self,
+        blk: u32,
+        n: u32,
+        count: &mut u64,
+        budget: u64,
+        wants: &mut impl FnMut(u64, &[u8]) -> bool,
+    ) -> bool {
+        let total = *count + n as u64;
+        if total < budget && !self.wants(blk, wants) {
+            *count = total;
+            return true;
+        }
+        false
+    }
+
     /// The next event, or run of a block that `wants` accepts, as [`FlowDecoder::next_block`]
     /// would hand it out; `None` at the end of the trace. Runs of other blocks are passed over
     /// and their instructions added to `*count`, but only while `*count` stays below `budget`:
@@ -115,44 +133,87 @@ impl<'a> FilteredDecoder<'a> {
         wants: &mut impl FnMut(u64, &[u8]) -> bool,
     ) -> Option<BlockItem<'_>> {
         loop {
-            if let Some(seg) = self.dec.out.pop_front() {
-                match seg {
-                    Seg::Event(e) => return Some(BlockItem::Event(*e)),
-                    Seg::Run(r) => {
-                        let total = *count + r.count as u64;
-                        if total < budget && !self.wants(r.blk, wants) {
-                            *count = total;
-                            continue;
-                        }
-                        return Some(BlockItem::Block(self.dec.block_of(r)));
-                    }
-                }
-            }
-            // The decoder's hot path (as in `next_block`): walk the pending TNT bits, refilled
-            // straight from TNT-8 packets, one whole block per step.
-            if self.dec.state == State::Enabled {
-                let walking = self.dec.tnt_count > 0 || {
+            // The decoder's fast path, step by step as in `next_block`: a path replay, a TNT-8
+            // refill (replayed from the path cache, or walked), a TIP fast path. Each yields one
+            // whole block, already counted.
+            let mut step = Step::Slow;
+            if self.dec.path_pos < self.dec.path_end {
+                step = Step::Block(self.dec.replay_step());
+            } else if self.dec.out.is_empty() && self.dec.state == State::Enabled {
+                if self.dec.tnt_count == 0 {
                     let refilled = self.dec.short_tnt_refill();
                     self.check_flush();
-                    refilled
-                };
-                if walking {
-                    if let Some(idx) = self.dec.tnt_step() {
-                        let total = *count + self.dec.cache.blocks[idx as usize].n as u64;
-                        if total < budget && !self.wants(idx, wants) {
-                            *count = total;
-                            continue;
+                    if !refilled {
+                        if let Some(idx) = self.dec.tip_fast_path() {
+                            step = Step::Block(idx);
                         }
-                        return Some(BlockItem::Block(self.dec.whole_block(idx)));
+                    } else if self.dec.start_path() {
+                        step = Step::Block(self.dec.replay_step());
+                    } else {
+                        step = Step::of(self.dec.tnt_step());
                     }
-                    continue;
+                } else {
+                    step = Step::of(self.dec.tnt_step());
                 }
             }
-            self.dec.fill(true);
-            self.check_flush();
-            if self.dec.out.is_empty() && !self.dec.walking_tnt() {
-                return None;
+            match step {
+                Step::Block(idx) => {
+                    let n = self.dec.cache.blocks[idx as usize].n;
+                    if !self.pass_over(idx, n, count, budget, wants) {
+                        return Some(BlockItem::Block(self.dec.whole_block(idx)));
+                    }
+                }
+                // The step queued its output: the slow path below hands it out next round.
+                Step::Queued => {}
+                Step::Slow => {
+                    // As `next_block_slow`.
+                    if self.dec.rec_key != 0 || self.dec.path_pos < self.dec.path_end {
+                        self.dec.settle_path();
+                    }
+                    if let Some(seg) = self.dec.out.pop_front() {
+                        match seg {
+                            Seg::Event(e) => return Some(BlockItem::Event(*e)),
+                            Seg::Run(r) => {
+                                if !self.pass_over(r.blk, r.count, count, budget, wants) {
+                                    return Some(BlockItem::Block(self.dec.block_of(r)));
+                                }
+                            }
+                        }
+                        continue;
+                    }
+                    if self.dec.walking_tnt() {
+                        if let Some(idx) = self.dec.tnt_step() {
+                            let n = self.dec.cache.blocks[idx as usize].n;
+                            if !self.pass_over(idx, n, count, budget, wants) {
+                                return Some(BlockItem::Block(self.dec.whole_block(idx)));
+                            }
+                        }
+                        continue;
+                    }
+                    self.dec.fill(true);
+                    self.check_flush();
+                    if self.dec.out.is_empty() && !self.dec.walking_tnt() {
+                        return None;
+                    }
+                }
             }
         }
+    }
+}
+
+/// What one round of [`FilteredDecoder::next_block`]'s fast path produced.
+enum Step {
+    /// A whole block, counted.
+    Block(u32),
+    /// Output went to the queue (or nothing came out).
+    Queued,
+    /// The fast path does not apply.
+    Slow,
+}
+
+impl Step {
+    #[inline(always)]
+    fn of(tnt_step: Option<u32>) -> Step {
+        tnt_step.map_or(Step::Queued, Step::Block)
     }
 }
