@@ -5,12 +5,14 @@
 //! still builds and returns every run, and the caller rejects it; at ~5 instructions per run that
 //! per-run hand-out is a large share of the decode. [`FilteredDecoder`] asks once per cached block
 //! whether its instructions can interest the caller, keeps the answer beside the block cache, and
-//! walks the TNT bits of uninteresting blocks without leaving the decoder, only counting their
-//! instructions.
+//! walks (or replays from the path cache) the uninteresting blocks without leaving the decoder,
+//! only counting their instructions.
 //!
-//! It lives in a child module of the decoder because it drives the decoder's private hot path
-//! (`tnt_step`, the TNT-8 refill, the output queue, `fill`) exactly as `next_block` does; the
-//! output it hands out is that of `next_block` with the passed-over runs removed.
+//! It lives in a child module of the decoder because it drives the decoder's private fast path
+//! (path replay, the TNT-8 refill, `tnt_step`, the TIP fast path, then the output queue and
+//! `fill`) step by step exactly as `next_block` does; the output it hands out is that of
+//! `next_block` with the passed-over runs removed. A change to `next_block`'s steps must be
+//! mirrored here: `tests/history.rs` checks the filtered stream against a sequential decode.
 
 use super::{BlockItem, FlowDecoder, Seg, State};
 
