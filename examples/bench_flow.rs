@@ -11,7 +11,7 @@
 //! `--compare` diffs the two instruction-address sequences and prints the first divergence
 //! (`--trace all`: every corpus trace that has code images).
 //! Peak RSS is read from /proc/self/status after each trace. `--memory` decodes each trace
-//! repeated 1, 4 and 16 times and prints the decoder's peak heap (it must not grow).
+//! repeated 1, 4, 16 and 64 times and prints the decoder's peak heap (it must not grow).
 //! `--ours-only` times only ptrewind (for profiling). `--stats` prints each trace's composition
 //! (packets, runs, cold decodes, path-cache hits). `--repeat-mib N` runs everything on each trace
 //! repeated (from its first PSB) to at least N MiB, the way a long recording of the same code
@@ -495,7 +495,7 @@ fn main() {
             continue;
         }
         if memory {
-            for k in [1usize, 4, 16] {
+            for k in [1usize, 4, 16, 64] {
                 let long: Vec<u8> = t.pt.repeat(k);
                 let (n, peak) = decoder_heap_peak(&long, &img, &cfg);
                 println!(

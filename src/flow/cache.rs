@@ -307,8 +307,9 @@ const PATH_SLOTS_INITIAL: usize = 1 << 9;
 /// Blocks in one recorded path at most (longer walks are not recorded).
 pub(crate) const MAX_PATH_LEN: usize = 256;
 
-/// Path elements kept at most before the path cache is cleared (bounds its memory).
-const PATH_ELEMS_LIMIT: usize = 1 << 20;
+/// Path elements kept at most before the path cache is cleared (bounds its memory: 256 KiB;
+/// paths evicted from their slot leave their elements behind until then).
+const PATH_ELEMS_LIMIT: usize = 1 << 16;
 
 /// The TNT-packet outcome cache (libxdc's idea, kept exact): for a block and the bits of one
 /// TNT-8 packet, the blocks the walk hands out and the state it ends in. A walk is a function of
@@ -348,7 +349,9 @@ impl PathCache {
     /// in progress.
     #[inline(always)]
     pub(crate) fn maybe_clear(&mut self) {
-        if self.elems.len() > PATH_ELEMS_LIMIT {
+        if self.elems.len() + MAX_PATH_LEN > PATH_ELEMS_LIMIT {
+            // A recording adds at most `MAX_PATH_LEN` elements: the arena never outgrows the
+            // limit, so its capacity stops growing there too.
             self.clear();
         } else if self.recorded > self.slots.len() / 2 && self.slots.len() < PATH_SLOTS {
             self.grow();
