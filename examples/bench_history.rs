@@ -23,12 +23,17 @@
 //!   instructions hit (a full backward scan), with a `Breakpoints` set and with a closure, as
 //!   scanned instructions/s and as a ratio to the forward decode.
 //!
+//! * scan comparison: the forward decode and the unprunable backward scan (a breakpoint search
+//!   with the code summaries ignored, so every segment is decoded) on the same history,
+//!   alternating `--reps N` times (default 3), on one thread and on two, in thread CPU time and
+//!   wall time, as ratios; `--scan` runs only this.
+//!
 //! `--dense` adds the worst case for segment size: a loop of 64 straight-line instructions per
 //! conditional branch (~400 instructions per trace byte, ~1.6 M per PSB segment).
 
 use ptrewind::capture::soft::{Cofi, EncoderConfig, SoftEncoder, Step};
 use ptrewind::flow::{BlockItem, FlowConfig, FlowDecoder};
-use ptrewind::history::{Breakpoints, History, IpMatch};
+use ptrewind::history::{Breakpoints, History, IpMatch, MatchFn};
 use ptrewind::image::{Image, Section};
 use std::time::{Duration, Instant};
 
@@ -536,6 +541,9 @@ impl IpMatch for NoSummaries {
     fn may_match_range(&self, start: u64, end: u64) -> bool {
         self.0.may_match_range(start, end)
     }
+    fn may_match_insns(&self, start: u64, lens: &[u8]) -> bool {
+        self.0.may_match_insns(start, lens)
+    }
     fn fork(&self) -> Option<Box<dyn IpMatch + Send>> {
         Some(Box::new(NoSummaries(self.0.clone())))
     }
@@ -728,6 +736,241 @@ fn measure(label: &str, p: &Program, init_ip: u64, n: u64) -> Row {
     }
 }
 
+/// One repetition of one case of the scan comparison: (thread CPU, wall) of the forward decode
+/// and of the 1-thread backward scan, (CPU of all threads, wall) of the 2-thread scan.
+#[derive(Clone, Copy, Default)]
+struct ScanRep {
+    fwd: (Duration, Duration),
+    back1: (Duration, Duration),
+    back2: (Duration, Duration),
+}
+
+/// A backward search that nothing prunes, compared against the forward decode.
+struct ScanCase {
+    label: String,
+    /// Instructions the search looks at (from the present back to its hit, or all).
+    scanned: u64,
+    reps: Vec<ScanRep>,
+}
+
+/// Forward decode against unprunable backward scans on the same history, alternating (forward,
+/// backward on 1 thread, backward on 2 threads) `reps` times per case, so a change in the
+/// machine's load hits both sides alike. Cases: the breakpoint on `init` with the code summaries
+/// ignored (every segment decoded; only the last instructions hit), and a breakpoint one byte
+/// into an instruction of the hottest loop with the summaries on (never hit, in code every
+/// segment runs: nothing can be skipped by summary or address range).
+struct ScanCompare {
+    label: String,
+    insns: u64,
+    cases: Vec<ScanCase>,
+    /// Reverse-continue to a breakpoint hit in the last segment (the hottest loop), from the
+    /// present with an empty segment cache: (thread CPU, wall) per repetition.
+    near: Vec<(Duration, Duration)>,
+}
+
+/// Address one byte into a multi-byte instruction of the hottest loop (`l1`'s body): inside
+/// code every segment runs, and never an instruction start.
+fn hot_mid_address(p: &Program) -> u64 {
+    p.insns
+        .iter()
+        .find(|i| i.len >= 2 && matches!(i.op, Op::Plain))
+        .map_or(p.base, |i| i.ip + 1)
+}
+
+/// The address of the first instruction of the hottest loop (hit in every segment).
+fn hot_address(p: &Program) -> u64 {
+    p.insns
+        .iter()
+        .find(|i| matches!(i.op, Op::Plain))
+        .map_or(p.base, |i| i.ip)
+}
+
+/// What every case of [`scan_compare`] runs on.
+struct CaseCtx<'a> {
+    trace: &'a [u8],
+    image: &'a Image,
+    cfg: &'a FlowConfig,
+    init_ip: u64,
+    reps: usize,
+}
+
+impl CaseCtx<'_> {
+    /// `reps` times: the forward decode, then the backward search from the present with a fresh
+    /// `make()` on 1 thread and on 2 (statically dispatched, as the server calls it).
+    fn run<M: IpMatch>(&self, h: &mut History, label: &str, make: impl Fn() -> M) -> ScanCase {
+        let (trace, image, len) = (self.trace, self.image, h.len());
+        let mut case = ScanCase {
+            label: label.to_string(),
+            scanned: 0,
+            reps: Vec::new(),
+        };
+        for _ in 0..self.reps {
+            let mut rep = ScanRep::default();
+            let t = Tick::now();
+            let mut dec = FlowDecoder::new(trace, image, self.cfg.clone());
+            let mut raw = 0u64;
+            while let Some(item) = dec.next_block() {
+                if let BlockItem::Block(b) = item {
+                    raw += b.count as u64;
+                }
+            }
+            rep.fwd = (t.elapsed(), t.wall());
+            assert_eq!(raw, len, "decoder and history disagree");
+
+            let mut m = make();
+            h.clear_cache();
+            h.set_search_threads(1);
+            let t = Tick::now();
+            let hit = h.rfind_with(trace, image, len, &mut m);
+            rep.back1 = (t.elapsed(), t.wall());
+            if let Some(hit) = hit {
+                assert!(hit < 16, "init hit at {hit}");
+                assert_eq!(h.insn(trace, image, hit).map(|x| x.0), Some(self.init_ip));
+            }
+            case.scanned = len - hit.unwrap_or(0);
+
+            let mut m = make();
+            h.clear_cache();
+            h.set_search_threads(2);
+            let parallel = h.stats().parallel_searches;
+            let (t, p0) = (Tick::now(), process_cpu_now());
+            let hit2 = h.rfind_with(trace, image, len, &mut m);
+            rep.back2 = (process_cpu_now().saturating_sub(p0), t.wall());
+            assert_eq!(hit2, hit);
+            assert!(
+                h.stats().parallel_searches > parallel
+                    || m.fork().is_none()
+                    || h.sync_points().len() < 16,
+                "the 2-thread search stayed on one thread"
+            );
+            case.reps.push(rep);
+        }
+        case
+    }
+}
+
+fn scan_compare(label: &str, p: &Program, init_ip: u64, n: u64, reps: usize) -> ScanCompare {
+    let trace = generate(p, n);
+    let mut image = Image::new();
+    image
+        .add(Section::new(p.base, p.code.clone(), "bench"))
+        .expect("one section");
+    let cfg = FlowConfig::default();
+    let mut h = History::build(&trace, &image, cfg.clone());
+    let len = h.len();
+    assert_eq!(
+        len, n,
+        "history length differs from the instructions simulated"
+    );
+    let mid = hot_mid_address(p);
+    let mut out = ScanCompare {
+        label: label.to_string(),
+        insns: len,
+        cases: Vec::new(),
+        near: Vec::new(),
+    };
+    let ctx = CaseCtx {
+        trace: &trace,
+        image: &image,
+        cfg: &cfg,
+        init_ip,
+        reps,
+    };
+    out.cases.push(ctx.run(&mut h, "`init`, summaries off", || {
+        NoSummaries(Breakpoints::new([init_ip]))
+    }));
+    out.cases
+        .push(ctx.run(&mut h, "inside the hot loop (never hit)", || {
+            Breakpoints::new([mid])
+        }));
+    // An address the optimiser cannot see, so every instruction is really compared.
+    let nowhere = std::hint::black_box(u64::MAX);
+    out.cases.push(ctx.run(
+        &mut h,
+        "closure `ip == x`, never true (every instruction examined; 1 thread)",
+        || MatchFn(move |ip: u64| ip == nowhere),
+    ));
+    let hot = hot_address(p);
+    for _ in 0..reps.max(5) {
+        h.clear_cache();
+        let mut bp = Breakpoints::new([hot]);
+        let t = Tick::now();
+        let hit = h.rfind_with(&trace, &image, len, &mut bp);
+        out.near.push((t.elapsed(), t.wall()));
+        let hit = hit.expect("the hot loop runs in the last segment");
+        let last = h.sync_points().last().map_or(0, |p| p.insn);
+        assert!(hit >= last, "hot-loop hit {hit} before the last segment");
+    }
+    out
+}
+
+/// The median of a list of figures.
+fn med(v: impl IntoIterator<Item = f64>) -> f64 {
+    let mut v: Vec<f64> = v.into_iter().collect();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// "median (min–max)" of a list of ratios.
+fn spread(v: impl IntoIterator<Item = f64>) -> String {
+    let v: Vec<f64> = v.into_iter().collect();
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!("{:.2} ({lo:.2}–{hi:.2})", med(v.iter().copied()))
+}
+
+fn print_scan(rows: &[ScanCompare]) {
+    println!(
+        "\n### Unprunable backward scan against forward decoding (same history, alternating)\n"
+    );
+    println!(
+        "Throughputs are medians over the repetitions; ratios are per repetition (both passes ran under the same load), median (min–max).\n"
+    );
+    println!(
+        "| history | breakpoint | reps | forward Minsn/s: CPU / wall | backward 1 thread Minsn/s: CPU / wall | 1 thread ÷ forward, CPU | 1 thread ÷ forward, wall | backward 2 threads Minsn/s: wall / per CPU-s of both | 2 threads wall ÷ forward wall | 2 threads wall ÷ forward CPU |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for r in rows {
+        for c in &r.cases {
+            let f = |d: Duration, n: u64| mips(n, d);
+            let fig = |g: fn(&ScanRep) -> Duration, n: u64| med(c.reps.iter().map(|x| f(g(x), n)));
+            // Ratios per repetition (the passes of one repetition ran under the same load).
+            let q = |a: fn(&ScanRep) -> Duration, b: fn(&ScanRep) -> Duration| {
+                spread(c.reps.iter().map(|x| f(a(x), c.scanned) / f(b(x), r.insns)))
+            };
+            println!(
+                "| {} | {} | {} | {:.0} / {:.0} | {:.0} / {:.0} | {} | {} | {:.0} / {:.0} | {} | {} |",
+                r.label,
+                c.label,
+                c.reps.len(),
+                fig(|x| x.fwd.0, r.insns),
+                fig(|x| x.fwd.1, r.insns),
+                fig(|x| x.back1.0, c.scanned),
+                fig(|x| x.back1.1, c.scanned),
+                q(|x| x.back1.0, |x| x.fwd.0),
+                q(|x| x.back1.1, |x| x.fwd.1),
+                fig(|x| x.back2.1, c.scanned),
+                fig(|x| x.back2.0, c.scanned),
+                q(|x| x.back2.1, |x| x.fwd.1),
+                q(|x| x.back2.1, |x| x.fwd.0),
+            );
+        }
+    }
+    println!(
+        "\nReverse-continue to a breakpoint hit in the last segment (cold segment cache), µs CPU (wall): median (min–max)\n"
+    );
+    for r in rows {
+        let cpu: Vec<f64> = r.near.iter().map(|x| x.0.as_secs_f64() * 1e6).collect();
+        let wall: Vec<f64> = r.near.iter().map(|x| x.1.as_secs_f64() * 1e6).collect();
+        let lohi = |v: &[f64]| {
+            let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            format!("{:.0} ({lo:.0}–{hi:.0})", med(v.iter().copied()))
+        };
+        println!("* {}: {} CPU, {} wall", r.label, lohi(&cpu), lohi(&wall));
+    }
+}
+
 fn print(rows: &[Row]) {
     println!("### Index build (forward decode) and size\n");
     println!(
@@ -814,16 +1057,25 @@ fn threads() -> usize {
 fn main() {
     let mut sizes: Vec<u64> = Vec::new();
     let mut dense = false;
-    for a in std::env::args().skip(1) {
+    let mut scan_only = false;
+    let mut reps = 3usize;
+    let usage = || -> ! {
+        eprintln!("usage: bench_history [SIZE]... [--dense] [--quick] [--scan] [--reps N]");
+        std::process::exit(2);
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
         match a.as_str() {
             "--dense" => dense = true,
             "--quick" => sizes.extend([10_000, 100_000, 1_000_000]),
+            "--scan" => scan_only = true,
+            "--reps" => match args.next().and_then(|v| v.parse().ok()) {
+                Some(n) if n >= 1 => reps = n,
+                _ => usage(),
+            },
             s => match s.replace('_', "").parse::<f64>() {
                 Ok(v) if v >= 1.0 => sizes.push(v as u64),
-                _ => {
-                    eprintln!("usage: bench_history [SIZE]... [--dense] [--quick]");
-                    std::process::exit(2);
-                }
+                _ => usage(),
             },
         }
     }
@@ -832,24 +1084,49 @@ fn main() {
     }
     let (prog, init) = program(false);
     let init_ip = prog.insns[prog.labels[init.0]].ip;
-    let mut rows = Vec::new();
-    for &n in &sizes {
+    let label_of = |n: u64| {
         let exp = (n as f64).log10();
-        let label = if (exp - exp.round()).abs() < 1e-9 {
+        if (exp - exp.round()).abs() < 1e-9 {
             format!("10^{}", exp.round() as u32)
         } else {
             n.to_string()
-        };
-        eprintln!("measuring {label} ...");
-        rows.push(measure(&label, &prog, init_ip, n));
+        }
+    };
+    let mut rows = Vec::new();
+    if !scan_only {
+        for &n in &sizes {
+            let label = label_of(n);
+            eprintln!("measuring {label} ...");
+            rows.push(measure(&label, &prog, init_ip, n));
+        }
+        if dense {
+            let (dp, dinit) = program(true);
+            let dinit_ip = dp.insns[dp.labels[dinit.0]].ip;
+            let n = *sizes.iter().max().unwrap_or(&10_000_000);
+            let n = n.min(30_000_000);
+            eprintln!("measuring dense {n} ...");
+            rows.push(measure(&format!("dense {n}"), &dp, dinit_ip, n));
+        }
+        print(&rows);
+    }
+    // The scan comparison, on the sizes where a scan lasts long enough to time (>= 10^6).
+    let mut scans = Vec::new();
+    for &n in sizes.iter().filter(|&&n| n >= 1_000_000 || scan_only) {
+        let label = label_of(n);
+        eprintln!("comparing scans at {label} ...");
+        scans.push(scan_compare(&label, &prog, init_ip, n, reps));
     }
     if dense {
         let (dp, dinit) = program(true);
         let dinit_ip = dp.insns[dp.labels[dinit.0]].ip;
-        let n = *sizes.iter().max().unwrap_or(&10_000_000);
-        let n = n.min(30_000_000);
-        eprintln!("measuring dense {n} ...");
-        rows.push(measure(&format!("dense {n}"), &dp, dinit_ip, n));
+        let n = sizes
+            .iter()
+            .copied()
+            .max()
+            .unwrap_or(10_000_000)
+            .min(30_000_000);
+        eprintln!("comparing scans at dense {n} ...");
+        scans.push(scan_compare(&format!("dense {n}"), &dp, dinit_ip, n, reps));
     }
-    print(&rows);
+    print_scan(&scans);
 }

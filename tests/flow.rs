@@ -42,13 +42,35 @@ fn cfg_of(t: &CorpusTrace) -> FlowConfig {
     cfg
 }
 
-/// Our decode of a whole trace as items, with the error events separately.
+/// Our decode of a whole trace as items, with the error events separately. Also checks that
+/// `next_block` (with its TNT/TIP fast paths and path replays) yields exactly the same stream.
 fn decode_items(pt: &[u8], img: &Image, cfg: FlowConfig) -> Vec<Item> {
-    let mut dec = FlowDecoder::new(pt, img, cfg);
+    let mut dec = FlowDecoder::new(pt, img, cfg.clone());
     let mut out = Vec::new();
     while let Some(i) = dec.next_item() {
         out.push(i);
     }
+    let mut blocks = FlowDecoder::new(pt, img, cfg);
+    let mut at = 0;
+    while let Some(b) = blocks.next_block() {
+        match b {
+            BlockItem::Block(b) => {
+                for i in b.insns() {
+                    assert_eq!(out.get(at), Some(&Item::Insn(i)), "next_block at item {at}");
+                    at += 1;
+                }
+            }
+            BlockItem::Event(e) => {
+                assert_eq!(
+                    out.get(at),
+                    Some(&Item::Event(e)),
+                    "next_block at item {at}"
+                );
+                at += 1;
+            }
+        }
+    }
+    assert_eq!(at, out.len(), "next_block ended early");
     out
 }
 
@@ -1089,6 +1111,73 @@ fn blocks_and_items_agree() {
     }
     assert_eq!(from_blocks, items);
     assert_eq!(dec.stats().insns, 10);
+}
+
+/// `next_block` (runs, with its TNT fast path and the replay of recorded TNT walks) and a mix of
+/// `next_block`/`next_item` calls on one decoder yield exactly the stream of `next_item`, which
+/// the differential tests above hold against libipt. Every corpus trace, each twice in a row so
+/// the second copy replays walks recorded in the first.
+#[test]
+fn next_block_stream_equals_next_item_on_every_corpus_trace() {
+    let Some(traces) = corpus_traces(|_| true) else {
+        return;
+    };
+    for t in &traces {
+        let img = image_of(t);
+        let pt = t.pt.repeat(2);
+        let mut reference = FlowDecoder::new(&pt, &img, cfg_of(t));
+        let mut blocks = FlowDecoder::new(&pt, &img, cfg_of(t));
+        let mut mixed = FlowDecoder::new(&pt, &img, cfg_of(t));
+        let mut pending: std::collections::VecDeque<Item> = Default::default();
+        let mut pending_mixed: std::collections::VecDeque<Item> = Default::default();
+        let mut seed = 0x2545_F491_4F6C_DD1Du64;
+        let mut n = 0u64;
+        while let Some(want) = reference.next_item() {
+            if pending.is_empty() {
+                match blocks.next_block() {
+                    Some(BlockItem::Block(b)) => pending.extend(b.insns().map(Item::Insn)),
+                    Some(BlockItem::Event(e)) => pending.push_back(Item::Event(e)),
+                    None => {}
+                }
+            }
+            if pending_mixed.is_empty() {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                if seed % 3 == 0 {
+                    pending_mixed.extend(mixed.next_item());
+                } else {
+                    match mixed.next_block() {
+                        Some(BlockItem::Block(b)) => {
+                            pending_mixed.extend(b.insns().map(Item::Insn))
+                        }
+                        Some(BlockItem::Event(e)) => pending_mixed.push_back(Item::Event(e)),
+                        None => {}
+                    }
+                }
+            }
+            assert_eq!(
+                pending.pop_front().as_ref(),
+                Some(&want),
+                "{}: item {n}",
+                t.name
+            );
+            assert_eq!(
+                pending_mixed.pop_front().as_ref(),
+                Some(&want),
+                "{}: item {n} (mixed calls)",
+                t.name
+            );
+            n += 1;
+        }
+        assert!(
+            pending.is_empty() && blocks.next_block().is_none(),
+            "{}",
+            t.name
+        );
+        assert!(pending_mixed.is_empty(), "{}", t.name);
+        assert_eq!(blocks.stats().insns, reference.stats().insns, "{}", t.name);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

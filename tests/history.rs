@@ -4,8 +4,8 @@
 
 mod support;
 
-use ptrewind::flow::{FlowConfig, FlowDecoder, Item};
-use ptrewind::history::{Breakpoints, History, HistoryWorker};
+use ptrewind::flow::{BlockItem, FilteredDecoder, FlowConfig, FlowDecoder, Item};
+use ptrewind::history::{Breakpoints, History, HistoryWorker, IpMatch};
 use ptrewind::image::{Image, Section};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -45,6 +45,57 @@ fn lcg(seed: &mut u64) -> u64 {
         .wrapping_mul(6364136223846793005)
         .wrapping_add(1442695040888963407);
     *seed >> 33
+}
+
+/// The filtered decode ([`FilteredDecoder`]) with a breakpoint set as the filter, against the
+/// sequential decode: the runs it hands out sit at the right instruction numbers, it never passes
+/// over an instruction at a breakpoint, and from the budget on it hands out every run.
+fn check_filtered(
+    name: &str,
+    t: &support::CorpusTrace,
+    image: &Image,
+    truth: &[u64],
+    addrs: &[u64],
+    cfg: FlowConfig,
+) {
+    let bps = Breakpoints::new(addrs.iter().copied());
+    let budget = truth.len() as u64 * 3 / 4;
+    let cache_limit = cfg.cache_insn_limit;
+    let mut dec = FilteredDecoder::new(FlowDecoder::new(&t.pt, image, cfg));
+    let mut n = 0u64;
+    let mut handed_out = vec![false; truth.len()];
+    let mut wants = |start: u64, lens: &[u8]| bps.may_match_insns(start, lens);
+    while let Some(item) = dec.next_block(&mut n, budget, &mut wants) {
+        if let BlockItem::Block(b) = item {
+            let mut ip = b.start;
+            for (j, &len) in b.lens().iter().enumerate() {
+                let at = n as usize + j;
+                assert_eq!(truth.get(at), Some(&ip), "{name}: filtered run at {at}");
+                handed_out[at] = true;
+                ip = ip.wrapping_add(len as u64);
+            }
+            n += b.count as u64;
+        }
+    }
+    assert_eq!(n, truth.len() as u64, "{name}: filtered decode length");
+    for (i, ip) in truth.iter().enumerate() {
+        assert!(
+            handed_out[i] || (!addrs.contains(ip) && (i as u64) < budget),
+            "{name}: filtered decode passed over instruction {i} at {ip:#x}"
+        );
+    }
+    let passed_over = handed_out.iter().filter(|h| !**h).count();
+    assert!(
+        passed_over > 0,
+        "{name}: the filter passed over no instruction"
+    );
+    // A cache limit below the code the trace runs must have flushed the cache.
+    let st = dec.decoder().stats();
+    assert!(
+        st.cache_flushes > 0 || st.decoded_insns as usize <= cache_limit.max(4096),
+        "{name}: {} instructions decoded into the block cache without a flush",
+        st.decoded_insns
+    );
 }
 
 fn check_trace(name: &str, samples: usize) {
@@ -194,6 +245,16 @@ fn check_trace(name: &str, samples: usize) {
         0,
         "{name}: a segment decoded differently on demand than while indexing"
     );
+
+    // The filtered decode the searches run on, with the default block cache and with one so
+    // small that it is flushed during the decode (the filter's verdicts must go with it).
+    let addrs: Vec<u64> = (0..3)
+        .map(|_| truth[(lcg(&mut seed) % truth.len() as u64) as usize])
+        .collect();
+    check_filtered(name, &t, &image, &truth, &addrs, cfg_of(&t));
+    let mut small = cfg_of(&t);
+    small.cache_insn_limit = 0;
+    check_filtered(name, &t, &image, &truth, &addrs, small);
 
     // Incremental indexing of a growing trace ends with the same index as one pass.
     let mut inc = History::new(cfg_of(&t));

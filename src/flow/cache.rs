@@ -44,9 +44,28 @@ pub enum InsnClass {
 
 impl InsnClass {
     /// Classifies one decoded instruction (any mode).
+    #[inline]
     pub fn of(i: &Instruction) -> InsnClass {
+        Self::of_code(i.code())
+    }
+
+    /// The class of every instruction with this iced-x86 `Code` (the class depends on nothing
+    /// else). One load from a table built on first use: the cold block decoder classifies
+    /// every new instruction, and the two large iced-x86 tables (`Code` → mnemonic, `Code` →
+    /// flow control) it would otherwise read per instruction cost more than the decode itself.
+    #[inline]
+    pub fn of_code(code: Code) -> InsnClass {
+        code_classes()
+            .get(code as usize)
+            .copied()
+            .unwrap_or_else(|| Self::classify(code))
+    }
+
+    /// What [`Self::of_code`] tabulates.
+    fn classify(code: Code) -> InsnClass {
         // iced-x86 files SYSCALL, SYSENTER and VMLAUNCH under `FlowControl::Call` and far returns
         // under `Return`, so the far transfers are picked out by mnemonic first.
+        let i = code;
         match i.mnemonic() {
             Mnemonic::Syscall | Mnemonic::Sysenter => return InsnClass::SysCall,
             Mnemonic::Int | Mnemonic::Int3 | Mnemonic::Into | Mnemonic::Int1 => {
@@ -66,7 +85,7 @@ impl InsnClass {
         }
         match i.flow_control() {
             FlowControl::Next | FlowControl::XbeginXabortXend | FlowControl::Exception => {
-                if i.code() == Code::Mov_cr_r64 || i.code() == Code::Mov_cr_r32 {
+                if i == Code::Mov_cr_r64 || i == Code::Mov_cr_r32 {
                     InsnClass::Special
                 } else {
                     InsnClass::Other
@@ -172,6 +191,43 @@ impl InsnClass {
     }
 }
 
+/// [`InsnClass::classify`] of every `Code`, indexed by the code's value.
+fn code_classes() -> &'static [InsnClass] {
+    static CLASSES: std::sync::OnceLock<Vec<InsnClass>> = std::sync::OnceLock::new();
+    CLASSES.get_or_init(|| Code::values().map(InsnClass::classify).collect())
+}
+
+/// Positions the kept section decoder at `ip` (replacing it by a new one for another section or
+/// mode); false when nothing is mapped at `ip`.
+fn position_decoder<'a>(
+    kept: &mut Option<SectionDecoder<'a>>,
+    image: &'a Image,
+    ip: u64,
+    bits: u32,
+) -> bool {
+    let Some(s) = image.section_at(ip) else {
+        return false;
+    };
+    let data = s.data();
+    let reuse = matches!(kept, Some(sd) if sd.addr == s.addr && sd.bits == bits
+        && std::ptr::eq(sd.data, data));
+    if !reuse {
+        *kept = Some(SectionDecoder {
+            addr: s.addr,
+            bits,
+            data,
+            dec: Decoder::with_ip(bits, data, s.addr, DecoderOptions::NONE),
+        });
+    }
+    match kept {
+        Some(sd) => {
+            sd.dec.set_ip(ip);
+            sd.dec.set_position((ip - s.addr) as usize).is_ok()
+        }
+        None => false,
+    }
+}
+
 /// Bitness for iced-x86.
 pub(crate) fn bitness(mode: ExecMode) -> u32 {
     match mode {
@@ -219,12 +275,117 @@ pub(crate) struct CachedBlock {
     pub succ: [u32; 2],
 }
 
+/// A recorded TNT walk (see [`PathCache`]): what walking the bits `pattern` from block `start`
+/// produced, keyed by `(start << 8) | pattern`.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct PathSlot {
+    /// `(start block << 8) | pattern`, where `pattern` is the pending bits with a stop bit above
+    /// them (so never 0); 0 marks an empty slot.
+    pub key: u64,
+    /// Where the walk left off: the IP of the next block, ...
+    pub end_ip: u64,
+    /// ... its index when a successor link gave it (`u32::MAX` otherwise), ...
+    pub end_blk: u32,
+    /// ... the number of TNT bits still pending (0 when the walk used them all) ...
+    pub end_count: u32,
+    /// ... and the instructions walked since the last bit was used (the runaway guard).
+    pub end_walked: u32,
+    /// The walked blocks: `path_elems[at .. at + len]`.
+    pub at: u32,
+    /// Number of blocks walked (at least 1).
+    pub len: u32,
+}
+
+/// Flag on a path element: the block ends in a direct CALL that pushes its return address.
+pub(crate) const PATH_PUSH: u32 = 1 << 31;
+
+/// Slots of the path table at most (direct mapped: a new path replaces an older one in its
+/// slot). It starts small, so that a short trace does not pay for clearing a large table.
+const PATH_SLOTS: usize = 1 << 13;
+const PATH_SLOTS_INITIAL: usize = 1 << 9;
+
+/// Blocks in one recorded path at most (longer walks are not recorded).
+pub(crate) const MAX_PATH_LEN: usize = 256;
+
+/// Path elements kept at most before the path cache is cleared (bounds its memory: 256 KiB;
+/// paths evicted from their slot leave their elements behind until then).
+const PATH_ELEMS_LIMIT: usize = 1 << 16;
+
+/// The TNT-packet outcome cache (libxdc's idea, kept exact): for a block and the bits of one
+/// TNT-8 packet, the blocks the walk hands out and the state it ends in. A walk is a function of
+/// (start block, bits) alone as long as it meets only conditional branches, direct jumps and
+/// calls and fall-throughs (compressed RETs, TIPs and errors end a recording before them), so
+/// replaying it hands out the same blocks without deciding anything per block.
+pub(crate) struct PathCache {
+    pub(crate) slots: Vec<PathSlot>,
+    /// Paths recorded since the table last grew.
+    pub(crate) recorded: usize,
+    /// Block indices of all recorded paths, [`PATH_PUSH`] flagged.
+    pub(crate) elems: Vec<u32>,
+}
+
+impl PathCache {
+    fn new() -> Self {
+        PathCache {
+            slots: vec![PathSlot::default(); PATH_SLOTS_INITIAL],
+            recorded: 0,
+            elems: Vec::with_capacity(INITIAL_BLOCKS * 4),
+        }
+    }
+
+    /// The slot for `key`.
+    #[inline(always)]
+    pub(crate) fn slot(&self, key: u64) -> usize {
+        hash(key) & (self.slots.len() - 1)
+    }
+
+    /// Forgets every path (block indices are about to change, or the arena is full).
+    fn clear(&mut self) {
+        self.slots.iter_mut().for_each(|s| s.key = 0);
+        self.elems.clear();
+    }
+
+    /// Clears the cache if its arena has outgrown its limit. Only call this when no replay is
+    /// in progress.
+    #[inline(always)]
+    pub(crate) fn maybe_clear(&mut self) {
+        if self.elems.len() + MAX_PATH_LEN > PATH_ELEMS_LIMIT {
+            // A recording adds at most `MAX_PATH_LEN` elements: the arena never outgrows the
+            // limit, so its capacity stops growing there too.
+            self.clear();
+        } else if self.recorded > self.slots.len() / 2 && self.slots.len() < PATH_SLOTS {
+            self.grow();
+        }
+    }
+
+    /// Four times the slots, keeping the paths recorded so far.
+    #[cold]
+    fn grow(&mut self) {
+        let old = std::mem::replace(&mut self.slots, vec![PathSlot::default(); 0]);
+        self.slots = vec![PathSlot::default(); old.len() * 4];
+        for s in old.into_iter().filter(|s| s.key != 0) {
+            let at = self.slot(s.key);
+            self.slots[at] = s;
+        }
+        self.recorded = 0;
+    }
+}
+
 /// Instructions per block at most (a straight run longer than this is split).
 const MAX_BLOCK_INSNS: u32 = 1024;
 
 /// The block cache: an open-addressing table from IP to block index plus arenas for the blocks and
 /// their instruction lengths. Flushed as a whole when it grows past its limit.
-pub(crate) struct BlockCache {
+/// An iced-x86 decoder over one whole section, kept between block decodes: creating one per
+/// block cost more than decoding a short block.
+struct SectionDecoder<'a> {
+    addr: u64,
+    bits: u32,
+    data: &'a [u8],
+    dec: Decoder<'a>,
+}
+
+pub(crate) struct BlockCache<'a> {
     keys: Vec<u64>,
     vals: Vec<u32>,
     mask: usize,
@@ -236,9 +397,16 @@ pub(crate) struct BlockCache {
     pub(crate) decoded: u64,
     /// Number of flushes.
     pub(crate) flushes: u64,
+    /// Recorded TNT walks over these blocks (flushed with them).
+    pub(crate) paths: PathCache,
+    /// The decoder of the section decoded last.
+    iced: Option<SectionDecoder<'a>>,
 }
 
 const EMPTY: u32 = u32::MAX;
+
+/// Blocks the cache has room for before its arenas first grow (and half its table's slots).
+const INITIAL_BLOCKS: usize = 4096;
 
 #[inline(always)]
 fn hash(ip: u64) -> usize {
@@ -246,33 +414,45 @@ fn hash(ip: u64) -> usize {
     (ip.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20) as usize
 }
 
-impl BlockCache {
+impl<'a> BlockCache<'a> {
     pub(crate) fn new(insn_limit: usize) -> Self {
-        let cap = 1 << 12;
+        let cap = INITIAL_BLOCKS * 2;
         BlockCache {
             keys: vec![0; cap],
             vals: vec![EMPTY; cap],
             mask: cap - 1,
             used: 0,
-            blocks: Vec::new(),
-            lens: Vec::new(),
+            // Room for a typical working set up front: growing these by doubling copied them
+            // several times while a short trace was still decoding its code for the first time.
+            blocks: Vec::with_capacity(INITIAL_BLOCKS),
+            lens: Vec::with_capacity(INITIAL_BLOCKS * 4),
             insn_limit: insn_limit.max(4096),
             decoded: 0,
             flushes: 0,
+            paths: PathCache::new(),
+            iced: None,
         }
     }
 
     /// Drops everything if the cache has outgrown its limit. Only call this when no block index
     /// handed out earlier is still in use.
+    #[inline(always)]
     pub(crate) fn maybe_flush(&mut self) {
         if self.lens.len() > self.insn_limit || self.blocks.len() > self.insn_limit {
-            self.keys.iter_mut().for_each(|k| *k = 0);
-            self.vals.iter_mut().for_each(|v| *v = EMPTY);
-            self.used = 0;
-            self.blocks.clear();
-            self.lens.clear();
-            self.flushes += 1;
+            self.flush();
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn flush(&mut self) {
+        self.keys.iter_mut().for_each(|k| *k = 0);
+        self.vals.iter_mut().for_each(|v| *v = EMPTY);
+        self.used = 0;
+        self.blocks.clear();
+        self.lens.clear();
+        self.paths.clear();
+        self.flushes += 1;
     }
 
     #[inline(always)]
@@ -325,7 +505,7 @@ impl BlockCache {
 
     /// The block starting at `ip` in `mode`, decoding it on a miss.
     #[inline]
-    pub(crate) fn get(&mut self, image: &Image, ip: u64, mode: ExecMode) -> u32 {
+    pub(crate) fn get(&mut self, image: &'a Image, ip: u64, mode: ExecMode) -> u32 {
         if let Some(idx) = self.find(ip) {
             // Indices stay valid: blocks are only dropped all at once by `maybe_flush`, which
             // also clears the table.
@@ -337,8 +517,9 @@ impl BlockCache {
     }
 
     #[cold]
-    fn decode(&mut self, image: &Image, ip: u64, mode: ExecMode) -> u32 {
+    fn decode(&mut self, image: &'a Image, ip: u64, mode: ExecMode) -> u32 {
         let bits = bitness(mode);
+        let classes = code_classes();
         let lens_at = self.lens.len() as u32;
         let mut cur = ip;
         let mut n = 0u32;
@@ -348,25 +529,25 @@ impl BlockCache {
         let mut target = 0;
         // Decode straight from the section's bytes while the instruction lies inside it; an
         // instruction that runs into an adjacent section (page lists!) goes through a copy.
-        let mut in_section = image
-            .slice_at(ip)
-            .map(|s| Decoder::with_ip(bits, s, ip, DecoderOptions::NONE));
+        let mut in_section = position_decoder(&mut self.iced, image, ip, bits);
+        // Used in place: the decoder is a large struct, moving it per block cost a copy.
+        let section = &mut self.iced;
         let term = loop {
             if n >= MAX_BLOCK_INSNS {
                 break Term::Limit;
             }
             let mut ok = false;
-            if let Some(dec) = in_section.as_mut() {
-                dec.decode_out(&mut instr);
+            if let (true, Some(sd)) = (in_section, section.as_mut()) {
+                sd.dec.decode_out(&mut instr);
                 if !instr.is_invalid() {
                     ok = true;
-                } else if dec.last_error() != DecoderError::NoMoreBytes {
+                } else if sd.dec.last_error() != DecoderError::NoMoreBytes {
                     break Term::BadInsn;
                 }
             }
             if !ok {
                 // Crossing the section end: this and the rest of the block use copies.
-                in_section = None;
+                in_section = false;
                 let got = image.read(cur, &mut buf[..15]);
                 if got == 0 {
                     break Term::NoCode;
@@ -386,7 +567,10 @@ impl BlockCache {
             self.lens.push(len);
             n += 1;
             last_ip = cur;
-            let class = InsnClass::of(&instr);
+            let class = classes
+                .get(instr.code() as usize)
+                .copied()
+                .unwrap_or_else(|| InsnClass::classify(instr.code()));
             cur = match bits {
                 64 => cur.wrapping_add(len as u64),
                 32 => (cur as u32).wrapping_add(len as u32) as u64,
@@ -421,7 +605,7 @@ impl BlockCache {
     /// The block at `ip`, the successor `which` (0 fall-through, 1 static target) of block
     /// `from`, through the successor link when it is set.
     #[inline(always)]
-    pub(crate) fn succ(&mut self, image: &Image, from: u32, which: usize, ip: u64) -> u32 {
+    pub(crate) fn succ(&mut self, image: &'a Image, from: u32, which: usize, ip: u64) -> u32 {
         let b = &self.blocks[from as usize];
         let s = b.succ[which];
         if s != EMPTY {
@@ -437,5 +621,40 @@ impl BlockCache {
     #[inline]
     pub(crate) fn lens_of(&self, b: &CachedBlock) -> &[u8] {
         &self.lens[b.lens_at as usize..(b.lens_at + b.n) as usize]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn code_table_classifies_like_iced_x86() {
+        // Spot checks against the SDM categories; the table is `classify` of every code.
+        let cases = [
+            (Code::Jne_rel8_64, InsnClass::CondBranch),
+            (Code::Loop_rel8_64_RCX, InsnClass::CondBranch),
+            (Code::Jmp_rel32_64, InsnClass::DirectJump),
+            (Code::Call_rel32_64, InsnClass::DirectCall),
+            (Code::Jmp_rm64, InsnClass::IndirectJump),
+            (Code::Call_rm64, InsnClass::IndirectCall),
+            (Code::Retnq, InsnClass::Return),
+            (Code::Retfq, InsnClass::FarReturn),
+            (Code::Iretq, InsnClass::FarReturn),
+            (Code::Syscall, InsnClass::SysCall),
+            (Code::Int3, InsnClass::SoftInt),
+            (Code::Ptwrite_rm64, InsnClass::Ptwrite),
+            (Code::Mov_cr_r64, InsnClass::Special),
+            (Code::Wrmsr, InsnClass::Special),
+            (Code::Add_rm64_r64, InsnClass::Other),
+            (Code::Nopd, InsnClass::Other),
+        ];
+        for (code, class) in cases {
+            assert_eq!(InsnClass::of_code(code), class, "{code:?}");
+        }
+        assert_eq!(code_classes().len(), Code::values().len());
+        for code in Code::values() {
+            assert_eq!(InsnClass::of_code(code), InsnClass::classify(code));
+        }
     }
 }

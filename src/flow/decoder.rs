@@ -1,11 +1,17 @@
 //! The flow decoder state machine.
 
-use super::cache::{BlockCache, CachedBlock, InsnClass, Term};
+use super::cache::{BlockCache, CachedBlock, InsnClass, MAX_PATH_LEN, PATH_PUSH, PathSlot, Term};
 use super::time::TimeState;
 use super::{Event, EventKind, FlowConfig, FlowErrorKind, Insn, Item};
 use crate::image::Image;
-use crate::packet::{ExecMode, IpPayload, LastIp, Packet, PacketDecoder, PacketError, Tnt};
+use crate::packet::{
+    ExecMode, IpCompression, IpPayload, LastIp, Packet, PacketDecoder, PacketError, Tnt,
+};
 use std::collections::VecDeque;
+
+// A separate child module (it drives the private hot path below): see its docs.
+mod filtered;
+pub use filtered::FilteredDecoder;
 
 /// Where the decoder stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,6 +113,10 @@ pub struct FlowStats {
     pub decoded_insns: u64,
     /// Block-cache flushes.
     pub cache_flushes: u64,
+    /// TNT-8 packets whose walk was replayed from the path cache.
+    pub path_hits: u64,
+    /// TNT-8 packet walks recorded into the path cache.
+    pub paths_recorded: u64,
 }
 
 /// The return stack for RET compression: a fixed ring that drops its oldest entry when full.
@@ -156,7 +166,7 @@ pub struct FlowDecoder<'a> {
     pkt: PacketDecoder<'a>,
     pushback: Option<(u64, Packet)>,
     last_ip: LastIp,
-    cache: BlockCache,
+    cache: BlockCache<'a>,
     state: State,
     ip: u64,
     mode: ExecMode,
@@ -169,6 +179,13 @@ pub struct FlowDecoder<'a> {
     /// Cache index of the block at `ip` when the TNT walk knows it through a successor link
     /// (`u32::MAX` or stale otherwise: checked against `ip` and `mode` before use).
     next_blk: u32,
+    /// Replay of a recorded TNT walk: the path elements `path_pos .. path_end` are still to be
+    /// handed out (the walk's end state is already applied).
+    path_pos: u32,
+    path_end: u32,
+    /// Key of the TNT walk being recorded (0: none) and where its elements start.
+    rec_key: u64,
+    rec_at: u32,
     ret: RetStack,
     claims: Vec<(u64, EventKind)>,
     ovf_pending: Option<u64>,
@@ -207,6 +224,10 @@ impl<'a> FlowDecoder<'a> {
             tnt_count: 0,
             tnt_walked: 0,
             next_blk: u32::MAX,
+            path_pos: 0,
+            path_end: 0,
+            rec_key: 0,
+            rec_at: 0,
             ret: RetStack::new(cfg.ret_stack_depth),
             claims: Vec::new(),
             ovf_pending: None,
@@ -237,6 +258,8 @@ impl<'a> FlowDecoder<'a> {
             .set_position(usize::try_from(offset).unwrap_or(usize::MAX));
         self.pushback = None;
         self.state = State::NoSync;
+        self.path_pos = self.path_end;
+        self.rec_key = 0;
         self.out.clear();
         self.claims.clear();
         self.ovf_pending = None;
@@ -263,6 +286,208 @@ impl<'a> FlowDecoder<'a> {
     /// The next run of instructions or event; `None` at the end of the trace.
     #[inline]
     pub fn next_block(&mut self) -> Option<BlockItem<'_>> {
+        // The hot path, small enough to inline into the caller's loop: one block per TNT bit (or
+        // direct branch), handed out without a trip through the queue; a TNT-8 packet whose walk
+        // from this block was seen before is replayed from the path cache.
+        if self.path_pos < self.path_end {
+            let idx = self.replay_step();
+            return Some(BlockItem::Block(self.whole_block(idx)));
+        }
+        if self.out.is_empty() && self.state == State::Enabled {
+            if self.tnt_count == 0 {
+                if !self.short_tnt_refill() {
+                    if let Some(idx) = self.tip_fast_path() {
+                        return Some(BlockItem::Block(self.whole_block(idx)));
+                    }
+                    return self.next_block_slow();
+                }
+                if self.start_path() {
+                    let idx = self.replay_step();
+                    return Some(BlockItem::Block(self.whole_block(idx)));
+                }
+            }
+            if let Some(idx) = self.tnt_step() {
+                return Some(BlockItem::Block(self.whole_block(idx)));
+            }
+        }
+        self.next_block_slow()
+    }
+
+    /// At the start of a TNT-8 packet's walk: replays the recorded walk of these bits from the
+    /// current block (returns true; its end state is applied at once), or starts recording it.
+    #[inline(always)]
+    fn start_path(&mut self) -> bool {
+        let idx = self.cur_block();
+        self.next_blk = idx;
+        if self.tnt_count > 7 || idx >= PATH_PUSH {
+            return false;
+        }
+        let pattern = (1u64 << self.tnt_count) | (self.tnt_bits & ((1u64 << self.tnt_count) - 1));
+        let key = ((idx as u64) << 8) | pattern;
+        let paths = &self.cache.paths;
+        let slot = &paths.slots[paths.slot(key)];
+        if slot.key == key {
+            self.stats.path_hits += 1;
+            self.ip = slot.end_ip;
+            self.next_blk = slot.end_blk;
+            self.tnt_count = slot.end_count;
+            self.tnt_walked = slot.end_walked as u64;
+            self.path_pos = slot.at;
+            self.path_end = slot.at + slot.len;
+            return true;
+        }
+        self.cache.paths.maybe_clear();
+        self.rec_key = key;
+        self.rec_at = self.cache.paths.elems.len() as u32;
+        false
+    }
+
+    /// A TIP (with an IP) that the block at the current IP ends for: an uncompressed RET or an
+    /// indirect branch or far transfer with nothing to walk before it, the usual case right
+    /// after a TNT walk. The TIP is decoded straight from its bytes and the block, branch
+    /// included, handed out as one run, with no trip through the packet decoder and the queue.
+    /// `None` (nothing consumed) for anything else; the general path then handles it.
+    #[inline(never)]
+    fn tip_fast_path(&mut self) -> Option<u32> {
+        if self.pushback.is_some()
+            || self.pkt.block_context().is_some()
+            || self.pending_mode.is_some()
+            || self.ovf_pending.is_some()
+        {
+            return None;
+        }
+        let buf = self.pkt.buffer();
+        let pos = self.pkt.position();
+        let b0 = *buf.get(pos)?;
+        if b0 & 0x1f != 0x0d {
+            return None;
+        }
+        let (compression, len) = match b0 >> 5 {
+            1 => (IpCompression::Update16, 2),
+            2 => (IpCompression::Update32, 4),
+            3 => (IpCompression::Sext48, 6),
+            4 => (IpCompression::Update48, 6),
+            6 => (IpCompression::Full, 8),
+            _ => return None,
+        };
+        let payload = buf.get(pos + 1..pos + 1 + len)?;
+        let raw = payload
+            .iter()
+            .rev()
+            .fold(0u64, |acc, &b| (acc << 8) | b as u64);
+        let pl = IpPayload { compression, raw };
+        let Ok(Some(target)) = self.last_ip.reconstruct(pl) else {
+            return None;
+        };
+        let idx = self.cur_block();
+        let b = &self.cache.blocks[idx as usize];
+        let (n, next) = (b.n, b.next);
+        match b.term {
+            Term::Insn(InsnClass::Return) => {
+                // An uncompressed RET still pops, so later compressed RETs line up.
+                self.ret.pop();
+            }
+            Term::Insn(c) if c.needs_tip() => {
+                if c == InsnClass::IndirectCall {
+                    self.ret.push(next);
+                }
+            }
+            _ => return None,
+        }
+        let _ = self.last_ip.apply(pl);
+        self.pkt.set_position(pos + 1 + len);
+        self.cur_offset = pos as u64;
+        self.ip = target;
+        self.next_blk = u32::MAX;
+        self.n_insns += n as u64;
+        self.n_runs += 1;
+        Some(idx)
+    }
+
+    /// Hands out the next block of a path replay (counted, its CALL pushed).
+    #[inline(always)]
+    fn replay_step(&mut self) -> u32 {
+        let e = self.cache.paths.elems[self.path_pos as usize];
+        self.path_pos += 1;
+        let idx = e & !PATH_PUSH;
+        let b = &self.cache.blocks[idx as usize];
+        if e & PATH_PUSH != 0 {
+            self.ret.push(b.next);
+        }
+        self.n_insns += b.n as u64;
+        self.n_runs += 1;
+        idx
+    }
+
+    /// Ends a recording: the walk so far, from its start to `end_ip` (block `end_blk` when
+    /// known) with `end_count` bits pending and `end_walked` instructions walked since the last.
+    #[inline(never)]
+    fn finish_path(&mut self, end_ip: u64, end_blk: u32, end_count: u32, end_walked: u64) {
+        let key = std::mem::take(&mut self.rec_key);
+        let paths = &mut self.cache.paths;
+        let len = paths.elems.len() as u32 - self.rec_at;
+        if len == 0 || end_walked > u32::MAX as u64 {
+            return;
+        }
+        self.stats.paths_recorded += 1;
+        paths.recorded += 1;
+        let at = paths.slot(key);
+        paths.slots[at] = PathSlot {
+            key,
+            end_ip,
+            end_blk,
+            end_count,
+            end_walked: end_walked as u32,
+            at: self.rec_at,
+            len,
+        };
+    }
+
+    /// Drops a recording in progress.
+    #[inline(never)]
+    fn abort_path(&mut self) {
+        self.rec_key = 0;
+        self.cache.paths.elems.truncate(self.rec_at as usize);
+    }
+
+    /// Before anything but the fast path runs: the rest of a replay goes to the queue (in order,
+    /// ahead of whatever comes next) and a recording in progress is dropped.
+    #[inline(never)]
+    fn settle_path(&mut self) {
+        if self.rec_key != 0 {
+            self.abort_path();
+        }
+        while self.path_pos < self.path_end {
+            let e = self.cache.paths.elems[self.path_pos as usize];
+            self.path_pos += 1;
+            let idx = e & !PATH_PUSH;
+            let b = &self.cache.blocks[idx as usize];
+            let n = b.n;
+            if e & PATH_PUSH != 0 {
+                self.ret.push(b.next);
+            }
+            let r = self.make_run(idx, 0, n);
+            self.out.push_back(Seg::Run(r));
+        }
+    }
+
+    /// The next TNT-8 packet's bits when the walk has used up the last ones (see
+    /// [`Self::short_tnt_fast_path`]): a run of TNT-8 packets is walked without leaving
+    /// [`Self::next_block`]'s fast path.
+    #[inline(always)]
+    fn short_tnt_refill(&mut self) -> bool {
+        // No block index is referenced by queued output now (the queue is empty), so this is as
+        // good a place as `fill` to keep the block cache bounded.
+        self.cache.maybe_flush();
+        self.short_tnt_fast_path() && self.tnt_count > 0
+    }
+
+    /// [`Self::next_block`] when the queue holds output or packets must be read.
+    #[inline(never)]
+    fn next_block_slow(&mut self) -> Option<BlockItem<'_>> {
+        if self.rec_key != 0 || self.path_pos < self.path_end {
+            self.settle_path();
+        }
         loop {
             if let Some(seg) = self.out.pop_front() {
                 return Some(match seg {
@@ -273,8 +498,8 @@ impl<'a> FlowDecoder<'a> {
             if self.walking_tnt() {
                 // The hot path: one block per TNT bit (or direct branch), handed out without a
                 // trip through the queue.
-                if let Some(r) = self.tnt_step() {
-                    return Some(BlockItem::Block(self.block_of(r)));
+                if let Some(idx) = self.tnt_step() {
+                    return Some(BlockItem::Block(self.whole_block(idx)));
                 }
                 continue;
             }
@@ -301,6 +526,26 @@ impl<'a> FlowDecoder<'a> {
         }
     }
 
+    /// The public view of all of block `idx` (already counted by `tnt_step`): built straight
+    /// from the cached block, with no intermediate [`Run`].
+    #[inline(always)]
+    fn whole_block(&self, idx: u32) -> Block<'_> {
+        let b = &self.cache.blocks[idx as usize];
+        let at = b.lens_at as usize;
+        Block {
+            start: b.start,
+            end: b.last_ip,
+            count: b.n,
+            mode: b.mode,
+            class: match b.term {
+                Term::Insn(c) => c,
+                _ => InsnClass::Other,
+            },
+            time: self.time.now(),
+            lens: &self.cache.lens[at..at + b.n as usize],
+        }
+    }
+
     /// True while TNT bits wait to be walked (no packet may be read before they are).
     #[inline(always)]
     fn walking_tnt(&self) -> bool {
@@ -309,6 +554,9 @@ impl<'a> FlowDecoder<'a> {
 
     /// The next instruction or event; `None` at the end of the trace.
     pub fn next_item(&mut self) -> Option<Item> {
+        if self.rec_key != 0 || self.path_pos < self.path_end {
+            self.settle_path();
+        }
         if self.out.is_empty() {
             self.fill(false);
         }
@@ -382,6 +630,16 @@ impl<'a> FlowDecoder<'a> {
     /// Instructions `skip .. skip+count` (`count > 0`) of block `idx` as output, counted.
     #[inline(always)]
     fn make_run(&mut self, idx: u32, skip: u32, count: u32) -> Run {
+        // Plain scalar counters: updating `stats.insns`/`stats.runs` together compiled to one
+        // 16-byte read-modify-write per run, which stalled on the previous run's store.
+        self.n_insns += count as u64;
+        self.n_runs += 1;
+        self.run_of(idx, skip, count)
+    }
+
+    /// Instructions `skip .. skip+count` (`count > 0`) of block `idx` as a [`Run`] (not counted).
+    #[inline(always)]
+    fn run_of(&self, idx: u32, skip: u32, count: u32) -> Run {
         let b = &self.cache.blocks[idx as usize];
         let (start_ip, end_ip) = if skip == 0 && count == b.n {
             (b.start, b.last_ip)
@@ -397,10 +655,6 @@ impl<'a> FlowDecoder<'a> {
             }
             (start, ip)
         };
-        // Plain scalar counters: updating `stats.insns`/`stats.runs` together compiled to one
-        // 16-byte read-modify-write per run, which stalled on the previous run's store.
-        self.n_insns += count as u64;
-        self.n_runs += 1;
         Run {
             blk: idx,
             skip,
@@ -517,7 +771,8 @@ impl<'a> FlowDecoder<'a> {
                 if stop_at_tnt {
                     return;
                 }
-                if let Some(r) = self.tnt_step() {
+                if let Some(idx) = self.tnt_step() {
+                    let r = self.run_of(idx, 0, self.cache.blocks[idx as usize].n);
                     self.out.push_back(Seg::Run(r));
                 }
                 continue;
@@ -546,18 +801,28 @@ impl<'a> FlowDecoder<'a> {
     }
 
     /// TNT-8 is the most frequent packet: decode it straight from the byte (reference §1.4)
-    /// without the general packet decoder. Only outside a BBP block, where a byte with bit 0
-    /// clear (other than PAD and the `02` escape) is always TNT-8.
-    #[inline]
+    /// without the general packet decoder, skipping the PADs before it. Only outside a BBP block,
+    /// where a byte with bit 0 clear (other than PAD and the `02` escape) is always TNT-8.
+    #[inline(always)]
     fn short_tnt_fast_path(&mut self) -> bool {
         if self.pushback.is_some() || self.pkt.block_context().is_some() {
             return false;
         }
-        let pos = self.pkt.position();
-        let Some(&b) = self.pkt.buffer().get(pos) else {
-            return false;
+        let buf = self.pkt.buffer();
+        let start = self.pkt.position();
+        let mut pos = start;
+        let b = loop {
+            match buf.get(pos) {
+                Some(0) => pos += 1,
+                Some(&b) => break b,
+                None => break 1,
+            }
         };
-        if b & 1 != 0 || b <= 2 {
+        if b & 1 != 0 || b == 2 {
+            if pos != start {
+                // Only PADs were consumed.
+                self.pkt.set_position(pos);
+            }
             return false;
         }
         let payload = b >> 1;
@@ -941,85 +1206,169 @@ impl<'a> FlowDecoder<'a> {
     }
 
     /// One block of the walk while TNT bits are pending (`walking_tnt()`): stops right after the
-    /// block's last instruction. Returns the run when that is all the step produced (the caller
-    /// hands it out or queues it); anything else (events, split runs) is queued and `None`
-    /// returned.
-    #[inline]
-    fn tnt_step(&mut self) -> Option<Run> {
+    /// block's last instruction. Returns the block's index when all of it is the step's output
+    /// (counted; the caller hands it out or queues it); anything else (events, split runs) is
+    /// queued and `None` returned.
+    ///
+    /// Only the frequent block ends are handled here, so that this stays small enough to be
+    /// inlined into the consumer's loop; the rest is in [`Self::tnt_step_rare`].
+    #[inline(always)]
+    fn tnt_step(&mut self) -> Option<u32> {
         let idx = self.cur_block();
-        let b: CachedBlock = self.cache.blocks[idx as usize];
         self.next_blk = u32::MAX;
-        self.tnt_walked += b.n as u64;
+        let b = &self.cache.blocks[idx as usize];
+        let n = b.n;
+        self.tnt_walked += n as u64;
         if self.tnt_walked > self.cfg.max_walk {
-            self.error(FlowErrorKind::RunawayWalk, Some(self.ip));
+            if self.rec_key != 0 {
+                self.abort_path();
+            }
+            self.runaway();
             return None;
         }
-        match b.term {
+        // The common arms read only the fields they need from the cached block and follow its
+        // successor link: no copy of the whole block, no second lookup to build the output.
+        let mut elem = idx;
+        let (which, link) = match b.term {
             Term::Insn(InsnClass::CondBranch) => {
-                let taken = self.pop_bit();
+                self.tnt_count -= 1;
+                let taken = (self.tnt_bits >> self.tnt_count) & 1 != 0;
                 self.ip = if taken { b.target } else { b.next };
-                if self.tnt_count > 0 {
-                    self.next_blk = self.cache.succ(self.image, idx, taken as usize, self.ip);
-                }
                 self.tnt_walked = 0;
-                Some(self.make_run(idx, 0, b.n))
+                let link = b.succ[taken as usize];
+                if self.tnt_count == 0 {
+                    // The walk stops here; keep a known link for the next packet's walk, but
+                    // do not decode ahead.
+                    self.next_blk = link;
+                    self.n_insns += n as u64;
+                    self.n_runs += 1;
+                    if self.rec_key != 0 {
+                        self.cache.paths.elems.push(idx);
+                        self.finish_path(self.ip, link, 0, 0);
+                    }
+                    return Some(idx);
+                }
+                (taken as usize, link)
             }
             Term::Insn(InsnClass::DirectJump) => {
                 self.ip = b.target;
-                self.next_blk = self.cache.succ(self.image, idx, 1, self.ip);
-                Some(self.make_run(idx, 0, b.n))
+                (1, b.succ[1])
             }
             Term::Insn(InsnClass::DirectCall) => {
-                if b.target != b.next {
-                    self.ret.push(b.next);
+                let (next, target, link) = (b.next, b.target, b.succ[1]);
+                if target != next {
+                    self.ret.push(next);
+                    elem |= PATH_PUSH;
                 }
-                self.ip = b.target;
-                self.next_blk = self.cache.succ(self.image, idx, 1, self.ip);
-                Some(self.make_run(idx, 0, b.n))
+                self.ip = target;
+                (1, link)
             }
-            Term::Insn(InsnClass::Return) => {
-                // Bits pending at a RET: it is compressed (§3.3).
-                let taken = self.pop_bit();
-                let target = if taken { self.ret.pop() } else { None };
-                let Some(t) = target else {
-                    self.emit_run(idx, 0, b.n - 1);
-                    self.error(FlowErrorKind::BadRetCompression, Some(b.last_ip));
-                    return None;
-                };
-                self.ip = t;
-                self.tnt_walked = 0;
-                Some(self.make_run(idx, 0, b.n))
-            }
-            Term::Insn(c) if c.needs_tip() => {
-                // A deferred TIP (§3.4): the next packet must be its TIP.
-                self.emit_run(idx, 0, b.n - 1);
-                self.ip = b.last_ip;
-                if let Walk::Failed = self.deferred_tip(idx, &b, c) {
-                    // The trace ended (or the error was reported): the rest of the bits are
-                    // not walked.
-                    self.tnt_count = 0;
-                    return None;
-                }
-                if self.state != State::Enabled {
-                    if self.tnt_count > 0 {
-                        self.error(FlowErrorKind::UnexpectedTnt, None);
-                    }
-                    return None;
-                }
-                self.tnt_walked = 0;
-                None
-            }
-            Term::Insn(_) | Term::Limit => {
+            Term::Insn(InsnClass::Other | InsnClass::Special | InsnClass::Ptwrite)
+            | Term::Limit => {
                 self.ip = b.next;
-                self.next_blk = self.cache.succ(self.image, idx, 0, self.ip);
-                Some(self.make_run(idx, 0, b.n))
+                (0, b.succ[0])
             }
+            _ => {
+                if self.rec_key != 0 {
+                    // The recorded walk ends before this block, as it stood before this step.
+                    self.finish_path(self.ip, idx, self.tnt_count, self.tnt_walked - n as u64);
+                }
+                return self.tnt_step_rare(idx);
+            }
+        };
+        if self.rec_key != 0 {
+            self.record_elem(elem);
+        }
+        self.next_blk = if link != u32::MAX {
+            link
+        } else {
+            self.cache.succ(self.image, idx, which, self.ip)
+        };
+        self.n_insns += n as u64;
+        self.n_runs += 1;
+        Some(idx)
+    }
+
+    /// Appends a block to the recording (or drops a recording that grew too long).
+    #[inline(always)]
+    fn record_elem(&mut self, elem: u32) {
+        let elems = &mut self.cache.paths.elems;
+        if elems.len() - self.rec_at as usize >= MAX_PATH_LEN {
+            self.abort_path();
+        } else {
+            elems.push(elem);
+        }
+    }
+
+    /// The block ends [`Self::tnt_step`] does not handle inline.
+    #[inline(never)]
+    fn tnt_step_rare(&mut self, idx: u32) -> Option<u32> {
+        let b: CachedBlock = self.cache.blocks[idx as usize];
+        match b.term {
+            Term::Insn(InsnClass::Return) => self.compressed_ret(idx),
             Term::NoCode | Term::BadInsn => {
                 self.emit_run(idx, 0, b.n);
                 self.no_code(b);
                 None
             }
+            // Every class `tnt_step` leaves needs a TIP (and `Limit` never gets here).
+            Term::Insn(c) => self.deferred_tip_step(idx, c),
+            Term::Limit => {
+                self.ip = b.next;
+                self.n_insns += b.n as u64;
+                self.n_runs += 1;
+                Some(idx)
+            }
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn runaway(&mut self) {
+        self.error(FlowErrorKind::RunawayWalk, Some(self.ip));
+    }
+
+    /// A RET while TNT bits are pending: it is compressed (§3.3).
+    #[inline(never)]
+    fn compressed_ret(&mut self, idx: u32) -> Option<u32> {
+        let (n, last_ip) = {
+            let b = &self.cache.blocks[idx as usize];
+            (b.n, b.last_ip)
+        };
+        let taken = self.pop_bit();
+        let target = if taken { self.ret.pop() } else { None };
+        let Some(t) = target else {
+            self.emit_run(idx, 0, n - 1);
+            self.error(FlowErrorKind::BadRetCompression, Some(last_ip));
+            return None;
+        };
+        self.ip = t;
+        self.tnt_walked = 0;
+        self.n_insns += n as u64;
+        self.n_runs += 1;
+        Some(idx)
+    }
+
+    /// A branch that needs a TIP while TNT bits are pending: a deferred TIP (§3.4), the next
+    /// packet must be its TIP.
+    #[inline(never)]
+    fn deferred_tip_step(&mut self, idx: u32, c: InsnClass) -> Option<u32> {
+        let b: CachedBlock = self.cache.blocks[idx as usize];
+        self.emit_run(idx, 0, b.n - 1);
+        self.ip = b.last_ip;
+        if let Walk::Failed = self.deferred_tip(idx, &b, c) {
+            // The trace ended (or the error was reported): the rest of the bits are not walked.
+            self.tnt_count = 0;
+            return None;
+        }
+        if self.state != State::Enabled {
+            if self.tnt_count > 0 {
+                self.error(FlowErrorKind::UnexpectedTnt, None);
+            }
+            return None;
+        }
+        self.tnt_walked = 0;
+        None
     }
 
     fn no_code(&mut self, b: CachedBlock) {

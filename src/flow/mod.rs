@@ -53,7 +53,7 @@ pub mod errata;
 pub mod time;
 
 pub use cache::InsnClass;
-pub use decoder::{Block, BlockItem, FlowDecoder, FlowStats};
+pub use decoder::{Block, BlockItem, FilteredDecoder, FlowDecoder, FlowStats};
 pub use errata::{Cpu, CpuVendor, Errata};
 
 use crate::packet::{ExecMode, PacketError};

@@ -18,10 +18,13 @@
 //!   trace bytes, not its instruction count, so one PSB period bounds it;
 //! * [`History::rfind`] / [`History::rfind_with`] (reverse-continue) walk segments backwards,
 //!   decoding each forward once. With a set of addresses ([`Breakpoints`]) whole groups whose code
-//!   summary excludes them are skipped undecoded, runs whose address range excludes them are not
-//!   expanded, and when many segments remain they are decoded on several threads
-//!   ([`History::set_search_threads`]); one decoder per thread serves the whole search so its
-//!   block cache stays warm;
+//!   summary excludes them are skipped undecoded; inside the segments that are decoded, the
+//!   decoder ([`FilteredDecoder`]) passes over the runs of every block of code that holds none of
+//!   them — asked once per block ([`IpMatch::may_match_insns`]), so a rejected run costs a table
+//!   lookup and never leaves the decoder. When many segments remain they are decoded on several
+//!   threads ([`History::set_search_threads`]); one decoder per thread serves the whole search
+//!   so its block cache (decoded code and the matcher's verdicts) stays warm. When nothing can
+//!   be skipped this scans faster than a plain forward decode hands out its runs;
 //! * [`History::find`] / [`History::find_with`] (forward replay to a breakpoint) the same,
 //!   forwards (one thread).
 //!
@@ -34,7 +37,7 @@
 //! stopped, or the recording ended) those pending instructions are counted too, as the decode of
 //! the trace as it is now. [`worker::HistoryWorker`] runs this on a background thread.
 
-use crate::flow::{BlockItem, EventKind, FlowConfig, FlowDecoder};
+use crate::flow::{Block, BlockItem, EventKind, FilteredDecoder, FlowConfig, FlowDecoder};
 use crate::image::Image;
 use crate::packet::find_psb_backward;
 
@@ -93,6 +96,20 @@ pub trait IpMatch {
         true
     }
 
+    /// Whether some instruction of a block of code may be a hit: the block's instructions start
+    /// at `start` and have the lengths `lens` (each one follows the previous). Searches ask this
+    /// once per block of the decoder's block cache and keep the answer for the whole search, so
+    /// a `false` lets them pass over every later run of that block without handing it out of the
+    /// decoder; it must therefore give the same answer for the same block throughout a search.
+    /// The default asks [`may_match_range`](Self::may_match_range) for the block's address
+    /// range.
+    fn may_match_insns(&self, start: u64, lens: &[u8]) -> bool {
+        let last = lens[..lens.len().saturating_sub(1)]
+            .iter()
+            .fold(start, |ip, &l| ip.wrapping_add(l as u64));
+        self.may_match_range(start, last)
+    }
+
     /// Every address that can match, when the matcher is a finite set of addresses. Searches then
     /// skip, without decoding, every segment whose [code summary](CodeSummary) rules all of them
     /// out. The default (`None`) decodes every segment.
@@ -114,6 +131,9 @@ impl IpMatch for Box<dyn IpMatch + Send> {
     fn may_match_range(&self, start: u64, end: u64) -> bool {
         (**self).may_match_range(start, end)
     }
+    fn may_match_insns(&self, start: u64, lens: &[u8]) -> bool {
+        (**self).may_match_insns(start, lens)
+    }
     fn addresses(&self) -> Option<&[u64]> {
         (**self).addresses()
     }
@@ -132,8 +152,8 @@ impl<F: FnMut(u64) -> bool> IpMatch for MatchFn<F> {
     }
 }
 
-/// A set of breakpoint addresses. Searches with it skip every run of instructions whose address
-/// range holds no breakpoint, so a reverse-continue costs little more than decoding.
+/// A set of breakpoint addresses. Searches with it pass over every run of a block of code none of
+/// whose instructions starts at a breakpoint, so a reverse-continue costs less than decoding.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Breakpoints {
     sorted: Vec<u64>,
@@ -173,6 +193,27 @@ impl IpMatch for Breakpoints {
         }
         let i = self.sorted.partition_point(|&a| a < start);
         i < self.sorted.len() && self.sorted[i] <= end
+    }
+
+    /// Exact: whether one of the block's instructions starts at a breakpoint (a breakpoint in
+    /// the middle of an instruction is never hit).
+    fn may_match_insns(&self, start: u64, lens: &[u8]) -> bool {
+        let Some((_, before_last)) = lens.split_last() else {
+            return false;
+        };
+        let last = before_last
+            .iter()
+            .fold(start, |ip, &l| ip.wrapping_add(l as u64));
+        // Only a block whose address range holds a breakpoint is looked at per instruction.
+        if !self.may_match_range(start, last) {
+            return false;
+        }
+        let mut ip = start;
+        lens.iter().any(|&l| {
+            let hit = self.sorted.binary_search(&ip).is_ok();
+            ip = ip.wrapping_add(l as u64);
+            hit
+        })
     }
 
     fn addresses(&self) -> Option<&[u64]> {
@@ -643,15 +684,15 @@ impl History {
         let k = self.segment_of(n);
         if self.cache.get(k).is_none() {
             let view = self.view_of(trace);
-            let mut dec = FlowDecoder::at_psb(view, image, self.cfg.clone(), self.sync[k].offset);
-            let seg = self.decode_segment(&mut dec, k);
+            let dec = FlowDecoder::at_psb(view, image, self.cfg.clone(), self.sync[k].offset);
+            let seg = self.decode_segment(&mut FilteredDecoder::new(dec), k);
             self.cache.insert(seg);
         }
         self.cache.get(k)?.insn(n)
     }
 
     /// Decodes segment `k` into runs (`dec` is positioned at its PSB or will be resynchronised).
-    fn decode_segment(&mut self, dec: &mut FlowDecoder<'_>, k: usize) -> Segment {
+    fn decode_segment(&mut self, dec: &mut FilteredDecoder<'_>, k: usize) -> Segment {
         let (first, end) = self.segment_range(k);
         let mut seg = Segment {
             k,
@@ -660,22 +701,30 @@ impl History {
             lens: Vec::with_capacity((end - first).min(1 << 24) as usize),
         };
         let expect = end - first;
-        walk_segment(dec, self.sync[k], self.sync.get(k + 1).copied(), |b| {
-            let have = seg.lens.len() as u64;
-            // Run indices are u32: a segment of more than 4 G instructions (a pathological trace)
-            // is cut short and counted as a mismatch rather than mis-indexed.
-            if have >= expect || have >= u64::from(u32::MAX) {
-                return false;
-            }
-            let lens = b.lens();
-            let take = (lens.len() as u64).min(expect - have) as usize;
-            seg.runs.push(Run {
-                start: b.start,
-                first: have as u32,
-            });
-            seg.lens.extend_from_slice(&lens[..take]);
-            true
-        });
+        walk_segment(
+            dec,
+            &self.sync,
+            k,
+            first,
+            u64::MAX,
+            &mut EveryRun,
+            |_, _, b| {
+                let have = seg.lens.len() as u64;
+                // Run indices are u32: a segment of more than 4 G instructions (a pathological trace)
+                // is cut short and counted as a mismatch rather than mis-indexed.
+                if have >= expect || have >= u64::from(u32::MAX) {
+                    return false;
+                }
+                let lens = b.lens();
+                let take = (lens.len() as u64).min(expect - have) as usize;
+                seg.runs.push(Run {
+                    start: b.start,
+                    first: have as u32,
+                });
+                seg.lens.extend_from_slice(&lens[..take]);
+                true
+            },
+        );
         self.segments_decoded += 1;
         if seg.lens.len() as u64 != expect {
             self.segment_mismatches += 1;
@@ -747,7 +796,7 @@ impl History {
             return None;
         }
         let view = self.view_of(trace);
-        let mut dec: Option<FlowDecoder<'_>> = None;
+        let mut dec: Option<FilteredDecoder<'_>> = None;
         let mut k = self.segment_of(from - 1);
         let mut first_segment = true;
         loop {
@@ -827,7 +876,7 @@ impl History {
         let (sync, cfg) = (&self.sync[..], &self.cfg);
         let firsts: Vec<u64> = todo.iter().map(|&k| self.segment_range(k).0).collect();
         let work = |m: &mut dyn IpMatch| {
-            let mut dec: Option<FlowDecoder<'_>> = None;
+            let mut dec: Option<FilteredDecoder<'_>> = None;
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= todo.len() || i > best.load(Ordering::Acquire) {
@@ -871,7 +920,7 @@ impl History {
             return None;
         }
         let view = self.view_of(trace);
-        let mut dec: Option<FlowDecoder<'_>> = None;
+        let mut dec: Option<FilteredDecoder<'_>> = None;
         let mut k = self.segment_of(from);
         while k < self.sync.len() {
             if let Some((_, group_end)) = self.ruled_out(k, m) {
@@ -886,11 +935,12 @@ impl History {
             } else {
                 let d = reuse_decoder(&mut dec, view, image, &self.cfg, self.sync[k].offset);
                 self.segments_decoded += 1;
-                let mut i = first;
                 let mut hit = None;
-                walk_segment(d, self.sync[k], self.sync.get(k + 1).copied(), |b| {
+                // Runs the matcher rules out are passed over inside the decoder whatever their
+                // position: none of them can hold the first hit at or after `from`.
+                walk_segment(d, &self.sync, k, first, u64::MAX, m, |m, i, b| {
                     let n = b.count as u64;
-                    if i + n > from && m.may_match_range(b.start, b.end) {
+                    if i + n > from {
                         let mut ip = b.start;
                         for (j, &len) in b.lens().iter().enumerate() {
                             let at = i + j as u64;
@@ -901,8 +951,7 @@ impl History {
                             ip = ip.wrapping_add(len as u64);
                         }
                     }
-                    i += n;
-                    i < end
+                    i + n < end
                 });
                 hit
             };
@@ -927,90 +976,125 @@ impl IpMatch for DynMatch<'_> {
     fn may_match_range(&self, start: u64, end: u64) -> bool {
         self.0.may_match_range(start, end)
     }
+    #[inline]
+    fn may_match_insns(&self, start: u64, lens: &[u8]) -> bool {
+        self.0.may_match_insns(start, lens)
+    }
+}
+
+/// Matches nothing but hands out every run (decoding a segment into the random-access cache).
+struct EveryRun;
+
+impl IpMatch for EveryRun {
+    fn matches(&mut self, _: u64) -> bool {
+        false
+    }
 }
 
 /// Decodes segment `k` (whose first instruction is number `first`) and returns the last
-/// instruction before `from` that `m` matches. Runs whose address range `m` rules out are not
-/// looked into.
+/// instruction before `from` that `m` matches. Runs of blocks that `m` rules out
+/// ([`IpMatch::may_match_insns`]) are passed over inside the decoder.
 fn scan_segment_back<M: IpMatch + ?Sized>(
-    dec: &mut FlowDecoder<'_>,
+    dec: &mut FilteredDecoder<'_>,
     sync: &[SyncPoint],
     k: usize,
     first: u64,
     from: u64,
     m: &mut M,
 ) -> Option<u64> {
-    let mut i = first;
     let mut last = None;
-    walk_segment(dec, sync[k], sync.get(k + 1).copied(), |b| {
+    walk_segment(dec, sync, k, first, from, m, |m, i, b| {
         if i >= from {
             return false;
         }
-        if m.may_match_range(b.start, b.end) {
-            let mut ip = b.start;
-            for (j, &len) in b.lens().iter().enumerate() {
-                let at = i + j as u64;
-                if at >= from {
-                    break;
-                }
-                if m.matches(ip) {
-                    last = Some(at);
-                }
-                ip = ip.wrapping_add(len as u64);
+        // The run's instructions before `from`, examined in a loop with nothing else in it.
+        let lens = b.lens();
+        let lens = &lens[..(from - i).min(lens.len() as u64) as usize];
+        let mut ip = b.start;
+        let mut hit = None;
+        for (j, &len) in lens.iter().enumerate() {
+            if m.matches(ip) {
+                hit = Some(j);
             }
+            ip = ip.wrapping_add(len as u64);
         }
-        i += b.count as u64;
+        if let Some(j) = hit {
+            last = Some(i + j as u64);
+        }
         true
     });
     last
 }
 
 /// The search decoder: created once per search, then moved from segment to segment so its block
-/// cache (decoded code) is reused.
+/// cache (decoded code, and which blocks the search's matcher rules out) is reused.
 fn reuse_decoder<'d, 'a>(
-    slot: &'d mut Option<FlowDecoder<'a>>,
+    slot: &'d mut Option<FilteredDecoder<'a>>,
     view: &'a [u8],
     image: &'a Image,
     cfg: &FlowConfig,
     offset: u64,
-) -> &'d mut FlowDecoder<'a> {
+) -> &'d mut FilteredDecoder<'a> {
     match slot {
         Some(d) => {
             d.resync_at(offset);
             d
         }
-        None => slot.insert(FlowDecoder::at_psb(view, image, cfg.clone(), offset)),
+        None => slot.insert(FilteredDecoder::new(FlowDecoder::at_psb(
+            view,
+            image,
+            cfg.clone(),
+            offset,
+        ))),
     }
 }
 
-/// Feeds the runs of the segment that starts at sync point `at` (and ends at the PSB event of
-/// `next`, or at the end of the decoder's view) to `f`, until `f` returns `false`. The decoder
-/// must have been positioned at `at.offset`.
-fn walk_segment(
-    dec: &mut FlowDecoder<'_>,
-    at: SyncPoint,
-    next: Option<SyncPoint>,
-    mut f: impl FnMut(&crate::flow::Block<'_>) -> bool,
-) {
+/// Feeds the runs of segment `k` (first instruction number `first`; it starts at sync point
+/// `k` and ends at the PSB event of `k + 1`, or at the end of the decoder's view) to
+/// `f(m, number of the run's first instruction, run)`, until `f` returns `false`. Runs of blocks
+/// that `m` rules out are passed over without reaching `f`, but only before instruction
+/// `budget`: from the run holding it on, every run reaches `f` (so `f` can stop there). The
+/// decoder must have been positioned at sync point `k`. Returns the number of the instruction
+/// after the last one walked.
+fn walk_segment<M: IpMatch + ?Sized>(
+    dec: &mut FilteredDecoder<'_>,
+    sync: &[SyncPoint],
+    k: usize,
+    first: u64,
+    budget: u64,
+    m: &mut M,
+    mut f: impl FnMut(&mut M, u64, &Block<'_>) -> bool,
+) -> u64 {
+    let (at, next) = (sync[k], sync.get(k + 1).copied());
     let mut started = false;
-    while let Some(item) = dec.next_block() {
-        // Borrow the item: moving it out costs a copy of the whole enum per run.
+    let mut n = first;
+    loop {
+        let Some(item) = dec.next_block(&mut n, budget, &mut |start, lens| {
+            m.may_match_insns(start, lens)
+        }) else {
+            return n;
+        };
         match &item {
             BlockItem::Event(e) => {
                 if let EventKind::Psb { .. } = e.kind {
                     if !started && e.offset == at.offset {
                         started = true;
+                        // Nothing precedes the segment's own PSB event when starting at its
+                        // PSB; count from it in any case.
+                        n = first;
                     } else if next.is_some_and(|p| p.offset == e.offset) || started {
                         // The next sync point (or, if the index and the decode disagree, any
                         // later PSB) ends the segment.
-                        return;
+                        return n;
                     }
                 }
             }
             BlockItem::Block(b) => {
-                // Nothing can precede the segment's own PSB event when starting at its PSB.
-                if started && !f(b) {
-                    return;
+                if started {
+                    if !f(m, n, b) {
+                        return n;
+                    }
+                    n += b.count as u64;
                 }
             }
         }
@@ -1198,5 +1282,42 @@ impl SegmentCache {
 
     fn bytes(&self) -> u64 {
         self.entries.iter().map(|e| e.1.bytes()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn breakpoints_match_blocks_exactly() {
+        // Instructions at 0x1000 (2 bytes), 0x1002 (3 bytes), 0x1005 (1 byte).
+        let lens = [2u8, 3, 1];
+        let at = |a: &[u64]| Breakpoints::new(a.iter().copied()).may_match_insns(0x1000, &lens);
+        assert!(at(&[0x1000]));
+        assert!(at(&[0x1002]));
+        assert!(at(&[0x1005]));
+        assert!(at(&[0x0fff, 0x1005, 0x2000]));
+        // Inside an instruction, before the block, after its last instruction's start.
+        assert!(!at(&[0x1001]));
+        assert!(!at(&[0x1003, 0x1004]));
+        assert!(!at(&[0x0fff]));
+        assert!(!at(&[0x1006]));
+        assert!(!at(&[]));
+        assert!(!Breakpoints::new([0x1000]).may_match_insns(0x1000, &[]));
+        // The default answer is the address range of the instruction starts.
+        let range_only = MatchFn(|_| true);
+        assert!(range_only.may_match_insns(0x1000, &lens));
+        struct Below(u64);
+        impl IpMatch for Below {
+            fn matches(&mut self, ip: u64) -> bool {
+                ip < self.0
+            }
+            fn may_match_range(&self, start: u64, _end: u64) -> bool {
+                start < self.0
+            }
+        }
+        assert!(Below(0x1001).may_match_insns(0x1000, &lens));
+        assert!(!Below(0x1000).may_match_insns(0x1000, &lens));
     }
 }
