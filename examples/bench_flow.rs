@@ -485,8 +485,14 @@ fn main() {
             eprintln!("no trace {name}");
             continue;
         };
+        // libipt 2.0.5 cannot decode a PSB+ FUP followed by TIP.PGE to the same IP (see
+        // tests/support/libipt.rs `mask_psb_fup_before_pge`); it gets the masked trace. The mask
+        // is computed on the original trace (it lists every packet, too much memory for a long
+        // one) and repeated like it: each copy starts at a PSB, where the mask's state resets.
+        let (mut masked, _) = libipt::mask_psb_fup_before_pge(&t.pt);
         if repeat_mib > 0 {
             t.pt = repeated(&t.pt, repeat_mib << 20);
+            masked = repeated(&masked, repeat_mib << 20);
         }
         let img = image_of(&t);
         let cfg = cfg_of(&t);
@@ -537,9 +543,6 @@ fn main() {
         } else {
             (0, 0)
         };
-        // libipt 2.0.5 cannot decode a PSB+ FUP followed by TIP.PGE to the same IP (see
-        // tests/support/libipt.rs `mask_psb_fup_before_pge`); give it the masked trace.
-        let (masked, _) = libipt::mask_psb_fup_before_pge(&t.pt);
         let secs: Vec<(u64, &[u8])> = t
             .images
             .iter()

@@ -361,7 +361,7 @@ impl PathCache {
     /// Four times the slots, keeping the paths recorded so far.
     #[cold]
     fn grow(&mut self) {
-        let old = std::mem::replace(&mut self.slots, vec![PathSlot::default(); 0]);
+        let old = std::mem::take(&mut self.slots);
         self.slots = vec![PathSlot::default(); old.len() * 4];
         for s in old.into_iter().filter(|s| s.key != 0) {
             let at = self.slot(s.key);

@@ -18,7 +18,12 @@
 //! PTWRITE or an instruction that can disable tracing), kept in a bounded cache keyed by IP. The hot
 //! path of a decode is therefore: look up the block at the IP, emit it, take a TNT bit or a TIP,
 //! jump. [`FlowDecoder::next_block`] hands out whole runs; [`FlowDecoder::next_item`] the same
-//! stream one instruction at a time.
+//! stream one instruction at a time. `next_block` reads TNT-8 and TIP packets straight from their
+//! bytes, and remembers the walk of each TNT-8 packet's bits from a block (the blocks handed out
+//! and the state it ends in) in a bounded path cache, so a packet seen before from the same block
+//! is replayed without deciding anything per block. A walk is recorded only across conditional
+//! branches, direct jumps and calls and fall-throughs, where it depends on nothing but the block
+//! and the bits; compressed RETs, TIPs, events and errors end a recording before them.
 //!
 //! # Output
 //!
