@@ -46,6 +46,38 @@ enum Seg {
     Event(Box<Event>),
 }
 
+/// One piece of output of [`FlowDecoder::next_block_with`]'s steps, before the filter sees it.
+enum Out {
+    /// All of a cached block, already counted.
+    Whole(u32),
+    /// A run from the queue.
+    Run(Run),
+    /// An event from the queue.
+    Event(Box<Event>),
+    /// The end of the trace.
+    End,
+}
+
+/// Which runs [`FlowDecoder::next_block_with`] passes over instead of handing out. Only a
+/// [`FlowDecoder`]'s own loop drives it, once per run; the implementations are tiny and
+/// always inlined, so each filter gets its own copy of the loop with no indirection.
+trait RunFilter {
+    /// Whether the run of `n` instructions of block `blk` of `cache` is passed over (the filter
+    /// accounts for it) rather than handed out.
+    fn pass_over(&mut self, cache: &BlockCache<'_>, blk: u32, n: u32) -> bool;
+}
+
+/// The filter of the plain [`FlowDecoder::next_block`]: hands out every run (zero-sized; the
+/// filter's checks compile away).
+struct HandOutAll;
+
+impl RunFilter for HandOutAll {
+    #[inline(always)]
+    fn pass_over(&mut self, _: &BlockCache<'_>, _: u32, _: u32) -> bool {
+        false
+    }
+}
+
 /// A run of consecutive instructions (all fall through to the next one, except possibly the last).
 #[derive(Debug, Clone, Copy)]
 pub struct Block<'d> {
@@ -286,31 +318,63 @@ impl<'a> FlowDecoder<'a> {
     /// The next run of instructions or event; `None` at the end of the trace.
     #[inline]
     pub fn next_block(&mut self) -> Option<BlockItem<'_>> {
-        // The hot path, small enough to inline into the caller's loop: one block per TNT bit (or
-        // direct branch), handed out without a trip through the queue; a TNT-8 packet whose walk
-        // from this block was seen before is replayed from the path cache.
-        if self.path_pos < self.path_end {
-            let idx = self.replay_step();
-            return Some(BlockItem::Block(self.whole_block(idx)));
-        }
-        if self.out.is_empty() && self.state == State::Enabled {
-            if self.tnt_count == 0 {
-                if !self.short_tnt_refill() {
-                    if let Some(idx) = self.tip_fast_path() {
+        self.next_block_with(&mut HandOutAll)
+    }
+
+    /// The decoder's one output loop, shared by [`Self::next_block`] (with [`HandOutAll`],
+    /// monomorphised into exactly the plain loop) and [`FilteredDecoder::next_block`]: the next
+    /// event, or run that `filter` does not pass over.
+    ///
+    /// The hot path, small enough to inline into the caller's loop: one block per TNT bit (or
+    /// direct branch), handed out without a trip through the queue; a TNT-8 packet whose walk
+    /// from this block was seen before is replayed from the path cache ([`Self::fast_block`]).
+    /// Everything else goes through the queue ([`Self::slow_step`]). A run passed over goes
+    /// back to the fast path.
+    #[inline(always)]
+    fn next_block_with<F: RunFilter>(&mut self, filter: &mut F) -> Option<BlockItem<'_>> {
+        loop {
+            let out = match self.fast_block() {
+                Some(idx) => Out::Whole(idx),
+                None => self.slow_step(),
+            };
+            match out {
+                Out::Whole(idx) => {
+                    let n = self.cache.blocks[idx as usize].n;
+                    if !filter.pass_over(&self.cache, idx, n) {
                         return Some(BlockItem::Block(self.whole_block(idx)));
                     }
-                    return self.next_block_slow();
                 }
-                if self.start_path() {
-                    let idx = self.replay_step();
-                    return Some(BlockItem::Block(self.whole_block(idx)));
+                Out::Run(r) => {
+                    if !filter.pass_over(&self.cache, r.blk, r.count) {
+                        return Some(BlockItem::Block(self.block_of(r)));
+                    }
                 }
-            }
-            if let Some(idx) = self.tnt_step() {
-                return Some(BlockItem::Block(self.whole_block(idx)));
+                Out::Event(e) => return Some(BlockItem::Event(*e)),
+                Out::End => return None,
             }
         }
-        self.next_block_slow()
+    }
+
+    /// The fast paths: a path replay, a TNT-8 refill (replayed from the path cache, or walked),
+    /// a TNT bit walked, a TIP fast path. `Some` whole block, already counted; `None` when none
+    /// applies (or the step queued its output instead): the slow path runs next.
+    #[inline(always)]
+    fn fast_block(&mut self) -> Option<u32> {
+        if self.path_pos < self.path_end {
+            return Some(self.replay_step());
+        }
+        if !self.out.is_empty() || self.state != State::Enabled {
+            return None;
+        }
+        if self.tnt_count == 0 {
+            if !self.short_tnt_refill() {
+                return self.tip_fast_path();
+            }
+            if self.start_path() {
+                return Some(self.replay_step());
+            }
+        }
+        self.tnt_step()
     }
 
     /// At the start of a TNT-8 packet's walk: replays the recorded walk of these bits from the
@@ -482,30 +546,31 @@ impl<'a> FlowDecoder<'a> {
         self.short_tnt_fast_path() && self.tnt_count > 0
     }
 
-    /// [`Self::next_block`] when the queue holds output or packets must be read.
+    /// [`Self::next_block_with`] when the queue holds output or packets must be read: the next
+    /// piece of output (not yet offered to the filter).
     #[inline(never)]
-    fn next_block_slow(&mut self) -> Option<BlockItem<'_>> {
+    fn slow_step(&mut self) -> Out {
         if self.rec_key != 0 || self.path_pos < self.path_end {
             self.settle_path();
         }
         loop {
             if let Some(seg) = self.out.pop_front() {
-                return Some(match seg {
-                    Seg::Event(e) => BlockItem::Event(*e),
-                    Seg::Run(r) => BlockItem::Block(self.block_of(r)),
-                });
+                return match seg {
+                    Seg::Event(e) => Out::Event(e),
+                    Seg::Run(r) => Out::Run(r),
+                };
             }
             if self.walking_tnt() {
                 // The hot path: one block per TNT bit (or direct branch), handed out without a
                 // trip through the queue.
                 if let Some(idx) = self.tnt_step() {
-                    return Some(BlockItem::Block(self.whole_block(idx)));
+                    return Out::Whole(idx);
                 }
                 continue;
             }
             self.fill(true);
             if self.out.is_empty() && !self.walking_tnt() {
-                return None;
+                return Out::End;
             }
         }
     }

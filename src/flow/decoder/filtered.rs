@@ -8,13 +8,13 @@
 //! walks (or replays from the path cache) the uninteresting blocks without leaving the decoder,
 //! only counting their instructions.
 //!
-//! It lives in a child module of the decoder because it drives the decoder's private fast path
-//! (path replay, the TNT-8 refill, `tnt_step`, the TIP fast path, then the output queue and
-//! `fill`) step by step exactly as `next_block` does; the output it hands out is that of
-//! `next_block` with the passed-over runs removed. A change to `next_block`'s steps must be
-//! mirrored here: `tests/history.rs` checks the filtered stream against a sequential decode.
+//! There is one output loop, `FlowDecoder::next_block_with`, generic over a `RunFilter`; this
+//! module supplies the filter (`Skip`: the per-block flags, the count and the budget), so the
+//! filtered stream is by construction that of `next_block` with the passed-over runs removed
+//! (`tests/history.rs` checks it against a sequential decode).
 
-use super::{BlockItem, FlowDecoder, Seg, State};
+use super::{BlockItem, FlowDecoder, RunFilter};
+use crate::flow::cache::BlockCache;
 
 /// Classification of a cached block, by block index.
 const UNKNOWN: u8 = 0;
@@ -31,8 +31,13 @@ const WANT: u8 = 2;
 /// a part of its block (a run cut by an event), and a run passed over is never seen again.
 pub struct FilteredDecoder<'a> {
     dec: FlowDecoder<'a>,
-    /// Per block index of `dec`'s cache: `UNKNOWN`, `PASS` or `WANT`.
-    flags: Vec<u8>,
+    flags: Flags,
+}
+
+/// The kept classifications.
+struct Flags {
+    /// Per block index of the decoder's cache: `UNKNOWN`, `PASS` or `WANT`.
+    of: Vec<u8>,
     /// The cache's flush count the flags belong to (a flush renumbers the blocks).
     flushes: u64,
 }
@@ -43,8 +48,10 @@ impl<'a> FilteredDecoder<'a> {
         let flushes = dec.cache.flushes;
         FilteredDecoder {
             dec,
-            flags: Vec::new(),
-            flushes,
+            flags: Flags {
+                of: Vec::new(),
+                flushes,
+            },
         }
     }
 
@@ -65,60 +72,7 @@ impl<'a> FilteredDecoder<'a> {
 
     /// Forgets every classification (the classifier changed).
     pub fn reset_filter(&mut self) {
-        self.flags.clear();
-    }
-
-    /// Whether the run of block `blk` is handed out.
-    #[inline(always)]
-    fn wants(&mut self, blk: u32, wants: &mut impl FnMut(u64, &[u8]) -> bool) -> bool {
-        match self.flags.get(blk as usize) {
-            Some(&PASS) => false,
-            Some(&WANT) => true,
-            _ => self.classify(blk, wants),
-        }
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn classify(&mut self, blk: u32, wants: &mut impl FnMut(u64, &[u8]) -> bool) -> bool {
-        let i = blk as usize;
-        let Some(b) = self.dec.cache.blocks.get(i) else {
-            return true;
-        };
-        let yes = wants(b.start, self.dec.cache.lens_of(b));
-        if self.flags.len() <= i {
-            self.flags
-                .resize(self.dec.cache.blocks.len().max(i + 1), UNKNOWN);
-        }
-        self.flags[i] = if yes { WANT } else { PASS };
-        yes
-    }
-
-    /// After anything that may have flushed the block cache: drop stale classifications.
-    #[inline(always)]
-    fn check_flush(&mut self) {
-        if self.dec.cache.flushes != self.flushes {
-            self.flushes = self.dec.cache.flushes;
-            self.flags.clear();
-        }
-    }
-
-    /// Whether a run of `n` instructions of block `blk` is passed over (and counted).
-    #[inline(always)]
-    fn pass_over(
-        &mut self,
-        blk: u32,
-        n: u32,
-        count: &mut u64,
-        budget: u64,
-        wants: &mut impl FnMut(u64, &[u8]) -> bool,
-    ) -> bool {
-        let total = *count + n as u64;
-        if total < budget && !self.wants(blk, wants) {
-            *count = total;
-            return true;
-        }
-        false
+        self.flags.of.clear();
     }
 
     /// The next event, or run of a block that `wants` accepts, as [`FlowDecoder::next_block`]
@@ -134,88 +88,64 @@ impl<'a> FilteredDecoder<'a> {
         budget: u64,
         wants: &mut impl FnMut(u64, &[u8]) -> bool,
     ) -> Option<BlockItem<'_>> {
-        loop {
-            // The decoder's fast path, step by step as in `next_block`: a path replay, a TNT-8
-            // refill (replayed from the path cache, or walked), a TIP fast path. Each yields one
-            // whole block, already counted.
-            let mut step = Step::Slow;
-            if self.dec.path_pos < self.dec.path_end {
-                step = Step::Block(self.dec.replay_step());
-            } else if self.dec.out.is_empty() && self.dec.state == State::Enabled {
-                if self.dec.tnt_count == 0 {
-                    let refilled = self.dec.short_tnt_refill();
-                    self.check_flush();
-                    if !refilled {
-                        if let Some(idx) = self.dec.tip_fast_path() {
-                            step = Step::Block(idx);
-                        }
-                    } else if self.dec.start_path() {
-                        step = Step::Block(self.dec.replay_step());
-                    } else {
-                        step = Step::of(self.dec.tnt_step());
-                    }
-                } else {
-                    step = Step::of(self.dec.tnt_step());
-                }
-            }
-            match step {
-                Step::Block(idx) => {
-                    let n = self.dec.cache.blocks[idx as usize].n;
-                    if !self.pass_over(idx, n, count, budget, wants) {
-                        return Some(BlockItem::Block(self.dec.whole_block(idx)));
-                    }
-                }
-                // The step queued its output: the slow path below hands it out next round.
-                Step::Queued => {}
-                Step::Slow => {
-                    // As `next_block_slow`.
-                    if self.dec.rec_key != 0 || self.dec.path_pos < self.dec.path_end {
-                        self.dec.settle_path();
-                    }
-                    if let Some(seg) = self.dec.out.pop_front() {
-                        match seg {
-                            Seg::Event(e) => return Some(BlockItem::Event(*e)),
-                            Seg::Run(r) => {
-                                if !self.pass_over(r.blk, r.count, count, budget, wants) {
-                                    return Some(BlockItem::Block(self.dec.block_of(r)));
-                                }
-                            }
-                        }
-                        continue;
-                    }
-                    if self.dec.walking_tnt() {
-                        if let Some(idx) = self.dec.tnt_step() {
-                            let n = self.dec.cache.blocks[idx as usize].n;
-                            if !self.pass_over(idx, n, count, budget, wants) {
-                                return Some(BlockItem::Block(self.dec.whole_block(idx)));
-                            }
-                        }
-                        continue;
-                    }
-                    self.dec.fill(true);
-                    self.check_flush();
-                    if self.dec.out.is_empty() && !self.dec.walking_tnt() {
-                        return None;
-                    }
-                }
-            }
-        }
+        self.dec.next_block_with(&mut Skip {
+            flags: &mut self.flags,
+            count,
+            budget,
+            wants,
+        })
     }
 }
 
-/// What one round of [`FilteredDecoder::next_block`]'s fast path produced.
-enum Step {
-    /// A whole block, counted.
-    Block(u32),
-    /// Output went to the queue (or nothing came out).
-    Queued,
-    /// The fast path does not apply.
-    Slow,
+/// The filter of one [`FilteredDecoder::next_block`] call.
+struct Skip<'f, W> {
+    flags: &'f mut Flags,
+    count: &'f mut u64,
+    budget: u64,
+    wants: &'f mut W,
 }
 
-impl Step {
+impl<W: FnMut(u64, &[u8]) -> bool> RunFilter for Skip<'_, W> {
     #[inline(always)]
-    fn of(tnt_step: Option<u32>) -> Step {
-        tnt_step.map_or(Step::Queued, Step::Block)
+    fn pass_over(&mut self, cache: &BlockCache<'_>, blk: u32, n: u32) -> bool {
+        let total = *self.count + n as u64;
+        if total < self.budget && !self.wants(cache, blk) {
+            *self.count = total;
+            return true;
+        }
+        false
+    }
+}
+
+impl<W: FnMut(u64, &[u8]) -> bool> Skip<'_, W> {
+    /// Whether the run of block `blk` is handed out.
+    #[inline(always)]
+    fn wants(&mut self, cache: &BlockCache<'_>, blk: u32) -> bool {
+        if cache.flushes != self.flags.flushes {
+            // The cache was flushed (it renumbers its blocks): the flags are stale.
+            self.flags.flushes = cache.flushes;
+            self.flags.of.clear();
+        }
+        match self.flags.of.get(blk as usize) {
+            Some(&PASS) => false,
+            Some(&WANT) => true,
+            _ => self.classify(cache, blk),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn classify(&mut self, cache: &BlockCache<'_>, blk: u32) -> bool {
+        let i = blk as usize;
+        let Some(b) = cache.blocks.get(i) else {
+            return true;
+        };
+        let yes = (self.wants)(b.start, cache.lens_of(b));
+        let of = &mut self.flags.of;
+        if of.len() <= i {
+            of.resize(cache.blocks.len().max(i + 1), UNKNOWN);
+        }
+        of[i] = if yes { WANT } else { PASS };
+        yes
     }
 }
