@@ -330,6 +330,12 @@ impl<'a> FlowDecoder<'a> {
     /// from this block was seen before is replayed from the path cache ([`Self::fast_block`]).
     /// Everything else goes through the queue ([`Self::slow_step`]). A run passed over goes
     /// back to the fast path.
+    ///
+    /// `#[inline(always)]`: with only `#[inline]` LLVM kept the plain `next_block` out of line
+    /// (3.6 KiB), a call per run; inlined, the caller's loop runs the fast path in place (bench
+    /// figures in docs/benchmarks.md). The slow path returns an [`Out`] that borrows nothing,
+    /// and the public view is built here, so that a passed-over run can loop back (a borrowed
+    /// item returned on one arm of a loop would keep `self` borrowed on the others).
     #[inline(always)]
     fn next_block_with<F: RunFilter>(&mut self, filter: &mut F) -> Option<BlockItem<'_>> {
         loop {
