@@ -315,6 +315,36 @@ pub fn check_packet(body: &[u8], resume_all: bool) -> Check {
             };
         }
     }
+    // Extended-mode settings (found by `fuzz/fuzz_targets/rsp.rs`: `QStartupWithShellX`
+    // ended the session). gdbstub accepts exactly `:0`/`:1`, an empty `QEnvironmentReset`, and
+    // hex after `:` for the others.
+    for name in [&b"QStartupWithShell"[..], b"QDisableRandomization"] {
+        if let Some(rest) = body.strip_prefix(name) {
+            return match rest.first() {
+                Some(b':') => ok(rest == b":0" || rest == b":1"),
+                None => Malformed,
+                Some(_) => Unsupported,
+            };
+        }
+    }
+    if let Some(rest) = body.strip_prefix(b"QEnvironmentReset") {
+        return if rest.is_empty() { Pass } else { Unsupported };
+    }
+    for name in [
+        &b"QEnvironmentHexEncoded"[..],
+        b"QEnvironmentUnset",
+        b"QSetWorkingDir",
+    ] {
+        if let Some(rest) = body.strip_prefix(name) {
+            return match rest.split_first() {
+                Some((b':', hex)) if name == b"QEnvironmentHexEncoded" => ok(is_even_hex(hex)
+                    && crate::server::rsp::hex_decode(hex).is_ok_and(|kv| kv.contains(&b'='))),
+                Some((b':', hex)) => ok(is_even_hex(hex)),
+                None => Malformed,
+                Some(_) => Unsupported,
+            };
+        }
+    }
     if let Some(rest) = body.strip_prefix(b"qSupported") {
         // gdbstub needs `:` and no empty feature (see `normalize_qsupported`).
         return match rest.split_first() {
@@ -1211,6 +1241,43 @@ mod tests {
         // "0* " = '0' followed by 3 more ('space' = 32, 32 - 29 = 3)
         assert_eq!(expand_rle(b"0* 1"), b"00001".to_vec());
         assert_eq!(expand_rle(b"*"), b"*".to_vec());
+    }
+
+    /// Found by `fuzz/fuzz_targets/rsp.rs`: gdbstub ends the session on an extended-mode
+    /// setting it cannot parse (`QStartupWithShellqXfer:…`); the router must answer instead.
+    #[test]
+    fn extended_mode_settings_never_reach_gdbstub_malformed() {
+        for (body, want) in [
+            (&b"QStartupWithShell:1"[..], Check::Pass),
+            (b"QStartupWithShell:0", Check::Pass),
+            (b"QDisableRandomization:1", Check::Pass),
+            (b"QEnvironmentReset", Check::Pass),
+            (b"QEnvironmentHexEncoded:413d31", Check::Pass),
+            (b"QEnvironmentUnset:41", Check::Pass),
+            (b"QSetWorkingDir:", Check::Pass),
+            (b"QSetWorkingDir:2f746d70", Check::Pass),
+            (
+                b"QStartupWithShellqXfer:QStartupWithShell:10,fff",
+                Check::Unsupported,
+            ),
+            (b"QStartupWithShell:2", Check::Malformed),
+            (b"QStartupWithShell", Check::Malformed),
+            (b"QDisableRandomization:", Check::Malformed),
+            (b"QEnvironmentResetX", Check::Unsupported),
+            (b"QEnvironmentHexEncoded:4131", Check::Malformed),
+            (b"QEnvironmentHexEncoded:413", Check::Malformed),
+            (b"QEnvironmentHexEncoded", Check::Malformed),
+            (b"QEnvironmentUnset:zz", Check::Malformed),
+            (b"QSetWorkingDir:2", Check::Malformed),
+            (b"QSetWorkingDirX", Check::Unsupported),
+        ] {
+            assert_eq!(
+                check_packet(body, false),
+                want,
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
     }
 
     #[test]
