@@ -450,8 +450,15 @@ pub fn check_packet(body: &[u8], resume_all: bool) -> Check {
         }
         b'H' => ok(match rest.split_first() {
             // `Hg` needs one thread (`0` = any is fine: gdbstub picks one), `Hc` any form.
+            // (`p<pid>.0` needs a valid pid: found by `fuzz/fuzz_targets/rsp.rs`, `Hgp0Hg….0`
+            // ended the session.)
             Some((b'g', tid)) => {
-                thread_kind(tid) == Some(true) || tid == b"0" || tid.ends_with(b".0")
+                thread_kind(tid) == Some(true)
+                    || tid == b"0"
+                    || tid
+                        .strip_prefix(b"p")
+                        .and_then(|r| r.strip_suffix(b".0"))
+                        .is_some_and(|pid| thread_kind(pid).is_some() && !pid.contains(&b'.'))
             }
             Some((b'c', tid)) => is_thread_id(tid),
             _ => false,
@@ -1246,7 +1253,7 @@ mod tests {
     /// Found by `fuzz/fuzz_targets/rsp.rs`: gdbstub ends the session on an extended-mode
     /// setting it cannot parse (`QStartupWithShellqXfer:…`); the router must answer instead.
     #[test]
-    fn extended_mode_settings_never_reach_gdbstub_malformed() {
+    fn fuzz_found_packets_never_reach_gdbstub_malformed() {
         for (body, want) in [
             (&b"QStartupWithShell:1"[..], Check::Pass),
             (b"QStartupWithShell:0", Check::Pass),
@@ -1270,6 +1277,11 @@ mod tests {
             (b"QEnvironmentUnset:zz", Check::Malformed),
             (b"QSetWorkingDir:2", Check::Malformed),
             (b"QSetWorkingDirX", Check::Unsupported),
+            (b"Hgp0.0", Check::Pass),
+            (b"Hgp1a.0", Check::Pass),
+            (b"Hgp0Hg`\xf6.0", Check::Malformed),
+            (b"Hgx.0", Check::Malformed),
+            (b"Hgp1.2.0", Check::Malformed),
         ] {
             assert_eq!(
                 check_packet(body, false),
