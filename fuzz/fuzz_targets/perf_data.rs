@@ -9,8 +9,8 @@
 //! Run (seeded with the real recordings, read in place; the first directory receives new inputs):
 //! ```text
 //! cd fuzz && mkdir -p corpus/perf_data && RUSTC_BOOTSTRAP=1 cargo fuzz run perf_data \
-//!     corpus/perf_data ../../shared/corpus/quipper-perfdata-intel_pt \
-//!     ../../shared/corpus/hase-pt-recordings -- -max_len=262144 -max_total_time=180
+//!     $PWD/corpus/perf_data /work/shared/corpus/quipper-perfdata-intel_pt \
+//!     /work/shared/corpus/hase-pt-recordings -- -max_len=262144 -max_total_time=180 -timeout=10
 //! ```
 #![no_main]
 
