@@ -25,15 +25,22 @@ fuzz_target!(|data: &[u8]| {
         data.to_vec()
     };
     let _ = elf_build_id(&bytes);
-    let base = data.get(1..9).map(|b| u64::from_le_bytes(b.try_into().unwrap()));
+    let base = data
+        .get(1..9)
+        .map(|b| u64::from_le_bytes(b.try_into().unwrap()));
     for base in [None, base] {
-        let Ok(elf) = LoadedElf::from_bytes(Path::new("fuzz.elf"), bytes.clone().into(), base) else {
+        let Ok(elf) = LoadedElf::from_bytes(Path::new("fuzz.elf"), bytes.clone().into(), base)
+        else {
             continue;
         };
         for which in [Segments::Executable, Segments::AllLoadable] {
             let mut img = Image::new();
             for s in elf.sections(which) {
-                assert!(s.offset.checked_add(s.len).is_some_and(|e| e <= s.bytes.len()));
+                assert!(
+                    s.offset
+                        .checked_add(s.len)
+                        .is_some_and(|e| e <= s.bytes.len())
+                );
                 let _ = img.add(s);
             }
             let _ = img.add_elf(&elf, which);

@@ -41,12 +41,17 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let _ = perf.is_pipe();
-    let _ = perf.attrs().iter().map(|a| a.attr.sample_id_all()).count();
+    for a in perf.attrs() {
+        let _ = (a.attr.sample_id_all(), a.ids.len());
+    }
     // The record iterator ends within one step per 8 bytes (a record header is 8 bytes).
     let mut n = 0usize;
     for r in perf.records() {
         n += 1;
-        assert!(n <= data.len() / 8 + 2, "record iterator does not terminate");
+        assert!(
+            n <= data.len() / 8 + 2,
+            "record iterator does not terminate"
+        );
         let _ = r;
     }
     for feature in 0..40 {
@@ -75,7 +80,7 @@ fuzz_target!(|data: &[u8]| {
     }
     let elf = elf_path().clone();
     let remap = move |name: &str| {
-        Some(if name.len() % 2 == 0 {
+        Some(if name.len().is_multiple_of(2) {
             elf.clone()
         } else {
             PathBuf::from("/nonexistent/ptrewind-fuzz")

@@ -66,15 +66,21 @@ impl Target for FakeTarget {
         Ok(())
     }
     fn read_memory(&self, addr: u64, buf: &mut [u8]) -> TargetResult<usize> {
-        let start = addr.checked_sub(0x400000).ok_or(TargetError::Memory { addr })? as usize;
+        let start = addr
+            .checked_sub(0x400000)
+            .ok_or(TargetError::Memory { addr })? as usize;
         let avail = self.mem.get(start..).ok_or(TargetError::Memory { addr })?;
         let n = buf.len().min(avail.len());
         buf[..n].copy_from_slice(&avail[..n]);
         Ok(n)
     }
     fn write_memory(&mut self, addr: u64, data: &[u8]) -> TargetResult<()> {
-        let start = addr.checked_sub(0x400000).ok_or(TargetError::Memory { addr })? as usize;
-        let end = start.checked_add(data.len()).ok_or(TargetError::Memory { addr })?;
+        let start = addr
+            .checked_sub(0x400000)
+            .ok_or(TargetError::Memory { addr })? as usize;
+        let end = start
+            .checked_add(data.len())
+            .ok_or(TargetError::Memory { addr })?;
         self.mem
             .get_mut(start..end)
             .ok_or(TargetError::Memory { addr })?
@@ -120,15 +126,19 @@ fn listener() -> &'static TcpListener {
 
 /// The pure parsers, on every framed packet.
 fn parsers(data: &[u8]) {
-    let trace = [0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02,
-        0x82, 0x02, 0x82, 0x02, 0x23, 0x00];
+    let trace = [
+        0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02,
+        0x82, 0x02, 0x23, 0x00,
+    ];
     let mut provider = FixedTraceProvider::new(ptrewind::server::btrace::PtCpu::SOFTWARE);
     provider.set_trace(PID as u32, trace.to_vec());
     let mut btrace = BtraceServer::new();
     let mut lldb = LldbTraceServer::new();
     let mut framer = Framer::new(1024);
     for &b in data {
-        let Some(frame) = framer.push(b) else { continue };
+        let Some(frame) = framer.push(b) else {
+            continue;
+        };
         let Frame::Packet(body) = frame else { continue };
         let _ = normalize_qsupported(&body);
         let _ = check_packet(&body, false);
