@@ -12,7 +12,8 @@
 //! Checked: no panic, no hang, and the session never ends with a protocol error (a malformed
 //! packet must get an error reply, not end the debugging session).
 //!
-//! Run: `cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run rsp -- -max_len=4096 -max_total_time=180`
+//! Run: `cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run rsp $PWD/corpus/rsp -- -max_len=4096 -max_total_time=180 -timeout=10`
+//! (seeds: see docs/fuzzing.md).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

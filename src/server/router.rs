@@ -404,7 +404,12 @@ pub fn check_packet(body: &[u8], resume_all: bool) -> Check {
             return Malformed;
         };
         return ok(actions.split(|&b| b == b';').all(|action| {
-            let (act, tid) = split2(action, b':').unwrap_or((action, b""));
+            // `act:` with an empty thread is malformed (found by `fuzz/fuzz_targets/rsp.rs`:
+            // `vCont;c:` ended the session); no `:` at all means every thread.
+            let (act, tid, has_tid) = match split2(action, b':') {
+                Some((act, tid)) => (act, tid, true),
+                None => (action, &b""[..], false),
+            };
             // No `t` (stop) or `r` (range step, not offered); a step needs one thread.
             let (act_ok, needs_one_thread) = match act.first() {
                 Some(b'c') => (act.len() == 1, false),
@@ -416,7 +421,7 @@ pub fn check_packet(body: &[u8], resume_all: bool) -> Check {
             let tid_ok = if needs_one_thread {
                 thread_kind(tid) == Some(true)
             } else {
-                tid.is_empty() || is_thread_id(tid)
+                !has_tid || is_thread_id(tid)
             };
             act_ok && tid_ok
         }));
@@ -1282,6 +1287,10 @@ mod tests {
             (b"Hgp0Hg`\xf6.0", Check::Malformed),
             (b"Hgx.0", Check::Malformed),
             (b"Hgp1.2.0", Check::Malformed),
+            (b"vCont;c:", Check::Malformed),
+            (b"vCont;c:p1.1;s:", Check::Malformed),
+            (b"vCont;c", Check::Pass),
+            (b"vCont;c:p1.-1", Check::Pass),
         ] {
             assert_eq!(
                 check_packet(body, false),
