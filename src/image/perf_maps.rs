@@ -209,6 +209,15 @@ fn find_file(
     let wanted = opts.build_ids.get(name);
     let mut errors = Vec::new();
     for p in paths {
+        // A device or FIFO named by a record (shared anonymous memory is recorded as
+        // "/dev/zero (deleted)") would be read forever: only regular files hold code.
+        match std::fs::metadata(&p) {
+            Ok(m) if !m.is_file() => {
+                errors.push(format!("{}: not a regular file", p.display()));
+                continue;
+            }
+            _ => {}
+        }
         match files.get(&p) {
             Ok(bytes) => {
                 if let (Some(want), Some(have)) = (wanted, elf_build_id(&bytes)) {
@@ -482,5 +491,46 @@ impl PerfSideband {
     /// [`MmapOptions::build_ids`] from this sideband (a copy: options outlive the file).
     pub fn build_id_map(&self) -> HashMap<String, Vec<u8>> {
         self.build_ids.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    /// A record naming a device (shared anonymous memory appears as `/dev/zero (deleted)`)
+    /// must be reported as missing, not read: reading `/dev/zero` never ends.
+    #[test]
+    fn device_files_are_not_read() {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let records = ["/dev/zero (deleted)", "/dev/null"].map(|name| MmapRecord {
+                pid: 1,
+                tid: 1,
+                addr: 0x7000_0000,
+                len: 0x1000,
+                pgoff: 0,
+                filename: name.to_string(),
+                exec: true,
+            });
+            let opts = MmapOptions {
+                include_data: true,
+                ..MmapOptions::default()
+            };
+            let _ = tx.send(Image::from_mmaps(&records, &opts));
+        });
+        let out = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("from_mmaps did not return: it reads a device file");
+        assert!(out.image.sections().is_empty());
+        assert_eq!(out.missing.len(), 2);
+        for (m, path) in out.missing.iter().zip(["/dev/zero", "/dev/null"]) {
+            assert!(
+                m.reason.contains(path) && m.reason.contains("not a regular file"),
+                "{m:?}"
+            );
+        }
     }
 }

@@ -85,7 +85,10 @@ impl fmt::Display for RawSpec {
         write!(f, "{}", self.path.display())?;
         match self.to {
             Some(to) => write!(f, ":{:#x}-{to:#x}", self.from)?,
-            None if self.from != 0 => write!(f, ":{:#x}", self.from)?,
+            // A `:` in the path would otherwise make its last part read as `FROM`.
+            None if self.from != 0 || self.path.to_string_lossy().contains(':') => {
+                write!(f, ":{:#x}", self.from)?
+            }
             None => {}
         }
         write!(f, ":{:#x}", self.base)
@@ -133,6 +136,30 @@ impl Image {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by `fuzz/fuzz_targets/text_inputs.rs`: `4:944:0:944` is the file `4:944` from
+    /// offset 0; printed without the `:0` it read back as the file `4` from offset 944.
+    #[test]
+    fn display_parses_back_with_a_colon_in_the_path() {
+        for arg in [
+            "4:944:0:944",
+            "a:5:0:0x1000",
+            "a:b:0x1000",
+            "x:0x10-0x20:0",
+            "plain:7",
+        ] {
+            let spec: RawSpec = arg.parse().unwrap();
+            let printed = spec.to_string();
+            assert_eq!(
+                printed.parse::<RawSpec>().as_ref(),
+                Ok(&spec),
+                "{arg} → {printed}"
+            );
+        }
+        let spec: RawSpec = "4:944:0:944".parse().unwrap();
+        assert_eq!(spec.path, PathBuf::from("4:944"));
+        assert_eq!(spec.to_string(), "4:944:0x0:0x3b0");
+    }
 
     #[test]
     fn ptxed_syntax() {

@@ -315,6 +315,36 @@ pub fn check_packet(body: &[u8], resume_all: bool) -> Check {
             };
         }
     }
+    // Extended-mode settings (found by `fuzz/fuzz_targets/rsp.rs`: `QStartupWithShellX`
+    // ended the session). gdbstub accepts exactly `:0`/`:1`, an empty `QEnvironmentReset`, and
+    // hex after `:` for the others.
+    for name in [&b"QStartupWithShell"[..], b"QDisableRandomization"] {
+        if let Some(rest) = body.strip_prefix(name) {
+            return match rest.first() {
+                Some(b':') => ok(rest == b":0" || rest == b":1"),
+                None => Malformed,
+                Some(_) => Unsupported,
+            };
+        }
+    }
+    if let Some(rest) = body.strip_prefix(b"QEnvironmentReset") {
+        return if rest.is_empty() { Pass } else { Unsupported };
+    }
+    for name in [
+        &b"QEnvironmentHexEncoded"[..],
+        b"QEnvironmentUnset",
+        b"QSetWorkingDir",
+    ] {
+        if let Some(rest) = body.strip_prefix(name) {
+            return match rest.split_first() {
+                Some((b':', hex)) if name == b"QEnvironmentHexEncoded" => ok(is_even_hex(hex)
+                    && crate::server::rsp::hex_decode(hex).is_ok_and(|kv| kv.contains(&b'='))),
+                Some((b':', hex)) => ok(is_even_hex(hex)),
+                None => Malformed,
+                Some(_) => Unsupported,
+            };
+        }
+    }
     if let Some(rest) = body.strip_prefix(b"qSupported") {
         // gdbstub needs `:` and no empty feature (see `normalize_qsupported`).
         return match rest.split_first() {
@@ -374,7 +404,12 @@ pub fn check_packet(body: &[u8], resume_all: bool) -> Check {
             return Malformed;
         };
         return ok(actions.split(|&b| b == b';').all(|action| {
-            let (act, tid) = split2(action, b':').unwrap_or((action, b""));
+            // `act:` with an empty thread is malformed (found by `fuzz/fuzz_targets/rsp.rs`:
+            // `vCont;c:` ended the session); no `:` at all means every thread.
+            let (act, tid, has_tid) = match split2(action, b':') {
+                Some((act, tid)) => (act, tid, true),
+                None => (action, &b""[..], false),
+            };
             // No `t` (stop) or `r` (range step, not offered); a step needs one thread.
             let (act_ok, needs_one_thread) = match act.first() {
                 Some(b'c') => (act.len() == 1, false),
@@ -386,7 +421,7 @@ pub fn check_packet(body: &[u8], resume_all: bool) -> Check {
             let tid_ok = if needs_one_thread {
                 thread_kind(tid) == Some(true)
             } else {
-                tid.is_empty() || is_thread_id(tid)
+                !has_tid || is_thread_id(tid)
             };
             act_ok && tid_ok
         }));
@@ -420,8 +455,15 @@ pub fn check_packet(body: &[u8], resume_all: bool) -> Check {
         }
         b'H' => ok(match rest.split_first() {
             // `Hg` needs one thread (`0` = any is fine: gdbstub picks one), `Hc` any form.
+            // (`p<pid>.0` needs a valid pid: found by `fuzz/fuzz_targets/rsp.rs`, `Hgp0Hg….0`
+            // ended the session.)
             Some((b'g', tid)) => {
-                thread_kind(tid) == Some(true) || tid == b"0" || tid.ends_with(b".0")
+                thread_kind(tid) == Some(true)
+                    || tid == b"0"
+                    || tid
+                        .strip_prefix(b"p")
+                        .and_then(|r| r.strip_suffix(b".0"))
+                        .is_some_and(|pid| thread_kind(pid).is_some() && !pid.contains(&b'.'))
             }
             Some((b'c', tid)) => is_thread_id(tid),
             _ => false,
@@ -1211,6 +1253,52 @@ mod tests {
         // "0* " = '0' followed by 3 more ('space' = 32, 32 - 29 = 3)
         assert_eq!(expand_rle(b"0* 1"), b"00001".to_vec());
         assert_eq!(expand_rle(b"*"), b"*".to_vec());
+    }
+
+    /// Found by `fuzz/fuzz_targets/rsp.rs`: gdbstub ends the session on an extended-mode
+    /// setting it cannot parse (`QStartupWithShellqXfer:…`); the router must answer instead.
+    #[test]
+    fn fuzz_found_packets_never_reach_gdbstub_malformed() {
+        for (body, want) in [
+            (&b"QStartupWithShell:1"[..], Check::Pass),
+            (b"QStartupWithShell:0", Check::Pass),
+            (b"QDisableRandomization:1", Check::Pass),
+            (b"QEnvironmentReset", Check::Pass),
+            (b"QEnvironmentHexEncoded:413d31", Check::Pass),
+            (b"QEnvironmentUnset:41", Check::Pass),
+            (b"QSetWorkingDir:", Check::Pass),
+            (b"QSetWorkingDir:2f746d70", Check::Pass),
+            (
+                b"QStartupWithShellqXfer:QStartupWithShell:10,fff",
+                Check::Unsupported,
+            ),
+            (b"QStartupWithShell:2", Check::Malformed),
+            (b"QStartupWithShell", Check::Malformed),
+            (b"QDisableRandomization:", Check::Malformed),
+            (b"QEnvironmentResetX", Check::Unsupported),
+            (b"QEnvironmentHexEncoded:4131", Check::Malformed),
+            (b"QEnvironmentHexEncoded:413", Check::Malformed),
+            (b"QEnvironmentHexEncoded", Check::Malformed),
+            (b"QEnvironmentUnset:zz", Check::Malformed),
+            (b"QSetWorkingDir:2", Check::Malformed),
+            (b"QSetWorkingDirX", Check::Unsupported),
+            (b"Hgp0.0", Check::Pass),
+            (b"Hgp1a.0", Check::Pass),
+            (b"Hgp0Hg`\xf6.0", Check::Malformed),
+            (b"Hgx.0", Check::Malformed),
+            (b"Hgp1.2.0", Check::Malformed),
+            (b"vCont;c:", Check::Malformed),
+            (b"vCont;c:p1.1;s:", Check::Malformed),
+            (b"vCont;c", Check::Pass),
+            (b"vCont;c:p1.-1", Check::Pass),
+        ] {
+            assert_eq!(
+                check_packet(body, false),
+                want,
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
     }
 
     #[test]

@@ -87,7 +87,25 @@ pub fn regs_from_json(v: &serde_json::Value) -> Option<Regs> {
 /// Reads a directory written by `monitor save DIR`.
 pub fn load_saved(dir: &Path) -> Result<OfflineRecording, String> {
     let read = |name: &str| {
-        std::fs::read(dir.join(name)).map_err(|e| format!("{}: {e}", dir.join(name).display()))
+        // The manifest names files of the directory (`monitor save` writes plain names): a
+        // path elsewhere (`/dev/zero`, `../x`) is refused, a device would be read forever.
+        let path = dir.join(name);
+        let plain = Path::new(name)
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)));
+        if !plain || name.is_empty() {
+            return Err(format!(
+                "{}: {name:?} is not a file name in the recording directory",
+                dir.join("manifest.json").display()
+            ));
+        }
+        match std::fs::metadata(&path) {
+            Ok(m) if !m.is_file() => {
+                return Err(format!("{}: not a regular file", path.display()));
+            }
+            _ => {}
+        }
+        std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))
     };
     let manifest: serde_json::Value = serde_json::from_slice(&read("manifest.json")?)
         .map_err(|e| format!("{}: {e}", dir.join("manifest.json").display()))?;
@@ -233,5 +251,43 @@ mod tests {
         obj.insert("rsp".into(), "zz".into());
         assert!(regs_from_json(&serde_json::Value::Object(obj)).is_none());
         assert!(regs_from_json(&serde_json::Value::Null).is_none());
+    }
+
+    /// A manifest may only name files of its directory: `/dev/zero` as the trace would be read
+    /// forever, `../` reaches outside the recording.
+    #[test]
+    fn manifest_file_names_stay_in_the_directory() {
+        let dir = std::env::temp_dir().join(format!("ptrewind-manifest-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        std::fs::write(dir.join("trace.pt"), [0x02, 0x82].repeat(8)).unwrap();
+        let load = |manifest: serde_json::Value| {
+            std::fs::write(dir.join("manifest.json"), manifest.to_string()).unwrap();
+            load_saved(&dir)
+        };
+        let ok = load(serde_json::json!({"format": SAVE_FORMAT, "trace": "trace.pt"}));
+        assert_eq!(ok.map(|r| r.trace.len()).ok(), Some(16));
+        for (trace, file) in [
+            ("/dev/zero", "trace.pt"),
+            ("../trace.pt", "trace.pt"),
+            ("", "trace.pt"),
+            ("sub", "trace.pt"),
+            ("trace.pt", "/dev/zero"),
+            ("trace.pt", "sub/../../x"),
+        ] {
+            let m = serde_json::json!({
+                "format": SAVE_FORMAT,
+                "trace": trace,
+                "sections": [{"file": file, "addr": "0x1000"}],
+            });
+            let err = load(m)
+                .err()
+                .unwrap_or_else(|| panic!("{trace:?} {file:?} accepted"));
+            assert!(
+                err.contains("not a file name in the recording directory")
+                    || err.contains("not a regular file"),
+                "{trace:?} {file:?}: {err}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
