@@ -322,6 +322,8 @@ pub(crate) struct PathCache {
     pub(crate) recorded: usize,
     /// Block indices of all recorded paths, [`PATH_PUSH`] flagged.
     pub(crate) elems: Vec<u32>,
+    /// Number of clears (after one, a slot's `key` and `at` may recur with other elements).
+    pub(crate) clears: u64,
 }
 
 impl PathCache {
@@ -330,6 +332,7 @@ impl PathCache {
             slots: vec![PathSlot::default(); PATH_SLOTS_INITIAL],
             recorded: 0,
             elems: Vec::with_capacity(INITIAL_BLOCKS * 4),
+            clears: 0,
         }
     }
 
@@ -343,6 +346,7 @@ impl PathCache {
     fn clear(&mut self) {
         self.slots.iter_mut().for_each(|s| s.key = 0);
         self.elems.clear();
+        self.clears += 1;
     }
 
     /// Clears the cache if its arena has outgrown its limit. Only call this when no replay is

@@ -65,6 +65,25 @@ trait RunFilter {
     /// Whether the run of `n` instructions of block `blk` of `cache` is passed over (the filter
     /// accounts for it) rather than handed out.
     fn pass_over(&mut self, cache: &BlockCache<'_>, blk: u32, n: u32) -> bool;
+
+    /// Whether the whole replay of path slot `slot` of `cache.paths`, about to start, is passed
+    /// over at once (the filter accounts for all its instructions, and returns their sum and
+    /// whether any block pushes): only if [`Self::pass_over`] would pass over each of its blocks
+    /// in turn. The default never does, so a filter without it keeps the block-per-call replay
+    /// (and the plain decoder's path cache keeps no per-path sums: the filter computes them).
+    #[inline(always)]
+    fn pass_over_path(&mut self, _cache: &BlockCache<'_>, _slot: usize) -> Option<PathSum> {
+        None
+    }
+}
+
+/// What a path replay passed over as a whole amounts to (see [`RunFilter::pass_over_path`]).
+#[derive(Clone, Copy, Default)]
+struct PathSum {
+    /// Instructions of all its blocks.
+    insns: u32,
+    /// Whether any of its elements is [`PATH_PUSH`] flagged.
+    pushes: bool,
 }
 
 /// The filter of the plain [`FlowDecoder::next_block`]: hands out every run (zero-sized; the
@@ -339,7 +358,7 @@ impl<'a> FlowDecoder<'a> {
     #[inline(always)]
     fn next_block_with<F: RunFilter>(&mut self, filter: &mut F) -> Option<BlockItem<'_>> {
         loop {
-            let out = match self.fast_block() {
+            let out = match self.fast_block(filter) {
                 Some(idx) => Out::Whole(idx),
                 None => self.slow_step(),
             };
@@ -364,38 +383,68 @@ impl<'a> FlowDecoder<'a> {
     /// The fast paths: a path replay, a TNT-8 refill (replayed from the path cache, or walked),
     /// a TNT bit walked, a TIP fast path. `Some` whole block, already counted; `None` when none
     /// applies (or the step queued its output instead): the slow path runs next.
+    ///
+    /// A replay that `filter` passes over as a whole ([`RunFilter::pass_over_path`]) is applied
+    /// in one step ([`Self::skip_path`]) and the fast path goes on from its end; with a filter
+    /// that never does, the loop is not one.
     #[inline(always)]
-    fn fast_block(&mut self) -> Option<u32> {
+    fn fast_block<F: RunFilter>(&mut self, filter: &mut F) -> Option<u32> {
         if self.path_pos < self.path_end {
             return Some(self.replay_step());
         }
-        if !self.out.is_empty() || self.state != State::Enabled {
-            return None;
-        }
-        if self.tnt_count == 0 {
-            if !self.short_tnt_refill() {
-                return self.tip_fast_path();
+        loop {
+            if !self.out.is_empty() || self.state != State::Enabled {
+                return None;
             }
-            if self.start_path() {
-                return Some(self.replay_step());
+            if self.tnt_count == 0 {
+                if !self.short_tnt_refill() {
+                    return self.tip_fast_path();
+                }
+                if let Some(slot) = self.start_path() {
+                    if let Some(sum) = filter.pass_over_path(&self.cache, slot) {
+                        self.skip_path(sum);
+                        continue;
+                    }
+                    return Some(self.replay_step());
+                }
+            }
+            return self.tnt_step();
+        }
+    }
+
+    /// The whole replay just started by [`Self::start_path`] (summed up by `sum`) at once, as
+    /// [`Self::replay_step`] for each of its blocks would: counted, its CALLs pushed in order.
+    #[inline(always)]
+    fn skip_path(&mut self, sum: PathSum) {
+        self.n_insns += sum.insns as u64;
+        self.n_runs += (self.path_end - self.path_pos) as u64;
+        if sum.pushes {
+            let paths = &self.cache.paths;
+            for &e in &paths.elems[self.path_pos as usize..self.path_end as usize] {
+                if e & PATH_PUSH != 0 {
+                    self.ret
+                        .push(self.cache.blocks[(e & !PATH_PUSH) as usize].next);
+                }
             }
         }
-        self.tnt_step()
+        self.path_pos = self.path_end;
     }
 
     /// At the start of a TNT-8 packet's walk: replays the recorded walk of these bits from the
-    /// current block (returns true; its end state is applied at once), or starts recording it.
+    /// current block (returns its path slot; its end state is applied at once), or starts
+    /// recording it.
     #[inline(always)]
-    fn start_path(&mut self) -> bool {
+    fn start_path(&mut self) -> Option<usize> {
         let idx = self.cur_block();
         self.next_blk = idx;
         if self.tnt_count > 7 || idx >= PATH_PUSH {
-            return false;
+            return None;
         }
         let pattern = (1u64 << self.tnt_count) | (self.tnt_bits & ((1u64 << self.tnt_count) - 1));
         let key = ((idx as u64) << 8) | pattern;
         let paths = &self.cache.paths;
-        let slot = &paths.slots[paths.slot(key)];
+        let at = paths.slot(key);
+        let slot = &paths.slots[at];
         if slot.key == key {
             self.stats.path_hits += 1;
             self.ip = slot.end_ip;
@@ -404,12 +453,12 @@ impl<'a> FlowDecoder<'a> {
             self.tnt_walked = slot.end_walked as u64;
             self.path_pos = slot.at;
             self.path_end = slot.at + slot.len;
-            return true;
+            return Some(at);
         }
         self.cache.paths.maybe_clear();
         self.rec_key = key;
         self.rec_at = self.cache.paths.elems.len() as u32;
-        false
+        None
     }
 
     /// A TIP (with an IP) that the block at the current IP ends for: an uncompressed RET or an

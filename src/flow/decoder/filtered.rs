@@ -13,8 +13,8 @@
 //! filtered stream is by construction that of `next_block` with the passed-over runs removed
 //! (`tests/history.rs` checks it against a sequential decode).
 
-use super::{BlockItem, FlowDecoder, RunFilter};
-use crate::flow::cache::BlockCache;
+use super::{BlockItem, FlowDecoder, PathSum, RunFilter};
+use crate::flow::cache::{BlockCache, PATH_PUSH};
 
 /// Classification of a cached block, by block index.
 const UNKNOWN: u8 = 0;
@@ -40,17 +40,58 @@ struct Flags {
     of: Vec<u8>,
     /// The cache's flush count the flags belong to (a flush renumbers the blocks).
     flushes: u64,
+    /// Per slot of the decoder's path cache: whether every block of the path in it is passed
+    /// over, for the path recorded at `at` under `key` (a replaced or moved slot is judged anew).
+    paths: Vec<PathVerdict>,
+    /// The path cache's clear count the path verdicts belong to (after a clear, `key` and `at`
+    /// may recur for another path).
+    path_clears: u64,
+}
+
+/// A kept judgement of a recorded path.
+#[derive(Clone, Copy, Default)]
+struct PathVerdict {
+    key: u64,
+    at: u32,
+    /// Whether every block of the path is passed over.
+    pass: bool,
+    /// Its instructions and pushes (when `pass`).
+    sum: PathSum,
+}
+
+impl Flags {
+    /// Drops the kept answers if the cache renumbered its blocks or cleared its paths since.
+    #[inline(always)]
+    fn validate(&mut self, cache: &BlockCache<'_>) {
+        if cache.flushes != self.flushes || cache.paths.clears != self.path_clears {
+            self.stale(cache);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn stale(&mut self, cache: &BlockCache<'_>) {
+        if cache.flushes != self.flushes {
+            self.flushes = cache.flushes;
+            self.of.clear();
+        }
+        self.path_clears = cache.paths.clears;
+        self.paths.clear();
+    }
 }
 
 impl<'a> FilteredDecoder<'a> {
     /// Filters the output of `dec`.
     pub fn new(dec: FlowDecoder<'a>) -> Self {
         let flushes = dec.cache.flushes;
+        let path_clears = dec.cache.paths.clears;
         FilteredDecoder {
             dec,
             flags: Flags {
                 of: Vec::new(),
                 flushes,
+                paths: Vec::new(),
+                path_clears,
             },
         }
     }
@@ -73,6 +114,7 @@ impl<'a> FilteredDecoder<'a> {
     /// Forgets every classification (the classifier changed).
     pub fn reset_filter(&mut self) {
         self.flags.of.clear();
+        self.flags.paths.clear();
     }
 
     /// The next event, or run of a block that `wants` accepts, as [`FlowDecoder::next_block`]
@@ -115,17 +157,82 @@ impl<W: FnMut(u64, &[u8]) -> bool> RunFilter for Skip<'_, W> {
         }
         false
     }
+
+    #[inline(always)]
+    fn pass_over_path(&mut self, cache: &BlockCache<'_>, slot: usize) -> Option<PathSum> {
+        let sum = self.path_passes(cache, slot)?;
+        // Each block alone would pass while the running count stays below the budget: all of
+        // them do exactly when the sum does (the counts are positive).
+        let total = *self.count + sum.insns as u64;
+        if total < self.budget {
+            *self.count = total;
+            return Some(sum);
+        }
+        None
+    }
 }
 
 impl<W: FnMut(u64, &[u8]) -> bool> Skip<'_, W> {
+    /// The sums of the path in slot `slot` if every block of it is passed over.
+    #[inline(always)]
+    fn path_passes(&mut self, cache: &BlockCache<'_>, slot: usize) -> Option<PathSum> {
+        self.flags.validate(cache);
+        let s = &cache.paths.slots[slot];
+        let v = match self.flags.paths.get(slot) {
+            Some(v) if v.key == s.key && v.at == s.at => *v,
+            _ => self.judge_path(cache, slot),
+        };
+        v.pass.then_some(v.sum)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn judge_path(&mut self, cache: &BlockCache<'_>, slot: usize) -> PathVerdict {
+        let s = cache.paths.slots[slot];
+        let mut v = PathVerdict {
+            key: s.key,
+            at: s.at,
+            pass: false,
+            sum: PathSum::default(),
+        };
+        let Some(elems) = cache
+            .paths
+            .elems
+            .get(s.at as usize..(s.at + s.len) as usize)
+        else {
+            return v;
+        };
+        v.pass = true;
+        for &e in elems {
+            let blk = e & !PATH_PUSH;
+            let Some(b) = cache.blocks.get(blk as usize) else {
+                v.pass = false;
+                break;
+            };
+            if self.wants(cache, blk) {
+                v.pass = false;
+                break;
+            }
+            // At most `MAX_PATH_LEN` blocks of at most `MAX_BLOCK_INSNS` instructions each.
+            v.sum.insns = v.sum.insns.saturating_add(b.n);
+            v.sum.pushes |= e & PATH_PUSH != 0;
+        }
+        let paths = &mut self.flags.paths;
+        if paths.len() <= slot {
+            paths.resize(
+                cache.paths.slots.len().max(slot + 1),
+                PathVerdict::default(),
+            );
+        }
+        paths[slot] = v;
+        v
+    }
+
     /// Whether the run of block `blk` is handed out.
     #[inline(always)]
     fn wants(&mut self, cache: &BlockCache<'_>, blk: u32) -> bool {
-        if cache.flushes != self.flags.flushes {
-            // The cache was flushed (it renumbers its blocks): the flags are stale.
-            self.flags.flushes = cache.flushes;
-            self.flags.of.clear();
-        }
+        // A flush of the cache renumbers its blocks: the flags are then stale.
+        self.flags.validate(cache);
         match self.flags.of.get(blk as usize) {
             Some(&PASS) => false,
             Some(&WANT) => true,
