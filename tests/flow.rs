@@ -349,45 +349,6 @@ fn dyn_test_reports_missing_code_where_libipt_does() {
     }
 }
 
-/// Our branches in the HASE `.trace` form: `(from, to)` for every transfer, `(0, ip)` at an
-/// enable, `(last, 0)` at a disable (the interrupted IP for an asynchronous one).
-fn branches(items: &[Item]) -> Vec<(u64, u64)> {
-    let mut out = Vec::new();
-    let mut last: Option<u64> = None;
-    let mut prev: Option<(u64, u64)> = None;
-    for i in items {
-        match i {
-            Item::Insn(x) => {
-                if let Some((pip, fall)) = prev {
-                    if x.ip != fall {
-                        out.push((pip, x.ip));
-                    }
-                }
-                prev = Some((x.ip, x.ip + x.len as u64));
-                last = Some(x.ip);
-            }
-            Item::Event(e) => match e.kind {
-                EventKind::Enabled { ip } => {
-                    out.push((0, ip));
-                    last = Some(ip);
-                    prev = None;
-                }
-                EventKind::Disabled { ip, asynchronous } => {
-                    let from = if asynchronous { ip } else { last };
-                    if let Some(f) = from {
-                        out.push((f, 0));
-                    }
-                    last = None;
-                    prev = None;
-                }
-                EventKind::Overflow { .. } | EventKind::Error { .. } => prev = None,
-                _ => {}
-            },
-        }
-    }
-    out
-}
-
 #[test]
 fn hase_branches_match_ground_truth() {
     let Some(traces) = corpus_traces(|n| n.starts_with("hase/")) else {
@@ -406,7 +367,7 @@ fn hase_branches_match_ground_truth() {
             t.name,
             errors(&items)
         );
-        let ours = branches(&items);
+        let ours = corpus::hase_branches(&items);
         let first = ours.iter().zip(truth).position(|(a, b)| a != b);
         assert_eq!(
             ours.len(),

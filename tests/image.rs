@@ -799,45 +799,6 @@ fn decode_all(pt: &[u8], image: &Image, cfg: FlowConfig) -> Vec<Item> {
     std::iter::from_fn(|| dec.next_item()).collect()
 }
 
-/// Branches in the HASE `.trace` form (as in tests/flow.rs): `(from, to)` for every transfer,
-/// `(0, ip)` at an enable, `(last, 0)` at a disable.
-fn hase_branches(items: &[Item]) -> Vec<(u64, u64)> {
-    let mut out = Vec::new();
-    let mut last: Option<u64> = None;
-    let mut prev: Option<(u64, u64)> = None;
-    for i in items {
-        match i {
-            Item::Insn(x) => {
-                if let Some((pip, fall)) = prev {
-                    if x.ip != fall {
-                        out.push((pip, x.ip));
-                    }
-                }
-                prev = Some((x.ip, x.ip + x.len as u64));
-                last = Some(x.ip);
-            }
-            Item::Event(e) => match e.kind {
-                EventKind::Enabled { ip } => {
-                    out.push((0, ip));
-                    last = Some(ip);
-                    prev = None;
-                }
-                EventKind::Disabled { ip, asynchronous } => {
-                    let from = if asynchronous { ip } else { last };
-                    if let Some(f) = from {
-                        out.push((f, 0));
-                    }
-                    last = None;
-                    prev = None;
-                }
-                EventKind::Overflow { .. } | EventKind::Error { .. } => prev = None,
-                _ => {}
-            },
-        }
-    }
-    out
-}
-
 fn error_kinds(items: &[Item]) -> Vec<FlowErrorKind> {
     items
         .iter()
@@ -947,7 +908,11 @@ fn hase_perf_mmap_images_match_the_elf_and_the_ground_truth() {
         }
         if let Some(truth) = truth {
             let truth = support::corpus::read_branch_list(&hase.join(truth)).unwrap();
-            assert_eq!(hase_branches(&by_mmap), truth, "{perf_rel}");
+            assert_eq!(
+                support::corpus::hase_branches(&by_mmap),
+                truth,
+                "{perf_rel}"
+            );
             with_truth += 1;
         }
         // Symbols come from the same ELF: `_start` is at the entry point (nm as the oracle).

@@ -718,3 +718,44 @@ fn load_quipper(root: &Path, name: &str) -> Result<CorpusTrace, String> {
         ip_filter: None,
     })
 }
+
+/// A decoded stream's branches in the HASE `.trace` form (the ground truth the HASE recordings
+/// come with): `(from, to)` for every transfer, `(0, ip)` at an
+/// enable, `(last, 0)` at a disable (the interrupted IP for an asynchronous one).
+pub fn hase_branches(items: &[ptrewind::flow::Item]) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut last: Option<u64> = None;
+    let mut prev: Option<(u64, u64)> = None;
+    for i in items {
+        match i {
+            ptrewind::flow::Item::Insn(x) => {
+                if let Some((pip, fall)) = prev {
+                    if x.ip != fall {
+                        out.push((pip, x.ip));
+                    }
+                }
+                prev = Some((x.ip, x.ip + x.len as u64));
+                last = Some(x.ip);
+            }
+            ptrewind::flow::Item::Event(e) => match e.kind {
+                ptrewind::flow::EventKind::Enabled { ip } => {
+                    out.push((0, ip));
+                    last = Some(ip);
+                    prev = None;
+                }
+                ptrewind::flow::EventKind::Disabled { ip, asynchronous } => {
+                    let from = if asynchronous { ip } else { last };
+                    if let Some(f) = from {
+                        out.push((f, 0));
+                    }
+                    last = None;
+                    prev = None;
+                }
+                ptrewind::flow::EventKind::Overflow { .. }
+                | ptrewind::flow::EventKind::Error { .. } => prev = None,
+                _ => {}
+            },
+        }
+    }
+    out
+}
