@@ -366,64 +366,6 @@ fn corpus() -> PathBuf {
         .join("hase-pt-recordings")
 }
 
-/// `(address, mnemonic)` of every instruction `objdump -d` lists.
-fn objdump_insns(exe: &Path) -> Vec<(u64, String)> {
-    let out = std::process::Command::new("objdump")
-        .arg("-d")
-        .arg(exe)
-        .output()
-        .expect("objdump");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.split('\t');
-            let addr = f.next()?.trim().strip_suffix(':')?;
-            let _bytes = f.next()?;
-            let mnemonic = f.next()?.split_whitespace().next()?.to_string();
-            Some((u64::from_str_radix(addr, 16).ok()?, mnemonic))
-        })
-        .collect()
-}
-
-/// The executed instruction addresses the ground-truth branch list (`from<TAB>to`, 0 for
-/// trace enable/disable) implies: each segment runs from a branch target to the next branch
-/// source; a disable's source is included when it is a branch (the `syscall` entering the
-/// kernel) and excluded otherwise (tracing stopped before it ran).
-fn ground_truth(trace: &str, insns: &[(u64, String)]) -> Vec<u64> {
-    let is_branch = |a: u64| {
-        insns.iter().any(|(x, m)| {
-            *x == a
-                && (m.starts_with('j')
-                    || ["call", "ret", "syscall", "int"]
-                        .iter()
-                        .any(|b| m.starts_with(b)))
-        })
-    };
-    let mut out = Vec::new();
-    let mut at: Option<u64> = None;
-    for line in trace.lines() {
-        let mut f = line.split_whitespace();
-        let (Some(from), Some(to)) = (f.next(), f.next()) else {
-            continue;
-        };
-        let from = u64::from_str_radix(from, 16).unwrap();
-        let to = u64::from_str_radix(to, 16).unwrap();
-        if let Some(start) = at
-            && from != 0
-        {
-            let inclusive = to != 0 || is_branch(from);
-            out.extend(
-                insns
-                    .iter()
-                    .map(|(a, _)| *a)
-                    .filter(|&a| a >= start && (a < from || (inclusive && a == from))),
-            );
-        }
-        at = (to != 0).then_some(to);
-    }
-    out
-}
-
 /// `ptrewind replay --pt` on a real Intel PT trace: reverse-stepi from the end gives the
 /// ground-truth PCs backwards; reverse-continue stops at the right dynamic instances of a
 /// breakpoint; code is readable, data is not, registers other than RIP are unavailable.
@@ -432,9 +374,9 @@ fn replay_of_a_hardware_trace_retraces_the_ground_truth() {
     let dir = corpus();
     let exe = dir.join("loopy-20180404/loopy");
     let pt = dir.join("extracted-aux/loopy-20180404T162955.aux.bin");
-    let truth = ground_truth(
+    let truth = support::hase::ground_truth(
         &std::fs::read_to_string(dir.join("loopy-20180404/loopy-20180404T162955.trace")).unwrap(),
-        &objdump_insns(&exe),
+        &support::hase::objdump_insns(&exe),
     );
     assert!(truth.len() > 40, "{truth:x?}");
     // The loop body's `dec %r8` runs once per iteration: its last two instances.
@@ -563,9 +505,9 @@ fn replay_of_a_perf_data_file_has_the_ground_truth_history() {
     let dir = corpus();
     let exe = dir.join("loopy-20180404/loopy");
     let perf = dir.join("loopy-20180404/loopy-20180404T162955.perf");
-    let truth = ground_truth(
+    let truth = support::hase::ground_truth(
         &std::fs::read_to_string(dir.join("loopy-20180404/loopy-20180404T162955.trace")).unwrap(),
-        &objdump_insns(&exe),
+        &support::hase::objdump_insns(&exe),
     );
     let r = gdb_session(
         replay(&[

@@ -6,12 +6,15 @@
 //! - [`corpus`]: readers for the real-hardware trace corpus in `shared/corpus` (needs sibling
 //!   `libipt`).
 //! - [`cbuild`]: compiling the C test programs, `nm` symbol lookups, tool detection.
+//! - [`hase`]: the instruction addresses a HASE `.trace` branch list implies (also
+//!   `#[path]`-included by the crate's unit tests).
 //! - [`gdb`]: child processes with deadlines, GDB in batch mode, `ptrewind record` servers.
 #![allow(dead_code)]
 
 pub mod cbuild;
 pub mod corpus;
 pub mod gdb;
+pub mod hase;
 pub mod libipt;
 
 #[allow(unused_imports)]
