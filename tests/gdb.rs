@@ -85,25 +85,6 @@ fn gdb_with(server: Server, program: &Path, commands: &[&str]) -> Run {
     gdb_session(server, program, commands, TIMEOUT)
 }
 
-impl Run {
-    #[track_caller]
-    fn expect(&self, needle: &str) {
-        assert!(
-            self.gdb.contains(needle),
-            "GDB output lacks {needle:?}\n--- gdb:\n{}\n--- server:\n{}",
-            self.gdb,
-            self.server
-        );
-    }
-
-    /// Position of `needle` in GDB's output (panics if absent).
-    #[track_caller]
-    fn pos(&self, needle: &str) -> usize {
-        self.expect(needle);
-        self.gdb.find(needle).unwrap()
-    }
-}
-
 fn factorial(n: u64) -> u64 {
     (1..=n).product()
 }

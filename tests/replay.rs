@@ -47,47 +47,6 @@ fn replay(args: &[&std::ffi::OsStr]) -> Server {
     )
 }
 
-trait RunExt {
-    fn tagged(&self, tag: &str) -> Vec<String>;
-    fn dump(&self) -> String;
-    fn expect(&self, needle: &str);
-    fn after(&self, mark: &str) -> &str;
-}
-
-impl RunExt for GdbRun {
-    /// Values printed by `printf "TAG %lx\n", ...` lines, in order.
-    fn tagged(&self, tag: &str) -> Vec<String> {
-        let prefix = format!("{tag} ");
-        self.gdb
-            .lines()
-            .filter_map(|l| l.strip_prefix(&prefix).map(str::to_string))
-            .collect()
-    }
-
-    fn dump(&self) -> String {
-        format!("--- gdb:\n{}\n--- server:\n{}", self.gdb, self.server)
-    }
-
-    #[track_caller]
-    fn expect(&self, needle: &str) {
-        assert!(
-            self.gdb.contains(needle),
-            "GDB output lacks {needle:?}\n{}",
-            self.dump()
-        );
-    }
-
-    /// GDB's output after the line `mark` (printed with `echo mark\n`).
-    #[track_caller]
-    fn after(&self, mark: &str) -> &str {
-        let i = self
-            .gdb
-            .find(&format!("{mark}\n"))
-            .unwrap_or_else(|| panic!("no {mark}\n{}", self.dump()));
-        &self.gdb[i + mark.len() + 1..]
-    }
-}
-
 /// GDB prints `monitor` output and error messages on stderr, which the session collects
 /// after stdout: the `monitor where` lines, in order.
 fn where_lines(r: &GdbRun) -> Vec<&str> {

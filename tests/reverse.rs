@@ -54,31 +54,6 @@ fn gdb(program: &str, commands: &[&str]) -> Run {
     gdb_session(record(&[], &program), &program, commands, TIMEOUT)
 }
 
-impl Run {
-    #[track_caller]
-    fn expect(&self, needle: &str) {
-        assert!(
-            self.gdb.contains(needle),
-            "GDB output lacks {needle:?}\n--- gdb:\n{}\n--- server:\n{}",
-            self.gdb,
-            self.server
-        );
-    }
-
-    /// Values printed by `printf "TAG %lx\n", ...` lines, in order.
-    fn tagged(&self, tag: &str) -> Vec<String> {
-        let prefix = format!("{tag} ");
-        self.gdb
-            .lines()
-            .filter_map(|l| l.strip_prefix(&prefix).map(str::to_string))
-            .collect()
-    }
-
-    fn dump(&self) -> String {
-        format!("--- gdb:\n{}\n--- server:\n{}", self.gdb, self.server)
-    }
-}
-
 /// The source line numbers GDB printed as the current line (`NN\t...`) in `gdb`, in order.
 fn lines_shown(gdb: &str) -> Vec<usize> {
     gdb.lines()
@@ -1124,13 +1099,8 @@ fn ctrl_c_during_a_blocking_system_call_stops_and_resumes() {
         TIMEOUT,
         in_sleep,
     );
-    let pos = |needle: &str| {
-        r.gdb
-            .find(needle)
-            .unwrap_or_else(|| panic!("GDB output lacks {needle:?}\n{}", r.dump()))
-    };
-    let sigint = pos("Program received signal SIGINT");
-    let nanosleep = pos("clock_nanosleep");
+    let sigint = r.pos("Program received signal SIGINT");
+    let nanosleep = r.pos("clock_nanosleep");
     assert!(nanosleep > sigint, "{}", r.dump());
     r.expect("in main () at ");
     // The recorded history ends exactly at the interrupted instruction.
@@ -1143,7 +1113,7 @@ fn ctrl_c_during_a_blocking_system_call_stops_and_resumes() {
     // Forward: replay to the present (end of history), then live through the restarted sleep
     // to the breakpoint after it.
     r.expect("No more reverse-execution history.");
-    let bp = pos(&format!("nap.c:{after_line}"));
+    let bp = r.pos(&format!("nap.c:{after_line}"));
     assert!(bp > sigint, "{}", r.dump());
     r.expect("$2 = 0");
     r.expect("exited normally");

@@ -219,6 +219,49 @@ pub struct GdbRun {
     pub pid: i32,
 }
 
+impl GdbRun {
+    /// GDB's and the server's output, for failure messages.
+    pub fn dump(&self) -> String {
+        format!("--- gdb:\n{}\n--- server:\n{}", self.gdb, self.server)
+    }
+
+    /// Fails unless GDB's output contains `needle`.
+    #[track_caller]
+    pub fn expect(&self, needle: &str) {
+        assert!(
+            self.gdb.contains(needle),
+            "GDB output lacks {needle:?}\n{}",
+            self.dump()
+        );
+    }
+
+    /// Position of `needle` in GDB's output (fails if absent).
+    #[track_caller]
+    pub fn pos(&self, needle: &str) -> usize {
+        self.expect(needle);
+        self.gdb.find(needle).unwrap()
+    }
+
+    /// Values printed by `printf "TAG %lx\n", ...` lines, in order.
+    pub fn tagged(&self, tag: &str) -> Vec<String> {
+        let prefix = format!("{tag} ");
+        self.gdb
+            .lines()
+            .filter_map(|l| l.strip_prefix(&prefix).map(str::to_string))
+            .collect()
+    }
+
+    /// GDB's output after the line `mark` (printed with `echo mark\n`).
+    #[track_caller]
+    pub fn after(&self, mark: &str) -> &str {
+        let i = self
+            .gdb
+            .find(&format!("{mark}\n"))
+            .unwrap_or_else(|| panic!("no {mark}\n{}", self.dump()));
+        &self.gdb[i + mark.len() + 1..]
+    }
+}
+
 /// Runs GDB in batch mode connected to `server`, with `commands` as `-ex` arguments after
 /// `target remote` and `program` as its file; fails if GDB has not finished within `timeout`
 /// or the server has not exited 10 s after GDB (both are killed then).
