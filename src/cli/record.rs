@@ -455,8 +455,20 @@ pub fn run_gdb(args: GdbArgs) -> CmdResult {
     };
     let program = args.record.command[0].clone();
     let addr = listener.local_addr()?;
-    let script = std::env::temp_dir().join(format!("ptrewind-gdb-{}.py", std::process::id()));
-    std::fs::write(&script, GDB_SCRIPT)
+    // A private directory (mode 0700, unpredictable name, created with O_EXCL by `tempfile`)
+    // holds the script: in a shared $TMPDIR a predictable name could be a planted link, or be
+    // replaced by another user before GDB sources it. Removed when `scratch` is dropped.
+    let scratch = tempfile::Builder::new()
+        .prefix("ptrewind-gdb-")
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        .tempdir()
+        .map_err(|e| format!("cannot create a temporary directory: {e}"))?;
+    let script = scratch.path().join("ptrewind.py");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&script)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, GDB_SCRIPT.as_bytes()))
         .map_err(|e| format!("cannot write {}: {e}", script.display()))?;
     let exe = ptrewind::target::Target::exec_path(&target)
         .map(std::ffi::OsString::from)
@@ -474,10 +486,9 @@ pub fn run_gdb(args: GdbArgs) -> CmdResult {
         cmd.arg("-ex").arg(e);
     }
     cmd.arg(&exe);
-    let mut gdb = cmd.spawn().map_err(|e| {
-        let _ = std::fs::remove_file(&script);
-        format!("cannot run {}: {e}", args.gdb.to_string_lossy())
-    })?;
+    let mut gdb = cmd
+        .spawn()
+        .map_err(|e| format!("cannot run {}: {e}", args.gdb.to_string_lossy()))?;
     // If GDB ends without connecting (a bad option, a failed `target remote`), the accept below
     // would wait forever: when GDB exits, poke the listener so the accept returns and the
     // session ends as "debugger disconnected" (after a normal session nobody listens any more
@@ -491,7 +502,7 @@ pub fn run_gdb(args: GdbArgs) -> CmdResult {
     let status = watcher
         .join()
         .map_err(|_| "the thread waiting for gdb panicked".to_string())?;
-    let _ = std::fs::remove_file(&script);
+    drop(scratch);
     served?;
     let status = status.map_err(|e| format!("waiting for gdb: {e}"))?;
     Ok(match status.code() {

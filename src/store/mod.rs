@@ -7,6 +7,7 @@
 //! and AUX offsets) and where data was lost, so that packet offsets can be reported against the
 //! file and decoders know where to resynchronise.
 
+pub mod dirfile;
 pub mod live;
 pub mod perf_data;
 
