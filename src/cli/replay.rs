@@ -61,6 +61,19 @@ fn load_trace(
     let source = file
         .source()
         .map_err(|e| format!("{}: {e}", path.display()))?;
+    if args.perf.is_some() {
+        super::input::require_perf_data(path, &source)?;
+    }
+    super::input::require_trace(path, &source)?;
+    // The history would silently end where the damage is: refuse (decode shows what is left).
+    if super::input::report_perf_damage(path, &source) {
+        return Err(format!(
+            "{}: the perf.data is damaged (see above); `ptrewind decode --perf` shows what can \
+             be read of it",
+            path.display()
+        )
+        .into());
+    }
     let labels: Vec<&str> = source.streams.iter().map(|s| s.label.as_str()).collect();
     let index = match &args.stream {
         None if source.streams.len() == 1 => 0,

@@ -226,14 +226,32 @@ impl FileCache {
     }
 }
 
-/// Reads a whole file into a shared buffer.
+/// Reads a whole regular file into a shared buffer. Anything else (`/dev/zero`, a FIFO, a
+/// directory) is refused before reading: a code image is a file, and a device could be read
+/// until memory runs out.
 pub fn read_file(path: &Path) -> Result<SectionBytes, LoadError> {
-    std::fs::read(path)
-        .map(SectionBytes::from)
-        .map_err(|source| LoadError::Io {
-            path: path.to_path_buf(),
-            source,
-        })
+    use std::io::Read as _;
+    let io = |source| LoadError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused just below).
+    let file = std::os::unix::fs::OpenOptionsExt::custom_flags(
+        std::fs::OpenOptions::new().read(true),
+        libc::O_NONBLOCK,
+    )
+    .open(path)
+    .map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    if !meta.is_file() {
+        return Err(io(std::io::Error::other(
+            "not a regular file (a code image must be a file)",
+        )));
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    // `take`: a file that grows while it is read stops at the size it had.
+    file.take(meta.len()).read_to_end(&mut bytes).map_err(io)?;
+    Ok(SectionBytes::from(bytes))
 }
 
 /// The code of a traced process: sorted, non-overlapping sections.
