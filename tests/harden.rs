@@ -11,7 +11,8 @@ use std::time::Duration;
 mod support;
 
 use support::cbuild::build_example;
-use support::gdb::{Server, gdb_session, ptrewind, run_until};
+use support::gdb::{Server, gdb_batch, gdb_session, ptrewind, run_until, wait_until};
+use support::rsp::{Raw, packet};
 
 const TIMEOUT: Duration = Duration::from_secs(90);
 
@@ -23,6 +24,27 @@ fn recursion() -> &'static Path {
         std::fs::create_dir_all(&dir).unwrap();
         build_example(&dir, "recursion", &[])
     })
+}
+
+/// `examples/c/attachme.c` (runs for a minute), built once per test run.
+fn long_running() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("harden-examples");
+        std::fs::create_dir_all(&dir).unwrap();
+        build_example(&dir, "attachme", &[])
+    })
+}
+
+/// `ptrewind record --backend soft` of `program` (extra arguments first).
+fn record(extra: &[&str], program: &Path) -> Server {
+    Server::spawn(
+        ptrewind()
+            .args(["record", "--backend", "soft", "--listen", "127.0.0.1:0"])
+            .args(extra)
+            .arg("--")
+            .arg(program),
+    )
 }
 
 // ---- Step 1: temporary files and recording directories ----
@@ -353,4 +375,166 @@ fn truncated_perf_data_never_passes_silently() {
             }
         }
     }
+}
+
+// ---- Step 3: the RSP server ----
+
+/// Waits (at most 20 s) for the server to exit; returns its stderr.
+fn server_end(mut server: Server) -> String {
+    let status = wait_until(
+        &mut server.child,
+        std::time::Instant::now() + Duration::from_secs(20),
+    );
+    let text = server.stderr.join().unwrap();
+    assert!(status.is_some(), "ptrewind did not exit: {text}");
+    text
+}
+
+/// While the program runs: a 1 MiB packet is discarded and answered `E01` at once, and a
+/// Ctrl-C right behind it stops the program (before: ~30 s per MiB, Ctrl-C unanswered
+/// meanwhile). The read timeout (20 s) is a hang check, not a benchmark.
+#[test]
+fn huge_packet_while_running_is_answered_and_ctrl_c_still_works() {
+    let server = record(&[], long_running());
+    let mut c = Raw::connect(server.port, Duration::from_secs(20));
+    c.ask("qSupported:multiprocess+");
+    c.send(&packet("vCont;c"));
+    std::thread::sleep(Duration::from_millis(300));
+    let mut big = b"$".to_vec();
+    big.extend(std::iter::repeat_n(b'a', 1 << 20));
+    big.extend_from_slice(b"#00");
+    c.send(&big);
+    c.send(&[0x03]);
+    assert_eq!(c.reply(), "E01");
+    let stop = c.reply();
+    assert!(stop.starts_with("T02"), "{stop}");
+    // Stopped and answering.
+    assert!(c.ask("g").len() > 100);
+    c.send(&packet("k"));
+    drop(c);
+    server_end(server);
+}
+
+/// `vCont` naming a thread that does not exist, or a signal Linux does not have, is answered
+/// with an error and does not resume the program (the next packet is answered at once: a
+/// resumed program would answer only when it stops); `Hg`/`Hc` of a missing thread too.
+#[test]
+fn resumes_of_missing_threads_or_bad_signals_are_errors() {
+    let server = record(&[], long_running());
+    let pid = server.pid;
+    let mut c = Raw::connect(server.port, Duration::from_secs(20));
+    c.ask("qSupported:multiprocess+");
+    let missing = format!("p{pid:x}.7ffffff0");
+    let other_process = format!("p7ffffff0.{pid:x}");
+    for (pkt, want) in [
+        (format!("vCont;c:{missing}"), "E01"),
+        (format!("vCont;s:{missing}"), "E01"),
+        (format!("vCont;c:{other_process}"), "E01"),
+        ("vCont;c:7ffffff0".to_string(), "E01"),
+        ("vCont;C63".to_string(), "E16"),
+        (format!("vCont;C99:p{pid:x}.{pid:x}"), "E16"),
+        ("C63".to_string(), "E16"),
+        (format!("Hg{missing}"), "E01"),
+        (format!("Hc{missing}"), "E01"),
+    ] {
+        assert_eq!(c.ask(&pkt), want, "{pkt}");
+        // Still stopped: registers are read at once.
+        assert!(c.ask("g").len() > 100, "after {pkt}");
+    }
+    // The real thread is fine.
+    assert_eq!(c.ask(&format!("Hgp{pid:x}.{pid:x}")), "OK");
+    c.send(&packet("k"));
+    drop(c);
+    server_end(server);
+}
+
+/// A second debugger connecting while one is served gets an error naming the reason (real GDB
+/// prints it) and is closed; the first goes on undisturbed.
+#[test]
+fn a_second_debugger_is_refused_while_the_first_is_served() {
+    let server = record(&[], recursion());
+    let mut first = Raw::connect(server.port, Duration::from_secs(20));
+    first.ask("qSupported:multiprocess+");
+    let out = run_until(
+        gdb_batch()
+            .arg("-ex")
+            .arg(format!("target remote 127.0.0.1:{}", server.port))
+            .arg(recursion()),
+        Duration::from_secs(30),
+    );
+    let text = format!("{}{}", out.stdout, out.stderr);
+    assert!(out.status.is_some(), "the second GDB hung: {text}");
+    assert!(
+        text.contains("another debugger is already connected"),
+        "{text}"
+    );
+    assert!(first.ask("g").len() > 100);
+    first.send(&packet("k"));
+    drop(first);
+    let log = server_end(server);
+    assert!(log.contains("refused a second debugger"), "{log}");
+}
+
+/// GDB disconnects at a breakpoint (`disconnect`): the program and its recording are kept,
+/// stopped there; a new GDB connects, finds the same PC, reverse-steps into the recorded past
+/// and steps forward again. With `--once` the server ends at the first disconnect instead.
+#[test]
+fn a_debugger_can_reconnect_and_reverse_step() {
+    let program = recursion();
+    let server = record(&[], program);
+    let first = run_until(
+        gdb_batch()
+            .arg("-ex")
+            .arg(format!("target remote 127.0.0.1:{}", server.port))
+            .args([
+                "-ex",
+                "break factorial",
+                "-ex",
+                "continue",
+                "-ex",
+                "continue",
+            ])
+            .args(["-ex", r#"printf "PC1 %lx\n", $pc"#, "-ex", "disconnect"])
+            .arg(program),
+        TIMEOUT,
+    );
+    let first_text = format!("{}{}", first.stdout, first.stderr);
+    let pc1: Vec<&str> = first_text
+        .lines()
+        .filter_map(|l| l.strip_prefix("PC1 "))
+        .collect();
+    assert_eq!(pc1.len(), 1, "{first_text}");
+    let cmds = [
+        r#"printf "PC2 %lx\n", $pc"#,
+        "reverse-stepi",
+        r#"printf "REV %lx\n", $pc"#,
+        "break factorial",
+        "reverse-continue",
+        r#"printf "BACK %lx\n", $pc"#,
+        "stepi",
+        r#"printf "FWD %lx\n", $pc"#,
+    ];
+    let r = gdb_session(server, program, &cmds, TIMEOUT);
+    assert_eq!(r.tagged("PC2"), vec![pc1[0].to_string()], "{}", r.dump());
+    let rev = r.tagged("REV");
+    assert!(rev.len() == 1 && rev[0] != pc1[0], "{}", r.dump());
+    // reverse-continue stops at the earlier hit of `factorial`: the breakpoint's address.
+    let back = r.tagged("BACK");
+    assert_eq!(back, vec![pc1[0].to_string()], "{}", r.dump());
+    assert_eq!(r.tagged("FWD").len(), 1, "{}", r.dump());
+    assert!(r.server.contains("are kept (stopped)"), "{}", r.dump());
+
+    // --once: the first disconnect ends it all.
+    let server = record(&["--once"], program);
+    let out = run_until(
+        gdb_batch()
+            .arg("-ex")
+            .arg(format!("target remote 127.0.0.1:{}", server.port))
+            .args(["-ex", "disconnect"])
+            .arg(program),
+        TIMEOUT,
+    );
+    assert!(out.status.is_some());
+    let log = server_end(server);
+    assert!(log.contains("killed"), "{log}");
 }

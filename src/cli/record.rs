@@ -10,7 +10,8 @@ use ptrewind::capture::soft::{
 use ptrewind::server::btrace::{CpuVendor, PtCpu, TraceStoreProvider};
 use ptrewind::server::replay::PerfCapture;
 use ptrewind::server::{
-    RecordingTarget, Router, ServeOutcome, Session, check_listen_addr, register_monitors, tracing,
+    OnDisconnect, RecordingTarget, Router, ServeOutcome, Session, check_listen_addr,
+    register_monitors, tracing,
 };
 use ptrewind::target::{PtraceTarget, SpawnOptions};
 use std::ffi::OsString;
@@ -89,6 +90,11 @@ pub struct RecordArgs {
     /// Keep address-space randomisation enabled in the program (GDB disables it by default).
     #[arg(long)]
     keep_aslr: bool,
+    /// End when the debugger's connection closes (the program is killed). By default the
+    /// program and its recording are kept, stopped, and ptrewind waits for a debugger to
+    /// connect again (like gdbserver without --once). `ptrewind gdb` always ends with its GDB.
+    #[arg(long)]
+    pub(crate) once: bool,
     /// The program to run, and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     command: Vec<OsString>,
@@ -164,7 +170,7 @@ pub fn run(args: RecordArgs) -> CmdResult {
         Err(code) => return Ok(code),
     };
     let program = args.command[0].clone();
-    serve_recording(target, listener, Served::Started, &program)
+    serve_recording(target, listener, Served::Started, &program, args.once)
 }
 
 /// Starts the program and its recording and binds the listener; `Err(code)` when the command
@@ -318,6 +324,7 @@ pub(crate) fn serve_recording(
     listener: TcpListener,
     served: Served,
     fallback_exe: &std::ffi::OsStr,
+    once: bool,
 ) -> CmdResult {
     let mut session = Session::new(Box::new(target.clone()));
     register_monitors(session.monitors_mut(), &target);
@@ -336,7 +343,7 @@ pub(crate) fn serve_recording(
         provider.attach(tid, store.clone());
         gdb_view.attach(tid, store);
     }
-    serve_session(session, listener, served, fallback_exe, |router| {
+    serve_session(session, listener, served, fallback_exe, once, |router| {
         tracing::install_lldb(router, Box::new(provider));
         tracing::install_btrace(router, Box::new(gdb_view));
     })
@@ -354,18 +361,23 @@ pub(crate) fn serve(
     listener: TcpListener,
     served: Served,
     fallback_exe: &std::ffi::OsStr,
+    once: bool,
 ) -> CmdResult {
     let session = Session::new(Box::new(target));
-    serve_session(session, listener, served, fallback_exe, |_| {})
+    serve_session(session, listener, served, fallback_exe, once, |_| {})
 }
 
-/// Prints how to connect, accepts one GDB connection and serves `session`; `configure` adds
-/// interceptors to the router.
+/// Prints how to connect, then serves `session` to one debugger at a time: a second one
+/// connecting meanwhile is refused with an error packet and a message. When the connection
+/// closes without `detach`/`kill`, the program and its recording are kept stopped and the next
+/// debugger is awaited, unless `once` (the program is then killed, or detached if attached to).
+/// `configure` adds interceptors to the router.
 pub(crate) fn serve_session(
     mut session: Session,
     listener: TcpListener,
     served: Served,
     fallback_exe: &std::ffi::OsStr,
+    once: bool,
     configure: impl FnOnce(&mut Router),
 ) -> CmdResult {
     let how = served.how();
@@ -385,13 +397,29 @@ pub(crate) fn serve_session(
         "ptrewind:          or: lldb -o 'gdb-remote {addr}' {}",
         shell_quote(&exe.to_string_lossy())
     );
-    let (stream, peer) = listener.accept()?;
-    eprintln!("ptrewind: debugger connected from {peer}");
+    let connections = Acceptor::spawn(listener)?;
     session.set_attached(attached);
     let mut router = Router::default();
     router.on_notice(|n| eprintln!("ptrewind: warning: {n}"));
+    router.set_on_disconnect(if once {
+        OnDisconnect::End
+    } else {
+        OnDisconnect::Keep
+    });
     configure(&mut router);
-    let outcome = router.serve(stream, &mut session)?;
+    let outcome = loop {
+        let (stream, peer) = connections.next()?;
+        eprintln!("ptrewind: debugger connected from {peer}");
+        let outcome = router.serve(stream, &mut session);
+        connections.done();
+        match outcome? {
+            ServeOutcome::Kept => eprintln!(
+                "ptrewind: debugger disconnected; process {pid} and its recording are kept \
+                 (stopped); waiting for a debugger on {addr} (--once: end instead)"
+            ),
+            other => break other,
+        }
+    };
     if served == Served::Replay {
         eprintln!("ptrewind: debugger disconnected; replay of process {pid} ended");
         return Ok(ExitCode::SUCCESS);
@@ -408,11 +436,92 @@ pub(crate) fn serve_session(
         ServeOutcome::ConnectionClosed if attached => {
             eprintln!("ptrewind: debugger disconnected; detached from process {pid}")
         }
-        ServeOutcome::ConnectionClosed => {
+        ServeOutcome::ConnectionClosed | ServeOutcome::Kept => {
             eprintln!("ptrewind: debugger disconnected; process {pid} killed")
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Accepts debugger connections on a thread of its own: the first while none is served is
+/// handed to the serving loop ([`Acceptor::next`]); any other is refused at once with an error
+/// packet naming the reason, then closed (a second debugger would otherwise hang, connected to
+/// a server that never reads from it).
+struct Acceptor {
+    rx: std::sync::mpsc::Receiver<(std::net::TcpStream, SocketAddr)>,
+    busy: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Acceptor {
+    fn spawn(listener: TcpListener) -> std::io::Result<Self> {
+        use std::sync::atomic::Ordering;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let busy = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = std::sync::Arc::clone(&busy);
+        std::thread::Builder::new()
+            .name("ptrewind-accept".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    let Ok(stream) = conn else { continue };
+                    let Ok(peer) = stream.peer_addr() else {
+                        continue;
+                    };
+                    if flag.swap(true, Ordering::AcqRel) {
+                        eprintln!(
+                            "ptrewind: refused a second debugger from {peer}: another one is \
+                             connected"
+                        );
+                        // Its own thread: a client that sends nothing must not stall accepts.
+                        let _ = std::thread::Builder::new()
+                            .name("ptrewind-refuse".into())
+                            .spawn(move || refuse(stream));
+                    } else if tx.send((stream, peer)).is_err() {
+                        break;
+                    }
+                }
+            })?;
+        Ok(Acceptor { rx, busy })
+    }
+
+    /// The next connection to serve (blocks until one arrives).
+    fn next(&self) -> std::io::Result<(std::net::TcpStream, SocketAddr)> {
+        self.rx
+            .recv()
+            .map_err(|_| std::io::Error::other("the listening thread ended"))
+    }
+
+    /// The served connection ended: the next one may be served.
+    fn done(&self) {
+        self.busy.store(false, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// Tells a debugger it cannot connect: waits (at most 2 s) for its first packet, acknowledges
+/// it and answers with an `E.` error packet carrying the reason (GDB prints it), then closes.
+fn refuse(mut stream: std::net::TcpStream) {
+    use std::io::{Read as _, Write as _};
+    let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(2)));
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 512];
+    // Up to the end of the first packet (`#` and two checksum digits), or 4 KiB.
+    while seen.len() < 4096 {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => seen.extend_from_slice(&buf[..n]),
+        }
+        if let Some(h) = seen.iter().position(|&b| b == b'#')
+            && seen.len() >= h + 3
+        {
+            break;
+        }
+    }
+    let reply = ptrewind::server::router::encode_packet(
+        b"E.ptrewind: another debugger is already connected to this recording",
+    );
+    let _ = stream.write_all(b"+");
+    let _ = stream.write_all(&reply);
+    let _ = stream.flush();
+    let _ = stream.shutdown(std::net::Shutdown::Both);
 }
 
 /// Quotes a path for the printed shell command line.
@@ -498,7 +607,8 @@ pub fn run_gdb(args: GdbArgs) -> CmdResult {
         let _ = std::net::TcpStream::connect(addr);
         status
     });
-    let served = serve_recording(target, listener, Served::Started, &program);
+    // GDB is ours: when it goes, the session ends (no waiting for another debugger).
+    let served = serve_recording(target, listener, Served::Started, &program, true);
     let status = watcher
         .join()
         .map_err(|_| "the thread waiting for gdb panicked".to_string())?;

@@ -46,6 +46,10 @@ pub struct ReplayArgs {
     /// Allow listening on a non-loopback address.
     #[arg(long)]
     allow_remote: bool,
+    /// End when the debugger's connection closes. By default ptrewind waits for a debugger to
+    /// connect again (the cursor stays where it was).
+    #[arg(long)]
+    once: bool,
 }
 
 /// The trace of `--pt FILE` or of one AUX stream of `--perf perf.data`, with its code image
@@ -196,5 +200,12 @@ pub fn run(args: ReplayArgs) -> CmdResult {
     let listener = bind(args.listen)?;
     let mut session = Session::new(Box::new(target.clone()));
     register_monitors(session.monitors_mut(), &target);
-    serve_session(session, listener, Served::Replay, "".as_ref(), |_router| {})
+    serve_session(
+        session,
+        listener,
+        Served::Replay,
+        "".as_ref(),
+        args.once,
+        |_router| {},
+    )
 }

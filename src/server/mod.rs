@@ -45,7 +45,7 @@ pub mod tracing;
 
 pub use monitor::{MonitorHandler, MonitorRegistry};
 pub use replay::{RecordingTarget, register_monitors};
-pub use router::{Intercept, PacketHandler, Router, RouterState, ServeOutcome};
+pub use router::{Intercept, OnDisconnect, PacketHandler, Router, RouterState, ServeOutcome};
 pub use session::{Session, gdb_to_linux_signal, linux_to_gdb_signal, stop_reason};
 
 use crate::target::TargetError;
