@@ -480,18 +480,35 @@ impl Acceptor {
                     let Ok(peer) = stream.peer_addr() else {
                         continue;
                     };
-                    if flag.swap(true, Ordering::AcqRel) {
-                        eprintln!(
-                            "ptrewind: refused a second debugger from {peer}: another one is \
-                             connected"
-                        );
-                        // Its own thread: a client that sends nothing must not stall accepts.
-                        let _ = std::thread::Builder::new()
-                            .name("ptrewind-refuse".into())
-                            .spawn(move || refuse(stream));
-                    } else if tx.send((stream, peer)).is_err() {
-                        break;
+                    if !flag.swap(true, Ordering::AcqRel) {
+                        if tx.send((stream, peer)).is_err() {
+                            break;
+                        }
+                        continue;
                     }
+                    // Busy. A debugger reconnecting right after its connection dropped may be
+                    // faster than the server noticing the drop: give the served connection a
+                    // moment to end before refusing. Its own thread: accepting goes on.
+                    let tx = tx.clone();
+                    let flag = std::sync::Arc::clone(&flag);
+                    let _ = std::thread::Builder::new()
+                        .name("ptrewind-refuse".into())
+                        .spawn(move || {
+                            let deadline =
+                                std::time::Instant::now() + std::time::Duration::from_secs(1);
+                            while std::time::Instant::now() < deadline {
+                                if !flag.swap(true, Ordering::AcqRel) {
+                                    let _ = tx.send((stream, peer));
+                                    return;
+                                }
+                                std::thread::sleep(std::time::Duration::from_millis(10));
+                            }
+                            eprintln!(
+                                "ptrewind: refused a second debugger from {peer}: another one \
+                                 is connected"
+                            );
+                            refuse(stream);
+                        });
                 }
             })?;
         Ok(Acceptor { rx, busy })
