@@ -538,3 +538,117 @@ fn a_debugger_can_reconnect_and_reverse_step() {
     let log = server_end(server);
     assert!(log.contains("killed"), "{log}");
 }
+
+/// A target that "runs" until interrupted, each `wait(false)` taking a 20 ms slice as the
+/// software recorder's does; counts the slices.
+struct SlowRunner {
+    slices: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    running: bool,
+    interrupted: bool,
+}
+
+impl ptrewind::target::Target for SlowRunner {
+    fn pid(&self) -> i32 {
+        4242
+    }
+    fn exec_path(&self) -> Option<PathBuf> {
+        None
+    }
+    fn read_registers(&mut self) -> ptrewind::target::TargetResult<ptrewind::target::X86Registers> {
+        Ok(ptrewind::target::X86Registers {
+            xsave: vec![0; 512],
+            ..Default::default()
+        })
+    }
+    fn write_registers(
+        &mut self,
+        _: &ptrewind::target::X86Registers,
+    ) -> ptrewind::target::TargetResult<()> {
+        Ok(())
+    }
+    fn read_memory(&self, _: u64, buf: &mut [u8]) -> ptrewind::target::TargetResult<usize> {
+        buf.fill(0x90);
+        Ok(buf.len())
+    }
+    fn write_memory(&mut self, _: u64, _: &[u8]) -> ptrewind::target::TargetResult<()> {
+        Ok(())
+    }
+    fn resume(&mut self, _: ptrewind::target::Resume) -> ptrewind::target::TargetResult<()> {
+        self.running = true;
+        Ok(())
+    }
+    fn wait(
+        &mut self,
+        _block: bool,
+    ) -> ptrewind::target::TargetResult<Option<ptrewind::target::StopEvent>> {
+        if self.interrupted {
+            self.running = false;
+            self.interrupted = false;
+            return Ok(Some(ptrewind::target::StopEvent::Signal(libc::SIGINT)));
+        }
+        self.slices
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(20));
+        Ok(None)
+    }
+    fn interrupt(&mut self) -> ptrewind::target::TargetResult<()> {
+        self.interrupted = self.running;
+        Ok(())
+    }
+    fn kill(&mut self) -> ptrewind::target::TargetResult<()> {
+        Ok(())
+    }
+    fn detach(&mut self) -> ptrewind::target::TargetResult<()> {
+        Ok(())
+    }
+    fn has_exited(&self) -> bool {
+        false
+    }
+    fn auxv(&self) -> ptrewind::target::TargetResult<Vec<u8>> {
+        Ok(Vec::new())
+    }
+}
+
+/// The router reads everything GDB sent before giving the program its next run slice: a
+/// 1 MiB packet sent while the program runs costs a handful of slices, not one per 8 KiB read
+/// (at least 128: how the old loop made a 1 MiB packet take ~30 s with the recorder's 50 ms
+/// slices and kept a Ctrl-C behind it waiting). Counted, not timed.
+#[test]
+fn a_huge_packet_costs_few_run_slices() {
+    use ptrewind::server::{Router, Session};
+    use std::sync::atomic::Ordering;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let slices = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = std::sync::Arc::clone(&slices);
+    let server = std::thread::spawn(move || {
+        let target = SlowRunner {
+            slices: counter,
+            running: false,
+            interrupted: false,
+        };
+        let mut session = Session::new(Box::new(target));
+        let (stream, _) = listener.accept().unwrap();
+        Router::default().serve(stream, &mut session)
+    });
+    let mut c = Raw::connect(port, Duration::from_secs(60));
+    c.ask("qSupported:multiprocess+");
+    c.send(&packet("vCont;c"));
+    assert_eq!(c.ack(), b'+');
+    std::thread::sleep(Duration::from_millis(100));
+    let before = slices.load(Ordering::Relaxed);
+    let mut big = b"$".to_vec();
+    big.extend(std::iter::repeat_n(b'a', 1 << 20));
+    big.extend_from_slice(b"#00");
+    c.send(&big);
+    c.send(&[0x03]);
+    assert_eq!(c.reply(), "E01");
+    let stop = c.reply();
+    assert!(stop.starts_with("T02"), "{stop}");
+    let used = slices.load(Ordering::Relaxed) - before;
+    assert!(used < 64, "{used} run slices while a 1 MiB packet was read");
+    c.send(b"+");
+    c.send(&packet("k"));
+    drop(c);
+    let _ = server.join();
+}
