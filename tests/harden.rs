@@ -180,6 +180,24 @@ fn monitor_save_and_replay_never_follow_planted_links() {
     std::fs::rename(dir.join("manifest.json"), &manifest).unwrap();
     symlink(&manifest, dir.join("manifest.json")).unwrap();
     check_replay(Some("manifest.json"));
+    std::fs::remove_file(dir.join("manifest.json")).unwrap();
+    std::fs::rename(&manifest, dir.join("manifest.json")).unwrap();
+    check_replay(None);
+    // A trace cut short (a copy that ran out of space): refused, not a shorter history.
+    let trace = std::fs::read(dir.join("trace.pt")).unwrap();
+    std::fs::write(dir.join("trace.pt"), &trace[..trace.len() / 2]).unwrap();
+    let out = run_until(
+        ptrewind()
+            .args(["replay", "--listen", "127.0.0.1:0"])
+            .arg(&dir),
+        TIMEOUT,
+    );
+    assert!(out.status.is_some_and(|s| !s.success()), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("the recording is incomplete"),
+        "{}",
+        out.stderr
+    );
 }
 
 // ---- Step 2: empty, truncated, non-trace and unbounded input ----
