@@ -408,9 +408,11 @@ fn server_end(mut server: Server) -> String {
     text
 }
 
-/// While the program runs: a 1 MiB packet is discarded and answered `E01` at once, and a
-/// Ctrl-C right behind it stops the program (before: ~30 s per MiB, Ctrl-C unanswered
-/// meanwhile). The read timeout (20 s) is a hang check, not a benchmark.
+/// While the program runs (real recording, real program): a 1 MiB packet is discarded and
+/// answered `E01`, and a Ctrl-C right behind it stops the program. The read timeout (20 s) is
+/// only a hang check; the old read loop also passed it here (7 s on this machine, 30 s in the
+/// issue's measurement), so the bound on the work done meanwhile is checked by counting run
+/// slices in `a_huge_packet_costs_few_run_slices`.
 #[test]
 fn huge_packet_while_running_is_answered_and_ctrl_c_still_works() {
     let server = record(&[], long_running());

@@ -7,7 +7,8 @@
 //!   over a fixed in-memory trace;
 //! * a whole `Router` serving the bytes over a loopback TCP connection to a fake in-memory
 //!   target (no ptrace): gdbstub's state machine, the router's interceptors, `qSupported`
-//!   rewriting, `qRcmd` monitor commands, no-ack mode.
+//!   rewriting, `qRcmd` monitor commands, no-ack mode, the resume checks (threads, signals),
+//!   and with `OnDisconnect::Keep` a second connection after the first one ends.
 //!
 //! Checked: no panic, no hang, and the session never ends with a protocol error (a malformed
 //! packet must get an error reply, not end the debugging session).
@@ -21,7 +22,7 @@ use ptrewind::capture::soft::state_log::zeroed_regs;
 use ptrewind::server::btrace::{BtraceServer, FixedTraceProvider, resolve_thread};
 use ptrewind::server::lldb_trace::LldbTraceServer;
 use ptrewind::server::router::{Frame, Framer, check_packet, normalize_qsupported};
-use ptrewind::server::{Router, ServerError, Session, rsp};
+use ptrewind::server::{OnDisconnect, Router, ServeOutcome, ServerError, Session, rsp};
 use ptrewind::target::{Resume, StopEvent, Target, TargetError, TargetResult, X86Registers};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -176,14 +177,15 @@ fn wire_bytes(data: &[u8]) -> Vec<u8> {
     }
 }
 
-fuzz_target!(|data: &[u8]| {
-    let data = &wire_bytes(data)[..];
-    parsers(data);
-
-    // The whole router over loopback: write the input, close our sending side, drain replies.
+/// Serves `input` as one connection's bytes from "GDB" (our side closed after it) and drains
+/// the replies.
+fn serve_bytes(
+    router: &mut Router,
+    session: &mut Session,
+    input: Vec<u8>,
+) -> Result<ServeOutcome, ServerError> {
     let mut client = TcpStream::connect(listener().local_addr().unwrap()).unwrap();
     let (server, _) = listener().accept().unwrap();
-    let input = data.to_vec();
     let writer = {
         let mut c = client.try_clone().unwrap();
         std::thread::spawn(move || {
@@ -195,12 +197,34 @@ fuzz_target!(|data: &[u8]| {
         let mut sink = Vec::new();
         let _ = client.read_to_end(&mut sink);
     });
-    let mut session = Session::new(Box::new(FakeTarget::new()));
-    let mut router = Router::default();
-    let outcome = router.serve(server, &mut session);
+    let outcome = router.serve(server, session);
     let _ = writer.join();
     let _ = drain.join();
-    if let Err(ServerError::Protocol(msg)) = outcome {
+    outcome
+}
+
+fuzz_target!(|data: &[u8]| {
+    let data = &wire_bytes(data)[..];
+    parsers(data);
+
+    // The whole router over loopback. Inputs of even length use `OnDisconnect::Keep`: when the
+    // connection ends with the program kept, a second connection (a debugger reconnecting)
+    // must be served from a clean state, wherever the first one stopped (mid-packet included).
+    let mut session = Session::new(Box::new(FakeTarget::new()));
+    let mut router = Router::default();
+    let keep = data.len() % 2 == 0;
+    if keep {
+        router.set_on_disconnect(OnDisconnect::Keep);
+    }
+    let outcome = serve_bytes(&mut router, &mut session, data.to_vec());
+    if let Err(ServerError::Protocol(msg)) = &outcome {
         panic!("the session ended with a protocol error: {msg}");
+    }
+    if keep && matches!(outcome, Ok(ServeOutcome::Kept)) {
+        let again = b"+$qSupported:multiprocess+#c6+$?#3f+$g#67+$k#6b".to_vec();
+        let outcome = serve_bytes(&mut router, &mut session, again);
+        if let Err(ServerError::Protocol(msg)) = &outcome {
+            panic!("the reconnected session ended with a protocol error: {msg}");
+        }
     }
 });
