@@ -9,6 +9,9 @@
 
 pub mod live;
 pub mod perf_data;
+pub mod view;
+
+pub use view::{AppendListener, TraceView};
 
 use std::borrow::Cow;
 use std::fs::File;

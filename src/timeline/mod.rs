@@ -1057,7 +1057,7 @@ fn spawn_worker(
         flow.clone(),
         LIVE_WINDOW,
     )?;
-    store.set_listener(Some(w.notifier()));
+    store.set_listener(Some(w.notifier().into_listener()));
     Ok(w)
 }
 

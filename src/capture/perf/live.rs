@@ -581,7 +581,7 @@ mod tests {
             4096,
         )
         .unwrap();
-        store.set_listener(Some(worker.notifier()));
+        store.set_listener(Some(worker.notifier().into_listener()));
         let mut pipe = AuxPipeline::new(
             SimSource {
                 ring: Arc::clone(&ring),
