@@ -25,6 +25,7 @@ pub mod flow;
 pub mod history;
 pub mod image;
 pub mod packet;
+pub mod perf;
 pub mod ring;
 pub mod server;
 pub mod store;

@@ -8,8 +8,11 @@
 //! file and decoders know where to resynchronise.
 
 pub mod live;
-pub mod perf_data;
 pub mod view;
+
+/// The perf.data reader lives in the shared perf base ([`crate::perf::data`]); kept here under
+/// its old name for the store's users.
+pub use crate::perf::data as perf_data;
 
 pub use view::{AppendListener, TraceView};
 
