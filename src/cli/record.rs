@@ -8,7 +8,7 @@ use ptrewind::capture::soft::recorder::run_to_breakpoint;
 use ptrewind::capture::soft::{
     RecordFrom, RecorderConfig, RingConfig, SoftCapture, SoftRecorder, StepMode, procmaps,
 };
-use ptrewind::server::btrace::{CpuVendor, PtCpu, TraceStoreProvider};
+use ptrewind::server::btrace::{PtCpu, TraceStoreProvider};
 use ptrewind::server::{
     RecordingTarget, Router, ServeOutcome, Session, check_listen_addr, register_monitors, tracing,
 };
@@ -140,21 +140,6 @@ fn choose_backend(backend: Backend) -> Result<Chosen, ExitCode> {
                 Ok(Chosen::Soft)
             }
         },
-    }
-}
-
-/// The CPU this process runs on (for decoders of a hardware trace).
-fn host_cpu() -> PtCpu {
-    let c = ptrewind::capture::perf::host_cpu();
-    PtCpu {
-        vendor: if c.vendor == ptrewind::flow::CpuVendor::Intel {
-            CpuVendor::Intel
-        } else {
-            CpuVendor::Unknown
-        },
-        family: c.family,
-        model: c.model,
-        stepping: c.stepping,
     }
 }
 
@@ -339,7 +324,7 @@ pub(crate) fn serve_recording(
     // whole recorded trace itself. GDB gets reverse execution from the server, and its own
     // `record btrace pt` only when the user asks: a view of the recording from that point on.
     let cpu = if target.shared().borrow().has_hardware_trace() {
-        host_cpu()
+        ptrewind::capture::perf::host_cpu()
     } else {
         PtCpu::SOFTWARE
     };

@@ -102,7 +102,7 @@ use std::time::Duration;
 
 use crate::capture::{LiveBackend, PastWrite};
 use crate::flow::FlowConfig;
-use crate::history::{Breakpoints as BpSet, HistoryWorker};
+use crate::history::{BreakpointSet, HistoryWorker};
 use crate::image::{Image, ImmutableCode, Symbolizer};
 use crate::store::live::TraceStore;
 use crate::target::{
@@ -237,10 +237,12 @@ impl std::fmt::Debug for Timeline {
     }
 }
 
-/// The executable mappings' lines of `/proc/PID/maps` text.
+/// The executable mappings of `/proc/PID/maps` text, one per line (what decides whether the
+/// code image must be snapshotted again).
 fn exec_lines(maps: &str) -> String {
-    maps.lines()
-        .filter(|l| l.split_whitespace().nth(1).is_some_and(|p| p.contains('x')))
+    crate::image::procfs::parse_maps_lenient(maps)
+        .filter(|m| m.exec)
+        .map(|m| format!("{m:?}"))
         .collect::<Vec<_>>()
         .join("\n")
 }
@@ -712,8 +714,8 @@ impl Timeline {
         }
     }
 
-    fn bp_set(&self) -> BpSet {
-        BpSet::new(self.bps.iter().copied())
+    fn bp_set(&self) -> BreakpointSet {
+        BreakpointSet::new(self.bps.iter().copied())
     }
 
     /// Starts a reverse step or continue from the cursor; the stop is collected with
