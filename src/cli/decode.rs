@@ -558,13 +558,7 @@ fn decode_stream<W: Write>(
                 _ => writeln!(out, "{}", event_line(&e))?,
             },
             BlockItem::Block(b) => match args.format {
-                Format::Ips => {
-                    let mut ip = b.start;
-                    for &len in b.lens() {
-                        out.ip_line(ip)?;
-                        ip = ip.wrapping_add(len as u64);
-                    }
-                }
+                Format::Ips => out.ip_lines(b.start, b.lens())?,
                 Format::IpsBin => {
                     let mut ip = b.start;
                     for &len in b.lens() {

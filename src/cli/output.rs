@@ -129,13 +129,36 @@ impl<W: Write> Out<W> {
         self.pos += s.len();
     }
 
-    /// One `0x<ip>\n` line (the `ips` format).
-    #[inline(always)]
-    pub(crate) fn ip_line(&mut self, ip: u64) -> io::Result<()> {
-        self.room()?;
-        self.put_hex(ip);
-        self.buf[self.pos] = b'\n';
-        self.pos += 1;
+    /// The `0x<ip>\n` lines of a run of instructions starting at `start` with these lengths.
+    /// Addresses above 4 GiB keep their upper half's digits from one line to the next (they
+    /// change only when a run crosses a 4 GiB boundary), so a line costs one 8-digit
+    /// conversion and three stores.
+    #[inline]
+    pub(crate) fn ip_lines(&mut self, start: u64, lens: &[u8]) -> io::Result<()> {
+        let mut ip = start;
+        let (mut hi_of, mut hi_digits, mut hi_n) = (0u64, 0u64, 0usize);
+        for &len in lens {
+            self.room()?;
+            let hi = ip >> 32;
+            if hi == 0 {
+                self.put_hex(ip);
+            } else {
+                if hi != hi_of {
+                    hi_of = hi;
+                    hi_n = hex_digits(hi);
+                    hi_digits = hex8(hi as u32) >> (8 * (8 - hi_n));
+                }
+                let p = self.pos;
+                self.buf[p..p + 2].copy_from_slice(b"0x");
+                self.buf[p + 2..p + 10].copy_from_slice(&hi_digits.to_le_bytes());
+                let q = p + 2 + hi_n;
+                self.buf[q..q + 8].copy_from_slice(&hex8(ip as u32).to_le_bytes());
+                self.pos = q + 8;
+            }
+            self.buf[self.pos] = b'\n';
+            self.pos += 1;
+            ip = ip.wrapping_add(len as u64);
+        }
         Ok(())
     }
 
@@ -259,7 +282,7 @@ mod tests {
         }
         let got = run(|o| {
             for &v in &vals {
-                o.ip_line(v).unwrap();
+                o.ip_lines(v, &[1]).unwrap();
                 o.padded_ip_and(v, b" ").unwrap();
                 o.room().unwrap();
                 o.put_dec(v);
@@ -271,6 +294,27 @@ mod tests {
             .map(|v| format!("{v:#x}\n{v:#018x} {v}\n"))
             .collect();
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn ip_lines_match_fmt() {
+        let lens: Vec<u8> = (0..5000u32).map(|k| (k % 15 + 1) as u8).collect();
+        for start in [
+            0u64,
+            0x40_0000,
+            0xffff_ff00,
+            0x7fff_ffff_f000,
+            u64::MAX - 300,
+        ] {
+            let got = run(|o| o.ip_lines(start, &lens).unwrap());
+            let mut want = String::new();
+            let mut ip = start;
+            for &l in &lens {
+                want.push_str(&format!("{ip:#x}\n"));
+                ip = ip.wrapping_add(l as u64);
+            }
+            assert_eq!(got, want, "{start:#x}");
+        }
     }
 
     #[test]
