@@ -51,6 +51,7 @@ use ptrewind::store::TraceFile;
 use ptrewind::store::perf_data::PerfData;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{IsTerminal, Write};
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -199,8 +200,15 @@ pub fn run(args: DecodeArgs) -> CmdResult {
             cfg.timing.max_nonturbo_ratio = m as u8;
         }
     }
+    // Our own buffer does the batching: the writes go to a duplicate of the stdout descriptor,
+    // past std's line-buffered `Stdout`, which would scan every 256 KiB chunk for its last
+    // newline (the whole chunk for `ips-bin`). Nothing else writes to stdout meanwhile.
     let stdout = std::io::stdout();
-    let mut out = Out::new(stdout.lock());
+    let lock = stdout.lock();
+    let mut out = match lock.as_fd().try_clone_to_owned() {
+        Ok(fd) => Out::new(Sink::File(std::fs::File::from(fd))),
+        Err(_) => Out::new(Sink::Std(lock)),
+    };
     if args.stats {
         let names = errata.names();
         match cpu {
@@ -300,6 +308,29 @@ pub fn run(args: DecodeArgs) -> CmdResult {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// Where `decode` writes: a duplicate of the stdout descriptor, or `Stdout` itself if that
+/// could not be made.
+enum Sink<'a> {
+    File(std::fs::File),
+    Std(std::io::StdoutLock<'a>),
+}
+
+impl Write for Sink<'_> {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Sink::File(f) => f.write(b),
+            Sink::Std(s) => s.write(b),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Sink::File(f) => f.flush(),
+            Sink::Std(s) => s.flush(),
+        }
+    }
 }
 
 /// The `--raw` sections and `--elf` files of the command line (mapped over the perf.data
