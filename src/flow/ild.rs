@@ -45,28 +45,124 @@ impl Ild {
 /// Bytes of ModRM, SIB and displacement starting at `b[i]` (32/64-bit addressing).
 #[inline(always)]
 fn modrm_len(b: &[u8], i: usize) -> Option<usize> {
-    let m = *b.get(i)?;
-    let (md, rm) = (m >> 6, m & 7);
-    if md == 3 {
-        return Some(1);
-    }
-    let mut n = 1;
-    if rm == 4 {
+    let e = MODRM[*b.get(i)? as usize];
+    let mut n = (e & 0x7F) as usize;
+    if e & 0x80 != 0 {
         let sib = *b.get(i + 1)?;
-        n += 1;
-        if md == 0 && sib & 7 == 5 {
+        // disp32 with no base: mod 0 (the table entry is then exactly ModRM + SIB) and base 5.
+        if n == 2 && sib & 7 == 5 {
             n += 4;
         }
-    } else if md == 0 && rm == 5 {
-        n += 4;
-    }
-    match md {
-        1 => n += 1,
-        2 => n += 4,
-        _ => {}
     }
     Some(n)
 }
+
+/// One-byte opcode table for the common instructions without control flow whose length depends
+/// only on ModRM and the operand size: bit 0-1 the immediate (0 none, 1 imm8, 2 imm16/32),
+/// bit 2 a ModRM follows, bit 3 the entry is valid. A table instead of the `match` below, so
+/// that the bulk of the instructions costs no indirect jump (a mispredicted one per instruction
+/// was most of the cost).
+const fn one_byte_table() -> [u8; 256] {
+    const V: u8 = 8;
+    const M: u8 = 4;
+    let mut t = [0u8; 256];
+    let mut k = 0;
+    while k < 8 {
+        let base = k * 8;
+        t[base] = V | M;
+        t[base + 1] = V | M;
+        t[base + 2] = V | M;
+        t[base + 3] = V | M;
+        t[base + 4] = V | 1;
+        t[base + 5] = V | 2;
+        k += 1;
+    }
+    let mut op = 0x84;
+    while op <= 0x8B {
+        t[op] = V | M;
+        op += 1;
+    }
+    let mut op = 0x50;
+    while op <= 0x5F {
+        t[op] = V;
+        op += 1;
+    }
+    let mut op = 0x90;
+    while op <= 0x99 {
+        t[op] = V;
+        op += 1;
+    }
+    let mut op = 0xB0;
+    while op <= 0xB7 {
+        t[op] = V | 1;
+        op += 1;
+    }
+    let mut op = 0xD0;
+    while op <= 0xD3 {
+        t[op] = V | M;
+        op += 1;
+    }
+    let mut op = 0xF8;
+    while op <= 0xFD {
+        t[op] = V;
+        op += 1;
+    }
+    t[0x9C] = V;
+    t[0x9D] = V;
+    t[0xC9] = V;
+    t[0xF5] = V;
+    t[0xA4] = V;
+    t[0xA5] = V;
+    t[0xA6] = V;
+    t[0xA7] = V;
+    let mut op = 0xAA;
+    while op <= 0xAF {
+        t[op] = V;
+        op += 1;
+    }
+    t[0xA8] = V | 1;
+    t[0xA9] = V | 2;
+    t[0x6A] = V | 1;
+    t[0x68] = V | 2;
+    t[0x69] = V | M | 2;
+    t[0x6B] = V | M | 1;
+    t[0x80] = V | M | 1;
+    t[0x81] = V | M | 2;
+    t[0x83] = V | M | 1;
+    t[0xC0] = V | M | 1;
+    t[0xC1] = V | M | 1;
+    t
+}
+
+static ONE_BYTE: [u8; 256] = one_byte_table();
+
+/// Per ModRM byte (32/64-bit addressing): bytes of ModRM and displacement, plus 1 and bit 7 set
+/// when a SIB byte follows (whose base 5 under mod 0 adds a disp32).
+const fn modrm_table() -> [u8; 256] {
+    let mut t = [0u8; 256];
+    let mut m = 0;
+    while m < 256 {
+        let (md, rm) = (m >> 6, m & 7);
+        let mut n = 1u8;
+        if md != 3 {
+            if rm == 4 {
+                n += 1 | 0x80;
+            } else if md == 0 && rm == 5 {
+                n += 4;
+            }
+            if md == 1 {
+                n += 1;
+            } else if md == 2 {
+                n += 4;
+            }
+        }
+        t[m] = n;
+        m += 1;
+    }
+    t
+}
+
+static MODRM: [u8; 256] = modrm_table();
 
 /// Prefix columns of the two-byte SSE/MMX table: which mandatory prefix makes the opcode valid.
 const NP: u8 = 1;
@@ -189,6 +285,22 @@ pub fn decode(b: &[u8], bits: u32) -> Option<Ild> {
     }
     i += 1; // the opcode
     let z = if p66 && !rex_w { 2 } else { 4 };
+    let t = ONE_BYTE[op as usize];
+    if t & 8 != 0 {
+        let mut len = i;
+        if t & 4 != 0 {
+            len += modrm_len(b, i)?;
+        }
+        len += [0, 1, z, 0][(t & 3) as usize];
+        if len > 15 || len > b.len() {
+            return None;
+        }
+        return Some(Ild {
+            len: len as u8,
+            class: InsnClass::Other,
+            disp: 0,
+        });
+    }
     let mut disp = 0i32;
     let rel8 = |at: usize| b.get(at).map(|&d| d as i8 as i32);
     let rel32 = |at: usize| {
