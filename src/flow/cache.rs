@@ -1,5 +1,8 @@
 //! Instruction classification (iced-x86) and the block cache.
 //!
+//! New code is decoded by the cheap length-and-class decoder ([`super::ild`]) where it can, and by
+//! iced-x86 otherwise (see `BlockCache::decode`).
+//!
 //! A block is a run of instructions that ends at the first instruction whose successor the trace
 //! (or a static target) decides: any branch, a far transfer, PTWRITE (PTW packets bind to it), or
 //! an instruction that can switch tracing off. Blocks are decoded once and then replayed from the
