@@ -132,32 +132,48 @@ impl<W: Write> Out<W> {
     /// The `0x<ip>\n` lines of a run of instructions starting at `start` with these lengths.
     /// Addresses above 4 GiB keep their upper half's digits from one line to the next (they
     /// change only when a run crosses a 4 GiB boundary), so a line costs one 8-digit
-    /// conversion and three stores.
+    /// conversion and three stores. The lines are written in groups that fit the buffer, with
+    /// the position in a local, so that it stays in a register.
     #[inline]
     pub(crate) fn ip_lines(&mut self, start: u64, lens: &[u8]) -> io::Result<()> {
+        /// A line is at most "0x" + 16 digits + "\n", and the last 8-byte store may reach 8
+        /// bytes past the digits' end.
+        const LINE_MAX: usize = 27;
         let mut ip = start;
         let (mut hi_of, mut hi_digits, mut hi_n) = (0u64, 0u64, 0usize);
-        for &len in lens {
+        let mut rest = lens;
+        while !rest.is_empty() {
             self.room()?;
-            let hi = ip >> 32;
-            if hi == 0 {
-                self.put_hex(ip);
-            } else {
-                if hi != hi_of {
-                    hi_of = hi;
-                    hi_n = hex_digits(hi);
-                    hi_digits = hex8(hi as u32) >> (8 * (8 - hi_n));
+            let fit = ((self.buf.len() - self.pos) / LINE_MAX).min(rest.len());
+            let (group, tail) = rest.split_at(fit);
+            rest = tail;
+            let buf = &mut self.buf[..];
+            let mut p = self.pos;
+            for &len in group {
+                let hi = ip >> 32;
+                if hi == 0 {
+                    let n = hex_digits(ip);
+                    buf[p..p + 2].copy_from_slice(b"0x");
+                    let digits = hex8(ip as u32) >> (8 * (8 - n));
+                    buf[p + 2..p + 10].copy_from_slice(&digits.to_le_bytes());
+                    p += 2 + n;
+                } else {
+                    if hi != hi_of {
+                        hi_of = hi;
+                        hi_n = hex_digits(hi);
+                        hi_digits = hex8(hi as u32) >> (8 * (8 - hi_n));
+                    }
+                    buf[p..p + 2].copy_from_slice(b"0x");
+                    buf[p + 2..p + 10].copy_from_slice(&hi_digits.to_le_bytes());
+                    let q = p + 2 + hi_n;
+                    buf[q..q + 8].copy_from_slice(&hex8(ip as u32).to_le_bytes());
+                    p = q + 8;
                 }
-                let p = self.pos;
-                self.buf[p..p + 2].copy_from_slice(b"0x");
-                self.buf[p + 2..p + 10].copy_from_slice(&hi_digits.to_le_bytes());
-                let q = p + 2 + hi_n;
-                self.buf[q..q + 8].copy_from_slice(&hex8(ip as u32).to_le_bytes());
-                self.pos = q + 8;
+                buf[p] = b'\n';
+                p += 1;
+                ip = ip.wrapping_add(len as u64);
             }
-            self.buf[self.pos] = b'\n';
-            self.pos += 1;
-            ip = ip.wrapping_add(len as u64);
+            self.pos = p;
         }
         Ok(())
     }
