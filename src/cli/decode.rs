@@ -590,13 +590,7 @@ fn decode_stream<W: Write>(
             },
             BlockItem::Block(b) => match args.format {
                 Format::Ips => out.ip_lines(b.start, b.lens())?,
-                Format::IpsBin => {
-                    let mut ip = b.start;
-                    for &len in b.lens() {
-                        out.ip_bin(ip)?;
-                        ip = ip.wrapping_add(len as u64);
-                    }
-                }
+                Format::IpsBin => out.ip_bins(b.start, b.lens())?,
                 Format::Blocks => out.block_line(b.start, b.end, b.count, b.class.name())?,
                 Format::Json => {
                     for i in b.insns() {

@@ -178,12 +178,24 @@ impl<W: Write> Out<W> {
         Ok(())
     }
 
-    /// One address as a little-endian u64 (the `ips-bin` format).
-    #[inline(always)]
-    pub(crate) fn ip_bin(&mut self, ip: u64) -> io::Result<()> {
-        self.room()?;
-        self.buf[self.pos..self.pos + 8].copy_from_slice(&ip.to_le_bytes());
-        self.pos += 8;
+    /// The addresses of a run of instructions as little-endian u64s (the `ips-bin` format),
+    /// in groups that fit the buffer as in [`Out::ip_lines`].
+    #[inline]
+    pub(crate) fn ip_bins(&mut self, start: u64, lens: &[u8]) -> io::Result<()> {
+        let mut ip = start;
+        let mut rest = lens;
+        while !rest.is_empty() {
+            self.room()?;
+            let fit = ((self.buf.len() - self.pos) / 8).min(rest.len());
+            let (group, tail) = rest.split_at(fit);
+            rest = tail;
+            let out = &mut self.buf[self.pos..self.pos + 8 * fit];
+            for (slot, &len) in out.chunks_exact_mut(8).zip(group) {
+                slot.copy_from_slice(&ip.to_le_bytes());
+                ip = ip.wrapping_add(len as u64);
+            }
+            self.pos += 8 * fit;
+        }
         Ok(())
     }
 
@@ -266,13 +278,17 @@ impl<W: Write> Write for Out<W> {
 mod tests {
     use super::*;
 
-    fn run(f: impl FnOnce(&mut Out<&mut Vec<u8>>)) -> String {
+    fn run_bytes(f: impl FnOnce(&mut Out<&mut Vec<u8>>)) -> Vec<u8> {
         let mut v = Vec::new();
         let mut o = Out::new(&mut v);
         f(&mut o);
         o.flush().unwrap();
         drop(o);
-        String::from_utf8(v).unwrap()
+        v
+    }
+
+    fn run(f: impl FnOnce(&mut Out<&mut Vec<u8>>)) -> String {
+        String::from_utf8(run_bytes(f)).unwrap()
     }
 
     #[test]
@@ -296,8 +312,9 @@ mod tests {
             x ^= x << 17;
             vals.push(x >> (x % 64));
         }
-        let got = run(|o| {
+        let got = run_bytes(|o| {
             for &v in &vals {
+                o.ip_bins(v, &[1]).unwrap();
                 o.ip_lines(v, &[1]).unwrap();
                 o.padded_ip_and(v, b" ").unwrap();
                 o.room().unwrap();
@@ -305,9 +322,13 @@ mod tests {
                 o.bytes(b"\n").unwrap();
             }
         });
-        let want: String = vals
+        let want: Vec<u8> = vals
             .iter()
-            .map(|v| format!("{v:#x}\n{v:#018x} {v}\n"))
+            .flat_map(|v| {
+                let mut line = v.to_le_bytes().to_vec();
+                line.extend_from_slice(format!("{v:#x}\n{v:#018x} {v}\n").as_bytes());
+                line
+            })
             .collect();
         assert_eq!(got, want);
     }
