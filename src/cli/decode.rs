@@ -10,6 +10,13 @@
 //! * `calls`: the function-call history as an indented tree (like GDB's
 //!   `record function-call-history`).
 //! * `json`: one JSON object per line (`{"ip":…}` or `{"event":…}`).
+//! * `ips-bin`: for tools: every executed instruction address as a little-endian u64 (8 bytes
+//!   per instruction, nothing else: no events, no header). Errors still go to stderr as
+//!   `[error: …]` lines and set exit status 2.
+//!
+//! Output is formatted by hand into a 256 KiB buffer (`super::output`), and start-up does only
+//! what the format needs: symbol tables are read for `insn` and `calls` only, the disassembler
+//! is set up for `insn` only.
 //!
 //! Code images: `--raw` and `--elf` as in ptxed; with `--perf`, also the perf.data file's own
 //! `MMAP`/`MMAP2` records (see `ptrewind::image::perf_maps`): each AUX stream gets the mappings of
@@ -31,6 +38,7 @@
 //! complete: errors are lines in the stream), 1 when the inputs could not be read.
 
 use super::CmdResult;
+use super::output::Out;
 use ptrewind::flow::{
     BlockItem, Cpu, Errata, Event, EventKind, FlowConfig, FlowDecoder, InsnClass,
 };
@@ -43,6 +51,7 @@ use ptrewind::store::TraceFile;
 use ptrewind::store::perf_data::PerfData;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{IsTerminal, Write};
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -60,6 +69,15 @@ pub enum Format {
     Calls,
     /// One JSON object per line.
     Json,
+    /// Every instruction address as a little-endian u64, nothing else (for tools).
+    IpsBin,
+}
+
+impl Format {
+    /// Whether the format prints symbols (only then are symbol tables read).
+    fn needs_symbols(self) -> bool {
+        matches!(self, Format::Insn | Format::Calls)
+    }
 }
 
 /// The code-image options `decode` and `replay` share.
@@ -182,8 +200,15 @@ pub fn run(args: DecodeArgs) -> CmdResult {
             cfg.timing.max_nonturbo_ratio = m as u8;
         }
     }
+    // Our own buffer does the batching: the writes go to a duplicate of the stdout descriptor,
+    // past std's line-buffered `Stdout`, which would scan every 256 KiB chunk for its last
+    // newline (the whole chunk for `ips-bin`). Nothing else writes to stdout meanwhile.
     let stdout = std::io::stdout();
-    let mut out = std::io::BufWriter::with_capacity(1 << 16, stdout.lock());
+    let lock = stdout.lock();
+    let mut out = match lock.as_fd().try_clone_to_owned() {
+        Ok(fd) => Out::new(Sink::File(std::fs::File::from(fd))),
+        Err(_) => Out::new(Sink::Std(lock)),
+    };
     if args.stats {
         let names = errata.names();
         match cpu {
@@ -232,8 +257,15 @@ pub fn run(args: DecodeArgs) -> CmdResult {
             }
         }
         if let std::collections::hash_map::Entry::Vacant(slot) = images.entry(pid) {
-            let (image, syms, missing) =
-                build_image(&args.image, sideband.as_ref(), pid, &given, &given_elfs)?;
+            let symbols = args.format.needs_symbols() && !args.stats;
+            let (image, syms, missing) = build_image_with(
+                &args.image,
+                sideband.as_ref(),
+                pid,
+                &given,
+                &given_elfs,
+                symbols,
+            )?;
             any_missing |= report_missing(&missing, pid, sideband.as_ref(), &mut reported);
             if args.stats {
                 writeln!(
@@ -248,7 +280,7 @@ pub fn run(args: DecodeArgs) -> CmdResult {
             slot.insert((image, syms));
         }
         let (image, syms) = &images[&pid];
-        if many && !args.stats {
+        if many && !args.stats && args.format != Format::IpsBin {
             writeln!(out, "[stream {}]", stream.label)?;
         }
         let r = decode_stream(&stream.data, image, syms, cfg.clone(), &args, &mut out);
@@ -278,6 +310,29 @@ pub fn run(args: DecodeArgs) -> CmdResult {
     })
 }
 
+/// Where `decode` writes: a duplicate of the stdout descriptor, or `Stdout` itself if that
+/// could not be made.
+enum Sink<'a> {
+    File(std::fs::File),
+    Std(std::io::StdoutLock<'a>),
+}
+
+impl Write for Sink<'_> {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Sink::File(f) => f.write(b),
+            Sink::Std(s) => s.write(b),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Sink::File(f) => f.flush(),
+            Sink::Std(s) => s.flush(),
+        }
+    }
+}
+
 /// The `--raw` sections and `--elf` files of the command line (mapped over the perf.data
 /// mappings by [`build_image`]).
 pub(crate) fn given_images(
@@ -305,6 +360,19 @@ pub(crate) fn build_image(
     given: &[Section],
     given_elfs: &[LoadedElf],
 ) -> Result<(Image, Symbolizer, Vec<MissingImage>), ptrewind::image::ImageError> {
+    build_image_with(args, sideband, pid, given, given_elfs, true)
+}
+
+/// [`build_image`], reading the ELF symbol tables only when `symbols` is set (an empty
+/// [`Symbolizer`] otherwise: formats that print no symbols skip that start-up cost).
+pub(crate) fn build_image_with(
+    args: &ImageArgs,
+    sideband: Option<&PerfSideband>,
+    pid: Option<u32>,
+    given: &[Section],
+    given_elfs: &[LoadedElf],
+    symbols: bool,
+) -> Result<(Image, Symbolizer, Vec<MissingImage>), ptrewind::image::ImageError> {
     let mut syms = Symbolizer::new();
     let (mut image, missing) = match sideband {
         Some(sb) => {
@@ -316,7 +384,7 @@ pub(crate) fn build_image(
                 ..MmapOptions::default()
             };
             let m = Image::from_mmaps(&sb.mmaps, &opts);
-            for elf in &m.elfs {
+            for elf in m.elfs.iter().filter(|_| symbols) {
                 // Symbols are a convenience: an ELF without a usable symbol table still decodes.
                 let _ = syms.add_elf(elf);
             }
@@ -327,7 +395,7 @@ pub(crate) fn build_image(
     for s in given {
         image.add(s.clone())?;
     }
-    for elf in given_elfs {
+    for elf in given_elfs.iter().filter(|_| symbols) {
         let _ = syms.add_elf(elf);
     }
     Ok((image, syms, missing))
@@ -456,13 +524,13 @@ fn sym_of(syms: &Symbolizer, ip: u64) -> String {
     }
 }
 
-fn decode_stream(
+fn decode_stream<W: Write>(
     pt: &[u8],
     image: &Image,
     syms: &Symbolizer,
     cfg: FlowConfig,
     args: &DecodeArgs,
-    out: &mut impl Write,
+    out: &mut Out<W>,
 ) -> std::io::Result<u64> {
     let started = Instant::now();
     let mut dec = FlowDecoder::new(pt, image, cfg);
@@ -481,8 +549,9 @@ fn decode_stream(
         pending: true,
         seq: 0,
     };
-    let mut formatter = iced_x86::IntelFormatter::new();
-    let mut text = String::new();
+    // Only `insn` disassembles: its formatter (whose tables take a while to set up) and the
+    // per-instruction text cache are made on first use.
+    let mut insn_text: Option<InsnText> = None;
     let mut n = 0u64;
     loop {
         if let Some(b) = &bar {
@@ -511,50 +580,27 @@ fn decode_stream(
                         calls.pending = true;
                     }
                 }
+                // The binary format carries addresses only; an error must still be seen.
+                Format::IpsBin => {
+                    if matches!(e.kind, EventKind::Error { .. }) {
+                        eprintln!("{}", event_line(&e));
+                    }
+                }
                 _ => writeln!(out, "{}", event_line(&e))?,
             },
             BlockItem::Block(b) => match args.format {
-                Format::Ips => {
-                    for i in b.insns() {
-                        writeln!(out, "{:#x}", i.ip)?;
-                    }
-                }
-                Format::Blocks => writeln!(
-                    out,
-                    "{:#x}..{:#x} {} {}",
-                    b.start,
-                    b.end,
-                    b.count,
-                    b.class.name()
-                )?,
+                Format::Ips => out.ip_lines(b.start, b.lens())?,
+                Format::IpsBin => out.ip_bins(b.start, b.lens())?,
+                Format::Blocks => out.block_line(b.start, b.end, b.count, b.class.name())?,
                 Format::Json => {
                     for i in b.insns() {
-                        writeln!(
-                            out,
-                            "{}",
-                            serde_json::json!({
-                                "ip": format!("{:#x}", i.ip),
-                                "len": i.len,
-                                "class": i.class.name(),
-                                "time": i.time,
-                            })
-                        )?;
+                        out.json_insn(i.ip, i.len, i.class.name(), i.time)?;
                     }
                 }
                 Format::Insn => {
+                    let text = insn_text.get_or_insert_with(InsnText::new);
                     for i in b.insns() {
-                        let mut bytes = [0u8; 16];
-                        let got = image.read(i.ip, &mut bytes[..i.len as usize]);
-                        let mut d = iced_x86::Decoder::with_ip(
-                            ptrewind_bits(i.mode),
-                            &bytes[..got],
-                            i.ip,
-                            iced_x86::DecoderOptions::NONE,
-                        );
-                        let ins = d.decode();
-                        text.clear();
-                        iced_x86::Formatter::format(&mut formatter, &ins, &mut text);
-                        writeln!(out, "{:#018x}  {:<32} {}", i.ip, sym_of(syms, i.ip), text)?;
+                        out.padded_ip_and(i.ip, text.rest_of_line(image, syms, &i))?;
                     }
                 }
                 Format::Calls => {
@@ -605,6 +651,57 @@ fn decode_stream(
         )?;
     }
     Ok(s.errors)
+}
+
+/// The `insn` format's text after the address, per instruction: disassembling and looking up
+/// the symbol again for every execution of a hot loop would cost far more than decoding it.
+struct InsnText {
+    formatter: iced_x86::IntelFormatter,
+    /// (ip, length, mode) -> "  symbol+off<pad> disassembly\n".
+    cache: HashMap<(u64, u8, u8), Box<[u8]>>,
+    text: String,
+}
+
+impl InsnText {
+    /// Entries kept before the cache is cleared (bounds memory on huge code footprints).
+    const LIMIT: usize = 1 << 20;
+
+    fn new() -> Self {
+        InsnText {
+            formatter: iced_x86::IntelFormatter::new(),
+            cache: HashMap::new(),
+            text: String::new(),
+        }
+    }
+
+    fn rest_of_line(
+        &mut self,
+        image: &Image,
+        syms: &Symbolizer,
+        i: &ptrewind::flow::Insn,
+    ) -> &[u8] {
+        let key = (i.ip, i.len, mode_bits(i.mode) as u8);
+        if !self.cache.contains_key(&key) {
+            if self.cache.len() >= Self::LIMIT {
+                self.cache.clear();
+            }
+            let mut bytes = [0u8; 16];
+            let len = (i.len as usize).min(bytes.len());
+            let got = image.read(i.ip, &mut bytes[..len]);
+            let mut d = iced_x86::Decoder::with_ip(
+                ptrewind_bits(i.mode),
+                &bytes[..got],
+                i.ip,
+                iced_x86::DecoderOptions::NONE,
+            );
+            let ins = d.decode();
+            self.text.clear();
+            iced_x86::Formatter::format(&mut self.formatter, &ins, &mut self.text);
+            let line = format!("  {:<32} {}\n", sym_of(syms, i.ip), self.text);
+            self.cache.insert(key, line.into_bytes().into_boxed_slice());
+        }
+        self.cache.get(&key).map(|b| &b[..]).unwrap_or(b"\n")
+    }
 }
 
 /// The function name at `ip` (without offset), for the call tree.

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 pub mod attach;
 pub mod decode;
 pub mod dump;
+mod output;
 pub mod record;
 pub mod replay;
 

@@ -229,13 +229,30 @@ impl FileCache {
 }
 
 /// Reads a whole file into a shared buffer.
+///
+/// A regular file is read straight into the shared buffer: going through a `Vec` and
+/// `Arc::from` would copy (and page-fault) every byte twice, which for a libc-sized image is
+/// most of `ptrewind decode`'s start-up. Anything else (a pipe, a file that changes size while
+/// it is read) goes through `std::fs::read`.
 pub fn read_file(path: &Path) -> Result<SectionBytes, LoadError> {
-    std::fs::read(path)
-        .map(SectionBytes::from)
-        .map_err(|source| LoadError::Io {
-            path: path.to_path_buf(),
-            source,
-        })
+    use std::io::Read;
+    let io = |source| LoadError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut file = std::fs::File::open(path).map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    if let (true, Ok(len)) = (meta.is_file(), usize::try_from(meta.len())) {
+        let mut bytes: SectionBytes = std::iter::repeat_n(0u8, len).collect();
+        if let Some(buf) = Arc::get_mut(&mut bytes) {
+            let mut probe = [0u8; 1];
+            // The file must still end where its metadata said.
+            if file.read_exact(buf).is_ok() && matches!(file.read(&mut probe), Ok(0)) {
+                return Ok(bytes);
+            }
+        }
+    }
+    std::fs::read(path).map(SectionBytes::from).map_err(io)
 }
 
 /// The code of a traced process: sorted, non-overlapping sections.
