@@ -159,7 +159,7 @@ fn host_cpu() -> PtCpu {
 
 /// Runs `ptrewind record`.
 pub fn run(args: RecordArgs) -> CmdResult {
-    let (target, listener) = match start_recording(&args)? {
+    let (target, listener) = match start_recording(&args, false)? {
         Ok(v) => v,
         Err(code) => return Ok(code),
     };
@@ -168,9 +168,12 @@ pub fn run(args: RecordArgs) -> CmdResult {
 }
 
 /// Starts the program and its recording and binds the listener; `Err(code)` when the command
-/// must end with that exit code (the message was printed).
+/// must end with that exit code (the message was printed). `shared_terminal`: the program
+/// shares its terminal with the debugger (`ptrewind gdb`): the terminal's Ctrl-C is left to the
+/// debugger (see [`SpawnOptions::drop_terminal_interrupts`]).
 pub(crate) fn start_recording(
     args: &RecordArgs,
+    shared_terminal: bool,
 ) -> Result<
     Result<(RecordingTarget, TcpListener), ExitCode>,
     Box<dyn std::error::Error + Send + Sync>,
@@ -188,7 +191,7 @@ pub(crate) fn start_recording(
             "ptrewind: recording with hardware Intel PT (perf intel_pt PMU type {})",
             caps.pmu_type
         );
-        return start_hardware_recording(args, program, prog_args);
+        return start_hardware_recording(args, program, prog_args, shared_terminal);
     }
     let mut ring = RingConfig::default();
     if let Some(b) = &args.buffer {
@@ -206,6 +209,7 @@ pub(crate) fn start_recording(
     let listener = bind(args.listen)?;
     let options = SpawnOptions {
         disable_aslr: !args.keep_aslr,
+        drop_terminal_interrupts: shared_terminal,
     };
     let target = PtraceTarget::spawn(program, prog_args, &options)?;
     let config = RecorderConfig {
@@ -232,6 +236,7 @@ fn start_hardware_recording(
     args: &RecordArgs,
     program: &OsString,
     prog_args: &[OsString],
+    shared_terminal: bool,
 ) -> Result<
     Result<(RecordingTarget, TcpListener), ExitCode>,
     Box<dyn std::error::Error + Send + Sync>,
@@ -258,6 +263,7 @@ fn start_hardware_recording(
     let listener = bind(args.listen)?;
     let options = SpawnOptions {
         disable_aslr: !args.keep_aslr,
+        drop_terminal_interrupts: shared_terminal,
     };
     let mut target = PtraceTarget::spawn(program, prog_args, &options)?;
     let pid = ptrewind::target::Target::pid(&target);
@@ -449,7 +455,11 @@ const GDB_SCRIPT: &str = include_str!("../../gdb-scripts/ptrewind.py");
 /// Runs `ptrewind gdb`: records the program and runs GDB connected to the recording (like
 /// `rr replay`). GDB is executed directly, never through a shell.
 pub fn run_gdb(args: GdbArgs) -> CmdResult {
-    let (target, listener) = match start_recording(&args.record)? {
+    // A Ctrl-C typed in GDB's terminal goes to the whole foreground process group: GDB, which
+    // interrupts the program through the protocol (`\x03`), ptrewind, which used to die of it
+    // (GDB then lost the connection) and now ignores it (below), and the program, whose copy
+    // the target drops (the program keeps the terminal for its own input and output).
+    let (target, listener) = match start_recording(&args.record, true)? {
         Ok(v) => v,
         Err(code) => return Ok(code),
     };
@@ -478,6 +488,17 @@ pub fn run_gdb(args: GdbArgs) -> CmdResult {
         let _ = std::fs::remove_file(&script);
         format!("cannot run {}: {e}", args.gdb.to_string_lossy())
     })?;
+    // Ignored only now: GDB and the program inherit SIGINT's default disposition. GDB handles
+    // the terminal's Ctrl-C itself; ptrewind ends when GDB ends.
+    // SAFETY: SIG_IGN installs no handler code, so no async-signal-safety question arises.
+    if let Err(e) = unsafe {
+        nix::sys::signal::signal(
+            nix::sys::signal::Signal::SIGINT,
+            nix::sys::signal::SigHandler::SigIgn,
+        )
+    } {
+        eprintln!("ptrewind: warning: cannot ignore SIGINT ({e}): Ctrl-C may end the session");
+    }
     // If GDB ends without connecting (a bad option, a failed `target remote`), the accept below
     // would wait forever: when GDB exits, poke the listener so the accept returns and the
     // session ends as "debugger disconnected" (after a normal session nobody listens any more
