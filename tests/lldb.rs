@@ -318,6 +318,119 @@ fn lldb_python_pt_commands() {
     );
 }
 
+/// A program whose calls and values say where a reverse command must stop.
+const REV_C: &str = r#"
+#include <stdio.h>
+int add(int a, int b) {
+    int s = a + b; /* ADD */
+    return s;
+}
+int twice(int x) {
+    int y = add(x, x); /* CALL */
+    return y; /* RET */
+}
+int main(void) {
+    int t = 0;
+    t += twice(1); /* FIRST */
+    t += twice(2); /* SECOND */
+    printf("t=%d\n", t); /* PRINT */
+    return t == 6 ? 0 : 1;
+}
+"#;
+
+/// `pt reverse-*` (gdb-scripts/ptrewind_lldb.py) in lldb-19, which has no reverse execution
+/// of its own: raw `bc`/`bs` packets, then LLDB's frame view is refreshed (the way CodeLLDB's
+/// reverse buttons work). GDB is the reference: the same commands in GDB against another
+/// recording of the same program must stop at the same PCs, one after the other; LLDB's
+/// variables at the reverse-continue stops say which call of `add` it reached.
+#[test]
+fn lldb_pt_reverse_commands_stop_where_gdb_does() {
+    if !tools_ready(true) || !have("gdb") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile_source("gcc", dir.path(), "rev", REV_C, &["-g", "-O0"], &[]);
+    // REV_C starts with a newline: line N of the file is element N - 1.
+    let line = |marker: &str| {
+        REV_C
+            .lines()
+            .position(|l| l.contains(marker))
+            .expect("marker")
+            + 1
+    };
+    let steps = [
+        "reverse-stepi",
+        "reverse-next",
+        "reverse-next",
+        "reverse-step",
+        "reverse-step",
+        "reverse-finish",
+        "continue",
+        "break add",
+        "reverse-continue",
+        "reverse-continue",
+        "reverse-finish",
+        "reverse-continue",
+    ];
+    // GDB: the PC after each command.
+    let mut gdb_cmds = vec![format!("break {}", line("PRINT")), "continue".into()];
+    for s in steps {
+        gdb_cmds.push(s.to_string());
+        gdb_cmds.push("printf \"PC %lx\\n\", $pc".into());
+    }
+    let g = support::gdb::gdb_session(record(&exe, &[]), &exe, &gdb_cmds, Duration::from_secs(120));
+    let gdb_pcs = g.tagged("PC");
+    // LLDB: the same commands through `pt`, and LLDB's own registers afterwards.
+    let mut cmds = vec![
+        format!("command script import {}", lldb_script().display()),
+        format!("breakpoint set -l {}", line("PRINT")),
+        "continue".into(),
+    ];
+    for s in steps {
+        cmds.push(match s {
+            "continue" => "continue".into(),
+            "break add" => "breakpoint set -n add".into(),
+            other => format!("pt {other}"),
+        });
+        cmds.push("register read rip".into());
+        if s == "reverse-continue" {
+            cmds.push("frame variable a".into());
+        }
+    }
+    cmds.push("process kill".into());
+    let run = run_lldb(&exe, &[], &cmds);
+    let (out, ctx) = (&run.stdout, &run.ctx);
+    let lldb_pcs: Vec<String> = out
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("rip = 0x"))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(|h| format!("{:x}", u64::from_str_radix(h, 16).unwrap()))
+        .collect();
+    assert_eq!(gdb_pcs.len(), steps.len(), "{}", g.dump());
+    assert_eq!(lldb_pcs.len(), steps.len(), "{ctx}");
+    // All but the last: at the start of the history there is no instruction to step back to
+    // for the refresh, and LLDB keeps its last view (the helper says so, checked below).
+    let n = steps.len() - 1;
+    assert_eq!(
+        lldb_pcs[..n],
+        gdb_pcs[..n],
+        "LLDB and GDB stop apart\n{ctx}\n{}",
+        g.dump()
+    );
+    // The two reverse-continue stops in add: add(2, 2) first, then add(1, 1).
+    let values: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("(int) a = "))
+        .collect();
+    assert_eq!(values[..2], ["2", "1"], "{ctx}");
+    // The last reverse-continue meets the start of the history (GDB: its usual message).
+    g.expect("No more reverse-execution history.");
+    assert!(
+        out.contains("reached the start of the recorded history"),
+        "{ctx}"
+    );
+}
+
 /// LLDB's Intel PT plug-in decodes the live recording (served over jLLDBTrace*) with its own
 /// libipt; the instruction stream must agree with ptrewind's history: same number of
 /// instructions as `pt stats` reports, every branch of `monitor history` present at its
