@@ -137,13 +137,17 @@ class _Reverse(object):
                 "the frame of its last stop (see `pt where`)"
             )
             return False
+        self.forward1()
+        return True
+
+    def forward1(self):
+        """LLDB's own one-instruction step forward."""
         interp = self.debugger.GetCommandInterpreter()
         r = lldb.SBCommandReturnObject()
         interp.HandleCommand("thread step-inst", r)
         if not r.Succeeded():
             raise RuntimeError(r.GetError() or "stepi failed")
         self.thread = self.process.GetSelectedThread()
-        return True
 
     def back1(self):
         """One instruction back, LLDB refreshed; False at the start of the history."""
@@ -154,7 +158,10 @@ class _Reverse(object):
         return self.refresh()
 
     def stepi(self):
-        if self.back1():
+        self.raw("bs")
+        if self.at_boundary:
+            self.result.AppendMessage("ptrewind: at the start of the recorded history")
+        elif self.refresh():
             self.show()
 
     def cont(self):
@@ -236,6 +243,10 @@ class _Reverse(object):
 
 def _reverse(debugger, sub, result):
     r = _Reverse(debugger, result)
+    # Front ends (lldb-dap, CodeLLDB) run LLDB asynchronously: a `thread step-inst` would
+    # return before the stop. The moves are made synchronously and the mode restored.
+    was_async = debugger.GetAsync()
+    debugger.SetAsync(False)
     try:
         if sub == "reverse-stepi":
             r.stepi()
@@ -247,6 +258,8 @@ def _reverse(debugger, sub, result):
             r.line(into=(sub == "reverse-step"))
     except RuntimeError as e:
         result.SetError("pt %s: %s" % (sub, e))
+    finally:
+        debugger.SetAsync(was_async)
 
 
 def pt(debugger, command, result, internal_dict):

@@ -722,5 +722,185 @@ fn docs_json_snippets_parse() {
             rest = &body[end..];
         }
     }
-    assert_eq!(parsed, 2, "expected the cppdbg and CodeLLDB configurations");
+    assert_eq!(
+        parsed, 3,
+        "expected the cppdbg, CodeLLDB and lldb-dap configurations"
+    );
+}
+
+/// A Debug Adapter Protocol client for `lldb-dap-19` over its stdin/stdout.
+struct Dap {
+    child: std::process::Child,
+    rx: std::sync::mpsc::Receiver<serde_json::Value>,
+    seq: u64,
+    /// Every message received, for failure reports.
+    log: Vec<serde_json::Value>,
+}
+
+impl Dap {
+    fn start() -> Dap {
+        use std::io::BufRead;
+        let mut child = Command::new("lldb-dap-19")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("run lldb-dap-19");
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut r = std::io::BufReader::new(out);
+            loop {
+                let mut len = None;
+                loop {
+                    let mut line = String::new();
+                    if r.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let line = line.trim_end();
+                    if line.is_empty() {
+                        break;
+                    }
+                    if let Some(n) = line.strip_prefix("Content-Length: ") {
+                        len = n.parse::<usize>().ok();
+                    }
+                }
+                let mut body = vec![0; len.expect("Content-Length")];
+                if r.read_exact(&mut body).is_err() {
+                    return;
+                }
+                if tx
+                    .send(serde_json::from_slice(&body).expect("DAP JSON"))
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        });
+        Dap {
+            child,
+            rx,
+            seq: 0,
+            log: Vec::new(),
+        }
+    }
+
+    fn send(&mut self, command: &str, arguments: serde_json::Value) -> u64 {
+        self.seq += 1;
+        let msg = serde_json::json!({
+            "seq": self.seq, "type": "request", "command": command, "arguments": arguments
+        });
+        let body = msg.to_string();
+        let stdin = self.child.stdin.as_mut().unwrap();
+        write!(stdin, "Content-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+        stdin.flush().unwrap();
+        self.seq
+    }
+
+    /// The next message satisfying `pred` (60 s at most).
+    fn wait(&mut self, what: &str, pred: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Ok(m) = self.rx.recv_timeout(left) else {
+                let _ = self.child.kill();
+                panic!("lldb-dap: no {what}; got:\n{:#?}", self.log);
+            };
+            self.log.push(m.clone());
+            if pred(&m) {
+                return m;
+            }
+        }
+    }
+
+    fn response(&mut self, seq: u64) -> serde_json::Value {
+        let m = self.wait(&format!("response to {seq}"), |m| {
+            m["type"] == "response" && m["request_seq"] == seq
+        });
+        assert_eq!(m["success"], true, "request {seq} failed: {m}");
+        m
+    }
+
+    fn event(&mut self, name: &str) -> serde_json::Value {
+        self.wait(name, |m| m["type"] == "event" && m["event"] == name)
+    }
+
+    fn top_line(&mut self, tid: &serde_json::Value) -> u64 {
+        let s = self.send("stackTrace", serde_json::json!({ "threadId": tid }));
+        let r = self.response(s);
+        r["body"]["stackFrames"][0]["line"]
+            .as_u64()
+            .expect("a frame line")
+    }
+}
+
+/// The lldb-dap-19 recipe of docs/vscode.md, run for real: `attach` with `gdb-remote-port`
+/// to `ptrewind record`, a source breakpoint, the stop reported to the client, then
+/// `pt reverse-next` typed in the debug console (a backquote makes it an LLDB command) and
+/// the client's next `stackTrace` shows the earlier line.
+#[test]
+fn lldb_dap_attach_with_gdb_remote_port_and_reverse_next() {
+    if !tools_ready(true) || !have("lldb-dap-19") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile_source("gcc", dir.path(), "rev", REV_C, &["-g", "-O0"], &[]);
+    let line = |marker: &str| REV_C.lines().position(|l| l.contains(marker)).unwrap() + 1;
+    let server = record(&exe, &[]);
+    let mut dap = Dap::start();
+    let s = dap.send(
+        "initialize",
+        serde_json::json!({"adapterID": "lldb", "clientID": "ptrewind-test",
+            "linesStartAt1": true, "columnsStartAt1": true, "pathFormat": "path"}),
+    );
+    dap.response(s);
+    // The configuration docs/lldb.md gives, with the workspace and port filled in.
+    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/lldb.md"))
+        .unwrap();
+    let start = doc
+        .find("```json\n{\n  \"name\": \"ptrewind (lldb-dap)\"")
+        .expect("lldb-dap config in docs/lldb.md")
+        + 8;
+    let end = start + doc[start..].find("```").unwrap();
+    let root = env!("CARGO_MANIFEST_DIR");
+    let text = doc[start..end]
+        .replace("${workspaceFolder}/build/prog", &exe.to_string_lossy())
+        .replace("${workspaceFolder}", root)
+        .replace("2345", &server.port.to_string());
+    let mut config: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(config["type"], "lldb-dap");
+    assert_eq!(config["request"], "attach");
+    let args = config.as_object_mut().unwrap();
+    args.remove("type");
+    args.remove("request");
+    args.remove("name");
+    let s = dap.send("attach", config);
+    dap.response(s);
+    dap.event("initialized");
+    let s = dap.send(
+        "setBreakpoints",
+        serde_json::json!({"source": {"path": dir.path().join("rev.c")},
+            "breakpoints": [{"line": line("PRINT")}]}),
+    );
+    let r = dap.response(s);
+    assert_eq!(r["body"]["breakpoints"][0]["verified"], true, "{r}");
+    let s = dap.send("configurationDone", serde_json::json!({}));
+    dap.response(s);
+    let stop = dap.event("stopped");
+    assert_eq!(stop["body"]["reason"], "breakpoint", "{stop}");
+    let tid = stop["body"]["threadId"].clone();
+    assert_eq!(dap.top_line(&tid), line("PRINT") as u64);
+    let s = dap.send(
+        "evaluate",
+        serde_json::json!({"expression": "`pt reverse-next", "context": "repl"}),
+    );
+    let r = dap.response(s);
+    let text = r["body"]["result"].as_str().unwrap_or_default().to_string();
+    assert!(text.contains("rev.c:"), "{r}");
+    assert_eq!(dap.top_line(&tid), line("SECOND") as u64, "{:#?}", dap.log);
+    let s = dap.send("disconnect", serde_json::json!({"terminateDebuggee": true}));
+    dap.response(s);
+    let _ = wait_until(&mut dap.child, Instant::now() + Duration::from_secs(30));
+    let log = finish(server);
+    assert!(log.contains("killed"), "{log}");
 }
