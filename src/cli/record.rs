@@ -179,6 +179,11 @@ pub(crate) fn start_recording(
     Box<dyn std::error::Error + Send + Sync>,
 > {
     check_listen_addr(args.listen, args.allow_remote)?;
+    if let Some(program) = args.command.first()
+        && let Some(note) = check_program(program)?
+    {
+        eprintln!("ptrewind: note: {note}");
+    }
     let chosen = match choose_backend(args.backend) {
         Ok(c) => c,
         Err(code) => return Ok(Err(code)),
@@ -186,6 +191,7 @@ pub(crate) fn start_recording(
     let Some((program, prog_args)) = args.command.split_first() else {
         return Err("no program given".into());
     };
+
     if let Chosen::Pt(caps) = chosen {
         eprintln!(
             "ptrewind: recording with hardware Intel PT (perf intel_pt PMU type {})",
@@ -228,6 +234,61 @@ pub(crate) fn start_recording(
         SoftRecorder::new(target, config).map_err(|e| format!("cannot start recording: {e}"))?;
     let target = RecordingTarget::new(recorder)?;
     Ok(Ok((target, listener)))
+}
+
+/// Where `program` is found: as given if it contains a `/`, otherwise the first executable
+/// regular file of that name in `$PATH` (as `execvp` searches).
+fn find_program(program: &std::ffi::OsStr) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let p = std::path::Path::new(program);
+    if program.as_encoded_bytes().contains(&b'/') {
+        return Some(p.to_path_buf());
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(p))
+        .find(|c| {
+            std::fs::metadata(c).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
+/// Checks that `program` is something ptrewind can record before starting it: an ELF file, or
+/// a `#!` script (the interpreter is what runs and is recorded: the returned note says so).
+/// Anything else is an error: `execvp` would silently run it with `/bin/sh`, and the recording
+/// would be of the shell. A program that cannot be found is left to the start to report.
+fn check_program(program: &std::ffi::OsStr) -> Result<Option<String>, String> {
+    use std::io::Read;
+    let Some(path) = find_program(program) else {
+        return Ok(None);
+    };
+    let mut head = Vec::with_capacity(256);
+    match std::fs::File::open(&path) {
+        Ok(f) => {
+            if let Err(e) = f.take(256).read_to_end(&mut head) {
+                return Err(format!("cannot read {}: {e}", path.display()));
+            }
+        }
+        // Not readable (or gone): the start reports it.
+        Err(_) => return Ok(None),
+    }
+    if head.starts_with(b"\x7fELF") {
+        return Ok(None);
+    }
+    if let Some(rest) = head.strip_prefix(b"#!") {
+        let line = rest.split(|&b| b == b'\n').next().unwrap_or_default();
+        let line = String::from_utf8_lossy(line);
+        let interp = line.trim();
+        return Ok(Some(format!(
+            "{} is a script: the kernel runs its interpreter `{interp}`, and that interpreter is \
+             what is recorded (its instructions, not the script's lines)",
+            path.display()
+        )));
+    }
+    Err(format!(
+        "{} is not an ELF executable (nor a `#!` script): there is no program to record (the \
+         system would run it with /bin/sh)",
+        path.display()
+    ))
 }
 
 /// `--backend pt`: runs the program to the configured start under ptrace, opens the
@@ -301,6 +362,9 @@ fn start_hardware_recording(
 pub(crate) enum Served {
     /// Started by us: killed when the debugger leaves.
     Started,
+    /// Started by us for the GDB we run in the same terminal (`ptrewind gdb`): as `Started`,
+    /// but warnings go only to GDB's console (printing them on stderr too showed them twice).
+    StartedForGdb,
     /// Attached to: detached (left running) when the debugger leaves.
     Attached,
     /// A recording replayed with no process.
@@ -310,7 +374,7 @@ pub(crate) enum Served {
 impl Served {
     fn how(self) -> &'static str {
         match self {
-            Served::Started => "started",
+            Served::Started | Served::StartedForGdb => "started",
             Served::Attached => "attached to",
             Served::Replay => "replaying",
         }
@@ -395,7 +459,9 @@ pub(crate) fn serve_session(
     eprintln!("ptrewind: debugger connected from {peer}");
     session.set_attached(attached);
     let mut router = Router::default();
-    router.on_notice(|n| eprintln!("ptrewind: warning: {n}"));
+    if served != Served::StartedForGdb {
+        router.on_notice(|n| eprintln!("ptrewind: warning: {n}"));
+    }
     configure(&mut router);
     let outcome = router.serve(stream, &mut session)?;
     if served == Served::Replay {
@@ -508,7 +574,7 @@ pub fn run_gdb(args: GdbArgs) -> CmdResult {
         let _ = std::net::TcpStream::connect(addr);
         status
     });
-    let served = serve_recording(target, listener, Served::Started, &program);
+    let served = serve_recording(target, listener, Served::StartedForGdb, &program);
     let status = watcher
         .join()
         .map_err(|_| "the thread waiting for gdb panicked".to_string())?;

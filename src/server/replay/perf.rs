@@ -727,12 +727,9 @@ mod tests {
             .unwrap()
             .success();
         assert!(ok, "cc failed");
-        let mut ptrace = PtraceTarget::spawn(
-            &exe.clone().into_os_string(),
-            &[],
-            &SpawnOptions { disable_aslr: true },
-        )
-        .unwrap();
+        let mut ptrace =
+            PtraceTarget::spawn(&exe.clone().into_os_string(), &[], &SpawnOptions::default())
+                .unwrap();
         let start_regs = ptrace.read_registers().unwrap();
         let start = start_regs.pc();
         let cpu = StraightLineCpu {
