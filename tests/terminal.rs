@@ -219,3 +219,74 @@ fn ctrl_c_in_ptrewind_gdb_interrupts_and_the_session_goes_on() {
         "ptrewind did not end the session normally:\n{screen}"
     );
 }
+
+/// A long recording reports its progress on ptrewind's terminal (instructions, rate, trace
+/// bytes) every few seconds while the program runs, and says nothing when stderr is not a
+/// terminal (the same run with stderr piped).
+#[test]
+fn record_reports_progress_on_a_terminal_only() {
+    let tmux_ok = Command::new("tmux")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !tmux_ok || !have("gdb") {
+        eprintln!("skipped: tmux or gdb missing");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let src = "volatile unsigned long n;\nint main(void) { while (n < ~0ul) n++; return 0; }\n";
+    let prog = compile_source("cc", dir.path(), "loop", src, &["-g", "-O0"], &[]);
+    // Runs GDB against PORT: continue, and Ctrl-C (SIGINT to GDB) after `secs`.
+    fn drive(prog: &Path, port: u16, secs: u64) -> support::gdb::Finished {
+        let mut gdb = support::gdb::gdb_batch();
+        gdb.arg("-ex")
+            .arg(format!("target remote 127.0.0.1:{port}"))
+            .arg("-ex")
+            .arg("continue")
+            .arg(prog);
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        support::gdb::run_interrupting(&mut gdb, Duration::from_secs(60), || {
+            Instant::now() >= deadline
+        })
+    }
+    // A terminal: ptrewind record in a tmux pane, on a fixed free port.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let t = Tmux::start(&[
+        exe(),
+        "record",
+        "--backend",
+        "soft",
+        "--listen",
+        &listen,
+        "--",
+        prog.to_str().unwrap(),
+    ]);
+    t.wait_for(0, "listening on");
+    // Not a terminal: the same with stderr piped, at the same time.
+    let piped = support::gdb::Server::start(&prog, &[]);
+    let piped_port = piped.port;
+    let p = prog.clone();
+    let other = std::thread::spawn(move || drive(&p, piped_port, 7));
+    let g = drive(&prog, port, 7);
+    let _ = other.join();
+    assert!(g.status.is_some(), "gdb timed out: {}", g.stderr);
+    let screen = t.screen();
+    let line = screen
+        .lines()
+        .find(|l| l.starts_with("ptrewind: recording: "))
+        .unwrap_or_else(|| panic!("no progress line:\n{screen}"));
+    assert!(
+        line.contains(" instructions (") && line.contains("/s), ") && line.ends_with(" of trace"),
+        "{line}"
+    );
+    let mut child = piped.child;
+    let _ = support::gdb::wait_until(&mut child, Instant::now() + Duration::from_secs(30));
+    let err = piped.stderr.join().unwrap();
+    assert!(err.contains("debugger connected"), "{err}");
+    assert!(!err.contains("ptrewind: recording:"), "{err}");
+}

@@ -15,6 +15,7 @@ use ptrewind::server::{
 use ptrewind::target::{PtraceTarget, SpawnOptions};
 use ptrewind::timeline::Timeline;
 use std::ffi::OsString;
+use std::io::IsTerminal;
 use std::net::{SocketAddr, TcpListener};
 use std::process::ExitCode;
 
@@ -420,10 +421,99 @@ pub(crate) fn serve_recording(
         provider.attach(tid, store.clone());
         gdb_view.attach(tid, store);
     }
-    serve_session(session, listener, served, fallback_exe, |router| {
+    // Progress lines while the program runs and the recording grows, on a terminal only, and
+    // not when the terminal is GDB's (`ptrewind gdb`).
+    let progress =
+        (served != Served::StartedForGdb && std::io::stderr().is_terminal()).then(|| {
+            let t = target.shared();
+            let t = t.borrow();
+            Progress::start(t.progress_probe(), t.step_counter())
+        });
+    let r = serve_session(session, listener, served, fallback_exe, |router| {
         tracing::install_lldb(router, Box::new(provider));
         tracing::install_btrace(router, Box::new(gdb_view));
-    })
+    });
+    drop(progress);
+    r
+}
+
+/// How often the progress thread looks, and how long the recording must have grown without a
+/// pause before (and between) progress lines.
+const PROGRESS_TICK: std::time::Duration = std::time::Duration::from_millis(250);
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A thread printing `ptrewind: recording: N instructions (R/s), B of trace` every few seconds
+/// while the recording grows. Whole lines (no redrawn bar): the program writes to the same
+/// terminal. Stopped when dropped.
+struct Progress {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Progress {
+    fn start(
+        probe: ptrewind::history::WorkerProbe<ptrewind::store::live::TraceStore>,
+        steps: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
+    ) -> Self {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut last = (0, 0);
+            // (when the current run of growth began, instructions then, last line printed)
+            let mut run: Option<(std::time::Instant, u64, std::time::Instant)> = None;
+            while !flag.load(Ordering::Relaxed) {
+                std::thread::sleep(PROGRESS_TICK);
+                let s = probe.stats();
+                // The software backend counts its steps; otherwise the indexed history.
+                let insns = steps
+                    .as_ref()
+                    .map_or(s.insns, |c| c.load(Ordering::Relaxed));
+                let now = std::time::Instant::now();
+                if (insns, s.trace_bytes) == last {
+                    // Stopped (the debugger has it): the next run starts afresh.
+                    run = None;
+                    continue;
+                }
+                last = (insns, s.trace_bytes);
+                let (began, insns0, printed) = *run.get_or_insert((now, insns, now));
+                if now.duration_since(printed) >= PROGRESS_EVERY {
+                    let secs = now.duration_since(began).as_secs_f64().max(1e-3);
+                    let rate = (insns.saturating_sub(insns0)) as f64 / secs;
+                    eprintln!(
+                        "ptrewind: recording: {} instructions ({}/s), {} of trace",
+                        insns,
+                        human(rate),
+                        indicatif::HumanBytes(s.trace_bytes)
+                    );
+                    run = Some((began, insns0, now));
+                }
+            }
+        });
+        Progress {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// `1234567.0` as `1.2M`.
+fn human(x: f64) -> String {
+    match x {
+        x if x >= 1e9 => format!("{:.1}G", x / 1e9),
+        x if x >= 1e6 => format!("{:.1}M", x / 1e6),
+        x if x >= 1e3 => format!("{:.1}k", x / 1e3),
+        x => format!("{x:.0}"),
+    }
 }
 
 /// Binds the listening socket (after the loopback check done by the caller).

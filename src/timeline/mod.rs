@@ -343,6 +343,17 @@ impl Timeline {
         self.store.clone()
     }
 
+    /// The live backend's count of executed instructions, readable from another thread while
+    /// the process runs (progress displays); `None` offline or without one.
+    pub fn step_counter(&self) -> Option<std::sync::Arc<std::sync::atomic::AtomicU64>> {
+        self.live.as_ref()?.step_counter()
+    }
+
+    /// The history worker's counters, readable from another thread (progress displays).
+    pub fn progress_probe(&self) -> crate::history::WorkerProbe<TraceStore> {
+        self.worker.probe()
+    }
+
     fn live_mut(&mut self) -> TargetResult<&mut Box<dyn LiveBackend>> {
         self.live.as_mut().ok_or(TargetError::Unsupported(
             "no live process: this is a replay of a recording",
