@@ -590,6 +590,8 @@ impl<T: StepTarget> SoftRecorder<T> {
             return Ok(StepEvent::Exited(e));
         }
         let mut before = self.current_regs()?;
+        // The call a `restart_syscall` continues (its arguments are still in the registers).
+        let mut restarted_call = None;
         // Resumed without a signal, a stop inside an interrupted system call re-executes the
         // `syscall` before RIP (see the module docs): that is the instruction this step runs.
         if self.pending_signal.is_none()
@@ -599,7 +601,13 @@ impl<T: StepTarget> SoftRecorder<T> {
             && insn.nlip() == before.rip
         {
             self.stats.syscall_restarts += 1;
+            if restarted.rax == NR_RESTART_SYSCALL {
+                restarted_call = Some(before.orig_rax);
+            }
             before = restarted;
+        }
+        if let Some(log) = self.state_log.as_mut() {
+            log.set_restarted_call(restarted_call);
         }
         let ip = before.rip;
         // An undecodable or unreadable instruction still gets stepped: the CPU raises #UD or
