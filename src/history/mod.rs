@@ -43,7 +43,7 @@ use crate::packet::find_psb_backward;
 
 pub mod worker;
 
-pub use worker::{HistoryWorker, TraceView, WaitError, WorkerStats};
+pub use worker::{HistoryWorker, TraceView, WaitError, WorkerProbe, WorkerStats};
 
 /// A PSB the decoder synchronised at: decoding from `offset` yields the history from instruction
 /// number `insn` on.

@@ -166,11 +166,16 @@ pub fn register_monitors(registry: &mut MonitorRegistry, target: &RecordingTarge
     registry.register(
         "save",
         "save DIR: write the recording (trace, code, registers, manifest) to DIR",
-        move |_, a| {
+        move |t, a| {
             if a.trim().is_empty() {
                 return Err("usage: monitor save DIR".into());
             }
-            s.borrow_mut().save(std::path::Path::new(a.trim()))
+            // The loader's list as the debugger sees it now (read through the target, before
+            // the timeline is borrowed for saving); a replay serves it as saved.
+            let list = crate::server::svr4::read_library_list(&*t);
+            let xml = (!list.objects.is_empty() || list.main_lm != 0).then(|| list.to_xml());
+            s.borrow_mut()
+                .save(std::path::Path::new(a.trim()), xml.as_deref())
         },
     );
     let s = target.shared();
