@@ -26,3 +26,4 @@ pub mod ring;
 pub mod server;
 pub mod store;
 pub mod target;
+pub mod view;

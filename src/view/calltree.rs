@@ -1,0 +1,587 @@
+//! The call tree: which function ran, called from where, for how many instructions.
+//!
+//! [`Tracker`] follows one trace stream's blocks and events and keeps its call stack;
+//! [`CallTree`] aggregates every stack it saw (a trie of functions with instruction counts, the
+//! flame graph's data) and the tracker reports every frame it opens and closes to a
+//! [`CallSink`] (the timeline). Memory is bounded by the number of *distinct* call stacks and
+//! the stack depth (capped at [`MAX_DEPTH`]), never by the number of instructions or calls.
+//!
+//! # What a call is
+//!
+//! * A `CALL` (near or far), `SYSCALL`/`SYSENTER` or `INT n` whose next instruction is not the
+//!   one after it opens a frame for the function at the target (a `CALL` to the next
+//!   instruction, the position-independent-code idiom, is no call; a system call into an
+//!   untraced kernel resumes right after itself and is none either). The frame remembers its
+//!   return address.
+//! * A `RET` (near or far, `IRET`, `SYSRET`) closes frames up to and including the innermost one
+//!   whose return address is the return target, as perf's thread stack does; so a `longjmp`-like
+//!   return past several frames closes all of them. A return to an address no frame expects
+//!   closes the innermost frame only.
+//! * A return out of the outermost frame means the trace began inside a deeper function: the
+//!   function returned to becomes the new outermost frame, the old one its child (at most
+//!   [`MAX_OUTER`] times per segment; beyond that the old root is closed and the new one opened
+//!   beside it).
+//! * An unconditional `JMP` to the first instruction of another function (a symbol at offset 0)
+//!   is a tail call: the frame is closed and one for the new function opened in its place, with
+//!   the same return address (PLT stubs become the function they jump to).
+//! * An asynchronous branch (interrupt in traced code) opens a frame for its target whose return
+//!   address is the interrupted instruction.
+//! * Tracing disabled and enabled again (system calls, interrupts, filters) keeps the stack; a
+//!   call whose target is not traced opens a frame for the target when the disable names it,
+//!   closed when tracing resumes at its return address.
+//! * An overflow or a decode error loses the stack: every frame is closed and a new *segment*
+//!   begins at the next instruction.
+//!
+//! Instructions are attributed to the innermost frame: the `CALL` to the caller, the `RET` to
+//! the callee. A frame's instruction count is the number of instructions from its first to its
+//! return, inclusive of its callees'.
+
+use std::collections::HashMap;
+
+use crate::flow::{Event, EventKind, InsnClass};
+use crate::image::Symbolizer;
+
+/// The deepest call stack followed; deeper calls are counted in
+/// [`TrackSummary::depth_capped`] and their instructions go to the frame at this depth.
+pub const MAX_DEPTH: usize = 4096;
+
+/// How many times per segment a return out of the outermost frame makes the returned-to
+/// function its parent (the timeline reserves that many nanoseconds at each segment start).
+pub const MAX_OUTER: u32 = 16;
+
+/// An interned function: the symbol containing a call target, or the bare address when no
+/// symbol does.
+pub type FuncId = u32;
+
+/// The functions seen: name, entry address and the name as a JSON string (for the timeline).
+#[derive(Debug, Default, Clone)]
+pub struct Functions {
+    by_key: HashMap<u64, FuncId>,
+    /// ip → function, for targets already resolved.
+    by_ip: HashMap<u64, FuncId>,
+    names: Vec<String>,
+    keys: Vec<u64>,
+}
+
+impl Functions {
+    /// The function containing `ip` and whether `ip` is its first byte.
+    fn resolve(&mut self, symbols: &Symbolizer, ip: u64) -> FuncId {
+        if let Some(&f) = self.by_ip.get(&ip) {
+            return f;
+        }
+        let (key, name) = match symbols.symbol_info(ip) {
+            Some(s) => (s.addr, s.name.replace(';', ":")),
+            None => (ip, format!("{ip:#x}")),
+        };
+        let f = match self.by_key.get(&key) {
+            Some(&f) => f,
+            None => {
+                let f = self.names.len() as FuncId;
+                self.names.push(name);
+                self.keys.push(key);
+                self.by_key.insert(key, f);
+                f
+            }
+        };
+        self.by_ip.insert(ip, f);
+        f
+    }
+
+    /// The function's name (`;` replaced by `:`, since folded stacks separate frames with it).
+    pub fn name(&self, f: FuncId) -> &str {
+        self.names.get(f as usize).map_or("?", String::as_str)
+    }
+
+    /// The address the function is keyed by (its symbol's start, or the address called).
+    pub fn key(&self, f: FuncId) -> u64 {
+        self.keys.get(f as usize).copied().unwrap_or(0)
+    }
+
+    /// How many functions were seen.
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    /// Whether no function was seen.
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+}
+
+/// One node of the stack trie: a function called from its parent's stack.
+#[derive(Debug, Clone, Copy)]
+struct Node {
+    parent: u32,
+    func: FuncId,
+    /// Instructions executed with this stack innermost.
+    self_insns: u64,
+    /// Frames opened with this stack.
+    calls: u64,
+}
+
+/// The trie's root: no function.
+const ROOT: u32 = 0;
+
+/// Every call stack seen, with instruction counts: the flame graph's data, shared by every
+/// stream of a recording.
+#[derive(Debug, Clone)]
+pub struct CallTree {
+    nodes: Vec<Node>,
+    children: HashMap<(u32, FuncId), u32>,
+    /// The functions the nodes name.
+    pub functions: Functions,
+}
+
+impl Default for CallTree {
+    fn default() -> Self {
+        CallTree {
+            nodes: vec![Node {
+                parent: ROOT,
+                func: FuncId::MAX,
+                self_insns: 0,
+                calls: 0,
+            }],
+            children: HashMap::new(),
+            functions: Functions::default(),
+        }
+    }
+}
+
+/// One distinct call stack of a [`CallTree`] (see [`CallTree::stacks`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stack {
+    /// The functions, outermost first.
+    pub frames: Vec<String>,
+    /// Instructions executed with exactly this stack (innermost frame running).
+    pub self_insns: u64,
+    /// Times a frame with this stack was opened.
+    pub calls: u64,
+}
+
+impl CallTree {
+    /// A fresh node, not registered as a child (segment roots: two segments never share one).
+    fn fresh(&mut self, parent: u32, func: FuncId) -> u32 {
+        self.nodes.push(Node {
+            parent,
+            func,
+            self_insns: 0,
+            calls: 0,
+        });
+        (self.nodes.len() - 1) as u32
+    }
+
+    fn child(&mut self, parent: u32, func: FuncId) -> u32 {
+        if let Some(&n) = self.children.get(&(parent, func)) {
+            return n;
+        }
+        let n = self.fresh(parent, func);
+        self.children.insert((parent, func), n);
+        n
+    }
+
+    /// Total instructions attributed.
+    pub fn total_insns(&self) -> u64 {
+        self.nodes.iter().map(|n| n.self_insns).sum()
+    }
+
+    /// Number of trie nodes (distinct stacks per segment): the memory the tree holds.
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Every distinct call stack with instructions or calls, merged across segments and
+    /// streams, sorted by frames.
+    pub fn stacks(&self) -> Vec<Stack> {
+        // Children lists from the parent links (a node's parent may change when the trace's
+        // outermost frame grows upwards, so the registered child map is not the whole truth).
+        let mut kids: Vec<Vec<u32>> = vec![Vec::new(); self.nodes.len()];
+        for (i, n) in self.nodes.iter().enumerate().skip(1) {
+            kids[n.parent as usize].push(i as u32);
+        }
+        let mut merged: std::collections::BTreeMap<Vec<FuncId>, (u64, u64)> = Default::default();
+        let mut path: Vec<FuncId> = Vec::new();
+        // Iterative depth-first walk: (node, entering?)
+        let mut work: Vec<(u32, bool)> = kids[ROOT as usize]
+            .iter()
+            .rev()
+            .map(|&k| (k, true))
+            .collect();
+        while let Some((n, enter)) = work.pop() {
+            if !enter {
+                path.pop();
+                continue;
+            }
+            let node = self.nodes[n as usize];
+            path.push(node.func);
+            if node.self_insns > 0 || node.calls > 0 {
+                let e = merged.entry(path.clone()).or_default();
+                e.0 += node.self_insns;
+                e.1 += node.calls;
+            }
+            work.push((n, false));
+            work.extend(kids[n as usize].iter().rev().map(|&k| (k, true)));
+        }
+        let mut out: Vec<Stack> = merged
+            .into_iter()
+            .map(|(p, (s, c))| Stack {
+                frames: p
+                    .iter()
+                    .map(|&f| self.functions.name(f).to_string())
+                    .collect(),
+                self_insns: s,
+                calls: c,
+            })
+            .collect();
+        out.sort_by(|a, b| a.frames.cmp(&b.frames));
+        out
+    }
+
+    /// The folded-stack lines (`outer;inner COUNT`, Brendan Gregg's format, counting
+    /// instructions) of every stack that executed instructions.
+    pub fn folded(&self) -> Vec<String> {
+        self.stacks()
+            .into_iter()
+            .filter(|s| s.self_insns > 0)
+            .map(|s| format!("{} {}", s.frames.join(";"), s.self_insns))
+            .collect()
+    }
+}
+
+/// Where the [`Tracker`] reports frames: the timeline. Instruction numbers count from the
+/// stream's first instruction; `time` is the flow decoder's timestamp (TSC ticks, 0 without
+/// timing packets).
+pub trait CallSink {
+    /// A block of instructions starting at instruction `n` runs at `time`.
+    fn tick(&mut self, n: u64, time: u64, functions: &Functions);
+    /// A frame for `func` opens at instruction `n` (its first instruction), innermost.
+    fn open(&mut self, n: u64, func: FuncId, functions: &Functions);
+    /// A frame for `func` becomes the outermost one (the trace began inside it; see
+    /// [`MAX_OUTER`]); it encloses everything of the segment so far.
+    fn open_outer(&mut self, func: FuncId, functions: &Functions);
+    /// The innermost frame closes before instruction `n`; it ran `insns` instructions
+    /// (`self_insns` of them itself).
+    fn close(&mut self, n: u64, insns: u64, self_insns: u64, functions: &Functions);
+}
+
+/// A sink that ignores everything (a flame graph without a timeline).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoTimeline;
+
+impl CallSink for NoTimeline {
+    fn tick(&mut self, _: u64, _: u64, _: &Functions) {}
+    fn open(&mut self, _: u64, _: FuncId, _: &Functions) {}
+    fn open_outer(&mut self, _: FuncId, _: &Functions) {}
+    fn close(&mut self, _: u64, _: u64, _: u64, _: &Functions) {}
+}
+
+/// Counters of one stream's call tracking.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TrackSummary {
+    /// Instructions followed.
+    pub insns: u64,
+    /// Frames opened (calls, tail calls, interrupts, outer frames).
+    pub frames: u64,
+    /// Returns to an address no open frame expected (closed the innermost frame only).
+    pub unmatched_returns: u64,
+    /// Frames that became outermost because the trace returned out of its first function.
+    pub outer_frames: u64,
+    /// Tail calls (a jump to another function's first instruction).
+    pub tail_calls: u64,
+    /// Calls not followed because the stack was [`MAX_DEPTH`] deep.
+    pub depth_capped: u64,
+    /// Times the stack was lost (overflow, decode error) and a new segment began.
+    pub resets: u64,
+    /// Decode error events.
+    pub errors: u64,
+    /// The deepest stack seen.
+    pub max_depth: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Frame {
+    node: u32,
+    func: FuncId,
+    /// The return address (0 for a segment's outermost frame).
+    ret: u64,
+    /// Instruction number of its first instruction.
+    begin: u64,
+    self_insns: u64,
+}
+
+/// What the last block's final instruction leaves to resolve at the next instruction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pending {
+    None,
+    /// A call: a frame opens at the next instruction unless it is `ret` itself.
+    Call {
+        ret: u64,
+    },
+    /// A return: frames close up to the one expecting the next instruction.
+    Ret,
+    /// An unconditional jump: a tail call if it lands on another function's entry.
+    Jump,
+}
+
+/// Follows one stream's instruction flow and keeps its call stack (see the module docs).
+#[derive(Debug)]
+pub struct Tracker<'s> {
+    symbols: &'s Symbolizer,
+    stack: Vec<Frame>,
+    n: u64,
+    pending: Pending,
+    /// Calls beyond [`MAX_DEPTH`] still open.
+    capped_open: u64,
+    outer_levels: u32,
+    summary: TrackSummary,
+}
+
+impl<'s> Tracker<'s> {
+    /// A tracker naming functions with `symbols`.
+    pub fn new(symbols: &'s Symbolizer) -> Self {
+        Tracker {
+            symbols,
+            stack: Vec::new(),
+            n: 0,
+            pending: Pending::None,
+            capped_open: 0,
+            outer_levels: 0,
+            summary: TrackSummary::default(),
+        }
+    }
+
+    /// Instructions followed so far.
+    pub fn insns(&self) -> u64 {
+        self.n
+    }
+
+    /// The counters so far.
+    pub fn summary(&self) -> TrackSummary {
+        TrackSummary {
+            insns: self.n,
+            ..self.summary
+        }
+    }
+
+    fn open(&mut self, tree: &mut CallTree, sink: &mut impl CallSink, ip: u64, ret: u64) {
+        if self.stack.len() >= MAX_DEPTH {
+            self.capped_open += 1;
+            self.summary.depth_capped += 1;
+            return;
+        }
+        let func = tree.functions.resolve(self.symbols, ip);
+        let node = match self.stack.last() {
+            Some(top) => tree.child(top.node, func),
+            None => {
+                self.outer_levels = 0;
+                tree.fresh(ROOT, func)
+            }
+        };
+        tree.nodes[node as usize].calls += 1;
+        self.stack.push(Frame {
+            node,
+            func,
+            ret,
+            begin: self.n,
+            self_insns: 0,
+        });
+        self.summary.frames += 1;
+        self.summary.max_depth = self.summary.max_depth.max(self.stack.len());
+        sink.open(self.n, func, &tree.functions);
+    }
+
+    fn close_top(&mut self, tree: &CallTree, sink: &mut impl CallSink) {
+        if let Some(f) = self.stack.pop() {
+            let insns = self.n - f.begin;
+            sink.close(self.n, insns, f.self_insns, &tree.functions);
+        }
+    }
+
+    /// Closes every frame (the stack is lost or the stream ends).
+    fn close_all(&mut self, tree: &CallTree, sink: &mut impl CallSink) {
+        while !self.stack.is_empty() {
+            self.close_top(tree, sink);
+        }
+        self.capped_open = 0;
+        self.pending = Pending::None;
+    }
+
+    /// A return to `target`.
+    fn ret_to(&mut self, tree: &mut CallTree, sink: &mut impl CallSink, target: u64) {
+        if self.capped_open > 0 {
+            self.capped_open -= 1;
+            return;
+        }
+        // The innermost frame expecting `target` (not the outermost: it has no caller here).
+        if let Some(i) = self.stack.iter().skip(1).rposition(|f| f.ret == target) {
+            let i = i + 1;
+            while self.stack.len() > i {
+                self.close_top(tree, sink);
+            }
+            return;
+        }
+        match self.stack.len() {
+            0 => {}
+            1 => self.return_out_of_root(tree, sink, target),
+            _ => {
+                self.summary.unmatched_returns += 1;
+                self.close_top(tree, sink);
+            }
+        }
+    }
+
+    /// The outermost frame returns to `target`: the trace began inside it.
+    fn return_out_of_root(&mut self, tree: &mut CallTree, sink: &mut impl CallSink, target: u64) {
+        let func = tree.functions.resolve(self.symbols, target);
+        if self.outer_levels >= MAX_OUTER {
+            // Enough guessing about what was running before the trace: a new root beside it.
+            self.close_top(tree, sink);
+            self.open(tree, sink, target, 0);
+            self.summary.unmatched_returns += 1;
+            return;
+        }
+        self.outer_levels += 1;
+        let old = self.stack[0];
+        let node = tree.fresh(ROOT, func);
+        tree.nodes[old.node as usize].parent = node;
+        tree.children.insert((node, old.func), old.node);
+        tree.nodes[node as usize].calls += 1;
+        // Outer frames begin where the segment began.
+        self.stack.insert(
+            0,
+            Frame {
+                node,
+                func,
+                ret: 0,
+                begin: old.begin,
+                self_insns: 0,
+            },
+        );
+        self.summary.frames += 1;
+        self.summary.outer_frames += 1;
+        sink.open_outer(func, &tree.functions);
+        self.close_top(tree, sink);
+    }
+
+    /// Resolves what the previous instruction left pending, now that the next one is `ip`.
+    fn resolve(&mut self, tree: &mut CallTree, sink: &mut impl CallSink, ip: u64) {
+        let pending = std::mem::replace(&mut self.pending, Pending::None);
+        if self.stack.is_empty() {
+            // A segment's first instruction: its function is the outermost frame.
+            self.open(tree, sink, ip, 0);
+            return;
+        }
+        match pending {
+            Pending::None => {}
+            Pending::Call { ret } => {
+                if ip != ret {
+                    self.open(tree, sink, ip, ret);
+                }
+            }
+            Pending::Ret => self.ret_to(tree, sink, ip),
+            Pending::Jump => {
+                if self.capped_open > 0 {
+                    return;
+                }
+                let Some(top) = self.stack.last().copied() else {
+                    return;
+                };
+                let Some(s) = self.symbols.symbol_info(ip) else {
+                    return;
+                };
+                // A jump to another function's first byte; `.cold` parts are the same
+                // function's code moved out of line, not a call.
+                if s.addr == ip && tree.functions.key(top.func) != ip && !s.name.contains(".cold") {
+                    self.summary.tail_calls += 1;
+                    self.close_top(tree, sink);
+                    self.open(tree, sink, ip, top.ret);
+                }
+            }
+        }
+    }
+
+    /// A run of `count` instructions from `start` whose last instruction is of class `class`,
+    /// `next` the address after it, at timestamp `time`.
+    pub fn block(
+        &mut self,
+        tree: &mut CallTree,
+        sink: &mut impl CallSink,
+        start: u64,
+        count: u32,
+        class: InsnClass,
+        next: u64,
+        time: u64,
+    ) {
+        sink.tick(self.n, time, &tree.functions);
+        self.resolve(tree, sink, start);
+        if let Some(top) = self.stack.last_mut() {
+            top.self_insns += count as u64;
+            tree.nodes[top.node as usize].self_insns += count as u64;
+        }
+        self.n += count as u64;
+        self.pending = match class {
+            InsnClass::DirectCall
+            | InsnClass::IndirectCall
+            | InsnClass::FarCall
+            | InsnClass::SysCall
+            | InsnClass::SoftInt => Pending::Call { ret: next },
+            InsnClass::Return | InsnClass::FarReturn => Pending::Ret,
+            InsnClass::DirectJump | InsnClass::IndirectJump | InsnClass::FarJump => Pending::Jump,
+            _ => Pending::None,
+        };
+    }
+
+    /// An event of the flow.
+    pub fn event(&mut self, tree: &mut CallTree, sink: &mut impl CallSink, e: &Event) {
+        match &e.kind {
+            EventKind::Overflow { .. } | EventKind::Error { .. } => {
+                if matches!(e.kind, EventKind::Error { .. }) {
+                    self.summary.errors += 1;
+                }
+                if !self.stack.is_empty() {
+                    self.summary.resets += 1;
+                }
+                sink.tick(self.n, e.time, &tree.functions);
+                self.close_all(tree, sink);
+            }
+            EventKind::Disabled { ip, .. } => {
+                // A call into code that is not traced: its frame opens now, named after the
+                // target when the disable gives it.
+                if let (Pending::Call { ret }, Some(target)) = (self.pending, *ip)
+                    && target != ret
+                    && !self.stack.is_empty()
+                {
+                    self.pending = Pending::None;
+                    sink.tick(self.n, e.time, &tree.functions);
+                    self.open(tree, sink, target, ret);
+                }
+            }
+            EventKind::Enabled { ip } => {
+                match self.pending {
+                    // The call's target ran untraced (a system call into the kernel): no frame.
+                    Pending::Call { ret } if ret == *ip => self.pending = Pending::None,
+                    Pending::None if self.stack.iter().skip(1).any(|f| f.ret == *ip) => {
+                        // Back from an untraced callee.
+                        sink.tick(self.n, e.time, &tree.functions);
+                        self.ret_to(tree, sink, *ip);
+                    }
+                    _ => {}
+                }
+            }
+            EventKind::AsyncBranch { from, to } => {
+                if self.stack.is_empty() {
+                    return;
+                }
+                sink.tick(self.n, e.time, &tree.functions);
+                self.resolve(tree, sink, *from);
+                self.open(tree, sink, *to, *from);
+            }
+            _ => {}
+        }
+    }
+
+    /// The end of the stream: every open frame closes after the last instruction.
+    pub fn finish(&mut self, tree: &mut CallTree, sink: &mut impl CallSink) -> TrackSummary {
+        self.close_all(tree, sink);
+        self.summary()
+    }
+}
