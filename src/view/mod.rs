@@ -19,7 +19,7 @@
 //! # fn demo(trace: &[u8], image: &ptrewind::image::Image, symbols: &ptrewind::image::Symbolizer)
 //! # -> std::io::Result<()> {
 //! use ptrewind::view::{Clock, TrackInput, View, TscConversion, write_flamegraph, FlameOptions};
-//! let clock = Clock::for_traces([trace], TscConversion::Unknown);
+//! let clock = Clock::for_traces([trace], &Default::default(), TscConversion::Unknown);
 //! let mut view = View::new(Some(std::fs::File::create("calls.json")?), clock);
 //! view.add_track(
 //!     &TrackInput::new("prog", "thread 1", trace, image, symbols),
@@ -229,5 +229,80 @@ impl<W: Write> View<W> {
             tracks: self.tracks,
             timeline,
         })
+    }
+}
+
+/// An output file written under a temporary name beside `path` and renamed over it once
+/// complete: nobody sees half a file, and an existing symbolic link at `path` is replaced,
+/// never written through. Dropped without [`OutputFile::commit`], the temporary file is
+/// removed.
+#[derive(Debug)]
+pub struct OutputFile {
+    path: std::path::PathBuf,
+    tmp: std::path::PathBuf,
+    file: Option<std::io::BufWriter<std::fs::File>>,
+}
+
+impl OutputFile {
+    /// Creates the temporary file (exclusively: an existing file or link of that name is an
+    /// error, not followed).
+    pub fn create(path: &std::path::Path) -> std::io::Result<Self> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let name = path.file_name().ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{}: not a file name", path.display()),
+            )
+        })?;
+        let tmp = path.with_file_name(format!(
+            ".{}.{}-{}.tmp",
+            name.to_string_lossy(),
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)?;
+        Ok(OutputFile {
+            path: path.to_path_buf(),
+            tmp,
+            file: Some(std::io::BufWriter::with_capacity(1 << 16, file)),
+        })
+    }
+
+    /// Flushes the file and renames it to its final path.
+    pub fn commit(mut self) -> std::io::Result<()> {
+        if let Some(mut f) = self.file.take() {
+            f.flush()?;
+            drop(f);
+            std::fs::rename(&self.tmp, &self.path)?;
+        }
+        Ok(())
+    }
+}
+
+impl Write for OutputFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match &mut self.file {
+            Some(f) => f.write(buf),
+            None => Err(std::io::Error::other("output file already committed")),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match &mut self.file {
+            Some(f) => f.flush(),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for OutputFile {
+    fn drop(&mut self) {
+        if self.file.take().is_some() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
     }
 }

@@ -12,7 +12,8 @@
 //!
 //! [`Clock`] says where times come from, and the JSON says it in `otherData.time`:
 //!
-//! * **TSC** (every stream has TSC packets): the flow decoder's timestamps (TSC, refined by
+//! * **TSC** (every stream has a TSC packet, and its time moves while instructions run, see
+//!   [`first_tsc`]): the flow decoder's timestamps (TSC, refined by
 //!   MTC and CYC where the trace has them; see [`crate::flow::time`]). A run of instructions
 //!   between two timing updates shares one timestamp, so inside such a window the time of a call
 //!   is interpolated by its instruction number between the window's start and the next update
@@ -31,6 +32,7 @@
 use std::io::Write;
 
 use super::calltree::{CallSink, FuncId, Functions, MAX_OUTER};
+use crate::flow::time::TimingConfig;
 use crate::packet::{Packet, PacketDecoder};
 
 /// How many call boundaries wait for the next timing update before they are placed with the
@@ -95,28 +97,56 @@ pub enum Clock {
     },
 }
 
-/// The first TSC packet's value in `trace` (as the flow decoder's time model reads it), if any.
-pub fn first_tsc(trace: &[u8]) -> Option<u64> {
+/// The first TSC packet's value in `trace` (as the flow decoder's time model reads it), if the
+/// trace's time moves while instructions run: after it, a timing update the model uses
+/// (another TSC; an MTC when `timing` has the TSC:CTC ratio and a TMA came; a CYC when `timing`
+/// has the non-turbo ratio) followed by a packet that explains instructions (TNT, TIP, FUP). A
+/// trace whose instructions all share one timestamp gives `None`: it has no clock to show.
+pub fn first_tsc(trace: &[u8], timing: &TimingConfig) -> Option<u64> {
     let mut dec = PacketDecoder::new(trace);
+    let mut first: Option<u64> = None;
+    let (mut tma, mut moved) = (false, false);
     while let Some(r) = dec.next_packet() {
         // An invalid byte moves the decoder on; keep looking.
-        if let Ok((_, Packet::Tsc { tsc })) = r {
-            return Some(tsc & ((1 << 56) - 1));
+        let Ok((_, p)) = r else { continue };
+        if first.is_none() {
+            if let Packet::Tsc { tsc } = p {
+                first = Some(tsc & ((1 << 56) - 1));
+            }
+            continue;
+        }
+        match p {
+            Packet::Tsc { .. } => moved = true,
+            Packet::Tma { .. } => tma = true,
+            Packet::Mtc { .. } if tma && timing.ctc_ratio.1 != 0 => moved = true,
+            Packet::Cyc { .. } if timing.max_nonturbo_ratio != 0 => moved = true,
+            Packet::ShortTnt(_)
+            | Packet::LongTnt(_)
+            | Packet::Tip(_)
+            | Packet::TipPge(_)
+            | Packet::Fup(_)
+                if moved =>
+            {
+                return first;
+            }
+            _ => {}
         }
     }
     None
 }
 
 impl Clock {
-    /// The clock for a recording made of `traces`: their timestamps if every one has a TSC
-    /// packet, instruction counts otherwise.
+    /// The clock for a recording made of `traces` (decoded with `timing`): their timestamps
+    /// if every one has a TSC and its time moves (see [`first_tsc`]), instruction counts
+    /// otherwise.
     pub fn for_traces<'a>(
         traces: impl IntoIterator<Item = &'a [u8]>,
+        timing: &TimingConfig,
         conversion: TscConversion,
     ) -> Clock {
         let mut origin: Option<u64> = None;
         for t in traces {
-            match first_tsc(t) {
+            match first_tsc(t, timing) {
                 Some(tsc) => origin = Some(origin.map_or(tsc, |o| o.min(tsc))),
                 None => return Clock::Instructions,
             }
@@ -139,7 +169,7 @@ impl Clock {
     pub fn describe(&self) -> String {
         match self {
             Clock::Instructions => {
-                "no timing packets: one instruction is shown as one microsecond".to_string()
+                "no usable timing (no TSC, or the time does not move while instructions run): one instruction is shown as one microsecond".to_string()
             }
             Clock::Tsc { conversion, .. } => conversion.describe(),
         }
@@ -187,7 +217,8 @@ struct Track {
 pub struct TimelineSummary {
     /// Slices written.
     pub slices: u64,
-    /// Boundaries placed with the previous window's rate (too many waited for a timing update).
+    /// Call boundaries placed with the previous window's rate (too many waited for a timing
+    /// update, or the track ended before the next one).
     pub estimated: u64,
 }
 
@@ -288,7 +319,7 @@ impl<W: Write> Timeline<W> {
         other.insert("clock".into(), self.clock.describe().into());
         other.insert("slices".into(), self.summary.slices.into());
         other.insert(
-            "slices_placed_by_rate".into(),
+            "boundaries_placed_by_rate".into(),
             self.summary.estimated.into(),
         );
         let tail = format!(
