@@ -65,7 +65,7 @@ pub struct Functions {
 
 impl Functions {
     /// The function containing `ip` and whether `ip` is its first byte.
-    fn resolve(&mut self, symbols: &Symbolizer, ip: u64) -> FuncId {
+    pub(crate) fn resolve(&mut self, symbols: &Symbolizer, ip: u64) -> FuncId {
         if let Some(&f) = self.by_ip.get(&ip) {
             return f;
         }
@@ -583,5 +583,230 @@ impl<'s> Tracker<'s> {
     pub fn finish(&mut self, tree: &mut CallTree, sink: &mut impl CallSink) -> TrackSummary {
         self.close_all(tree, sink);
         self.summary()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::view::timeline::{Clock, Timeline};
+
+    /// Feeds blocks `(start, count, class, next)` and returns the folded stacks and the
+    /// timeline's JSON (instruction clock).
+    fn run(
+        blocks: &[(u64, u32, InsnClass, u64)],
+        events: &[(usize, Event)],
+    ) -> (Vec<String>, serde_json::Value, TrackSummary) {
+        let syms = Symbolizer::new();
+        let mut tree = CallTree::default();
+        let mut tl = Timeline::new(Vec::new(), Clock::Instructions);
+        tl.begin_track(1, 1, "p", "t");
+        let mut t = Tracker::new(&syms);
+        for (i, &(start, count, class, next)) in blocks.iter().enumerate() {
+            for (_, e) in events.iter().filter(|(at, _)| *at == i) {
+                t.event(&mut tree, &mut tl, e);
+            }
+            t.block(&mut tree, &mut tl, start, count, class, next, 0);
+        }
+        let summary = t.finish(&mut tree, &mut tl);
+        tl.end_track(&tree.functions);
+        let (bytes, _) = tl.finish(Default::default()).unwrap();
+        (
+            tree.folded(),
+            serde_json::from_slice(&bytes).unwrap(),
+            summary,
+        )
+    }
+
+    /// (name, ts ns, end ns, insns) of every slice.
+    fn slices(json: &serde_json::Value) -> Vec<(String, u64, u64, u64)> {
+        let ns = |v: &serde_json::Value| (v.as_f64().unwrap() * 1000.0).round() as u64;
+        let mut out: Vec<_> = json["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["ph"] == "X")
+            .map(|e| {
+                let ts = ns(&e["ts"]);
+                (
+                    e["name"].as_str().unwrap().to_string(),
+                    ts,
+                    ts + ns(&e["dur"]),
+                    e["args"]["insns"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        out.sort_by_key(|s| (s.1, std::cmp::Reverse(s.2)));
+        out
+    }
+
+    /// Depth of each slice (sorted by start), asserting proper nesting.
+    fn depths(s: &[(String, u64, u64, u64)]) -> Vec<usize> {
+        let mut stack: Vec<u64> = Vec::new();
+        let mut out = Vec::new();
+        for (name, b, e, _) in s {
+            while stack.last().is_some_and(|&end| end <= *b) {
+                stack.pop();
+            }
+            if let Some(&end) = stack.last() {
+                assert!(
+                    *e <= end,
+                    "{name} [{b},{e}) overlaps its parent ending at {end}"
+                );
+            }
+            out.push(stack.len());
+            stack.push(*e);
+        }
+        out
+    }
+
+    const MAIN: u64 = 0x1000;
+    const REC: u64 = 0x2000;
+
+    /// main calls rec(3); rec(d) calls rec(d-1) until d = 0.
+    fn recursion(depth: u32) -> Vec<(u64, u32, InsnClass, u64)> {
+        let mut b = vec![(MAIN, 3, InsnClass::DirectCall, MAIN + 0x10)];
+        for _ in 0..depth {
+            b.push((REC, 2, InsnClass::DirectCall, REC + 8));
+        }
+        b.push((REC, 5, InsnClass::Return, 0));
+        for _ in 0..depth {
+            b.push((REC + 8, 3, InsnClass::Return, 0));
+        }
+        b.push((MAIN + 0x10, 2, InsnClass::Other, 0));
+        b
+    }
+
+    #[test]
+    fn recursion_nests_with_inclusive_counts() {
+        let (folded, json, sum) = run(&recursion(3), &[]);
+        assert_eq!(
+            folded,
+            [
+                "0x1000 5",
+                "0x1000;0x2000 5",
+                "0x1000;0x2000;0x2000 5",
+                "0x1000;0x2000;0x2000;0x2000 5",
+                "0x1000;0x2000;0x2000;0x2000;0x2000 5",
+            ]
+        );
+        assert_eq!(sum.frames, 5);
+        assert_eq!(sum.max_depth, 5);
+        assert_eq!(sum.insns, 5 + 3 * 5 + 5);
+        let s = slices(&json);
+        let names: Vec<_> = s.iter().map(|x| (x.0.as_str(), x.3)).collect();
+        // rec(0) runs 5; each level above adds 5 of its own.
+        assert_eq!(
+            names,
+            [
+                ("0x1000", 25),
+                ("0x2000", 20),
+                ("0x2000", 15),
+                ("0x2000", 10),
+                ("0x2000", 5)
+            ]
+        );
+        assert_eq!(depths(&s), [0, 1, 2, 3, 4]);
+        // Instruction clock: a slice starts at its first instruction's number (µs).
+        assert_eq!(s[1].1 / 1000, 3);
+        assert_eq!(s[4].1 / 1000, 3 + 2 * 3);
+        assert_eq!(json["otherData"]["time"], "instructions");
+    }
+
+    #[test]
+    fn return_out_of_the_first_function_makes_its_caller_outermost() {
+        // The trace begins inside rec, which returns to main, which calls rec again.
+        let blocks = [
+            (REC + 8, 3, InsnClass::Return, 0),
+            (MAIN + 0x10, 2, InsnClass::DirectCall, MAIN + 0x20),
+            (REC, 4, InsnClass::Return, 0),
+            (MAIN + 0x20, 1, InsnClass::Other, 0),
+        ];
+        let (folded, json, sum) = run(&blocks, &[]);
+        assert_eq!(sum.outer_frames, 1);
+        assert_eq!(folded, ["0x1010 3", "0x1010;0x2000 4", "0x1010;0x2008 3"]);
+        let s = slices(&json);
+        assert_eq!(depths(&s), [0, 1, 1]);
+        assert_eq!(s[0].0, "0x1010");
+        assert_eq!(s[0].3, 10);
+    }
+
+    #[test]
+    fn an_error_ends_the_stack_and_starts_a_segment() {
+        let mut blocks = recursion(2);
+        blocks.truncate(3); // main → rec → rec, no returns
+        blocks.push((MAIN, 1, InsnClass::Other, 0));
+        let err = Event {
+            offset: 0,
+            time: 0,
+            kind: EventKind::Overflow { resume: None },
+        };
+        let (folded, json, sum) = run(&blocks, &[(3, err)]);
+        assert_eq!(sum.resets, 1);
+        assert!(folded.contains(&"0x1000 4".to_string()), "{folded:?}");
+        let s = slices(&json);
+        assert_eq!(depths(&s), [0, 1, 2, 0]);
+    }
+
+    #[test]
+    fn calls_to_the_next_instruction_and_untraced_syscalls_open_no_frame() {
+        let blocks = [
+            (MAIN, 2, InsnClass::DirectCall, MAIN + 7),
+            (MAIN + 7, 2, InsnClass::SysCall, MAIN + 12),
+            (MAIN + 12, 1, InsnClass::Other, 0),
+        ];
+        let dis = Event {
+            offset: 0,
+            time: 0,
+            kind: EventKind::Disabled {
+                ip: None,
+                asynchronous: false,
+            },
+        };
+        let en = Event {
+            offset: 0,
+            time: 0,
+            kind: EventKind::Enabled { ip: MAIN + 12 },
+        };
+        let (folded, _, sum) = run(&blocks, &[(2, dis), (2, en)]);
+        assert_eq!(folded, ["0x1000 5"]);
+        assert_eq!(sum.frames, 1);
+    }
+
+    #[test]
+    fn a_call_into_untraced_code_is_a_frame_until_tracing_resumes_at_its_return() {
+        let blocks = [
+            (MAIN, 2, InsnClass::IndirectCall, MAIN + 8),
+            (MAIN + 8, 1, InsnClass::Other, 0),
+        ];
+        let dis = Event {
+            offset: 0,
+            time: 0,
+            kind: EventKind::Disabled {
+                ip: Some(0x9000),
+                asynchronous: false,
+            },
+        };
+        let en = Event {
+            offset: 0,
+            time: 0,
+            kind: EventKind::Enabled { ip: MAIN + 8 },
+        };
+        let (_, json, _) = run(&blocks, &[(1, dis), (1, en)]);
+        let s = slices(&json);
+        assert_eq!(
+            s.iter().map(|x| (x.0.as_str(), x.3)).collect::<Vec<_>>(),
+            [("0x1000", 3), ("0x9000", 0)]
+        );
+        assert_eq!(depths(&s), [0, 1]);
+    }
+
+    #[test]
+    fn depth_is_capped() {
+        let (_, _, sum) = run(&recursion(MAX_DEPTH as u32 + 10), &[]);
+        assert_eq!(sum.max_depth, MAX_DEPTH);
+        // main, its call and 4106 recursive calls: 4108 frames.
+        assert_eq!(sum.depth_capped, 12);
+        assert_eq!(sum.unmatched_returns, 0);
     }
 }

@@ -518,3 +518,79 @@ impl<W: Write> CallSink for Timeline<W> {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::image::Symbolizer;
+
+    #[test]
+    fn calls_inside_a_timing_window_are_interpolated_by_instruction() {
+        let mut f = Functions::default();
+        let syms = Symbolizer::new();
+        let (a, b) = (f.resolve(&syms, 0x1000), f.resolve(&syms, 0x2000));
+        let clock = Clock::Tsc {
+            origin: 5000,
+            conversion: TscConversion::NonTurboRatio(20), // 2 GHz: 2 ticks per ns
+        };
+        let mut tl = Timeline::new(Vec::new(), clock);
+        tl.begin_track(1, 7, "p", "cpu0");
+        tl.tick(0, 5000, &f);
+        tl.open(0, a, &f);
+        tl.tick(10, 5000, &f);
+        tl.open(10, b, &f);
+        tl.tick(20, 5400, &f); // the window [5000, 5400) covers instructions 0..20
+        tl.close(30, 20, 20, &f);
+        tl.tick(40, 6000, &f);
+        tl.close(40, 40, 20, &f);
+        tl.end_track(&f);
+        let (bytes, sum) = tl.finish(Default::default()).unwrap();
+        assert_eq!(sum.slices, 2);
+        // The last close comes after the last timing update.
+        assert_eq!(sum.estimated, 1);
+        let json: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        let x: Vec<&serde_json::Value> = json["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["ph"] == "X")
+            .collect();
+        // b: opened at instruction 10 of 20 in the window → 200 ticks → 100 ns; closed at 30,
+        // halfway through [5400, 6000) → 5700 → 350 ns.
+        assert_eq!(x[0]["name"], "0x2000");
+        assert_eq!(x[0]["ts"].as_f64(), Some(0.1));
+        assert_eq!(x[0]["dur"].as_f64(), Some(0.25));
+        // a: the segment's first frame starts MAX_OUTER ns after zero; ends at 6000 → 500 ns.
+        assert_eq!(x[1]["ts"].as_f64(), Some(MAX_OUTER as f64 / 1000.0));
+        assert_eq!(
+            x[1]["dur"].as_f64(),
+            Some((500 - MAX_OUTER) as f64 / 1000.0)
+        );
+        assert_eq!(x[1]["tid"], 7);
+        assert_eq!(json["otherData"]["time"], "tsc");
+    }
+
+    #[test]
+    fn a_clock_needs_time_that_moves_while_instructions_run() {
+        let tsc = |v: u8| [0x19, v, 0, 0, 0, 0, 0, 0];
+        let tnt = [0x06u8]; // TNT-8 with one taken bit
+        let timing = TimingConfig::default();
+        let moving = [&tsc(7)[..], &tnt, &tsc(9), &tnt].concat();
+        assert_eq!(first_tsc(&moving, &timing), Some(7));
+        // A second TSC after the last flow packet: every instruction has the first time.
+        let still = [&tsc(7)[..], &tnt, &tnt, &tsc(9)].concat();
+        assert_eq!(first_tsc(&still, &timing), None);
+        assert_eq!(first_tsc(&tnt, &timing), None);
+        assert_eq!(
+            Clock::for_traces([&moving[..], &still[..]], &timing, TscConversion::Unknown),
+            Clock::Instructions
+        );
+        assert_eq!(
+            Clock::for_traces([&moving[..]], &timing, TscConversion::Unknown),
+            Clock::Tsc {
+                origin: 7,
+                conversion: TscConversion::Unknown
+            }
+        );
+    }
+}
