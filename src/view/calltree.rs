@@ -308,6 +308,21 @@ struct Frame {
     self_insns: u64,
 }
 
+/// A run of sequential instructions, as [`Tracker::block`] takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Run {
+    /// The first instruction's address.
+    pub start: u64,
+    /// How many instructions.
+    pub count: u32,
+    /// The class of the last one.
+    pub class: InsnClass,
+    /// The address after the last one (a call's return address).
+    pub next: u64,
+    /// The flow decoder's timestamp (TSC ticks, 0 without timing).
+    pub time: u64,
+}
+
 /// What the last block's final instruction leaves to resolve at the next instruction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Pending {
@@ -499,18 +514,15 @@ impl<'s> Tracker<'s> {
         }
     }
 
-    /// A run of `count` instructions from `start` whose last instruction is of class `class`,
-    /// `next` the address after it, at timestamp `time`.
-    pub fn block(
-        &mut self,
-        tree: &mut CallTree,
-        sink: &mut impl CallSink,
-        start: u64,
-        count: u32,
-        class: InsnClass,
-        next: u64,
-        time: u64,
-    ) {
+    /// A run of instructions (see [`Run`]).
+    pub fn block(&mut self, tree: &mut CallTree, sink: &mut impl CallSink, run: Run) {
+        let Run {
+            start,
+            count,
+            class,
+            next,
+            time,
+        } = run;
         sink.tick(self.n, time, &tree.functions);
         self.resolve(tree, sink, start);
         if let Some(top) = self.stack.last_mut() {
@@ -606,7 +618,17 @@ mod tests {
             for (_, e) in events.iter().filter(|(at, _)| *at == i) {
                 t.event(&mut tree, &mut tl, e);
             }
-            t.block(&mut tree, &mut tl, start, count, class, next, 0);
+            t.block(
+                &mut tree,
+                &mut tl,
+                Run {
+                    start,
+                    count,
+                    class,
+                    next,
+                    time: 0,
+                },
+            );
         }
         let summary = t.finish(&mut tree, &mut tl);
         tl.end_track(&tree.functions);

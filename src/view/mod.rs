@@ -35,7 +35,7 @@ pub mod flame;
 pub mod timeline;
 
 pub use calltree::{
-    CallSink, CallTree, FuncId, Functions, NoTimeline, Stack, TrackSummary, Tracker,
+    CallSink, CallTree, FuncId, Functions, NoTimeline, Run, Stack, TrackSummary, Tracker,
 };
 pub use flame::{FlameOptions, write_flamegraph};
 pub use timeline::{Clock, Timeline, TimelineSummary, TscConversion};
@@ -136,7 +136,14 @@ fn follow(
             BlockItem::Block(b) => {
                 let last = b.lens().last().copied().unwrap_or(0);
                 let next = b.end.wrapping_add(u64::from(last));
-                tracker.block(tree, sink, b.start, b.count, b.class, next, b.time);
+                let run = Run {
+                    start: b.start,
+                    count: b.count,
+                    class: b.class,
+                    next,
+                    time: b.time,
+                };
+                tracker.block(tree, sink, run);
             }
             BlockItem::Event(e) => tracker.event(tree, sink, &e),
         }
