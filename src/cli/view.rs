@@ -19,9 +19,9 @@ use super::decode::{
 use ptrewind::flow::Cpu;
 use ptrewind::image::perf_maps::PerfSideband;
 use ptrewind::image::{Image, Symbolizer};
-use ptrewind::server::replay::offline::load_saved;
 use ptrewind::store::perf_data::PerfData;
 use ptrewind::store::{SourceFormat, TraceFile};
+use ptrewind::timeline::offline::load_saved;
 use ptrewind::view::{
     Clock, FlameOptions, OutputFile, TrackInput, TscConversion, View, write_flamegraph,
 };

@@ -601,7 +601,7 @@ impl<'s> Tracker<'s> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::view::timeline::{Clock, Timeline};
+    use crate::view::trace_event::{Clock, TraceEvents};
 
     /// Feeds blocks `(start, count, class, next)` and returns the folded stacks and the
     /// timeline's JSON (instruction clock).
@@ -611,7 +611,7 @@ mod tests {
     ) -> (Vec<String>, serde_json::Value, TrackSummary) {
         let syms = Symbolizer::new();
         let mut tree = CallTree::default();
-        let mut tl = Timeline::new(Vec::new(), Clock::Instructions);
+        let mut tl = TraceEvents::new(Vec::new(), Clock::Instructions);
         tl.begin_track(1, 1, "p", "t");
         let mut t = Tracker::new(&syms);
         for (i, &(start, count, class, next)) in blocks.iter().enumerate() {

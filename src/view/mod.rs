@@ -7,11 +7,11 @@
 //!
 //! * the [`CallTree`], a trie of the distinct call stacks with the instructions each executed —
 //!   the folded stacks [`write_flamegraph`] hands to `inferno`;
-//! * the [`Timeline`], which writes one slice per call to its JSON output as the call closes
-//!   ([`timeline`] says where times come from).
+//! * the [`TraceEvents`], which writes one slice per call to its JSON output as the call closes
+//!   ([`trace_event`] says where times come from).
 //!
 //! Memory is bounded by the number of distinct call stacks, the stack depth and the calls
-//! waiting for a timing update ([`timeline::WINDOW_RECORDS`]) — not by the trace's length.
+//! waiting for a timing update ([`trace_event::WINDOW_RECORDS`]) — not by the trace's length.
 //! This layer sits above `flow` (and `image` for symbols); nothing below imports it, and it
 //! never prints: progress goes to a callback, results are returned.
 //!
@@ -32,13 +32,13 @@
 
 pub mod calltree;
 pub mod flame;
-pub mod timeline;
+pub mod trace_event;
 
 pub use calltree::{
     CallSink, CallTree, FuncId, Functions, NoTimeline, Run, Stack, TrackSummary, Tracker,
 };
 pub use flame::{FlameOptions, write_flamegraph};
-pub use timeline::{Clock, Timeline, TimelineSummary, TscConversion};
+pub use trace_event::{Clock, TraceEventSummary, TraceEvents, TscConversion};
 
 use std::io::Write;
 
@@ -106,14 +106,14 @@ pub struct Finished<W> {
     /// Per track: its name and counters, in the order added.
     pub tracks: Vec<(String, TrackReport)>,
     /// The timeline's writer (flushed) and counters, when there was a timeline.
-    pub timeline: Option<(W, TimelineSummary)>,
+    pub timeline: Option<(W, TraceEventSummary)>,
 }
 
 /// Builds the call tree of one or more streams and, optionally, streams their timeline.
 #[derive(Debug)]
 pub struct View<W: Write> {
     tree: CallTree,
-    timeline: Option<Timeline<W>>,
+    timeline: Option<TraceEvents<W>>,
     tracks: Vec<(String, TrackReport)>,
 }
 
@@ -158,7 +158,7 @@ impl<W: Write> View<W> {
     pub fn new(timeline: Option<W>, clock: Clock) -> Self {
         View {
             tree: CallTree::default(),
-            timeline: timeline.map(|w| Timeline::new(w, clock)),
+            timeline: timeline.map(|w| TraceEvents::new(w, clock)),
             tracks: Vec::new(),
         }
     }

@@ -214,7 +214,7 @@ struct Track {
 
 /// Counters of a written timeline.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TimelineSummary {
+pub struct TraceEventSummary {
     /// Slices written.
     pub slices: u64,
     /// Call boundaries placed with the previous window's rate (too many waited for a timing
@@ -224,7 +224,7 @@ pub struct TimelineSummary {
 
 /// Writes the trace-event JSON while the call tree is built (a [`CallSink`]).
 #[derive(Debug)]
-pub struct Timeline<W: Write> {
+pub struct TraceEvents<W: Write> {
     out: W,
     clock: Clock,
     error: Option<std::io::Error>,
@@ -233,7 +233,7 @@ pub struct Timeline<W: Write> {
     /// JSON-escaped function names, by [`FuncId`].
     json_names: Vec<Option<String>>,
     pids_named: Vec<u32>,
-    summary: TimelineSummary,
+    summary: TraceEventSummary,
 }
 
 /// Nanoseconds as the format's microseconds, to the nanosecond.
@@ -241,11 +241,11 @@ fn micros(ns: u64) -> String {
     format!("{}.{:03}", ns / 1000, ns % 1000)
 }
 
-impl<W: Write> Timeline<W> {
+impl<W: Write> TraceEvents<W> {
     /// Starts the JSON document on `out`.
     pub fn new(mut out: W, clock: Clock) -> Self {
         let error = out.write_all(b"{\"traceEvents\":[\n").err();
-        Timeline {
+        TraceEvents {
             out,
             clock,
             error,
@@ -253,7 +253,7 @@ impl<W: Write> Timeline<W> {
             track: Track::default(),
             json_names: Vec::new(),
             pids_named: Vec::new(),
-            summary: TimelineSummary::default(),
+            summary: TraceEventSummary::default(),
         }
     }
 
@@ -314,7 +314,7 @@ impl<W: Write> Timeline<W> {
     pub fn finish(
         mut self,
         mut other: serde_json::Map<String, serde_json::Value>,
-    ) -> std::io::Result<(W, TimelineSummary)> {
+    ) -> std::io::Result<(W, TraceEventSummary)> {
         other.insert("time".into(), self.clock.kind().into());
         other.insert("clock".into(), self.clock.describe().into());
         other.insert("slices".into(), self.summary.slices.into());
@@ -474,7 +474,7 @@ impl<W: Write> Timeline<W> {
     }
 }
 
-impl<W: Write> CallSink for Timeline<W> {
+impl<W: Write> CallSink for TraceEvents<W> {
     fn tick(&mut self, n: u64, time: u64, f: &Functions) {
         if matches!(self.clock, Clock::Instructions) || time == 0 {
             return;
@@ -533,7 +533,7 @@ mod tests {
             origin: 5000,
             conversion: TscConversion::NonTurboRatio(20), // 2 GHz: 2 ticks per ns
         };
-        let mut tl = Timeline::new(Vec::new(), clock);
+        let mut tl = TraceEvents::new(Vec::new(), clock);
         tl.begin_track(1, 7, "p", "cpu0");
         tl.tick(0, 5000, &f);
         tl.open(0, a, &f);
