@@ -556,7 +556,9 @@ fn check_program(exe: &Path, json: &Path, svg: &Path) {
 /// recursion — the calls, their nesting and their instruction counts.
 #[test]
 fn recorded_program_shows_its_recursion() {
-    let (exe, dir, _) = record_program("recorded", &[]);
+    let live = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("view/recorded-live");
+    let _ = std::fs::remove_dir_all(&live);
+    let (exe, dir, r) = record_program("recorded", &[format!("monitor view {}", live.display())]);
     let out = dir.join("out");
     let o = view(&[
         dir.join("saved").as_os_str(),
@@ -565,6 +567,17 @@ fn recorded_program_shows_its_recursion() {
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     check_program(&exe, &out.join("timeline.json"), &out.join("flame.svg"));
+    // `monitor view DIR` in the live session: the same calls, from the history so far.
+    r.expect("timeline.json (timeline: open it in ui.perfetto.dev)");
+    assert!(!r.gdb.contains("note:"), "{}", r.dump());
+    check_program(&exe, &live.join("timeline.json"), &live.join("flame.svg"));
+    let read = |p: &Path| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
+    };
+    assert_eq!(
+        slices(&read(&live.join("timeline.json"))),
+        slices(&read(&out.join("timeline.json")))
+    );
 }
 
 /// A headless Chromium opens the flame graph, runs its search (`?s=`) and takes a
