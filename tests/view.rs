@@ -567,13 +567,40 @@ fn recorded_program_shows_its_recursion() {
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     check_program(&exe, &out.join("timeline.json"), &out.join("flame.svg"));
+    // --min-insns: short calls are left out of the timeline, their callers keep their counts.
+    let n = leaf_length(&exe);
+    let small = dir.join("small.json");
+    let o = view(&[
+        dir.join("saved").as_os_str(),
+        "--json".as_ref(),
+        small.as_os_str(),
+        "--min-insns".as_ref(),
+        (n + 1).to_string().as_ref(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let read = |p: &Path| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
+    };
+    let (all, few) = (slices(&read(&out.join("timeline.json"))), read(&small));
+    let kept: Vec<Slice> = all.iter().filter(|s| s.insns > n).cloned().collect();
+    let few_slices: Vec<(String, u64, u64)> = slices(&few)
+        .into_iter()
+        .map(|s| (s.name, s.begin, s.insns))
+        .collect();
+    assert_eq!(
+        few_slices,
+        kept.iter()
+            .map(|s| (s.name.clone(), s.begin, s.insns))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        few["otherData"]["slices_omitted"].as_u64(),
+        Some((all.len() - kept.len()) as u64)
+    );
     // `monitor view DIR` in the live session: the same calls, from the history so far.
     r.expect("timeline.json (timeline: open it in ui.perfetto.dev)");
     assert!(!r.gdb.contains("note:"), "{}", r.dump());
     check_program(&exe, &live.join("timeline.json"), &live.join("flame.svg"));
-    let read = |p: &Path| -> serde_json::Value {
-        serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
-    };
     assert_eq!(
         slices(&read(&live.join("timeline.json"))),
         slices(&read(&out.join("timeline.json")))

@@ -64,6 +64,10 @@ pub struct ViewArgs {
     /// Write the folded stacks (`outer;inner COUNT` lines, for other flame graph tools).
     #[arg(long, value_name = "FILE")]
     folded: Option<PathBuf>,
+    /// Leave calls of fewer than N instructions out of the timeline (they still count in their
+    /// caller and in the flame graph): a smaller JSON for very large traces.
+    #[arg(long = "min-insns", value_name = "N", default_value_t = 0)]
+    min_insns: u64,
     /// Write DIR/flame.svg and DIR/timeline.json (DIR is created if needed).
     #[arg(short = 'o', long = "out-dir", value_name = "DIR")]
     out_dir: Option<PathBuf>,
@@ -71,6 +75,7 @@ pub struct ViewArgs {
 
 /// Where the outputs go.
 struct Outputs {
+    min_insns: u64,
     svg: Option<PathBuf>,
     json: Option<PathBuf>,
     folded: Option<PathBuf>,
@@ -79,6 +84,7 @@ struct Outputs {
 impl Outputs {
     fn from_args(args: &ViewArgs) -> Result<Self, String> {
         let mut o = Outputs {
+            min_insns: args.min_insns,
             svg: args.svg.clone(),
             json: args.json.clone(),
             folded: args.folded.clone(),
@@ -259,6 +265,7 @@ fn render(
         b
     });
     let mut view = View::new(json, clock);
+    view.set_min_slice_insns(outputs.min_insns);
     let mut done = 0u64;
     for t in &tracks {
         if let Some(b) = &bar {

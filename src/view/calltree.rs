@@ -28,7 +28,10 @@
 //!   address is the interrupted instruction.
 //! * Tracing disabled and enabled again (system calls, interrupts, filters) keeps the stack; a
 //!   call whose target is not traced opens a frame for the target when the disable names it,
-//!   closed when tracing resumes at its return address.
+//!   closed when tracing resumes at its return address. Tracing that resumes somewhere other
+//!   than where the interrupted instruction or the system call would continue (the kernel
+//!   delivered a signal) opens a frame for the handler, returning to where execution was
+//!   meant to continue; when tracing later resumes there, the handler's frames are closed.
 //! * An overflow or a decode error loses the stack: every frame is closed and a new *segment*
 //!   begins at the next instruction.
 //!
@@ -56,9 +59,9 @@ pub type FuncId = u32;
 /// The functions seen: name, entry address and the name as a JSON string (for the timeline).
 #[derive(Debug, Default, Clone)]
 pub struct Functions {
-    by_key: HashMap<u64, FuncId>,
+    by_key: FastMap<u64, FuncId>,
     /// ip → function, for targets already resolved.
-    by_ip: HashMap<u64, FuncId>,
+    by_ip: FastMap<u64, FuncId>,
     names: Vec<String>,
     keys: Vec<u64>,
 }
@@ -111,23 +114,60 @@ impl Functions {
 /// One node of the stack trie: a function called from its parent's stack.
 #[derive(Debug, Clone, Copy)]
 struct Node {
+    /// The parent node ([`NONE`] for a segment's outermost node until it is merged).
     parent: u32,
     func: FuncId,
     /// Instructions executed with this stack innermost.
     self_insns: u64,
     /// Frames opened with this stack.
     calls: u64,
+    first_child: u32,
+    next_sibling: u32,
 }
 
-/// The trie's root: no function.
+/// The trie's root: no function. Its descendants are the merged stacks.
 const ROOT: u32 = 0;
+
+/// No node.
+const NONE: u32 = u32::MAX;
+
+/// A fast hasher for the small integer keys of the call tree (FxHash's multiply-rotate): the
+/// tree is looked up once per call, and SipHash would cost more than the rest of the call.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct FxHasher(u64);
+
+impl std::hash::Hasher for FxHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u32(&mut self, i: u32) {
+        self.write_u64(u64::from(i));
+    }
+    fn write_u64(&mut self, i: u64) {
+        self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A `HashMap` with [`FxHasher`].
+pub(crate) type FastMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<FxHasher>>;
 
 /// Every call stack seen, with instruction counts: the flame graph's data, shared by every
 /// stream of a recording.
+///
+/// The stacks of the segment being followed hang from their own outermost node (the trace may
+/// still reveal callers of it, see [`MAX_OUTER`]); when the segment ends they are merged into
+/// the tree under [`ROOT`] and their nodes reused, so the tree holds the distinct stacks of the
+/// whole recording plus those of one segment.
 #[derive(Debug, Clone)]
 pub struct CallTree {
     nodes: Vec<Node>,
-    children: HashMap<(u32, FuncId), u32>,
+    children: FastMap<(u32, FuncId), u32>,
+    free: Vec<u32>,
     /// The functions the nodes name.
     pub functions: Functions,
 }
@@ -136,12 +176,15 @@ impl Default for CallTree {
     fn default() -> Self {
         CallTree {
             nodes: vec![Node {
-                parent: ROOT,
+                parent: NONE,
                 func: FuncId::MAX,
                 self_insns: 0,
                 calls: 0,
+                first_child: NONE,
+                next_sibling: NONE,
             }],
-            children: HashMap::new(),
+            children: FastMap::default(),
+            free: Vec::new(),
             functions: Functions::default(),
         }
     }
@@ -159,24 +202,82 @@ pub struct Stack {
 }
 
 impl CallTree {
-    /// A fresh node, not registered as a child (segment roots: two segments never share one).
-    fn fresh(&mut self, parent: u32, func: FuncId) -> u32 {
-        self.nodes.push(Node {
+    fn alloc(&mut self, parent: u32, func: FuncId) -> u32 {
+        let node = Node {
             parent,
             func,
             self_insns: 0,
             calls: 0,
-        });
-        (self.nodes.len() - 1) as u32
+            first_child: NONE,
+            next_sibling: NONE,
+        };
+        let n = match self.free.pop() {
+            Some(n) => {
+                self.nodes[n as usize] = node;
+                n
+            }
+            None => {
+                self.nodes.push(node);
+                (self.nodes.len() - 1) as u32
+            }
+        };
+        if parent != NONE {
+            self.link(parent, n);
+        }
+        n
+    }
+
+    fn link(&mut self, parent: u32, n: u32) {
+        self.nodes[n as usize].parent = parent;
+        self.nodes[n as usize].next_sibling = self.nodes[parent as usize].first_child;
+        self.nodes[parent as usize].first_child = n;
+    }
+
+    /// A segment's outermost node: not under [`ROOT`] until the segment is merged.
+    fn segment_root(&mut self, func: FuncId) -> u32 {
+        self.alloc(NONE, func)
     }
 
     fn child(&mut self, parent: u32, func: FuncId) -> u32 {
         if let Some(&n) = self.children.get(&(parent, func)) {
             return n;
         }
-        let n = self.fresh(parent, func);
+        let n = self.alloc(parent, func);
         self.children.insert((parent, func), n);
         n
+    }
+
+    /// Makes `outer` (a fresh segment root) the parent of the segment root `root`.
+    fn put_under(&mut self, root: u32, outer: u32) {
+        self.link(outer, root);
+        self.children
+            .insert((outer, self.nodes[root as usize].func), root);
+    }
+
+    /// Adds the segment whose outermost node is `local` to the stacks under [`ROOT`] and frees
+    /// its nodes.
+    fn merge_segment(&mut self, local: u32) {
+        let mut work = vec![(local, ROOT)];
+        // Freed only at the end: a reused slot would alias the keys still to be removed.
+        let mut freed = Vec::new();
+        while let Some((l, shared_parent)) = work.pop() {
+            let node = self.nodes[l as usize];
+            if node.parent != NONE {
+                self.children.remove(&(node.parent, node.func));
+            }
+            let s = self.child(shared_parent, node.func);
+            self.nodes[s as usize].self_insns += node.self_insns;
+            self.nodes[s as usize].calls += node.calls;
+            let mut c = node.first_child;
+            while c != NONE {
+                work.push((c, s));
+                c = self.nodes[c as usize].next_sibling;
+            }
+            self.nodes[l as usize].self_insns = 0;
+            self.nodes[l as usize].calls = 0;
+            freed.push(l);
+        }
+        self.free.extend(freed);
     }
 
     /// Total instructions attributed.
@@ -184,28 +285,27 @@ impl CallTree {
         self.nodes.iter().map(|n| n.self_insns).sum()
     }
 
-    /// Number of trie nodes (distinct stacks per segment): the memory the tree holds.
+    /// Number of trie nodes in use: the memory the tree holds.
     pub fn node_count(&self) -> usize {
-        self.nodes.len()
+        self.nodes.len() - self.free.len()
     }
 
     /// Every distinct call stack with instructions or calls, merged across segments and
     /// streams, sorted by frames.
     pub fn stacks(&self) -> Vec<Stack> {
-        // Children lists from the parent links (a node's parent may change when the trace's
-        // outermost frame grows upwards, so the registered child map is not the whole truth).
-        let mut kids: Vec<Vec<u32>> = vec![Vec::new(); self.nodes.len()];
-        for (i, n) in self.nodes.iter().enumerate().skip(1) {
-            kids[n.parent as usize].push(i as u32);
-        }
+        let kids = |n: u32| {
+            let mut out = Vec::new();
+            let mut c = self.nodes[n as usize].first_child;
+            while c != NONE {
+                out.push(c);
+                c = self.nodes[c as usize].next_sibling;
+            }
+            out
+        };
         let mut merged: std::collections::BTreeMap<Vec<FuncId>, (u64, u64)> = Default::default();
         let mut path: Vec<FuncId> = Vec::new();
         // Iterative depth-first walk: (node, entering?)
-        let mut work: Vec<(u32, bool)> = kids[ROOT as usize]
-            .iter()
-            .rev()
-            .map(|&k| (k, true))
-            .collect();
+        let mut work: Vec<(u32, bool)> = kids(ROOT).into_iter().map(|k| (k, true)).collect();
         while let Some((n, enter)) = work.pop() {
             if !enter {
                 path.pop();
@@ -219,7 +319,7 @@ impl CallTree {
                 e.1 += node.calls;
             }
             work.push((n, false));
-            work.extend(kids[n as usize].iter().rev().map(|&k| (k, true)));
+            work.extend(kids(n).into_iter().map(|k| (k, true)));
         }
         let mut out: Vec<Stack> = merged
             .into_iter()
@@ -287,6 +387,9 @@ pub struct TrackSummary {
     pub outer_frames: u64,
     /// Tail calls (a jump to another function's first instruction).
     pub tail_calls: u64,
+    /// Frames opened where tracing resumed somewhere other than where the interrupted code (or
+    /// the system call) would have: signal handlers.
+    pub async_entries: u64,
     /// Calls not followed because the stack was [`MAX_DEPTH`] deep.
     pub depth_capped: u64,
     /// Times the stack was lost (overflow, decode error) and a new segment began.
@@ -347,8 +450,17 @@ pub struct Tracker<'s> {
     /// Calls beyond [`MAX_DEPTH`] still open.
     capped_open: u64,
     outer_levels: u32,
+    /// Where execution resumes after the current disable (the interrupted instruction, or
+    /// the instruction after a system call), if known.
+    resume: Option<u64>,
+    /// Instructions interrupted (asynchronous disables, signal deliveries) that execution has
+    /// not resumed at yet, newest last; bounded.
+    interrupted: Vec<u64>,
     summary: TrackSummary,
 }
+
+/// How many interrupted instructions [`Tracker`] remembers (nested signal handlers).
+const MAX_INTERRUPTED: usize = 64;
 
 impl<'s> Tracker<'s> {
     /// A tracker naming functions with `symbols`.
@@ -360,7 +472,27 @@ impl<'s> Tracker<'s> {
             pending: Pending::None,
             capped_open: 0,
             outer_levels: 0,
+            resume: None,
+            interrupted: Vec::new(),
             summary: TrackSummary::default(),
+        }
+    }
+
+    fn remember_interrupted(&mut self, ip: u64) {
+        if self.interrupted.len() >= MAX_INTERRUPTED {
+            self.interrupted.remove(0);
+        }
+        self.interrupted.push(ip);
+    }
+
+    /// Forgets `ip` (and what was interrupted after it) if it was interrupted; true if it was.
+    fn forget_interrupted(&mut self, ip: u64) -> bool {
+        match self.interrupted.iter().rposition(|&x| x == ip) {
+            Some(i) => {
+                self.interrupted.truncate(i);
+                true
+            }
+            None => false,
         }
     }
 
@@ -388,7 +520,7 @@ impl<'s> Tracker<'s> {
             Some(top) => tree.child(top.node, func),
             None => {
                 self.outer_levels = 0;
-                tree.fresh(ROOT, func)
+                tree.segment_root(func)
             }
         };
         tree.nodes[node as usize].calls += 1;
@@ -404,20 +536,25 @@ impl<'s> Tracker<'s> {
         sink.open(self.n, func, &tree.functions);
     }
 
-    fn close_top(&mut self, tree: &CallTree, sink: &mut impl CallSink) {
+    fn close_top(&mut self, tree: &mut CallTree, sink: &mut impl CallSink) {
         if let Some(f) = self.stack.pop() {
             let insns = self.n - f.begin;
             sink.close(self.n, insns, f.self_insns, &tree.functions);
+            if self.stack.is_empty() {
+                tree.merge_segment(f.node);
+            }
         }
     }
 
     /// Closes every frame (the stack is lost or the stream ends).
-    fn close_all(&mut self, tree: &CallTree, sink: &mut impl CallSink) {
+    fn close_all(&mut self, tree: &mut CallTree, sink: &mut impl CallSink) {
         while !self.stack.is_empty() {
             self.close_top(tree, sink);
         }
         self.capped_open = 0;
         self.pending = Pending::None;
+        self.resume = None;
+        self.interrupted.clear();
     }
 
     /// A return to `target`.
@@ -456,9 +593,8 @@ impl<'s> Tracker<'s> {
         }
         self.outer_levels += 1;
         let old = self.stack[0];
-        let node = tree.fresh(ROOT, func);
-        tree.nodes[old.node as usize].parent = node;
-        tree.children.insert((node, old.func), old.node);
+        let node = tree.segment_root(func);
+        tree.put_under(old.node, node);
         tree.nodes[node as usize].calls += 1;
         // Outer frames begin where the segment began.
         self.stack.insert(
@@ -555,28 +691,59 @@ impl<'s> Tracker<'s> {
                 sink.tick(self.n, e.time, &tree.functions);
                 self.close_all(tree, sink);
             }
-            EventKind::Disabled { ip, .. } => {
-                // A call into code that is not traced: its frame opens now, named after the
-                // target when the disable gives it.
-                if let (Pending::Call { ret }, Some(target)) = (self.pending, *ip)
-                    && target != ret
-                    && !self.stack.is_empty()
-                {
-                    self.pending = Pending::None;
-                    sink.tick(self.n, e.time, &tree.functions);
-                    self.open(tree, sink, target, ret);
+            EventKind::Disabled { ip, asynchronous } => {
+                self.resume = None;
+                match (self.pending, *ip) {
+                    // A call into code that is not traced: its frame opens now, named after
+                    // the target the disable gives.
+                    (Pending::Call { ret }, Some(target))
+                        if target != ret && !self.stack.is_empty() =>
+                    {
+                        self.pending = Pending::None;
+                        sink.tick(self.n, e.time, &tree.functions);
+                        self.open(tree, sink, target, ret);
+                    }
+                    // Interrupted at `x` (which did not run): execution resumes there unless
+                    // something else (a signal handler) runs first.
+                    (_, Some(x)) if *asynchronous => {
+                        self.resume = Some(x);
+                        self.remember_interrupted(x);
+                    }
+                    // A system call into the untraced kernel: back after it.
+                    (Pending::Call { ret }, None) => self.resume = Some(ret),
+                    _ => {}
                 }
             }
             EventKind::Enabled { ip } => {
-                match self.pending {
+                let ip = *ip;
+                let resume = self.resume.take();
+                if let Pending::Call { ret } = self.pending
+                    && ret == ip
+                {
                     // The call's target ran untraced (a system call into the kernel): no frame.
-                    Pending::Call { ret } if ret == *ip => self.pending = Pending::None,
-                    Pending::None if self.stack.iter().skip(1).any(|f| f.ret == *ip) => {
-                        // Back from an untraced callee.
-                        sink.tick(self.n, e.time, &tree.functions);
-                        self.ret_to(tree, sink, *ip);
-                    }
-                    _ => {}
+                    self.pending = Pending::None;
+                } else if self.stack.iter().skip(1).any(|f| f.ret == ip) {
+                    // Back from an untraced callee, or from a signal handler to the code it
+                    // interrupted.
+                    self.pending = Pending::None;
+                    self.forget_interrupted(ip);
+                    sink.tick(self.n, e.time, &tree.functions);
+                    self.ret_to(tree, sink, ip);
+                } else if self.forget_interrupted(ip) {
+                    // Back to interrupted code (the handler's frame closed on its way out).
+                    self.pending = Pending::None;
+                } else if let Some(r) = resume
+                    && r != ip
+                    && !self.stack.is_empty()
+                {
+                    // Not where the interrupted code or the system call would resume: the
+                    // kernel started something there (a signal handler). A frame for it,
+                    // returning to where execution was meant to resume.
+                    self.pending = Pending::None;
+                    self.summary.async_entries += 1;
+                    self.remember_interrupted(r);
+                    sink.tick(self.n, e.time, &tree.functions);
+                    self.open(tree, sink, ip, r);
                 }
             }
             EventKind::AsyncBranch { from, to } => {
@@ -821,6 +988,122 @@ mod tests {
             [("0x1000", 3), ("0x9000", 0)]
         );
         assert_eq!(depths(&s), [0, 1]);
+    }
+
+    #[test]
+    fn a_signal_handler_is_a_frame_inside_the_interrupted_function() {
+        const HANDLER: u64 = 0x3000;
+        const RESTORER: u64 = 0x4000;
+        let ev = |kind| Event {
+            offset: 0,
+            time: 0,
+            kind,
+        };
+        let blocks = [
+            (MAIN, 4, InsnClass::Other, 0),
+            // interrupted at MAIN + 8; the kernel runs the handler, which returns to the
+            // restorer, whose rt_sigreturn resumes main at MAIN + 8
+            (HANDLER, 3, InsnClass::Return, 0),
+            (RESTORER, 2, InsnClass::SysCall, RESTORER + 9),
+            (MAIN + 8, 2, InsnClass::Other, 0),
+        ];
+        let events = [
+            (
+                1,
+                ev(EventKind::Disabled {
+                    ip: Some(MAIN + 8),
+                    asynchronous: true,
+                }),
+            ),
+            (1, ev(EventKind::Enabled { ip: HANDLER })),
+            (
+                3,
+                ev(EventKind::Disabled {
+                    ip: None,
+                    asynchronous: false,
+                }),
+            ),
+            (3, ev(EventKind::Enabled { ip: MAIN + 8 })),
+        ];
+        let (folded, json, sum) = run(&blocks, &events);
+        assert_eq!(sum.async_entries, 1);
+        assert_eq!(
+            sum.unmatched_returns, 1,
+            "the handler returns to the restorer"
+        );
+        // The restorer's two instructions run in main's frame again.
+        assert_eq!(folded, ["0x1000 8", "0x1000;0x3000 3"]);
+        let s = slices(&json);
+        assert_eq!(depths(&s), [0, 1]);
+        assert_eq!(s[1].3, 3);
+    }
+
+    #[test]
+    fn interrupts_resuming_where_they_struck_change_nothing() {
+        let ev = |kind| Event {
+            offset: 0,
+            time: 0,
+            kind,
+        };
+        // Interrupted at the callee's first instruction, and inside it.
+        let blocks = recursion(1);
+        let events = [
+            (
+                2,
+                ev(EventKind::Disabled {
+                    ip: Some(REC),
+                    asynchronous: true,
+                }),
+            ),
+            (2, ev(EventKind::Enabled { ip: REC })),
+            (
+                3,
+                ev(EventKind::Disabled {
+                    ip: Some(REC + 8),
+                    asynchronous: true,
+                }),
+            ),
+            (3, ev(EventKind::Enabled { ip: REC + 8 })),
+        ];
+        let (with, _, sum) = run(&blocks, &events);
+        let (without, _, _) = run(&recursion(1), &[]);
+        assert_eq!(with, without);
+        assert_eq!(sum.async_entries, 0);
+    }
+
+    /// Memory follows the distinct stacks: the same calls again after each of many stack
+    /// losses add no node.
+    #[test]
+    fn segments_merge_into_the_same_stacks() {
+        let syms = Symbolizer::new();
+        let mut tree = CallTree::default();
+        let mut t = Tracker::new(&syms);
+        let overflow = Event {
+            offset: 0,
+            time: 0,
+            kind: EventKind::Overflow { resume: None },
+        };
+        let mut nodes = Vec::new();
+        for _ in 0..50 {
+            for (start, count, class, next) in recursion(3) {
+                let run = Run {
+                    start,
+                    count,
+                    class,
+                    next,
+                    time: 0,
+                };
+                t.block(&mut tree, &mut NoTimeline, run);
+            }
+            t.event(&mut tree, &mut NoTimeline, &overflow);
+            nodes.push(tree.node_count());
+        }
+        t.finish(&mut tree, &mut NoTimeline);
+        // The root and the five stacks of one round.
+        assert!(nodes.iter().all(|&n| n == 6), "{nodes:?}");
+        assert_eq!(tree.total_insns(), 50 * 25);
+        assert_eq!(tree.stacks().len(), 5);
+        assert_eq!(tree.stacks()[0].calls, 50);
     }
 
     #[test]

@@ -194,6 +194,14 @@ impl<W: Write> View<W> {
         report
     }
 
+    /// Leaves calls of fewer than `n` instructions out of the timeline (they still count in
+    /// their caller and in the call tree).
+    pub fn set_min_slice_insns(&mut self, n: u64) {
+        if let Some(tl) = &mut self.timeline {
+            tl.set_min_insns(n);
+        }
+    }
+
     /// The call tree so far.
     pub fn tree(&self) -> &CallTree {
         &self.tree

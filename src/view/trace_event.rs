@@ -217,6 +217,9 @@ struct Track {
 pub struct TraceEventSummary {
     /// Slices written.
     pub slices: u64,
+    /// Calls left out because they ran fewer instructions than the minimum
+    /// ([`TraceEvents::set_min_insns`]).
+    pub omitted: u64,
     /// Call boundaries placed with the previous window's rate (too many waited for a timing
     /// update, or the track ended before the next one).
     pub estimated: u64,
@@ -234,11 +237,9 @@ pub struct TraceEvents<W: Write> {
     json_names: Vec<Option<String>>,
     pids_named: Vec<u32>,
     summary: TraceEventSummary,
-}
-
-/// Nanoseconds as the format's microseconds, to the nanosecond.
-fn micros(ns: u64) -> String {
-    format!("{}.{:03}", ns / 1000, ns % 1000)
+    min_insns: u64,
+    /// Reused for each event's text.
+    buf: String,
 }
 
 impl<W: Write> TraceEvents<W> {
@@ -254,7 +255,15 @@ impl<W: Write> TraceEvents<W> {
             json_names: Vec::new(),
             pids_named: Vec::new(),
             summary: TraceEventSummary::default(),
+            min_insns: 0,
+            buf: String::new(),
         }
+    }
+
+    /// Leaves calls of fewer than `n` instructions out of the document (their instructions
+    /// still count in their caller's `insns`): a smaller file for very large traces.
+    pub fn set_min_insns(&mut self, n: u64) {
+        self.min_insns = n;
     }
 
     /// The clock in use.
@@ -322,6 +331,8 @@ impl<W: Write> TraceEvents<W> {
             "boundaries_placed_by_rate".into(),
             self.summary.estimated.into(),
         );
+        other.insert("min_slice_insns".into(), self.min_insns.into());
+        other.insert("slices_omitted".into(), self.summary.omitted.into());
         let tail = format!(
             "\n],\"displayTimeUnit\":\"ns\",\"otherData\":{}}}\n",
             serde_json::Value::Object(other)
@@ -334,16 +345,16 @@ impl<W: Write> TraceEvents<W> {
         Ok((self.out, self.summary))
     }
 
-    fn name(&mut self, func: FuncId, functions: &Functions) -> String {
+    fn cache_name(&mut self, func: FuncId, functions: &Functions) {
         let i = func as usize;
         if self.json_names.len() <= i {
             self.json_names.resize(i + 1, None);
         }
-        self.json_names[i]
-            .get_or_insert_with(|| {
-                serde_json::to_string(functions.name(func)).unwrap_or_else(|_| "\"?\"".into())
-            })
-            .clone()
+        if self.json_names[i].is_none() {
+            self.json_names[i] = Some(
+                serde_json::to_string(functions.name(func)).unwrap_or_else(|_| "\"?\"".into()),
+            );
+        }
     }
 
     fn slice(
@@ -354,18 +365,29 @@ impl<W: Write> TraceEvents<W> {
         counts: Option<(u64, u64)>,
         functions: &Functions,
     ) {
-        let name = self.name(func, functions);
-        let args = match counts {
-            Some((insns, own)) => format!("{{\"insns\":{insns},\"self\":{own}}}"),
-            None => "{}".to_string(),
-        };
-        let (pid, tid) = (self.track.pid, self.track.tid);
+        use std::fmt::Write as _;
+        self.cache_name(func, functions);
         self.summary.slices += 1;
-        self.event(&format!(
-            "{{\"name\":{name},\"cat\":\"call\",\"ph\":\"X\",\"pid\":{pid},\"tid\":{tid},\"ts\":{},\"dur\":{},\"args\":{args}}}",
-            micros(begin),
-            micros(end - begin)
-        ));
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.clear();
+        let name = self.json_names[func as usize].as_deref().unwrap_or("\"?\"");
+        let (pid, tid) = (self.track.pid, self.track.tid);
+        let dur = end - begin;
+        // Writing into a String cannot fail.
+        let _ = write!(
+            buf,
+            "{{\"name\":{name},\"cat\":\"call\",\"ph\":\"X\",\"pid\":{pid},\"tid\":{tid},\"ts\":{}.{:03},\"dur\":{}.{:03},\"args\":",
+            begin / 1000,
+            begin % 1000,
+            dur / 1000,
+            dur % 1000
+        );
+        let _ = match counts {
+            Some((insns, own)) => write!(buf, "{{\"insns\":{insns},\"self\":{own}}}}}"),
+            None => write!(buf, "{{}}}}"),
+        };
+        self.event(&buf);
+        self.buf = buf;
     }
 
     /// Places one boundary whose clock time is `ns`.
@@ -398,7 +420,11 @@ impl<W: Write> TraceEvents<W> {
                 t.started = true;
                 t.last = next;
                 if let Some((func, begin)) = t.open.pop() {
-                    self.slice(func, begin, next, Some((insns, self_insns)), functions);
+                    if insns < self.min_insns {
+                        self.summary.omitted += 1;
+                    } else {
+                        self.slice(func, begin, next, Some((insns, self_insns)), functions);
+                    }
                 }
             }
         }
