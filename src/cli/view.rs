@@ -203,14 +203,32 @@ fn view_trace_file(args: &ViewArgs, outputs: &Outputs) -> CmdResult {
         },
         None => TscConversion::Unknown,
     };
-    let process = args
-        .image
-        .elf
-        .first()
-        .map(|e| e.path.as_path())
-        .unwrap_or(path.as_path())
-        .file_name()
-        .map_or_else(|| "trace".to_string(), |n| n.to_string_lossy().into());
+    // The process's name: the first --elf, else the first file its mappings came from, else
+    // the trace file's.
+    let first_file = |image: &Image| {
+        image
+            .sections()
+            .iter()
+            .map(|s| Path::new(&*s.origin))
+            .find(|p| p.is_absolute())
+            .map(Path::to_path_buf)
+    };
+    let process_names: HashMap<Option<u32>, String> = images
+        .iter()
+        .map(|(pid, (image, _))| {
+            let file = args
+                .image
+                .elf
+                .first()
+                .map(|e| e.path.clone())
+                .or_else(|| first_file(image))
+                .unwrap_or_else(|| path.clone());
+            let name = file
+                .file_name()
+                .map_or_else(|| "trace".to_string(), |n| n.to_string_lossy().into());
+            (*pid, name)
+        })
+        .collect();
     let losses: usize = source.streams.iter().map(|s| s.losses.len()).sum();
     if losses > 0 {
         eprintln!(
@@ -227,7 +245,7 @@ fn view_trace_file(args: &ViewArgs, outputs: &Outputs) -> CmdResult {
         .map(|(i, (s, pid))| {
             let (image, symbols) = &images[pid];
             TrackInput {
-                process: &process,
+                process: &process_names[pid],
                 name: &s.label,
                 pid: pid.unwrap_or(1),
                 tid: s.tid.unwrap_or(i as u32 + 1),
