@@ -161,7 +161,7 @@ pub(crate) type FastMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<FxHa
 ///
 /// The stacks of the segment being followed hang from their own outermost node (the trace may
 /// still reveal callers of it, see [`MAX_OUTER`]); when the segment ends they are merged into
-/// the tree under [`ROOT`] and their nodes reused, so the tree holds the distinct stacks of the
+/// the tree under its root and their nodes reused, so the tree holds the distinct stacks of the
 /// whole recording plus those of one segment.
 #[derive(Debug, Clone)]
 pub struct CallTree {
