@@ -605,6 +605,21 @@ fn recorded_program_shows_its_recursion() {
         slices(&read(&live.join("timeline.json"))),
         slices(&read(&out.join("timeline.json")))
     );
+    // And in `ptrewind replay` of the saved recording.
+    let replayed = dir.join("replayed");
+    let _ = std::fs::remove_dir_all(&replayed);
+    let server = Server::spawn(
+        ptrewind()
+            .args(["replay", "--listen", "127.0.0.1:0"])
+            .arg(dir.join("saved")),
+    );
+    let cmds = [format!("monitor view {}", replayed.display())];
+    let r = gdb_session(server, &exe, &cmds, Duration::from_secs(60));
+    r.expect("timeline.json (timeline: open it in ui.perfetto.dev)");
+    assert_eq!(
+        slices(&read(&replayed.join("timeline.json"))),
+        slices(&read(&out.join("timeline.json")))
+    );
 }
 
 /// A headless Chromium opens the flame graph, runs its search (`?s=`) and takes a
