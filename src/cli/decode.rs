@@ -137,7 +137,7 @@ pub struct DecodeArgs {
     stats: bool,
 }
 
-fn parse_range(s: &str) -> Result<(u64, u64), String> {
+pub(crate) fn parse_range(s: &str) -> Result<(u64, u64), String> {
     let num = |p: &str| ptrewind::image::parse_number(p).ok_or(format!("bad address {p:?}"));
     let (from, to) = s
         .split_once('-')
@@ -151,12 +151,7 @@ fn parse_range(s: &str) -> Result<(u64, u64), String> {
 
 /// Runs `ptrewind decode`.
 pub fn run(args: DecodeArgs) -> CmdResult {
-    let mode = match args.bits {
-        16 => ExecMode::Bits16,
-        32 => ExecMode::Bits32,
-        64 => ExecMode::Bits64,
-        b => return Err(format!("--bits {b}: expected 16, 32 or 64").into()),
-    };
+    let mode = exec_mode(args.bits)?;
     // The images given on the command line: mapped after (over) the perf.data mappings.
     let (given, given_elfs) = given_images(&args.image)?;
     let path = match (&args.pt, &args.perf) {
@@ -173,33 +168,8 @@ pub fn run(args: DecodeArgs) -> CmdResult {
         Some(p) if !args.image.no_mmaps => Some(PerfSideband::read(p)),
         _ => None,
     };
-    // The CPU: --cpu, else the perf.data header; unknown means no errata, as in libipt.
-    let (cpu, cpu_from) = match (args.cpu, perf.as_ref().and_then(|p| p.cpuid())) {
-        (Some(c), _) => (Some(c), "--cpu".to_string()),
-        (None, Some(id)) => match Cpu::from_perf_cpuid(id) {
-            Ok(c) => (Some(c), format!("perf.data header {id:?}")),
-            Err(e) => {
-                eprintln!("ptrewind: {e}; no erratum workarounds");
-                (None, String::new())
-            }
-        },
-        (None, None) => (None, String::new()),
-    };
-    let errata = cpu.as_ref().map(Errata::for_cpu).unwrap_or_default();
-    let mut cfg = FlowConfig {
-        default_mode: mode,
-        errata,
-        ip_filter: args.ip_filter.clone(),
-        ..FlowConfig::default()
-    };
-    if let Some(info) = source.perf.as_ref().and_then(|p| p.intel_pt) {
-        if let (Some(n), Some(d)) = (info.tsc_ctc_ratio_n, info.tsc_ctc_ratio_d) {
-            cfg.timing.ctc_ratio = (n as u32, d as u32);
-        }
-        if let Some(m) = info.max_non_turbo_ratio {
-            cfg.timing.max_nonturbo_ratio = m as u8;
-        }
-    }
+    let (cpu, cpu_from, cfg) = flow_setup(args.cpu, perf.as_ref(), &source, mode, &args.ip_filter);
+    let errata = cfg.errata;
     // Our own buffer does the batching: the writes go to a duplicate of the stdout descriptor,
     // past std's line-buffered `Stdout`, which would scan every 256 KiB chunk for its last
     // newline (the whole chunk for `ips-bin`). Nothing else writes to stdout meanwhile.
@@ -231,31 +201,7 @@ pub fn run(args: DecodeArgs) -> CmdResult {
     let many = source.streams.len() > 1;
     let mut errors = 0u64;
     for stream in &source.streams {
-        let pid = match &sideband {
-            Some(sb) => args
-                .image
-                .pid
-                .or_else(|| sb.pid_for_stream(stream.cpu, stream.tid)),
-            None => None,
-        };
-        if let (Some(sb), None) = (&sideband, pid) {
-            let mut pids: Vec<u32> = sb
-                .mmaps
-                .iter()
-                .filter(|m| m.pid != 0 && m.pid != u32::MAX)
-                .map(|m| m.pid)
-                .collect();
-            pids.sort_unstable();
-            pids.dedup();
-            if pids.len() > 1 {
-                eprintln!(
-                    "ptrewind: stream {}: the traced process is not known; using the mappings of \
-                     all {} processes (later ones win where they overlap); choose one with --pid",
-                    stream.label,
-                    pids.len()
-                );
-            }
-        }
+        let pid = stream_pid(&args.image, sideband.as_ref(), stream);
         if let std::collections::hash_map::Entry::Vacant(slot) = images.entry(pid) {
             let symbols = args.format.needs_symbols() && !args.stats;
             let (image, syms, missing) = build_image_with(
@@ -331,6 +277,89 @@ impl Write for Sink<'_> {
             Sink::Std(s) => s.flush(),
         }
     }
+}
+
+/// The CPU (`cpu`, else the perf.data header; unknown means no errata, as in libipt), where it
+/// came from, and the flow configuration for a trace: errata, IP filter, initial mode, and the
+/// timing parameters of a perf.data recording. Shared by `decode` and `view`.
+pub(crate) fn flow_setup(
+    cpu: Option<Cpu>,
+    perf: Option<&PerfData>,
+    source: &ptrewind::store::TraceSource<'_>,
+    mode: ExecMode,
+    ip_filter: &[(u64, u64)],
+) -> (Option<Cpu>, String, FlowConfig) {
+    let (cpu, cpu_from) = match (cpu, perf.and_then(|p| p.cpuid())) {
+        (Some(c), _) => (Some(c), "--cpu".to_string()),
+        (None, Some(id)) => match Cpu::from_perf_cpuid(id) {
+            Ok(c) => (Some(c), format!("perf.data header {id:?}")),
+            Err(e) => {
+                eprintln!("ptrewind: {e}; no erratum workarounds");
+                (None, String::new())
+            }
+        },
+        (None, None) => (None, String::new()),
+    };
+    let errata = cpu.as_ref().map(Errata::for_cpu).unwrap_or_default();
+    let mut cfg = FlowConfig {
+        default_mode: mode,
+        errata,
+        ip_filter: ip_filter.to_vec(),
+        ..FlowConfig::default()
+    };
+    if let Some(info) = source.perf.as_ref().and_then(|p| p.intel_pt) {
+        if let (Some(n), Some(d)) = (info.tsc_ctc_ratio_n, info.tsc_ctc_ratio_d) {
+            cfg.timing.ctc_ratio = (n as u32, d as u32);
+        }
+        if let Some(m) = info.max_non_turbo_ratio {
+            cfg.timing.max_nonturbo_ratio = m as u8;
+        }
+    }
+    (cpu, cpu_from, cfg)
+}
+
+/// The execution mode of `--bits`.
+pub(crate) fn exec_mode(bits: u32) -> Result<ExecMode, String> {
+    match bits {
+        16 => Ok(ExecMode::Bits16),
+        32 => Ok(ExecMode::Bits32),
+        64 => Ok(ExecMode::Bits64),
+        b => Err(format!("--bits {b}: expected 16, 32 or 64")),
+    }
+}
+
+/// The process whose mappings give `stream`'s code: `--pid`, else the process the stream traced
+/// (its ITRACE_START records); `None` (all processes) with a warning when that is ambiguous.
+pub(crate) fn stream_pid(
+    args: &ImageArgs,
+    sideband: Option<&PerfSideband>,
+    stream: &ptrewind::store::TraceStream<'_>,
+) -> Option<u32> {
+    let pid = match sideband {
+        Some(sb) => args
+            .pid
+            .or_else(|| sb.pid_for_stream(stream.cpu, stream.tid)),
+        None => None,
+    };
+    if let (Some(sb), None) = (sideband, pid) {
+        let mut pids: Vec<u32> = sb
+            .mmaps
+            .iter()
+            .filter(|m| m.pid != 0 && m.pid != u32::MAX)
+            .map(|m| m.pid)
+            .collect();
+        pids.sort_unstable();
+        pids.dedup();
+        if pids.len() > 1 {
+            eprintln!(
+                "ptrewind: stream {}: the traced process is not known; using the mappings of \
+                 all {} processes (later ones win where they overlap); choose one with --pid",
+                stream.label,
+                pids.len()
+            );
+        }
+    }
+    pid
 }
 
 /// The `--raw` sections and `--elf` files of the command line (mapped over the perf.data

@@ -356,6 +356,16 @@ impl Timeline {
         self.worker.probe()
     }
 
+    /// The code the history is decoded against.
+    pub fn image(&self) -> &Image {
+        &self.image
+    }
+
+    /// How the history is decoded (errata, timing).
+    pub fn flow_config(&self) -> &FlowConfig {
+        &self.flow
+    }
+
     fn live_mut(&mut self) -> TargetResult<&mut Box<dyn LiveBackend>> {
         self.live.as_mut().ok_or(TargetError::Unsupported(
             "no live process: this is a replay of a recording",
