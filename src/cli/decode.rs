@@ -35,7 +35,10 @@
 //! (per-CPU recording) is decoded stream by stream, each introduced by `[stream cpuN]`.
 //!
 //! Exit status: 0 when the decode reported no error event, 2 when it did (the output is still
-//! complete: errors are lines in the stream), 1 when the inputs could not be read.
+//! complete: errors are lines in the stream) or when the perf.data is damaged (cut short,
+//! malformed records: what could be read is decoded, the damage is said on stderr), and 2 with
+//! only a message when the inputs cannot be used (unreadable, empty, a device, no Intel PT data,
+//! no PSB).
 
 use super::CmdResult;
 use super::output::Out;
@@ -160,6 +163,13 @@ pub fn run(args: DecodeArgs) -> CmdResult {
     };
     let file = TraceFile::open(&path)?;
     let source = file.source()?;
+    if args.perf.is_some() {
+        super::input::require_perf_data(&path, &source)?;
+    }
+    super::input::require_trace(&path, &source)?;
+    // A damaged perf.data (cut short, malformed records) is decoded as far as it goes, said on
+    // stderr, and makes the exit status 2.
+    let damaged = super::input::report_perf_damage(&path, &source);
     let perf = match source.format {
         ptrewind::store::SourceFormat::PerfData { .. } => Some(PerfData::parse(file.bytes())?),
         ptrewind::store::SourceFormat::RawPt => None,
@@ -249,7 +259,7 @@ pub fn run(args: DecodeArgs) -> CmdResult {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(ExitCode::SUCCESS),
         r => r?,
     }
-    Ok(if errors > 0 {
+    Ok(if errors > 0 || damaged {
         ExitCode::from(2)
     } else {
         ExitCode::SUCCESS

@@ -7,6 +7,7 @@ pub mod attach;
 pub mod decode;
 pub mod dump;
 mod output;
+mod input;
 pub mod record;
 pub mod replay;
 pub mod view;

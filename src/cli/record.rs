@@ -10,7 +10,8 @@ use ptrewind::capture::soft::{
 };
 use ptrewind::server::btrace::{PtCpu, TraceStoreProvider};
 use ptrewind::server::{
-    RecordingTarget, Router, ServeOutcome, Session, check_listen_addr, register_monitors, tracing,
+    OnDisconnect, RecordingTarget, Router, ServeOutcome, Session, check_listen_addr,
+    register_monitors, tracing,
 };
 use ptrewind::target::{PtraceTarget, SpawnOptions};
 use ptrewind::timeline::Timeline;
@@ -91,6 +92,11 @@ pub struct RecordArgs {
     /// Keep address-space randomisation enabled in the program (GDB disables it by default).
     #[arg(long)]
     keep_aslr: bool,
+    /// End when the debugger's connection closes (the program is killed). By default the
+    /// program and its recording are kept, stopped, and ptrewind waits for a debugger to
+    /// connect again (like gdbserver without --once). `ptrewind gdb` always ends with its GDB.
+    #[arg(long)]
+    pub(crate) once: bool,
     /// The program to run, and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     command: Vec<OsString>,
@@ -151,7 +157,7 @@ pub fn run(args: RecordArgs) -> CmdResult {
         Err(code) => return Ok(code),
     };
     let program = args.command[0].clone();
-    serve_recording(target, listener, Served::Started, &program)
+    serve_recording(target, listener, Served::Started, &program, args.once)
 }
 
 /// Starts the program and its recording and binds the listener; `Err(code)` when the command
@@ -388,6 +394,7 @@ pub(crate) fn serve_recording(
     listener: TcpListener,
     served: Served,
     fallback_exe: &std::ffi::OsStr,
+    once: bool,
 ) -> CmdResult {
     let mut session = Session::new(Box::new(target.clone()));
     register_monitors(session.monitors_mut(), &target);
@@ -414,7 +421,7 @@ pub(crate) fn serve_recording(
             let t = t.borrow();
             Progress::start(t.progress_probe(), t.step_counter())
         });
-    let r = serve_session(session, listener, served, fallback_exe, |router| {
+    let r = serve_session(session, listener, served, fallback_exe, once, |router| {
         tracing::install_lldb(router, Box::new(provider));
         tracing::install_btrace(router, Box::new(gdb_view));
     });
@@ -513,18 +520,23 @@ pub(crate) fn serve(
     listener: TcpListener,
     served: Served,
     fallback_exe: &std::ffi::OsStr,
+    once: bool,
 ) -> CmdResult {
     let session = Session::new(Box::new(target));
-    serve_session(session, listener, served, fallback_exe, |_| {})
+    serve_session(session, listener, served, fallback_exe, once, |_| {})
 }
 
-/// Prints how to connect, accepts one GDB connection and serves `session`; `configure` adds
-/// interceptors to the router.
+/// Prints how to connect, then serves `session` to one debugger at a time: a second one
+/// connecting meanwhile is refused with an error packet and a message. When the connection
+/// closes without `detach`/`kill`, the program and its recording are kept stopped and the next
+/// debugger is awaited, unless `once` (the program is then killed, or detached if attached to).
+/// `configure` adds interceptors to the router.
 pub(crate) fn serve_session(
     mut session: Session,
     listener: TcpListener,
     served: Served,
     fallback_exe: &std::ffi::OsStr,
+    once: bool,
     configure: impl FnOnce(&mut Router),
 ) -> CmdResult {
     let how = served.how();
@@ -544,15 +556,31 @@ pub(crate) fn serve_session(
         "ptrewind:          or: lldb -o 'gdb-remote {addr}' {}",
         shell_quote(&exe.to_string_lossy())
     );
-    let (stream, peer) = listener.accept()?;
-    eprintln!("ptrewind: debugger connected from {peer}");
+    let connections = Acceptor::spawn(listener)?;
     session.set_attached(attached);
     let mut router = Router::default();
     if served != Served::StartedForGdb {
         router.on_notice(|n| eprintln!("ptrewind: warning: {n}"));
     }
+    router.set_on_disconnect(if once {
+        OnDisconnect::End
+    } else {
+        OnDisconnect::Keep
+    });
     configure(&mut router);
-    let outcome = router.serve(stream, &mut session)?;
+    let outcome = loop {
+        let (stream, peer) = connections.next()?;
+        eprintln!("ptrewind: debugger connected from {peer}");
+        let outcome = router.serve(stream, &mut session);
+        connections.done();
+        match outcome? {
+            ServeOutcome::Kept => eprintln!(
+                "ptrewind: debugger disconnected; process {pid} and its recording are kept \
+                 (stopped); waiting for a debugger on {addr} (--once: end instead)"
+            ),
+            other => break other,
+        }
+    };
     if served == Served::Replay {
         eprintln!("ptrewind: debugger disconnected; replay of process {pid} ended");
         return Ok(ExitCode::SUCCESS);
@@ -569,11 +597,109 @@ pub(crate) fn serve_session(
         ServeOutcome::ConnectionClosed if attached => {
             eprintln!("ptrewind: debugger disconnected; detached from process {pid}")
         }
-        ServeOutcome::ConnectionClosed => {
+        ServeOutcome::ConnectionClosed | ServeOutcome::Kept => {
             eprintln!("ptrewind: debugger disconnected; process {pid} killed")
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Accepts debugger connections on a thread of its own: the first while none is served is
+/// handed to the serving loop ([`Acceptor::next`]); any other is refused at once with an error
+/// packet naming the reason, then closed (a second debugger would otherwise hang, connected to
+/// a server that never reads from it).
+struct Acceptor {
+    rx: std::sync::mpsc::Receiver<(std::net::TcpStream, SocketAddr)>,
+    busy: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Acceptor {
+    fn spawn(listener: TcpListener) -> std::io::Result<Self> {
+        use std::sync::atomic::Ordering;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let busy = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = std::sync::Arc::clone(&busy);
+        std::thread::Builder::new()
+            .name("ptrewind-accept".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    let Ok(stream) = conn else { continue };
+                    let Ok(peer) = stream.peer_addr() else {
+                        continue;
+                    };
+                    if !flag.swap(true, Ordering::AcqRel) {
+                        if tx.send((stream, peer)).is_err() {
+                            break;
+                        }
+                        continue;
+                    }
+                    // Busy. A debugger reconnecting right after its connection dropped may be
+                    // faster than the server noticing the drop: give the served connection a
+                    // moment to end before refusing. Its own thread: accepting goes on.
+                    let tx = tx.clone();
+                    let flag = std::sync::Arc::clone(&flag);
+                    let _ = std::thread::Builder::new()
+                        .name("ptrewind-refuse".into())
+                        .spawn(move || {
+                            let deadline =
+                                std::time::Instant::now() + std::time::Duration::from_secs(1);
+                            while std::time::Instant::now() < deadline {
+                                if !flag.swap(true, Ordering::AcqRel) {
+                                    let _ = tx.send((stream, peer));
+                                    return;
+                                }
+                                std::thread::sleep(std::time::Duration::from_millis(10));
+                            }
+                            eprintln!(
+                                "ptrewind: refused a second debugger from {peer}: another one \
+                                 is connected"
+                            );
+                            refuse(stream);
+                        });
+                }
+            })?;
+        Ok(Acceptor { rx, busy })
+    }
+
+    /// The next connection to serve (blocks until one arrives).
+    fn next(&self) -> std::io::Result<(std::net::TcpStream, SocketAddr)> {
+        self.rx
+            .recv()
+            .map_err(|_| std::io::Error::other("the listening thread ended"))
+    }
+
+    /// The served connection ended: the next one may be served.
+    fn done(&self) {
+        self.busy.store(false, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// Tells a debugger it cannot connect: waits (at most 2 s) for its first packet, acknowledges
+/// it and answers with an `E.` error packet carrying the reason (GDB prints it), then closes.
+fn refuse(mut stream: std::net::TcpStream) {
+    use std::io::{Read as _, Write as _};
+    let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(2)));
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 512];
+    // Up to the end of the first packet (`#` and two checksum digits), or 4 KiB.
+    while seen.len() < 4096 {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => seen.extend_from_slice(&buf[..n]),
+        }
+        if let Some(h) = seen.iter().position(|&b| b == b'#')
+            && seen.len() >= h + 3
+        {
+            break;
+        }
+    }
+    let reply = ptrewind::server::router::encode_packet(
+        b"E.ptrewind: another debugger is already connected to this recording",
+    );
+    let _ = stream.write_all(b"+");
+    let _ = stream.write_all(&reply);
+    let _ = stream.flush();
+    let _ = stream.shutdown(std::net::Shutdown::Both);
 }
 
 /// Quotes a path for the printed shell command line.
@@ -620,8 +746,20 @@ pub fn run_gdb(args: GdbArgs) -> CmdResult {
     };
     let program = args.record.command[0].clone();
     let addr = listener.local_addr()?;
-    let script = std::env::temp_dir().join(format!("ptrewind-gdb-{}.py", std::process::id()));
-    std::fs::write(&script, GDB_SCRIPT)
+    // A private directory (mode 0700, unpredictable name, created with O_EXCL by `tempfile`)
+    // holds the script: in a shared $TMPDIR a predictable name could be a planted link, or be
+    // replaced by another user before GDB sources it. Removed when `scratch` is dropped.
+    let scratch = tempfile::Builder::new()
+        .prefix("ptrewind-gdb-")
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        .tempdir()
+        .map_err(|e| format!("cannot create a temporary directory: {e}"))?;
+    let script = scratch.path().join("ptrewind.py");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&script)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, GDB_SCRIPT.as_bytes()))
         .map_err(|e| format!("cannot write {}: {e}", script.display()))?;
     let exe = ptrewind::target::Target::exec_path(&target)
         .map(std::ffi::OsString::from)
@@ -639,10 +777,9 @@ pub fn run_gdb(args: GdbArgs) -> CmdResult {
         cmd.arg("-ex").arg(e);
     }
     cmd.arg(&exe);
-    let mut gdb = cmd.spawn().map_err(|e| {
-        let _ = std::fs::remove_file(&script);
-        format!("cannot run {}: {e}", args.gdb.to_string_lossy())
-    })?;
+    let mut gdb = cmd
+        .spawn()
+        .map_err(|e| format!("cannot run {}: {e}", args.gdb.to_string_lossy()))?;
     // Ignored only now: GDB and the program inherit SIGINT's default disposition. GDB handles
     // the terminal's Ctrl-C itself; ptrewind ends when GDB ends.
     // SAFETY: SIG_IGN installs no handler code, so no async-signal-safety question arises.
@@ -663,11 +800,12 @@ pub fn run_gdb(args: GdbArgs) -> CmdResult {
         let _ = std::net::TcpStream::connect(addr);
         status
     });
-    let served = serve_recording(target, listener, Served::StartedForGdb, &program);
+    // GDB is ours: when it goes, the session ends (no waiting for another debugger).
+    let served = serve_recording(target, listener, Served::StartedForGdb, &program, true);
     let status = watcher
         .join()
         .map_err(|_| "the thread waiting for gdb panicked".to_string())?;
-    let _ = std::fs::remove_file(&script);
+    drop(scratch);
     served?;
     let status = status.map_err(|e| format!("waiting for gdb: {e}"))?;
     Ok(match status.code() {
