@@ -2,4 +2,5 @@
 //! single-steps a target under ptrace and emits the packets a CPU would.
 
 pub mod perf;
+pub mod qemu;
 pub mod soft;

@@ -1,0 +1,231 @@
+//! Per-thread output of the QEMU capture: the encoder's bytes go through a ToPA output ring
+//! (the same model the other software capture writes through) and are drained into one file per
+//! guest thread in the recording directory, with loss counted.
+//!
+//! Files of a recording directory (`PID` = guest process, `TID` = guest thread):
+//!
+//! * `PID-TID.pt` — the thread's Intel PT stream (raw packets, starting with PSB+);
+//! * `PID-TID.json` — [`ThreadMeta`], written when the thread's stream ends;
+//! * `PID-TID.insns` — test mode only: every instruction address QEMU started executing on the
+//!   thread, little-endian `u64`s;
+//! * `PID.maps` — snapshots of the process's memory map (`/proc/self/maps` of the QEMU process,
+//!   each introduced by a `# snapshot` line; see [`super::recording`]);
+//! * `plugin.json` — [`PluginMeta`].
+//!
+//! Files are created with `O_CREAT | O_EXCL | O_NOFOLLOW` and mode 0600: nothing is written
+//! through a file or link someone else put there.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::tracer::TracerStats;
+use crate::ring::{BuildError, Capabilities, IntOn, Topa, TraceSink, TraceSource};
+
+/// Creates `path` for writing, refusing to follow or reuse an existing file or link.
+pub fn create_private(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}
+
+/// The stream file of thread `tid` of process `pid` in `dir`.
+pub fn stream_path(dir: &Path, pid: u32, tid: u32, ext: &str) -> PathBuf {
+    dir.join(format!("{pid}-{tid}.{ext}"))
+}
+
+/// A gap in a stream file: bytes the ring lost before they were drained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gap {
+    /// Offset in the file where the bytes after the gap start.
+    pub file_offset: u64,
+    /// Stream bytes lost there.
+    pub lost: u64,
+}
+
+/// Written beside each thread's stream when it ends.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThreadMeta {
+    /// Guest process id.
+    pub pid: u32,
+    /// Guest thread id.
+    pub tid: u32,
+    /// QEMU's vCPU index of the thread.
+    pub vcpu: u32,
+    /// Bytes in the stream file.
+    pub bytes: u64,
+    /// Bytes lost by the ring (never drained in time).
+    pub lost: u64,
+    /// Where in the file the losses are.
+    pub gaps: Vec<Gap>,
+    /// How the stream ended: `exit`, `exec`, `fork-child`, `plugin-exit`.
+    pub end: String,
+    /// What the tracer saw.
+    pub tracer: TracerStats,
+    /// The first error writing the stream, if any (the stream stops there).
+    pub error: Option<String>,
+}
+
+/// Written once per recording directory by the plugin when it loads.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PluginMeta {
+    /// The plugin API version the plugin was built for.
+    pub api_version: i32,
+    /// The oldest and newest API versions this QEMU supports.
+    pub qemu_api: (i32, i32),
+    /// The guest architecture QEMU reported.
+    pub target: String,
+    /// Precise mode (reached-instruction counters) on.
+    pub precise: bool,
+    /// Test mode (per-instruction log) on.
+    pub log_insns: bool,
+}
+
+/// Output ring sizes: 8 regions of 64 KiB, PMI on each; drained at half full, so nothing is lost
+/// unless a write is larger than the ring.
+pub const REGION_SIZE: u64 = 64 * 1024;
+/// Number of ToPA regions.
+pub const REGIONS: usize = 8;
+
+/// One thread's ToPA ring and stream file.
+#[derive(Debug)]
+pub struct ThreadOutput {
+    ring: Topa,
+    file: File,
+    path: PathBuf,
+    bytes: u64,
+    lost: u64,
+    gaps: Vec<Gap>,
+    error: Option<String>,
+}
+
+impl ThreadOutput {
+    /// Creates the stream file `path` (see [`create_private`]) and its ring.
+    pub fn create(path: PathBuf) -> io::Result<ThreadOutput> {
+        let file = create_private(&path)?;
+        let ring = Topa::circular(Capabilities::default(), &[REGION_SIZE; REGIONS], IntOn::Every)
+            .map_err(|e: BuildError| io::Error::other(e.to_string()))?;
+        Ok(ThreadOutput {
+            ring,
+            file,
+            path,
+            bytes: 0,
+            lost: 0,
+            gaps: Vec::new(),
+            error: None,
+        })
+    }
+
+    /// Writes encoder output through the ring, draining it to the file first when it would not
+    /// fit and after it when half full.
+    pub fn write(&mut self, bytes: &[u8]) {
+        if bytes.is_empty() {
+            return;
+        }
+        let room = self.ring.capacity().saturating_sub(self.ring.pending());
+        if bytes.len() as u64 > room {
+            self.drain();
+        }
+        self.ring.write(bytes);
+        if self.ring.pending() >= self.ring.capacity() / 2 {
+            self.drain();
+        }
+    }
+
+    /// Moves everything in the ring into the file.
+    pub fn drain(&mut self) {
+        let file = &mut self.file;
+        let mut written = 0u64;
+        let mut err = None;
+        let mut first_gap = None;
+        let report = self.ring.drain_with(&mut |chunk| {
+            if err.is_some() {
+                return;
+            }
+            if first_gap.is_none() {
+                first_gap = Some(chunk.stream_offset);
+            }
+            match file.write_all(chunk.bytes) {
+                Ok(()) => written += chunk.bytes.len() as u64,
+                Err(e) => err = Some(e),
+            }
+        });
+        if report.lost() > 0 {
+            self.gaps.push(Gap {
+                file_offset: self.bytes,
+                lost: report.lost(),
+            });
+            self.lost += report.lost();
+        }
+        self.bytes += written;
+        if let Some(e) = err
+            && self.error.is_none()
+        {
+            self.error = Some(format!("writing {}: {e}", self.path.display()));
+        }
+    }
+
+    /// Bytes written to the file so far.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Bytes lost so far.
+    pub fn lost(&self) -> u64 {
+        self.lost
+    }
+
+    /// Gaps so far.
+    pub fn gaps(&self) -> &[Gap] {
+        &self.gaps
+    }
+
+    /// The first write error, if any.
+    pub fn error(&self) -> Option<&str> {
+        self.error.as_deref()
+    }
+}
+
+/// Writes `value` as JSON to the private file `path`, replacing an earlier version (never
+/// following a link).
+pub fn write_json<T: Serialize>(path: &Path, value: &T) -> io::Result<()> {
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)?;
+    let text = serde_json::to_vec_pretty(value).map_err(io::Error::other)?;
+    f.write_all(&text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_drains_everything_in_order() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("1-1.pt");
+        let mut out = ThreadOutput::create(path.clone()).expect("create");
+        let mut expected = Vec::new();
+        for i in 0..5000u32 {
+            let chunk: Vec<u8> = (0..(i % 700)).map(|j| (i + j) as u8).collect();
+            out.write(&chunk);
+            expected.extend_from_slice(&chunk);
+        }
+        out.drain();
+        assert_eq!(out.lost(), 0);
+        assert_eq!(out.bytes(), expected.len() as u64);
+        assert_eq!(std::fs::read(&path).expect("read"), expected);
+        // The file is never reused.
+        assert!(ThreadOutput::create(path).is_err());
+    }
+}

@@ -1,0 +1,1 @@
+//! Launching QEMU with the plugin and reading a recording directory.
