@@ -93,11 +93,7 @@ unsafe extern "C" {
     );
     pub fn qemu_plugin_register_vcpu_syscall_cb(id: qemu_plugin_id_t, cb: SyscallCb);
     pub fn qemu_plugin_register_vcpu_syscall_ret_cb(id: qemu_plugin_id_t, cb: SyscallRetCb);
-    pub fn qemu_plugin_register_atexit_cb(
-        id: qemu_plugin_id_t,
-        cb: UdataCb,
-        userdata: *mut c_void,
-    );
+    pub fn qemu_plugin_register_atexit_cb(id: qemu_plugin_id_t, cb: UdataCb, userdata: *mut c_void);
     pub fn qemu_plugin_tb_n_insns(tb: *const qemu_plugin_tb) -> usize;
     pub fn qemu_plugin_tb_get_insn(tb: *const qemu_plugin_tb, idx: usize) -> *mut qemu_plugin_insn;
     pub fn qemu_plugin_insn_data(insn: *const qemu_plugin_insn) -> *const c_void;

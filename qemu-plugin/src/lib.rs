@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, 
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 use ptrewind::capture::qemu::output::{self, PluginMeta, ThreadMeta, ThreadOutput};
-use ptrewind::capture::qemu::{BlockInfo, ThreadTracer, TracerConfig};
+use ptrewind::capture::qemu::{BlockInfo, SignalHandlers, ThreadTracer, TracerConfig};
 
 use ffi::*;
 
@@ -47,12 +47,60 @@ struct Config {
 }
 
 static CONFIG: OnceLock<Config> = OnceLock::new();
-/// The global instruction clock every stream's TSC packets come from.
-static CLOCK: AtomicU64 = AtomicU64::new(0);
+/// The global instruction clock every stream's TSC packets come from: a `u64` in the shared
+/// mapping of the recording's `clock` file (so ptrewind reads progress, and forked children
+/// share it), or this fallback when the file cannot be mapped.
+static CLOCK_FALLBACK: AtomicU64 = AtomicU64::new(0);
+static CLOCK: AtomicPtr<AtomicU64> = AtomicPtr::new(ptr::null_mut());
+
+fn clock() -> &'static AtomicU64 {
+    let p = CLOCK.load(Ordering::Relaxed);
+    // SAFETY: a non-null CLOCK points into a shared mapping that is never unmapped.
+    unsafe { p.as_ref() }.unwrap_or(&CLOCK_FALLBACK)
+}
+
+/// Maps `DIR/clock` (8 bytes) shared and points CLOCK at it.
+fn map_clock(dir: &std::path::Path) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    let path = dir.join(output::CLOCK_FILE);
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    f.set_len(8)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    // SAFETY: mapping 8 bytes of a file we own read-write and shared; the fd may be closed
+    // afterwards, the mapping stays.
+    let p = unsafe {
+        libc::mmap(
+            ptr::null_mut(),
+            8,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(format!(
+            "mmap {}: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    CLOCK.store(p as *mut AtomicU64, Ordering::Relaxed);
+    Ok(())
+}
 /// Host address minus guest address of code (QEMU's `guest_base`), from the first translation.
 static GUEST_BASE: AtomicI64 = AtomicI64::new(i64::MIN);
 /// Whether this process has written its first memory-map snapshot.
 static MAPS_DONE_FOR: AtomicU32 = AtomicU32::new(0);
+/// The guest's signal handlers, from its rt_sigaction calls.
+static HANDLERS: SignalHandlers = SignalHandlers::new();
 static WARNED: AtomicBool = AtomicBool::new(false);
 
 struct Vcpu {
@@ -62,8 +110,8 @@ struct Vcpu {
     out: Option<ThreadOutput>,
     log: Option<BufWriter<std::fs::File>>,
     done: bool,
-    /// (number, prot) of an mmap/mprotect in progress.
-    pending: Option<(i64, u64)>,
+    /// An executable file mapping in progress: (length, offset, path).
+    pending: Option<(u64, u64, String)>,
 }
 
 struct Slot {
@@ -108,8 +156,9 @@ fn new_vcpu(index: u32) -> Vcpu {
                 precise,
                 ..TracerConfig::default()
             },
-            &CLOCK,
-        ),
+            clock(),
+        )
+        .with_handlers(&HANDLERS),
         out: None,
         log: None,
         done: false,
@@ -127,7 +176,9 @@ fn slot(vcpu: c_uint) -> Option<&'static Slot> {
 
 fn install_slot(vcpu: c_uint) {
     let Some(cell) = SLOTS.get(vcpu as usize) else {
-        warn(&format!("vCPU index {vcpu} above {MAX_VCPUS}: thread not recorded"));
+        warn(&format!(
+            "vCPU index {vcpu} above {MAX_VCPUS}: thread not recorded"
+        ));
         return;
     };
     if let Some(old) = slot(vcpu) {
@@ -202,7 +253,6 @@ fn finish(v: &mut Vcpu, end: &str) {
 /// Appends the process's memory map to `PID.maps` (one `write`, so concurrent snapshots do not
 /// interleave).
 fn snapshot_maps(reason: &str) {
-    let Some(c) = config() else { return };
     let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
         return;
     };
@@ -212,6 +262,12 @@ fn snapshot_maps(reason: &str) {
         if base == i64::MIN { 0 } else { base }
     );
     text.push_str(&maps);
+    append_maps(&text);
+}
+
+/// Appends `text` to this process's `PID.maps`.
+fn append_maps(text: &str) {
+    let Some(c) = config() else { return };
     let path = c.dir.join(format!("{}.maps", getpid()));
     let file = OpenOptions::new()
         .append(true)
@@ -225,6 +281,26 @@ fn snapshot_maps(reason: &str) {
         }
         Err(e) => warn(&format!("cannot write {}: {e}", path.display())),
     }
+}
+
+/// Reads a `u64` of guest memory without risking a fault (through `process_vm_readv` on this
+/// process; guest addresses are host addresses plus QEMU's guest base).
+fn read_guest_u64(addr: u64) -> Option<u64> {
+    let base = GUEST_BASE.load(Ordering::Relaxed);
+    let host = addr.wrapping_add(if base == i64::MIN { 0 } else { base as u64 });
+    let mut v = 0u64;
+    let local = libc::iovec {
+        iov_base: (&mut v as *mut u64).cast(),
+        iov_len: 8,
+    };
+    let remote = libc::iovec {
+        iov_base: host as *mut c_void,
+        iov_len: 8,
+    };
+    // SAFETY: reads 8 bytes of our own address space into `v`; a bad address fails with EFAULT
+    // instead of faulting.
+    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    (n == 8).then_some(v)
 }
 
 extern "C" fn on_vcpu_init(_id: qemu_plugin_id_t, vcpu: c_uint) {
@@ -343,7 +419,7 @@ extern "C" fn on_tb_trans(_id: qemu_plugin_id_t, tb: *mut qemu_plugin_tb) {
 }
 
 const SYS_MMAP: i64 = 9;
-const SYS_MPROTECT: i64 = 10;
+const SYS_RT_SIGACTION: i64 = 13;
 const SYS_CLONE: i64 = 56;
 const SYS_FORK: i64 = 57;
 const SYS_VFORK: i64 = 58;
@@ -352,24 +428,31 @@ const SYS_EXIT: i64 = 60;
 const SYS_EXECVEAT: i64 = 322;
 const SYS_CLONE3: i64 = 435;
 const PROT_EXEC: u64 = 4;
+const MAP_ANONYMOUS: u64 = 0x20;
 
 #[allow(clippy::too_many_arguments)]
 extern "C" fn on_syscall(
     _id: qemu_plugin_id_t,
     vcpu: c_uint,
     num: i64,
-    _a1: u64,
-    _a2: u64,
+    a1: u64,
+    a2: u64,
     a3: u64,
-    _a4: u64,
-    _a5: u64,
-    _a6: u64,
+    a4: u64,
+    a5: u64,
+    a6: u64,
     _a7: u64,
     _a8: u64,
 ) {
     let Some(s) = slot(vcpu) else { return };
     match num {
-        SYS_MMAP | SYS_MPROTECT => lock(s).pending = Some((num, a3)),
+        SYS_MMAP if a3 & PROT_EXEC != 0 && a4 & MAP_ANONYMOUS == 0 => {
+            // Guest and host file descriptors are the same in QEMU user mode.
+            let path = std::fs::read_link(format!("/proc/self/fd/{}", a5 as i32))
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            lock(s).pending = Some((a2, a6, path));
+        }
         SYS_EXECVE | SYS_EXECVEAT => {
             // The process image may be replaced without any exit callback: end the stream
             // (the SYSCALL's TIP.PGD) and save it now. A failed execve goes on with TIP.PGE.
@@ -380,20 +463,26 @@ extern "C" fn on_syscall(
                     v.write_meta("exec");
                 }
             }
-            snapshot_maps("exec");
         }
         SYS_EXIT => finish(&mut lock(s), "exit"),
+        SYS_RT_SIGACTION if a2 != 0 => {
+            if let Some(h) = read_guest_u64(a2) {
+                HANDLERS.set(a1, h);
+            }
+        }
         _ => {}
     }
 }
 
 extern "C" fn on_syscall_ret(_id: qemu_plugin_id_t, vcpu: c_uint, num: i64, ret: i64) {
     match num {
-        SYS_MMAP | SYS_MPROTECT => {
+        SYS_MMAP => {
             let Some(s) = slot(vcpu) else { return };
             let pending = lock(s).pending.take();
-            if ret >= 0 && pending.is_some_and(|(n, prot)| n == num && prot & PROT_EXEC != 0) {
-                snapshot_maps("mmap");
+            if let Some((len, off, path)) = pending
+                && ret >= 0
+            {
+                append_maps(&format!("# mmap {ret:#x} {len:#x} {off:#x} {path}\n"));
             }
         }
         SYS_FORK | SYS_VFORK | SYS_CLONE | SYS_CLONE3 if ret == 0 => {
@@ -427,7 +516,6 @@ extern "C" fn on_atexit(_id: qemu_plugin_id_t, _udata: *mut c_void) {
             finish(&mut lock(s), "process-exit");
         }
     }
-    snapshot_maps("exit");
 }
 
 fn parse_args(argc: c_int, argv: *const *const c_char) -> Result<Config, String> {
@@ -490,7 +578,11 @@ pub unsafe extern "C" fn qemu_plugin_install(
         eprintln!(
             "ptrewind-qemu-plugin: only x86_64 user-mode emulation is supported (this is {}{})",
             target,
-            if info.system_emulation { ", system emulation" } else { "" }
+            if info.system_emulation {
+                ", system emulation"
+            } else {
+                ""
+            }
         );
         return 1;
     }
@@ -508,7 +600,11 @@ pub unsafe extern "C" fn qemu_plugin_install(
         precise: config.precise,
         log_insns: config.log,
     };
-    let _ = output::write_json(&config.dir.join("plugin.json"), &meta);
+    if let Err(e) = map_clock(&config.dir) {
+        eprintln!("ptrewind-qemu-plugin: {e}");
+        return 1;
+    }
+    let _ = output::write_json(&config.dir.join(output::PLUGIN_FILE), &meta);
     if CONFIG.set(config).is_err() {
         return 1;
     }

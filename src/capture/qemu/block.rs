@@ -97,10 +97,7 @@ impl BlockInfo {
         }
         let off = ip.checked_sub(self.start)?;
         let off = u32::try_from(off).ok()?;
-        self.offsets
-            .binary_search(&off)
-            .ok()
-            .map(|i| i as u32 + 1)
+        self.offsets.binary_search(&off).ok().map(|i| i as u32 + 1)
     }
 
     /// The counter QEMU's inline operations add to (see [`BlockInfo::reached_counter`]).
@@ -203,7 +200,9 @@ mod tests {
             (InsnClass::DirectCall, Some(0x25))
         );
         assert_eq!(
-            BlockInfo::new(&[0x10], &[0x0f, 0x05]).expect("syscall").class,
+            BlockInfo::new(&[0x10], &[0x0f, 0x05])
+                .expect("syscall")
+                .class,
             InsnClass::SysCall
         );
         let bad = BlockInfo::new(&[0x10], &[0x0f, 0xff]).expect("ud");

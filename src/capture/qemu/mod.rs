@@ -16,4 +16,5 @@ pub mod tracer;
 pub use block::BlockInfo;
 pub use output::{PluginMeta, ThreadMeta, ThreadOutput};
 
-pub use tracer::{ThreadTracer, TracerConfig, TracerStats};
+pub use recording::{QemuConfig, QemuError, QemuRecording, Recorded, RecordedThread};
+pub use tracer::{SignalHandlers, ThreadTracer, TracerConfig, TracerStats};

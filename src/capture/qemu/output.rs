@@ -8,9 +8,11 @@
 //! * `PID-TID.json` — [`ThreadMeta`], written when the thread's stream ends;
 //! * `PID-TID.insns` — test mode only: every instruction address QEMU started executing on the
 //!   thread, little-endian `u64`s;
-//! * `PID.maps` — snapshots of the process's memory map (`/proc/self/maps` of the QEMU process,
-//!   each introduced by a `# snapshot` line; see [`super::recording`]);
-//! * `plugin.json` — [`PluginMeta`].
+//! * `PID.maps` — the process's memory map when it started (`/proc/self/maps` of the QEMU
+//!   process after a `# snapshot start guest_base=B` line), then one `# mmap ADDR LEN OFFSET PATH`
+//!   line per executable file mapping the guest made;
+//! * `clock` — the global instruction clock the TSC packets come from (a shared `u64`);
+//! * `plugin.json` — [`PluginMeta`]; `launch.json` — what ptrewind ran.
 //!
 //! Files are created with `O_CREAT | O_EXCL | O_NOFOLLOW` and mode 0600: nothing is written
 //! through a file or link someone else put there.
@@ -24,6 +26,13 @@ use serde::{Deserialize, Serialize};
 
 use super::tracer::TracerStats;
 use crate::ring::{BuildError, Capabilities, IntOn, Topa, TraceSink, TraceSource};
+
+/// The shared global instruction clock (8 bytes, native-endian `u64`).
+pub const CLOCK_FILE: &str = "clock";
+/// [`PluginMeta`].
+pub const PLUGIN_FILE: &str = "plugin.json";
+/// What ptrewind launched ([`super::recording::LaunchMeta`]).
+pub const LAUNCH_FILE: &str = "launch.json";
 
 /// Creates `path` for writing, refusing to follow or reuse an existing file or link.
 pub fn create_private(path: &Path) -> io::Result<File> {
@@ -109,8 +118,12 @@ impl ThreadOutput {
     /// Creates the stream file `path` (see [`create_private`]) and its ring.
     pub fn create(path: PathBuf) -> io::Result<ThreadOutput> {
         let file = create_private(&path)?;
-        let ring = Topa::circular(Capabilities::default(), &[REGION_SIZE; REGIONS], IntOn::Every)
-            .map_err(|e: BuildError| io::Error::other(e.to_string()))?;
+        let ring = Topa::circular(
+            Capabilities::default(),
+            &[REGION_SIZE; REGIONS],
+            IntOn::Every,
+        )
+        .map_err(|e: BuildError| io::Error::other(e.to_string()))?;
         Ok(ThreadOutput {
             ring,
             file,

@@ -67,12 +67,44 @@ pub struct TracerStats {
     pub tsc_stamps: u64,
 }
 
+/// The guest's signal handlers (from its `rt_sigaction` calls), by signal number: a block
+/// that ends in an indirect branch, system call or software interrupt and is followed by a
+/// handler's first block may have been interrupted part-way (any successor is legal for it).
+#[derive(Debug)]
+pub struct SignalHandlers([AtomicU64; 65]);
+
+impl Default for SignalHandlers {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SignalHandlers {
+    /// No handlers.
+    pub const fn new() -> Self {
+        SignalHandlers([const { AtomicU64::new(0) }; 65])
+    }
+
+    /// Signal `sig` is now handled at `addr` (0 or 1: default or ignored).
+    pub fn set(&self, sig: u64, addr: u64) {
+        if let Some(h) = self.0.get(sig as usize) {
+            h.store(if addr > 1 { addr } else { 0 }, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether some signal is handled at `addr`.
+    pub fn contains(&self, addr: u64) -> bool {
+        addr > 1 && self.0.iter().any(|h| h.load(Ordering::Relaxed) == addr)
+    }
+}
+
 /// One guest thread's block executions → its PT stream (see the module documentation).
 #[derive(Debug)]
 pub struct ThreadTracer<'b> {
     enc: SoftEncoder,
     config: TracerConfig,
     clock: &'b AtomicU64,
+    handlers: Option<&'b SignalHandlers>,
     prev: Option<&'b BlockInfo>,
     prev_reached: u64,
     unsynced: u64,
@@ -86,11 +118,18 @@ impl<'b> ThreadTracer<'b> {
             enc: SoftEncoder::new(config.encoder),
             config,
             clock,
+            handlers: None,
             prev: None,
             prev_reached: 0,
             unsynced: 0,
             stats: TracerStats::default(),
         }
+    }
+
+    /// Consult `handlers` (see [`SignalHandlers`]).
+    pub fn with_handlers(mut self, handlers: &'b SignalHandlers) -> Self {
+        self.handlers = Some(handlers);
+        self
     }
 
     /// Block `b` starts executing on this thread.
@@ -141,11 +180,16 @@ impl<'b> ThreadTracer<'b> {
             .config
             .precise
             .then(|| p.reached().wrapping_sub(self.prev_reached));
-        // Other threads running the same block only add to the counter, so a growth below
-        // n - 1 always means this execution stopped early.
-        let cut = reached.filter(|&d| d + 1 < u64::from(n));
-        let executed = match (cut, successor(p, next)) {
-            (None, Some(cofi)) => {
+        // The counter is consulted when the successor is not a legal one, or when it is a
+        // signal handler (any successor is legal after an indirect branch): QEMU's inline
+        // additions are not atomic, so threads running the same block at once can lose each
+        // other's increments, and a low count alone proves nothing.
+        // Without the counter, entering a handler is taken as an interruption at an unknown
+        // place (never counting the block in full).
+        let cut = reached.is_none_or(|d| d + 1 < u64::from(n))
+            && next.is_some_and(|x| self.handlers.is_some_and(|h| h.contains(x)));
+        let executed = match successor(p, next).filter(|_| !cut) {
+            Some(cofi) => {
                 self.stamp_at(p.start);
                 self.enc.block(
                     p.start,
@@ -159,7 +203,7 @@ impl<'b> ThreadTracer<'b> {
                 );
                 u64::from(n)
             }
-            _ => self.interrupted(p, next, reached),
+            None => self.interrupted(p, next, reached),
         };
         self.unsynced += executed;
         if self.unsynced >= self.config.tsc_period && self.enc.is_tracing() {
