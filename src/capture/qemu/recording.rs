@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use super::output::{self, CLOCK_FILE, LAUNCH_FILE, PLUGIN_FILE, PluginMeta, ThreadMeta};
 use crate::image::Image;
-use crate::image::perf_maps::{MissingImage, MmapOptions, MmapRecord};
+use crate::image::perf_maps::{MissingImage, MmapImage, MmapOptions, MmapRecord};
 use crate::image::procfs::parse_maps_lenient;
 
 /// The plugin API version the plugin speaks (QEMU 4.2 to 8.x accept it).
@@ -562,9 +562,21 @@ impl Recorded {
     /// The code image of the recording (see [`Recorded::mmap_records`]) and the mappings whose
     /// files could not be read.
     pub fn image(&self) -> Result<(Image, Vec<MissingImage>), QemuError> {
-        let records = self.mmap_records();
-        let built = Image::from_mmaps(&records, &MmapOptions::default());
+        let built = self.mmap_image();
         Ok((built.image, built.missing))
+    }
+
+    /// The code image with the ELF files placed in it (for symbols).
+    pub fn mmap_image(&self) -> MmapImage {
+        Image::from_mmaps(&self.mmap_records(), &MmapOptions::default())
+    }
+
+    /// The thread `tid`, or the main thread of the first process.
+    pub fn thread(&self, tid: Option<u32>) -> Option<&RecordedThread> {
+        match tid {
+            Some(t) => self.threads.iter().find(|th| th.tid == t),
+            None => self.threads.first(),
+        }
     }
 }
 
