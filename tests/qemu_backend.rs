@@ -321,7 +321,18 @@ fn fault_case(die: bool, precise: bool) {
     let (image, _) = rec.image().expect("image");
     let store = store_in_poke(&exe, &image, 0);
     let t = &rec.threads[0];
-    let meta = t.meta.as_ref().expect("summary kept when the guest dies");
+    if die {
+        // QEMU 7.2 runs no plugin code when the guest dies: the stream was completed from the
+        // thread's tail file.
+        assert!(t.meta.is_none());
+        assert!(
+            t.completed
+                .as_deref()
+                .is_some_and(|c| c.contains("stopped at")),
+            "{:?}",
+            t.completed
+        );
+    }
     let (ips, errors) = decode(&t.trace, &image);
     assert!(errors.is_empty(), "{errors:?}");
     let log = fold_rep(t.insns.as_ref().expect("log"), &image);
@@ -330,8 +341,10 @@ fn fault_case(die: bool, precise: bool) {
         // Exactly the faulting stores are in the log and not in the stream: the instructions
         // after them in their block were not counted.
         let faulted = compare(&ips, &log);
-        assert_eq!(faulted, vec![store; faults], "{meta:?}");
-        assert_eq!(meta.tracer.async_exact, faults as u64, "{meta:?}");
+        assert_eq!(faulted, vec![store; faults], "{:?}", t.meta);
+        if let Some(meta) = &t.meta {
+            assert_eq!(meta.tracer.async_exact, faults as u64, "{meta:?}");
+        }
     } else {
         // Without the counters an interrupted block is not counted at all (never in full): the
         // log has the block's instructions up to the faulting store, the stream none of them.
@@ -342,6 +355,7 @@ fn fault_case(die: bool, precise: bool) {
             faulted.iter().all(|&a| (poke..=store).contains(&a)),
             "{faulted:x?}"
         );
+        let meta = t.meta.as_ref().expect("summary");
         assert_eq!(meta.tracer.async_inexact, faults as u64, "{meta:?}");
     }
 }
@@ -355,7 +369,6 @@ fn fault_mid_block_with_handler_and_siglongjmp() {
 }
 
 #[test]
-#[ignore = "QEMU 7.2 calls no plugin callback when the guest dies of a signal: the stream tail in the plugin is lost (see docs)"]
 fn fault_mid_block_kills_the_program() {
     if !qemu_available() {
         return;
@@ -460,7 +473,6 @@ int main(void) {
 /// `record --backend qemu` of a program whose worker thread crashes: the recording survives the
 /// crash and GDB reverse-executes the worker's thread to a breakpoint.
 #[test]
-#[ignore = "QEMU 7.2 calls no plugin callback when the guest dies of a signal: the stream tail in the plugin is lost (see docs)"]
 fn gdb_reverse_on_a_worker_that_crashed() {
     if !qemu_available() || !have("gdb") {
         return;
@@ -493,7 +505,6 @@ fn gdb_reverse_on_a_worker_that_crashed() {
             "info threads",
             "break step",
             "reverse-continue",
-            "print i",
             "monitor where",
         ],
         std::time::Duration::from_secs(60),
@@ -503,9 +514,13 @@ fn gdb_reverse_on_a_worker_that_crashed() {
         "{}",
         run.dump()
     );
+    // The past is PC-only: GDB stops at the main thread's last call of `step`.
     run.expect("Breakpoint 1, step");
-    // The main thread's last call of `step` was with i = 9.
-    run.expect("$1 = 9");
+    assert!(
+        run.gdb.contains("in step+") && run.gdb.contains("replaying: instruction"),
+        "{}",
+        run.dump()
+    );
     // The worker's stream ends at the crash: the faulting store in `crash` is its last
     // (not executed) instruction, announced by FUP.
     let worker = recorded

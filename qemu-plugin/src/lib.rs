@@ -26,7 +26,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
-use ptrewind::capture::qemu::output::{self, PluginMeta, ThreadMeta, ThreadOutput};
+use ptrewind::capture::qemu::output::{self, PluginMeta, Tail, ThreadMeta, ThreadOutput};
 use ptrewind::capture::qemu::{BlockInfo, SignalHandlers, ThreadTracer, TracerConfig};
 
 use ffi::*;
@@ -57,6 +57,59 @@ fn clock() -> &'static AtomicU64 {
     let p = CLOCK.load(Ordering::Relaxed);
     // SAFETY: a non-null CLOCK points into a shared mapping that is never unmapped.
     unsafe { p.as_ref() }.unwrap_or(&CLOCK_FALLBACK)
+}
+
+/// The shared counter file (precise mode) and the next free slot in it.
+static COUNTERS: AtomicPtr<AtomicU64> = AtomicPtr::new(ptr::null_mut());
+static NEXT_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Maps `DIR/counters` shared (a sparse file) for the blocks' reached-instruction counters.
+fn map_counters(dir: &std::path::Path) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    let path = dir.join(output::COUNTERS_FILE);
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let len = output::COUNTER_SLOTS * 8;
+    f.set_len(len)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    // SAFETY: a shared read-write mapping of a sparse file we just created privately; never
+    // unmapped (translated code keeps pointers into it).
+    let p = unsafe {
+        libc::mmap(
+            ptr::null_mut(),
+            len as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_NORESERVE,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(format!(
+            "mmap {}: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    COUNTERS.store(p as *mut AtomicU64, Ordering::Relaxed);
+    Ok(())
+}
+
+/// A fresh slot of the shared counter file, if any is left.
+fn shared_counter() -> Option<(&'static AtomicU64, u64)> {
+    let base = COUNTERS.load(Ordering::Relaxed);
+    if base.is_null() {
+        return None;
+    }
+    let i = NEXT_COUNTER.fetch_add(1, Ordering::Relaxed);
+    // SAFETY: `i` is below the mapping's slot count; the mapping lives forever.
+    (i < output::COUNTER_SLOTS).then(|| (unsafe { &*base.add(i as usize) }, i))
 }
 
 /// Maps `DIR/clock` (8 bytes) shared and points CLOCK at it.
@@ -108,6 +161,7 @@ struct Vcpu {
     tid: u32,
     tracer: ThreadTracer<'static>,
     out: Option<ThreadOutput>,
+    tail: Option<Tail>,
     log: Option<BufWriter<std::fs::File>>,
     done: bool,
     /// An executable file mapping in progress: (length, offset, path).
@@ -160,6 +214,7 @@ fn new_vcpu(index: u32) -> Vcpu {
         )
         .with_handlers(&HANDLERS),
         out: None,
+        tail: None,
         log: None,
         done: false,
         pending: None,
@@ -192,26 +247,59 @@ fn install_slot(vcpu: c_uint) {
 }
 
 impl Vcpu {
-    /// Moves the encoder's pending bytes into the ring (and file).
-    fn flush(&mut self) {
-        if self.out.is_none() {
-            let Some(c) = config() else { return };
-            if self.tid == 0 {
-                self.tid = gettid();
-            }
-            let path = output::stream_path(&c.dir, getpid(), self.tid, "pt");
-            match ThreadOutput::create(path.clone()) {
-                Ok(o) => self.out = Some(o),
-                Err(e) => {
-                    warn(&format!("cannot create {}: {e}", path.display()));
-                    self.done = true;
-                    return;
-                }
+    /// Creates the thread's stream and tail files (on its own thread: the file names carry its
+    /// id).
+    fn open(&mut self) {
+        let Some(c) = config() else { return };
+        if self.tid == 0 {
+            self.tid = gettid();
+        }
+        let path = output::stream_path(&c.dir, getpid(), self.tid, "pt");
+        match ThreadOutput::create(path.clone()) {
+            Ok(o) => self.out = Some(o),
+            Err(e) => {
+                warn(&format!("cannot create {}: {e}", path.display()));
+                self.done = true;
+                return;
             }
         }
-        let Vcpu { tracer, out, .. } = self;
+        let tail = output::stream_path(&c.dir, getpid(), self.tid, "tail");
+        match Tail::create(&tail) {
+            Ok(t) => self.tail = Some(t),
+            Err(e) => warn(&format!(
+                "cannot create {}: {e} (a crash would lose the stream's end)",
+                tail.display()
+            )),
+        }
+    }
+
+    /// Moves the encoder's pending bytes through the ring into the stream file.
+    fn flush(&mut self) {
+        if self.out.is_none() {
+            self.open();
+        }
+        let Vcpu {
+            tracer, out, tail, ..
+        } = self;
         if let Some(out) = out {
             tracer.encoder().consume_output(|b| out.write(b));
+            // Nothing stays in the ring: what is not in the file is in the tail file.
+            out.drain();
+            if let Some(t) = tail {
+                t.reset(out.bytes());
+            }
+        }
+    }
+
+    /// Keeps the tail file up to date after a block (see `output::Tail`).
+    #[inline]
+    fn mirror(&mut self) {
+        let Vcpu { tracer, tail, .. } = self;
+        if let Some(t) = tail {
+            let in_flight = tracer.in_flight();
+            let enc = tracer.encoder();
+            t.mirror(enc.pending_output());
+            t.set_state(enc.is_tracing(), in_flight, enc.pending_tnt());
         }
     }
 
@@ -319,12 +407,12 @@ extern "C" fn on_tb_exec(vcpu: c_uint, udata: *mut c_void) {
     if v.done {
         return;
     }
-    if v.tid == 0 {
-        v.tid = gettid();
+    if v.out.is_none() {
         let pid = getpid();
         if MAPS_DONE_FOR.swap(pid, Ordering::Relaxed) != pid {
             snapshot_maps("start");
         }
+        v.open();
     }
     // SAFETY: `udata` is the leaked `BlockInfo` registered with this block at translation.
     let b: &'static BlockInfo = unsafe { &*(udata as *const BlockInfo) };
@@ -332,6 +420,7 @@ extern "C" fn on_tb_exec(vcpu: c_uint, udata: *mut c_void) {
     if v.tracer.encoder().pending_output().len() >= WRITE_BATCH {
         v.flush();
     }
+    v.mirror();
 }
 
 extern "C" fn on_insn_exec(vcpu: c_uint, udata: *mut c_void) {
@@ -355,7 +444,9 @@ extern "C" fn on_insn_exec(vcpu: c_uint, udata: *mut c_void) {
         }
     }
     if let Some(log) = &mut v.log {
+        // Written at once (test mode only): the log must survive QEMU dying of a signal.
         let _ = log.write_all(&(udata as u64).to_le_bytes());
+        let _ = log.flush();
     }
 }
 
@@ -385,9 +476,14 @@ extern "C" fn on_tb_trans(_id: qemu_plugin_id_t, tb: *mut qemu_plugin_tb) {
             let h = qemu_plugin_insn_haddr(first) as u64;
             GUEST_BASE.store(h.wrapping_sub(ips[0]) as i64, Ordering::Relaxed);
         }
-        let Some(info) = BlockInfo::new(&ips, bytes) else {
+        let Some(mut info) = BlockInfo::new(&ips, bytes) else {
             return;
         };
+        if c.precise
+            && let Some((counter, index)) = shared_counter()
+        {
+            info = info.with_shared_counter(counter, index);
+        }
         // Blocks live as long as QEMU may run them; a re-translation makes a new one.
         let info: &'static BlockInfo = Box::leak(Box::new(info));
         for (i, &ip) in ips.iter().enumerate() {
@@ -601,6 +697,12 @@ pub unsafe extern "C" fn qemu_plugin_install(
         log_insns: config.log,
     };
     if let Err(e) = map_clock(&config.dir) {
+        eprintln!("ptrewind-qemu-plugin: {e}");
+        return 1;
+    }
+    if config.precise
+        && let Err(e) = map_counters(&config.dir)
+    {
         eprintln!("ptrewind-qemu-plugin: {e}");
         return 1;
     }

@@ -39,6 +39,9 @@ pub struct BlockInfo {
     /// (an inline operation in the translated code), so its growth during one execution is the
     /// index of the last instruction reached.
     reached: AtomicU64,
+    /// The counter in a shared file instead (see [`BlockInfo::with_shared_counter`]), and its
+    /// index there.
+    shared: Option<(&'static AtomicU64, u64)>,
 }
 
 impl BlockInfo {
@@ -79,6 +82,7 @@ impl BlockInfo {
             last_can_fault,
             offsets,
             reached: AtomicU64::new(0),
+            shared: None,
         })
     }
 
@@ -100,21 +104,42 @@ impl BlockInfo {
         self.offsets.binary_search(&off).ok().map(|i| i as u32 + 1)
     }
 
+    /// Uses `counter` (slot `index` of the recording's shared counter file) instead of the
+    /// block's own: it outlives the QEMU process, so a reader can still tell how far the last
+    /// block of a thread got when QEMU dies without a word (a fatal signal, SIGKILL).
+    pub fn with_shared_counter(mut self, counter: &'static AtomicU64, index: u64) -> Self {
+        self.shared = Some((counter, index));
+        self
+    }
+
+    /// Index of the counter in the shared counter file, if it is there.
+    pub fn counter_index(&self) -> Option<u64> {
+        self.shared.map(|(_, i)| i)
+    }
+
+    fn counter(&self) -> &AtomicU64 {
+        match self.shared {
+            Some((c, _)) => c,
+            None => &self.reached,
+        }
+    }
+
     /// The counter QEMU's inline operations add to (see [`BlockInfo::reached_counter`]).
     pub fn reached(&self) -> u64 {
-        self.reached.load(Ordering::Relaxed)
+        self.counter().load(Ordering::Relaxed)
     }
 
     /// Where QEMU's inline `ADD_U64` operations write. The translated code updates it without
     /// atomicity: exact for one thread, a lower-quality hint when threads run the same block at
     /// once (the tracer checks the value is in range).
     pub fn reached_counter(&self) -> *mut u64 {
-        self.reached.as_ptr()
+        self.counter().as_ptr()
     }
 
     /// Simulates QEMU's inline operations (tests): instruction `i` of this block was reached.
     pub fn note_reached(&self, insns_after_first: u64) {
-        self.reached.fetch_add(insns_after_first, Ordering::Relaxed);
+        self.counter()
+            .fetch_add(insns_after_first, Ordering::Relaxed);
     }
 }
 

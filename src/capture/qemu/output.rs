@@ -242,3 +242,154 @@ mod tests {
         assert!(ThreadOutput::create(path).is_err());
     }
 }
+
+/// The shared counter file of precise mode: one `u64` per translated block.
+pub const COUNTERS_FILE: &str = "counters";
+/// Slots of the counter file (a sparse file: 128 MiB of address space, pages used on demand).
+pub const COUNTER_SLOTS: u64 = 1 << 24;
+
+/// Size of a tail file's header.
+pub const TAIL_HEADER: usize = 128;
+/// Bytes of encoder output a tail file holds (more than the plugin ever keeps unwritten).
+pub const TAIL_CAPACITY: usize = 64 * 1024;
+const TAIL_MAGIC: u64 = u64::from_le_bytes(*b"PTRWTAIL");
+
+/// A thread's in-flight state, kept in a shared file mapping (`PID-TID.tail`) so that it
+/// survives QEMU dying without any callback (QEMU 7.2 runs no plugin code when the guest dies of
+/// a signal): the encoder output not yet in the stream file, the pending TNT bits, and the block
+/// executing now with its counter. [`TailState::read`] reads it back.
+#[derive(Debug)]
+pub struct Tail {
+    map: memmap2::MmapMut,
+    mirrored: usize,
+}
+
+/// Header words of a tail file.
+mod word {
+    pub const MAGIC: usize = 0;
+    pub const FILE_OFFSET: usize = 1;
+    pub const LEN: usize = 2;
+    pub const FLAGS: usize = 3;
+    pub const START: usize = 4;
+    pub const INSNS: usize = 5;
+    pub const COUNTER: usize = 6;
+    pub const SNAPSHOT: usize = 7;
+    pub const TNT_BITS: usize = 8;
+    pub const TNT_COUNT: usize = 9;
+}
+
+const FLAG_IN_FLIGHT: u64 = 1;
+const FLAG_TRACING: u64 = 2;
+
+impl Tail {
+    /// Creates and maps the tail file `path`.
+    pub fn create(path: &Path) -> io::Result<Tail> {
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)?;
+        f.set_len((TAIL_HEADER + TAIL_CAPACITY) as u64)?;
+        // SAFETY: a shared mapping of a file this process just created privately (mode 0600,
+        // O_EXCL); nobody else writes it while we run, and readers only read it after we are
+        // gone.
+        let map = unsafe { memmap2::MmapMut::map_mut(&f)? };
+        let mut t = Tail { map, mirrored: 0 };
+        t.put(word::MAGIC, TAIL_MAGIC);
+        Ok(t)
+    }
+
+    fn put(&mut self, w: usize, v: u64) {
+        self.map[w * 8..w * 8 + 8].copy_from_slice(&v.to_ne_bytes());
+    }
+
+    /// Everything up to stream-file offset `file_offset` is in the stream file.
+    pub fn reset(&mut self, file_offset: u64) {
+        self.put(word::LEN, 0);
+        self.put(word::FILE_OFFSET, file_offset);
+        self.mirrored = 0;
+    }
+
+    /// Mirrors the encoder's unwritten output (the bytes after the last [`Tail::reset`]).
+    #[inline]
+    pub fn mirror(&mut self, pending: &[u8]) {
+        let n = pending.len().min(TAIL_CAPACITY);
+        if n > self.mirrored {
+            self.map[TAIL_HEADER + self.mirrored..TAIL_HEADER + n]
+                .copy_from_slice(&pending[self.mirrored..n]);
+            self.mirrored = n;
+            self.put(word::LEN, n as u64);
+        }
+    }
+
+    /// Records the in-flight block and the encoder's state.
+    #[inline]
+    pub fn set_state(
+        &mut self,
+        tracing: bool,
+        in_flight: Option<(&super::BlockInfo, u64)>,
+        tnt: (u64, u8),
+    ) {
+        let mut flags = if tracing { FLAG_TRACING } else { 0 };
+        if let Some((b, snapshot)) = in_flight {
+            flags |= FLAG_IN_FLIGHT;
+            self.put(word::START, b.start);
+            self.put(word::INSNS, u64::from(b.insns));
+            self.put(word::COUNTER, b.counter_index().unwrap_or(u64::MAX));
+            self.put(word::SNAPSHOT, snapshot);
+        }
+        self.put(word::TNT_BITS, tnt.0);
+        self.put(word::TNT_COUNT, u64::from(tnt.1));
+        self.put(word::FLAGS, flags);
+    }
+}
+
+/// A tail file read back (see [`Tail`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TailState {
+    /// Stream-file offset the unwritten bytes follow.
+    pub file_offset: u64,
+    /// The encoder output that never reached the stream file.
+    pub bytes: Vec<u8>,
+    /// Packet generation was on.
+    pub tracing: bool,
+    /// The block executing when the thread stopped: (start, instructions, counter index or
+    /// `u64::MAX`, counter value at its start).
+    pub in_flight: Option<(u64, u32, u64, u64)>,
+    /// TNT bits decided but not written: (bits, count).
+    pub tnt: (u64, u8),
+}
+
+impl TailState {
+    /// Parses a tail file's contents; `None` if it is not one.
+    pub fn read(data: &[u8]) -> Option<TailState> {
+        let w = |i: usize| -> Option<u64> {
+            Some(u64::from_ne_bytes(
+                data.get(i * 8..i * 8 + 8)?.try_into().ok()?,
+            ))
+        };
+        if w(word::MAGIC)? != TAIL_MAGIC {
+            return None;
+        }
+        let len = (w(word::LEN)? as usize).min(TAIL_CAPACITY);
+        let flags = w(word::FLAGS)?;
+        Some(TailState {
+            file_offset: w(word::FILE_OFFSET)?,
+            bytes: data.get(TAIL_HEADER..TAIL_HEADER + len)?.to_vec(),
+            tracing: flags & FLAG_TRACING != 0,
+            in_flight: if flags & FLAG_IN_FLIGHT != 0 {
+                Some((
+                    w(word::START)?,
+                    w(word::INSNS)? as u32,
+                    w(word::COUNTER)?,
+                    w(word::SNAPSHOT)?,
+                ))
+            } else {
+                None
+            },
+            tnt: (w(word::TNT_BITS)?, w(word::TNT_COUNT)?.min(6) as u8),
+        })
+    }
+}

@@ -24,7 +24,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-use super::output::{self, CLOCK_FILE, LAUNCH_FILE, PLUGIN_FILE, PluginMeta, ThreadMeta};
+use super::output::{
+    self, CLOCK_FILE, LAUNCH_FILE, PLUGIN_FILE, PluginMeta, TailState, ThreadMeta,
+};
 use crate::image::Image;
 use crate::image::perf_maps::{MissingImage, MmapImage, MmapOptions, MmapRecord};
 use crate::image::procfs::parse_maps_lenient;
@@ -392,6 +394,9 @@ pub struct RecordedThread {
     pub meta: Option<ThreadMeta>,
     /// Test mode: every instruction address QEMU started on the thread.
     pub insns: Option<Vec<u64>>,
+    /// For a stream that did not end cleanly (no summary): how it was completed from the
+    /// thread's tail file (see [`super::output::Tail`]).
+    pub completed: Option<String>,
 }
 
 /// A recording directory read back.
@@ -460,6 +465,7 @@ impl Recorded {
                     trace,
                     meta,
                     insns,
+                    completed: None,
                 });
             } else if let Some(pid) = name.strip_suffix(".maps").and_then(|p| p.parse().ok()) {
                 let text =
@@ -470,13 +476,42 @@ impl Recorded {
         // Main thread (tid == pid) first, then by id.
         threads.sort_by_key(|t| (t.pid, t.tid != t.pid, t.tid));
         maps.sort_by_key(|m| m.0);
-        Ok(Recorded {
+        let mut rec = Recorded {
             dir: dir.to_path_buf(),
             plugin: read_json(&dir.join(PLUGIN_FILE))?,
             launch: read_json(&dir.join(LAUNCH_FILE))?,
             threads,
             maps,
-        })
+        };
+        rec.complete_unclean();
+        Ok(rec)
+    }
+
+    /// Completes the streams of threads QEMU did not get to end (it died of a signal or was
+    /// killed): the encoder output still in the thread's tail file is appended, then the pending
+    /// TNT bits, and the block that was executing ends at the instruction its counter reached,
+    /// with FUP(that instruction) + TIP.PGD: the instruction that faulted (or was about to run)
+    /// is not counted as executed, nor anything after it in its block.
+    fn complete_unclean(&mut self) {
+        if self.threads.iter().all(|t| t.meta.is_some()) {
+            return;
+        }
+        let counters = std::fs::read(self.dir.join(output::COUNTERS_FILE)).ok();
+        let image = self.mmap_image().image;
+        let dir = self.dir.clone();
+        for t in self.threads.iter_mut().filter(|t| t.meta.is_none()) {
+            let path = output::stream_path(&dir, t.pid, t.tid, "tail");
+            let Some(tail) = std::fs::read(&path).ok().and_then(|d| TailState::read(&d)) else {
+                t.completed = Some("no tail file: the stream ends at its last write".into());
+                continue;
+            };
+            t.completed = Some(complete_stream(
+                &mut t.trace,
+                &tail,
+                counters.as_deref(),
+                &image,
+            ));
+        }
     }
 
     /// Instructions, trace bytes and lost bytes over every thread.
@@ -578,6 +613,85 @@ impl Recorded {
             None => self.threads.first(),
         }
     }
+}
+
+/// Appends to `trace` what the tail file says was not written when the thread stopped; returns a
+/// description of what was done.
+pub fn complete_stream(
+    trace: &mut Vec<u8>,
+    tail: &TailState,
+    counters: Option<&[u8]>,
+    image: &Image,
+) -> String {
+    use crate::capture::soft::classify::decode_insn;
+    use crate::packet::{Encoder, IpKind, Packet, Tnt, encode_packet};
+    if tail.file_offset == trace.len() as u64 {
+        trace.extend_from_slice(&tail.bytes);
+    }
+    let mut out = Vec::new();
+    if tail.tnt.1 > 0 {
+        let _ = encode_packet(
+            &Packet::ShortTnt(Tnt {
+                bits: tail.tnt.0,
+                count: tail.tnt.1,
+            }),
+            &mut out,
+        );
+    }
+    let mut note = String::from("stream completed from its tail file");
+    if let Some((start, insns, counter, snapshot)) = tail.in_flight {
+        let reached = usize::try_from(counter)
+            .ok()
+            .and_then(|i| counters?.get(i * 8..i * 8 + 8))
+            .and_then(|b| b.try_into().ok())
+            .map(|b: [u8; 8]| u64::from_ne_bytes(b).wrapping_sub(snapshot))
+            .filter(|&d| d < u64::from(insns));
+        // Without the counter the block is not counted at all.
+        let d = reached.unwrap_or(0);
+        let mut ip = start;
+        for _ in 0..d {
+            let mut b = [0u8; 15];
+            let n = image.read(ip, &mut b);
+            match decode_insn(ip, &b[..n]) {
+                Some(i) => ip = i.nlip(),
+                None => break,
+            }
+        }
+        // A fresh encoder does not know Last IP: it writes full IPs, valid anywhere.
+        let mut enc = Encoder::new();
+        if trace.is_empty() && out.is_empty() && d > 0 {
+            // The thread never wrote anything: start the stream.
+            enc.psb(&mut out);
+            let _ = encode_packet(&Packet::PsbEnd, &mut out);
+        }
+        if !tail.tracing && d > 0 {
+            let _ = encode_packet(
+                &Packet::ModeExec {
+                    csl: true,
+                    csd: false,
+                    iflag: false,
+                },
+                &mut out,
+            );
+            let _ = enc.ip_packet(IpKind::TipPge, Some(start), &mut out);
+        }
+        if tail.tracing || d > 0 {
+            let _ = enc.ip_packet(IpKind::Fup, Some(ip), &mut out);
+            let _ = enc.ip_packet(IpKind::TipPgd, None, &mut out);
+        }
+        note = match reached {
+            Some(d) => format!(
+                "stream completed from its tail file: stopped at instruction {d} of the block at \
+                 {start:#x} ({ip:#x})"
+            ),
+            None => format!(
+                "stream completed from its tail file: the block at {start:#x} that was running \
+                 is not counted (where it stopped is unknown)"
+            ),
+        };
+    }
+    trace.extend_from_slice(&out);
+    note
 }
 
 /// The `PT_INTERP` of an ELF file, canonicalized.

@@ -160,6 +160,11 @@ impl<'b> ThreadTracer<'b> {
         &mut self.enc
     }
 
+    /// The block executing now (not decided yet) and its counter's value when it started.
+    pub fn in_flight(&self) -> Option<(&'b BlockInfo, u64)> {
+        self.prev.map(|p| (p, self.prev_reached))
+    }
+
     /// What was seen so far.
     pub fn stats(&self) -> TracerStats {
         TracerStats {

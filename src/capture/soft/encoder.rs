@@ -426,6 +426,11 @@ impl SoftEncoder {
         r
     }
 
+    /// TNT bits decided but not yet written (oldest in the highest of the `count` low bits).
+    pub fn pending_tnt(&self) -> (u64, u8) {
+        (self.tnt_bits, self.tnt_count)
+    }
+
     /// Bytes produced but not yet taken.
     pub fn pending_output(&self) -> &[u8] {
         &self.out
