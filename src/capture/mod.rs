@@ -4,6 +4,7 @@
 
 pub mod backend;
 pub mod perf;
+pub mod qemu;
 pub mod soft;
 
 pub use backend::{LiveBackend, PastWrite, RecordedState};

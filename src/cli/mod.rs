@@ -9,6 +9,7 @@ pub mod dump;
 mod output;
 mod input;
 pub mod record;
+pub mod record_qemu;
 pub mod replay;
 pub mod view;
 

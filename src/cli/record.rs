@@ -23,12 +23,16 @@ use std::process::ExitCode;
 /// Capture backend choice.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
-    /// Hardware Intel PT if available, else the software encoder.
+    /// Hardware Intel PT if available, else QEMU if `qemu-x86_64` is installed, else ptrace.
     Auto,
     /// Hardware Intel PT (perf `intel_pt` PMU).
     Pt,
-    /// Software encoder (ptrace single-stepping).
-    Soft,
+    /// QEMU user-mode emulation with the ptrewind plugin: every thread at near-native speed;
+    /// the finished recording is served (PC-only past).
+    Qemu,
+    /// Software encoder (ptrace single-stepping; exact registers and memory in the past).
+    #[value(alias = "soft")]
+    Ptrace,
 }
 
 /// Trace buffer mode.
@@ -97,10 +101,38 @@ pub struct RecordArgs {
     /// connect again (like gdbserver without --once). `ptrewind gdb` always ends with its GDB.
     #[arg(long)]
     pub(crate) once: bool,
+    /// QEMU backend: the plugin (default: libptrewind_qemu_plugin.so beside this program or in
+    /// its Cargo target directory).
+    #[arg(long, value_name = "PATH")]
+    pub(crate) qemu_plugin: Option<std::path::PathBuf>,
+    /// QEMU backend: the recording directory to create (default: a new private temporary
+    /// directory, kept and printed).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) trace_dir: Option<std::path::PathBuf>,
+    /// QEMU backend: the thread to serve (default: the main thread).
+    #[arg(long, value_name = "TID")]
+    pub(crate) thread: Option<u32>,
     /// The program to run, and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
-    command: Vec<OsString>,
+    pub(crate) command: Vec<OsString>,
 }
+
+impl RecordArgs {
+    pub(crate) fn listen(&self) -> SocketAddr {
+        self.listen
+    }
+
+    pub(crate) fn allow_remote(&self) -> bool {
+        self.allow_remote
+    }
+}
+
+/// A started recording (target, listener, how it is served), or the exit code after a printed
+/// error.
+pub(crate) type Started = Result<
+    Result<(RecordingTarget, TcpListener, Served), ExitCode>,
+    Box<dyn std::error::Error + Send + Sync>,
+>;
 
 /// Parses a size such as `4096`, `512K`, `4M`.
 fn parse_size(text: &str) -> Result<u64, String> {
@@ -123,16 +155,19 @@ fn parse_size(text: &str) -> Result<u64, String> {
 enum Chosen {
     /// The software encoder.
     Soft,
+    /// QEMU with the plugin.
+    Qemu,
     /// Hardware Intel PT (the probe succeeded).
     Pt(Box<PtCapabilities>),
 }
 
 /// Picks the backend: `pt` fails (exit code 2) with the probe's reason unless it succeeds;
-/// `auto` uses Intel PT when the probe succeeds and otherwise falls back to the software encoder,
-/// saying why.
+/// `auto` uses Intel PT when the probe succeeds, else QEMU when `qemu-x86_64` runs, else the
+/// ptrace single-stepper, saying which and why.
 fn choose_backend(backend: Backend) -> Result<Chosen, ExitCode> {
     match backend {
-        Backend::Soft => Ok(Chosen::Soft),
+        Backend::Ptrace => Ok(Chosen::Soft),
+        Backend::Qemu => Ok(Chosen::Qemu),
         Backend::Pt | Backend::Auto => match ptrewind::capture::perf::probe() {
             Ok(caps) => Ok(Chosen::Pt(Box::new(caps))),
             Err(why) => {
@@ -140,11 +175,25 @@ fn choose_backend(backend: Backend) -> Result<Chosen, ExitCode> {
                     eprintln!("ptrewind: --backend pt: Intel PT is not available: {why}");
                     return Err(ExitCode::from(2));
                 }
-                eprintln!(
-                    "ptrewind: hardware Intel PT is not available ({why}); falling back to the \
-                     software backend (ptrace single-stepping, much slower)"
-                );
-                Ok(Chosen::Soft)
+                let qemu = std::path::Path::new("qemu-x86_64");
+                match ptrewind::capture::qemu::recording::qemu_version(qemu) {
+                    Ok(version) => {
+                        eprintln!(
+                            "ptrewind: hardware Intel PT is not available ({why}); recording \
+                             under QEMU ({version}) with the ptrewind plugin (--backend ptrace \
+                             for exact registers and memory in the past)"
+                        );
+                        Ok(Chosen::Qemu)
+                    }
+                    Err(_) => {
+                        eprintln!(
+                            "ptrewind: hardware Intel PT is not available ({why}) and \
+                             qemu-x86_64 is not installed (package qemu-user); falling back to \
+                             the ptrace backend (single-stepping, much slower)"
+                        );
+                        Ok(Chosen::Soft)
+                    }
+                }
             }
         },
     }
@@ -152,25 +201,19 @@ fn choose_backend(backend: Backend) -> Result<Chosen, ExitCode> {
 
 /// Runs `ptrewind record`.
 pub fn run(args: RecordArgs) -> CmdResult {
-    let (target, listener) = match start_recording(&args, false)? {
+    let (target, listener, served) = match start_recording(&args, false)? {
         Ok(v) => v,
         Err(code) => return Ok(code),
     };
     let program = args.command[0].clone();
-    serve_recording(target, listener, Served::Started, &program, args.once)
+    serve_recording(target, listener, served, &program, args.once)
 }
 
 /// Starts the program and its recording and binds the listener; `Err(code)` when the command
 /// must end with that exit code (the message was printed). `shared_terminal`: the program
 /// shares its terminal with the debugger (`ptrewind gdb`): the terminal's Ctrl-C is left to the
 /// debugger (see [`SpawnOptions::drop_terminal_interrupts`]).
-pub(crate) fn start_recording(
-    args: &RecordArgs,
-    shared_terminal: bool,
-) -> Result<
-    Result<(RecordingTarget, TcpListener), ExitCode>,
-    Box<dyn std::error::Error + Send + Sync>,
-> {
+pub(crate) fn start_recording(args: &RecordArgs, shared_terminal: bool) -> Started {
     check_listen_addr(args.listen, args.allow_remote)?;
     if let Some(program) = args.command.first()
         && let Some(note) = check_program(program)?
@@ -191,6 +234,9 @@ pub(crate) fn start_recording(
             caps.pmu_type
         );
         return start_hardware_recording(args, program, prog_args, shared_terminal);
+    }
+    if let Chosen::Qemu = chosen {
+        return super::record_qemu::start(args, program, prog_args);
     }
     let mut ring = RingConfig::default();
     if let Some(b) = &args.buffer {
@@ -226,7 +272,7 @@ pub(crate) fn start_recording(
     let recorder =
         SoftRecorder::new(target, config).map_err(|e| format!("cannot start recording: {e}"))?;
     let target = soft_recording(recorder)?;
-    Ok(Ok((target, listener)))
+    Ok(Ok((target, listener, Served::Started)))
 }
 
 /// Where `program` is found: as given if it contains a `/`, otherwise the first executable
@@ -291,10 +337,7 @@ fn start_hardware_recording(
     program: &OsString,
     prog_args: &[OsString],
     shared_terminal: bool,
-) -> Result<
-    Result<(RecordingTarget, TcpListener), ExitCode>,
-    Box<dyn std::error::Error + Send + Sync>,
-> {
+) -> Started {
     if args.mode == Mode::Snapshot {
         eprintln!(
             "ptrewind: note: --mode snapshot keeps only the newest trace, but reverse execution \
@@ -346,7 +389,7 @@ fn start_hardware_recording(
         }
     };
     let target = RecordingTarget::new(Timeline::live(Box::new(capture), start.is_some())?);
-    Ok(Ok((target, listener)))
+    Ok(Ok((target, listener, Served::Started)))
 }
 
 /// Serves a software recorder over a ptrace target. With its state log on, registers and
@@ -740,7 +783,7 @@ pub fn run_gdb(args: GdbArgs) -> CmdResult {
     // interrupts the program through the protocol (`\x03`), ptrewind, which used to die of it
     // (GDB then lost the connection) and now ignores it (below), and the program, whose copy
     // the target drops (the program keeps the terminal for its own input and output).
-    let (target, listener) = match start_recording(&args.record, true)? {
+    let (target, listener, served) = match start_recording(&args.record, true)? {
         Ok(v) => v,
         Err(code) => return Ok(code),
     };
@@ -801,7 +844,11 @@ pub fn run_gdb(args: GdbArgs) -> CmdResult {
         status
     });
     // GDB is ours: when it goes, the session ends (no waiting for another debugger).
-    let served = serve_recording(target, listener, Served::StartedForGdb, &program, true);
+    let served = match served {
+        Served::Started => Served::StartedForGdb,
+        other => other,
+    };
+    let served = serve_recording(target, listener, served, &program, true);
     let status = watcher
         .join()
         .map_err(|_| "the thread waiting for gdb panicked".to_string())?;
