@@ -9,7 +9,7 @@
 //! * [`Remote`] — the requests (`qSupported`, `?`, `g`/`G`/`p`/`P`, `m`/`M`/`X`, `Z`/`z`,
 //!   `vCont`, `qfThreadInfo`, `Hg`, `qXfer`…) with typed errors and a timeout on every reply.
 //!
-//! What QEMU 7.2's user-mode stub does (measured; see `docs/qemu.md`): acknowledgements cannot
+//! What QEMU 7.2's user-mode stub does (measured; see `docs/qemu-gdbstub.md`): acknowledgements cannot
 //! be turned off, `X` and watchpoints (`Z2`–`Z4`) are not offered, `p`/`P` answer only once the
 //! target description was read, a thread resumed at a breakpoint hits it again, a `0x03` byte is
 //! not read while the guest runs (the stub reads its socket only inside a stop: [`launch`]
@@ -553,7 +553,8 @@ impl<S: Transport> Remote<S> {
         })
     }
 
-    /// `qC`: the current thread.
+    /// `qC`: the stub's current thread. QEMU 7.2 answers with the process's *first* thread,
+    /// whichever stopped: a stop reply's `thread:` field is what names the stopped thread.
     pub fn current_thread(&mut self) -> Result<ThreadId, RemoteError> {
         let reply = self.request(b"qC")?;
         match reply.strip_prefix(b"QC") {

@@ -485,7 +485,6 @@ pub fn lossy(body: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Write as _;
 
     fn pair() -> (Wire<UnixStream>, UnixStream) {
         let (a, b) = UnixStream::pair().unwrap();
