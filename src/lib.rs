@@ -5,11 +5,14 @@
 //! The library is organised along the one-way data flow of a recording:
 //!
 //! ```text
-//! capture ──▶ ring ──▶ store ──▶ packet ──▶ flow ──▶ history ──▶ server
-//! (perf AUX   (ToPA     (trace    (bytes →   (packets  (indexed   (GDB/LLDB
-//!  or ptrace   model /   bytes,    packets)   + image   two-way    remote
-//!  encoder)    AUX ring) perf.data)           → insns)  cursor)    protocol)
+//! capture ──▶ ring ──▶ store ──▶ packet ──▶ flow ──▶ history ──▶ timeline ──▶ server
+//! (perf AUX   (ToPA     (trace    (bytes →   (packets  (indexed   (positions,  (GDB/LLDB
+//!  or ptrace   model /   bytes,    packets)   + image   history)   both-way     remote
+//!  encoder)    AUX ring) perf.data)           → insns)             stepping)    protocol)
 //! ```
+//!
+//! The [`timeline`] drives a live capture backend through the one [`capture::LiveBackend`]
+//! trait and knows no debugger protocol; the [`server`] only adapts it to GDB and LLDB.
 //!
 //! [`image`] (the traced program's code) and [`target`] (ptrace control of a live process) sit
 //! beside the flow: the decoder reads code from an image, the server drives a target.
@@ -26,3 +29,4 @@ pub mod ring;
 pub mod server;
 pub mod store;
 pub mod target;
+pub mod timeline;

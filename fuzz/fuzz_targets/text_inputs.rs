@@ -13,7 +13,7 @@
 use libfuzzer_sys::fuzz_target;
 use ptrewind::image::procfs::{MapEntry, parse_maps, parse_maps_lenient};
 use ptrewind::image::{ElfSpec, RawSpec};
-use ptrewind::server::replay::offline::{load_saved, regs_from_json};
+use ptrewind::timeline::offline::{load_saved, regs_from_json};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 

@@ -5,7 +5,7 @@
 use super::CmdResult;
 use super::record::{Served, bind, serve, serve_recording};
 use ptrewind::capture::soft::{RecordFrom, RecorderConfig, SoftRecorder, StepMode};
-use ptrewind::server::{RecordingTarget, check_listen_addr};
+use ptrewind::server::check_listen_addr;
 use ptrewind::target::PtraceTarget;
 use std::net::SocketAddr;
 
@@ -45,6 +45,6 @@ pub fn run(args: AttachArgs) -> CmdResult {
     let mut recorder =
         SoftRecorder::new(target, config).map_err(|e| format!("cannot start recording: {e}"))?;
     recorder.record_on();
-    let target = RecordingTarget::new(recorder)?;
+    let target = super::record::soft_recording(recorder)?;
     serve_recording(target, listener, Served::Attached, "".as_ref())
 }

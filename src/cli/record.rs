@@ -2,17 +2,18 @@
 //! available, else the software encoder) and serve it to GDB with reverse execution.
 
 use super::CmdResult;
+use ptrewind::capture::perf::PerfCapture;
 use ptrewind::capture::perf::{PerfPtConfig, PtCapabilities};
 use ptrewind::capture::soft::recorder::run_to_breakpoint;
 use ptrewind::capture::soft::{
-    RecordFrom, RecorderConfig, RingConfig, SoftRecorder, StepMode, procmaps,
+    RecordFrom, RecorderConfig, RingConfig, SoftCapture, SoftRecorder, StepMode, procmaps,
 };
 use ptrewind::server::btrace::{CpuVendor, PtCpu, TraceStoreProvider};
-use ptrewind::server::replay::PerfCapture;
 use ptrewind::server::{
     RecordingTarget, Router, ServeOutcome, Session, check_listen_addr, register_monitors, tracing,
 };
 use ptrewind::target::{PtraceTarget, SpawnOptions};
+use ptrewind::timeline::Timeline;
 use std::ffi::OsString;
 use std::net::{SocketAddr, TcpListener};
 use std::process::ExitCode;
@@ -144,7 +145,7 @@ fn choose_backend(backend: Backend) -> Result<Chosen, ExitCode> {
 
 /// The CPU this process runs on (for decoders of a hardware trace).
 fn host_cpu() -> PtCpu {
-    let c = ptrewind::server::replay::perf::host_cpu();
+    let c = ptrewind::capture::perf::host_cpu();
     PtCpu {
         vendor: if c.vendor == ptrewind::flow::CpuVendor::Intel {
             CpuVendor::Intel
@@ -222,7 +223,7 @@ pub(crate) fn start_recording(
     };
     let recorder =
         SoftRecorder::new(target, config).map_err(|e| format!("cannot start recording: {e}"))?;
-    let target = RecordingTarget::new(recorder)?;
+    let target = soft_recording(recorder)?;
     Ok(Ok((target, listener)))
 }
 
@@ -285,8 +286,21 @@ fn start_hardware_recording(
             return Ok(Err(ExitCode::from(2)));
         }
     };
-    let target = RecordingTarget::with_capture(Box::new(capture), start.is_some())?;
+    let target = RecordingTarget::new(Timeline::live(Box::new(capture), start.is_some())?);
     Ok(Ok((target, listener)))
+}
+
+/// Serves a software recorder over a ptrace target. With its state log on, registers and
+/// memory are rebuilt in the past; without, the past is served PC-only.
+pub(crate) fn soft_recording(
+    rec: SoftRecorder<PtraceTarget>,
+) -> Result<RecordingTarget, ptrewind::target::TargetError> {
+    let capture = SoftCapture::new(rec);
+    let record = capture.is_recording();
+    Ok(RecordingTarget::new(Timeline::live(
+        Box::new(capture),
+        record,
+    )?))
 }
 
 /// How the served process came to be, for the messages and for what happens when the debugger

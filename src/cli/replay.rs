@@ -7,11 +7,11 @@ use super::decode::{ImageArgs, build_image, given_images, report_missing};
 use super::record::{Served, bind, serve_session};
 use ptrewind::flow::{Cpu, Errata, FlowConfig};
 use ptrewind::image::perf_maps::PerfSideband;
-use ptrewind::server::replay::OfflineInfo;
-use ptrewind::server::replay::offline::{OfflineRecording, load_saved};
+use ptrewind::server::recording_monitors::where_text;
 use ptrewind::server::{RecordingTarget, Session, check_listen_addr, register_monitors};
 use ptrewind::store::perf_data::PerfData;
 use ptrewind::store::{SourceFormat, TraceFile};
+use ptrewind::timeline::{OfflineInfo, OfflineRecording, Timeline, load_saved};
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -168,8 +168,8 @@ pub fn run(args: ReplayArgs) -> CmdResult {
         }
         None => load_trace(&args)?,
     };
-    let target = match RecordingTarget::offline(rec) {
-        Ok(t) => t,
+    let target = match Timeline::offline(rec) {
+        Ok(t) => RecordingTarget::new(t),
         Err(e) => {
             eprintln!("ptrewind: cannot replay: {e}");
             return Ok(ExitCode::from(2));
@@ -178,7 +178,7 @@ pub fn run(args: ReplayArgs) -> CmdResult {
     {
         let shared = target.shared();
         let mut r = shared.borrow_mut();
-        eprintln!("ptrewind: {}", r.where_text().trim_end());
+        eprintln!("ptrewind: {}", where_text(&mut r).trim_end());
     }
     let listener = bind(args.listen)?;
     let mut session = Session::new(Box::new(target.clone()));

@@ -22,12 +22,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub mod elf;
+pub mod immutable;
 pub mod perf_maps;
 pub mod procfs;
 pub mod raw;
 pub mod symbols;
 
 pub use elf::{ElfKind, ElfSpec, LoadedElf, LoadedSegment, Segments};
+pub use immutable::ImmutableCode;
 
 pub use perf_maps::{MissingImage, MmapImage, MmapOptions, MmapRecord, RemapFn};
 pub use procfs::{MapEntry, ProcessImage, ProcessSnapshot, UnreadableMapping};

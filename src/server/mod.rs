@@ -14,9 +14,10 @@
 //!   breakpoints, step/continue with signals, `qXfer:exec-file`, `qXfer:auxv`,
 //!   `qXfer:libraries-svr4` ([`svr4`]) and `monitor` commands ([`MonitorRegistry`]).
 //!
-//! - [`replay`]: reverse execution (gdbstub's `ReverseStep`/`ReverseCont` through
-//!   [`crate::target::ReverseExecution`]) over an indexed history, for a live process recorded
-//!   by a capture backend or for a recording replayed with no process.
+//! - [`RecordingTarget`]: reverse execution (gdbstub's `ReverseStep`/`ReverseCont` through
+//!   [`crate::target::ReverseExecution`]) over a [`crate::timeline::Timeline`], for a live
+//!   process recorded by a capture backend or for a recording replayed with no process;
+//!   [`register_monitors`] adds the timeline's `monitor` commands.
 //!
 //! ```no_run
 //! use ptrewind::server::{Router, Session, Intercept};
@@ -36,7 +37,8 @@ pub mod arch;
 pub mod btrace;
 pub mod lldb_trace;
 pub mod monitor;
-pub mod replay;
+mod recording;
+pub mod recording_monitors;
 pub mod router;
 pub mod rsp;
 mod session;
@@ -44,7 +46,8 @@ pub mod svr4;
 pub mod tracing;
 
 pub use monitor::{MonitorHandler, MonitorRegistry};
-pub use replay::{RecordingTarget, register_monitors};
+pub use recording::RecordingTarget;
+pub use recording_monitors::register_monitors;
 pub use router::{Intercept, PacketHandler, Router, RouterState, ServeOutcome};
 pub use session::{Session, gdb_to_linux_signal, linux_to_gdb_signal, stop_reason};
 

@@ -147,6 +147,33 @@ impl TraceView for TraceStore {
     }
 }
 
+/// Appends `bytes`, which directly follow what `store` holds, as one drain (the hardware
+/// backend's AUX copies, a trace file for offline replay).
+pub fn append_bytes(store: &TraceStore, bytes: &[u8]) {
+    if bytes.is_empty() {
+        return;
+    }
+    // The stream end is everything stored plus everything accounted as lost.
+    let start = store.len() as u64 + store.lost();
+    let len = bytes.len();
+    store.append(&Drain {
+        data: bytes.to_vec(),
+        runs: vec![crate::ring::Run {
+            stream_offset: start,
+            data_offset: 0,
+            len,
+        }],
+        report: crate::ring::DrainReport {
+            start,
+            end: start + len as u64,
+            present: len as u64,
+            overwritten: 0,
+            dropped: 0,
+            state: crate::ring::OutputState::Tracing,
+        },
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -269,5 +296,16 @@ mod tests {
         ring.write(&psb_plus);
         store.append(&ring.drain());
         assert_eq!(w.stats().trace_bytes, len + psb_plus.len() as u64);
+    }
+
+    #[test]
+    fn appended_bytes_follow_the_stream() {
+        let store = TraceStore::new();
+        append_bytes(&store, &[1, 2, 3]);
+        append_bytes(&store, &[]);
+        append_bytes(&store, &[4]);
+        assert_eq!(store.to_vec(), vec![1, 2, 3, 4]);
+        assert_eq!(store.lost(), 0);
+        assert!(store.gaps().is_empty());
     }
 }

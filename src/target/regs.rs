@@ -60,6 +60,12 @@ pub mod gpr {
     pub const GS: usize = 26;
     /// Number of registers in `user_regs_struct`.
     pub const COUNT: usize = 27;
+    /// The registers' names, by index (as `monitor save` writes them).
+    pub const NAMES: [&str; COUNT] = [
+        "r15", "r14", "r13", "r12", "rbp", "rbx", "r11", "r10", "r9", "r8", "rax", "rcx", "rdx",
+        "rsi", "rdi", "orig_rax", "rip", "cs", "eflags", "rsp", "ss", "fs_base", "gs_base", "ds",
+        "es", "fs", "gs",
+    ];
 }
 
 /// The [`gpr`] index of GDB's x86-64 registers 0..=15 (`rax rbx rcx rdx rsi rdi rbp rsp

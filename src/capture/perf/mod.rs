@@ -6,6 +6,8 @@
 //! * [`event`] — the `perf_event_open`/`mmap`/`ioctl` boundary (the only `unsafe` here);
 //! * [`PerfPtBackend`] — one event per traced thread, draining side-band records and AUX bytes
 //!   into a [`TraceSink`], optionally from a background thread ([`Drainer`]);
+//! * [`live`] — the backend as a [`LiveBackend`](crate::capture::LiveBackend) driving a
+//!   ptrace process at full speed ([`PerfCapture`]), with the AUX pipeline ([`AuxPipeline`]);
 //! * [`probe`] — "can this machine do it?", with an error that names exactly what is missing.
 //!
 //! The ring logic itself is in [`crate::ring::aux`].
@@ -13,6 +15,7 @@
 pub mod drainer;
 pub mod event;
 pub mod filter;
+pub mod live;
 pub mod pmu;
 
 use std::collections::BTreeMap;
@@ -26,6 +29,7 @@ use thiserror::Error;
 pub use drainer::{DrainSource, Drainer, DrainerResult};
 pub use event::{AuxMode, EventSpec, StartMode};
 pub use filter::{AddrFilter, FilterAction, FilterError};
+pub use live::{AuxPipeline, PerfCapture, PtSource, StoreSink, host_cpu};
 pub use pmu::{ConfigError, PmuError, PtCapabilities, PtOptions, SysRoot};
 
 use crate::ring::aux::{

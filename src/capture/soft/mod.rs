@@ -9,7 +9,8 @@
 //!   drainer;
 //! * [`state_log`] — per-instruction undo records for reverse execution ([`StateLog`]);
 //! * [`server_target`] — [`StepTarget`] for the GDB server's `PtraceTarget`;
-//! * [`procmaps`] — `/proc/PID/maps`, `main`/entry lookup, image snapshots.
+//! * [`procmaps`] — `/proc/PID/maps`, `main`/entry lookup, image snapshots;
+//! * [`live`] — the recorder as a [`LiveBackend`](crate::capture::LiveBackend) ([`SoftCapture`]).
 
 //!
 //! # Example
@@ -31,6 +32,7 @@
 
 pub mod classify;
 pub mod encoder;
+pub mod live;
 pub mod procmaps;
 pub mod recorder;
 pub mod server_target;
@@ -39,6 +41,7 @@ pub mod target;
 
 pub use classify::{CachedInsn, InsnCache, InsnClass};
 pub use encoder::{Cofi, EncoderConfig, EncoderStats, SoftEncoder, Step};
+pub use live::SoftCapture;
 pub use recorder::{
     Exit, Interrupter, RecordError, RecordFrom, RecorderConfig, RecorderStats, Recording,
     RingConfig, SoftRecorder, StepEvent, StepMode,

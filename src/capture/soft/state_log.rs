@@ -62,11 +62,7 @@ pub const REG_COUNT: usize = 27;
 
 /// The fields of `user_regs_struct` in declaration order (an index into this is what a register
 /// diff stores).
-pub const REG_NAMES: [&str; REG_COUNT] = [
-    "r15", "r14", "r13", "r12", "rbp", "rbx", "r11", "r10", "r9", "r8", "rax", "rcx", "rdx", "rsi",
-    "rdi", "orig_rax", "rip", "cs", "eflags", "rsp", "ss", "fs_base", "gs_base", "ds", "es", "fs",
-    "gs",
-];
+pub const REG_NAMES: [&str; REG_COUNT] = crate::target::regs::gpr::NAMES;
 
 /// The registers as an array in [`REG_NAMES`] order.
 pub fn regs_to_array(r: &Regs) -> [u64; REG_COUNT] {

@@ -3,7 +3,7 @@
 //! code image.
 //!
 //! The history is indexed before the server listens; the cursor starts at the end of the
-//! history. The past is served PC-only (see the [module docs](super)): the PC at every
+//! history. The past is served PC-only (see [`crate::timeline`]): the PC at every
 //! position, a saved recording's general-purpose registers at its start (position 0), at every
 //! stop of the recorded process, and at its end (after the last instruction, where the cursor
 //! then starts), and memory only inside the code image — of a
@@ -14,15 +14,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::capture::{ImmutableCode, append_bytes};
 use super::inspect::symbolizer_from_maps;
-use super::monitors::SAVE_FORMAT;
-use super::{OfflineInfo, Recorder, RecordingTarget, spawn_worker};
-use crate::capture::soft::Regs;
-use crate::capture::soft::state_log::{REG_NAMES, set_reg, zeroed_regs};
+use super::save::SAVE_FORMAT;
+use super::{OfflineInfo, Timeline, spawn_worker};
 use crate::flow::FlowConfig;
-use crate::image::{Image, Section, Symbolizer};
-use crate::store::live::TraceStore;
+use crate::image::{Image, ImmutableCode, Section, Symbolizer};
+use crate::store::live::{TraceStore, append_bytes};
+use crate::target::regs::gpr;
 use crate::target::{RegMask, X86Registers};
 
 /// How long loading waits for the history to be indexed.
@@ -43,12 +41,12 @@ pub struct OfflineRecording {
     pub immutable: Option<ImmutableCode>,
     /// Symbols for `monitor where|history|calls`.
     pub symbols: Symbolizer,
-    /// Registers before the first instruction, if known.
-    pub registers_at_start: Option<Regs>,
-    /// Registers after the last instruction, if known.
-    pub registers_at_end: Option<Regs>,
+    /// Registers before the first instruction, if known (general-purpose registers).
+    pub registers_at_start: Option<X86Registers>,
+    /// Registers after the last instruction, if known (general-purpose registers).
+    pub registers_at_end: Option<X86Registers>,
     /// Registers known at other positions (the stops of the recorded process).
-    pub registers_at: Vec<(u64, Regs)>,
+    pub registers_at: Vec<(u64, X86Registers)>,
     /// The instruction count the recording claims (checked against the decoded history).
     pub instructions: Option<u64>,
     /// Process id, executable, source description.
@@ -66,20 +64,26 @@ fn offline_template() -> X86Registers {
     } else {
         OFFLINE_YMM_OFFSET
     };
-    let mut r = X86Registers::from_parts(&zeroed_regs(), vec![0; len]);
+    let mut r = X86Registers {
+        xsave: vec![0; len],
+        ..X86Registers::default()
+    };
     r.ymm_hi_offset = avx.then_some(OFFLINE_YMM_OFFSET);
     r
 }
 
-/// The general-purpose registers of a manifest object (`{"rip": "0x...", ...}`); `None` unless
-/// every register is present and valid (a partial set would pass zeros off as values).
-pub fn regs_from_json(v: &serde_json::Value) -> Option<Regs> {
+/// The general-purpose registers of a manifest object (`{"rip": "0x...", ...}`), the other
+/// registers unavailable; `None` unless every general-purpose register is present and valid (a
+/// partial set would pass zeros off as values).
+pub fn regs_from_json(v: &serde_json::Value) -> Option<X86Registers> {
     let obj = v.as_object()?;
-    let mut r = zeroed_regs();
-    for (i, name) in REG_NAMES.iter().enumerate() {
+    let mut r = X86Registers {
+        unavailable: RegMask::VECTOR,
+        ..X86Registers::default()
+    };
+    for (i, name) in gpr::NAMES.iter().enumerate() {
         let text = obj.get(*name)?.as_str()?;
-        let value = u64::from_str_radix(text.trim_start_matches("0x"), 16).ok()?;
-        set_reg(&mut r, i, value);
+        r.gprs[i] = u64::from_str_radix(text.trim_start_matches("0x"), 16).ok()?;
     }
     Some(r)
 }
@@ -171,8 +175,8 @@ pub fn load_saved(dir: &Path) -> Result<OfflineRecording, String> {
     })
 }
 
-impl RecordingTarget {
-    /// A target replaying `rec` with no process: indexes the history (waiting up to
+impl Timeline {
+    /// A timeline replaying `rec` with no process: indexes the history (waiting up to
     /// [`LOAD_INDEX_WAIT`]) and puts the cursor at its end.
     pub fn offline(rec: OfflineRecording) -> Result<Self, String> {
         let store = TraceStore::new();
@@ -184,7 +188,7 @@ impl RecordingTarget {
         let immutable = rec.immutable.unwrap_or_else(|| {
             ImmutableCode::from_ranges(image.sections().iter().map(|s| (s.addr, s.end())).collect())
         });
-        let mut r = Recorder::assemble(None, store, worker, image, template.clone());
+        let mut r = Timeline::assemble(None, store, worker, image, template.clone());
         r.immutable = immutable;
         r.symbols = Some(rec.symbols);
         r.record_wanted = false;
@@ -195,9 +199,9 @@ impl RecordingTarget {
         if len == 0 {
             return Err("the trace decodes to no instruction (wrong code image?)".into());
         }
-        let full = |g: &Regs| {
-            let mut x = X86Registers::from_parts(g, template.xsave.clone());
-            x.ymm_hi_offset = template.ymm_hi_offset;
+        let full = |g: &X86Registers| {
+            let mut x = template.clone();
+            x.gprs = g.gprs;
             // Only the general-purpose registers were saved.
             x.unavailable = RegMask::VECTOR;
             x
@@ -226,8 +230,7 @@ impl RecordingTarget {
         }
         let end = r.end();
         r.cursor = Some(end);
-        let exe = rec.info.exe.clone();
-        Ok(Self::from_recorder(r, rec.info.pid, exe))
+        Ok(r)
     }
 }
 
@@ -238,14 +241,14 @@ mod tests {
     #[test]
     fn manifest_registers_need_every_register() {
         let mut obj = serde_json::Map::new();
-        for (i, n) in REG_NAMES.iter().enumerate() {
+        for (i, n) in gpr::NAMES.iter().enumerate() {
             obj.insert(n.to_string(), format!("{:#x}", i * 16).into());
         }
         let full = serde_json::Value::Object(obj.clone());
         let r = regs_from_json(&full).unwrap();
-        assert_eq!(r.rip, 16 * 16);
-        assert_eq!(r.r15, 0);
-        assert_eq!(r.gs, 26 * 16);
+        assert_eq!(r.gprs[gpr::RIP], 16 * 16);
+        assert_eq!(r.gprs[gpr::R15], 0);
+        assert_eq!(r.gprs[gpr::GS], 26 * 16);
         obj.remove("rsp");
         assert!(regs_from_json(&serde_json::Value::Object(obj.clone())).is_none());
         obj.insert("rsp".into(), "zz".into());

@@ -1,4 +1,4 @@
-//! The software backend as a [`LiveCapture`]: the [`SoftRecorder`] single-steps the process,
+//! The software backend as a [`LiveBackend`]: the [`SoftRecorder`] single-steps the process,
 //! encodes Intel PT packets into its ToPA ring (drained into the store by its own thread) and,
 //! with its state log on, keeps every instruction's register changes and overwritten memory.
 //!
@@ -12,16 +12,19 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use super::capture::LiveCapture;
-use crate::capture::soft::{Exit, RecordError, Regs, SoftRecorder, StateLog, StepEvent};
+use super::state_log::WriteHit;
+use super::{Exit, RecordError, Regs, SoftRecorder, StateLog, StepEvent};
+use crate::capture::backend::{LiveBackend, PastWrite, RecordedState, ptrace_present_state};
 use crate::store::live::TraceStore;
-use crate::target::{PtraceTarget, Resume, StopEvent, Target, TargetError, TargetResult};
+use crate::target::{
+    PtraceTarget, RegMask, Resume, StopEvent, Target, TargetError, TargetResult, X86Registers,
+};
 
 /// How long one non-blocking wait keeps recording before it reports "still running" (so the
 /// server can notice an interrupt from GDB).
 const WAIT_SLICE: Duration = Duration::from_millis(50);
 
-pub(super) fn record_err(e: RecordError) -> TargetError {
+fn record_err(e: RecordError) -> TargetError {
     match e {
         RecordError::Target(t) => TargetError::Unexpected {
             pid: 0,
@@ -48,6 +51,7 @@ enum Run {
 /// The software backend of a live recording.
 pub struct SoftCapture {
     rec: SoftRecorder<PtraceTarget>,
+    pid: i32,
     run: Run,
     /// Watched `[addr, addr + len)` ranges (write watchpoints).
     watches: Vec<(u64, u64)>,
@@ -68,9 +72,11 @@ impl SoftCapture {
     /// Wraps a recorder whose process is stopped. With its state log on, registers and memory
     /// are rebuilt at every past position; without, the past is served PC-only (like the
     /// hardware backend).
-    pub fn new(rec: SoftRecorder<PtraceTarget>) -> Self {
+    pub fn new(mut rec: SoftRecorder<PtraceTarget>) -> Self {
+        let pid = Target::pid(rec.target());
         SoftCapture {
             rec,
+            pid,
             run: Run::Idle,
             watches: Vec::new(),
             watched_bytes: None,
@@ -128,19 +134,30 @@ impl SoftCapture {
         self.watched_bytes = Some(now);
         changed.map(|addr| StopEvent::Watch { addr })
     }
+
+    fn target(&mut self) -> &mut PtraceTarget {
+        self.rec.target()
+    }
+
+    /// The general-purpose registers at the present (the recorder's, cached between steps).
+    fn present_gprs(&mut self) -> TargetResult<Regs> {
+        self.rec.current_regs().map_err(record_err)
+    }
 }
 
-impl LiveCapture for SoftCapture {
-    fn backend(&self) -> &'static str {
+impl LiveBackend for SoftCapture {
+    ptrace_present_state!(target);
+
+    fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    fn name(&self) -> &'static str {
         if self.rec.state_log().is_some() {
             "soft (ptrace single-step encoder, state log on)"
         } else {
             "soft (ptrace single-step encoder, state log off: PC-only past)"
         }
-    }
-
-    fn ptrace(&mut self) -> &mut PtraceTarget {
-        self.rec.target()
     }
 
     fn store(&self) -> TraceStore {
@@ -151,12 +168,8 @@ impl LiveCapture for SoftCapture {
         Some(self.rec.stats().recorded)
     }
 
-    fn state_log(&self) -> Option<&StateLog> {
-        self.rec.state_log()
-    }
-
-    fn present_gprs(&mut self) -> TargetResult<Regs> {
-        self.rec.current_regs().map_err(record_err)
+    fn recorded_state(&self) -> Option<&dyn RecordedState> {
+        self.rec.state_log().map(|l| l as &dyn RecordedState)
     }
 
     fn set_watches(&mut self, ranges: &[(u64, u64)]) -> bool {
@@ -328,5 +341,48 @@ impl LiveCapture for SoftCapture {
                 ),
             );
         }
+    }
+}
+
+fn past_write(hit: WriteHit) -> PastWrite {
+    PastWrite {
+        before: hit.before() as u64,
+        after: hit.after() as u64,
+        addr: hit.addr,
+        unknown: hit.unknown.map(|u| u.to_string()),
+    }
+}
+
+/// The state log is the software backend's record of the past: every general-purpose register
+/// rebuilt exactly by undoing from the present, vector/x87 state from its snapshots, memory
+/// with every later write put back.
+impl RecordedState for StateLog {
+    fn len(&self) -> u64 {
+        StateLog::len(self) as u64
+    }
+
+    fn registers_at(&self, n: u64, present: &X86Registers) -> Option<X86Registers> {
+        let gprs = StateLog::registers_at(self, n as usize, &present.to_libc())?;
+        let mut xsave = present.xsave.clone();
+        // Vector/x87 state: the log's snapshot, or unavailable — never the present values,
+        // which may differ.
+        let known = self.xstate_at(n as usize, &mut xsave);
+        let mut regs = X86Registers::from_parts(&gprs, xsave);
+        if !known {
+            regs.unavailable = RegMask::VECTOR;
+        }
+        Some(regs)
+    }
+
+    fn memory_at(&self, n: u64, addr: u64, buf: &mut [u8]) {
+        StateLog::memory_at(self, n as usize, addr, buf);
+    }
+
+    fn rfind_write(&self, before: u64, floor: u64, ranges: &[(u64, u64)]) -> Option<PastWrite> {
+        StateLog::rfind_write(self, before as usize, floor as usize, ranges).map(past_write)
+    }
+
+    fn find_write(&self, from: u64, to: u64, ranges: &[(u64, u64)]) -> Option<PastWrite> {
+        StateLog::find_write(self, from as usize, to as usize, ranges).map(past_write)
     }
 }

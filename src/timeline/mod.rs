@@ -1,22 +1,23 @@
-//! [`RecordingTarget`]: reverse execution over an indexed history, for a live process recorded
-//! by a capture backend or for a recording replayed with no process at all.
+//! The timeline: reverse execution over an indexed history, for a live process recorded by a
+//! capture backend ([`LiveBackend`]) or for a recording replayed with no process at all (rr's
+//! `ReplayTimeline` is the model). It knows no debugger protocol and no concrete backend: stops
+//! are [`StopEvent`]s, state is [`X86Registers`] and bytes, and the server adapts them to GDB's
+//! and LLDB's packets.
 //!
 //! The module is split by concern:
 //!
-//! * this file — the reverse-execution core ([`Recorder`]): the history worker, the replay
-//!   cursor, `bs`/`bc`, breakpoints, replaying forward, the hand-over to the live process at
-//!   the present, and what registers and memory the past shows;
-//! * `target.rs` — [`RecordingTarget`], the [`Target`] GDB's session drives over the core;
+//! * this file — [`Timeline`]: the history worker, the cursor (positions), stepping in both
+//!   directions, breakpoint and watchpoint search, replaying forward, the hand-over to the live
+//!   process at the present, and what registers and memory the past shows;
 //! * [`regfiles`] — the register files known at positions (start, stops);
-//! * [`capture`] — the [`LiveCapture`] trait a live backend implements, and shared helpers;
-//! * [`soft`] — the software backend (single-stepping encoder, optional state log);
-//! * [`perf`] — the hardware backend (perf `intel_pt`, INT3 breakpoints, AUX drained at stops);
 //! * [`offline`] — `ptrewind replay`: a saved recording or a trace file, no process;
-//! * [`inspect`] and [`monitors`] — `monitor where|history|calls|insns|goto|stats|save`.
+//! * [`save`] — the saved-recording format (`monitor save`), read back by [`offline`];
+//! * [`inspect`] — branches, function segments and symbols before the cursor (what
+//!   `monitor history|calls|where` print) and the statistics `monitor stats` prints.
 //!
 //! ## Live (the cursor is at the present)
 //!
-//! Forward `continue`/`stepi` run the process through the capture backend. The software backend
+//! Forward `continue`/`stepi` run the process through the capture backend ([`LiveBackend`]). The software backend
 //! single-steps and encodes every instruction as Intel PT packets (GDB's breakpoints are compared
 //! with the PC after each instruction and never written into the process); the hardware backend
 //! lets the process run at full speed with ordinary INT3 breakpoints while the CPU traces it. At
@@ -30,9 +31,9 @@
 //! thread, woken by every append that adds bytes, decodes what arrived and indexes the
 //! [`History`](crate::history::History) (sync points at PSBs with instruction counts) while the
 //! target runs. At a stop the worker is asked to finish the index and the stop is reported at
-//! once: nothing waits for decoding. A request that needs the history (`bs`, `bc`, replaying
+//! once: nothing waits for decoding. A request that needs the history (reverse steps and continues, replaying
 //! forward, `monitor goto|history|calls|save|stats`) waits until the index covers the trace as
-//! it was at the stop ([`Recorder::ensure_indexed`]) — at most [`INDEX_WAIT`] for a reverse
+//! it was at the stop ([`Timeline::ensure_indexed`]) — at most [`INDEX_WAIT`] for a reverse
 //! resume, [`MONITOR_INDEX_WAIT`] for a monitor command — and otherwise fails with a message
 //! giving the decode lag, never hangs. When the index is complete, the history length is checked
 //! against the instructions the backend counted (software backend) and the state log's; a
@@ -41,7 +42,10 @@
 //! With recording off (`monitor record off`) forward execution runs untraced. With a state log,
 //! the state before such a run cannot be rebuilt: reverse execution then stops at the first
 //! instruction recorded after it (the *floor*, shown by `monitor stats`), reporting
-//! `replaylog:begin`; PC-only replay has no floor.
+//! [`StopEvent::HistoryEnd`] at the beginning; PC-only replay has no floor.
+//!
+//! Stops are protocol-neutral [`StopEvent`]s: the server reports `HistoryEnd` as GDB's
+//! `replaylog:begin`/`replaylog:end`, `Watch` as `watch:ADDR`, and so on.
 //!
 //! ## Replay (the cursor `n` is before the present)
 //!
@@ -53,45 +57,42 @@
 //!   the registers were captured (the start of the recording, every stop of the live process, a
 //!   saved recording's start, stops and end) the full register file is served (general-purpose
 //!   registers only for a saved recording); at any other position
-//!   RIP is the history's PC and every other register is unavailable (`xx` in the `g` reply, GDB
-//!   prints `<unavailable>`). Memory reads are served only inside read-only, file-backed code
+//!   RIP is the history's PC and every other register is unavailable ([`RegMask::ALL_BUT_PC`];
+//!   GDB prints `<unavailable>`). Memory reads are served only inside read-only, file-backed code
 //!   mappings (which cannot have changed), from the code image; any other read is refused
-//!   (GDB: "Cannot access memory"). A present value is never shown as a past one. Source-level
+//!   ([`TargetError::Memory`]). A present value is never shown as a past one. Source-level
 //!   reverse stepping needs the stack pointer and does not work there; reverse-stepi and
 //!   reverse-continue do.
 //! * The live process's breakpoints are never visible (the ptrace target shows original code
 //!   bytes while stopped). Writes to memory or registers in the past are refused.
-//! * `bs` moves to `n - 1` (at 0 or the floor: `replaylog:begin`); `bc` to the last earlier
-//!   instruction at a breakpoint address ([`History::rfind_with`](crate::history::History::rfind_with)),
-//!   or to the floor with `replaylog:begin`.
+//! * A reverse step moves to `n - 1` (at 0 or the floor: `HistoryEnd` at the beginning); a
+//!   reverse continue to the last earlier instruction at a breakpoint address
+//!   ([`History::rfind_with`](crate::history::History::rfind_with)), or to the floor with
+//!   `HistoryEnd` at the beginning.
 //! * Forward step/continue replay forward ([`History::find_with`](crate::history::History::find_with));
-//!   reaching the present by a continue reports `replaylog:end` (GDB: "No more reverse-execution
-//!   history") and leaves the cursor at the present, so the next resume runs the live process
+//!   reaching the present by a continue reports `HistoryEnd` at the end (GDB: "No more
+//!   reverse-execution history") and leaves the cursor at the present, so the next resume runs the live process
 //!   again. A forward single step onto the present is an ordinary step. With no live process
 //!   ([`offline`]) the end of the history is as far as forward execution goes: a continue or a
-//!   step there reports `replaylog:end` again.
+//!   step there reports `HistoryEnd` at the end again.
 //!
 //! ## Write watchpoints
 //!
 //! Served only with a state log (which records what every instruction wrote); refused
-//! otherwise, and for read/access watchpoints. `bc` stops at the nearer of the last breakpoint
+//! otherwise, and for read/access watchpoints. A reverse continue stops at the nearer of the last breakpoint
 //! hit and the last write to a watched range
-//! ([`StateLog::rfind_write`](crate::capture::soft::StateLog::rfind_write)), the cursor *before*
-//! the write (GDB shows the writing instruction and the old value); `bs` over a write reports
+//! ([`RecordedState::rfind_write`](crate::capture::RecordedState::rfind_write)), the cursor *before*
+//! the write (GDB shows the writing instruction and the old value); a reverse step over a write reports
 //! it too. Forward replay stops *after* the next write
-//! ([`StateLog::find_write`](crate::capture::soft::StateLog::find_write)); a live run stops
+//! ([`RecordedState::find_write`](crate::capture::RecordedState::find_write)); a live run stops
 //! after the instruction that wrote (the software backend checks each step). A search never
 //! passes an entry whose writes the log does not know: in the past it stops there with a plain
 //! trap and a [`Notice::WatchUncertain`] (the log shows no change there, so GDB could not tell).
 
-pub mod capture;
 pub mod inspect;
-pub mod monitors;
 pub mod offline;
-pub mod perf;
 pub mod regfiles;
-pub mod soft;
-mod target;
+pub mod save;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -99,22 +100,19 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use crate::capture::soft::{Regs, WriteHit, procmaps::capture_image};
+use crate::capture::{LiveBackend, PastWrite};
 use crate::flow::FlowConfig;
 use crate::history::{Breakpoints as BpSet, HistoryWorker};
-use crate::image::{Image, Symbolizer};
+use crate::image::{Image, ImmutableCode, Symbolizer};
 use crate::store::live::TraceStore;
 use crate::target::{
-    Notice, RegMask, Resume, ReverseResume, StopEvent, Target, TargetError, TargetResult,
-    X86Registers,
+    Notice, RegMask, Resume, ReverseResume, StopEvent, TargetError, TargetResult, X86Registers,
 };
 
-pub use capture::{ImmutableCode, LiveCapture};
-pub use monitors::register_monitors;
-pub use perf::PerfCapture;
+pub use inspect::{Branch, CallSegment};
+pub use offline::{OfflineRecording, load_saved};
 pub use regfiles::RegisterFiles;
-pub use soft::SoftCapture;
-pub use target::RecordingTarget;
+pub use save::SAVE_FORMAT;
 
 /// How long a reverse resume waits for the background index to cover the stop. GDB waits for a
 /// stop reply without a timeout, so this only bounds a worker that cannot keep up.
@@ -128,7 +126,7 @@ pub const MONITOR_INDEX_WAIT: Duration = Duration::from_millis(1500);
 /// step (the drainer waits meanwhile), so it is kept well below the worker's default.
 const LIVE_WINDOW: usize = 64 * 1024;
 
-/// What a resumed [`RecordingTarget`] is doing until [`Target::wait`] reports the stop.
+/// What a resumed [`Timeline`] is doing until [`Timeline::wait`] reports the stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Running {
     /// Stopped.
@@ -164,11 +162,11 @@ pub const PAST_PC_ONLY: &str = "PC-only: RIP is the traced PC; all registers whe
 pub const PAST_STATE_LOG: &str = "state log: all general-purpose registers and memory rebuilt \
     exactly; vector/x87 registers from the log's snapshots or <unavailable>";
 
-/// The shared state of a reverse-execution session: the capture (live process, or none), the
-/// history and the replay cursor. [`RecordingTarget`] and the monitor commands share it.
-pub struct Recorder {
+/// A reverse-execution session: the capture backend (live process, or none), the history and
+/// the cursor. The server's debugger target and its monitor commands share one.
+pub struct Timeline {
     /// The live process and its capture backend; `None` when replaying a recording offline.
-    live: Option<Box<dyn LiveCapture>>,
+    live: Option<Box<dyn LiveBackend>>,
     store: TraceStore,
     /// Indexes the history from the store on its own thread.
     worker: HistoryWorker<TraceStore>,
@@ -194,8 +192,8 @@ pub struct Recorder {
     record_wanted: bool,
     exited: Option<StopEvent>,
     checks: Checks,
-    /// Cache of the state-log registers at the cursor.
-    regs_at: Option<(u64, Regs)>,
+    /// Cache of the recorded registers at the cursor.
+    regs_at: Option<(u64, X86Registers)>,
     notices: Vec<Notice>,
     /// Resumptions run untraced (recording off).
     untraced_runs: u64,
@@ -229,9 +227,9 @@ pub struct OfflineInfo {
     pub source: String,
 }
 
-impl std::fmt::Debug for Recorder {
+impl std::fmt::Debug for Timeline {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Recorder")
+        f.debug_struct("Timeline")
             .field("cursor", &self.cursor)
             .field("history_len", &self.index)
             .field("running", &self.running)
@@ -239,15 +237,12 @@ impl std::fmt::Debug for Recorder {
     }
 }
 
-pub(crate) fn exec_maps(pid: i32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/maps"))
-        .map(|t| {
-            t.lines()
-                .filter(|l| l.split_whitespace().nth(1).is_some_and(|p| p.contains('x')))
-                .collect::<Vec<_>>()
-                .join("\n")
-        })
-        .unwrap_or_default()
+/// The executable mappings' lines of `/proc/PID/maps` text.
+fn exec_lines(maps: &str) -> String {
+    maps.lines()
+        .filter(|l| l.split_whitespace().nth(1).is_some_and(|p| p.contains('x')))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// A register file with every value unknown, in the shape of `like` (its XSAVE size and AVX
@@ -261,16 +256,23 @@ fn unknown_registers(like: &X86Registers, pc: u64) -> X86Registers {
     r
 }
 
-impl Recorder {
-    /// Wraps a live capture whose process is stopped at the start of the recording.
-    pub fn new(mut live: Box<dyn LiveCapture>, record_wanted: bool) -> TargetResult<Self> {
-        let pid = Target::pid(live.ptrace());
-        let image_maps = exec_maps(pid);
-        let (image, _) = capture_image(live.ptrace()).map_err(|e| TargetError::Unexpected {
-            pid,
-            what: format!("cannot snapshot the code: {e}"),
-        })?;
-        let image = Arc::new(image);
+impl Timeline {
+    /// A timeline over a live capture whose process is stopped at the start of the recording
+    /// (`record_wanted`: whether forward runs are traced). What was recorded before is indexed
+    /// at once.
+    pub fn live(live: Box<dyn LiveBackend>, record_wanted: bool) -> TargetResult<Self> {
+        let mut t = Timeline::start(live, record_wanted)?;
+        // Index what was recorded before the debugger connects (nothing when recording starts
+        // at main).
+        t.sync_history();
+        Ok(t)
+    }
+
+    fn start(mut live: Box<dyn LiveBackend>, record_wanted: bool) -> TargetResult<Self> {
+        let pid = live.pid();
+        let maps = live.maps();
+        let image_maps = exec_lines(&maps);
+        let image = Arc::new(live.snapshot_image()?);
         let store = live.store();
         let flow = live.flow_config();
         let worker = spawn_worker(&store, &image, &flow).map_err(|e| TargetError::Unexpected {
@@ -278,11 +280,9 @@ impl Recorder {
             what: format!("cannot start the history worker: {e}"),
         })?;
         // The register-file shape for PC-only replies (the values are not used).
-        let template = live.ptrace().read_registers()?;
-        let immutable = ImmutableCode::from_maps(
-            &std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default(),
-        );
-        let mut r = Recorder::assemble(Some(live), store, worker, image, template);
+        let template = live.read_registers()?;
+        let immutable = ImmutableCode::from_maps(&maps);
+        let mut r = Timeline::assemble(Some(live), store, worker, image, template);
         r.flow = flow;
         r.image_maps = image_maps;
         r.immutable = immutable;
@@ -291,13 +291,13 @@ impl Recorder {
     }
 
     fn assemble(
-        live: Option<Box<dyn LiveCapture>>,
+        live: Option<Box<dyn LiveBackend>>,
         store: TraceStore,
         worker: HistoryWorker<TraceStore>,
         image: Arc<Image>,
         template: X86Registers,
     ) -> Self {
-        Recorder {
+        Timeline {
             live,
             store,
             worker,
@@ -335,7 +335,7 @@ impl Recorder {
         self.store.clone()
     }
 
-    fn live(&mut self) -> TargetResult<&mut Box<dyn LiveCapture>> {
+    fn live_mut(&mut self) -> TargetResult<&mut Box<dyn LiveBackend>> {
         self.live.as_mut().ok_or(TargetError::Unsupported(
             "no live process: this is a replay of a recording",
         ))
@@ -354,7 +354,9 @@ impl Recorder {
     /// Whether registers and memory in the past are rebuilt from a state log (otherwise the
     /// past is served PC-only).
     pub fn has_state_log(&self) -> bool {
-        self.live.as_ref().is_some_and(|l| l.state_log().is_some())
+        self.live
+            .as_ref()
+            .is_some_and(|l| l.recorded_state().is_some())
     }
 
     /// Number of instructions in the history (the present's position): the checked history
@@ -417,7 +419,7 @@ impl Recorder {
         let Some(recorded) = live.recorded() else {
             return;
         };
-        let logged = live.state_log().map(|l| l.len() as u64);
+        let logged = live.recorded_state().map(|l| l.len());
         if history != recorded || logged.is_some_and(|l| l != recorded) {
             self.checks.length_mismatches += 1;
             self.checks.last_mismatch = Some(format!(
@@ -530,10 +532,10 @@ impl Recorder {
                 self.checks.last_mismatch = Some(e);
             }
             if !exited {
-                let pid = Target::pid(live.ptrace());
-                let maps = exec_maps(pid);
+                let all_maps = live.maps();
+                let maps = exec_lines(&all_maps);
                 if maps != self.image_maps
-                    && let Ok((image, _)) = capture_image(live.ptrace())
+                    && let Ok(image) = live.snapshot_image()
                 {
                     self.image = Arc::new(image);
                     self.image_maps = maps;
@@ -544,13 +546,9 @@ impl Recorder {
                         self.worker.request_complete();
                         self.worker.wait_indexed(INDEX_WAIT).unwrap_or(u64::MAX)
                     });
-                    self.immutable = self.immutable.remapped(
-                        ImmutableCode::from_maps(
-                            &std::fs::read_to_string(format!("/proc/{pid}/maps"))
-                                .unwrap_or_default(),
-                        ),
-                        at,
-                    );
+                    self.immutable = self
+                        .immutable
+                        .remapped(ImmutableCode::from_maps(&all_maps), at);
                     // The worker may have decoded code of the new mapping against the old
                     // image while the target ran: index again from the start against the new one.
                     match spawn_worker(&self.store, &self.image, &self.flow) {
@@ -566,7 +564,7 @@ impl Recorder {
         self.pending_snapshot = None;
         if let Some(live) = self.live.as_mut()
             && !exited
-            && let Ok(regs) = live.ptrace().read_registers()
+            && let Ok(regs) = live.read_registers()
         {
             match live.recorded() {
                 Some(n) => {
@@ -581,55 +579,34 @@ impl Recorder {
         self.regs_at = None;
     }
 
-    fn present_gprs(&mut self) -> TargetResult<Regs> {
-        self.live()?.present_gprs()
-    }
-
-    /// General-purpose registers at `n` rebuilt from the state log.
-    fn logged_regs(&mut self, n: u64) -> TargetResult<Regs> {
-        if let Some((at, r)) = self.regs_at
-            && at == n
-        {
-            return Ok(r);
+    /// The register file at position `n` in the past: from the recorded state if the backend
+    /// keeps one (the PC checked against the trace), otherwise PC-only (see the module docs).
+    fn past_registers(&mut self, n: u64) -> TargetResult<X86Registers> {
+        if !self.has_state_log() {
+            return self.pc_only_registers(n);
         }
-        let present = self.present_gprs()?;
-        let live = self.live()?;
-        let log = live.state_log().ok_or(TargetError::Unsupported(
+        if let Some((at, r)) = &self.regs_at
+            && *at == n
+        {
+            return Ok(r.clone());
+        }
+        let live = self.live_mut()?;
+        let present = live.read_registers()?;
+        let state = live.recorded_state().ok_or(TargetError::Unsupported(
             "registers in the past without a state log",
         ))?;
-        let mut r = log
-            .registers_at(n as usize, &present)
+        let mut r = state
+            .registers_at(n, &present)
             .ok_or(TargetError::Unsupported("position beyond the state log"))?;
         if let Some(ip) = self.insn_ip(n)
-            && ip != r.rip
+            && ip != r.pc()
         {
             self.checks.pc_mismatches += 1;
             // The trace is authoritative for the PC.
-            r.rip = ip;
+            r.set_pc(ip);
         }
-        self.regs_at = Some((n, r));
+        self.regs_at = Some((n, r.clone()));
         Ok(r)
-    }
-
-    /// The register file at position `n` in the past: from the state log if there is one,
-    /// otherwise PC-only (see the module docs).
-    fn past_registers(&mut self, n: u64) -> TargetResult<X86Registers> {
-        if self.has_state_log() {
-            let gprs = self.logged_regs(n)?;
-            let live = self.live()?;
-            let mut xsave = live.ptrace().read_registers()?.xsave;
-            // Vector/x87 state: the log's snapshot, or unavailable — never the present values,
-            // which may differ.
-            let known = live
-                .state_log()
-                .is_some_and(|log| log.xstate_at(n as usize, &mut xsave));
-            let mut regs = X86Registers::from_parts(&gprs, xsave);
-            if !known {
-                regs.unavailable = RegMask::VECTOR;
-            }
-            return Ok(regs);
-        }
-        self.pc_only_registers(n)
     }
 
     /// PC-only registers at `n`: a captured register file if one is known there (and agrees
@@ -673,7 +650,7 @@ impl Recorder {
     /// wrote) and a backend that stops at writes while recording. `false`: refused.
     /// Refused too while recording is off: an untraced run is not single-stepped, a write
     /// would pass unseen.
-    fn add_watch(&mut self, addr: u64, len: u64) -> bool {
+    pub fn add_watch(&mut self, addr: u64, len: u64) -> bool {
         if len == 0 || !self.has_state_log() || !self.record_wanted {
             return false;
         }
@@ -686,8 +663,8 @@ impl Recorder {
         false
     }
 
-    /// Removes one write watchpoint added with the same range.
-    fn remove_watch(&mut self, addr: u64, len: u64) -> bool {
+    /// Removes one write watchpoint added with the same range; `false` if there was none.
+    pub fn remove_watch(&mut self, addr: u64, len: u64) -> bool {
         let Some(i) = self.watches.iter().position(|&w| w == (addr, len)) else {
             return false;
         };
@@ -699,36 +676,36 @@ impl Recorder {
         true
     }
 
-    /// The state log's write search, backward: the last write to a watched range between
-    /// `floor` and `before` (see [`StateLog::rfind_write`](crate::capture::soft::StateLog::rfind_write)).
-    fn watch_back(&self, before: u64, floor: u64) -> Option<WriteHit> {
+    /// The recorded state's write search, backward: the last write to a watched range between
+    /// `floor` and `before` (see [`RecordedState::rfind_write`](crate::capture::RecordedState::rfind_write)).
+    fn watch_back(&self, before: u64, floor: u64) -> Option<PastWrite> {
         if self.watches.is_empty() {
             return None;
         }
-        let log = self.live.as_ref()?.state_log()?;
-        log.rfind_write(before as usize, floor as usize, &self.watches)
+        let log = self.live.as_ref()?.recorded_state()?;
+        log.rfind_write(before, floor, &self.watches)
     }
 
     /// The state log's write search, forward: the first write to a watched range by the
     /// instructions `from..to`.
-    fn watch_forward(&self, from: u64, to: u64) -> Option<WriteHit> {
+    fn watch_forward(&self, from: u64, to: u64) -> Option<PastWrite> {
         if self.watches.is_empty() {
             return None;
         }
-        let log = self.live.as_ref()?.state_log()?;
-        log.find_write(from as usize, to as usize, &self.watches)
+        let log = self.live.as_ref()?.recorded_state()?;
+        log.find_write(from, to, &self.watches)
     }
 
     /// The stop for a write-search hit at position `at`: a watchpoint trigger, or — where the
     /// log does not know what the instruction wrote — a plain trap with a notice saying why
     /// (the past memory the log shows does not change there, so GDB could not see a change).
-    fn watch_stop(&mut self, hit: WriteHit, at: u64) -> StopEvent {
+    fn watch_stop(&mut self, hit: PastWrite, at: u64) -> StopEvent {
         match (hit.addr, hit.unknown) {
             (Some(addr), _) => StopEvent::Watch { addr },
             (None, why) => {
                 self.notices.push(Notice::WatchUncertain {
                     position: at,
-                    what: why.map_or_else(|| "unknown".into(), |w| w.to_string()),
+                    what: why.unwrap_or_else(|| "unknown".into()),
                 });
                 StopEvent::Signal(libc::SIGTRAP)
             }
@@ -739,7 +716,9 @@ impl Recorder {
         BpSet::new(self.bps.iter().copied())
     }
 
-    fn reverse(&mut self, how: ReverseResume) -> TargetResult<()> {
+    /// Starts a reverse step or continue from the cursor; the stop is collected with
+    /// [`wait`](Self::wait).
+    pub fn reverse(&mut self, how: ReverseResume) -> TargetResult<()> {
         if self.exited.is_some() {
             return Err(TargetError::Unsupported(
                 "reverse execution after the process exited",
@@ -774,8 +753,8 @@ impl Recorder {
                 };
                 let bp = hit.filter(|&k| k >= floor);
                 match (watch, bp) {
-                    (Some(w), bp) if bp.is_none_or(|k| w.before() as u64 >= k) => {
-                        let at = (w.before() as u64).max(floor);
+                    (Some(w), bp) if bp.is_none_or(|k| w.before >= k) => {
+                        let at = w.before.max(floor);
                         self.cursor = Some(at);
                         self.watch_stop(w, at)
                     }
@@ -830,8 +809,8 @@ impl Recorder {
                         .with_history(|h, b, img| h.find_with(b, img, c + 1, &mut m))
                 };
                 match watch {
-                    Some(w) if hit.is_none_or(|k| w.after() as u64 <= k) => {
-                        let at = w.after() as u64;
+                    Some(w) if hit.is_none_or(|k| w.after <= k) => {
+                        let at = w.after;
                         self.cursor = (at < len || !live).then_some(at);
                         self.watch_stop(w, at)
                     }
@@ -853,12 +832,11 @@ impl Recorder {
         Ok(())
     }
 
-    fn resume(&mut self, how: Resume) -> TargetResult<()> {
+    /// Starts a forward step or continue: replayed from the history in the past, run by the
+    /// backend at the present. The stop is collected with [`wait`](Self::wait).
+    pub fn resume(&mut self, how: Resume) -> TargetResult<()> {
         if self.exited.is_some() {
-            let pid = match self.live.as_mut() {
-                Some(l) => Target::pid(l.ptrace()),
-                None => 0,
-            };
+            let pid = self.live.as_ref().map_or(0, |l| l.pid());
             return Err(TargetError::Exited { pid });
         }
         self.interrupt.store(false, Ordering::Release);
@@ -880,7 +858,7 @@ impl Recorder {
             self.untraced_runs += 1;
             self.floor = self.len();
         }
-        self.live()?.resume(how, record)?;
+        self.live_mut()?.resume(how, record)?;
         self.running = Running::Live;
         Ok(())
     }
@@ -894,7 +872,9 @@ impl Recorder {
         ev
     }
 
-    fn wait(&mut self, block: bool) -> TargetResult<Option<StopEvent>> {
+    /// Waits for the stop of the last resume (`Ok(None)`: still running, when `block` is
+    /// false).
+    pub fn wait(&mut self, block: bool) -> TargetResult<Option<StopEvent>> {
         match self.running {
             Running::Idle => Err(TargetError::Unexpected {
                 pid: 0,
@@ -907,12 +887,161 @@ impl Recorder {
             Running::Live => {
                 let interrupt = Arc::clone(&self.interrupt);
                 let bps = self.bps.clone();
-                match self.live()?.wait(block, &bps, &interrupt)? {
+                match self.live_mut()?.wait(block, &bps, &interrupt)? {
                     Some(ev) => Ok(Some(self.stopped(ev))),
                     None => Ok(None),
                 }
             }
         }
+    }
+
+    /// The recorded process id (offline: the one the recording names, else 1).
+    pub fn pid(&self) -> i32 {
+        match (&self.live, &self.offline) {
+            (Some(l), _) => l.pid(),
+            (None, Some(o)) => o.pid,
+            (None, None) => 1,
+        }
+    }
+
+    /// The id of the traced thread.
+    pub fn tid(&self) -> i32 {
+        self.live.as_ref().map_or_else(|| self.pid(), |l| l.tid())
+    }
+
+    /// The recorded executable, if known.
+    pub fn exec_path(&mut self) -> Option<PathBuf> {
+        match self.live.as_mut() {
+            Some(l) => l.exec_path(),
+            None => self.offline.as_ref().and_then(|o| o.exe.clone()),
+        }
+    }
+
+    /// The registers at the cursor: the live process's at the present, rebuilt or PC-only in
+    /// the past (see the module docs).
+    pub fn read_registers(&mut self) -> TargetResult<X86Registers> {
+        if self.exited.is_some() {
+            return Err(TargetError::Exited { pid: self.pid() });
+        }
+        match self.cursor {
+            None => self.live_mut()?.read_registers(),
+            Some(n) => self.past_registers(n),
+        }
+    }
+
+    /// Writes the registers at the present; the past cannot be changed.
+    pub fn write_registers(&mut self, regs: &X86Registers) -> TargetResult<()> {
+        if self.cursor.is_some() {
+            return Err(TargetError::Unsupported(
+                "changing registers in the past (go to the present first: monitor goto end)",
+            ));
+        }
+        self.live_mut()?.write_registers(regs)
+    }
+
+    /// Reads memory at the cursor: the live process's at the present; in the past, the live
+    /// memory with every later write undone (recorded state) or immutable code only (PC-only).
+    pub fn read_memory(&mut self, addr: u64, buf: &mut [u8]) -> TargetResult<usize> {
+        let Some(pos) = self.cursor else {
+            return self.live_mut()?.read_memory(addr, buf);
+        };
+        if !self.has_state_log() {
+            return self.pc_only_memory(pos, addr, buf);
+        }
+        let live = self.live_mut()?;
+        let n = live.read_memory(addr, buf)?;
+        if let Some(log) = live.recorded_state() {
+            log.memory_at(pos, addr, &mut buf[..n]);
+        }
+        Ok(n)
+    }
+
+    /// Writes memory at the present; the past cannot be changed.
+    pub fn write_memory(&mut self, addr: u64, data: &[u8]) -> TargetResult<()> {
+        if self.cursor.is_some() {
+            return Err(TargetError::Unsupported(
+                "changing memory in the past (go to the present first: monitor goto end)",
+            ));
+        }
+        self.live_mut()?.write_memory(addr, data)
+    }
+
+    /// Asks a running forward run to stop (reported as `Signal(SIGINT)`).
+    pub fn interrupt(&mut self) -> TargetResult<()> {
+        self.interrupt.store(true, Ordering::Release);
+        if self.running == Running::Live
+            && let Some(live) = self.live.as_mut()
+        {
+            live.interrupt()?;
+        }
+        Ok(())
+    }
+
+    /// Kills the live process (nothing to do offline).
+    pub fn kill(&mut self) -> TargetResult<()> {
+        self.running = Running::Idle;
+        match self.live.as_mut() {
+            Some(live) => live.kill(),
+            None => Ok(()),
+        }
+    }
+
+    /// Lets the live process run on (nothing to do offline).
+    pub fn detach(&mut self) -> TargetResult<()> {
+        match self.live.as_mut() {
+            Some(live) => live.detach(),
+            None => Ok(()),
+        }
+    }
+
+    /// True once the live process has exited or was killed.
+    pub fn has_exited(&mut self) -> bool {
+        if self.exited.is_some() {
+            return true;
+        }
+        self.live.as_mut().is_some_and(|l| l.has_exited())
+    }
+
+    /// The auxiliary vector of the live process.
+    pub fn auxv(&mut self) -> TargetResult<Vec<u8>> {
+        match self.live.as_mut() {
+            Some(live) => live.auxv(),
+            None => Err(TargetError::Unsupported(
+                "the auxiliary vector of a replayed recording",
+            )),
+        }
+    }
+
+    /// Takes the notices collected since the last call (the timeline's and the backend's).
+    pub fn take_notices(&mut self) -> Vec<Notice> {
+        let mut n = std::mem::take(&mut self.notices);
+        if let Some(live) = self.live.as_mut() {
+            n.extend(live.take_notices());
+        }
+        n
+    }
+
+    /// Adds a breakpoint: searched for in the history, and set in the live process for runs at
+    /// full speed.
+    pub fn add_breakpoint(&mut self, addr: u64) -> TargetResult<()> {
+        if let Some(live) = self.live.as_mut() {
+            live.add_breakpoint(addr)?;
+        }
+        self.bps.insert(addr);
+        Ok(())
+    }
+
+    /// Removes a breakpoint; `false` if none was at `addr`.
+    pub fn remove_breakpoint(&mut self, addr: u64) -> TargetResult<bool> {
+        if let Some(live) = self.live.as_mut() {
+            live.remove_breakpoint(addr)?;
+        }
+        Ok(self.bps.remove(&addr))
+    }
+
+    /// The breakpoint addresses, sorted.
+    pub fn breakpoints(&self) -> Vec<u64> {
+        self.bps.iter().copied().collect()
     }
 }
 
@@ -931,3 +1060,6 @@ fn spawn_worker(
     store.set_listener(Some(w.notifier()));
     Ok(w)
 }
+
+#[cfg(test)]
+mod tests;

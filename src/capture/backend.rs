@@ -1,0 +1,263 @@
+//! The one trait every live capture backend implements ([`LiveBackend`]), as the
+//! [`Timeline`](crate::timeline::Timeline) drives it, and the optional record of past state a
+//! backend may keep ([`RecordedState`]).
+//!
+//! A backend owns a process (or an emulated one) and everything about its present: registers,
+//! memory, software breakpoints, forward runs (traced or not), the executable mappings and a
+//! snapshot of their code. It produces the trace bytes into a [`TraceStore`] the history is
+//! indexed from and, optionally, state beyond the PC at past positions (the software backend's
+//! state log). Everything else — the cursor, reverse steps and searches, breakpoints in the
+//! past, replaying forward, the hand-over to the live process at the present — is the
+//! timeline's and the same for every backend. Nothing outside `capture/` names a backend's
+//! types: the timeline and the server see only this trait.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+
+use crate::flow::FlowConfig;
+use crate::image::Image;
+use crate::store::live::TraceStore;
+use crate::target::{Notice, Resume, StopEvent, TargetResult, X86Registers};
+
+/// A live process recorded by a capture backend (software single-stepping, hardware Intel PT,
+/// ...), as the timeline drives it. All present state goes through it.
+pub trait LiveBackend {
+    /// The backend, as `monitor stats` names it.
+    fn name(&self) -> &'static str;
+
+    /// Whether the trace comes from the CPU (decoders then apply the host CPU's errata) rather
+    /// than from the software encoder.
+    fn is_hardware(&self) -> bool {
+        false
+    }
+
+    /// How the trace is decoded (a hardware trace: with the errata of the CPU it runs on).
+    fn flow_config(&self) -> FlowConfig {
+        FlowConfig::default()
+    }
+
+    /// The process id.
+    fn pid(&self) -> i32;
+
+    /// The id of the traced thread.
+    fn tid(&self) -> i32 {
+        self.pid()
+    }
+
+    /// The executable file, as an absolute path if known.
+    fn exec_path(&mut self) -> Option<PathBuf>;
+
+    /// The process's memory map in `/proc/PID/maps` form (empty if unknown).
+    fn maps(&mut self) -> String;
+
+    /// A snapshot of the code of every readable, executable mapping at the present.
+    fn snapshot_image(&mut self) -> TargetResult<Image>;
+
+    /// The auxiliary vector (raw bytes).
+    fn auxv(&mut self) -> TargetResult<Vec<u8>>;
+
+    /// All registers of the stopped thread at the present.
+    fn read_registers(&mut self) -> TargetResult<X86Registers>;
+
+    /// Writes all registers of the stopped thread.
+    fn write_registers(&mut self, regs: &X86Registers) -> TargetResult<()>;
+
+    /// Reads memory at the present; returns how many leading bytes could be read (reading none
+    /// is an error).
+    fn read_memory(&mut self, addr: u64, buf: &mut [u8]) -> TargetResult<usize>;
+
+    /// Writes all of `data` at `addr`.
+    fn write_memory(&mut self, addr: u64, data: &[u8]) -> TargetResult<()>;
+
+    /// Adds a software breakpoint for runs at full speed (a backend that stops after every
+    /// instruction compares the PC with the set given to [`wait`](Self::wait) instead).
+    fn add_breakpoint(&mut self, addr: u64) -> TargetResult<()>;
+
+    /// Removes a software breakpoint; `false` if none was at `addr`.
+    fn remove_breakpoint(&mut self, addr: u64) -> TargetResult<bool>;
+
+    /// Takes the notices collected since the last call (threads, forks, exec, ...).
+    fn take_notices(&mut self) -> Vec<Notice> {
+        Vec::new()
+    }
+
+    /// True once the process has exited or was killed.
+    fn has_exited(&mut self) -> bool;
+
+    /// Kills the process and reaps it.
+    fn kill(&mut self) -> TargetResult<()>;
+
+    /// Lets the process run on, untraced.
+    fn detach(&mut self) -> TargetResult<()>;
+
+    /// The store the trace is drained into (a shared handle).
+    fn store(&self) -> TraceStore;
+
+    /// Instructions the backend itself counted while recording, to check the decoded history
+    /// against; `None` when it cannot count them (hardware: only the trace knows).
+    fn recorded(&self) -> Option<u64>;
+
+    /// Registers and overwritten memory of every recorded instruction, if the backend keeps
+    /// them (the software backend's state log). Without it, the past is served PC-only.
+    fn recorded_state(&self) -> Option<&dyn RecordedState> {
+        None
+    }
+
+    /// Write watchpoints for forward runs from the present: `[addr, addr + len)` ranges the
+    /// backend stops after a write to ([`StopEvent::Watch`]). Returns `false` when it cannot
+    /// see writes (the timeline then refuses watchpoints: a run that never stops would be
+    /// wrong).
+    fn set_watches(&mut self, _ranges: &[(u64, u64)]) -> bool {
+        false
+    }
+
+    /// Starts a forward run from the present; `record`: whether it is traced. Breakpoints are
+    /// the backend's own ([`add_breakpoint`](Self::add_breakpoint)) for a run at full speed, or
+    /// `bps` given to [`wait`](Self::wait) for a backend that stops after every instruction.
+    fn resume(&mut self, how: Resume, record: bool) -> TargetResult<()>;
+
+    /// Runs the forward run on until it stops (`Ok(None)`: still running, after a slice when
+    /// `block` is false). `interrupt` is set when the debugger asked for a stop.
+    fn wait(
+        &mut self,
+        block: bool,
+        bps: &BTreeSet<u64>,
+        interrupt: &AtomicBool,
+    ) -> TargetResult<Option<StopEvent>>;
+
+    /// Interrupts a run at full speed (the software backend's stepping loop checks the flag
+    /// itself).
+    fn interrupt(&mut self) -> TargetResult<()>;
+
+    /// Called at every stop: makes the store hold the trace of everything executed up to the
+    /// stop PC (closing the trace there, draining buffers). `Err` says why the trace may be
+    /// incomplete (it is shown by `monitor stats`).
+    fn sync_at_stop(&mut self, exited: bool) -> Result<(), String>;
+
+    /// Backend-specific `monitor stats` lines (`line(key, value)`).
+    fn stats(&self, line: &mut dyn FnMut(&str, String));
+}
+
+/// What a backend that records more than the PC knows about the past: registers and memory
+/// at every recorded position, and which instruction wrote what.
+pub trait RecordedState {
+    /// Recorded instructions.
+    fn len(&self) -> u64;
+
+    /// Whether nothing is recorded.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The register file before instruction `n`, rebuilt from `present`: general-purpose
+    /// registers exact; vector/x87 state from the record or marked unavailable (never the
+    /// present values). `None` beyond the record.
+    fn registers_at(&self, n: u64, present: &X86Registers) -> Option<X86Registers>;
+
+    /// Puts back into `buf` (present memory at `addr`) every byte written since position `n`.
+    fn memory_at(&self, n: u64, addr: u64, buf: &mut [u8]);
+
+    /// The last write to one of `ranges` (`(addr, len)`) between positions `floor` and
+    /// `before`, or the last entry there whose writes are not known, whichever is newer.
+    fn rfind_write(&self, before: u64, floor: u64, ranges: &[(u64, u64)]) -> Option<PastWrite>;
+
+    /// The first write to one of `ranges` by the instructions `from..to` (or entry with unknown
+    /// writes), whichever is older.
+    fn find_write(&self, from: u64, to: u64, ranges: &[(u64, u64)]) -> Option<PastWrite>;
+}
+
+/// A write a [`RecordedState`] search found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PastWrite {
+    /// The newest position whose state is before the write.
+    pub before: u64,
+    /// The oldest position whose state includes the write.
+    pub after: u64,
+    /// The lowest watched address known to be written; `None` when the search stopped only
+    /// because the writes there are not known.
+    pub addr: Option<u64>,
+    /// Why the writes there are not all known, if they are not.
+    pub unknown: Option<String>,
+}
+
+/// The present-state methods of a [`LiveBackend`] whose process is a
+/// [`PtraceTarget`](crate::target::PtraceTarget) reached through `self.$get()` (a
+/// `&mut PtraceTarget`): one definition for every ptrace-based backend.
+macro_rules! ptrace_present_state {
+    ($get:ident) => {
+        fn exec_path(&mut self) -> Option<std::path::PathBuf> {
+            crate::target::Target::exec_path(self.$get())
+        }
+
+        fn maps(&mut self) -> String {
+            let pid = crate::target::Target::pid(self.$get());
+            std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default()
+        }
+
+        fn snapshot_image(&mut self) -> crate::target::TargetResult<crate::image::Image> {
+            let t = self.$get();
+            let pid = crate::target::Target::pid(t);
+            crate::capture::soft::procmaps::capture_image(t)
+                .map(|(image, _skipped)| image)
+                .map_err(|e| crate::target::TargetError::Unexpected {
+                    pid,
+                    what: format!("cannot snapshot the code: {e}"),
+                })
+        }
+
+        fn auxv(&mut self) -> crate::target::TargetResult<Vec<u8>> {
+            crate::target::Target::auxv(self.$get())
+        }
+
+        fn read_registers(&mut self) -> crate::target::TargetResult<crate::target::X86Registers> {
+            crate::target::Target::read_registers(self.$get())
+        }
+
+        fn write_registers(
+            &mut self,
+            regs: &crate::target::X86Registers,
+        ) -> crate::target::TargetResult<()> {
+            crate::target::Target::write_registers(self.$get(), regs)
+        }
+
+        fn read_memory(&mut self, addr: u64, buf: &mut [u8]) -> crate::target::TargetResult<usize> {
+            crate::target::Target::read_memory(self.$get(), addr, buf)
+        }
+
+        fn write_memory(&mut self, addr: u64, data: &[u8]) -> crate::target::TargetResult<()> {
+            crate::target::Target::write_memory(self.$get(), addr, data)
+        }
+
+        fn add_breakpoint(&mut self, addr: u64) -> crate::target::TargetResult<()> {
+            match crate::target::Target::support_breakpoints(self.$get()) {
+                Some(bp) => bp.add_breakpoint(addr),
+                None => Ok(()),
+            }
+        }
+
+        fn remove_breakpoint(&mut self, addr: u64) -> crate::target::TargetResult<bool> {
+            match crate::target::Target::support_breakpoints(self.$get()) {
+                Some(bp) => bp.remove_breakpoint(addr),
+                None => Ok(false),
+            }
+        }
+
+        fn take_notices(&mut self) -> Vec<crate::target::Notice> {
+            crate::target::Target::take_notices(self.$get())
+        }
+
+        fn has_exited(&mut self) -> bool {
+            crate::target::Target::has_exited(self.$get())
+        }
+
+        fn kill(&mut self) -> crate::target::TargetResult<()> {
+            crate::target::Target::kill(self.$get())
+        }
+
+        fn detach(&mut self) -> crate::target::TargetResult<()> {
+            crate::target::Target::detach(self.$get())
+        }
+    };
+}
+pub(crate) use ptrace_present_state;

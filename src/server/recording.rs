@@ -1,0 +1,156 @@
+//! [`RecordingTarget`]: the server's [`Target`] over a [`Timeline`] — what the GDB session
+//! (gdbstub) drives: registers and memory at the cursor, breakpoints, write watchpoints, and
+//! resumption in both directions. All the logic is the timeline's; this is adaptation only.
+
+use std::cell::RefCell;
+use std::path::PathBuf;
+use std::rc::Rc;
+
+use crate::target::{
+    Breakpoints, Notice, Resume, ReverseExecution, ReverseResume, StopEvent, Target, TargetResult,
+    WatchKind, Watchpoints, X86Registers,
+};
+use crate::timeline::Timeline;
+
+/// A process recorded by a capture backend, or a recording replayed offline, with reverse
+/// execution (see [`crate::timeline`]). Cheap handle on shared state:
+/// [`RecordingTarget::shared`] gives the timeline to monitor commands.
+#[derive(Debug, Clone)]
+pub struct RecordingTarget {
+    inner: Rc<RefCell<Timeline>>,
+    pid: i32,
+    exe: Option<PathBuf>,
+}
+
+impl RecordingTarget {
+    /// Serves `timeline` to a debugger.
+    pub fn new(mut timeline: Timeline) -> Self {
+        let pid = timeline.pid();
+        let exe = timeline.exec_path();
+        RecordingTarget {
+            inner: Rc::new(RefCell::new(timeline)),
+            pid,
+            exe,
+        }
+    }
+
+    /// The shared timeline (for monitor commands).
+    pub fn shared(&self) -> Rc<RefCell<Timeline>> {
+        Rc::clone(&self.inner)
+    }
+}
+
+impl Target for RecordingTarget {
+    fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    fn tid(&self) -> i32 {
+        self.inner.borrow().tid()
+    }
+
+    fn exec_path(&self) -> Option<PathBuf> {
+        self.exe.clone()
+    }
+
+    fn read_registers(&mut self) -> TargetResult<X86Registers> {
+        self.inner.borrow_mut().read_registers()
+    }
+
+    fn write_registers(&mut self, regs: &X86Registers) -> TargetResult<()> {
+        self.inner.borrow_mut().write_registers(regs)
+    }
+
+    fn read_memory(&self, addr: u64, buf: &mut [u8]) -> TargetResult<usize> {
+        self.inner.borrow_mut().read_memory(addr, buf)
+    }
+
+    fn write_memory(&mut self, addr: u64, data: &[u8]) -> TargetResult<()> {
+        self.inner.borrow_mut().write_memory(addr, data)
+    }
+
+    fn resume(&mut self, how: Resume) -> TargetResult<()> {
+        self.inner.borrow_mut().resume(how)
+    }
+
+    fn wait(&mut self, block: bool) -> TargetResult<Option<StopEvent>> {
+        self.inner.borrow_mut().wait(block)
+    }
+
+    fn interrupt(&mut self) -> TargetResult<()> {
+        self.inner.borrow_mut().interrupt()
+    }
+
+    fn kill(&mut self) -> TargetResult<()> {
+        self.inner.borrow_mut().kill()
+    }
+
+    fn detach(&mut self) -> TargetResult<()> {
+        self.inner.borrow_mut().detach()
+    }
+
+    fn has_exited(&self) -> bool {
+        self.inner.borrow_mut().has_exited()
+    }
+
+    fn auxv(&self) -> TargetResult<Vec<u8>> {
+        self.inner.borrow_mut().auxv()
+    }
+
+    fn take_notices(&mut self) -> Vec<Notice> {
+        self.inner.borrow_mut().take_notices()
+    }
+
+    fn support_breakpoints(&mut self) -> Option<&mut dyn Breakpoints> {
+        Some(self)
+    }
+
+    fn support_reverse(&mut self) -> Option<&mut dyn ReverseExecution> {
+        Some(self)
+    }
+
+    fn support_watchpoints(&mut self) -> Option<&mut dyn Watchpoints> {
+        Some(self)
+    }
+}
+
+/// Write watchpoints, served from the state log (which records what every instruction wrote):
+/// reverse-continue stops before the last earlier write, forward replay and live recording
+/// after the next one. Refused without a state log (PC-only past: what was written is not
+/// known) and for read/access watchpoints (reads are not recorded), so GDB reports that it
+/// could not insert them instead of waiting for a stop that would never be reported.
+impl Watchpoints for RecordingTarget {
+    fn add_watchpoint(&mut self, addr: u64, len: u64, kind: WatchKind) -> TargetResult<bool> {
+        if kind != WatchKind::Write {
+            return Ok(false);
+        }
+        Ok(self.inner.borrow_mut().add_watch(addr, len))
+    }
+
+    fn remove_watchpoint(&mut self, addr: u64, len: u64, kind: WatchKind) -> TargetResult<bool> {
+        if kind != WatchKind::Write {
+            return Ok(false);
+        }
+        Ok(self.inner.borrow_mut().remove_watch(addr, len))
+    }
+}
+
+impl Breakpoints for RecordingTarget {
+    fn add_breakpoint(&mut self, addr: u64) -> TargetResult<()> {
+        self.inner.borrow_mut().add_breakpoint(addr)
+    }
+
+    fn remove_breakpoint(&mut self, addr: u64) -> TargetResult<bool> {
+        self.inner.borrow_mut().remove_breakpoint(addr)
+    }
+
+    fn breakpoint_addrs(&self) -> Vec<u64> {
+        self.inner.borrow().breakpoints()
+    }
+}
+
+impl ReverseExecution for RecordingTarget {
+    fn resume_reverse(&mut self, how: ReverseResume) -> TargetResult<()> {
+        self.inner.borrow_mut().reverse(how)
+    }
+}

@@ -1,0 +1,163 @@
+//! The timeline over a live hardware-style capture, with a simulated CPU: the perf backend's
+//! AUX pipeline and INT3 breakpoints, stops that wait for the drain, stop registers keyed
+//! through the index, the past served PC-only.
+
+use std::time::Duration;
+
+use super::Timeline;
+use crate::capture::perf::{DrainSource, PerfCapture, PerfPtError, PtSource, TraceSink};
+use crate::ring::aux::AuxStats;
+use crate::target::{PtraceTarget, StopEvent};
+
+/// A "CPU" for straight-line code, standing in for Intel PT behind [`PerfCapture`]: each
+/// drain on the tracer thread (at a stop) reads the tracee's PC and encodes what a CPU
+/// tracing it would have written since the previous stop — PSB+, TIP.PGE at the previous PC,
+/// FUP + TIP.PGD at the current one. On the drainer thread (not the tracer) the registers
+/// cannot be read and nothing is produced, like an AUX area the CPU has not flushed yet.
+struct StraightLineCpu {
+    pid: nix::unistd::Pid,
+    last: u64,
+}
+
+impl DrainSource for StraightLineCpu {
+    fn drain_once(&mut self, sink: &mut dyn TraceSink) -> Result<u64, PerfPtError> {
+        use crate::packet::Packet;
+        use crate::packet::{Encoder, IpKind};
+        let Ok(regs) = nix::sys::ptrace::getregs(self.pid) else {
+            return Ok(0);
+        };
+        if regs.rip == self.last {
+            return Ok(0);
+        }
+        let mut enc = Encoder::new();
+        let mut out = Vec::new();
+        enc.psb(&mut out);
+        let mode = Packet::ModeExec {
+            csl: true,
+            csd: false,
+            iflag: false,
+        };
+        enc.packet(&mode, &mut out).unwrap();
+        enc.packet(&Packet::PsbEnd, &mut out).unwrap();
+        enc.ip_packet(IpKind::TipPge, Some(self.last), &mut out)
+            .unwrap();
+        enc.ip_packet(IpKind::Fup, Some(regs.rip), &mut out)
+            .unwrap();
+        enc.ip_packet(IpKind::TipPgd, None, &mut out).unwrap();
+        sink.trace(1, &out);
+        self.last = regs.rip;
+        Ok(out.len() as u64)
+    }
+    fn wait_ready(&self, period: Duration) {
+        std::thread::sleep(period);
+    }
+}
+
+impl PtSource for StraightLineCpu {
+    fn set_tracing(&mut self, _on: bool) -> Result<(), PerfPtError> {
+        Ok(())
+    }
+    fn aux_stats(&self) -> AuxStats {
+        AuxStats::default()
+    }
+}
+
+/// The hardware capture drives a live process at full speed with INT3 breakpoints; the
+/// stops wait for the drain, the history indexes it, the stops' registers are keyed at
+/// their positions through the index, and the past is served PC-only.
+#[test]
+fn hardware_capture_serves_a_live_process_pc_only() {
+    use crate::target::{RegMask, Resume, ReverseResume, SpawnOptions, Target};
+    let dir = std::env::temp_dir().join(format!("ptrewind-hwcap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join("straight.S");
+    let exe = dir.join("straight");
+    std::fs::write(
+        &src,
+        ".globl _start\n_start:\n.rept 30\nnop\n.endr\nmov $60, %eax\nxor %edi, %edi\nsyscall\n",
+    )
+    .unwrap();
+    let ok = std::process::Command::new("cc")
+        .args(["-nostdlib", "-static", "-no-pie", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "cc failed");
+    let mut ptrace = PtraceTarget::spawn(
+        &exe.clone().into_os_string(),
+        &[],
+        &SpawnOptions { disable_aslr: true },
+    )
+    .unwrap();
+    let start_regs = ptrace.read_registers().unwrap();
+    let start = start_regs.pc();
+    let cpu = StraightLineCpu {
+        pid: nix::unistd::Pid::from_raw(Target::pid(&ptrace)),
+        last: start,
+    };
+    let capture = PerfCapture::with_source(ptrace, cpu);
+    let mut t = Timeline::live(Box::new(capture), true).unwrap();
+    let run = |t: &mut Timeline, how: Resume| {
+        t.resume(how).unwrap();
+        t.wait(true).unwrap().unwrap()
+    };
+    t.add_breakpoint(start + 10).unwrap();
+    t.add_breakpoint(start + 20).unwrap();
+    assert_eq!(
+        run(&mut t, Resume::Continue { signal: None }),
+        StopEvent::Breakpoint { pc: start + 10 }
+    );
+    assert_eq!(run(&mut t, Resume::Step { signal: None }), StopEvent::Step);
+    let at_11 = t.read_registers().unwrap();
+    assert_eq!(at_11.pc(), start + 11);
+    assert_eq!(
+        run(&mut t, Resume::Continue { signal: None }),
+        StopEvent::Breakpoint { pc: start + 20 }
+    );
+    assert_eq!(t.ensure_indexed(Duration::from_secs(10)), Ok(20));
+
+    // One instruction back: only RIP is known there.
+    t.reverse(ReverseResume::Step).unwrap();
+    assert_eq!(t.wait(true).unwrap(), Some(StopEvent::Step));
+    let past = t.read_registers().unwrap();
+    assert_eq!(past.pc(), start + 19);
+    assert_eq!(past.unavailable, RegMask::ALL_BUT_PC);
+    // Code is read from the image; the stack is refused.
+    let mut byte = [0u8; 1];
+    assert_eq!(t.read_memory(start + 19, &mut byte).unwrap(), 1);
+    assert_eq!(byte, [0x90]);
+    let mut word = [0u8; 8];
+    assert!(matches!(
+        t.read_memory(start_regs.sp(), &mut word),
+        Err(crate::target::TargetError::Memory { .. })
+    ));
+    // The stops' registers: the step at 11, and the start at 0, in full.
+    for (n, want) in [(11, &at_11), (0, &start_regs)] {
+        t.goto(n).unwrap();
+        let r = t.read_registers().unwrap();
+        assert_eq!(r.unavailable, RegMask::NONE, "position {n}");
+        assert_eq!(r.gprs, want.gprs, "position {n}");
+    }
+    // Back to the breakpoint instance at 10 from 19, then forward to the present.
+    t.goto(19).unwrap();
+    t.reverse(ReverseResume::Continue).unwrap();
+    assert_eq!(
+        t.wait(true).unwrap(),
+        Some(StopEvent::Breakpoint { pc: start + 10 })
+    );
+    assert_eq!(t.read_registers().unwrap().unavailable, RegMask::NONE);
+    assert_eq!(
+        run(&mut t, Resume::Continue { signal: None }),
+        StopEvent::HistoryEnd { at_begin: false }
+    );
+    let live = t.read_registers().unwrap();
+    assert_eq!((live.pc(), live.unavailable), (start + 20, RegMask::NONE));
+    let mut stats = String::new();
+    t.stats(&mut |k: &str, v: String| stats.push_str(&format!("{k:<24} {v}\n")));
+    assert!(stats.contains("pt (hardware"), "{stats}");
+    assert!(stats.contains("stop trace problems      0"), "{stats}");
+    t.kill().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
