@@ -97,6 +97,10 @@ pub struct DecodeArgs {
     /// perf.data recorded with `-e intel_pt//`; every AUX stream is decoded in turn.
     #[arg(long, value_name = "perf.data")]
     perf: Option<PathBuf>,
+    /// A recording directory of `record --backend qemu`: every thread's stream is decoded in
+    /// turn over the recorded mappings (`--elf`/`--raw` over them).
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["pt", "perf"])]
+    qemu: Option<PathBuf>,
     /// The code: --raw, --elf, and the perf.data mappings.
     #[command(flatten)]
     image: ImageArgs,
@@ -141,6 +145,9 @@ pub fn run(args: DecodeArgs) -> CmdResult {
     };
     // The images given on the command line: mapped after (over) the perf.data mappings.
     let (given, given_elfs) = given_images(&args.image)?;
+    if let Some(dir) = &args.qemu {
+        return decode_qemu(dir, &args, mode, &given, &given_elfs);
+    }
     let path = match (&args.pt, &args.perf) {
         (Some(p), None) | (None, Some(p)) => p.clone(),
         _ => return Err("give the trace with --pt FILE or --perf perf.data".into()),
@@ -266,6 +273,57 @@ pub fn run(args: DecodeArgs) -> CmdResult {
             "ptrewind: hint: give the missing files with --symfs DIR (DIR + recorded path), \
              --search-dir DIR (by file name), or --elf FILE:BASE / --raw FILE:BASE"
         );
+    }
+    match out.flush() {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(ExitCode::SUCCESS),
+        r => r?,
+    }
+    Ok(if errors > 0 {
+        ExitCode::from(2)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// `decode --qemu DIR`: each thread of a QEMU recording, `[thread PID/TID]` before each.
+fn decode_qemu(
+    dir: &std::path::Path,
+    args: &DecodeArgs,
+    mode: ExecMode,
+    given: &[Section],
+    given_elfs: &[LoadedElf],
+) -> CmdResult {
+    let recorded = ptrewind::capture::qemu::Recorded::open(dir)?;
+    let built = recorded.mmap_image();
+    let mut image = built.image;
+    let mut syms = Symbolizer::new();
+    for elf in built.elfs.iter().chain(given_elfs) {
+        let _ = syms.add_elf(elf);
+    }
+    for s in given {
+        image.add(s.clone())?;
+    }
+    report_missing(&built.missing, None, None, &mut HashSet::new());
+    let cfg = FlowConfig {
+        default_mode: mode,
+        ip_filter: args.ip_filter.clone(),
+        ..FlowConfig::default()
+    };
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::with_capacity(1 << 16, stdout.lock());
+    let mut errors = 0;
+    for t in &recorded.threads {
+        if !args.stats {
+            writeln!(out, "[thread {}/{}]", t.pid, t.tid)?;
+        }
+        match decode_stream(&t.trace, &image, &syms, cfg.clone(), args, &mut out) {
+            Ok(e) => errors += e,
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(ExitCode::SUCCESS),
+            Err(e) => return Err(e.into()),
+        }
+        if args.stats {
+            writeln!(out, "  (thread {}/{})", t.pid, t.tid)?;
+        }
     }
     match out.flush() {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(ExitCode::SUCCESS),

@@ -7,6 +7,7 @@ pub mod attach;
 pub mod decode;
 pub mod dump;
 pub mod record;
+pub mod record_qemu;
 pub mod replay;
 
 /// The result type of a subcommand: an exit code, or an error printed by `main`.

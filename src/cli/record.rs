@@ -21,12 +21,16 @@ use std::process::ExitCode;
 /// Capture backend choice.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
-    /// Hardware Intel PT if available, else the software encoder.
+    /// Hardware Intel PT if available, else QEMU if `qemu-x86_64` is installed, else ptrace.
     Auto,
     /// Hardware Intel PT (perf `intel_pt` PMU).
     Pt,
-    /// Software encoder (ptrace single-stepping).
-    Soft,
+    /// QEMU user-mode emulation with the ptrewind plugin: every thread at near-native speed;
+    /// the finished recording is served (PC-only past).
+    Qemu,
+    /// Software encoder (ptrace single-stepping; exact registers and memory in the past).
+    #[value(alias = "soft")]
+    Ptrace,
 }
 
 /// Trace buffer mode.
@@ -90,10 +94,38 @@ pub struct RecordArgs {
     /// Keep address-space randomisation enabled in the program (GDB disables it by default).
     #[arg(long)]
     keep_aslr: bool,
+    /// QEMU backend: the plugin (default: libptrewind_qemu_plugin.so beside this program or in
+    /// its Cargo target directory).
+    #[arg(long, value_name = "PATH")]
+    pub(crate) qemu_plugin: Option<std::path::PathBuf>,
+    /// QEMU backend: the recording directory to create (default: a new private temporary
+    /// directory, kept and printed).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) trace_dir: Option<std::path::PathBuf>,
+    /// QEMU backend: the thread to serve (default: the main thread).
+    #[arg(long, value_name = "TID")]
+    pub(crate) thread: Option<u32>,
     /// The program to run, and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
-    command: Vec<OsString>,
+    pub(crate) command: Vec<OsString>,
 }
+
+impl RecordArgs {
+    pub(crate) fn listen(&self) -> SocketAddr {
+        self.listen
+    }
+
+    pub(crate) fn allow_remote(&self) -> bool {
+        self.allow_remote
+    }
+}
+
+/// A started recording (target, listener, how it is served), or the exit code after a printed
+/// error.
+pub(crate) type Started = Result<
+    Result<(RecordingTarget, TcpListener, Served), ExitCode>,
+    Box<dyn std::error::Error + Send + Sync>,
+>;
 
 /// Parses a size such as `4096`, `512K`, `4M`.
 fn parse_size(text: &str) -> Result<u64, String> {
@@ -116,16 +148,19 @@ fn parse_size(text: &str) -> Result<u64, String> {
 enum Chosen {
     /// The software encoder.
     Soft,
+    /// QEMU with the plugin.
+    Qemu,
     /// Hardware Intel PT (the probe succeeded).
     Pt(Box<PtCapabilities>),
 }
 
 /// Picks the backend: `pt` fails (exit code 2) with the probe's reason unless it succeeds;
-/// `auto` uses Intel PT when the probe succeeds and otherwise falls back to the software encoder,
-/// saying why.
+/// `auto` uses Intel PT when the probe succeeds, else QEMU when `qemu-x86_64` runs, else the
+/// ptrace single-stepper, saying which and why.
 fn choose_backend(backend: Backend) -> Result<Chosen, ExitCode> {
     match backend {
-        Backend::Soft => Ok(Chosen::Soft),
+        Backend::Ptrace => Ok(Chosen::Soft),
+        Backend::Qemu => Ok(Chosen::Qemu),
         Backend::Pt | Backend::Auto => match ptrewind::capture::perf::probe() {
             Ok(caps) => Ok(Chosen::Pt(Box::new(caps))),
             Err(why) => {
@@ -133,11 +168,25 @@ fn choose_backend(backend: Backend) -> Result<Chosen, ExitCode> {
                     eprintln!("ptrewind: --backend pt: Intel PT is not available: {why}");
                     return Err(ExitCode::from(2));
                 }
-                eprintln!(
-                    "ptrewind: hardware Intel PT is not available ({why}); falling back to the \
-                     software backend (ptrace single-stepping, much slower)"
-                );
-                Ok(Chosen::Soft)
+                let qemu = std::path::Path::new("qemu-x86_64");
+                match ptrewind::capture::qemu::recording::qemu_version(qemu) {
+                    Ok(version) => {
+                        eprintln!(
+                            "ptrewind: hardware Intel PT is not available ({why}); recording \
+                             under QEMU ({version}) with the ptrewind plugin (--backend ptrace \
+                             for exact registers and memory in the past)"
+                        );
+                        Ok(Chosen::Qemu)
+                    }
+                    Err(_) => {
+                        eprintln!(
+                            "ptrewind: hardware Intel PT is not available ({why}) and \
+                             qemu-x86_64 is not installed (package qemu-user); falling back to \
+                             the ptrace backend (single-stepping, much slower)"
+                        );
+                        Ok(Chosen::Soft)
+                    }
+                }
             }
         },
     }
@@ -160,22 +209,17 @@ fn host_cpu() -> PtCpu {
 
 /// Runs `ptrewind record`.
 pub fn run(args: RecordArgs) -> CmdResult {
-    let (target, listener) = match start_recording(&args)? {
+    let (target, listener, served) = match start_recording(&args)? {
         Ok(v) => v,
         Err(code) => return Ok(code),
     };
     let program = args.command[0].clone();
-    serve_recording(target, listener, Served::Started, &program)
+    serve_recording(target, listener, served, &program)
 }
 
 /// Starts the program and its recording and binds the listener; `Err(code)` when the command
 /// must end with that exit code (the message was printed).
-pub(crate) fn start_recording(
-    args: &RecordArgs,
-) -> Result<
-    Result<(RecordingTarget, TcpListener), ExitCode>,
-    Box<dyn std::error::Error + Send + Sync>,
-> {
+pub(crate) fn start_recording(args: &RecordArgs) -> Started {
     check_listen_addr(args.listen, args.allow_remote)?;
     let chosen = match choose_backend(args.backend) {
         Ok(c) => c,
@@ -190,6 +234,9 @@ pub(crate) fn start_recording(
             caps.pmu_type
         );
         return start_hardware_recording(args, program, prog_args);
+    }
+    if let Chosen::Qemu = chosen {
+        return super::record_qemu::start(args, program, prog_args);
     }
     let mut ring = RingConfig::default();
     if let Some(b) = &args.buffer {
@@ -224,7 +271,7 @@ pub(crate) fn start_recording(
     let recorder =
         SoftRecorder::new(target, config).map_err(|e| format!("cannot start recording: {e}"))?;
     let target = soft_recording(recorder)?;
-    Ok(Ok((target, listener)))
+    Ok(Ok((target, listener, Served::Started)))
 }
 
 /// `--backend pt`: runs the program to the configured start under ptrace, opens the
@@ -233,10 +280,7 @@ fn start_hardware_recording(
     args: &RecordArgs,
     program: &OsString,
     prog_args: &[OsString],
-) -> Result<
-    Result<(RecordingTarget, TcpListener), ExitCode>,
-    Box<dyn std::error::Error + Send + Sync>,
-> {
+) -> Started {
     if args.mode == Mode::Snapshot {
         eprintln!(
             "ptrewind: note: --mode snapshot keeps only the newest trace, but reverse execution \
@@ -287,7 +331,7 @@ fn start_hardware_recording(
         }
     };
     let target = RecordingTarget::new(Timeline::live(Box::new(capture), start.is_some())?);
-    Ok(Ok((target, listener)))
+    Ok(Ok((target, listener, Served::Started)))
 }
 
 /// Serves a software recorder over a ptrace target. With its state log on, registers and
@@ -463,7 +507,7 @@ const GDB_SCRIPT: &str = include_str!("../../gdb-scripts/ptrewind.py");
 /// Runs `ptrewind gdb`: records the program and runs GDB connected to the recording (like
 /// `rr replay`). GDB is executed directly, never through a shell.
 pub fn run_gdb(args: GdbArgs) -> CmdResult {
-    let (target, listener) = match start_recording(&args.record)? {
+    let (target, listener, served) = match start_recording(&args.record)? {
         Ok(v) => v,
         Err(code) => return Ok(code),
     };
@@ -501,7 +545,7 @@ pub fn run_gdb(args: GdbArgs) -> CmdResult {
         let _ = std::net::TcpStream::connect(addr);
         status
     });
-    let served = serve_recording(target, listener, Served::Started, &program);
+    let served = serve_recording(target, listener, served, &program);
     let status = watcher
         .join()
         .map_err(|_| "the thread waiting for gdb panicked".to_string())?;
