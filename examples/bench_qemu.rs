@@ -58,6 +58,8 @@ int main(int argc, char **argv) {
 "#;
 
 /// Wall time, peak RSS (KiB) and exit status of `cmd` (stdout discarded).
+// The child is reaped by `wait4` (for its rusage), which clippy does not see.
+#[allow(clippy::zombie_processes)]
 fn measure(cmd: &mut Command) -> (f64, u64, i32) {
     let t0 = Instant::now();
     let child = cmd
@@ -176,7 +178,9 @@ fn main() {
     let mut text = String::new();
     let mut s: u64 = 42;
     for _ in 0..200_000 / scale {
-        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         text.push_str(&format!("{:016x} line {}\n", s, s % 1000));
     }
     std::fs::write(&lines, &text).expect("write");
@@ -221,7 +225,9 @@ fn main() {
     ];
     println!(
         "load average: {}",
-        std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim()
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
     );
     println!(
         "{:<16} {:>13} {:>8} {:>8} {:>8} {:>9} {:>8} {:>10} {:>9} {:>6} {:>12} {:>12}",
@@ -241,11 +247,7 @@ fn main() {
     let mut soft_rows = Vec::new();
     for w in &workloads {
         let (t_native, rss_native, _) = measure(Command::new(&w.program).args(&w.args));
-        let (t_qemu, _, _) = measure(
-            Command::new("qemu-x86_64")
-                .arg(&w.program)
-                .args(&w.args),
-        );
+        let (t_qemu, _, _) = measure(Command::new("qemu-x86_64").arg(&w.program).args(&w.args));
         let rec_dir = d.join(format!("rec-{}", w.name.split(' ').next().unwrap_or("w")));
         std::fs::create_dir(&rec_dir).expect("mkdir");
         let mut plugin_arg = OsString::from(&plugin);
@@ -283,7 +285,12 @@ fn main() {
     println!();
     println!(
         "{:<16} {:>14} {:>12} {:>14} {:>14} {:>12} {:>14}",
-        "small workload", "ptrace insns", "ptrace k/s", "ptrace slowdn", "gdb insns", "gdb k/s",
+        "small workload",
+        "ptrace insns",
+        "ptrace k/s",
+        "ptrace slowdn",
+        "gdb insns",
+        "gdb k/s",
         "gdb slowdn"
     );
     for (w, native_rate) in soft_rows {
@@ -299,7 +306,10 @@ fn main() {
         };
         let (pn, pr, ps) = fmt(&p);
         let (gn, gr, gs) = fmt(&g);
-        println!("{:<16} {pn:>14} {pr:>12} {ps:>14} {gn:>14} {gr:>12} {gs:>14}", w.name);
+        println!(
+            "{:<16} {pn:>14} {pr:>12} {ps:>14} {gn:>14} {gr:>12} {gs:>14}",
+            w.name
+        );
     }
     let _ = Duration::from_secs(0);
 }

@@ -187,15 +187,8 @@ pub fn run(args: DecodeArgs) -> CmdResult {
     };
     let (cpu, cpu_from, cfg) = flow_setup(args.cpu, perf.as_ref(), &source, mode, &args.ip_filter);
     let errata = cfg.errata;
-    // Our own buffer does the batching: the writes go to a duplicate of the stdout descriptor,
-    // past std's line-buffered `Stdout`, which would scan every 256 KiB chunk for its last
-    // newline (the whole chunk for `ips-bin`). Nothing else writes to stdout meanwhile.
     let stdout = std::io::stdout();
-    let lock = stdout.lock();
-    let mut out = match lock.as_fd().try_clone_to_owned() {
-        Ok(fd) => Out::new(Sink::File(std::fs::File::from(fd))),
-        Err(_) => Out::new(Sink::Std(lock)),
-    };
+    let mut out = stdout_out(stdout.lock());
     if args.stats {
         let names = errata.names();
         match cpu {
@@ -273,6 +266,17 @@ pub fn run(args: DecodeArgs) -> CmdResult {
     })
 }
 
+/// `decode`'s output. Our own buffer does the batching: the writes go to a duplicate of the
+/// stdout descriptor, past std's line-buffered `Stdout`, which would scan every 256 KiB chunk
+/// for its last newline (the whole chunk for `ips-bin`). Nothing else writes to stdout
+/// meanwhile.
+fn stdout_out(lock: std::io::StdoutLock<'_>) -> Out<Sink<'_>> {
+    match lock.as_fd().try_clone_to_owned() {
+        Ok(fd) => Out::new(Sink::File(std::fs::File::from(fd))),
+        Err(_) => Out::new(Sink::Std(lock)),
+    }
+}
+
 /// Where `decode` writes: a duplicate of the stdout descriptor, or `Stdout` itself if that
 /// could not be made.
 enum Sink<'a> {
@@ -302,7 +306,7 @@ impl Write for Sink<'_> {
 pub(crate) fn flow_setup(
     cpu: Option<Cpu>,
     perf: Option<&PerfData>,
-    source: &ptrewind::store::TraceSource<'_>,
+    source: &ptrewind::store::TraceStreams<'_>,
     mode: ExecMode,
     ip_filter: &[(u64, u64)],
 ) -> (Option<Cpu>, String, FlowConfig) {
@@ -404,7 +408,7 @@ fn decode_qemu(
         ..FlowConfig::default()
     };
     let stdout = std::io::stdout();
-    let mut out = std::io::BufWriter::with_capacity(1 << 16, stdout.lock());
+    let mut out = stdout_out(stdout.lock());
     let mut errors = 0;
     for t in &recorded.threads {
         if !args.stats {

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use ptrewind::packet::{IpCompression, IpPayload, LastIp, Packet, PacketDecoder, PacketError};
-use ptrewind::store::perf_data::{DataLoss, LossKind};
+use ptrewind::store::perf_data::DataLoss;
 use ptrewind::store::{SourceFormat, TraceFile, TraceStream, TraceStreams};
 
 use super::CmdResult;

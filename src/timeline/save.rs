@@ -43,7 +43,7 @@ impl Timeline {
         // that claims to be complete.
         out.remove("manifest.json").map_err(|e| e.to_string())?;
         let mut written: Vec<String> = Vec::new();
-        let result = self.save_files(&out, insns, &mut written);
+        let result = self.save_files(&out, insns, libraries_xml, &mut written);
         if let Err(e) = result {
             for name in &written {
                 let _ = out.remove(name);
@@ -62,6 +62,7 @@ impl Timeline {
         &mut self,
         out: &RecordingDir,
         insns: u64,
+        libraries_xml: Option<&str>,
         written: &mut Vec<String>,
     ) -> Result<String, String> {
         let dir = out.path();
@@ -102,14 +103,13 @@ impl Timeline {
             None => self.offline.as_ref().and_then(|o| o.auxv.clone()),
         };
         if let Some(a) = &auxv {
-            std::fs::write(dir.join("auxv.bin"), a).map_err(|e| io("auxv.bin", e))?;
+            put("auxv.bin", a)?;
         }
         let libraries_xml = libraries_xml
             .map(str::to_string)
             .or_else(|| self.offline.as_ref().and_then(|o| o.libraries_xml.clone()));
         if let Some(x) = &libraries_xml {
-            std::fs::write(dir.join("libraries-svr4.xml"), x)
-                .map_err(|e| io("libraries-svr4.xml", e))?;
+            put("libraries-svr4.xml", x.as_bytes())?;
         }
         let maps: Vec<serde_json::Value> = maps_text
             .lines()
@@ -157,7 +157,7 @@ impl Timeline {
                 bytes.truncate(got);
                 if !bytes.is_empty() {
                     let name = format!("stack-{sp:x}.bin");
-                    std::fs::write(dir.join(&name), &bytes).map_err(|e| io(&name, e))?;
+                    put(&name, &bytes)?;
                     stack_file =
                         Some(serde_json::json!({"file": name, "addr": format!("{sp:#x}")}));
                 }
