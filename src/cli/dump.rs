@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 use ptrewind::packet::{IpCompression, IpPayload, LastIp, Packet, PacketDecoder, PacketError};
 use ptrewind::store::perf_data::DataLoss;
-use ptrewind::store::{SourceFormat, TraceFile, TraceSource, TraceStream};
+use ptrewind::store::{SourceFormat, TraceFile, TraceStream, TraceStreams};
 
 use super::CmdResult;
 
@@ -451,7 +451,7 @@ pub fn run(args: DumpArgs) -> CmdResult {
     } else {
         TraceFile::open(&args.file)?
     };
-    let source = TraceSource::from_bytes(file.bytes())
+    let source = TraceStreams::from_bytes(file.bytes())
         .map_err(|e| format!("{}: {e}", args.file.display()))?;
     let mut damaged = super::input::report_perf_damage(&args.file, &source);
     // Nothing to list in an intact file is a hard error (2); in a damaged one it is the damage

@@ -5,7 +5,7 @@
 
 use ptrewind::packet::find_psb_forward;
 use ptrewind::store::perf_data::LossKind;
-use ptrewind::store::{SourceFormat, TraceSource};
+use ptrewind::store::{SourceFormat, TraceStreams};
 use std::path::Path;
 
 /// A perf loss's kind in words.
@@ -21,7 +21,7 @@ pub(crate) fn loss_name(kind: &LossKind) -> String {
 /// Prints what the perf.data scan of `source` found damaged (a framing error that ended the
 /// scan — typically a file cut short —, records that could not be decoded, losses that match
 /// no stream); true when there was any (the command must then not exit 0).
-pub(crate) fn report_perf_damage(path: &Path, source: &TraceSource<'_>) -> bool {
+pub(crate) fn report_perf_damage(path: &Path, source: &TraceStreams<'_>) -> bool {
     let Some(perf) = &source.perf else {
         return false;
     };
@@ -64,7 +64,7 @@ pub(crate) fn report_perf_damage(path: &Path, source: &TraceSource<'_>) -> bool 
 
 /// Fails when a file given as perf.data (`--perf`) is not one: read as raw PT, its complaint
 /// would be about packets, not about the wrong kind of file.
-pub(crate) fn require_perf_data(path: &Path, source: &TraceSource<'_>) -> Result<(), String> {
+pub(crate) fn require_perf_data(path: &Path, source: &TraceStreams<'_>) -> Result<(), String> {
     match source.format {
         SourceFormat::PerfData { .. } => Ok(()),
         SourceFormat::RawPt => Err(format!(
@@ -78,7 +78,7 @@ pub(crate) fn require_perf_data(path: &Path, source: &TraceSource<'_>) -> Result
 /// Fails unless `source` has something to decode: a perf.data needs at least one AUX stream, and
 /// some stream needs a PSB (decoding starts at one). The message names the file, what is
 /// missing, and for a perf.data cut short where its records stop.
-pub(crate) fn require_trace(path: &Path, source: &TraceSource<'_>) -> Result<(), String> {
+pub(crate) fn require_trace(path: &Path, source: &TraceStreams<'_>) -> Result<(), String> {
     let file = path.display();
     if matches!(source.format, SourceFormat::PerfData { .. }) && source.streams.is_empty() {
         let why = match source.perf.as_ref().and_then(|p| p.error.as_ref()) {

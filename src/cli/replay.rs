@@ -169,6 +169,7 @@ fn load_trace(
             pid: pid.and_then(|p| i32::try_from(p).ok()).unwrap_or(1),
             exe,
             source: format!("{} [{}]", path.display(), stream.label),
+            ..Default::default()
         },
     })
 }

@@ -44,6 +44,7 @@ pub mod rsp;
 mod session;
 pub mod svr4;
 pub mod tracing;
+pub mod view_monitor;
 
 pub use monitor::{MonitorHandler, MonitorRegistry};
 pub use recording::RecordingTarget;

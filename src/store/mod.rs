@@ -1,6 +1,6 @@
 //! The trace store: PT bytes drained from a ring or read from files (raw streams, perf.data).
 //!
-//! A [`TraceFile`] maps a file into memory; [`TraceSource`] looks at its bytes and presents them as
+//! A [`TraceFile`] maps a file into memory; [`TraceStreams`] looks at its bytes and presents them as
 //! one or more named PT streams ([`TraceStream`]): a raw PT file is one stream (`raw`), a perf.data
 //! file has one stream per CPU (or thread) built from its `PERF_RECORD_AUXTRACE` payloads
 //! ([`perf_data`]). Each stream remembers where its bytes came from (chunk boundaries with file
@@ -9,7 +9,13 @@
 
 pub mod dirfile;
 pub mod live;
-pub mod perf_data;
+pub mod view;
+
+/// The perf.data reader lives in the shared perf base ([`crate::perf::data`]); kept here under
+/// its old name for the store's users.
+pub use crate::perf::data as perf_data;
+
+pub use view::{AppendListener, TraceView};
 
 use std::borrow::Cow;
 use std::fs::File;
@@ -171,9 +177,9 @@ impl TraceFile {
         }
     }
 
-    /// Interprets the file ([`TraceSource::from_bytes`]).
-    pub fn source(&self) -> Result<TraceSource<'_>, StoreError> {
-        TraceSource::from_bytes(self.bytes())
+    /// Interprets the file ([`TraceStreams::from_bytes`]).
+    pub fn source(&self) -> Result<TraceStreams<'_>, StoreError> {
+        TraceStreams::from_bytes(self.bytes())
     }
 }
 
@@ -262,7 +268,7 @@ pub enum SourceFormat {
 
 /// A trace file interpreted as PT streams.
 #[derive(Debug, Clone)]
-pub struct TraceSource<'data> {
+pub struct TraceStreams<'data> {
     /// The container format.
     pub format: SourceFormat,
     /// The streams, in a stable order (by CPU, then thread, for perf.data).
@@ -272,14 +278,14 @@ pub struct TraceSource<'data> {
     pub perf: Option<PerfScan>,
 }
 
-impl<'data> TraceSource<'data> {
+impl<'data> TraceStreams<'data> {
     /// Detects the format by magic: "PERFILE2" is perf.data, anything else is raw PT.
     ///
     /// Fails only when a perf.data header is unusable; problems further in the file are reported
-    /// in [`TraceSource::perf`] together with the streams read up to them.
+    /// in [`TraceStreams::perf`] together with the streams read up to them.
     pub fn from_bytes(bytes: &'data [u8]) -> Result<Self, StoreError> {
         if !PerfData::is_perf_data(bytes) {
-            return Ok(TraceSource {
+            return Ok(TraceStreams {
                 format: SourceFormat::RawPt,
                 streams: vec![TraceStream {
                     label: "raw".to_string(),
@@ -330,7 +336,7 @@ impl<'data> TraceSource<'data> {
                 }
             })
             .collect();
-        Ok(TraceSource {
+        Ok(TraceStreams {
             format: SourceFormat::PerfData {
                 pipe: perf.is_pipe(),
             },
@@ -352,7 +358,7 @@ mod tests {
     #[test]
     fn raw_bytes_are_one_stream() {
         let bytes = [0x02, 0x82, 0x02, 0x82];
-        let source = TraceSource::from_bytes(&bytes).unwrap();
+        let source = TraceStreams::from_bytes(&bytes).unwrap();
         assert_eq!(source.format, SourceFormat::RawPt);
         assert_eq!(source.streams.len(), 1);
         assert_eq!(source.streams[0].label, "raw");
@@ -412,7 +418,7 @@ mod tests {
 
     #[test]
     fn bad_perf_header_is_an_error() {
-        let err = TraceSource::from_bytes(b"PERFILE2\x05\0\0\0\0\0\0\0").unwrap_err();
+        let err = TraceStreams::from_bytes(b"PERFILE2\x05\0\0\0\0\0\0\0").unwrap_err();
         assert!(matches!(err, StoreError::PerfData(_)));
     }
 }

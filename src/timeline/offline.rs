@@ -149,6 +149,38 @@ pub fn load_saved(dir: &Path) -> Result<OfflineRecording, String> {
     };
     let maps = maps.join("\n");
     let immutable = (!maps.is_empty()).then(|| ImmutableCode::from_maps(&maps));
+    // Saved by newer versions only: older recordings replay without them.
+    let auxv = match manifest["auxv"].as_str() {
+        Some(name) => Some(read(name)?),
+        None => None,
+    };
+    let mut memory_at_end = Vec::new();
+    for (i, m) in manifest["memory_at_end"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+    {
+        let bad = |what: &str| format!("manifest.json: memory_at_end {i}: {what}");
+        let file = m["file"].as_str().ok_or_else(|| bad("no file"))?;
+        let addr = m["addr"]
+            .as_str()
+            .and_then(|a| u64::from_str_radix(a.trim_start_matches("0x"), 16).ok())
+            .ok_or_else(|| bad("no addr"))?;
+        let bytes = read(file)?;
+        if addr.checked_add(bytes.len() as u64).is_none() {
+            return Err(bad("wraps around the address space"));
+        }
+        memory_at_end.push((addr, bytes));
+    }
+    let libraries_xml = match manifest["libraries"].as_str() {
+        Some(name) => Some(
+            String::from_utf8(read(name)?)
+                .map_err(|_| format!("{}: {name}: not UTF-8", dir.display()))?,
+        ),
+        None => None,
+    };
     Ok(OfflineRecording {
         trace,
         image,
@@ -172,6 +204,9 @@ pub fn load_saved(dir: &Path) -> Result<OfflineRecording, String> {
                 .unwrap_or(1),
             exe: manifest["exe"].as_str().map(PathBuf::from),
             source: format!("saved recording {}", dir.display()),
+            auxv,
+            libraries_xml,
+            memory_at_end,
         },
         // A saved recording is the software backend's: no errata apply.
         flow: FlowConfig::default(),

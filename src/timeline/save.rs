@@ -26,8 +26,15 @@ impl Timeline {
     /// Writes a self-contained recording into `dir` (`monitor save DIR`): `trace.pt`, the code
     /// as raw sections (`code-ADDR.bin`), `manifest.json` (sections, registers at the first
     /// recorded instruction and after the last one, counters), `maps.json` and a `README` with
-    /// the exact `ptrewind decode` and `ptrewind replay` commands. Returns a summary.
-    pub fn save(&mut self, dir: &std::path::Path) -> Result<String, String> {
+    /// the exact `ptrewind decode` and `ptrewind replay` commands; with it the auxiliary
+    /// vector (`auxv.bin`), the stack at the end (`stack-ADDR.bin`) and `libraries_xml`, the
+    /// loader's library list the server read (`libraries-svr4.xml`), so that a replay shows
+    /// a PIE or dynamically linked program as the live session did. Returns a summary.
+    pub fn save(
+        &mut self,
+        dir: &std::path::Path,
+        libraries_xml: Option<&str>,
+    ) -> Result<String, String> {
         let insns = self.ensure_indexed(MONITOR_INDEX_WAIT)?;
         // Never through a planted link, only plain names, new files (see `store::dirfile`).
         let out = RecordingDir::create(dir).map_err(|e| e.to_string())?;
@@ -36,7 +43,7 @@ impl Timeline {
         // that claims to be complete.
         out.remove("manifest.json").map_err(|e| e.to_string())?;
         let mut written: Vec<String> = Vec::new();
-        let result = self.save_files(&out, insns, &mut written);
+        let result = self.save_files(&out, insns, libraries_xml, &mut written);
         if let Err(e) = result {
             for name in &written {
                 let _ = out.remove(name);
@@ -55,6 +62,7 @@ impl Timeline {
         &mut self,
         out: &RecordingDir,
         insns: u64,
+        libraries_xml: Option<&str>,
         written: &mut Vec<String>,
     ) -> Result<String, String> {
         let dir = out.path();
@@ -88,6 +96,21 @@ impl Timeline {
                 (info.pid, info.exe, String::new())
             }
         };
+        // What a debugger needs to place the program and its libraries (auxv: the PIE load
+        // address, the loader's rendezvous) and to unwind at the end (the stack).
+        let auxv = match self.live.as_mut() {
+            Some(live) => live.auxv().ok(),
+            None => self.offline.as_ref().and_then(|o| o.auxv.clone()),
+        };
+        if let Some(a) = &auxv {
+            put("auxv.bin", a)?;
+        }
+        let libraries_xml = libraries_xml
+            .map(str::to_string)
+            .or_else(|| self.offline.as_ref().and_then(|o| o.libraries_xml.clone()));
+        if let Some(x) = &libraries_xml {
+            put("libraries-svr4.xml", x.as_bytes())?;
+        }
         let maps: Vec<serde_json::Value> = maps_text
             .lines()
             .map(|l| serde_json::Value::String(l.to_string()))
@@ -108,6 +131,38 @@ impl Timeline {
             _ => None,
         };
         let start = logged_start.or_else(|| self.snapshots.get(0));
+        let mut stack_file = None;
+        if let (Some(p), Some(live)) = (&present, self.live.as_mut()) {
+            // From the red zone below the stack pointer to the top of its mapping.
+            let sp = p.gprs[gpr::RSP].saturating_sub(128);
+            let top = maps_text.lines().find_map(|l| {
+                let range = l.split_whitespace().next()?;
+                let (a, b) = range.split_once('-')?;
+                let (a, b) = (
+                    u64::from_str_radix(a, 16).ok()?,
+                    u64::from_str_radix(b, 16).ok()?,
+                );
+                (sp >= a && sp < b).then_some(b)
+            });
+            if let Some(top) = top {
+                let len = usize::try_from((top - sp).min(8 << 20)).unwrap_or(0);
+                let mut bytes = vec![0; len];
+                let mut got = 0;
+                while got < len {
+                    match live.read_memory(sp + got as u64, &mut bytes[got..]) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => got += n,
+                    }
+                }
+                bytes.truncate(got);
+                if !bytes.is_empty() {
+                    let name = format!("stack-{sp:x}.bin");
+                    put(&name, &bytes)?;
+                    stack_file =
+                        Some(serde_json::json!({"file": name, "addr": format!("{sp:#x}")}));
+                }
+            }
+        }
         // Every register file captured at a position (start, stops): the general-purpose
         // registers, for `ptrewind replay`.
         let stops: Vec<serde_json::Value> = self
@@ -138,6 +193,9 @@ impl Timeline {
             "registers_at_start": start.as_ref().map(regs_json),
             "registers_at_end": present.as_ref().map(regs_json),
             "registers_at_stops": stops,
+            "auxv": auxv.as_ref().map(|_| "auxv.bin"),
+            "libraries": libraries_xml.as_ref().map(|_| "libraries-svr4.xml"),
+            "memory_at_end": stack_file.into_iter().collect::<Vec<_>>(),
         });
         let cmd = format!(
             "ptrewind decode --pt {} {}",
