@@ -672,3 +672,17 @@ fn a_huge_packet_costs_few_run_slices() {
     drop(c);
     let _ = server.join();
 }
+
+// ---- Findings of the long fuzzing runs (docs/fuzzing.md) ----
+
+/// `perf_data` fuzz finding: an AUXTRACE record whose payload size is near `u64::MAX` made
+/// `size + trailing` overflow (a panic with debug assertions; in release the wrapped sum passed
+/// the bound check). Now it is a framing error with the record's offset.
+#[test]
+fn fuzz_found_auxtrace_size_overflow_is_a_framing_error() {
+    let bytes = include_bytes!("data/fuzz/perf_data-auxtrace-size-overflow.bin");
+    let perf = ptrewind::perf::data::PerfData::parse(bytes).expect("the header parses");
+    let aux = perf.aux_streams();
+    let err = aux.scan.error.expect("a framing error");
+    assert!(err.to_string().contains("needs"), "{err}");
+}

@@ -778,7 +778,10 @@ impl<'data> Iterator for Records<'data> {
                 },
             );
         };
-        let total = size as u64 + trailing;
+        // `trailing` is a u64 read from the file (AUXTRACE's payload size): a huge value must
+        // not wrap the sum (found by `fuzz/fuzz_targets/perf_data.rs`: "attempt to add with
+        // overflow"; in a release build the wrapped total passed the bound check).
+        let total = (size as u64).saturating_add(trailing);
         if total > available {
             return fail(
                 self,
