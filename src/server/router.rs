@@ -418,10 +418,12 @@ pub fn check_packet(body: &[u8], resume_all: bool) -> Check {
                 Some(b'S') => (act.len() >= 2 && act.len() <= 3 && is_hex(&act[1..]), true),
                 _ => (false, false),
             };
+            // `p0` / `p0.0` (any thread of any process) ended the session in gdbstub's vCont
+            // parser (found by `fuzz/fuzz_targets/rsp.rs`: `vCont;c:p0`).
             let tid_ok = if needs_one_thread {
                 thread_kind(tid) == Some(true)
             } else {
-                !has_tid || is_thread_id(tid)
+                !has_tid || (is_thread_id(tid) && tid != b"p0" && tid != b"p0.0")
             };
             act_ok && tid_ok
         }));
@@ -1424,6 +1426,23 @@ mod tests {
 
     /// Found by `fuzz/fuzz_targets/rsp.rs`: gdbstub ends the session on an extended-mode
     /// setting it cannot parse (`QStartupWithShellqXfer:…`); the router must answer instead.
+    /// Found by the long `rsp` fuzzing run (docs/fuzzing.md): gdbstub's vCont parser rejects
+    /// pid 0 with "any thread", fatally.
+    #[test]
+    fn vcont_any_thread_of_any_process_is_refused() {
+        for body in [&b"vCont;c:p0"[..], b"vCont;c:p0.0", b"vCont;C05:p0"] {
+            assert_eq!(check_packet(body, false), Check::Malformed, "{body:?}");
+        }
+        for body in [
+            &b"vCont;c:p0.1"[..],
+            b"vCont;c:p1092",
+            b"vCont;c:p1092.0",
+            b"vCont;c:0",
+        ] {
+            assert_eq!(check_packet(body, false), Check::Pass, "{body:?}");
+        }
+    }
+
     #[test]
     fn fuzz_found_packets_never_reach_gdbstub_malformed() {
         for (body, want) in [
