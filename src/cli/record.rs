@@ -432,6 +432,7 @@ pub(crate) fn serve_recording(
     let r = serve_session(session, listener, served, fallback_exe, |router| {
         tracing::install_lldb(router, Box::new(provider));
         tracing::install_btrace(router, Box::new(gdb_view));
+        ptrewind::server::alloc::install(router);
     });
     drop(progress);
     r

@@ -343,6 +343,17 @@ impl Timeline {
         self.store.clone()
     }
 
+    /// Runs one system call in the live process at the present, recording nothing (LLDB's
+    /// memory allocation, `_M`/`_m`). Refused in the past and offline.
+    pub fn inject_syscall(&mut self, nr: u64, args: [u64; 6]) -> TargetResult<u64> {
+        if self.cursor.is_some() {
+            return Err(TargetError::Unsupported(
+                "running a system call in the past (go to the present first: monitor goto end)",
+            ));
+        }
+        self.live_mut()?.inject_syscall(nr, args)
+    }
+
     /// The live backend's count of executed instructions, readable from another thread while
     /// the process runs (progress displays); `None` offline or without one.
     pub fn step_counter(&self) -> Option<std::sync::Arc<std::sync::atomic::AtomicU64>> {
