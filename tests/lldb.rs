@@ -949,3 +949,41 @@ fn lldb_allocation_leaves_the_history_unchanged() {
     );
     assert!(!section(out, "pt calls 50 ").contains("mmap"), "{ctx}");
 }
+
+/// An LLDB `expression` that calls a function of the program runs it as a diversion outside
+/// the recording: the result is right and `pt where`, `pt calls` are unchanged; the history
+/// check still passes.
+#[test]
+fn lldb_expression_calls_stay_out_of_the_history() {
+    if !tools_ready(true) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile_source("gcc", dir.path(), "rev", REV_C, &["-g", "-O0"], &[]);
+    let print = REV_C.lines().position(|l| l.contains("PRINT")).unwrap() + 1;
+    let cmds: Vec<String> = vec![
+        format!("command script import {}", lldb_script().display()),
+        format!("breakpoint set -l {print}"),
+        "continue".into(),
+        "pt where".into(),
+        "pt calls 50".into(),
+        "expression (int)twice(21)".into(),
+        "pt where ".into(),
+        "pt calls 50 ".into(),
+        "pt stats".into(),
+        "process kill".into(),
+    ];
+    let run = run_lldb(&exe, &[], &cmds);
+    let (out, ctx) = (&run.stdout, &run.ctx);
+    assert!(out.contains("(int) $0 = 42"), "{ctx}");
+    assert!(section(out, "pt where").contains("at the present"), "{ctx}");
+    assert_eq!(section(out, "pt where"), section(out, "pt where "), "{ctx}");
+    assert_eq!(
+        section(out, "pt calls 50"),
+        section(out, "pt calls 50 "),
+        "{ctx}"
+    );
+    let stats = section(out, "pt stats");
+    assert!(stats.contains("history check            ok"), "{ctx}");
+    assert!(stats.contains("debugger calls           1 "), "{ctx}");
+}

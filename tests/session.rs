@@ -314,3 +314,70 @@ fn gdb_mi_reverse_commands_as_cpptools_sends_them() {
     // twice(1)'s).
     assert!(log.contains("reason=\"breakpoint-hit\""), "{log}");
 }
+
+/// A program with a function the debugger can call.
+const CALL_C: &str = r#"
+#include <stdio.h>
+char greeting[] = "hello, world";
+int add(int a, int b) { return a + b; }
+int main(void) {
+    int t = add(1, 2);
+    printf("%s %d\n", greeting, t); /* STOP */
+    return 0;
+}
+"#;
+
+/// GDB's inferior calls (`print add(2, 3)`) run as a diversion outside the recording: the
+/// results are right, and the history length, `monitor calls` and the previous instruction
+/// are exactly what they were before; recording goes on afterwards (`next`), with the
+/// history check passing and the calls counted in `monitor stats`.
+#[test]
+fn gdb_inferior_calls_stay_out_of_the_history() {
+    if !have("gdb") || !have("cc") {
+        eprintln!("SKIPPED: gdb or cc missing");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile_source("cc", dir.path(), "call", CALL_C, &["-g", "-O0"], &[]);
+    let stop = CALL_C.lines().position(|l| l.contains("STOP")).unwrap() + 1;
+    let look = |tag: &str| -> Vec<String> {
+        // Monitor output captured by GDB's Python and printed on one tagged line.
+        let tagged = |what: &str| {
+            format!(
+                "python print(\"{tag} \" + gdb.execute(\"monitor {what}\", to_string=True).replace(\"\\n\", \"|\"))"
+            )
+        };
+        vec![
+            tagged("where"),
+            tagged("calls"),
+            "reverse-stepi".into(),
+            "printf \"PC %lx\\n\", $pc".into(),
+            "stepi".into(),
+        ]
+    };
+    let mut cmds = vec![format!("break {stop}"), "continue".into()];
+    cmds.extend(look("BEFORE"));
+    cmds.push("print add(2, 3)".into());
+    cmds.push("print add(5, 3)".into());
+    cmds.extend(look("AFTER"));
+    cmds.push("next".into());
+    cmds.push("monitor stats".into());
+    let g = gdb_session(Server::start(&exe, &[]), &exe, &cmds, TIMEOUT);
+    g.expect("$1 = 5");
+    g.expect("$2 = 8");
+    let (before, after) = (g.tagged("BEFORE"), g.tagged("AFTER"));
+    assert_eq!(before.len(), 2, "{}", g.dump());
+    assert!(
+        before[0].contains("at the present: instruction"),
+        "{}",
+        g.dump()
+    );
+    assert!(before[1].contains("add"), "{}", g.dump());
+    // Same position, same history length, same calls.
+    assert_eq!(before, after, "{}", g.dump());
+    let pcs = g.tagged("PC");
+    assert_eq!(pcs.len(), 2, "{}", g.dump());
+    assert_eq!(pcs[0], pcs[1], "{}", g.dump());
+    g.expect("debugger calls           2 (run outside the recording)");
+    g.expect("history check            ok");
+}
