@@ -8,9 +8,10 @@ use ptrewind::capture::soft::recorder::run_to_breakpoint;
 use ptrewind::capture::soft::{
     RecordFrom, RecorderConfig, RingConfig, SoftCapture, SoftRecorder, StepMode, procmaps,
 };
-use ptrewind::server::btrace::{CpuVendor, PtCpu, TraceStoreProvider};
+use ptrewind::server::btrace::{PtCpu, TraceStoreProvider};
 use ptrewind::server::{
-    RecordingTarget, Router, ServeOutcome, Session, check_listen_addr, register_monitors, tracing,
+    OnDisconnect, RecordingTarget, Router, ServeOutcome, Session, check_listen_addr,
+    register_monitors, tracing,
 };
 use ptrewind::target::{PtraceTarget, SpawnOptions};
 use ptrewind::timeline::Timeline;
@@ -22,12 +23,16 @@ use std::process::ExitCode;
 /// Capture backend choice.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
-    /// Hardware Intel PT if available, else the software encoder.
+    /// Hardware Intel PT if available, else QEMU if `qemu-x86_64` is installed, else ptrace.
     Auto,
     /// Hardware Intel PT (perf `intel_pt` PMU).
     Pt,
-    /// Software encoder (ptrace single-stepping).
-    Soft,
+    /// QEMU user-mode emulation with the ptrewind plugin: every thread at near-native speed;
+    /// the finished recording is served (PC-only past).
+    Qemu,
+    /// Software encoder (ptrace single-stepping; exact registers and memory in the past).
+    #[value(alias = "soft")]
+    Ptrace,
 }
 
 /// Trace buffer mode.
@@ -91,10 +96,43 @@ pub struct RecordArgs {
     /// Keep address-space randomisation enabled in the program (GDB disables it by default).
     #[arg(long)]
     keep_aslr: bool,
+    /// End when the debugger's connection closes (the program is killed). By default the
+    /// program and its recording are kept, stopped, and ptrewind waits for a debugger to
+    /// connect again (like gdbserver without --once). `ptrewind gdb` always ends with its GDB.
+    #[arg(long)]
+    pub(crate) once: bool,
+    /// QEMU backend: the plugin (default: libptrewind_qemu_plugin.so beside this program or in
+    /// its Cargo target directory).
+    #[arg(long, value_name = "PATH")]
+    pub(crate) qemu_plugin: Option<std::path::PathBuf>,
+    /// QEMU backend: the recording directory to create (default: a new private temporary
+    /// directory, kept and printed).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) trace_dir: Option<std::path::PathBuf>,
+    /// QEMU backend: the thread to serve (default: the main thread).
+    #[arg(long, value_name = "TID")]
+    pub(crate) thread: Option<u32>,
     /// The program to run, and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
-    command: Vec<OsString>,
+    pub(crate) command: Vec<OsString>,
 }
+
+impl RecordArgs {
+    pub(crate) fn listen(&self) -> SocketAddr {
+        self.listen
+    }
+
+    pub(crate) fn allow_remote(&self) -> bool {
+        self.allow_remote
+    }
+}
+
+/// A started recording (target, listener, how it is served), or the exit code after a printed
+/// error.
+pub(crate) type Started = Result<
+    Result<(RecordingTarget, TcpListener, Served), ExitCode>,
+    Box<dyn std::error::Error + Send + Sync>,
+>;
 
 /// Parses a size such as `4096`, `512K`, `4M`.
 fn parse_size(text: &str) -> Result<u64, String> {
@@ -117,16 +155,19 @@ fn parse_size(text: &str) -> Result<u64, String> {
 enum Chosen {
     /// The software encoder.
     Soft,
+    /// QEMU with the plugin.
+    Qemu,
     /// Hardware Intel PT (the probe succeeded).
     Pt(Box<PtCapabilities>),
 }
 
 /// Picks the backend: `pt` fails (exit code 2) with the probe's reason unless it succeeds;
-/// `auto` uses Intel PT when the probe succeeds and otherwise falls back to the software encoder,
-/// saying why.
+/// `auto` uses Intel PT when the probe succeeds, else QEMU when `qemu-x86_64` runs, else the
+/// ptrace single-stepper, saying which and why.
 fn choose_backend(backend: Backend) -> Result<Chosen, ExitCode> {
     match backend {
-        Backend::Soft => Ok(Chosen::Soft),
+        Backend::Ptrace => Ok(Chosen::Soft),
+        Backend::Qemu => Ok(Chosen::Qemu),
         Backend::Pt | Backend::Auto => match ptrewind::capture::perf::probe() {
             Ok(caps) => Ok(Chosen::Pt(Box::new(caps))),
             Err(why) => {
@@ -134,52 +175,45 @@ fn choose_backend(backend: Backend) -> Result<Chosen, ExitCode> {
                     eprintln!("ptrewind: --backend pt: Intel PT is not available: {why}");
                     return Err(ExitCode::from(2));
                 }
-                eprintln!(
-                    "ptrewind: hardware Intel PT is not available ({why}); falling back to the \
-                     software backend (ptrace single-stepping, much slower)"
-                );
-                Ok(Chosen::Soft)
+                let qemu = std::path::Path::new("qemu-x86_64");
+                match ptrewind::capture::qemu::recording::qemu_version(qemu) {
+                    Ok(version) => {
+                        eprintln!(
+                            "ptrewind: hardware Intel PT is not available ({why}); recording \
+                             under QEMU ({version}) with the ptrewind plugin (--backend ptrace \
+                             for exact registers and memory in the past)"
+                        );
+                        Ok(Chosen::Qemu)
+                    }
+                    Err(_) => {
+                        eprintln!(
+                            "ptrewind: hardware Intel PT is not available ({why}) and \
+                             qemu-x86_64 is not installed (package qemu-user); falling back to \
+                             the ptrace backend (single-stepping, much slower)"
+                        );
+                        Ok(Chosen::Soft)
+                    }
+                }
             }
         },
     }
 }
 
-/// The CPU this process runs on (for decoders of a hardware trace).
-fn host_cpu() -> PtCpu {
-    let c = ptrewind::capture::perf::host_cpu();
-    PtCpu {
-        vendor: if c.vendor == ptrewind::flow::CpuVendor::Intel {
-            CpuVendor::Intel
-        } else {
-            CpuVendor::Unknown
-        },
-        family: c.family,
-        model: c.model,
-        stepping: c.stepping,
-    }
-}
-
 /// Runs `ptrewind record`.
 pub fn run(args: RecordArgs) -> CmdResult {
-    let (target, listener) = match start_recording(&args, false)? {
+    let (target, listener, served) = match start_recording(&args, false)? {
         Ok(v) => v,
         Err(code) => return Ok(code),
     };
     let program = args.command[0].clone();
-    serve_recording(target, listener, Served::Started, &program)
+    serve_recording(target, listener, served, &program, args.once)
 }
 
 /// Starts the program and its recording and binds the listener; `Err(code)` when the command
 /// must end with that exit code (the message was printed). `shared_terminal`: the program
 /// shares its terminal with the debugger (`ptrewind gdb`): the terminal's Ctrl-C is left to the
 /// debugger (see [`SpawnOptions::drop_terminal_interrupts`]).
-pub(crate) fn start_recording(
-    args: &RecordArgs,
-    shared_terminal: bool,
-) -> Result<
-    Result<(RecordingTarget, TcpListener), ExitCode>,
-    Box<dyn std::error::Error + Send + Sync>,
-> {
+pub(crate) fn start_recording(args: &RecordArgs, shared_terminal: bool) -> Started {
     check_listen_addr(args.listen, args.allow_remote)?;
     if let Some(program) = args.command.first()
         && let Some(note) = check_program(program)?
@@ -200,6 +234,9 @@ pub(crate) fn start_recording(
             caps.pmu_type
         );
         return start_hardware_recording(args, program, prog_args, shared_terminal);
+    }
+    if let Chosen::Qemu = chosen {
+        return super::record_qemu::start(args, program, prog_args);
     }
     let mut ring = RingConfig::default();
     if let Some(b) = &args.buffer {
@@ -235,7 +272,7 @@ pub(crate) fn start_recording(
     let recorder =
         SoftRecorder::new(target, config).map_err(|e| format!("cannot start recording: {e}"))?;
     let target = soft_recording(recorder)?;
-    Ok(Ok((target, listener)))
+    Ok(Ok((target, listener, Served::Started)))
 }
 
 /// Where `program` is found: as given if it contains a `/`, otherwise the first executable
@@ -300,10 +337,7 @@ fn start_hardware_recording(
     program: &OsString,
     prog_args: &[OsString],
     shared_terminal: bool,
-) -> Result<
-    Result<(RecordingTarget, TcpListener), ExitCode>,
-    Box<dyn std::error::Error + Send + Sync>,
-> {
+) -> Started {
     if args.mode == Mode::Snapshot {
         eprintln!(
             "ptrewind: note: --mode snapshot keeps only the newest trace, but reverse execution \
@@ -355,7 +389,7 @@ fn start_hardware_recording(
         }
     };
     let target = RecordingTarget::new(Timeline::live(Box::new(capture), start.is_some())?);
-    Ok(Ok((target, listener)))
+    Ok(Ok((target, listener, Served::Started)))
 }
 
 /// Serves a software recorder over a ptrace target. With its state log on, registers and
@@ -403,6 +437,7 @@ pub(crate) fn serve_recording(
     listener: TcpListener,
     served: Served,
     fallback_exe: &std::ffi::OsStr,
+    once: bool,
 ) -> CmdResult {
     let mut session = Session::new(Box::new(target.clone()));
     register_monitors(session.monitors_mut(), &target);
@@ -410,7 +445,7 @@ pub(crate) fn serve_recording(
     // whole recorded trace itself. GDB gets reverse execution from the server, and its own
     // `record btrace pt` only when the user asks: a view of the recording from that point on.
     let cpu = if target.shared().borrow().has_hardware_trace() {
-        host_cpu()
+        ptrewind::capture::perf::host_cpu()
     } else {
         PtCpu::SOFTWARE
     };
@@ -429,7 +464,7 @@ pub(crate) fn serve_recording(
             let t = t.borrow();
             Progress::start(t.progress_probe(), t.step_counter())
         });
-    let r = serve_session(session, listener, served, fallback_exe, |router| {
+    let r = serve_session(session, listener, served, fallback_exe, once, |router| {
         tracing::install_lldb(router, Box::new(provider));
         tracing::install_btrace(router, Box::new(gdb_view));
         ptrewind::server::alloc::install(router);
@@ -529,18 +564,23 @@ pub(crate) fn serve(
     listener: TcpListener,
     served: Served,
     fallback_exe: &std::ffi::OsStr,
+    once: bool,
 ) -> CmdResult {
     let session = Session::new(Box::new(target));
-    serve_session(session, listener, served, fallback_exe, |_| {})
+    serve_session(session, listener, served, fallback_exe, once, |_| {})
 }
 
-/// Prints how to connect, accepts one GDB connection and serves `session`; `configure` adds
-/// interceptors to the router.
+/// Prints how to connect, then serves `session` to one debugger at a time: a second one
+/// connecting meanwhile is refused with an error packet and a message. When the connection
+/// closes without `detach`/`kill`, the program and its recording are kept stopped and the next
+/// debugger is awaited, unless `once` (the program is then killed, or detached if attached to).
+/// `configure` adds interceptors to the router.
 pub(crate) fn serve_session(
     mut session: Session,
     listener: TcpListener,
     served: Served,
     fallback_exe: &std::ffi::OsStr,
+    once: bool,
     configure: impl FnOnce(&mut Router),
 ) -> CmdResult {
     let how = served.how();
@@ -560,15 +600,31 @@ pub(crate) fn serve_session(
         "ptrewind:          or: lldb -o 'gdb-remote {addr}' {}",
         shell_quote(&exe.to_string_lossy())
     );
-    let (stream, peer) = listener.accept()?;
-    eprintln!("ptrewind: debugger connected from {peer}");
+    let connections = Acceptor::spawn(listener)?;
     session.set_attached(attached);
     let mut router = Router::default();
     if served != Served::StartedForGdb {
         router.on_notice(|n| eprintln!("ptrewind: warning: {n}"));
     }
+    router.set_on_disconnect(if once {
+        OnDisconnect::End
+    } else {
+        OnDisconnect::Keep
+    });
     configure(&mut router);
-    let outcome = router.serve(stream, &mut session)?;
+    let outcome = loop {
+        let (stream, peer) = connections.next()?;
+        eprintln!("ptrewind: debugger connected from {peer}");
+        let outcome = router.serve(stream, &mut session);
+        connections.done();
+        match outcome? {
+            ServeOutcome::Kept => eprintln!(
+                "ptrewind: debugger disconnected; process {pid} and its recording are kept \
+                 (stopped); waiting for a debugger on {addr} (--once: end instead)"
+            ),
+            other => break other,
+        }
+    };
     if served == Served::Replay {
         eprintln!("ptrewind: debugger disconnected; replay of process {pid} ended");
         return Ok(ExitCode::SUCCESS);
@@ -585,11 +641,109 @@ pub(crate) fn serve_session(
         ServeOutcome::ConnectionClosed if attached => {
             eprintln!("ptrewind: debugger disconnected; detached from process {pid}")
         }
-        ServeOutcome::ConnectionClosed => {
+        ServeOutcome::ConnectionClosed | ServeOutcome::Kept => {
             eprintln!("ptrewind: debugger disconnected; process {pid} killed")
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Accepts debugger connections on a thread of its own: the first while none is served is
+/// handed to the serving loop ([`Acceptor::next`]); any other is refused at once with an error
+/// packet naming the reason, then closed (a second debugger would otherwise hang, connected to
+/// a server that never reads from it).
+struct Acceptor {
+    rx: std::sync::mpsc::Receiver<(std::net::TcpStream, SocketAddr)>,
+    busy: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Acceptor {
+    fn spawn(listener: TcpListener) -> std::io::Result<Self> {
+        use std::sync::atomic::Ordering;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let busy = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = std::sync::Arc::clone(&busy);
+        std::thread::Builder::new()
+            .name("ptrewind-accept".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    let Ok(stream) = conn else { continue };
+                    let Ok(peer) = stream.peer_addr() else {
+                        continue;
+                    };
+                    if !flag.swap(true, Ordering::AcqRel) {
+                        if tx.send((stream, peer)).is_err() {
+                            break;
+                        }
+                        continue;
+                    }
+                    // Busy. A debugger reconnecting right after its connection dropped may be
+                    // faster than the server noticing the drop: give the served connection a
+                    // moment to end before refusing. Its own thread: accepting goes on.
+                    let tx = tx.clone();
+                    let flag = std::sync::Arc::clone(&flag);
+                    let _ = std::thread::Builder::new()
+                        .name("ptrewind-refuse".into())
+                        .spawn(move || {
+                            let deadline =
+                                std::time::Instant::now() + std::time::Duration::from_secs(1);
+                            while std::time::Instant::now() < deadline {
+                                if !flag.swap(true, Ordering::AcqRel) {
+                                    let _ = tx.send((stream, peer));
+                                    return;
+                                }
+                                std::thread::sleep(std::time::Duration::from_millis(10));
+                            }
+                            eprintln!(
+                                "ptrewind: refused a second debugger from {peer}: another one \
+                                 is connected"
+                            );
+                            refuse(stream);
+                        });
+                }
+            })?;
+        Ok(Acceptor { rx, busy })
+    }
+
+    /// The next connection to serve (blocks until one arrives).
+    fn next(&self) -> std::io::Result<(std::net::TcpStream, SocketAddr)> {
+        self.rx
+            .recv()
+            .map_err(|_| std::io::Error::other("the listening thread ended"))
+    }
+
+    /// The served connection ended: the next one may be served.
+    fn done(&self) {
+        self.busy.store(false, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// Tells a debugger it cannot connect: waits (at most 2 s) for its first packet, acknowledges
+/// it and answers with an `E.` error packet carrying the reason (GDB prints it), then closes.
+fn refuse(mut stream: std::net::TcpStream) {
+    use std::io::{Read as _, Write as _};
+    let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(2)));
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 512];
+    // Up to the end of the first packet (`#` and two checksum digits), or 4 KiB.
+    while seen.len() < 4096 {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => seen.extend_from_slice(&buf[..n]),
+        }
+        if let Some(h) = seen.iter().position(|&b| b == b'#')
+            && seen.len() >= h + 3
+        {
+            break;
+        }
+    }
+    let reply = ptrewind::server::router::encode_packet(
+        b"E.ptrewind: another debugger is already connected to this recording",
+    );
+    let _ = stream.write_all(b"+");
+    let _ = stream.write_all(&reply);
+    let _ = stream.flush();
+    let _ = stream.shutdown(std::net::Shutdown::Both);
 }
 
 /// Quotes a path for the printed shell command line.
@@ -630,14 +784,26 @@ pub fn run_gdb(args: GdbArgs) -> CmdResult {
     // interrupts the program through the protocol (`\x03`), ptrewind, which used to die of it
     // (GDB then lost the connection) and now ignores it (below), and the program, whose copy
     // the target drops (the program keeps the terminal for its own input and output).
-    let (target, listener) = match start_recording(&args.record, true)? {
+    let (target, listener, served) = match start_recording(&args.record, true)? {
         Ok(v) => v,
         Err(code) => return Ok(code),
     };
     let program = args.record.command[0].clone();
     let addr = listener.local_addr()?;
-    let script = std::env::temp_dir().join(format!("ptrewind-gdb-{}.py", std::process::id()));
-    std::fs::write(&script, GDB_SCRIPT)
+    // A private directory (mode 0700, unpredictable name, created with O_EXCL by `tempfile`)
+    // holds the script: in a shared $TMPDIR a predictable name could be a planted link, or be
+    // replaced by another user before GDB sources it. Removed when `scratch` is dropped.
+    let scratch = tempfile::Builder::new()
+        .prefix("ptrewind-gdb-")
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        .tempdir()
+        .map_err(|e| format!("cannot create a temporary directory: {e}"))?;
+    let script = scratch.path().join("ptrewind.py");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&script)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, GDB_SCRIPT.as_bytes()))
         .map_err(|e| format!("cannot write {}: {e}", script.display()))?;
     let exe = ptrewind::target::Target::exec_path(&target)
         .map(std::ffi::OsString::from)
@@ -655,10 +821,9 @@ pub fn run_gdb(args: GdbArgs) -> CmdResult {
         cmd.arg("-ex").arg(e);
     }
     cmd.arg(&exe);
-    let mut gdb = cmd.spawn().map_err(|e| {
-        let _ = std::fs::remove_file(&script);
-        format!("cannot run {}: {e}", args.gdb.to_string_lossy())
-    })?;
+    let mut gdb = cmd
+        .spawn()
+        .map_err(|e| format!("cannot run {}: {e}", args.gdb.to_string_lossy()))?;
     // Ignored only now: GDB and the program inherit SIGINT's default disposition. GDB handles
     // the terminal's Ctrl-C itself; ptrewind ends when GDB ends.
     // SAFETY: SIG_IGN installs no handler code, so no async-signal-safety question arises.
@@ -679,11 +844,16 @@ pub fn run_gdb(args: GdbArgs) -> CmdResult {
         let _ = std::net::TcpStream::connect(addr);
         status
     });
-    let served = serve_recording(target, listener, Served::StartedForGdb, &program);
+    // GDB is ours: when it goes, the session ends (no waiting for another debugger).
+    let served = match served {
+        Served::Started => Served::StartedForGdb,
+        other => other,
+    };
+    let served = serve_recording(target, listener, served, &program, true);
     let status = watcher
         .join()
         .map_err(|_| "the thread waiting for gdb panicked".to_string())?;
-    let _ = std::fs::remove_file(&script);
+    drop(scratch);
     served?;
     let status = status.map_err(|e| format!("waiting for gdb: {e}"))?;
     Ok(match status.code() {

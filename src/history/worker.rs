@@ -15,48 +15,12 @@
 use super::{History, Scan, SyncPoint, scan, view_len};
 use crate::flow::FlowConfig;
 use crate::image::Image;
+use crate::store::AppendListener;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Read access to a trace that grows at its end.
-pub trait TraceView: Send + Sync {
-    /// Calls `f` with the bytes recorded so far. Bytes once shown never change; later calls may
-    /// show more of them. The worker decodes inside `f`, at most one window
-    /// ([`HistoryWorker::DEFAULT_WINDOW`] bytes past the last sync point, more only when no PSB
-    /// lies within it) at a time.
-    fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R;
-
-    /// Number of bytes recorded so far.
-    fn len(&self) -> u64;
-
-    /// Whether nothing was recorded yet.
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-impl TraceView for RwLock<Vec<u8>> {
-    fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
-        // A writer that panicked mid-append leaves whole bytes behind: still readable.
-        let g = self.read().unwrap_or_else(|e| e.into_inner());
-        f(&g)
-    }
-
-    fn len(&self) -> u64 {
-        self.read().unwrap_or_else(|e| e.into_inner()).len() as u64
-    }
-}
-
-impl TraceView for Vec<u8> {
-    fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
-        f(self)
-    }
-
-    fn len(&self) -> u64 {
-        self.len() as u64
-    }
-}
+pub use crate::store::TraceView;
 
 /// Why [`HistoryWorker::wait_indexed`] returned without a complete index.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -400,6 +364,12 @@ impl Notifier {
         if let Some(s) = self.0.upgrade() {
             s.notify();
         }
+    }
+
+    /// The notifier as the plain callback a [`TraceStore`](crate::store::live::TraceStore)
+    /// calls after every append.
+    pub fn into_listener(self) -> AppendListener {
+        Arc::new(move || self.notify())
     }
 }
 

@@ -97,7 +97,8 @@ pub fn stats_text(t: &mut Timeline) -> String {
 }
 
 /// Registers the recording monitor commands (`stats`, `record`, `where`, `goto`, `past`,
-/// `save`, `history`, `calls`, `insns`) on `registry`, over the shared state of a [`RecordingTarget`].
+/// `save`, `history`, `calls`, `insns`, `view`) on `registry`, over the shared state of a
+/// [`RecordingTarget`].
 pub fn register_monitors(registry: &mut MonitorRegistry, target: &RecordingTarget) {
     let s = target.shared();
     registry.register(
@@ -206,6 +207,7 @@ pub fn register_monitors(registry: &mut MonitorRegistry, target: &RecordingTarge
         "insns FROM TO|end: the address of each history instruction FROM..TO (at most 100000)",
         move |_, a| insns_text(&mut s.borrow_mut(), a),
     );
+    super::view_monitor::register_view_monitor(registry, target);
 }
 
 /// `monitor insns FROM TO`: one `N 0xADDR` line per history instruction in `FROM..TO`.

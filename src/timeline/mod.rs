@@ -102,7 +102,7 @@ use std::time::Duration;
 
 use crate::capture::{LiveBackend, PastWrite};
 use crate::flow::FlowConfig;
-use crate::history::{Breakpoints as BpSet, HistoryWorker};
+use crate::history::{BreakpointSet, HistoryWorker};
 use crate::image::{Image, ImmutableCode, Symbolizer};
 use crate::store::live::TraceStore;
 use crate::target::{
@@ -271,10 +271,12 @@ impl std::fmt::Debug for Timeline {
     }
 }
 
-/// The executable mappings' lines of `/proc/PID/maps` text.
+/// The executable mappings of `/proc/PID/maps` text, one per line (what decides whether the
+/// code image must be snapshotted again).
 fn exec_lines(maps: &str) -> String {
-    maps.lines()
-        .filter(|l| l.split_whitespace().nth(1).is_some_and(|p| p.contains('x')))
+    crate::image::procfs::parse_maps_lenient(maps)
+        .filter(|m| m.exec)
+        .map(|m| format!("{m:?}"))
         .collect::<Vec<_>>()
         .join("\n")
 }
@@ -392,6 +394,16 @@ impl Timeline {
     /// The history worker's counters, readable from another thread (progress displays).
     pub fn progress_probe(&self) -> crate::history::WorkerProbe<TraceStore> {
         self.worker.probe()
+    }
+
+    /// The code the history is decoded against.
+    pub fn image(&self) -> &Image {
+        &self.image
+    }
+
+    /// How the history is decoded (errata, timing).
+    pub fn flow_config(&self) -> &FlowConfig {
+        &self.flow
     }
 
     fn live_mut(&mut self) -> TargetResult<&mut Box<dyn LiveBackend>> {
@@ -786,8 +798,8 @@ impl Timeline {
         }
     }
 
-    fn bp_set(&self) -> BpSet {
-        BpSet::new(self.bps.iter().copied())
+    fn bp_set(&self) -> BreakpointSet {
+        BreakpointSet::new(self.bps.iter().copied())
     }
 
     /// Starts a reverse step or continue from the cursor; the stop is collected with
@@ -1219,7 +1231,7 @@ fn spawn_worker(
         flow.clone(),
         LIVE_WINDOW,
     )?;
-    store.set_listener(Some(w.notifier()));
+    store.set_listener(Some(w.notifier().into_listener()));
     Ok(w)
 }
 

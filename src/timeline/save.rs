@@ -4,6 +4,7 @@
 //! and replay it.
 
 use super::{MONITOR_INDEX_WAIT, Timeline};
+use crate::store::dirfile::RecordingDir;
 use crate::target::X86Registers;
 use crate::target::regs::gpr;
 
@@ -35,15 +36,47 @@ impl Timeline {
         libraries_xml: Option<&str>,
     ) -> Result<String, String> {
         let insns = self.ensure_indexed(MONITOR_INDEX_WAIT)?;
-        let io = |what: &str, e: std::io::Error| format!("{what}: {e}");
-        std::fs::create_dir_all(dir).map_err(|e| io(&dir.display().to_string(), e))?;
+        // Never through a planted link, only plain names, new files (see `store::dirfile`).
+        let out = RecordingDir::create(dir).map_err(|e| e.to_string())?;
+        // The manifest is what makes a directory a recording: the old one goes first and the
+        // new one is written last, so a save that fails half-way never leaves a directory
+        // that claims to be complete.
+        out.remove("manifest.json").map_err(|e| e.to_string())?;
+        let mut written: Vec<String> = Vec::new();
+        let result = self.save_files(&out, insns, libraries_xml, &mut written);
+        if let Err(e) = result {
+            for name in &written {
+                let _ = out.remove(name);
+            }
+            return Err(format!(
+                "{e}; nothing saved (the {} file(s) written before were removed)",
+                written.len()
+            ));
+        }
+        result
+    }
+
+    /// The files of [`Timeline::save`], `manifest.json` last; `written` collects the names
+    /// created so far.
+    fn save_files(
+        &mut self,
+        out: &RecordingDir,
+        insns: u64,
+        libraries_xml: Option<&str>,
+        written: &mut Vec<String>,
+    ) -> Result<String, String> {
+        let dir = out.path();
+        let mut put = |name: &str, bytes: &[u8]| {
+            written.push(name.to_string());
+            out.write(name, bytes).map_err(|e| e.to_string())
+        };
         let trace = self.store.to_vec();
-        std::fs::write(dir.join("trace.pt"), &trace).map_err(|e| io("trace.pt", e))?;
+        put("trace.pt", &trace)?;
         let mut sections = Vec::new();
         let mut raw_args = Vec::new();
         for sec in self.image.sections() {
             let name = format!("code-{:x}.bin", sec.addr);
-            std::fs::write(dir.join(&name), sec.data()).map_err(|e| io(&name, e))?;
+            put(&name, sec.data())?;
             raw_args.push(format!(
                 "--raw {}:{:#x}",
                 dir.join(&name).display(),
@@ -70,24 +103,24 @@ impl Timeline {
             None => self.offline.as_ref().and_then(|o| o.auxv.clone()),
         };
         if let Some(a) = &auxv {
-            std::fs::write(dir.join("auxv.bin"), a).map_err(|e| io("auxv.bin", e))?;
+            put("auxv.bin", a)?;
         }
         let libraries_xml = libraries_xml
             .map(str::to_string)
             .or_else(|| self.offline.as_ref().and_then(|o| o.libraries_xml.clone()));
         if let Some(x) = &libraries_xml {
-            std::fs::write(dir.join("libraries-svr4.xml"), x)
-                .map_err(|e| io("libraries-svr4.xml", e))?;
+            put("libraries-svr4.xml", x.as_bytes())?;
         }
         let maps: Vec<serde_json::Value> = maps_text
             .lines()
             .map(|l| serde_json::Value::String(l.to_string()))
             .collect();
-        std::fs::write(
-            dir.join("maps.json"),
-            serde_json::to_string_pretty(&maps).unwrap_or_default(),
-        )
-        .map_err(|e| io("maps.json", e))?;
+        put(
+            "maps.json",
+            serde_json::to_string_pretty(&maps)
+                .unwrap_or_default()
+                .as_bytes(),
+        )?;
         let present = match self.live.as_mut() {
             Some(live) if self.exited.is_none() => live.read_registers().ok(),
             Some(_) => None,
@@ -124,7 +157,7 @@ impl Timeline {
                 bytes.truncate(got);
                 if !bytes.is_empty() {
                     let name = format!("stack-{sp:x}.bin");
-                    std::fs::write(dir.join(&name), &bytes).map_err(|e| io(&name, e))?;
+                    put(&name, &bytes)?;
                     stack_file =
                         Some(serde_json::json!({"file": name, "addr": format!("{sp:#x}")}));
                 }
@@ -164,11 +197,6 @@ impl Timeline {
             "libraries": libraries_xml.as_ref().map(|_| "libraries-svr4.xml"),
             "memory_at_end": stack_file.into_iter().collect::<Vec<_>>(),
         });
-        std::fs::write(
-            dir.join("manifest.json"),
-            serde_json::to_string_pretty(&manifest).unwrap_or_default(),
-        )
-        .map_err(|e| io("manifest.json", e))?;
         let cmd = format!(
             "ptrewind decode --pt {} {}",
             dir.join("trace.pt").display(),
@@ -186,7 +214,13 @@ impl Timeline {
             insns,
             dir.display()
         );
-        std::fs::write(dir.join("README"), readme).map_err(|e| io("README", e))?;
+        put("README", readme.as_bytes())?;
+        put(
+            "manifest.json",
+            serde_json::to_string_pretty(&manifest)
+                .unwrap_or_default()
+                .as_bytes(),
+        )?;
         Ok(format!(
             "saved {} trace bytes, {} instructions, {} code sections to {}\ndecode with: {cmd}\n",
             trace.len(),

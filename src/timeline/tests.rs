@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::Timeline;
-use crate::capture::perf::{DrainSource, PerfCapture, PerfPtError, PtSource, TraceSink};
+use crate::capture::perf::{AuxSink, DrainSource, PerfCapture, PerfPtError, PtSource};
 use crate::ring::aux::AuxStats;
 use crate::target::{PtraceTarget, StopEvent};
 
@@ -20,7 +20,7 @@ struct StraightLineCpu {
 }
 
 impl DrainSource for StraightLineCpu {
-    fn drain_once(&mut self, sink: &mut dyn TraceSink) -> Result<u64, PerfPtError> {
+    fn drain_once(&mut self, sink: &mut dyn AuxSink) -> Result<u64, PerfPtError> {
         use crate::packet::Packet;
         use crate::packet::{Encoder, IpKind};
         let Ok(regs) = nix::sys::ptrace::getregs(self.pid) else {
