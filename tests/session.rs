@@ -14,6 +14,23 @@ use support::gdb::{Server, gdb_session, ptrewind, run_until, wait_until};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 
+/// `ptrewind record --backend ptrace` (the live recording these checks are about; `auto` may
+/// pick QEMU, which records the whole run first) on `exe`.
+fn ptrace_server(exe: &Path) -> Server {
+    Server::spawn(
+        ptrewind()
+            .args([
+                "record",
+                "--backend",
+                "ptrace",
+                "--listen",
+                "127.0.0.1:0",
+                "--",
+            ])
+            .arg(exe),
+    )
+}
+
 /// Calls into libc through the PLT (snprintf's formatting internals, qsort with a callback,
 /// puts).
 const LIBC_C: &str = r#"
@@ -72,7 +89,7 @@ fn history_symbols_match_gdb_info_symbol() {
     let py = dir.path().join("compare.py");
     std::fs::write(&py, COMPARE_PY).unwrap();
     let g = gdb_session(
-        Server::start(&exe, &[]),
+        ptrace_server(&exe),
         &exe,
         &[
             "break puts".to_string(),
@@ -168,7 +185,15 @@ fn ptrewind_gdb_prints_each_warning_once() {
     ]);
     let r = run_until(
         ptrewind()
-            .args(["gdb", "--batch", "--ex", "continue", "--"])
+            .args([
+                "gdb",
+                "--backend",
+                "ptrace",
+                "--batch",
+                "--ex",
+                "continue",
+                "--",
+            ])
             .arg(&exe),
         TIMEOUT,
     );
@@ -232,12 +257,12 @@ fn gdb_mi_reverse_commands_as_cpptools_sends_them() {
         cli.push(c.into());
         cli.push("printf \"PC %lx\\n\", $pc".into());
     }
-    let g = gdb_session(Server::start(&exe, &[]), &exe, &cli, TIMEOUT);
+    let g = gdb_session(ptrace_server(&exe), &exe, &cli, TIMEOUT);
     let want = g.tagged("PC");
     assert_eq!(want.len(), steps.len(), "{}", g.dump());
 
     // GDB/MI over pipes.
-    let server = Server::start(&exe, &[]);
+    let server = ptrace_server(&exe);
     let mut gdb = Command::new("gdb")
         .args(["--interpreter=mi2", "-nx", "-q"])
         .arg(&exe)
@@ -362,7 +387,7 @@ fn gdb_inferior_calls_stay_out_of_the_history() {
     cmds.extend(look("AFTER"));
     cmds.push("next".into());
     cmds.push("monitor stats".into());
-    let g = gdb_session(Server::start(&exe, &[]), &exe, &cmds, TIMEOUT);
+    let g = gdb_session(ptrace_server(&exe), &exe, &cmds, TIMEOUT);
     g.expect("$1 = 5");
     g.expect("$2 = 8");
     let (before, after) = (g.tagged("BEFORE"), g.tagged("AFTER"));
