@@ -457,7 +457,8 @@ int main(void) {{
     )
 }
 
-/// Records the program with `ptrewind record` up to `done`, saves it (`monitor save`), and
+/// Records the program with `ptrewind record --backend ptrace` (the software encoder: recording
+/// starts at `main`, symbols from the process's mappings) up to `done`, saves it (`monitor save`), and
 /// returns the program and the saved directory.
 fn record_program(name: &str, extra: &[String]) -> (PathBuf, PathBuf, support::gdb::GdbRun) {
     let dir = out_dir(name);
@@ -471,7 +472,14 @@ fn record_program(name: &str, extra: &[String]) -> (PathBuf, PathBuf, support::g
     cmds.extend(extra.iter().cloned());
     let server = Server::spawn(
         ptrewind()
-            .args(["record", "--listen", "127.0.0.1:0", "--"])
+            .args([
+                "record",
+                "--backend",
+                "ptrace",
+                "--listen",
+                "127.0.0.1:0",
+                "--",
+            ])
             .arg(&exe),
     );
     let r = gdb_session(server, &exe, &cmds, Duration::from_secs(120));

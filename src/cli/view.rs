@@ -7,9 +7,10 @@
 //! feeds both outputs (see `ptrewind::view`). Files are written under a temporary name and
 //! renamed when complete. A progress bar is drawn on stderr when it is a terminal.
 //!
-//! Exit status: 0 when the decode reported no error event, 2 when it did (the outputs are still
-//! written: each error ends the call stack there and a new one begins) or when the inputs could
-//! not be read.
+//! Exit status: 0 when the decode reported no error event, 2 when it did or the perf.data is
+//! damaged (cut short, malformed records; said on stderr as `decode` says it) — the outputs are
+//! still written: each error ends the call stack there and a new one begins — or when the
+//! inputs could not be read (nothing is written then).
 
 use super::CmdResult;
 use super::decode::{
@@ -150,6 +151,12 @@ fn view_trace_file(args: &ViewArgs, outputs: &Outputs) -> CmdResult {
     let source = file
         .source()
         .map_err(|e| format!("{}: {e}", path.display()))?;
+    // The same checks as `decode`: the right kind of file, something to decode, damage said.
+    if args.perf.is_some() {
+        super::input::require_perf_data(&path, &source)?;
+    }
+    super::input::require_trace(&path, &source)?;
+    let damaged = super::input::report_perf_damage(&path, &source);
     let perf = match source.format {
         SourceFormat::PerfData { .. } => Some(PerfData::parse(file.bytes())?),
         SourceFormat::RawPt => None,
@@ -230,11 +237,19 @@ fn view_trace_file(args: &ViewArgs, outputs: &Outputs) -> CmdResult {
         })
         .collect();
     let losses: usize = source.streams.iter().map(|s| s.losses.len()).sum();
-    if losses > 0 {
+    for (s, loss) in source
+        .streams
+        .iter()
+        .flat_map(|s| s.losses.iter().map(move |l| (s, l)))
+    {
         eprintln!(
-            "ptrewind: {}: {losses} places where trace data was lost (perf AUX gaps or truncated \
-             buffers); the call stack restarts after each",
-            path.display()
+            "ptrewind: {}: stream {}: data lost ({}){}; the call stack restarts after it",
+            path.display(),
+            s.label,
+            super::input::loss_name(&loss.kind),
+            loss.stream_offset
+                .map(|o| format!(" at trace offset {o:#x}"))
+                .unwrap_or_default()
         );
     }
     let tracks: Vec<TrackInput<'_>> = source
@@ -257,7 +272,9 @@ fn view_trace_file(args: &ViewArgs, outputs: &Outputs) -> CmdResult {
         })
         .collect();
     let clock = Clock::for_traces(tracks.iter().map(|t| t.trace), &flow.timing, conversion);
-    render(outputs, tracks, clock, &path.display().to_string(), losses)
+    let code = render(outputs, tracks, clock, &path.display().to_string(), losses)?;
+    // A damaged perf.data is shown as far as it goes, and the exit status says so.
+    Ok(if damaged { ExitCode::from(2) } else { code })
 }
 
 /// Decodes every track once and writes the outputs.
