@@ -458,8 +458,8 @@ int main(void) {{
 }
 
 /// Records the program with `ptrewind record --backend ptrace` (the software encoder: recording
-/// starts at `main`, symbols from the process's mappings) up to `done`, saves it (`monitor save`), and
-/// returns the program and the saved directory.
+/// starts at `main`, symbols from the process's mappings) up to `done`, saves it (`monitor
+/// save`), and returns the program and the saved directory.
 fn record_program(name: &str, extra: &[String]) -> (PathBuf, PathBuf, support::gdb::GdbRun) {
     let dir = out_dir(name);
     let exe = compile_source("cc", &dir, "calls", &program_source(), &["-O1", "-g"], &[]);
