@@ -1,6 +1,7 @@
 //! `ptrewind view`: the flame graph (SVG) and the call timeline (Chrome/Perfetto trace-event
 //! JSON) of a recording — a `monitor save` directory, a raw PT file with its code (`--pt FILE
-//! --elf/--raw`), or a perf.data file (`--perf`, code from its MMAP records as for `decode`).
+//! --elf/--raw`), a perf.data file (`--perf`, code from its MMAP records as for `decode`), or a
+//! QEMU-backend recording directory (`--qemu DIR`, a track per thread).
 //!
 //! The inputs are read exactly as `ptrewind decode` reads them (the same options, errors and
 //! missing-file reports). Each trace stream is decoded once; the call tree built on the way
@@ -35,8 +36,12 @@ use std::process::ExitCode;
 #[derive(clap::Args, Debug)]
 pub struct ViewArgs {
     /// A directory written by `monitor save DIR`.
-    #[arg(value_name = "DIR", conflicts_with_all = ["pt", "perf"])]
+    #[arg(value_name = "DIR", conflicts_with_all = ["pt", "perf", "qemu"])]
     dir: Option<PathBuf>,
+    /// A QEMU-backend recording directory (`record --backend qemu --trace-dir DIR`): one track
+    /// per recorded thread.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["pt", "perf"])]
+    qemu: Option<PathBuf>,
     /// Raw PT trace file.
     #[arg(long, value_name = "FILE", conflicts_with = "perf")]
     pt: Option<PathBuf>,
@@ -135,8 +140,85 @@ pub fn run(args: ViewArgs) -> CmdResult {
                 Clock::for_traces([&rec.trace[..]], &rec.flow.timing, TscConversion::Unknown);
             render(&outputs, vec![track], clock, &rec.info.source, 0)
         }
-        None => view_trace_file(&args, &outputs),
+        None => match &args.qemu {
+            Some(dir) => view_qemu(dir, &args, &outputs),
+            None => view_trace_file(&args, &outputs),
+        },
     }
+}
+
+/// `--qemu DIR`: every recorded thread is a track; the code comes from the recorded mappings,
+/// as `decode --qemu` builds it.
+fn view_qemu(dir: &Path, args: &ViewArgs, outputs: &Outputs) -> CmdResult {
+    let mode = exec_mode(args.bits)?;
+    let (given, given_elfs) = given_images(&args.image)?;
+    let recorded = ptrewind::capture::qemu::Recorded::open(dir)?;
+    let built = recorded.mmap_image();
+    let mut image = built.image;
+    let mut symbols = Symbolizer::new();
+    for elf in built.elfs.iter().chain(&given_elfs) {
+        // Symbols are a convenience: an ELF without a usable symbol table still decodes.
+        let _ = symbols.add_elf(elf);
+    }
+    for s in &given {
+        image.add(s.clone())?;
+    }
+    report_missing(&built.missing, None, None, &mut HashSet::new());
+    if recorded.threads.is_empty() {
+        return Err(format!("{}: the recording has no thread", dir.display()).into());
+    }
+    let flow = ptrewind::flow::FlowConfig {
+        default_mode: mode,
+        ip_filter: args.ip_filter.clone(),
+        ..Default::default()
+    };
+    let mut losses = 0usize;
+    for t in &recorded.threads {
+        if let Some(m) = t.meta.as_ref().filter(|m| m.lost > 0) {
+            losses += m.gaps.len().max(1);
+            eprintln!(
+                "ptrewind: {}: thread {}/{}: {} bytes of trace lost; the call stack restarts \
+                 after each gap",
+                dir.display(),
+                t.pid,
+                t.tid,
+                m.lost
+            );
+        }
+    }
+    let process = image
+        .sections()
+        .iter()
+        .map(|s| Path::new(&*s.origin))
+        .find(|p| p.is_absolute())
+        .and_then(Path::file_name)
+        .map_or_else(|| "recording".to_string(), |n| n.to_string_lossy().into());
+    let names: Vec<String> = recorded
+        .threads
+        .iter()
+        .map(|t| format!("thread {}", t.tid))
+        .collect();
+    let tracks: Vec<TrackInput<'_>> = recorded
+        .threads
+        .iter()
+        .zip(&names)
+        .map(|(t, name)| TrackInput {
+            process: &process,
+            name,
+            pid: t.pid,
+            tid: t.tid,
+            trace: &t.trace,
+            image: &image,
+            symbols: &symbols,
+            flow: flow.clone(),
+        })
+        .collect();
+    let clock = Clock::for_traces(
+        tracks.iter().map(|t| t.trace),
+        &flow.timing,
+        TscConversion::Unknown,
+    );
+    render(outputs, tracks, clock, &dir.display().to_string(), losses)
 }
 
 /// `--pt FILE` or `--perf perf.data`: inputs read as `decode` reads them.
