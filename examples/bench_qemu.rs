@@ -194,7 +194,9 @@ fn main() {
     let mut text = String::new();
     let mut s: u64 = 42;
     for _ in 0..200_000 / scale {
-        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         text.push_str(&format!("{:016x} line {}\n", s, s % 1000));
     }
     std::fs::write(&lines, &text).expect("write");
@@ -242,7 +244,9 @@ fn main() {
     ];
     println!(
         "load average: {}",
-        std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim()
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
     );
     println!(
         "{:<16} {:>13} {:>8} {:>8} {:>8} {:>9} {:>8} {:>10} {:>9} {:>6} {:>12} {:>12}",
@@ -262,11 +266,7 @@ fn main() {
     let mut soft_rows = Vec::new();
     for w in &workloads {
         let (t_native, rss_native, _) = measure(Command::new(&w.program).args(&w.args));
-        let (t_qemu, _, _) = measure(
-            Command::new("qemu-x86_64")
-                .arg(&w.program)
-                .args(&w.args),
-        );
+        let (t_qemu, _, _) = measure(Command::new("qemu-x86_64").arg(&w.program).args(&w.args));
         let rec_dir = d.join(format!("rec-{}", w.name.split(' ').next().unwrap_or("w")));
         std::fs::create_dir(&rec_dir).expect("mkdir");
         let mut plugin_arg = OsString::from(&plugin);
@@ -304,7 +304,12 @@ fn main() {
     println!();
     println!(
         "{:<16} {:>14} {:>12} {:>14} {:>14} {:>12} {:>14}",
-        "small workload", "ptrace insns", "ptrace k/s", "ptrace slowdn", "gdb insns", "gdb k/s",
+        "small workload",
+        "ptrace insns",
+        "ptrace k/s",
+        "ptrace slowdn",
+        "gdb insns",
+        "gdb k/s",
         "gdb slowdn"
     );
     for (w, native_rate) in soft_rows {
@@ -320,6 +325,9 @@ fn main() {
         };
         let (pn, pr, ps) = fmt(&p);
         let (gn, gr, gs) = fmt(&g);
-        println!("{:<16} {pn:>14} {pr:>12} {ps:>14} {gn:>14} {gr:>12} {gs:>14}", w.name);
+        println!(
+            "{:<16} {pn:>14} {pr:>12} {ps:>14} {gn:>14} {gr:>12} {gs:>14}",
+            w.name
+        );
     }
 }
