@@ -6,11 +6,14 @@
 //! * [`tracer`] — block executions → packets, asynchronous transfers ([`ThreadTracer`]);
 //! * [`output`] — the per-thread ToPA ring and files of a recording directory;
 //! * [`recording`] — launching QEMU with the plugin and reading a finished recording
-//!   ([`QemuRecording`]).
+//!   ([`QemuRecording`]);
+//! * [`remote`] — a GDB remote-protocol client for QEMU's gdbstub: run control, registers,
+//!   memory and breakpoints of the program at the present.
 
 pub mod block;
 pub mod output;
 pub mod recording;
+pub mod remote;
 pub mod tracer;
 
 pub use block::BlockInfo;
