@@ -35,7 +35,10 @@
 //! (per-CPU recording) is decoded stream by stream, each introduced by `[stream cpuN]`.
 //!
 //! Exit status: 0 when the decode reported no error event, 2 when it did (the output is still
-//! complete: errors are lines in the stream), 1 when the inputs could not be read.
+//! complete: errors are lines in the stream) or when the perf.data is damaged (cut short,
+//! malformed records: what could be read is decoded, the damage is said on stderr), and 2 with
+//! only a message when the inputs cannot be used (unreadable, empty, a device, no Intel PT data,
+//! no PSB).
 
 use super::CmdResult;
 use super::output::Out;
@@ -115,6 +118,10 @@ pub struct DecodeArgs {
     /// perf.data recorded with `-e intel_pt//`; every AUX stream is decoded in turn.
     #[arg(long, value_name = "perf.data")]
     perf: Option<PathBuf>,
+    /// A recording directory of `record --backend qemu`: every thread's stream is decoded in
+    /// turn over the recorded mappings (`--elf`/`--raw` over them).
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["pt", "perf"])]
+    qemu: Option<PathBuf>,
     /// The code: --raw, --elf, and the perf.data mappings.
     #[command(flatten)]
     image: ImageArgs,
@@ -137,7 +144,7 @@ pub struct DecodeArgs {
     stats: bool,
 }
 
-fn parse_range(s: &str) -> Result<(u64, u64), String> {
+pub(crate) fn parse_range(s: &str) -> Result<(u64, u64), String> {
     let num = |p: &str| ptrewind::image::parse_number(p).ok_or(format!("bad address {p:?}"));
     let (from, to) = s
         .split_once('-')
@@ -151,20 +158,25 @@ fn parse_range(s: &str) -> Result<(u64, u64), String> {
 
 /// Runs `ptrewind decode`.
 pub fn run(args: DecodeArgs) -> CmdResult {
-    let mode = match args.bits {
-        16 => ExecMode::Bits16,
-        32 => ExecMode::Bits32,
-        64 => ExecMode::Bits64,
-        b => return Err(format!("--bits {b}: expected 16, 32 or 64").into()),
-    };
+    let mode = exec_mode(args.bits)?;
     // The images given on the command line: mapped after (over) the perf.data mappings.
     let (given, given_elfs) = given_images(&args.image)?;
+    if let Some(dir) = &args.qemu {
+        return decode_qemu(dir, &args, mode, &given, &given_elfs);
+    }
     let path = match (&args.pt, &args.perf) {
         (Some(p), None) | (None, Some(p)) => p.clone(),
         _ => return Err("give the trace with --pt FILE or --perf perf.data".into()),
     };
     let file = TraceFile::open(&path)?;
     let source = file.source()?;
+    if args.perf.is_some() {
+        super::input::require_perf_data(&path, &source)?;
+    }
+    super::input::require_trace(&path, &source)?;
+    // A damaged perf.data (cut short, malformed records) is decoded as far as it goes, said on
+    // stderr, and makes the exit status 2.
+    let damaged = super::input::report_perf_damage(&path, &source);
     let perf = match source.format {
         ptrewind::store::SourceFormat::PerfData { .. } => Some(PerfData::parse(file.bytes())?),
         ptrewind::store::SourceFormat::RawPt => None,
@@ -173,42 +185,10 @@ pub fn run(args: DecodeArgs) -> CmdResult {
         Some(p) if !args.image.no_mmaps => Some(PerfSideband::read(p)),
         _ => None,
     };
-    // The CPU: --cpu, else the perf.data header; unknown means no errata, as in libipt.
-    let (cpu, cpu_from) = match (args.cpu, perf.as_ref().and_then(|p| p.cpuid())) {
-        (Some(c), _) => (Some(c), "--cpu".to_string()),
-        (None, Some(id)) => match Cpu::from_perf_cpuid(id) {
-            Ok(c) => (Some(c), format!("perf.data header {id:?}")),
-            Err(e) => {
-                eprintln!("ptrewind: {e}; no erratum workarounds");
-                (None, String::new())
-            }
-        },
-        (None, None) => (None, String::new()),
-    };
-    let errata = cpu.as_ref().map(Errata::for_cpu).unwrap_or_default();
-    let mut cfg = FlowConfig {
-        default_mode: mode,
-        errata,
-        ip_filter: args.ip_filter.clone(),
-        ..FlowConfig::default()
-    };
-    if let Some(info) = source.perf.as_ref().and_then(|p| p.intel_pt) {
-        if let (Some(n), Some(d)) = (info.tsc_ctc_ratio_n, info.tsc_ctc_ratio_d) {
-            cfg.timing.ctc_ratio = (n as u32, d as u32);
-        }
-        if let Some(m) = info.max_non_turbo_ratio {
-            cfg.timing.max_nonturbo_ratio = m as u8;
-        }
-    }
-    // Our own buffer does the batching: the writes go to a duplicate of the stdout descriptor,
-    // past std's line-buffered `Stdout`, which would scan every 256 KiB chunk for its last
-    // newline (the whole chunk for `ips-bin`). Nothing else writes to stdout meanwhile.
+    let (cpu, cpu_from, cfg) = flow_setup(args.cpu, perf.as_ref(), &source, mode, &args.ip_filter);
+    let errata = cfg.errata;
     let stdout = std::io::stdout();
-    let lock = stdout.lock();
-    let mut out = match lock.as_fd().try_clone_to_owned() {
-        Ok(fd) => Out::new(Sink::File(std::fs::File::from(fd))),
-        Err(_) => Out::new(Sink::Std(lock)),
-    };
+    let mut out = stdout_out(stdout.lock());
     if args.stats {
         let names = errata.names();
         match cpu {
@@ -231,31 +211,7 @@ pub fn run(args: DecodeArgs) -> CmdResult {
     let many = source.streams.len() > 1;
     let mut errors = 0u64;
     for stream in &source.streams {
-        let pid = match &sideband {
-            Some(sb) => args
-                .image
-                .pid
-                .or_else(|| sb.pid_for_stream(stream.cpu, stream.tid)),
-            None => None,
-        };
-        if let (Some(sb), None) = (&sideband, pid) {
-            let mut pids: Vec<u32> = sb
-                .mmaps
-                .iter()
-                .filter(|m| m.pid != 0 && m.pid != u32::MAX)
-                .map(|m| m.pid)
-                .collect();
-            pids.sort_unstable();
-            pids.dedup();
-            if pids.len() > 1 {
-                eprintln!(
-                    "ptrewind: stream {}: the traced process is not known; using the mappings of \
-                     all {} processes (later ones win where they overlap); choose one with --pid",
-                    stream.label,
-                    pids.len()
-                );
-            }
-        }
+        let pid = stream_pid(&args.image, sideband.as_ref(), stream);
         if let std::collections::hash_map::Entry::Vacant(slot) = images.entry(pid) {
             let symbols = args.format.needs_symbols() && !args.stats;
             let (image, syms, missing) = build_image_with(
@@ -303,11 +259,22 @@ pub fn run(args: DecodeArgs) -> CmdResult {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(ExitCode::SUCCESS),
         r => r?,
     }
-    Ok(if errors > 0 {
+    Ok(if errors > 0 || damaged {
         ExitCode::from(2)
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// `decode`'s output. Our own buffer does the batching: the writes go to a duplicate of the
+/// stdout descriptor, past std's line-buffered `Stdout`, which would scan every 256 KiB chunk
+/// for its last newline (the whole chunk for `ips-bin`). Nothing else writes to stdout
+/// meanwhile.
+fn stdout_out(lock: std::io::StdoutLock<'_>) -> Out<Sink<'_>> {
+    match lock.as_fd().try_clone_to_owned() {
+        Ok(fd) => Out::new(Sink::File(std::fs::File::from(fd))),
+        Err(_) => Out::new(Sink::Std(lock)),
+    }
 }
 
 /// Where `decode` writes: a duplicate of the stdout descriptor, or `Stdout` itself if that
@@ -331,6 +298,140 @@ impl Write for Sink<'_> {
             Sink::Std(s) => s.flush(),
         }
     }
+}
+
+/// The CPU (`cpu`, else the perf.data header; unknown means no errata, as in libipt), where it
+/// came from, and the flow configuration for a trace: errata, IP filter, initial mode, and the
+/// timing parameters of a perf.data recording. Shared by `decode` and `view`.
+pub(crate) fn flow_setup(
+    cpu: Option<Cpu>,
+    perf: Option<&PerfData>,
+    source: &ptrewind::store::TraceStreams<'_>,
+    mode: ExecMode,
+    ip_filter: &[(u64, u64)],
+) -> (Option<Cpu>, String, FlowConfig) {
+    let (cpu, cpu_from) = match (cpu, perf.and_then(|p| p.cpuid())) {
+        (Some(c), _) => (Some(c), "--cpu".to_string()),
+        (None, Some(id)) => match Cpu::from_perf_cpuid(id) {
+            Ok(c) => (Some(c), format!("perf.data header {id:?}")),
+            Err(e) => {
+                eprintln!("ptrewind: {e}; no erratum workarounds");
+                (None, String::new())
+            }
+        },
+        (None, None) => (None, String::new()),
+    };
+    let errata = cpu.as_ref().map(Errata::for_cpu).unwrap_or_default();
+    let mut cfg = FlowConfig {
+        default_mode: mode,
+        errata,
+        ip_filter: ip_filter.to_vec(),
+        ..FlowConfig::default()
+    };
+    if let Some(info) = source.perf.as_ref().and_then(|p| p.intel_pt) {
+        if let (Some(n), Some(d)) = (info.tsc_ctc_ratio_n, info.tsc_ctc_ratio_d) {
+            cfg.timing.ctc_ratio = (n as u32, d as u32);
+        }
+        if let Some(m) = info.max_non_turbo_ratio {
+            cfg.timing.max_nonturbo_ratio = m as u8;
+        }
+    }
+    (cpu, cpu_from, cfg)
+}
+
+/// The execution mode of `--bits`.
+pub(crate) fn exec_mode(bits: u32) -> Result<ExecMode, String> {
+    match bits {
+        16 => Ok(ExecMode::Bits16),
+        32 => Ok(ExecMode::Bits32),
+        64 => Ok(ExecMode::Bits64),
+        b => Err(format!("--bits {b}: expected 16, 32 or 64")),
+    }
+}
+
+/// The process whose mappings give `stream`'s code: `--pid`, else the process the stream traced
+/// (its ITRACE_START records); `None` (all processes) with a warning when that is ambiguous.
+pub(crate) fn stream_pid(
+    args: &ImageArgs,
+    sideband: Option<&PerfSideband>,
+    stream: &ptrewind::store::TraceStream<'_>,
+) -> Option<u32> {
+    let pid = match sideband {
+        Some(sb) => args
+            .pid
+            .or_else(|| sb.pid_for_stream(stream.cpu, stream.tid)),
+        None => None,
+    };
+    if let (Some(sb), None) = (sideband, pid) {
+        let mut pids: Vec<u32> = sb
+            .mmaps
+            .iter()
+            .filter(|m| m.pid != 0 && m.pid != u32::MAX)
+            .map(|m| m.pid)
+            .collect();
+        pids.sort_unstable();
+        pids.dedup();
+        if pids.len() > 1 {
+            eprintln!(
+                "ptrewind: stream {}: the traced process is not known; using the mappings of \
+                 all {} processes (later ones win where they overlap); choose one with --pid",
+                stream.label,
+                pids.len()
+            );
+        }
+    }
+    pid
+}
+
+/// `decode --qemu DIR`: each thread of a QEMU recording, `[thread PID/TID]` before each.
+fn decode_qemu(
+    dir: &std::path::Path,
+    args: &DecodeArgs,
+    mode: ExecMode,
+    given: &[Section],
+    given_elfs: &[LoadedElf],
+) -> CmdResult {
+    let recorded = ptrewind::capture::qemu::Recorded::open(dir)?;
+    let built = recorded.mmap_image();
+    let mut image = built.image;
+    let mut syms = Symbolizer::new();
+    for elf in built.elfs.iter().chain(given_elfs) {
+        let _ = syms.add_elf(elf);
+    }
+    for s in given {
+        image.add(s.clone())?;
+    }
+    report_missing(&built.missing, None, None, &mut HashSet::new());
+    let cfg = FlowConfig {
+        default_mode: mode,
+        ip_filter: args.ip_filter.clone(),
+        ..FlowConfig::default()
+    };
+    let stdout = std::io::stdout();
+    let mut out = stdout_out(stdout.lock());
+    let mut errors = 0;
+    for t in &recorded.threads {
+        if !args.stats {
+            writeln!(out, "[thread {}/{}]", t.pid, t.tid)?;
+        }
+        match decode_stream(&t.trace, &image, &syms, cfg.clone(), args, &mut out) {
+            Ok(e) => errors += e,
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(ExitCode::SUCCESS),
+            Err(e) => return Err(e.into()),
+        }
+        if args.stats {
+            writeln!(out, "  (thread {}/{})", t.pid, t.tid)?;
+        }
+    }
+    match out.flush() {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(ExitCode::SUCCESS),
+        r => r?,
+    }
+    Ok(if errors > 0 {
+        ExitCode::from(2)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 /// The `--raw` sections and `--elf` files of the command line (mapped over the perf.data

@@ -228,21 +228,33 @@ impl FileCache {
     }
 }
 
-/// Reads a whole file into a shared buffer.
+/// Reads a whole regular file into a shared buffer. Anything else (`/dev/zero`, a FIFO, a
+/// directory) is refused before reading: a code image is a file, and a device could be read
+/// until memory runs out.
 ///
-/// A regular file is read straight into the shared buffer: going through a `Vec` and
-/// `Arc::from` would copy (and page-fault) every byte twice, which for a libc-sized image is
-/// most of `ptrewind decode`'s start-up. Anything else (a pipe, a file that changes size while
-/// it is read) goes through `std::fs::read`.
+/// The bytes are read straight into the shared buffer: going through a `Vec` and `Arc::from`
+/// would copy (and page-fault) every byte twice, which for a libc-sized image is most of
+/// `ptrewind decode`'s start-up.
 pub fn read_file(path: &Path) -> Result<SectionBytes, LoadError> {
-    use std::io::Read;
+    use std::io::{Read as _, Seek as _};
     let io = |source| LoadError::Io {
         path: path.to_path_buf(),
         source,
     };
-    let mut file = std::fs::File::open(path).map_err(io)?;
+    // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused just below).
+    let mut file = std::os::unix::fs::OpenOptionsExt::custom_flags(
+        std::fs::OpenOptions::new().read(true),
+        libc::O_NONBLOCK,
+    )
+    .open(path)
+    .map_err(io)?;
     let meta = file.metadata().map_err(io)?;
-    if let (true, Ok(len)) = (meta.is_file(), usize::try_from(meta.len())) {
+    if !meta.is_file() {
+        return Err(io(std::io::Error::other(
+            "not a regular file (a code image must be a file)",
+        )));
+    }
+    if let Ok(len) = usize::try_from(meta.len()) {
         let mut bytes: SectionBytes = std::iter::repeat_n(0u8, len).collect();
         if let Some(buf) = Arc::get_mut(&mut bytes) {
             let mut probe = [0u8; 1];
@@ -252,7 +264,12 @@ pub fn read_file(path: &Path) -> Result<SectionBytes, LoadError> {
             }
         }
     }
-    std::fs::read(path).map(SectionBytes::from).map_err(io)
+    // The file changed size while it was read: read it again, up to the size it has now.
+    file.rewind().map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
+    file.take(len).read_to_end(&mut bytes).map_err(io)?;
+    Ok(SectionBytes::from(bytes))
 }
 
 /// The code of a traced process: sorted, non-overlapping sections.
