@@ -90,6 +90,11 @@ pub struct RecordArgs {
     /// Keep address-space randomisation enabled in the program (GDB disables it by default).
     #[arg(long)]
     keep_aslr: bool,
+    /// Software backend: when the program exits or dies, stop at its end (the process still
+    /// alive) and tell the debugger, so reverse execution and monitor commands work from there;
+    /// a further continue lets it exit.
+    #[arg(long)]
+    stop_at_exit: bool,
     /// The program to run, and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     command: Vec<OsString>,
@@ -208,7 +213,7 @@ pub(crate) fn start_recording(
     };
     let recorder =
         SoftRecorder::new(target, config).map_err(|e| format!("cannot start recording: {e}"))?;
-    let target = soft_recording(recorder)?;
+    let target = soft_recording(recorder, args.stop_at_exit)?;
     Ok(Ok((target, listener)))
 }
 
@@ -276,11 +281,13 @@ fn start_hardware_recording(
 }
 
 /// Serves a software recorder over a ptrace target. With its state log on, registers and
-/// memory are rebuilt in the past; without, the past is served PC-only.
+/// memory are rebuilt in the past; without, the past is served PC-only. `stop_at_exit`: the end
+/// of the program is a place in the history (see `--stop-at-exit`).
 pub(crate) fn soft_recording(
     rec: SoftRecorder<PtraceTarget>,
+    stop_at_exit: bool,
 ) -> Result<RecordingTarget, ptrewind::target::TargetError> {
-    let capture = SoftCapture::new(rec);
+    let capture = SoftCapture::new(rec).stop_at_exit(stop_at_exit);
     let record = capture.is_recording();
     Ok(RecordingTarget::new(Timeline::live(
         Box::new(capture),
