@@ -49,7 +49,7 @@ pub use index::{CodeSummary, GROUP_BYTES, SegmentGroup};
 use index::{Scan, scan, view_len};
 pub use search::{BreakpointSet, IpMatch, MatchFn};
 use segment::SegmentCache;
-pub use worker::{HistoryWorker, TraceView, WaitError, WorkerStats};
+pub use worker::{HistoryWorker, TraceView, WaitError, WorkerProbe, WorkerStats};
 
 /// A PSB the decoder synchronised at: decoding from `offset` yields the history from instruction
 /// number `insn` on.

@@ -115,6 +115,41 @@ fn lock<X>(m: &Mutex<X>) -> MutexGuard<'_, X> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The counters of a [`HistoryWorker`] for another thread (see [`HistoryWorker::probe`]).
+pub struct WorkerProbe<T: TraceView + 'static> {
+    shared: Arc<Shared<T>>,
+}
+
+impl<T: TraceView + 'static> WorkerProbe<T> {
+    /// The worker's counters now.
+    pub fn stats(&self) -> WorkerStats {
+        stats_of(&self.shared)
+    }
+}
+
+/// The counters of `shared` (trace length, index progress, check state).
+fn stats_of<T: TraceView>(shared: &Shared<T>) -> WorkerStats {
+    let trace_bytes = shared.trace.len();
+    let (updates, complete_at) = {
+        let c = lock(&shared.ctl);
+        (c.updates, c.complete_at)
+    };
+    let h = lock(&shared.history);
+    let hs = h.stats();
+    WorkerStats {
+        trace_bytes,
+        indexed_bytes: hs.indexed_bytes,
+        decode_lag: trace_bytes.saturating_sub(hs.indexed_bytes),
+        insns: hs.insns,
+        sync_points: hs.sync_points,
+        errors: hs.errors,
+        overflows: hs.overflows,
+        index_bytes: hs.index_bytes,
+        updates,
+        complete: h.is_complete() && complete_at == Some(trace_bytes),
+    }
+}
+
 /// The background indexer of one growing trace. Dropping it stops the thread.
 pub struct HistoryWorker<T: TraceView + 'static> {
     shared: Arc<Shared<T>>,
@@ -257,24 +292,13 @@ impl<T: TraceView + 'static> HistoryWorker<T> {
 
     /// Counters for `monitor stats`.
     pub fn stats(&self) -> WorkerStats {
-        let trace_bytes = self.shared.trace.len();
-        let (updates, complete_at) = {
-            let c = lock(&self.shared.ctl);
-            (c.updates, c.complete_at)
-        };
-        let h = lock(&self.shared.history);
-        let hs = h.stats();
-        WorkerStats {
-            trace_bytes,
-            indexed_bytes: hs.indexed_bytes,
-            decode_lag: trace_bytes.saturating_sub(hs.indexed_bytes),
-            insns: hs.insns,
-            sync_points: hs.sync_points,
-            errors: hs.errors,
-            overflows: hs.overflows,
-            index_bytes: hs.index_bytes,
-            updates,
-            complete: h.is_complete() && complete_at == Some(trace_bytes),
+        stats_of(&self.shared)
+    }
+
+    /// A handle another thread can read the counters through (progress displays).
+    pub fn probe(&self) -> WorkerProbe<T> {
+        WorkerProbe {
+            shared: Arc::clone(&self.shared),
         }
     }
 

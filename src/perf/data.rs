@@ -679,7 +679,16 @@ impl<'data> PerfData<'data> {
     /// [`AuxStreams::scan`]) with the streams gathered up to it; malformed records are collected
     /// in [`PerfScan::malformed`].
     pub fn aux_streams(&self) -> AuxStreams<'data> {
-        AuxStreams::collect(self)
+        let mut aux = AuxStreams::collect(self);
+        aux.scan.features = self.feature_errors();
+        aux
+    }
+
+    /// Every header feature (file mode) whose table entry or section lies outside the file.
+    pub fn feature_errors(&self) -> Vec<PerfDataError> {
+        (0..FEATURE_BITS)
+            .filter_map(|bit| self.feature_section(bit)?.err())
+            .collect()
     }
 }
 
@@ -1335,6 +1344,9 @@ pub struct PerfScan {
     pub malformed: Vec<PerfDataError>,
     /// The framing error that ended the scan early, if any.
     pub error: Option<PerfDataError>,
+    /// Header feature sections (file mode) that cannot be read: a file cut short after its
+    /// data section loses its build ids, CPU and the rest this way.
+    pub features: Vec<PerfDataError>,
 }
 
 /// A stream being assembled by [`AuxStreams::collect`].

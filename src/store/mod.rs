@@ -7,6 +7,7 @@
 //! and AUX offsets) and where data was lost, so that packet offsets can be reported against the
 //! file and decoders know where to resynchronise.
 
+pub mod dirfile;
 pub mod live;
 pub mod view;
 
@@ -23,6 +24,11 @@ use std::path::{Path, PathBuf};
 
 use perf_data::{DataLoss, PerfData, PerfDataError, PerfScan};
 
+/// The most a trace read from a pipe or socket (`perf record -o - | ptrewind dump -`) may hold:
+/// 1 GiB. Regular files are memory-mapped and have no limit; a larger piped trace must be saved
+/// to a file first. Devices (`/dev/zero`) are refused outright.
+pub const MAX_PIPE_INPUT: u64 = 1 << 30;
+
 /// Errors opening or interpreting a trace file.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -34,13 +40,39 @@ pub enum StoreError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// The file holds no bytes at all.
+    #[error("{path}: empty file (0 bytes): no trace to read")]
+    Empty {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file is a device or a directory, not a file or a pipe.
+    #[error("{path}: {kind}, not a trace file (give a regular file, or a pipe)")]
+    NotAFile {
+        /// The file.
+        path: PathBuf,
+        /// What it is (`a character device`, ...).
+        kind: &'static str,
+    },
+    /// A pipe delivered more than [`MAX_PIPE_INPUT`] bytes.
+    #[error(
+        "{path}: more than {limit} bytes read from a pipe (the limit for piped input); save \
+         the trace to a file and give the file"
+    )]
+    PipeTooLarge {
+        /// The pipe.
+        path: PathBuf,
+        /// The limit, [`MAX_PIPE_INPUT`].
+        limit: u64,
+    },
     /// The file looks like perf.data but its header is unusable.
     #[error(transparent)]
     PerfData(#[from] PerfDataError),
 }
 
 /// The bytes of a trace file: memory-mapped when it is a regular file, read into memory when it
-/// is a pipe or another stream (perf's pipe mode is meant for `perf record -o - | ...`).
+/// is a pipe or a socket (perf's pipe mode is meant for `perf record -o - | ...`), at most
+/// [`MAX_PIPE_INPUT`] bytes. Devices, directories and empty files are refused.
 #[derive(Debug)]
 pub struct TraceFile {
     path: PathBuf,
@@ -53,21 +85,63 @@ enum Backing {
     Owned(Vec<u8>),
 }
 
+/// What a file that is neither regular nor a pipe/socket is, for [`StoreError::NotAFile`].
+fn not_a_file(ft: std::fs::FileType) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt as _;
+    if ft.is_file() || ft.is_fifo() || ft.is_socket() {
+        None
+    } else if ft.is_char_device() {
+        Some("a character device")
+    } else if ft.is_block_device() {
+        Some("a block device")
+    } else if ft.is_dir() {
+        Some("a directory")
+    } else {
+        Some("not a regular file")
+    }
+}
+
 impl TraceFile {
-    /// Maps `path` read-only (or reads it, when it is not a regular file).
+    /// Maps `path` read-only (or reads it, when it is a pipe; see [`TraceFile`]).
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
         let path = path.as_ref().to_path_buf();
+        let file = File::open(&path).map_err(|source| StoreError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        Self::from_file(path, file)
+    }
+
+    /// The trace on standard input (`-`): mapped when it is a redirected regular file, read
+    /// when it is a pipe, refused when it is a terminal or another device.
+    pub fn stdin() -> Result<Self, StoreError> {
+        use std::os::fd::AsFd as _;
+        let path = PathBuf::from("-");
+        let fd = std::io::stdin()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|source| StoreError::Io {
+                path: path.clone(),
+                source,
+            })?;
+        Self::from_file(path, File::from(fd))
+    }
+
+    /// [`TraceFile::open`] on an opened file; `path` names it in messages.
+    fn from_file(path: PathBuf, file: File) -> Result<Self, StoreError> {
         let io = |source| StoreError::Io {
             path: path.clone(),
             source,
         };
-        let mut file = File::open(&path).map_err(io)?;
         let meta = file.metadata().map_err(io)?;
-        // An empty file cannot be mapped, and pipes and character devices cannot be mapped.
-        let bytes = if !meta.is_file() || meta.len() == 0 {
-            let mut bytes = Vec::new();
-            file.read_to_end(&mut bytes).map_err(io)?;
-            Backing::Owned(bytes)
+        if let Some(kind) = not_a_file(meta.file_type()) {
+            return Err(StoreError::NotAFile { path, kind });
+        }
+        let bytes = if !meta.is_file() {
+            Backing::Owned(read_bounded(&path, file, MAX_PIPE_INPUT)?)
+        } else if meta.len() == 0 {
+            // An empty file cannot be mapped, and there is nothing to decode.
+            return Err(StoreError::Empty { path });
         } else {
             // SAFETY: the mapping is read-only and private to this process, and it lives as long
             // as `self` (every borrow of `bytes()` is tied to it). What Rust cannot rule out is
@@ -79,19 +153,11 @@ impl TraceFile {
         Ok(TraceFile { path, bytes })
     }
 
-    /// Reads a whole stream (e.g. stdin) into memory; `name` is what [`TraceFile::path`] reports.
-    pub fn from_reader(
-        name: impl Into<PathBuf>,
-        mut reader: impl Read,
-    ) -> Result<Self, StoreError> {
+    /// Reads a whole stream into memory (at most [`MAX_PIPE_INPUT`] bytes; an empty stream is
+    /// an error); `name` is what [`TraceFile::path`] reports.
+    pub fn from_reader(name: impl Into<PathBuf>, reader: impl Read) -> Result<Self, StoreError> {
         let path = name.into();
-        let mut bytes = Vec::new();
-        reader
-            .read_to_end(&mut bytes)
-            .map_err(|source| StoreError::Io {
-                path: path.clone(),
-                source,
-            })?;
+        let bytes = read_bounded(&path, reader, MAX_PIPE_INPUT)?;
         Ok(TraceFile {
             path,
             bytes: Backing::Owned(bytes),
@@ -115,6 +181,31 @@ impl TraceFile {
     pub fn source(&self) -> Result<TraceStreams<'_>, StoreError> {
         TraceStreams::from_bytes(self.bytes())
     }
+}
+
+/// Reads `reader` to its end, failing beyond `limit` bytes ([`MAX_PIPE_INPUT`]) or when it is
+/// empty.
+fn read_bounded(path: &Path, reader: impl Read, limit: u64) -> Result<Vec<u8>, StoreError> {
+    let mut bytes = Vec::new();
+    reader
+        .take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|source| StoreError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    if bytes.len() as u64 > limit {
+        return Err(StoreError::PipeTooLarge {
+            path: path.to_path_buf(),
+            limit,
+        });
+    }
+    if bytes.is_empty() {
+        return Err(StoreError::Empty {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(bytes)
 }
 
 /// Where a stream's bytes came from: one contiguous piece of the file.
@@ -277,11 +368,35 @@ mod tests {
     }
 
     #[test]
-    fn empty_file_maps_to_no_bytes() {
+    fn empty_files_and_streams_are_errors() {
         let file = tempfile::NamedTempFile::new().unwrap();
-        let trace = TraceFile::open(file.path()).unwrap();
-        assert!(trace.bytes().is_empty());
-        assert_eq!(trace.source().unwrap().streams[0].data.len(), 0);
+        let err = TraceFile::open(file.path()).unwrap_err();
+        assert!(matches!(err, StoreError::Empty { .. }), "{err}");
+        assert!(err.to_string().contains("empty file"), "{err}");
+        let err = TraceFile::from_reader("-", &b""[..]).unwrap_err();
+        assert!(matches!(err, StoreError::Empty { .. }), "{err}");
+    }
+
+    /// `/dev/zero` would be read until memory runs out: devices are refused at once.
+    #[test]
+    fn devices_and_directories_are_refused() {
+        for (path, kind) in [("/dev/zero", "character device"), ("/", "directory")] {
+            let err = TraceFile::open(path).unwrap_err();
+            assert!(matches!(err, StoreError::NotAFile { .. }), "{err}");
+            assert!(err.to_string().contains(kind), "{err}");
+        }
+    }
+
+    /// A pipe is read up to the limit, then refused (the limit is checked on a reader that
+    /// never ends, like `cat /dev/zero |`).
+    #[test]
+    fn endless_streams_stop_at_the_limit() {
+        let err = read_bounded(Path::new("-"), std::io::repeat(0), 1 << 16).unwrap_err();
+        assert!(matches!(err, StoreError::PipeTooLarge { .. }), "{err}");
+        assert!(
+            err.to_string().contains("save the trace to a file"),
+            "{err}"
+        );
     }
 
     #[test]

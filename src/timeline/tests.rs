@@ -85,12 +85,8 @@ fn hardware_capture_serves_a_live_process_pc_only() {
         .unwrap()
         .success();
     assert!(ok, "cc failed");
-    let mut ptrace = PtraceTarget::spawn(
-        &exe.clone().into_os_string(),
-        &[],
-        &SpawnOptions { disable_aslr: true },
-    )
-    .unwrap();
+    let mut ptrace =
+        PtraceTarget::spawn(&exe.clone().into_os_string(), &[], &SpawnOptions::default()).unwrap();
     let start_regs = ptrace.read_registers().unwrap();
     let start = start_regs.pc();
     let cpu = StraightLineCpu {

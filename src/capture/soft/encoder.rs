@@ -261,16 +261,59 @@ impl SoftEncoder {
 
     /// Encodes one executed instruction.
     pub fn step(&mut self, step: Step) {
+        self.block(step.ip, 1, step);
+    }
+
+    /// Encodes a run of `insns` instructions executed in a row from `start`, of which only the
+    /// last, `last`, may change the flow (the others fall through): a basic block as a binary
+    /// translator sees it. [`step`](Self::step) is the one-instruction case, so the
+    /// single-stepping and the block-driven (QEMU plugin) captures share every packet-level
+    /// decision. Tracing is (re-)enabled and a periodic PSB+ placed at `start`, the only
+    /// instruction boundary before `last` a block-driven caller can see.
+    pub fn block(&mut self, start: u64, insns: u64, last: Step) {
+        self.enter(start);
+        self.stats.instructions += insns;
+        self.cofi(last);
+    }
+
+    /// Encodes `insns` instructions from `start` that executed without changing the flow (a
+    /// block cut short: the instruction after them is where an asynchronous transfer or a
+    /// restart happened). Nothing is written unless tracing has to be (re-)enabled at `start`.
+    pub fn straight(&mut self, start: u64, insns: u64) {
+        if insns == 0 {
+            return;
+        }
+        self.enter(start);
+        self.stats.instructions += insns;
+    }
+
+    /// Writes a TSC packet with `tsc` (bits 55:0) now, when packet generation is on, and makes
+    /// it the value of the next PSB+'s TSC as well. A block-driven capture stamps each
+    /// thread's stream from one global counter this way, so streams can be ordered.
+    pub fn tsc_now(&mut self, tsc: u64) {
+        self.set_tsc(tsc);
+        if self.state == Enable::On && self.config.tsc {
+            self.flush_tnt();
+            self.put(&Packet::Tsc { tsc: self.tsc });
+        }
+    }
+
+    /// The next instruction to execute is at `ip`: enables tracing there if needed (PSB+ and
+    /// TIP.PGE, as [`step`](Self::step) would), else places a due periodic PSB+ there.
+    pub fn enter(&mut self, ip: u64) {
         match self.state {
-            Enable::Off => self.enable_at(step.ip, true),
-            Enable::Paused => self.enable_at(step.ip, false),
+            Enable::Off => self.enable_at(ip, true),
+            Enable::Paused => self.enable_at(ip, false),
             Enable::On => {
                 if self.stats.bytes - self.psb_at >= self.config.psb_period as u64 {
-                    self.psb_plus(Some(step.ip));
+                    self.psb_plus(Some(ip));
                 }
             }
         }
-        self.stats.instructions += 1;
+    }
+
+    /// The packets of one executed change-of-flow (or plain) instruction.
+    fn cofi(&mut self, step: Step) {
         let nlip = step.nlip();
         match step.cofi {
             Cofi::None | Cofi::DirectJump => {}
@@ -381,6 +424,11 @@ impl SoftEncoder {
         self.taken += self.out.len() as u64;
         self.out.clear();
         r
+    }
+
+    /// TNT bits decided but not yet written (oldest in the highest of the `count` low bits).
+    pub fn pending_tnt(&self) -> (u64, u8) {
+        (self.tnt_bits, self.tnt_count)
     }
 
     /// Bytes produced but not yet taken.

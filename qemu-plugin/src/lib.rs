@@ -1,0 +1,723 @@
+//! ptrewind's QEMU TCG plugin: records every guest thread of a `qemu-x86_64` (user mode, QEMU 7.2,
+//! plugin API version 1) run as an Intel PT stream.
+//!
+//! Load it with `qemu-x86_64 -plugin libptrewind_qemu_plugin.so,out=DIR[,precise=on|off][,log=on]`
+//! (`ptrewind record --backend qemu` does). `DIR` must be an existing private directory; the files
+//! written there are described in `ptrewind::capture::qemu::output`.
+//!
+//! * At translation, each block's last instruction is classified from its bytes
+//!   ([`BlockInfo`]); the block's information is the execution callback's user data.
+//! * At execution, each vCPU (one per guest thread in user mode) feeds its
+//!   [`ThreadTracer`], whose encoder output goes through the thread's ToPA ring into its file.
+//! * `precise=on` (default) adds QEMU's inline counter before each instruction after a block's
+//!   first, so a block cut short by a fault is counted up to the faulting instruction.
+//! * `log=on` (test mode) also logs every instruction address QEMU starts executing.
+//!
+//! Only plain `extern "C"` callbacks are used (no closures): they are the fast path.
+
+pub mod ffi;
+
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::fs::OpenOptions;
+use std::io::{BufWriter, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::PathBuf;
+use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+
+use ptrewind::capture::qemu::output::{self, PluginMeta, Tail, ThreadMeta, ThreadOutput};
+use ptrewind::capture::qemu::{BlockInfo, SignalHandlers, ThreadTracer, TracerConfig};
+
+use ffi::*;
+
+/// The plugin API version QEMU checks before installing the plugin.
+#[unsafe(no_mangle)]
+pub static qemu_plugin_version: c_int = QEMU_PLUGIN_VERSION;
+
+/// Encoder output is moved into the ring once this many bytes are pending.
+const WRITE_BATCH: usize = 32 * 1024;
+/// vCPU indexes served (QEMU user mode gives each live thread one; indexes are reused).
+const MAX_VCPUS: usize = 4096;
+
+struct Config {
+    dir: PathBuf,
+    precise: bool,
+    log: bool,
+}
+
+static CONFIG: OnceLock<Config> = OnceLock::new();
+/// The global instruction clock every stream's TSC packets come from: a `u64` in the shared
+/// mapping of the recording's `clock` file (so ptrewind reads progress, and forked children
+/// share it), or this fallback when the file cannot be mapped.
+static CLOCK_FALLBACK: AtomicU64 = AtomicU64::new(0);
+static CLOCK: AtomicPtr<AtomicU64> = AtomicPtr::new(ptr::null_mut());
+
+fn clock() -> &'static AtomicU64 {
+    let p = CLOCK.load(Ordering::Relaxed);
+    // SAFETY: a non-null CLOCK points into a shared mapping that is never unmapped.
+    unsafe { p.as_ref() }.unwrap_or(&CLOCK_FALLBACK)
+}
+
+/// The shared counter file (precise mode) and the next free slot in it.
+static COUNTERS: AtomicPtr<AtomicU64> = AtomicPtr::new(ptr::null_mut());
+static NEXT_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Maps `DIR/counters` shared (a sparse file) for the blocks' reached-instruction counters.
+fn map_counters(dir: &std::path::Path) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    let path = dir.join(output::COUNTERS_FILE);
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let len = output::COUNTER_SLOTS * 8;
+    f.set_len(len)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    // SAFETY: a shared read-write mapping of a sparse file we just created privately; never
+    // unmapped (translated code keeps pointers into it).
+    let p = unsafe {
+        libc::mmap(
+            ptr::null_mut(),
+            len as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_NORESERVE,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(format!(
+            "mmap {}: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    COUNTERS.store(p as *mut AtomicU64, Ordering::Relaxed);
+    Ok(())
+}
+
+/// A fresh slot of the shared counter file, if any is left.
+fn shared_counter() -> Option<(&'static AtomicU64, u64)> {
+    let base = COUNTERS.load(Ordering::Relaxed);
+    if base.is_null() {
+        return None;
+    }
+    let i = NEXT_COUNTER.fetch_add(1, Ordering::Relaxed);
+    // SAFETY: `i` is below the mapping's slot count; the mapping lives forever.
+    (i < output::COUNTER_SLOTS).then(|| (unsafe { &*base.add(i as usize) }, i))
+}
+
+/// Maps `DIR/clock` (8 bytes) shared and points CLOCK at it.
+fn map_clock(dir: &std::path::Path) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    let path = dir.join(output::CLOCK_FILE);
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    f.set_len(8)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    // SAFETY: mapping 8 bytes of a file we own read-write and shared; the fd may be closed
+    // afterwards, the mapping stays.
+    let p = unsafe {
+        libc::mmap(
+            ptr::null_mut(),
+            8,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(format!(
+            "mmap {}: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    CLOCK.store(p as *mut AtomicU64, Ordering::Relaxed);
+    Ok(())
+}
+/// Host address minus guest address of code (QEMU's `guest_base`), from the first translation.
+static GUEST_BASE: AtomicI64 = AtomicI64::new(i64::MIN);
+/// Whether this process has written its first memory-map snapshot.
+static MAPS_DONE_FOR: AtomicU32 = AtomicU32::new(0);
+/// The guest's signal handlers, from its rt_sigaction calls.
+static HANDLERS: SignalHandlers = SignalHandlers::new();
+static WARNED: AtomicBool = AtomicBool::new(false);
+
+struct Vcpu {
+    index: u32,
+    tid: u32,
+    tracer: ThreadTracer<'static>,
+    out: Option<ThreadOutput>,
+    tail: Option<Tail>,
+    log: Option<BufWriter<std::fs::File>>,
+    done: bool,
+    /// An executable file mapping in progress: (length, offset, path).
+    pending: Option<(u64, u64, String)>,
+}
+
+struct Slot {
+    /// The process the state belongs to: after `fork`, the child sees its parent's states and
+    /// must not touch them (their locks may be held by threads that do not exist in the child).
+    pid: AtomicU32,
+    vcpu: Mutex<Vcpu>,
+}
+
+static SLOTS: [AtomicPtr<Slot>; MAX_VCPUS] = [const { AtomicPtr::new(ptr::null_mut()) }; MAX_VCPUS];
+
+fn getpid() -> u32 {
+    std::process::id()
+}
+
+fn gettid() -> u32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::gettid() as u32 }
+}
+
+fn lock(slot: &Slot) -> MutexGuard<'_, Vcpu> {
+    slot.vcpu.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn config() -> Option<&'static Config> {
+    CONFIG.get()
+}
+
+fn warn(msg: &str) {
+    if !WARNED.swap(true, Ordering::Relaxed) {
+        eprintln!("ptrewind-qemu-plugin: {msg}");
+    }
+}
+
+fn new_vcpu(index: u32) -> Vcpu {
+    let precise = config().is_some_and(|c| c.precise);
+    Vcpu {
+        index,
+        tid: 0,
+        tracer: ThreadTracer::new(
+            TracerConfig {
+                precise,
+                ..TracerConfig::default()
+            },
+            clock(),
+        )
+        .with_handlers(&HANDLERS),
+        out: None,
+        tail: None,
+        log: None,
+        done: false,
+        pending: None,
+    }
+}
+
+/// The live state of `vcpu` in this process.
+fn slot(vcpu: c_uint) -> Option<&'static Slot> {
+    let p = SLOTS.get(vcpu as usize)?.load(Ordering::Acquire);
+    // SAFETY: slots are leaked boxes, never freed.
+    let s = unsafe { p.as_ref()? };
+    (s.pid.load(Ordering::Relaxed) == getpid()).then_some(s)
+}
+
+fn install_slot(vcpu: c_uint) {
+    let Some(cell) = SLOTS.get(vcpu as usize) else {
+        warn(&format!(
+            "vCPU index {vcpu} above {MAX_VCPUS}: thread not recorded"
+        ));
+        return;
+    };
+    if let Some(old) = slot(vcpu) {
+        finish(&mut lock(old), "replaced");
+    }
+    let s = Box::leak(Box::new(Slot {
+        pid: AtomicU32::new(getpid()),
+        vcpu: Mutex::new(new_vcpu(vcpu)),
+    }));
+    cell.store(s, Ordering::Release);
+}
+
+impl Vcpu {
+    /// Creates the thread's stream and tail files (on its own thread: the file names carry its
+    /// id).
+    fn open(&mut self) {
+        let Some(c) = config() else { return };
+        if self.tid == 0 {
+            self.tid = gettid();
+        }
+        let path = output::stream_path(&c.dir, getpid(), self.tid, "pt");
+        match ThreadOutput::create(path.clone()) {
+            Ok(o) => self.out = Some(o),
+            Err(e) => {
+                warn(&format!("cannot create {}: {e}", path.display()));
+                self.done = true;
+                return;
+            }
+        }
+        let tail = output::stream_path(&c.dir, getpid(), self.tid, "tail");
+        match Tail::create(&tail) {
+            Ok(t) => self.tail = Some(t),
+            Err(e) => warn(&format!(
+                "cannot create {}: {e} (a crash would lose the stream's end)",
+                tail.display()
+            )),
+        }
+    }
+
+    /// Moves the encoder's pending bytes through the ring into the stream file.
+    fn flush(&mut self) {
+        if self.out.is_none() {
+            self.open();
+        }
+        let Vcpu {
+            tracer, out, tail, ..
+        } = self;
+        if let Some(out) = out {
+            tracer.encoder().consume_output(|b| out.write(b));
+            // Nothing stays in the ring: what is not in the file is in the tail file.
+            out.drain();
+            if let Some(t) = tail {
+                t.reset(out.bytes());
+            }
+        }
+    }
+
+    /// Keeps the tail file up to date after a block (see `output::Tail`).
+    #[inline]
+    fn mirror(&mut self) {
+        let Vcpu { tracer, tail, .. } = self;
+        if let Some(t) = tail {
+            let in_flight = tracer.in_flight();
+            let enc = tracer.encoder();
+            t.mirror(enc.pending_output());
+            t.set_state(enc.is_tracing(), in_flight, enc.pending_tnt());
+        }
+    }
+
+    fn write_meta(&mut self, end: &str) {
+        let Some(c) = config() else { return };
+        self.flush();
+        let Some(out) = &mut self.out else { return };
+        out.drain();
+        let meta = ThreadMeta {
+            pid: getpid(),
+            tid: self.tid,
+            vcpu: self.index,
+            bytes: out.bytes(),
+            lost: out.lost(),
+            gaps: out.gaps().to_vec(),
+            end: end.to_string(),
+            tracer: self.tracer.stats(),
+            error: out.error().map(str::to_string),
+        };
+        let path = output::stream_path(&c.dir, meta.pid, meta.tid, "json");
+        if let Err(e) = output::write_json(&path, &meta) {
+            warn(&format!("cannot write {}: {e}", path.display()));
+        }
+        if let Some(log) = &mut self.log {
+            let _ = log.flush();
+        }
+    }
+}
+
+fn finish(v: &mut Vcpu, end: &str) {
+    if v.done {
+        return;
+    }
+    v.tracer.finish();
+    v.write_meta(end);
+    v.done = true;
+}
+
+/// Appends the process's memory map to `PID.maps` (one `write`, so concurrent snapshots do not
+/// interleave).
+fn snapshot_maps(reason: &str) {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return;
+    };
+    let base = GUEST_BASE.load(Ordering::Relaxed);
+    let mut text = format!(
+        "# snapshot {reason} guest_base={}\n",
+        if base == i64::MIN { 0 } else { base }
+    );
+    text.push_str(&maps);
+    append_maps(&text);
+}
+
+/// Appends `text` to this process's `PID.maps`.
+fn append_maps(text: &str) {
+    let Some(c) = config() else { return };
+    let path = c.dir.join(format!("{}.maps", getpid()));
+    let file = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path);
+    match file {
+        Ok(mut f) => {
+            let _ = f.write_all(text.as_bytes());
+        }
+        Err(e) => warn(&format!("cannot write {}: {e}", path.display())),
+    }
+}
+
+/// Reads a `u64` of guest memory without risking a fault (through `process_vm_readv` on this
+/// process; guest addresses are host addresses plus QEMU's guest base).
+fn read_guest_u64(addr: u64) -> Option<u64> {
+    let base = GUEST_BASE.load(Ordering::Relaxed);
+    let host = addr.wrapping_add(if base == i64::MIN { 0 } else { base as u64 });
+    let mut v = 0u64;
+    let local = libc::iovec {
+        iov_base: (&mut v as *mut u64).cast(),
+        iov_len: 8,
+    };
+    let remote = libc::iovec {
+        iov_base: host as *mut c_void,
+        iov_len: 8,
+    };
+    // SAFETY: reads 8 bytes of our own address space into `v`; a bad address fails with EFAULT
+    // instead of faulting.
+    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    (n == 8).then_some(v)
+}
+
+extern "C" fn on_vcpu_init(_id: qemu_plugin_id_t, vcpu: c_uint) {
+    install_slot(vcpu);
+}
+
+extern "C" fn on_vcpu_exit(_id: qemu_plugin_id_t, vcpu: c_uint) {
+    if let Some(s) = slot(vcpu) {
+        finish(&mut lock(s), "exit");
+    }
+}
+
+extern "C" fn on_tb_exec(vcpu: c_uint, udata: *mut c_void) {
+    let Some(s) = slot(vcpu) else { return };
+    let mut v = lock(s);
+    if v.done {
+        return;
+    }
+    if v.out.is_none() {
+        let pid = getpid();
+        if MAPS_DONE_FOR.swap(pid, Ordering::Relaxed) != pid {
+            snapshot_maps("start");
+        }
+        v.open();
+    }
+    // SAFETY: `udata` is the leaked `BlockInfo` registered with this block at translation.
+    let b: &'static BlockInfo = unsafe { &*(udata as *const BlockInfo) };
+    v.tracer.on_block(b);
+    if v.tracer.encoder().pending_output().len() >= WRITE_BATCH {
+        v.flush();
+    }
+    v.mirror();
+}
+
+extern "C" fn on_insn_exec(vcpu: c_uint, udata: *mut c_void) {
+    let Some(s) = slot(vcpu) else { return };
+    let mut v = lock(s);
+    if v.done {
+        return;
+    }
+    if v.log.is_none() {
+        let Some(c) = config() else { return };
+        if v.tid == 0 {
+            v.tid = gettid();
+        }
+        let path = output::stream_path(&c.dir, getpid(), v.tid, "insns");
+        match output::create_private(&path) {
+            Ok(f) => v.log = Some(BufWriter::with_capacity(1 << 16, f)),
+            Err(e) => {
+                warn(&format!("cannot create {}: {e}", path.display()));
+                return;
+            }
+        }
+    }
+    if let Some(log) = &mut v.log {
+        // Written at once (test mode only): the log must survive QEMU dying of a signal.
+        let _ = log.write_all(&(udata as u64).to_le_bytes());
+        let _ = log.flush();
+    }
+}
+
+extern "C" fn on_tb_trans(_id: qemu_plugin_id_t, tb: *mut qemu_plugin_tb) {
+    let Some(c) = config() else { return };
+    // SAFETY: `tb` is valid for the duration of this callback; every index is below n_insns.
+    unsafe {
+        let n = qemu_plugin_tb_n_insns(tb);
+        if n == 0 {
+            return;
+        }
+        let mut ips = Vec::with_capacity(n);
+        for i in 0..n {
+            let insn = qemu_plugin_tb_get_insn(tb, i);
+            ips.push(qemu_plugin_insn_vaddr(insn));
+        }
+        let last = qemu_plugin_tb_get_insn(tb, n - 1);
+        let data = qemu_plugin_insn_data(last) as *const u8;
+        let size = qemu_plugin_insn_size(last);
+        let bytes: &[u8] = if data.is_null() {
+            &[]
+        } else {
+            std::slice::from_raw_parts(data, size)
+        };
+        if GUEST_BASE.load(Ordering::Relaxed) == i64::MIN {
+            let first = qemu_plugin_tb_get_insn(tb, 0);
+            let h = qemu_plugin_insn_haddr(first) as u64;
+            GUEST_BASE.store(h.wrapping_sub(ips[0]) as i64, Ordering::Relaxed);
+        }
+        let Some(mut info) = BlockInfo::new(&ips, bytes) else {
+            return;
+        };
+        if c.precise
+            && let Some((counter, index)) = shared_counter()
+        {
+            info = info.with_shared_counter(counter, index);
+        }
+        // Blocks live as long as QEMU may run them; a re-translation makes a new one.
+        let info: &'static BlockInfo = Box::leak(Box::new(info));
+        for (i, &ip) in ips.iter().enumerate() {
+            let insn = qemu_plugin_tb_get_insn(tb, i);
+            if c.log {
+                qemu_plugin_register_vcpu_insn_exec_cb(
+                    insn,
+                    on_insn_exec,
+                    QEMU_PLUGIN_CB_NO_REGS,
+                    ip as *mut c_void,
+                );
+            }
+            if c.precise && i > 0 {
+                qemu_plugin_register_vcpu_insn_exec_inline(
+                    insn,
+                    QEMU_PLUGIN_INLINE_ADD_U64,
+                    info.reached_counter() as *mut c_void,
+                    1,
+                );
+            }
+        }
+        qemu_plugin_register_vcpu_tb_exec_cb(
+            tb,
+            on_tb_exec,
+            QEMU_PLUGIN_CB_NO_REGS,
+            info as *const BlockInfo as *mut c_void,
+        );
+    }
+}
+
+const SYS_MMAP: i64 = 9;
+const SYS_RT_SIGACTION: i64 = 13;
+const SYS_CLONE: i64 = 56;
+const SYS_FORK: i64 = 57;
+const SYS_VFORK: i64 = 58;
+const SYS_EXECVE: i64 = 59;
+const SYS_EXIT: i64 = 60;
+const SYS_EXECVEAT: i64 = 322;
+const SYS_CLONE3: i64 = 435;
+const PROT_EXEC: u64 = 4;
+const MAP_ANONYMOUS: u64 = 0x20;
+
+#[allow(clippy::too_many_arguments)]
+extern "C" fn on_syscall(
+    _id: qemu_plugin_id_t,
+    vcpu: c_uint,
+    num: i64,
+    a1: u64,
+    a2: u64,
+    a3: u64,
+    a4: u64,
+    a5: u64,
+    a6: u64,
+    _a7: u64,
+    _a8: u64,
+) {
+    let Some(s) = slot(vcpu) else { return };
+    match num {
+        SYS_MMAP if a3 & PROT_EXEC != 0 && a4 & MAP_ANONYMOUS == 0 => {
+            // Guest and host file descriptors are the same in QEMU user mode.
+            let path = std::fs::read_link(format!("/proc/self/fd/{}", a5 as i32))
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            lock(s).pending = Some((a2, a6, path));
+        }
+        SYS_EXECVE | SYS_EXECVEAT => {
+            // The process image may be replaced without any exit callback: end the stream
+            // (the SYSCALL's TIP.PGD) and save it now. A failed execve goes on with TIP.PGE.
+            {
+                let mut v = lock(s);
+                if !v.done {
+                    v.tracer.finish();
+                    v.write_meta("exec");
+                }
+            }
+        }
+        SYS_EXIT => finish(&mut lock(s), "exit"),
+        SYS_RT_SIGACTION if a2 != 0 => {
+            if let Some(h) = read_guest_u64(a2) {
+                HANDLERS.set(a1, h);
+            }
+        }
+        _ => {}
+    }
+}
+
+extern "C" fn on_syscall_ret(_id: qemu_plugin_id_t, vcpu: c_uint, num: i64, ret: i64) {
+    match num {
+        SYS_MMAP => {
+            let Some(s) = slot(vcpu) else { return };
+            let pending = lock(s).pending.take();
+            if let Some((len, off, path)) = pending
+                && ret >= 0
+            {
+                append_maps(&format!("# mmap {ret:#x} {len:#x} {off:#x} {path}\n"));
+            }
+        }
+        SYS_FORK | SYS_VFORK | SYS_CLONE | SYS_CLONE3 if ret == 0 => {
+            // In a forked child the vCPU's state still belongs to the parent: start afresh.
+            let Some(cell) = SLOTS.get(vcpu as usize) else {
+                return;
+            };
+            let p = cell.load(Ordering::Acquire);
+            // SAFETY: slots are leaked boxes, never freed.
+            let Some(old) = (unsafe { p.as_ref() }) else {
+                return;
+            };
+            if old.pid.load(Ordering::Relaxed) != getpid() {
+                install_slot(vcpu);
+                snapshot_maps("fork");
+                MAPS_DONE_FOR.store(getpid(), Ordering::Relaxed);
+            }
+        }
+        _ => {}
+    }
+}
+
+extern "C" fn on_atexit(_id: qemu_plugin_id_t, _udata: *mut c_void) {
+    for cell in SLOTS.iter() {
+        let p = cell.load(Ordering::Acquire);
+        // SAFETY: slots are leaked boxes, never freed.
+        let Some(s) = (unsafe { p.as_ref() }) else {
+            continue;
+        };
+        if s.pid.load(Ordering::Relaxed) == getpid() {
+            finish(&mut lock(s), "process-exit");
+        }
+    }
+}
+
+fn parse_args(argc: c_int, argv: *const *const c_char) -> Result<Config, String> {
+    let mut dir = None;
+    let mut precise = true;
+    let mut log = false;
+    for i in 0..argc.max(0) as usize {
+        // SAFETY: QEMU passes `argc` valid NUL-terminated strings.
+        let arg = unsafe { CStr::from_ptr(*argv.add(i)) }.to_string_lossy();
+        let (k, v) = arg
+            .split_once('=')
+            .ok_or_else(|| format!("argument {arg:?} is not KEY=VALUE"))?;
+        let flag = |v: &str| match v {
+            "on" | "true" | "yes" => Ok(true),
+            "off" | "false" | "no" => Ok(false),
+            _ => Err(format!("{k}={v}: expected on or off")),
+        };
+        match k {
+            "out" => dir = Some(PathBuf::from(v)),
+            "precise" => precise = flag(v)?,
+            "log" => log = flag(v)?,
+            _ => return Err(format!("unknown argument {k:?} (known: out, precise, log)")),
+        }
+    }
+    let dir = dir.ok_or("missing out=DIR (the recording directory)")?;
+    let md = std::fs::symlink_metadata(&dir).map_err(|e| format!("out={}: {e}", dir.display()))?;
+    if !md.is_dir() {
+        return Err(format!("out={}: not a directory", dir.display()));
+    }
+    Ok(Config { dir, precise, log })
+}
+
+/// Called by QEMU when it loads the plugin.
+///
+/// # Safety
+///
+/// QEMU passes a valid `info` for the duration of the call and `argc` valid C strings.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn qemu_plugin_install(
+    id: qemu_plugin_id_t,
+    info: *const qemu_info_t,
+    argc: c_int,
+    argv: *const *const c_char,
+) -> c_int {
+    // SAFETY: see the function's contract.
+    let info = unsafe { &*info };
+    if !(info.version_min..=info.version_cur).contains(&QEMU_PLUGIN_VERSION) {
+        eprintln!(
+            "ptrewind-qemu-plugin: plugin API version {QEMU_PLUGIN_VERSION} is not supported by \
+             this QEMU (it supports versions {} to {})",
+            info.version_min, info.version_cur
+        );
+        return 1;
+    }
+    // SAFETY: target_name is a NUL-terminated string owned by QEMU.
+    let target = unsafe { CStr::from_ptr(info.target_name) }
+        .to_string_lossy()
+        .into_owned();
+    if info.system_emulation || target != "x86_64" {
+        eprintln!(
+            "ptrewind-qemu-plugin: only x86_64 user-mode emulation is supported (this is {}{})",
+            target,
+            if info.system_emulation {
+                ", system emulation"
+            } else {
+                ""
+            }
+        );
+        return 1;
+    }
+    let config = match parse_args(argc, argv) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("ptrewind-qemu-plugin: {e}");
+            return 1;
+        }
+    };
+    let meta = PluginMeta {
+        api_version: QEMU_PLUGIN_VERSION,
+        qemu_api: (info.version_min, info.version_cur),
+        target,
+        precise: config.precise,
+        log_insns: config.log,
+    };
+    if let Err(e) = map_clock(&config.dir) {
+        eprintln!("ptrewind-qemu-plugin: {e}");
+        return 1;
+    }
+    if config.precise
+        && let Err(e) = map_counters(&config.dir)
+    {
+        eprintln!("ptrewind-qemu-plugin: {e}");
+        return 1;
+    }
+    let _ = output::write_json(&config.dir.join(output::PLUGIN_FILE), &meta);
+    if CONFIG.set(config).is_err() {
+        return 1;
+    }
+    // SAFETY: registering plain callbacks with the id QEMU gave us.
+    unsafe {
+        qemu_plugin_register_vcpu_init_cb(id, on_vcpu_init);
+        qemu_plugin_register_vcpu_exit_cb(id, on_vcpu_exit);
+        qemu_plugin_register_vcpu_tb_trans_cb(id, on_tb_trans);
+        qemu_plugin_register_vcpu_syscall_cb(id, on_syscall);
+        qemu_plugin_register_vcpu_syscall_ret_cb(id, on_syscall_ret);
+        qemu_plugin_register_atexit_cb(id, on_atexit, ptr::null_mut());
+    }
+    0
+}

@@ -1,0 +1,395 @@
+//! Per-thread output of the QEMU capture: the encoder's bytes go through a ToPA output ring
+//! (the same model the other software capture writes through) and are drained into one file per
+//! guest thread in the recording directory, with loss counted.
+//!
+//! Files of a recording directory (`PID` = guest process, `TID` = guest thread):
+//!
+//! * `PID-TID.pt` — the thread's Intel PT stream (raw packets, starting with PSB+);
+//! * `PID-TID.json` — [`ThreadMeta`], written when the thread's stream ends;
+//! * `PID-TID.insns` — test mode only: every instruction address QEMU started executing on the
+//!   thread, little-endian `u64`s;
+//! * `PID.maps` — the process's memory map when it started (`/proc/self/maps` of the QEMU
+//!   process after a `# snapshot start guest_base=B` line), then one `# mmap ADDR LEN OFFSET PATH`
+//!   line per executable file mapping the guest made;
+//! * `clock` — the global instruction clock the TSC packets come from (a shared `u64`);
+//! * `plugin.json` — [`PluginMeta`]; `launch.json` — what ptrewind ran.
+//!
+//! Files are created with `O_CREAT | O_EXCL | O_NOFOLLOW` and mode 0600: nothing is written
+//! through a file or link someone else put there.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::tracer::TracerStats;
+use crate::ring::{BuildError, Capabilities, IntOn, Topa, TraceSink, TraceSource};
+
+/// The shared global instruction clock (8 bytes, native-endian `u64`).
+pub const CLOCK_FILE: &str = "clock";
+/// [`PluginMeta`].
+pub const PLUGIN_FILE: &str = "plugin.json";
+/// What ptrewind launched ([`super::recording::LaunchMeta`]).
+pub const LAUNCH_FILE: &str = "launch.json";
+
+/// Creates `path` for writing, refusing to follow or reuse an existing file or link.
+pub fn create_private(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}
+
+/// The stream file of thread `tid` of process `pid` in `dir`.
+pub fn stream_path(dir: &Path, pid: u32, tid: u32, ext: &str) -> PathBuf {
+    dir.join(format!("{pid}-{tid}.{ext}"))
+}
+
+/// A gap in a stream file: bytes the ring lost before they were drained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gap {
+    /// Offset in the file where the bytes after the gap start.
+    pub file_offset: u64,
+    /// Stream bytes lost there.
+    pub lost: u64,
+}
+
+/// Written beside each thread's stream when it ends.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThreadMeta {
+    /// Guest process id.
+    pub pid: u32,
+    /// Guest thread id.
+    pub tid: u32,
+    /// QEMU's vCPU index of the thread.
+    pub vcpu: u32,
+    /// Bytes in the stream file.
+    pub bytes: u64,
+    /// Bytes lost by the ring (never drained in time).
+    pub lost: u64,
+    /// Where in the file the losses are.
+    pub gaps: Vec<Gap>,
+    /// How the stream ended: `exit`, `exec`, `fork-child`, `plugin-exit`.
+    pub end: String,
+    /// What the tracer saw.
+    pub tracer: TracerStats,
+    /// The first error writing the stream, if any (the stream stops there).
+    pub error: Option<String>,
+}
+
+/// Written once per recording directory by the plugin when it loads.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PluginMeta {
+    /// The plugin API version the plugin was built for.
+    pub api_version: i32,
+    /// The oldest and newest API versions this QEMU supports.
+    pub qemu_api: (i32, i32),
+    /// The guest architecture QEMU reported.
+    pub target: String,
+    /// Precise mode (reached-instruction counters) on.
+    pub precise: bool,
+    /// Test mode (per-instruction log) on.
+    pub log_insns: bool,
+}
+
+/// Output ring sizes: 8 regions of 64 KiB, PMI on each; drained at half full, so nothing is lost
+/// unless a write is larger than the ring.
+pub const REGION_SIZE: u64 = 64 * 1024;
+/// Number of ToPA regions.
+pub const REGIONS: usize = 8;
+
+/// One thread's ToPA ring and stream file.
+#[derive(Debug)]
+pub struct ThreadOutput {
+    ring: Topa,
+    file: File,
+    path: PathBuf,
+    bytes: u64,
+    lost: u64,
+    gaps: Vec<Gap>,
+    error: Option<String>,
+}
+
+impl ThreadOutput {
+    /// Creates the stream file `path` (see [`create_private`]) and its ring.
+    pub fn create(path: PathBuf) -> io::Result<ThreadOutput> {
+        let file = create_private(&path)?;
+        let ring = Topa::circular(
+            Capabilities::default(),
+            &[REGION_SIZE; REGIONS],
+            IntOn::Every,
+        )
+        .map_err(|e: BuildError| io::Error::other(e.to_string()))?;
+        Ok(ThreadOutput {
+            ring,
+            file,
+            path,
+            bytes: 0,
+            lost: 0,
+            gaps: Vec::new(),
+            error: None,
+        })
+    }
+
+    /// Writes encoder output through the ring, draining it to the file first when it would not
+    /// fit and after it when half full.
+    pub fn write(&mut self, bytes: &[u8]) {
+        if bytes.is_empty() {
+            return;
+        }
+        let room = self.ring.capacity().saturating_sub(self.ring.pending());
+        if bytes.len() as u64 > room {
+            self.drain();
+        }
+        self.ring.write(bytes);
+        if self.ring.pending() >= self.ring.capacity() / 2 {
+            self.drain();
+        }
+    }
+
+    /// Moves everything in the ring into the file.
+    pub fn drain(&mut self) {
+        let file = &mut self.file;
+        let mut written = 0u64;
+        let mut err = None;
+        let mut first_gap = None;
+        let report = self.ring.drain_with(&mut |chunk| {
+            if err.is_some() {
+                return;
+            }
+            if first_gap.is_none() {
+                first_gap = Some(chunk.stream_offset);
+            }
+            match file.write_all(chunk.bytes) {
+                Ok(()) => written += chunk.bytes.len() as u64,
+                Err(e) => err = Some(e),
+            }
+        });
+        if report.lost() > 0 {
+            self.gaps.push(Gap {
+                file_offset: self.bytes,
+                lost: report.lost(),
+            });
+            self.lost += report.lost();
+        }
+        self.bytes += written;
+        if let Some(e) = err
+            && self.error.is_none()
+        {
+            self.error = Some(format!("writing {}: {e}", self.path.display()));
+        }
+    }
+
+    /// Bytes written to the file so far.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Bytes lost so far.
+    pub fn lost(&self) -> u64 {
+        self.lost
+    }
+
+    /// Gaps so far.
+    pub fn gaps(&self) -> &[Gap] {
+        &self.gaps
+    }
+
+    /// The first write error, if any.
+    pub fn error(&self) -> Option<&str> {
+        self.error.as_deref()
+    }
+}
+
+/// Writes `value` as JSON to the private file `path`, replacing an earlier version (never
+/// following a link).
+pub fn write_json<T: Serialize>(path: &Path, value: &T) -> io::Result<()> {
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)?;
+    let text = serde_json::to_vec_pretty(value).map_err(io::Error::other)?;
+    f.write_all(&text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_drains_everything_in_order() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("1-1.pt");
+        let mut out = ThreadOutput::create(path.clone()).expect("create");
+        let mut expected = Vec::new();
+        for i in 0..5000u32 {
+            let chunk: Vec<u8> = (0..(i % 700)).map(|j| (i + j) as u8).collect();
+            out.write(&chunk);
+            expected.extend_from_slice(&chunk);
+        }
+        out.drain();
+        assert_eq!(out.lost(), 0);
+        assert_eq!(out.bytes(), expected.len() as u64);
+        assert_eq!(std::fs::read(&path).expect("read"), expected);
+        // The file is never reused.
+        assert!(ThreadOutput::create(path).is_err());
+    }
+}
+
+/// The shared counter file of precise mode: one `u64` per translated block.
+pub const COUNTERS_FILE: &str = "counters";
+/// Slots of the counter file (a sparse file: 128 MiB of address space, pages used on demand).
+pub const COUNTER_SLOTS: u64 = 1 << 24;
+
+/// Size of a tail file's header.
+pub const TAIL_HEADER: usize = 128;
+/// Bytes of encoder output a tail file holds (more than the plugin ever keeps unwritten).
+pub const TAIL_CAPACITY: usize = 64 * 1024;
+const TAIL_MAGIC: u64 = u64::from_le_bytes(*b"PTRWTAIL");
+
+/// A thread's in-flight state, kept in a shared file mapping (`PID-TID.tail`) so that it
+/// survives QEMU dying without any callback (QEMU 7.2 runs no plugin code when the guest dies of
+/// a signal): the encoder output not yet in the stream file, the pending TNT bits, and the block
+/// executing now with its counter. [`TailState::read`] reads it back.
+#[derive(Debug)]
+pub struct Tail {
+    map: memmap2::MmapMut,
+    mirrored: usize,
+}
+
+/// Header words of a tail file.
+mod word {
+    pub const MAGIC: usize = 0;
+    pub const FILE_OFFSET: usize = 1;
+    pub const LEN: usize = 2;
+    pub const FLAGS: usize = 3;
+    pub const START: usize = 4;
+    pub const INSNS: usize = 5;
+    pub const COUNTER: usize = 6;
+    pub const SNAPSHOT: usize = 7;
+    pub const TNT_BITS: usize = 8;
+    pub const TNT_COUNT: usize = 9;
+}
+
+const FLAG_IN_FLIGHT: u64 = 1;
+const FLAG_TRACING: u64 = 2;
+
+impl Tail {
+    /// Creates and maps the tail file `path`.
+    pub fn create(path: &Path) -> io::Result<Tail> {
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)?;
+        f.set_len((TAIL_HEADER + TAIL_CAPACITY) as u64)?;
+        // SAFETY: a shared mapping of a file this process just created privately (mode 0600,
+        // O_EXCL); nobody else writes it while we run, and readers only read it after we are
+        // gone.
+        let map = unsafe { memmap2::MmapMut::map_mut(&f)? };
+        let mut t = Tail { map, mirrored: 0 };
+        t.put(word::MAGIC, TAIL_MAGIC);
+        Ok(t)
+    }
+
+    fn put(&mut self, w: usize, v: u64) {
+        self.map[w * 8..w * 8 + 8].copy_from_slice(&v.to_ne_bytes());
+    }
+
+    /// Everything up to stream-file offset `file_offset` is in the stream file.
+    pub fn reset(&mut self, file_offset: u64) {
+        self.put(word::LEN, 0);
+        self.put(word::FILE_OFFSET, file_offset);
+        self.mirrored = 0;
+    }
+
+    /// Mirrors the encoder's unwritten output (the bytes after the last [`Tail::reset`]).
+    #[inline]
+    pub fn mirror(&mut self, pending: &[u8]) {
+        let n = pending.len().min(TAIL_CAPACITY);
+        if n > self.mirrored {
+            self.map[TAIL_HEADER + self.mirrored..TAIL_HEADER + n]
+                .copy_from_slice(&pending[self.mirrored..n]);
+            self.mirrored = n;
+            self.put(word::LEN, n as u64);
+        }
+    }
+
+    /// Records the in-flight block and the encoder's state.
+    #[inline]
+    pub fn set_state(
+        &mut self,
+        tracing: bool,
+        in_flight: Option<(&super::BlockInfo, u64)>,
+        tnt: (u64, u8),
+    ) {
+        let mut flags = if tracing { FLAG_TRACING } else { 0 };
+        if let Some((b, snapshot)) = in_flight {
+            flags |= FLAG_IN_FLIGHT;
+            self.put(word::START, b.start);
+            self.put(word::INSNS, u64::from(b.insns));
+            self.put(word::COUNTER, b.counter_index().unwrap_or(u64::MAX));
+            self.put(word::SNAPSHOT, snapshot);
+        }
+        self.put(word::TNT_BITS, tnt.0);
+        self.put(word::TNT_COUNT, u64::from(tnt.1));
+        self.put(word::FLAGS, flags);
+    }
+}
+
+/// A tail file read back (see [`Tail`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TailState {
+    /// Stream-file offset the unwritten bytes follow.
+    pub file_offset: u64,
+    /// The encoder output that never reached the stream file.
+    pub bytes: Vec<u8>,
+    /// Packet generation was on.
+    pub tracing: bool,
+    /// The block executing when the thread stopped: (start, instructions, counter index or
+    /// `u64::MAX`, counter value at its start).
+    pub in_flight: Option<(u64, u32, u64, u64)>,
+    /// TNT bits decided but not written: (bits, count).
+    pub tnt: (u64, u8),
+}
+
+impl TailState {
+    /// Parses a tail file's contents; `None` if it is not one.
+    pub fn read(data: &[u8]) -> Option<TailState> {
+        let w = |i: usize| -> Option<u64> {
+            Some(u64::from_ne_bytes(
+                data.get(i * 8..i * 8 + 8)?.try_into().ok()?,
+            ))
+        };
+        if w(word::MAGIC)? != TAIL_MAGIC {
+            return None;
+        }
+        let len = (w(word::LEN)? as usize).min(TAIL_CAPACITY);
+        let flags = w(word::FLAGS)?;
+        Some(TailState {
+            file_offset: w(word::FILE_OFFSET)?,
+            bytes: data.get(TAIL_HEADER..TAIL_HEADER + len)?.to_vec(),
+            tracing: flags & FLAG_TRACING != 0,
+            in_flight: if flags & FLAG_IN_FLIGHT != 0 {
+                Some((
+                    w(word::START)?,
+                    w(word::INSNS)? as u32,
+                    w(word::COUNTER)?,
+                    w(word::SNAPSHOT)?,
+                ))
+            } else {
+                None
+            },
+            tnt: (w(word::TNT_BITS)?, w(word::TNT_COUNT)?.min(6) as u8),
+        })
+    }
+}

@@ -1,0 +1,711 @@
+//! Launching a program under `qemu-x86_64` with the plugin, and reading the recording directory
+//! it fills (see [`super::output`] for the files).
+//!
+//! ```no_run
+//! use ptrewind::capture::qemu::{QemuConfig, QemuRecording};
+//!
+//! let config = QemuConfig::new("target/debug/libptrewind_qemu_plugin.so");
+//! let mut rec = QemuRecording::spawn(&config, "./a.out".as_ref(), &[])?;
+//! let status = rec.wait()?;
+//! let recording = rec.read()?;
+//! for t in &recording.threads {
+//!     println!("thread {}: {} bytes of PT", t.tid, t.trace.len());
+//! }
+//! let image = recording.image()?;
+//! # let _ = (status, image);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::ffi::OsString;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::{Deserialize, Serialize};
+
+use super::output::{
+    self, CLOCK_FILE, LAUNCH_FILE, PLUGIN_FILE, PluginMeta, TailState, ThreadMeta,
+};
+use crate::image::Image;
+use crate::image::perf_maps::{MissingImage, MmapImage, MmapOptions, MmapRecord};
+use crate::image::procfs::parse_maps_lenient;
+
+/// The plugin API version the plugin speaks (QEMU 4.2 to 8.x accept it).
+pub const PLUGIN_API_VERSION: i32 = 1;
+/// File name of the plugin as Cargo builds it.
+pub const PLUGIN_FILE_NAME: &str = "libptrewind_qemu_plugin.so";
+
+/// How to run QEMU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QemuConfig {
+    /// The `qemu-x86_64` executable (looked up in `PATH` when not a path).
+    pub qemu: PathBuf,
+    /// The plugin shared object.
+    pub plugin: PathBuf,
+    /// Precise mode (see the plugin): interrupted blocks counted exactly.
+    pub precise: bool,
+    /// Test mode: log every executed instruction address per thread.
+    pub log_insns: bool,
+    /// Recording directory; `None`: a new private temporary directory (kept, see
+    /// [`QemuRecording::dir`]).
+    pub dir: Option<PathBuf>,
+    /// Extra QEMU options placed before the program (e.g. `-g PORT`).
+    pub qemu_args: Vec<OsString>,
+}
+
+impl QemuConfig {
+    /// Defaults: `qemu-x86_64` from `PATH`, precise mode, no instruction log.
+    pub fn new(plugin: impl Into<PathBuf>) -> Self {
+        QemuConfig {
+            qemu: PathBuf::from("qemu-x86_64"),
+            plugin: plugin.into(),
+            precise: true,
+            log_insns: false,
+            dir: None,
+            qemu_args: Vec::new(),
+        }
+    }
+}
+
+/// What can go wrong launching or reading a QEMU recording.
+#[derive(Debug, thiserror::Error)]
+pub enum QemuError {
+    /// `qemu-x86_64` is not installed.
+    #[error(
+        "cannot run {qemu}: {source} (install QEMU user-mode emulation: the Debian/Ubuntu package \
+         `qemu-user`)"
+    )]
+    QemuMissing {
+        /// What was run.
+        qemu: PathBuf,
+        /// Why it failed.
+        source: std::io::Error,
+    },
+    /// The plugin shared object was not found.
+    #[error("QEMU plugin {0} not found (build it with `cargo build`, or pass --qemu-plugin PATH)")]
+    PluginMissing(PathBuf),
+    /// QEMU did not load the plugin.
+    #[error(
+        "{qemu_version} did not load the plugin {plugin} (exit status {status}): the plugin \
+         speaks QEMU plugin API version {PLUGIN_API_VERSION}; QEMU 4.2 to 8.x (e.g. Debian \
+         bookworm's 7.2) support it{detail}"
+    )]
+    PluginRefused {
+        /// `qemu-x86_64 --version`'s first line.
+        qemu_version: String,
+        /// The plugin.
+        plugin: PathBuf,
+        /// QEMU's exit status.
+        status: ExitStatus,
+        /// More detail (the API range QEMU reported, if any).
+        detail: String,
+    },
+    /// The program is not an ELF file.
+    #[error("{path}: not an ELF executable ({why})")]
+    NotElf {
+        /// The program.
+        path: PathBuf,
+        /// What was found.
+        why: String,
+    },
+    /// The program is an ELF file for another machine.
+    #[error("{path}: {what}; the QEMU backend records x86-64 programs only")]
+    NotX86_64 {
+        /// The program.
+        path: PathBuf,
+        /// What it is.
+        what: String,
+    },
+    /// File-system error.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// A recording file is malformed.
+    #[error("{path}: {why}")]
+    Malformed {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> QemuError {
+    let what = what.into();
+    move |source| QemuError::Io { what, source }
+}
+
+/// Checks that `path` is an x86-64 ELF executable (a clear error otherwise).
+pub fn check_program(path: &Path) -> Result<(), QemuError> {
+    let mut f = std::fs::File::open(path).map_err(io_err(format!("{}", path.display())))?;
+    let mut h = [0u8; 20];
+    let n = f
+        .read(&mut h)
+        .map_err(io_err(format!("reading {}", path.display())))?;
+    if n < 20 || &h[..4] != b"\x7fELF" {
+        let why = if h[..n.min(2)] == *b"#!" {
+            "a script: give its interpreter as the program".to_string()
+        } else {
+            format!("starts with {:02x?}", &h[..n.min(4)])
+        };
+        return Err(QemuError::NotElf {
+            path: path.to_path_buf(),
+            why,
+        });
+    }
+    let machine = u16::from_le_bytes([h[18], h[19]]);
+    if h[4] != 2 || machine != 62 {
+        let what = match (h[4], machine) {
+            (1, 3) => "a 32-bit x86 (i386) program".to_string(),
+            (_, 183) => "an AArch64 program".to_string(),
+            (_, 40) => "an ARM program".to_string(),
+            (_, 243) => "a RISC-V program".to_string(),
+            (c, m) => format!(
+                "an ELF{} program for machine {m}",
+                if c == 1 { 32 } else { 64 }
+            ),
+        };
+        return Err(QemuError::NotX86_64 {
+            path: path.to_path_buf(),
+            what,
+        });
+    }
+    Ok(())
+}
+
+/// The first line of `qemu --version`, or the error naming the package to install.
+pub fn qemu_version(qemu: &Path) -> Result<String, QemuError> {
+    let out = Command::new(qemu)
+        .arg("--version")
+        .output()
+        .map_err(|source| QemuError::QemuMissing {
+            qemu: qemu.to_path_buf(),
+            source,
+        })?;
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .unwrap_or("qemu-x86_64 (unknown version)")
+        .trim()
+        .to_string())
+}
+
+/// Looks for the plugin beside `exe` (an installed ptrewind) and in Cargo's target directories
+/// (`target/{debug,release}` and their `deps/`), taking the newest.
+pub fn find_plugin(exe: &Path) -> Option<PathBuf> {
+    let dir = exe.parent()?;
+    let mut candidates = vec![
+        dir.join(PLUGIN_FILE_NAME),
+        dir.join("deps").join(PLUGIN_FILE_NAME),
+    ];
+    if dir
+        .file_name()
+        .is_some_and(|n| n == "deps" || n == "examples")
+        && let Some(up) = dir.parent()
+    {
+        candidates.push(up.join(PLUGIN_FILE_NAME));
+        candidates.push(up.join("deps").join(PLUGIN_FILE_NAME));
+    }
+    // A test build refreshes `deps/` but not always the copy above it: take the newest.
+    candidates
+        .into_iter()
+        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+        .max_by_key(|(t, _)| *t)
+        .map(|(_, p)| p)
+}
+
+/// What ptrewind launched, saved as `launch.json` in the recording directory.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LaunchMeta {
+    /// The program (canonical path).
+    pub program: PathBuf,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// `qemu --version`.
+    pub qemu_version: String,
+}
+
+/// A program running under QEMU with the plugin.
+#[derive(Debug)]
+pub struct QemuRecording {
+    child: Child,
+    dir: PathBuf,
+    clock: Option<memmap2::Mmap>,
+    plugin: PathBuf,
+    qemu_version: String,
+}
+
+impl QemuRecording {
+    /// Starts `program args` under QEMU (stdio inherited).
+    pub fn spawn(
+        config: &QemuConfig,
+        program: &Path,
+        args: &[OsString],
+    ) -> Result<QemuRecording, QemuError> {
+        Self::spawn_with(config, program, args, |_| {})
+    }
+
+    /// Like [`QemuRecording::spawn`], letting `configure` adjust the command (stdio, env).
+    pub fn spawn_with(
+        config: &QemuConfig,
+        program: &Path,
+        args: &[OsString],
+        configure: impl FnOnce(&mut Command),
+    ) -> Result<QemuRecording, QemuError> {
+        let qemu_version = qemu_version(&config.qemu)?;
+        if !config.plugin.is_file() {
+            return Err(QemuError::PluginMissing(config.plugin.clone()));
+        }
+        check_program(program)?;
+        let program =
+            std::fs::canonicalize(program).map_err(io_err(format!("{}", program.display())))?;
+        let dir = match &config.dir {
+            Some(d) => {
+                std::fs::create_dir(d).map_err(io_err(format!("creating {}", d.display())))?;
+                d.clone()
+            }
+            None => tempfile::Builder::new()
+                .prefix("ptrewind-qemu-")
+                .tempdir()
+                .map_err(io_err("creating a temporary recording directory"))?
+                .keep(),
+        };
+        let launch = LaunchMeta {
+            program: program.clone(),
+            args: args
+                .iter()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect(),
+            qemu_version: qemu_version.clone(),
+        };
+        output::write_json(&dir.join(LAUNCH_FILE), &launch).map_err(io_err(format!(
+            "writing {}",
+            dir.join(LAUNCH_FILE).display()
+        )))?;
+        let plugin = std::fs::canonicalize(&config.plugin)
+            .map_err(io_err(format!("{}", config.plugin.display())))?;
+        let mut plugin_arg = OsString::from(plugin.as_os_str());
+        plugin_arg.push(",out=");
+        plugin_arg.push(dir.as_os_str());
+        plugin_arg.push(if config.precise {
+            ",precise=on"
+        } else {
+            ",precise=off"
+        });
+        if config.log_insns {
+            plugin_arg.push(",log=on");
+        }
+        let mut cmd = Command::new(&config.qemu);
+        cmd.arg("-plugin").arg(plugin_arg);
+        cmd.args(&config.qemu_args);
+        cmd.arg(&program).args(args);
+        configure(&mut cmd);
+        let child = cmd.spawn().map_err(|source| QemuError::QemuMissing {
+            qemu: config.qemu.clone(),
+            source,
+        })?;
+        Ok(QemuRecording {
+            child,
+            dir,
+            clock: None,
+            plugin,
+            qemu_version,
+        })
+    }
+
+    /// The QEMU process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The QEMU child process.
+    pub fn child_mut(&mut self) -> &mut Child {
+        &mut self.child
+    }
+
+    /// The recording directory (kept after the program ends; the caller removes it).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Progress while running: (instructions on the global clock, trace bytes in files).
+    pub fn progress(&mut self) -> (u64, u64) {
+        if self.clock.is_none()
+            && let Ok(f) = std::fs::File::open(self.dir.join(CLOCK_FILE))
+            && f.metadata().is_ok_and(|m| m.len() >= 8)
+        {
+            // SAFETY: a read-only mapping of the 8-byte clock file; the plugin only ever
+            // writes it with atomic operations.
+            self.clock = unsafe { memmap2::Mmap::map(&f) }.ok();
+        }
+        let insns = self.clock.as_ref().map_or(0, |m| {
+            // SAFETY: the mapping is 8 bytes, page-aligned, and updated atomically by the plugin.
+            let a = unsafe { &*(m.as_ptr() as *const AtomicU64) };
+            a.load(Ordering::Relaxed)
+        });
+        let bytes = std::fs::read_dir(&self.dir)
+            .map(|rd| {
+                rd.flatten()
+                    .filter(|e| e.path().extension().is_some_and(|x| x == "pt"))
+                    .filter_map(|e| e.metadata().ok())
+                    .map(|m| m.len())
+                    .sum()
+            })
+            .unwrap_or(0);
+        (insns, bytes)
+    }
+
+    /// Waits for QEMU to exit. A QEMU that ends without having loaded the plugin is
+    /// [`QemuError::PluginRefused`].
+    pub fn wait(&mut self) -> Result<ExitStatus, QemuError> {
+        let status = self.child.wait().map_err(io_err("waiting for qemu"))?;
+        if !self.dir.join(PLUGIN_FILE).exists() {
+            return Err(QemuError::PluginRefused {
+                qemu_version: self.qemu_version.clone(),
+                plugin: self.plugin.clone(),
+                status,
+                detail: String::new(),
+            });
+        }
+        Ok(status)
+    }
+
+    /// Reads the recording directory (after [`QemuRecording::wait`]).
+    pub fn read(&self) -> Result<Recorded, QemuError> {
+        Recorded::open(&self.dir)
+    }
+}
+
+/// One guest thread's recording.
+#[derive(Debug, Clone)]
+pub struct RecordedThread {
+    /// Guest process id.
+    pub pid: u32,
+    /// Guest thread id.
+    pub tid: u32,
+    /// The Intel PT stream.
+    pub trace: Vec<u8>,
+    /// The plugin's summary, missing if the thread's stream never ended cleanly (QEMU killed).
+    pub meta: Option<ThreadMeta>,
+    /// Test mode: every instruction address QEMU started on the thread.
+    pub insns: Option<Vec<u64>>,
+    /// For a stream that did not end cleanly (no summary): how it was completed from the
+    /// thread's tail file (see [`super::output::Tail`]).
+    pub completed: Option<String>,
+}
+
+/// A recording directory read back.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    /// The directory.
+    pub dir: PathBuf,
+    /// What the plugin reported at load.
+    pub plugin: Option<PluginMeta>,
+    /// What was launched (absent for directories made by other tools).
+    pub launch: Option<LaunchMeta>,
+    /// Threads, by process then thread id (the main thread first).
+    pub threads: Vec<RecordedThread>,
+    /// Mappings per process (`PID.maps`).
+    pub maps: Vec<(u32, String)>,
+}
+
+fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Option<T>, QemuError> {
+    match std::fs::read(path) {
+        Ok(b) => serde_json::from_slice(&b)
+            .map(Some)
+            .map_err(|e| QemuError::Malformed {
+                path: path.to_path_buf(),
+                why: e.to_string(),
+            }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(QemuError::Io {
+            what: format!("reading {}", path.display()),
+            source: e,
+        }),
+    }
+}
+
+impl Recorded {
+    /// Reads the recording in `dir`.
+    pub fn open(dir: &Path) -> Result<Recorded, QemuError> {
+        let mut threads = Vec::new();
+        let mut maps = Vec::new();
+        let rd = std::fs::read_dir(dir).map_err(io_err(format!("reading {}", dir.display())))?;
+        for e in rd {
+            let e = e.map_err(io_err(format!("reading {}", dir.display())))?;
+            let path = e.path();
+            let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            if let Some(stem) = name.strip_suffix(".pt") {
+                let Some((pid, tid)) = stem
+                    .split_once('-')
+                    .and_then(|(p, t)| Some((p.parse().ok()?, t.parse().ok()?)))
+                else {
+                    continue;
+                };
+                let trace = std::fs::read(&path).map_err(io_err(format!("reading {name}")))?;
+                let meta = read_json(&output::stream_path(dir, pid, tid, "json"))?;
+                let insns = match std::fs::read(output::stream_path(dir, pid, tid, "insns")) {
+                    Ok(b) => Some(
+                        b.chunks_exact(8)
+                            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+                            .collect(),
+                    ),
+                    Err(_) => None,
+                };
+                threads.push(RecordedThread {
+                    pid,
+                    tid,
+                    trace,
+                    meta,
+                    insns,
+                    completed: None,
+                });
+            } else if let Some(pid) = name.strip_suffix(".maps").and_then(|p| p.parse().ok()) {
+                let text =
+                    std::fs::read_to_string(&path).map_err(io_err(format!("reading {name}")))?;
+                maps.push((pid, text));
+            }
+        }
+        // Main thread (tid == pid) first, then by id.
+        threads.sort_by_key(|t| (t.pid, t.tid != t.pid, t.tid));
+        maps.sort_by_key(|m| m.0);
+        let mut rec = Recorded {
+            dir: dir.to_path_buf(),
+            plugin: read_json(&dir.join(PLUGIN_FILE))?,
+            launch: read_json(&dir.join(LAUNCH_FILE))?,
+            threads,
+            maps,
+        };
+        rec.complete_unclean();
+        Ok(rec)
+    }
+
+    /// Completes the streams of threads QEMU did not get to end (it died of a signal or was
+    /// killed): the encoder output still in the thread's tail file is appended, then the pending
+    /// TNT bits, and the block that was executing ends at the instruction its counter reached,
+    /// with FUP(that instruction) + TIP.PGD: the instruction that faulted (or was about to run)
+    /// is not counted as executed, nor anything after it in its block.
+    fn complete_unclean(&mut self) {
+        if self.threads.iter().all(|t| t.meta.is_some()) {
+            return;
+        }
+        let counters = std::fs::read(self.dir.join(output::COUNTERS_FILE)).ok();
+        let image = self.mmap_image().image;
+        let dir = self.dir.clone();
+        for t in self.threads.iter_mut().filter(|t| t.meta.is_none()) {
+            let path = output::stream_path(&dir, t.pid, t.tid, "tail");
+            let Some(tail) = std::fs::read(&path).ok().and_then(|d| TailState::read(&d)) else {
+                t.completed = Some("no tail file: the stream ends at its last write".into());
+                continue;
+            };
+            t.completed = Some(complete_stream(
+                &mut t.trace,
+                &tail,
+                counters.as_deref(),
+                &image,
+            ));
+        }
+    }
+
+    /// Instructions, trace bytes and lost bytes over every thread.
+    pub fn totals(&self) -> (u64, u64, u64) {
+        let mut t = (0, 0, 0);
+        for th in &self.threads {
+            t.1 += th.trace.len() as u64;
+            if let Some(m) = &th.meta {
+                t.0 += m.tracer.instructions;
+                t.2 += m.lost;
+            }
+        }
+        t
+    }
+
+    /// The code the recording ran, as mapping records: the program and its interpreter as
+    /// QEMU's loader placed them (from the start snapshot), then every executable file
+    /// mapping the guest made, in order. Host mappings of the QEMU process are left out.
+    pub fn mmap_records(&self) -> Vec<MmapRecord> {
+        let program = self.launch.as_ref().map(|l| l.program.clone());
+        let interp = program.as_deref().and_then(interpreter_of);
+        let loader_files: Vec<String> = [program, interp]
+            .into_iter()
+            .flatten()
+            .map(|p| p.to_string_lossy().into_owned())
+            .collect();
+        let mut out = Vec::new();
+        for (pid, text) in &self.maps {
+            let mut in_start = false;
+            let mut base = 0u64;
+            for line in text.lines() {
+                if let Some(rest) = line.strip_prefix("# snapshot ") {
+                    in_start = rest.starts_with("start") || rest.starts_with("fork");
+                    base = rest
+                        .split_whitespace()
+                        .find_map(|w| w.strip_prefix("guest_base="))
+                        .and_then(|b| b.parse::<i64>().ok())
+                        .unwrap_or(0) as u64;
+                } else if let Some(rest) = line.strip_prefix("# mmap ") {
+                    let mut f = rest.splitn(4, ' ');
+                    let (Some(a), Some(l), Some(o), Some(p)) =
+                        (f.next(), f.next(), f.next(), f.next())
+                    else {
+                        continue;
+                    };
+                    let num = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
+                    let (Some(addr), Some(len), Some(pgoff)) = (num(a), num(l), num(o)) else {
+                        continue;
+                    };
+                    out.push(MmapRecord {
+                        pid: *pid,
+                        tid: *pid,
+                        addr,
+                        len,
+                        pgoff,
+                        filename: p.to_string(),
+                        exec: true,
+                    });
+                } else if in_start {
+                    for m in parse_maps_lenient(line) {
+                        let Some(path) = m.path.as_deref() else {
+                            continue;
+                        };
+                        if !loader_files.iter().any(|f| f == path) {
+                            continue;
+                        }
+                        out.push(MmapRecord {
+                            pid: *pid,
+                            tid: *pid,
+                            addr: m.start.wrapping_sub(base),
+                            len: m.len(),
+                            pgoff: m.offset,
+                            filename: path.to_string(),
+                            exec: true,
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The code image of the recording (see [`Recorded::mmap_records`]) and the mappings whose
+    /// files could not be read.
+    pub fn image(&self) -> Result<(Image, Vec<MissingImage>), QemuError> {
+        let built = self.mmap_image();
+        Ok((built.image, built.missing))
+    }
+
+    /// The code image with the ELF files placed in it (for symbols).
+    pub fn mmap_image(&self) -> MmapImage {
+        Image::from_mmaps(&self.mmap_records(), &MmapOptions::default())
+    }
+
+    /// The thread `tid`, or the main thread of the first process.
+    pub fn thread(&self, tid: Option<u32>) -> Option<&RecordedThread> {
+        match tid {
+            Some(t) => self.threads.iter().find(|th| th.tid == t),
+            None => self.threads.first(),
+        }
+    }
+}
+
+/// Appends to `trace` what the tail file says was not written when the thread stopped; returns a
+/// description of what was done.
+pub fn complete_stream(
+    trace: &mut Vec<u8>,
+    tail: &TailState,
+    counters: Option<&[u8]>,
+    image: &Image,
+) -> String {
+    use crate::capture::soft::classify::decode_insn;
+    use crate::packet::{Encoder, IpKind, Packet, Tnt, encode_packet};
+    if tail.file_offset == trace.len() as u64 {
+        trace.extend_from_slice(&tail.bytes);
+    }
+    let mut out = Vec::new();
+    if tail.tnt.1 > 0 {
+        let _ = encode_packet(
+            &Packet::ShortTnt(Tnt {
+                bits: tail.tnt.0,
+                count: tail.tnt.1,
+            }),
+            &mut out,
+        );
+    }
+    let mut note = String::from("stream completed from its tail file");
+    if let Some((start, insns, counter, snapshot)) = tail.in_flight {
+        let reached = usize::try_from(counter)
+            .ok()
+            .and_then(|i| counters?.get(i * 8..i * 8 + 8))
+            .and_then(|b| b.try_into().ok())
+            .map(|b: [u8; 8]| u64::from_ne_bytes(b).wrapping_sub(snapshot))
+            .filter(|&d| d < u64::from(insns));
+        // Without the counter the block is not counted at all.
+        let d = reached.unwrap_or(0);
+        let mut ip = start;
+        for _ in 0..d {
+            let mut b = [0u8; 15];
+            let n = image.read(ip, &mut b);
+            match decode_insn(ip, &b[..n]) {
+                Some(i) => ip = i.nlip(),
+                None => break,
+            }
+        }
+        // A fresh encoder does not know Last IP: it writes full IPs, valid anywhere.
+        let mut enc = Encoder::new();
+        if trace.is_empty() && out.is_empty() && d > 0 {
+            // The thread never wrote anything: start the stream.
+            enc.psb(&mut out);
+            let _ = encode_packet(&Packet::PsbEnd, &mut out);
+        }
+        if !tail.tracing && d > 0 {
+            let _ = encode_packet(
+                &Packet::ModeExec {
+                    csl: true,
+                    csd: false,
+                    iflag: false,
+                },
+                &mut out,
+            );
+            let _ = enc.ip_packet(IpKind::TipPge, Some(start), &mut out);
+        }
+        if tail.tracing || d > 0 {
+            let _ = enc.ip_packet(IpKind::Fup, Some(ip), &mut out);
+            let _ = enc.ip_packet(IpKind::TipPgd, None, &mut out);
+        }
+        note = match reached {
+            Some(d) => format!(
+                "stream completed from its tail file: stopped at instruction {d} of the block at \
+                 {start:#x} ({ip:#x})"
+            ),
+            None => format!(
+                "stream completed from its tail file: the block at {start:#x} that was running \
+                 is not counted (where it stopped is unknown)"
+            ),
+        };
+    }
+    trace.extend_from_slice(&out);
+    note
+}
+
+/// The `PT_INTERP` of an ELF file, canonicalized.
+pub fn interpreter_of(program: &Path) -> Option<PathBuf> {
+    let data = std::fs::read(program).ok()?;
+    let elf = object::read::elf::ElfFile64::<object::Endianness>::parse(&*data).ok()?;
+    use object::read::elf::ProgramHeader;
+    let endian = elf.endian();
+    for ph in elf.elf_program_headers() {
+        if ph.p_type(endian) == object::elf::PT_INTERP {
+            let bytes = ph.data(endian, &*data).ok()?;
+            let s = std::str::from_utf8(bytes).ok()?.trim_end_matches('\0');
+            return std::fs::canonicalize(s).ok();
+        }
+    }
+    None
+}

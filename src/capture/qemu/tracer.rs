@@ -1,0 +1,350 @@
+//! Block executions → Intel PT: the per-thread state machine of the QEMU capture.
+//!
+//! QEMU reports each translated block when it starts executing. [`ThreadTracer`] keeps the
+//! previous block and decides, when the next one starts, what the previous block's last
+//! instruction did: the next start is the taken or not-taken side of a conditional branch, the
+//! target of a direct jump or call, any address after an indirect branch, return or system call,
+//! and the fall-through address otherwise. Each decided block goes to the shared
+//! [`SoftEncoder`] as one [`SoftEncoder::block`] call, so the packets are exactly those of the
+//! single-stepping capture (TNT, TIP, RET compression, FUP/TIP.PGD/TIP.PGE around system calls,
+//! MODE.Exec, periodic PSB+).
+//!
+//! A next start that is none of these is an asynchronous transfer: a fault part-way through the
+//! previous block (QEMU abandons the rest of the block and delivers the signal), a signal
+//! delivered between blocks, or QEMU restarting an instruction in a block of its own (an atomic
+//! operation executed exclusively). Where the block stopped comes from the precise-mode counter
+//! (see [`BlockInfo`]): QEMU adds 1 before each instruction after the first, so the growth of
+//! the counter during one execution is the index of the last instruction reached. Without it
+//! (or when it is out of range) the block is not counted at all and the transfer is counted as
+//! inexact in [`TracerStats::async_inexact`] — never counted in full.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::block::BlockInfo;
+use crate::capture::soft::{Cofi, EncoderConfig, SoftEncoder, Step};
+use crate::flow::InsnClass;
+
+/// Settings of a [`ThreadTracer`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TracerConfig {
+    /// Packet-level settings.
+    pub encoder: EncoderConfig,
+    /// Use the blocks' reached-instruction counters to find where an interrupted block stopped.
+    pub precise: bool,
+    /// A TSC packet from the global clock is written after at most this many instructions of
+    /// the thread (and whenever the thread comes back from the kernel).
+    pub tsc_period: u64,
+}
+
+impl Default for TracerConfig {
+    fn default() -> Self {
+        TracerConfig {
+            encoder: EncoderConfig::default(),
+            precise: true,
+            tsc_period: 1 << 16,
+        }
+    }
+}
+
+/// What a [`ThreadTracer`] saw.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TracerStats {
+    /// Block executions reported.
+    pub blocks: u64,
+    /// Instructions encoded.
+    pub instructions: u64,
+    /// Asynchronous transfers whose interrupted instruction is known exactly.
+    pub async_exact: u64,
+    /// Asynchronous transfers where the last instruction of the block was reached and whether
+    /// it completed was decided from whether it can fault at all.
+    pub async_guessed: u64,
+    /// Asynchronous transfers where the position is not known: the block is counted up to its
+    /// last reached instruction at most (never in full).
+    pub async_inexact: u64,
+    /// Blocks cut short because QEMU restarted at one of their instructions (no packet).
+    pub restarts: u64,
+    /// TSC packets written outside PSB+.
+    pub tsc_stamps: u64,
+}
+
+/// The guest's signal handlers (from its `rt_sigaction` calls), by signal number: a block
+/// that ends in an indirect branch, system call or software interrupt and is followed by a
+/// handler's first block may have been interrupted part-way (any successor is legal for it).
+#[derive(Debug)]
+pub struct SignalHandlers([AtomicU64; 65]);
+
+impl Default for SignalHandlers {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SignalHandlers {
+    /// No handlers.
+    pub const fn new() -> Self {
+        SignalHandlers([const { AtomicU64::new(0) }; 65])
+    }
+
+    /// Signal `sig` is now handled at `addr` (0 or 1: default or ignored).
+    pub fn set(&self, sig: u64, addr: u64) {
+        if let Some(h) = self.0.get(sig as usize) {
+            h.store(if addr > 1 { addr } else { 0 }, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether some signal is handled at `addr`.
+    pub fn contains(&self, addr: u64) -> bool {
+        addr > 1 && self.0.iter().any(|h| h.load(Ordering::Relaxed) == addr)
+    }
+}
+
+/// One guest thread's block executions → its PT stream (see the module documentation).
+#[derive(Debug)]
+pub struct ThreadTracer<'b> {
+    enc: SoftEncoder,
+    config: TracerConfig,
+    clock: &'b AtomicU64,
+    handlers: Option<&'b SignalHandlers>,
+    prev: Option<&'b BlockInfo>,
+    prev_reached: u64,
+    unsynced: u64,
+    stats: TracerStats,
+}
+
+impl<'b> ThreadTracer<'b> {
+    /// A tracer stamping its stream from `clock`, the instruction counter shared by every thread.
+    pub fn new(config: TracerConfig, clock: &'b AtomicU64) -> Self {
+        ThreadTracer {
+            enc: SoftEncoder::new(config.encoder),
+            config,
+            clock,
+            handlers: None,
+            prev: None,
+            prev_reached: 0,
+            unsynced: 0,
+            stats: TracerStats::default(),
+        }
+    }
+
+    /// Consult `handlers` (see [`SignalHandlers`]).
+    pub fn with_handlers(mut self, handlers: &'b SignalHandlers) -> Self {
+        self.handlers = Some(handlers);
+        self
+    }
+
+    /// Block `b` starts executing on this thread.
+    #[inline]
+    pub fn on_block(&mut self, b: &'b BlockInfo) {
+        if let Some(p) = self.prev {
+            self.resolve(p, Some(b.start));
+        }
+        self.prev = Some(b);
+        if self.config.precise {
+            self.prev_reached = b.reached();
+        }
+        self.stats.blocks += 1;
+    }
+
+    /// The thread stops being traced here (it exits, the process dies or `execve` replaces it):
+    /// the last block is decided without a successor, and the stream ends with TIP.PGD.
+    pub fn finish(&mut self) {
+        if let Some(p) = self.prev.take() {
+            self.resolve(p, None);
+        }
+        self.enc.finish(None);
+        self.enc.flush();
+    }
+
+    /// The encoder (its output is taken by the caller).
+    pub fn encoder(&mut self) -> &mut SoftEncoder {
+        &mut self.enc
+    }
+
+    /// The block executing now (not decided yet) and its counter's value when it started.
+    pub fn in_flight(&self) -> Option<(&'b BlockInfo, u64)> {
+        self.prev.map(|p| (p, self.prev_reached))
+    }
+
+    /// What was seen so far.
+    pub fn stats(&self) -> TracerStats {
+        TracerStats {
+            instructions: self.enc.stats().instructions,
+            ..self.stats
+        }
+    }
+
+    /// Advances the global clock by this thread's unsynchronised instructions; returns its value.
+    fn sync_clock(&mut self) -> u64 {
+        let n = std::mem::take(&mut self.unsynced);
+        self.clock.fetch_add(n, Ordering::Relaxed).wrapping_add(n)
+    }
+
+    fn resolve(&mut self, p: &'b BlockInfo, next: Option<u64>) {
+        let n = p.insns;
+        let reached = self
+            .config
+            .precise
+            .then(|| p.reached().wrapping_sub(self.prev_reached));
+        // The counter is consulted when the successor is not a legal one, or when it is a
+        // signal handler (any successor is legal after an indirect branch): QEMU's inline
+        // additions are not atomic, so threads running the same block at once can lose each
+        // other's increments, and a low count alone proves nothing.
+        // Without the counter, entering a handler is taken as an interruption at an unknown
+        // place (never counting the block in full).
+        let cut = reached.is_none_or(|d| d + 1 < u64::from(n))
+            && next.is_some_and(|x| self.handlers.is_some_and(|h| h.contains(x)));
+        let executed = match successor(p, next).filter(|_| !cut) {
+            Some(cofi) => {
+                self.stamp_at(p.start);
+                self.enc.block(
+                    p.start,
+                    u64::from(n),
+                    Step {
+                        ip: p.last_ip,
+                        len: p.last_len,
+                        cofi,
+                        next_ip: next.unwrap_or(p.fallthrough),
+                    },
+                );
+                u64::from(n)
+            }
+            None => self.interrupted(p, next, reached),
+        };
+        self.unsynced += executed;
+        if self.unsynced >= self.config.tsc_period && self.enc.is_tracing() {
+            let t = self.sync_clock();
+            self.enc.tsc_now(t);
+            self.stats.tsc_stamps += 1;
+        }
+    }
+
+    /// Enables tracing at `ip`; when that re-enables it (back from the kernel), stamps the
+    /// stream with the global clock right after the TIP.PGE.
+    fn stamp_at(&mut self, ip: u64) {
+        if self.enc.is_tracing() {
+            return;
+        }
+        self.enc.enter(ip);
+        let t = self.sync_clock();
+        self.enc.tsc_now(t);
+        self.stats.tsc_stamps += 1;
+    }
+
+    /// `p` did not run to a legal successor; returns the instructions counted.
+    fn interrupted(&mut self, p: &'b BlockInfo, next: Option<u64>, reached: Option<u64>) -> u64 {
+        let n = p.insns;
+        // QEMU restarting inside the block (an exclusive atomic step): the instructions before
+        // the restart point ran, and the flow goes on there without any packet.
+        if let Some(k) = next.and_then(|x| p.index_of(x)) {
+            self.stamp_at(p.start);
+            self.enc.straight(p.start, u64::from(k));
+            self.stats.restarts += 1;
+            return u64::from(k);
+        }
+        let Some(d) = reached.filter(|&d| d < u64::from(n)) else {
+            // Unknown position: count nothing of the block.
+            self.enc.async_transfer(p.start);
+            self.stats.async_inexact += 1;
+            return 0;
+        };
+        let d = d as u32;
+        if d + 1 < n {
+            // Instruction `d` faulted: the ones before it ran.
+            self.cut_at(p, d);
+            self.stats.async_exact += 1;
+            return u64::from(d);
+        }
+        // The last instruction was reached.
+        match p.class {
+            InsnClass::DirectJump | InsnClass::DirectCall => {
+                // It completed (a near JMP cannot fault; the CALL's push is assumed to have
+                // succeeded) and the transfer came at its target.
+                let target = p.target.unwrap_or(p.fallthrough);
+                let cofi = if p.class == InsnClass::DirectJump {
+                    Cofi::DirectJump
+                } else {
+                    Cofi::DirectCall
+                };
+                self.stamp_at(p.start);
+                self.enc.block(
+                    p.start,
+                    u64::from(n),
+                    Step {
+                        ip: p.last_ip,
+                        len: p.last_len,
+                        cofi,
+                        next_ip: target,
+                    },
+                );
+                self.enc.async_transfer(target);
+                if p.class == InsnClass::DirectJump {
+                    self.stats.async_exact += 1;
+                } else {
+                    self.stats.async_guessed += 1;
+                }
+                u64::from(n)
+            }
+            InsnClass::Other | InsnClass::Special | InsnClass::Ptwrite if !p.last_can_fault => {
+                // It cannot fault, so it completed: a signal between blocks.
+                self.stamp_at(p.start);
+                self.enc.straight(p.start, u64::from(n));
+                self.enc.async_transfer(p.fallthrough);
+                self.stats.async_exact += 1;
+                u64::from(n)
+            }
+            InsnClass::CondBranch => {
+                // Completed, but which way is unknown: do not count it.
+                self.cut_at(p, d);
+                self.stats.async_inexact += 1;
+                u64::from(d)
+            }
+            _ => {
+                // It can fault and the flow did not go on after it: it faulted.
+                self.cut_at(p, d);
+                self.stats.async_guessed += 1;
+                u64::from(d)
+            }
+        }
+    }
+
+    /// Instructions `0..d` of `p` ran and instruction `d` did not.
+    fn cut_at(&mut self, p: &BlockInfo, d: u32) {
+        if d > 0 {
+            self.stamp_at(p.start);
+            self.enc.straight(p.start, u64::from(d));
+        }
+        self.enc.async_transfer(p.insn_ip(d));
+    }
+}
+
+/// The change of flow of `p`'s last instruction if execution legally went on at `next` (`None`:
+/// the thread ended, legal only after a system call or software interrupt).
+fn successor(p: &BlockInfo, next: Option<u64>) -> Option<Cofi> {
+    match p.class {
+        InsnClass::SysCall => return Some(Cofi::KernelEntry),
+        InsnClass::SoftInt => return Some(Cofi::SoftwareInterrupt),
+        _ => {}
+    }
+    let x = next?;
+    match p.class {
+        InsnClass::Other | InsnClass::Ptwrite | InsnClass::Special => {
+            (x == p.fallthrough).then_some(Cofi::None)
+        }
+        InsnClass::CondBranch => {
+            if x == p.fallthrough {
+                Some(Cofi::Conditional { taken: false })
+            } else if Some(x) == p.target {
+                Some(Cofi::Conditional { taken: true })
+            } else {
+                None
+            }
+        }
+        InsnClass::DirectJump => (Some(x) == p.target).then_some(Cofi::DirectJump),
+        InsnClass::DirectCall => (Some(x) == p.target).then_some(Cofi::DirectCall),
+        InsnClass::IndirectJump => Some(Cofi::IndirectJump),
+        InsnClass::IndirectCall => Some(Cofi::IndirectCall),
+        InsnClass::Return => Some(Cofi::Return),
+        InsnClass::FarCall | InsnClass::FarJump | InsnClass::FarReturn => Some(Cofi::FarTransfer),
+        InsnClass::SysCall | InsnClass::SoftInt => None,
+    }
+}

@@ -1,0 +1,590 @@
+//! End-to-end tests of the QEMU backend: small C programs run under `qemu-x86_64` with the plugin;
+//! each thread's PT stream is decoded by our flow decoder over the recording's image and must
+//! equal the plugin's own per-instruction log (test mode) — and, for a static non-PIE program, the
+//! ptrace backend's stream. Skipped (with a message) when `qemu-x86_64` is not installed.
+
+mod support;
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use ptrewind::capture::qemu::recording::find_plugin;
+use ptrewind::capture::qemu::{QemuConfig, QemuRecording, Recorded};
+use ptrewind::capture::soft::classify::decode_insn;
+use ptrewind::capture::soft::{PtraceChild, RecordFrom, RecorderConfig, SoftRecorder};
+use ptrewind::flow::{EventKind, FlowConfig, FlowDecoder, Item};
+use ptrewind::image::Image;
+use ptrewind::packet::{Packet, PacketDecoder};
+use support::cbuild::{compile_source, have, nm_symbol};
+
+fn qemu_available() -> bool {
+    if have("qemu-x86_64") {
+        return true;
+    }
+    eprintln!("qemu-x86_64 not installed (package qemu-user): skipping");
+    false
+}
+
+fn plugin() -> PathBuf {
+    find_plugin(Path::new(env!("CARGO_BIN_EXE_ptrewind")))
+        .expect("the QEMU plugin is built with the workspace")
+}
+
+/// Runs `exe` under QEMU with the plugin in test mode; returns the recording and exit status.
+fn record(exe: &Path, args: &[&str], precise: bool) -> (Recorded, std::process::ExitStatus) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = QemuConfig::new(plugin());
+    cfg.log_insns = true;
+    cfg.precise = precise;
+    cfg.dir = Some(dir.path().join("rec"));
+    let args: Vec<OsString> = args.iter().map(OsString::from).collect();
+    let mut rec = QemuRecording::spawn_with(&cfg, exe, &args, |c| {
+        c.stdout(Stdio::null()).stderr(Stdio::null());
+    })
+    .expect("spawn qemu");
+    let status = rec.wait().expect("qemu ran the plugin");
+    let recorded = rec.read().expect("read recording");
+    // Keep the directory alive until read.
+    drop(dir);
+    (recorded, status)
+}
+
+/// Decoded instruction addresses and decode errors of one stream.
+fn decode(trace: &[u8], image: &Image) -> (Vec<u64>, Vec<String>) {
+    let mut dec = FlowDecoder::new(trace, image, FlowConfig::default());
+    let mut ips = Vec::new();
+    let mut errors = Vec::new();
+    while let Some(item) = dec.next_item() {
+        match item {
+            Item::Insn(i) => ips.push(i.ip),
+            Item::Event(e) => {
+                if let EventKind::Error { kind, ip } = &e.kind {
+                    errors.push(format!("offset {:#x} ip {ip:x?}: {kind}", e.offset));
+                }
+            }
+        }
+    }
+    (ips, errors)
+}
+
+/// The plugin's log with QEMU's re-executions of a REP string instruction (one per iteration)
+/// folded into one execution, as the architecture counts them.
+fn fold_rep(log: &[u64], image: &Image) -> Vec<u64> {
+    let mut out: Vec<u64> = Vec::with_capacity(log.len());
+    for &ip in log {
+        if out.last() == Some(&ip) {
+            let mut b = [0u8; 15];
+            let n = image.read(ip, &mut b);
+            if decode_insn(ip, &b[..n]).is_some_and(|i| i.rep_string) {
+                continue;
+            }
+        }
+        out.push(ip);
+    }
+    out
+}
+
+/// Compares a thread's decoded stream with its log. The log also has each instruction that
+/// faulted (QEMU logs an instruction before executing it; PT reports it as the FUP of the
+/// asynchronous transfer, not as executed): those are returned.
+fn compare(decoded: &[u64], log: &[u64]) -> Vec<u64> {
+    let mut faulted = Vec::new();
+    let (mut i, mut j) = (0, 0);
+    while i < decoded.len() || j < log.len() {
+        if i < decoded.len() && j < log.len() && decoded[i] == log[j] {
+            i += 1;
+            j += 1;
+            continue;
+        }
+        assert!(
+            j < log.len() && faulted.len() < 64,
+            "decoded stream diverges from the log at decoded[{i}] = {:x?}, log[{j}] = {:x?} \
+             (decoded {} insns, log {}); context decoded {:x?} log {:x?}",
+            decoded.get(i),
+            log.get(j),
+            decoded.len(),
+            log.len(),
+            &decoded[i.saturating_sub(3)..(i + 3).min(decoded.len())],
+            &log[j.saturating_sub(3)..(j + 3).min(log.len())],
+        );
+        faulted.push(log[j]);
+        j += 1;
+    }
+    faulted
+}
+
+fn compile(dir: &Path, name: &str, src: &str, flags: &[&str], libs: &[&str]) -> PathBuf {
+    let mut f = vec!["-O1", "-g", "-fno-inline"];
+    f.extend_from_slice(flags);
+    compile_source("cc", dir, name, src, &f, libs)
+}
+
+const FLOW_SRC: &str = r#"
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+static int sq(int x) { return x * x; }
+static int cube(int x) { return x * x * x; }
+static int (*ops[2])(int) = { sq, cube };
+static int deep(int n) { return n == 0 ? 0 : 1 + deep(n - 1); }
+static int sw(int k) {
+    switch (k % 7) {
+    case 0: return 3; case 1: return k; case 2: return k * 5; case 3: return -k;
+    case 4: return k ^ 9; case 5: return k + 11; default: return 1;
+    }
+}
+int main(int argc, char **argv) {
+    char a[300], b[300];
+    long s = 0;
+    memset(a, argc, sizeof a);
+    for (int i = 0; i < 2000; i++) {
+        s += ops[i & 1](i) + sw(i);
+        if (i % 97 == 0) s += deep(100);
+        if (i % 500 == 0) { memcpy(b, a, sizeof b); s += b[7]; write(1, ".", 1); }
+    }
+    printf("%ld\n", s);
+    return 0;
+}
+"#;
+
+#[test]
+fn decoded_stream_equals_plugin_log() {
+    if !qemu_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = compile(dir.path(), "flow", FLOW_SRC, &[], &[]);
+    let (rec, status) = record(&exe, &[], true);
+    assert!(status.success(), "{status:?}");
+    assert_eq!(rec.threads.len(), 1, "one thread");
+    let (image, missing) = rec.image().expect("image");
+    assert!(missing.is_empty(), "{missing:?}");
+    let t = &rec.threads[0];
+    let meta = t.meta.as_ref().expect("thread summary");
+    assert_eq!(meta.lost, 0);
+    let (ips, errors) = decode(&t.trace, &image);
+    assert!(errors.is_empty(), "{errors:?}");
+    let log = fold_rep(t.insns.as_ref().expect("test-mode log"), &image);
+    assert!(log.len() > 100_000, "{} instructions", log.len());
+    let faulted = compare(&ips, &log);
+    assert!(faulted.is_empty(), "no fault expected: {faulted:x?}");
+    assert_eq!(meta.tracer.instructions, ips.len() as u64);
+    // Every packet kind the issue asks for is there: TNT, TIP (indirect calls, switch),
+    // compressed RETs, PGD/PGE around system calls, PSB+, MODE.Exec, TSC.
+    let mut kinds = std::collections::BTreeSet::new();
+    let mut dec = PacketDecoder::new(&t.trace);
+    while let Some(Ok((_, p))) = dec.next_packet() {
+        kinds.insert(match p {
+            Packet::ShortTnt(_) | Packet::LongTnt(_) => "tnt",
+            Packet::Psb => "psb",
+            Packet::Tsc { .. } => "tsc",
+            Packet::ModeExec { .. } => "mode",
+            other => match other.ip_payload() {
+                Some((k, _)) => match k {
+                    ptrewind::packet::IpKind::Tip => "tip",
+                    ptrewind::packet::IpKind::TipPge => "pge",
+                    ptrewind::packet::IpKind::TipPgd => "pgd",
+                    ptrewind::packet::IpKind::Fup => "fup",
+                },
+                None => "other",
+            },
+        });
+    }
+    for k in ["tnt", "psb", "tsc", "mode", "tip", "pge", "pgd", "fup"] {
+        assert!(kinds.contains(k), "no {k} packet in {kinds:?}");
+    }
+    assert!(meta.tracer.async_exact + meta.tracer.async_inexact == 0);
+}
+
+const THREADS_SRC: &str = r#"
+#include <pthread.h>
+#include <stdio.h>
+static long work(long seed) {
+    long s = seed;
+    for (long i = 0; i < 20000 + seed * 1000; i++) s = s * 31 + (i % 7 ? i : -i);
+    return s;
+}
+static void *run(void *p) { return (void *)work((long)p); }
+int main(void) {
+    pthread_t t[4];
+    long total = 0;
+    for (long i = 0; i < 4; i++) pthread_create(&t[i], 0, run, (void *)i);
+    for (int i = 0; i < 4; i++) { void *r; pthread_join(t[i], &r); total += (long)r; }
+    printf("%ld\n", total);
+    return 0;
+}
+"#;
+
+#[test]
+fn every_thread_has_its_own_exact_stream() {
+    if !qemu_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = compile(dir.path(), "threads", THREADS_SRC, &["-pthread"], &[]);
+    let (rec, status) = record(&exe, &[], true);
+    assert!(status.success(), "{status:?}");
+    assert_eq!(rec.threads.len(), 5, "main + 4 workers");
+    let (image, _) = rec.image().expect("image");
+    let work = nm_symbol(&exe, "work");
+    let mut tscs_seen = 0;
+    for t in &rec.threads {
+        let (ips, errors) = decode(&t.trace, &image);
+        assert!(errors.is_empty(), "thread {}: {errors:?}", t.tid);
+        let log = fold_rep(t.insns.as_ref().expect("log"), &image);
+        assert!(compare(&ips, &log).is_empty(), "thread {}", t.tid);
+        let meta = t.meta.as_ref().expect("summary");
+        assert_eq!(meta.lost, 0);
+        tscs_seen += meta.tracer.tsc_stamps;
+        if t.tid != t.pid {
+            // A worker ran `work` (PIE: compare the offset inside the page).
+            assert!(
+                ips.iter().any(|ip| ip & 0xfff == work & 0xfff),
+                "thread {} never in work",
+                t.tid
+            );
+        }
+    }
+    assert!(
+        tscs_seen > 5,
+        "TSC stamps from the global clock: {tscs_seen}"
+    );
+}
+
+const FAULT_SRC: &str = r#"
+#include <setjmp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+static sigjmp_buf env;
+static volatile int hits;
+static void on_segv(int sig) { (void)sig; hits++; siglongjmp(env, 1); }
+/* Several instructions before and after the faulting store, in one block. */
+__attribute__((noinline)) long poke(long *p, long a, long b) {
+    long x = a * 3 + b;
+    long y = x ^ (a << 2);
+    *p = y;
+    x += y * 7;
+    return x - b;
+}
+int main(int argc, char **argv) {
+    long ok = 0;
+    if (argc > 1) {
+        poke((long *)8, 1, 2); /* no handler: dies of SIGSEGV */
+        return 0;
+    }
+    signal(SIGSEGV, on_segv);
+    for (int i = 0; i < 3; i++) {
+        if (sigsetjmp(env, 1) == 0) ok += poke((long *)16, i, 5);
+        else ok += poke(&ok, i, 1);
+    }
+    printf("%ld %d\n", ok, hits);
+    return 0;
+}
+"#;
+
+/// The address of the store in `poke` that faults (the only instruction of `poke` writing
+/// through its first argument).
+fn store_in_poke(exe: &Path, image: &Image, base: u64) -> u64 {
+    let poke = base + nm_symbol(exe, "poke");
+    let mut ip = poke;
+    for _ in 0..20 {
+        let mut b = [0u8; 15];
+        let n = image.read(ip, &mut b);
+        let i = decode_insn(ip, &b[..n]).expect("decodable poke");
+        if i.insn.mnemonic() == iced_x86::Mnemonic::Mov
+            && i.insn.op0_kind() == iced_x86::OpKind::Memory
+            && i.insn.memory_base() == iced_x86::Register::RDI
+        {
+            return ip;
+        }
+        ip = i.nlip();
+    }
+    panic!("no store through rdi in poke");
+}
+
+fn fault_case(die: bool, precise: bool) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = compile(dir.path(), "fault", FAULT_SRC, &["-no-pie"], &[]);
+    let args: &[&str] = if die { &["die"] } else { &[] };
+    let (rec, status) = record(&exe, args, precise);
+    if die {
+        use std::os::unix::process::ExitStatusExt;
+        assert!(
+            status.signal() == Some(11) || status.code() == Some(139),
+            "{status:?}"
+        );
+    } else {
+        assert!(status.success(), "{status:?}");
+    }
+    let (image, _) = rec.image().expect("image");
+    let store = store_in_poke(&exe, &image, 0);
+    let t = &rec.threads[0];
+    if die {
+        // QEMU 7.2 runs no plugin code when the guest dies: the stream was completed from the
+        // thread's tail file.
+        assert!(t.meta.is_none());
+        assert!(
+            t.completed
+                .as_deref()
+                .is_some_and(|c| c.contains("stopped at")),
+            "{:?}",
+            t.completed
+        );
+    }
+    let (ips, errors) = decode(&t.trace, &image);
+    assert!(errors.is_empty(), "{errors:?}");
+    let log = fold_rep(t.insns.as_ref().expect("log"), &image);
+    let faults = if die { 1 } else { 3 };
+    if precise {
+        // Exactly the faulting stores are in the log and not in the stream: the instructions
+        // after them in their block were not counted.
+        let faulted = compare(&ips, &log);
+        assert_eq!(faulted, vec![store; faults], "{:?}", t.meta);
+        if let Some(meta) = &t.meta {
+            assert_eq!(meta.tracer.async_exact, faults as u64, "{meta:?}");
+        }
+    } else {
+        // Without the counters an interrupted block is not counted at all (never in full): the
+        // log has the block's instructions up to the faulting store, the stream none of them.
+        let faulted = compare(&ips, &log);
+        let poke = nm_symbol(&exe, "poke");
+        assert_eq!(faulted.iter().filter(|&&a| a == store).count(), faults);
+        assert!(
+            faulted.iter().all(|&a| (poke..=store).contains(&a)),
+            "{faulted:x?}"
+        );
+        let meta = t.meta.as_ref().expect("summary");
+        assert_eq!(meta.tracer.async_inexact, faults as u64, "{meta:?}");
+    }
+}
+
+#[test]
+fn fault_mid_block_with_handler_and_siglongjmp() {
+    if !qemu_available() {
+        return;
+    }
+    fault_case(false, true);
+}
+
+#[test]
+fn fault_mid_block_kills_the_program() {
+    if !qemu_available() {
+        return;
+    }
+    fault_case(true, true);
+}
+
+#[test]
+fn fault_without_precise_counters_is_never_counted_in_full() {
+    if !qemu_available() {
+        return;
+    }
+    fault_case(false, false);
+}
+
+const STATIC_SRC: &str = r#"
+#include <unistd.h>
+static unsigned long mix(unsigned long x) { return (x ^ (x >> 7)) * 0x9e3779b97f4a7c15ul; }
+static unsigned long rec(int n) { return n == 0 ? 1 : mix(rec(n - 1)) + n; }
+int main(void) {
+    unsigned long s = 0;
+    for (int i = 0; i < 300; i++) s += (i & 3) ? rec(i % 80) : mix(i);
+    char c = '0' + (s & 7);
+    write(1, &c, 1);
+    return 0;
+}
+"#;
+
+#[test]
+fn static_program_same_stream_as_ptrace_backend() {
+    if !qemu_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = compile(
+        dir.path(),
+        "static",
+        STATIC_SRC,
+        &["-static", "-no-pie"],
+        &[],
+    );
+    let main = nm_symbol(&exe, "main");
+    // QEMU.
+    let (rec, status) = record(&exe, &[], true);
+    assert!(status.success());
+    let (image, _) = rec.image().expect("image");
+    let (qips, errors) = decode(&rec.threads[0].trace, &image);
+    assert!(errors.is_empty(), "{errors:?}");
+    // ptrace, from main.
+    let mut cmd = std::process::Command::new(&exe);
+    cmd.stdout(Stdio::null());
+    let child = PtraceChild::spawn(cmd).expect("spawn");
+    let cfg = RecorderConfig {
+        record_from: RecordFrom::Main,
+        ..RecorderConfig::default()
+    };
+    let mut r = SoftRecorder::new(child, cfg).expect("recorder");
+    r.run(Some(5_000_000)).expect("run");
+    let soft = r.finish().expect("finish");
+    let (pips, errors) = decode(&soft.trace, soft.image.as_ref().expect("image"));
+    assert!(errors.is_empty(), "{errors:?}");
+    // Same addresses from main to main's return (libc start-up and exit depend on the CPU
+    // QEMU emulates, which differs from the host's: compare the program's own part).
+    let from = qips
+        .iter()
+        .position(|&ip| ip == main)
+        .expect("main in qemu stream");
+    let q = &qips[from..];
+    let (exit, exit_) = (nm_symbol(&exe, "exit"), nm_symbol(&exe, "_exit"));
+    let until = |s: &[u64]| {
+        s.iter()
+            .position(|&ip| ip == exit || ip == exit_)
+            .unwrap_or(s.len())
+    };
+    let (q, p) = (&q[..until(q)], &pips[..until(&pips)]);
+    assert!(q.len() > 10_000, "{}", q.len());
+    assert_eq!(q.len(), p.len());
+    assert!(q == p, "streams differ");
+}
+
+const CRASH_SRC: &str = r#"
+#include <pthread.h>
+#include <stdio.h>
+int counter;
+__attribute__((noinline)) void step(int i) { counter += i; }
+__attribute__((noinline)) void crash(int *p) { *p = counter; }
+static void *worker(void *arg) {
+    for (int i = 0; i < 50; i++) step(i);
+    crash((int *)arg);
+    return 0;
+}
+int main(void) {
+    pthread_t t;
+    for (int i = 0; i < 10; i++) step(i);
+    pthread_create(&t, 0, worker, 0);
+    pthread_join(t, 0);
+    puts("not reached");
+    return 0;
+}
+"#;
+
+/// `record --backend qemu` of a program whose worker thread crashes: the recording survives the
+/// crash and GDB reverse-executes the worker's thread to a breakpoint.
+#[test]
+fn gdb_reverse_on_a_worker_that_crashed() {
+    if !qemu_available() || !have("gdb") {
+        return;
+    }
+    use support::gdb::{Server, gdb_session};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = compile(
+        dir.path(),
+        "crash",
+        CRASH_SRC,
+        &["-pthread", "-no-pie", "-O0"],
+        &[],
+    );
+    // First the whole recording, to learn the worker's thread id from the directory.
+    let rec_dir = dir.path().join("rec");
+    let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--trace-dir"]
+        .iter()
+        .map(Into::into)
+        .collect();
+    cli.push(rec_dir.clone().into());
+    cli.extend(["--qemu-plugin".into(), plugin().into(), "--".into()]);
+    cli.push(exe.clone().into());
+    let server = Server::start_cli(&cli);
+    let recorded = Recorded::open(&rec_dir).expect("recording kept after the crash");
+    assert_eq!(recorded.threads.len(), 2, "main + worker");
+    let run = gdb_session(
+        server,
+        &exe,
+        &[
+            "info threads",
+            "break step",
+            "reverse-continue",
+            "monitor where",
+        ],
+        std::time::Duration::from_secs(60),
+    );
+    assert!(
+        run.server.contains("QEMU recording") || run.server.contains("replaying"),
+        "{}",
+        run.dump()
+    );
+    // The past is PC-only: GDB stops at the main thread's last call of `step`.
+    run.expect("Breakpoint 1, step");
+    assert!(
+        run.gdb.contains("in step+") && run.gdb.contains("replaying: instruction"),
+        "{}",
+        run.dump()
+    );
+    // The worker's stream ends at the crash: the faulting store in `crash` is its last
+    // (not executed) instruction, announced by FUP.
+    let worker = recorded
+        .threads
+        .iter()
+        .find(|t| t.tid != t.pid)
+        .expect("worker");
+    let (image, _) = recorded.image().expect("image");
+    let (ips, errors) = decode(&worker.trace, &image);
+    assert!(errors.is_empty(), "{errors:?}");
+    let crash = nm_symbol(&exe, "crash");
+    assert!(
+        ips.iter()
+            .rev()
+            .take(20)
+            .any(|&ip| (crash..crash + 32).contains(&ip)),
+        "worker stream ends in crash: {:x?}",
+        &ips[ips.len().saturating_sub(20)..]
+    );
+}
+
+#[test]
+fn clear_errors_for_bad_programs_and_missing_qemu() {
+    use support::gdb::ptrewind;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = dir.path().join("script.sh");
+    std::fs::write(&script, "#!/bin/sh\necho hi\n").expect("write");
+    let arm = dir.path().join("arm.elf");
+    let mut h = vec![0u8; 64];
+    h[..4].copy_from_slice(b"\x7fELF");
+    h[4] = 2;
+    h[5] = 1;
+    h[18] = 183; // EM_AARCH64
+    std::fs::write(&arm, &h).expect("write");
+    let run = |prog: &Path, path_env: Option<&str>| {
+        let mut cmd = ptrewind();
+        cmd.args(["record", "--backend", "qemu", "--qemu-plugin"])
+            .arg(plugin())
+            .arg("--")
+            .arg(prog);
+        if let Some(p) = path_env {
+            cmd.env("PATH", p);
+        }
+        let out = cmd.output().expect("run ptrewind");
+        (
+            out.status,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    if qemu_available() {
+        let (st, err) = run(&script, None);
+        assert_eq!(st.code(), Some(2), "{err}");
+        assert!(
+            err.contains("not an ELF executable") && err.contains("script"),
+            "{err}"
+        );
+        let (st, err) = run(&arm, None);
+        assert_eq!(st.code(), Some(2), "{err}");
+        assert!(err.contains("AArch64") && err.contains("x86-64"), "{err}");
+    }
+    let (st, err) = run(
+        Path::new("/bin/true"),
+        Some(dir.path().to_str().expect("utf8")),
+    );
+    assert_eq!(st.code(), Some(2), "{err}");
+    assert!(err.contains("qemu-user"), "{err}");
+}
