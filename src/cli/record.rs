@@ -96,6 +96,11 @@ pub struct RecordArgs {
     /// Keep address-space randomisation enabled in the program (GDB disables it by default).
     #[arg(long)]
     keep_aslr: bool,
+    /// Software backend: when the program exits or dies, stop at its end (the process still
+    /// alive) and tell the debugger, so reverse execution and monitor commands work from there;
+    /// a further continue lets it exit.
+    #[arg(long)]
+    pub(crate) stop_at_exit: bool,
     /// End when the debugger's connection closes (the program is killed). By default the
     /// program and its recording are kept, stopped, and ptrewind waits for a debugger to
     /// connect again (like gdbserver without --once). `ptrewind gdb` always ends with its GDB.
@@ -268,7 +273,7 @@ pub(crate) fn start_recording(args: &RecordArgs, shared_terminal: bool) -> Start
     };
     let recorder =
         SoftRecorder::new(target, config).map_err(|e| format!("cannot start recording: {e}"))?;
-    let target = soft_recording(recorder)?;
+    let target = soft_recording(recorder, args.stop_at_exit)?;
     Ok(Ok((target, listener, Served::Started)))
 }
 
@@ -390,11 +395,13 @@ fn start_hardware_recording(
 }
 
 /// Serves a software recorder over a ptrace target. With its state log on, registers and
-/// memory are rebuilt in the past; without, the past is served PC-only.
+/// memory are rebuilt in the past; without, the past is served PC-only. `stop_at_exit`: the end
+/// of the program is a place in the history (see `--stop-at-exit`).
 pub(crate) fn soft_recording(
     rec: SoftRecorder<PtraceTarget>,
+    stop_at_exit: bool,
 ) -> Result<RecordingTarget, ptrewind::target::TargetError> {
-    let capture = SoftCapture::new(rec);
+    let capture = SoftCapture::new(rec).stop_at_exit(stop_at_exit);
     let record = capture.is_recording();
     Ok(RecordingTarget::new(Timeline::live(
         Box::new(capture),

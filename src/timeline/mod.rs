@@ -191,6 +191,9 @@ pub struct Timeline {
     /// Whether the user wants recording (`monitor record on|off`).
     record_wanted: bool,
     exited: Option<StopEvent>,
+    /// The process is stopped at its exit event: the end of the recording, still readable; the
+    /// next forward resume from the present lets it exit.
+    at_exit: bool,
     checks: Checks,
     /// Cache of the recorded registers at the cursor.
     regs_at: Option<(u64, X86Registers)>,
@@ -349,6 +352,7 @@ impl Timeline {
             interrupt: Arc::new(AtomicBool::new(false)),
             record_wanted: true,
             exited: None,
+            at_exit: false,
             checks: Checks::default(),
             regs_at: None,
             notices: Vec::new(),
@@ -939,6 +943,13 @@ impl Timeline {
                 self.checks.last_mismatch = Some(format!("the registers of a stop are lost: {e}"));
             }
         }
+        if self.at_exit {
+            // Past the end there is nothing to record: let the process exit.
+            self.at_exit = false;
+            self.live_mut()?.resume(how, false)?;
+            self.running = Running::Live;
+            return Ok(());
+        }
         let diverted = self.divert_if_called();
         let record = self.record_wanted && !diverted;
         if !record && !diverted {
@@ -954,6 +965,10 @@ impl Timeline {
         self.running = Running::Idle;
         if matches!(ev, StopEvent::Exited(_) | StopEvent::Killed(_)) {
             self.exited = Some(ev);
+        }
+        if ev == StopEvent::Exiting {
+            self.at_exit = true;
+            self.notices.push(Notice::AtExit);
         }
         self.sync_history();
         ev
