@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use ptrewind::capture::qemu::recording::find_plugin;
 use support::cbuild::{compile_source, have, nm_symbol};
-use support::gdb::{GdbRun, Server, gdb_session};
+use support::gdb::{GdbRun, Server, gdb_session, gdb_session_interrupting};
 
 const PROGRAM: &str = r#"
 #include <stdio.h>
@@ -22,12 +22,14 @@ __attribute__((noinline)) int middle(int x) {
     for (int i = 0; i < x; i++) s += leaf(i);
     return s;
 }
+__attribute__((noinline)) void spin(void) { for (;;) sink++; }
 __asm__(".text\n.globl crash_at\n.type crash_at,@function\ncrash_at:\n movl $1, 0\n ret\n");
 void crash_at(void);
 int main(int argc, char **argv) {
     int r = middle(5);
     printf("r=%d\n", r);
-    if (argc > 1) crash_at();
+    if (argc > 1 && argv[1][0] == 'c') crash_at();
+    if (argc > 1 && argv[1][0] == 's') spin();
     r += middle(3);
     return r & 0x7f;
 }
@@ -51,6 +53,17 @@ fn setup() -> Option<(tempfile::TempDir, PathBuf)> {
 }
 
 fn session(exe: &Path, args: &[&str], commands: &[String]) -> GdbRun {
+    session_interrupting(exe, args, commands, None)
+}
+
+/// `interrupt_after_cpu`: send GDB a Ctrl-C once QEMU has used this much CPU time (ticks of
+/// `/proc/PID/stat`), i.e. once the program spins.
+fn session_interrupting(
+    exe: &Path,
+    args: &[&str],
+    commands: &[String],
+    interrupt_after_cpu: Option<u64>,
+) -> GdbRun {
     let plugin = find_plugin(Path::new(env!("CARGO_BIN_EXE_ptrewind")))
         .expect("the QEMU plugin is built with the workspace");
     let mut cli: Vec<OsString> = [
@@ -70,7 +83,21 @@ fn session(exe: &Path, args: &[&str], commands: &[String]) -> GdbRun {
     cli.push(exe.into());
     cli.extend(args.iter().map(Into::into));
     let server = Server::start_cli(&cli);
-    gdb_session(server, exe, commands, Duration::from_secs(120))
+    let Some(ticks) = interrupt_after_cpu else {
+        return gdb_session(server, exe, commands, Duration::from_secs(120));
+    };
+    let pid = server.pid;
+    let spinning = move || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                let rest = s.rsplit_once(')')?.1;
+                let f: Vec<&str> = rest.split_whitespace().collect();
+                Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+            })
+            .is_some_and(|t| t >= ticks)
+    };
+    gdb_session_interrupting(server, exe, commands, Duration::from_secs(120), spinning)
 }
 
 fn cmds(list: &[&str]) -> Vec<String> {
@@ -202,4 +229,49 @@ fn crash_stop_and_reverse_from_it() {
         "{back:#x}: {}",
         run.dump()
     );
+}
+
+#[test]
+fn ctrl_c_stops_a_spinning_program_and_reverse_works_from_there() {
+    let Some((_dir, exe)) = setup() else { return };
+    let spin = nm_symbol(&exe, "spin");
+    let run = session_interrupting(
+        &exe,
+        &["spin"],
+        &cmds(&[
+            "continue",
+            "echo @int\\n",
+            "p/x $pc",
+            "reverse-stepi",
+            "echo @back\\n",
+            "p/x $pc",
+            "monitor stats",
+            "kill",
+        ]),
+        Some(60),
+    );
+    let g = &run.gdb;
+    assert!(
+        g.contains("Program received signal SIGINT"),
+        "{}",
+        run.dump()
+    );
+    let pc_after = |mark: &str| {
+        g.split_once(mark)
+            .map(|x| x.1)
+            .unwrap_or("")
+            .lines()
+            .find_map(|l| l.split_once(" = 0x").map(|x| x.1))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap_or_else(|| panic!("no pc after {mark}: {}", run.dump()))
+    };
+    let at = pc_after("@int");
+    assert!((spin..spin + 0x20).contains(&at), "{at:#x}: {}", run.dump());
+    let back = pc_after("@back");
+    assert!(
+        (spin..spin + 0x20).contains(&back),
+        "{back:#x}: {}",
+        run.dump()
+    );
+    assert_ne!(back, at, "{}", run.dump());
 }
