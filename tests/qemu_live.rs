@@ -79,6 +79,9 @@ fn session_interrupting(
     .map(Into::into)
     .collect();
     cli.push(plugin.into());
+    // The recording directory inside the test's temporary directory (removed with it).
+    cli.push("--trace-dir".into());
+    cli.push(exe.with_file_name("recording").into());
     cli.push("--".into());
     cli.push(exe.into());
     cli.extend(args.iter().map(Into::into));
@@ -274,4 +277,32 @@ fn ctrl_c_stops_a_spinning_program_and_reverse_works_from_there() {
         run.dump()
     );
     assert_ne!(back, at, "{}", run.dump());
+}
+
+/// The program dies of its SIGSEGV under GDB: GDB is told, and the recording directory keeps
+/// every thread's stream (the plugin's tail completes it) after the session.
+#[test]
+fn the_recording_survives_the_crash() {
+    let Some((_dir, exe)) = setup() else { return };
+    let run = session(
+        &exe,
+        &["crash"],
+        &cmds(&["continue", "continue", "echo @after\\n"]),
+    );
+    assert!(
+        run.gdb.contains("Program terminated with signal SIGSEGV"),
+        "{}",
+        run.dump()
+    );
+    let dir = run
+        .server
+        .lines()
+        .find_map(|l| l.split_once("every thread recorded into ").map(|x| x.1))
+        .and_then(|rest| rest.split(';').next())
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| panic!("no recording directory: {}", run.dump()));
+    let rec = ptrewind::capture::qemu::Recorded::open(&dir).expect("recording directory");
+    let main = rec.thread(None).expect("main thread recorded");
+    assert!(main.trace.len() > 100, "{}", run.dump());
+    assert_eq!(dir, exe.with_file_name("recording"));
 }
