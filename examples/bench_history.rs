@@ -20,7 +20,7 @@
 //! * worst segment: a cold `insn` into the segment with the most instructions;
 //! * goto: `insn(n)` at random n with an empty segment cache;
 //! * reverse-continue: `rfind_with` from the present to a breakpoint that only the first
-//!   instructions hit (a full backward scan), with a `Breakpoints` set and with a closure, as
+//!   instructions hit (a full backward scan), with a `BreakpointSet` set and with a closure, as
 //!   scanned instructions/s and as a ratio to the forward decode.
 //!
 //! * scan comparison: the forward decode and the unprunable backward scan (a breakpoint search
@@ -33,7 +33,7 @@
 
 use ptrewind::capture::soft::{Cofi, EncoderConfig, SoftEncoder, Step};
 use ptrewind::flow::{BlockItem, FlowConfig, FlowDecoder};
-use ptrewind::history::{Breakpoints, History, IpMatch, MatchFn};
+use ptrewind::history::{BreakpointSet, History, IpMatch, MatchFn};
 use ptrewind::image::{Image, Section};
 use std::time::{Duration, Instant};
 
@@ -532,7 +532,7 @@ struct Row {
 }
 
 /// A breakpoint set whose searches do not use the code summaries.
-struct NoSummaries(Breakpoints);
+struct NoSummaries(BreakpointSet);
 
 impl IpMatch for NoSummaries {
     fn matches(&mut self, ip: u64) -> bool {
@@ -679,7 +679,7 @@ fn measure(label: &str, p: &Program, init_ip: u64, n: u64) -> Row {
 
     // Reverse-continue from the present to `init`, which only the first instructions execute.
     h.clear_cache();
-    let mut bp = Breakpoints::new([init_ip]);
+    let mut bp = BreakpointSet::new([init_ip]);
     let t = Tick::now();
     let hit = h.rfind_with(&trace, &image, len, &mut bp);
     let (rcont, rcont_wall) = (t.elapsed(), t.wall());
@@ -696,7 +696,7 @@ fn measure(label: &str, p: &Program, init_ip: u64, n: u64) -> Row {
     // thread (CPU time) and on all of them (wall-clock time).
     h.clear_cache();
     h.set_search_threads(1);
-    let mut unpruned = NoSummaries(Breakpoints::new([init_ip]));
+    let mut unpruned = NoSummaries(BreakpointSet::new([init_ip]));
     let t = Tick::now();
     let hit3 = h.rfind_with(&trace, &image, len, &mut unpruned);
     let rcont_full = t.elapsed();
@@ -877,11 +877,11 @@ fn scan_compare(label: &str, p: &Program, init_ip: u64, n: u64, reps: usize) -> 
         reps,
     };
     out.cases.push(ctx.run(&mut h, "`init`, summaries off", || {
-        NoSummaries(Breakpoints::new([init_ip]))
+        NoSummaries(BreakpointSet::new([init_ip]))
     }));
     out.cases
         .push(ctx.run(&mut h, "inside the hot loop (never hit)", || {
-            Breakpoints::new([mid])
+            BreakpointSet::new([mid])
         }));
     // An address the optimiser cannot see, so every instruction is really compared.
     let nowhere = std::hint::black_box(u64::MAX);
@@ -893,7 +893,7 @@ fn scan_compare(label: &str, p: &Program, init_ip: u64, n: u64, reps: usize) -> 
     let hot = hot_address(p);
     for _ in 0..reps.max(5) {
         h.clear_cache();
-        let mut bp = Breakpoints::new([hot]);
+        let mut bp = BreakpointSet::new([hot]);
         let t = Tick::now();
         let hit = h.rfind_with(&trace, &image, len, &mut bp);
         out.near.push((t.elapsed(), t.wall()));

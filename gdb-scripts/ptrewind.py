@@ -82,6 +82,14 @@ class PtStats(_PtMonitor):
         super().__init__("stats", "stats")
 
 
+class PtView(_PtMonitor):
+    """pt view DIR: write DIR/flame.svg (flame graph) and DIR/timeline.json (Perfetto) of the
+    history so far (see docs/view.md)."""
+
+    def __init__(self):
+        super().__init__("view", "view")
+
+
 class PtGoto(gdb.Command):
     """pt goto N|begin|end: move the replay position to instruction N and show the frame."""
 
@@ -105,4 +113,5 @@ PtHistory()
 PtCalls()
 PtWhere()
 PtStats()
+PtView()
 PtGoto()

@@ -14,6 +14,9 @@
 //! The [`timeline`] drives a live capture backend through the one [`capture::LiveBackend`]
 //! trait and knows no debugger protocol; the [`server`] only adapts it to GDB and LLDB.
 //!
+//! [`view`] draws a recording (a flame graph and a call timeline) from the flow decoder's
+//! output; the server's `monitor view` and the `ptrewind view` command use it.
+//!
 //! [`image`] (the traced program's code) and [`target`] (ptrace control of a live process) sit
 //! beside the flow: the decoder reads code from an image, the server drives a target.
 //! See `docs/architecture.md` for the threads and where to add a packet, a backend or a protocol
@@ -25,8 +28,10 @@ pub mod flow;
 pub mod history;
 pub mod image;
 pub mod packet;
+pub mod perf;
 pub mod ring;
 pub mod server;
 pub mod store;
 pub mod target;
 pub mod timeline;
+pub mod view;

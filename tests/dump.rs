@@ -16,7 +16,7 @@ use std::process::{Command, Output};
 
 use ptrewind::packet::{PacketDecoder, PacketError};
 use ptrewind::store::perf_data::{PerfData, RecordData, record_type};
-use ptrewind::store::{SourceFormat, TraceSource};
+use ptrewind::store::{SourceFormat, TraceStreams};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ptrewind");
 
@@ -158,7 +158,7 @@ fn perf_data_streams_equal_the_extracted_bytes() {
     let Some(root) = corpus() else { return };
     for (path, expected) in perf_files(&root) {
         let bytes = std::fs::read(&path).unwrap();
-        let source = TraceSource::from_bytes(&bytes).unwrap();
+        let source = TraceStreams::from_bytes(&bytes).unwrap();
         let pipe = path.to_string_lossy().contains("piped");
         assert_eq!(
             source.format,
@@ -907,7 +907,7 @@ fn mutated_perf_data_never_panics() {
                 bytes.truncate(rand() as usize % bytes.len());
             }
             // Whatever the damage: a value, never a panic; streams stay within the file.
-            if let Ok(source) = TraceSource::from_bytes(&bytes) {
+            if let Ok(source) = TraceStreams::from_bytes(&bytes) {
                 for stream in &source.streams {
                     for chunk in &stream.chunks {
                         assert!(chunk.file_offset + chunk.size <= bytes.len() as u64);

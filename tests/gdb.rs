@@ -2,7 +2,6 @@
 //! router. Expected values come from the C sources (marker comments give line numbers) and
 //! from computing the programs' results independently, never from our own output.
 
-use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -13,6 +12,7 @@ mod support;
 
 use support::cbuild::{build_example, cc, example_source, line_of};
 use support::gdb::{GdbRun, Server, gdb_session, run_until, wait_until};
+use support::rsp::{Raw, packet};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -440,80 +440,6 @@ fn missing_program_is_an_error() {
 
 // ---------------------------------------------------------------------------------------
 // Raw protocol against the router (library API, no GDB).
-
-fn packet(body: &str) -> Vec<u8> {
-    let sum = body.bytes().fold(0u8, |a, b| a.wrapping_add(b));
-    format!("${body}#{sum:02x}").into_bytes()
-}
-
-struct Raw {
-    s: TcpStream,
-    buf: Vec<u8>,
-}
-
-impl Raw {
-    fn send(&mut self, bytes: &[u8]) {
-        self.s.write_all(bytes).unwrap();
-    }
-
-    fn byte(&mut self) -> u8 {
-        if self.buf.is_empty() {
-            let mut tmp = [0u8; 4096];
-            let n = self.s.read(&mut tmp).unwrap();
-            assert!(n > 0, "connection closed");
-            self.buf.extend_from_slice(&tmp[..n]);
-        }
-        self.buf.remove(0)
-    }
-
-    /// Reads one packet (skipping acks) and checks its checksum; returns the body.
-    fn reply(&mut self) -> String {
-        while self.byte() != b'$' {}
-        let mut body = Vec::new();
-        loop {
-            let b = self.byte();
-            if b == b'#' {
-                break;
-            }
-            body.push(b);
-        }
-        let cs = [self.byte(), self.byte()];
-        let sum = body.iter().fold(0u8, |a, b| a.wrapping_add(*b));
-        assert_eq!(
-            u8::from_str_radix(std::str::from_utf8(&cs).unwrap(), 16).unwrap(),
-            sum,
-            "bad checksum from server"
-        );
-        // Undo run-length encoding (`X*n`: n - 29 more copies of X).
-        let mut out = Vec::new();
-        let mut i = 0;
-        while i < body.len() {
-            if body[i] == b'*' && i + 1 < body.len() && !out.is_empty() {
-                let prev = *out.last().unwrap();
-                out.extend(std::iter::repeat_n(prev, usize::from(body[i + 1] - 29)));
-                i += 2;
-            } else {
-                out.push(body[i]);
-                i += 1;
-            }
-        }
-        // Undo the binary escape (`}` then byte ^ 0x20).
-        let mut plain = Vec::new();
-        let mut it = out.into_iter();
-        while let Some(b) = it.next() {
-            if b == b'}' {
-                plain.push(it.next().expect("dangling escape") ^ 0x20);
-            } else {
-                plain.push(b);
-            }
-        }
-        String::from_utf8_lossy(&plain).into_owned()
-    }
-
-    fn ack(&mut self) -> u8 {
-        self.byte()
-    }
-}
 
 #[test]
 fn router_intercepts_extends_qsupported_and_survives_bad_packets() {

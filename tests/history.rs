@@ -5,7 +5,7 @@
 mod support;
 
 use ptrewind::flow::{BlockItem, FilteredDecoder, FlowConfig, FlowDecoder, Item};
-use ptrewind::history::{Breakpoints, History, HistoryWorker, IpMatch};
+use ptrewind::history::{BreakpointSet, History, HistoryWorker, IpMatch};
 use ptrewind::image::{Image, Section};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -58,7 +58,7 @@ fn check_filtered(
     addrs: &[u64],
     cfg: FlowConfig,
 ) {
-    let bps = Breakpoints::new(addrs.iter().copied());
+    let bps = BreakpointSet::new(addrs.iter().copied());
     let budget = truth.len() as u64 * 3 / 4;
     let cache_limit = cfg.cache_insn_limit;
     let mut dec = FilteredDecoder::new(FlowDecoder::new(&t.pt, image, cfg));
@@ -195,7 +195,7 @@ fn check_trace(name: &str, samples: usize) {
         let is_bp = |ip: &u64| addrs.contains(ip);
         let expect_prev = truth[..from as usize].iter().rposition(is_bp);
         let expect_next = truth[from as usize..].iter().position(is_bp);
-        let mut bps = Breakpoints::new(addrs.iter().copied());
+        let mut bps = BreakpointSet::new(addrs.iter().copied());
         if round % 2 == 0 {
             h.clear_cache();
         }
@@ -227,7 +227,7 @@ fn check_trace(name: &str, samples: usize) {
     if !truth.contains(&(hot + 1)) {
         h.set_search_threads(4);
         let before = h.stats().parallel_searches;
-        let mut never = Breakpoints::new([hot + 1]);
+        let mut never = BreakpointSet::new([hot + 1]);
         assert_eq!(
             h.rfind_with(&t.pt, &image, truth.len() as u64, &mut never),
             None,

@@ -760,7 +760,7 @@ fn corpus_elfs_load_at_their_vaddrs() {
 
 use ptrewind::flow::{Cpu, Errata, EventKind, FlowConfig, FlowDecoder, FlowErrorKind, Item};
 use ptrewind::image::perf_maps::{PerfSideband, elf_build_id};
-use ptrewind::store::TraceSource;
+use ptrewind::store::TraceStreams;
 use ptrewind::store::perf_data::PerfData;
 
 /// The HASE recordings: perf.data, the directory holding its binary (flat), the binary, and the
@@ -827,7 +827,7 @@ fn hase_perf_mmap_images_match_the_elf_and_the_ground_truth() {
         let bytes = std::fs::read(hase.join(perf_rel)).unwrap();
         let perf = PerfData::parse(&bytes).unwrap();
         let sb = PerfSideband::read(&perf);
-        let source = TraceSource::from_bytes(&bytes).unwrap();
+        let source = TraceStreams::from_bytes(&bytes).unwrap();
         assert_eq!(source.streams.len(), 1, "{perf_rel}");
         let stream = &source.streams[0];
         // The same bytes the flow tests decode (extracted-aux/<stem>.aux.bin).

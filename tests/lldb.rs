@@ -318,6 +318,119 @@ fn lldb_python_pt_commands() {
     );
 }
 
+/// A program whose calls and values say where a reverse command must stop.
+const REV_C: &str = r#"
+#include <stdio.h>
+int add(int a, int b) {
+    int s = a + b; /* ADD */
+    return s;
+}
+int twice(int x) {
+    int y = add(x, x); /* CALL */
+    return y; /* RET */
+}
+int main(void) {
+    int t = 0;
+    t += twice(1); /* FIRST */
+    t += twice(2); /* SECOND */
+    printf("t=%d\n", t); /* PRINT */
+    return t == 6 ? 0 : 1;
+}
+"#;
+
+/// `pt reverse-*` (gdb-scripts/ptrewind_lldb.py) in lldb-19, which has no reverse execution
+/// of its own: raw `bc`/`bs` packets, then LLDB's frame view is refreshed (the way CodeLLDB's
+/// reverse buttons work). GDB is the reference: the same commands in GDB against another
+/// recording of the same program must stop at the same PCs, one after the other; LLDB's
+/// variables at the reverse-continue stops say which call of `add` it reached.
+#[test]
+fn lldb_pt_reverse_commands_stop_where_gdb_does() {
+    if !tools_ready(true) || !have("gdb") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile_source("gcc", dir.path(), "rev", REV_C, &["-g", "-O0"], &[]);
+    // REV_C starts with a newline: line N of the file is element N - 1.
+    let line = |marker: &str| {
+        REV_C
+            .lines()
+            .position(|l| l.contains(marker))
+            .expect("marker")
+            + 1
+    };
+    let steps = [
+        "reverse-stepi",
+        "reverse-next",
+        "reverse-next",
+        "reverse-step",
+        "reverse-step",
+        "reverse-finish",
+        "continue",
+        "break add",
+        "reverse-continue",
+        "reverse-continue",
+        "reverse-finish",
+        "reverse-continue",
+    ];
+    // GDB: the PC after each command.
+    let mut gdb_cmds = vec![format!("break {}", line("PRINT")), "continue".into()];
+    for s in steps {
+        gdb_cmds.push(s.to_string());
+        gdb_cmds.push("printf \"PC %lx\\n\", $pc".into());
+    }
+    let g = support::gdb::gdb_session(record(&exe, &[]), &exe, &gdb_cmds, Duration::from_secs(120));
+    let gdb_pcs = g.tagged("PC");
+    // LLDB: the same commands through `pt`, and LLDB's own registers afterwards.
+    let mut cmds = vec![
+        format!("command script import {}", lldb_script().display()),
+        format!("breakpoint set -l {}", line("PRINT")),
+        "continue".into(),
+    ];
+    for s in steps {
+        cmds.push(match s {
+            "continue" => "continue".into(),
+            "break add" => "breakpoint set -n add".into(),
+            other => format!("pt {other}"),
+        });
+        cmds.push("register read rip".into());
+        if s == "reverse-continue" {
+            cmds.push("frame variable a".into());
+        }
+    }
+    cmds.push("process kill".into());
+    let run = run_lldb(&exe, &[], &cmds);
+    let (out, ctx) = (&run.stdout, &run.ctx);
+    let lldb_pcs: Vec<String> = out
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("rip = 0x"))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(|h| format!("{:x}", u64::from_str_radix(h, 16).unwrap()))
+        .collect();
+    assert_eq!(gdb_pcs.len(), steps.len(), "{}", g.dump());
+    assert_eq!(lldb_pcs.len(), steps.len(), "{ctx}");
+    // All but the last: at the start of the history there is no instruction to step back to
+    // for the refresh, and LLDB keeps its last view (the helper says so, checked below).
+    let n = steps.len() - 1;
+    assert_eq!(
+        lldb_pcs[..n],
+        gdb_pcs[..n],
+        "LLDB and GDB stop apart\n{ctx}\n{}",
+        g.dump()
+    );
+    // The two reverse-continue stops in add: add(2, 2) first, then add(1, 1).
+    let values: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("(int) a = "))
+        .collect();
+    assert_eq!(values[..2], ["2", "1"], "{ctx}");
+    // The last reverse-continue meets the start of the history (GDB: its usual message).
+    g.expect("No more reverse-execution history.");
+    assert!(
+        out.contains("reached the start of the recorded history"),
+        "{ctx}"
+    );
+}
+
 /// LLDB's Intel PT plug-in decodes the live recording (served over jLLDBTrace*) with its own
 /// libipt; the instruction stream must agree with ptrewind's history: same number of
 /// instructions as `pt stats` reports, every branch of `monitor history` present at its
@@ -609,5 +722,185 @@ fn docs_json_snippets_parse() {
             rest = &body[end..];
         }
     }
-    assert_eq!(parsed, 2, "expected the cppdbg and CodeLLDB configurations");
+    assert_eq!(
+        parsed, 3,
+        "expected the cppdbg, CodeLLDB and lldb-dap configurations"
+    );
+}
+
+/// A Debug Adapter Protocol client for `lldb-dap-19` over its stdin/stdout.
+struct Dap {
+    child: std::process::Child,
+    rx: std::sync::mpsc::Receiver<serde_json::Value>,
+    seq: u64,
+    /// Every message received, for failure reports.
+    log: Vec<serde_json::Value>,
+}
+
+impl Dap {
+    fn start() -> Dap {
+        use std::io::BufRead;
+        let mut child = Command::new("lldb-dap-19")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("run lldb-dap-19");
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut r = std::io::BufReader::new(out);
+            loop {
+                let mut len = None;
+                loop {
+                    let mut line = String::new();
+                    if r.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let line = line.trim_end();
+                    if line.is_empty() {
+                        break;
+                    }
+                    if let Some(n) = line.strip_prefix("Content-Length: ") {
+                        len = n.parse::<usize>().ok();
+                    }
+                }
+                let mut body = vec![0; len.expect("Content-Length")];
+                if r.read_exact(&mut body).is_err() {
+                    return;
+                }
+                if tx
+                    .send(serde_json::from_slice(&body).expect("DAP JSON"))
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        });
+        Dap {
+            child,
+            rx,
+            seq: 0,
+            log: Vec::new(),
+        }
+    }
+
+    fn send(&mut self, command: &str, arguments: serde_json::Value) -> u64 {
+        self.seq += 1;
+        let msg = serde_json::json!({
+            "seq": self.seq, "type": "request", "command": command, "arguments": arguments
+        });
+        let body = msg.to_string();
+        let stdin = self.child.stdin.as_mut().unwrap();
+        write!(stdin, "Content-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+        stdin.flush().unwrap();
+        self.seq
+    }
+
+    /// The next message satisfying `pred` (60 s at most).
+    fn wait(&mut self, what: &str, pred: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Ok(m) = self.rx.recv_timeout(left) else {
+                let _ = self.child.kill();
+                panic!("lldb-dap: no {what}; got:\n{:#?}", self.log);
+            };
+            self.log.push(m.clone());
+            if pred(&m) {
+                return m;
+            }
+        }
+    }
+
+    fn response(&mut self, seq: u64) -> serde_json::Value {
+        let m = self.wait(&format!("response to {seq}"), |m| {
+            m["type"] == "response" && m["request_seq"] == seq
+        });
+        assert_eq!(m["success"], true, "request {seq} failed: {m}");
+        m
+    }
+
+    fn event(&mut self, name: &str) -> serde_json::Value {
+        self.wait(name, |m| m["type"] == "event" && m["event"] == name)
+    }
+
+    fn top_line(&mut self, tid: &serde_json::Value) -> u64 {
+        let s = self.send("stackTrace", serde_json::json!({ "threadId": tid }));
+        let r = self.response(s);
+        r["body"]["stackFrames"][0]["line"]
+            .as_u64()
+            .expect("a frame line")
+    }
+}
+
+/// The lldb-dap-19 recipe of docs/vscode.md, run for real: `attach` with `gdb-remote-port`
+/// to `ptrewind record`, a source breakpoint, the stop reported to the client, then
+/// `pt reverse-next` typed in the debug console (a backquote makes it an LLDB command) and
+/// the client's next `stackTrace` shows the earlier line.
+#[test]
+fn lldb_dap_attach_with_gdb_remote_port_and_reverse_next() {
+    if !tools_ready(true) || !have("lldb-dap-19") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile_source("gcc", dir.path(), "rev", REV_C, &["-g", "-O0"], &[]);
+    let line = |marker: &str| REV_C.lines().position(|l| l.contains(marker)).unwrap() + 1;
+    let server = record(&exe, &[]);
+    let mut dap = Dap::start();
+    let s = dap.send(
+        "initialize",
+        serde_json::json!({"adapterID": "lldb", "clientID": "ptrewind-test",
+            "linesStartAt1": true, "columnsStartAt1": true, "pathFormat": "path"}),
+    );
+    dap.response(s);
+    // The configuration docs/lldb.md gives, with the workspace and port filled in.
+    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/lldb.md"))
+        .unwrap();
+    let start = doc
+        .find("```json\n{\n  \"name\": \"ptrewind (lldb-dap)\"")
+        .expect("lldb-dap config in docs/lldb.md")
+        + 8;
+    let end = start + doc[start..].find("```").unwrap();
+    let root = env!("CARGO_MANIFEST_DIR");
+    let text = doc[start..end]
+        .replace("${workspaceFolder}/build/prog", &exe.to_string_lossy())
+        .replace("${workspaceFolder}", root)
+        .replace("2345", &server.port.to_string());
+    let mut config: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(config["type"], "lldb-dap");
+    assert_eq!(config["request"], "attach");
+    let args = config.as_object_mut().unwrap();
+    args.remove("type");
+    args.remove("request");
+    args.remove("name");
+    let s = dap.send("attach", config);
+    dap.response(s);
+    dap.event("initialized");
+    let s = dap.send(
+        "setBreakpoints",
+        serde_json::json!({"source": {"path": dir.path().join("rev.c")},
+            "breakpoints": [{"line": line("PRINT")}]}),
+    );
+    let r = dap.response(s);
+    assert_eq!(r["body"]["breakpoints"][0]["verified"], true, "{r}");
+    let s = dap.send("configurationDone", serde_json::json!({}));
+    dap.response(s);
+    let stop = dap.event("stopped");
+    assert_eq!(stop["body"]["reason"], "breakpoint", "{stop}");
+    let tid = stop["body"]["threadId"].clone();
+    assert_eq!(dap.top_line(&tid), line("PRINT") as u64);
+    let s = dap.send(
+        "evaluate",
+        serde_json::json!({"expression": "`pt reverse-next", "context": "repl"}),
+    );
+    let r = dap.response(s);
+    let text = r["body"]["result"].as_str().unwrap_or_default().to_string();
+    assert!(text.contains("rev.c:"), "{r}");
+    assert_eq!(dap.top_line(&tid), line("SECOND") as u64, "{:#?}", dap.log);
+    let s = dap.send("disconnect", serde_json::json!({"terminateDebuggee": true}));
+    dap.response(s);
+    let _ = wait_until(&mut dap.child, Instant::now() + Duration::from_secs(30));
+    let log = finish(server);
+    assert!(log.contains("killed"), "{log}");
 }

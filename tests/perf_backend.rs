@@ -9,8 +9,8 @@ use std::sync::atomic::Ordering;
 
 use ptrewind::capture::perf::pmu::{ConfigWord, FormatField};
 use ptrewind::capture::perf::{
-    AuxMode, ChannelSink, ConfigError, FilterError, PerfPtBackend, PerfPtConfig, PerfPtError,
-    ProbeRequest, PtOptions, PtUnavailable, StartMode, SysRoot, TraceChunk, TraceSink, filter,
+    AuxMode, AuxSink, ChannelSink, ConfigError, FilterError, PerfPtBackend, PerfPtConfig,
+    PerfPtError, ProbeRequest, PtOptions, PtUnavailable, StartMode, SysRoot, TraceChunk, filter,
     plan, probe, probe_at,
 };
 use ptrewind::ring::aux::{

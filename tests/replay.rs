@@ -520,3 +520,73 @@ fn replay_refuses_incomplete_inputs() {
     assert!(!out.status.success(), "{text}");
     assert!(text.contains("manifest.json"), "{text}");
 }
+
+/// The lines of `text` that start with `prefix`, up to the next line that does not.
+fn block<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
+    text.lines()
+        .skip_while(|l| !l.starts_with(prefix))
+        .take_while(|l| l.starts_with(prefix))
+        .collect()
+}
+
+/// A saved recording of a PIE, dynamically linked program (Debian's gcc default; the example
+/// `recursion.c`) replays with the view of the live session at the moment it was saved: the
+/// same shared libraries (the saved loader list), the same backtrace (the saved auxv places the
+/// executable, the saved stack unwinds), and breakpoints relocated to the same run-time address,
+/// which reverse-continue reaches. Before, GDB saw `_start () from ld-linux-x86-64.so.2`,
+/// unrelocated breakpoints and no frames.
+#[test]
+fn replay_of_a_saved_pie_recording_shows_the_live_view() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("replay-saved-pie");
+    let _ = std::fs::remove_dir_all(&dir);
+    let program = recursion();
+    let view = |tag: &str| -> Vec<String> {
+        vec![
+            format!("echo {tag}-LIBS\\n"),
+            "info sharedlibrary".into(),
+            format!("echo {tag}-BT\\n"),
+            "bt".into(),
+            format!("echo {tag}-END\\n"),
+        ]
+    };
+    let mut cmds: Vec<String> = vec!["break factorial".into(), "continue".into()];
+    cmds.push("continue".into());
+    cmds.extend(view("LIVE"));
+    cmds.push(format!("monitor save {}", dir.display()));
+    let live = gdb_session(record(&[], program), program, &cmds, TIMEOUT);
+    let mut cmds = view("REPLAY");
+    cmds.push("break factorial".into());
+    cmds.push("echo RC\\n".into());
+    cmds.push("reverse-continue".into());
+    let r = gdb_session(replay(&[dir.as_os_str()]), program, &cmds, TIMEOUT);
+    let section = |run: &GdbRun, tag: &str, from: &str, to: &str| -> String {
+        let text = run.after(&format!("{tag}-{from}"));
+        let end = text.find(&format!("{tag}-{to}")).unwrap_or(text.len());
+        text[..end].to_string()
+    };
+    let live_libs = section(&live, "LIVE", "LIBS", "BT");
+    let replay_libs = section(&r, "REPLAY", "LIBS", "BT");
+    assert!(live_libs.contains("libc.so.6"), "{}", live.dump());
+    assert_eq!(
+        block(&replay_libs, "0x"),
+        block(&live_libs, "0x"),
+        "{}",
+        r.dump()
+    );
+    let live_bt = section(&live, "LIVE", "BT", "END");
+    let replay_bt = section(&r, "REPLAY", "BT", "END");
+    assert!(block(&live_bt, "#").len() >= 3, "{}", live.dump());
+    assert_eq!(block(&replay_bt, "#"), block(&live_bt, "#"), "{}", r.dump());
+    // The breakpoint at the live session's run-time address, reached backwards.
+    let bp = |run: &GdbRun| -> String {
+        run.gdb
+            .lines()
+            .find_map(|l| l.strip_prefix("Breakpoint 1 at "))
+            .and_then(|l| l.split(':').next())
+            .unwrap_or_else(|| panic!("no breakpoint line\n{}", run.dump()))
+            .to_string()
+    };
+    assert_eq!(bp(&r), bp(&live), "{}", r.dump());
+    assert!(r.after("RC").contains("Breakpoint 1, "), "{}", r.dump());
+    assert!(!r.gdb.contains("_start () from"), "{}", r.dump());
+}

@@ -755,6 +755,52 @@ fn attach_records_from_the_attach_point_and_detaches() {
     assert!(status.contains("TracerPid:\t0\n"), "{status}");
 }
 
+/// Attach, set a write watchpoint at once, run to `tick`, then reverse-continue: no write to
+/// the counter was recorded before, so GDB meets the start of the history with its usual
+/// message. The first recorded instruction is the kernel's `restart_syscall` of the
+/// `clock_nanosleep` the attach interrupted; the state log knows it writes what
+/// `clock_nanosleep` writes (before, the search stopped there with a SIGTRAP: "system call
+/// 219 ... not all recorded").
+#[test]
+fn attach_watch_reverse_continue_reaches_the_start_of_history() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("reverse-attach-watch");
+    std::fs::create_dir_all(&dir).unwrap();
+    let program = build_example(&dir, "attachme", &[]);
+    let mut victim = std::process::Command::new(&program)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = victim.id();
+    std::thread::sleep(Duration::from_millis(100));
+    let server =
+        Server::spawn(ptrewind().args(["attach", "--listen", "127.0.0.1:0", &pid.to_string()]));
+    let r = gdb_session(
+        server,
+        &program,
+        &[
+            "watch counter",
+            "break tick",
+            "continue",
+            "echo REVERSE\\n",
+            "reverse-continue",
+            "monitor where",
+            "detach",
+        ],
+        TIMEOUT,
+    );
+    let _ = victim.kill();
+    let _ = victim.wait();
+    let after = r.after("REVERSE");
+    assert!(
+        after.contains("No more reverse-execution history."),
+        "{}",
+        r.dump()
+    );
+    assert!(!after.contains("SIGTRAP"), "{}", r.dump());
+    assert!(!r.gdb.contains("not all recorded"), "{}", r.dump());
+    assert!(r.gdb.contains("instruction 0 of"), "{}", r.dump());
+}
+
 // ---- Native write watchpoints (Z2) from the state log ----
 
 /// `examples/c/watch.c` (once per test run).

@@ -98,6 +98,12 @@ pub trait LiveBackend {
     /// against; `None` when it cannot count them (hardware: only the trace knows).
     fn recorded(&self) -> Option<u64>;
 
+    /// A counter of the instructions executed under the backend's control, readable from
+    /// another thread while the process runs (progress displays); `None` if it has none.
+    fn step_counter(&self) -> Option<std::sync::Arc<std::sync::atomic::AtomicU64>> {
+        None
+    }
+
     /// Registers and overwritten memory of every recorded instruction, if the backend keeps
     /// them (the software backend's state log). Without it, the past is served PC-only.
     fn recorded_state(&self) -> Option<&dyn RecordedState> {

@@ -21,6 +21,10 @@ pub struct AttachArgs {
     /// Do not record: serve forward debugging only (the process runs at full speed).
     #[arg(long)]
     no_record: bool,
+    /// End when the debugger's connection closes (detaching from the process). By default the
+    /// process and its recording are kept, stopped, for a debugger to connect again.
+    #[arg(long)]
+    once: bool,
     /// The process to attach to (its main thread is debugged; other threads keep running).
     pid: i32,
 }
@@ -31,7 +35,7 @@ pub fn run(args: AttachArgs) -> CmdResult {
     let listener = bind(args.listen)?;
     let target = PtraceTarget::attach(args.pid)?;
     if args.no_record {
-        return serve(target, listener, Served::Attached, "".as_ref());
+        return serve(target, listener, Served::Attached, "".as_ref(), args.once);
     }
     // Recording starts at the attach stop (which may be inside an interrupted system call:
     // the recorder records its restart as the `syscall` instruction executing again).
@@ -46,5 +50,5 @@ pub fn run(args: AttachArgs) -> CmdResult {
         SoftRecorder::new(target, config).map_err(|e| format!("cannot start recording: {e}"))?;
     recorder.record_on();
     let target = super::record::soft_recording(recorder)?;
-    serve_recording(target, listener, Served::Attached, "".as_ref())
+    serve_recording(target, listener, Served::Attached, "".as_ref(), args.once)
 }

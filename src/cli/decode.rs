@@ -10,6 +10,13 @@
 //! * `calls`: the function-call history as an indented tree (like GDB's
 //!   `record function-call-history`).
 //! * `json`: one JSON object per line (`{"ip":…}` or `{"event":…}`).
+//! * `ips-bin`: for tools: every executed instruction address as a little-endian u64 (8 bytes
+//!   per instruction, nothing else: no events, no header). Errors still go to stderr as
+//!   `[error: …]` lines and set exit status 2.
+//!
+//! Output is formatted by hand into a 256 KiB buffer (`super::output`), and start-up does only
+//! what the format needs: symbol tables are read for `insn` and `calls` only, the disassembler
+//! is set up for `insn` only.
 //!
 //! Code images: `--raw` and `--elf` as in ptxed; with `--perf`, also the perf.data file's own
 //! `MMAP`/`MMAP2` records (see `ptrewind::image::perf_maps`): each AUX stream gets the mappings of
@@ -28,9 +35,13 @@
 //! (per-CPU recording) is decoded stream by stream, each introduced by `[stream cpuN]`.
 //!
 //! Exit status: 0 when the decode reported no error event, 2 when it did (the output is still
-//! complete: errors are lines in the stream), 1 when the inputs could not be read.
+//! complete: errors are lines in the stream) or when the perf.data is damaged (cut short,
+//! malformed records: what could be read is decoded, the damage is said on stderr), and 2 with
+//! only a message when the inputs cannot be used (unreadable, empty, a device, no Intel PT data,
+//! no PSB).
 
 use super::CmdResult;
+use super::output::Out;
 use ptrewind::flow::{
     BlockItem, Cpu, Errata, Event, EventKind, FlowConfig, FlowDecoder, InsnClass,
 };
@@ -43,6 +54,7 @@ use ptrewind::store::TraceFile;
 use ptrewind::store::perf_data::PerfData;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{IsTerminal, Write};
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -60,6 +72,15 @@ pub enum Format {
     Calls,
     /// One JSON object per line.
     Json,
+    /// Every instruction address as a little-endian u64, nothing else (for tools).
+    IpsBin,
+}
+
+impl Format {
+    /// Whether the format prints symbols (only then are symbol tables read).
+    fn needs_symbols(self) -> bool {
+        matches!(self, Format::Insn | Format::Calls)
+    }
 }
 
 /// The code-image options `decode` and `replay` share.
@@ -123,7 +144,7 @@ pub struct DecodeArgs {
     stats: bool,
 }
 
-fn parse_range(s: &str) -> Result<(u64, u64), String> {
+pub(crate) fn parse_range(s: &str) -> Result<(u64, u64), String> {
     let num = |p: &str| ptrewind::image::parse_number(p).ok_or(format!("bad address {p:?}"));
     let (from, to) = s
         .split_once('-')
@@ -137,12 +158,7 @@ fn parse_range(s: &str) -> Result<(u64, u64), String> {
 
 /// Runs `ptrewind decode`.
 pub fn run(args: DecodeArgs) -> CmdResult {
-    let mode = match args.bits {
-        16 => ExecMode::Bits16,
-        32 => ExecMode::Bits32,
-        64 => ExecMode::Bits64,
-        b => return Err(format!("--bits {b}: expected 16, 32 or 64").into()),
-    };
+    let mode = exec_mode(args.bits)?;
     // The images given on the command line: mapped after (over) the perf.data mappings.
     let (given, given_elfs) = given_images(&args.image)?;
     if let Some(dir) = &args.qemu {
@@ -154,6 +170,13 @@ pub fn run(args: DecodeArgs) -> CmdResult {
     };
     let file = TraceFile::open(&path)?;
     let source = file.source()?;
+    if args.perf.is_some() {
+        super::input::require_perf_data(&path, &source)?;
+    }
+    super::input::require_trace(&path, &source)?;
+    // A damaged perf.data (cut short, malformed records) is decoded as far as it goes, said on
+    // stderr, and makes the exit status 2.
+    let damaged = super::input::report_perf_damage(&path, &source);
     let perf = match source.format {
         ptrewind::store::SourceFormat::PerfData { .. } => Some(PerfData::parse(file.bytes())?),
         ptrewind::store::SourceFormat::RawPt => None,
@@ -162,35 +185,10 @@ pub fn run(args: DecodeArgs) -> CmdResult {
         Some(p) if !args.image.no_mmaps => Some(PerfSideband::read(p)),
         _ => None,
     };
-    // The CPU: --cpu, else the perf.data header; unknown means no errata, as in libipt.
-    let (cpu, cpu_from) = match (args.cpu, perf.as_ref().and_then(|p| p.cpuid())) {
-        (Some(c), _) => (Some(c), "--cpu".to_string()),
-        (None, Some(id)) => match Cpu::from_perf_cpuid(id) {
-            Ok(c) => (Some(c), format!("perf.data header {id:?}")),
-            Err(e) => {
-                eprintln!("ptrewind: {e}; no erratum workarounds");
-                (None, String::new())
-            }
-        },
-        (None, None) => (None, String::new()),
-    };
-    let errata = cpu.as_ref().map(Errata::for_cpu).unwrap_or_default();
-    let mut cfg = FlowConfig {
-        default_mode: mode,
-        errata,
-        ip_filter: args.ip_filter.clone(),
-        ..FlowConfig::default()
-    };
-    if let Some(info) = source.perf.as_ref().and_then(|p| p.intel_pt) {
-        if let (Some(n), Some(d)) = (info.tsc_ctc_ratio_n, info.tsc_ctc_ratio_d) {
-            cfg.timing.ctc_ratio = (n as u32, d as u32);
-        }
-        if let Some(m) = info.max_non_turbo_ratio {
-            cfg.timing.max_nonturbo_ratio = m as u8;
-        }
-    }
+    let (cpu, cpu_from, cfg) = flow_setup(args.cpu, perf.as_ref(), &source, mode, &args.ip_filter);
+    let errata = cfg.errata;
     let stdout = std::io::stdout();
-    let mut out = std::io::BufWriter::with_capacity(1 << 16, stdout.lock());
+    let mut out = stdout_out(stdout.lock());
     if args.stats {
         let names = errata.names();
         match cpu {
@@ -213,34 +211,17 @@ pub fn run(args: DecodeArgs) -> CmdResult {
     let many = source.streams.len() > 1;
     let mut errors = 0u64;
     for stream in &source.streams {
-        let pid = match &sideband {
-            Some(sb) => args
-                .image
-                .pid
-                .or_else(|| sb.pid_for_stream(stream.cpu, stream.tid)),
-            None => None,
-        };
-        if let (Some(sb), None) = (&sideband, pid) {
-            let mut pids: Vec<u32> = sb
-                .mmaps
-                .iter()
-                .filter(|m| m.pid != 0 && m.pid != u32::MAX)
-                .map(|m| m.pid)
-                .collect();
-            pids.sort_unstable();
-            pids.dedup();
-            if pids.len() > 1 {
-                eprintln!(
-                    "ptrewind: stream {}: the traced process is not known; using the mappings of \
-                     all {} processes (later ones win where they overlap); choose one with --pid",
-                    stream.label,
-                    pids.len()
-                );
-            }
-        }
+        let pid = stream_pid(&args.image, sideband.as_ref(), stream);
         if let std::collections::hash_map::Entry::Vacant(slot) = images.entry(pid) {
-            let (image, syms, missing) =
-                build_image(&args.image, sideband.as_ref(), pid, &given, &given_elfs)?;
+            let symbols = args.format.needs_symbols() && !args.stats;
+            let (image, syms, missing) = build_image_with(
+                &args.image,
+                sideband.as_ref(),
+                pid,
+                &given,
+                &given_elfs,
+                symbols,
+            )?;
             any_missing |= report_missing(&missing, pid, sideband.as_ref(), &mut reported);
             if args.stats {
                 writeln!(
@@ -255,7 +236,7 @@ pub fn run(args: DecodeArgs) -> CmdResult {
             slot.insert((image, syms));
         }
         let (image, syms) = &images[&pid];
-        if many && !args.stats {
+        if many && !args.stats && args.format != Format::IpsBin {
             writeln!(out, "[stream {}]", stream.label)?;
         }
         let r = decode_stream(&stream.data, image, syms, cfg.clone(), &args, &mut out);
@@ -278,11 +259,128 @@ pub fn run(args: DecodeArgs) -> CmdResult {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(ExitCode::SUCCESS),
         r => r?,
     }
-    Ok(if errors > 0 {
+    Ok(if errors > 0 || damaged {
         ExitCode::from(2)
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// `decode`'s output. Our own buffer does the batching: the writes go to a duplicate of the
+/// stdout descriptor, past std's line-buffered `Stdout`, which would scan every 256 KiB chunk
+/// for its last newline (the whole chunk for `ips-bin`). Nothing else writes to stdout
+/// meanwhile.
+fn stdout_out(lock: std::io::StdoutLock<'_>) -> Out<Sink<'_>> {
+    match lock.as_fd().try_clone_to_owned() {
+        Ok(fd) => Out::new(Sink::File(std::fs::File::from(fd))),
+        Err(_) => Out::new(Sink::Std(lock)),
+    }
+}
+
+/// Where `decode` writes: a duplicate of the stdout descriptor, or `Stdout` itself if that
+/// could not be made.
+enum Sink<'a> {
+    File(std::fs::File),
+    Std(std::io::StdoutLock<'a>),
+}
+
+impl Write for Sink<'_> {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Sink::File(f) => f.write(b),
+            Sink::Std(s) => s.write(b),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Sink::File(f) => f.flush(),
+            Sink::Std(s) => s.flush(),
+        }
+    }
+}
+
+/// The CPU (`cpu`, else the perf.data header; unknown means no errata, as in libipt), where it
+/// came from, and the flow configuration for a trace: errata, IP filter, initial mode, and the
+/// timing parameters of a perf.data recording. Shared by `decode` and `view`.
+pub(crate) fn flow_setup(
+    cpu: Option<Cpu>,
+    perf: Option<&PerfData>,
+    source: &ptrewind::store::TraceStreams<'_>,
+    mode: ExecMode,
+    ip_filter: &[(u64, u64)],
+) -> (Option<Cpu>, String, FlowConfig) {
+    let (cpu, cpu_from) = match (cpu, perf.and_then(|p| p.cpuid())) {
+        (Some(c), _) => (Some(c), "--cpu".to_string()),
+        (None, Some(id)) => match Cpu::from_perf_cpuid(id) {
+            Ok(c) => (Some(c), format!("perf.data header {id:?}")),
+            Err(e) => {
+                eprintln!("ptrewind: {e}; no erratum workarounds");
+                (None, String::new())
+            }
+        },
+        (None, None) => (None, String::new()),
+    };
+    let errata = cpu.as_ref().map(Errata::for_cpu).unwrap_or_default();
+    let mut cfg = FlowConfig {
+        default_mode: mode,
+        errata,
+        ip_filter: ip_filter.to_vec(),
+        ..FlowConfig::default()
+    };
+    if let Some(info) = source.perf.as_ref().and_then(|p| p.intel_pt) {
+        if let (Some(n), Some(d)) = (info.tsc_ctc_ratio_n, info.tsc_ctc_ratio_d) {
+            cfg.timing.ctc_ratio = (n as u32, d as u32);
+        }
+        if let Some(m) = info.max_non_turbo_ratio {
+            cfg.timing.max_nonturbo_ratio = m as u8;
+        }
+    }
+    (cpu, cpu_from, cfg)
+}
+
+/// The execution mode of `--bits`.
+pub(crate) fn exec_mode(bits: u32) -> Result<ExecMode, String> {
+    match bits {
+        16 => Ok(ExecMode::Bits16),
+        32 => Ok(ExecMode::Bits32),
+        64 => Ok(ExecMode::Bits64),
+        b => Err(format!("--bits {b}: expected 16, 32 or 64")),
+    }
+}
+
+/// The process whose mappings give `stream`'s code: `--pid`, else the process the stream traced
+/// (its ITRACE_START records); `None` (all processes) with a warning when that is ambiguous.
+pub(crate) fn stream_pid(
+    args: &ImageArgs,
+    sideband: Option<&PerfSideband>,
+    stream: &ptrewind::store::TraceStream<'_>,
+) -> Option<u32> {
+    let pid = match sideband {
+        Some(sb) => args
+            .pid
+            .or_else(|| sb.pid_for_stream(stream.cpu, stream.tid)),
+        None => None,
+    };
+    if let (Some(sb), None) = (sideband, pid) {
+        let mut pids: Vec<u32> = sb
+            .mmaps
+            .iter()
+            .filter(|m| m.pid != 0 && m.pid != u32::MAX)
+            .map(|m| m.pid)
+            .collect();
+        pids.sort_unstable();
+        pids.dedup();
+        if pids.len() > 1 {
+            eprintln!(
+                "ptrewind: stream {}: the traced process is not known; using the mappings of \
+                 all {} processes (later ones win where they overlap); choose one with --pid",
+                stream.label,
+                pids.len()
+            );
+        }
+    }
+    pid
 }
 
 /// `decode --qemu DIR`: each thread of a QEMU recording, `[thread PID/TID]` before each.
@@ -310,7 +408,7 @@ fn decode_qemu(
         ..FlowConfig::default()
     };
     let stdout = std::io::stdout();
-    let mut out = std::io::BufWriter::with_capacity(1 << 16, stdout.lock());
+    let mut out = stdout_out(stdout.lock());
     let mut errors = 0;
     for t in &recorded.threads {
         if !args.stats {
@@ -363,6 +461,19 @@ pub(crate) fn build_image(
     given: &[Section],
     given_elfs: &[LoadedElf],
 ) -> Result<(Image, Symbolizer, Vec<MissingImage>), ptrewind::image::ImageError> {
+    build_image_with(args, sideband, pid, given, given_elfs, true)
+}
+
+/// [`build_image`], reading the ELF symbol tables only when `symbols` is set (an empty
+/// [`Symbolizer`] otherwise: formats that print no symbols skip that start-up cost).
+pub(crate) fn build_image_with(
+    args: &ImageArgs,
+    sideband: Option<&PerfSideband>,
+    pid: Option<u32>,
+    given: &[Section],
+    given_elfs: &[LoadedElf],
+    symbols: bool,
+) -> Result<(Image, Symbolizer, Vec<MissingImage>), ptrewind::image::ImageError> {
     let mut syms = Symbolizer::new();
     let (mut image, missing) = match sideband {
         Some(sb) => {
@@ -374,7 +485,7 @@ pub(crate) fn build_image(
                 ..MmapOptions::default()
             };
             let m = Image::from_mmaps(&sb.mmaps, &opts);
-            for elf in &m.elfs {
+            for elf in m.elfs.iter().filter(|_| symbols) {
                 // Symbols are a convenience: an ELF without a usable symbol table still decodes.
                 let _ = syms.add_elf(elf);
             }
@@ -385,7 +496,7 @@ pub(crate) fn build_image(
     for s in given {
         image.add(s.clone())?;
     }
-    for elf in given_elfs {
+    for elf in given_elfs.iter().filter(|_| symbols) {
         let _ = syms.add_elf(elf);
     }
     Ok((image, syms, missing))
@@ -514,13 +625,13 @@ fn sym_of(syms: &Symbolizer, ip: u64) -> String {
     }
 }
 
-fn decode_stream(
+fn decode_stream<W: Write>(
     pt: &[u8],
     image: &Image,
     syms: &Symbolizer,
     cfg: FlowConfig,
     args: &DecodeArgs,
-    out: &mut impl Write,
+    out: &mut Out<W>,
 ) -> std::io::Result<u64> {
     let started = Instant::now();
     let mut dec = FlowDecoder::new(pt, image, cfg);
@@ -539,8 +650,9 @@ fn decode_stream(
         pending: true,
         seq: 0,
     };
-    let mut formatter = iced_x86::IntelFormatter::new();
-    let mut text = String::new();
+    // Only `insn` disassembles: its formatter (whose tables take a while to set up) and the
+    // per-instruction text cache are made on first use.
+    let mut insn_text: Option<InsnText> = None;
     let mut n = 0u64;
     loop {
         if let Some(b) = &bar {
@@ -569,50 +681,27 @@ fn decode_stream(
                         calls.pending = true;
                     }
                 }
+                // The binary format carries addresses only; an error must still be seen.
+                Format::IpsBin => {
+                    if matches!(e.kind, EventKind::Error { .. }) {
+                        eprintln!("{}", event_line(&e));
+                    }
+                }
                 _ => writeln!(out, "{}", event_line(&e))?,
             },
             BlockItem::Block(b) => match args.format {
-                Format::Ips => {
-                    for i in b.insns() {
-                        writeln!(out, "{:#x}", i.ip)?;
-                    }
-                }
-                Format::Blocks => writeln!(
-                    out,
-                    "{:#x}..{:#x} {} {}",
-                    b.start,
-                    b.end,
-                    b.count,
-                    b.class.name()
-                )?,
+                Format::Ips => out.ip_lines(b.start, b.lens())?,
+                Format::IpsBin => out.ip_bins(b.start, b.lens())?,
+                Format::Blocks => out.block_line(b.start, b.end, b.count, b.class.name())?,
                 Format::Json => {
                     for i in b.insns() {
-                        writeln!(
-                            out,
-                            "{}",
-                            serde_json::json!({
-                                "ip": format!("{:#x}", i.ip),
-                                "len": i.len,
-                                "class": i.class.name(),
-                                "time": i.time,
-                            })
-                        )?;
+                        out.json_insn(i.ip, i.len, i.class.name(), i.time)?;
                     }
                 }
                 Format::Insn => {
+                    let text = insn_text.get_or_insert_with(InsnText::new);
                     for i in b.insns() {
-                        let mut bytes = [0u8; 16];
-                        let got = image.read(i.ip, &mut bytes[..i.len as usize]);
-                        let mut d = iced_x86::Decoder::with_ip(
-                            ptrewind_bits(i.mode),
-                            &bytes[..got],
-                            i.ip,
-                            iced_x86::DecoderOptions::NONE,
-                        );
-                        let ins = d.decode();
-                        text.clear();
-                        iced_x86::Formatter::format(&mut formatter, &ins, &mut text);
-                        writeln!(out, "{:#018x}  {:<32} {}", i.ip, sym_of(syms, i.ip), text)?;
+                        out.padded_ip_and(i.ip, text.rest_of_line(image, syms, &i))?;
                     }
                 }
                 Format::Calls => {
@@ -663,6 +752,57 @@ fn decode_stream(
         )?;
     }
     Ok(s.errors)
+}
+
+/// The `insn` format's text after the address, per instruction: disassembling and looking up
+/// the symbol again for every execution of a hot loop would cost far more than decoding it.
+struct InsnText {
+    formatter: iced_x86::IntelFormatter,
+    /// (ip, length, mode) -> "  symbol+off<pad> disassembly\n".
+    cache: HashMap<(u64, u8, u8), Box<[u8]>>,
+    text: String,
+}
+
+impl InsnText {
+    /// Entries kept before the cache is cleared (bounds memory on huge code footprints).
+    const LIMIT: usize = 1 << 20;
+
+    fn new() -> Self {
+        InsnText {
+            formatter: iced_x86::IntelFormatter::new(),
+            cache: HashMap::new(),
+            text: String::new(),
+        }
+    }
+
+    fn rest_of_line(
+        &mut self,
+        image: &Image,
+        syms: &Symbolizer,
+        i: &ptrewind::flow::Insn,
+    ) -> &[u8] {
+        let key = (i.ip, i.len, mode_bits(i.mode) as u8);
+        if !self.cache.contains_key(&key) {
+            if self.cache.len() >= Self::LIMIT {
+                self.cache.clear();
+            }
+            let mut bytes = [0u8; 16];
+            let len = (i.len as usize).min(bytes.len());
+            let got = image.read(i.ip, &mut bytes[..len]);
+            let mut d = iced_x86::Decoder::with_ip(
+                ptrewind_bits(i.mode),
+                &bytes[..got],
+                i.ip,
+                iced_x86::DecoderOptions::NONE,
+            );
+            let ins = d.decode();
+            self.text.clear();
+            iced_x86::Formatter::format(&mut self.formatter, &ins, &mut self.text);
+            let line = format!("  {:<32} {}\n", sym_of(syms, i.ip), self.text);
+            self.cache.insert(key, line.into_bytes().into_boxed_slice());
+        }
+        self.cache.get(&key).map(|b| &b[..]).unwrap_or(b"\n")
+    }
 }
 
 /// The function name at `ip` (without offset), for the call tree.

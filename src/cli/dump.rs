@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use ptrewind::packet::{IpCompression, IpPayload, LastIp, Packet, PacketDecoder, PacketError};
-use ptrewind::store::perf_data::{DataLoss, LossKind};
-use ptrewind::store::{SourceFormat, TraceFile, TraceSource, TraceStream};
+use ptrewind::store::perf_data::DataLoss;
+use ptrewind::store::{SourceFormat, TraceFile, TraceStream, TraceStreams};
 
 use super::CmdResult;
 
@@ -71,7 +71,9 @@ EXIT STATUS
   0  every stream decoded without an invalid packet and without data loss (a truncated last
      packet alone is not an error)
   1  invalid packets, data loss, or a damaged perf.data (records after the damage are ignored)
-  2  hard error: the file cannot be read, is not a usable perf.data, or --stream names no stream";
+  2  hard error: the file cannot be read, is empty, a device or too large a pipe (the limit is
+     1 GiB; regular files are mapped and have none), is not a usable perf.data, holds no Intel
+     PT data, or --stream names no stream";
 
 /// Per-stream counters.
 #[derive(Debug, Default, Clone)]
@@ -282,7 +284,7 @@ fn dump_stream(
         eprintln!(
             "ptrewind: {prefix}data loss ({}) flagged by the perf record at file offset {:#x}; \
              its position in the stream is unknown",
-            loss_name(&loss.kind),
+            super::input::loss_name(&loss.kind),
             loss.record_offset
         );
     }
@@ -318,7 +320,7 @@ fn dump_stream(
             eprintln!(
                 "ptrewind: {prefix}data loss ({}) at {} (perf record at file offset {:#x}); \
                  decoding resumes at the next PSB",
-                loss_name(&loss.kind),
+                super::input::loss_name(&loss.kind),
                 place(stream, at),
                 loss.record_offset
             );
@@ -442,55 +444,25 @@ fn resync(
     }
 }
 
-fn loss_name(kind: &LossKind) -> String {
-    match kind {
-        LossKind::Gap { bytes } => format!("AUX gap of {bytes} bytes"),
-        LossKind::Overlap { bytes } => format!("AUX overlap of {bytes} bytes"),
-        LossKind::Truncated => "AUX TRUNCATED".to_string(),
-        LossKind::Partial => "AUX PARTIAL".to_string(),
-    }
-}
-
 /// Runs `ptrewind dump`.
 pub fn run(args: DumpArgs) -> CmdResult {
     let file = if args.file.as_os_str() == "-" {
-        TraceFile::from_reader("-", io::stdin().lock())?
+        TraceFile::stdin()?
     } else {
         TraceFile::open(&args.file)?
     };
-    let source = TraceSource::from_bytes(file.bytes())
+    let source = TraceStreams::from_bytes(file.bytes())
         .map_err(|e| format!("{}: {e}", args.file.display()))?;
-    let mut damaged = false;
-
-    if let Some(perf) = &source.perf {
-        for err in &perf.malformed {
-            eprintln!("ptrewind: {}: {err} (record skipped)", args.file.display());
-            damaged = true;
+    let mut damaged = super::input::report_perf_damage(&args.file, &source);
+    // Nothing to list in an intact file is a hard error (2); in a damaged one it is the damage
+    // (1). A trace without a PSB is still listed from offset 0 (that is what a damaged trace
+    // looks like), but never passes as clean.
+    if let Err(e) = super::input::require_trace(&args.file, &source) {
+        if source.streams.is_empty() && !damaged {
+            return Err(e.into());
         }
-        if let Some(err) = &perf.error {
-            eprintln!(
-                "ptrewind: {}: {err}; the records after it are ignored",
-                args.file.display()
-            );
-            damaged = true;
-        }
-        if perf.unknown_records > 0 {
-            eprintln!(
-                "ptrewind: {} record(s) of types not decoded by ptrewind were skipped",
-                perf.unknown_records
-            );
-        }
-        for loss in &perf.unattributed_losses {
-            eprintln!(
-                "ptrewind: data loss ({}) flagged by the perf record at file offset {:#x} matches no stream",
-                loss_name(&loss.kind),
-                loss.record_offset
-            );
-            damaged = true;
-        }
-        if source.streams.is_empty() {
-            eprintln!("ptrewind: {}: no AUXTRACE data", args.file.display());
-        }
+        eprintln!("ptrewind: {e}");
+        damaged = true;
     }
 
     let streams: Vec<&TraceStream<'_>> = match &args.stream {

@@ -6,9 +6,12 @@ use std::process::ExitCode;
 pub mod attach;
 pub mod decode;
 pub mod dump;
+mod input;
+mod output;
 pub mod record;
 pub mod record_qemu;
 pub mod replay;
+pub mod view;
 
 /// The result type of a subcommand: an exit code, or an error printed by `main`.
 pub type CmdResult = Result<ExitCode, Box<dyn std::error::Error + Send + Sync>>;
@@ -37,6 +40,8 @@ enum Command {
     /// Serve a saved recording or a trace file to GDB/LLDB with reverse execution (no live
     /// process; registers and memory in the past as far as they are known).
     Replay(replay::ReplayArgs),
+    /// Write a flame graph (SVG) and a call timeline (Chrome/Perfetto JSON) of a recording.
+    View(view::ViewArgs),
 }
 
 /// Runs the parsed command line.
@@ -48,5 +53,6 @@ pub fn run(cli: Cli) -> CmdResult {
         Command::Attach(args) => attach::run(args),
         Command::Gdb(args) => record::run_gdb(args),
         Command::Replay(args) => replay::run(args),
+        Command::View(args) => view::run(args),
     }
 }

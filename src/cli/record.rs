@@ -8,13 +8,15 @@ use ptrewind::capture::soft::recorder::run_to_breakpoint;
 use ptrewind::capture::soft::{
     RecordFrom, RecorderConfig, RingConfig, SoftCapture, SoftRecorder, StepMode, procmaps,
 };
-use ptrewind::server::btrace::{CpuVendor, PtCpu, TraceStoreProvider};
+use ptrewind::server::btrace::{PtCpu, TraceStoreProvider};
 use ptrewind::server::{
-    RecordingTarget, Router, ServeOutcome, Session, check_listen_addr, register_monitors, tracing,
+    OnDisconnect, RecordingTarget, Router, ServeOutcome, Session, check_listen_addr,
+    register_monitors, tracing,
 };
 use ptrewind::target::{PtraceTarget, SpawnOptions};
 use ptrewind::timeline::Timeline;
 use std::ffi::OsString;
+use std::io::IsTerminal;
 use std::net::{SocketAddr, TcpListener};
 use std::process::ExitCode;
 
@@ -94,6 +96,11 @@ pub struct RecordArgs {
     /// Keep address-space randomisation enabled in the program (GDB disables it by default).
     #[arg(long)]
     keep_aslr: bool,
+    /// End when the debugger's connection closes (the program is killed). By default the
+    /// program and its recording are kept, stopped, and ptrewind waits for a debugger to
+    /// connect again (like gdbserver without --once). `ptrewind gdb` always ends with its GDB.
+    #[arg(long)]
+    pub(crate) once: bool,
     /// QEMU backend: the plugin (default: libptrewind_qemu_plugin.so beside this program or in
     /// its Cargo target directory).
     #[arg(long, value_name = "PATH")]
@@ -197,35 +204,27 @@ fn choose_backend(backend: Backend) -> Result<Chosen, ExitCode> {
     }
 }
 
-/// The CPU this process runs on (for decoders of a hardware trace).
-fn host_cpu() -> PtCpu {
-    let c = ptrewind::capture::perf::host_cpu();
-    PtCpu {
-        vendor: if c.vendor == ptrewind::flow::CpuVendor::Intel {
-            CpuVendor::Intel
-        } else {
-            CpuVendor::Unknown
-        },
-        family: c.family,
-        model: c.model,
-        stepping: c.stepping,
-    }
-}
-
 /// Runs `ptrewind record`.
 pub fn run(args: RecordArgs) -> CmdResult {
-    let (target, listener, served) = match start_recording(&args)? {
+    let (target, listener, served) = match start_recording(&args, false)? {
         Ok(v) => v,
         Err(code) => return Ok(code),
     };
     let program = args.command[0].clone();
-    serve_recording(target, listener, served, &program)
+    serve_recording(target, listener, served, &program, args.once)
 }
 
 /// Starts the program and its recording and binds the listener; `Err(code)` when the command
-/// must end with that exit code (the message was printed).
-pub(crate) fn start_recording(args: &RecordArgs) -> Started {
+/// must end with that exit code (the message was printed). `shared_terminal`: the program
+/// shares its terminal with the debugger (`ptrewind gdb`): the terminal's Ctrl-C is left to the
+/// debugger (see [`SpawnOptions::drop_terminal_interrupts`]).
+pub(crate) fn start_recording(args: &RecordArgs, shared_terminal: bool) -> Started {
     check_listen_addr(args.listen, args.allow_remote)?;
+    if let Some(program) = args.command.first()
+        && let Some(note) = check_program(program)?
+    {
+        eprintln!("ptrewind: note: {note}");
+    }
     let chosen = match choose_backend(args.backend) {
         Ok(c) => c,
         Err(code) => return Ok(Err(code)),
@@ -233,12 +232,13 @@ pub(crate) fn start_recording(args: &RecordArgs) -> Started {
     let Some((program, prog_args)) = args.command.split_first() else {
         return Err("no program given".into());
     };
+
     if let Chosen::Pt(caps) = chosen {
         eprintln!(
             "ptrewind: recording with hardware Intel PT (perf intel_pt PMU type {})",
             caps.pmu_type
         );
-        return start_hardware_recording(args, program, prog_args);
+        return start_hardware_recording(args, program, prog_args, shared_terminal);
     }
     if let Chosen::Qemu = chosen {
         return super::record_qemu::start(args, program, prog_args);
@@ -259,6 +259,7 @@ pub(crate) fn start_recording(args: &RecordArgs) -> Started {
     let listener = bind(args.listen)?;
     let options = SpawnOptions {
         disable_aslr: !args.keep_aslr,
+        drop_terminal_interrupts: shared_terminal,
     };
     let target = PtraceTarget::spawn(program, prog_args, &options)?;
     let config = RecorderConfig {
@@ -279,12 +280,68 @@ pub(crate) fn start_recording(args: &RecordArgs) -> Started {
     Ok(Ok((target, listener, Served::Started)))
 }
 
+/// Where `program` is found: as given if it contains a `/`, otherwise the first executable
+/// regular file of that name in `$PATH` (as `execvp` searches).
+fn find_program(program: &std::ffi::OsStr) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let p = std::path::Path::new(program);
+    if program.as_encoded_bytes().contains(&b'/') {
+        return Some(p.to_path_buf());
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(p))
+        .find(|c| {
+            std::fs::metadata(c).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
+/// Checks that `program` is something ptrewind can record before starting it: an ELF file, or
+/// a `#!` script (the interpreter is what runs and is recorded: the returned note says so).
+/// Anything else is an error: `execvp` would silently run it with `/bin/sh`, and the recording
+/// would be of the shell. A program that cannot be found is left to the start to report.
+fn check_program(program: &std::ffi::OsStr) -> Result<Option<String>, String> {
+    use std::io::Read;
+    let Some(path) = find_program(program) else {
+        return Ok(None);
+    };
+    let mut head = Vec::with_capacity(256);
+    match std::fs::File::open(&path) {
+        Ok(f) => {
+            if let Err(e) = f.take(256).read_to_end(&mut head) {
+                return Err(format!("cannot read {}: {e}", path.display()));
+            }
+        }
+        // Not readable (or gone): the start reports it.
+        Err(_) => return Ok(None),
+    }
+    if head.starts_with(b"\x7fELF") {
+        return Ok(None);
+    }
+    if let Some(rest) = head.strip_prefix(b"#!") {
+        let line = rest.split(|&b| b == b'\n').next().unwrap_or_default();
+        let line = String::from_utf8_lossy(line);
+        let interp = line.trim();
+        return Ok(Some(format!(
+            "{} is a script: the kernel runs its interpreter `{interp}`, and that interpreter is \
+             what is recorded (its instructions, not the script's lines)",
+            path.display()
+        )));
+    }
+    Err(format!(
+        "{} is not an ELF executable (nor a `#!` script): there is no program to record (the \
+         system would run it with /bin/sh)",
+        path.display()
+    ))
+}
+
 /// `--backend pt`: runs the program to the configured start under ptrace, opens the
 /// `intel_pt` event on it and serves it with the hardware capture (PC-only past).
 fn start_hardware_recording(
     args: &RecordArgs,
     program: &OsString,
     prog_args: &[OsString],
+    shared_terminal: bool,
 ) -> Started {
     if args.mode == Mode::Snapshot {
         eprintln!(
@@ -308,6 +365,7 @@ fn start_hardware_recording(
     let listener = bind(args.listen)?;
     let options = SpawnOptions {
         disable_aslr: !args.keep_aslr,
+        drop_terminal_interrupts: shared_terminal,
     };
     let mut target = PtraceTarget::spawn(program, prog_args, &options)?;
     let pid = ptrewind::target::Target::pid(&target);
@@ -358,6 +416,9 @@ pub(crate) fn soft_recording(
 pub(crate) enum Served {
     /// Started by us: killed when the debugger leaves.
     Started,
+    /// Started by us for the GDB we run in the same terminal (`ptrewind gdb`): as `Started`,
+    /// but warnings go only to GDB's console (printing them on stderr too showed them twice).
+    StartedForGdb,
     /// Attached to: detached (left running) when the debugger leaves.
     Attached,
     /// A recording replayed with no process.
@@ -367,7 +428,7 @@ pub(crate) enum Served {
 impl Served {
     fn how(self) -> &'static str {
         match self {
-            Served::Started => "started",
+            Served::Started | Served::StartedForGdb => "started",
             Served::Attached => "attached to",
             Served::Replay => "replaying",
         }
@@ -381,6 +442,7 @@ pub(crate) fn serve_recording(
     listener: TcpListener,
     served: Served,
     fallback_exe: &std::ffi::OsStr,
+    once: bool,
 ) -> CmdResult {
     let mut session = Session::new(Box::new(target.clone()));
     register_monitors(session.monitors_mut(), &target);
@@ -388,7 +450,7 @@ pub(crate) fn serve_recording(
     // whole recorded trace itself. GDB gets reverse execution from the server, and its own
     // `record btrace pt` only when the user asks: a view of the recording from that point on.
     let cpu = if target.shared().borrow().has_hardware_trace() {
-        host_cpu()
+        ptrewind::capture::perf::host_cpu()
     } else {
         PtCpu::SOFTWARE
     };
@@ -399,10 +461,99 @@ pub(crate) fn serve_recording(
         provider.attach(tid, store.clone());
         gdb_view.attach(tid, store);
     }
-    serve_session(session, listener, served, fallback_exe, |router| {
+    // Progress lines while the program runs and the recording grows, on a terminal only, and
+    // not when the terminal is GDB's (`ptrewind gdb`).
+    let progress =
+        (served != Served::StartedForGdb && std::io::stderr().is_terminal()).then(|| {
+            let t = target.shared();
+            let t = t.borrow();
+            Progress::start(t.progress_probe(), t.step_counter())
+        });
+    let r = serve_session(session, listener, served, fallback_exe, once, |router| {
         tracing::install_lldb(router, Box::new(provider));
         tracing::install_btrace(router, Box::new(gdb_view));
-    })
+    });
+    drop(progress);
+    r
+}
+
+/// How often the progress thread looks, and how long the recording must have grown without a
+/// pause before (and between) progress lines.
+const PROGRESS_TICK: std::time::Duration = std::time::Duration::from_millis(250);
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A thread printing `ptrewind: recording: N instructions (R/s), B of trace` every few seconds
+/// while the recording grows. Whole lines (no redrawn bar): the program writes to the same
+/// terminal. Stopped when dropped.
+struct Progress {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Progress {
+    fn start(
+        probe: ptrewind::history::WorkerProbe<ptrewind::store::live::TraceStore>,
+        steps: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
+    ) -> Self {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut last = (0, 0);
+            // (when the current run of growth began, instructions then, last line printed)
+            let mut run: Option<(std::time::Instant, u64, std::time::Instant)> = None;
+            while !flag.load(Ordering::Relaxed) {
+                std::thread::sleep(PROGRESS_TICK);
+                let s = probe.stats();
+                // The software backend counts its steps; otherwise the indexed history.
+                let insns = steps
+                    .as_ref()
+                    .map_or(s.insns, |c| c.load(Ordering::Relaxed));
+                let now = std::time::Instant::now();
+                if (insns, s.trace_bytes) == last {
+                    // Stopped (the debugger has it): the next run starts afresh.
+                    run = None;
+                    continue;
+                }
+                last = (insns, s.trace_bytes);
+                let (began, insns0, printed) = *run.get_or_insert((now, insns, now));
+                if now.duration_since(printed) >= PROGRESS_EVERY {
+                    let secs = now.duration_since(began).as_secs_f64().max(1e-3);
+                    let rate = (insns.saturating_sub(insns0)) as f64 / secs;
+                    eprintln!(
+                        "ptrewind: recording: {} instructions ({}/s), {} of trace",
+                        insns,
+                        human(rate),
+                        indicatif::HumanBytes(s.trace_bytes)
+                    );
+                    run = Some((began, insns0, now));
+                }
+            }
+        });
+        Progress {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// `1234567.0` as `1.2M`.
+fn human(x: f64) -> String {
+    match x {
+        x if x >= 1e9 => format!("{:.1}G", x / 1e9),
+        x if x >= 1e6 => format!("{:.1}M", x / 1e6),
+        x if x >= 1e3 => format!("{:.1}k", x / 1e3),
+        x => format!("{x:.0}"),
+    }
 }
 
 /// Binds the listening socket (after the loopback check done by the caller).
@@ -417,18 +568,23 @@ pub(crate) fn serve(
     listener: TcpListener,
     served: Served,
     fallback_exe: &std::ffi::OsStr,
+    once: bool,
 ) -> CmdResult {
     let session = Session::new(Box::new(target));
-    serve_session(session, listener, served, fallback_exe, |_| {})
+    serve_session(session, listener, served, fallback_exe, once, |_| {})
 }
 
-/// Prints how to connect, accepts one GDB connection and serves `session`; `configure` adds
-/// interceptors to the router.
+/// Prints how to connect, then serves `session` to one debugger at a time: a second one
+/// connecting meanwhile is refused with an error packet and a message. When the connection
+/// closes without `detach`/`kill`, the program and its recording are kept stopped and the next
+/// debugger is awaited, unless `once` (the program is then killed, or detached if attached to).
+/// `configure` adds interceptors to the router.
 pub(crate) fn serve_session(
     mut session: Session,
     listener: TcpListener,
     served: Served,
     fallback_exe: &std::ffi::OsStr,
+    once: bool,
     configure: impl FnOnce(&mut Router),
 ) -> CmdResult {
     let how = served.how();
@@ -448,13 +604,31 @@ pub(crate) fn serve_session(
         "ptrewind:          or: lldb -o 'gdb-remote {addr}' {}",
         shell_quote(&exe.to_string_lossy())
     );
-    let (stream, peer) = listener.accept()?;
-    eprintln!("ptrewind: debugger connected from {peer}");
+    let connections = Acceptor::spawn(listener)?;
     session.set_attached(attached);
     let mut router = Router::default();
-    router.on_notice(|n| eprintln!("ptrewind: warning: {n}"));
+    if served != Served::StartedForGdb {
+        router.on_notice(|n| eprintln!("ptrewind: warning: {n}"));
+    }
+    router.set_on_disconnect(if once {
+        OnDisconnect::End
+    } else {
+        OnDisconnect::Keep
+    });
     configure(&mut router);
-    let outcome = router.serve(stream, &mut session)?;
+    let outcome = loop {
+        let (stream, peer) = connections.next()?;
+        eprintln!("ptrewind: debugger connected from {peer}");
+        let outcome = router.serve(stream, &mut session);
+        connections.done();
+        match outcome? {
+            ServeOutcome::Kept => eprintln!(
+                "ptrewind: debugger disconnected; process {pid} and its recording are kept \
+                 (stopped); waiting for a debugger on {addr} (--once: end instead)"
+            ),
+            other => break other,
+        }
+    };
     if served == Served::Replay {
         eprintln!("ptrewind: debugger disconnected; replay of process {pid} ended");
         return Ok(ExitCode::SUCCESS);
@@ -471,11 +645,109 @@ pub(crate) fn serve_session(
         ServeOutcome::ConnectionClosed if attached => {
             eprintln!("ptrewind: debugger disconnected; detached from process {pid}")
         }
-        ServeOutcome::ConnectionClosed => {
+        ServeOutcome::ConnectionClosed | ServeOutcome::Kept => {
             eprintln!("ptrewind: debugger disconnected; process {pid} killed")
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Accepts debugger connections on a thread of its own: the first while none is served is
+/// handed to the serving loop ([`Acceptor::next`]); any other is refused at once with an error
+/// packet naming the reason, then closed (a second debugger would otherwise hang, connected to
+/// a server that never reads from it).
+struct Acceptor {
+    rx: std::sync::mpsc::Receiver<(std::net::TcpStream, SocketAddr)>,
+    busy: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Acceptor {
+    fn spawn(listener: TcpListener) -> std::io::Result<Self> {
+        use std::sync::atomic::Ordering;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let busy = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = std::sync::Arc::clone(&busy);
+        std::thread::Builder::new()
+            .name("ptrewind-accept".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    let Ok(stream) = conn else { continue };
+                    let Ok(peer) = stream.peer_addr() else {
+                        continue;
+                    };
+                    if !flag.swap(true, Ordering::AcqRel) {
+                        if tx.send((stream, peer)).is_err() {
+                            break;
+                        }
+                        continue;
+                    }
+                    // Busy. A debugger reconnecting right after its connection dropped may be
+                    // faster than the server noticing the drop: give the served connection a
+                    // moment to end before refusing. Its own thread: accepting goes on.
+                    let tx = tx.clone();
+                    let flag = std::sync::Arc::clone(&flag);
+                    let _ = std::thread::Builder::new()
+                        .name("ptrewind-refuse".into())
+                        .spawn(move || {
+                            let deadline =
+                                std::time::Instant::now() + std::time::Duration::from_secs(1);
+                            while std::time::Instant::now() < deadline {
+                                if !flag.swap(true, Ordering::AcqRel) {
+                                    let _ = tx.send((stream, peer));
+                                    return;
+                                }
+                                std::thread::sleep(std::time::Duration::from_millis(10));
+                            }
+                            eprintln!(
+                                "ptrewind: refused a second debugger from {peer}: another one \
+                                 is connected"
+                            );
+                            refuse(stream);
+                        });
+                }
+            })?;
+        Ok(Acceptor { rx, busy })
+    }
+
+    /// The next connection to serve (blocks until one arrives).
+    fn next(&self) -> std::io::Result<(std::net::TcpStream, SocketAddr)> {
+        self.rx
+            .recv()
+            .map_err(|_| std::io::Error::other("the listening thread ended"))
+    }
+
+    /// The served connection ended: the next one may be served.
+    fn done(&self) {
+        self.busy.store(false, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// Tells a debugger it cannot connect: waits (at most 2 s) for its first packet, acknowledges
+/// it and answers with an `E.` error packet carrying the reason (GDB prints it), then closes.
+fn refuse(mut stream: std::net::TcpStream) {
+    use std::io::{Read as _, Write as _};
+    let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(2)));
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 512];
+    // Up to the end of the first packet (`#` and two checksum digits), or 4 KiB.
+    while seen.len() < 4096 {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => seen.extend_from_slice(&buf[..n]),
+        }
+        if let Some(h) = seen.iter().position(|&b| b == b'#')
+            && seen.len() >= h + 3
+        {
+            break;
+        }
+    }
+    let reply = ptrewind::server::router::encode_packet(
+        b"E.ptrewind: another debugger is already connected to this recording",
+    );
+    let _ = stream.write_all(b"+");
+    let _ = stream.write_all(&reply);
+    let _ = stream.flush();
+    let _ = stream.shutdown(std::net::Shutdown::Both);
 }
 
 /// Quotes a path for the printed shell command line.
@@ -512,14 +784,30 @@ const GDB_SCRIPT: &str = include_str!("../../gdb-scripts/ptrewind.py");
 /// Runs `ptrewind gdb`: records the program and runs GDB connected to the recording (like
 /// `rr replay`). GDB is executed directly, never through a shell.
 pub fn run_gdb(args: GdbArgs) -> CmdResult {
-    let (target, listener, served) = match start_recording(&args.record)? {
+    // A Ctrl-C typed in GDB's terminal goes to the whole foreground process group: GDB, which
+    // interrupts the program through the protocol (`\x03`), ptrewind, which used to die of it
+    // (GDB then lost the connection) and now ignores it (below), and the program, whose copy
+    // the target drops (the program keeps the terminal for its own input and output).
+    let (target, listener, served) = match start_recording(&args.record, true)? {
         Ok(v) => v,
         Err(code) => return Ok(code),
     };
     let program = args.record.command[0].clone();
     let addr = listener.local_addr()?;
-    let script = std::env::temp_dir().join(format!("ptrewind-gdb-{}.py", std::process::id()));
-    std::fs::write(&script, GDB_SCRIPT)
+    // A private directory (mode 0700, unpredictable name, created with O_EXCL by `tempfile`)
+    // holds the script: in a shared $TMPDIR a predictable name could be a planted link, or be
+    // replaced by another user before GDB sources it. Removed when `scratch` is dropped.
+    let scratch = tempfile::Builder::new()
+        .prefix("ptrewind-gdb-")
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        .tempdir()
+        .map_err(|e| format!("cannot create a temporary directory: {e}"))?;
+    let script = scratch.path().join("ptrewind.py");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&script)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, GDB_SCRIPT.as_bytes()))
         .map_err(|e| format!("cannot write {}: {e}", script.display()))?;
     let exe = ptrewind::target::Target::exec_path(&target)
         .map(std::ffi::OsString::from)
@@ -537,10 +825,20 @@ pub fn run_gdb(args: GdbArgs) -> CmdResult {
         cmd.arg("-ex").arg(e);
     }
     cmd.arg(&exe);
-    let mut gdb = cmd.spawn().map_err(|e| {
-        let _ = std::fs::remove_file(&script);
-        format!("cannot run {}: {e}", args.gdb.to_string_lossy())
-    })?;
+    let mut gdb = cmd
+        .spawn()
+        .map_err(|e| format!("cannot run {}: {e}", args.gdb.to_string_lossy()))?;
+    // Ignored only now: GDB and the program inherit SIGINT's default disposition. GDB handles
+    // the terminal's Ctrl-C itself; ptrewind ends when GDB ends.
+    // SAFETY: SIG_IGN installs no handler code, so no async-signal-safety question arises.
+    if let Err(e) = unsafe {
+        nix::sys::signal::signal(
+            nix::sys::signal::Signal::SIGINT,
+            nix::sys::signal::SigHandler::SigIgn,
+        )
+    } {
+        eprintln!("ptrewind: warning: cannot ignore SIGINT ({e}): Ctrl-C may end the session");
+    }
     // If GDB ends without connecting (a bad option, a failed `target remote`), the accept below
     // would wait forever: when GDB exits, poke the listener so the accept returns and the
     // session ends as "debugger disconnected" (after a normal session nobody listens any more
@@ -550,11 +848,16 @@ pub fn run_gdb(args: GdbArgs) -> CmdResult {
         let _ = std::net::TcpStream::connect(addr);
         status
     });
-    let served = serve_recording(target, listener, served, &program);
+    // GDB is ours: when it goes, the session ends (no waiting for another debugger).
+    let served = match served {
+        Served::Started => Served::StartedForGdb,
+        other => other,
+    };
+    let served = serve_recording(target, listener, served, &program, true);
     let status = watcher
         .join()
         .map_err(|_| "the thread waiting for gdb panicked".to_string())?;
-    let _ = std::fs::remove_file(&script);
+    drop(scratch);
     served?;
     let status = status.map_err(|e| format!("waiting for gdb: {e}"))?;
     Ok(match status.code() {

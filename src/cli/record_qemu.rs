@@ -178,6 +178,7 @@ pub(crate) fn serve_target(
                 recorded.dir.display(),
                 thread.tid
             ),
+            ..OfflineInfo::default()
         },
     };
     Ok(RecordingTarget::new(Timeline::offline(rec)?))

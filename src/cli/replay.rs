@@ -46,6 +46,10 @@ pub struct ReplayArgs {
     /// Allow listening on a non-loopback address.
     #[arg(long)]
     allow_remote: bool,
+    /// End when the debugger's connection closes. By default ptrewind waits for a debugger to
+    /// connect again (the cursor stays where it was).
+    #[arg(long)]
+    once: bool,
 }
 
 /// The trace of `--pt FILE` or of one AUX stream of `--perf perf.data`, with its code image
@@ -61,6 +65,19 @@ fn load_trace(
     let source = file
         .source()
         .map_err(|e| format!("{}: {e}", path.display()))?;
+    if args.perf.is_some() {
+        super::input::require_perf_data(path, &source)?;
+    }
+    super::input::require_trace(path, &source)?;
+    // The history would silently end where the damage is: refuse (decode shows what is left).
+    if super::input::report_perf_damage(path, &source) {
+        return Err(format!(
+            "{}: the perf.data is damaged (see above); `ptrewind decode --perf` shows what can \
+             be read of it",
+            path.display()
+        )
+        .into());
+    }
     let labels: Vec<&str> = source.streams.iter().map(|s| s.label.as_str()).collect();
     let index = match &args.stream {
         None if source.streams.len() == 1 => 0,
@@ -152,6 +169,7 @@ fn load_trace(
             pid: pid.and_then(|p| i32::try_from(p).ok()).unwrap_or(1),
             exe,
             source: format!("{} [{}]", path.display(), stream.label),
+            ..Default::default()
         },
     })
 }
@@ -183,5 +201,12 @@ pub fn run(args: ReplayArgs) -> CmdResult {
     let listener = bind(args.listen)?;
     let mut session = Session::new(Box::new(target.clone()));
     register_monitors(session.monitors_mut(), &target);
-    serve_session(session, listener, Served::Replay, "".as_ref(), |_router| {})
+    serve_session(
+        session,
+        listener,
+        Served::Replay,
+        "".as_ref(),
+        args.once,
+        |_router| {},
+    )
 }

@@ -1,5 +1,8 @@
 //! Instruction classification (iced-x86) and the block cache.
 //!
+//! New code is decoded by the cheap length-and-class decoder ([`super::ild`]) where it can, and by
+//! iced-x86 otherwise (see `BlockCache::decode`).
+//!
 //! A block is a run of instructions that ends at the first instruction whose successor the trace
 //! (or a static target) decides: any branch, a far transfer, PTWRITE (PTW packets bind to it), or
 //! an instruction that can switch tracing off. Blocks are decoded once and then replayed from the
@@ -523,7 +526,6 @@ impl<'a> BlockCache<'a> {
     #[cold]
     fn decode(&mut self, image: &'a Image, ip: u64, mode: ExecMode) -> u32 {
         let bits = bitness(mode);
-        let classes = code_classes();
         let lens_at = self.lens.len() as u32;
         let mut cur = ip;
         let mut n = 0u32;
@@ -531,50 +533,66 @@ impl<'a> BlockCache<'a> {
         let mut buf = [0u8; 16];
         let mut last_ip = ip;
         let mut target = 0;
-        // Decode straight from the section's bytes while the instruction lies inside it; an
-        // instruction that runs into an adjacent section (page lists!) goes through a copy.
-        let mut in_section = position_decoder(&mut self.iced, image, ip, bits);
-        // Used in place: the decoder is a large struct, moving it per block cost a copy.
-        let section = &mut self.iced;
+        // The section's bytes for the cheap decoder (`ild`), which handles the common
+        // encodings; iced-x86 (kept positioned in the section, set up only when first needed)
+        // decodes the rest. An instruction that runs into an adjacent section (page lists!)
+        // goes through a copy.
+        let sec = image.section_at(ip).map(|s| (s.addr, s.data()));
+        // Where the kept iced-x86 decoder stands (it advances by itself through a run of
+        // instructions the cheap decoder leaves to it).
+        let mut iced_at: Option<u64> = None;
         let term = loop {
             if n >= MAX_BLOCK_INSNS {
                 break Term::Limit;
             }
-            let mut ok = false;
-            if let (true, Some(sd)) = (in_section, section.as_mut()) {
-                sd.dec.decode_out(&mut instr);
-                if !instr.is_invalid() {
-                    ok = true;
-                } else if sd.dec.last_error() != DecoderError::NoMoreBytes {
-                    break Term::BadInsn;
+            let fast = match sec {
+                Some((addr, data)) if cur >= addr && cur - addr < data.len() as u64 => {
+                    super::ild::decode(&data[(cur - addr) as usize..], bits)
                 }
-            }
-            if !ok {
-                // Crossing the section end: this and the rest of the block use copies.
-                in_section = false;
-                let got = image.read(cur, &mut buf[..15]);
-                if got == 0 {
-                    break Term::NoCode;
+                _ => None,
+            };
+            let (len, class, branch_target) = if let Some(d) = fast {
+                (d.len, d.class, d.target(cur, bits))
+            } else {
+                let mut ok = false;
+                if iced_at == Some(cur) || position_decoder(&mut self.iced, image, cur, bits) {
+                    if let Some(sd) = self.iced.as_mut() {
+                        sd.dec.decode_out(&mut instr);
+                        if !instr.is_invalid() {
+                            ok = true;
+                        } else if sd.dec.last_error() != DecoderError::NoMoreBytes {
+                            break Term::BadInsn;
+                        }
+                    }
                 }
-                let mut dec = Decoder::with_ip(bits, &buf[..got], cur, DecoderOptions::NONE);
-                dec.decode_out(&mut instr);
-                if instr.is_invalid() {
-                    break if dec.last_error() == DecoderError::NoMoreBytes {
-                        Term::NoCode
-                    } else {
-                        Term::BadInsn
-                    };
+                iced_at = None;
+                if ok {
+                    iced_at = Some(instr.next_ip());
+                } else {
+                    // Crossing the section end, or no section here: decode a copy.
+                    let got = image.read(cur, &mut buf[..15]);
+                    if got == 0 {
+                        break Term::NoCode;
+                    }
+                    let mut dec = Decoder::with_ip(bits, &buf[..got], cur, DecoderOptions::NONE);
+                    dec.decode_out(&mut instr);
+                    if instr.is_invalid() {
+                        break if dec.last_error() == DecoderError::NoMoreBytes {
+                            Term::NoCode
+                        } else {
+                            Term::BadInsn
+                        };
+                    }
                 }
-            }
+                // The class table is built on first use: a trace whose code the cheap decoder
+                // covers never pays for it (nor for iced-x86's own tables).
+                let class = InsnClass::of_code(instr.code());
+                (instr.len() as u8, class, instr.near_branch_target())
+            };
             self.decoded += 1;
-            let len = instr.len() as u8;
             self.lens.push(len);
             n += 1;
             last_ip = cur;
-            let class = classes
-                .get(instr.code() as usize)
-                .copied()
-                .unwrap_or_else(|| InsnClass::classify(instr.code()));
             cur = match bits {
                 64 => cur.wrapping_add(len as u64),
                 32 => (cur as u32).wrapping_add(len as u32) as u64,
@@ -585,7 +603,7 @@ impl<'a> BlockCache<'a> {
                     class,
                     InsnClass::CondBranch | InsnClass::DirectJump | InsnClass::DirectCall
                 ) {
-                    target = instr.near_branch_target();
+                    target = branch_target;
                 }
                 break Term::Insn(class);
             }

@@ -55,6 +55,7 @@
 mod cache;
 mod decoder;
 pub mod errata;
+pub mod ild;
 pub mod time;
 
 pub use cache::InsnClass;

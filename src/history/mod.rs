@@ -17,7 +17,7 @@
 //!   backwards through a segment costs one decode of it. The decode cost follows the segment's
 //!   trace bytes, not its instruction count, so one PSB period bounds it;
 //! * [`History::rfind`] / [`History::rfind_with`] (reverse-continue) walk segments backwards,
-//!   decoding each forward once. With a set of addresses ([`Breakpoints`]) whole groups whose code
+//!   decoding each forward once. With a set of addresses ([`BreakpointSet`]) whole groups whose code
 //!   summary excludes them are skipped undecoded; inside the segments that are decoded, the
 //!   decoder ([`FilteredDecoder`]) passes over the runs of every block of code that holds none of
 //!   them — asked once per block ([`IpMatch::may_match_insns`]), so a rejected run costs a table
@@ -43,7 +43,7 @@ use crate::packet::find_psb_backward;
 
 pub mod worker;
 
-pub use worker::{HistoryWorker, TraceView, WaitError, WorkerStats};
+pub use worker::{HistoryWorker, TraceView, WaitError, WorkerProbe, WorkerStats};
 
 /// A PSB the decoder synchronised at: decoding from `offset` yields the history from instruction
 /// number `insn` on.
@@ -155,17 +155,17 @@ impl<F: FnMut(u64) -> bool> IpMatch for MatchFn<F> {
 /// A set of breakpoint addresses. Searches with it pass over every run of a block of code none of
 /// whose instructions starts at a breakpoint, so a reverse-continue costs less than decoding.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Breakpoints {
+pub struct BreakpointSet {
     sorted: Vec<u64>,
 }
 
-impl Breakpoints {
+impl BreakpointSet {
     /// A set of the given addresses (duplicates are dropped).
     pub fn new(addrs: impl IntoIterator<Item = u64>) -> Self {
         let mut sorted: Vec<u64> = addrs.into_iter().collect();
         sorted.sort_unstable();
         sorted.dedup();
-        Breakpoints { sorted }
+        BreakpointSet { sorted }
     }
 
     /// The addresses, sorted.
@@ -179,7 +179,7 @@ impl Breakpoints {
     }
 }
 
-impl IpMatch for Breakpoints {
+impl IpMatch for BreakpointSet {
     #[inline]
     fn matches(&mut self, ip: u64) -> bool {
         self.sorted.binary_search(&ip).is_ok()
@@ -1293,7 +1293,7 @@ mod tests {
     fn breakpoints_match_blocks_exactly() {
         // Instructions at 0x1000 (2 bytes), 0x1002 (3 bytes), 0x1005 (1 byte).
         let lens = [2u8, 3, 1];
-        let at = |a: &[u64]| Breakpoints::new(a.iter().copied()).may_match_insns(0x1000, &lens);
+        let at = |a: &[u64]| BreakpointSet::new(a.iter().copied()).may_match_insns(0x1000, &lens);
         assert!(at(&[0x1000]));
         assert!(at(&[0x1002]));
         assert!(at(&[0x1005]));
@@ -1304,7 +1304,7 @@ mod tests {
         assert!(!at(&[0x0fff]));
         assert!(!at(&[0x1006]));
         assert!(!at(&[]));
-        assert!(!Breakpoints::new([0x1000]).may_match_insns(0x1000, &[]));
+        assert!(!BreakpointSet::new([0x1000]).may_match_insns(0x1000, &[]));
         // The default answer is the address range of the instruction starts.
         let range_only = MatchFn(|_| true);
         assert!(range_only.may_match_insns(0x1000, &lens));

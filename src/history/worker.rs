@@ -15,48 +15,12 @@
 use super::{History, Scan, SyncPoint, scan, view_len};
 use crate::flow::FlowConfig;
 use crate::image::Image;
+use crate::store::AppendListener;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Read access to a trace that grows at its end.
-pub trait TraceView: Send + Sync {
-    /// Calls `f` with the bytes recorded so far. Bytes once shown never change; later calls may
-    /// show more of them. The worker decodes inside `f`, at most one window
-    /// ([`HistoryWorker::DEFAULT_WINDOW`] bytes past the last sync point, more only when no PSB
-    /// lies within it) at a time.
-    fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R;
-
-    /// Number of bytes recorded so far.
-    fn len(&self) -> u64;
-
-    /// Whether nothing was recorded yet.
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-impl TraceView for RwLock<Vec<u8>> {
-    fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
-        // A writer that panicked mid-append leaves whole bytes behind: still readable.
-        let g = self.read().unwrap_or_else(|e| e.into_inner());
-        f(&g)
-    }
-
-    fn len(&self) -> u64 {
-        self.read().unwrap_or_else(|e| e.into_inner()).len() as u64
-    }
-}
-
-impl TraceView for Vec<u8> {
-    fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
-        f(self)
-    }
-
-    fn len(&self) -> u64 {
-        self.len() as u64
-    }
-}
+pub use crate::store::TraceView;
 
 /// Why [`HistoryWorker::wait_indexed`] returned without a complete index.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -149,6 +113,41 @@ fn lock<X>(m: &Mutex<X>) -> MutexGuard<'_, X> {
     // The data under these locks stays consistent at every unlock (updates are applied whole),
     // so a panic elsewhere does not make it unusable.
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The counters of a [`HistoryWorker`] for another thread (see [`HistoryWorker::probe`]).
+pub struct WorkerProbe<T: TraceView + 'static> {
+    shared: Arc<Shared<T>>,
+}
+
+impl<T: TraceView + 'static> WorkerProbe<T> {
+    /// The worker's counters now.
+    pub fn stats(&self) -> WorkerStats {
+        stats_of(&self.shared)
+    }
+}
+
+/// The counters of `shared` (trace length, index progress, check state).
+fn stats_of<T: TraceView>(shared: &Shared<T>) -> WorkerStats {
+    let trace_bytes = shared.trace.len();
+    let (updates, complete_at) = {
+        let c = lock(&shared.ctl);
+        (c.updates, c.complete_at)
+    };
+    let h = lock(&shared.history);
+    let hs = h.stats();
+    WorkerStats {
+        trace_bytes,
+        indexed_bytes: hs.indexed_bytes,
+        decode_lag: trace_bytes.saturating_sub(hs.indexed_bytes),
+        insns: hs.insns,
+        sync_points: hs.sync_points,
+        errors: hs.errors,
+        overflows: hs.overflows,
+        index_bytes: hs.index_bytes,
+        updates,
+        complete: h.is_complete() && complete_at == Some(trace_bytes),
+    }
 }
 
 /// The background indexer of one growing trace. Dropping it stops the thread.
@@ -293,24 +292,13 @@ impl<T: TraceView + 'static> HistoryWorker<T> {
 
     /// Counters for `monitor stats`.
     pub fn stats(&self) -> WorkerStats {
-        let trace_bytes = self.shared.trace.len();
-        let (updates, complete_at) = {
-            let c = lock(&self.shared.ctl);
-            (c.updates, c.complete_at)
-        };
-        let h = lock(&self.shared.history);
-        let hs = h.stats();
-        WorkerStats {
-            trace_bytes,
-            indexed_bytes: hs.indexed_bytes,
-            decode_lag: trace_bytes.saturating_sub(hs.indexed_bytes),
-            insns: hs.insns,
-            sync_points: hs.sync_points,
-            errors: hs.errors,
-            overflows: hs.overflows,
-            index_bytes: hs.index_bytes,
-            updates,
-            complete: h.is_complete() && complete_at == Some(trace_bytes),
+        stats_of(&self.shared)
+    }
+
+    /// A handle another thread can read the counters through (progress displays).
+    pub fn probe(&self) -> WorkerProbe<T> {
+        WorkerProbe {
+            shared: Arc::clone(&self.shared),
         }
     }
 
@@ -376,6 +364,12 @@ impl Notifier {
         if let Some(s) = self.0.upgrade() {
             s.notify();
         }
+    }
+
+    /// The notifier as the plain callback a [`TraceStore`](crate::store::live::TraceStore)
+    /// calls after every append.
+    pub fn into_listener(self) -> AppendListener {
+        Arc::new(move || self.notify())
     }
 }
 

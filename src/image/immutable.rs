@@ -15,25 +15,14 @@ pub struct ImmutableCode {
 impl ImmutableCode {
     /// From `/proc/PID/maps` lines (`start-end perms offset dev inode path`).
     pub fn from_maps(text: &str) -> Self {
-        let mut ranges = Vec::new();
-        for line in text.lines() {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            let (Some(range), Some(perms)) = (f.first(), f.get(1)) else {
-                continue;
-            };
-            let path = f.get(5).copied().unwrap_or("");
-            let p = perms.as_bytes();
-            let fixed = p.len() >= 3 && p[0] == b'r' && p[1] != b'w' && p[2] == b'x';
-            if !fixed || !(path.starts_with('/') || path == "[vdso]") {
-                continue;
-            }
-            let Some((a, b)) = range.split_once('-') else {
-                continue;
-            };
-            if let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) {
-                ranges.push((a, b));
-            }
-        }
+        let ranges = super::procfs::parse_maps_lenient(text)
+            .filter(|m| {
+                let fixed = m.read && !m.write && m.exec;
+                let path = m.path.as_deref().unwrap_or("");
+                fixed && (path.starts_with('/') || path == "[vdso]")
+            })
+            .map(|m| (m.start, m.end))
+            .collect();
         ImmutableCode::from_ranges(ranges)
     }
 

@@ -228,14 +228,48 @@ impl FileCache {
     }
 }
 
-/// Reads a whole file into a shared buffer.
+/// Reads a whole regular file into a shared buffer. Anything else (`/dev/zero`, a FIFO, a
+/// directory) is refused before reading: a code image is a file, and a device could be read
+/// until memory runs out.
+///
+/// The bytes are read straight into the shared buffer: going through a `Vec` and `Arc::from`
+/// would copy (and page-fault) every byte twice, which for a libc-sized image is most of
+/// `ptrewind decode`'s start-up.
 pub fn read_file(path: &Path) -> Result<SectionBytes, LoadError> {
-    std::fs::read(path)
-        .map(SectionBytes::from)
-        .map_err(|source| LoadError::Io {
-            path: path.to_path_buf(),
-            source,
-        })
+    use std::io::{Read as _, Seek as _};
+    let io = |source| LoadError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused just below).
+    let mut file = std::os::unix::fs::OpenOptionsExt::custom_flags(
+        std::fs::OpenOptions::new().read(true),
+        libc::O_NONBLOCK,
+    )
+    .open(path)
+    .map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    if !meta.is_file() {
+        return Err(io(std::io::Error::other(
+            "not a regular file (a code image must be a file)",
+        )));
+    }
+    if let Ok(len) = usize::try_from(meta.len()) {
+        let mut bytes: SectionBytes = std::iter::repeat_n(0u8, len).collect();
+        if let Some(buf) = Arc::get_mut(&mut bytes) {
+            let mut probe = [0u8; 1];
+            // The file must still end where its metadata said.
+            if file.read_exact(buf).is_ok() && matches!(file.read(&mut probe), Ok(0)) {
+                return Ok(bytes);
+            }
+        }
+    }
+    // The file changed size while it was read: read it again, up to the size it has now.
+    file.rewind().map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
+    file.take(len).read_to_end(&mut bytes).map_err(io)?;
+    Ok(SectionBytes::from(bytes))
 }
 
 /// The code of a traced process: sorted, non-overlapping sections.

@@ -35,7 +35,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use super::{FileCache, Image, LoadError, LoadedElf, Section, SectionBytes};
-use crate::store::perf_data::{PerfData, Record, RecordData};
+use crate::perf::data::{PerfData, Record, RecordData};
 
 /// A perf `PERF_RECORD_MMAP` or `PERF_RECORD_MMAP2` record, reduced to what an image needs.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -105,38 +105,32 @@ impl Symbolizer {
         };
         let file = object::File::parse(&*elf.bytes).map_err(|e| bad(e.to_string()))?;
         let mut syms = Vec::new();
-        for s in file.symbols().chain(file.dynamic_symbols()) {
-            if !s.is_definition() && s.kind() != SymbolKind::Unknown {
-                continue;
-            }
-            let SymbolSection::Section(index) = s.section() else {
-                continue;
-            };
-            let Ok(section) = file.section_by_index(index) else {
-                continue;
-            };
-            let is_code = section.kind() == object::SectionKind::Text;
-            let rank = match s.kind() {
-                SymbolKind::Text if s.is_global() && s.size() > 0 => 0,
-                SymbolKind::Text if s.size() > 0 => 1,
-                SymbolKind::Text => 2,
-                SymbolKind::Unknown if is_code => 3,
-                _ => continue,
-            };
-            let Ok(name) = s.name() else { continue };
-            if name.is_empty() {
-                continue;
-            }
-            syms.push(Sym {
-                vaddr: s.address(),
-                size: s.size(),
-                limit: section.address().saturating_add(section.size()),
-                rank,
-                name: demangle(name),
-            });
+        collect_symbols(&file, &mut syms);
+        plt_symbols(&file, &mut syms);
+        // A stripped file (Debian's libc) keeps only its dynamic symbols: the code of local
+        // functions (`__vfprintf_internal`) then lies past the end of an exported neighbour.
+        // Its separate debug file (found by build id, as GDB does) has the full symbol table
+        // at the same link-time addresses, and the DWARF.
+        let debug = separate_debug_file(&file);
+        if let Some(bytes) = &debug
+            && let Ok(dfile) = object::File::parse(&**bytes)
+        {
+            collect_symbols(&dfile, &mut syms);
         }
-        // One symbol per address: the best-ranked, then the first seen (.symtab before .dynsym).
-        syms.sort_by(|a, b| a.vaddr.cmp(&b.vaddr).then(a.rank.cmp(&b.rank)));
+        let dwarf_bytes = match &debug {
+            Some(bytes) if file.section_by_name(".debug_info").is_none() => bytes.clone(),
+            _ => elf.bytes.clone(),
+        };
+        // Among symbols at one address the name GDB shows wins (`info symbol`): a sized
+        // global one before a local alias (`_IO_setb`, not `__GI__IO_setb`), and of those the
+        // last by name (GDB sorts minimal symbols by address, then name, and takes the last:
+        // `free`, not `__libc_free`).
+        syms.sort_by(|a, b| {
+            a.vaddr
+                .cmp(&b.vaddr)
+                .then(a.rank.cmp(&b.rank))
+                .then(b.name.as_bytes().cmp(a.name.as_bytes()))
+        });
         syms.dedup_by(|later, first| later.vaddr == first.vaddr);
         let lo = elf.segments.iter().map(|s| s.addr).min().unwrap_or(0);
         let hi = elf
@@ -151,7 +145,7 @@ impl Symbolizer {
             lo,
             hi,
             syms,
-            bytes: elf.bytes.clone(),
+            bytes: dwarf_bytes,
             dwarf: OnceLock::new(),
         }));
         Ok(())
@@ -165,7 +159,8 @@ impl Symbolizer {
             .map(|o| &**o)
     }
 
-    /// The symbol containing `addr` (or the nearest preceding one in the same section) and the
+    /// The symbol containing `addr` (or the nearest preceding zero-sized one in the same
+    /// section; none past the end of a sized symbol, as in GDB) and the
     /// offset of `addr` from its start.
     pub fn symbol(&self, addr: u64) -> Option<(&str, u64)> {
         self.symbol_info(addr)
@@ -188,8 +183,11 @@ impl Symbolizer {
         let sym = match containing {
             Some(s) => s,
             None => {
+                // Past the end of the nearest sized symbol: no name, as in GDB (`info symbol`
+                // says "No symbol matches"), rather than that symbol with an offset beyond
+                // its size; a zero-sized symbol (an assembly label) covers what follows it.
                 let s = &obj.syms[preceding];
-                if vaddr >= s.limit {
+                if s.size > 0 || vaddr >= s.limit {
                     return None;
                 }
                 s
@@ -231,6 +229,119 @@ impl Symbolizer {
         let obj = self.object_at(addr)?;
         obj.dwarf.get()?.as_ref().err().map(String::as_str)
     }
+}
+
+/// Adds the function symbols of `file` (static and dynamic tables) to `syms`.
+fn collect_symbols(file: &object::File<'_>, syms: &mut Vec<Sym>) {
+    for s in file.symbols().chain(file.dynamic_symbols()) {
+        if !s.is_definition() && s.kind() != SymbolKind::Unknown {
+            continue;
+        }
+        let SymbolSection::Section(index) = s.section() else {
+            continue;
+        };
+        let Ok(section) = file.section_by_index(index) else {
+            continue;
+        };
+        let is_code = section.kind() == object::SectionKind::Text;
+        let rank = match s.kind() {
+            SymbolKind::Text if s.is_global() && s.size() > 0 => 0,
+            SymbolKind::Text if s.size() > 0 => 1,
+            SymbolKind::Text => 2,
+            SymbolKind::Unknown if is_code => 3,
+            _ => continue,
+        };
+        let Ok(name) = s.name() else { continue };
+        if name.is_empty() {
+            continue;
+        }
+        syms.push(Sym {
+            vaddr: s.address(),
+            size: s.size(),
+            // A debug file's sections are NOBITS copies: their addresses and sizes still
+            // describe the code.
+            limit: section.address().saturating_add(section.size()),
+            rank,
+            name: demangle(name),
+        });
+    }
+}
+
+/// Adds `NAME@plt` for each entry of the `.plt`, `.plt.sec` and `.plt.got` sections (as BFD synthesizes
+/// them for GDB): the entry's `jmp *GOT(%rip)` names a GOT slot, and the dynamic relocation
+/// of that slot names the function (`*ABS*+0xADDEND` for an IFUNC resolved at load time).
+fn plt_symbols(file: &object::File<'_>, syms: &mut Vec<Sym>) {
+    use object::{ObjectSymbolTable, RelocationTarget};
+    let Some(relocs) = file.dynamic_relocations() else {
+        return;
+    };
+    let dynsyms = file.dynamic_symbol_table();
+    let mut by_slot = std::collections::HashMap::new();
+    for (slot, r) in relocs {
+        let name = match r.target() {
+            RelocationTarget::Symbol(idx) => dynsyms
+                .as_ref()
+                .and_then(|t| t.symbol_by_index(idx).ok())
+                .and_then(|s| s.name().ok())
+                .filter(|n| !n.is_empty())
+                .map(str::to_string),
+            _ => None,
+        };
+        let name = name.unwrap_or_else(|| format!("*ABS*+{:#x}", r.addend()));
+        by_slot.insert(slot, name);
+    }
+    for section in file.sections() {
+        let Ok(sname) = section.name() else { continue };
+        let size = match sname {
+            ".plt" | ".plt.sec" => 16,
+            ".plt.got" => 8,
+            _ => continue,
+        };
+        let Ok(data) = section.data() else { continue };
+        let base = section.address();
+        let limit = base.saturating_add(section.size());
+        for (i, entry) in data.chunks_exact(size).enumerate() {
+            // `jmp *disp32(%rip)` (ff 25), possibly after endbr64 and/or a bnd prefix.
+            let Some(at) = (0..entry.len().saturating_sub(5))
+                .find(|&j| entry[j] == 0xff && entry[j + 1] == 0x25)
+            else {
+                continue;
+            };
+            let Some(disp) = entry.get(at + 2..at + 6) else {
+                continue;
+            };
+            let disp = i32::from_le_bytes([disp[0], disp[1], disp[2], disp[3]]);
+            let addr = base + (i * size) as u64;
+            let slot = (addr + at as u64 + 6).wrapping_add_signed(i64::from(disp));
+            if let Some(name) = by_slot.get(&slot) {
+                syms.push(Sym {
+                    vaddr: addr,
+                    size: size as u64,
+                    limit,
+                    rank: 1,
+                    name: format!("{name}@plt").into(),
+                });
+            }
+        }
+    }
+}
+
+/// The bytes of `file`'s separate debug file, `/usr/lib/debug/.build-id/xx/rest.debug`, if it
+/// is installed and is an ELF file with the same build id.
+fn separate_debug_file(file: &object::File<'_>) -> Option<SectionBytes> {
+    let id = file.build_id().ok()??;
+    if id.len() < 2 {
+        return None;
+    }
+    let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+    let path = Path::new("/usr/lib/debug/.build-id")
+        .join(&hex[..2])
+        .join(format!("{}.debug", &hex[2..]));
+    let bytes: SectionBytes = std::fs::read(&path).ok()?.into();
+    let same = object::File::parse(&*bytes)
+        .ok()
+        .and_then(|d| d.build_id().ok().flatten().map(|d| d == id));
+    (same == Some(true)).then_some(bytes)
 }
 
 fn load_dwarf(bytes: &SectionBytes) -> Result<DwarfContext, String> {

@@ -41,19 +41,11 @@ use std::sync::atomic::{AtomicI64, AtomicU16, AtomicU32, AtomicU64, Ordering};
 
 use thiserror::Error;
 
-/// `PERF_RECORD_LOST` (`enum perf_event_type`): `{ header; u64 id; u64 lost; sample_id }`.
-pub const PERF_RECORD_LOST: u32 = 2;
-/// `PERF_RECORD_AUX`: `{ header; u64 aux_offset; u64 aux_size; u64 flags; sample_id }`.
-pub const PERF_RECORD_AUX: u32 = 11;
-/// `PERF_RECORD_ITRACE_START`: `{ header; u32 pid; u32 tid; sample_id }`.
-pub const PERF_RECORD_ITRACE_START: u32 = 12;
-/// `PERF_RECORD_LOST_SAMPLES`: `{ header; u64 lost; sample_id }`.
-pub const PERF_RECORD_LOST_SAMPLES: u32 = 13;
-/// `PERF_RECORD_AUX_OUTPUT_HW_ID`: `{ header; u64 hw_id; sample_id }`.
-pub const PERF_RECORD_AUX_OUTPUT_HW_ID: u32 = 21;
-
-/// `sizeof(struct perf_event_header)`: `{ u32 type; u16 misc; u16 size; }`.
-pub const PERF_EVENT_HEADER_SIZE: usize = 8;
+use crate::perf::abi;
+pub use crate::perf::abi::{
+    PERF_EVENT_HEADER_SIZE, PERF_RECORD_AUX, PERF_RECORD_AUX_OUTPUT_HW_ID,
+    PERF_RECORD_ITRACE_START, PERF_RECORD_LOST, PERF_RECORD_LOST_SAMPLES, SampleId,
+};
 
 /// A `#[repr(C)]` mirror of the kernel's `struct perf_event_mmap_page` (the first page of a perf
 /// mmap), field for field. Every field the kernel may write is an atomic of the kernel field's
@@ -246,15 +238,15 @@ pub struct AuxFlags(pub u64);
 impl AuxFlags {
     /// `PERF_AUX_FLAG_TRUNCATED`: the record was truncated to fit the free space (full mode: the
     /// consumer lagged; PT stopped producing until space was freed).
-    pub const TRUNCATED: u64 = 0x01;
+    pub const TRUNCATED: u64 = abi::PERF_AUX_FLAG_TRUNCATED;
     /// `PERF_AUX_FLAG_OVERWRITE`: snapshot from overwrite mode.
-    pub const OVERWRITE: u64 = 0x02;
+    pub const OVERWRITE: u64 = abi::PERF_AUX_FLAG_OVERWRITE;
     /// `PERF_AUX_FLAG_PARTIAL`: the record contains gaps (e.g. PT was off during VMX operation).
-    pub const PARTIAL: u64 = 0x04;
+    pub const PARTIAL: u64 = abi::PERF_AUX_FLAG_PARTIAL;
     /// `PERF_AUX_FLAG_COLLISION`: the sample collided with another.
-    pub const COLLISION: u64 = 0x08;
+    pub const COLLISION: u64 = abi::PERF_AUX_FLAG_COLLISION;
     /// `PERF_AUX_FLAG_PMU_FORMAT_TYPE_MASK`: PMU-specific trace format type.
-    pub const PMU_FORMAT_TYPE_MASK: u64 = 0xff00;
+    pub const PMU_FORMAT_TYPE_MASK: u64 = abi::PERF_AUX_FLAG_PMU_FORMAT_TYPE_MASK;
 
     /// TRUNCATED is set.
     pub fn truncated(self) -> bool {
@@ -286,95 +278,35 @@ pub struct SampleIdLayout {
 
 impl SampleIdLayout {
     /// `PERF_SAMPLE_TID`.
-    pub const TID: u64 = 1 << 1;
+    pub const TID: u64 = abi::PERF_SAMPLE_TID;
     /// `PERF_SAMPLE_TIME`.
-    pub const TIME: u64 = 1 << 2;
+    pub const TIME: u64 = abi::PERF_SAMPLE_TIME;
     /// `PERF_SAMPLE_ID`.
-    pub const ID: u64 = 1 << 6;
+    pub const ID: u64 = abi::PERF_SAMPLE_ID;
     /// `PERF_SAMPLE_CPU`.
-    pub const CPU: u64 = 1 << 7;
+    pub const CPU: u64 = abi::PERF_SAMPLE_CPU;
     /// `PERF_SAMPLE_STREAM_ID`.
-    pub const STREAM_ID: u64 = 1 << 9;
+    pub const STREAM_ID: u64 = abi::PERF_SAMPLE_STREAM_ID;
     /// `PERF_SAMPLE_IDENTIFIER`.
-    pub const IDENTIFIER: u64 = 1 << 16;
+    pub const IDENTIFIER: u64 = abi::PERF_SAMPLE_IDENTIFIER;
 
     /// No `sample_id` trailer (`sample_id_all = 0`).
     pub const NONE: SampleIdLayout = SampleIdLayout { sample_type: 0 };
 
-    fn has(self, bit: u64) -> bool {
-        self.sample_type & bit != 0
-    }
-
     /// Size in bytes of the trailer.
     pub fn trailer_len(self) -> usize {
-        [
-            Self::TID,
-            Self::TIME,
-            Self::ID,
-            Self::STREAM_ID,
-            Self::CPU,
-            Self::IDENTIFIER,
-        ]
-        .iter()
-        .filter(|&&b| self.has(b))
-        .count()
-            * 8
+        abi::sample_id_len(self.sample_type)
     }
 
     /// Parses the trailer at the end of `record` (which includes its header). `None` if the record
     /// is too short to hold it.
     pub fn parse(self, record: &[u8]) -> Option<SampleId> {
-        let len = self.trailer_len();
-        let start = record.len().checked_sub(len)?;
+        let start = record.len().checked_sub(self.trailer_len())?;
         if start < PERF_EVENT_HEADER_SIZE {
             return None;
         }
-        let mut r = Cursor {
-            bytes: &record[start..],
-            pos: 0,
-        };
-        let mut out = SampleId::default();
-        if self.has(Self::TID) {
-            out.pid = Some(r.u32()?);
-            out.tid = Some(r.u32()?);
-        }
-        if self.has(Self::TIME) {
-            out.time = Some(r.u64()?);
-        }
-        if self.has(Self::ID) {
-            out.id = Some(r.u64()?);
-        }
-        if self.has(Self::STREAM_ID) {
-            out.stream_id = Some(r.u64()?);
-        }
-        if self.has(Self::CPU) {
-            out.cpu = Some(r.u32()?);
-            r.u32()?;
-        }
-        if self.has(Self::IDENTIFIER) {
-            out.identifier = Some(r.u64()?);
-        }
-        Some(out)
+        abi::parse_sample_id(self.sample_type, record)
     }
-}
-
-/// The `sample_id` trailer of a side-band record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct SampleId {
-    /// Process id (`PERF_SAMPLE_TID`).
-    pub pid: Option<u32>,
-    /// Thread id (`PERF_SAMPLE_TID`).
-    pub tid: Option<u32>,
-    /// perf clock timestamp (`PERF_SAMPLE_TIME`).
-    pub time: Option<u64>,
-    /// Event id (`PERF_SAMPLE_ID`).
-    pub id: Option<u64>,
-    /// Stream id (`PERF_SAMPLE_STREAM_ID`).
-    pub stream_id: Option<u64>,
-    /// CPU (`PERF_SAMPLE_CPU`).
-    pub cpu: Option<u32>,
-    /// Identifier (`PERF_SAMPLE_IDENTIFIER`).
-    pub identifier: Option<u64>,
 }
 
 /// A parsed side-band record of the data ring.

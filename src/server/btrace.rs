@@ -45,29 +45,12 @@ pub const QSUPPORTED_FEATURES: &[&str] = &[
 /// GDB's default `record btrace pt buffer-size` (16 KiB), used until GDB configures one.
 pub const DEFAULT_PT_BUFFER_SIZE: u64 = 16 * 1024;
 
-/// The CPU vendor, as far as PT decoders care.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CpuVendor {
-    /// `GenuineIntel`: decoders apply the errata workarounds of family/model.
-    Intel,
-    /// Anything else: no errata workarounds.
-    Unknown,
-}
-
 /// The CPU a trace is to be decoded for (libipt's `struct pt_cpu`): decoders pick errata
-/// workarounds from it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PtCpu {
-    /// Vendor.
-    pub vendor: CpuVendor,
-    /// Display family (CPUID.1).
-    pub family: u16,
-    /// Display model.
-    pub model: u8,
-    /// Stepping.
-    pub stepping: u8,
-}
+/// workarounds from it. One CPU description for the whole crate: [`crate::flow::Cpu`], named
+/// here as the btrace and LLDB trace packets know it.
+pub use crate::flow::{Cpu as PtCpu, CpuVendor};
 
+/// The CPU as the trace packets describe it.
 impl PtCpu {
     /// The identity reported for traces from the software backend (ptrace single-stepping
     /// that encodes PT packets): Intel family 6 model 0x7a (Goldmont Plus), stepping 1.

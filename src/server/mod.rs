@@ -44,11 +44,12 @@ pub mod rsp;
 mod session;
 pub mod svr4;
 pub mod tracing;
+pub mod view_monitor;
 
 pub use monitor::{MonitorHandler, MonitorRegistry};
 pub use recording::RecordingTarget;
 pub use recording_monitors::register_monitors;
-pub use router::{Intercept, PacketHandler, Router, RouterState, ServeOutcome};
+pub use router::{Intercept, OnDisconnect, PacketHandler, Router, RouterState, ServeOutcome};
 pub use session::{Session, gdb_to_linux_signal, linux_to_gdb_signal, stop_reason};
 
 use crate::target::TargetError;

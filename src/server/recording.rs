@@ -97,6 +97,10 @@ impl Target for RecordingTarget {
         self.inner.borrow_mut().auxv()
     }
 
+    fn saved_library_list(&self) -> Option<String> {
+        self.inner.borrow().saved_library_list().map(str::to_string)
+    }
+
     fn take_notices(&mut self) -> Vec<Notice> {
         self.inner.borrow_mut().take_notices()
     }

@@ -97,7 +97,8 @@ pub fn stats_text(t: &mut Timeline) -> String {
 }
 
 /// Registers the recording monitor commands (`stats`, `record`, `where`, `goto`, `past`,
-/// `save`, `history`, `calls`, `insns`) on `registry`, over the shared state of a [`RecordingTarget`].
+/// `save`, `history`, `calls`, `insns`, `view`) on `registry`, over the shared state of a
+/// [`RecordingTarget`].
 pub fn register_monitors(registry: &mut MonitorRegistry, target: &RecordingTarget) {
     let s = target.shared();
     registry.register(
@@ -166,11 +167,16 @@ pub fn register_monitors(registry: &mut MonitorRegistry, target: &RecordingTarge
     registry.register(
         "save",
         "save DIR: write the recording (trace, code, registers, manifest) to DIR",
-        move |_, a| {
+        move |t, a| {
             if a.trim().is_empty() {
                 return Err("usage: monitor save DIR".into());
             }
-            s.borrow_mut().save(std::path::Path::new(a.trim()))
+            // The loader's list as the debugger sees it now (read through the target, before
+            // the timeline is borrowed for saving); a replay serves it as saved.
+            let list = crate::server::svr4::read_library_list(&*t);
+            let xml = (!list.objects.is_empty() || list.main_lm != 0).then(|| list.to_xml());
+            s.borrow_mut()
+                .save(std::path::Path::new(a.trim()), xml.as_deref())
         },
     );
     let s = target.shared();
@@ -201,6 +207,7 @@ pub fn register_monitors(registry: &mut MonitorRegistry, target: &RecordingTarge
         "insns FROM TO|end: the address of each history instruction FROM..TO (at most 100000)",
         move |_, a| insns_text(&mut s.borrow_mut(), a),
     );
+    super::view_monitor::register_view_monitor(registry, target);
 }
 
 /// `monitor insns FROM TO`: one `N 0xADDR` line per history instruction in `FROM..TO`.

@@ -631,8 +631,24 @@ pub enum ServeOutcome {
     Detached,
     /// GDB killed the program (`kill`).
     KilledByDebugger,
-    /// GDB closed the connection; a program we started was killed, an attached one detached.
+    /// GDB closed the connection; a program we started was killed, an attached one detached
+    /// ([`OnDisconnect::End`]).
     ConnectionClosed,
+    /// GDB closed the connection and the program and its recording were kept, stopped, for
+    /// the next debugger ([`OnDisconnect::Keep`]; call [`Router::serve`] again).
+    Kept,
+}
+
+/// What happens to the program when the debugger's connection closes without `detach` or
+/// `kill` (GDB crashed, `disconnect`, the network went away).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnDisconnect {
+    /// Kill a program we started, detach from an attached one; the session is over.
+    #[default]
+    End,
+    /// Stop the program (if it runs) and keep it and its recording, so that a debugger can
+    /// connect again (like gdbserver without `--once`).
+    Keep,
 }
 
 /// Receives target notices (e.g. to print them on the CLI's stderr).
@@ -704,6 +720,10 @@ pub struct Router {
     state: RouterState,
     framer: Framer,
     notice_sink: Option<NoticeSink>,
+    on_disconnect: OnDisconnect,
+    /// Whether the program runs (gdbstub's `Running` state, until its stop was taken): what a
+    /// connection lost mid-write must stop.
+    running: bool,
 }
 
 impl std::fmt::Debug for Router {
@@ -720,6 +740,7 @@ impl std::fmt::Debug for Router {
             .field("features", &self.features)
             .field("packet_size", &self.packet_size)
             .field("state", &self.state)
+            .field("on_disconnect", &self.on_disconnect)
             .finish()
     }
 }
@@ -742,6 +763,8 @@ impl Router {
             // Room for "$", "#xx" and the slack gdbstub needs in its own buffer.
             framer: Framer::new(packet_size - 8),
             notice_sink: None,
+            on_disconnect: OnDisconnect::default(),
+            running: false,
         };
         // LLDB's host/process queries. gdbstub 0.7 writes `pid:` in decimal where LLDB reads
         // hex, and has no `ostype`, which LLDB needs to pick its Linux dynamic loader.
@@ -802,14 +825,44 @@ impl Router {
         self.notice_sink = Some(Box::new(sink));
     }
 
+    /// What a closed connection does to the program (default [`OnDisconnect::End`]).
+    pub fn set_on_disconnect(&mut self, on: OnDisconnect) {
+        self.on_disconnect = on;
+    }
+
     /// The protocol state seen so far.
     pub fn state(&self) -> &RouterState {
         &self.state
     }
 
     /// Serves one GDB connection until the program exits, GDB detaches/kills, or the
-    /// connection closes (the program is then killed).
+    /// connection closes or fails (then see [`OnDisconnect`]: the program is killed or
+    /// detached, or kept stopped for the next connection, [`ServeOutcome::Kept`]).
     pub fn serve(
+        &mut self,
+        stream: TcpStream,
+        session: &mut Session,
+    ) -> Result<ServeOutcome, ServerError> {
+        self.running = false;
+        match self.serve_connection(stream, session) {
+            // A reset or a write to a closed socket is the debugger going away, like EOF.
+            Err(ServerError::Io(e))
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::BrokenPipe
+                        | std::io::ErrorKind::ConnectionReset
+                        | std::io::ErrorKind::ConnectionAborted
+                        | std::io::ErrorKind::UnexpectedEof
+                ) =>
+            {
+                let running = self.running;
+                self.connection_closed(session, running)
+            }
+            r => r,
+        }
+    }
+
+    fn serve_connection(
         &mut self,
         stream: TcpStream,
         session: &mut Session,
@@ -821,6 +874,9 @@ impl Router {
             .build()
             .map_err(gs_err)?;
         let mut sm: Sm<'_> = stub.run_state_machine(session).map_err(gs_err)?;
+        // A new connection starts with a clean slate (a previous one may have ended mid-packet).
+        self.framer = Framer::new(self.packet_size - 8);
+        self.state = RouterState::default();
         let mut reader = stream;
         let mut buf = vec![0u8; 8192];
         let mut idle_polls = 0u32;
@@ -835,14 +891,17 @@ impl Router {
                         .map_err(gs_err)?
                 }
                 GdbStubStateMachine::Idle(i) => {
+                    self.running = false;
                     let n = read_some(&mut reader, &mut buf)?;
                     if n == 0 {
-                        return self.connection_closed(session);
+                        return self.connection_closed(session, false);
                     }
                     self.feed(GdbStubStateMachine::Idle(i), session, &buf[..n])?
                 }
                 GdbStubStateMachine::Running(mut r) => {
+                    self.running = true;
                     let stop = session.target_mut().wait(false)?;
+                    self.running = stop.is_none();
                     self.forward_notices(r.borrow_conn(), session)?;
                     if let Some(ev) = stop {
                         idle_polls = 0;
@@ -880,11 +939,25 @@ impl Router {
                         }
                         idle_polls += 1;
                         if poll_readable(&reader, timeout)? {
-                            let n = read_some(&mut reader, &mut buf)?;
-                            if n == 0 {
-                                return self.connection_closed(session);
+                            // Everything GDB sent so far is handled before the program runs
+                            // on: a large packet (discarded by the framer beyond the packet
+                            // size) must not cost one run slice per read, and a Ctrl-C behind
+                            // it must be seen at once.
+                            let mut sm = GdbStubStateMachine::Running(r);
+                            loop {
+                                let n = read_some(&mut reader, &mut buf)?;
+                                if n == 0 {
+                                    let running = matches!(sm, GdbStubStateMachine::Running(_));
+                                    return self.connection_closed(session, running);
+                                }
+                                sm = self.feed(sm, session, &buf[..n])?;
+                                if !matches!(sm, GdbStubStateMachine::Running(_))
+                                    || !poll_readable(&reader, 0)?
+                                {
+                                    break;
+                                }
                             }
-                            self.feed(GdbStubStateMachine::Running(r), session, &buf[..n])?
+                            sm
                         } else {
                             GdbStubStateMachine::Running(r)
                         }
@@ -935,11 +1008,31 @@ impl Router {
         })
     }
 
-    fn connection_closed(&mut self, session: &mut Session) -> Result<ServeOutcome, ServerError> {
+    /// The connection closed; `running` says whether the program was running (gdbstub's
+    /// `Running` state).
+    fn connection_closed(
+        &mut self,
+        session: &mut Session,
+        running: bool,
+    ) -> Result<ServeOutcome, ServerError> {
         let attached = session.is_attached();
         let t = session.target_mut();
         if t.has_exited() {
             return Ok(ServeOutcome::ConnectionClosed);
+        }
+        if self.on_disconnect == OnDisconnect::Keep {
+            // Stopped where it is, with its recording; a stop nobody saw is dropped (the
+            // next debugger asks `?` and gets where the program is).
+            if running {
+                let t = session.target_mut();
+                t.interrupt()?;
+                t.wait(true)?;
+            }
+            return Ok(if session.target().has_exited() {
+                ServeOutcome::ConnectionClosed
+            } else {
+                ServeOutcome::Kept
+            });
         }
         if attached {
             // Leave a process we did not start running, as GDB does on disconnect.
@@ -1028,6 +1121,12 @@ impl Router {
             c.send_packet(reply).map_err(ServerError::Io)?;
             return Ok(sm);
         }
+        if let Some(reply) = check_threads_and_signals(session, body) {
+            let c = conn(&mut sm);
+            c.ack().map_err(ServerError::Io)?;
+            c.send_packet(reply).map_err(ServerError::Io)?;
+            return Ok(sm);
+        }
         if let Some(features) = plain.strip_prefix(b"qSupported") {
             self.state.client_features = features
                 .strip_prefix(b":")
@@ -1053,6 +1152,74 @@ impl Router {
             conn(&mut sm).replace_reply = Some(b"X09".to_vec());
         }
         feed_raw(sm, session, &frame(body))
+    }
+}
+
+/// The thread ids of the session (gdbstub's view: `list_active_threads`).
+fn session_threads(session: &mut Session) -> Vec<usize> {
+    use gdbstub::target::ext::base::multithread::MultiThreadBase as _;
+    let mut tids = Vec::new();
+    let _ = session.list_active_threads(&mut |t| tids.push(t.get()));
+    tids
+}
+
+/// Whether a specific thread id (`<tid>` or `p<pid>.<tid>`, hex, as [`thread_kind`] accepts
+/// with `Some(true)`) names a thread of the session.
+fn thread_exists(session: &mut Session, id: &[u8]) -> bool {
+    let hex = |h: &[u8]| {
+        std::str::from_utf8(h)
+            .ok()
+            .and_then(|h| usize::from_str_radix(h, 16).ok())
+    };
+    let (pid, tid) = match id.strip_prefix(b"p").and_then(|r| split2(r, b'.')) {
+        Some((pid, tid)) => (hex(pid), tid),
+        None => (None, id),
+    };
+    let pid_ok = match pid {
+        Some(p) => i32::try_from(p).is_ok_and(|p| p == session.target().pid()),
+        None => !id.starts_with(b"p"),
+    };
+    pid_ok && hex(tid).is_some_and(|t| session_threads(session).contains(&t))
+}
+
+/// A signal number of a resume packet (`C`/`S`, `vCont;C`/`S`): two hex digits of GDB's
+/// numbering. 0 means none; anything else must be a signal Linux has.
+fn signal_ok(hex: &[u8]) -> bool {
+    std::str::from_utf8(hex)
+        .ok()
+        .and_then(|h| u8::from_str_radix(h, 16).ok())
+        .is_some_and(|sig| sig == 0 || super::session::gdb_to_linux_signal(sig).is_some())
+}
+
+/// The error reply for a well-formed resume or thread selection that names a thread the
+/// session does not have, or a signal Linux does not have (gdbstub would pass the thread id
+/// to a target that ignores it and drop the signal: the program would resume as if asked
+/// correctly). `None` when the packet is fine. Checked after [`check_packet`].
+fn check_threads_and_signals(session: &mut Session, body: &[u8]) -> Option<&'static [u8]> {
+    const NO_THREAD: &[u8] = b"E01";
+    const BAD_SIGNAL: &[u8] = b"E16";
+    if let Some(actions) = body.strip_prefix(b"vCont;") {
+        for action in actions.split(|&b| b == b';') {
+            let (act, tid) = split2(action, b':').unwrap_or((action, b""));
+            if matches!(act.first(), Some(b'C' | b'S')) && !signal_ok(&act[1..]) {
+                return Some(BAD_SIGNAL);
+            }
+            if thread_kind(tid) == Some(true) && !thread_exists(session, tid) {
+                return Some(NO_THREAD);
+            }
+        }
+        return None;
+    }
+    match body.split_first() {
+        Some((b'C' | b'S', rest)) => {
+            let sig = split2(rest, b';').map_or(rest, |(sig, _)| sig);
+            (!signal_ok(sig)).then_some(BAD_SIGNAL)
+        }
+        Some((b'H', rest)) if rest.len() > 1 => {
+            let tid = &rest[1..];
+            (thread_kind(tid) == Some(true) && !thread_exists(session, tid)).then_some(NO_THREAD)
+        }
+        _ => None,
     }
 }
 

@@ -556,7 +556,10 @@ impl gdbstub::target::ext::libraries::LibrariesSvr4 for Session {
         length: usize,
         buf: &mut [u8],
     ) -> GsResult<usize, Self> {
-        let xml = read_library_list(self.target.as_ref()).to_xml();
+        let xml = self
+            .target
+            .saved_library_list()
+            .unwrap_or_else(|| read_library_list(self.target.as_ref()).to_xml());
         Ok(copy_range(xml.as_bytes(), offset, length, buf))
     }
 }

@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use crate::history::worker::{Notifier, TraceView};
+use super::{AppendListener, TraceView};
 use crate::ring::Drain;
 
 /// A gap in the stored stream: bytes the ring lost (overwritten or dropped) before they could be
@@ -18,7 +18,7 @@ pub struct Gap {
     pub lost: u64,
 }
 
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct Inner {
     bytes: Vec<u8>,
     /// Stream offset after the last byte accounted for (stored or lost).
@@ -27,7 +27,20 @@ struct Inner {
     gaps: Vec<Gap>,
     drains: u64,
     /// Told after every append that added bytes (the history worker).
-    listener: Option<Notifier>,
+    listener: Option<AppendListener>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner")
+            .field("len", &self.bytes.len())
+            .field("stream_end", &self.stream_end)
+            .field("lost", &self.lost)
+            .field("gaps", &self.gaps)
+            .field("drains", &self.drains)
+            .field("listener", &self.listener.is_some())
+            .finish()
+    }
 }
 
 impl Inner {
@@ -77,13 +90,13 @@ impl TraceStore {
         // Outside the lock: the listener's reader may be waiting for it.
         drop(st);
         if let Some(l) = listener {
-            l.notify();
+            l();
         }
     }
 
     /// Tells `listener` after every append that adds bytes (replacing any earlier listener).
     /// Appends are whole under the store's lock, so a reader never sees part of a drain.
-    pub fn set_listener(&self, listener: Option<Notifier>) {
+    pub fn set_listener(&self, listener: Option<AppendListener>) {
         self.lock().listener = listener;
     }
 
@@ -288,7 +301,7 @@ mod tests {
             FlowConfig::default(),
         )
         .expect("spawn");
-        store.set_listener(Some(w.notifier()));
+        store.set_listener(Some(w.notifier().into_listener()));
         // Let the worker finish its first look (at nothing), so only the listener can wake it.
         assert_eq!(w.wait_indexed(Duration::from_secs(20)), Ok(0));
         let mut ring =

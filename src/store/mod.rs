@@ -1,14 +1,21 @@
 //! The trace store: PT bytes drained from a ring or read from files (raw streams, perf.data).
 //!
-//! A [`TraceFile`] maps a file into memory; [`TraceSource`] looks at its bytes and presents them as
+//! A [`TraceFile`] maps a file into memory; [`TraceStreams`] looks at its bytes and presents them as
 //! one or more named PT streams ([`TraceStream`]): a raw PT file is one stream (`raw`), a perf.data
 //! file has one stream per CPU (or thread) built from its `PERF_RECORD_AUXTRACE` payloads
 //! ([`perf_data`]). Each stream remembers where its bytes came from (chunk boundaries with file
 //! and AUX offsets) and where data was lost, so that packet offsets can be reported against the
 //! file and decoders know where to resynchronise.
 
+pub mod dirfile;
 pub mod live;
-pub mod perf_data;
+pub mod view;
+
+/// The perf.data reader lives in the shared perf base ([`crate::perf::data`]); kept here under
+/// its old name for the store's users.
+pub use crate::perf::data as perf_data;
+
+pub use view::{AppendListener, TraceView};
 
 use std::borrow::Cow;
 use std::fs::File;
@@ -16,6 +23,11 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use perf_data::{DataLoss, PerfData, PerfDataError, PerfScan};
+
+/// The most a trace read from a pipe or socket (`perf record -o - | ptrewind dump -`) may hold:
+/// 1 GiB. Regular files are memory-mapped and have no limit; a larger piped trace must be saved
+/// to a file first. Devices (`/dev/zero`) are refused outright.
+pub const MAX_PIPE_INPUT: u64 = 1 << 30;
 
 /// Errors opening or interpreting a trace file.
 #[derive(Debug, thiserror::Error)]
@@ -28,13 +40,39 @@ pub enum StoreError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// The file holds no bytes at all.
+    #[error("{path}: empty file (0 bytes): no trace to read")]
+    Empty {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file is a device or a directory, not a file or a pipe.
+    #[error("{path}: {kind}, not a trace file (give a regular file, or a pipe)")]
+    NotAFile {
+        /// The file.
+        path: PathBuf,
+        /// What it is (`a character device`, ...).
+        kind: &'static str,
+    },
+    /// A pipe delivered more than [`MAX_PIPE_INPUT`] bytes.
+    #[error(
+        "{path}: more than {limit} bytes read from a pipe (the limit for piped input); save \
+         the trace to a file and give the file"
+    )]
+    PipeTooLarge {
+        /// The pipe.
+        path: PathBuf,
+        /// The limit, [`MAX_PIPE_INPUT`].
+        limit: u64,
+    },
     /// The file looks like perf.data but its header is unusable.
     #[error(transparent)]
     PerfData(#[from] PerfDataError),
 }
 
 /// The bytes of a trace file: memory-mapped when it is a regular file, read into memory when it
-/// is a pipe or another stream (perf's pipe mode is meant for `perf record -o - | ...`).
+/// is a pipe or a socket (perf's pipe mode is meant for `perf record -o - | ...`), at most
+/// [`MAX_PIPE_INPUT`] bytes. Devices, directories and empty files are refused.
 #[derive(Debug)]
 pub struct TraceFile {
     path: PathBuf,
@@ -47,21 +85,63 @@ enum Backing {
     Owned(Vec<u8>),
 }
 
+/// What a file that is neither regular nor a pipe/socket is, for [`StoreError::NotAFile`].
+fn not_a_file(ft: std::fs::FileType) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt as _;
+    if ft.is_file() || ft.is_fifo() || ft.is_socket() {
+        None
+    } else if ft.is_char_device() {
+        Some("a character device")
+    } else if ft.is_block_device() {
+        Some("a block device")
+    } else if ft.is_dir() {
+        Some("a directory")
+    } else {
+        Some("not a regular file")
+    }
+}
+
 impl TraceFile {
-    /// Maps `path` read-only (or reads it, when it is not a regular file).
+    /// Maps `path` read-only (or reads it, when it is a pipe; see [`TraceFile`]).
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
         let path = path.as_ref().to_path_buf();
+        let file = File::open(&path).map_err(|source| StoreError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        Self::from_file(path, file)
+    }
+
+    /// The trace on standard input (`-`): mapped when it is a redirected regular file, read
+    /// when it is a pipe, refused when it is a terminal or another device.
+    pub fn stdin() -> Result<Self, StoreError> {
+        use std::os::fd::AsFd as _;
+        let path = PathBuf::from("-");
+        let fd = std::io::stdin()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|source| StoreError::Io {
+                path: path.clone(),
+                source,
+            })?;
+        Self::from_file(path, File::from(fd))
+    }
+
+    /// [`TraceFile::open`] on an opened file; `path` names it in messages.
+    fn from_file(path: PathBuf, file: File) -> Result<Self, StoreError> {
         let io = |source| StoreError::Io {
             path: path.clone(),
             source,
         };
-        let mut file = File::open(&path).map_err(io)?;
         let meta = file.metadata().map_err(io)?;
-        // An empty file cannot be mapped, and pipes and character devices cannot be mapped.
-        let bytes = if !meta.is_file() || meta.len() == 0 {
-            let mut bytes = Vec::new();
-            file.read_to_end(&mut bytes).map_err(io)?;
-            Backing::Owned(bytes)
+        if let Some(kind) = not_a_file(meta.file_type()) {
+            return Err(StoreError::NotAFile { path, kind });
+        }
+        let bytes = if !meta.is_file() {
+            Backing::Owned(read_bounded(&path, file, MAX_PIPE_INPUT)?)
+        } else if meta.len() == 0 {
+            // An empty file cannot be mapped, and there is nothing to decode.
+            return Err(StoreError::Empty { path });
         } else {
             // SAFETY: the mapping is read-only and private to this process, and it lives as long
             // as `self` (every borrow of `bytes()` is tied to it). What Rust cannot rule out is
@@ -73,19 +153,11 @@ impl TraceFile {
         Ok(TraceFile { path, bytes })
     }
 
-    /// Reads a whole stream (e.g. stdin) into memory; `name` is what [`TraceFile::path`] reports.
-    pub fn from_reader(
-        name: impl Into<PathBuf>,
-        mut reader: impl Read,
-    ) -> Result<Self, StoreError> {
+    /// Reads a whole stream into memory (at most [`MAX_PIPE_INPUT`] bytes; an empty stream is
+    /// an error); `name` is what [`TraceFile::path`] reports.
+    pub fn from_reader(name: impl Into<PathBuf>, reader: impl Read) -> Result<Self, StoreError> {
         let path = name.into();
-        let mut bytes = Vec::new();
-        reader
-            .read_to_end(&mut bytes)
-            .map_err(|source| StoreError::Io {
-                path: path.clone(),
-                source,
-            })?;
+        let bytes = read_bounded(&path, reader, MAX_PIPE_INPUT)?;
         Ok(TraceFile {
             path,
             bytes: Backing::Owned(bytes),
@@ -105,10 +177,35 @@ impl TraceFile {
         }
     }
 
-    /// Interprets the file ([`TraceSource::from_bytes`]).
-    pub fn source(&self) -> Result<TraceSource<'_>, StoreError> {
-        TraceSource::from_bytes(self.bytes())
+    /// Interprets the file ([`TraceStreams::from_bytes`]).
+    pub fn source(&self) -> Result<TraceStreams<'_>, StoreError> {
+        TraceStreams::from_bytes(self.bytes())
     }
+}
+
+/// Reads `reader` to its end, failing beyond `limit` bytes ([`MAX_PIPE_INPUT`]) or when it is
+/// empty.
+fn read_bounded(path: &Path, reader: impl Read, limit: u64) -> Result<Vec<u8>, StoreError> {
+    let mut bytes = Vec::new();
+    reader
+        .take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|source| StoreError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    if bytes.len() as u64 > limit {
+        return Err(StoreError::PipeTooLarge {
+            path: path.to_path_buf(),
+            limit,
+        });
+    }
+    if bytes.is_empty() {
+        return Err(StoreError::Empty {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(bytes)
 }
 
 /// Where a stream's bytes came from: one contiguous piece of the file.
@@ -171,7 +268,7 @@ pub enum SourceFormat {
 
 /// A trace file interpreted as PT streams.
 #[derive(Debug, Clone)]
-pub struct TraceSource<'data> {
+pub struct TraceStreams<'data> {
     /// The container format.
     pub format: SourceFormat,
     /// The streams, in a stable order (by CPU, then thread, for perf.data).
@@ -181,14 +278,14 @@ pub struct TraceSource<'data> {
     pub perf: Option<PerfScan>,
 }
 
-impl<'data> TraceSource<'data> {
+impl<'data> TraceStreams<'data> {
     /// Detects the format by magic: "PERFILE2" is perf.data, anything else is raw PT.
     ///
     /// Fails only when a perf.data header is unusable; problems further in the file are reported
-    /// in [`TraceSource::perf`] together with the streams read up to them.
+    /// in [`TraceStreams::perf`] together with the streams read up to them.
     pub fn from_bytes(bytes: &'data [u8]) -> Result<Self, StoreError> {
         if !PerfData::is_perf_data(bytes) {
-            return Ok(TraceSource {
+            return Ok(TraceStreams {
                 format: SourceFormat::RawPt,
                 streams: vec![TraceStream {
                     label: "raw".to_string(),
@@ -239,7 +336,7 @@ impl<'data> TraceSource<'data> {
                 }
             })
             .collect();
-        Ok(TraceSource {
+        Ok(TraceStreams {
             format: SourceFormat::PerfData {
                 pipe: perf.is_pipe(),
             },
@@ -261,7 +358,7 @@ mod tests {
     #[test]
     fn raw_bytes_are_one_stream() {
         let bytes = [0x02, 0x82, 0x02, 0x82];
-        let source = TraceSource::from_bytes(&bytes).unwrap();
+        let source = TraceStreams::from_bytes(&bytes).unwrap();
         assert_eq!(source.format, SourceFormat::RawPt);
         assert_eq!(source.streams.len(), 1);
         assert_eq!(source.streams[0].label, "raw");
@@ -271,11 +368,35 @@ mod tests {
     }
 
     #[test]
-    fn empty_file_maps_to_no_bytes() {
+    fn empty_files_and_streams_are_errors() {
         let file = tempfile::NamedTempFile::new().unwrap();
-        let trace = TraceFile::open(file.path()).unwrap();
-        assert!(trace.bytes().is_empty());
-        assert_eq!(trace.source().unwrap().streams[0].data.len(), 0);
+        let err = TraceFile::open(file.path()).unwrap_err();
+        assert!(matches!(err, StoreError::Empty { .. }), "{err}");
+        assert!(err.to_string().contains("empty file"), "{err}");
+        let err = TraceFile::from_reader("-", &b""[..]).unwrap_err();
+        assert!(matches!(err, StoreError::Empty { .. }), "{err}");
+    }
+
+    /// `/dev/zero` would be read until memory runs out: devices are refused at once.
+    #[test]
+    fn devices_and_directories_are_refused() {
+        for (path, kind) in [("/dev/zero", "character device"), ("/", "directory")] {
+            let err = TraceFile::open(path).unwrap_err();
+            assert!(matches!(err, StoreError::NotAFile { .. }), "{err}");
+            assert!(err.to_string().contains(kind), "{err}");
+        }
+    }
+
+    /// A pipe is read up to the limit, then refused (the limit is checked on a reader that
+    /// never ends, like `cat /dev/zero |`).
+    #[test]
+    fn endless_streams_stop_at_the_limit() {
+        let err = read_bounded(Path::new("-"), std::io::repeat(0), 1 << 16).unwrap_err();
+        assert!(matches!(err, StoreError::PipeTooLarge { .. }), "{err}");
+        assert!(
+            err.to_string().contains("save the trace to a file"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -297,7 +418,7 @@ mod tests {
 
     #[test]
     fn bad_perf_header_is_an_error() {
-        let err = TraceSource::from_bytes(b"PERFILE2\x05\0\0\0\0\0\0\0").unwrap_err();
+        let err = TraceStreams::from_bytes(b"PERFILE2\x05\0\0\0\0\0\0\0").unwrap_err();
         assert!(matches!(err, StoreError::PerfData(_)));
     }
 }

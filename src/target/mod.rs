@@ -299,6 +299,11 @@ pub trait Target {
     fn auxv(&self) -> TargetResult<Vec<u8>> {
         read_auxv(self.pid())
     }
+    /// The dynamic loader's library list (`qXfer:libraries-svr4` XML) when it cannot be read
+    /// from the process's memory, such as a saved recording's (`None`: read the memory).
+    fn saved_library_list(&self) -> Option<String> {
+        None
+    }
     /// Takes the notices collected since the last call.
     fn take_notices(&mut self) -> Vec<Notice> {
         Vec::new()

@@ -5,28 +5,20 @@
 use std::collections::BTreeSet;
 
 use super::{MONITOR_INDEX_WAIT, Timeline};
+use crate::image::procfs::parse_maps_lenient;
 use crate::image::{ElfSpec, Symbolizer};
 
 /// Symbols of every file-backed object mapped at offset 0 in `maps` (`/proc/PID/maps` lines).
 pub(crate) fn symbolizer_from_maps(maps: &str) -> Symbolizer {
     let mut sym = Symbolizer::new();
-    let text = maps;
     let mut seen = BTreeSet::new();
-    for line in text.lines() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() < 6 || !f[5].starts_with('/') || f[2] != "00000000" {
-            continue;
-        }
-        let Some(start) = f[0]
-            .split('-')
-            .next()
-            .and_then(|a| u64::from_str_radix(a, 16).ok())
-        else {
+    for m in parse_maps_lenient(maps) {
+        let Some(path) = m.path.as_deref().filter(|p| p.starts_with('/')) else {
             continue;
         };
-        if seen.insert(f[5].to_string()) {
+        if m.offset == 0 && seen.insert(path.to_string()) {
             // An object that cannot be read just has no symbols.
-            let _ = sym.add_file(&ElfSpec::new(f[5], Some(start)));
+            let _ = sym.add_file(&ElfSpec::new(path, Some(m.start)));
         }
     }
     sym

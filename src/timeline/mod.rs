@@ -102,7 +102,7 @@ use std::time::Duration;
 
 use crate::capture::{LiveBackend, PastWrite};
 use crate::flow::FlowConfig;
-use crate::history::{Breakpoints as BpSet, HistoryWorker};
+use crate::history::{BreakpointSet, HistoryWorker};
 use crate::image::{Image, ImmutableCode, Symbolizer};
 use crate::store::live::TraceStore;
 use crate::target::{
@@ -225,6 +225,14 @@ pub struct OfflineInfo {
     pub exe: Option<PathBuf>,
     /// Where the recording came from, for `monitor stats`.
     pub source: String,
+    /// The process's auxiliary vector when the recording was saved (GDB finds the PIE load
+    /// address and the loader's rendezvous through it).
+    pub auxv: Option<Vec<u8>>,
+    /// The dynamic loader's library list when saved (`qXfer:libraries-svr4` XML).
+    pub libraries_xml: Option<String>,
+    /// Memory saved with the recording (the stack from the stack pointer up), valid only at
+    /// the end of the history: `(address, bytes)`.
+    pub memory_at_end: Vec<(u64, Vec<u8>)>,
 }
 
 impl std::fmt::Debug for Timeline {
@@ -237,10 +245,12 @@ impl std::fmt::Debug for Timeline {
     }
 }
 
-/// The executable mappings' lines of `/proc/PID/maps` text.
+/// The executable mappings of `/proc/PID/maps` text, one per line (what decides whether the
+/// code image must be snapshotted again).
 fn exec_lines(maps: &str) -> String {
-    maps.lines()
-        .filter(|l| l.split_whitespace().nth(1).is_some_and(|p| p.contains('x')))
+    crate::image::procfs::parse_maps_lenient(maps)
+        .filter(|m| m.exec)
+        .map(|m| format!("{m:?}"))
         .collect::<Vec<_>>()
         .join("\n")
 }
@@ -333,6 +343,27 @@ impl Timeline {
     /// (LLDB's `thread trace dump` through `jLLDBTrace*`).
     pub fn trace_store(&self) -> TraceStore {
         self.store.clone()
+    }
+
+    /// The live backend's count of executed instructions, readable from another thread while
+    /// the process runs (progress displays); `None` offline or without one.
+    pub fn step_counter(&self) -> Option<std::sync::Arc<std::sync::atomic::AtomicU64>> {
+        self.live.as_ref()?.step_counter()
+    }
+
+    /// The history worker's counters, readable from another thread (progress displays).
+    pub fn progress_probe(&self) -> crate::history::WorkerProbe<TraceStore> {
+        self.worker.probe()
+    }
+
+    /// The code the history is decoded against.
+    pub fn image(&self) -> &Image {
+        &self.image
+    }
+
+    /// How the history is decoded (errata, timing).
+    pub fn flow_config(&self) -> &FlowConfig {
+        &self.flow
     }
 
     fn live_mut(&mut self) -> TargetResult<&mut Box<dyn LiveBackend>> {
@@ -646,6 +677,21 @@ impl Timeline {
     /// Memory in the past at `n`, PC-only: bytes of immutable code (mapped at `n`) from the
     /// image; anything else is refused.
     fn pc_only_memory(&self, n: u64, addr: u64, buf: &mut [u8]) -> TargetResult<usize> {
+        // A saved recording's stack, at the end of the history only (where it was read): the
+        // frames there unwind as in the live session.
+        if self.live.is_none()
+            && n == self.end()
+            && let Some(info) = self.offline.as_ref()
+            && let Some((base, bytes)) = info
+                .memory_at_end
+                .iter()
+                .find(|(b, m)| addr >= *b && addr < b + m.len() as u64)
+        {
+            let from = (addr - base) as usize;
+            let got = buf.len().min(bytes.len() - from);
+            buf[..got].copy_from_slice(&bytes[from..from + got]);
+            return Ok(got);
+        }
         let want = self.immutable.covered(addr, buf.len(), n);
         let got = if want == 0 {
             0
@@ -724,8 +770,8 @@ impl Timeline {
         }
     }
 
-    fn bp_set(&self) -> BpSet {
-        BpSet::new(self.bps.iter().copied())
+    fn bp_set(&self) -> BreakpointSet {
+        BreakpointSet::new(self.bps.iter().copied())
     }
 
     /// Starts a reverse step or continue from the cursor; the stop is collected with
@@ -1014,14 +1060,25 @@ impl Timeline {
         self.live.as_mut().is_some_and(|l| l.has_exited())
     }
 
-    /// The auxiliary vector of the live process.
+    /// The auxiliary vector of the live process, or the one saved with a replayed recording.
     pub fn auxv(&mut self) -> TargetResult<Vec<u8>> {
         match self.live.as_mut() {
             Some(live) => live.auxv(),
-            None => Err(TargetError::Unsupported(
-                "the auxiliary vector of a replayed recording",
-            )),
+            None => {
+                self.offline
+                    .as_ref()
+                    .and_then(|o| o.auxv.clone())
+                    .ok_or(TargetError::Unsupported(
+                        "the auxiliary vector of a replayed recording saved without one",
+                    ))
+            }
         }
+    }
+
+    /// The library list saved with a replayed recording (`None` live: it is read from the
+    /// process's memory).
+    pub fn saved_library_list(&self) -> Option<&str> {
+        self.offline.as_ref()?.libraries_xml.as_deref()
     }
 
     /// Takes the notices collected since the last call (the timeline's and the backend's).
@@ -1069,7 +1126,7 @@ fn spawn_worker(
         flow.clone(),
         LIVE_WINDOW,
     )?;
-    store.set_listener(Some(w.notifier()));
+    store.set_listener(Some(w.notifier().into_listener()));
     Ok(w)
 }
 

@@ -19,12 +19,17 @@ use super::save::SAVE_FORMAT;
 use super::{OfflineInfo, Timeline, spawn_worker};
 use crate::flow::FlowConfig;
 use crate::image::{Image, ImmutableCode, Section, Symbolizer};
+use crate::store::dirfile::RecordingDir;
 use crate::store::live::{TraceStore, append_bytes};
 use crate::target::regs::gpr;
 use crate::target::{RegMask, X86Registers};
 
 /// How long loading waits for the history to be indexed.
 pub const LOAD_INDEX_WAIT: Duration = Duration::from_secs(120);
+
+/// The largest file of a saved recording that is read (a trace of a few hundred million
+/// instructions is well below it; the bound keeps a hostile manifest from exhausting memory).
+pub const MAX_SAVED_FILE: u64 = 16 << 30;
 
 /// Offset of the AVX upper halves in the register-file shape used offline (the standard XSAVE
 /// layout: legacy area, XSAVE header, then YMM_Hi128).
@@ -90,27 +95,10 @@ pub fn regs_from_json(v: &serde_json::Value) -> Option<X86Registers> {
 
 /// Reads a directory written by `monitor save DIR`.
 pub fn load_saved(dir: &Path) -> Result<OfflineRecording, String> {
-    let read = |name: &str| {
-        // The manifest names files of the directory (`monitor save` writes plain names): a
-        // path elsewhere (`/dev/zero`, `../x`) is refused, a device would be read forever.
-        let path = dir.join(name);
-        let plain = Path::new(name)
-            .components()
-            .all(|c| matches!(c, std::path::Component::Normal(_)));
-        if !plain || name.is_empty() {
-            return Err(format!(
-                "{}: {name:?} is not a file name in the recording directory",
-                dir.join("manifest.json").display()
-            ));
-        }
-        match std::fs::metadata(&path) {
-            Ok(m) if !m.is_file() => {
-                return Err(format!("{}: not a regular file", path.display()));
-            }
-            _ => {}
-        }
-        std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))
-    };
+    // The manifest names files of the directory (`monitor save` writes plain names): a path
+    // elsewhere (`/dev/zero`, `../x`) or a link is refused (see `store::dirfile`).
+    let files = RecordingDir::open(dir).map_err(|e| e.to_string())?;
+    let read = |name: &str| files.read(name, MAX_SAVED_FILE).map_err(|e| e.to_string());
     let manifest: serde_json::Value = serde_json::from_slice(&read("manifest.json")?)
         .map_err(|e| format!("{}: {e}", dir.join("manifest.json").display()))?;
     let format = manifest["format"].as_str().unwrap_or("");
@@ -120,7 +108,19 @@ pub fn load_saved(dir: &Path) -> Result<OfflineRecording, String> {
             dir.join("manifest.json").display()
         ));
     }
-    let trace = read(manifest["trace"].as_str().unwrap_or("trace.pt"))?;
+    let trace_name = manifest["trace"].as_str().unwrap_or("trace.pt");
+    let trace = read(trace_name)?;
+    // A trace cut short (a copy that ran out of space) would decode to a shorter history
+    // without a word.
+    if let Some(want) = manifest["trace_bytes"].as_u64()
+        && want != trace.len() as u64
+    {
+        return Err(format!(
+            "{}: {} bytes, but manifest.json says {want}: the recording is incomplete",
+            dir.join(trace_name).display(),
+            trace.len()
+        ));
+    }
     let mut image = Image::new();
     for (i, sec) in manifest["sections"]
         .as_array()
@@ -140,12 +140,47 @@ pub fn load_saved(dir: &Path) -> Result<OfflineRecording, String> {
             .add(Section::new(addr, read(file)?, origin))
             .map_err(|e| bad(&e.to_string()))?;
     }
-    let maps: Vec<String> = std::fs::read(dir.join("maps.json"))
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default();
+    // maps.json is optional (older recordings), but if it is there it must be a file of ours.
+    let maps: Vec<String> = if files.exists("maps.json").map_err(|e| e.to_string())? {
+        serde_json::from_slice(&read("maps.json")?)
+            .map_err(|e| format!("{}: {e}", dir.join("maps.json").display()))?
+    } else {
+        Vec::new()
+    };
     let maps = maps.join("\n");
     let immutable = (!maps.is_empty()).then(|| ImmutableCode::from_maps(&maps));
+    // Saved by newer versions only: older recordings replay without them.
+    let auxv = match manifest["auxv"].as_str() {
+        Some(name) => Some(read(name)?),
+        None => None,
+    };
+    let mut memory_at_end = Vec::new();
+    for (i, m) in manifest["memory_at_end"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+    {
+        let bad = |what: &str| format!("manifest.json: memory_at_end {i}: {what}");
+        let file = m["file"].as_str().ok_or_else(|| bad("no file"))?;
+        let addr = m["addr"]
+            .as_str()
+            .and_then(|a| u64::from_str_radix(a.trim_start_matches("0x"), 16).ok())
+            .ok_or_else(|| bad("no addr"))?;
+        let bytes = read(file)?;
+        if addr.checked_add(bytes.len() as u64).is_none() {
+            return Err(bad("wraps around the address space"));
+        }
+        memory_at_end.push((addr, bytes));
+    }
+    let libraries_xml = match manifest["libraries"].as_str() {
+        Some(name) => Some(
+            String::from_utf8(read(name)?)
+                .map_err(|_| format!("{}: {name}: not UTF-8", dir.display()))?,
+        ),
+        None => None,
+    };
     Ok(OfflineRecording {
         trace,
         image,
@@ -169,6 +204,9 @@ pub fn load_saved(dir: &Path) -> Result<OfflineRecording, String> {
                 .unwrap_or(1),
             exe: manifest["exe"].as_str().map(PathBuf::from),
             source: format!("saved recording {}", dir.display()),
+            auxv,
+            libraries_xml,
+            memory_at_end,
         },
         // A saved recording is the software backend's: no errata apply.
         flow: FlowConfig::default(),
@@ -287,7 +325,8 @@ mod tests {
                 .unwrap_or_else(|| panic!("{trace:?} {file:?} accepted"));
             assert!(
                 err.contains("not a file name in the recording directory")
-                    || err.contains("not a regular file"),
+                    || err.contains("not a regular file")
+                    || err.contains("symbolic link"),
                 "{trace:?} {file:?}: {err}"
             );
         }

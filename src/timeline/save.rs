@@ -4,6 +4,7 @@
 //! and replay it.
 
 use super::{MONITOR_INDEX_WAIT, Timeline};
+use crate::store::dirfile::RecordingDir;
 use crate::target::X86Registers;
 use crate::target::regs::gpr;
 
@@ -25,18 +26,57 @@ impl Timeline {
     /// Writes a self-contained recording into `dir` (`monitor save DIR`): `trace.pt`, the code
     /// as raw sections (`code-ADDR.bin`), `manifest.json` (sections, registers at the first
     /// recorded instruction and after the last one, counters), `maps.json` and a `README` with
-    /// the exact `ptrewind decode` and `ptrewind replay` commands. Returns a summary.
-    pub fn save(&mut self, dir: &std::path::Path) -> Result<String, String> {
+    /// the exact `ptrewind decode` and `ptrewind replay` commands; with it the auxiliary
+    /// vector (`auxv.bin`), the stack at the end (`stack-ADDR.bin`) and `libraries_xml`, the
+    /// loader's library list the server read (`libraries-svr4.xml`), so that a replay shows
+    /// a PIE or dynamically linked program as the live session did. Returns a summary.
+    pub fn save(
+        &mut self,
+        dir: &std::path::Path,
+        libraries_xml: Option<&str>,
+    ) -> Result<String, String> {
         let insns = self.ensure_indexed(MONITOR_INDEX_WAIT)?;
-        let io = |what: &str, e: std::io::Error| format!("{what}: {e}");
-        std::fs::create_dir_all(dir).map_err(|e| io(&dir.display().to_string(), e))?;
+        // Never through a planted link, only plain names, new files (see `store::dirfile`).
+        let out = RecordingDir::create(dir).map_err(|e| e.to_string())?;
+        // The manifest is what makes a directory a recording: the old one goes first and the
+        // new one is written last, so a save that fails half-way never leaves a directory
+        // that claims to be complete.
+        out.remove("manifest.json").map_err(|e| e.to_string())?;
+        let mut written: Vec<String> = Vec::new();
+        let result = self.save_files(&out, insns, libraries_xml, &mut written);
+        if let Err(e) = result {
+            for name in &written {
+                let _ = out.remove(name);
+            }
+            return Err(format!(
+                "{e}; nothing saved (the {} file(s) written before were removed)",
+                written.len()
+            ));
+        }
+        result
+    }
+
+    /// The files of [`Timeline::save`], `manifest.json` last; `written` collects the names
+    /// created so far.
+    fn save_files(
+        &mut self,
+        out: &RecordingDir,
+        insns: u64,
+        libraries_xml: Option<&str>,
+        written: &mut Vec<String>,
+    ) -> Result<String, String> {
+        let dir = out.path();
+        let mut put = |name: &str, bytes: &[u8]| {
+            written.push(name.to_string());
+            out.write(name, bytes).map_err(|e| e.to_string())
+        };
         let trace = self.store.to_vec();
-        std::fs::write(dir.join("trace.pt"), &trace).map_err(|e| io("trace.pt", e))?;
+        put("trace.pt", &trace)?;
         let mut sections = Vec::new();
         let mut raw_args = Vec::new();
         for sec in self.image.sections() {
             let name = format!("code-{:x}.bin", sec.addr);
-            std::fs::write(dir.join(&name), sec.data()).map_err(|e| io(&name, e))?;
+            put(&name, sec.data())?;
             raw_args.push(format!(
                 "--raw {}:{:#x}",
                 dir.join(&name).display(),
@@ -56,15 +96,31 @@ impl Timeline {
                 (info.pid, info.exe, String::new())
             }
         };
+        // What a debugger needs to place the program and its libraries (auxv: the PIE load
+        // address, the loader's rendezvous) and to unwind at the end (the stack).
+        let auxv = match self.live.as_mut() {
+            Some(live) => live.auxv().ok(),
+            None => self.offline.as_ref().and_then(|o| o.auxv.clone()),
+        };
+        if let Some(a) = &auxv {
+            put("auxv.bin", a)?;
+        }
+        let libraries_xml = libraries_xml
+            .map(str::to_string)
+            .or_else(|| self.offline.as_ref().and_then(|o| o.libraries_xml.clone()));
+        if let Some(x) = &libraries_xml {
+            put("libraries-svr4.xml", x.as_bytes())?;
+        }
         let maps: Vec<serde_json::Value> = maps_text
             .lines()
             .map(|l| serde_json::Value::String(l.to_string()))
             .collect();
-        std::fs::write(
-            dir.join("maps.json"),
-            serde_json::to_string_pretty(&maps).unwrap_or_default(),
-        )
-        .map_err(|e| io("maps.json", e))?;
+        put(
+            "maps.json",
+            serde_json::to_string_pretty(&maps)
+                .unwrap_or_default()
+                .as_bytes(),
+        )?;
         let present = match self.live.as_mut() {
             Some(live) if self.exited.is_none() => live.read_registers().ok(),
             Some(_) => None,
@@ -75,6 +131,38 @@ impl Timeline {
             _ => None,
         };
         let start = logged_start.or_else(|| self.snapshots.get(0));
+        let mut stack_file = None;
+        if let (Some(p), Some(live)) = (&present, self.live.as_mut()) {
+            // From the red zone below the stack pointer to the top of its mapping.
+            let sp = p.gprs[gpr::RSP].saturating_sub(128);
+            let top = maps_text.lines().find_map(|l| {
+                let range = l.split_whitespace().next()?;
+                let (a, b) = range.split_once('-')?;
+                let (a, b) = (
+                    u64::from_str_radix(a, 16).ok()?,
+                    u64::from_str_radix(b, 16).ok()?,
+                );
+                (sp >= a && sp < b).then_some(b)
+            });
+            if let Some(top) = top {
+                let len = usize::try_from((top - sp).min(8 << 20)).unwrap_or(0);
+                let mut bytes = vec![0; len];
+                let mut got = 0;
+                while got < len {
+                    match live.read_memory(sp + got as u64, &mut bytes[got..]) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => got += n,
+                    }
+                }
+                bytes.truncate(got);
+                if !bytes.is_empty() {
+                    let name = format!("stack-{sp:x}.bin");
+                    put(&name, &bytes)?;
+                    stack_file =
+                        Some(serde_json::json!({"file": name, "addr": format!("{sp:#x}")}));
+                }
+            }
+        }
         // Every register file captured at a position (start, stops): the general-purpose
         // registers, for `ptrewind replay`.
         let stops: Vec<serde_json::Value> = self
@@ -105,12 +193,10 @@ impl Timeline {
             "registers_at_start": start.as_ref().map(regs_json),
             "registers_at_end": present.as_ref().map(regs_json),
             "registers_at_stops": stops,
+            "auxv": auxv.as_ref().map(|_| "auxv.bin"),
+            "libraries": libraries_xml.as_ref().map(|_| "libraries-svr4.xml"),
+            "memory_at_end": stack_file.into_iter().collect::<Vec<_>>(),
         });
-        std::fs::write(
-            dir.join("manifest.json"),
-            serde_json::to_string_pretty(&manifest).unwrap_or_default(),
-        )
-        .map_err(|e| io("manifest.json", e))?;
         let cmd = format!(
             "ptrewind decode --pt {} {}",
             dir.join("trace.pt").display(),
@@ -128,7 +214,13 @@ impl Timeline {
             insns,
             dir.display()
         );
-        std::fs::write(dir.join("README"), readme).map_err(|e| io("README", e))?;
+        put("README", readme.as_bytes())?;
+        put(
+            "manifest.json",
+            serde_json::to_string_pretty(&manifest)
+                .unwrap_or_default()
+                .as_bytes(),
+        )?;
         Ok(format!(
             "saved {} trace bytes, {} instructions, {} code sections to {}\ndecode with: {cmd}\n",
             trace.len(),

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::Timeline;
-use crate::capture::perf::{DrainSource, PerfCapture, PerfPtError, PtSource, TraceSink};
+use crate::capture::perf::{AuxSink, DrainSource, PerfCapture, PerfPtError, PtSource};
 use crate::ring::aux::AuxStats;
 use crate::target::{PtraceTarget, StopEvent};
 
@@ -20,7 +20,7 @@ struct StraightLineCpu {
 }
 
 impl DrainSource for StraightLineCpu {
-    fn drain_once(&mut self, sink: &mut dyn TraceSink) -> Result<u64, PerfPtError> {
+    fn drain_once(&mut self, sink: &mut dyn AuxSink) -> Result<u64, PerfPtError> {
         use crate::packet::Packet;
         use crate::packet::{Encoder, IpKind};
         let Ok(regs) = nix::sys::ptrace::getregs(self.pid) else {
@@ -85,12 +85,8 @@ fn hardware_capture_serves_a_live_process_pc_only() {
         .unwrap()
         .success();
     assert!(ok, "cc failed");
-    let mut ptrace = PtraceTarget::spawn(
-        &exe.clone().into_os_string(),
-        &[],
-        &SpawnOptions { disable_aslr: true },
-    )
-    .unwrap();
+    let mut ptrace =
+        PtraceTarget::spawn(&exe.clone().into_os_string(), &[], &SpawnOptions::default()).unwrap();
     let start_regs = ptrace.read_registers().unwrap();
     let start = start_regs.pc();
     let cpu = StraightLineCpu {

@@ -759,3 +759,82 @@ pub fn hase_branches(items: &[ptrewind::flow::Item]) -> Vec<(u64, u64)> {
     }
     out
 }
+
+// ---------------------------------------------------------------------------------------------
+// Command-line inputs
+// ---------------------------------------------------------------------------------------------
+
+/// The files a command-line decoder (`ptrewind decode`, a ptxed-style driver) reads for one
+/// trace: the PT bytes and one raw file per contiguous image range.
+#[derive(Clone, Debug)]
+pub struct CliInputs {
+    /// The raw PT stream.
+    pub pt: PathBuf,
+    /// (file, load address) of each contiguous piece of the image, in address order.
+    pub raws: Vec<(PathBuf, u64)>,
+    /// `--cpu` (FAMILY/MODEL/STEPPING) when the corpus states the CPU.
+    pub cpu: Option<String>,
+    /// `--bits` (16, 32 or 64).
+    pub bits: u32,
+    /// `--ip-filter FROM-TO` (inclusive) when the trace was recorded with one.
+    pub ip_filter: Option<String>,
+}
+
+impl CliInputs {
+    /// The `ptrewind decode` arguments for these files (without `--format`).
+    pub fn decode_args(&self) -> Vec<std::ffi::OsString> {
+        let mut args: Vec<std::ffi::OsString> = vec!["--pt".into(), self.pt.clone().into()];
+        for (path, base) in &self.raws {
+            args.push("--raw".into());
+            let mut spec = path.clone().into_os_string();
+            spec.push(format!(":{base:#x}"));
+            args.push(spec);
+        }
+        if let Some(cpu) = &self.cpu {
+            args.push("--cpu".into());
+            args.push(cpu.into());
+        }
+        args.push("--bits".into());
+        args.push(self.bits.to_string().into());
+        if let Some(f) = &self.ip_filter {
+            args.push("--ip-filter".into());
+            args.push(f.into());
+        }
+        args
+    }
+}
+
+/// Writes `trace`'s PT bytes and images under `dir` (adjacent image sections joined into one
+/// file, so page-list images do not need hundreds of arguments).
+pub fn write_cli_inputs(trace: &CorpusTrace, dir: &Path) -> std::io::Result<CliInputs> {
+    let pt = dir.join("trace.pt");
+    fs::write(&pt, &trace.pt)?;
+    let mut pieces: Vec<(u64, Vec<u8>)> = Vec::new();
+    for s in &trace.images {
+        match pieces.last_mut() {
+            Some((addr, bytes)) if *addr + bytes.len() as u64 == s.addr => {
+                bytes.extend_from_slice(&s.bytes)
+            }
+            _ => pieces.push((s.addr, s.bytes.clone())),
+        }
+    }
+    let mut raws = Vec::new();
+    for (k, (addr, bytes)) in pieces.iter().enumerate() {
+        let path = dir.join(format!("image{k}.bin"));
+        fs::write(&path, bytes)?;
+        raws.push((path, *addr));
+    }
+    Ok(CliInputs {
+        pt,
+        raws,
+        cpu: trace.cpu.map(|(f, m, s)| format!("{f}/{m}/{s}")),
+        bits: match trace.mode {
+            ExecMode::Bits16 => 16,
+            ExecMode::Bits32 => 32,
+            _ => 64,
+        },
+        ip_filter: trace
+            .ip_filter
+            .map(|(from, to)| format!("{from:#x}-{:#x}", to.saturating_sub(1))),
+    })
+}

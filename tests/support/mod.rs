@@ -9,6 +9,7 @@
 //! - [`hase`]: the instruction addresses a HASE `.trace` branch list implies (also
 //!   `#[path]`-included by the crate's unit tests).
 //! - [`gdb`]: child processes with deadlines, GDB in batch mode, `ptrewind record` servers.
+//! - [`rsp`]: a raw remote-protocol client (exact packets, acks, Ctrl-C).
 #![allow(dead_code)]
 
 pub mod cbuild;
@@ -16,6 +17,7 @@ pub mod corpus;
 pub mod gdb;
 pub mod hase;
 pub mod libipt;
+pub mod rsp;
 
 #[allow(unused_imports)]
 pub use corpus::{CorpusTrace, all_traces, corpus_dir, require_corpus, trace};

@@ -1,5 +1,5 @@
 //! The background drainer: a thread that waits for data (or a period) and moves it into a
-//! [`TraceSink`], until stopped. Generic over [`DrainSource`] so its loop is testable without
+//! [`AuxSink`], until stopped. Generic over [`DrainSource`] so its loop is testable without
 //! Intel PT.
 
 use std::sync::Arc;
@@ -7,18 +7,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::{PerfPtBackend, PerfPtError, TraceSink};
+use super::{AuxSink, PerfPtBackend, PerfPtError};
 
 /// Something the drainer thread can drive.
 pub trait DrainSource: Send + 'static {
     /// Moves everything available into `sink`; returns the trace bytes moved.
-    fn drain_once(&mut self, sink: &mut dyn TraceSink) -> Result<u64, PerfPtError>;
+    fn drain_once(&mut self, sink: &mut dyn AuxSink) -> Result<u64, PerfPtError>;
     /// Blocks until data may be available or `period` has elapsed.
     fn wait_ready(&self, period: Duration);
 }
 
 impl DrainSource for PerfPtBackend {
-    fn drain_once(&mut self, sink: &mut dyn TraceSink) -> Result<u64, PerfPtError> {
+    fn drain_once(&mut self, sink: &mut dyn AuxSink) -> Result<u64, PerfPtError> {
         self.drain_into(sink)
     }
     fn wait_ready(&self, period: Duration) {
@@ -59,7 +59,7 @@ impl<S, B> Drainer<S, B> {
 pub fn spawn_drainer<B, S>(backend: B, sink: S, period: Duration) -> Drainer<S, B>
 where
     B: DrainSource,
-    S: TraceSink + Send + 'static,
+    S: AuxSink + Send + 'static,
 {
     let stop = Arc::new(AtomicBool::new(false));
     let stop_flag = Arc::clone(&stop);
@@ -102,7 +102,7 @@ mod tests {
     }
 
     impl DrainSource for Fake {
-        fn drain_once(&mut self, sink: &mut dyn TraceSink) -> Result<u64, PerfPtError> {
+        fn drain_once(&mut self, sink: &mut dyn AuxSink) -> Result<u64, PerfPtError> {
             self.n += 1;
             if self.n == 3 {
                 return Err(PerfPtError::NoThreads);

@@ -42,7 +42,7 @@ use std::collections::BTreeSet;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
-use super::{DrainSource, Drainer, PerfPtBackend, PerfPtConfig, PerfPtError, StartMode, TraceSink};
+use super::{AuxSink, DrainSource, Drainer, PerfPtBackend, PerfPtConfig, PerfPtError, StartMode};
 use crate::capture::backend::{LiveBackend, ptrace_present_state};
 use crate::flow::{Cpu, CpuVendor, Errata, FlowConfig};
 use crate::ring::aux::{AuxFlags, AuxStats, SideRecord};
@@ -97,7 +97,7 @@ impl PtSource for PerfPtBackend {
     }
 }
 
-/// A [`TraceSink`] that appends to a [`TraceStore`] (one traced thread) and counts the AUX
+/// A [`AuxSink`] that appends to a [`TraceStore`] (one traced thread) and counts the AUX
 /// records that say trace was lost.
 #[derive(Debug, Clone)]
 pub struct StoreSink {
@@ -119,7 +119,7 @@ impl StoreSink {
     }
 }
 
-impl TraceSink for StoreSink {
+impl AuxSink for StoreSink {
     fn trace(&mut self, _tid: i32, bytes: &[u8]) {
         append_bytes(&self.store, bytes);
     }
@@ -486,7 +486,7 @@ mod tests {
     }
 
     impl DrainSource for SimSource {
-        fn drain_once(&mut self, sink: &mut dyn TraceSink) -> Result<u64, PerfPtError> {
+        fn drain_once(&mut self, sink: &mut dyn AuxSink) -> Result<u64, PerfPtError> {
             let aux = self.ring.aux.lock().unwrap();
             drain_aux_full(&self.ring.page, &*aux, None, &mut self.stats, |b| {
                 sink.trace(1, b)
@@ -581,7 +581,7 @@ mod tests {
             4096,
         )
         .unwrap();
-        store.set_listener(Some(worker.notifier()));
+        store.set_listener(Some(worker.notifier().into_listener()));
         let mut pipe = AuxPipeline::new(
             SimSource {
                 ring: Arc::clone(&ring),
@@ -623,7 +623,7 @@ mod tests {
         // A source that always has more: the stop gives up after the bound and says so.
         struct Endless;
         impl DrainSource for Endless {
-            fn drain_once(&mut self, sink: &mut dyn TraceSink) -> Result<u64, PerfPtError> {
+            fn drain_once(&mut self, sink: &mut dyn AuxSink) -> Result<u64, PerfPtError> {
                 sink.trace(1, &[0]);
                 Ok(1)
             }

@@ -5,7 +5,7 @@
 //! * [`filter`] — `PERF_EVENT_IOC_SET_FILTER` address filters;
 //! * [`event`] — the `perf_event_open`/`mmap`/`ioctl` boundary (the only `unsafe` here);
 //! * [`PerfPtBackend`] — one event per traced thread, draining side-band records and AUX bytes
-//!   into a [`TraceSink`], optionally from a background thread ([`Drainer`]);
+//!   into a [`AuxSink`], optionally from a background thread ([`Drainer`]);
 //! * [`live`] — the backend as a [`LiveBackend`](crate::capture::LiveBackend) driving a
 //!   ptrace process at full speed ([`PerfCapture`]), with the AUX pipeline ([`AuxPipeline`]);
 //! * [`probe`] — "can this machine do it?", with an error that names exactly what is missing.
@@ -391,7 +391,7 @@ pub fn threads_of(root: &SysRoot, pid: i32) -> Result<Vec<i32>, PerfPtError> {
 }
 
 /// Where drained trace goes. Keep it small so the trace store can implement it.
-pub trait TraceSink {
+pub trait AuxSink {
     /// Raw Intel PT bytes of thread `tid`, in order (oldest first).
     fn trace(&mut self, tid: i32, bytes: &[u8]);
     /// A side-band record of thread `tid`'s event (AUX, ITRACE_START, LOST, ...).
@@ -405,21 +405,21 @@ pub trait TraceSink {
 }
 
 /// Appends every thread's bytes to one vector (only meaningful for a single traced thread).
-impl TraceSink for Vec<u8> {
+impl AuxSink for Vec<u8> {
     fn trace(&mut self, _tid: i32, bytes: &[u8]) {
         self.extend_from_slice(bytes);
     }
 }
 
 /// Keeps one byte stream per thread.
-impl TraceSink for BTreeMap<i32, Vec<u8>> {
+impl AuxSink for BTreeMap<i32, Vec<u8>> {
     fn trace(&mut self, tid: i32, bytes: &[u8]) {
         self.entry(tid).or_default().extend_from_slice(bytes);
     }
 }
 
 /// Any closure `FnMut(tid, bytes)` is a sink for trace bytes (side-band records are ignored).
-impl<F: FnMut(i32, &[u8])> TraceSink for F {
+impl<F: FnMut(i32, &[u8])> AuxSink for F {
     fn trace(&mut self, tid: i32, bytes: &[u8]) {
         self(tid, bytes)
     }
@@ -467,7 +467,7 @@ impl ChannelSink {
     }
 }
 
-impl TraceSink for ChannelSink {
+impl AuxSink for ChannelSink {
     fn trace(&mut self, tid: i32, bytes: &[u8]) {
         let chunk = TraceChunk::Trace {
             tid,
@@ -639,7 +639,7 @@ impl PerfPtBackend {
     }
 
     /// Drains and closes the event of a thread that exited; returns its final stats.
-    pub fn remove_thread<S: TraceSink + ?Sized>(
+    pub fn remove_thread<S: AuxSink + ?Sized>(
         &mut self,
         tid: i32,
         sink: &mut S,
@@ -700,7 +700,7 @@ impl PerfPtBackend {
     /// snapshot mode the whole flight-recorder buffer (the event is disabled around the copy and
     /// re-enabled unless the user disabled it). Returns the trace bytes moved. Per-thread errors
     /// do not stop the other threads; the first one is returned after all were drained.
-    pub fn drain_into<S: TraceSink + ?Sized>(&mut self, sink: &mut S) -> Result<u64, PerfPtError> {
+    pub fn drain_into<S: AuxSink + ?Sized>(&mut self, sink: &mut S) -> Result<u64, PerfPtError> {
         let mut total = 0;
         let mut first_err = None;
         for (&tid, s) in &mut self.streams {
@@ -734,7 +734,7 @@ impl PerfPtBackend {
 
     /// Disables every event, drains the rest into `sink`, unmaps and closes. Returns the final
     /// counters.
-    pub fn close<S: TraceSink + ?Sized>(mut self, sink: &mut S) -> Result<AuxStats, PerfPtError> {
+    pub fn close<S: AuxSink + ?Sized>(mut self, sink: &mut S) -> Result<AuxStats, PerfPtError> {
         for s in self.streams.values_mut() {
             let _ = s.event.disable();
             s.user_disabled = true;
@@ -746,7 +746,7 @@ impl PerfPtBackend {
 
     /// Moves the backend into a background thread that drains into `sink` whenever an event's
     /// fd becomes readable (the kernel wakes pollers at `aux_watermark`) or every `period`.
-    pub fn spawn_drainer<S: TraceSink + Send + 'static>(
+    pub fn spawn_drainer<S: AuxSink + Send + 'static>(
         self,
         sink: S,
         period: Duration,
@@ -766,7 +766,7 @@ impl PerfPtBackend {
     }
 }
 
-fn drain_stream<S: TraceSink + ?Sized>(
+fn drain_stream<S: AuxSink + ?Sized>(
     tid: i32,
     s: &mut ThreadStream,
     mode: AuxMode,

@@ -168,6 +168,10 @@ impl LiveBackend for SoftCapture {
         Some(self.rec.stats().recorded)
     }
 
+    fn step_counter(&self) -> Option<std::sync::Arc<std::sync::atomic::AtomicU64>> {
+        Some(self.rec.step_counter())
+    }
+
     fn recorded_state(&self) -> Option<&dyn RecordedState> {
         self.rec.state_log().map(|l| l as &dyn RecordedState)
     }

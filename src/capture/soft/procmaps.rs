@@ -9,37 +9,6 @@ use super::target::{StepTarget, TargetError};
 use crate::image::procfs::{self, MapEntry};
 use crate::image::{Image, Section};
 
-/// One line of `/proc/PID/maps`, reduced to what symbol lookup and image snapshots need
-/// (parsed by [`MapEntry::parse_line`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Mapping {
-    /// First address.
-    pub start: u64,
-    /// One past the last address.
-    pub end: u64,
-    /// Readable.
-    pub read: bool,
-    /// Executable.
-    pub exec: bool,
-    /// Offset in the mapped file.
-    pub offset: u64,
-    /// Path or pseudo-name (`[vdso]`, `[stack]`), empty for anonymous mappings.
-    pub path: String,
-}
-
-impl From<MapEntry> for Mapping {
-    fn from(m: MapEntry) -> Self {
-        Mapping {
-            start: m.start,
-            end: m.end,
-            read: m.read,
-            exec: m.exec,
-            offset: m.offset,
-            path: m.path.unwrap_or_default(),
-        }
-    }
-}
-
 /// Why a run-time address could not be found.
 #[derive(Debug, thiserror::Error)]
 pub enum SymbolError {
@@ -78,14 +47,12 @@ pub enum SymbolError {
 }
 
 /// Parses the text of `/proc/PID/maps`; malformed lines are skipped.
-pub fn parse_maps(text: &str) -> Vec<Mapping> {
-    procfs::parse_maps_lenient(text)
-        .map(Mapping::from)
-        .collect()
+pub fn parse_maps(text: &str) -> Vec<MapEntry> {
+    procfs::parse_maps_lenient(text).collect()
 }
 
 /// The mappings of process `pid`.
-pub fn read_maps(pid: i32) -> Result<Vec<Mapping>, SymbolError> {
+pub fn read_maps(pid: i32) -> Result<Vec<MapEntry>, SymbolError> {
     let path = procfs::maps_path(pid);
     let text = std::fs::read_to_string(&path).map_err(|source| SymbolError::Io { path, source })?;
     Ok(parse_maps(&text))
@@ -128,7 +95,7 @@ pub fn exe_addresses(pid: i32) -> Result<(PathBuf, ExeAddresses, Vec<u8>), Symbo
         let path_str = path.to_string_lossy();
         let first = maps
             .iter()
-            .find(|m| m.offset == 0 && m.path == path_str)
+            .find(|m| m.offset == 0 && m.path.as_deref() == Some(path_str.as_ref()))
             .ok_or_else(|| SymbolError::NotMapped {
                 path: path.clone(),
                 pid,
@@ -181,13 +148,13 @@ pub fn capture_image<T: StepTarget + ?Sized>(
         let mut bytes = vec![0u8; len];
         let n = target.read_memory(m.start, &mut bytes).unwrap_or_default();
         if n == 0 {
-            skipped.push(m.path.clone());
+            skipped.push(m.path.clone().unwrap_or_default());
             continue;
         }
         bytes.truncate(n);
-        let origin = if m.path.is_empty() { "[anon]" } else { &m.path };
+        let origin = m.path.as_deref().unwrap_or("[anon]");
         if image.add(Section::new(m.start, bytes, origin)).is_err() {
-            skipped.push(m.path.clone());
+            skipped.push(m.path.clone().unwrap_or_default());
         }
     }
     Ok((image, skipped))
@@ -206,10 +173,10 @@ mod tests {
                     garbage\n";
         let m = parse_maps(text);
         assert_eq!(m.len(), 4);
-        assert_eq!(m[0].path, "/tmp/a b");
+        assert_eq!(m[0].path.as_deref(), Some("/tmp/a b"));
         assert!(!m[0].exec && m[1].exec && m[1].read);
         assert_eq!(m[1].offset, 0x1000);
-        assert_eq!(m[2].path, "[vdso]");
-        assert_eq!(m[3].path, "");
+        assert_eq!(m[2].path.as_deref(), Some("[vdso]"));
+        assert_eq!(m[3].path, None);
     }
 }

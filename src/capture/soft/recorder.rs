@@ -57,7 +57,7 @@
 //! default action (as when GDB steps there): a second SIGTRAP (INT3) would kill the program.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -327,6 +327,8 @@ pub struct SoftRecorder<T: StepTarget> {
     image: Option<Image>,
     exit: Option<Exit>,
     stats: RecorderStats,
+    /// Instructions stepped so far, readable from other threads (progress displays).
+    steps: Arc<AtomicU64>,
 }
 
 impl<T: StepTarget> std::fmt::Debug for SoftRecorder<T> {
@@ -479,6 +481,7 @@ impl<T: StepTarget> SoftRecorder<T> {
             image: None,
             exit: None,
             stats: RecorderStats::default(),
+            steps: Arc::new(AtomicU64::new(0)),
         };
         if me.config.record_from != RecordFrom::OnDemand {
             me.record_on();
@@ -575,12 +578,20 @@ impl<T: StepTarget> SoftRecorder<T> {
         Ok(r)
     }
 
+    /// The number of single steps so far, as a counter other threads can read while the
+    /// recorder runs (progress displays).
+    pub fn step_counter(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.steps)
+    }
+
     /// Executes one instruction (or delivers a pending signal) and records it.
     pub fn step(&mut self) -> Result<StepEvent, RecordError> {
         if let Some(e) = self.exit {
             return Ok(StepEvent::Exited(e));
         }
         let mut before = self.current_regs()?;
+        // The call a `restart_syscall` continues (its arguments are still in the registers).
+        let mut restarted_call = None;
         // Resumed without a signal, a stop inside an interrupted system call re-executes the
         // `syscall` before RIP (see the module docs): that is the instruction this step runs.
         if self.pending_signal.is_none()
@@ -590,7 +601,13 @@ impl<T: StepTarget> SoftRecorder<T> {
             && insn.nlip() == before.rip
         {
             self.stats.syscall_restarts += 1;
+            if restarted.rax == NR_RESTART_SYSCALL {
+                restarted_call = Some(before.orig_rax);
+            }
             before = restarted;
+        }
+        if let Some(log) = self.state_log.as_mut() {
+            log.set_restarted_call(restarted_call);
         }
         let ip = before.rip;
         // An undecodable or unreadable instruction still gets stepped: the CPU raises #UD or
@@ -609,6 +626,7 @@ impl<T: StepTarget> SoftRecorder<T> {
         }
         self.regs = None;
         self.stats.single_steps += 1;
+        self.steps.fetch_add(1, Ordering::Relaxed);
         let stop = self.target.single_step(signal)?;
         match stop {
             // A breakpoint report for a single step means the step ended on a breakpoint

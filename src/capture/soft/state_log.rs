@@ -192,6 +192,8 @@ pub struct StateLog {
     /// Entry index of each recorded instruction.
     positions: Vec<u32>,
     syscall_nr: Option<u64>,
+    /// The system call the next `restart_syscall` continues (see [`StateLog::set_restarted_call`]).
+    restarted_call: Option<u64>,
     /// Vector-state snapshots: (entry index, start of its record in `vec_data`), ascending
     /// by entry. A record is a 64-bit mask of the 16-byte chunks of the image it stores,
     /// then those chunks: every [`VEC_KEY_EVERY`]-th record stores all of them (a key), the
@@ -405,6 +407,7 @@ impl StateLog {
             stats: StateLogStats::default(),
             positions: Vec::new(),
             syscall_nr: None,
+            restarted_call: None,
             vec_index: Vec::new(),
             vec_data: Vec::new(),
             vec_last: Vec::new(),
@@ -617,6 +620,14 @@ impl StateLog {
         }
     }
 
+    /// Says which system call the next step's `restart_syscall` (219) continues: the kernel
+    /// restarts it from its restart block with the original arguments, which are still in the
+    /// registers, so it writes what that call writes (attaching to a process in `usleep`
+    /// interrupts `clock_nanosleep` this way). `None` for any other step.
+    pub fn set_restarted_call(&mut self, nr: Option<u64>) {
+        self.restarted_call = nr;
+    }
+
     /// Called before a step: records kernel-made register changes since the last step, and
     /// snapshots the memory the instruction (or system call) is about to write.
     pub fn before_step<T: StepTarget + ?Sized>(
@@ -638,7 +649,11 @@ impl StateLog {
             if matches!(before.rax, 15 | 59 | 322) {
                 self.snapshot_xstate(target);
             }
-            match syscall_writes(before) {
+            let call = match self.restarted_call.take() {
+                Some(nr) if before.rax == 219 => Regs { rax: nr, ..*before },
+                _ => *before,
+            };
+            match syscall_writes(&call) {
                 Some(ranges) => {
                     for (addr, len) in ranges {
                         if addr != 0 {

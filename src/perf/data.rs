@@ -42,32 +42,33 @@ const SECTION_SIZE: u64 = 16;
 /// Number of bits in the feature bitmap (`HEADER_FEAT_BITS`).
 const FEATURE_BITS: u32 = 256;
 
-/// Record types (`perf_event_type` in the kernel, `perf_user_event_type` in perf).
+/// Record types (`perf_event_type` in the kernel, from [`abi`]; `perf_user_event_type` in perf).
 pub mod record_type {
+    use crate::perf::abi;
     /// `PERF_RECORD_MMAP`.
-    pub const MMAP: u32 = 1;
+    pub const MMAP: u32 = abi::PERF_RECORD_MMAP;
     /// `PERF_RECORD_LOST`.
-    pub const LOST: u32 = 2;
+    pub const LOST: u32 = abi::PERF_RECORD_LOST;
     /// `PERF_RECORD_COMM`.
-    pub const COMM: u32 = 3;
+    pub const COMM: u32 = abi::PERF_RECORD_COMM;
     /// `PERF_RECORD_EXIT`.
-    pub const EXIT: u32 = 4;
+    pub const EXIT: u32 = abi::PERF_RECORD_EXIT;
     /// `PERF_RECORD_FORK`.
-    pub const FORK: u32 = 7;
+    pub const FORK: u32 = abi::PERF_RECORD_FORK;
     /// `PERF_RECORD_SAMPLE`.
-    pub const SAMPLE: u32 = 9;
+    pub const SAMPLE: u32 = abi::PERF_RECORD_SAMPLE;
     /// `PERF_RECORD_MMAP2`.
-    pub const MMAP2: u32 = 10;
+    pub const MMAP2: u32 = abi::PERF_RECORD_MMAP2;
     /// `PERF_RECORD_AUX`.
-    pub const AUX: u32 = 11;
+    pub const AUX: u32 = abi::PERF_RECORD_AUX;
     /// `PERF_RECORD_ITRACE_START`.
-    pub const ITRACE_START: u32 = 12;
+    pub const ITRACE_START: u32 = abi::PERF_RECORD_ITRACE_START;
     /// `PERF_RECORD_LOST_SAMPLES`.
-    pub const LOST_SAMPLES: u32 = 13;
+    pub const LOST_SAMPLES: u32 = abi::PERF_RECORD_LOST_SAMPLES;
     /// `PERF_RECORD_SWITCH`.
-    pub const SWITCH: u32 = 14;
+    pub const SWITCH: u32 = abi::PERF_RECORD_SWITCH;
     /// `PERF_RECORD_SWITCH_CPU_WIDE`.
-    pub const SWITCH_CPU_WIDE: u32 = 15;
+    pub const SWITCH_CPU_WIDE: u32 = abi::PERF_RECORD_SWITCH_CPU_WIDE;
     /// First perf-internal ("user") record type; kernel records lie below.
     pub const USER_TYPE_START: u32 = 64;
     /// `PERF_RECORD_HEADER_ATTR` (pipe mode).
@@ -94,14 +95,15 @@ pub mod record_type {
 
 /// `PERF_AUX_FLAG_*` bits of a `PERF_RECORD_AUX`.
 pub mod aux_flag {
+    use crate::perf::abi;
     /// The AUX buffer was full: data was lost after this record's range.
-    pub const TRUNCATED: u64 = 0x01;
+    pub const TRUNCATED: u64 = abi::PERF_AUX_FLAG_TRUNCATED;
     /// Snapshot (overwrite) mode: the range was overwritten rather than consumed.
-    pub const OVERWRITE: u64 = 0x02;
+    pub const OVERWRITE: u64 = abi::PERF_AUX_FLAG_OVERWRITE;
     /// The record contains gaps (the hardware lost data inside the range).
-    pub const PARTIAL: u64 = 0x04;
+    pub const PARTIAL: u64 = abi::PERF_AUX_FLAG_PARTIAL;
     /// A sample collided with another one.
-    pub const COLLISION: u64 = 0x08;
+    pub const COLLISION: u64 = abi::PERF_AUX_FLAG_COLLISION;
 }
 
 /// Feature bit of the build-id table (`HEADER_BUILD_ID`).
@@ -111,25 +113,16 @@ pub const FEATURE_CPUID: u32 = 9;
 /// `PERF_AUXTRACE_INTEL_PT`: the `type` of an Intel PT `PERF_RECORD_AUXTRACE_INFO`.
 pub const AUXTRACE_TYPE_INTEL_PT: u32 = 1;
 
-// perf_event_attr.sample_type bits that shape the sample_id trailer.
-const SAMPLE_TID: u64 = 1 << 1;
-const SAMPLE_TIME: u64 = 1 << 2;
-const SAMPLE_ID: u64 = 1 << 6;
-const SAMPLE_CPU: u64 = 1 << 7;
-const SAMPLE_STREAM_ID: u64 = 1 << 9;
-const SAMPLE_IDENTIFIER: u64 = 1 << 16;
+use super::abi::{PERF_SAMPLE_IDENTIFIER as SAMPLE_IDENTIFIER, SampleId, parse_sample_id};
 /// perf_event_attr flag bit `sample_id_all`.
 const ATTR_FLAG_SAMPLE_ID_ALL: u64 = 1 << 18;
-/// `PERF_RECORD_MISC_MMAP_BUILD_ID`: an MMAP2 carries a build id instead of device/inode.
-const MISC_MMAP_BUILD_ID: u16 = 1 << 14;
-/// `PERF_RECORD_MISC_SWITCH_OUT`.
-const MISC_SWITCH_OUT: u16 = 1 << 13;
-/// `PERF_RECORD_MISC_SWITCH_OUT_PREEMPT`.
-const MISC_SWITCH_OUT_PREEMPT: u16 = 1 << 14;
-/// `PERF_RECORD_MISC_COMM_EXEC`.
-const MISC_COMM_EXEC: u16 = 1 << 13;
-/// `PERF_RECORD_MISC_BUILD_ID_SIZE`: the build-id record's size byte is valid.
-const MISC_BUILD_ID_SIZE: u16 = 1 << 15;
+use super::abi::{
+    PERF_RECORD_MISC_BUILD_ID_SIZE as MISC_BUILD_ID_SIZE,
+    PERF_RECORD_MISC_COMM_EXEC as MISC_COMM_EXEC,
+    PERF_RECORD_MISC_MMAP_BUILD_ID as MISC_MMAP_BUILD_ID,
+    PERF_RECORD_MISC_SWITCH_OUT as MISC_SWITCH_OUT,
+    PERF_RECORD_MISC_SWITCH_OUT_PREEMPT as MISC_SWITCH_OUT_PREEMPT,
+};
 
 /// What went wrong while reading a perf.data file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -370,21 +363,6 @@ pub struct AttrEntry<'data> {
     pub ids: Vec<u64>,
 }
 
-/// The trailing `sample_id` of a non-sample record (present when the event has `sample_id_all`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SampleId {
-    /// Process id (`PERF_SAMPLE_TID`).
-    pub pid: Option<u32>,
-    /// Thread id (`PERF_SAMPLE_TID`).
-    pub tid: Option<u32>,
-    /// Timestamp (`PERF_SAMPLE_TIME`).
-    pub time: Option<u64>,
-    /// Event id (`PERF_SAMPLE_ID` or `PERF_SAMPLE_IDENTIFIER`).
-    pub id: Option<u64>,
-    /// CPU (`PERF_SAMPLE_CPU`).
-    pub cpu: Option<u32>,
-}
-
 /// How to read sample_id trailers, learnt from the attrs.
 #[derive(Debug, Clone, Default)]
 struct SampleIdLayout {
@@ -425,41 +403,7 @@ impl SampleIdLayout {
         if !id_all {
             return None;
         }
-        let fields = [
-            SAMPLE_TID,
-            SAMPLE_TIME,
-            SAMPLE_ID,
-            SAMPLE_STREAM_ID,
-            SAMPLE_CPU,
-            SAMPLE_IDENTIFIER,
-        ];
-        let len = fields.iter().filter(|&&bit| sample_type & bit != 0).count() * 8;
-        let mut at = body.len().checked_sub(len)?;
-        let mut out = SampleId::default();
-        if sample_type & SAMPLE_TID != 0 {
-            out.pid = u32_at(body, at);
-            out.tid = u32_at(body, at + 4);
-            at += 8;
-        }
-        if sample_type & SAMPLE_TIME != 0 {
-            out.time = u64_at(body, at);
-            at += 8;
-        }
-        if sample_type & SAMPLE_ID != 0 {
-            out.id = u64_at(body, at);
-            at += 8;
-        }
-        if sample_type & SAMPLE_STREAM_ID != 0 {
-            at += 8;
-        }
-        if sample_type & SAMPLE_CPU != 0 {
-            out.cpu = u32_at(body, at);
-            at += 8;
-        }
-        if sample_type & SAMPLE_IDENTIFIER != 0 {
-            out.id = u64_at(body, at);
-        }
-        Some(out)
+        parse_sample_id(sample_type, body)
     }
 }
 
@@ -735,7 +679,16 @@ impl<'data> PerfData<'data> {
     /// [`AuxStreams::scan`]) with the streams gathered up to it; malformed records are collected
     /// in [`PerfScan::malformed`].
     pub fn aux_streams(&self) -> AuxStreams<'data> {
-        AuxStreams::collect(self)
+        let mut aux = AuxStreams::collect(self);
+        aux.scan.features = self.feature_errors();
+        aux
+    }
+
+    /// Every header feature (file mode) whose table entry or section lies outside the file.
+    pub fn feature_errors(&self) -> Vec<PerfDataError> {
+        (0..FEATURE_BITS)
+            .filter_map(|bit| self.feature_section(bit)?.err())
+            .collect()
     }
 }
 
@@ -1391,6 +1344,9 @@ pub struct PerfScan {
     pub malformed: Vec<PerfDataError>,
     /// The framing error that ended the scan early, if any.
     pub error: Option<PerfDataError>,
+    /// Header feature sections (file mode) that cannot be read: a file cut short after its
+    /// data section loses its build ids, CPU and the rest this way.
+    pub features: Vec<PerfDataError>,
 }
 
 /// A stream being assembled by [`AuxStreams::collect`].
@@ -1589,6 +1545,10 @@ impl<'data> AuxStreams<'data> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::perf::abi::{
+        PERF_SAMPLE_CPU as SAMPLE_CPU, PERF_SAMPLE_TID as SAMPLE_TID,
+        PERF_SAMPLE_TIME as SAMPLE_TIME,
+    };
 
     /// Builds a record: header + body.
     fn record(kind: u32, misc: u16, body: &[u8]) -> Vec<u8> {

@@ -1,0 +1,318 @@
+//! End-to-end CLI benchmark: `ptrewind decode --format ips` (and `ips-bin`) against a
+//! ptxed-style libipt driver (`examples/c/ptxed_ips.c`, built here with `cc -O2 … -lipt`) that
+//! writes every instruction address as hex text, or as a binary little-endian u64, on every
+//! corpus trace that has code images. Same files, same run, interleaved repetitions.
+//!
+//! ```text
+//! cargo build --release --bin ptrewind --example bench_cli
+//! target/release/examples/bench_cli [--reps N] [--trace NAME]... [--ptrewind PATH]
+//!                                   [--before PATH] [--no-ips-bin]
+//! ```
+//!
+//! Each process's cost is its CPU time (user + system, from `wait4`'s rusage), the fair measure
+//! on a shared machine; wall time is printed alongside. The minimum over `--reps` (default 3)
+//! interleaved runs is kept. Output goes to /dev/null, so the writes are counted but no disk.
+//! Before timing, both sides run once into a pipe and their instruction counts are printed
+//! (ptrewind: the lines that are not events), so a mismatch is visible.
+//! `--ptrewind PATH`: the binary to time (default: `ptrewind` next to this example's directory,
+//! i.e. `target/release/ptrewind`). `--before PATH`: another ptrewind binary, timed with
+//! `--format ips` too (e.g. a build of the previous commit), for a before/after in one run.
+//! `--no-ips-bin`: skip `--format ips-bin` (binaries older than that format). `--dir DIR`: write
+//! the inputs and the driver under DIR (kept, for profiling one command) instead of a temporary
+//! directory; `--reps 0` then only writes them and prints each trace's commands.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+/// One timed command.
+struct Variant {
+    label: &'static str,
+    program: PathBuf,
+    args: Vec<OsString>,
+}
+
+/// Runs `v` with stdout to /dev/null; returns (CPU seconds, wall seconds).
+// The child is reaped by `wait4` (for its rusage), not by `Child::wait`.
+#[allow(clippy::zombie_processes)]
+fn time_run(v: &Variant) -> (f64, f64) {
+    let devnull = std::fs::File::create("/dev/null").expect("/dev/null");
+    let started = Instant::now();
+    let child = Command::new(&v.program)
+        .args(&v.args)
+        .stdout(devnull)
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value of this plain C struct.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `pid` is our child, not yet waited for (`child` is never waited on through std);
+    // `status` and `usage` are valid out-pointers.
+    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    let wall = started.elapsed().as_secs_f64();
+    assert_eq!(r, pid, "wait4 failed");
+    let exited = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) <= 2;
+    assert!(exited, "{} failed: status {status:#x}", v.label);
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    (tv(usage.ru_utime) + tv(usage.ru_stime), wall)
+}
+
+/// Runs `v` into a pipe and returns its stdout and stderr.
+fn capture(v: &Variant) -> (Vec<u8>, String) {
+    let out = Command::new(&v.program)
+        .args(&v.args)
+        .output()
+        .expect("run");
+    (
+        out.stdout,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn default_ptrewind() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    // target/release/examples/bench_cli -> target/release/ptrewind
+    exe.parent()
+        .and_then(Path::parent)
+        .map(|d| d.join("ptrewind"))
+        .expect("target dir")
+}
+
+fn build_driver(dir: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/c/ptxed_ips.c");
+    let exe = dir.join("ptxed_ips");
+    let st = Command::new("cc")
+        .args(["-O2", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .arg("-lipt")
+        .status()
+        .expect("cc");
+    assert!(
+        st.success(),
+        "building {} failed (libipt-dev?)",
+        src.display()
+    );
+    exe
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut reps = 3usize;
+    let mut only: Vec<String> = Vec::new();
+    let mut ours = default_ptrewind();
+    let mut before: Option<PathBuf> = None;
+    let mut ips_bin = true;
+    let mut keep: Option<PathBuf> = None;
+    let mut i = 0;
+    while i < args.len() {
+        let val = |i: usize| args.get(i + 1).cloned().unwrap_or_default();
+        match args[i].as_str() {
+            "--reps" => {
+                reps = val(i).parse().unwrap_or(3);
+                i += 1;
+            }
+            "--trace" => {
+                only.push(val(i));
+                i += 1;
+            }
+            "--ptrewind" => {
+                ours = PathBuf::from(val(i));
+                i += 1;
+            }
+            "--before" => {
+                before = Some(PathBuf::from(val(i)));
+                i += 1;
+            }
+            "--no-ips-bin" => ips_bin = false,
+            "--dir" => {
+                keep = Some(PathBuf::from(val(i)));
+                i += 1;
+            }
+            other => {
+                eprintln!("unknown argument {other}");
+                std::process::exit(2);
+            }
+        }
+        i += 1;
+    }
+    let Some(root) = support::corpus::corpus_dir() else {
+        eprintln!("corpus not found (set PTREWIND_CORPUS)");
+        std::process::exit(2);
+    };
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let work = keep.clone().unwrap_or_else(|| tmp.path().to_path_buf());
+    let driver = build_driver(&work);
+    println!(
+        "ptrewind {}; driver {}; {} reps; CPU ms = user+sys of the process, min over reps",
+        ours.display(),
+        driver.display(),
+        reps
+    );
+    println!(
+        "| trace | insns (ptrewind / libipt) | ptrewind ips | ptrewind ips-bin | libipt hex | libipt bin | {}hex ÷ ips | bin ÷ ips | bin ÷ ips-bin |",
+        if before.is_some() {
+            "before ips | before ÷ ips | "
+        } else {
+            ""
+        }
+    );
+    println!(
+        "|---|---|---:|---:|---:|---:|{}---:|---:|---:|",
+        if before.is_some() { "---:|---:|" } else { "" }
+    );
+    for name in support::corpus::trace_names(&root) {
+        if !only.is_empty() && !only.contains(&name) {
+            continue;
+        }
+        let t = match support::corpus::load_trace(&root, &name) {
+            Ok(t) if t.has_images() => t,
+            Ok(_) => continue,
+            Err(e) => {
+                eprintln!("{e}");
+                continue;
+            }
+        };
+        let dir = work.join(name.replace('/', "_"));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let files = support::corpus::write_cli_inputs(&t, &dir).expect("write inputs");
+        // libipt rejects the "PSB+ FUP immediately followed by TIP.PGE to the same IP" form
+        // (see tests/support/libipt.rs); it gets the masked trace, as in bench_flow.
+        let (masked, _) = support::libipt::mask_psb_fup_before_pge(&t.pt);
+        let masked_path = dir.join("trace.masked.pt");
+        std::fs::write(&masked_path, &masked).expect("write");
+        let mut drv_args: Vec<OsString> = vec![
+            "hex".into(),
+            masked_path.into(),
+            files.bits.to_string().into(),
+            files.cpu.clone().unwrap_or_else(|| "-".into()).into(),
+        ];
+        for (p, base) in &files.raws {
+            let mut s = p.clone().into_os_string();
+            s.push(format!(":{base:#x}"));
+            drv_args.push(s);
+        }
+        let mut drv_bin_args = drv_args.clone();
+        drv_bin_args[0] = "bin".into();
+        let decode = |bin: &Path, format: &str| {
+            let mut a: Vec<OsString> = vec!["decode".into()];
+            a.extend(files.decode_args());
+            a.push("--format".into());
+            a.push(format.into());
+            (bin.to_path_buf(), a)
+        };
+        let mut variants = Vec::new();
+        let (p, a) = decode(&ours, "ips");
+        variants.push(Variant {
+            label: "ips",
+            program: p,
+            args: a,
+        });
+        if ips_bin {
+            let (p, a) = decode(&ours, "ips-bin");
+            variants.push(Variant {
+                label: "ips-bin",
+                program: p,
+                args: a,
+            });
+        }
+        variants.push(Variant {
+            label: "hex",
+            program: driver.clone(),
+            args: drv_args,
+        });
+        variants.push(Variant {
+            label: "bin",
+            program: driver.clone(),
+            args: drv_bin_args,
+        });
+        if let Some(b) = &before {
+            let (p, a) = decode(b, "ips");
+            variants.push(Variant {
+                label: "before",
+                program: p,
+                args: a,
+            });
+        }
+        if reps == 0 {
+            for v in &variants {
+                let a: Vec<String> = v
+                    .args
+                    .iter()
+                    .map(|a| a.to_string_lossy().into_owned())
+                    .collect();
+                println!(
+                    "{name} {}: {} {}",
+                    v.label,
+                    v.program.display(),
+                    a.join(" ")
+                );
+            }
+            continue;
+        }
+        // Counts, untimed.
+        let (text, _) = capture(&variants[0]);
+        let ours_insns = text
+            .split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty() && l[0] != b'[')
+            .count();
+        let hex = variants.iter().find(|v| v.label == "hex").expect("hex");
+        let (_, err) = capture(hex);
+        let ipt_insns: u64 = err
+            .split_whitespace()
+            .skip_while(|w| *w != "insns")
+            .nth(1)
+            .and_then(|w| w.parse().ok())
+            .unwrap_or(0);
+        let mut best: Vec<(f64, f64)> = vec![(f64::MAX, f64::MAX); variants.len()];
+        for _ in 0..reps {
+            for (k, v) in variants.iter().enumerate() {
+                let (cpu, wall) = time_run(v);
+                best[k].0 = best[k].0.min(cpu);
+                best[k].1 = best[k].1.min(wall);
+            }
+        }
+        let get = |label: &str| {
+            variants
+                .iter()
+                .position(|v| v.label == label)
+                .map(|k| best[k])
+        };
+        let cell = |x: Option<(f64, f64)>| match x {
+            Some((c, w)) => format!("{:.1} ms ({:.1})", c * 1e3, w * 1e3),
+            None => "—".to_string(),
+        };
+        let ratio = |num: Option<(f64, f64)>, den: Option<(f64, f64)>| match (num, den) {
+            (Some(n), Some(d)) => format!("**{:.1}×**", n.0 / d.0.max(1e-6)),
+            _ => "—".to_string(),
+        };
+        let (ips, ipsb, hexr, bin, bef) = (
+            get("ips"),
+            get("ips-bin"),
+            get("hex"),
+            get("bin"),
+            get("before"),
+        );
+        println!(
+            "| {name} | {ours_insns} / {ipt_insns} | {} | {} | {} | {} | {}{} | {} | {} |",
+            cell(ips),
+            cell(ipsb),
+            cell(hexr),
+            cell(bin),
+            if before.is_some() {
+                format!("{} | {} | ", cell(bef), ratio(bef, ips))
+            } else {
+                String::new()
+            },
+            ratio(hexr, ips),
+            ratio(bin, ips),
+            ratio(bin, ipsb),
+        );
+    }
+}

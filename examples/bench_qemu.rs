@@ -1,0 +1,315 @@
+//! The QEMU backend against native execution, QEMU without the plugin, the ptrace backend and
+//! GDB's `record full`, all in one run (see docs/benchmarks.md, "QEMU backend").
+//!
+//! ```text
+//! cargo build --release && cargo run --release --example bench_qemu
+//! ```
+//!
+//! Workloads: `sort` of 200 000 lines, `md5sum` of 50 MB, a qsort of 1 000 000 ints and a
+//! 4-thread program (both C, built here with `cc -O2`). For each: wall time natively, under
+//! `qemu-x86_64` alone and under `qemu-x86_64` with the ptrewind plugin (the trace written to a
+//! recording directory and kept until the figures are read); instructions are the plugin's count.
+//! The ptrace backend and GDB `record full` run a small version of each workload (they are
+//! 10⁴–10⁵× slower) and report their own rate. Options: `--small` (1/10 sizes, for a quick check).
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ptrewind::capture::qemu::Recorded;
+use ptrewind::capture::qemu::recording::find_plugin;
+use ptrewind::capture::soft::{PtraceChild, RecordFrom, RecorderConfig, SoftRecorder};
+
+const QSORT_SRC: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+static int cmp(const void *a, const void *b) { int x = *(const int *)a, y = *(const int *)b; return (x > y) - (x < y); }
+int main(int argc, char **argv) {
+    long n = argc > 1 ? atol(argv[1]) : 1000000;
+    int *v = malloc(n * sizeof *v);
+    unsigned s = 12345;
+    for (long i = 0; i < n; i++) { s = s * 1103515245 + 12345; v[i] = (int)(s >> 1); }
+    qsort(v, n, sizeof *v, cmp);
+    printf("%d %d\n", v[0], v[n - 1]);
+    return 0;
+}
+"#;
+
+const THREADS_SRC: &str = r#"
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+static long iters;
+static void *work(void *p) {
+    unsigned long s = (unsigned long)p + 1, acc = 0;
+    for (long i = 0; i < iters; i++) { s ^= s << 13; s ^= s >> 7; s ^= s << 17; acc += (s & 7) ? s % 97 : s % 13; }
+    return (void *)acc;
+}
+int main(int argc, char **argv) {
+    iters = argc > 1 ? atol(argv[1]) : 20000000;
+    pthread_t t[4];
+    long sum = 0;
+    for (long i = 0; i < 4; i++) pthread_create(&t[i], 0, work, (void *)i);
+    for (int i = 0; i < 4; i++) { void *r; pthread_join(t[i], &r); sum += (long)r; }
+    printf("%ld\n", sum);
+    return 0;
+}
+"#;
+
+/// Wall time, peak RSS (KiB) and exit status of `cmd` (stdout discarded).
+// The child is reaped by `wait4` (for its rusage), which clippy does not see.
+#[allow(clippy::zombie_processes)]
+fn measure(cmd: &mut Command) -> (f64, u64, i32) {
+    let t0 = Instant::now();
+    let child = cmd
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let mut status = 0;
+    // SAFETY: rusage is plain data filled by wait4 for our own child.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waiting for our own child process.
+    unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut ru) };
+    (t0.elapsed().as_secs_f64(), ru.ru_maxrss as u64, status)
+}
+
+struct Workload {
+    name: &'static str,
+    program: PathBuf,
+    args: Vec<OsString>,
+    small_args: Vec<OsString>,
+}
+
+fn cc(dir: &Path, name: &str, src: &str, extra: &[&str]) -> PathBuf {
+    let c = dir.join(format!("{name}.c"));
+    std::fs::write(&c, src).expect("write");
+    let exe = dir.join(name);
+    let st = Command::new("cc")
+        .args(["-O2", "-g", "-o"])
+        .arg(&exe)
+        .arg(&c)
+        .args(extra)
+        .status()
+        .expect("cc");
+    assert!(st.success());
+    exe
+}
+
+fn which(tool: &str) -> PathBuf {
+    let out = Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .expect("sh");
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+fn ptrace_rate(w: &Workload) -> Result<(u64, f64), String> {
+    let mut cmd = Command::new(&w.program);
+    cmd.args(&w.small_args).stdout(Stdio::null());
+    let child = PtraceChild::spawn(cmd).map_err(|e| e.to_string())?;
+    let cfg = RecorderConfig {
+        record_from: RecordFrom::Exec,
+        capture_image_at_exit: false,
+        ..RecorderConfig::default()
+    };
+    let t0 = Instant::now();
+    let mut r = SoftRecorder::new(child, cfg).map_err(|e| e.to_string())?;
+    r.run(Some(3_000_000)).map_err(|e| e.to_string())?;
+    let secs = t0.elapsed().as_secs_f64();
+    let rec = r.finish().map_err(|e| e.to_string())?;
+    Ok((rec.encoder.instructions, secs))
+}
+
+fn gdb_rate(w: &Workload) -> Result<(u64, f64), String> {
+    let t0 = Instant::now();
+    let mut cmd = Command::new("timeout");
+    cmd.args(["120", "gdb", "-batch", "-nx", "-ex", "set pagination off"])
+        .args(["-ex", "starti", "-ex", "record full"])
+        .args(["-ex", "set record full insn-number-max unlimited"])
+        .args(["-ex", "set record full stop-at-limit off"])
+        .args(["-ex", "continue", "-ex", "info record", "--args"])
+        .arg(&w.program)
+        .args(&w.small_args)
+        .stdin(Stdio::null());
+    let out = cmd.output().map_err(|e| e.to_string())?;
+    let secs = t0.elapsed().as_secs_f64();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let n = text
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("Log contains ")?
+                .split_whitespace()
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .ok_or_else(|| {
+            text.lines()
+                .find(|l| l.contains("not support") || l.contains("error") || l.contains("fail"))
+                .unwrap_or("no `info record` count")
+                .trim()
+                .to_string()
+        })?;
+    let failed = text
+        .lines()
+        .find(|l| l.contains("does not support instruction"))
+        .map(|l| format!(" (stopped: {})", l.trim()));
+    if let Some(f) = failed {
+        eprintln!("  gdb record full: {n} instructions{f}");
+    }
+    Ok((n, secs))
+}
+
+fn main() {
+    let small = std::env::args().any(|a| a == "--small");
+    let scale = if small { 10 } else { 1 };
+    let exe = std::env::current_exe().expect("exe");
+    let plugin = find_plugin(&exe).expect("build the plugin first: cargo build --release");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    // Inputs.
+    let lines = d.join("lines.txt");
+    let mut text = String::new();
+    let mut s: u64 = 42;
+    for _ in 0..200_000 / scale {
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        text.push_str(&format!("{:016x} line {}\n", s, s % 1000));
+    }
+    std::fs::write(&lines, &text).expect("write");
+    let small_lines = d.join("small.txt");
+    std::fs::write(&small_lines, &text[..text.len().min(2_000)]).expect("write");
+    let blob = d.join("blob.bin");
+    let mut data = vec![0u8; 50_000_000 / scale];
+    for (i, b) in data.iter_mut().enumerate() {
+        *b = (i.wrapping_mul(2654435761) >> 13) as u8;
+    }
+    std::fs::write(&blob, &data).expect("write");
+    let small_blob = d.join("small.bin");
+    std::fs::write(&small_blob, &data[..4096]).expect("write");
+    let qsort = cc(d, "qsort", QSORT_SRC, &[]);
+    let threads = cc(d, "threads4", THREADS_SRC, &["-pthread"]);
+    let os = |v: &[&str]| v.iter().map(OsString::from).collect::<Vec<_>>();
+    let workloads = [
+        Workload {
+            name: "sort 200k lines",
+            program: which("sort"),
+            args: vec![lines.clone().into()],
+            small_args: vec![small_lines.clone().into()],
+        },
+        Workload {
+            name: "md5sum 50 MB",
+            program: which("md5sum"),
+            args: vec![blob.clone().into()],
+            small_args: vec![small_blob.clone().into()],
+        },
+        Workload {
+            name: "qsort 1M ints",
+            program: qsort.clone(),
+            args: os(&[&(1_000_000 / scale).to_string()]),
+            small_args: os(&["300"]),
+        },
+        Workload {
+            name: "4 threads",
+            program: threads.clone(),
+            args: os(&[&(20_000_000 / scale).to_string()]),
+            small_args: os(&["2000"]),
+        },
+    ];
+    println!(
+        "load average: {}",
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
+    );
+    println!(
+        "{:<16} {:>13} {:>8} {:>8} {:>8} {:>9} {:>8} {:>10} {:>9} {:>6} {:>12} {:>12}",
+        "workload",
+        "instructions",
+        "native",
+        "qemu",
+        "plugin",
+        "Minsn/s",
+        "slowdn",
+        "qemu-only",
+        "B/insn",
+        "lost",
+        "peak RSS MiB",
+        "native MiB"
+    );
+    let mut soft_rows = Vec::new();
+    for w in &workloads {
+        let (t_native, rss_native, _) = measure(Command::new(&w.program).args(&w.args));
+        let (t_qemu, _, _) = measure(Command::new("qemu-x86_64").arg(&w.program).args(&w.args));
+        let rec_dir = d.join(format!("rec-{}", w.name.split(' ').next().unwrap_or("w")));
+        std::fs::create_dir(&rec_dir).expect("mkdir");
+        let mut plugin_arg = OsString::from(&plugin);
+        plugin_arg.push(",out=");
+        plugin_arg.push(&rec_dir);
+        let (t_plugin, rss, status) = measure(
+            Command::new("qemu-x86_64")
+                .arg("-plugin")
+                .arg(&plugin_arg)
+                .arg(&w.program)
+                .args(&w.args),
+        );
+        assert_eq!(status, 0, "{} under the plugin failed", w.name);
+        let rec = Recorded::open(&rec_dir).expect("recording");
+        let (insns, bytes, lost) = rec.totals();
+        println!(
+            "{:<16} {:>13} {:>7.3}s {:>7.3}s {:>7.3}s {:>9.0} {:>7.2}x {:>9.2}x {:>9.3} {:>6} {:>12.1} {:>12.1}",
+            w.name,
+            insns,
+            t_native,
+            t_qemu,
+            t_plugin,
+            insns as f64 / t_plugin / 1e6,
+            t_plugin / t_native,
+            t_qemu / t_native,
+            bytes as f64 / insns.max(1) as f64,
+            lost,
+            rss as f64 / 1024.0,
+            rss_native as f64 / 1024.0,
+        );
+        let _ = std::fs::remove_dir_all(&rec_dir);
+        let native_rate = insns as f64 / t_native;
+        soft_rows.push((w, native_rate));
+    }
+    println!();
+    println!(
+        "{:<16} {:>14} {:>12} {:>14} {:>14} {:>12} {:>14}",
+        "small workload",
+        "ptrace insns",
+        "ptrace k/s",
+        "ptrace slowdn",
+        "gdb insns",
+        "gdb k/s",
+        "gdb slowdn"
+    );
+    for (w, native_rate) in soft_rows {
+        let p = ptrace_rate(w);
+        let g = gdb_rate(w);
+        let fmt = |r: &Result<(u64, f64), String>| match r {
+            Ok((n, s)) => (
+                n.to_string(),
+                format!("{:.1}", *n as f64 / s / 1e3),
+                format!("{:.0}x", native_rate / (*n as f64 / s)),
+            ),
+            Err(e) => (format!("failed: {e}"), "-".into(), "-".into()),
+        };
+        let (pn, pr, ps) = fmt(&p);
+        let (gn, gr, gs) = fmt(&g);
+        println!(
+            "{:<16} {pn:>14} {pr:>12} {ps:>14} {gn:>14} {gr:>12} {gs:>14}",
+            w.name
+        );
+    }
+    let _ = Duration::from_secs(0);
+}

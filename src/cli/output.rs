@@ -1,0 +1,378 @@
+//! The output buffer of `ptrewind decode`: large writes and hand-rolled hex/decimal formatting.
+//!
+//! The flow decoder hands out several hundred million instructions per second; formatting each
+//! address through `write!("{:#x}")` (the `fmt` machinery, a `BufWriter` call per line) costs
+//! more than decoding it. [`Out`] keeps a 256 KiB buffer (fits L2) with slack at its end, so a
+//! line is formatted with unconditional fixed-size stores and one "buffer full?" test, and the
+//! buffer goes to the writer in one `write_all` when it fills.
+
+use std::io::{self, Write};
+
+/// Bytes buffered before a write to the underlying writer.
+const CHUNK: usize = 256 << 10;
+/// Room after `CHUNK` for one bounded item (an address line needs 19 bytes, a 16-byte store at
+/// offset 2; a blocks line 62).
+const SLACK: usize = 128;
+
+/// A buffered writer with fast formatting of addresses and numbers.
+pub(crate) struct Out<W: Write> {
+    buf: Box<[u8]>,
+    pos: usize,
+    inner: W,
+}
+
+/// 8 hex digits of `v`, most significant first in memory order (a little-endian u64 of ASCII).
+#[inline(always)]
+fn hex8(v: u32) -> u64 {
+    // Spread the nibbles into bytes (byte i = nibble i), then reverse so the most significant
+    // digit comes first, then map 0..=15 to ASCII without a table: '0' + n, plus 0x27 for a-f
+    // (n + 6 carries into bit 4 exactly when n >= 10).
+    let mut x = v as u64;
+    x = (x | (x << 16)) & 0x0000_FFFF_0000_FFFF;
+    x = (x | (x << 8)) & 0x00FF_00FF_00FF_00FF;
+    x = (x | (x << 4)) & 0x0F0F_0F0F_0F0F_0F0F;
+    let x = x.swap_bytes();
+    let letters = ((x + 0x0606_0606_0606_0606) >> 4) & 0x0101_0101_0101_0101;
+    x + 0x3030_3030_3030_3030 + letters * 0x27
+}
+
+/// The 16 hex digits of `v` (zero-padded), as the bytes of a little-endian u128.
+#[inline(always)]
+fn hex16(v: u64) -> u128 {
+    ((hex8(v as u32) as u128) << 64) | hex8((v >> 32) as u32) as u128
+}
+
+/// Number of hex digits of `v` without leading zeros (1 for 0).
+#[inline(always)]
+fn hex_digits(v: u64) -> usize {
+    (64 - (v | 1).leading_zeros() as usize).div_ceil(4)
+}
+
+impl<W: Write> Out<W> {
+    /// A buffer over `inner`.
+    pub(crate) fn new(inner: W) -> Self {
+        Out {
+            buf: vec![0u8; CHUNK + SLACK].into_boxed_slice(),
+            pos: 0,
+            inner,
+        }
+    }
+
+    /// Writes the buffered bytes to the writer.
+    #[cold]
+    fn drain(&mut self) -> io::Result<()> {
+        let r = self.inner.write_all(&self.buf[..self.pos]);
+        self.pos = 0;
+        r
+    }
+
+    /// Makes room for one bounded item (at most `SLACK` bytes).
+    #[inline(always)]
+    fn room(&mut self) -> io::Result<()> {
+        if self.pos >= CHUNK {
+            self.drain()?;
+        }
+        Ok(())
+    }
+
+    /// `0x<hex>` without leading zeros, as `{:#x}` prints it. Needs `room()`.
+    #[inline(always)]
+    fn put_hex(&mut self, v: u64) {
+        let n = hex_digits(v);
+        let p = self.pos;
+        self.buf[p..p + 2].copy_from_slice(b"0x");
+        // Fixed 8-byte stores of the digits shifted to drop the leading zeros; the bytes past
+        // the number land in the slack and are overwritten by what follows.
+        if n <= 8 {
+            let digits = hex8(v as u32) >> (8 * (8 - n));
+            self.buf[p + 2..p + 10].copy_from_slice(&digits.to_le_bytes());
+        } else {
+            let hi = hex8((v >> 32) as u32) >> (8 * (16 - n));
+            self.buf[p + 2..p + 10].copy_from_slice(&hi.to_le_bytes());
+            let q = p + 2 + (n - 8);
+            self.buf[q..q + 8].copy_from_slice(&hex8(v as u32).to_le_bytes());
+        }
+        self.pos = p + 2 + n;
+    }
+
+    /// `0x` and all 16 hex digits, as `{:#018x}` prints a u64. Needs `room()`.
+    #[inline(always)]
+    fn put_hex_padded(&mut self, v: u64) {
+        let p = self.pos;
+        self.buf[p..p + 2].copy_from_slice(b"0x");
+        self.buf[p + 2..p + 18].copy_from_slice(&hex16(v).to_le_bytes());
+        self.pos = p + 18;
+    }
+
+    /// Decimal, as `{}` prints a u64. Needs `room()`.
+    #[inline(always)]
+    fn put_dec(&mut self, mut v: u64) {
+        let mut tmp = [0u8; 20];
+        let mut i = tmp.len();
+        loop {
+            i -= 1;
+            tmp[i] = b'0' + (v % 10) as u8;
+            v /= 10;
+            if v == 0 {
+                break;
+            }
+        }
+        let n = tmp.len() - i;
+        self.buf[self.pos..self.pos + n].copy_from_slice(&tmp[i..]);
+        self.pos += n;
+    }
+
+    /// A short piece of text (at most `SLACK - 20` bytes). Needs `room()`.
+    #[inline(always)]
+    fn put_short(&mut self, s: &[u8]) {
+        self.buf[self.pos..self.pos + s.len()].copy_from_slice(s);
+        self.pos += s.len();
+    }
+
+    /// The `0x<ip>\n` lines of a run of instructions starting at `start` with these lengths.
+    /// Addresses above 4 GiB keep their upper half's digits from one line to the next (they
+    /// change only when a run crosses a 4 GiB boundary), so a line costs one 8-digit
+    /// conversion and three stores. The lines are written in groups that fit the buffer, with
+    /// the position in a local, so that it stays in a register.
+    #[inline]
+    pub(crate) fn ip_lines(&mut self, start: u64, lens: &[u8]) -> io::Result<()> {
+        /// A line is at most "0x" + 16 digits + "\n", and the last 8-byte store may reach 8
+        /// bytes past the digits' end.
+        const LINE_MAX: usize = 27;
+        let mut ip = start;
+        let (mut hi_of, mut hi_digits, mut hi_n) = (0u64, 0u64, 0usize);
+        let mut rest = lens;
+        while !rest.is_empty() {
+            self.room()?;
+            let fit = ((self.buf.len() - self.pos) / LINE_MAX).min(rest.len());
+            let (group, tail) = rest.split_at(fit);
+            rest = tail;
+            let buf = &mut self.buf[..];
+            let mut p = self.pos;
+            for &len in group {
+                let hi = ip >> 32;
+                if hi == 0 {
+                    let n = hex_digits(ip);
+                    buf[p..p + 2].copy_from_slice(b"0x");
+                    let digits = hex8(ip as u32) >> (8 * (8 - n));
+                    buf[p + 2..p + 10].copy_from_slice(&digits.to_le_bytes());
+                    p += 2 + n;
+                } else {
+                    if hi != hi_of {
+                        hi_of = hi;
+                        hi_n = hex_digits(hi);
+                        hi_digits = hex8(hi as u32) >> (8 * (8 - hi_n));
+                    }
+                    buf[p..p + 2].copy_from_slice(b"0x");
+                    buf[p + 2..p + 10].copy_from_slice(&hi_digits.to_le_bytes());
+                    let q = p + 2 + hi_n;
+                    buf[q..q + 8].copy_from_slice(&hex8(ip as u32).to_le_bytes());
+                    p = q + 8;
+                }
+                buf[p] = b'\n';
+                p += 1;
+                ip = ip.wrapping_add(len as u64);
+            }
+            self.pos = p;
+        }
+        Ok(())
+    }
+
+    /// The addresses of a run of instructions as little-endian u64s (the `ips-bin` format),
+    /// in groups that fit the buffer as in [`Out::ip_lines`].
+    #[inline]
+    pub(crate) fn ip_bins(&mut self, start: u64, lens: &[u8]) -> io::Result<()> {
+        let mut ip = start;
+        let mut rest = lens;
+        while !rest.is_empty() {
+            self.room()?;
+            let fit = ((self.buf.len() - self.pos) / 8).min(rest.len());
+            let (group, tail) = rest.split_at(fit);
+            rest = tail;
+            let out = &mut self.buf[self.pos..self.pos + 8 * fit];
+            for (slot, &len) in out.chunks_exact_mut(8).zip(group) {
+                slot.copy_from_slice(&ip.to_le_bytes());
+                ip = ip.wrapping_add(len as u64);
+            }
+            self.pos += 8 * fit;
+        }
+        Ok(())
+    }
+
+    /// One `0xSTART..0xEND COUNT CLASS\n` line (the `blocks` format).
+    pub(crate) fn block_line(
+        &mut self,
+        start: u64,
+        end: u64,
+        count: u32,
+        class: &str,
+    ) -> io::Result<()> {
+        self.room()?;
+        self.put_hex(start);
+        self.put_short(b"..");
+        self.put_hex(end);
+        self.put_short(b" ");
+        self.put_dec(count as u64);
+        self.put_short(b" ");
+        self.bytes(class.as_bytes())?;
+        self.bytes(b"\n")
+    }
+
+    /// One `{"class":…,"ip":"0x…","len":…,"time":…}\n` line (the `json` format, keys in the
+    /// order `serde_json` prints an object).
+    pub(crate) fn json_insn(&mut self, ip: u64, len: u8, class: &str, time: u64) -> io::Result<()> {
+        self.room()?;
+        self.put_short(b"{\"class\":\"");
+        self.bytes(class.as_bytes())?;
+        self.room()?;
+        self.put_short(b"\",\"ip\":\"");
+        self.put_hex(ip);
+        self.put_short(b"\",\"len\":");
+        self.put_dec(len as u64);
+        self.put_short(b",\"time\":");
+        self.put_dec(time);
+        self.put_short(b"}\n");
+        Ok(())
+    }
+
+    /// `{:#018x}` of `ip` followed by `rest` (the `insn` format: the rest of the line is cached
+    /// per instruction by the caller).
+    pub(crate) fn padded_ip_and(&mut self, ip: u64, rest: &[u8]) -> io::Result<()> {
+        self.room()?;
+        self.put_hex_padded(ip);
+        self.bytes(rest)
+    }
+
+    /// Any bytes.
+    #[inline]
+    pub(crate) fn bytes(&mut self, b: &[u8]) -> io::Result<()> {
+        if self.pos + b.len() > CHUNK + SLACK - 32 {
+            self.drain()?;
+            if b.len() > CHUNK {
+                return self.inner.write_all(b);
+            }
+        }
+        self.buf[self.pos..self.pos + b.len()].copy_from_slice(b);
+        self.pos += b.len();
+        Ok(())
+    }
+}
+
+impl<W: Write> Write for Out<W> {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        self.bytes(b)?;
+        Ok(b.len())
+    }
+
+    fn write_all(&mut self, b: &[u8]) -> io::Result<()> {
+        self.bytes(b)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.drain()?;
+        self.inner.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_bytes(f: impl FnOnce(&mut Out<&mut Vec<u8>>)) -> Vec<u8> {
+        let mut v = Vec::new();
+        let mut o = Out::new(&mut v);
+        f(&mut o);
+        o.flush().unwrap();
+        drop(o);
+        v
+    }
+
+    fn run(f: impl FnOnce(&mut Out<&mut Vec<u8>>)) -> String {
+        String::from_utf8(run_bytes(f)).unwrap()
+    }
+
+    #[test]
+    fn hex_matches_fmt() {
+        let mut vals = vec![
+            0u64,
+            1,
+            9,
+            10,
+            15,
+            16,
+            0xff,
+            0x100,
+            u64::MAX,
+            0x7fff_f7dd_9c20,
+        ];
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..10_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            vals.push(x >> (x % 64));
+        }
+        let got = run_bytes(|o| {
+            for &v in &vals {
+                o.ip_bins(v, &[1]).unwrap();
+                o.ip_lines(v, &[1]).unwrap();
+                o.padded_ip_and(v, b" ").unwrap();
+                o.room().unwrap();
+                o.put_dec(v);
+                o.bytes(b"\n").unwrap();
+            }
+        });
+        let want: Vec<u8> = vals
+            .iter()
+            .flat_map(|v| {
+                let mut line = v.to_le_bytes().to_vec();
+                line.extend_from_slice(format!("{v:#x}\n{v:#018x} {v}\n").as_bytes());
+                line
+            })
+            .collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn ip_lines_match_fmt() {
+        let lens: Vec<u8> = (0..5000u32).map(|k| (k % 15 + 1) as u8).collect();
+        for start in [
+            0u64,
+            0x40_0000,
+            0xffff_ff00,
+            0x7fff_ffff_f000,
+            u64::MAX - 300,
+        ] {
+            let got = run(|o| o.ip_lines(start, &lens).unwrap());
+            let mut want = String::new();
+            let mut ip = start;
+            for &l in &lens {
+                want.push_str(&format!("{ip:#x}\n"));
+                ip = ip.wrapping_add(l as u64);
+            }
+            assert_eq!(got, want, "{start:#x}");
+        }
+    }
+
+    #[test]
+    fn lines_across_many_chunks() {
+        let n = 3 * CHUNK as u64 / 10 + 17;
+        let got = run(|o| {
+            for k in 0..n {
+                o.block_line(k, k * 3, k as u32, "cond").unwrap();
+                o.json_insn(k << 20, 7, "other", k).unwrap();
+            }
+            o.bytes(&vec![b'x'; CHUNK + 5]).unwrap();
+        });
+        let mut want = String::new();
+        for k in 0..n {
+            want.push_str(&format!("{:#x}..{:#x} {} cond\n", k, k * 3, k));
+            want.push_str(&format!(
+                "{}\n",
+                serde_json::json!({"ip": format!("{:#x}", k << 20), "len": 7u8, "class": "other", "time": k})
+            ));
+        }
+        want.push_str(&"x".repeat(CHUNK + 5));
+        assert_eq!(got, want);
+    }
+}

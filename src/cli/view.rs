@@ -1,0 +1,354 @@
+//! `ptrewind view`: the flame graph (SVG) and the call timeline (Chrome/Perfetto trace-event
+//! JSON) of a recording — a `monitor save` directory, a raw PT file with its code (`--pt FILE
+//! --elf/--raw`), or a perf.data file (`--perf`, code from its MMAP records as for `decode`).
+//!
+//! The inputs are read exactly as `ptrewind decode` reads them (the same options, errors and
+//! missing-file reports). Each trace stream is decoded once; the call tree built on the way
+//! feeds both outputs (see `ptrewind::view`). Files are written under a temporary name and
+//! renamed when complete. A progress bar is drawn on stderr when it is a terminal.
+//!
+//! Exit status: 0 when the decode reported no error event, 2 when it did (the outputs are still
+//! written: each error ends the call stack there and a new one begins) or when the inputs could
+//! not be read.
+
+use super::CmdResult;
+use super::decode::{
+    ImageArgs, build_image, exec_mode, flow_setup, given_images, parse_range, report_missing,
+    stream_pid,
+};
+use ptrewind::flow::Cpu;
+use ptrewind::image::perf_maps::PerfSideband;
+use ptrewind::image::{Image, Symbolizer};
+use ptrewind::store::perf_data::PerfData;
+use ptrewind::store::{SourceFormat, TraceFile};
+use ptrewind::timeline::offline::load_saved;
+use ptrewind::view::{
+    Clock, FlameOptions, OutputFile, TrackInput, TscConversion, View, write_flamegraph,
+};
+use std::collections::{HashMap, HashSet};
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// Arguments of `ptrewind view`.
+#[derive(clap::Args, Debug)]
+pub struct ViewArgs {
+    /// A directory written by `monitor save DIR`.
+    #[arg(value_name = "DIR", conflicts_with_all = ["pt", "perf"])]
+    dir: Option<PathBuf>,
+    /// Raw PT trace file.
+    #[arg(long, value_name = "FILE", conflicts_with = "perf")]
+    pt: Option<PathBuf>,
+    /// perf.data recorded with `-e intel_pt//`; every AUX stream is a track of the timeline.
+    #[arg(long, value_name = "perf.data")]
+    perf: Option<PathBuf>,
+    /// The code: --raw, --elf, and the perf.data mappings, as for `decode`.
+    #[command(flatten)]
+    image: ImageArgs,
+    /// CPU the trace was recorded on (FAMILY/MODEL[/STEPPING]): selects the erratum
+    /// workarounds (default for perf.data: the CPU in its header; otherwise none).
+    #[arg(long, value_name = "FAMILY/MODEL[/STEPPING]")]
+    cpu: Option<Cpu>,
+    /// An IP filter range that was active while recording, FROM-TO inclusive (for SKL014).
+    #[arg(long = "ip-filter", value_name = "FROM-TO", value_parser = parse_range)]
+    ip_filter: Vec<(u64, u64)>,
+    /// Execution mode assumed before the trace's first MODE.Exec (16, 32 or 64).
+    #[arg(long, default_value_t = 64)]
+    bits: u32,
+    /// Write the flame graph (instructions by call stack) to this SVG file.
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
+    /// Write the call timeline (Chrome/Perfetto trace-event JSON) to this file.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Write the folded stacks (`outer;inner COUNT` lines, for other flame graph tools).
+    #[arg(long, value_name = "FILE")]
+    folded: Option<PathBuf>,
+    /// Leave calls of fewer than N instructions out of the timeline (they still count in their
+    /// caller and in the flame graph): a smaller JSON for very large traces.
+    #[arg(long = "min-insns", value_name = "N", default_value_t = 0)]
+    min_insns: u64,
+    /// Write DIR/flame.svg and DIR/timeline.json (DIR is created if needed).
+    #[arg(short = 'o', long = "out-dir", value_name = "DIR")]
+    out_dir: Option<PathBuf>,
+}
+
+/// Where the outputs go.
+struct Outputs {
+    min_insns: u64,
+    svg: Option<PathBuf>,
+    json: Option<PathBuf>,
+    folded: Option<PathBuf>,
+}
+
+impl Outputs {
+    fn from_args(args: &ViewArgs) -> Result<Self, String> {
+        let mut o = Outputs {
+            min_insns: args.min_insns,
+            svg: args.svg.clone(),
+            json: args.json.clone(),
+            folded: args.folded.clone(),
+        };
+        if let Some(dir) = &args.out_dir {
+            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            o.svg.get_or_insert_with(|| dir.join("flame.svg"));
+            o.json.get_or_insert_with(|| dir.join("timeline.json"));
+        }
+        if o.svg.is_none() && o.json.is_none() && o.folded.is_none() {
+            return Err(
+                "nothing to write: give --svg FILE, --json FILE (or --folded FILE), or -o DIR"
+                    .into(),
+            );
+        }
+        Ok(o)
+    }
+}
+
+/// Runs `ptrewind view`.
+pub fn run(args: ViewArgs) -> CmdResult {
+    let outputs = Outputs::from_args(&args)?;
+    match &args.dir {
+        Some(dir) => {
+            if !args.image.raw.is_empty() || !args.image.elf.is_empty() {
+                return Err("a saved recording brings its own code: drop --elf/--raw".into());
+            }
+            let rec = load_saved(dir)?;
+            let process = rec
+                .info
+                .exe
+                .as_deref()
+                .and_then(Path::file_name)
+                .map_or_else(|| "recording".to_string(), |n| n.to_string_lossy().into());
+            let pid = u32::try_from(rec.info.pid).unwrap_or(1);
+            let track = TrackInput {
+                process: &process,
+                name: "recording",
+                pid,
+                tid: pid,
+                trace: &rec.trace,
+                image: &rec.image,
+                symbols: &rec.symbols,
+                flow: rec.flow.clone(),
+            };
+            let clock =
+                Clock::for_traces([&rec.trace[..]], &rec.flow.timing, TscConversion::Unknown);
+            render(&outputs, vec![track], clock, &rec.info.source, 0)
+        }
+        None => view_trace_file(&args, &outputs),
+    }
+}
+
+/// `--pt FILE` or `--perf perf.data`: inputs read as `decode` reads them.
+fn view_trace_file(args: &ViewArgs, outputs: &Outputs) -> CmdResult {
+    let mode = exec_mode(args.bits)?;
+    let (given, given_elfs) = given_images(&args.image)?;
+    let path = match (&args.pt, &args.perf) {
+        (Some(p), None) | (None, Some(p)) => p.clone(),
+        _ => return Err("give a saved recording DIR, --pt FILE or --perf perf.data".into()),
+    };
+    let file = TraceFile::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let source = file
+        .source()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let perf = match source.format {
+        SourceFormat::PerfData { .. } => Some(PerfData::parse(file.bytes())?),
+        SourceFormat::RawPt => None,
+    };
+    let sideband = match &perf {
+        Some(p) if !args.image.no_mmaps => Some(PerfSideband::read(p)),
+        _ => None,
+    };
+    let (_, _, flow) = flow_setup(args.cpu, perf.as_ref(), &source, mode, &args.ip_filter);
+    // One image per traced process, as `decode` builds them.
+    let mut images: HashMap<Option<u32>, (Image, Symbolizer)> = HashMap::new();
+    let mut reported: HashSet<String> = HashSet::new();
+    let mut any_missing = false;
+    let mut pids = Vec::new();
+    for stream in &source.streams {
+        let pid = stream_pid(&args.image, sideband.as_ref(), stream);
+        if let std::collections::hash_map::Entry::Vacant(slot) = images.entry(pid) {
+            let (image, syms, missing) =
+                build_image(&args.image, sideband.as_ref(), pid, &given, &given_elfs)?;
+            any_missing |= report_missing(&missing, pid, sideband.as_ref(), &mut reported);
+            slot.insert((image, syms));
+        }
+        pids.push(pid);
+    }
+    if any_missing {
+        eprintln!(
+            "ptrewind: hint: give the missing files with --symfs DIR (DIR + recorded path), \
+             --search-dir DIR (by file name), or --elf FILE:BASE / --raw FILE:BASE"
+        );
+    }
+    if images
+        .values()
+        .all(|(image, _)| image.sections().is_empty())
+    {
+        return Err(
+            "no code for the trace: give it with --elf FILE[:BASE] or --raw \
+             (perf.data: --symfs/--search-dir for its recorded mappings)"
+                .into(),
+        );
+    }
+    let conversion = match source.perf.as_ref().and_then(|p| p.intel_pt) {
+        Some(i) if i.time_mult != 0 && i.time_mult <= u32::MAX as u64 && i.time_shift < 64 => {
+            TscConversion::PerfTime {
+                mult: i.time_mult as u32,
+                shift: i.time_shift as u16,
+            }
+        }
+        Some(i) => match i.max_non_turbo_ratio {
+            Some(r) if r > 0 && r <= 255 => TscConversion::NonTurboRatio(r as u8),
+            _ => TscConversion::Unknown,
+        },
+        None => TscConversion::Unknown,
+    };
+    // The process's name: the first --elf, else the first file its mappings came from, else
+    // the trace file's.
+    let first_file = |image: &Image| {
+        image
+            .sections()
+            .iter()
+            .map(|s| Path::new(&*s.origin))
+            .find(|p| p.is_absolute())
+            .map(Path::to_path_buf)
+    };
+    let process_names: HashMap<Option<u32>, String> = images
+        .iter()
+        .map(|(pid, (image, _))| {
+            let file = args
+                .image
+                .elf
+                .first()
+                .map(|e| e.path.clone())
+                .or_else(|| first_file(image))
+                .unwrap_or_else(|| path.clone());
+            let name = file
+                .file_name()
+                .map_or_else(|| "trace".to_string(), |n| n.to_string_lossy().into());
+            (*pid, name)
+        })
+        .collect();
+    let losses: usize = source.streams.iter().map(|s| s.losses.len()).sum();
+    if losses > 0 {
+        eprintln!(
+            "ptrewind: {}: {losses} places where trace data was lost (perf AUX gaps or truncated \
+             buffers); the call stack restarts after each",
+            path.display()
+        );
+    }
+    let tracks: Vec<TrackInput<'_>> = source
+        .streams
+        .iter()
+        .zip(&pids)
+        .enumerate()
+        .map(|(i, (s, pid))| {
+            let (image, symbols) = &images[pid];
+            TrackInput {
+                process: &process_names[pid],
+                name: &s.label,
+                pid: pid.unwrap_or(1),
+                tid: s.tid.unwrap_or(i as u32 + 1),
+                trace: &s.data,
+                image,
+                symbols,
+                flow: flow.clone(),
+            }
+        })
+        .collect();
+    let clock = Clock::for_traces(tracks.iter().map(|t| t.trace), &flow.timing, conversion);
+    render(outputs, tracks, clock, &path.display().to_string(), losses)
+}
+
+/// Decodes every track once and writes the outputs.
+fn render(
+    outputs: &Outputs,
+    tracks: Vec<TrackInput<'_>>,
+    clock: Clock,
+    source: &str,
+    losses: usize,
+) -> CmdResult {
+    let with_path = |p: &Path, e: std::io::Error| format!("{}: {e}", p.display());
+    let json = match &outputs.json {
+        Some(p) => Some(OutputFile::create(p).map_err(|e| with_path(p, e))?),
+        None => None,
+    };
+    let total: u64 = tracks.iter().map(|t| t.trace.len() as u64).sum();
+    let bar = (std::io::stderr().is_terminal() && total > (1 << 20)).then(|| {
+        let b = indicatif::ProgressBar::new(total);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {eta} {msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b
+    });
+    let mut view = View::new(json, clock);
+    view.set_min_slice_insns(outputs.min_insns);
+    let mut done = 0u64;
+    for t in &tracks {
+        if let Some(b) = &bar {
+            b.set_message(t.name.to_string());
+        }
+        view.add_track(t, &mut |off| {
+            if let Some(b) = &bar {
+                b.set_position(done + off);
+            }
+        });
+        done += t.trace.len() as u64;
+    }
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let mut other = serde_json::Map::new();
+    other.insert("source".into(), source.into());
+    other.insert("trace_data_losses".into(), losses.into());
+    let json_path = outputs.json.as_deref().unwrap_or(Path::new("-"));
+    let finished = view.finish(other).map_err(|e| with_path(json_path, e))?;
+    if let Some((file, _)) = finished.timeline {
+        file.commit().map_err(|e| with_path(json_path, e))?;
+    }
+    let insns: u64 = finished.tracks.iter().map(|(_, r)| r.calls.insns).sum();
+    let frames: u64 = finished.tracks.iter().map(|(_, r)| r.calls.frames).sum();
+    let errors: u64 = finished.tracks.iter().map(|(_, r)| r.flow.errors).sum();
+    if let Some(p) = &outputs.svg {
+        let mut f = OutputFile::create(p).map_err(|e| with_path(p, e))?;
+        let opts = FlameOptions {
+            title: "Instructions by call stack".into(),
+            subtitle: Some(format!(
+                "{source}: {insns} instructions, {frames} calls, {} track{}",
+                tracks.len(),
+                if tracks.len() == 1 { "" } else { "s" }
+            )),
+        };
+        write_flamegraph(&finished.tree, &opts, &mut f).map_err(|e| with_path(p, e))?;
+        f.commit().map_err(|e| with_path(p, e))?;
+    }
+    if let Some(p) = &outputs.folded {
+        let mut f = OutputFile::create(p).map_err(|e| with_path(p, e))?;
+        for line in finished.tree.folded() {
+            writeln!(f, "{line}").map_err(|e| with_path(p, e))?;
+        }
+        f.commit().map_err(|e| with_path(p, e))?;
+    }
+    let written: Vec<String> = [&outputs.svg, &outputs.json, &outputs.folded]
+        .into_iter()
+        .flatten()
+        .map(|p| p.display().to_string())
+        .collect();
+    eprintln!(
+        "ptrewind: {insns} instructions, {frames} calls in {} track{} (times: {}); wrote {}",
+        tracks.len(),
+        if tracks.len() == 1 { "" } else { "s" },
+        clock.describe(),
+        written.join(", ")
+    );
+    if errors > 0 {
+        eprintln!(
+            "ptrewind: the decode reported {errors} error{} (each ends the call stack there; see \
+             `ptrewind decode` for where)",
+            if errors == 1 { "" } else { "s" }
+        );
+        return Ok(ExitCode::from(2));
+    }
+    Ok(ExitCode::SUCCESS)
+}

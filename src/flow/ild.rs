@@ -1,0 +1,559 @@
+//! A cheap instruction length and class decoder for the common x86 encodings (libipt's
+//! `pt_ild` is the model), in front of iced-x86 in the block cache's cold path.
+//!
+//! The flow decoder needs three things of an instruction it has not seen before: its length,
+//! its control-flow class ([`InsnClass`]) and, for a direct branch, its target. iced-x86 decodes
+//! every operand as well, about 10 ns per instruction, which is most of the cost of a short
+//! trace. This decoder reads only the prefixes, the opcode, ModRM/SIB and the displacement and
+//! immediate sizes, for a whitelist of encodings in 32- and 64-bit mode: the general-purpose
+//! integer instructions, `jcc`/`jmp`/`call`/`ret`/`loop`/`jrcxz`, the indirect `call`/`jmp`,
+//! `int`/`int3`/`int1`, `syscall`, the hint NOPs (`endbr64`), and the SSE/SSE2/MMX
+//! instructions of the two-byte map with the prefixes that make them valid.
+//!
+//! Everything else returns `None` and goes to iced-x86: VEX/EVEX/XOP, the 0F38/0F3A maps, x87,
+//! LOCK, far transfers and system instructions, 16-bit code and 16-bit addressing, operand-size
+//! prefixes on branches (they truncate the IP), instructions that are invalid in the mode, and
+//! anything running past the end of the bytes given. The rule is that `Some` must agree with
+//! iced-x86 on length, class and branch target (the unit tests and `tests/ild.rs` check that on
+//! random bytes and on every instruction of the corpus images).
+
+use super::cache::InsnClass;
+
+/// What the cheap decoder found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ild {
+    /// Length in bytes.
+    pub len: u8,
+    /// Control-flow class.
+    pub class: InsnClass,
+    /// Displacement of a direct branch (`jcc`, `jmp`, `call`, `loop`, `jrcxz`), relative to the
+    /// next instruction; 0 otherwise.
+    pub disp: i32,
+}
+
+impl Ild {
+    /// The target of a direct branch at `ip`, as iced-x86's `near_branch_target` gives it.
+    #[inline]
+    pub fn target(&self, ip: u64, bits: u32) -> u64 {
+        let t = ip
+            .wrapping_add(self.len as u64)
+            .wrapping_add(self.disp as i64 as u64);
+        if bits == 64 { t } else { t as u32 as u64 }
+    }
+}
+
+/// Bytes of ModRM, SIB and displacement starting at `b[i]` (32/64-bit addressing).
+#[inline(always)]
+fn modrm_len(b: &[u8], i: usize) -> Option<usize> {
+    let e = MODRM[*b.get(i)? as usize];
+    let mut n = (e & 0x7F) as usize;
+    if e & 0x80 != 0 {
+        let sib = *b.get(i + 1)?;
+        // disp32 with no base: mod 0 (the table entry is then exactly ModRM + SIB) and base 5.
+        if n == 2 && sib & 7 == 5 {
+            n += 4;
+        }
+    }
+    Some(n)
+}
+
+/// One-byte opcode table for the common instructions without control flow whose length depends
+/// only on ModRM and the operand size: bit 0-1 the immediate (0 none, 1 imm8, 2 imm16/32),
+/// bit 2 a ModRM follows, bit 3 the entry is valid. A table instead of the `match` below, so
+/// that the bulk of the instructions costs no indirect jump (a mispredicted one per instruction
+/// was most of the cost).
+const fn one_byte_table() -> [u8; 256] {
+    const V: u8 = 8;
+    const M: u8 = 4;
+    let mut t = [0u8; 256];
+    let mut k = 0;
+    while k < 8 {
+        let base = k * 8;
+        t[base] = V | M;
+        t[base + 1] = V | M;
+        t[base + 2] = V | M;
+        t[base + 3] = V | M;
+        t[base + 4] = V | 1;
+        t[base + 5] = V | 2;
+        k += 1;
+    }
+    let mut op = 0x84;
+    while op <= 0x8B {
+        t[op] = V | M;
+        op += 1;
+    }
+    let mut op = 0x50;
+    while op <= 0x5F {
+        t[op] = V;
+        op += 1;
+    }
+    let mut op = 0x90;
+    while op <= 0x99 {
+        t[op] = V;
+        op += 1;
+    }
+    let mut op = 0xB0;
+    while op <= 0xB7 {
+        t[op] = V | 1;
+        op += 1;
+    }
+    let mut op = 0xD0;
+    while op <= 0xD3 {
+        t[op] = V | M;
+        op += 1;
+    }
+    let mut op = 0xF8;
+    while op <= 0xFD {
+        t[op] = V;
+        op += 1;
+    }
+    t[0x9C] = V;
+    t[0x9D] = V;
+    t[0xC9] = V;
+    t[0xF5] = V;
+    t[0xA4] = V;
+    t[0xA5] = V;
+    t[0xA6] = V;
+    t[0xA7] = V;
+    let mut op = 0xAA;
+    while op <= 0xAF {
+        t[op] = V;
+        op += 1;
+    }
+    t[0xA8] = V | 1;
+    t[0xA9] = V | 2;
+    t[0x6A] = V | 1;
+    t[0x68] = V | 2;
+    t[0x69] = V | M | 2;
+    t[0x6B] = V | M | 1;
+    t[0x80] = V | M | 1;
+    t[0x81] = V | M | 2;
+    t[0x83] = V | M | 1;
+    t[0xC0] = V | M | 1;
+    t[0xC1] = V | M | 1;
+    t
+}
+
+static ONE_BYTE: [u8; 256] = one_byte_table();
+
+/// Per ModRM byte (32/64-bit addressing): bytes of ModRM and displacement, plus 1 and bit 7 set
+/// when a SIB byte follows (whose base 5 under mod 0 adds a disp32).
+const fn modrm_table() -> [u8; 256] {
+    let mut t = [0u8; 256];
+    let mut m = 0;
+    while m < 256 {
+        let (md, rm) = (m >> 6, m & 7);
+        let mut n = 1u8;
+        if md != 3 {
+            if rm == 4 {
+                n += 1 | 0x80;
+            } else if md == 0 && rm == 5 {
+                n += 4;
+            }
+            if md == 1 {
+                n += 1;
+            } else if md == 2 {
+                n += 4;
+            }
+        }
+        t[m] = n;
+        m += 1;
+    }
+    t
+}
+
+static MODRM: [u8; 256] = modrm_table();
+
+/// Prefix columns of the two-byte SSE/MMX table: which mandatory prefix makes the opcode valid.
+const NP: u8 = 1;
+const P66: u8 = 2;
+const PF3: u8 = 4;
+const PF2: u8 = 8;
+const ALL: u8 = NP | P66 | PF3 | PF2;
+/// Flag: an imm8 follows the ModRM operand.
+const IMM8: u8 = 16;
+
+/// The two-byte (0F xx) SSE/MMX opcodes taken: valid mandatory prefixes and immediate. Opcodes
+/// not listed (0 here) go to iced-x86.
+const fn sse_table() -> [u8; 256] {
+    let mut t = [0u8; 256];
+    t[0x10] = ALL;
+    t[0x11] = ALL;
+    t[0x14] = NP | P66;
+    t[0x15] = NP | P66;
+    t[0x28] = NP | P66;
+    t[0x29] = NP | P66;
+    t[0x2A] = ALL;
+    t[0x2C] = ALL;
+    t[0x2D] = ALL;
+    t[0x2E] = NP | P66;
+    t[0x2F] = NP | P66;
+    t[0x51] = ALL;
+    t[0x52] = NP | PF3;
+    t[0x53] = NP | PF3;
+    t[0x54] = NP | P66;
+    t[0x55] = NP | P66;
+    t[0x56] = NP | P66;
+    t[0x57] = NP | P66;
+    t[0x58] = ALL;
+    t[0x59] = ALL;
+    t[0x5A] = ALL;
+    t[0x5B] = NP | P66 | PF3;
+    t[0x5C] = ALL;
+    t[0x5D] = ALL;
+    t[0x5E] = ALL;
+    t[0x5F] = ALL;
+    let mut op = 0x60;
+    while op <= 0x6B {
+        t[op] = NP | P66;
+        op += 1;
+    }
+    t[0x6C] = P66;
+    t[0x6D] = P66;
+    t[0x6E] = NP | P66;
+    t[0x6F] = NP | P66 | PF3;
+    t[0x70] = ALL | IMM8;
+    t[0x74] = NP | P66;
+    t[0x75] = NP | P66;
+    t[0x76] = NP | P66;
+    t[0x7C] = P66 | PF2;
+    t[0x7D] = P66 | PF2;
+    t[0x7E] = NP | P66 | PF3;
+    t[0x7F] = NP | P66 | PF3;
+    t[0xC2] = ALL | IMM8;
+    t[0xC6] = NP | P66 | IMM8;
+    t[0xD0] = P66 | PF2;
+    let mut op = 0xD1;
+    while op <= 0xFE {
+        t[op] = NP | P66;
+        op += 1;
+    }
+    t[0xD6] = 0;
+    t[0xD7] = 0;
+    t[0xE6] = P66 | PF3 | PF2;
+    t[0xE7] = 0;
+    t[0xF0] = 0;
+    t[0xF7] = 0;
+    t
+}
+
+static SSE: [u8; 256] = sse_table();
+
+/// Decodes the instruction at the start of `b` in `bits` (32 or 64) mode, or `None` to leave
+/// it to iced-x86 (see the module docs).
+#[inline]
+pub fn decode(b: &[u8], bits: u32) -> Option<Ild> {
+    let is64 = match bits {
+        64 => true,
+        32 => false,
+        _ => return None,
+    };
+    let mut i = 0usize;
+    let (mut p66, mut p67, mut f2, mut f3) = (false, false, false, false);
+    let mut op = loop {
+        let p = *b.get(i)?;
+        match p {
+            0x26 | 0x2E | 0x36 | 0x3E | 0x64 | 0x65 => {}
+            0x66 => p66 = true,
+            0x67 => p67 = true,
+            0xF2 => f2 = true,
+            0xF3 => f3 = true,
+            _ => break p,
+        }
+        i += 1;
+        if i >= 15 {
+            return None;
+        }
+    };
+    // 16-bit addressing (67 in 32-bit mode) has its own ModRM layout.
+    if p67 && !is64 {
+        return None;
+    }
+    let mut rex_w = false;
+    if is64 && op & 0xF0 == 0x40 {
+        rex_w = op & 8 != 0;
+        i += 1;
+        op = *b.get(i)?;
+        // A prefix after REX cancels it (and another REX replaces it): rare, left to iced-x86.
+        if matches!(
+            op,
+            0x26 | 0x2E | 0x36 | 0x3E | 0x64 | 0x65 | 0x66 | 0x67 | 0xF0 | 0xF2 | 0xF3
+        ) || op & 0xF0 == 0x40
+        {
+            return None;
+        }
+    }
+    i += 1; // the opcode
+    let z = if p66 && !rex_w { 2 } else { 4 };
+    let t = ONE_BYTE[op as usize];
+    if t & 8 != 0 {
+        let mut len = i;
+        if t & 4 != 0 {
+            len += modrm_len(b, i)?;
+        }
+        len += [0, 1, z, 0][(t & 3) as usize];
+        if len > 15 || len > b.len() {
+            return None;
+        }
+        return Some(Ild {
+            len: len as u8,
+            class: InsnClass::Other,
+            disp: 0,
+        });
+    }
+    let mut disp = 0i32;
+    let rel8 = |at: usize| b.get(at).map(|&d| d as i8 as i32);
+    let rel32 = |at: usize| {
+        b.get(at..at + 4)
+            .map(|s| i32::from_le_bytes([s[0], s[1], s[2], s[3]]))
+    };
+    let reg = |at: usize| b.get(at).map(|m| (m >> 3) & 7);
+    let (rest, class) = match op {
+        // ALU r/m, reg forms.
+        0x00..=0x03
+        | 0x08..=0x0B
+        | 0x10..=0x13
+        | 0x18..=0x1B
+        | 0x20..=0x23
+        | 0x28..=0x2B
+        | 0x30..=0x33
+        | 0x38..=0x3B
+        | 0x84..=0x8B => (modrm_len(b, i)?, InsnClass::Other),
+        0x04 | 0x0C | 0x14 | 0x1C | 0x24 | 0x2C | 0x34 | 0x3C | 0xA8 | 0xB0..=0xB7 | 0x6A => {
+            (1, InsnClass::Other)
+        }
+        0x05 | 0x0D | 0x15 | 0x1D | 0x25 | 0x2D | 0x35 | 0x3D | 0xA9 | 0x68 => {
+            (z, InsnClass::Other)
+        }
+        0x40..=0x4F if !is64 => (0, InsnClass::Other),
+        0x50..=0x5F | 0x90..=0x99 | 0x9C | 0x9D | 0xC9 | 0xF5 | 0xF8..=0xFD => {
+            (0, InsnClass::Other)
+        }
+        0xA4..=0xA7 | 0xAA..=0xAF => (0, InsnClass::Other),
+        0x63 if is64 => (modrm_len(b, i)?, InsnClass::Other),
+        0x69 => (modrm_len(b, i)? + z, InsnClass::Other),
+        0x6B | 0x80 | 0x83 | 0xC0 | 0xC1 => (modrm_len(b, i)? + 1, InsnClass::Other),
+        0x81 => (modrm_len(b, i)? + z, InsnClass::Other),
+        0x8D => {
+            if *b.get(i)? >> 6 == 3 {
+                return None;
+            }
+            (modrm_len(b, i)?, InsnClass::Other)
+        }
+        0x8F if reg(i)? == 0 => (modrm_len(b, i)?, InsnClass::Other),
+        0xB8..=0xBF => (if rex_w { 8 } else { z }, InsnClass::Other),
+        0xC6 if reg(i)? == 0 => (modrm_len(b, i)? + 1, InsnClass::Other),
+        0xC7 if reg(i)? == 0 => (modrm_len(b, i)? + z, InsnClass::Other),
+        0xD0..=0xD3 => (modrm_len(b, i)?, InsnClass::Other),
+        0xF6 => {
+            let imm = if reg(i)? < 2 { 1 } else { 0 };
+            (modrm_len(b, i)? + imm, InsnClass::Other)
+        }
+        0xF7 => {
+            let imm = if reg(i)? < 2 { z } else { 0 };
+            (modrm_len(b, i)? + imm, InsnClass::Other)
+        }
+        0xFE if reg(i)? < 2 => (modrm_len(b, i)?, InsnClass::Other),
+        0xFF => match reg(i)? {
+            0 | 1 | 6 => (modrm_len(b, i)?, InsnClass::Other),
+            2 if !p66 => (modrm_len(b, i)?, InsnClass::IndirectCall),
+            4 if !p66 => (modrm_len(b, i)?, InsnClass::IndirectJump),
+            _ => return None,
+        },
+        // Branches: an operand-size prefix truncates the IP to 16 bits; left to iced-x86.
+        _ if p66 && matches!(op, 0x70..=0x7F | 0xC2 | 0xC3 | 0xE0..=0xE3 | 0xE8 | 0xE9 | 0xEB) => {
+            return None;
+        }
+        0x70..=0x7F | 0xE0..=0xE3 => {
+            disp = rel8(i)?;
+            (1, InsnClass::CondBranch)
+        }
+        0xEB => {
+            disp = rel8(i)?;
+            (1, InsnClass::DirectJump)
+        }
+        0xE9 => {
+            disp = rel32(i)?;
+            (4, InsnClass::DirectJump)
+        }
+        0xE8 => {
+            disp = rel32(i)?;
+            (4, InsnClass::DirectCall)
+        }
+        0xC3 => (0, InsnClass::Return),
+        0xC2 => (2, InsnClass::Return),
+        0xCC | 0xF1 => (0, InsnClass::SoftInt),
+        0xCD => (1, InsnClass::SoftInt),
+        0x0F => {
+            let op2 = *b.get(i)?;
+            i += 1;
+            match op2 {
+                0x05 if is64 => (0, InsnClass::SysCall),
+                0x1E | 0x1F => (modrm_len(b, i)?, InsnClass::Other),
+                0x40..=0x4F
+                | 0x90..=0x9F
+                | 0xA3
+                | 0xA5
+                | 0xAB
+                | 0xAD
+                | 0xAF
+                | 0xB0
+                | 0xB1
+                | 0xB3
+                | 0xB6
+                | 0xB7
+                | 0xBB
+                | 0xBE
+                | 0xBF
+                | 0xC0
+                | 0xC1
+                    if !f2 && !f3 =>
+                {
+                    (modrm_len(b, i)?, InsnClass::Other)
+                }
+                0xBC | 0xBD if !f2 => (modrm_len(b, i)?, InsnClass::Other),
+                0xA4 | 0xAC if !f2 && !f3 => (modrm_len(b, i)? + 1, InsnClass::Other),
+                0xBA if !f2 && !f3 && reg(i)? >= 4 => (modrm_len(b, i)? + 1, InsnClass::Other),
+                0xC8..=0xCF if !f2 && !f3 => (0, InsnClass::Other),
+                0x80..=0x8F if !p66 => {
+                    disp = rel32(i)?;
+                    (4, InsnClass::CondBranch)
+                }
+                _ => {
+                    let t = SSE[op2 as usize];
+                    // One mandatory prefix at most (66 with F2/F3, or F2 with F3, is left to
+                    // iced-x86, which picks by position).
+                    let col = match (p66, f3, f2) {
+                        (false, false, false) => NP,
+                        (true, false, false) => P66,
+                        (false, true, false) => PF3,
+                        (false, false, true) => PF2,
+                        _ => return None,
+                    };
+                    if t & col == 0 {
+                        return None;
+                    }
+                    let imm = if t & IMM8 != 0 { 1 } else { 0 };
+                    (modrm_len(b, i)? + imm, InsnClass::Other)
+                }
+            }
+        }
+        _ => return None,
+    };
+    let len = i + rest;
+    if len > 15 || len > b.len() {
+        return None;
+    }
+    Some(Ild {
+        len: len as u8,
+        class,
+        disp,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iced_x86::{Decoder, DecoderOptions};
+
+    /// `Some` agrees with iced-x86 (length, class, branch target); `None` is always allowed.
+    /// Returns whether the cheap decoder answered.
+    pub(crate) fn check(bytes: &[u8], bits: u32, ip: u64) -> bool {
+        let Some(got) = decode(bytes, bits) else {
+            return false;
+        };
+        let mut d = Decoder::with_ip(bits, bytes, ip, DecoderOptions::NONE);
+        let ins = d.decode();
+        assert!(
+            !ins.is_invalid(),
+            "{bits}-bit {:02x?}: iced-x86 says invalid, ild says {got:?}",
+            &bytes[..bytes.len().min(15)]
+        );
+        let class = InsnClass::of(&ins);
+        assert_eq!(
+            (got.len as usize, got.class),
+            (ins.len(), class),
+            "{bits}-bit {:02x?} ({ins}, {:?})",
+            &bytes[..ins.len()],
+            ins.code()
+        );
+        if matches!(
+            class,
+            InsnClass::CondBranch | InsnClass::DirectJump | InsnClass::DirectCall
+        ) {
+            assert_eq!(
+                got.target(ip, bits),
+                ins.near_branch_target(),
+                "{bits}-bit {:02x?}",
+                &bytes[..ins.len()]
+            );
+        }
+        true
+    }
+
+    #[test]
+    fn common_encodings() {
+        let cases: &[(&[u8], u8, InsnClass)] = &[
+            (&[0x48, 0x89, 0xe5], 3, InsnClass::Other), // mov rbp, rsp
+            (&[0xf3, 0x0f, 0x1e, 0xfa], 4, InsnClass::Other), // endbr64
+            (&[0x66, 0x0f, 0x1f, 0x44, 0x00, 0x00], 6, InsnClass::Other), // nop word
+            (&[0xe8, 0, 0, 0, 0], 5, InsnClass::DirectCall),
+            (&[0xff, 0x15, 0, 0, 0, 0], 6, InsnClass::IndirectCall), // call [rip]
+            (&[0xff, 0xe0], 2, InsnClass::IndirectJump),             // jmp rax
+            (&[0xc3], 1, InsnClass::Return),
+            (&[0xf3, 0xc3], 2, InsnClass::Return), // rep ret
+            (&[0x0f, 0x84, 1, 0, 0, 0], 6, InsnClass::CondBranch),
+            (&[0x48, 0xb8, 1, 2, 3, 4, 5, 6, 7, 8], 10, InsnClass::Other), // mov rax, imm64
+            (&[0x0f, 0x05], 2, InsnClass::SysCall),
+            (&[0x66, 0x0f, 0xef, 0xc0], 4, InsnClass::Other), // pxor
+        ];
+        for &(bytes, len, class) in cases {
+            let got = decode(bytes, 64).unwrap_or_else(|| panic!("{bytes:02x?} deferred"));
+            assert_eq!((got.len, got.class), (len, class), "{bytes:02x?}");
+            assert!(check(bytes, 64, 0x40_1000));
+        }
+        // Deferred: VEX, LOCK, x87, a branch with an operand-size prefix, a truncated one.
+        for bytes in [
+            &[0xc5, 0xf8, 0x77][..],
+            &[0xf0, 0x48, 0x0f, 0xb1, 0x0a],
+            &[0xd9, 0xc9],
+            &[0x66, 0xe9, 0, 0],
+            &[0xe8, 0, 0],
+        ] {
+            assert_eq!(decode(bytes, 64), None, "{bytes:02x?}");
+        }
+    }
+
+    /// Random byte strings (with the first bytes drawn from prefixes and the opcodes the
+    /// decoder takes, so that its paths are all visited): `Some` always agrees with iced-x86.
+    #[test]
+    fn random_bytes_agree_with_iced() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let lead = [
+            0x66u8, 0x67, 0xf2, 0xf3, 0x2e, 0x3e, 0x64, 0x48, 0x41, 0x4c, 0x0f, 0x0f, 0x0f,
+        ];
+        let mut answered = 0;
+        for round in 0..400_000u32 {
+            let mut bytes = [0u8; 16];
+            for c in bytes.chunks_mut(8) {
+                c.copy_from_slice(&next().to_le_bytes()[..c.len()]);
+            }
+            let k = (next() % 4) as usize;
+            for slot in bytes.iter_mut().take(k) {
+                *slot = lead[(next() % lead.len() as u64) as usize];
+            }
+            let bits = if round % 3 == 0 { 32 } else { 64 };
+            let cut = 1 + (next() % 16) as usize;
+            if check(&bytes[..cut], bits, next() >> 16) {
+                answered += 1;
+            }
+        }
+        assert!(answered > 100_000, "only {answered} answered");
+    }
+}
