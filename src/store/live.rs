@@ -130,7 +130,7 @@ impl TraceStore {
         };
         drop(st);
         if let Some(l) = listener {
-            l.notify();
+            l();
         }
     }
 
