@@ -720,6 +720,62 @@ impl LiveBackend for QemuLive {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::capture::qemu::output::TailState;
+    use crate::flow::{EventKind, FlowConfig, FlowDecoder, Item};
+    use crate::image::Section;
+
+    /// 0x1000 mov eax,1; 0x1005 add eax,2; 0x1008 jne 0x1020; … 0x1020 nop.
+    fn image() -> Image {
+        let mut code = vec![0x90u8; 0x30];
+        code[..10].copy_from_slice(&[0xb8, 1, 0, 0, 0, 0x83, 0xc0, 2, 0x75, 0x16]);
+        let mut img = Image::new();
+        img.add(Section::new(0x1000, code, "test")).unwrap();
+        img
+    }
+
+    /// The block at 0x1000 (3 instructions) running, nothing written yet, tracing on from a
+    /// PSB+ with TIP.PGE at the block start already in the file.
+    fn live_stream(pc: u64) -> (Vec<u64>, Vec<String>) {
+        use crate::packet::{Encoder, IpKind, Packet, encode_packet};
+        let img = image();
+        let mut enc = Encoder::new();
+        let mut trace = Vec::new();
+        enc.psb(&mut trace);
+        let _ = encode_packet(&Packet::PsbEnd, &mut trace);
+        let _ = enc.ip_packet(IpKind::TipPge, Some(0x1000), &mut trace);
+        let tail = TailState {
+            file_offset: trace.len() as u64,
+            bytes: Vec::new(),
+            tracing: true,
+            in_flight: Some((0x1000, 3, u64::MAX, 0)),
+            tnt: (0, 0),
+        };
+        complete_at_pc(&mut trace, &tail, pc, &img);
+        let mut dec = FlowDecoder::new(&trace, &img, FlowConfig::default());
+        let (mut ips, mut errors) = (Vec::new(), Vec::new());
+        while let Some(item) = dec.next_item() {
+            match item {
+                Item::Insn(i) => ips.push(i.ip),
+                Item::Event(e) => {
+                    if let EventKind::Error { kind, .. } = &e.kind {
+                        errors.push(kind.to_string());
+                    }
+                }
+            }
+        }
+        (ips, errors)
+    }
+
+    #[test]
+    fn a_live_stream_is_cut_at_the_stop_pc() {
+        // A fault at the second instruction: only the first counts.
+        assert_eq!(live_stream(0x1005), (vec![0x1000], vec![]));
+        // Stopped where the block's branch went (taken, not taken): the whole block counts.
+        assert_eq!(live_stream(0x1020), (vec![0x1000, 0x1005, 0x1008], vec![]));
+        assert_eq!(live_stream(0x100a), (vec![0x1000, 0x1005, 0x1008], vec![]));
+        // Stopped before the block ran (a breakpoint at its start): nothing counts.
+        assert_eq!(live_stream(0x1000), (vec![], vec![]));
+    }
 
     #[test]
     fn signal_numbers_round_trip() {
