@@ -3,9 +3,9 @@
 //! runs.
 //!
 //! * **present** — registers, memory, breakpoints, run control and the auxiliary vector come
-//!   from the gdbstub through [`remote::Remote`] (QEMU's translator breakpoints; a breakpoint at
+//!   from the gdbstub through [`Remote`] (QEMU's translator breakpoints; a breakpoint at
 //!   the resume PC is lifted for one step, since QEMU would report it again at once; `Ctrl-C` is
-//!   a `SIGINT` to QEMU, see [`remote`]).
+//!   a `SIGINT` to QEMU, see [`super::remote`]).
 //! * **past** — the plugin's stream of the traced thread (the main thread), read from the
 //!   recording directory at every stop and completed from the thread's tail file (the encoder
 //!   bytes not yet written, the pending TNT bits, and the running block cut at the instruction it
