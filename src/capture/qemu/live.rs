@@ -145,7 +145,22 @@ impl QemuLive {
         let mut config = config.clone();
         config.qemu_args.push("-g".into());
         config.qemu_args.push(sock.clone().into_os_string());
-        let mut rec = QemuRecording::spawn_with(&config, program, args, configure)?;
+        let mut rec = QemuRecording::spawn_with(&config, program, args, |cmd| {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: the closure runs in the forked child before exec and only makes the
+            // async-signal-safe prctl(2) call; it allocates nothing.
+            unsafe {
+                cmd.pre_exec(|| {
+                    // QEMU dies with the debugger's server thread (as ptrace's EXITKILL does for
+                    // native targets) instead of running the guest on unobserved.
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+            configure(cmd);
+        })?;
         let stream = connect_socket(
             rec.child_mut(),
             &config.qemu,
@@ -350,6 +365,17 @@ pub fn complete_at_pc(
     let _ = enc.ip_packet(IpKind::TipPgd, None, &mut out);
     trace.extend_from_slice(&out);
     note
+}
+
+impl Drop for QemuLive {
+    fn drop(&mut self) {
+        // Never leave QEMU (and the guest) running behind: kill and reap it.
+        if !self.exited {
+            let _ = self.rec.child_mut().kill();
+        }
+        // Reaps it (at once when it has exited; std keeps the status of a reaped child).
+        let _ = self.rec.child_mut().wait();
+    }
 }
 
 /// Register names of the [`gpr`] slots in QEMU's target description (`None`: not described).
