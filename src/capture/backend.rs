@@ -104,6 +104,10 @@ pub trait LiveBackend {
         None
     }
 
+    /// Runs one system call in the stopped process without recording anything (see
+    /// [`crate::target::Target::inject_syscall`]).
+    fn inject_syscall(&mut self, nr: u64, args: [u64; 6]) -> TargetResult<u64>;
+
     /// Registers and overwritten memory of every recorded instruction, if the backend keeps
     /// them (the software backend's state log). Without it, the past is served PC-only.
     fn recorded_state(&self) -> Option<&dyn RecordedState> {
@@ -254,6 +258,10 @@ macro_rules! ptrace_present_state {
                 Some(bp) => bp.remove_breakpoint(addr),
                 None => Ok(false),
             }
+        }
+
+        fn inject_syscall(&mut self, nr: u64, args: [u64; 6]) -> crate::target::TargetResult<u64> {
+            crate::target::Target::inject_syscall(self.$get(), nr, args)
         }
 
         fn take_notices(&mut self) -> Vec<crate::target::Notice> {

@@ -23,7 +23,7 @@ use std::process::ExitCode;
 /// Capture backend choice.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
-    /// Hardware Intel PT if available, else QEMU if `qemu-x86_64` is installed, else ptrace.
+    /// Hardware Intel PT if available, else ptrace (pointing at `qemu` when it is installed).
     Auto,
     /// Hardware Intel PT (perf `intel_pt` PMU).
     Pt,
@@ -167,8 +167,8 @@ enum Chosen {
 }
 
 /// Picks the backend: `pt` fails (exit code 2) with the probe's reason unless it succeeds;
-/// `auto` uses Intel PT when the probe succeeds, else QEMU when `qemu-x86_64` runs, else the
-/// ptrace single-stepper, saying which and why.
+/// `auto` uses Intel PT when the probe succeeds, else the ptrace single-stepper, saying why
+/// (and that `--backend qemu` exists when `qemu-x86_64` runs).
 fn choose_backend(backend: Backend) -> Result<Chosen, ExitCode> {
     match backend {
         Backend::Ptrace => Ok(Chosen::Soft),
@@ -180,25 +180,22 @@ fn choose_backend(backend: Backend) -> Result<Chosen, ExitCode> {
                     eprintln!("ptrewind: --backend pt: Intel PT is not available: {why}");
                     return Err(ExitCode::from(2));
                 }
+                // The QEMU backend records to completion and then serves the finished
+                // recording; live debugging (breakpoints in the running program) needs the
+                // ptrace backend, so `auto` stays with it and only points at QEMU.
                 let qemu = std::path::Path::new("qemu-x86_64");
-                match ptrewind::capture::qemu::recording::qemu_version(qemu) {
-                    Ok(version) => {
-                        eprintln!(
-                            "ptrewind: hardware Intel PT is not available ({why}); recording \
-                             under QEMU ({version}) with the ptrewind plugin (--backend ptrace \
-                             for exact registers and memory in the past)"
-                        );
-                        Ok(Chosen::Qemu)
+                let qemu_note = match ptrewind::capture::qemu::recording::qemu_version(qemu) {
+                    Ok(_) => {
+                        "; `--backend qemu` records every thread at near-native speed under \
+                         QEMU and serves the finished recording (PC-only past)"
                     }
-                    Err(_) => {
-                        eprintln!(
-                            "ptrewind: hardware Intel PT is not available ({why}) and \
-                             qemu-x86_64 is not installed (package qemu-user); falling back to \
-                             the ptrace backend (single-stepping, much slower)"
-                        );
-                        Ok(Chosen::Soft)
-                    }
-                }
+                    Err(_) => "",
+                };
+                eprintln!(
+                    "ptrewind: hardware Intel PT is not available ({why}); falling back to the \
+                     software backend (ptrace single-stepping, much slower){qemu_note}"
+                );
+                Ok(Chosen::Soft)
             }
         },
     }
@@ -472,6 +469,7 @@ pub(crate) fn serve_recording(
     let r = serve_session(session, listener, served, fallback_exe, once, |router| {
         tracing::install_lldb(router, Box::new(provider));
         tracing::install_btrace(router, Box::new(gdb_view));
+        ptrewind::server::alloc::install(router);
     });
     drop(progress);
     r

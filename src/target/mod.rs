@@ -299,6 +299,16 @@ pub trait Target {
     fn auxv(&self) -> TargetResult<Vec<u8>> {
         read_auxv(self.pid())
     }
+    /// Runs one system call `nr` with `args` in the stopped process, outside of everything
+    /// recorded: its registers and the two code bytes used are restored afterwards, and no
+    /// program code runs. Returns the call's raw result (negative: `-errno`). For debugger
+    /// requests such as LLDB's memory allocation (`_M`), which would otherwise run `mmap` in
+    /// the program and enter its history.
+    fn inject_syscall(&mut self, _nr: u64, _args: [u64; 6]) -> TargetResult<u64> {
+        Err(TargetError::Unsupported(
+            "running a system call in the process",
+        ))
+    }
     /// The dynamic loader's library list (`qXfer:libraries-svr4` XML) when it cannot be read
     /// from the process's memory, such as a saved recording's (`None`: read the memory).
     fn saved_library_list(&self) -> Option<String> {

@@ -733,6 +733,46 @@ impl Target for PtraceTarget {
         self.state == RunState::Exited
     }
 
+    fn inject_syscall(&mut self, nr: u64, args: [u64; 6]) -> TargetResult<u64> {
+        self.ensure_stopped()?;
+        let pid = self.pid;
+        let saved = nix::sys::ptrace::getregs(pid).map_err(sys("PTRACE_GETREGS", pid))?;
+        let pc = saved.rip;
+        let mut code = [0u8; 2];
+        if self.read_raw(pc, &mut code)? != 2 {
+            return Err(TargetError::Memory { addr: pc });
+        }
+        // `syscall` at the PC, the call in the registers, one step, then everything back.
+        self.write_raw(pc, &[0x0f, 0x05])?;
+        let mut r = saved;
+        r.rax = nr;
+        (r.rdi, r.rsi, r.rdx, r.r10, r.r8, r.r9) =
+            (args[0], args[1], args[2], args[3], args[4], args[5]);
+        // Not inside an interrupted call: the kernel must not apply its restart rules.
+        r.orig_rax = u64::MAX;
+        let run = nix::sys::ptrace::setregs(pid, r)
+            .map_err(sys("PTRACE_SETREGS", pid))
+            .and_then(|()| {
+                ptrace_with_signal(libc::PTRACE_SINGLESTEP, "PTRACE_SINGLESTEP", pid, None)
+            })
+            .and_then(|()| waitpid_raw(pid, true));
+        let result = nix::sys::ptrace::getregs(pid).map(|r| r.rax);
+        let restored = self.write_raw(pc, &code).and_then(|()| {
+            nix::sys::ptrace::setregs(pid, saved).map_err(sys("PTRACE_SETREGS", pid))
+        });
+        match run? {
+            Wait::Stopped(libc::SIGTRAP) => {}
+            other => {
+                return Err(TargetError::Unexpected {
+                    pid: pid.as_raw(),
+                    what: format!("an injected system call stopped with {other:?}"),
+                });
+            }
+        }
+        restored?;
+        result.map_err(sys("PTRACE_GETREGS", pid))
+    }
+
     fn take_notices(&mut self) -> Vec<Notice> {
         std::mem::take(&mut self.notices)
     }
