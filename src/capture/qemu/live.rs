@@ -593,6 +593,13 @@ impl LiveBackend for QemuLive {
         None
     }
 
+    fn inject_syscall(&mut self, _nr: u64, _args: [u64; 6]) -> TargetResult<u64> {
+        // QEMU's gdbstub has no way to run a system call in the guest outside its own flow.
+        Err(TargetError::Unsupported(
+            "system calls injected into a program under QEMU",
+        ))
+    }
+
     fn resume(&mut self, how: Resume, _record: bool) -> TargetResult<()> {
         // The plugin traces every block: runs are always recorded.
         let (step, signal) = match how {
