@@ -147,6 +147,13 @@ pub trait LiveBackend {
 
     /// Backend-specific `monitor stats` lines (`line(key, value)`).
     fn stats(&self, line: &mut dyn FnMut(&str, String));
+
+    /// Whether the last [`sync_at_stop`](Self::sync_at_stop) replaced the store's bytes instead
+    /// of appending to them ([`TraceStore::replace`]): the history is then indexed again from
+    /// the start. Positions up to the previous stop must decode the same in the new bytes.
+    fn trace_rewritten(&mut self) -> bool {
+        false
+    }
 }
 
 /// What a backend that records more than the PC knows about the past: registers and memory

@@ -110,6 +110,11 @@ pub struct RecordArgs {
     /// its Cargo target directory).
     #[arg(long, value_name = "PATH")]
     pub(crate) qemu_plugin: Option<std::path::PathBuf>,
+    /// QEMU backend: debug the program live while it runs (QEMU's gdbstub for the present,
+    /// the plugin's trace of the main thread for the past) instead of recording it to its end
+    /// first.
+    #[arg(long)]
+    pub(crate) qemu_live: bool,
     /// QEMU backend: the recording directory to create (default: a new private temporary
     /// directory, kept and printed).
     #[arg(long, value_name = "DIR")]

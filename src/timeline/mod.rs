@@ -606,6 +606,18 @@ impl Timeline {
                     .push(Notice::TraceIncomplete { what: e.clone() });
                 self.checks.last_mismatch = Some(e);
             }
+            if live.trace_rewritten() {
+                // The backend rewrote the trace (see `LiveBackend::trace_rewritten`): index it
+                // again from the start.
+                match spawn_worker(&self.store, &self.image, &self.flow) {
+                    Ok(w) => self.worker = w,
+                    Err(e) => {
+                        self.stop_errors += 1;
+                        self.checks.last_mismatch =
+                            Some(format!("cannot restart the history worker: {e}"));
+                    }
+                }
+            }
             if !exited {
                 let all_maps = live.maps();
                 let maps = exec_lines(&all_maps);
