@@ -904,3 +904,86 @@ fn lldb_dap_attach_with_gdb_remote_port_and_reverse_next() {
     let log = finish(server);
     assert!(log.contains("killed"), "{log}");
 }
+
+/// LLDB allocates memory for expression results with `_M`, which ptrewind serves with an
+/// `mmap` system call run directly in the stopped process (no program code runs, nothing is
+/// recorded): `memory read -f s &greeting` and an `expression` leave the history length, the
+/// call history and the previous instruction exactly as they were. (Without `_M` LLDB called
+/// `mmap` in the program, and the recording grew by its instructions and `__mmap` calls.)
+#[test]
+fn lldb_allocation_leaves_the_history_unchanged() {
+    if !tools_ready(true) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build_uselib(dir.path());
+    let cmds: Vec<String> = vec![
+        format!("command script import {}", lldb_script().display()),
+        "breakpoint set -n puts".into(),
+        "continue".into(),
+        "pt where".into(),
+        "pt calls 50".into(),
+        "log enable gdb-remote packets".into(),
+        "memory read -f s -c 1 &greeting".into(),
+        "expression greeting[6]".into(),
+        "log disable gdb-remote packets".into(),
+        "pt where ".into(),
+        "pt calls 50 ".into(),
+        "process kill".into(),
+    ];
+    let run = run_lldb(&exe, &[], &cmds);
+    let (out, ctx) = (&run.stdout, &run.ctx);
+    assert!(out.contains("\"hello-from-ptrewind\""), "{ctx}");
+    assert!(out.contains("(const char) $1 = 'f'"), "{ctx}");
+    // LLDB did allocate, through the packet.
+    assert!(ctx.contains("send packet: $_M"), "{ctx}");
+    assert_eq!(
+        section(out, "pt where"),
+        section(out, "pt where "),
+        "the history changed\n{ctx}"
+    );
+    assert_eq!(
+        section(out, "pt calls 50"),
+        section(out, "pt calls 50 "),
+        "{ctx}"
+    );
+    assert!(!section(out, "pt calls 50 ").contains("mmap"), "{ctx}");
+}
+
+/// An LLDB `expression` that calls a function of the program runs it as a diversion outside
+/// the recording: the result is right and `pt where`, `pt calls` are unchanged; the history
+/// check still passes.
+#[test]
+fn lldb_expression_calls_stay_out_of_the_history() {
+    if !tools_ready(true) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile_source("gcc", dir.path(), "rev", REV_C, &["-g", "-O0"], &[]);
+    let print = REV_C.lines().position(|l| l.contains("PRINT")).unwrap() + 1;
+    let cmds: Vec<String> = vec![
+        format!("command script import {}", lldb_script().display()),
+        format!("breakpoint set -l {print}"),
+        "continue".into(),
+        "pt where".into(),
+        "pt calls 50".into(),
+        "expression (int)twice(21)".into(),
+        "pt where ".into(),
+        "pt calls 50 ".into(),
+        "pt stats".into(),
+        "process kill".into(),
+    ];
+    let run = run_lldb(&exe, &[], &cmds);
+    let (out, ctx) = (&run.stdout, &run.ctx);
+    assert!(out.contains("(int) $0 = 42"), "{ctx}");
+    assert!(section(out, "pt where").contains("at the present"), "{ctx}");
+    assert_eq!(section(out, "pt where"), section(out, "pt where "), "{ctx}");
+    assert_eq!(
+        section(out, "pt calls 50"),
+        section(out, "pt calls 50 "),
+        "{ctx}"
+    );
+    let stats = section(out, "pt stats");
+    assert!(stats.contains("history check            ok"), "{ctx}");
+    assert!(stats.contains("debugger calls           1 "), "{ctx}");
+}

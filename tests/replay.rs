@@ -553,7 +553,12 @@ fn replay_of_a_saved_pie_recording_shows_the_live_view() {
     cmds.push("continue".into());
     cmds.extend(view("LIVE"));
     cmds.push(format!("monitor save {}", dir.display()));
-    let live = gdb_session(record(&[], program), program, &cmds, TIMEOUT);
+    let live = gdb_session(
+        record(&["--backend", "ptrace"], program),
+        program,
+        &cmds,
+        TIMEOUT,
+    );
     let mut cmds = view("REPLAY");
     cmds.push("break factorial".into());
     cmds.push("echo RC\\n".into());

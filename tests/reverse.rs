@@ -1165,3 +1165,64 @@ fn ctrl_c_during_a_blocking_system_call_stops_and_resumes() {
     r.expect("exited normally");
     assert!(r.program_stdout.contains("woke after=1"), "{}", r.dump());
 }
+
+/// With `--stop-at-exit` the end of the program is a place in the history: a program that
+/// exits normally stays stopped at its exit, where GDB can step and continue backwards and the
+/// monitor commands work; only a further continue lets it exit.
+#[test]
+fn a_program_that_exits_stays_at_its_end_for_reverse_execution() {
+    let cmds = [
+        "break factorial",
+        "continue",
+        "disable 1",
+        // Runs to the end: the exit is reported as a stop, not as the end of the session.
+        "continue",
+        r#"printf "ATEXIT %lx\n", $pc"#,
+        "monitor where",
+        "reverse-stepi",
+        // One instruction back from the end: the exit system call itself.
+        r#"printf "BACK %lx\n", $pc"#,
+        "x/i $pc",
+        "enable 1",
+        // Back to the last instance of factorial (n = 1: the base case).
+        "reverse-continue",
+        r#"printf "LAST %d\n", n"#,
+        "monitor history 2",
+        // Forward again: to the end of the history, then the program really exits.
+        "continue",
+        "continue",
+        r#"printf "AFTER\n""#,
+    ];
+    let program = example("recursion");
+    let r = gdb_session(
+        record(&["--backend", "soft", "--stop-at-exit"], &program),
+        &program,
+        &cmds,
+        TIMEOUT,
+    );
+    r.expect("the program is exiting: it stays stopped at its end");
+    let hex = |t: &str| -> Vec<u64> {
+        r.tagged(t)
+            .iter()
+            .map(|v| u64::from_str_radix(v, 16).unwrap())
+            .collect()
+    };
+    let (at_exit, back) = (hex("ATEXIT"), hex("BACK"));
+    assert_eq!((at_exit.len(), back.len()), (1, 1), "{}", r.dump());
+    // `syscall` is two bytes long, and it is what GDB disassembles there.
+    assert_eq!(back[0] + 2, at_exit[0], "{}", r.dump());
+    assert!(
+        r.gdb
+            .lines()
+            .any(|l| l.starts_with(&format!("=> {:#x}", back[0])) && l.ends_with("syscall")),
+        "{}",
+        r.dump()
+    );
+    assert_eq!(r.tagged("LAST"), vec!["1".to_string()], "{}", r.dump());
+    // monitor history: the branches before the cursor, inside factorial.
+    r.expect("-> 0x");
+    let end = r.pos("No more reverse-execution history");
+    let exited = r.pos("exited normally");
+    assert!(r.pos("LAST 1") < end && end < exited, "{}", r.dump());
+    assert!(r.pos("AFTER") > exited, "{}", r.dump());
+}

@@ -14,6 +14,23 @@ use support::gdb::{Server, gdb_session, ptrewind, run_until, wait_until};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 
+/// `ptrewind record --backend ptrace` (the live recording these checks are about; `auto` may
+/// pick QEMU, which records the whole run first) on `exe`.
+fn ptrace_server(exe: &Path) -> Server {
+    Server::spawn(
+        ptrewind()
+            .args([
+                "record",
+                "--backend",
+                "ptrace",
+                "--listen",
+                "127.0.0.1:0",
+                "--",
+            ])
+            .arg(exe),
+    )
+}
+
 /// Calls into libc through the PLT (snprintf's formatting internals, qsort with a callback,
 /// puts).
 const LIBC_C: &str = r#"
@@ -72,7 +89,7 @@ fn history_symbols_match_gdb_info_symbol() {
     let py = dir.path().join("compare.py");
     std::fs::write(&py, COMPARE_PY).unwrap();
     let g = gdb_session(
-        Server::start(&exe, &[]),
+        ptrace_server(&exe),
         &exe,
         &[
             "break puts".to_string(),
@@ -168,7 +185,15 @@ fn ptrewind_gdb_prints_each_warning_once() {
     ]);
     let r = run_until(
         ptrewind()
-            .args(["gdb", "--batch", "--ex", "continue", "--"])
+            .args([
+                "gdb",
+                "--backend",
+                "ptrace",
+                "--batch",
+                "--ex",
+                "continue",
+                "--",
+            ])
             .arg(&exe),
         TIMEOUT,
     );
@@ -232,12 +257,12 @@ fn gdb_mi_reverse_commands_as_cpptools_sends_them() {
         cli.push(c.into());
         cli.push("printf \"PC %lx\\n\", $pc".into());
     }
-    let g = gdb_session(Server::start(&exe, &[]), &exe, &cli, TIMEOUT);
+    let g = gdb_session(ptrace_server(&exe), &exe, &cli, TIMEOUT);
     let want = g.tagged("PC");
     assert_eq!(want.len(), steps.len(), "{}", g.dump());
 
     // GDB/MI over pipes.
-    let server = Server::start(&exe, &[]);
+    let server = ptrace_server(&exe);
     let mut gdb = Command::new("gdb")
         .args(["--interpreter=mi2", "-nx", "-q"])
         .arg(&exe)
@@ -313,4 +338,71 @@ fn gdb_mi_reverse_commands_as_cpptools_sends_them() {
     // The last two are the breakpoint in add, reached backwards (twice(2)'s call, then
     // twice(1)'s).
     assert!(log.contains("reason=\"breakpoint-hit\""), "{log}");
+}
+
+/// A program with a function the debugger can call.
+const CALL_C: &str = r#"
+#include <stdio.h>
+char greeting[] = "hello, world";
+int add(int a, int b) { return a + b; }
+int main(void) {
+    int t = add(1, 2);
+    printf("%s %d\n", greeting, t); /* STOP */
+    return 0;
+}
+"#;
+
+/// GDB's inferior calls (`print add(2, 3)`) run as a diversion outside the recording: the
+/// results are right, and the history length, `monitor calls` and the previous instruction
+/// are exactly what they were before; recording goes on afterwards (`next`), with the
+/// history check passing and the calls counted in `monitor stats`.
+#[test]
+fn gdb_inferior_calls_stay_out_of_the_history() {
+    if !have("gdb") || !have("cc") {
+        eprintln!("SKIPPED: gdb or cc missing");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile_source("cc", dir.path(), "call", CALL_C, &["-g", "-O0"], &[]);
+    let stop = CALL_C.lines().position(|l| l.contains("STOP")).unwrap() + 1;
+    let look = |tag: &str| -> Vec<String> {
+        // Monitor output captured by GDB's Python and printed on one tagged line.
+        let tagged = |what: &str| {
+            format!(
+                "python print(\"{tag} \" + gdb.execute(\"monitor {what}\", to_string=True).replace(\"\\n\", \"|\"))"
+            )
+        };
+        vec![
+            tagged("where"),
+            tagged("calls"),
+            "reverse-stepi".into(),
+            "printf \"PC %lx\\n\", $pc".into(),
+            "stepi".into(),
+        ]
+    };
+    let mut cmds = vec![format!("break {stop}"), "continue".into()];
+    cmds.extend(look("BEFORE"));
+    cmds.push("print add(2, 3)".into());
+    cmds.push("print add(5, 3)".into());
+    cmds.extend(look("AFTER"));
+    cmds.push("next".into());
+    cmds.push("monitor stats".into());
+    let g = gdb_session(ptrace_server(&exe), &exe, &cmds, TIMEOUT);
+    g.expect("$1 = 5");
+    g.expect("$2 = 8");
+    let (before, after) = (g.tagged("BEFORE"), g.tagged("AFTER"));
+    assert_eq!(before.len(), 2, "{}", g.dump());
+    assert!(
+        before[0].contains("at the present: instruction"),
+        "{}",
+        g.dump()
+    );
+    assert!(before[1].contains("add"), "{}", g.dump());
+    // Same position, same history length, same calls.
+    assert_eq!(before, after, "{}", g.dump());
+    let pcs = g.tagged("PC");
+    assert_eq!(pcs.len(), 2, "{}", g.dump());
+    assert_eq!(pcs[0], pcs[1], "{}", g.dump());
+    g.expect("debugger calls           2 (run outside the recording)");
+    g.expect("history check            ok");
 }

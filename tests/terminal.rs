@@ -157,6 +157,8 @@ fn ctrl_c_in_ptrewind_gdb_interrupts_and_the_session_goes_on() {
     let t = Tmux::start(&[
         exe(),
         "gdb",
+        "--backend",
+        "ptrace",
         "--ex",
         "set pagination off",
         "--ex",
@@ -268,7 +270,18 @@ fn record_reports_progress_on_a_terminal_only() {
     ]);
     t.wait_for(0, "listening on");
     // Not a terminal: the same with stderr piped, at the same time.
-    let piped = support::gdb::Server::start(&prog, &[]);
+    let piped = support::gdb::Server::spawn(
+        support::gdb::ptrewind()
+            .args([
+                "record",
+                "--backend",
+                "ptrace",
+                "--listen",
+                "127.0.0.1:0",
+                "--",
+            ])
+            .arg(&prog),
+    );
     let piped_port = piped.port;
     let p = prog.clone();
     let other = std::thread::spawn(move || drive(&p, piped_port, 7));

@@ -457,8 +457,9 @@ int main(void) {{
     )
 }
 
-/// Records the program with `ptrewind record` up to `done`, saves it (`monitor save`), and
-/// returns the program and the saved directory.
+/// Records the program with `ptrewind record --backend ptrace` (the software encoder: recording
+/// starts at `main`, symbols from the process's mappings) up to `done`, saves it (`monitor
+/// save`), and returns the program and the saved directory.
 fn record_program(name: &str, extra: &[String]) -> (PathBuf, PathBuf, support::gdb::GdbRun) {
     let dir = out_dir(name);
     let exe = compile_source("cc", &dir, "calls", &program_source(), &["-O1", "-g"], &[]);
@@ -471,7 +472,14 @@ fn record_program(name: &str, extra: &[String]) -> (PathBuf, PathBuf, support::g
     cmds.extend(extra.iter().cloned());
     let server = Server::spawn(
         ptrewind()
-            .args(["record", "--listen", "127.0.0.1:0", "--"])
+            .args([
+                "record",
+                "--backend",
+                "ptrace",
+                "--listen",
+                "127.0.0.1:0",
+                "--",
+            ])
             .arg(&exe),
     );
     let r = gdb_session(server, &exe, &cmds, Duration::from_secs(120));
@@ -676,4 +684,80 @@ fn chromium_renders_and_searches_the_flame_graph() {
         "{}",
         bytes.len()
     );
+}
+
+/// A QEMU-backend recording of a two-thread program: `ptrewind view --qemu DIR` has one track
+/// per thread, each with exactly its thread's calls (known counts and depths), and functions
+/// named from the recorded mappings.
+#[test]
+fn qemu_recording_has_a_track_per_thread() {
+    use ptrewind::capture::qemu::recording::find_plugin;
+    use ptrewind::capture::qemu::{QemuConfig, QemuRecording};
+    if !support::cbuild::have("qemu-x86_64") {
+        eprintln!("qemu-x86_64 not installed: skipped");
+        return;
+    }
+    let plugin = find_plugin(Path::new(env!("CARGO_BIN_EXE_ptrewind")))
+        .expect("the QEMU plugin is built with the workspace");
+    let dir = out_dir("qemu");
+    let src = r#"
+#include <pthread.h>
+__attribute__((noinline)) int leaf(int x) { return x * 2 + 1; }
+__attribute__((noinline)) int rec(int d) { return d == 0 ? leaf(d) : rec(d - 1) + leaf(d); }
+static void *worker(void *a) {
+    (void)a;
+    int s = 0;
+    for (int i = 0; i < 50; i++)
+        s += rec(6);
+    return (void *)(long)s;
+}
+int main(void) {
+    pthread_t t;
+    pthread_create(&t, 0, worker, 0);
+    int s = 0;
+    for (int i = 0; i < 20; i++)
+        s += rec(3);
+    pthread_join(t, 0);
+    return s & 1;
+}
+"#;
+    let exe = compile_source("cc", &dir, "threads", src, &["-O1", "-g"], &["-lpthread"]);
+    let mut cfg = QemuConfig::new(plugin);
+    cfg.dir = Some(dir.join("rec"));
+    let mut rec = QemuRecording::spawn_with(&cfg, &exe, &[], |c| {
+        c.stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+    })
+    .expect("spawn qemu");
+    rec.wait().expect("qemu ran the plugin");
+    let out = dir.join("out");
+    let o = view(&[
+        "--qemu".as_ref(),
+        dir.join("rec").as_os_str(),
+        "-o".as_ref(),
+        out.as_os_str(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("timeline.json")).unwrap()).unwrap();
+    let s = slices(&doc);
+    let mut tids: Vec<u64> = s.iter().map(|x| x.tid).collect();
+    tids.dedup();
+    assert_eq!(tids.len(), 2, "one track per thread: {tids:?}");
+    // main: 20 calls of rec(3) (4 frames each); the worker: 50 of rec(6) (7 each).
+    let mut per_track: Vec<(usize, usize)> = tids
+        .iter()
+        .map(|&t| {
+            let recs: Vec<&Slice> = s.iter().filter(|x| x.tid == t && x.name == "rec").collect();
+            let outer = recs.iter().map(|r| r.depth).min().unwrap_or(0);
+            let deepest = recs.iter().map(|r| r.depth).max().unwrap_or(0);
+            (recs.len(), deepest + 1 - outer)
+        })
+        .collect();
+    per_track.sort();
+    assert_eq!(per_track, [(20 * 4, 4), (50 * 7, 7)]);
+    let leaves = s.iter().filter(|x| x.name == "leaf").count();
+    assert_eq!(leaves, 20 * 4 + 50 * 7);
+    let frames = svg_frames(&svg_titles(&out.join("flame.svg")));
+    assert!(frames.iter().any(|(n, _)| n == "worker"), "{frames:?}");
 }

@@ -177,7 +177,18 @@ struct Slot {
 
 static SLOTS: [AtomicPtr<Slot>; MAX_VCPUS] = [const { AtomicPtr::new(ptr::null_mut()) }; MAX_VCPUS];
 
+/// This process's id, cached: `getpid` is a system call (glibc does not cache it), far too
+/// slow for every block. Updated in a forked child before it runs any block.
+static PID: AtomicU32 = AtomicU32::new(0);
+
 fn getpid() -> u32 {
+    match PID.load(Ordering::Relaxed) {
+        0 => real_getpid(),
+        p => p,
+    }
+}
+
+fn real_getpid() -> u32 {
     std::process::id()
 }
 
@@ -591,7 +602,8 @@ extern "C" fn on_syscall_ret(_id: qemu_plugin_id_t, vcpu: c_uint, num: i64, ret:
             let Some(old) = (unsafe { p.as_ref() }) else {
                 return;
             };
-            if old.pid.load(Ordering::Relaxed) != getpid() {
+            if old.pid.load(Ordering::Relaxed) != real_getpid() {
+                PID.store(real_getpid(), Ordering::Relaxed);
                 install_slot(vcpu);
                 snapshot_maps("fork");
                 MAPS_DONE_FOR.store(getpid(), Ordering::Relaxed);
@@ -706,6 +718,7 @@ pub unsafe extern "C" fn qemu_plugin_install(
         eprintln!("ptrewind-qemu-plugin: {e}");
         return 1;
     }
+    PID.store(real_getpid(), Ordering::Relaxed);
     let _ = output::write_json(&config.dir.join(output::PLUGIN_FILE), &meta);
     if CONFIG.set(config).is_err() {
         return 1;

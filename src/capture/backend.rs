@@ -104,6 +104,10 @@ pub trait LiveBackend {
         None
     }
 
+    /// Runs one system call in the stopped process without recording anything (see
+    /// [`crate::target::Target::inject_syscall`]).
+    fn inject_syscall(&mut self, nr: u64, args: [u64; 6]) -> TargetResult<u64>;
+
     /// Registers and overwritten memory of every recorded instruction, if the backend keeps
     /// them (the software backend's state log). Without it, the past is served PC-only.
     fn recorded_state(&self) -> Option<&dyn RecordedState> {
@@ -143,6 +147,13 @@ pub trait LiveBackend {
 
     /// Backend-specific `monitor stats` lines (`line(key, value)`).
     fn stats(&self, line: &mut dyn FnMut(&str, String));
+
+    /// Whether the last [`sync_at_stop`](Self::sync_at_stop) replaced the store's bytes instead
+    /// of appending to them ([`TraceStore::replace`]): the history is then indexed again from
+    /// the start. Positions up to the previous stop must decode the same in the new bytes.
+    fn trace_rewritten(&mut self) -> bool {
+        false
+    }
 }
 
 /// What a backend that records more than the PC knows about the past: registers and memory
@@ -247,6 +258,10 @@ macro_rules! ptrace_present_state {
                 Some(bp) => bp.remove_breakpoint(addr),
                 None => Ok(false),
             }
+        }
+
+        fn inject_syscall(&mut self, nr: u64, args: [u64; 6]) -> crate::target::TargetResult<u64> {
+            crate::target::Target::inject_syscall(self.$get(), nr, args)
         }
 
         fn take_notices(&mut self) -> Vec<crate::target::Notice> {

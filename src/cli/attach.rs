@@ -49,6 +49,6 @@ pub fn run(args: AttachArgs) -> CmdResult {
     let mut recorder =
         SoftRecorder::new(target, config).map_err(|e| format!("cannot start recording: {e}"))?;
     recorder.record_on();
-    let target = super::record::soft_recording(recorder)?;
+    let target = super::record::soft_recording(recorder, false)?;
     serve_recording(target, listener, Served::Attached, "".as_ref(), args.once)
 }

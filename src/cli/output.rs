@@ -19,6 +19,20 @@ pub(crate) struct Out<W: Write> {
     buf: Box<[u8]>,
     pos: usize,
     inner: W,
+    /// [`Out::ip_lines`]' digits of the last address, kept from one run to the next (runs are
+    /// short, and the next one often starts in the same 256 bytes of code).
+    ips: IpDigits,
+}
+
+/// The digits of the last address `ip_lines` printed (see there).
+#[derive(Clone, Copy)]
+struct IpDigits {
+    /// The address bits above the low byte the digits were made for (`u64::MAX`: none).
+    key: u64,
+    hi_digits: u64,
+    hi_n: usize,
+    lo_digits: u64,
+    lo_n: usize,
 }
 
 /// 8 hex digits of `v`, most significant first in memory order (a little-endian u64 of ASCII).
@@ -35,6 +49,20 @@ fn hex8(v: u32) -> u64 {
     let letters = ((x + 0x0606_0606_0606_0606) >> 4) & 0x0101_0101_0101_0101;
     x + 0x3030_3030_3030_3030 + letters * 0x27
 }
+
+/// The two hex digits of a byte as the bytes of a little-endian u16 (high digit first).
+const fn hex2_table() -> [u16; 256] {
+    let digits = b"0123456789abcdef";
+    let mut t = [0u16; 256];
+    let mut b = 0;
+    while b < 256 {
+        t[b] = digits[b >> 4] as u16 | (digits[b & 15] as u16) << 8;
+        b += 1;
+    }
+    t
+}
+
+static HEX2: [u16; 256] = hex2_table();
 
 /// The 16 hex digits of `v` (zero-padded), as the bytes of a little-endian u128.
 #[inline(always)]
@@ -55,6 +83,13 @@ impl<W: Write> Out<W> {
             buf: vec![0u8; CHUNK + SLACK].into_boxed_slice(),
             pos: 0,
             inner,
+            ips: IpDigits {
+                key: u64::MAX,
+                hi_digits: 0,
+                hi_n: 0,
+                lo_digits: 0,
+                lo_n: 0,
+            },
         }
     }
 
@@ -130,17 +165,28 @@ impl<W: Write> Out<W> {
     }
 
     /// The `0x<ip>\n` lines of a run of instructions starting at `start` with these lengths.
-    /// Addresses above 4 GiB keep their upper half's digits from one line to the next (they
-    /// change only when a run crosses a 4 GiB boundary), so a line costs one 8-digit
-    /// conversion and three stores. The lines are written in groups that fit the buffer, with
-    /// the position in a local, so that it stays in a register.
+    ///
+    /// Consecutive addresses of a run differ by an instruction length, so the digits are
+    /// updated rather than recomputed: while the address stays within one 256-byte line of
+    /// code, only its last two digits change (one table load); the full conversion runs when
+    /// the bits above the low byte change (about one line in 30). Above 4 GiB the upper half's
+    /// digits are kept the same way. The lines are written in groups that fit the buffer, with
+    /// the position in a local so that it stays in a register.
     #[inline]
     pub(crate) fn ip_lines(&mut self, start: u64, lens: &[u8]) -> io::Result<()> {
         /// A line is at most "0x" + 16 digits + "\n", and the last 8-byte store may reach 8
         /// bytes past the digits' end.
         const LINE_MAX: usize = 27;
         let mut ip = start;
-        let (mut hi_of, mut hi_digits, mut hi_n) = (0u64, 0u64, 0usize);
+        // Addresses below 0x100 always take the full path, as their digit count depends on the
+        // low byte (their key is u64::MAX).
+        let IpDigits {
+            mut key,
+            mut hi_digits,
+            mut hi_n,
+            mut lo_digits,
+            mut lo_n,
+        } = self.ips;
         let mut rest = lens;
         while !rest.is_empty() {
             self.room()?;
@@ -150,31 +196,35 @@ impl<W: Write> Out<W> {
             let buf = &mut self.buf[..];
             let mut p = self.pos;
             for &len in group {
-                let hi = ip >> 32;
-                if hi == 0 {
-                    let n = hex_digits(ip);
-                    buf[p..p + 2].copy_from_slice(b"0x");
-                    let digits = hex8(ip as u32) >> (8 * (8 - n));
-                    buf[p + 2..p + 10].copy_from_slice(&digits.to_le_bytes());
-                    p += 2 + n;
+                if ip >> 8 == key {
+                    lo_digits = (lo_digits & 0x0000_FFFF_FFFF_FFFF)
+                        | (HEX2[(ip & 0xFF) as usize] as u64) << 48;
                 } else {
-                    if hi != hi_of {
-                        hi_of = hi;
-                        hi_n = hex_digits(hi);
-                        hi_digits = hex8(hi as u32) >> (8 * (8 - hi_n));
-                    }
-                    buf[p..p + 2].copy_from_slice(b"0x");
-                    buf[p + 2..p + 10].copy_from_slice(&hi_digits.to_le_bytes());
-                    let q = p + 2 + hi_n;
-                    buf[q..q + 8].copy_from_slice(&hex8(ip as u32).to_le_bytes());
-                    p = q + 8;
+                    key = if ip < 0x100 { u64::MAX } else { ip >> 8 };
+                    let hi = ip >> 32;
+                    hi_n = if hi == 0 { 0 } else { hex_digits(hi) };
+                    hi_digits = hex8(hi as u32) >> (8 * (8 - hi_n.max(1)));
+                    lo_digits = hex8(ip as u32);
+                    lo_n = if hi == 0 { hex_digits(ip) } else { 8 };
                 }
+                buf[p..p + 2].copy_from_slice(b"0x");
+                buf[p + 2..p + 10].copy_from_slice(&hi_digits.to_le_bytes());
+                let q = p + 2 + hi_n;
+                buf[q..q + 8].copy_from_slice(&(lo_digits >> (8 * (8 - lo_n))).to_le_bytes());
+                p = q + lo_n;
                 buf[p] = b'\n';
                 p += 1;
                 ip = ip.wrapping_add(len as u64);
             }
             self.pos = p;
         }
+        self.ips = IpDigits {
+            key,
+            hi_digits,
+            hi_n,
+            lo_digits,
+            lo_n,
+        };
         Ok(())
     }
 
@@ -352,6 +402,22 @@ mod tests {
             }
             assert_eq!(got, want, "{start:#x}");
         }
+        // Short runs one after the other, within and across 256-byte lines and 4 GiB.
+        let starts: Vec<u64> = (0..3000u64)
+            .map(|k| {
+                [0x40_1000, 0x1_0000_0000, 0x7f00_0000_00f0, 0xfe][k as usize % 4] + k * 7 % 700
+            })
+            .collect();
+        let got = run(|o| {
+            for &st in &starts {
+                o.ip_lines(st, &[3, 5]).unwrap();
+            }
+        });
+        let want: String = starts
+            .iter()
+            .map(|&st| format!("{:#x}\n{:#x}\n", st, st + 3))
+            .collect();
+        assert_eq!(got, want);
     }
 
     #[test]

@@ -23,7 +23,7 @@ use std::process::ExitCode;
 /// Capture backend choice.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
-    /// Hardware Intel PT if available, else QEMU if `qemu-x86_64` is installed, else ptrace.
+    /// Hardware Intel PT if available, else ptrace (pointing at `qemu` when it is installed).
     Auto,
     /// Hardware Intel PT (perf `intel_pt` PMU).
     Pt,
@@ -96,6 +96,11 @@ pub struct RecordArgs {
     /// Keep address-space randomisation enabled in the program (GDB disables it by default).
     #[arg(long)]
     keep_aslr: bool,
+    /// Software backend: when the program exits or dies, stop at its end (the process still
+    /// alive) and tell the debugger, so reverse execution and monitor commands work from there;
+    /// a further continue lets it exit.
+    #[arg(long)]
+    pub(crate) stop_at_exit: bool,
     /// End when the debugger's connection closes (the program is killed). By default the
     /// program and its recording are kept, stopped, and ptrewind waits for a debugger to
     /// connect again (like gdbserver without --once). `ptrewind gdb` always ends with its GDB.
@@ -105,6 +110,11 @@ pub struct RecordArgs {
     /// its Cargo target directory).
     #[arg(long, value_name = "PATH")]
     pub(crate) qemu_plugin: Option<std::path::PathBuf>,
+    /// QEMU backend: debug the program live while it runs (QEMU's gdbstub for the present,
+    /// the plugin's trace of the main thread for the past) instead of recording it to its end
+    /// first.
+    #[arg(long)]
+    pub(crate) qemu_live: bool,
     /// QEMU backend: the recording directory to create (default: a new private temporary
     /// directory, kept and printed).
     #[arg(long, value_name = "DIR")]
@@ -162,8 +172,8 @@ enum Chosen {
 }
 
 /// Picks the backend: `pt` fails (exit code 2) with the probe's reason unless it succeeds;
-/// `auto` uses Intel PT when the probe succeeds, else QEMU when `qemu-x86_64` runs, else the
-/// ptrace single-stepper, saying which and why.
+/// `auto` uses Intel PT when the probe succeeds, else the ptrace single-stepper, saying why
+/// (and that `--backend qemu` exists when `qemu-x86_64` runs).
 fn choose_backend(backend: Backend) -> Result<Chosen, ExitCode> {
     match backend {
         Backend::Ptrace => Ok(Chosen::Soft),
@@ -175,25 +185,22 @@ fn choose_backend(backend: Backend) -> Result<Chosen, ExitCode> {
                     eprintln!("ptrewind: --backend pt: Intel PT is not available: {why}");
                     return Err(ExitCode::from(2));
                 }
+                // The QEMU backend records to completion and then serves the finished
+                // recording; live debugging (breakpoints in the running program) needs the
+                // ptrace backend, so `auto` stays with it and only points at QEMU.
                 let qemu = std::path::Path::new("qemu-x86_64");
-                match ptrewind::capture::qemu::recording::qemu_version(qemu) {
-                    Ok(version) => {
-                        eprintln!(
-                            "ptrewind: hardware Intel PT is not available ({why}); recording \
-                             under QEMU ({version}) with the ptrewind plugin (--backend ptrace \
-                             for exact registers and memory in the past)"
-                        );
-                        Ok(Chosen::Qemu)
+                let qemu_note = match ptrewind::capture::qemu::recording::qemu_version(qemu) {
+                    Ok(_) => {
+                        "; `--backend qemu` records every thread at near-native speed under \
+                         QEMU and serves the finished recording (PC-only past)"
                     }
-                    Err(_) => {
-                        eprintln!(
-                            "ptrewind: hardware Intel PT is not available ({why}) and \
-                             qemu-x86_64 is not installed (package qemu-user); falling back to \
-                             the ptrace backend (single-stepping, much slower)"
-                        );
-                        Ok(Chosen::Soft)
-                    }
-                }
+                    Err(_) => "",
+                };
+                eprintln!(
+                    "ptrewind: hardware Intel PT is not available ({why}); falling back to the \
+                     software backend (ptrace single-stepping, much slower){qemu_note}"
+                );
+                Ok(Chosen::Soft)
             }
         },
     }
@@ -271,7 +278,7 @@ pub(crate) fn start_recording(args: &RecordArgs, shared_terminal: bool) -> Start
     };
     let recorder =
         SoftRecorder::new(target, config).map_err(|e| format!("cannot start recording: {e}"))?;
-    let target = soft_recording(recorder)?;
+    let target = soft_recording(recorder, args.stop_at_exit)?;
     Ok(Ok((target, listener, Served::Started)))
 }
 
@@ -393,11 +400,13 @@ fn start_hardware_recording(
 }
 
 /// Serves a software recorder over a ptrace target. With its state log on, registers and
-/// memory are rebuilt in the past; without, the past is served PC-only.
+/// memory are rebuilt in the past; without, the past is served PC-only. `stop_at_exit`: the end
+/// of the program is a place in the history (see `--stop-at-exit`).
 pub(crate) fn soft_recording(
     rec: SoftRecorder<PtraceTarget>,
+    stop_at_exit: bool,
 ) -> Result<RecordingTarget, ptrewind::target::TargetError> {
-    let capture = SoftCapture::new(rec);
+    let capture = SoftCapture::new(rec).stop_at_exit(stop_at_exit);
     let record = capture.is_recording();
     Ok(RecordingTarget::new(Timeline::live(
         Box::new(capture),
@@ -467,6 +476,7 @@ pub(crate) fn serve_recording(
     let r = serve_session(session, listener, served, fallback_exe, once, |router| {
         tracing::install_lldb(router, Box::new(provider));
         tracing::install_btrace(router, Box::new(gdb_view));
+        ptrewind::server::alloc::install(router);
     });
     drop(progress);
     r

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::record::{RecordArgs, Served, Started, bind};
 use ptrewind::capture::qemu::recording::find_plugin;
-use ptrewind::capture::qemu::{QemuConfig, QemuRecording, Recorded};
+use ptrewind::capture::qemu::{QemuConfig, QemuLive, QemuRecording, Recorded};
 use ptrewind::flow::FlowConfig;
 use ptrewind::image::Symbolizer;
 use ptrewind::server::RecordingTarget;
@@ -46,6 +46,9 @@ pub(crate) fn start(args: &RecordArgs, program: &OsString, prog_args: &[OsString
     check_listen_addr(args.listen(), args.allow_remote())?;
     let mut config = QemuConfig::new(plugin(args.qemu_plugin.as_deref())?);
     config.dir = args.trace_dir.clone();
+    if args.qemu_live {
+        return start_live(args, &config, program, prog_args);
+    }
     let started = Instant::now();
     let mut rec = match QemuRecording::spawn(&config, Path::new(program), prog_args) {
         Ok(r) => r,
@@ -179,4 +182,30 @@ pub(crate) fn serve_target(
         },
     };
     Ok(RecordingTarget::new(Timeline::offline(rec)?))
+}
+
+/// `--qemu-live`: the program under QEMU with the plugin and the gdbstub, served live (present
+/// from the gdbstub, PC-only past from the main thread's trace; see
+/// `ptrewind::capture::qemu::live`).
+fn start_live(
+    args: &RecordArgs,
+    config: &QemuConfig,
+    program: &OsString,
+    prog_args: &[OsString],
+) -> Started {
+    let live = match QemuLive::spawn(config, Path::new(program), prog_args, |_| {}) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("ptrewind: --backend qemu: {e}");
+            return Ok(Err(ExitCode::from(2)));
+        }
+    };
+    eprintln!(
+        "ptrewind: running under QEMU with its gdbstub; every thread recorded into {}; the \
+         main thread's history is served (PC-only past)",
+        live.dir().display()
+    );
+    let listener = bind(args.listen())?;
+    let target = RecordingTarget::new(Timeline::live(Box::new(live), true)?);
+    Ok(Ok((target, listener, Served::Started)))
 }

@@ -1,15 +1,17 @@
 //! `ptrewind view`: the flame graph (SVG) and the call timeline (Chrome/Perfetto trace-event
 //! JSON) of a recording — a `monitor save` directory, a raw PT file with its code (`--pt FILE
-//! --elf/--raw`), or a perf.data file (`--perf`, code from its MMAP records as for `decode`).
+//! --elf/--raw`), a perf.data file (`--perf`, code from its MMAP records as for `decode`), or a
+//! QEMU-backend recording directory (`--qemu DIR`, a track per thread).
 //!
 //! The inputs are read exactly as `ptrewind decode` reads them (the same options, errors and
 //! missing-file reports). Each trace stream is decoded once; the call tree built on the way
 //! feeds both outputs (see `ptrewind::view`). Files are written under a temporary name and
 //! renamed when complete. A progress bar is drawn on stderr when it is a terminal.
 //!
-//! Exit status: 0 when the decode reported no error event, 2 when it did (the outputs are still
-//! written: each error ends the call stack there and a new one begins) or when the inputs could
-//! not be read.
+//! Exit status: 0 when the decode reported no error event, 2 when it did or the perf.data is
+//! damaged (cut short, malformed records; said on stderr as `decode` says it) — the outputs are
+//! still written: each error ends the call stack there and a new one begins — or when the
+//! inputs could not be read (nothing is written then).
 
 use super::CmdResult;
 use super::decode::{
@@ -34,8 +36,12 @@ use std::process::ExitCode;
 #[derive(clap::Args, Debug)]
 pub struct ViewArgs {
     /// A directory written by `monitor save DIR`.
-    #[arg(value_name = "DIR", conflicts_with_all = ["pt", "perf"])]
+    #[arg(value_name = "DIR", conflicts_with_all = ["pt", "perf", "qemu"])]
     dir: Option<PathBuf>,
+    /// A QEMU-backend recording directory (`record --backend qemu --trace-dir DIR`): one track
+    /// per recorded thread.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["pt", "perf"])]
+    qemu: Option<PathBuf>,
     /// Raw PT trace file.
     #[arg(long, value_name = "FILE", conflicts_with = "perf")]
     pt: Option<PathBuf>,
@@ -134,8 +140,85 @@ pub fn run(args: ViewArgs) -> CmdResult {
                 Clock::for_traces([&rec.trace[..]], &rec.flow.timing, TscConversion::Unknown);
             render(&outputs, vec![track], clock, &rec.info.source, 0)
         }
-        None => view_trace_file(&args, &outputs),
+        None => match &args.qemu {
+            Some(dir) => view_qemu(dir, &args, &outputs),
+            None => view_trace_file(&args, &outputs),
+        },
     }
+}
+
+/// `--qemu DIR`: every recorded thread is a track; the code comes from the recorded mappings,
+/// as `decode --qemu` builds it.
+fn view_qemu(dir: &Path, args: &ViewArgs, outputs: &Outputs) -> CmdResult {
+    let mode = exec_mode(args.bits)?;
+    let (given, given_elfs) = given_images(&args.image)?;
+    let recorded = ptrewind::capture::qemu::Recorded::open(dir)?;
+    let built = recorded.mmap_image();
+    let mut image = built.image;
+    let mut symbols = Symbolizer::new();
+    for elf in built.elfs.iter().chain(&given_elfs) {
+        // Symbols are a convenience: an ELF without a usable symbol table still decodes.
+        let _ = symbols.add_elf(elf);
+    }
+    for s in &given {
+        image.add(s.clone())?;
+    }
+    report_missing(&built.missing, None, None, &mut HashSet::new());
+    if recorded.threads.is_empty() {
+        return Err(format!("{}: the recording has no thread", dir.display()).into());
+    }
+    let flow = ptrewind::flow::FlowConfig {
+        default_mode: mode,
+        ip_filter: args.ip_filter.clone(),
+        ..Default::default()
+    };
+    let mut losses = 0usize;
+    for t in &recorded.threads {
+        if let Some(m) = t.meta.as_ref().filter(|m| m.lost > 0) {
+            losses += m.gaps.len().max(1);
+            eprintln!(
+                "ptrewind: {}: thread {}/{}: {} bytes of trace lost; the call stack restarts \
+                 after each gap",
+                dir.display(),
+                t.pid,
+                t.tid,
+                m.lost
+            );
+        }
+    }
+    let process = image
+        .sections()
+        .iter()
+        .map(|s| Path::new(&*s.origin))
+        .find(|p| p.is_absolute())
+        .and_then(Path::file_name)
+        .map_or_else(|| "recording".to_string(), |n| n.to_string_lossy().into());
+    let names: Vec<String> = recorded
+        .threads
+        .iter()
+        .map(|t| format!("thread {}", t.tid))
+        .collect();
+    let tracks: Vec<TrackInput<'_>> = recorded
+        .threads
+        .iter()
+        .zip(&names)
+        .map(|(t, name)| TrackInput {
+            process: &process,
+            name,
+            pid: t.pid,
+            tid: t.tid,
+            trace: &t.trace,
+            image: &image,
+            symbols: &symbols,
+            flow: flow.clone(),
+        })
+        .collect();
+    let clock = Clock::for_traces(
+        tracks.iter().map(|t| t.trace),
+        &flow.timing,
+        TscConversion::Unknown,
+    );
+    render(outputs, tracks, clock, &dir.display().to_string(), losses)
 }
 
 /// `--pt FILE` or `--perf perf.data`: inputs read as `decode` reads them.
@@ -150,6 +233,12 @@ fn view_trace_file(args: &ViewArgs, outputs: &Outputs) -> CmdResult {
     let source = file
         .source()
         .map_err(|e| format!("{}: {e}", path.display()))?;
+    // The same checks as `decode`: the right kind of file, something to decode, damage said.
+    if args.perf.is_some() {
+        super::input::require_perf_data(&path, &source)?;
+    }
+    super::input::require_trace(&path, &source)?;
+    let damaged = super::input::report_perf_damage(&path, &source);
     let perf = match source.format {
         SourceFormat::PerfData { .. } => Some(PerfData::parse(file.bytes())?),
         SourceFormat::RawPt => None,
@@ -230,11 +319,19 @@ fn view_trace_file(args: &ViewArgs, outputs: &Outputs) -> CmdResult {
         })
         .collect();
     let losses: usize = source.streams.iter().map(|s| s.losses.len()).sum();
-    if losses > 0 {
+    for (s, loss) in source
+        .streams
+        .iter()
+        .flat_map(|s| s.losses.iter().map(move |l| (s, l)))
+    {
         eprintln!(
-            "ptrewind: {}: {losses} places where trace data was lost (perf AUX gaps or truncated \
-             buffers); the call stack restarts after each",
-            path.display()
+            "ptrewind: {}: stream {}: data lost ({}){}; the call stack restarts after it",
+            path.display(),
+            s.label,
+            super::input::loss_name(&loss.kind),
+            loss.stream_offset
+                .map(|o| format!(" at trace offset {o:#x}"))
+                .unwrap_or_default()
         );
     }
     let tracks: Vec<TrackInput<'_>> = source
@@ -257,7 +354,9 @@ fn view_trace_file(args: &ViewArgs, outputs: &Outputs) -> CmdResult {
         })
         .collect();
     let clock = Clock::for_traces(tracks.iter().map(|t| t.trace), &flow.timing, conversion);
-    render(outputs, tracks, clock, &path.display().to_string(), losses)
+    let code = render(outputs, tracks, clock, &path.display().to_string(), losses)?;
+    // A damaged perf.data is shown as far as it goes, and the exit status says so.
+    Ok(if damaged { ExitCode::from(2) } else { code })
 }
 
 /// Decodes every track once and writes the outputs.

@@ -42,7 +42,7 @@ const SECTION_SIZE: u64 = 16;
 /// Number of bits in the feature bitmap (`HEADER_FEAT_BITS`).
 const FEATURE_BITS: u32 = 256;
 
-/// Record types (`perf_event_type` in the kernel, from [`abi`]; `perf_user_event_type` in perf).
+/// Record types (`perf_event_type` in the kernel, from [`abi`](super::abi); `perf_user_event_type` in perf).
 pub mod record_type {
     use crate::perf::abi;
     /// `PERF_RECORD_MMAP`.

@@ -33,6 +33,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod alloc;
 pub mod arch;
 pub mod btrace;
 pub mod lldb_trace;

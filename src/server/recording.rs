@@ -97,6 +97,10 @@ impl Target for RecordingTarget {
         self.inner.borrow_mut().auxv()
     }
 
+    fn inject_syscall(&mut self, nr: u64, args: [u64; 6]) -> TargetResult<u64> {
+        self.inner.borrow_mut().inject_syscall(nr, args)
+    }
+
     fn saved_library_list(&self) -> Option<String> {
         self.inner.borrow().saved_library_list().map(str::to_string)
     }

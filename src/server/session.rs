@@ -65,6 +65,12 @@ pub fn stop_reason(tid: i32, ev: StopEvent) -> MultiThreadStopReason<u64> {
             tid,
             signal: Signal(linux_to_gdb_signal(s)),
         },
+        // The program stays stopped at its end: a trap (the notice says why); the exit itself
+        // is reported when it is resumed.
+        StopEvent::Exiting => MultiThreadStopReason::SignalWithThread {
+            tid,
+            signal: Signal::SIGTRAP,
+        },
         StopEvent::Exited(code) => MultiThreadStopReason::Exited(code as u8),
         StopEvent::Killed(s) => MultiThreadStopReason::Terminated(Signal(linux_to_gdb_signal(s))),
         StopEvent::HistoryEnd { at_begin } => MultiThreadStopReason::ReplayLog {

@@ -112,6 +112,28 @@ impl TraceStore {
         st.skip_to(drain.report.end);
     }
 
+    /// Replaces everything stored by `bytes` (a backend whose stream at a stop is not an
+    /// extension of the stream at the previous stop: the QEMU backend completes each thread's
+    /// stream from the plugin's pending state at every stop). Loss accounting restarts; the
+    /// listener is notified. A history indexed from the old bytes must be rebuilt
+    /// ([`LiveBackend::trace_rewritten`](crate::capture::LiveBackend::trace_rewritten)).
+    pub fn replace(&self, bytes: Vec<u8>) {
+        let mut st = self.lock();
+        let drains = st.drains + 1;
+        let listener = st.listener.take();
+        *st = Inner {
+            stream_end: bytes.len() as u64,
+            bytes,
+            drains,
+            listener: listener.clone(),
+            ..Inner::default()
+        };
+        drop(st);
+        if let Some(l) = listener {
+            l();
+        }
+    }
+
     /// Number of stored bytes.
     pub fn len(&self) -> usize {
         self.lock().bytes.len()

@@ -118,6 +118,11 @@ pub enum StopEvent {
     /// The program received a signal (Linux signal number); it is delivered only if the next
     /// resume passes it.
     Signal(i32),
+    /// The program is exiting (`exit`, `exit_group` or a fatal signal) and is stopped at its
+    /// end, still alive (`PTRACE_EVENT_EXIT`): registers and memory can be read; resuming lets it
+    /// exit. Reported only by targets asked to stop there
+    /// ([`PtraceTarget::set_stop_at_exit`]).
+    Exiting,
     /// The program exited with this status.
     Exited(i32),
     /// The program was killed by this signal.
@@ -179,6 +184,9 @@ pub enum Notice {
         /// What happened.
         what: String,
     },
+    /// The program is exiting and stays stopped at its end: the recording ends here and the
+    /// past stays available; a further continue ends the program.
+    AtExit,
     /// Replay stopped with watchpoints set at an instruction whose memory writes the recording
     /// does not know: a watched location may have changed there unseen.
     WatchUncertain {
@@ -213,6 +221,12 @@ impl fmt::Display for Notice {
             Notice::OtherThreads { count } => write!(
                 f,
                 "the process has {count} other thread(s); only the main thread is debugged"
+            ),
+            Notice::AtExit => write!(
+                f,
+                "the program is exiting: it stays stopped at its end, where the recording ends; \
+                 reverse execution and monitor commands (history, calls, save, ...) work from \
+                 here; continue again to let it exit"
             ),
             Notice::TraceIncomplete { what } => write!(
                 f,
@@ -298,6 +312,16 @@ pub trait Target {
     /// The auxiliary vector (raw bytes of /proc/PID/auxv).
     fn auxv(&self) -> TargetResult<Vec<u8>> {
         read_auxv(self.pid())
+    }
+    /// Runs one system call `nr` with `args` in the stopped process, outside of everything
+    /// recorded: its registers and the two code bytes used are restored afterwards, and no
+    /// program code runs. Returns the call's raw result (negative: `-errno`). For debugger
+    /// requests such as LLDB's memory allocation (`_M`), which would otherwise run `mmap` in
+    /// the program and enter its history.
+    fn inject_syscall(&mut self, _nr: u64, _args: [u64; 6]) -> TargetResult<u64> {
+        Err(TargetError::Unsupported(
+            "running a system call in the process",
+        ))
     }
     /// The dynamic loader's library list (`qXfer:libraries-svr4` XML) when it cannot be read
     /// from the process's memory, such as a saved recording's (`None`: read the memory).

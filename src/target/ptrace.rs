@@ -67,6 +67,8 @@ pub struct PtraceTarget {
     /// Breakpoints were lifted for a vfork child that shares our memory; put them back at
     /// `PTRACE_EVENT_VFORK_DONE`.
     vfork_lifted: bool,
+    /// Report `PTRACE_EVENT_EXIT` as [`StopEvent::Exiting`] (otherwise it is passed over).
+    stop_at_exit: bool,
     state: RunState,
     /// A stop that happened while we stepped over a breakpoint, reported by the next `wait`.
     pending: Option<StopEvent>,
@@ -208,6 +210,7 @@ fn trace_options() -> nix::sys::ptrace::Options {
         | Options::PTRACE_O_TRACEVFORK
         | Options::PTRACE_O_TRACEVFORKDONE
         | Options::PTRACE_O_TRACEEXEC
+        | Options::PTRACE_O_TRACEEXIT
 }
 
 impl PtraceTarget {
@@ -268,6 +271,7 @@ impl PtraceTarget {
             breakpoints: BTreeMap::new(),
             inserted: false,
             vfork_lifted: false,
+            stop_at_exit: false,
             state: RunState::Stopped,
             pending: None,
             notices,
@@ -305,6 +309,12 @@ impl PtraceTarget {
             }
         }
         Self::stopped(pid, notices, false)
+    }
+
+    /// Whether the exit of the process is reported as a stop ([`StopEvent::Exiting`], the
+    /// process still alive at its end) rather than passed over until it is gone.
+    pub fn set_stop_at_exit(&mut self, on: bool) {
+        self.stop_at_exit = on;
     }
 
     /// Resumes with `PTRACE_CONT` (inserting breakpoints, stepping over one at the PC first).
@@ -492,6 +502,9 @@ impl PtraceTarget {
         loop {
             match waitpid_raw(self.pid, block)? {
                 Wait::StillRunning => return Ok(None),
+                Wait::Event(libc::PTRACE_EVENT_EXIT) if self.stop_at_exit => {
+                    return Ok(Some(Wait::Event(libc::PTRACE_EVENT_EXIT)));
+                }
                 Wait::Event(event) => {
                     self.handle_event(event, mode)?;
                     // Re-issue the same request without the signal (already delivered).
@@ -558,6 +571,12 @@ impl PtraceTarget {
                         }
                     }
                 }
+            }
+            Wait::Event(libc::PTRACE_EVENT_EXIT) => {
+                // Still alive at its end: registers and memory stay readable until resumed.
+                self.state = RunState::Stopped;
+                self.remove_breakpoints()?;
+                Ok(StopEvent::Exiting)
             }
             Wait::StillRunning | Wait::Event(_) => Err(TargetError::Unexpected {
                 pid: self.pid.as_raw(),
@@ -710,10 +729,19 @@ impl Target for PtraceTarget {
         }
         nix::sys::signal::kill(self.pid, nix::sys::signal::Signal::SIGKILL)
             .map_err(sys("kill(SIGKILL)", self.pid))?;
+        // A tracee stopped at its exit event is past signals: SIGKILL does not wake it, a
+        // PTRACE_CONT lets it finish (an error here only means it is already running or gone).
+        if self.state == RunState::Stopped {
+            let _ = ptrace_with_signal(libc::PTRACE_CONT, "PTRACE_CONT", self.pid, None);
+        }
         loop {
             match waitpid_raw(self.pid, true)? {
                 Wait::Exited(_) | Wait::Killed(_) => break,
-                _ => continue,
+                // A stop on the way out (the exit event): let it finish dying.
+                Wait::Event(_) | Wait::Stopped(_) => {
+                    let _ = ptrace_with_signal(libc::PTRACE_CONT, "PTRACE_CONT", self.pid, None);
+                }
+                Wait::StillRunning => continue,
             }
         }
         self.state = RunState::Exited;
@@ -731,6 +759,46 @@ impl Target for PtraceTarget {
 
     fn has_exited(&self) -> bool {
         self.state == RunState::Exited
+    }
+
+    fn inject_syscall(&mut self, nr: u64, args: [u64; 6]) -> TargetResult<u64> {
+        self.ensure_stopped()?;
+        let pid = self.pid;
+        let saved = nix::sys::ptrace::getregs(pid).map_err(sys("PTRACE_GETREGS", pid))?;
+        let pc = saved.rip;
+        let mut code = [0u8; 2];
+        if self.read_raw(pc, &mut code)? != 2 {
+            return Err(TargetError::Memory { addr: pc });
+        }
+        // `syscall` at the PC, the call in the registers, one step, then everything back.
+        self.write_raw(pc, &[0x0f, 0x05])?;
+        let mut r = saved;
+        r.rax = nr;
+        (r.rdi, r.rsi, r.rdx, r.r10, r.r8, r.r9) =
+            (args[0], args[1], args[2], args[3], args[4], args[5]);
+        // Not inside an interrupted call: the kernel must not apply its restart rules.
+        r.orig_rax = u64::MAX;
+        let run = nix::sys::ptrace::setregs(pid, r)
+            .map_err(sys("PTRACE_SETREGS", pid))
+            .and_then(|()| {
+                ptrace_with_signal(libc::PTRACE_SINGLESTEP, "PTRACE_SINGLESTEP", pid, None)
+            })
+            .and_then(|()| waitpid_raw(pid, true));
+        let result = nix::sys::ptrace::getregs(pid).map(|r| r.rax);
+        let restored = self.write_raw(pc, &code).and_then(|()| {
+            nix::sys::ptrace::setregs(pid, saved).map_err(sys("PTRACE_SETREGS", pid))
+        });
+        match run? {
+            Wait::Stopped(libc::SIGTRAP) => {}
+            other => {
+                return Err(TargetError::Unexpected {
+                    pid: pid.as_raw(),
+                    what: format!("an injected system call stopped with {other:?}"),
+                });
+            }
+        }
+        restored?;
+        result.map_err(sys("PTRACE_GETREGS", pid))
     }
 
     fn take_notices(&mut self) -> Vec<Notice> {

@@ -199,6 +199,10 @@ impl Timeline {
         line("decode errors", h.errors.to_string());
         line("overflows", h.overflows.to_string());
         line("untraced runs", self.untraced_runs.to_string());
+        line(
+            "debugger calls",
+            format!("{} (run outside the recording)", self.diversions),
+        );
         line("reverse floor", self.floor().to_string());
         let known = if self.snapshots.is_empty() {
             "0".to_string()

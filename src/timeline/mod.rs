@@ -191,6 +191,9 @@ pub struct Timeline {
     /// Whether the user wants recording (`monitor record on|off`).
     record_wanted: bool,
     exited: Option<StopEvent>,
+    /// The process is stopped at its exit event: the end of the recording, still readable; the
+    /// next forward resume from the present lets it exit.
+    at_exit: bool,
     checks: Checks,
     /// Cache of the recorded registers at the cursor.
     regs_at: Option<(u64, X86Registers)>,
@@ -214,7 +217,33 @@ pub struct Timeline {
     stop_errors: u64,
     /// How the history is decoded (errata of the CPU that recorded a hardware trace).
     flow: FlowConfig,
+    /// The registers before the debugger first changed them at this stop (the start of a
+    /// debugger-made call, see [`Diversion`]).
+    regs_before_write: Option<X86Registers>,
+    /// A debugger-made function call in progress.
+    diversion: Option<Diversion>,
+    /// Debugger-made calls run outside the recording.
+    diversions: u64,
 }
+
+/// A function call made by the debugger (GDB's `print f(1)`, LLDB's `expression f(1)`): the
+/// debugger sets the registers to call the function with a return address where it puts a
+/// breakpoint (GDB: on the stack, LLDB: the program's entry point), continues, and restores
+/// the registers when that breakpoint is hit. Such a run is not the program's: it runs untraced (nothing enters
+/// the trace or the state log, the history keeps its length), and the stack below the stack
+/// pointer it used is put back when the registers come back, so the past reads as before.
+/// Writes the called function makes elsewhere (globals, heap) stay, as in a native session,
+/// and are not in the state log.
+#[derive(Debug, Clone)]
+struct Diversion {
+    /// The registers before the call; their return ends the diversion.
+    saved: X86Registers,
+    /// The stack below the saved stack pointer, as it was: `(address, bytes)`.
+    stack: (u64, Vec<u8>),
+}
+
+/// How much of the stack below the stack pointer a diversion saves and puts back.
+const DIVERSION_STACK: u64 = 64 << 10;
 
 /// What an offline replay knows about the recorded process.
 #[derive(Debug, Clone, Default)]
@@ -323,6 +352,7 @@ impl Timeline {
             interrupt: Arc::new(AtomicBool::new(false)),
             record_wanted: true,
             exited: None,
+            at_exit: false,
             checks: Checks::default(),
             regs_at: None,
             notices: Vec::new(),
@@ -335,6 +365,9 @@ impl Timeline {
             offline: None,
             stop_errors: 0,
             flow: FlowConfig::default(),
+            regs_before_write: None,
+            diversion: None,
+            diversions: 0,
         }
     }
 
@@ -343,6 +376,17 @@ impl Timeline {
     /// (LLDB's `thread trace dump` through `jLLDBTrace*`).
     pub fn trace_store(&self) -> TraceStore {
         self.store.clone()
+    }
+
+    /// Runs one system call in the live process at the present, recording nothing (LLDB's
+    /// memory allocation, `_M`/`_m`). Refused in the past and offline.
+    pub fn inject_syscall(&mut self, nr: u64, args: [u64; 6]) -> TargetResult<u64> {
+        if self.cursor.is_some() {
+            return Err(TargetError::Unsupported(
+                "running a system call in the past (go to the present first: monitor goto end)",
+            ));
+        }
+        self.live_mut()?.inject_syscall(nr, args)
     }
 
     /// The live backend's count of executed instructions, readable from another thread while
@@ -561,6 +605,18 @@ impl Timeline {
                 self.notices
                     .push(Notice::TraceIncomplete { what: e.clone() });
                 self.checks.last_mismatch = Some(e);
+            }
+            if live.trace_rewritten() {
+                // The backend rewrote the trace (see `LiveBackend::trace_rewritten`): index it
+                // again from the start.
+                match spawn_worker(&self.store, &self.image, &self.flow) {
+                    Ok(w) => self.worker = w,
+                    Err(e) => {
+                        self.stop_errors += 1;
+                        self.checks.last_mismatch =
+                            Some(format!("cannot restart the history worker: {e}"));
+                    }
+                }
             }
             if !exited {
                 let all_maps = live.maps();
@@ -899,8 +955,16 @@ impl Timeline {
                 self.checks.last_mismatch = Some(format!("the registers of a stop are lost: {e}"));
             }
         }
-        let record = self.record_wanted;
-        if !record {
+        if self.at_exit {
+            // Past the end there is nothing to record: let the process exit.
+            self.at_exit = false;
+            self.live_mut()?.resume(how, false)?;
+            self.running = Running::Live;
+            return Ok(());
+        }
+        let diverted = self.divert_if_called();
+        let record = self.record_wanted && !diverted;
+        if !record && !diverted {
             self.untraced_runs += 1;
             self.floor = self.len();
         }
@@ -913,6 +977,10 @@ impl Timeline {
         self.running = Running::Idle;
         if matches!(ev, StopEvent::Exited(_) | StopEvent::Killed(_)) {
             self.exited = Some(ev);
+        }
+        if ev == StopEvent::Exiting {
+            self.at_exit = true;
+            self.notices.push(Notice::AtExit);
         }
         self.sync_history();
         ev
@@ -975,14 +1043,90 @@ impl Timeline {
         }
     }
 
-    /// Writes the registers at the present; the past cannot be changed.
+    /// Writes the registers at the present; the past cannot be changed. Registers written
+    /// back to what they were before a debugger-made call end its diversion.
     pub fn write_registers(&mut self, regs: &X86Registers) -> TargetResult<()> {
         if self.cursor.is_some() {
             return Err(TargetError::Unsupported(
                 "changing registers in the past (go to the present first: monitor goto end)",
             ));
         }
-        self.live_mut()?.write_registers(regs)
+        if self.regs_before_write.is_none() && self.diversion.is_none() {
+            let before = self.live_mut()?.read_registers()?;
+            self.regs_before_write = Some(before);
+        }
+        self.live_mut()?.write_registers(regs)?;
+        if let Some(d) = &self.diversion
+            && regs.gprs == d.saved.gprs
+        {
+            self.end_diversion();
+        }
+        Ok(())
+    }
+
+    /// At a resume of the live process: true (and a diversion starts) if the debugger set up
+    /// a function call since the last stop — the PC changed, and a breakpoint is at the
+    /// return address on the stack. A second resume inside a diversion (the called
+    /// function stopped at a user breakpoint and the user continued) ends it: recording
+    /// goes on from there.
+    fn divert_if_called(&mut self) -> bool {
+        if self.diversion.is_some() {
+            self.end_diversion();
+            return false;
+        }
+        let Some(saved) = self.regs_before_write.take() else {
+            return false;
+        };
+        let Some(live) = self.live.as_mut() else {
+            return false;
+        };
+        let Ok(now) = live.read_registers() else {
+            return false;
+        };
+        let mut ret = [0u8; 8];
+        if !matches!(
+            live.read_memory(now.gprs[crate::target::regs::gpr::RSP], &mut ret),
+            Ok(8)
+        ) {
+            return false;
+        }
+        let ret = u64::from_le_bytes(ret);
+        // GDB returns to a breakpoint it puts on the stack (x86-64 Linux), LLDB to one at the
+        // program's entry point: either way a breakpoint at the return address, and a PC that
+        // the debugger moved.
+        if now.pc() == saved.pc() || !self.bps.contains(&ret) {
+            return false;
+        }
+        let sp = saved.gprs[crate::target::regs::gpr::RSP];
+        let low = sp.saturating_sub(DIVERSION_STACK);
+        let mut stack = vec![0u8; (sp - low) as usize];
+        let got = live.read_memory(low, &mut stack).unwrap_or(0);
+        // Keep the part next to the stack pointer that could be read.
+        let keep = stack.split_off(stack.len() - got.min(stack.len()));
+        let _ = stack;
+        let start = sp - keep.len() as u64;
+        self.diversion = Some(Diversion {
+            saved,
+            stack: (start, keep),
+        });
+        self.diversions += 1;
+        true
+    }
+
+    /// Ends the diversion: the stack below the saved stack pointer is put back, and the
+    /// registers of this position are the saved ones again (a stop inside the call keyed its
+    /// own there).
+    fn end_diversion(&mut self) {
+        let Some(d) = self.diversion.take() else {
+            return;
+        };
+        if let Some(live) = self.live.as_mut() {
+            let _ = live.write_memory(d.stack.0, &d.stack.1);
+        }
+        let n = self.len();
+        self.pending_snapshot = None;
+        self.snapshots.insert(n, d.saved);
+        self.regs_at = None;
     }
 
     /// Reads memory at the cursor: the live process's at the present; in the past, the live

@@ -7,16 +7,20 @@
 //! * [`output`] — the per-thread ToPA ring and files of a recording directory;
 //! * [`recording`] — launching QEMU with the plugin and reading a finished recording
 //!   ([`QemuRecording`]);
+//! * [`live`] — the live backend: the program under QEMU with the plugin and the gdbstub, as a
+//!   [`LiveBackend`](crate::capture::LiveBackend) ([`QemuLive`]);
 //! * [`remote`] — a GDB remote-protocol client for QEMU's gdbstub: run control, registers,
 //!   memory and breakpoints of the program at the present.
 
 pub mod block;
+pub mod live;
 pub mod output;
 pub mod recording;
 pub mod remote;
 pub mod tracer;
 
 pub use block::BlockInfo;
+pub use live::QemuLive;
 pub use output::{PluginMeta, ThreadMeta, ThreadOutput};
 
 pub use recording::{QemuConfig, QemuError, QemuRecording, Recorded, RecordedThread};

@@ -332,17 +332,23 @@ impl Tail {
         in_flight: Option<(&super::BlockInfo, u64)>,
         tnt: (u64, u8),
     ) {
-        let mut flags = if tracing { FLAG_TRACING } else { 0 };
+        // One copy of words FLAGS..=TNT_COUNT (contiguous): this runs after every block.
+        let mut w = [0u64; 7];
+        w[0] = if tracing { FLAG_TRACING } else { 0 };
         if let Some((b, snapshot)) = in_flight {
-            flags |= FLAG_IN_FLIGHT;
-            self.put(word::START, b.start);
-            self.put(word::INSNS, u64::from(b.insns));
-            self.put(word::COUNTER, b.counter_index().unwrap_or(u64::MAX));
-            self.put(word::SNAPSHOT, snapshot);
+            w[0] |= FLAG_IN_FLIGHT;
+            w[word::START - word::FLAGS] = b.start;
+            w[word::INSNS - word::FLAGS] = u64::from(b.insns);
+            w[word::COUNTER - word::FLAGS] = b.counter_index().unwrap_or(u64::MAX);
+            w[word::SNAPSHOT - word::FLAGS] = snapshot;
         }
-        self.put(word::TNT_BITS, tnt.0);
-        self.put(word::TNT_COUNT, u64::from(tnt.1));
-        self.put(word::FLAGS, flags);
+        w[word::TNT_BITS - word::FLAGS] = tnt.0;
+        w[word::TNT_COUNT - word::FLAGS] = u64::from(tnt.1);
+        let mut bytes = [0u8; 56];
+        for (chunk, v) in bytes.chunks_exact_mut(8).zip(w) {
+            chunk.copy_from_slice(&v.to_ne_bytes());
+        }
+        self.map[word::FLAGS * 8..word::FLAGS * 8 + 56].copy_from_slice(&bytes);
     }
 }
 

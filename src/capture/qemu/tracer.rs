@@ -348,3 +348,92 @@ fn successor(p: &BlockInfo, next: Option<u64>) -> Option<Cofi> {
         InsnClass::SysCall | InsnClass::SoftInt => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::flow::{FlowConfig, FlowDecoder, Item};
+    use crate::image::{Image, Section};
+
+    /// Code at 0x1000: a loop whose block ends in `jne` back to 0x1000, then a fall-through into
+    /// a block of three `mov [rdi], eax` (each can fault) ending in `ret`-less `nop`s.
+    ///
+    /// 0x1000: nop; nop; dec ecx (ff c9); jne 0x1000 (75 f9)
+    /// 0x1006: mov [rdi], eax (89 07) x3 at 0x1006, 0x1008, 0x100a; nop at 0x100c
+    fn image() -> Image {
+        let code = [
+            0x90, 0x90, 0xff, 0xc9, 0x75, 0xfa, 0x89, 0x07, 0x89, 0x07, 0x89, 0x07, 0x90, 0x90,
+        ];
+        let mut img = Image::new();
+        img.add(Section::new(0x1000, code.to_vec(), "test"))
+            .expect("section");
+        img
+    }
+
+    fn decode(trace: &[u8], image: &Image) -> Vec<u64> {
+        let mut dec = FlowDecoder::new(trace, image, FlowConfig::default());
+        let mut ips = Vec::new();
+        while let Some(item) = dec.next_item() {
+            if let Item::Insn(i) = item {
+                ips.push(i.ip);
+            }
+        }
+        ips
+    }
+
+    #[test]
+    fn loop_then_fault_mid_block_is_cut_at_the_faulting_instruction() {
+        let img = image();
+        let lp = BlockInfo::new(&[0x1000, 0x1001, 0x1002, 0x1004], &[0x75, 0xfa]).expect("b");
+        assert_eq!(lp.target, Some(0x1000));
+        let st = BlockInfo::new(&[0x1006, 0x1008, 0x100a, 0x100c], &[0x90]).expect("b");
+        let clock = AtomicU64::new(0);
+        let mut t = ThreadTracer::new(TracerConfig::default(), &clock);
+        // Two iterations of the loop, then the fall-through.
+        for _ in 0..2 {
+            t.on_block(&lp);
+            lp.note_reached(3);
+        }
+        t.on_block(&st);
+        // The second store faults: instructions 0 and 1 reached.
+        st.note_reached(1);
+        // Not a legal successor of `st` (its fall-through is 0x100d): a signal handler.
+        let elsewhere = BlockInfo::new(&[0x1001], &[0x90]).expect("b");
+        t.on_block(&elsewhere);
+        t.finish();
+        let s = t.stats();
+        // The fault, and the end of the thread after the handler's NOP.
+        assert_eq!(s.async_exact, 2, "{s:?}");
+        let trace = t.encoder().take_output();
+        let ips = decode(&trace, &img);
+        // loop x2 (8), the store block cut after 1 instruction (0x1006), then the handler's
+        // NOP (it cannot fault, so it completed before the thread ended).
+        let mut expected = vec![0x1000, 0x1001, 0x1002, 0x1004];
+        expected.extend_from_within(..);
+        expected.extend([0x1006, 0x1001]);
+        assert_eq!(ips, expected);
+        assert_eq!(t.stats().instructions, 10);
+    }
+
+    #[test]
+    fn restart_inside_the_block_counts_up_to_it_without_packets() {
+        let img = image();
+        let st = BlockInfo::new(&[0x1006, 0x1008, 0x100a, 0x100c], &[0x90]).expect("b");
+        let rest = BlockInfo::new(&[0x100a, 0x100c], &[0x90]).expect("b");
+        let next = BlockInfo::new(&[0x100d], &[0x90]).expect("b");
+        let clock = AtomicU64::new(0);
+        let mut t = ThreadTracer::new(TracerConfig::default(), &clock);
+        t.on_block(&st);
+        st.note_reached(2);
+        t.on_block(&rest);
+        rest.note_reached(1);
+        t.on_block(&next);
+        t.finish();
+        assert_eq!(t.stats().restarts, 1);
+        let trace = t.encoder().take_output();
+        assert_eq!(
+            decode(&trace, &img),
+            vec![0x1006, 0x1008, 0x100a, 0x100c, 0x100d]
+        );
+    }
+}

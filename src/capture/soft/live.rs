@@ -83,6 +83,15 @@ impl SoftCapture {
         }
     }
 
+    /// Whether the end of the program is a place in the history: when the process exits or
+    /// dies it stays stopped at its exit event, still alive ([`StopEvent::Exiting`]), so the
+    /// past stays readable from there; the next resume lets it exit.
+    pub fn stop_at_exit(mut self, on: bool) -> Self {
+        self.rec.target().set_stop_at_exit(on);
+        self.rec.set_stop_at_exit(on);
+        self
+    }
+
     /// Whether the recorder is recording now.
     pub fn is_recording(&self) -> bool {
         self.rec.is_recording()
@@ -278,6 +287,9 @@ impl LiveBackend for SoftCapture {
                         }
                         StepEvent::Signal { signal, .. } => {
                             return stop(self, StopEvent::Signal(signal as i32));
+                        }
+                        StepEvent::Exiting => {
+                            return stop(self, StopEvent::Exiting);
                         }
                         StepEvent::Exited(Exit::Code(c)) => {
                             return stop(self, StopEvent::Exited(c));

@@ -238,6 +238,9 @@ pub enum StepEvent {
         /// The handler's first instruction.
         handler: u64,
     },
+    /// The process is exiting and stays stopped at its end, still alive (only with
+    /// [`SoftRecorder::set_stop_at_exit`]); its last instruction is recorded.
+    Exiting,
     /// The process ended.
     Exited(Exit),
 }
@@ -307,6 +310,10 @@ pub struct Recording {
 pub struct SoftRecorder<T: StepTarget> {
     target: T,
     config: RecorderConfig,
+    /// Stop at the exit event ([`StepEvent::Exiting`]) instead of letting the process go.
+    stop_at_exit: bool,
+    /// Stopped at the exit event (with `stop_at_exit`).
+    at_exit: bool,
     encoder: SoftEncoder,
     ring: SharedRing<Topa>,
     store: TraceStore,
@@ -480,6 +487,8 @@ impl<T: StepTarget> SoftRecorder<T> {
             regs: None,
             image: None,
             exit: None,
+            stop_at_exit: false,
+            at_exit: false,
             stats: RecorderStats::default(),
             steps: Arc::new(AtomicU64::new(0)),
         };
@@ -578,6 +587,14 @@ impl<T: StepTarget> SoftRecorder<T> {
         Ok(r)
     }
 
+    /// Whether the process stays stopped at its exit event ([`StepEvent::Exiting`]) rather
+    /// than being let go at once: the end of the program is then a place where its registers
+    /// and memory can still be read. The target must report the exit event
+    /// ([`StepStop::Exiting`]).
+    pub fn set_stop_at_exit(&mut self, on: bool) {
+        self.stop_at_exit = on;
+    }
+
     /// The number of single steps so far, as a counter other threads can read while the
     /// recorder runs (progress displays).
     pub fn step_counter(&self) -> Arc<AtomicU64> {
@@ -588,6 +605,9 @@ impl<T: StepTarget> SoftRecorder<T> {
     pub fn step(&mut self) -> Result<StepEvent, RecordError> {
         if let Some(e) = self.exit {
             return Ok(StepEvent::Exited(e));
+        }
+        if self.at_exit {
+            return Ok(StepEvent::Exiting);
         }
         let mut before = self.current_regs()?;
         // The call a `restart_syscall` continues (its arguments are still in the registers).
@@ -706,6 +726,13 @@ impl<T: StepTarget> SoftRecorder<T> {
                         .map(|(image, _)| image);
                 }
                 self.regs = None;
+                if self.stop_at_exit {
+                    // The process stays at its end; whoever drives it lets it go. The trace is
+                    // closed at the stop like at any other (FUP + TIP.PGD at the PC).
+                    self.at_exit = true;
+                    self.write_out(true);
+                    return Ok(StepEvent::Exiting);
+                }
                 let end = self.target.cont(None)?;
                 self.ended(end, (!executed).then_some(ip))
             }
@@ -757,7 +784,7 @@ impl<T: StepTarget> SoftRecorder<T> {
     /// [`StepMode`]).
     pub fn run(&mut self, limit: Option<u64>) -> Result<Option<Exit>, RecordError> {
         let mut n = 0u64;
-        while self.exit.is_none() {
+        while self.exit.is_none() && !self.at_exit {
             if self.interrupt.swap(false, Ordering::AcqRel) || self.breakpoint_hit.is_some() {
                 break;
             }

@@ -6,9 +6,8 @@
 //! step); memory and resumption go through the server target so its breakpoint bookkeeping stays
 //! right. Call these from the thread that traces the process (a ptrace requirement).
 //!
-//! The server target does not enable `PTRACE_O_TRACEEXIT`, so [`StepStop::Exiting`] is never
-//! reported and no image is captured at exit; capture one with
-//! [`procmaps::capture_image`](super::procmaps::capture_image) while the process lives.
+//! The server target reports the exit event ([`StepStop::Exiting`]) only when asked
+//! ([`PtraceTarget::set_stop_at_exit`], as the timeline's software backend does).
 
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
@@ -45,6 +44,7 @@ fn to_stop(pid: i32, ev: StopEvent) -> Result<StepStop, TargetError> {
                 });
             }
         },
+        StopEvent::Exiting => StepStop::Exiting,
         StopEvent::Exited(code) => StepStop::Exited(code),
         StopEvent::Killed(s) => StepStop::Killed(Signal::try_from(s).unwrap_or(Signal::SIGKILL)),
         StopEvent::HistoryEnd { .. } => {

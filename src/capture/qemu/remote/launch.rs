@@ -333,6 +333,41 @@ pub fn find_qemu(name: &OsStr) -> Result<PathBuf, LaunchError> {
     })
 }
 
+/// Connects to the gdbstub socket `sock` of the QEMU `child` (started with `-g sock`), retrying
+/// until `timeout` while QEMU starts; an exited QEMU is [`LaunchError::ExitedEarly`] (without
+/// its stderr).
+pub fn connect_socket(
+    child: &mut Child,
+    qemu: &Path,
+    sock: &Path,
+    timeout: Duration,
+) -> Result<UnixStream, LaunchError> {
+    let start = Instant::now();
+    let mut pause = Duration::from_millis(2);
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(LaunchError::ExitedEarly {
+                qemu: qemu.to_path_buf(),
+                status,
+                stderr: None,
+            });
+        }
+        match UnixStream::connect(sock) {
+            Ok(s) => return Ok(s),
+            Err(_) if start.elapsed() < timeout => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+            Err(_) => {
+                return Err(LaunchError::ConnectTimeout {
+                    path: sock.to_path_buf(),
+                    after: timeout,
+                });
+            }
+        }
+    }
+}
+
 /// A running `qemu-x86_64` with its gdbstub. Dropping it kills QEMU (and so the program) if it
 /// is still running, and removes the socket directory.
 #[derive(Debug)]
@@ -351,30 +386,17 @@ impl QemuProcess {
     }
 
     fn connect(&mut self, sock: &Path, timeout: Duration) -> Result<UnixStream, LaunchError> {
-        let start = Instant::now();
-        let mut pause = Duration::from_millis(2);
-        loop {
-            if let Some(status) = self.try_wait() {
+        match connect_socket(&mut self.child, &self.qemu, sock, timeout) {
+            Err(LaunchError::ExitedEarly { qemu, status, .. }) => {
+                self.status = Some(status);
                 let stderr = self.take_stderr_text();
-                return Err(LaunchError::ExitedEarly {
-                    qemu: self.qemu.clone(),
+                Err(LaunchError::ExitedEarly {
+                    qemu,
                     status,
                     stderr,
-                });
+                })
             }
-            match UnixStream::connect(sock) {
-                Ok(s) => return Ok(s),
-                Err(_) if start.elapsed() < timeout => {
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_millis(50));
-                }
-                Err(_) => {
-                    return Err(LaunchError::ConnectTimeout {
-                        path: sock.to_path_buf(),
-                        after: timeout,
-                    });
-                }
-            }
+            other => other,
         }
     }
 

@@ -1,0 +1,825 @@
+//! The QEMU backend live: the program runs under `qemu-x86_64` with the ptrewind plugin *and*
+//! QEMU's gdbstub, so a debugger can stop it, look at it and go back in its history while it
+//! runs.
+//!
+//! * **present** — registers, memory, breakpoints, run control and the auxiliary vector come
+//!   from the gdbstub through [`Remote`] (QEMU's translator breakpoints; a breakpoint at
+//!   the resume PC is lifted for one step, since QEMU would report it again at once; `Ctrl-C` is
+//!   a `SIGINT` to QEMU, see [`super::remote`]).
+//! * **past** — the plugin's stream of the traced thread (the main thread), read from the
+//!   recording directory at every stop and completed from the thread's tail file (the encoder
+//!   bytes not yet written, the pending TNT bits, and the running block cut at the instruction it
+//!   reached: [`Recorded::open`]). The completed stream at a stop is not an extension of the one
+//!   at the previous stop (that one ended with FUP + TIP.PGD at the stop PC, the new one runs on
+//!   through it), so the store's bytes are replaced at every stop and the history is indexed
+//!   again from the start ([`LiveBackend::trace_rewritten`]): a cost proportional to the trace at
+//!   each stop, paid by the history worker in the background. Positions before a stop decode the
+//!   same in every later stream, so registers keyed at earlier stops stay valid.
+//! * **what the past shows** — PC-only, as with the hardware backend: RIP everywhere, the full
+//!   register file at every stop (and where the program started), memory only from read-only
+//!   code.
+//!
+//! Limits (QEMU 7.2): one thread is traced for the timeline (the main thread; the others are
+//! recorded in the directory); a stop is not all-stop (the other guest threads run on while one
+//! is stopped); no watchpoints (the stub has none in user mode).
+
+use std::collections::{BTreeSet, HashSet};
+use std::ffi::OsString;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use super::recording::{QemuConfig, QemuError, QemuRecording, Recorded};
+use super::remote::launch::{LaunchError, connect_socket};
+use super::remote::{
+    Action, BreakKind, Remote, RemoteError, RemoteOptions, ResumeAction, StopReply, ThreadId,
+    gdb_signal,
+};
+use crate::capture::LiveBackend;
+use crate::image::Image;
+use crate::store::live::TraceStore;
+use crate::target::regs::gpr;
+use crate::target::{RegMask, Resume, StopEvent, TargetError, TargetResult, X86Registers};
+
+/// Linux signal number → GDB's (they differ above 6 for a few: SIGBUS, SIGUSR1/2, SIGCHLD…).
+pub fn gdb_from_linux(sig: i32) -> u8 {
+    match sig {
+        7 => 10,  // SIGBUS
+        10 => 30, // SIGUSR1
+        12 => 31, // SIGUSR2
+        16 => 0,  // SIGSTKFLT: none
+        17 => 20, // SIGCHLD
+        18 => 19, // SIGCONT
+        19 => 17, // SIGSTOP
+        20 => 18, // SIGTSTP
+        23 => 16, // SIGURG
+        29 => 23, // SIGIO
+        30 => 32, // SIGPWR
+        31 => 12, // SIGSYS
+        s @ 1..=31 => s as u8,
+        _ => 0,
+    }
+}
+
+/// GDB signal number → Linux's (the inverse of [`gdb_from_linux`] for 1..=31).
+pub fn linux_from_gdb(sig: u8) -> i32 {
+    (1..=31)
+        .find(|&l| gdb_from_linux(l) == sig)
+        .unwrap_or(i32::from(sig))
+}
+
+/// A program under QEMU with the plugin and the gdbstub, as a [`LiveBackend`].
+pub struct QemuLive {
+    rec: QemuRecording,
+    remote: Remote<UnixStream>,
+    /// The traced thread (the main thread: its id is the process id).
+    main: ThreadId,
+    program: PathBuf,
+    store: TraceStore,
+    bps: HashSet<u64>,
+    /// The event a resume already met (a step over a breakpoint that stopped elsewhere).
+    early: Option<StopEvent>,
+    /// The current run is a single step.
+    stepping: bool,
+    /// A `SIGINT` was sent for an interrupt.
+    interrupted: bool,
+    running: bool,
+    exited: bool,
+    rewritten: bool,
+    /// How the last stream was completed, and problems met at stops.
+    last_completion: Option<String>,
+    stops: u64,
+    stop_errors: Vec<String>,
+    /// The plugin's streams of other threads seen at the last stop.
+    other_threads: usize,
+}
+
+impl std::fmt::Debug for QemuLive {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QemuLive")
+            .field("pid", &self.rec.pid())
+            .field("dir", &self.rec.dir())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why the live QEMU backend could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum QemuLiveError {
+    /// Launching QEMU with the plugin.
+    #[error(transparent)]
+    Qemu(#[from] QemuError),
+    /// Connecting to the gdbstub.
+    #[error(transparent)]
+    Launch(#[from] LaunchError),
+    /// The gdbstub handshake.
+    #[error("gdbstub: {0}")]
+    Remote(#[from] RemoteError),
+}
+
+fn remote_err(pid: u32) -> impl Fn(RemoteError) -> TargetError {
+    move |e| TargetError::Unexpected {
+        pid: pid as i32,
+        what: format!("qemu gdbstub: {e}"),
+    }
+}
+
+impl QemuLive {
+    /// Starts `program args` under QEMU with the plugin (`config`) and the gdbstub on a UNIX
+    /// socket in the (private) recording directory; the program is stopped at its first
+    /// instruction.
+    pub fn spawn(
+        config: &QemuConfig,
+        program: &Path,
+        args: &[OsString],
+        configure: impl FnOnce(&mut std::process::Command),
+    ) -> Result<QemuLive, QemuLiveError> {
+        // The socket lives in a private directory of its own (the recording directory may be
+        // one the user named).
+        let sock_dir = tempfile::Builder::new()
+            .prefix("ptrewind-gdb-")
+            .tempdir()
+            .map_err(LaunchError::TempDir)?;
+        let sock = sock_dir.path().join("gdb");
+        let mut config = config.clone();
+        config.qemu_args.push("-g".into());
+        config.qemu_args.push(sock.clone().into_os_string());
+        let mut rec = QemuRecording::spawn_with(&config, program, args, |cmd| {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: the closure runs in the forked child before exec and only makes the
+            // async-signal-safe prctl(2) call; it allocates nothing.
+            unsafe {
+                cmd.pre_exec(|| {
+                    // QEMU dies with the debugger's server thread (as ptrace's EXITKILL does for
+                    // native targets) instead of running the guest on unobserved.
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+            configure(cmd);
+        })?;
+        let stream = connect_socket(
+            rec.child_mut(),
+            &config.qemu,
+            &sock,
+            Duration::from_secs(20),
+        )?;
+        // Connected: the socket file is no longer needed.
+        drop(sock_dir);
+        let remote = Remote::connect(stream, RemoteOptions::default())?;
+        let main = remote.initial_stop().thread().unwrap_or(ThreadId {
+            pid: Some(1),
+            tid: i64::from(rec.pid()),
+        });
+        let program = std::fs::canonicalize(program).unwrap_or_else(|_| program.to_path_buf());
+        Ok(QemuLive {
+            rec,
+            remote,
+            main,
+            program,
+            store: TraceStore::new(),
+            bps: HashSet::new(),
+            early: None,
+            stepping: false,
+            interrupted: false,
+            running: false,
+            exited: false,
+            rewritten: false,
+            last_completion: None,
+            stops: 0,
+            stop_errors: Vec::new(),
+            other_threads: 0,
+        })
+    }
+
+    /// The recording directory (every thread's stream; kept after the session).
+    pub fn dir(&self) -> &Path {
+        self.rec.dir()
+    }
+
+    fn err(&self) -> impl Fn(RemoteError) -> TargetError + use<> {
+        remote_err(self.rec.pid())
+    }
+
+    fn pc(&mut self) -> TargetResult<u64> {
+        let e = self.err();
+        self.remote
+            .read_register_u64(Some(self.main), "rip")
+            .map_err(e)
+    }
+
+    /// Single-steps the traced thread over the breakpoint at its PC (QEMU reports a breakpoint
+    /// at the resume PC again). `Some(event)`: the step stopped for something else.
+    fn step_over_breakpoint(&mut self, signal: Option<i32>) -> TargetResult<Option<StopEvent>> {
+        let pc = self.pc()?;
+        let e = self.err();
+        self.remote
+            .remove_breakpoint(BreakKind::Software, pc, 1)
+            .map_err(&e)?;
+        let action = match signal {
+            Some(s) => Action::StepSignal(gdb_from_linux(s)),
+            None => Action::Step,
+        };
+        self.remote
+            .resume(&[ResumeAction {
+                action,
+                thread: Some(self.main),
+            }])
+            .map_err(&e)?;
+        let stop = self.remote.wait(Some(Duration::from_secs(60))).map_err(&e);
+        self.remote
+            .insert_breakpoint(BreakKind::Software, pc, 1)
+            .map_err(&e)
+            .ok();
+        let stop = stop?.ok_or_else(|| TargetError::Unexpected {
+            pid: self.rec.pid() as i32,
+            what: "a single step over a breakpoint did not stop within 60 s".into(),
+        })?;
+        let ev = self.event(stop, true)?;
+        Ok((ev != StopEvent::Step).then_some(ev))
+    }
+
+    /// A stop reply as the timeline's event.
+    fn event(&mut self, stop: StopReply, stepping: bool) -> TargetResult<StopEvent> {
+        Ok(match stop {
+            StopReply::Exited { status, .. } => {
+                self.exited = true;
+                StopEvent::Exited(i32::from(status))
+            }
+            StopReply::Terminated { signal, .. } => {
+                self.exited = true;
+                StopEvent::Killed(linux_from_gdb(signal))
+            }
+            StopReply::Signal { signal, thread, .. } => {
+                let t = thread.unwrap_or(self.main);
+                let e = self.err();
+                let pc = self.remote.read_register_u64(Some(t), "rip").map_err(e)?;
+                if signal == gdb_signal::TRAP && self.bps.contains(&pc) && !stepping {
+                    StopEvent::Breakpoint { pc }
+                } else if signal == gdb_signal::TRAP && stepping {
+                    StopEvent::Step
+                } else if signal == gdb_signal::INT && std::mem::take(&mut self.interrupted) {
+                    StopEvent::Signal(libc::SIGINT)
+                } else {
+                    StopEvent::Signal(linux_from_gdb(signal))
+                }
+            }
+        })
+    }
+
+    fn gone(&mut self) -> StopEvent {
+        self.exited = true;
+        let status = self.rec.child_mut().wait().ok();
+        use std::os::unix::process::ExitStatusExt;
+        match status {
+            Some(s) if s.signal().is_some() => StopEvent::Killed(s.signal().unwrap_or(9)),
+            Some(s) => StopEvent::Exited(s.code().unwrap_or(0)),
+            None => StopEvent::Killed(libc::SIGKILL),
+        }
+    }
+}
+
+/// Completes a live thread's stream at a stop at `pc`: the encoder output not yet in the file,
+/// the pending TNT bits, then the running block walked from its start to `pc` (its last
+/// instruction's outcome added when `pc` is where it went: a TNT bit for a conditional branch, a
+/// TIP for an indirect one), and FUP(`pc`) + TIP.PGD. The instruction at `pc` is not counted as
+/// executed. Returns how it was done (for `monitor stats`).
+pub fn complete_at_pc(
+    trace: &mut Vec<u8>,
+    tail: &super::output::TailState,
+    pc: u64,
+    image: &Image,
+) -> String {
+    use crate::capture::soft::classify::decode_insn;
+    use crate::flow::InsnClass;
+    use crate::packet::{Encoder, IpKind, Packet, Tnt, encode_packet};
+    if tail.file_offset == trace.len() as u64 {
+        trace.extend_from_slice(&tail.bytes);
+    }
+    let mut out = Vec::new();
+    let mut enc = Encoder::new();
+    if trace.is_empty() {
+        enc.psb(&mut out);
+        let _ = encode_packet(&Packet::PsbEnd, &mut out);
+    }
+    if tail.tnt.1 > 0 {
+        let _ = encode_packet(
+            &Packet::ShortTnt(Tnt {
+                bits: tail.tnt.0,
+                count: tail.tnt.1,
+            }),
+            &mut out,
+        );
+    }
+    let mut note = format!("stream completed at the stop PC {pc:#x}");
+    if let Some((start, insns, _, _)) = tail.in_flight {
+        if !tail.tracing {
+            let _ = encode_packet(
+                &Packet::ModeExec {
+                    csl: true,
+                    csd: false,
+                    iflag: false,
+                },
+                &mut out,
+            );
+            let _ = enc.ip_packet(IpKind::TipPge, Some(start), &mut out);
+        }
+        let mut ip = start;
+        let mut done = 0u32;
+        while ip != pc && done < insns {
+            let mut b = [0u8; 15];
+            let n = image.read(ip, &mut b);
+            let Some(i) = decode_insn(ip, &b[..n]) else {
+                note = format!("{note}; no code at {ip:#x} in the running block at {start:#x}");
+                break;
+            };
+            done += 1;
+            if done < insns {
+                ip = i.nlip();
+                continue;
+            }
+            // The block's last instruction: where it went is the stop PC.
+            match i.class {
+                InsnClass::CondBranch => {
+                    let _ = encode_packet(
+                        &Packet::ShortTnt(Tnt {
+                            bits: u64::from(pc != i.nlip()),
+                            count: 1,
+                        }),
+                        &mut out,
+                    );
+                }
+                InsnClass::IndirectJump | InsnClass::IndirectCall | InsnClass::Return => {
+                    let _ = enc.ip_packet(IpKind::Tip, Some(pc), &mut out);
+                }
+                _ => {}
+            }
+            ip = pc;
+        }
+        note = format!("{note} ({done} of the {insns} instructions of the block at {start:#x})");
+    }
+    let _ = enc.ip_packet(IpKind::Fup, Some(pc), &mut out);
+    let _ = enc.ip_packet(IpKind::TipPgd, None, &mut out);
+    trace.extend_from_slice(&out);
+    note
+}
+
+impl Drop for QemuLive {
+    fn drop(&mut self) {
+        // Never leave QEMU (and the guest) running behind: kill and reap it.
+        if !self.exited {
+            let _ = self.rec.child_mut().kill();
+        }
+        // Reaps it (at once when it has exited; std keeps the status of a reaped child).
+        let _ = self.rec.child_mut().wait();
+    }
+}
+
+/// Register names of the [`gpr`] slots in QEMU's target description (`None`: not described).
+fn qemu_name(slot: usize) -> Option<&'static str> {
+    match slot {
+        gpr::ORIG_RAX => None,
+        s => gpr::NAMES.get(s).copied(),
+    }
+}
+
+impl LiveBackend for QemuLive {
+    fn name(&self) -> &'static str {
+        "qemu"
+    }
+
+    fn pid(&self) -> i32 {
+        self.rec.pid() as i32
+    }
+
+    fn exec_path(&mut self) -> Option<PathBuf> {
+        Some(self.program.clone())
+    }
+
+    fn maps(&mut self) -> String {
+        // The guest's code mappings as /proc/PID/maps lines (read-only, executable, from files):
+        // what the loader placed and what the guest mapped since, from the recording directory.
+        let Ok(rec) = Recorded::open(self.rec.dir()) else {
+            return String::new();
+        };
+        rec.mmap_records()
+            .iter()
+            .map(|m| {
+                format!(
+                    "{:x}-{:x} r-xp {:08x} 00:00 0 {}\n",
+                    m.addr,
+                    m.addr + m.len,
+                    m.pgoff,
+                    m.filename
+                )
+            })
+            .collect()
+    }
+
+    fn snapshot_image(&mut self) -> TargetResult<Image> {
+        let rec = Recorded::open(self.rec.dir()).map_err(|e| TargetError::Unexpected {
+            pid: self.pid(),
+            what: format!("reading the recording directory: {e}"),
+        })?;
+        Ok(rec.mmap_image().image)
+    }
+
+    fn auxv(&mut self) -> TargetResult<Vec<u8>> {
+        let e = self.err();
+        self.remote.auxv().map_err(e)
+    }
+
+    fn read_registers(&mut self) -> TargetResult<X86Registers> {
+        let e = self.err();
+        let regs = self.remote.read_registers(Some(self.main)).map_err(&e)?;
+        let layout = self.remote.layout().clone();
+        let mut out = X86Registers {
+            xsave: vec![0; 512],
+            ..X86Registers::default()
+        };
+        for slot in 0..gpr::COUNT {
+            let Some(name) = qemu_name(slot) else {
+                continue;
+            };
+            out.gprs[slot] = match regs.u64(&layout, name) {
+                Some(v) => v,
+                None if matches!(slot, gpr::FS_BASE | gpr::GS_BASE) => self
+                    .remote
+                    .read_register_u64(Some(self.main), name)
+                    .unwrap_or(0),
+                None => 0,
+            };
+        }
+        // The FXSAVE legacy area from the x87/SSE registers of the description.
+        let get = |n: &str| regs.u64(&layout, n);
+        let x = &mut out.xsave;
+        if let Some(v) = get("fctrl") {
+            x[0..2].copy_from_slice(&(v as u16).to_le_bytes());
+        }
+        if let Some(v) = get("fstat") {
+            x[2..4].copy_from_slice(&(v as u16).to_le_bytes());
+        }
+        if let Some(v) = get("ftag") {
+            // FXSAVE keeps the abridged tag word: one bit per register, set unless empty (3).
+            x[4] = (0..8).fold(0u8, |a, i| a | u8::from((v >> (2 * i)) & 3 != 3) << i);
+        }
+        if let Some(v) = get("fop") {
+            x[6..8].copy_from_slice(&(v as u16).to_le_bytes());
+        }
+        if let Some(v) = get("fioff") {
+            x[8..16].copy_from_slice(&v.to_le_bytes());
+        }
+        if let Some(v) = get("fooff") {
+            x[16..24].copy_from_slice(&v.to_le_bytes());
+        }
+        if let Some(v) = get("mxcsr") {
+            x[24..28].copy_from_slice(&(v as u32).to_le_bytes());
+        }
+        for i in 0..8 {
+            if let Some(info) = layout.by_name(&format!("st{i}"))
+                && let Some(raw) = regs.raw(info.regnum)
+            {
+                let n = raw.len().min(10);
+                x[32 + 16 * i..32 + 16 * i + n].copy_from_slice(&raw[..n]);
+            }
+        }
+        for i in 0..16 {
+            if let Some(info) = layout.by_name(&format!("xmm{i}"))
+                && let Some(raw) = regs.raw(info.regnum)
+            {
+                let n = raw.len().min(16);
+                x[160 + 16 * i..160 + 16 * i + n].copy_from_slice(&raw[..n]);
+            }
+        }
+        if layout.by_name("xmm0").is_none() {
+            out.unavailable = RegMask::VECTOR;
+        }
+        Ok(out)
+    }
+
+    fn write_registers(&mut self, regs: &X86Registers) -> TargetResult<()> {
+        // General-purpose registers (the ones GDB writes: `set $rax = …`, `jump`), one `P`
+        // each where they differ; the vector state is not written back.
+        let current = self.read_registers()?;
+        let e = self.err();
+        for slot in 0..gpr::COUNT {
+            let Some(name) = qemu_name(slot) else {
+                continue;
+            };
+            if current.gprs[slot] == regs.gprs[slot] {
+                continue;
+            }
+            let Some(info) = self.remote.layout().by_name(name).cloned() else {
+                continue;
+            };
+            let bytes = regs.gprs[slot].to_le_bytes();
+            self.remote
+                .write_register(Some(self.main), name, &bytes[..info.size().min(8)])
+                .map_err(&e)?;
+        }
+        Ok(())
+    }
+
+    fn read_memory(&mut self, addr: u64, buf: &mut [u8]) -> TargetResult<usize> {
+        let e = self.err();
+        let data = self.remote.read_memory(addr, buf.len()).map_err(e)?;
+        buf[..data.len()].copy_from_slice(&data);
+        Ok(data.len())
+    }
+
+    fn write_memory(&mut self, addr: u64, data: &[u8]) -> TargetResult<()> {
+        let e = self.err();
+        self.remote.write_memory(addr, data).map_err(e)
+    }
+
+    fn add_breakpoint(&mut self, addr: u64) -> TargetResult<()> {
+        if self.bps.contains(&addr) {
+            return Ok(());
+        }
+        let e = self.err();
+        if !self
+            .remote
+            .insert_breakpoint(BreakKind::Software, addr, 1)
+            .map_err(e)?
+        {
+            return Err(TargetError::Unsupported(
+                "breakpoints (the qemu gdbstub refused Z0)",
+            ));
+        }
+        self.bps.insert(addr);
+        Ok(())
+    }
+
+    fn remove_breakpoint(&mut self, addr: u64) -> TargetResult<bool> {
+        if !self.bps.remove(&addr) {
+            return Ok(false);
+        }
+        let e = self.err();
+        self.remote
+            .remove_breakpoint(BreakKind::Software, addr, 1)
+            .map_err(e)
+    }
+
+    fn has_exited(&mut self) -> bool {
+        self.exited
+    }
+
+    fn kill(&mut self) -> TargetResult<()> {
+        if !self.exited {
+            let _ = self.remote.kill();
+            let _ = self.rec.child_mut().kill();
+            let _ = self.rec.child_mut().wait();
+            self.exited = true;
+        }
+        Ok(())
+    }
+
+    fn detach(&mut self) -> TargetResult<()> {
+        for bp in std::mem::take(&mut self.bps) {
+            let _ = self.remote.remove_breakpoint(BreakKind::Software, bp, 1);
+        }
+        let e = self.err();
+        self.remote.detach().map_err(e)
+    }
+
+    fn store(&self) -> TraceStore {
+        self.store.clone()
+    }
+
+    fn recorded(&self) -> Option<u64> {
+        None
+    }
+
+    fn inject_syscall(&mut self, _nr: u64, _args: [u64; 6]) -> TargetResult<u64> {
+        // QEMU's gdbstub has no way to run a system call in the guest outside its own flow.
+        Err(TargetError::Unsupported(
+            "system calls injected into a program under QEMU",
+        ))
+    }
+
+    fn resume(&mut self, how: Resume, _record: bool) -> TargetResult<()> {
+        // The plugin traces every block: runs are always recorded.
+        let (step, signal) = match how {
+            Resume::Continue { signal } => (false, signal),
+            Resume::Step { signal } => (true, signal),
+        };
+        self.early = None;
+        let pc = self.pc()?;
+        let stepped_over = self.bps.contains(&pc);
+        if stepped_over {
+            if let Some(ev) = self.step_over_breakpoint(signal)? {
+                self.early = Some(ev);
+                self.running = true;
+                return Ok(());
+            }
+            if step {
+                // The step over the breakpoint was the step asked for.
+                self.early = Some(StopEvent::Step);
+                self.running = true;
+                return Ok(());
+            }
+        }
+        // A signal to deliver went with the step over the breakpoint.
+        let signal = if stepped_over { None } else { signal };
+        let action = match (step, signal) {
+            (false, None) => Action::Continue,
+            (false, Some(s)) => Action::ContinueSignal(gdb_from_linux(s)),
+            (true, None) => Action::Step,
+            (true, Some(s)) => Action::StepSignal(gdb_from_linux(s)),
+        };
+        let thread = step.then_some(self.main);
+        let e = self.err();
+        self.remote
+            .resume(&[ResumeAction { action, thread }])
+            .map_err(e)?;
+        self.stepping = step;
+        self.running = true;
+        Ok(())
+    }
+
+    fn wait(
+        &mut self,
+        block: bool,
+        _bps: &BTreeSet<u64>,
+        _interrupt: &AtomicBool,
+    ) -> TargetResult<Option<StopEvent>> {
+        if let Some(ev) = self.early.take() {
+            self.running = false;
+            return Ok(Some(ev));
+        }
+        let slice = if block {
+            None
+        } else {
+            Some(Duration::from_millis(20))
+        };
+        match self.remote.wait(slice) {
+            Ok(None) => Ok(None),
+            Ok(Some(stop)) => {
+                self.running = false;
+                let stepping = std::mem::take(&mut self.stepping);
+                self.event(stop, stepping).map(Some)
+            }
+            Err(e) if e.is_disconnect() => {
+                self.running = false;
+                Ok(Some(self.gone()))
+            }
+            Err(e) => Err(remote_err(self.rec.pid())(e)),
+        }
+    }
+
+    fn interrupt(&mut self) -> TargetResult<()> {
+        if !self.running || self.exited {
+            return Ok(());
+        }
+        self.interrupted = true;
+        let pid = self.pid();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGINT,
+        )
+        .map_err(|e| TargetError::Unexpected {
+            pid,
+            what: format!("cannot interrupt qemu: {e}"),
+        })
+    }
+
+    fn sync_at_stop(&mut self, exited: bool) -> Result<(), String> {
+        self.stops += 1;
+        if exited && !self.exited {
+            self.exited = true;
+        }
+        let rec = Recorded::open(self.rec.dir())
+            .map_err(|e| format!("reading the recording directory: {e}"))?;
+        let tid = u32::try_from(self.main.tid).ok();
+        let Some(t) = rec.thread(tid) else {
+            // Nothing executed yet (stopped before the first block).
+            return Ok(());
+        };
+        self.other_threads = rec.threads.len().saturating_sub(1);
+        let mut trace = t.trace.clone();
+        if t.meta.is_some() || self.exited {
+            // The stream ended (the plugin wrote its summary) or the process is gone: the
+            // reader completed it already.
+            self.last_completion = t.completed.clone();
+        } else {
+            // Live: the reader completed the stream by the block counter, which cannot tell a
+            // block that ran to its end from one that never started; the stop PC can.
+            let dir = self.rec.dir().to_path_buf();
+            let raw = std::fs::read(super::output::stream_path(&dir, t.pid, t.tid, "pt"))
+                .map_err(|e| format!("reading the main thread's stream: {e}"))?;
+            let tail = std::fs::read(super::output::stream_path(&dir, t.pid, t.tid, "tail"))
+                .ok()
+                .and_then(|d| super::output::TailState::read(&d));
+            match (tail, self.pc()) {
+                (Some(tail), Ok(pc)) => {
+                    let image = rec.mmap_image().image;
+                    trace = raw;
+                    self.last_completion = Some(complete_at_pc(&mut trace, &tail, pc, &image));
+                }
+                _ => self.last_completion = t.completed.clone(),
+            }
+        }
+        self.store.replace(trace);
+        self.rewritten = true;
+        Ok(())
+    }
+
+    fn trace_rewritten(&mut self) -> bool {
+        std::mem::take(&mut self.rewritten)
+    }
+
+    fn stats(&self, line: &mut dyn FnMut(&str, String)) {
+        line("recording directory", self.rec.dir().display().to_string());
+        line("qemu pid", self.rec.pid().to_string());
+        line("traced thread", self.main.tid.to_string());
+        line("other threads recorded", self.other_threads.to_string());
+        line("stops", self.stops.to_string());
+        line(
+            "stub packets with bad checksums",
+            self.remote.bad_checksums().to_string(),
+        );
+        if let Some(c) = &self.last_completion {
+            line("stream completed at the last stop", c.clone());
+        }
+        if let Some(e) = self.stop_errors.last() {
+            line("last stop error", e.clone());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capture::qemu::output::TailState;
+    use crate::flow::{EventKind, FlowConfig, FlowDecoder, Item};
+    use crate::image::Section;
+
+    /// 0x1000 mov eax,1; 0x1005 add eax,2; 0x1008 jne 0x1020; … 0x1020 nop.
+    fn image() -> Image {
+        let mut code = vec![0x90u8; 0x30];
+        code[..10].copy_from_slice(&[0xb8, 1, 0, 0, 0, 0x83, 0xc0, 2, 0x75, 0x16]);
+        let mut img = Image::new();
+        img.add(Section::new(0x1000, code, "test")).unwrap();
+        img
+    }
+
+    /// The block at 0x1000 (3 instructions) running, nothing written yet, tracing on from a
+    /// PSB+ with TIP.PGE at the block start already in the file.
+    fn live_stream(pc: u64) -> (Vec<u64>, Vec<String>) {
+        use crate::packet::{Encoder, IpKind, Packet, encode_packet};
+        let img = image();
+        let mut enc = Encoder::new();
+        let mut trace = Vec::new();
+        enc.psb(&mut trace);
+        let _ = encode_packet(&Packet::PsbEnd, &mut trace);
+        let _ = enc.ip_packet(IpKind::TipPge, Some(0x1000), &mut trace);
+        let tail = TailState {
+            file_offset: trace.len() as u64,
+            bytes: Vec::new(),
+            tracing: true,
+            in_flight: Some((0x1000, 3, u64::MAX, 0)),
+            tnt: (0, 0),
+        };
+        complete_at_pc(&mut trace, &tail, pc, &img);
+        let mut dec = FlowDecoder::new(&trace, &img, FlowConfig::default());
+        let (mut ips, mut errors) = (Vec::new(), Vec::new());
+        while let Some(item) = dec.next_item() {
+            match item {
+                Item::Insn(i) => ips.push(i.ip),
+                Item::Event(e) => {
+                    if let EventKind::Error { kind, .. } = &e.kind {
+                        errors.push(kind.to_string());
+                    }
+                }
+            }
+        }
+        (ips, errors)
+    }
+
+    #[test]
+    fn a_live_stream_is_cut_at_the_stop_pc() {
+        // A fault at the second instruction: only the first counts.
+        assert_eq!(live_stream(0x1005), (vec![0x1000], vec![]));
+        // Stopped where the block's branch went (taken, not taken): the whole block counts.
+        assert_eq!(live_stream(0x1020), (vec![0x1000, 0x1005, 0x1008], vec![]));
+        assert_eq!(live_stream(0x100a), (vec![0x1000, 0x1005, 0x1008], vec![]));
+        // Stopped before the block ran (a breakpoint at its start): nothing counts.
+        assert_eq!(live_stream(0x1000), (vec![], vec![]));
+    }
+
+    #[test]
+    fn signal_numbers_round_trip() {
+        for l in 1..=31 {
+            if l == 16 {
+                continue;
+            }
+            assert_eq!(linux_from_gdb(gdb_from_linux(l)), l, "linux {l}");
+        }
+        assert_eq!(gdb_from_linux(libc::SIGSEGV), gdb_signal::SEGV);
+        assert_eq!(gdb_from_linux(libc::SIGUSR1), 30);
+        assert_eq!(linux_from_gdb(gdb_signal::INT), libc::SIGINT);
+    }
+}

@@ -1,0 +1,308 @@
+//! `ptrewind record --backend qemu --qemu-live` with real GDB in batch mode: the program runs
+//! under QEMU with the plugin and the gdbstub; breakpoints, stepping and crashes come from the
+//! stub, reverse execution from the plugin's trace (PC-only past). Skipped (with a message) when
+//! `qemu-x86_64` or `gdb` is missing.
+
+mod support;
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ptrewind::capture::qemu::recording::find_plugin;
+use support::cbuild::{compile_source, have, nm_symbol};
+use support::gdb::{GdbRun, Server, gdb_session, gdb_session_interrupting};
+
+const PROGRAM: &str = r#"
+#include <stdio.h>
+volatile int sink;
+__attribute__((noinline)) int leaf(int x) { sink = x; return x * 2; }
+__attribute__((noinline)) int middle(int x) {
+    int s = 0;
+    for (int i = 0; i < x; i++) s += leaf(i);
+    return s;
+}
+__attribute__((noinline)) void spin(void) { for (;;) sink++; }
+__asm__(".text\n.globl crash_at\n.type crash_at,@function\ncrash_at:\n movl $1, 0\n ret\n");
+void crash_at(void);
+int main(int argc, char **argv) {
+    int r = middle(5);
+    printf("r=%d\n", r);
+    if (argc > 1 && argv[1][0] == 'c') crash_at();
+    if (argc > 1 && argv[1][0] == 's') spin();
+    r += middle(3);
+    return r & 0x7f;
+}
+"#;
+
+fn setup() -> Option<(tempfile::TempDir, PathBuf)> {
+    if !have("qemu-x86_64") || !have("gdb") {
+        eprintln!("skipped: qemu-x86_64 (package qemu-user) or gdb not installed");
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile_source(
+        "cc",
+        dir.path(),
+        "live",
+        PROGRAM,
+        &["-g", "-O0", "-no-pie"],
+        &[],
+    );
+    Some((dir, exe))
+}
+
+fn session(exe: &Path, args: &[&str], commands: &[String]) -> GdbRun {
+    session_interrupting(exe, args, commands, None)
+}
+
+/// `interrupt_after_cpu`: send GDB a Ctrl-C once QEMU has used this much CPU time (ticks of
+/// `/proc/PID/stat`), i.e. once the program spins.
+fn session_interrupting(
+    exe: &Path,
+    args: &[&str],
+    commands: &[String],
+    interrupt_after_cpu: Option<u64>,
+) -> GdbRun {
+    let plugin = find_plugin(Path::new(env!("CARGO_BIN_EXE_ptrewind")))
+        .expect("the QEMU plugin is built with the workspace");
+    let mut cli: Vec<OsString> = [
+        "record",
+        "--backend",
+        "qemu",
+        "--qemu-live",
+        "--listen",
+        "127.0.0.1:0",
+        "--qemu-plugin",
+    ]
+    .iter()
+    .map(Into::into)
+    .collect();
+    cli.push(plugin.into());
+    // The recording directory inside the test's temporary directory (removed with it).
+    cli.push("--trace-dir".into());
+    cli.push(exe.with_file_name("recording").into());
+    cli.push("--".into());
+    cli.push(exe.into());
+    cli.extend(args.iter().map(Into::into));
+    let server = Server::start_cli(&cli);
+    let Some(ticks) = interrupt_after_cpu else {
+        return gdb_session(server, exe, commands, Duration::from_secs(120));
+    };
+    let pid = server.pid;
+    let spinning = move || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                let rest = s.rsplit_once(')')?.1;
+                let f: Vec<&str> = rest.split_whitespace().collect();
+                Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+            })
+            .is_some_and(|t| t >= ticks)
+    };
+    gdb_session_interrupting(server, exe, commands, Duration::from_secs(120), spinning)
+}
+
+fn cmds(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn breakpoints_step_reverse_step_and_reverse_continue() {
+    let Some((_dir, exe)) = setup() else { return };
+    let leaf = nm_symbol(&exe, "leaf");
+    let run = session(
+        &exe,
+        &[],
+        &cmds(&[
+            "break leaf",
+            "continue",
+            "continue",
+            "echo @hit2\\n",
+            "p x",
+            "p/x $pc",
+            "stepi",
+            "echo @stepped\\n",
+            "p/x $pc",
+            "reverse-stepi",
+            "echo @back1\\n",
+            "p/x $pc",
+            "reverse-stepi",
+            "echo @back2\\n",
+            "p/x $pc",
+            "info registers rax",
+            "reverse-continue",
+            "echo @rc\\n",
+            "p/x $pc",
+            "monitor stats",
+            "delete",
+            "continue",
+            "echo @live\\n",
+            "continue",
+            "echo @end\\n",
+        ]),
+    );
+    let g = &run.gdb;
+    let after = |mark: &str| g.split_once(mark).map(|x| x.1).unwrap_or("");
+    assert!(after("@hit2").contains("$1 = 1"), "{}", run.dump());
+    // The breakpoint (after leaf's prologue) and the instruction after it.
+    let bp = after("@hit2")
+        .lines()
+        .find_map(|l| l.strip_prefix("$2 = 0x"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or_else(|| panic!("no pc: {}", run.dump()));
+    assert!(bp > leaf && bp < leaf + 16, "{}", run.dump());
+    let pc_after = |mark: &str| {
+        after(mark)
+            .lines()
+            .find_map(|l| l.split_once(" = 0x").map(|x| x.1))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap_or_else(|| panic!("no pc after {mark}: {}", run.dump()))
+    };
+    let stepped = pc_after("@stepped");
+    assert!(stepped > bp, "{}", run.dump());
+    // One instruction back: the breakpoint's instruction again (from the trace).
+    assert_eq!(pc_after("@back1"), bp, "{}", run.dump());
+    // One more: the last instruction of the prologue, before the breakpoint.
+    let back2 = pc_after("@back2");
+    assert!(back2 > leaf && back2 < bp, "{}", run.dump());
+    // PC-only past: other registers are unavailable, not the present's values.
+    assert!(
+        after("@back2").contains("rax            <unavailable>"),
+        "{}",
+        run.dump()
+    );
+    // Reverse-continue: the previous call's hit of the breakpoint (leaf(0)).
+    assert!(after("@back2").contains("Breakpoint 1"), "{}", run.dump());
+    assert_eq!(pc_after("@rc"), bp, "{}", run.dump());
+    assert!(after("@rc").contains("backend                  qemu"));
+    // Forward again: replay stops at the end of the history (the live stop), then the program
+    // runs on live to its end (r = 20 + 6 = 26).
+    assert!(
+        after("@rc").contains("No more reverse-execution history"),
+        "{}",
+        run.dump()
+    );
+    assert!(
+        after("@live").contains("exited with code 032"),
+        "{}",
+        run.dump()
+    );
+    assert!(run.program_stdout.contains("r=20"), "{}", run.dump());
+}
+
+#[test]
+fn crash_stop_and_reverse_from_it() {
+    let Some((_dir, exe)) = setup() else { return };
+    let crash = nm_symbol(&exe, "crash_at");
+    let main = nm_symbol(&exe, "main");
+    let run = session(
+        &exe,
+        &["crash"],
+        &cmds(&[
+            "continue",
+            "echo @crash\\n",
+            "p/x $pc",
+            "reverse-stepi",
+            "echo @back\\n",
+            "p/x $pc",
+            "kill",
+        ]),
+    );
+    let g = &run.gdb;
+    assert!(
+        g.contains("Program received signal SIGSEGV"),
+        "{}",
+        run.dump()
+    );
+    let pc_after = |mark: &str| {
+        g.split_once(mark)
+            .map(|x| x.1)
+            .unwrap_or("")
+            .lines()
+            .find_map(|l| l.split_once(" = 0x").map(|x| x.1))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap_or_else(|| panic!("no pc after {mark}: {}", run.dump()))
+    };
+    // The faulting store, not counted as executed: one step back is the call in main.
+    assert_eq!(pc_after("@crash"), crash, "{}", run.dump());
+    let back = pc_after("@back");
+    assert!(
+        back > main && back < main + 0x80,
+        "{back:#x}: {}",
+        run.dump()
+    );
+}
+
+#[test]
+fn ctrl_c_stops_a_spinning_program_and_reverse_works_from_there() {
+    let Some((_dir, exe)) = setup() else { return };
+    let spin = nm_symbol(&exe, "spin");
+    let run = session_interrupting(
+        &exe,
+        &["spin"],
+        &cmds(&[
+            "continue",
+            "echo @int\\n",
+            "p/x $pc",
+            "reverse-stepi",
+            "echo @back\\n",
+            "p/x $pc",
+            "monitor stats",
+            "kill",
+        ]),
+        Some(60),
+    );
+    let g = &run.gdb;
+    assert!(
+        g.contains("Program received signal SIGINT"),
+        "{}",
+        run.dump()
+    );
+    let pc_after = |mark: &str| {
+        g.split_once(mark)
+            .map(|x| x.1)
+            .unwrap_or("")
+            .lines()
+            .find_map(|l| l.split_once(" = 0x").map(|x| x.1))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap_or_else(|| panic!("no pc after {mark}: {}", run.dump()))
+    };
+    let at = pc_after("@int");
+    assert!((spin..spin + 0x20).contains(&at), "{at:#x}: {}", run.dump());
+    let back = pc_after("@back");
+    assert!(
+        (spin..spin + 0x20).contains(&back),
+        "{back:#x}: {}",
+        run.dump()
+    );
+    assert_ne!(back, at, "{}", run.dump());
+}
+
+/// The program dies of its SIGSEGV under GDB: GDB is told, and the recording directory keeps
+/// every thread's stream (the plugin's tail completes it) after the session.
+#[test]
+fn the_recording_survives_the_crash() {
+    let Some((_dir, exe)) = setup() else { return };
+    let run = session(
+        &exe,
+        &["crash"],
+        &cmds(&["continue", "continue", "echo @after\\n"]),
+    );
+    assert!(
+        run.gdb.contains("Program terminated with signal SIGSEGV"),
+        "{}",
+        run.dump()
+    );
+    let dir = run
+        .server
+        .lines()
+        .find_map(|l| l.split_once("every thread recorded into ").map(|x| x.1))
+        .and_then(|rest| rest.split(';').next())
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| panic!("no recording directory: {}", run.dump()));
+    let rec = ptrewind::capture::qemu::Recorded::open(&dir).expect("recording directory");
+    let main = rec.thread(None).expect("main thread recorded");
+    assert!(main.trace.len() > 100, "{}", run.dump());
+    assert_eq!(dir, exe.with_file_name("recording"));
+}
