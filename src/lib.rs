@@ -17,6 +17,9 @@
 //! [`view`] draws a recording (a flame graph and a call timeline) from the flow decoder's
 //! output; the server's `monitor view` and the `ptrewind view` command use it.
 //!
+//! [`rsp`] holds the GDB remote protocol's byte-level rules (framing, checksums, escapes, hex):
+//! the server speaks the protocol to debuggers and the QEMU backend speaks it to QEMU's gdbstub.
+//!
 //! [`image`] (the traced program's code) and [`target`] (ptrace control of a live process) sit
 //! beside the flow: the decoder reads code from an image, the server drives a target.
 //! See `docs/architecture.md` for the threads and where to add a packet, a backend or a protocol
@@ -30,6 +33,7 @@ pub mod image;
 pub mod packet;
 pub mod perf;
 pub mod ring;
+pub mod rsp;
 pub mod server;
 pub mod store;
 pub mod target;

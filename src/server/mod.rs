@@ -41,7 +41,7 @@ pub mod monitor;
 mod recording;
 pub mod recording_monitors;
 pub mod router;
-pub mod rsp;
+pub use crate::rsp;
 mod session;
 pub mod svr4;
 pub mod tracing;

@@ -15,6 +15,9 @@ use std::time::{Duration, Instant};
 
 use super::RemoteError;
 
+/// The protocol's byte-level rules, shared with the server side.
+pub use crate::rsp::{checksum, escape_binary, frame, hex_digit, hex_encode};
+
 /// A byte stream to a GDB stub whose reads can time out (a UNIX or TCP socket).
 pub trait Transport: Read + Write {
     /// Sets how long one `read` may block (`None`: forever).
@@ -325,21 +328,6 @@ fn far_future() -> Instant {
     Instant::now() + Duration::from_secs(365 * 24 * 3600)
 }
 
-/// The modulo-256 sum of a packet body as sent.
-pub fn checksum(body: &[u8]) -> u8 {
-    body.iter().fold(0u8, |s, &b| s.wrapping_add(b))
-}
-
-/// `$body#cs`.
-pub fn frame(body: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(body.len() + 4);
-    out.push(b'$');
-    out.extend_from_slice(body);
-    out.push(b'#');
-    out.extend_from_slice(format!("{:02x}", checksum(body)).as_bytes());
-    out
-}
-
 /// Expands run-length encoding: `X*n` stands for `X` repeated `n - 29 + 1` times in all.
 /// The result is bounded by `max`.
 pub fn expand_rle(body: &[u8], max: usize) -> Result<Vec<u8>, RemoteError> {
@@ -380,21 +368,6 @@ pub fn expand_rle(body: &[u8], max: usize) -> Result<Vec<u8>, RemoteError> {
     Ok(out)
 }
 
-/// Escapes binary data for `X` and similar packets: `#`, `$`, `}` and `*` become `}` followed
-/// by the byte XOR 0x20.
-pub fn escape_binary(data: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(data.len() + data.len() / 8);
-    for &b in data {
-        if matches!(b, b'#' | b'$' | b'}' | b'*') {
-            out.push(b'}');
-            out.push(b ^ 0x20);
-        } else {
-            out.push(b);
-        }
-    }
-    out
-}
-
 /// Undoes [`escape_binary`] (binary replies such as `qXfer` data). A trailing lone `}` is
 /// malformed.
 pub fn unescape_binary(data: &[u8]) -> Result<Vec<u8>, RemoteError> {
@@ -418,57 +391,19 @@ pub fn unescape_binary(data: &[u8]) -> Result<Vec<u8>, RemoteError> {
     Ok(out)
 }
 
-/// The value of one hex digit (either case).
-pub fn hex_digit(b: u8) -> Option<u8> {
-    match b {
-        b'0'..=b'9' => Some(b - b'0'),
-        b'a'..=b'f' => Some(b - b'a' + 10),
-        b'A'..=b'F' => Some(b - b'A' + 10),
-        _ => None,
-    }
-}
-
-/// Lower-case hex, two digits per byte.
-pub fn hex_encode(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for &b in bytes {
-        s.push(char::from(DIGITS[usize::from(b >> 4)]));
-        s.push(char::from(DIGITS[usize::from(b & 0xf)]));
-    }
-    s
-}
-
 /// Decodes hex digit pairs; `what` names the field in the error.
 pub fn hex_decode(text: &[u8], what: &'static str) -> Result<Vec<u8>, RemoteError> {
-    if text.len() % 2 != 0 {
-        return Err(RemoteError::Malformed {
-            what,
-            text: lossy(text),
-        });
-    }
-    text.chunks_exact(2)
-        .map(|p| match (hex_digit(p[0]), hex_digit(p[1])) {
-            (Some(h), Some(l)) => Ok(h << 4 | l),
-            _ => Err(RemoteError::Malformed {
-                what,
-                text: lossy(text),
-            }),
-        })
-        .collect()
+    crate::rsp::hex_decode(text).map_err(|_| RemoteError::Malformed {
+        what,
+        text: lossy(text),
+    })
 }
 
 /// Parses a big-endian hex number of at most 16 digits (stop-reply fields, thread ids).
 pub fn parse_hex_u64(text: &[u8], what: &'static str) -> Result<u64, RemoteError> {
-    let bad = || RemoteError::Malformed {
+    crate::rsp::parse_hex_u64(text).map_err(|_| RemoteError::Malformed {
         what,
         text: lossy(text),
-    };
-    if text.is_empty() || text.len() > 16 {
-        return Err(bad());
-    }
-    text.iter().try_fold(0u64, |v, &b| {
-        hex_digit(b).map(|d| v << 4 | u64::from(d)).ok_or_else(bad)
     })
 }
 

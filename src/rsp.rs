@@ -1,11 +1,13 @@
-//! Small, pure helpers for the GDB remote serial protocol (RSP) used by the packet handlers
-//! that sit in front of gdbstub ([`super::btrace`], [`super::lldb_trace`]).
+//! Small, pure helpers for the GDB remote serial protocol (RSP), on both of its sides: the
+//! server's packet handlers in front of gdbstub (`server::btrace`, `server::lldb_trace`,
+//! `server::router`) and the QEMU backend's client of QEMU's gdbstub
+//! (`capture::qemu::remote`).
 //!
 //! This is the one home of the protocol's byte-level rules: checksums and `$…#cs` framing
 //! ([`checksum`], [`frame`], [`encode_packet`]), `}` escaping both ways ([`escape_binary`],
 //! [`unescape`]), hex, number and thread-id parsing, `qXfer:…:read` requests and their chunked
 //! `m`/`l` replies, and the error-reply conventions of GDB and LLDB. Handlers return
-//! *unescaped* reply bodies; [`super::router`] escapes and frames them with these helpers.
+//! *unescaped* reply bodies; the server's router escapes and frames them with these helpers.
 
 use std::fmt;
 
