@@ -13,10 +13,10 @@ use ptrewind::capture::qemu::recording::find_plugin;
 use ptrewind::capture::qemu::{QemuConfig, QemuRecording, Recorded};
 use ptrewind::capture::soft::classify::decode_insn;
 use ptrewind::capture::soft::{PtraceChild, RecordFrom, RecorderConfig, SoftRecorder};
-use ptrewind::flow::{EventKind, FlowConfig, FlowDecoder, Item};
 use ptrewind::image::Image;
 use ptrewind::packet::{Packet, PacketDecoder};
 use support::cbuild::{compile_source, have, nm_symbol};
+use support::flow_ips;
 
 fn qemu_available() -> bool {
     if have("qemu-x86_64") {
@@ -48,24 +48,6 @@ fn record(exe: &Path, args: &[&str], precise: bool) -> (Recorded, std::process::
     // Keep the directory alive until read.
     drop(dir);
     (recorded, status)
-}
-
-/// Decoded instruction addresses and decode errors of one stream.
-fn decode(trace: &[u8], image: &Image) -> (Vec<u64>, Vec<String>) {
-    let mut dec = FlowDecoder::new(trace, image, FlowConfig::default());
-    let mut ips = Vec::new();
-    let mut errors = Vec::new();
-    while let Some(item) = dec.next_item() {
-        match item {
-            Item::Insn(i) => ips.push(i.ip),
-            Item::Event(e) => {
-                if let EventKind::Error { kind, ip } = &e.kind {
-                    errors.push(format!("offset {:#x} ip {ip:x?}: {kind}", e.offset));
-                }
-            }
-        }
-    }
-    (ips, errors)
 }
 
 /// The plugin's log with QEMU's re-executions of a REP string instruction (one per iteration)
@@ -163,7 +145,7 @@ fn decoded_stream_equals_plugin_log() {
     let t = &rec.threads[0];
     let meta = t.meta.as_ref().expect("thread summary");
     assert_eq!(meta.lost, 0);
-    let (ips, errors) = decode(&t.trace, &image);
+    let (ips, errors) = flow_ips(&t.trace, &image);
     assert!(errors.is_empty(), "{errors:?}");
     let log = fold_rep(t.insns.as_ref().expect("test-mode log"), &image);
     assert!(log.len() > 100_000, "{} instructions", log.len());
@@ -230,7 +212,7 @@ fn every_thread_has_its_own_exact_stream() {
     let work = nm_symbol(&exe, "work");
     let mut tscs_seen = 0;
     for t in &rec.threads {
-        let (ips, errors) = decode(&t.trace, &image);
+        let (ips, errors) = flow_ips(&t.trace, &image);
         assert!(errors.is_empty(), "thread {}: {errors:?}", t.tid);
         let log = fold_rep(t.insns.as_ref().expect("log"), &image);
         assert!(compare(&ips, &log).is_empty(), "thread {}", t.tid);
@@ -333,7 +315,7 @@ fn fault_case(die: bool, precise: bool) {
             t.completed
         );
     }
-    let (ips, errors) = decode(&t.trace, &image);
+    let (ips, errors) = flow_ips(&t.trace, &image);
     assert!(errors.is_empty(), "{errors:?}");
     let log = fold_rep(t.insns.as_ref().expect("log"), &image);
     let faults = if die { 1 } else { 3 };
@@ -415,7 +397,7 @@ fn static_program_same_stream_as_ptrace_backend() {
     let (rec, status) = record(&exe, &[], true);
     assert!(status.success());
     let (image, _) = rec.image().expect("image");
-    let (qips, errors) = decode(&rec.threads[0].trace, &image);
+    let (qips, errors) = flow_ips(&rec.threads[0].trace, &image);
     assert!(errors.is_empty(), "{errors:?}");
     // ptrace, from main.
     let mut cmd = std::process::Command::new(&exe);
@@ -428,7 +410,7 @@ fn static_program_same_stream_as_ptrace_backend() {
     let mut r = SoftRecorder::new(child, cfg).expect("recorder");
     r.run(Some(5_000_000)).expect("run");
     let soft = r.finish().expect("finish");
-    let (pips, errors) = decode(&soft.trace, soft.image.as_ref().expect("image"));
+    let (pips, errors) = flow_ips(&soft.trace, soft.image.as_ref().expect("image"));
     assert!(errors.is_empty(), "{errors:?}");
     // Same addresses from main to main's return (libc start-up and exit depend on the CPU
     // QEMU emulates, which differs from the host's: compare the program's own part).
@@ -529,7 +511,7 @@ fn gdb_reverse_on_a_worker_that_crashed() {
         .find(|t| t.tid != t.pid)
         .expect("worker");
     let (image, _) = recorded.image().expect("image");
-    let (ips, errors) = decode(&worker.trace, &image);
+    let (ips, errors) = flow_ips(&worker.trace, &image);
     assert!(errors.is_empty(), "{errors:?}");
     let crash = nm_symbol(&exe, "crash");
     assert!(

@@ -152,19 +152,12 @@ fn breakpoints_step_reverse_step_and_reverse_continue() {
         .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
         .unwrap_or_else(|| panic!("no pc: {}", run.dump()));
     assert!(bp > leaf && bp < leaf + 16, "{}", run.dump());
-    let pc_after = |mark: &str| {
-        after(mark)
-            .lines()
-            .find_map(|l| l.split_once(" = 0x").map(|x| x.1))
-            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-            .unwrap_or_else(|| panic!("no pc after {mark}: {}", run.dump()))
-    };
-    let stepped = pc_after("@stepped");
+    let stepped = run.hex_after("@stepped");
     assert!(stepped > bp, "{}", run.dump());
     // One instruction back: the breakpoint's instruction again (from the trace).
-    assert_eq!(pc_after("@back1"), bp, "{}", run.dump());
+    assert_eq!(run.hex_after("@back1"), bp, "{}", run.dump());
     // One more: the last instruction of the prologue, before the breakpoint.
-    let back2 = pc_after("@back2");
+    let back2 = run.hex_after("@back2");
     assert!(back2 > leaf && back2 < bp, "{}", run.dump());
     // PC-only past: other registers are unavailable, not the present's values.
     assert!(
@@ -174,7 +167,7 @@ fn breakpoints_step_reverse_step_and_reverse_continue() {
     );
     // Reverse-continue: the previous call's hit of the breakpoint (leaf(0)).
     assert!(after("@back2").contains("Breakpoint 1"), "{}", run.dump());
-    assert_eq!(pc_after("@rc"), bp, "{}", run.dump());
+    assert_eq!(run.hex_after("@rc"), bp, "{}", run.dump());
     assert!(after("@rc").contains("backend                  qemu"));
     // Forward again: replay stops at the end of the history (the live stop), then the program
     // runs on live to its end (r = 20 + 6 = 26).
@@ -215,18 +208,9 @@ fn crash_stop_and_reverse_from_it() {
         "{}",
         run.dump()
     );
-    let pc_after = |mark: &str| {
-        g.split_once(mark)
-            .map(|x| x.1)
-            .unwrap_or("")
-            .lines()
-            .find_map(|l| l.split_once(" = 0x").map(|x| x.1))
-            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-            .unwrap_or_else(|| panic!("no pc after {mark}: {}", run.dump()))
-    };
     // The faulting store, not counted as executed: one step back is the call in main.
-    assert_eq!(pc_after("@crash"), crash, "{}", run.dump());
-    let back = pc_after("@back");
+    assert_eq!(run.hex_after("@crash"), crash, "{}", run.dump());
+    let back = run.hex_after("@back");
     assert!(
         back > main && back < main + 0x80,
         "{back:#x}: {}",
@@ -259,18 +243,9 @@ fn ctrl_c_stops_a_spinning_program_and_reverse_works_from_there() {
         "{}",
         run.dump()
     );
-    let pc_after = |mark: &str| {
-        g.split_once(mark)
-            .map(|x| x.1)
-            .unwrap_or("")
-            .lines()
-            .find_map(|l| l.split_once(" = 0x").map(|x| x.1))
-            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-            .unwrap_or_else(|| panic!("no pc after {mark}: {}", run.dump()))
-    };
-    let at = pc_after("@int");
+    let at = run.hex_after("@int");
     assert!((spin..spin + 0x20).contains(&at), "{at:#x}: {}", run.dump());
-    let back = pc_after("@back");
+    let back = run.hex_after("@back");
     assert!(
         (spin..spin + 0x20).contains(&back),
         "{back:#x}: {}",

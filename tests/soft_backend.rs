@@ -13,11 +13,11 @@ use ptrewind::capture::soft::{
     EncoderConfig, Exit, PtraceChild, RecordFrom, RecorderConfig, Recording, RingConfig,
     SoftRecorder, StepEvent, StepTarget,
 };
-use ptrewind::flow::{EventKind, FlowConfig, FlowDecoder, Item};
 use ptrewind::image::Image;
 use ptrewind::packet::{Packet, PacketDecoder};
 use ptrewind::ring::IntOn;
 use support::cbuild::{compile_source, nm_symbol};
+use support::flow_ips;
 use support::libipt::{ImageSection, OracleItem, ipt_insns};
 
 /// Compiles `src` with `cc -g -O0` into `dir` and returns the executable.
@@ -65,24 +65,6 @@ fn record(exe: &Path, args: &[&str], cfg: RecorderConfig) -> (Recording, String)
     let recording = rec.finish().expect("finish");
     let out = reader.join().expect("stdout reader");
     (recording, out)
-}
-
-/// Our flow decoder's instruction IPs and error count.
-fn flow_ips(trace: &[u8], image: &Image) -> (Vec<u64>, Vec<String>) {
-    let mut dec = FlowDecoder::new(trace, image, FlowConfig::default());
-    let mut ips = Vec::new();
-    let mut errors = Vec::new();
-    while let Some(item) = dec.next_item() {
-        match item {
-            Item::Insn(i) => ips.push(i.ip),
-            Item::Event(e) => {
-                if let EventKind::Error { kind, ip } = &e.kind {
-                    errors.push(format!("offset {:#x} ip {ip:x?}: {kind}", e.offset));
-                }
-            }
-        }
-    }
-    (ips, errors)
 }
 
 /// libipt's instruction IPs and errors.

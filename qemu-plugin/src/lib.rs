@@ -63,10 +63,17 @@ fn clock() -> &'static AtomicU64 {
 static COUNTERS: AtomicPtr<AtomicU64> = AtomicPtr::new(ptr::null_mut());
 static NEXT_COUNTER: AtomicU64 = AtomicU64::new(0);
 
-/// Maps `DIR/counters` shared (a sparse file) for the blocks' reached-instruction counters.
-fn map_counters(dir: &std::path::Path) -> Result<(), String> {
+/// Creates `DIR/name` (new, private, never through a link) of `len` bytes and maps it shared
+/// read-write; the mapping is never unmapped (translated code keeps pointers into it), and
+/// `extra` adds mmap flags (`MAP_NORESERVE` for a sparse file).
+fn map_shared_file(
+    dir: &std::path::Path,
+    name: &str,
+    len: u64,
+    extra: libc::c_int,
+) -> Result<*mut AtomicU64, String> {
     use std::os::fd::AsRawFd;
-    let path = dir.join(output::COUNTERS_FILE);
+    let path = dir.join(name);
     let f = OpenOptions::new()
         .read(true)
         .write(true)
@@ -75,17 +82,16 @@ fn map_counters(dir: &std::path::Path) -> Result<(), String> {
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(&path)
         .map_err(|e| format!("{}: {e}", path.display()))?;
-    let len = output::COUNTER_SLOTS * 8;
     f.set_len(len)
         .map_err(|e| format!("{}: {e}", path.display()))?;
-    // SAFETY: a shared read-write mapping of a sparse file we just created privately; never
-    // unmapped (translated code keeps pointers into it).
+    // SAFETY: a shared read-write mapping of `len` bytes of a file we just created privately;
+    // the fd may be closed afterwards, the mapping stays.
     let p = unsafe {
         libc::mmap(
             ptr::null_mut(),
             len as usize,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED | libc::MAP_NORESERVE,
+            libc::MAP_SHARED | extra,
             f.as_raw_fd(),
             0,
         )
@@ -97,7 +103,18 @@ fn map_counters(dir: &std::path::Path) -> Result<(), String> {
             std::io::Error::last_os_error()
         ));
     }
-    COUNTERS.store(p as *mut AtomicU64, Ordering::Relaxed);
+    Ok(p as *mut AtomicU64)
+}
+
+/// Maps `DIR/counters` shared (a sparse file) for the blocks' reached-instruction counters.
+fn map_counters(dir: &std::path::Path) -> Result<(), String> {
+    let p = map_shared_file(
+        dir,
+        output::COUNTERS_FILE,
+        output::COUNTER_SLOTS * 8,
+        libc::MAP_NORESERVE,
+    )?;
+    COUNTERS.store(p, Ordering::Relaxed);
     Ok(())
 }
 
@@ -114,40 +131,11 @@ fn shared_counter() -> Option<(&'static AtomicU64, u64)> {
 
 /// Maps `DIR/clock` (8 bytes) shared and points CLOCK at it.
 fn map_clock(dir: &std::path::Path) -> Result<(), String> {
-    use std::os::fd::AsRawFd;
-    let path = dir.join(output::CLOCK_FILE);
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&path)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    f.set_len(8)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    // SAFETY: mapping 8 bytes of a file we own read-write and shared; the fd may be closed
-    // afterwards, the mapping stays.
-    let p = unsafe {
-        libc::mmap(
-            ptr::null_mut(),
-            8,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(format!(
-            "mmap {}: {}",
-            path.display(),
-            std::io::Error::last_os_error()
-        ));
-    }
-    CLOCK.store(p as *mut AtomicU64, Ordering::Relaxed);
+    let p = map_shared_file(dir, output::CLOCK_FILE, 8, 0)?;
+    CLOCK.store(p, Ordering::Relaxed);
     Ok(())
 }
+
 /// Host address minus guest address of code (QEMU's `guest_base`), from the first translation.
 static GUEST_BASE: AtomicI64 = AtomicI64::new(i64::MIN);
 /// Whether this process has written its first memory-map snapshot.

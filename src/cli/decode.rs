@@ -383,6 +383,28 @@ pub(crate) fn stream_pid(
     pid
 }
 
+/// The code of a QEMU recording (its recorded mappings) with `given` mapped over it, and the
+/// symbols of its ELF files and `given_elfs`; mappings whose file is missing are reported.
+/// Shared by `decode --qemu` and `view --qemu`.
+pub(crate) fn qemu_image(
+    recorded: &ptrewind::capture::qemu::Recorded,
+    given: &[Section],
+    given_elfs: &[LoadedElf],
+) -> Result<(Image, Symbolizer), Box<dyn std::error::Error + Send + Sync>> {
+    let built = recorded.mmap_image();
+    let mut image = built.image;
+    let mut syms = Symbolizer::new();
+    for elf in built.elfs.iter().chain(given_elfs) {
+        // Symbols are a convenience: an ELF without a usable symbol table still decodes.
+        let _ = syms.add_elf(elf);
+    }
+    for s in given {
+        image.add(s.clone())?;
+    }
+    report_missing(&built.missing, None, None, &mut HashSet::new());
+    Ok((image, syms))
+}
+
 /// `decode --qemu DIR`: each thread of a QEMU recording, `[thread PID/TID]` before each.
 fn decode_qemu(
     dir: &std::path::Path,
@@ -392,16 +414,7 @@ fn decode_qemu(
     given_elfs: &[LoadedElf],
 ) -> CmdResult {
     let recorded = ptrewind::capture::qemu::Recorded::open(dir)?;
-    let built = recorded.mmap_image();
-    let mut image = built.image;
-    let mut syms = Symbolizer::new();
-    for elf in built.elfs.iter().chain(given_elfs) {
-        let _ = syms.add_elf(elf);
-    }
-    for s in given {
-        image.add(s.clone())?;
-    }
-    report_missing(&built.missing, None, None, &mut HashSet::new());
+    let (image, syms) = qemu_image(&recorded, given, given_elfs)?;
     let cfg = FlowConfig {
         default_mode: mode,
         ip_filter: args.ip_filter.clone(),

@@ -15,8 +15,8 @@
 
 use super::CmdResult;
 use super::decode::{
-    ImageArgs, build_image, exec_mode, flow_setup, given_images, parse_range, report_missing,
-    stream_pid,
+    ImageArgs, build_image, exec_mode, flow_setup, given_images, parse_range, qemu_image,
+    report_missing, stream_pid,
 };
 use ptrewind::flow::Cpu;
 use ptrewind::image::perf_maps::PerfSideband;
@@ -153,17 +153,7 @@ fn view_qemu(dir: &Path, args: &ViewArgs, outputs: &Outputs) -> CmdResult {
     let mode = exec_mode(args.bits)?;
     let (given, given_elfs) = given_images(&args.image)?;
     let recorded = ptrewind::capture::qemu::Recorded::open(dir)?;
-    let built = recorded.mmap_image();
-    let mut image = built.image;
-    let mut symbols = Symbolizer::new();
-    for elf in built.elfs.iter().chain(&given_elfs) {
-        // Symbols are a convenience: an ELF without a usable symbol table still decodes.
-        let _ = symbols.add_elf(elf);
-    }
-    for s in &given {
-        image.add(s.clone())?;
-    }
-    report_missing(&built.missing, None, None, &mut HashSet::new());
+    let (image, symbols) = qemu_image(&recorded, &given, &given_elfs)?;
     if recorded.threads.is_empty() {
         return Err(format!("{}: the recording has no thread", dir.display()).into());
     }

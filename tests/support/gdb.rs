@@ -260,6 +260,17 @@ impl GdbRun {
             .unwrap_or_else(|| panic!("no {mark}\n{}", self.dump()));
         &self.gdb[i + mark.len() + 1..]
     }
+
+    /// The first hexadecimal value GDB printed (`$N = 0x…`, e.g. `p/x $pc`) after the line
+    /// `mark`; fails if there is none.
+    #[track_caller]
+    pub fn hex_after(&self, mark: &str) -> u64 {
+        self.after(mark)
+            .lines()
+            .find_map(|l| l.split_once(" = 0x").map(|x| x.1))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap_or_else(|| panic!("no hex value after {mark}: {}", self.dump()))
+    }
 }
 
 /// Runs GDB in batch mode connected to `server`, with `commands` as `-ex` arguments after

@@ -10,6 +10,7 @@
 //!   `#[path]`-included by the crate's unit tests).
 //! - [`gdb`]: child processes with deadlines, GDB in batch mode, `ptrewind record` servers.
 //! - [`rsp`]: a raw remote-protocol client (exact packets, acks, Ctrl-C).
+//! - [`flow_ips`]: our decoder's instruction addresses and errors for one trace.
 #![allow(dead_code)]
 
 pub mod cbuild;
@@ -23,3 +24,23 @@ pub mod rsp;
 pub use corpus::{CorpusTrace, all_traces, corpus_dir, require_corpus, trace};
 #[allow(unused_imports)]
 pub use libipt::{ImageSection, ipt_insn_count, ipt_insns, ipt_packets};
+
+/// Our flow decoder's instruction addresses of `trace` over `image`, and its decode errors (as
+/// `offset … ip …: kind` lines).
+pub fn flow_ips(trace: &[u8], image: &ptrewind::image::Image) -> (Vec<u64>, Vec<String>) {
+    use ptrewind::flow::{EventKind, FlowConfig, FlowDecoder, Item};
+    let mut dec = FlowDecoder::new(trace, image, FlowConfig::default());
+    let mut ips = Vec::new();
+    let mut errors = Vec::new();
+    while let Some(item) = dec.next_item() {
+        match item {
+            Item::Insn(i) => ips.push(i.ip),
+            Item::Event(e) => {
+                if let EventKind::Error { kind, ip } = &e.kind {
+                    errors.push(format!("offset {:#x} ip {ip:x?}: {kind}", e.offset));
+                }
+            }
+        }
+    }
+    (ips, errors)
+}
