@@ -12,7 +12,6 @@ use super::record::{RecordArgs, Served, Started, bind};
 use ptrewind::capture::qemu::recording::find_plugin;
 use ptrewind::capture::qemu::{QemuConfig, QemuLive, QemuRecording, Recorded};
 use ptrewind::flow::FlowConfig;
-use ptrewind::image::Symbolizer;
 use ptrewind::server::RecordingTarget;
 use ptrewind::server::check_listen_addr;
 use ptrewind::timeline::{OfflineInfo, OfflineRecording, Timeline};
@@ -148,21 +147,12 @@ pub(crate) fn serve_target(
             others.join(", ")
         );
     }
-    let built = recorded.mmap_image();
-    let mut symbols = Symbolizer::new();
-    for elf in &built.elfs {
-        let _ = symbols.add_elf(elf);
-    }
-    for m in &built.missing {
-        eprintln!(
-            "ptrewind: warning: code of {} at {:#x} not found: {}",
-            m.filename, m.addr, m.reason
-        );
-    }
+    // The code from the recorded mappings, every missing file reported once, as `decode --qemu`.
+    let (image, symbols) = super::decode::qemu_image(recorded, &[], &[])?;
     let exe = recorded.launch.as_ref().map(|l| l.program.clone());
     let rec = OfflineRecording {
         trace: thread.trace.clone(),
-        image: built.image,
+        image,
         immutable: None,
         symbols,
         registers_at_start: None,
