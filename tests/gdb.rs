@@ -211,6 +211,82 @@ fn shared_library_breakpoints() {
     r.expect("exited normally");
 }
 
+/// GDB reads the program's files through host I/O (`vFile:`): the maps file it reads at every
+/// connection (it warned "unable to open /proc file" when the server had no host I/O) and,
+/// with its default sysroot `target:`, the shared libraries, which then load with symbols and
+/// give a backtrace through libc. Writing and deleting files are refused.
+#[test]
+fn host_io_serves_the_programs_files_read_only() {
+    let program = example("uselib");
+    let server = Server::start(&program, &[]);
+    let pid = server.pid;
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("hostio-maps-{pid}"));
+    let _ = std::fs::remove_file(&out);
+    let get = format!("remote get /proc/{pid}/task/{pid}/maps {}", out.display());
+    let put = format!(
+        "remote put {} /tmp/ptrewind-hostio-{pid}",
+        program.display()
+    );
+    let delete = format!("remote delete {}", program.display());
+    let r = gdb_with(
+        server,
+        &program,
+        &[
+            "break shared_scale",
+            "continue",
+            "echo LIBS\\n",
+            "info sharedlibrary",
+            &get,
+            &put,
+            &delete,
+            "break puts",
+            "continue",
+            "echo BT\\n",
+            "bt",
+            "kill",
+        ],
+    );
+    assert!(!r.gdb.contains("unable to open /proc file"), "{}", r.dump());
+    assert!(
+        !r.gdb.contains("Remote I/O error: No such file"),
+        "{}",
+        r.dump()
+    );
+    let libs = r.after("LIBS");
+    for lib in ["libshared.so", "libc.so.6"] {
+        let line = libs
+            .lines()
+            .find(|l| l.contains(lib))
+            .unwrap_or_else(|| panic!("no {lib}\n{}", r.dump()));
+        assert!(
+            line.contains("Yes") && line.contains("target:/"),
+            "{line}\n{}",
+            r.dump()
+        );
+    }
+    let maps = std::fs::read_to_string(&out).unwrap_or_else(|e| panic!("{e}\n{}", r.dump()));
+    assert!(
+        maps.contains("libshared.so") && maps.contains("[stack]"),
+        "{maps}"
+    );
+    assert!(maps.ends_with('\n'), "{maps}");
+    // GDB prints errors on stderr, collected after stdout: one per refused request.
+    assert_eq!(
+        r.gdb
+            .matches("Remote I/O error: Read-only file system")
+            .count(),
+        2,
+        "{}",
+        r.dump()
+    );
+    assert!(std::path::Path::new(&program).exists());
+    assert!(!std::path::Path::new(&format!("/tmp/ptrewind-hostio-{pid}")).exists());
+    let bt = r.after("BT");
+    assert!(bt.starts_with("#0 ") && bt.contains("puts"), "{}", r.dump());
+    assert!(bt.contains("in main ()"), "{}", r.dump());
+    let _ = std::fs::remove_file(&out);
+}
+
 #[test]
 fn crash_reports_sigsegv_at_the_right_line() {
     let crash_line = line_of("crash.c", "/* CRASH LINE */");

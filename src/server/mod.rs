@@ -36,6 +36,7 @@
 pub mod alloc;
 pub mod arch;
 pub mod btrace;
+pub mod host_io;
 pub mod lldb_trace;
 pub mod monitor;
 mod recording;

@@ -231,6 +231,50 @@ fn thread_kind(s: &[u8]) -> Option<bool> {
     }
 }
 
+/// A hex number of at most `bits` bits (gdbstub's `decode_hex` into that type).
+fn is_hex_of(s: &[u8], bits: u32) -> bool {
+    let digits = s.iter().skip_while(|&&b| b == b'0').count();
+    is_hex(s)
+        && (digits < (bits / 4) as usize
+            || (digits == (bits / 4) as usize
+                && u64::from_str_radix(std::str::from_utf8(s).unwrap_or("x"), 16)
+                    .is_ok_and(|v| bits >= 64 || v >> bits == 0)))
+}
+
+/// Host I/O (`vFile:NAME:ARGS`, see `server::host_io`): gdbstub parses these arguments
+/// fatally. `pwrite` is never valid (every file we open is read-only) and is answered as
+/// unsupported without reaching gdbstub.
+fn check_vfile(rest: &[u8]) -> Check {
+    use Check::{Malformed, Pass, Unsupported};
+    let ok = |good: bool| if good { Pass } else { Malformed };
+    // gdbstub's `HostIoOpenFlags` / `HostIoOpenMode` refuse unknown bits.
+    const OPEN_FLAGS: u64 = 0xF000_0E0B;
+    const OPEN_MODE: u64 = 0o140_777;
+    let bits_in = |s: &[u8], known: u64| {
+        is_hex_of(s, 32)
+            && u64::from_str_radix(std::str::from_utf8(s).unwrap_or("x"), 16)
+                .is_ok_and(|v| v & !known == 0)
+    };
+    let Some((name, args)) = split2(rest, b':') else {
+        return Unsupported;
+    };
+    let fields: Vec<&[u8]> = args.splitn(3, |&b| b == b',').collect();
+    match name {
+        b"open" => ok(fields.len() == 3
+            && is_even_hex(fields[0])
+            && bits_in(fields[1], OPEN_FLAGS)
+            && bits_in(fields[2], OPEN_MODE)),
+        b"close" | b"fstat" => ok(is_hex_of(args, 32)),
+        b"pread" => ok(fields.len() == 3
+            && is_hex_of(fields[0], 32)
+            && is_hex_of(fields[1], 64)
+            && is_hex_of(fields[2], 64)),
+        b"unlink" | b"readlink" => ok(is_even_hex(args)),
+        b"setfs" => ok(is_hex_of(args, 64)),
+        _ => Unsupported,
+    }
+}
+
 fn split2(s: &[u8], sep: u8) -> Option<(&[u8], &[u8])> {
     let i = s.iter().position(|&b| b == sep)?;
     Some((&s[..i], &s[i + 1..]))
@@ -384,6 +428,9 @@ pub fn check_packet(body: &[u8], resume_all: bool) -> Check {
             .iter()
             .find_map(|(name, annex_ok)| rest.strip_prefix(*name).map(|r| qxfer_args(r, annex_ok)));
         return checked.map_or(Pass, ok);
+    }
+    if let Some(rest) = body.strip_prefix(b"vFile:") {
+        return check_vfile(rest);
     }
     if let Some(rest) = body.strip_prefix(b"vKill") {
         return ok(rest.strip_prefix(b";").is_some_and(is_nonzero_id));
@@ -870,6 +917,8 @@ impl Router {
         session: &mut Session,
     ) -> Result<ServeOutcome, ServerError> {
         let _ = stream.set_nodelay(true);
+        // Files a previous debugger left open are not this one's.
+        session.host_files.clear();
         let writer = stream.try_clone().map_err(ServerError::Io)?;
         let stub = GdbStubBuilder::new(RouterConn::new(writer))
             .packet_buffer_size(self.packet_size)
@@ -1415,6 +1464,38 @@ mod tests {
         );
         assert_eq!(memory_region_info(&maps, 0x4000), "start:3000;size:2000;");
         assert_eq!(memory_region_info(&maps, 0x10), "start:0;size:1000;");
+    }
+
+    #[test]
+    fn host_io_packets_are_checked() {
+        for (body, want) in [
+            (&b"vFile:open:2f70726f63,0,0"[..], Check::Pass),
+            (b"vFile:open:2f70726f63,0,1c0", Check::Pass),
+            (b"vFile:open:2f70726f6,0,0", Check::Malformed),
+            (b"vFile:open:2f70726f63,4,0", Check::Malformed),
+            (b"vFile:open:2f70726f63,0", Check::Malformed),
+            (b"vFile:open:2f70726f63,100000000,0", Check::Malformed),
+            (b"vFile:open:2f70726f63,0,200000", Check::Malformed),
+            (b"vFile:pread:0,3fff,0", Check::Pass),
+            (b"vFile:pread:0,3fff", Check::Malformed),
+            (b"vFile:pread:100000000,1,0", Check::Malformed),
+            (b"vFile:pread:0,1,10000000000000000", Check::Malformed),
+            (b"vFile:pread:0,1,ffffffffffffffff", Check::Pass),
+            (b"vFile:close:0", Check::Pass),
+            (b"vFile:close:", Check::Malformed),
+            (b"vFile:fstat:ffffffff", Check::Pass),
+            (b"vFile:fstat:zz", Check::Malformed),
+            (b"vFile:setfs:0", Check::Pass),
+            (b"vFile:readlink:2f7", Check::Malformed),
+            (b"vFile:readlink:2f70", Check::Pass),
+            (b"vFile:unlink:2f70", Check::Pass),
+            (b"vFile:pwrite:0,0,abc", Check::Unsupported),
+            (b"vFile:openx:2f70,0,0", Check::Unsupported),
+            (b"vFile:open", Check::Unsupported),
+            (b"vFile:", Check::Unsupported),
+        ] {
+            assert_eq!(check_packet(body, false), want, "{body:?}");
+        }
     }
 
     #[test]

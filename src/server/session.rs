@@ -95,6 +95,8 @@ pub struct Session {
     resume: Option<Resume>,
     avx: Option<bool>,
     attached: bool,
+    /// Files the debugger opened through host I/O (`vFile:open`).
+    pub(super) host_files: super::host_io::OpenFiles,
 }
 
 impl std::fmt::Debug for Session {
@@ -116,6 +118,7 @@ impl Session {
             resume: None,
             avx: None,
             attached: false,
+            host_files: Default::default(),
         }
     }
 
@@ -201,6 +204,10 @@ impl gdbstub::target::Target for Session {
             Self,
         >,
     > {
+        Some(self)
+    }
+
+    fn support_host_io(&mut self) -> Option<gdbstub::target::ext::host_io::HostIoOps<'_, Self>> {
         Some(self)
     }
 

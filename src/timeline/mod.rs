@@ -12,6 +12,8 @@
 //! * [`regfiles`] — the register files known at positions (start, stops);
 //! * [`offline`] — `ptrewind replay`: a saved recording or a trace file, no process;
 //! * [`save`] — the saved-recording format (`monitor save`), read back by [`offline`];
+//! * [`files`] — the program's files as a debugger reads them (`/proc/PID/maps`, the
+//!   executable and libraries a saved recording keeps);
 //! * [`inspect`] — branches, function segments and symbols before the cursor (what
 //!   `monitor history|calls|where` print) and the statistics `monitor stats` prints.
 //!
@@ -89,6 +91,7 @@
 //! passes an entry whose writes the log does not know: in the past it stops there with a plain
 //! trap and a [`Notice::WatchUncertain`] (the log shows no change there, so GDB could not tell).
 
+pub mod files;
 pub mod inspect;
 pub mod offline;
 pub mod regfiles;
@@ -262,6 +265,10 @@ pub struct OfflineInfo {
     /// Memory saved with the recording (the stack from the stack pointer up), valid only at
     /// the end of the history: `(address, bytes)`.
     pub memory_at_end: Vec<(u64, Vec<u8>)>,
+    /// `/proc/PID/maps` when saved (served as the process's maps file).
+    pub maps: String,
+    /// The executable and libraries saved with the recording (see [`files`]).
+    pub files: files::SavedFiles,
 }
 
 impl std::fmt::Debug for Timeline {
