@@ -16,6 +16,11 @@ use support::rsp::{Raw, packet};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The `continue` after the one that runs to the end: a program stops at its end first (the
+/// default stop at exit: the process is still there, its history can be examined), and only
+/// this one lets it exit.
+const LET_IT_EXIT: &str = "continue";
+
 /// Compiles the examples once per test run (`cc -g -O0`), into the cargo test temp dir.
 fn examples() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
@@ -103,6 +108,7 @@ fn break_main_continue_backtrace_print() {
             "print f",
             "print is_even(4)",
             "continue",
+            LET_IT_EXIT,
         ],
     );
     r.expect("Breakpoint 1, main () at ");
@@ -192,6 +198,7 @@ fn shared_library_breakpoints() {
             "break puts",
             "continue",
             "continue",
+            LET_IT_EXIT,
         ],
     );
     r.expect("Breakpoint 1, shared_scale (x=20) at ");
@@ -290,7 +297,7 @@ fn host_io_serves_the_programs_files_read_only() {
 #[test]
 fn crash_reports_sigsegv_at_the_right_line() {
     let crash_line = line_of("crash.c", "/* CRASH LINE */");
-    let r = gdb("crash", &[], &["continue", "bt", "continue"]);
+    let r = gdb("crash", &[], &["continue", "bt", "continue", LET_IT_EXIT]);
     let sig = r.pos("Program received signal SIGSEGV, Segmentation fault.");
     let at = r.pos("crash_here (p=0x0) at ");
     assert!(at > sig);
@@ -318,9 +325,16 @@ fn exit_code_and_verbatim_arguments() {
         program.clone().into(),
         arg.into(),
     ]);
-    let r = gdb_with(server, &program, &["continue"]);
+    let r = gdb_with(server, &program, &["continue", LET_IT_EXIT]);
     // GDB prints the status in octal with a leading 0.
     r.expect(&format!("exited with code 0{code:o}]"));
+    // Stopped at its end first (a trap), with a word from the server (on GDB's stderr).
+    r.expect("the program is exiting: it stays stopped at its end");
+    assert!(
+        r.pos("Program received signal SIGTRAP") < r.pos(&format!("exited with code 0{code:o}]")),
+        "{}",
+        r.dump()
+    );
     assert!(
         r.server.contains(&format!("exited with status {code}")),
         "{}",
@@ -364,7 +378,14 @@ fn signal_handler_receives_the_signal() {
     let r = gdb(
         "signal",
         &[],
-        &["break on_usr1", "continue", "continue", "bt", "continue"],
+        &[
+            "break on_usr1",
+            "continue",
+            "continue",
+            "bt",
+            "continue",
+            LET_IT_EXIT,
+        ],
     );
     let sig = r.pos("Program received signal SIGUSR1");
     let bp = r.pos("Breakpoint 1, on_usr1 (sig=10) at ");
@@ -410,6 +431,7 @@ fn fork_and_vfork_children_are_detached_and_reported() {
             "print a",
             "print b",
             "continue",
+            LET_IT_EXIT,
         ],
     );
     // Both children are announced on GDB's console and on ptrewind's stderr.
@@ -440,6 +462,7 @@ fn new_threads_are_reported_and_main_thread_kept() {
             "next",
             "print sum",
             "continue",
+            LET_IT_EXIT,
         ],
     );
     r.expect("ptrewind: the program created thread");
@@ -451,7 +474,7 @@ fn new_threads_are_reported_and_main_thread_kept() {
 
 #[test]
 fn exec_is_reported() {
-    let r = gdb("exec", &[], &["continue"]);
+    let r = gdb("exec", &[], &["continue", LET_IT_EXIT]);
     r.expect("ptrewind: the program called exec (");
     r.expect("exited normally");
 }
@@ -1048,6 +1071,7 @@ fn recurring_breakpoint_and_software_watchpoint() {
             "continue",
             "delete",
             "continue",
+            LET_IT_EXIT,
         ],
     );
     // op_add runs for i = 0, 3, 6: with a = acc before the call, b = i + 2.

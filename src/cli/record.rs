@@ -96,11 +96,16 @@ pub struct RecordArgs {
     /// Keep address-space randomisation enabled in the program (GDB disables it by default).
     #[arg(long)]
     keep_aslr: bool,
-    /// Software backend: when the program exits or dies, stop at its end (the process still
-    /// alive) and tell the debugger, so reverse execution and monitor commands work from there;
-    /// a further continue lets it exit.
-    #[arg(long)]
+    /// The default (kept so that older command lines work): with the software backend, when
+    /// the program exits or dies it stops at its end, still alive.
+    #[arg(long, hide = true)]
     pub(crate) stop_at_exit: bool,
+    /// Software backend: let the program exit (or die) at once, ending its history with it.
+    /// By default it stops at its end (the process still alive) and the debugger is told, so
+    /// reverse execution, `monitor` commands and `monitor save` work from there; a further
+    /// continue lets it exit.
+    #[arg(long, conflicts_with = "stop_at_exit")]
+    pub(crate) no_stop_at_exit: bool,
     /// End when the debugger's connection closes (the program is killed). By default the
     /// program and its recording are kept, stopped, and ptrewind waits for a debugger to
     /// connect again (like gdbserver without --once). `ptrewind gdb` always ends with its GDB.
@@ -278,7 +283,7 @@ pub(crate) fn start_recording(args: &RecordArgs, shared_terminal: bool) -> Start
     };
     let recorder =
         SoftRecorder::new(target, config).map_err(|e| format!("cannot start recording: {e}"))?;
-    let target = soft_recording(recorder, args.stop_at_exit)?;
+    let target = soft_recording(recorder, !args.no_stop_at_exit)?;
     Ok(Ok((target, listener, Served::Started)))
 }
 
@@ -401,7 +406,7 @@ fn start_hardware_recording(
 
 /// Serves a software recorder over a ptrace target. With its state log on, registers and
 /// memory are rebuilt in the past; without, the past is served PC-only. `stop_at_exit`: the end
-/// of the program is a place in the history (see `--stop-at-exit`).
+/// of the program is a place in the history (the default; `--no-stop-at-exit` turns it off).
 pub(crate) fn soft_recording(
     rec: SoftRecorder<PtraceTarget>,
     stop_at_exit: bool,
