@@ -151,7 +151,7 @@ fn ring_overflow_is_counted_and_shown_by_monitor_stats() {
         EncoderConfig, RecordFrom, RecorderConfig, RingConfig, SoftCapture, SoftRecorder, StepMode,
     };
     use ptrewind::ring::IntOn;
-    use ptrewind::server::{RecordingTarget, Session, register_monitors};
+    use ptrewind::server::{GdbStubAdapter, RecordingTarget, register_monitors};
     use ptrewind::target::{PtraceTarget, Resume, SpawnOptions, StopEvent};
     use ptrewind::timeline::Timeline;
 
@@ -186,7 +186,7 @@ int main(void) {
     let capture = SoftCapture::new(rec);
     let recording = capture.is_recording();
     let rt = RecordingTarget::new(Timeline::live(Box::new(capture), recording).expect("timeline"));
-    let mut session = Session::new(Box::new(rt.clone()));
+    let mut session = GdbStubAdapter::new(Box::new(rt.clone()));
     register_monitors(session.monitors_mut(), &rt);
     let t = session.target_mut();
     t.resume(Resume::Continue { signal: None }).expect("resume");

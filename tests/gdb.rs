@@ -542,7 +542,7 @@ fn missing_program_is_an_error() {
 
 #[test]
 fn router_intercepts_extends_qsupported_and_survives_bad_packets() {
-    use ptrewind::server::{Intercept, Router, ServeOutcome, Session};
+    use ptrewind::server::{GdbStubAdapter, Intercept, Router, ServeOutcome};
     use ptrewind::target::{PtraceTarget, SpawnOptions};
 
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -551,7 +551,7 @@ fn router_intercepts_extends_qsupported_and_survives_bad_packets() {
     let server = std::thread::spawn(move || {
         let target = PtraceTarget::spawn(&"/bin/true".into(), &[], &SpawnOptions::default())
             .expect("spawn /bin/true");
-        let mut session = Session::new(Box::new(target));
+        let mut session = GdbStubAdapter::new(Box::new(target));
         let mut router = Router::default();
         router.add_qsupported_feature("Qbtrace:pt+");
         router.intercept(b"Qptrewind.test", |session, state, body| {
@@ -655,7 +655,7 @@ fn router_intercepts_extends_qsupported_and_survives_bad_packets() {
 
 #[test]
 fn router_interrupt_stops_a_running_program() {
-    use ptrewind::server::{Router, ServeOutcome, Session};
+    use ptrewind::server::{GdbStubAdapter, Router, ServeOutcome};
     use ptrewind::target::{PtraceTarget, SpawnOptions};
 
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -664,7 +664,7 @@ fn router_interrupt_stops_a_running_program() {
         let args = ["30".into()];
         let target = PtraceTarget::spawn(&"/bin/sleep".into(), &args, &SpawnOptions::default())
             .expect("spawn /bin/sleep");
-        let mut session = Session::new(Box::new(target));
+        let mut session = GdbStubAdapter::new(Box::new(target));
         let (stream, _) = listener.accept().unwrap();
         Router::default().serve(stream, &mut session)
     });
@@ -812,7 +812,7 @@ impl ptrewind::target::Target for FakeReplay {
 
 #[test]
 fn reverse_execution_plumbing_with_a_fake_history() {
-    use ptrewind::server::{Router, Session};
+    use ptrewind::server::{GdbStubAdapter, Router};
 
     let pcs: Vec<u64> = (0..10).map(|i| 0x401000 + 4 * i).collect();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -824,7 +824,7 @@ fn reverse_execution_plumbing_with_a_fake_history() {
         pending: None,
     };
     let server = std::thread::spawn(move || {
-        let mut session = Session::new(Box::new(fake));
+        let mut session = GdbStubAdapter::new(Box::new(fake));
         let (stream, _) = listener.accept().unwrap();
         Router::default().serve(stream, &mut session)
     });
@@ -880,7 +880,7 @@ fn reverse_execution_plumbing_with_a_fake_history() {
 /// (gdbstub ends a session on a malformed known command unless the router catches it).
 #[test]
 fn router_survives_random_packets() {
-    use ptrewind::server::{Router, Session};
+    use ptrewind::server::{GdbStubAdapter, Router};
 
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
@@ -891,7 +891,7 @@ fn router_survives_random_packets() {
         pending: None,
     };
     let server = std::thread::spawn(move || {
-        let mut session = Session::new(Box::new(fake));
+        let mut session = GdbStubAdapter::new(Box::new(fake));
         let (stream, _) = listener.accept().unwrap();
         Router::default().serve(stream, &mut session)
     });

@@ -10,7 +10,7 @@ use ptrewind::capture::soft::{
 };
 use ptrewind::server::btrace::{PtCpu, TraceStoreProvider};
 use ptrewind::server::{
-    OnDisconnect, RecordingTarget, Router, ServeOutcome, Session, check_listen_addr,
+    GdbStubAdapter, OnDisconnect, RecordingTarget, Router, ServeOutcome, check_listen_addr,
     register_monitors, tracing,
 };
 use ptrewind::target::{PtraceTarget, SpawnOptions};
@@ -453,7 +453,7 @@ pub(crate) fn serve_recording(
     fallback_exe: &std::ffi::OsStr,
     once: bool,
 ) -> CmdResult {
-    let mut session = Session::new(Box::new(target.clone()));
+    let mut session = GdbStubAdapter::new(Box::new(target.clone()));
     register_monitors(session.monitors_mut(), &target);
     // LLDB's Intel PT plug-in (`process trace start`, `thread trace dump ...`) reads the
     // whole recorded trace itself. GDB gets reverse execution from the server, and its own
@@ -580,7 +580,7 @@ pub(crate) fn serve(
     fallback_exe: &std::ffi::OsStr,
     once: bool,
 ) -> CmdResult {
-    let session = Session::new(Box::new(target));
+    let session = GdbStubAdapter::new(Box::new(target));
     serve_session(session, listener, served, fallback_exe, once, |_| {})
 }
 
@@ -590,7 +590,7 @@ pub(crate) fn serve(
 /// debugger is awaited, unless `once` (the program is then killed, or detached if attached to).
 /// `configure` adds interceptors to the router.
 pub(crate) fn serve_session(
-    mut session: Session,
+    mut session: GdbStubAdapter,
     listener: TcpListener,
     served: Served,
     fallback_exe: &std::ffi::OsStr,

@@ -17,7 +17,7 @@ use gdbstub::target::ext::host_io::{
     HostIoStat, HostIoUnlink, HostIoUnlinkOps,
 };
 
-use super::Session;
+use super::GdbStubAdapter;
 use crate::target::TargetFile;
 
 /// How many files a debugger may hold open at once (GDB holds one or two).
@@ -104,7 +104,7 @@ fn path_of(name: &[u8]) -> Result<&Path, HostIoErrno> {
     Ok(Path::new(std::ffi::OsStr::from_bytes(name)))
 }
 
-impl HostIo for Session {
+impl HostIo for GdbStubAdapter {
     fn support_open(&mut self) -> Option<HostIoOpenOps<'_, Self>> {
         Some(self)
     }
@@ -134,7 +134,7 @@ impl HostIo for Session {
     }
 }
 
-impl HostIoOpen for Session {
+impl HostIoOpen for GdbStubAdapter {
     fn open(
         &mut self,
         filename: &[u8],
@@ -161,7 +161,7 @@ impl HostIoOpen for Session {
     }
 }
 
-impl HostIoClose for Session {
+impl HostIoClose for GdbStubAdapter {
     fn close(&mut self, fd: u32) -> HostIoResult<(), Self> {
         if self.host_files.close(fd) {
             Ok(())
@@ -171,7 +171,7 @@ impl HostIoClose for Session {
     }
 }
 
-impl HostIoPread for Session {
+impl HostIoPread for GdbStubAdapter {
     fn pread(
         &mut self,
         fd: u32,
@@ -188,7 +188,7 @@ impl HostIoPread for Session {
     }
 }
 
-impl HostIoFstat for Session {
+impl HostIoFstat for GdbStubAdapter {
     fn fstat(&mut self, fd: u32) -> HostIoResult<HostIoStat, Self> {
         let file = self.host_files.get(fd).ok_or(errno(HostIoErrno::EBADF))?;
         let s = file.stat().map_err(|e| io_errno(&e))?;
@@ -213,13 +213,13 @@ impl HostIoFstat for Session {
     }
 }
 
-impl HostIoUnlink for Session {
+impl HostIoUnlink for GdbStubAdapter {
     fn unlink(&mut self, _filename: &[u8]) -> HostIoResult<(), Self> {
         Err(errno(HostIoErrno::EROFS))
     }
 }
 
-impl HostIoReadlink for Session {
+impl HostIoReadlink for GdbStubAdapter {
     fn readlink(&mut self, filename: &[u8], buf: &mut [u8]) -> HostIoResult<usize, Self> {
         let path = path_of(filename).map_err(errno)?;
         let target = self
@@ -236,7 +236,7 @@ impl HostIoReadlink for Session {
     }
 }
 
-impl HostIoSetfs for Session {
+impl HostIoSetfs for GdbStubAdapter {
     fn setfs(&mut self, fs: FsKind) -> HostIoResult<(), Self> {
         // One process is debugged: its file system and ours are the one the target serves.
         match fs {

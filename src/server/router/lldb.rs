@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 
-use super::super::Session;
+use super::super::GdbStubAdapter;
 use super::super::rsp::hex_encode;
 use super::{Intercept, Router};
 use crate::target::MemoryMapping;
@@ -60,7 +60,7 @@ fn lldb_info(pid: Option<i32>) -> String {
 
 /// The target's memory mappings, from its maps file as it serves it (a live process's
 /// `/proc/PID/maps`, a replay's saved one, a QEMU guest's own).
-fn target_maps(session: &mut Session) -> Option<Vec<MemoryMapping>> {
+fn target_maps(session: &mut GdbStubAdapter) -> Option<Vec<MemoryMapping>> {
     let pid = session.target().pid();
     let file = session
         .target_mut()

@@ -26,10 +26,10 @@ pub use lldb::memory_region_info;
 pub use precheck::{Check, Refusal, check_packet, normalize_qsupported};
 
 use super::ServerError;
+use super::adapter::{GdbStubAdapter, stop_reason};
 use super::arch::GdbRegId;
 use super::rsp::frame;
 pub use super::rsp::{encode_packet, unescape};
-use super::session::{Session, stop_reason};
 use crate::target::regs::gpr;
 use crate::target::{Notice, StopEvent};
 use gdbstub::stub::state_machine::GdbStubStateMachine;
@@ -65,7 +65,7 @@ pub struct RouterState {
 
 /// An interceptor: gets the session, the router state and the packet body (with `}` escapes
 /// undone).
-pub type PacketHandler = Box<dyn FnMut(&mut Session, &RouterState, &[u8]) -> Intercept>;
+pub type PacketHandler = Box<dyn FnMut(&mut GdbStubAdapter, &RouterState, &[u8]) -> Intercept>;
 
 /// How a served session ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,7 +101,7 @@ pub enum OnDisconnect {
 /// Receives target notices (e.g. to print them on the CLI's stderr).
 pub type NoticeSink = Box<dyn FnMut(&Notice)>;
 
-type Sm<'a> = GdbStubStateMachine<'a, Session, RouterConn>;
+type Sm<'a> = GdbStubStateMachine<'a, GdbStubAdapter, RouterConn>;
 
 fn conn<'s>(sm: &'s mut Sm<'_>) -> &'s mut RouterConn {
     match sm {
@@ -179,7 +179,7 @@ impl Router {
     pub fn intercept(
         &mut self,
         prefix: &[u8],
-        handler: impl FnMut(&mut Session, &RouterState, &[u8]) -> Intercept + 'static,
+        handler: impl FnMut(&mut GdbStubAdapter, &RouterState, &[u8]) -> Intercept + 'static,
     ) {
         self.handlers.push((prefix.to_vec(), Box::new(handler)));
     }
@@ -210,7 +210,7 @@ impl Router {
     pub fn serve(
         &mut self,
         stream: TcpStream,
-        session: &mut Session,
+        session: &mut GdbStubAdapter,
     ) -> Result<ServeOutcome, ServerError> {
         self.running = false;
         match self.serve_connection(stream, session) {
@@ -234,7 +234,7 @@ impl Router {
     fn serve_connection(
         &mut self,
         stream: TcpStream,
-        session: &mut Session,
+        session: &mut GdbStubAdapter,
     ) -> Result<ServeOutcome, ServerError> {
         let _ = stream.set_nodelay(true);
         // Files a previous debugger left open are not this one's.
@@ -341,7 +341,7 @@ impl Router {
     fn forward_notices(
         &mut self,
         conn: &mut RouterConn,
-        session: &mut Session,
+        session: &mut GdbStubAdapter,
     ) -> Result<(), ServerError> {
         for notice in session.target_mut().take_notices() {
             if let Some(sink) = self.notice_sink.as_mut() {
@@ -356,13 +356,13 @@ impl Router {
     fn finish(
         &mut self,
         reason: DisconnectReason,
-        session: &mut Session,
+        session: &mut GdbStubAdapter,
     ) -> Result<ServeOutcome, ServerError> {
         let t = session.target_mut();
         Ok(match reason {
             DisconnectReason::TargetExited(code) => ServeOutcome::Exited(i32::from(code)),
             DisconnectReason::TargetTerminated(sig) => {
-                ServeOutcome::Killed(super::session::gdb_to_linux_signal(sig.0).unwrap_or(0))
+                ServeOutcome::Killed(super::adapter::gdb_to_linux_signal(sig.0).unwrap_or(0))
             }
             DisconnectReason::Kill => {
                 t.kill()?;
@@ -383,7 +383,7 @@ impl Router {
     /// `Running` state).
     fn connection_closed(
         &mut self,
-        session: &mut Session,
+        session: &mut GdbStubAdapter,
         running: bool,
     ) -> Result<ServeOutcome, ServerError> {
         let attached = session.is_attached();
@@ -424,7 +424,7 @@ impl Router {
     fn feed<'a>(
         &mut self,
         mut sm: Sm<'a>,
-        session: &mut Session,
+        session: &mut GdbStubAdapter,
         bytes: &[u8],
     ) -> Result<Sm<'a>, ServerError> {
         for &b in bytes {
@@ -460,7 +460,7 @@ impl Router {
     fn dispatch<'a>(
         &mut self,
         mut sm: Sm<'a>,
-        session: &mut Session,
+        session: &mut GdbStubAdapter,
         body: &[u8],
     ) -> Result<Sm<'a>, ServerError> {
         let body = &*normalize_qsupported(body);
@@ -520,7 +520,7 @@ impl Router {
 
 fn feed_raw<'a>(
     mut sm: Sm<'a>,
-    session: &mut Session,
+    session: &mut GdbStubAdapter,
     bytes: &[u8],
 ) -> Result<Sm<'a>, ServerError> {
     for &b in bytes {

@@ -4,7 +4,7 @@
 //! answered here with a [`Refusal`] instead. Each rule names the fuzz finding or gdbstub
 //! behaviour it stands for; `fuzz/fuzz_targets/rsp.rs` runs them against gdbstub itself.
 
-use super::super::Session;
+use super::super::GdbStubAdapter;
 
 fn is_hex(s: &[u8]) -> bool {
     !s.is_empty() && s.iter().all(|b| b.is_ascii_hexdigit())
@@ -395,7 +395,7 @@ pub fn check_packet(body: &[u8], resume_all: bool) -> Check {
 }
 
 /// The thread ids of the session (gdbstub's view: `list_active_threads`).
-fn session_threads(session: &mut Session) -> Vec<usize> {
+fn session_threads(session: &mut GdbStubAdapter) -> Vec<usize> {
     use gdbstub::target::ext::base::multithread::MultiThreadBase as _;
     let mut tids = Vec::new();
     let _ = session.list_active_threads(&mut |t| tids.push(t.get()));
@@ -404,7 +404,7 @@ fn session_threads(session: &mut Session) -> Vec<usize> {
 
 /// Whether a specific thread id (`<tid>` or `p<pid>.<tid>`, hex, as [`thread_kind`] accepts
 /// with `Some(true)`) names a thread of the session.
-fn thread_exists(session: &mut Session, id: &[u8]) -> bool {
+fn thread_exists(session: &mut GdbStubAdapter, id: &[u8]) -> bool {
     let hex = |h: &[u8]| {
         std::str::from_utf8(h)
             .ok()
@@ -434,7 +434,7 @@ fn signal_ok(hex: &[u8]) -> bool {
 /// session does not have, or a signal Linux does not have (gdbstub would pass the thread id
 /// to a target that ignores it and drop the signal: the program would resume as if asked
 /// correctly). Checked after [`check_packet`].
-pub(super) fn check_threads_and_signals(session: &mut Session, body: &[u8]) -> Check {
+pub(super) fn check_threads_and_signals(session: &mut GdbStubAdapter, body: &[u8]) -> Check {
     if let Some(actions) = body.strip_prefix(b"vCont;") {
         for action in actions.split(|&b| b == b';') {
             let (act, tid) = split2(action, b':').unwrap_or((action, b""));
