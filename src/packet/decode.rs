@@ -12,6 +12,7 @@
 //! consumers should borrow the returned packet (`match &item`) rather than move it out of the
 //! `Option<Result<..>>` right away, and [`PacketDecoder::decode_into`] is the batch API.
 
+use super::sync::{PSB_BYTES, find_psb_forward};
 use super::{IpCompression, IpPayload, Packet, PacketError, Tnt};
 
 /// Length of the fixed decoding window: the longest packet (PSB) is 16 bytes.
@@ -19,11 +20,6 @@ const WINDOW: usize = 16;
 
 /// The 16 bytes of a PSB: `02 82` eight times, as a little-endian `u128`.
 pub(crate) const PSB_U128: u128 = u128::from_le_bytes(PSB_BYTES);
-
-/// The bytes of a PSB packet.
-pub const PSB_BYTES: [u8; 16] = [
-    0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82,
-];
 
 /// First-byte classes (outside a BBP block; the BIP test runs before the table lookup).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -738,7 +734,7 @@ impl<'a> PacketDecoder<'a> {
     /// Moves to the next PSB at or after the current position and returns its offset, or moves to
     /// the end of the buffer and returns `None` when there is none.
     pub fn sync_forward(&mut self) -> Option<u64> {
-        match super::sync::find_psb_forward(self.buf, self.pos) {
+        match find_psb_forward(self.buf, self.pos) {
             Some(p) => {
                 self.pos = p;
                 self.block = None;

@@ -10,12 +10,12 @@ mod encode;
 mod lastip;
 mod sync;
 
-pub use decode::{PSB_BYTES, PacketDecoder, decode_packet, next_block_context};
+pub use decode::{PacketDecoder, decode_packet, next_block_context};
 pub use encode::{
     EncodeError, Encoder, IpKind, encode_packet, encode_packet_in_block, shortest_compression,
 };
 pub use lastip::{LastIp, LastIpError};
-pub use sync::{find_psb_backward, find_psb_forward};
+pub use sync::{PSB_BYTES, find_psb_backward, find_psb_forward};
 
 /// How an IP packet (TIP, TIP.PGE, TIP.PGD, FUP) compresses its payload against Last IP: the
 /// packet's IPBytes field (byte 0, bits 7:5).
