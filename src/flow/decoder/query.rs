@@ -4,7 +4,6 @@
 //! code is [`super::walk`]'s.
 
 use super::*;
-use crate::packet::Stop;
 
 impl FlowDecoder<'_> {
     /// The next packet that matters for the flow. Timing packets update the time, PAD/MNT/BIP/BBP
@@ -16,42 +15,34 @@ impl FlowDecoder<'_> {
             return Some(p);
         }
         loop {
-            // `read`: the packet comes back in registers; its offset is read only when used.
-            match self.pkt.read() {
-                Err(Stop::End) => {
+            match self.pkt.next_packet() {
+                None => {
                     self.eof = true;
                     return None;
                 }
-                Ok(p) => match p {
+                Some(Ok((off, p))) => match p {
                     Packet::Pad | Packet::Mnt { .. } | Packet::Bip { .. } | Packet::Bbp { .. } => {}
                     Packet::Tsc { tsc } => self.time.tsc(tsc),
                     Packet::Tma { ctc, fc } => self.time.tma(ctc, fc),
                     Packet::Mtc { ctc } => self.time.mtc(ctc),
                     Packet::Cyc { value } => {
-                        if self.cfg.errata.skd007 && self.skd007_ovf_in_cyc(self.pkt.last_offset())
-                        {
+                        if self.cfg.errata.skd007 && self.skd007_ovf_in_cyc(off) {
                             continue;
                         }
                         self.time.cyc(value)
                     }
                     Packet::Cbr { ratio } => self.time.cbr(ratio),
                     _ => {
-                        let off = self.pkt.last_offset();
                         self.cur_offset = off;
                         return Some((off, p));
                     }
                 },
-                Err(Stop::Error) => {
-                    let Some(e) = self.pkt.take_error() else {
-                        // `read` always leaves the error behind `Stop::Error`.
-                        self.eof = true;
-                        return None;
-                    };
-                    if let PacketError::Truncated { .. } = e {
-                        // A cut-off final packet is the normal end of a ToPA/AUX buffer.
-                        self.eof = true;
-                        return None;
-                    }
+                Some(Err(PacketError::Truncated { .. })) => {
+                    // A cut-off final packet is the normal end of a ToPA/AUX buffer.
+                    self.eof = true;
+                    return None;
+                }
+                Some(Err(e)) => {
                     if self.cfg.errata.skz84 && self.skz84_skip_tma(&e) {
                         continue;
                     }
