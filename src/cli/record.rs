@@ -119,7 +119,7 @@ pub struct RecordArgs {
     /// directory, kept and printed).
     #[arg(long, value_name = "DIR")]
     pub(crate) trace_dir: Option<std::path::PathBuf>,
-    /// QEMU backend: the thread to serve (default: the main thread).
+    /// QEMU backend: serve only this thread (default: every thread of the process).
     #[arg(long, value_name = "TID")]
     pub(crate) thread: Option<u32>,
     /// The program to run, and its arguments.

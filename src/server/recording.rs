@@ -49,6 +49,18 @@ impl Target for RecordingTarget {
         self.inner.borrow().tid()
     }
 
+    fn thread_ids(&self) -> Vec<i32> {
+        self.inner.borrow().thread_ids()
+    }
+
+    fn select_thread(&mut self, tid: i32) -> bool {
+        self.inner.borrow_mut().select_thread(tid)
+    }
+
+    fn read_thread_registers(&mut self, tid: i32) -> TargetResult<X86Registers> {
+        self.inner.borrow_mut().thread_registers(tid)
+    }
+
     fn exec_path(&self) -> Option<PathBuf> {
         self.exe.clone()
     }

@@ -93,6 +93,7 @@ pub mod inspect;
 pub mod offline;
 pub mod regfiles;
 pub mod save;
+pub mod threads;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -113,6 +114,7 @@ pub use inspect::{Branch, CallSegment};
 pub use offline::{OfflineRecording, load_saved};
 pub use regfiles::RegisterFiles;
 pub use save::SAVE_FORMAT;
+pub use threads::{FatalSignal, ThreadRecording};
 
 /// How long a reverse resume waits for the background index to cover the stop. GDB waits for a
 /// stop reply without a timeout, so this only bounds a worker that cannot keep up.
@@ -224,6 +226,8 @@ pub struct Timeline {
     diversion: Option<Diversion>,
     /// Debugger-made calls run outside the recording.
     diversions: u64,
+    /// The other threads of a multi-thread recording (see [`threads`]).
+    group: Option<Box<threads::ThreadGroup>>,
 }
 
 /// A function call made by the debugger (GDB's `print f(1)`, LLDB's `expression f(1)`): the
@@ -250,6 +254,8 @@ const DIVERSION_STACK: u64 = 64 << 10;
 pub struct OfflineInfo {
     /// The recorded process id, if known (otherwise 1).
     pub pid: i32,
+    /// The thread the trace follows, if known (otherwise the process id).
+    pub tid: Option<i32>,
     /// The recorded executable, if known.
     pub exe: Option<PathBuf>,
     /// Where the recording came from, for `monitor stats`.
@@ -368,6 +374,7 @@ impl Timeline {
             regs_before_write: None,
             diversion: None,
             diversions: 0,
+            group: None,
         }
     }
 
@@ -548,6 +555,7 @@ impl Timeline {
             Some(n.min(self.end()))
         };
         self.regs_at = None;
+        self.follow_selected();
         Ok(())
     }
 
@@ -828,6 +836,9 @@ impl Timeline {
         }
         self.ensure_indexed(INDEX_WAIT)
             .map_err(|what| TargetError::Unexpected { pid: 0, what })?;
+        if let Some(r) = self.reverse_threads(how) {
+            return r;
+        }
         let c = self.position();
         let floor = self.floor();
         let ev = match how {
@@ -943,6 +954,9 @@ impl Timeline {
         }
         self.interrupt.store(false, Ordering::Release);
         self.regs_at = None;
+        if let Some(r) = self.resume_threads(how) {
+            return r;
+        }
         if let Some(c) = self.cursor {
             return self.resume_replay(how, c);
         }
@@ -1020,7 +1034,11 @@ impl Timeline {
 
     /// The id of the traced thread.
     pub fn tid(&self) -> i32 {
-        self.live.as_ref().map_or_else(|| self.pid(), |l| l.tid())
+        match (&self.live, &self.offline) {
+            (Some(l), _) => l.tid(),
+            (None, Some(OfflineInfo { tid: Some(t), .. })) => *t,
+            (None, _) => self.pid(),
+        }
     }
 
     /// The recorded executable, if known.
@@ -1229,6 +1247,7 @@ impl Timeline {
             live.add_breakpoint(addr)?;
         }
         self.bps.insert(addr);
+        self.group_breakpoint(addr, true);
         Ok(())
     }
 
@@ -1237,6 +1256,7 @@ impl Timeline {
         if let Some(live) = self.live.as_mut() {
             live.remove_breakpoint(addr)?;
         }
+        self.group_breakpoint(addr, false);
         Ok(self.bps.remove(&addr))
     }
 
