@@ -460,10 +460,12 @@ pub(crate) fn serve_recording(
     };
     let mut provider = TraceStoreProvider::new(cpu);
     let mut gdb_view = TraceStoreProvider::from_enable(cpu);
-    if let Ok(tid) = u32::try_from(session.target().tid()) {
-        let store = target.shared().borrow().trace_store();
-        provider.attach(tid, store.clone());
-        gdb_view.attach(tid, store);
+    // Every thread's trace (one for a single-thread recording).
+    for (tid, store) in target.shared().borrow().thread_stores() {
+        if let Ok(tid) = u32::try_from(tid) {
+            provider.attach(tid, store.clone());
+            gdb_view.attach(tid, store);
+        }
     }
     // Progress lines while the program runs and the recording grows, on a terminal only, and
     // not when the terminal is GDB's (`ptrewind gdb`).
@@ -474,6 +476,7 @@ pub(crate) fn serve_recording(
             Progress::start(t.progress_probe(), t.step_counter())
         });
     let r = serve_session(session, listener, served, fallback_exe, once, |router| {
+        ptrewind::server::install_stop_query(router, &target);
         tracing::install_lldb(router, Box::new(provider));
         tracing::install_btrace(router, Box::new(gdb_view));
         ptrewind::server::alloc::install(router);

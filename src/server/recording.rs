@@ -134,6 +134,29 @@ impl Target for RecordingTarget {
     }
 }
 
+/// Answers GDB's and LLDB's `?` (why the target stopped) with the signal that ended a
+/// recording, in the thread it killed, when the cursor is at that end (gdbstub would answer a
+/// plain trap in its first thread); otherwise gdbstub answers.
+pub fn install_stop_query(router: &mut super::Router, target: &RecordingTarget) {
+    let shared = target.shared();
+    let pid = target.pid;
+    router.intercept(b"?", move |_session, state, packet| {
+        if packet != b"?" {
+            return super::Intercept::Pass;
+        }
+        let Some((sig, tid)) = shared.borrow().fatal_stop() else {
+            return super::Intercept::Pass;
+        };
+        let sig = super::linux_to_gdb_signal(sig);
+        let thread = if state.client_features.iter().any(|f| f == "multiprocess+") {
+            format!("p{pid:x}.{tid:x}")
+        } else {
+            format!("{tid:x}")
+        };
+        super::Intercept::Reply(format!("T{sig:02x}thread:{thread};").into_bytes())
+    });
+}
+
 /// Write watchpoints, served from the state log (which records what every instruction wrote):
 /// reverse-continue stops before the last earlier write, forward replay and live recording
 /// after the next one. Refused without a state log (PC-only past: what was written is not

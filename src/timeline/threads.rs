@@ -180,6 +180,14 @@ impl Timeline {
         self.group.as_ref().map(|g| (g.pos, g.order.len()))
     }
 
+    /// At the end of a recording that a fatal signal ended: the signal and the thread it
+    /// killed (what GDB's `?` is answered with).
+    pub fn fatal_stop(&self) -> Option<(i32, i32)> {
+        let g = self.group.as_ref()?;
+        let (k, sig) = g.ended?;
+        (g.pos >= g.order.len()).then(|| (sig, g.tids[k]))
+    }
+
     /// Makes thread `tid` the selected one (stepping, registers, `monitor` commands); `false`
     /// if there is no such thread. The global position does not change.
     pub fn select_thread(&mut self, tid: i32) -> bool {
@@ -230,6 +238,21 @@ impl Timeline {
         }
         self.group = Some(g);
         out
+    }
+
+    /// Every thread's trace (the selected thread's first), as `(tid, store)`: what btrace and
+    /// LLDB's trace packets serve per thread.
+    pub fn thread_stores(&self) -> Vec<(i32, crate::store::live::TraceStore)> {
+        let mut v = vec![(self.tid(), self.trace_store())];
+        if let Some(g) = &self.group {
+            v.extend(
+                g.parked
+                    .iter()
+                    .flatten()
+                    .map(|t| (t.tid(), t.trace_store())),
+            );
+        }
+        v
     }
 
     /// Swaps thread `k`'s timeline into place.
