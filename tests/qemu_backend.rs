@@ -447,8 +447,14 @@ fn gdb_reverse_on_a_worker_that_crashed() {
         "{}",
         run.dump()
     );
-    // The past is PC-only: GDB stops at the main thread's last call of `step`.
+    // Every thread is served: GDB stops at the last call of `step` in global order, the
+    // worker's (it calls `step` after main's calls, before crashing).
     run.expect("Breakpoint 1, step");
+    assert!(
+        run.gdb.matches("Thread ").count() >= 2,
+        "info threads lists main and the worker: {}",
+        run.dump()
+    );
     assert!(
         run.gdb.contains("in step+") && run.gdb.contains("replaying: instruction"),
         "{}",

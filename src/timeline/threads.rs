@@ -450,3 +450,177 @@ impl Timeline {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Per-thread streams as a CPU tracing each thread into its own AUX area would write them
+    //! (PSB+, TIP.PGE, TNT, TSC, TIP.PGD), built by the encoder: the history merges them by
+    //! their TSC packets and the timeline stops in the right thread.
+
+    use super::*;
+    use crate::flow::FlowConfig;
+    use crate::history::GlobalOrder;
+    use crate::image::{Image, Section, Symbolizer};
+    use crate::packet::{Encoder, IpKind, Packet, Tnt};
+    use crate::timeline::OfflineInfo;
+
+    /// `jne .` at `base` (taken `runs[k].1` times after a TSC of `runs[k].0`), then not taken
+    /// once; tracing ends (TIP.PGD without IP) at the `ret` after it, which is not counted.
+    fn stream(base: u64, runs: &[(u64, u8)]) -> Vec<u8> {
+        let mut enc = Encoder::new();
+        let mut out = Vec::new();
+        enc.psb(&mut out);
+        let mode = Packet::ModeExec {
+            csl: true,
+            csd: false,
+            iflag: false,
+        };
+        enc.packet(&mode, &mut out).unwrap();
+        enc.packet(&Packet::PsbEnd, &mut out).unwrap();
+        enc.ip_packet(IpKind::TipPge, Some(base), &mut out).unwrap();
+        let last = runs.len() - 1;
+        for (k, &(tsc, taken)) in runs.iter().enumerate() {
+            enc.packet(&Packet::Tsc { tsc }, &mut out).unwrap();
+            let mut bits = vec![true; taken as usize];
+            if k == last {
+                bits.push(false);
+            }
+            for chunk in bits.chunks(6) {
+                let mut t = Tnt { bits: 0, count: 0 };
+                for &b in chunk {
+                    t.bits = (t.bits << 1) | u64::from(b);
+                    t.count += 1;
+                }
+                enc.packet(&Packet::ShortTnt(t), &mut out).unwrap();
+            }
+        }
+        enc.ip_packet(IpKind::TipPgd, None, &mut out).unwrap();
+        out
+    }
+
+    fn image() -> Image {
+        let mut img = Image::new();
+        // jne . ; ret
+        img.add(Section::new(0x1000, vec![0x75, 0xfe, 0xc3], "x"))
+            .unwrap();
+        img.add(Section::new(0x2000, vec![0x75, 0xfe, 0xc3], "y"))
+            .unwrap();
+        img
+    }
+
+    fn recording(trace: Vec<u8>) -> OfflineRecording {
+        OfflineRecording {
+            trace,
+            image: image(),
+            immutable: None,
+            symbols: Symbolizer::default(),
+            registers_at_start: None,
+            registers_at_end: None,
+            registers_at: Vec::new(),
+            instructions: None,
+            info: OfflineInfo {
+                pid: 7,
+                ..OfflineInfo::default()
+            },
+            flow: FlowConfig::default(),
+        }
+    }
+
+    /// Thread X: 5 `jne` at TSC 100, then 5 more at TSC 300; thread Y: 4 `jne` at TSC 200.
+    /// Global order: X0..4, Y0..3, X5..9.
+    fn streams() -> (Vec<u8>, Vec<u8>) {
+        (
+            stream(0x1000, &[(100, 5), (300, 4)]),
+            stream(0x2000, &[(200, 3)]),
+        )
+    }
+
+    #[test]
+    fn clocks_from_tsc_packets_order_the_threads() {
+        let (x, y) = streams();
+        let img = image();
+        let cx = ThreadClock::from_trace(&x, &img, &FlowConfig::default());
+        let cy = ThreadClock::from_trace(&y, &img, &FlowConfig::default());
+        assert_eq!(cx.len(), 10);
+        assert_eq!(cy.len(), 4);
+        assert_eq!(cx.runs(), &[(0, 100), (5, 300)]);
+        assert_eq!(cy.runs(), &[(0, 200)]);
+        let o = GlobalOrder::new(&[cx, cy]);
+        assert_eq!(o.local(4), Some((0, 4)));
+        assert_eq!(o.local(5), Some((1, 0)));
+        assert_eq!(o.local(8), Some((1, 3)));
+        assert_eq!(o.local(9), Some((0, 5)));
+        assert_eq!(o.global(0, 9), Some(13));
+        assert_eq!(o.global(0, 10), Some(14));
+    }
+
+    #[test]
+    fn reverse_and_forward_continue_stop_in_the_thread_nearest_in_global_order() {
+        let (x, y) = streams();
+        let threads = vec![
+            ThreadRecording {
+                tid: 10,
+                recording: recording(x),
+            },
+            ThreadRecording {
+                tid: 11,
+                recording: recording(y),
+            },
+        ];
+        let mut t = Timeline::offline_threads(threads, None).unwrap();
+        // The end: X ran last.
+        assert_eq!(t.tid(), 10);
+        assert_eq!(t.thread_ids(), vec![10, 11]);
+        assert_eq!(t.global_position(), Some((14, 14)));
+        let mut stop = |t: &mut Timeline, r: Result<(), TargetError>| {
+            r.unwrap();
+            t.wait(true).unwrap().unwrap()
+        };
+        // Only Y's loop: Y's last `jne` (its instruction 3), though X is selected.
+        t.add_breakpoint(0x2000).unwrap();
+        let r = t.reverse(ReverseResume::Continue);
+        assert_eq!(stop(&mut t, r), StopEvent::Breakpoint { pc: 0x2000 });
+        assert_eq!((t.tid(), t.position()), (11, 3));
+        assert_eq!(t.global_position(), Some((8, 14)));
+        // X at that moment: its first run done, at its instruction 5.
+        let x_regs = t.thread_registers(10).unwrap();
+        assert_eq!(x_regs.pc(), 0x1000);
+        assert!(
+            t.thread_positions()
+                .iter()
+                .any(|&(tid, n, _, _)| tid == 10 && n == 5)
+        );
+        // Both loops: back from there, Y's instruction 2, then 1, 0, then X's 4.
+        t.add_breakpoint(0x1000).unwrap();
+        for want in [(11, 2), (11, 1), (11, 0), (10, 4)] {
+            let r = t.reverse(ReverseResume::Continue);
+            assert_eq!(
+                stop(&mut t, r),
+                StopEvent::Breakpoint {
+                    pc: 0x1000 + 0x1000 * (want.0 as u64 - 10)
+                }
+            );
+            assert_eq!((t.tid(), t.position()), want);
+        }
+        // Forward from X's 4: Y's first `jne`.
+        let r = t.resume(Resume::Continue { signal: None });
+        assert_eq!(stop(&mut t, r), StopEvent::Breakpoint { pc: 0x2000 });
+        assert_eq!((t.tid(), t.position()), (11, 0));
+        // Stepping Y backwards: before its first instruction is the beginning of Y.
+        let r = t.reverse(ReverseResume::Step);
+        assert_eq!(stop(&mut t, r), StopEvent::HistoryEnd { at_begin: true });
+        // Selecting X and stepping it forward moves the global position past Y's run.
+        assert!(t.select_thread(10));
+        assert_eq!(t.position(), 5);
+        let r = t.resume(Resume::Step { signal: None });
+        assert_eq!(stop(&mut t, r), StopEvent::Step);
+        assert_eq!(t.position(), 6);
+        assert_eq!(t.global_position(), Some((10, 14)));
+        assert!(!t.select_thread(99));
+        // Forward to the end (no fatal signal): the end of the history.
+        t.remove_breakpoint(0x1000).unwrap();
+        t.remove_breakpoint(0x2000).unwrap();
+        let r = t.resume(Resume::Continue { signal: None });
+        assert_eq!(stop(&mut t, r), StopEvent::HistoryEnd { at_begin: false });
+    }
+}
