@@ -572,7 +572,7 @@ mod tests {
         assert_eq!(t.tid(), 10);
         assert_eq!(t.thread_ids(), vec![10, 11]);
         assert_eq!(t.global_position(), Some((14, 14)));
-        let mut stop = |t: &mut Timeline, r: Result<(), TargetError>| {
+        let stop = |t: &mut Timeline, r: Result<(), TargetError>| {
             r.unwrap();
             t.wait(true).unwrap().unwrap()
         };
