@@ -261,3 +261,121 @@ fn reverse_stepi_in_a_selected_worker_follows_its_log() {
         run.dump()
     );
 }
+
+/// LLDB on the same kind of recording: the crash is the stop reason in the worker, and `thread
+/// trace dump instructions` of another worker selected by its thread id is that worker's own
+/// decoded stream (its last instructions, newest first).
+#[test]
+fn lldb_dumps_each_threads_own_trace() {
+    if !qemu_available() {
+        return;
+    }
+    if !have("lldb-19") {
+        eprintln!("lldb-19 not installed: skipping");
+        return;
+    }
+    use support::gdb::{run_until, wait_until};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = build(dir.path());
+    let rec_dir = dir.path().join("rec");
+    let mut cli: Vec<OsString> = ["record", "--once", "--backend", "qemu", "--trace-dir"]
+        .iter()
+        .map(Into::into)
+        .collect();
+    cli.push(rec_dir.clone().into());
+    cli.extend(["--qemu-plugin".into(), plugin().into(), "--".into()]);
+    cli.push(exe.clone().into());
+    let mut server = Server::start_cli(&cli);
+    let recorded = Recorded::open(&rec_dir).expect("recording");
+    let (_, a, b) = tids(&recorded, &exe);
+    let (image, _) = recorded.image().expect("image");
+    let worker_a = recorded.threads.iter().find(|t| t.tid == a).expect("A");
+    let (decoded, _) = flow_ips(&worker_a.trace, &image);
+    let mut c = std::process::Command::new("lldb-19");
+    c.args(["--batch", "--no-lldbinit"])
+        .arg("-o")
+        .arg(format!("target create {}", exe.display()))
+        .arg("-o")
+        .arg(format!("gdb-remote 127.0.0.1:{}", server.port))
+        .args(["-o", "thread list", "-o", "process trace start"])
+        .arg("-o")
+        .arg(format!("script lldb.process.SetSelectedThreadByID({a})"))
+        .args(["-o", "thread trace dump instructions -c 6"]);
+    let out = run_until(&mut c, Duration::from_secs(120));
+    let _ = wait_until(
+        &mut server.child,
+        std::time::Instant::now() + Duration::from_secs(30),
+    );
+    let ctx = format!(
+        "--- lldb\n{}\n{}\n--- server\n{}",
+        out.stdout,
+        out.stderr,
+        server.stderr.join().unwrap_or_default()
+    );
+    // The crashed worker is the stopped thread, with the signal.
+    assert!(
+        out.stdout
+            .lines()
+            .any(|l| l.contains(&format!("tid = {b}")) && l.contains("SIGSEGV")),
+        "{ctx}"
+    );
+    // "    N: 0xADDR    mnemonic": worker A's instructions, newest first.
+    let dump = out
+        .stdout
+        .split(&format!("thread #"))
+        .last()
+        .unwrap_or_default();
+    let got: Vec<(usize, u64)> = dump
+        .lines()
+        .filter_map(|l| {
+            let (n, rest) = l.trim().split_once(": 0x")?;
+            let addr = rest.split_whitespace().next()?;
+            Some((n.parse().ok()?, u64::from_str_radix(addr, 16).ok()?))
+        })
+        .collect();
+    // (LLDB numbers trace items, events included: only the addresses are compared.)
+    let got: Vec<u64> = got.into_iter().map(|(_, addr)| addr).collect();
+    let want: Vec<u64> = decoded.iter().rev().take(6).copied().collect();
+    assert_eq!(got, want, "{ctx}");
+    assert!(dump.contains(&format!("tid = {a}")), "{ctx}");
+}
+
+/// GDB's own `record btrace pt` over the remote protocol on a finished recording: each
+/// thread's instruction count (`info record` after `thread N`, read with `Hg`) is that
+/// thread's decoded stream.
+#[test]
+fn gdb_btrace_reads_each_threads_trace() {
+    if !ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = build(dir.path());
+    let rec_dir = dir.path().join("rec");
+    let server = record_cli(&rec_dir, &exe);
+    let recorded = Recorded::open(&rec_dir).expect("recording");
+    let (image, _) = recorded.image().expect("image");
+    let mut cmds: Vec<String> = vec!["record btrace pt".into()];
+    for t in &recorded.threads {
+        cmds.push(format!(
+            "python gdb.execute('thread %d' % [t.num for t in gdb.selected_inferior().threads() \
+             if t.ptid[1] == {}][0])",
+            t.tid
+        ));
+        cmds.push("info record".into());
+    }
+    let run = gdb_session(server, &exe, &cmds, Duration::from_secs(120));
+    for t in &recorded.threads {
+        let (decoded, _) = flow_ips(&t.trace, &image);
+        let line = run
+            .gdb
+            .lines()
+            .find(|l| l.starts_with("Recorded ") && l.contains(&format!(".{})", t.tid)))
+            .unwrap_or_else(|| panic!("no `info record` for {}: {}", t.tid, run.dump()));
+        let n: usize = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{line}"));
+        assert_eq!(n, decoded.len(), "thread {}: {}", t.tid, run.dump());
+    }
+}

@@ -459,7 +459,13 @@ pub(crate) fn serve_recording(
         PtCpu::SOFTWARE
     };
     let mut provider = TraceStoreProvider::new(cpu);
-    let mut gdb_view = TraceStoreProvider::from_enable(cpu);
+    // A recording replayed after the program ended (QEMU to completion) has no "from now
+    // on": GDB's `record btrace pt` shows the whole recorded history of each thread.
+    let mut gdb_view = if target.shared().borrow().is_live() {
+        TraceStoreProvider::from_enable(cpu)
+    } else {
+        TraceStoreProvider::new(cpu)
+    };
     // Every thread's trace (one for a single-thread recording).
     for (tid, store) in target.shared().borrow().thread_stores() {
         if let Ok(tid) = u32::try_from(tid) {
