@@ -320,11 +320,7 @@ fn lldb_dumps_each_threads_own_trace() {
         "{ctx}"
     );
     // "    N: 0xADDR    mnemonic": worker A's instructions, newest first.
-    let dump = out
-        .stdout
-        .split(&format!("thread #"))
-        .last()
-        .unwrap_or_default();
+    let dump = out.stdout.split("thread #").last().unwrap_or_default();
     let got: Vec<(usize, u64)> = dump
         .lines()
         .filter_map(|l| {
