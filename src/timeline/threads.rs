@@ -1,7 +1,7 @@
 //! Every thread of a recording: one [`Timeline`] per thread, tied together by a
 //! [`GlobalOrder`] of their instructions (see [`crate::history::threads`]).
 //!
-//! A multi-thread timeline is the selected thread's `Timeline` holding a [`ThreadGroup`]: the
+//! A multi-thread timeline is the selected thread's `Timeline` holding a `ThreadGroup`: the
 //! other threads' timelines (parked), the global order, and the *global position* `P` — every
 //! instruction of every thread before `P` in the global order has executed. Each thread's
 //! cursor is its number of instructions before `P` (clamped to its own end), so every thread
