@@ -119,7 +119,7 @@ pub struct RecordArgs {
     /// directory, kept and printed).
     #[arg(long, value_name = "DIR")]
     pub(crate) trace_dir: Option<std::path::PathBuf>,
-    /// QEMU backend: the thread to serve (default: the main thread).
+    /// QEMU backend: serve only this thread (default: every thread of the process).
     #[arg(long, value_name = "TID")]
     pub(crate) thread: Option<u32>,
     /// The program to run, and its arguments.
@@ -459,11 +459,19 @@ pub(crate) fn serve_recording(
         PtCpu::SOFTWARE
     };
     let mut provider = TraceStoreProvider::new(cpu);
-    let mut gdb_view = TraceStoreProvider::from_enable(cpu);
-    if let Ok(tid) = u32::try_from(session.target().tid()) {
-        let store = target.shared().borrow().trace_store();
-        provider.attach(tid, store.clone());
-        gdb_view.attach(tid, store);
+    // A recording replayed after the program ended (QEMU to completion) has no "from now
+    // on": GDB's `record btrace pt` shows the whole recorded history of each thread.
+    let mut gdb_view = if target.shared().borrow().is_live() {
+        TraceStoreProvider::from_enable(cpu)
+    } else {
+        TraceStoreProvider::new(cpu)
+    };
+    // Every thread's trace (one for a single-thread recording).
+    for (tid, store) in target.shared().borrow().thread_stores() {
+        if let Ok(tid) = u32::try_from(tid) {
+            provider.attach(tid, store.clone());
+            gdb_view.attach(tid, store);
+        }
     }
     // Progress lines while the program runs and the recording grows, on a terminal only, and
     // not when the terminal is GDB's (`ptrewind gdb`).
@@ -474,6 +482,7 @@ pub(crate) fn serve_recording(
             Progress::start(t.progress_probe(), t.step_counter())
         });
     let r = serve_session(session, listener, served, fallback_exe, once, |router| {
+        ptrewind::server::install_stop_query(router, &target);
         tracing::install_lldb(router, Box::new(provider));
         tracing::install_btrace(router, Box::new(gdb_view));
         ptrewind::server::alloc::install(router);

@@ -48,7 +48,7 @@ pub mod tracing;
 pub mod view_monitor;
 
 pub use monitor::{MonitorHandler, MonitorRegistry};
-pub use recording::RecordingTarget;
+pub use recording::{RecordingTarget, install_stop_query};
 pub use recording_monitors::register_monitors;
 pub use router::{Intercept, OnDisconnect, PacketHandler, Router, RouterState, ServeOutcome};
 pub use session::{Session, gdb_to_linux_signal, linux_to_gdb_signal, stop_reason};

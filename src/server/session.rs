@@ -227,8 +227,11 @@ impl gdbstub::target::Target for Session {
 }
 
 impl MultiThreadBase for Session {
-    fn read_registers(&mut self, regs: &mut GdbRegisters, _tid: Tid) -> GsResult<(), Self> {
-        regs.regs = self.target.read_registers().map_err(non_fatal)?;
+    fn read_registers(&mut self, regs: &mut GdbRegisters, tid: Tid) -> GsResult<(), Self> {
+        regs.regs = self
+            .target
+            .read_thread_registers(tid.get() as i32)
+            .map_err(non_fatal)?;
         self.avx = Some(regs.regs.has_avx());
         Ok(())
     }
@@ -267,7 +270,9 @@ impl MultiThreadBase for Session {
         &mut self,
         thread_is_active: &mut dyn FnMut(Tid),
     ) -> Result<(), Self::Error> {
-        thread_is_active(thread_id(self.target.tid()));
+        for tid in self.target.thread_ids() {
+            thread_is_active(thread_id(tid));
+        }
         Ok(())
     }
 
@@ -277,8 +282,11 @@ impl MultiThreadBase for Session {
 }
 
 impl SingleRegisterAccess<Tid> for Session {
-    fn read_register(&mut self, _tid: Tid, reg: GdbRegId, buf: &mut [u8]) -> GsResult<usize, Self> {
-        let regs = self.target.read_registers().map_err(non_fatal)?;
+    fn read_register(&mut self, tid: Tid, reg: GdbRegId, buf: &mut [u8]) -> GsResult<usize, Self> {
+        let regs = self
+            .target
+            .read_thread_registers(tid.get() as i32)
+            .map_err(non_fatal)?;
         if regs.unavailable.contains(reg.0) {
             // gdbstub answers `xx` x the register size: "valid but unavailable".
             return Ok(0);
@@ -366,7 +374,9 @@ impl Session {
 }
 
 impl ReverseStep<Tid> for Session {
-    fn reverse_step(&mut self, _tid: Tid) -> Result<(), Self::Error> {
+    fn reverse_step(&mut self, tid: Tid) -> Result<(), Self::Error> {
+        // The thread GDB selected (`Hc`) steps.
+        self.target.select_thread(tid.get() as i32);
         self.reverse(ReverseResume::Step)
     }
 }
@@ -380,9 +390,10 @@ impl ReverseCont<Tid> for Session {
 impl MultiThreadSingleStep for Session {
     fn set_resume_action_step(
         &mut self,
-        _tid: Tid,
+        tid: Tid,
         signal: Option<Signal>,
     ) -> Result<(), Self::Error> {
+        self.target.select_thread(tid.get() as i32);
         self.resume = Some(Resume::Step {
             signal: signal.and_then(|s| gdb_to_linux_signal(s.0)),
         });

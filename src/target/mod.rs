@@ -274,14 +274,31 @@ pub trait Watchpoints {
 
 /// A debuggable process (live or recorded), as the GDB server sees it.
 ///
-/// Only one thread (the main thread, `tid() == pid()`) is debugged; see [`Notice`] for the
-/// events that are detected but not followed.
+/// The *selected* thread (`tid()`) is the one that steps and whose registers are written; a
+/// target with several threads lists them ([`Target::thread_ids`]) and reads each one's
+/// registers ([`Target::read_thread_registers`]). By default only one thread (the main thread,
+/// `tid() == pid()`) is debugged; see [`Notice`] for the events that are detected but not
+/// followed.
 pub trait Target {
     /// The process id.
     fn pid(&self) -> i32;
-    /// The id of the debugged thread.
+    /// The id of the selected thread (the one a stop is reported in).
     fn tid(&self) -> i32 {
         self.pid()
+    }
+    /// Every thread, the selected one first.
+    fn thread_ids(&self) -> Vec<i32> {
+        vec![self.tid()]
+    }
+    /// Makes `tid` the selected thread (GDB's `Hc`/`vCont` thread, or the thread of a reverse
+    /// step); `false` if there is no such thread.
+    fn select_thread(&mut self, tid: i32) -> bool {
+        tid == self.tid()
+    }
+    /// Reads all registers of thread `tid` (the selected thread's by default).
+    fn read_thread_registers(&mut self, tid: i32) -> TargetResult<X86Registers> {
+        let _ = tid;
+        self.read_registers()
     }
     /// The executable file, as an absolute path if known.
     fn exec_path(&self) -> Option<PathBuf>;
