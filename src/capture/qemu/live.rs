@@ -6,15 +6,16 @@
 //!   from the gdbstub through [`Remote`] (QEMU's translator breakpoints; a breakpoint at
 //!   the resume PC is lifted for one step, since QEMU would report it again at once; `Ctrl-C` is
 //!   a `SIGINT` to QEMU, see [`super::remote`]).
-//! * **past** — the plugin's stream of the traced thread (the main thread), read from the
-//!   recording directory at every stop and completed from the thread's tail file (the encoder
-//!   bytes not yet written, the pending TNT bits, and the running block cut at the instruction it
-//!   reached: [`Recorded::open`]). The completed stream at a stop is not an extension of the one
-//!   at the previous stop (that one ended with FUP + TIP.PGD at the stop PC, the new one runs on
-//!   through it), so the store's bytes are replaced at every stop and the history is indexed
-//!   again from the start ([`LiveBackend::trace_rewritten`]): a cost proportional to the trace at
-//!   each stop, paid by the history worker in the background. Positions before a stop decode the
-//!   same in every later stream, so registers keyed at earlier stops stay valid.
+//! * **past** — the plugin's stream of the traced thread (the main thread). At every stop the
+//!   bytes the plugin wrote to the thread's stream file since the last stop are read (the file
+//!   only grows) and the stream is closed at the stop PC from the thread's tail file (the
+//!   encoder bytes not yet written, the pending TNT bits, and the running block walked to the
+//!   stop PC: [`complete_at_pc`]), followed by FUP + TIP.PGD. That closing part is provisional:
+//!   the stream at the next stop runs on through it, so the next stop rewrites the store from
+//!   the end of the written bytes ([`TraceStore::rewrite_from`]) and the history worker forgets
+//!   and re-reads only from the last sync point before that offset. A stop costs the new bytes
+//!   and one PSB period, not the whole trace. Positions before a stop decode the same in every
+//!   later stream, so registers keyed at earlier stops stay valid.
 //! * **what the past shows** — PC-only, as with the hardware backend: RIP everywhere, the full
 //!   register file at every stop (and where the program started), memory only from read-only
 //!   code.
@@ -77,6 +78,17 @@ pub struct QemuLive {
     main: ThreadId,
     program: PathBuf,
     store: TraceStore,
+    /// The traced thread's stream file, once it exists (read on from where the last stop
+    /// stopped reading).
+    stream: Option<std::fs::File>,
+    /// Bytes of the stream file in the store (the store's bytes after them are provisional).
+    written: u64,
+    /// The stream ended (the plugin's summary, or the process gone) and is in the store whole.
+    finished: bool,
+    /// The code image and the mappings text it was built from.
+    code: Option<(String, Image)>,
+    /// At the last stop: stream bytes read, provisional bytes written.
+    last_sync: (u64, u64),
     bps: HashSet<u64>,
     /// The event a resume already met (a step over a breakpoint that stopped elsewhere).
     early: Option<StopEvent>,
@@ -86,7 +98,6 @@ pub struct QemuLive {
     interrupted: bool,
     running: bool,
     exited: bool,
-    rewritten: bool,
     /// How the last stream was completed, and problems met at stops.
     last_completion: Option<String>,
     stops: u64,
@@ -181,18 +192,34 @@ impl QemuLive {
             main,
             program,
             store: TraceStore::new(),
+            stream: None,
+            written: 0,
+            finished: false,
+            code: None,
+            last_sync: (0, 0),
             bps: HashSet::new(),
             early: None,
             stepping: false,
             interrupted: false,
             running: false,
             exited: false,
-            rewritten: false,
             last_completion: None,
             stops: 0,
             stop_errors: Vec::new(),
             other_threads: 0,
         })
+    }
+
+    /// The guest's code now: built from the recording directory's mappings when they changed
+    /// since the last call.
+    fn code_image(&mut self) -> Result<&Image, String> {
+        let rec = Recorded::open_layout(self.rec.dir())
+            .map_err(|e| format!("reading the recording directory: {e}"))?;
+        let key: String = rec.maps.iter().map(|(_, text)| text.as_str()).collect();
+        if self.code.as_ref().is_none_or(|(k, _)| *k != key) {
+            self.code = Some((key, rec.mmap_image().image));
+        }
+        Ok(&self.code.as_ref().ok_or("no code image")?.1)
     }
 
     /// The recording directory (every thread's stream; kept after the session).
@@ -282,13 +309,15 @@ impl QemuLive {
     }
 }
 
-/// Completes a live thread's stream at a stop at `pc`: the encoder output not yet in the file,
-/// the pending TNT bits, then the running block walked from its start to `pc` (its last
-/// instruction's outcome added when `pc` is where it went: a TNT bit for a conditional branch, a
-/// TIP for an indirect one), and FUP(`pc`) + TIP.PGD. The instruction at `pc` is not counted as
-/// executed. Returns how it was done (for `monitor stats`).
+/// Completes a live thread's stream at a stop at `pc`, after the `written` bytes of its stream
+/// file: appends to `out` the encoder output not yet in the file, the pending TNT bits, then the
+/// running block walked from its start to `pc` (its last instruction's outcome added when `pc`
+/// is where it went: a TNT bit for a conditional branch, a TIP for an indirect one), and
+/// FUP(`pc`) + TIP.PGD. The instruction at `pc` is not counted as executed. Returns how it was
+/// done (for `monitor stats`).
 pub fn complete_at_pc(
-    trace: &mut Vec<u8>,
+    written: u64,
+    out: &mut Vec<u8>,
     tail: &super::output::TailState,
     pc: u64,
     image: &Image,
@@ -296,14 +325,14 @@ pub fn complete_at_pc(
     use crate::capture::soft::classify::decode_insn;
     use crate::flow::InsnClass;
     use crate::packet::{Encoder, IpKind, Packet, Tnt, encode_packet};
-    if tail.file_offset == trace.len() as u64 {
-        trace.extend_from_slice(&tail.bytes);
+    let start_len = out.len();
+    if tail.file_offset == written {
+        out.extend_from_slice(&tail.bytes);
     }
-    let mut out = Vec::new();
     let mut enc = Encoder::new();
-    if trace.is_empty() {
-        enc.psb(&mut out);
-        let _ = encode_packet(&Packet::PsbEnd, &mut out);
+    if written == 0 && out.len() == start_len {
+        enc.psb(out);
+        let _ = encode_packet(&Packet::PsbEnd, out);
     }
     if tail.tnt.1 > 0 {
         let _ = encode_packet(
@@ -311,7 +340,7 @@ pub fn complete_at_pc(
                 bits: tail.tnt.0,
                 count: tail.tnt.1,
             }),
-            &mut out,
+            out,
         );
     }
     let mut note = format!("stream completed at the stop PC {pc:#x}");
@@ -323,9 +352,9 @@ pub fn complete_at_pc(
                     csd: false,
                     iflag: false,
                 },
-                &mut out,
+                out,
             );
-            let _ = enc.ip_packet(IpKind::TipPge, Some(start), &mut out);
+            let _ = enc.ip_packet(IpKind::TipPge, Some(start), out);
         }
         let mut ip = start;
         let mut done = 0u32;
@@ -349,11 +378,11 @@ pub fn complete_at_pc(
                             bits: u64::from(pc != i.nlip()),
                             count: 1,
                         }),
-                        &mut out,
+                        out,
                     );
                 }
                 InsnClass::IndirectJump | InsnClass::IndirectCall | InsnClass::Return => {
-                    let _ = enc.ip_packet(IpKind::Tip, Some(pc), &mut out);
+                    let _ = enc.ip_packet(IpKind::Tip, Some(pc), out);
                 }
                 _ => {}
             }
@@ -361,9 +390,8 @@ pub fn complete_at_pc(
         }
         note = format!("{note} ({done} of the {insns} instructions of the block at {start:#x})");
     }
-    let _ = enc.ip_packet(IpKind::Fup, Some(pc), &mut out);
-    let _ = enc.ip_packet(IpKind::TipPgd, None, &mut out);
-    trace.extend_from_slice(&out);
+    let _ = enc.ip_packet(IpKind::Fup, Some(pc), out);
+    let _ = enc.ip_packet(IpKind::TipPgd, None, out);
     note
 }
 
@@ -402,7 +430,7 @@ impl LiveBackend for QemuLive {
     fn maps(&mut self) -> String {
         // The guest's code mappings as /proc/PID/maps lines (read-only, executable, from files):
         // what the loader placed and what the guest mapped since, from the recording directory.
-        let Ok(rec) = Recorded::open(self.rec.dir()) else {
+        let Ok(rec) = Recorded::open_layout(self.rec.dir()) else {
             return String::new();
         };
         rec.mmap_records()
@@ -420,11 +448,10 @@ impl LiveBackend for QemuLive {
     }
 
     fn snapshot_image(&mut self) -> TargetResult<Image> {
-        let rec = Recorded::open(self.rec.dir()).map_err(|e| TargetError::Unexpected {
-            pid: self.pid(),
-            what: format!("reading the recording directory: {e}"),
-        })?;
-        Ok(rec.mmap_image().image)
+        let pid = self.pid();
+        self.code_image()
+            .cloned()
+            .map_err(|what| TargetError::Unexpected { pid, what })
     }
 
     fn auxv(&mut self) -> TargetResult<Vec<u8>> {
@@ -691,44 +718,75 @@ impl LiveBackend for QemuLive {
         if exited && !self.exited {
             self.exited = true;
         }
-        let rec = Recorded::open(self.rec.dir())
-            .map_err(|e| format!("reading the recording directory: {e}"))?;
-        let tid = u32::try_from(self.main.tid).ok();
-        let Some(t) = rec.thread(tid) else {
-            // Nothing executed yet (stopped before the first block).
+        if self.finished {
             return Ok(());
-        };
-        self.other_threads = rec.threads.len().saturating_sub(1);
-        let mut trace = t.trace.clone();
-        if t.meta.is_some() || self.exited {
+        }
+        let dir = self.rec.dir().to_path_buf();
+        let pid = self.rec.pid();
+        let tid = u32::try_from(self.main.tid).map_err(|_| "bad thread id".to_string())?;
+        let path = super::output::stream_path(&dir, pid, tid, "pt");
+        let ended = super::output::stream_path(&dir, pid, tid, "json").exists();
+        if ended || self.exited {
             // The stream ended (the plugin wrote its summary) or the process is gone: the
-            // reader completed it already.
+            // reader completes an unfinished stream from its tail file and the counters. Once.
+            let rec = Recorded::open(&dir)
+                .map_err(|e| format!("reading the recording directory: {e}"))?;
+            self.other_threads = rec.threads.len().saturating_sub(1);
+            let Some(t) = rec.thread(Some(tid)) else {
+                return Ok(());
+            };
+            let from = usize::try_from(self.written)
+                .unwrap_or(usize::MAX)
+                .min(t.trace.len());
+            self.store.rewrite_from(from, &t.trace[from..]);
+            self.last_sync = ((t.trace.len() - from) as u64, 0);
             self.last_completion = t.completed.clone();
-        } else {
-            // Live: the reader completed the stream by the block counter, which cannot tell a
-            // block that ran to its end from one that never started; the stop PC can.
-            let dir = self.rec.dir().to_path_buf();
-            let raw = std::fs::read(super::output::stream_path(&dir, t.pid, t.tid, "pt"))
-                .map_err(|e| format!("reading the main thread's stream: {e}"))?;
-            let tail = std::fs::read(super::output::stream_path(&dir, t.pid, t.tid, "tail"))
-                .ok()
-                .and_then(|d| super::output::TailState::read(&d));
-            match (tail, self.pc()) {
-                (Some(tail), Ok(pc)) => {
-                    let image = rec.mmap_image().image;
-                    trace = raw;
-                    self.last_completion = Some(complete_at_pc(&mut trace, &tail, pc, &image));
-                }
-                _ => self.last_completion = t.completed.clone(),
+            self.written = t.trace.len() as u64;
+            self.finished = true;
+            return Ok(());
+        }
+        if self.stream.is_none() {
+            match std::fs::File::open(&path) {
+                Ok(f) => self.stream = Some(f),
+                // Nothing executed yet (stopped before the first block).
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                Err(e) => return Err(format!("opening {}: {e}", path.display())),
             }
         }
-        self.store.replace(trace);
-        self.rewritten = true;
+        // The bytes written since the last stop (the file only grows; the thread is stopped,
+        // and only it writes its stream).
+        let mut bytes = Vec::new();
+        if let Some(f) = self.stream.as_mut() {
+            use std::io::Read;
+            f.read_to_end(&mut bytes)
+                .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        }
+        let read = bytes.len() as u64;
+        let written = self.written + read;
+        let tail = std::fs::read(super::output::stream_path(&dir, pid, tid, "tail"))
+            .ok()
+            .and_then(|d| super::output::TailState::read(&d));
+        let mut note = None;
+        if let (Some(tail), Ok(pc)) = (tail, self.pc()) {
+            let image = self.code_image()?;
+            note = Some(complete_at_pc(written, &mut bytes, &tail, pc, image));
+        }
+        let from = usize::try_from(self.written).unwrap_or(usize::MAX);
+        self.last_sync = (read, bytes.len() as u64 - read);
+        self.store.rewrite_from(from, &bytes);
+        self.written = written;
+        self.last_completion = note.or_else(|| {
+            Some("no tail file: the stream ends at its last write (not closed at the PC)".into())
+        });
+        self.other_threads = std::fs::read_dir(&dir)
+            .map(|rd| {
+                rd.filter_map(Result::ok)
+                    .filter(|e| e.file_name().to_string_lossy().ends_with(".pt"))
+                    .count()
+                    .saturating_sub(1)
+            })
+            .unwrap_or(0);
         Ok(())
-    }
-
-    fn trace_rewritten(&mut self) -> bool {
-        std::mem::take(&mut self.rewritten)
     }
 
     fn stats(&self, line: &mut dyn FnMut(&str, String)) {
@@ -737,6 +795,13 @@ impl LiveBackend for QemuLive {
         line("traced thread", self.main.tid.to_string());
         line("other threads recorded", self.other_threads.to_string());
         line("stops", self.stops.to_string());
+        line(
+            "trace read at the last stop",
+            format!(
+                "{} stream bytes, {} provisional bytes (rewritten at the next stop)",
+                self.last_sync.0, self.last_sync.1
+            ),
+        );
         line(
             "stub packets with bad checksums",
             self.remote.bad_checksums().to_string(),
@@ -783,7 +848,8 @@ mod tests {
             in_flight: Some((0x1000, 3, u64::MAX, 0)),
             tnt: (0, 0),
         };
-        complete_at_pc(&mut trace, &tail, pc, &img);
+        let written = trace.len() as u64;
+        complete_at_pc(written, &mut trace, &tail, pc, &img);
         let mut dec = FlowDecoder::new(&trace, &img, FlowConfig::default());
         let (mut ips, mut errors) = (Vec::new(), Vec::new());
         while let Some(item) = dec.next_item() {

@@ -433,6 +433,17 @@ fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Option<T>, Qem
 impl Recorded {
     /// Reads the recording in `dir`.
     pub fn open(dir: &Path) -> Result<Recorded, QemuError> {
+        Self::open_with(dir, true)
+    }
+
+    /// Reads the recording in `dir` without the threads' streams (their `trace` is empty and
+    /// nothing is completed): the mappings, what was launched and which threads there are, at
+    /// a cost that does not grow with the trace (the live backend's code image at each stop).
+    pub fn open_layout(dir: &Path) -> Result<Recorded, QemuError> {
+        Self::open_with(dir, false)
+    }
+
+    fn open_with(dir: &Path, traces: bool) -> Result<Recorded, QemuError> {
         let mut threads = Vec::new();
         let mut maps = Vec::new();
         let rd = std::fs::read_dir(dir).map_err(io_err(format!("reading {}", dir.display())))?;
@@ -449,15 +460,19 @@ impl Recorded {
                 else {
                     continue;
                 };
-                let trace = std::fs::read(&path).map_err(io_err(format!("reading {name}")))?;
+                let trace = if traces {
+                    std::fs::read(&path).map_err(io_err(format!("reading {name}")))?
+                } else {
+                    Vec::new()
+                };
                 let meta = read_json(&output::stream_path(dir, pid, tid, "json"))?;
                 let insns = match std::fs::read(output::stream_path(dir, pid, tid, "insns")) {
-                    Ok(b) => Some(
+                    Ok(b) if traces => Some(
                         b.chunks_exact(8)
                             .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
                             .collect(),
                     ),
-                    Err(_) => None,
+                    _ => None,
                 };
                 threads.push(RecordedThread {
                     pid,
@@ -483,7 +498,9 @@ impl Recorded {
             threads,
             maps,
         };
-        rec.complete_unclean();
+        if traces {
+            rec.complete_unclean();
+        }
         Ok(rec)
     }
 
