@@ -592,3 +592,91 @@ fn auto_falls_back_to_ptrace_and_mentions_qemu() {
         "{err}"
     );
 }
+
+const PIE_SRC: &str = r#"
+#include <stdio.h>
+volatile int sink;
+__attribute__((noinline)) int leaf(int x) { sink = x; return x * 2; }
+int main(void) {
+    int s = 0;
+    for (int i = 0; i < 4; i++) s += leaf(i);
+    printf("s=%d\n", s);
+    return 0;
+}
+"#;
+
+/// A PIE, dynamically linked program recorded to its end and replayed: GDB places the program
+/// and its libraries where QEMU's loader put them (the auxiliary vector and the svr4 library
+/// list are made from the recorded mappings), so the end is in libc's `_exit` and a breakpoint
+/// by name is set at the relocated address and reached by reverse-continue.
+#[test]
+fn gdb_replays_a_pie_dynamic_program_relocated() {
+    if !qemu_available() || !have("gdb") {
+        return;
+    }
+    use support::gdb::{Server, gdb_session};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = compile(
+        dir.path(),
+        "pie",
+        PIE_SRC,
+        &["-g", "-O0", "-pie", "-fPIE"],
+        &[],
+    );
+    let link_leaf = nm_symbol(&exe, "leaf");
+    let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--trace-dir"]
+        .iter()
+        .map(Into::into)
+        .collect();
+    cli.push(dir.path().join("rec").into());
+    cli.extend(["--qemu-plugin".into(), plugin().into(), "--".into()]);
+    cli.push(exe.clone().into());
+    let server = Server::start_cli(&cli);
+    let run = gdb_session(
+        server,
+        &exe,
+        &[
+            "info sharedlibrary",
+            "echo @end\\n",
+            "p/x $pc",
+            "break leaf",
+            "reverse-continue",
+            "echo @bp\\n",
+            "p/x $pc",
+            "info symbol $pc",
+        ],
+        std::time::Duration::from_secs(60),
+    );
+    let g = &run.gdb;
+    // Both libraries found and read at their recorded places.
+    assert!(
+        g.lines()
+            .any(|l| l.contains("libc.so.6") && l.contains("Yes")),
+        "{}",
+        run.dump()
+    );
+    assert!(
+        g.lines()
+            .any(|l| l.contains("ld-linux-x86-64.so.2") && l.contains("Yes")),
+        "{}",
+        run.dump()
+    );
+    // The end of the history is in libc's exit path, named.
+    assert!(
+        g.lines().next().is_some_and(|l| l.contains("_exit (")),
+        "{}",
+        run.dump()
+    );
+    run.expect("Breakpoint 1, leaf");
+    let pc = run.hex_after("@bp");
+    // Relocated: GDB names the stop in `leaf` of the program, the address is not the
+    // link-time one, and the bias keeps the offset within the page.
+    let off: u64 = run
+        .after("@bp")
+        .split_once("leaf + ")
+        .and_then(|x| x.1.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no symbol at the stop: {}", run.dump()));
+    assert!(off < 16, "{}", run.dump());
+    assert_ne!(pc, link_leaf + off, "{}", run.dump());
+    assert_eq!(pc & 0xfff, (link_leaf + off) & 0xfff, "{}", run.dump());
+}

@@ -281,3 +281,84 @@ fn the_recording_survives_the_crash() {
     assert!(main.trace.len() > 100, "{}", run.dump());
     assert_eq!(dir, exe.with_file_name("recording"));
 }
+
+/// A PIE, dynamically linked program live under QEMU, through many stops: breakpoints by name
+/// at relocated addresses, real frames live (`bt`), and reverse-continue after each further
+/// stop lands on the previous hit (the history is extended at every stop, its provisional end
+/// rewritten, not rebuilt).
+#[test]
+fn pie_dynamic_program_many_stops_and_reverse() {
+    if !have("qemu-x86_64") || !have("gdb") {
+        eprintln!("skipped: qemu-x86_64 (package qemu-user) or gdb not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile_source(
+        "cc",
+        dir.path(),
+        "pie",
+        PROGRAM,
+        &["-g", "-O0", "-pie", "-fPIE"],
+        &[],
+    );
+    let mut commands = cmds(&["break leaf", "continue", "bt", "echo @first\\n", "p/x $pc"]);
+    for i in 0..5 {
+        commands.extend(cmds(&["continue"]));
+        commands.push(format!("echo @c{i}\\n"));
+        commands.extend(cmds(&["p/x $pc"]));
+    }
+    commands.extend(cmds(&[
+        "reverse-continue",
+        "echo @rc1\\n",
+        "p/x $pc",
+        "reverse-continue",
+        "echo @rc2\\n",
+        "p/x $pc",
+        "monitor stats",
+        "delete",
+        "continue",
+        "continue",
+    ]));
+    let run = session(&exe, &[], &commands);
+    let g = &run.gdb;
+    // Live frames: leaf called from middle from main.
+    let first = g.split_once("@first").map(|x| x.0).unwrap_or("");
+    assert!(
+        first.contains("in middle (x=5)") && first.contains("in main ("),
+        "{}",
+        run.dump()
+    );
+    let bp = run.hex_after("@first");
+    let leaf_link = nm_symbol(&exe, "leaf");
+    assert_ne!(bp & !0xfff, leaf_link & !0xfff, "relocated: {}", run.dump());
+    for i in 0..5 {
+        assert_eq!(run.hex_after(&format!("@c{i}")), bp, "{}", run.dump());
+    }
+    // 6 hits: leaf(0..4) of middle(5), leaf(0) of middle(3); back twice = the 4th hit.
+    assert_eq!(run.hex_after("@rc1"), bp, "{}", run.dump());
+    assert_eq!(run.hex_after("@rc2"), bp, "{}", run.dump());
+    assert_eq!(g.matches("Breakpoint 1, leaf").count(), 8, "{}", run.dump());
+    let stats = run.after("@rc2");
+    assert!(
+        stats.contains("index complete           yes"),
+        "{}",
+        run.dump()
+    );
+    assert!(
+        stats.contains("decode errors            0"),
+        "{}",
+        run.dump()
+    );
+    assert!(
+        stats.contains("provisional bytes (rewritten at the next stop)"),
+        "{}",
+        run.dump()
+    );
+    // Forward: replay to the live stop, then the program runs on to its end (r = 20 + 6).
+    assert!(
+        g.contains("No more reverse-execution history"),
+        "{}",
+        run.dump()
+    );
+    assert!(g.contains("exited with code 032"), "{}", run.dump());
+}

@@ -150,6 +150,29 @@ pub(crate) fn serve_target(
     // The code from the recorded mappings, every missing file reported once, as `decode --qemu`.
     let (image, symbols) = super::decode::qemu_image(recorded, &[], &[])?;
     let exe = recorded.launch.as_ref().map(|l| l.program.clone());
+    // Where the loader put the program and its libraries (GDB places a PIE program by the
+    // auxiliary vector and finds libraries by the svr4 list; no process is left to read them).
+    let loader = recorded.loader_view(&recorded.mmap_image().elfs);
+    let libraries_xml = loader.as_ref().map(|l| {
+        ptrewind::server::svr4::LibraryList {
+            main_lm: 0,
+            objects: l
+                .objects
+                .iter()
+                .enumerate()
+                .map(
+                    |(i, (path, l_addr, l_ld))| ptrewind::server::svr4::LoadedObject {
+                        // No link_map was recorded: distinct made-up addresses identify the entries.
+                        lm: 0x1000 * (i as u64 + 1),
+                        l_addr: *l_addr,
+                        l_ld: *l_ld,
+                        name: path.to_string_lossy().into_owned(),
+                    },
+                )
+                .collect(),
+        }
+        .to_xml()
+    });
     let rec = OfflineRecording {
         trace: thread.trace.clone(),
         image,
@@ -168,6 +191,8 @@ pub(crate) fn serve_target(
                 recorded.dir.display(),
                 thread.tid
             ),
+            auxv: loader.map(|l| l.auxv),
+            libraries_xml,
             ..OfflineInfo::default()
         },
     };

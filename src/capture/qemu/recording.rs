@@ -632,6 +632,105 @@ impl Recorded {
     }
 }
 
+/// Where QEMU's loader placed the program and its libraries, in the terms GDB learns them from
+/// a live process: the auxiliary vector entries that place a PIE program and its loader
+/// (`AT_PHDR`, `AT_PHENT`, `AT_PHNUM`, `AT_PAGESZ`, `AT_BASE`, `AT_ENTRY`), and the loaded
+/// objects as the loader's `link_map` would list them. A replay has no process to read them
+/// from; the recorded mappings say the same.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoaderView {
+    /// The auxiliary vector (pairs of little-endian `u64`, ending with `AT_NULL`).
+    pub auxv: Vec<u8>,
+    /// Every mapped ELF but the program: (path, load bias, run-time address of its dynamic
+    /// section, 0 if none).
+    pub objects: Vec<(PathBuf, u64, u64)>,
+}
+
+/// The program headers of an ELF image: (`e_phoff`, `e_phentsize`, `e_phnum`, `e_entry`, each
+/// `(p_type, p_vaddr, p_offset)`).
+type Phdrs = (
+    u64,
+    u64,
+    u64,
+    u64,
+    Vec<(object::elf::ProgramType, u64, u64)>,
+);
+
+fn program_headers(data: &[u8]) -> Option<Phdrs> {
+    use object::read::elf::{FileHeader, ProgramHeader};
+    let elf = object::elf::FileHeader64::<object::Endianness>::parse(data).ok()?;
+    let endian = elf.endian().ok()?;
+    let headers = elf.program_headers(endian, data).ok()?;
+    Some((
+        elf.e_phoff(endian),
+        u64::from(elf.e_phentsize(endian)),
+        headers.len() as u64,
+        elf.e_entry(endian),
+        headers
+            .iter()
+            .map(|h| (h.p_type(endian), h.p_vaddr(endian), h.p_offset(endian)))
+            .collect(),
+    ))
+}
+
+impl Recorded {
+    /// The loader's view of the recording's first process (see [`LoaderView`]) from the ELF
+    /// files `elfs` placed at their recorded mappings ([`MmapImage::elfs`]); `None` if the
+    /// program is not among them.
+    pub fn loader_view(&self, elfs: &[crate::image::elf::LoadedElf]) -> Option<LoaderView> {
+        let program = self.launch.as_ref()?.program.clone();
+        let program = std::fs::canonicalize(&program).unwrap_or(program);
+        let same = |p: &Path| std::fs::canonicalize(p).is_ok_and(|c| c == program);
+        let exe = elfs.iter().find(|e| same(&e.path))?;
+        let (phoff, phent, phnum, entry, headers) = program_headers(&exe.bytes)?;
+        // AT_PHDR: PT_PHDR if present, else the PT_LOAD holding the headers' file offset.
+        let phdr = headers
+            .iter()
+            .find(|h| h.0 == object::elf::PT_PHDR)
+            .map(|h| h.1)
+            .or_else(|| {
+                headers
+                    .iter()
+                    .filter(|h| h.0 == object::elf::PT_LOAD && h.2 <= phoff)
+                    .map(|h| h.1 + (phoff - h.2))
+                    .next_back()
+            })
+            .unwrap_or(phoff);
+        let interp = interpreter_of(&program);
+        let base = interp
+            .as_deref()
+            .and_then(|i| {
+                elfs.iter()
+                    .find(|e| std::fs::canonicalize(&e.path).is_ok_and(|c| c == i))
+            })
+            .map_or(0, |e| e.bias);
+        let mut auxv = Vec::new();
+        for (k, v) in [
+            (3u64, exe.bias.wrapping_add(phdr)),
+            (4, phent),
+            (5, phnum),
+            (6, 4096),
+            (7, base),
+            (9, exe.bias.wrapping_add(entry)),
+            (0, 0),
+        ] {
+            auxv.extend_from_slice(&k.to_le_bytes());
+            auxv.extend_from_slice(&v.to_le_bytes());
+        }
+        let objects = elfs
+            .iter()
+            .filter(|e| !same(&e.path))
+            .map(|e| {
+                let dynamic = program_headers(&e.bytes)
+                    .and_then(|h| h.4.iter().find(|h| h.0 == object::elf::PT_DYNAMIC).copied())
+                    .map_or(0, |h| e.bias.wrapping_add(h.1));
+                (e.path.clone(), e.bias, dynamic)
+            })
+            .collect();
+        Some(LoaderView { auxv, objects })
+    }
+}
+
 /// Appends to `trace` what the tail file says was not written when the thread stopped; returns a
 /// description of what was done.
 pub fn complete_stream(
