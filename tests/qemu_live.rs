@@ -64,6 +64,17 @@ fn session_interrupting(
     commands: &[String],
     interrupt_after_cpu: Option<u64>,
 ) -> GdbRun {
+    session_with(exe, args, commands, interrupt_after_cpu, &[])
+}
+
+/// `extra`: more `record` options.
+fn session_with(
+    exe: &Path,
+    args: &[&str],
+    commands: &[String],
+    interrupt_after_cpu: Option<u64>,
+    extra: &[&str],
+) -> GdbRun {
     let plugin = find_plugin(Path::new(env!("CARGO_BIN_EXE_ptrewind")))
         .expect("the QEMU plugin is built with the workspace");
     let mut cli: Vec<OsString> = [
@@ -79,6 +90,7 @@ fn session_interrupting(
     .map(Into::into)
     .collect();
     cli.push(plugin.into());
+    cli.extend(extra.iter().map(Into::into));
     // The recording directory inside the test's temporary directory (removed with it).
     cli.push("--trace-dir".into());
     cli.push(exe.with_file_name("recording").into());
@@ -361,4 +373,72 @@ fn pie_dynamic_program_many_stops_and_reverse() {
         run.dump()
     );
     assert!(g.contains("exited with code 032"), "{}", run.dump());
+}
+
+/// `--stop-at-exit` under QEMU: the plugin holds the program at its `exit_group`, GDB sees a
+/// trap at the SYSCALL in `_exit` with the call's registers and the program's memory, reverse
+/// execution works from there, replay forward returns to the end, and a further continue ends
+/// the program with its exit code.
+#[test]
+fn stop_at_exit_is_a_place_in_history() {
+    let Some((_dir, exe)) = setup() else { return };
+    let run = session_with(
+        &exe,
+        &[],
+        &cmds(&[
+            "continue",
+            "echo @exit\\n",
+            "x/i $pc",
+            "p $rdi",
+            "p $rax",
+            "p sink",
+            "info registers rbx",
+            "break leaf",
+            "reverse-continue",
+            "echo @rc\\n",
+            "p/x $pc",
+            "continue",
+            "echo @fwd\\n",
+            "continue",
+            "echo @end\\n",
+        ]),
+        None,
+        &["--stop-at-exit"],
+    );
+    let g = &run.gdb;
+    let leaf = nm_symbol(&exe, "leaf");
+    let at_exit = run.after("@exit");
+    assert!(
+        g.contains("Program received signal SIGTRAP"),
+        "{}",
+        run.dump()
+    );
+    assert!(g.contains("the program is exiting"), "{}", run.dump());
+    // At the exit_group call: not executed yet, its number and argument (r = 26).
+    assert!(at_exit.contains("syscall"), "{}", run.dump());
+    assert!(at_exit.contains("$1 = 26"), "{}", run.dump());
+    assert!(at_exit.contains("$2 = 231"), "{}", run.dump());
+    // Memory of the held program: the last leaf(x) stored x = 2.
+    assert!(at_exit.contains("$3 = 2"), "{}", run.dump());
+    assert!(
+        at_exit.contains("rbx            <unavailable>"),
+        "{}",
+        run.dump()
+    );
+    // Reverse from the end: the last call of leaf.
+    let rc = run.hex_after("@rc");
+    assert!(rc > leaf && rc < leaf + 16, "{}", run.dump());
+    // Forward: the end of the history again, then the exit itself.
+    assert!(
+        run.after("@rc")
+            .contains("No more reverse-execution history"),
+        "{}",
+        run.dump()
+    );
+    assert!(
+        run.after("@fwd").contains("exited with code 032"),
+        "{}",
+        run.dump()
+    );
+    assert!(run.program_stdout.contains("r=20"), "{}", run.dump());
 }

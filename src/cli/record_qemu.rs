@@ -208,7 +208,10 @@ fn start_live(
     program: &OsString,
     prog_args: &[OsString],
 ) -> Started {
-    let live = match QemuLive::spawn(config, Path::new(program), prog_args, |_| {}) {
+    let mut config = config.clone();
+    // The end of the program as a place in its history: the plugin holds `exit_group`.
+    config.exit_stop = args.stop_at_exit;
+    let live = match QemuLive::spawn(&config, Path::new(program), prog_args, |_| {}) {
         Ok(l) => l,
         Err(e) => {
             eprintln!("ptrewind: --backend qemu: {e}");

@@ -89,6 +89,10 @@ pub struct QemuLive {
     code: Option<(String, Image)>,
     /// At the last stop: stream bytes read, provisional bytes written.
     last_sync: (u64, u64),
+    /// The plugin's exit gate (`exit_stop`), once opened.
+    gate: Option<std::fs::File>,
+    /// Held at `exit_group` by the gate: the call and the PC of its SYSCALL.
+    at_exit: Option<ExitCall>,
     bps: HashSet<u64>,
     /// The event a resume already met (a step over a breakpoint that stopped elsewhere).
     early: Option<StopEvent>,
@@ -113,6 +117,16 @@ impl std::fmt::Debug for QemuLive {
             .field("dir", &self.rec.dir())
             .finish_non_exhaustive()
     }
+}
+
+/// The traced process held at its `exit_group` by the plugin's exit gate: the gdbstub does not
+/// answer while it is held (the vCPU is inside the plugin), so the present is what the call
+/// says (its number and arguments, the PC of its SYSCALL) and memory read from QEMU's process.
+#[derive(Debug, Clone, Copy)]
+struct ExitCall {
+    num: u64,
+    args: [u64; 6],
+    pc: u64,
 }
 
 /// Why the live QEMU backend could not start.
@@ -197,6 +211,8 @@ impl QemuLive {
             finished: false,
             code: None,
             last_sync: (0, 0),
+            gate: None,
+            at_exit: None,
             bps: HashSet::new(),
             early: None,
             stepping: false,
@@ -222,6 +238,145 @@ impl QemuLive {
         Ok(&self.code.as_ref().ok_or("no code image")?.1)
     }
 
+    /// Whether the plugin holds the process at its `exit_group` (the gate says WAITING); if so
+    /// the call is kept in `at_exit`.
+    fn check_exit_gate(&mut self) -> TargetResult<bool> {
+        use super::output::exit_gate as g;
+        use std::os::unix::fs::FileExt;
+        if self.gate.is_none() {
+            let path = self.rec.dir().join(super::output::EXIT_FILE);
+            match std::fs::File::options().read(true).write(true).open(&path) {
+                Ok(f) => self.gate = Some(f),
+                Err(_) => return Ok(false),
+            }
+        }
+        let Some(f) = self.gate.as_ref() else {
+            return Ok(false);
+        };
+        let mut words = [0u8; g::SIZE as usize];
+        if f.read_exact_at(&mut words, 0).is_err() {
+            return Ok(false);
+        }
+        let w = |i: usize| u64::from_ne_bytes(words[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
+        if w(g::STATE) != g::WAITING {
+            return Ok(false);
+        }
+        let mut args = [0u64; 6];
+        for (i, a) in args.iter_mut().enumerate() {
+            *a = w(g::ARGS + i);
+        }
+        // The SYSCALL is the last instruction of the block that was running (the call is not
+        // executed yet: the history ends before it).
+        let pid = self.pid();
+        let tid = u32::try_from(self.main.tid).unwrap_or(0);
+        let tail = std::fs::read(super::output::stream_path(
+            self.rec.dir(),
+            pid as u32,
+            tid,
+            "tail",
+        ))
+        .ok()
+        .and_then(|d| super::output::TailState::read(&d));
+        let Some((start, insns, _, _)) = tail.and_then(|t| t.in_flight) else {
+            return Err(TargetError::Unexpected {
+                pid,
+                what: "held at exit_group, but the running block is unknown".into(),
+            });
+        };
+        let image = self
+            .code_image()
+            .map_err(|what| TargetError::Unexpected { pid, what })?;
+        let mut pc = start;
+        for _ in 1..insns {
+            let mut b = [0u8; 15];
+            let n = image.read(pc, &mut b);
+            match crate::capture::soft::classify::decode_insn(pc, &b[..n]) {
+                Some(i) => pc = i.nlip(),
+                None => break,
+            }
+        }
+        self.at_exit = Some(ExitCall {
+            num: w(g::NUM),
+            args,
+            pc,
+        });
+        Ok(true)
+    }
+
+    /// Lets the process held at its `exit_group` go on (and exit).
+    fn release_exit(&mut self) -> TargetResult<()> {
+        use super::output::exit_gate as g;
+        use std::os::unix::fs::FileExt;
+        if self.at_exit.take().is_none() {
+            return Ok(());
+        }
+        let pid = self.pid();
+        let f = self
+            .gate
+            .as_ref()
+            .ok_or(TargetError::Unsupported("no exit gate"))?;
+        f.write_all_at(&g::RELEASED.to_ne_bytes(), (g::STATE * 8) as u64)
+            .map_err(|e| TargetError::Unexpected {
+                pid,
+                what: format!("releasing the exit gate: {e}"),
+            })
+    }
+
+    /// Registers at the held `exit_group`: RIP at the SYSCALL, RAX the call number and the
+    /// argument registers; every other register is unavailable.
+    fn exit_registers(x: &ExitCall) -> X86Registers {
+        let mut r = X86Registers {
+            xsave: vec![0; 512],
+            ..X86Registers::default()
+        };
+        r.gprs[gpr::RIP] = x.pc;
+        r.gprs[gpr::RAX] = x.num;
+        r.gprs[gpr::ORIG_RAX] = x.num;
+        for (slot, v) in [gpr::RDI, gpr::RSI, gpr::RDX, gpr::R10, gpr::R8, gpr::R9]
+            .into_iter()
+            .zip(x.args)
+        {
+            r.gprs[slot] = v;
+        }
+        // GDB numbers: rax 0, rdx 3, rsi 4, rdi 5, r8 8, r9 9, r10 10 are known.
+        let known = [0u32, 3, 4, 5, 8, 9, 10]
+            .iter()
+            .fold(0u128, |m, &n| m | 1u128 << n);
+        r.unavailable = RegMask(RegMask::ALL_BUT_PC.0 & !known);
+        r
+    }
+
+    /// Guest memory read from QEMU's own process while the gdbstub cannot answer (held at
+    /// exit): guest addresses are host addresses plus the guest base.
+    fn read_memory_direct(&mut self, addr: u64, buf: &mut [u8]) -> TargetResult<usize> {
+        use std::os::unix::fs::FileExt;
+        let pid = self.pid();
+        let base = Recorded::open_layout(self.rec.dir())
+            .ok()
+            .and_then(|r| {
+                r.maps.iter().find_map(|(_, t)| {
+                    t.split_whitespace()
+                        .find_map(|w| w.strip_prefix("guest_base="))
+                        .and_then(|b| b.parse::<i64>().ok())
+                })
+            })
+            .unwrap_or(0);
+        let mem = std::fs::File::open(format!("/proc/{pid}/mem")).map_err(|e| {
+            TargetError::Unexpected {
+                pid,
+                what: format!("reading QEMU's memory at exit: {e}"),
+            }
+        })?;
+        match mem.read_at(buf, addr.wrapping_add(base as u64)) {
+            Ok(n) => Ok(n),
+            Err(e) if e.raw_os_error() == Some(libc::EIO) => Ok(0),
+            Err(e) => Err(TargetError::Unexpected {
+                pid,
+                what: format!("reading QEMU's memory at exit: {e}"),
+            }),
+        }
+    }
+
     /// The recording directory (every thread's stream; kept after the session).
     pub fn dir(&self) -> &Path {
         self.rec.dir()
@@ -232,6 +387,9 @@ impl QemuLive {
     }
 
     fn pc(&mut self) -> TargetResult<u64> {
+        if let Some(x) = self.at_exit {
+            return Ok(x.pc);
+        }
         let e = self.err();
         self.remote
             .read_register_u64(Some(self.main), "rip")
@@ -460,6 +618,9 @@ impl LiveBackend for QemuLive {
     }
 
     fn read_registers(&mut self) -> TargetResult<X86Registers> {
+        if let Some(x) = &self.at_exit {
+            return Ok(Self::exit_registers(x));
+        }
         let e = self.err();
         let regs = self.remote.read_registers(Some(self.main)).map_err(&e)?;
         let layout = self.remote.layout().clone();
@@ -528,6 +689,11 @@ impl LiveBackend for QemuLive {
     }
 
     fn write_registers(&mut self, regs: &X86Registers) -> TargetResult<()> {
+        if self.at_exit.is_some() {
+            return Err(TargetError::Unsupported(
+                "register writes while QEMU holds the program at its exit",
+            ));
+        }
         // General-purpose registers (the ones GDB writes: `set $rax = …`, `jump`), one `P`
         // each where they differ; the vector state is not written back.
         let current = self.read_registers()?;
@@ -551,6 +717,9 @@ impl LiveBackend for QemuLive {
     }
 
     fn read_memory(&mut self, addr: u64, buf: &mut [u8]) -> TargetResult<usize> {
+        if self.at_exit.is_some() {
+            return self.read_memory_direct(addr, buf);
+        }
         let e = self.err();
         let data = self.remote.read_memory(addr, buf.len()).map_err(e)?;
         buf[..data.len()].copy_from_slice(&data);
@@ -558,12 +727,22 @@ impl LiveBackend for QemuLive {
     }
 
     fn write_memory(&mut self, addr: u64, data: &[u8]) -> TargetResult<()> {
+        if self.at_exit.is_some() {
+            return Err(TargetError::Unsupported(
+                "memory writes while QEMU holds the program at its exit",
+            ));
+        }
         let e = self.err();
         self.remote.write_memory(addr, data).map_err(e)
     }
 
     fn add_breakpoint(&mut self, addr: u64) -> TargetResult<()> {
         if self.bps.contains(&addr) {
+            return Ok(());
+        }
+        if self.at_exit.is_some() {
+            // The stub does not answer while the program is held; it only exits from here.
+            self.bps.insert(addr);
             return Ok(());
         }
         let e = self.err();
@@ -583,6 +762,9 @@ impl LiveBackend for QemuLive {
     fn remove_breakpoint(&mut self, addr: u64) -> TargetResult<bool> {
         if !self.bps.remove(&addr) {
             return Ok(false);
+        }
+        if self.at_exit.is_some() {
+            return Ok(true);
         }
         let e = self.err();
         self.remote
@@ -605,6 +787,10 @@ impl LiveBackend for QemuLive {
     }
 
     fn detach(&mut self) -> TargetResult<()> {
+        if self.at_exit.is_some() {
+            // Nothing to detach from: let it exit.
+            return self.release_exit();
+        }
         for bp in std::mem::take(&mut self.bps) {
             let _ = self.remote.remove_breakpoint(BreakKind::Software, bp, 1);
         }
@@ -629,6 +815,12 @@ impl LiveBackend for QemuLive {
 
     fn resume(&mut self, how: Resume, _record: bool) -> TargetResult<()> {
         // The plugin traces every block: runs are always recorded.
+        if self.at_exit.is_some() {
+            // From the held exit the only way on is the exit (the stub reports it).
+            self.release_exit()?;
+            self.running = true;
+            return Ok(());
+        }
         let (step, signal) = match how {
             Resume::Continue { signal } => (false, signal),
             Resume::Step { signal } => (true, signal),
@@ -677,12 +869,23 @@ impl LiveBackend for QemuLive {
             self.running = false;
             return Ok(Some(ev));
         }
-        let slice = if block {
-            None
-        } else {
-            Some(Duration::from_millis(20))
+        // In slices, so the exit gate is watched too (the stub says nothing while it holds).
+        let slice = Some(Duration::from_millis(20));
+        let reply = loop {
+            match self.remote.wait(slice) {
+                Ok(None) => {}
+                other => break other,
+            }
+            if self.check_exit_gate()? {
+                self.running = false;
+                self.stepping = false;
+                return Ok(Some(StopEvent::Exiting));
+            }
+            if !block {
+                break Ok(None);
+            }
         };
-        match self.remote.wait(slice) {
+        match reply {
             Ok(None) => Ok(None),
             Ok(Some(stop)) => {
                 self.running = false;

@@ -47,6 +47,9 @@ pub struct QemuConfig {
     pub precise: bool,
     /// Test mode: log every executed instruction address per thread.
     pub log_insns: bool,
+    /// Hold the process at its `exit_group` until released (see
+    /// [`EXIT_FILE`](super::output::EXIT_FILE)); only for a live session that releases it.
+    pub exit_stop: bool,
     /// Recording directory; `None`: a new private temporary directory (kept, see
     /// [`QemuRecording::dir`]).
     pub dir: Option<PathBuf>,
@@ -62,6 +65,7 @@ impl QemuConfig {
             plugin: plugin.into(),
             precise: true,
             log_insns: false,
+            exit_stop: false,
             dir: None,
             qemu_args: Vec::new(),
         }
@@ -299,6 +303,9 @@ impl QemuRecording {
         });
         if config.log_insns {
             plugin_arg.push(",log=on");
+        }
+        if config.exit_stop {
+            plugin_arg.push(",exit_stop=on");
         }
         let mut cmd = Command::new(&config.qemu);
         cmd.arg("-plugin").arg(plugin_arg);
