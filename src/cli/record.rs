@@ -127,16 +127,6 @@ pub struct RecordArgs {
     pub(crate) command: Vec<OsString>,
 }
 
-impl RecordArgs {
-    pub(crate) fn listen(&self) -> SocketAddr {
-        self.listen
-    }
-
-    pub(crate) fn allow_remote(&self) -> bool {
-        self.allow_remote
-    }
-}
-
 /// A started recording (target, listener, how it is served), or the exit code after a printed
 /// error.
 pub(crate) type Started = Result<
@@ -243,7 +233,26 @@ pub(crate) fn start_recording(args: &RecordArgs, shared_terminal: bool) -> Start
         return start_hardware_recording(args, program, prog_args, shared_terminal);
     }
     if let Chosen::Qemu = chosen {
-        return super::record_qemu::start(args, program, prog_args);
+        let opts = super::record_qemu::QemuOptions {
+            qemu_plugin: args.qemu_plugin.clone(),
+            trace_dir: args.trace_dir.clone(),
+            qemu_live: args.qemu_live,
+            thread: args.thread,
+            stop_at_exit: args.stop_at_exit,
+        };
+        return Ok(
+            match super::record_qemu::start(&opts, program, prog_args)? {
+                Ok((target, live)) => {
+                    let served = if live {
+                        Served::Started
+                    } else {
+                        Served::Replay
+                    };
+                    Ok((target, bind(args.listen)?, served))
+                }
+                Err(code) => Err(code),
+            },
+        );
     }
     let mut ring = RingConfig::default();
     if let Some(b) = &args.buffer {

@@ -8,12 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use super::record::{RecordArgs, Served, Started, bind};
 use ptrewind::capture::qemu::recording::find_plugin;
 use ptrewind::capture::qemu::{QemuConfig, QemuLive, QemuRecording, Recorded};
 use ptrewind::flow::FlowConfig;
 use ptrewind::server::RecordingTarget;
-use ptrewind::server::check_listen_addr;
 use ptrewind::timeline::{OfflineInfo, OfflineRecording, Timeline};
 
 /// The plugin to load: `--qemu-plugin`, else beside this executable or in its target directory.
@@ -40,9 +38,30 @@ fn human(n: f64) -> String {
     }
 }
 
-/// Records `program` under QEMU to its end and returns the served recording target.
-pub(crate) fn start(args: &RecordArgs, program: &OsString, prog_args: &[OsString]) -> Started {
-    check_listen_addr(args.listen(), args.allow_remote())?;
+/// What `record --backend qemu` was asked (the `record` command's options that concern it;
+/// `record` binds the listener and serves the target).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct QemuOptions {
+    /// `--qemu-plugin`.
+    pub(crate) qemu_plugin: Option<PathBuf>,
+    /// `--trace-dir`.
+    pub(crate) trace_dir: Option<PathBuf>,
+    /// `--qemu-live`.
+    pub(crate) qemu_live: bool,
+    /// `--thread` (replay of a finished recording).
+    pub(crate) thread: Option<u32>,
+    /// `--stop-at-exit` (live).
+    pub(crate) stop_at_exit: bool,
+}
+
+/// The target to serve and whether it is a live program (else a replay of a finished
+/// recording), or the exit code after a printed error.
+pub(crate) type QemuStarted =
+    Result<Result<(RecordingTarget, bool), ExitCode>, Box<dyn std::error::Error + Send + Sync>>;
+
+/// Records `program` under QEMU (to its end, or live with `qemu_live`) and returns the
+/// recording target to serve.
+pub(crate) fn start(args: &QemuOptions, program: &OsString, prog_args: &[OsString]) -> QemuStarted {
     let mut config = QemuConfig::new(plugin(args.qemu_plugin.as_deref())?);
     config.dir = args.trace_dir.clone();
     if args.qemu_live {
@@ -121,8 +140,7 @@ pub(crate) fn start(args: &RecordArgs, program: &OsString, prog_args: &[OsString
             return Ok(Err(ExitCode::from(2)));
         }
     };
-    let listener = bind(args.listen())?;
-    Ok(Ok((target, listener, Served::Replay)))
+    Ok(Ok((target, false)))
 }
 
 /// The timeline of one thread of a QEMU recording (PC-only past).
@@ -203,11 +221,11 @@ pub(crate) fn serve_target(
 /// from the gdbstub, PC-only past from the main thread's trace; see
 /// `ptrewind::capture::qemu::live`).
 fn start_live(
-    args: &RecordArgs,
+    args: &QemuOptions,
     config: &QemuConfig,
     program: &OsString,
     prog_args: &[OsString],
-) -> Started {
+) -> QemuStarted {
     let mut config = config.clone();
     // The end of the program as a place in its history: the plugin holds `exit_group`.
     config.exit_stop = args.stop_at_exit;
@@ -223,7 +241,6 @@ fn start_live(
          main thread's history is served (PC-only past)",
         live.dir().display()
     );
-    let listener = bind(args.listen())?;
     let target = RecordingTarget::new(Timeline::live(Box::new(live), true)?);
-    Ok(Ok((target, listener, Served::Started)))
+    Ok(Ok((target, true)))
 }
