@@ -685,3 +685,82 @@ fn gdb_replays_a_pie_dynamic_program_relocated() {
     assert_ne!(pc, link_leaf + off, "{}", run.dump());
     assert_eq!(pc & 0xfff, (link_leaf + off) & 0xfff, "{}", run.dump());
 }
+
+/// GDB's own `record btrace pt` and LLDB's `thread trace dump instructions` on a QEMU
+/// recording: both debuggers decode the plugin's stream with their libipt (GDB: exactly the
+/// instructions ptrewind recorded, and real frames in the past from the trace's calls), and
+/// LLDB's newest instruction is the program's last, the `exit_group` SYSCALL.
+#[test]
+fn btrace_and_lldb_trace_dump_on_a_qemu_recording() {
+    if !qemu_available() || !have("gdb") {
+        return;
+    }
+    use support::gdb::{Server, gdb_session, run_until};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = compile(dir.path(), "pie", PIE_SRC, &["-g", "-O0"], &[]);
+    let start = |rec: &str| {
+        let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--trace-dir"]
+            .iter()
+            .map(Into::into)
+            .collect();
+        cli.push(dir.path().join(rec).into());
+        cli.extend(["--qemu-plugin".into(), plugin().into(), "--".into()]);
+        cli.push(exe.clone().into());
+        Server::start_cli(&cli)
+    };
+    let run = gdb_session(
+        start("rec1"),
+        &exe,
+        &[
+            "record btrace pt",
+            "info record",
+            "break leaf",
+            "reverse-continue",
+            "echo @bt\\n",
+            "bt",
+        ],
+        std::time::Duration::from_secs(60),
+    );
+    let recorded: u64 = run
+        .server
+        .split_once(" instructions in ")
+        .and_then(|x| x.0.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no instruction count: {}", run.dump()));
+    assert!(
+        run.gdb
+            .contains(&format!("Recorded {recorded} instructions in ")),
+        "{}",
+        run.dump()
+    );
+    assert!(run.gdb.contains("(0 gaps)"), "{}", run.dump());
+    let bt = run.after("@bt");
+    assert!(bt.contains("#0  leaf ("), "{}", run.dump());
+    assert!(bt.contains(" in main ("), "{}", run.dump());
+
+    if !have("lldb-19") {
+        eprintln!("SKIPPED (LLDB part): lldb-19 not installed");
+        return;
+    }
+    let mut server = start("rec2");
+    let mut lldb = std::process::Command::new("lldb-19");
+    lldb.arg("--batch")
+        .args(["-o", &format!("gdb-remote 127.0.0.1:{}", server.port)])
+        .args(["-o", "process trace start"])
+        .args(["-o", "thread trace dump instructions -c 4"])
+        .args(["-o", "thread trace dump info"])
+        .args(["-o", "kill"])
+        .arg(&exe);
+    let out = run_until(&mut lldb, std::time::Duration::from_secs(60));
+    let _ = server.child.kill();
+    let _ = server.child.wait();
+    let text = format!("{}{}", out.stdout, out.stderr);
+    let first = text
+        .split_once("thread trace dump instructions")
+        .and_then(|x| {
+            x.1.lines()
+                .find(|l| l.trim_start().starts_with(char::is_numeric))
+        })
+        .unwrap_or_else(|| panic!("no instructions: {text}"));
+    assert!(first.contains("syscall"), "{text}");
+    assert!(text.contains("Number of individual errors: 0"), "{text}");
+}

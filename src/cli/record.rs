@@ -461,14 +461,20 @@ pub(crate) fn serve_recording(
     register_monitors(session.monitors_mut(), &target);
     // LLDB's Intel PT plug-in (`process trace start`, `thread trace dump ...`) reads the
     // whole recorded trace itself. GDB gets reverse execution from the server, and its own
-    // `record btrace pt` only when the user asks: a view of the recording from that point on.
+    // `record btrace pt` only when the user asks: a view of the recording from that point on
+    // (of all of it in a replay).
     let cpu = if target.shared().borrow().has_hardware_trace() {
         ptrewind::capture::perf::host_cpu()
     } else {
         PtCpu::SOFTWARE
     };
     let mut provider = TraceStoreProvider::new(cpu);
-    let mut gdb_view = TraceStoreProvider::from_enable(cpu);
+    // A replay has no future: `record btrace pt` there shows the whole recording.
+    let mut gdb_view = if served == Served::Replay {
+        TraceStoreProvider::new(cpu)
+    } else {
+        TraceStoreProvider::from_enable(cpu)
+    };
     if let Ok(tid) = u32::try_from(session.target().tid()) {
         let store = target.shared().borrow().trace_store();
         provider.attach(tid, store.clone());
