@@ -764,3 +764,103 @@ fn btrace_and_lldb_trace_dump_on_a_qemu_recording() {
     assert!(first.contains("syscall"), "{text}");
     assert!(text.contains("Number of individual errors: 0"), "{text}");
 }
+
+const SPIN_SRC: &str = r#"
+volatile int sink;
+__attribute__((noinline)) void tick(int i) { sink = i; }
+int main(void) { for (int i = 0;; i++) tick(i); }
+"#;
+
+/// The QEMU process is killed (SIGKILL) while `record --backend qemu` records a program that
+/// never ends: the recording up to that point is kept (the plugin's tail file completes the
+/// stream), ptrewind says how it ended and serves it, and GDB reverse-executes it.
+#[test]
+fn a_killed_guest_keeps_its_recording_and_it_is_served() {
+    if !qemu_available() || !have("gdb") {
+        return;
+    }
+    use support::gdb::{Server, gdb_session};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = compile(dir.path(), "spin", SPIN_SRC, &["-O0", "-no-pie"], &[]);
+    let tick = nm_symbol(&exe, "tick");
+    // The killer: finds the QEMU process running this program once it has run ~0.3 s of CPU.
+    let target = exe.to_string_lossy().into_owned();
+    let killer = std::thread::spawn(move || {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+                let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+                    continue;
+                };
+                let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                let cmd = String::from_utf8_lossy(&cmd);
+                if !cmd.contains("qemu-x86_64") || !cmd.contains(&target) {
+                    continue;
+                }
+                let ticks = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .ok()
+                    .and_then(|s| {
+                        let f: Vec<String> = s
+                            .rsplit_once(')')?
+                            .1
+                            .split_whitespace()
+                            .map(String::from)
+                            .collect();
+                        Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+                    })
+                    .unwrap_or(0);
+                if ticks >= 30 {
+                    // SAFETY: kill(2) on the QEMU process this test started (by its path).
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                    return true;
+                }
+            }
+        }
+        false
+    });
+    let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--trace-dir"]
+        .iter()
+        .map(Into::into)
+        .collect();
+    cli.push(dir.path().join("rec").into());
+    cli.extend(["--qemu-plugin".into(), plugin().into(), "--".into()]);
+    cli.push(exe.clone().into());
+    let server = Server::start_cli(&cli);
+    assert!(killer.join().expect("killer"), "QEMU was never killed");
+    let run = gdb_session(
+        server,
+        &exe,
+        &[
+            "echo @end\\n",
+            "p/x $pc",
+            "break tick",
+            "reverse-continue",
+            "echo @rc\\n",
+            "p/x $pc",
+            "reverse-continue",
+            "echo @rc2\\n",
+            "p/x $pc",
+        ],
+        std::time::Duration::from_secs(60),
+    );
+    assert!(run.server.contains("signal: 9 (SIGKILL)"), "{}", run.dump());
+    assert!(
+        run.server
+            .contains("its stream ended without the plugin's summary"),
+        "{}",
+        run.dump()
+    );
+    // The history ends inside the loop (main or tick), and reverse-continue finds tick's
+    // earlier calls.
+    let end = run.hex_after("@end");
+    let main = nm_symbol(&exe, "main");
+    assert!(
+        (tick..tick + 0x20).contains(&end) || (main..main + 0x40).contains(&end),
+        "{end:#x}: {}",
+        run.dump()
+    );
+    let rc = run.hex_after("@rc");
+    assert!((tick..tick + 16).contains(&rc), "{}", run.dump());
+    assert_eq!(run.hex_after("@rc2"), rc, "{}", run.dump());
+}

@@ -684,6 +684,19 @@ fn parse_args(argc: c_int, argv: *const *const c_char) -> Result<Config, String>
     })
 }
 
+/// Whether this QEMU (plugin API versions `min..=cur`) can run the plugin (built for
+/// [`QEMU_PLUGIN_VERSION`]); the error names both.
+fn check_api(min: c_int, cur: c_int) -> Result<(), String> {
+    if (min..=cur).contains(&QEMU_PLUGIN_VERSION) {
+        return Ok(());
+    }
+    Err(format!(
+        "plugin API version {QEMU_PLUGIN_VERSION} is not supported by this QEMU (it supports \
+         versions {min} to {cur}); this plugin is built for QEMU 7.2's API version \
+         {QEMU_PLUGIN_VERSION}"
+    ))
+}
+
 /// Called by QEMU when it loads the plugin.
 ///
 /// # Safety
@@ -698,12 +711,8 @@ pub unsafe extern "C" fn qemu_plugin_install(
 ) -> c_int {
     // SAFETY: see the function's contract.
     let info = unsafe { &*info };
-    if !(info.version_min..=info.version_cur).contains(&QEMU_PLUGIN_VERSION) {
-        eprintln!(
-            "ptrewind-qemu-plugin: plugin API version {QEMU_PLUGIN_VERSION} is not supported by \
-             this QEMU (it supports versions {} to {})",
-            info.version_min, info.version_cur
-        );
+    if let Err(e) = check_api(info.version_min, info.version_cur) {
+        eprintln!("ptrewind-qemu-plugin: {e}");
         return 1;
     }
     // SAFETY: target_name is a NUL-terminated string owned by QEMU.
@@ -771,4 +780,20 @@ pub unsafe extern "C" fn qemu_plugin_install(
         qemu_plugin_register_atexit_cb(id, on_atexit, ptr::null_mut());
     }
     0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_api_mismatch_names_both_versions() {
+        assert_eq!(check_api(1, 1), Ok(()));
+        assert_eq!(check_api(0, 2), Ok(()));
+        let e = check_api(2, 4).unwrap_err();
+        assert!(
+            e.contains("plugin API version 1 is not supported") && e.contains("versions 2 to 4"),
+            "{e}"
+        );
+    }
 }
