@@ -47,6 +47,10 @@ struct Config {
     exit_stop: bool,
 }
 
+/// `measure=callbacks`: the block callback returns at once (nothing is recorded). Measures what
+/// QEMU's per-block helper call costs by itself (examples/bench_qemu.rs).
+static CALLBACKS_ONLY: AtomicBool = AtomicBool::new(false);
+
 /// The exit gate's shared words (`exit_stop=on`; see `output::exit_gate`), null when off.
 static EXIT_GATE: AtomicPtr<AtomicU64> = AtomicPtr::new(ptr::null_mut());
 /// The process the gate holds (forked children exit freely).
@@ -428,6 +432,9 @@ extern "C" fn on_vcpu_exit(_id: qemu_plugin_id_t, vcpu: c_uint) {
 }
 
 extern "C" fn on_tb_exec(vcpu: c_uint, udata: *mut c_void) {
+    if CALLBACKS_ONLY.load(Ordering::Relaxed) {
+        return;
+    }
     let Some(s) = slot(vcpu) else { return };
     let mut v = lock(s);
     if v.done {
@@ -664,9 +671,10 @@ fn parse_args(argc: c_int, argv: *const *const c_char) -> Result<Config, String>
             "precise" => precise = flag(v)?,
             "log" => log = flag(v)?,
             "exit_stop" => exit_stop = flag(v)?,
+            "measure" if v == "callbacks" => CALLBACKS_ONLY.store(true, Ordering::Relaxed),
             _ => {
                 return Err(format!(
-                    "unknown argument {k:?} (known: out, precise, log, exit_stop)"
+                    "unknown argument {k:?} (known: out, precise, log, exit_stop, measure=callbacks)"
                 ));
             }
         }
