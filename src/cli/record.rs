@@ -127,16 +127,6 @@ pub struct RecordArgs {
     pub(crate) command: Vec<OsString>,
 }
 
-impl RecordArgs {
-    pub(crate) fn listen(&self) -> SocketAddr {
-        self.listen
-    }
-
-    pub(crate) fn allow_remote(&self) -> bool {
-        self.allow_remote
-    }
-}
-
 /// A started recording (target, listener, how it is served), or the exit code after a printed
 /// error.
 pub(crate) type Started = Result<
@@ -243,7 +233,26 @@ pub(crate) fn start_recording(args: &RecordArgs, shared_terminal: bool) -> Start
         return start_hardware_recording(args, program, prog_args, shared_terminal);
     }
     if let Chosen::Qemu = chosen {
-        return super::record_qemu::start(args, program, prog_args);
+        let opts = super::record_qemu::QemuOptions {
+            qemu_plugin: args.qemu_plugin.clone(),
+            trace_dir: args.trace_dir.clone(),
+            qemu_live: args.qemu_live,
+            thread: args.thread,
+            stop_at_exit: args.stop_at_exit,
+        };
+        return Ok(
+            match super::record_qemu::start(&opts, program, prog_args)? {
+                Ok((target, live)) => {
+                    let served = if live {
+                        Served::Started
+                    } else {
+                        Served::Replay
+                    };
+                    Ok((target, bind(args.listen)?, served))
+                }
+                Err(code) => Err(code),
+            },
+        );
     }
     let mut ring = RingConfig::default();
     if let Some(b) = &args.buffer {
@@ -452,19 +461,20 @@ pub(crate) fn serve_recording(
     register_monitors(session.monitors_mut(), &target);
     // LLDB's Intel PT plug-in (`process trace start`, `thread trace dump ...`) reads the
     // whole recorded trace itself. GDB gets reverse execution from the server, and its own
-    // `record btrace pt` only when the user asks: a view of the recording from that point on.
+    // `record btrace pt` only when the user asks: a view of the recording from that point on
+    // (of all of it in a replay).
     let cpu = if target.shared().borrow().has_hardware_trace() {
         ptrewind::capture::perf::host_cpu()
     } else {
         PtCpu::SOFTWARE
     };
     let mut provider = TraceStoreProvider::new(cpu);
-    // A recording replayed after the program ended (QEMU to completion) has no "from now
-    // on": GDB's `record btrace pt` shows the whole recorded history of each thread.
-    let mut gdb_view = if target.shared().borrow().is_live() {
-        TraceStoreProvider::from_enable(cpu)
-    } else {
+    // A replay, or a recording replayed after the program ended (QEMU to completion), has no
+    // "from now on": GDB's `record btrace pt` shows the whole recorded history of each thread.
+    let mut gdb_view = if served == Served::Replay || !target.shared().borrow().is_live() {
         TraceStoreProvider::new(cpu)
+    } else {
+        TraceStoreProvider::from_enable(cpu)
     };
     // Every thread's trace (one for a single-thread recording).
     for (tid, store) in target.shared().borrow().thread_stores() {

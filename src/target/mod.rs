@@ -187,6 +187,13 @@ pub enum Notice {
     /// The program is exiting and stays stopped at its end: the recording ends here and the
     /// past stays available; a further continue ends the program.
     AtExit,
+    /// A watchpoint was refused (GDB then says only that it could not insert a hardware
+    /// watchpoint): the past is PC-only, so no write to a location, nor its earlier values, is
+    /// known.
+    WatchRefused {
+        /// The capture backend.
+        backend: String,
+    },
     /// Replay stopped with watchpoints set at an instruction whose memory writes the recording
     /// does not know: a watched location may have changed there unseen.
     WatchUncertain {
@@ -227,6 +234,18 @@ impl fmt::Display for Notice {
                 "the program is exiting: it stays stopped at its end, where the recording ends; \
                  reverse execution and monitor commands (history, calls, save, ...) work from \
                  here; continue again to let it exit"
+            ),
+            Notice::WatchRefused { backend } => write!(
+                f,
+                "watchpoints are refused here: this recording's past is PC-only ({backend} \
+                 backend), so which instruction wrote a location, and its earlier values, are \
+                 not known{}; delete the watchpoint to go on. Watchpoints need the state log \
+                 of the ptrace backend (record --backend ptrace)",
+                if backend == "qemu" {
+                    ", and QEMU's user-mode gdbstub has no watchpoints for the running program"
+                } else {
+                    ""
+                }
             ),
             Notice::TraceIncomplete { what } => write!(
                 f,

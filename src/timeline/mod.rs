@@ -745,6 +745,19 @@ impl Timeline {
     /// Refused too while recording is off: an untraced run is not single-stepped, a write
     /// would pass unseen.
     pub fn add_watch(&mut self, addr: u64, len: u64) -> bool {
+        if len != 0 && !self.has_state_log() {
+            // GDB's own message names hardware limits: say why (shown at the next stop).
+            let notice = Notice::WatchRefused {
+                backend: self
+                    .live
+                    .as_ref()
+                    .map_or("replay", |l| l.name())
+                    .to_string(),
+            };
+            if !self.notices.contains(&notice) {
+                self.notices.push(notice);
+            }
+        }
         if len == 0 || !self.has_state_log() || !self.record_wanted {
             return false;
         }
