@@ -96,9 +96,10 @@ pub struct RecordArgs {
     /// Keep address-space randomisation enabled in the program (GDB disables it by default).
     #[arg(long)]
     keep_aslr: bool,
-    /// The default (kept so that older command lines work): with the software backend, when
-    /// the program exits or dies it stops at its end, still alive.
-    #[arg(long, hide = true)]
+    /// QEMU live backend (`--qemu-live`): hold the program at its `exit_group` so that its
+    /// history can be examined there (the software backend does this by default; for it the
+    /// flag changes nothing).
+    #[arg(long)]
     pub(crate) stop_at_exit: bool,
     /// Software backend: let the program exit (or die) at once, ending its history with it.
     /// By default it stops at its end (the process still alive) and the debugger is told, so
@@ -124,22 +125,12 @@ pub struct RecordArgs {
     /// directory, kept and printed).
     #[arg(long, value_name = "DIR")]
     pub(crate) trace_dir: Option<std::path::PathBuf>,
-    /// QEMU backend: the thread to serve (default: the main thread).
+    /// QEMU backend: serve only this thread (default: every thread of the process).
     #[arg(long, value_name = "TID")]
     pub(crate) thread: Option<u32>,
     /// The program to run, and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     pub(crate) command: Vec<OsString>,
-}
-
-impl RecordArgs {
-    pub(crate) fn listen(&self) -> SocketAddr {
-        self.listen
-    }
-
-    pub(crate) fn allow_remote(&self) -> bool {
-        self.allow_remote
-    }
 }
 
 /// A started recording (target, listener, how it is served), or the exit code after a printed
@@ -248,7 +239,26 @@ pub(crate) fn start_recording(args: &RecordArgs, shared_terminal: bool) -> Start
         return start_hardware_recording(args, program, prog_args, shared_terminal);
     }
     if let Chosen::Qemu = chosen {
-        return super::record_qemu::start(args, program, prog_args);
+        let opts = super::record_qemu::QemuOptions {
+            qemu_plugin: args.qemu_plugin.clone(),
+            trace_dir: args.trace_dir.clone(),
+            qemu_live: args.qemu_live,
+            thread: args.thread,
+            stop_at_exit: args.stop_at_exit,
+        };
+        return Ok(
+            match super::record_qemu::start(&opts, program, prog_args)? {
+                Ok((target, live)) => {
+                    let served = if live {
+                        Served::Started
+                    } else {
+                        Served::Replay
+                    };
+                    Ok((target, bind(args.listen)?, served))
+                }
+                Err(code) => Err(code),
+            },
+        );
     }
     let mut ring = RingConfig::default();
     if let Some(b) = &args.buffer {
@@ -457,18 +467,27 @@ pub(crate) fn serve_recording(
     register_monitors(session.monitors_mut(), &target);
     // LLDB's Intel PT plug-in (`process trace start`, `thread trace dump ...`) reads the
     // whole recorded trace itself. GDB gets reverse execution from the server, and its own
-    // `record btrace pt` only when the user asks: a view of the recording from that point on.
+    // `record btrace pt` only when the user asks: a view of the recording from that point on
+    // (of all of it in a replay).
     let cpu = if target.shared().borrow().has_hardware_trace() {
         ptrewind::capture::perf::host_cpu()
     } else {
         PtCpu::SOFTWARE
     };
     let mut provider = TraceStoreProvider::new(cpu);
-    let mut gdb_view = TraceStoreProvider::from_enable(cpu);
-    if let Ok(tid) = u32::try_from(session.target().tid()) {
-        let store = target.shared().borrow().trace_store();
-        provider.attach(tid, store.clone());
-        gdb_view.attach(tid, store);
+    // A replay, or a recording replayed after the program ended (QEMU to completion), has no
+    // "from now on": GDB's `record btrace pt` shows the whole recorded history of each thread.
+    let mut gdb_view = if served == Served::Replay || !target.shared().borrow().is_live() {
+        TraceStoreProvider::new(cpu)
+    } else {
+        TraceStoreProvider::from_enable(cpu)
+    };
+    // Every thread's trace (one for a single-thread recording).
+    for (tid, store) in target.shared().borrow().thread_stores() {
+        if let Ok(tid) = u32::try_from(tid) {
+            provider.attach(tid, store.clone());
+            gdb_view.attach(tid, store);
+        }
     }
     // Progress lines while the program runs and the recording grows, on a terminal only, and
     // not when the terminal is GDB's (`ptrewind gdb`).
@@ -479,6 +498,7 @@ pub(crate) fn serve_recording(
             Progress::start(t.progress_probe(), t.step_counter())
         });
     let r = serve_session(session, listener, served, fallback_exe, once, |router| {
+        ptrewind::server::install_stop_query(router, &target);
         tracing::install_lldb(router, Box::new(provider));
         tracing::install_btrace(router, Box::new(gdb_view));
         ptrewind::server::alloc::install(router);

@@ -237,8 +237,11 @@ impl gdbstub::target::Target for GdbStubAdapter {
 }
 
 impl MultiThreadBase for GdbStubAdapter {
-    fn read_registers(&mut self, regs: &mut GdbRegisters, _tid: Tid) -> GsResult<(), Self> {
-        regs.regs = self.target.read_registers().map_err(non_fatal)?;
+    fn read_registers(&mut self, regs: &mut GdbRegisters, tid: Tid) -> GsResult<(), Self> {
+        regs.regs = self
+            .target
+            .read_thread_registers(tid.get() as i32)
+            .map_err(non_fatal)?;
         self.avx = Some(regs.regs.has_avx());
         Ok(())
     }
@@ -277,7 +280,9 @@ impl MultiThreadBase for GdbStubAdapter {
         &mut self,
         thread_is_active: &mut dyn FnMut(Tid),
     ) -> Result<(), Self::Error> {
-        thread_is_active(thread_id(self.target.tid()));
+        for tid in self.target.thread_ids() {
+            thread_is_active(thread_id(tid));
+        }
         Ok(())
     }
 
@@ -287,8 +292,11 @@ impl MultiThreadBase for GdbStubAdapter {
 }
 
 impl SingleRegisterAccess<Tid> for GdbStubAdapter {
-    fn read_register(&mut self, _tid: Tid, reg: GdbRegId, buf: &mut [u8]) -> GsResult<usize, Self> {
-        let regs = self.target.read_registers().map_err(non_fatal)?;
+    fn read_register(&mut self, tid: Tid, reg: GdbRegId, buf: &mut [u8]) -> GsResult<usize, Self> {
+        let regs = self
+            .target
+            .read_thread_registers(tid.get() as i32)
+            .map_err(non_fatal)?;
         if regs.unavailable.contains(reg.0) {
             // gdbstub answers `xx` x the register size: "valid but unavailable".
             return Ok(0);
@@ -376,7 +384,9 @@ impl GdbStubAdapter {
 }
 
 impl ReverseStep<Tid> for GdbStubAdapter {
-    fn reverse_step(&mut self, _tid: Tid) -> Result<(), Self::Error> {
+    fn reverse_step(&mut self, tid: Tid) -> Result<(), Self::Error> {
+        // The thread GDB selected (`Hc`) steps.
+        self.target.select_thread(tid.get() as i32);
         self.reverse(ReverseResume::Step)
     }
 }
@@ -390,9 +400,10 @@ impl ReverseCont<Tid> for GdbStubAdapter {
 impl MultiThreadSingleStep for GdbStubAdapter {
     fn set_resume_action_step(
         &mut self,
-        _tid: Tid,
+        tid: Tid,
         signal: Option<Signal>,
     ) -> Result<(), Self::Error> {
+        self.target.select_thread(tid.get() as i32);
         self.resume = Some(Resume::Step {
             signal: signal.and_then(|s| gdb_to_linux_signal(s.0)),
         });

@@ -203,6 +203,7 @@ pub fn load_saved(dir: &Path) -> Result<OfflineRecording, String> {
                 .and_then(|p| i32::try_from(p).ok())
                 .filter(|&p| p > 0)
                 .unwrap_or(1),
+            tid: manifest["tid"].as_i64().and_then(|t| i32::try_from(t).ok()),
             exe: manifest["exe"].as_str().map(PathBuf::from),
             source: format!("saved recording {}", dir.display()),
             auxv,
