@@ -318,6 +318,15 @@ fn ptrewind_gdb_runs_gdb_with_the_pt_commands() {
     let run = run_until(&mut cmd, TIMEOUT);
     let text = format!("{}{}", run.stdout, run.stderr);
     assert!(run.status.is_some(), "ptrewind gdb timed out:\n{text}");
+    // No warning at connection: the maps file comes through host I/O, the libraries are read
+    // locally (`set sysroot`).
+    for warning in [
+        "unable to open /proc file",
+        "from remote target",
+        "can be slow",
+    ] {
+        assert!(!text.contains(warning), "{warning}\n{text}");
+    }
     // Three hits of factorial: n = 10, 9, 8.
     assert!(text.contains("factorial (n=8)"), "{text}");
     // The call history: main, then factorial nested three deep (indented by two per level).

@@ -850,6 +850,11 @@ pub fn run_gdb(args: GdbArgs) -> CmdResult {
     let mut source = std::ffi::OsString::from("source ");
     source.push(&script);
     cmd.arg("-ex").arg(source);
+    // The program runs on this machine (or under QEMU user mode, which sees its files): GDB
+    // reads the executable and libraries directly instead of through the server's host I/O,
+    // without "Reading … from remote target" for each and the "transfers can be slow"
+    // warning. The maps file GDB reads at connection still comes from the server.
+    cmd.arg("-ex").arg("set sysroot");
     cmd.arg("-ex").arg(format!("target remote {addr}"));
     for e in &args.ex {
         cmd.arg("-ex").arg(e);
