@@ -14,10 +14,12 @@
 //! / [`Target::read_memory`]. Breakpoints are only written into the tracee while it runs under
 //! `cont`; whenever the target is stopped, memory reads see the original code bytes.
 
+pub mod files;
 mod procfs;
 mod ptrace;
 pub mod regs;
 
+pub use files::{FileStat, TargetFile};
 pub use procfs::{MemoryMapping, read_auxv, read_maps};
 pub use ptrace::{PtraceTarget, SpawnOptions};
 pub use regs::{RegMask, X86Registers};
@@ -363,6 +365,16 @@ pub trait Target {
     /// from the process's memory, such as a saved recording's (`None`: read the memory).
     fn saved_library_list(&self) -> Option<String> {
         None
+    }
+    /// Opens `path` read-only as the program sees it, for the debugger's host I/O (GDB's
+    /// `vFile:open`). Default: the file of this machine (regular files only, see
+    /// [`files::open_host_file`]). A recording serves its own `/proc/PID/maps` and files.
+    fn open_file(&mut self, path: &std::path::Path) -> std::io::Result<TargetFile> {
+        files::open_host_file(path)
+    }
+    /// The target of the symbolic link `path` as the program sees it (`vFile:readlink`).
+    fn read_link(&mut self, path: &std::path::Path) -> std::io::Result<PathBuf> {
+        files::read_host_link(path)
     }
     /// Takes the notices collected since the last call.
     fn take_notices(&mut self) -> Vec<Notice> {
