@@ -74,6 +74,16 @@ def lat(label, n):
 /// recorded 85.1 M instructions; the printed counts are the recorded ones).
 const INSNS_PER_ITER: f64 = 17.0;
 
+/// The `ptrewind` server, killed and reaped however `ours` ends (a failed check panics).
+struct Server(std::process::Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 struct Series {
     label: String,
     median: f64,
@@ -154,23 +164,25 @@ fn ours(
     script: &Path,
     steps: usize,
 ) -> (u64, Vec<Series>) {
-    let mut server = Command::new(ptrewind)
-        .args([
-            "record",
-            "--backend",
-            "qemu",
-            "--listen",
-            "127.0.0.1:0",
-            "--",
-        ])
-        .arg(prog)
-        .arg(iters.to_string())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run ptrewind");
-    let stderr = server.stderr.take().expect("stderr");
+    let mut server = Server(
+        Command::new(ptrewind)
+            .args([
+                "record",
+                "--backend",
+                "qemu",
+                "--listen",
+                "127.0.0.1:0",
+                "--",
+            ])
+            .arg(prog)
+            .arg(iters.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run ptrewind"),
+    );
+    let stderr = server.0.stderr.take().expect("stderr");
     let (tx, rx) = std::sync::mpsc::channel();
     let reader = std::thread::spawn(move || {
         use std::io::BufRead;
@@ -189,8 +201,7 @@ fn ours(
     let t0 = Instant::now();
     while port.is_none() {
         let Ok(line) = rx.recv_timeout(std::time::Duration::from_secs(600)) else {
-            let _ = server.kill();
-            let _ = server.wait();
+            drop(server);
             panic!(
                 "ptrewind printed no listening line: {}",
                 reader.join().unwrap_or_default()
@@ -260,8 +271,7 @@ fn ours(
         .stdin(Stdio::null())
         .output()
         .expect("run gdb");
-    let _ = server.kill();
-    let _ = server.wait();
+    drop(server);
     let log = reader.join().unwrap_or_default();
     let text =
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
