@@ -478,3 +478,35 @@ fn watchpoints_are_refused_with_the_reason() {
     // The refused watchpoint did not resume anything; once deleted, the next hit is leaf(1).
     assert!(run.after("@after").contains("$1 = 1"), "{}", run.dump());
 }
+
+/// `kill` while the program is held at its exit: QEMU is killed (no `k` is sent to the stub,
+/// which cannot answer there), the server reports the kill and no QEMU process is left.
+#[test]
+fn kill_at_the_held_exit() {
+    let Some((_dir, exe)) = setup() else { return };
+    let run = session_with(
+        &exe,
+        &[],
+        &cmds(&["continue", "kill"]),
+        None,
+        &["--stop-at-exit"],
+    );
+    assert!(run.gdb.contains("the program is exiting"), "{}", run.dump());
+    assert!(run.gdb.contains("killed"), "{}", run.dump());
+    assert!(
+        run.server.contains("killed by the debugger"),
+        "{}",
+        run.dump()
+    );
+    let exe = exe.to_string_lossy().into_owned();
+    let left = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| {
+            let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            let cmd = String::from_utf8_lossy(&cmd);
+            cmd.contains("qemu-x86_64") && cmd.contains(&exe)
+        });
+    assert!(!left, "a QEMU process is left: {}", run.dump());
+}
