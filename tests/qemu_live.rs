@@ -510,3 +510,89 @@ fn kill_at_the_held_exit() {
         });
     assert!(!left, "a QEMU process is left: {}", run.dump());
 }
+
+const BUSY: &str = r#"
+volatile unsigned sink;
+__attribute__((noinline)) void mark(int i) { sink += i; }
+int main(void) {
+    unsigned s = 1;
+    for (int round = 0; round < 4; round++) {
+        for (int i = 0; i < 300000; i++) { s = s * 1103515245 + 12345; if (s & 0x10000) sink++; }
+        mark(round);
+    }
+    return 0;
+}
+"#;
+
+/// Stops far apart in a branchy program (hundreds of KB of trace between them): each stop reads
+/// only the stream bytes written since the previous one (`monitor stats`: less than the whole
+/// trace), the history stays complete and exact enough for reverse-continue to land on the
+/// previous hit, with no decode error.
+#[test]
+fn stops_read_only_the_new_part_of_the_stream() {
+    if !have("qemu-x86_64") || !have("gdb") {
+        eprintln!("skipped: qemu-x86_64 (package qemu-user) or gdb not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile_source(
+        "cc",
+        dir.path(),
+        "busy",
+        BUSY,
+        &["-g", "-O1", "-no-pie"],
+        &[],
+    );
+    let mark = nm_symbol(&exe, "mark");
+    let run = session(
+        &exe,
+        &[],
+        &cmds(&[
+            "break mark",
+            "continue",
+            "continue",
+            "continue",
+            "echo @third\\n",
+            "p/x $pc",
+            "monitor stats",
+            "reverse-continue",
+            "echo @rc\\n",
+            "p/x $pc",
+            "monitor stats",
+            "kill",
+        ]),
+    );
+    let field = |text: &str, key: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no {key:?}: {}", run.dump()))
+    };
+    let third = run.after("@third");
+    let total = field(third, "trace bytes              ");
+    let read = field(third, "trace read at the last stop ");
+    assert!(total > 100_000, "{}", run.dump());
+    assert!(
+        read > 0 && read < total,
+        "read {read} of {total}: {}",
+        run.dump()
+    );
+    assert!(
+        third.contains("index complete           yes"),
+        "{}",
+        run.dump()
+    );
+    assert!(
+        third.contains("decode errors            0"),
+        "{}",
+        run.dump()
+    );
+    let bp = run.hex_after("@third");
+    assert!((mark..mark + 16).contains(&bp), "{}", run.dump());
+    assert_eq!(run.hex_after("@rc"), bp, "{}", run.dump());
+    assert!(
+        run.after("@rc").contains("decode errors            0"),
+        "{}",
+        run.dump()
+    );
+}
