@@ -10,7 +10,7 @@ use ptrewind::capture::soft::{
 };
 use ptrewind::server::btrace::{PtCpu, TraceStoreProvider};
 use ptrewind::server::{
-    OnDisconnect, RecordingTarget, Router, ServeOutcome, Session, check_listen_addr,
+    GdbStubAdapter, OnDisconnect, RecordingTarget, Router, ServeOutcome, check_listen_addr,
     register_monitors, tracing,
 };
 use ptrewind::target::{PtraceTarget, SpawnOptions};
@@ -96,11 +96,16 @@ pub struct RecordArgs {
     /// Keep address-space randomisation enabled in the program (GDB disables it by default).
     #[arg(long)]
     keep_aslr: bool,
-    /// Software backend: when the program exits or dies, stop at its end (the process still
-    /// alive) and tell the debugger, so reverse execution and monitor commands work from there;
-    /// a further continue lets it exit.
-    #[arg(long)]
+    /// The default (kept so that older command lines work): with the software backend, when
+    /// the program exits or dies it stops at its end, still alive.
+    #[arg(long, hide = true)]
     pub(crate) stop_at_exit: bool,
+    /// Software backend: let the program exit (or die) at once, ending its history with it.
+    /// By default it stops at its end (the process still alive) and the debugger is told, so
+    /// reverse execution, `monitor` commands and `monitor save` work from there; a further
+    /// continue lets it exit.
+    #[arg(long, conflicts_with = "stop_at_exit")]
+    pub(crate) no_stop_at_exit: bool,
     /// End when the debugger's connection closes (the program is killed). By default the
     /// program and its recording are kept, stopped, and ptrewind waits for a debugger to
     /// connect again (like gdbserver without --once). `ptrewind gdb` always ends with its GDB.
@@ -119,7 +124,7 @@ pub struct RecordArgs {
     /// directory, kept and printed).
     #[arg(long, value_name = "DIR")]
     pub(crate) trace_dir: Option<std::path::PathBuf>,
-    /// QEMU backend: the thread to serve (default: the main thread).
+    /// QEMU backend: serve only this thread (default: every thread of the process).
     #[arg(long, value_name = "TID")]
     pub(crate) thread: Option<u32>,
     /// The program to run, and its arguments.
@@ -287,7 +292,7 @@ pub(crate) fn start_recording(args: &RecordArgs, shared_terminal: bool) -> Start
     };
     let recorder =
         SoftRecorder::new(target, config).map_err(|e| format!("cannot start recording: {e}"))?;
-    let target = soft_recording(recorder, args.stop_at_exit)?;
+    let target = soft_recording(recorder, !args.no_stop_at_exit)?;
     Ok(Ok((target, listener, Served::Started)))
 }
 
@@ -410,7 +415,7 @@ fn start_hardware_recording(
 
 /// Serves a software recorder over a ptrace target. With its state log on, registers and
 /// memory are rebuilt in the past; without, the past is served PC-only. `stop_at_exit`: the end
-/// of the program is a place in the history (see `--stop-at-exit`).
+/// of the program is a place in the history (the default; `--no-stop-at-exit` turns it off).
 pub(crate) fn soft_recording(
     rec: SoftRecorder<PtraceTarget>,
     stop_at_exit: bool,
@@ -457,7 +462,7 @@ pub(crate) fn serve_recording(
     fallback_exe: &std::ffi::OsStr,
     once: bool,
 ) -> CmdResult {
-    let mut session = Session::new(Box::new(target.clone()));
+    let mut session = GdbStubAdapter::new(Box::new(target.clone()));
     register_monitors(session.monitors_mut(), &target);
     // LLDB's Intel PT plug-in (`process trace start`, `thread trace dump ...`) reads the
     // whole recorded trace itself. GDB gets reverse execution from the server, and its own
@@ -469,16 +474,19 @@ pub(crate) fn serve_recording(
         PtCpu::SOFTWARE
     };
     let mut provider = TraceStoreProvider::new(cpu);
-    // A replay has no future: `record btrace pt` there shows the whole recording.
-    let mut gdb_view = if served == Served::Replay {
+    // A replay, or a recording replayed after the program ended (QEMU to completion), has no
+    // "from now on": GDB's `record btrace pt` shows the whole recorded history of each thread.
+    let mut gdb_view = if served == Served::Replay || !target.shared().borrow().is_live() {
         TraceStoreProvider::new(cpu)
     } else {
         TraceStoreProvider::from_enable(cpu)
     };
-    if let Ok(tid) = u32::try_from(session.target().tid()) {
-        let store = target.shared().borrow().trace_store();
-        provider.attach(tid, store.clone());
-        gdb_view.attach(tid, store);
+    // Every thread's trace (one for a single-thread recording).
+    for (tid, store) in target.shared().borrow().thread_stores() {
+        if let Ok(tid) = u32::try_from(tid) {
+            provider.attach(tid, store.clone());
+            gdb_view.attach(tid, store);
+        }
     }
     // Progress lines while the program runs and the recording grows, on a terminal only, and
     // not when the terminal is GDB's (`ptrewind gdb`).
@@ -489,6 +497,7 @@ pub(crate) fn serve_recording(
             Progress::start(t.progress_probe(), t.step_counter())
         });
     let r = serve_session(session, listener, served, fallback_exe, once, |router| {
+        ptrewind::server::install_stop_query(router, &target);
         tracing::install_lldb(router, Box::new(provider));
         tracing::install_btrace(router, Box::new(gdb_view));
         ptrewind::server::alloc::install(router);
@@ -590,7 +599,7 @@ pub(crate) fn serve(
     fallback_exe: &std::ffi::OsStr,
     once: bool,
 ) -> CmdResult {
-    let session = Session::new(Box::new(target));
+    let session = GdbStubAdapter::new(Box::new(target));
     serve_session(session, listener, served, fallback_exe, once, |_| {})
 }
 
@@ -600,7 +609,7 @@ pub(crate) fn serve(
 /// debugger is awaited, unless `once` (the program is then killed, or detached if attached to).
 /// `configure` adds interceptors to the router.
 pub(crate) fn serve_session(
-    mut session: Session,
+    mut session: GdbStubAdapter,
     listener: TcpListener,
     served: Served,
     fallback_exe: &std::ffi::OsStr,

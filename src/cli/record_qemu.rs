@@ -12,7 +12,7 @@ use ptrewind::capture::qemu::recording::find_plugin;
 use ptrewind::capture::qemu::{QemuConfig, QemuLive, QemuRecording, Recorded};
 use ptrewind::flow::FlowConfig;
 use ptrewind::server::RecordingTarget;
-use ptrewind::timeline::{OfflineInfo, OfflineRecording, Timeline};
+use ptrewind::timeline::{FatalSignal, OfflineInfo, OfflineRecording, ThreadRecording, Timeline};
 
 /// The plugin to load: `--qemu-plugin`, else beside this executable or in its target directory.
 fn plugin(arg: Option<&Path>) -> Result<PathBuf, String> {
@@ -133,7 +133,8 @@ pub(crate) fn start(args: &QemuOptions, program: &OsString, prog_args: &[OsStrin
             );
         }
     }
-    let target = match serve_target(&recorded, args.thread) {
+    let signal = std::os::unix::process::ExitStatusExt::signal(&status);
+    let target = match serve_target(&recorded, args.thread, signal) {
         Ok(t) => t,
         Err(e) => {
             eprintln!("ptrewind: cannot replay the QEMU recording: {e}");
@@ -143,28 +144,17 @@ pub(crate) fn start(args: &QemuOptions, program: &OsString, prog_args: &[OsStrin
     Ok(Ok((target, false)))
 }
 
-/// The timeline of one thread of a QEMU recording (PC-only past).
+/// The timeline of a QEMU recording (PC-only past): every thread of the first process, or the
+/// one `tid` names. `signal`: the signal that killed QEMU (the program crashed).
 pub(crate) fn serve_target(
     recorded: &Recorded,
     tid: Option<u32>,
+    signal: Option<i32>,
 ) -> Result<RecordingTarget, Box<dyn std::error::Error + Send + Sync>> {
-    let thread = recorded.thread(tid).ok_or_else(|| match tid {
+    let first = recorded.thread(tid).ok_or_else(|| match tid {
         Some(t) => format!("no thread {t} in {}", recorded.dir.display()),
         None => format!("no thread recorded in {}", recorded.dir.display()),
     })?;
-    if recorded.threads.len() > 1 {
-        let others: Vec<String> = recorded
-            .threads
-            .iter()
-            .filter(|t| t.tid != thread.tid)
-            .map(|t| t.tid.to_string())
-            .collect();
-        eprintln!(
-            "ptrewind: serving thread {} (others recorded: {}; choose with --thread TID)",
-            thread.tid,
-            others.join(", ")
-        );
-    }
     // The code from the recorded mappings, every missing file reported once, as `decode --qemu`.
     let (image, symbols) = super::decode::qemu_image(recorded, &[], &[])?;
     let exe = recorded.launch.as_ref().map(|l| l.program.clone());
@@ -191,30 +181,70 @@ pub(crate) fn serve_target(
         }
         .to_xml()
     });
-    let rec = OfflineRecording {
+    let one = |thread: &ptrewind::capture::qemu::RecordedThread| OfflineRecording {
         trace: thread.trace.clone(),
-        image,
+        image: image.clone(),
         immutable: None,
-        symbols,
+        symbols: symbols.clone(),
         registers_at_start: None,
         registers_at_end: None,
         registers_at: Vec::new(),
         instructions: thread.meta.as_ref().map(|m| m.tracer.instructions),
         flow: FlowConfig::default(),
         info: OfflineInfo {
-            pid: i32::try_from(thread.tid).unwrap_or(1),
-            exe,
+            pid: i32::try_from(thread.pid).unwrap_or(1),
+            tid: i32::try_from(thread.tid).ok(),
+            exe: exe.clone(),
             source: format!(
                 "QEMU recording {} [thread {}]",
                 recorded.dir.display(),
                 thread.tid
             ),
-            auxv: loader.map(|l| l.auxv),
-            libraries_xml,
+            auxv: loader.as_ref().map(|l| l.auxv.clone()),
+            libraries_xml: libraries_xml.clone(),
             ..OfflineInfo::default()
         },
     };
-    Ok(RecordingTarget::new(Timeline::offline(rec)?))
+    if tid.is_some() {
+        return Ok(RecordingTarget::new(Timeline::offline(one(first))?));
+    }
+    // Every thread of the process the recording started with (a child process's threads
+    // would need their own image and are not served).
+    let threads: Vec<ThreadRecording> = recorded
+        .threads
+        .iter()
+        .filter(|t| t.pid == first.pid && !t.trace.is_empty())
+        .map(|t| ThreadRecording {
+            tid: i32::try_from(t.tid).unwrap_or(1),
+            recording: one(t),
+        })
+        .collect();
+    let others = recorded
+        .threads
+        .iter()
+        .filter(|t| t.pid != first.pid)
+        .count();
+    if others > 0 {
+        eprintln!(
+            "ptrewind: {others} thread(s) of other processes (children) are recorded in {} but \
+             not served",
+            recorded.dir.display()
+        );
+    }
+    let fatal = signal.map(|signal| FatalSignal { signal, tid: None });
+    let timeline = Timeline::offline_threads(threads, fatal)?;
+    eprintln!(
+        "ptrewind: serving {} thread(s) ({}); thread {} selected",
+        timeline.thread_ids().len(),
+        timeline
+            .thread_ids()
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
+        timeline.tid()
+    );
+    Ok(RecordingTarget::new(timeline))
 }
 
 /// `--qemu-live`: the program under QEMU with the plugin and the gdbstub, served live (present

@@ -14,10 +14,12 @@
 //! / [`Target::read_memory`]. Breakpoints are only written into the tracee while it runs under
 //! `cont`; whenever the target is stopped, memory reads see the original code bytes.
 
+pub mod files;
 mod procfs;
 mod ptrace;
 pub mod regs;
 
+pub use files::{FileStat, TargetFile};
 pub use procfs::{MemoryMapping, read_auxv, read_maps};
 pub use ptrace::{PtraceTarget, SpawnOptions};
 pub use regs::{RegMask, X86Registers};
@@ -293,14 +295,31 @@ pub trait Watchpoints {
 
 /// A debuggable process (live or recorded), as the GDB server sees it.
 ///
-/// Only one thread (the main thread, `tid() == pid()`) is debugged; see [`Notice`] for the
-/// events that are detected but not followed.
+/// The *selected* thread (`tid()`) is the one that steps and whose registers are written; a
+/// target with several threads lists them ([`Target::thread_ids`]) and reads each one's
+/// registers ([`Target::read_thread_registers`]). By default only one thread (the main thread,
+/// `tid() == pid()`) is debugged; see [`Notice`] for the events that are detected but not
+/// followed.
 pub trait Target {
     /// The process id.
     fn pid(&self) -> i32;
-    /// The id of the debugged thread.
+    /// The id of the selected thread (the one a stop is reported in).
     fn tid(&self) -> i32 {
         self.pid()
+    }
+    /// Every thread, the selected one first.
+    fn thread_ids(&self) -> Vec<i32> {
+        vec![self.tid()]
+    }
+    /// Makes `tid` the selected thread (GDB's `Hc`/`vCont` thread, or the thread of a reverse
+    /// step); `false` if there is no such thread.
+    fn select_thread(&mut self, tid: i32) -> bool {
+        tid == self.tid()
+    }
+    /// Reads all registers of thread `tid` (the selected thread's by default).
+    fn read_thread_registers(&mut self, tid: i32) -> TargetResult<X86Registers> {
+        let _ = tid;
+        self.read_registers()
     }
     /// The executable file, as an absolute path if known.
     fn exec_path(&self) -> Option<PathBuf>;
@@ -346,6 +365,16 @@ pub trait Target {
     /// from the process's memory, such as a saved recording's (`None`: read the memory).
     fn saved_library_list(&self) -> Option<String> {
         None
+    }
+    /// Opens `path` read-only as the program sees it, for the debugger's host I/O (GDB's
+    /// `vFile:open`). Default: the file of this machine (regular files only, see
+    /// [`files::open_host_file`]). A recording serves its own `/proc/PID/maps` and files.
+    fn open_file(&mut self, path: &std::path::Path) -> std::io::Result<TargetFile> {
+        files::open_host_file(path)
+    }
+    /// The target of the symbolic link `path` as the program sees it (`vFile:readlink`).
+    fn read_link(&mut self, path: &std::path::Path) -> std::io::Result<PathBuf> {
+        files::read_host_link(path)
     }
     /// Takes the notices collected since the last call.
     fn take_notices(&mut self) -> Vec<Notice> {
