@@ -151,6 +151,8 @@ fn breakpoints_step_reverse_step_and_reverse_continue() {
             "continue",
             "echo @live\\n",
             "continue",
+            "echo @atexit\\n",
+            "continue",
             "echo @end\\n",
         ]),
     );
@@ -188,8 +190,15 @@ fn breakpoints_step_reverse_step_and_reverse_continue() {
         "{}",
         run.dump()
     );
+    // The program stops at its exit (the default), then exits.
     assert!(
-        after("@live").contains("exited with code 032"),
+        after("@atexit").contains("the program is exiting")
+            || after("@live").contains("the program is exiting"),
+        "{}",
+        run.dump()
+    );
+    assert!(
+        after("@atexit").contains("exited with code 032"),
         "{}",
         run.dump()
     );
@@ -330,6 +339,7 @@ fn pie_dynamic_program_many_stops_and_reverse() {
         "delete",
         "continue",
         "continue",
+        "continue",
     ]));
     let run = session(&exe, &[], &commands);
     let g = &run.gdb;
@@ -366,7 +376,9 @@ fn pie_dynamic_program_many_stops_and_reverse() {
         "{}",
         run.dump()
     );
-    // Forward: replay to the live stop, then the program runs on to its end (r = 20 + 6).
+    // Forward: replay to the live stop, then the program runs on to its end (r = 20 + 6),
+    // where it stops (the default) before it exits.
+    assert!(g.contains("the program is exiting"), "{}", run.dump());
     assert!(
         g.contains("No more reverse-execution history"),
         "{}",
@@ -375,7 +387,7 @@ fn pie_dynamic_program_many_stops_and_reverse() {
     assert!(g.contains("exited with code 032"), "{}", run.dump());
 }
 
-/// `--stop-at-exit` under QEMU: the plugin holds the program at its `exit_group`, GDB sees a
+/// The stop at the exit under QEMU (the default): the plugin holds the program at its `exit_group`, GDB sees a
 /// trap at the SYSCALL in `_exit` with the call's registers and the program's memory, reverse
 /// execution works from there, replay forward returns to the end, and a further continue ends
 /// the program with its exit code.
@@ -403,7 +415,7 @@ fn stop_at_exit_is_a_place_in_history() {
             "echo @end\\n",
         ]),
         None,
-        &["--stop-at-exit"],
+        &[],
     );
     let g = &run.gdb;
     let leaf = nm_symbol(&exe, "leaf");
@@ -484,13 +496,7 @@ fn watchpoints_are_refused_with_the_reason() {
 #[test]
 fn kill_at_the_held_exit() {
     let Some((_dir, exe)) = setup() else { return };
-    let run = session_with(
-        &exe,
-        &[],
-        &cmds(&["continue", "kill"]),
-        None,
-        &["--stop-at-exit"],
-    );
+    let run = session_with(&exe, &[], &cmds(&["continue", "kill"]), None, &[]);
     assert!(run.gdb.contains("the program is exiting"), "{}", run.dump());
     assert!(run.gdb.contains("killed"), "{}", run.dump());
     assert!(
