@@ -50,7 +50,7 @@ pub(crate) struct QemuOptions {
     pub(crate) qemu_live: bool,
     /// `--thread` (replay of a finished recording).
     pub(crate) thread: Option<u32>,
-    /// `--stop-at-exit` (live).
+    /// Stop at the program's exit (live; the default, off with `--no-stop-at-exit`).
     pub(crate) stop_at_exit: bool,
 }
 

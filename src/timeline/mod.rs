@@ -758,8 +758,9 @@ impl Timeline {
                 backend: self
                     .live
                     .as_ref()
-                    .map_or("replay", |l| l.name())
-                    .to_string(),
+                    .map_or("offline replay".to_string(), |l| {
+                        format!("{} backend", l.name())
+                    }),
             };
             if !self.notices.contains(&notice) {
                 self.notices.push(notice);
