@@ -23,8 +23,10 @@
 //! The past is PC-only for every thread (as for one offline thread): RIP at every position,
 //! every other register unavailable.
 
-use super::{OfflineRecording, Timeline, unknown_registers};
+use super::save::SAVE_FORMAT;
+use super::{OfflineRecording, Timeline, load_saved, unknown_registers};
 use crate::history::{BreakpointSet, GlobalOrder, ThreadClock};
+use crate::store::dirfile::RecordingDir;
 use crate::target::{Resume, ReverseResume, StopEvent, TargetError, TargetResult, X86Registers};
 
 /// One thread of a recording to replay.
@@ -57,6 +59,58 @@ pub struct FatalSignal {
     /// The thread it was raised in, when the recording says (otherwise the thread whose
     /// stream ends at an instruction that did not execute, else the last to run).
     pub tid: Option<i32>,
+}
+
+/// The threads of a saved multi-thread recording and how it ended.
+pub type SavedThreads = (Vec<ThreadRecording>, Option<FatalSignal>);
+
+/// Reads a directory written by `monitor save DIR` from a multi-thread recording (see
+/// [`Timeline::save_threads`]); `Ok(None)` if it is a single-thread recording.
+pub fn load_saved_threads(
+    dir: &std::path::Path,
+) -> Result<Option<SavedThreads>, String> {
+    let files = RecordingDir::open(dir).map_err(|e| e.to_string())?;
+    let manifest: serde_json::Value = serde_json::from_slice(
+        &files
+            .read("manifest.json", 1 << 20)
+            .map_err(|e| e.to_string())?,
+    )
+    .map_err(|e| format!("{}: {e}", dir.join("manifest.json").display()))?;
+    let Some(list) = manifest["threads"].as_array() else {
+        return Ok(None);
+    };
+    if manifest["format"].as_str() != Some(SAVE_FORMAT) {
+        return Err(format!(
+            "{}: not a {SAVE_FORMAT} manifest",
+            dir.join("manifest.json").display()
+        ));
+    }
+    let mut threads = Vec::with_capacity(list.len());
+    for (i, t) in list.iter().enumerate() {
+        let bad = |what: &str| format!("manifest.json: thread {i}: {what}");
+        let tid = t["tid"]
+            .as_i64()
+            .and_then(|t| i32::try_from(t).ok())
+            .filter(|&t| t > 0)
+            .ok_or_else(|| bad("no tid"))?;
+        // A plain name inside the directory (never `..` or a path elsewhere).
+        let name = t["dir"].as_str().ok_or_else(|| bad("no dir"))?;
+        if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+            return Err(bad("its dir is not a name in the recording directory"));
+        }
+        let recording = load_saved(&dir.join(name)).map_err(|e| bad(&e))?;
+        threads.push(ThreadRecording { tid, recording });
+    }
+    let fatal = manifest["fatal_signal"]
+        .as_i64()
+        .and_then(|s| i32::try_from(s).ok())
+        .map(|signal| FatalSignal {
+            signal,
+            tid: manifest["fatal_tid"]
+                .as_i64()
+                .and_then(|t| i32::try_from(t).ok()),
+        });
+    Ok(Some((threads, fatal)))
 }
 
 fn thread_of<'a>(
@@ -253,6 +307,74 @@ impl Timeline {
             );
         }
         v
+    }
+
+    /// `monitor save DIR` for every thread: each thread's recording in `DIR/thread-TID` (the
+    /// single-thread format) and a `manifest.json` naming them, the thread the recording ended
+    /// in and its signal; read back by [`load_saved_threads`]. `None` for a single-thread
+    /// timeline.
+    pub fn save_threads(
+        &mut self,
+        dir: &std::path::Path,
+        libraries_xml: Option<&str>,
+    ) -> Option<Result<String, String>> {
+        self.group.as_ref()?;
+        Some(self.save_threads_into(dir, libraries_xml))
+    }
+
+    fn save_threads_into(
+        &mut self,
+        dir: &std::path::Path,
+        libraries_xml: Option<&str>,
+    ) -> Result<String, String> {
+        let out = RecordingDir::create(dir).map_err(|e| e.to_string())?;
+        out.remove("manifest.json").map_err(|e| e.to_string())?;
+        let pid = self.pid();
+        let Some(mut g) = self.group.take() else {
+            return Err("not a multi-thread recording".into());
+        };
+        let mut entries = Vec::new();
+        let mut text = String::new();
+        let mut result = Ok(());
+        for k in 0..g.tids.len() {
+            let tid = g.tids[k];
+            let name = format!("thread-{tid}");
+            let Some(t) = thread_of(self, &mut g, k) else {
+                continue;
+            };
+            match t.save(&out.path().join(&name), libraries_xml) {
+                Ok(s) => text.push_str(&s),
+                Err(e) => {
+                    result = Err(format!("thread {tid}: {e}"));
+                    break;
+                }
+            }
+            entries.push(serde_json::json!({"tid": tid, "dir": name}));
+        }
+        let ended = g.ended.map(|(k, sig)| (g.tids[k], sig));
+        self.group = Some(g);
+        result?;
+        let manifest = serde_json::json!({
+            "format": SAVE_FORMAT,
+            "pid": pid,
+            "threads": entries,
+            "fatal_signal": ended.map(|(_, s)| s),
+            "fatal_tid": ended.map(|(t, _)| t),
+        });
+        out.write(
+            "manifest.json",
+            serde_json::to_string_pretty(&manifest)
+                .unwrap_or_default()
+                .as_bytes(),
+        )
+        .map_err(|e| e.to_string())?;
+        text.push_str(&format!(
+            "saved {} threads to {} (replay every thread with: ptrewind replay {})\n",
+            entries.len(),
+            dir.display(),
+            dir.display()
+        ));
+        Ok(text)
     }
 
     /// Swaps thread `k`'s timeline into place.
