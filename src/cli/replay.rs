@@ -206,7 +206,12 @@ pub fn run(args: ReplayArgs) -> CmdResult {
             // A multi-thread recording: every thread, in one global order.
             if let Some((threads, fatal)) = load_saved_threads(dir)? {
                 let target = match Timeline::offline_threads(threads, fatal) {
-                    Ok(t) => RecordingTarget::new(t),
+                    Ok(t) => {
+                        for why in t.skipped_threads() {
+                            eprintln!("ptrewind: warning: not served: {why}");
+                        }
+                        RecordingTarget::new(t)
+                    }
                     Err(e) => {
                         eprintln!("ptrewind: cannot replay: {e}");
                         return Ok(ExitCode::from(2));

@@ -248,6 +248,9 @@ fn threads_text(t: &mut Timeline) -> String {
             "global position {pos} of {total} (all threads' instructions in time order)\n"
         ));
     }
+    for why in t.skipped_threads() {
+        out.push_str(&format!("  not served: {why}\n"));
+    }
     for (tid, n, len, pc) in t.thread_positions() {
         let mark = if tid == selected { '*' } else { ' ' };
         let state = if n == 0 {

@@ -49,6 +49,8 @@ pub(super) struct ThreadGroup {
     pos: u64,
     /// The thread a fatal signal ended, and the signal.
     ended: Option<(usize, i32)>,
+    /// Recorded threads that could not be served, and why.
+    skipped: Vec<String>,
 }
 
 /// How a process recording ended, when a signal killed it.
@@ -66,9 +68,7 @@ pub type SavedThreads = (Vec<ThreadRecording>, Option<FatalSignal>);
 
 /// Reads a directory written by `monitor save DIR` from a multi-thread recording (see
 /// [`Timeline::save_threads`]); `Ok(None)` if it is a single-thread recording.
-pub fn load_saved_threads(
-    dir: &std::path::Path,
-) -> Result<Option<SavedThreads>, String> {
+pub fn load_saved_threads(dir: &std::path::Path) -> Result<Option<SavedThreads>, String> {
     let files = RecordingDir::open(dir).map_err(|e| e.to_string())?;
     let manifest: serde_json::Value = serde_json::from_slice(
         &files
@@ -140,20 +140,27 @@ impl Timeline {
         let mut clocks = Vec::with_capacity(threads.len());
         let mut timelines = Vec::with_capacity(threads.len());
         let mut tids = Vec::with_capacity(threads.len());
+        let mut skipped = Vec::new();
         for ThreadRecording { tid, mut recording } in threads {
             let clock =
                 ThreadClock::from_trace(&recording.trace, &recording.image, &recording.flow);
             recording.info.tid = Some(tid);
+            // A thread that cannot be served (no instruction decodes, a decode that does not
+            // agree with itself) is left out and said so, not the whole recording.
             let mut t = match Timeline::offline(recording) {
                 Ok(t) => t,
-                Err(e) => return Err(format!("thread {tid}: {e}")),
+                Err(e) => {
+                    skipped.push(format!("thread {tid}: {e}"));
+                    continue;
+                }
             };
             let len = t.len();
             if clock.len() != len {
-                return Err(format!(
+                skipped.push(format!(
                     "thread {tid}: its history has {len} instructions, its timing pass {}",
                     clock.len()
                 ));
+                continue;
             }
             if let Some(ip) = clock.stop_ip() {
                 // The thread stopped at an instruction that did not execute (a fault): that is
@@ -165,6 +172,9 @@ impl Timeline {
             clocks.push(clock);
             timelines.push(t);
             tids.push(tid);
+        }
+        if timelines.is_empty() {
+            return Err(format!("no thread can be replayed: {}", skipped.join("; ")));
         }
         let order = GlobalOrder::new(&clocks);
         let total = order.len();
@@ -199,10 +209,17 @@ impl Timeline {
             selected: 0,
             pos: total,
             ended: fatal.map(|f| (ended_in, f.signal)),
+            skipped,
         }));
         me.set_global_position(total);
         me.select_index(ended_in);
         Ok(me)
+    }
+
+    /// Recorded threads left out of a multi-thread timeline (their traces could not be
+    /// replayed), each with the reason.
+    pub fn skipped_threads(&self) -> &[String] {
+        self.group.as_ref().map_or(&[], |g| g.skipped.as_slice())
     }
 
     /// Whether this timeline serves several threads.
@@ -689,7 +706,17 @@ mod tests {
                 recording: recording(y),
             },
         ];
+        let mut threads = threads;
+        // A thread whose trace decodes to nothing is left out, and said so.
+        let mut empty = Vec::new();
+        Encoder::new().psb(&mut empty);
+        threads.push(ThreadRecording {
+            tid: 12,
+            recording: recording(empty),
+        });
         let mut t = Timeline::offline_threads(threads, None).unwrap();
+        assert_eq!(t.skipped_threads().len(), 1);
+        assert!(t.skipped_threads()[0].starts_with("thread 12: "));
         // The end: X ran last.
         assert_eq!(t.tid(), 10);
         assert_eq!(t.thread_ids(), vec![10, 11]);
