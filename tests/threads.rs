@@ -225,10 +225,19 @@ fn every_thread_of_a_crashed_recording_in_global_order() {
             "echo @end\\n",
             "continue",
             "monitor thread",
+            "delete",
+            // A thread-specific breakpoint: GDB resumes past main's three calls (stops in
+            // another thread) to worker A's last one.
+            &format!(
+                "python gdb.execute('break step_a thread %d' % [t.num for t in \
+                 gdb.selected_inferior().threads() if t.ptid[1] == {a}][0])"
+            ),
+            "reverse-continue",
+            "monitor thread",
         ],
         Duration::from_secs(120),
     );
-    assert_eq!(selected(&run), [b, main, b], "{}", run.dump());
+    assert_eq!(selected(&run), [b, main, b, a], "{}", run.dump());
     assert!(
         run.after("@end").contains("received signal SIGSEGV"),
         "{}",
@@ -278,6 +287,11 @@ fn reverse_stepi_in_a_selected_worker_follows_its_log() {
         cmds.push("reverse-stepi".into());
         cmds.push("printf \"PC %lx\\n\", $pc".into());
     }
+    // And forward again, in the same thread.
+    for _ in 0..2 {
+        cmds.push("stepi".into());
+        cmds.push("printf \"PC %lx\\n\", $pc".into());
+    }
     cmds.push("echo @sel\\n".into());
     cmds.push("monitor thread".into());
     cmds.push("monitor threads".into());
@@ -288,11 +302,12 @@ fn reverse_stepi_in_a_selected_worker_follows_its_log() {
         .iter()
         .map(|v| u64::from_str_radix(v, 16).expect("hex pc"))
         .collect();
-    assert_eq!(pcs.len(), STEPS + 1, "{}", run.dump());
-    // A ended normally: it stands at its last instruction, and each reverse-stepi goes one of
-    // its own instructions back.
+    assert_eq!(pcs.len(), STEPS + 3, "{}", run.dump());
+    // A ended normally: it stands at its last instruction, each reverse-stepi goes one of its
+    // own instructions back, each stepi one forward.
     let n = decoded.len();
-    let want: Vec<u64> = (0..=STEPS).map(|k| log[n - 1 - k]).collect();
+    let mut want: Vec<u64> = (0..=STEPS).map(|k| log[n - 1 - k]).collect();
+    want.extend([log[n - STEPS], log[n + 1 - STEPS]]);
     assert_eq!(pcs, want, "{}", run.dump());
     assert_eq!(selected(&run), [a], "{}", run.dump());
     // Each thread's frame at this global position (PC-only past: frame 0 only).
