@@ -25,7 +25,9 @@
 
 use super::save::SAVE_FORMAT;
 use super::{OfflineRecording, Timeline, load_saved, unknown_registers};
+use crate::flow::FlowConfig;
 use crate::history::{BreakpointSet, GlobalOrder, ThreadClock};
+use crate::image::Image;
 use crate::store::dirfile::RecordingDir;
 use crate::target::{Resume, ReverseResume, StopEvent, TargetError, TargetResult, X86Registers};
 
@@ -137,17 +139,62 @@ impl Timeline {
         if threads.is_empty() {
             return Err("no thread recorded".into());
         }
-        let mut clocks = Vec::with_capacity(threads.len());
-        let mut timelines = Vec::with_capacity(threads.len());
-        let mut tids = Vec::with_capacity(threads.len());
+        // The timing passes (one decode of each stream) run on other threads while the
+        // threads' histories are indexed here.
+        let workers = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .clamp(1, threads.len());
+        let inputs: Vec<(Vec<u8>, Image, FlowConfig)> = threads
+            .iter()
+            .map(|t| {
+                let r = &t.recording;
+                (r.trace.clone(), r.image.clone(), r.flow.clone())
+            })
+            .collect();
+        let (all_clocks, built) = std::thread::scope(|s| {
+            let inputs = &inputs;
+            let handles: Vec<_> = (0..workers)
+                .map(|w| {
+                    s.spawn(move || {
+                        (w..inputs.len())
+                            .step_by(workers)
+                            .map(|k| {
+                                let (trace, image, flow) = &inputs[k];
+                                (k, ThreadClock::from_trace(trace, image, flow))
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            let built: Vec<(i32, Result<Timeline, String>)> = threads
+                .into_iter()
+                .map(|ThreadRecording { tid, mut recording }| {
+                    recording.info.tid = Some(tid);
+                    (tid, Timeline::offline(recording))
+                })
+                .collect();
+            let mut clocks: Vec<Option<ThreadClock>> = (0..inputs.len()).map(|_| None).collect();
+            for h in handles {
+                // A timing pass that panicked leaves its threads without a clock (skipped).
+                for (k, c) in h.join().unwrap_or_default() {
+                    clocks[k] = Some(c);
+                }
+            }
+            (clocks, built)
+        });
+        drop(inputs);
+        let mut clocks = Vec::with_capacity(built.len());
+        let mut timelines = Vec::with_capacity(built.len());
+        let mut tids = Vec::with_capacity(built.len());
         let mut skipped = Vec::new();
-        for ThreadRecording { tid, mut recording } in threads {
-            let clock =
-                ThreadClock::from_trace(&recording.trace, &recording.image, &recording.flow);
-            recording.info.tid = Some(tid);
+        for ((tid, timeline), clock) in built.into_iter().zip(all_clocks) {
+            let Some(clock) = clock else {
+                skipped.push(format!("thread {tid}: its timing pass failed"));
+                continue;
+            };
             // A thread that cannot be served (no instruction decodes, a decode that does not
             // agree with itself) is left out and said so, not the whole recording.
-            let mut t = match Timeline::offline(recording) {
+            let mut t = match timeline {
                 Ok(t) => t,
                 Err(e) => {
                     skipped.push(format!("thread {tid}: {e}"));
