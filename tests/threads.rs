@@ -160,6 +160,7 @@ fn every_thread_of_a_crashed_recording_in_global_order() {
             // Main's second and first calls, then worker A's last.
             "reverse-continue 3",
             "monitor thread",
+            "monitor calls 3",
             "delete",
             "echo @end\\n",
             "continue",
@@ -183,6 +184,18 @@ fn every_thread_of_a_crashed_recording_in_global_order() {
     // the crash again in worker B.
     assert_eq!(selected(&run), [b, b, main, a, b], "{}", run.dump());
     assert!(run.gdb.contains("saved 3 threads"), "{}", run.dump());
+    // `monitor calls` shows the selected thread's history: worker A's loop calling step_a.
+    let calls = run
+        .gdb
+        .split(&format!("thread {a} selected\n"))
+        .nth(1)
+        .and_then(|rest| rest.split(" selected\n").next())
+        .unwrap_or_default();
+    assert!(
+        calls.contains("worker_a") && calls.contains("step_a") && !calls.contains("main"),
+        "{}",
+        run.dump()
+    );
     assert!(
         run.after("@threads").contains("crash ("),
         "the crashed worker's frame: {}",
