@@ -721,6 +721,38 @@ mod tests {
         )
     }
 
+    /// A saved multi-thread manifest names thread directories inside the recording only, and
+    /// every thread needs its id; a single-thread manifest is not one.
+    #[test]
+    fn saved_thread_lists_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let load = |m: serde_json::Value| {
+            std::fs::write(dir.path().join("manifest.json"), m.to_string()).unwrap();
+            load_saved_threads(dir.path())
+        };
+        let one = load(serde_json::json!({"format": SAVE_FORMAT, "trace": "trace.pt"}));
+        assert!(matches!(one, Ok(None)));
+        for (entry, want) in [
+            (serde_json::json!({"tid": 5, "dir": "../x"}), "not a name"),
+            (serde_json::json!({"tid": 5, "dir": "a/b"}), "not a name"),
+            (serde_json::json!({"tid": 5, "dir": ".."}), "not a name"),
+            (serde_json::json!({"dir": "thread-5"}), "no tid"),
+            (serde_json::json!({"tid": -1, "dir": "thread-5"}), "no tid"),
+            (serde_json::json!({"tid": 5}), "no dir"),
+        ] {
+            let m = serde_json::json!({"format": SAVE_FORMAT, "threads": [entry]});
+            match load(m) {
+                Err(e) => assert!(e.contains(want), "{e}"),
+                Ok(_) => panic!("{entry} accepted"),
+            }
+        }
+        let wrong = load(serde_json::json!({"format": "other", "threads": []}));
+        assert!(wrong.is_err());
+        // A listed thread whose directory is missing: an error naming it, not a panic.
+        let m = serde_json::json!({"format": SAVE_FORMAT, "threads": [{"tid": 5, "dir": "t5"}]});
+        assert!(load(m).err().is_some_and(|e| e.contains("thread 0")));
+    }
+
     #[test]
     fn clocks_from_tsc_packets_order_the_threads() {
         let (x, y) = streams();
