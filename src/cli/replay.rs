@@ -8,7 +8,7 @@ use super::record::{Served, bind, serve_session};
 use ptrewind::flow::{Cpu, Errata, FlowConfig};
 use ptrewind::image::perf_maps::PerfSideband;
 use ptrewind::server::recording_monitors::where_text;
-use ptrewind::server::{RecordingTarget, Session, check_listen_addr, register_monitors};
+use ptrewind::server::{GdbStubAdapter, RecordingTarget, check_listen_addr, register_monitors};
 use ptrewind::store::perf_data::PerfData;
 use ptrewind::store::{SourceFormat, TraceFile};
 use ptrewind::timeline::{OfflineInfo, OfflineRecording, Timeline, load_saved, load_saved_threads};
@@ -241,7 +241,7 @@ fn serve(target: RecordingTarget, args: &ReplayArgs) -> CmdResult {
         eprintln!("ptrewind: {}", where_text(&mut r).trim_end());
     }
     let listener = bind(args.listen)?;
-    let mut session = Session::new(Box::new(target.clone()));
+    let mut session = GdbStubAdapter::new(Box::new(target.clone()));
     register_monitors(session.monitors_mut(), &target);
     serve_session(
         session,

@@ -6,9 +6,10 @@ use std::cell::RefCell;
 use std::path::PathBuf;
 use std::rc::Rc;
 
+use crate::target::files::{open_host_file, read_host_link};
 use crate::target::{
-    Breakpoints, Notice, Resume, ReverseExecution, ReverseResume, StopEvent, Target, TargetResult,
-    WatchKind, Watchpoints, X86Registers,
+    Breakpoints, Notice, Resume, ReverseExecution, ReverseResume, StopEvent, Target, TargetFile,
+    TargetResult, WatchKind, Watchpoints, X86Registers,
 };
 use crate::timeline::Timeline;
 
@@ -115,6 +116,16 @@ impl Target for RecordingTarget {
 
     fn saved_library_list(&self) -> Option<String> {
         self.inner.borrow().saved_library_list().map(str::to_string)
+    }
+
+    fn open_file(&mut self, path: &std::path::Path) -> std::io::Result<TargetFile> {
+        let recorded = self.inner.borrow_mut().target_file(path);
+        recorded.unwrap_or_else(|| open_host_file(path))
+    }
+
+    fn read_link(&mut self, path: &std::path::Path) -> std::io::Result<PathBuf> {
+        let recorded = self.inner.borrow_mut().target_link(path);
+        recorded.unwrap_or_else(|| read_host_link(path))
     }
 
     fn take_notices(&mut self) -> Vec<Notice> {

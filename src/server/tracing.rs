@@ -3,10 +3,10 @@
 //!
 //! Both protocols share one [`PtTraceProvider`]; only one debugger is connected at a time.
 
+use super::adapter::GdbStubAdapter;
 use super::btrace::{self, BtraceServer, PtTraceProvider};
 use super::lldb_trace::LldbTraceServer;
 use super::router::{Intercept, Router, RouterState};
-use super::session::Session;
 use std::cell::RefCell;
 use std::rc::Rc;
 
@@ -40,13 +40,13 @@ impl TraceHub {
     }
 }
 
-fn current_tid(session: &Session) -> u32 {
+fn current_tid(session: &GdbStubAdapter) -> u32 {
     // Linux thread ids are positive; a target without one has no thread to trace.
     u32::try_from(session.target().tid()).unwrap_or(0)
 }
 
 /// Every thread of the session (positive ids only).
-fn session_tids(session: &Session) -> Vec<u32> {
+fn session_tids(session: &GdbStubAdapter) -> Vec<u32> {
     session
         .target()
         .thread_ids()
@@ -100,7 +100,7 @@ fn intercept_gdb(router: &mut Router, hub: &Rc<RefCell<TraceHub>>) {
     }
 
     let gdb = |hub: Rc<RefCell<TraceHub>>| {
-        move |session: &mut Session, state: &RouterState, packet: &[u8]| {
+        move |session: &mut GdbStubAdapter, state: &RouterState, packet: &[u8]| {
             let tid = current_tid(session);
             // GDB names the thread with `Hg`: any thread of the session.
             let threads = session_tids(session);

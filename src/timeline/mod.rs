@@ -12,6 +12,8 @@
 //! * [`regfiles`] — the register files known at positions (start, stops);
 //! * [`offline`] — `ptrewind replay`: a saved recording or a trace file, no process;
 //! * [`save`] — the saved-recording format (`monitor save`), read back by [`offline`];
+//! * [`files`] — the program's files as a debugger reads them (`/proc/PID/maps`, the
+//!   executable and libraries a saved recording keeps);
 //! * [`inspect`] — branches, function segments and symbols before the cursor (what
 //!   `monitor history|calls|where` print) and the statistics `monitor stats` prints;
 //! * [`threads`] — every thread of a recording in one global order (a selected thread);
@@ -92,6 +94,7 @@
 //! trap and a [`Notice::WatchUncertain`] (the log shows no change there, so GDB could not tell).
 
 mod diversion;
+pub mod files;
 pub mod inspect;
 pub mod offline;
 pub mod regfiles;
@@ -252,6 +255,10 @@ pub struct OfflineInfo {
     /// Memory saved with the recording (the stack from the stack pointer up), valid only at
     /// the end of the history: `(address, bytes)`.
     pub memory_at_end: Vec<(u64, Vec<u8>)>,
+    /// `/proc/PID/maps` when saved (served as the process's maps file).
+    pub maps: String,
+    /// The executable and libraries saved with the recording (see [`files`]).
+    pub files: files::SavedFiles,
 }
 
 impl std::fmt::Debug for Timeline {
@@ -745,6 +752,19 @@ impl Timeline {
     /// Refused too while recording is off: an untraced run is not single-stepped, a write
     /// would pass unseen.
     pub fn add_watch(&mut self, addr: u64, len: u64) -> bool {
+        if len != 0 && !self.has_state_log() {
+            // GDB's own message names hardware limits: say why (shown at the next stop).
+            let notice = Notice::WatchRefused {
+                backend: self
+                    .live
+                    .as_ref()
+                    .map_or("replay", |l| l.name())
+                    .to_string(),
+            };
+            if !self.notices.contains(&notice) {
+                self.notices.push(notice);
+            }
+        }
         if len == 0 || !self.has_state_log() || !self.record_wanted {
             return false;
         }

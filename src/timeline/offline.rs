@@ -148,6 +148,7 @@ pub fn load_saved(dir: &Path) -> Result<OfflineRecording, String> {
         Vec::new()
     };
     let maps = maps.join("\n");
+    let files = super::files::SavedFiles::from_json(&manifest["files"], dir)?;
     let immutable = (!maps.is_empty()).then(|| ImmutableCode::from_maps(&maps));
     // Saved by newer versions only: older recordings replay without them.
     let auxv = match manifest["auxv"].as_str() {
@@ -208,6 +209,8 @@ pub fn load_saved(dir: &Path) -> Result<OfflineRecording, String> {
             auxv,
             libraries_xml,
             memory_at_end,
+            maps: maps.clone(),
+            files,
         },
         // A saved recording is the software backend's: no errata apply.
         flow: FlowConfig::default(),
