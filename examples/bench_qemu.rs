@@ -287,7 +287,10 @@ fn main() {
         // The same callbacks doing nothing (QEMU's own cost of one helper call per block plus
         // the precise mode's inline counters), and the plugin without precise mode.
         let variant = |extra: &str, name: &str| {
-            let dir = d.join(format!("{name}-{}", w.name.split(' ').next().unwrap_or("w")));
+            let dir = d.join(format!(
+                "{name}-{}",
+                w.name.split(' ').next().unwrap_or("w")
+            ));
             std::fs::create_dir(&dir).expect("mkdir");
             let mut arg = OsString::from(&plugin);
             arg.push(",out=");
