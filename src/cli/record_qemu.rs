@@ -233,6 +233,9 @@ pub(crate) fn serve_target(
     }
     let fatal = signal.map(|signal| FatalSignal { signal, tid: None });
     let timeline = Timeline::offline_threads(threads, fatal)?;
+    for why in timeline.skipped_threads() {
+        eprintln!("ptrewind: warning: not served: {why}");
+    }
     eprintln!(
         "ptrewind: serving {} thread(s) ({}); thread {} selected",
         timeline.thread_ids().len(),

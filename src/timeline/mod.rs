@@ -120,7 +120,7 @@ pub use inspect::{Branch, CallSegment};
 pub use offline::{OfflineRecording, load_saved};
 pub use regfiles::RegisterFiles;
 pub use save::SAVE_FORMAT;
-pub use threads::{FatalSignal, ThreadRecording};
+pub use threads::{FatalSignal, ThreadRecording, load_saved_threads};
 
 /// How long a reverse resume waits for the background index to cover the stop. GDB waits for a
 /// stop reply without a timeout, so this only bounds a worker that cannot keep up.
