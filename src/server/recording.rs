@@ -49,6 +49,14 @@ impl Target for RecordingTarget {
         self.inner.borrow().tid()
     }
 
+    fn thread_ids(&mut self) -> Vec<i32> {
+        self.inner.borrow_mut().threads()
+    }
+
+    fn select_thread(&mut self, tid: i32) -> TargetResult<()> {
+        self.inner.borrow_mut().select_thread(tid)
+    }
+
     fn exec_path(&self) -> Option<PathBuf> {
         self.exe.clone()
     }

@@ -227,13 +227,15 @@ impl gdbstub::target::Target for Session {
 }
 
 impl MultiThreadBase for Session {
-    fn read_registers(&mut self, regs: &mut GdbRegisters, _tid: Tid) -> GsResult<(), Self> {
+    fn read_registers(&mut self, regs: &mut GdbRegisters, tid: Tid) -> GsResult<(), Self> {
+        self.select(tid)?;
         regs.regs = self.target.read_registers().map_err(non_fatal)?;
         self.avx = Some(regs.regs.has_avx());
         Ok(())
     }
 
-    fn write_registers(&mut self, regs: &GdbRegisters, _tid: Tid) -> GsResult<(), Self> {
+    fn write_registers(&mut self, regs: &GdbRegisters, tid: Tid) -> GsResult<(), Self> {
+        self.select(tid)?;
         let mut live = self.target.read_registers().map_err(non_fatal)?;
         let mut off = 0;
         for (num, desc) in GDB_REGS.iter().enumerate() {
@@ -267,7 +269,9 @@ impl MultiThreadBase for Session {
         &mut self,
         thread_is_active: &mut dyn FnMut(Tid),
     ) -> Result<(), Self::Error> {
-        thread_is_active(thread_id(self.target.tid()));
+        for tid in self.target.thread_ids() {
+            thread_is_active(thread_id(tid));
+        }
         Ok(())
     }
 
@@ -277,7 +281,8 @@ impl MultiThreadBase for Session {
 }
 
 impl SingleRegisterAccess<Tid> for Session {
-    fn read_register(&mut self, _tid: Tid, reg: GdbRegId, buf: &mut [u8]) -> GsResult<usize, Self> {
+    fn read_register(&mut self, tid: Tid, reg: GdbRegId, buf: &mut [u8]) -> GsResult<usize, Self> {
+        self.select(tid)?;
         let regs = self.target.read_registers().map_err(non_fatal)?;
         if regs.unavailable.contains(reg.0) {
             // gdbstub answers `xx` x the register size: "valid but unavailable".
@@ -296,7 +301,8 @@ impl SingleRegisterAccess<Tid> for Session {
         Ok(n)
     }
 
-    fn write_register(&mut self, _tid: Tid, reg: GdbRegId, val: &[u8]) -> GsResult<(), Self> {
+    fn write_register(&mut self, tid: Tid, reg: GdbRegId, val: &[u8]) -> GsResult<(), Self> {
+        self.select(tid)?;
         let mut regs = self.target.read_registers().map_err(non_fatal)?;
         if !regs.set_gdb_reg(reg.0, val) {
             return Err(GsError::Errno(libc::EINVAL as u8));
@@ -357,6 +363,13 @@ impl MultiThreadResume for Session {
 }
 
 impl Session {
+    /// Makes GDB's thread `tid` the one register accesses apply to.
+    fn select(&mut self, tid: Tid) -> GsResult<(), Self> {
+        self.target
+            .select_thread(tid.get() as i32)
+            .map_err(non_fatal)
+    }
+
     fn reverse(&mut self, how: ReverseResume) -> Result<(), TargetError> {
         match self.target.support_reverse() {
             Some(rev) => rev.resume_reverse(how),
@@ -380,9 +393,11 @@ impl ReverseCont<Tid> for Session {
 impl MultiThreadSingleStep for Session {
     fn set_resume_action_step(
         &mut self,
-        _tid: Tid,
+        tid: Tid,
         signal: Option<Signal>,
     ) -> Result<(), Self::Error> {
+        // The thread to step (the others stay stopped or, with a recorder, take turns).
+        self.target.select_thread(tid.get() as i32)?;
         self.resume = Some(Resume::Step {
             signal: signal.and_then(|s| gdb_to_linux_signal(s.0)),
         });

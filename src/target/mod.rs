@@ -19,7 +19,7 @@ mod ptrace;
 pub mod regs;
 
 pub use procfs::{MemoryMapping, read_auxv, read_maps};
-pub use ptrace::{PtraceTarget, SpawnOptions};
+pub use ptrace::{PtraceTarget, SpawnOptions, ThreadStats, ThreadStop};
 pub use regs::{RegMask, X86Registers};
 
 use std::fmt;
@@ -274,14 +274,30 @@ pub trait Watchpoints {
 
 /// A debuggable process (live or recorded), as the GDB server sees it.
 ///
-/// Only one thread (the main thread, `tid() == pid()`) is debugged; see [`Notice`] for the
-/// events that are detected but not followed.
+/// Register reads and writes apply to the selected thread ([`Target::select_thread`]); `tid()`
+/// is the thread of the last stop. See [`Notice`] for the events that are detected but not
+/// followed.
 pub trait Target {
     /// The process id.
     fn pid(&self) -> i32;
     /// The id of the debugged thread.
     fn tid(&self) -> i32 {
         self.pid()
+    }
+    /// Every thread of the process, the main thread first (a target that follows one
+    /// thread: [`tid`](Self::tid)).
+    fn thread_ids(&mut self) -> Vec<i32> {
+        vec![self.tid()]
+    }
+    /// Makes `tid` the thread register reads and writes (and the next step) apply to.
+    fn select_thread(&mut self, tid: i32) -> TargetResult<()> {
+        if tid == self.tid() {
+            Ok(())
+        } else {
+            Err(TargetError::Unsupported(
+                "threads other than the traced one",
+            ))
+        }
     }
     /// The executable file, as an absolute path if known.
     fn exec_path(&self) -> Option<PathBuf>;

@@ -679,11 +679,12 @@ impl Timeline {
         }
         let live = self.live_mut()?;
         let present = live.read_registers()?;
+        let thread = live.selected_thread();
         let state = live.recorded_state().ok_or(TargetError::Unsupported(
             "registers in the past without a state log",
         ))?;
         let mut r = state
-            .registers_at(n, &present)
+            .registers_at_thread(thread, n, &present)
             .ok_or(TargetError::Unsupported("position beyond the state log"))?;
         if let Some(ip) = self.insn_ip(n)
             && ip != r.pc()
@@ -1018,9 +1019,29 @@ impl Timeline {
         }
     }
 
-    /// The id of the traced thread.
+    /// The id of the thread of the last stop.
     pub fn tid(&self) -> i32 {
         self.live.as_ref().map_or_else(|| self.pid(), |l| l.tid())
+    }
+
+    /// Every live thread, the main thread first (offline: the recorded one).
+    pub fn threads(&mut self) -> Vec<i32> {
+        match self.live.as_mut() {
+            Some(l) if self.exited.is_none() => l.threads(),
+            _ => vec![self.tid()],
+        }
+    }
+
+    /// Makes `tid` the thread whose registers are read and written (and, at the present,
+    /// the one the next forward step runs).
+    pub fn select_thread(&mut self, tid: i32) -> TargetResult<()> {
+        self.regs_at = None;
+        let current = self.tid();
+        match self.live.as_mut() {
+            Some(l) if self.exited.is_none() => l.select_thread(tid),
+            _ if tid == current => Ok(()),
+            _ => Err(TargetError::Unsupported("no such thread")),
+        }
     }
 
     /// The recorded executable, if known.
