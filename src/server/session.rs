@@ -365,6 +365,10 @@ impl MultiThreadResume for Session {
 impl Session {
     /// Makes GDB's thread `tid` the one register accesses apply to.
     fn select(&mut self, tid: Tid) -> GsResult<(), Self> {
+        // gdbstub's default thread (1, before any `Hg`) means "the current one".
+        if tid.get() <= 1 {
+            return Ok(());
+        }
         self.target
             .select_thread(tid.get() as i32)
             .map_err(non_fatal)
@@ -397,7 +401,9 @@ impl MultiThreadSingleStep for Session {
         signal: Option<Signal>,
     ) -> Result<(), Self::Error> {
         // The thread to step (the others stay stopped or, with a recorder, take turns).
-        self.target.select_thread(tid.get() as i32)?;
+        if tid.get() > 1 {
+            self.target.select_thread(tid.get() as i32)?;
+        }
         self.resume = Some(Resume::Step {
             signal: signal.and_then(|s| gdb_to_linux_signal(s.0)),
         });

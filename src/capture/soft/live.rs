@@ -318,9 +318,13 @@ impl LiveBackend for SoftCapture {
                             if step {
                                 return self.recorded_stop(StopEvent::Step);
                             }
-                            let pc = self.present_gprs()?.rip;
-                            if bps.contains(&pc) {
-                                return self.recorded_stop(StopEvent::Breakpoint { pc });
+                            // (After a thread's end the next current thread may be waiting in
+                            // a system call: no PC to compare until it comes back.)
+                            if !self.rec.current_in_flight() {
+                                let pc = self.present_gprs()?.rip;
+                                if bps.contains(&pc) {
+                                    return self.recorded_stop(StopEvent::Breakpoint { pc });
+                                }
                             }
                         }
                         StepEvent::HandlerEntered { handler, .. } => {
@@ -387,6 +391,18 @@ impl LiveBackend for SoftCapture {
         line("signal stops", r.signal_stops.to_string());
         line("recorder anomalies", r.anomalies.to_string());
         line("syscall restarts", r.syscall_restarts.to_string());
+        // Threads: recorded besides the main thread (each its own stream), ended while the
+        // process went on, vanished unseen (killed while stopped: their streams end at their
+        // last recorded instruction).
+        line("threads recorded", r.threads.to_string());
+        line("threads ended", r.threads_ended.to_string());
+        let t = self.rec.target_ref().thread_stats();
+        line(
+            "threads lost",
+            format!("{} ({} vanished under ptrace)", r.threads_lost, t.vanished),
+        );
+        line("thread switches", r.switches.to_string());
+        line("steps blocked in syscalls", r.blocked_steps.to_string());
         if let Some(l) = self.rec.state_log().map(|l| l.stats()) {
             line("state-log bytes", l.total_bytes.to_string());
             let per = if l.instructions == 0 {

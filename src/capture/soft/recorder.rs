@@ -355,8 +355,12 @@ struct Lane {
     in_flight: Option<InFlight>,
     /// Stamp the stream with the global clock before its next instruction (switched in).
     stamp_due: bool,
-    /// We sent it `SIGSTOP` to collect a step in flight: that stop is ours.
+    /// We sent it `SIGSTOP` to collect a step in flight: that stop is ours, whenever it
+    /// shows (the step may come back first, the `SIGSTOP` then stops the next one).
     sigstop_sent: bool,
+    /// The registers the current step started from, as they were (before any restart of an
+    /// interrupted system call is modelled).
+    step_origin: Option<Regs>,
 }
 
 impl Lane {
@@ -377,6 +381,7 @@ impl Lane {
             in_flight: None,
             stamp_due: false,
             sigstop_sent: false,
+            step_origin: None,
         })
     }
 }
@@ -688,6 +693,10 @@ impl<T: StepTarget> SoftRecorder<T> {
         if let Some(r) = self.lane.regs {
             return Ok(r);
         }
+        // A debugger may have selected another thread to read its registers.
+        if self.target.current_thread() != self.lane.tid {
+            self.target.select_thread(self.lane.tid)?;
+        }
         let r = self.target.regs()?;
         self.lane.regs = Some(r);
         Ok(r)
@@ -864,6 +873,12 @@ impl<T: StepTarget> SoftRecorder<T> {
         self.finish_step(f.ip, f.insn, f.before, f.signal, stop)
     }
 
+    /// Whether the current thread's step is in flight (it waits in a system call: its
+    /// registers cannot be read until it is collected or [`quiesce`](Self::quiesce)d).
+    pub fn current_in_flight(&self) -> bool {
+        self.lane.in_flight.is_some()
+    }
+
     /// Whether every thread waits in a system call (nothing can be stepped).
     pub fn is_idle(&self) -> bool {
         self.lane.in_flight.is_some() && self.parked.iter().all(|l| l.in_flight.is_some())
@@ -957,6 +972,7 @@ impl<T: StepTarget> SoftRecorder<T> {
     /// One step of the current thread.
     fn step_lane(&mut self) -> Result<StepEvent, RecordError> {
         let mut before = self.current_regs()?;
+        self.lane.step_origin = Some(before);
         // The call a `restart_syscall` continues (its arguments are still in the registers).
         let mut restarted_call = None;
         // Resumed without a signal, a stop inside an interrupted system call re-executes the
@@ -1052,17 +1068,17 @@ impl<T: StepTarget> SoftRecorder<T> {
             // Our own SIGSTOP (collecting a thread waiting in a system call): the program
             // does not get it.
             let after = self.current_regs()?;
-            if after.rip != ip
+            if self.lane.step_origin != Some(after)
                 && let Some(insn) = insn
             {
                 // The system call was interrupted after entering the kernel: it executed (and
                 // restarts at the next step, see the module docs).
                 return self.executed(ip, &insn, &after);
             }
+            // It stopped before anything ran (the step came back first, then the SIGSTOP).
             self.discard_state_entry();
             return Ok(StepEvent::Idle);
         }
-        self.lane.sigstop_sent = false;
         match stop {
             StepStop::ThreadExited(_) => {
                 // The thread's own `exit` executed and it is gone.
