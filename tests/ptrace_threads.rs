@@ -374,3 +374,49 @@ fn hundreds_of_short_lived_threads() {
     r.expect("threads ended            300");
     r.expect("exited normally");
 }
+
+/// SIGKILL from outside while every thread waits (a deadlock), with the end of the program kept
+/// (`--stop-at-exit`): GDB gets a stop at the end, every thread is listed, `monitor stats`
+/// answers and counts the threads whose last system call never came back, and a further
+/// `continue` reports the SIGKILL. Nothing hangs.
+#[test]
+fn sigkill_from_outside_with_threads_keeps_the_recording() {
+    let server = record(&["deadlock"], &["--stop-at-exit"]);
+    let pid = server.pid;
+    let start = Instant::now();
+    let mut killed = false;
+    let r = gdb_session_interrupting(
+        server,
+        program(),
+        &[
+            "continue",
+            "echo AT-END\\n",
+            "info threads",
+            "monitor stats",
+            "continue",
+        ],
+        TIMEOUT,
+        || {
+            if !killed && start.elapsed() > Duration::from_secs(4) {
+                // SAFETY: kill(2) with a pid we started (through ptrewind) and a signal number.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                killed = true;
+            }
+            false
+        },
+    );
+    let at_end = r.after("AT-END");
+    r.expect("the program is exiting");
+    assert!(at_end.matches("Thread ").count() >= 3, "{}", r.dump());
+    assert!(
+        at_end.contains("threads recorded         2"),
+        "{}",
+        r.dump()
+    );
+    assert!(
+        at_end.contains("threads lost             2"),
+        "{}",
+        r.dump()
+    );
+    r.expect("Program terminated with signal SIGKILL");
+}

@@ -999,6 +999,11 @@ impl PtraceTarget {
         };
         Ok(Some(match w {
             Wait::Exited(code) if t != self.pid => ThreadStop::ThreadExited { code },
+            // The process is on its way out and another thread is kept at its exit event: this
+            // one is simply gone.
+            Wait::Killed(sig) if t != self.pid && self.exiting => {
+                ThreadStop::ThreadExited { code: 128 + sig }
+            }
             Wait::Killed(sig) if t != self.pid => {
                 // A thread killed by a signal: the whole process goes.
                 let end = self.reap_all().unwrap_or(Wait::Killed(sig));

@@ -889,6 +889,21 @@ impl<T: StepTarget> SoftRecorder<T> {
     /// thread runs again) and recorded. Afterwards the thread that was current is current
     /// again. Returns the end of the process if it ended meanwhile.
     pub fn quiesce(&mut self) -> Result<Option<StepEvent>, RecordError> {
+        if self.at_exit || self.exit.is_some() {
+            // The process is ending: threads still in a system call never come back; their
+            // streams end before that call.
+            let recording = self.recording;
+            for lane in std::iter::once(&mut self.lane).chain(self.parked.iter_mut()) {
+                if let Some(f) = lane.in_flight.take() {
+                    if recording {
+                        lane.encoder.finish(Some(f.ip));
+                    }
+                    lane.encoder.flush();
+                    self.stats.threads_lost += 1;
+                }
+            }
+            return Ok(None);
+        }
         let current = self.lane.tid;
         let waiting: Vec<i32> = std::iter::once(&mut self.lane)
             .chain(self.parked.iter_mut())
