@@ -370,7 +370,7 @@ fn threads_are_followed_and_breakpoints_in_them_reached() {
             "continue",
             "echo JOINED\n",
             "info threads",
-            "print sum",
+            "print (long)result",
             "continue",
         ],
     );
