@@ -45,6 +45,12 @@ pub trait LiveBackend {
         self.pid()
     }
 
+    /// The thread whose instructions the history ([`store`](Self::store)) holds: the one a
+    /// stop in the past is reported in.
+    fn history_thread(&self) -> i32 {
+        self.tid()
+    }
+
     /// The thread [`select_thread`](Self::select_thread) chose (after a stop: [`tid`](Self::tid)).
     fn selected_thread(&self) -> i32 {
         self.tid()

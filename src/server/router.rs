@@ -908,6 +908,9 @@ impl Router {
                     if let Some(ev) = stop {
                         idle_polls = 0;
                         let tid = session.target().tid();
+                        // The registers are the stop thread's (GDB may have selected another
+                        // one before resuming); a target that cannot select keeps its own.
+                        let _ = session.target_mut().select_thread(tid);
                         // Expedite rbp, rsp and rip (as gdbserver does) so GDB can identify
                         // the frame without fetching every register after each step.
                         let expedited = match ev {

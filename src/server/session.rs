@@ -383,7 +383,10 @@ impl Session {
 }
 
 impl ReverseStep<Tid> for Session {
-    fn reverse_step(&mut self, _tid: Tid) -> Result<(), Self::Error> {
+    fn reverse_step(&mut self, tid: Tid) -> Result<(), Self::Error> {
+        if tid.get() > 1 {
+            self.target.select_thread(tid.get() as i32)?;
+        }
         self.reverse(ReverseResume::Step)
     }
 }

@@ -192,6 +192,10 @@ impl LiveBackend for SoftCapture {
         self.rec.target().select_thread(tid)
     }
 
+    fn history_thread(&self) -> i32 {
+        self.pid
+    }
+
     fn selected_thread(&self) -> i32 {
         self.rec.target_ref().current_thread()
     }
@@ -213,7 +217,8 @@ impl LiveBackend for SoftCapture {
     }
 
     fn recorded(&self) -> Option<u64> {
-        Some(self.rec.stats().recorded)
+        // The history is the main thread's stream.
+        Some(self.rec.thread_recorded(self.pid))
     }
 
     fn step_counter(&self) -> Option<std::sync::Arc<std::sync::atomic::AtomicU64>> {
@@ -221,7 +226,7 @@ impl LiveBackend for SoftCapture {
     }
 
     fn recorded_state(&self) -> Option<&dyn RecordedState> {
-        self.rec.state_log().map(|l| l as &dyn RecordedState)
+        self.rec.state_log().map(|_| self as &dyn RecordedState)
     }
 
     fn set_watches(&mut self, ranges: &[(u64, u64)]) -> bool {
@@ -421,6 +426,72 @@ impl LiveBackend for SoftCapture {
                 ),
             );
         }
+    }
+}
+
+/// The recorded state as the timeline indexes it: positions are the main thread's instructions
+/// (the history is the main thread's stream), the log's are every thread's in global order.
+/// Position `n` is the moment before the main thread's instruction `n`: every thread's
+/// registers and all memory are rebuilt as they were then; a write found by a search (by any
+/// thread) is placed between the main thread's positions around it.
+impl RecordedState for SoftCapture {
+    fn len(&self) -> u64 {
+        self.rec.state_log().map_or(0, |l| l.thread_len(self.pid))
+    }
+
+    fn registers_at(&self, n: u64, present: &X86Registers) -> Option<X86Registers> {
+        self.registers_at_thread(self.pid, n, present)
+    }
+
+    fn registers_at_thread(
+        &self,
+        tid: i32,
+        n: u64,
+        present: &X86Registers,
+    ) -> Option<X86Registers> {
+        let log = self.rec.state_log()?;
+        let g = log.global_position(self.pid, n)?;
+        RecordedState::registers_at_thread(log, tid, g, present)
+    }
+
+    fn thread_at(&self, n: u64) -> Option<i32> {
+        let log = self.rec.state_log()?;
+        log.thread_at(log.global_position(self.pid, n)? as usize)
+    }
+
+    fn memory_at(&self, n: u64, addr: u64, buf: &mut [u8]) {
+        if let Some(log) = self.rec.state_log()
+            && let Some(g) = log.global_position(self.pid, n)
+        {
+            StateLog::memory_at(log, g as usize, addr, buf);
+        }
+    }
+
+    fn rfind_write(&self, before: u64, floor: u64, ranges: &[(u64, u64)]) -> Option<PastWrite> {
+        let log = self.rec.state_log()?;
+        let b = log.global_position(self.pid, before)?;
+        let f = log.global_position(self.pid, floor)?;
+        StateLog::rfind_write(log, b as usize, f as usize, ranges).map(|h| self.local_write(h))
+    }
+
+    fn find_write(&self, from: u64, to: u64, ranges: &[(u64, u64)]) -> Option<PastWrite> {
+        let log = self.rec.state_log()?;
+        let f = log.global_position(self.pid, from)?;
+        let t = log.global_position(self.pid, to)?;
+        StateLog::find_write(log, f as usize, t as usize, ranges).map(|h| self.local_write(h))
+    }
+}
+
+impl SoftCapture {
+    /// A write the log found (global positions), placed among the main thread's positions.
+    fn local_write(&self, hit: WriteHit) -> PastWrite {
+        let mut w = past_write(hit);
+        if let Some(log) = self.rec.state_log() {
+            let after = log.thread_position(self.pid, w.after);
+            w.after = after;
+            w.before = after.saturating_sub(1);
+        }
+        w
     }
 }
 

@@ -358,6 +358,8 @@ struct Lane {
     /// We sent it `SIGSTOP` to collect a step in flight: that stop is ours, whenever it
     /// shows (the step may come back first, the `SIGSTOP` then stops the next one).
     sigstop_sent: bool,
+    /// Its instructions recorded.
+    recorded: u64,
     /// The registers the current step started from, as they were (before any restart of an
     /// interrupted system call is modelled).
     step_origin: Option<Regs>,
@@ -382,6 +384,7 @@ impl Lane {
             stamp_due: false,
             sigstop_sent: false,
             step_origin: None,
+            recorded: 0,
         })
     }
 }
@@ -973,6 +976,16 @@ impl<T: StepTarget> SoftRecorder<T> {
         v
     }
 
+    /// Instructions recorded in thread `tid` (0 for a thread never recorded).
+    pub fn thread_recorded(&self, tid: i32) -> u64 {
+        std::iter::once(&self.lane)
+            .chain(self.parked.iter())
+            .chain(self.ended_lanes.iter())
+            .filter(|l| l.tid == tid)
+            .map(|l| l.recorded)
+            .sum()
+    }
+
     /// Threads alive and recorded now, the main thread first.
     pub fn live_threads(&self) -> Vec<i32> {
         let mut v: Vec<i32> = std::iter::once(&self.lane)
@@ -1410,6 +1423,7 @@ impl<T: StepTarget> SoftRecorder<T> {
         }
         self.clock_before(ip);
         self.stats.recorded += 1;
+        self.lane.recorded += 1;
         if let Some(log) = self.lane.ip_log.as_mut() {
             log.push(ip);
         }
@@ -1610,6 +1624,7 @@ impl<T: StepTarget> SoftRecorder<T> {
         }
         self.clock_before(ip);
         self.stats.recorded += 1;
+        self.lane.recorded += 1;
         if let Some(log) = self.lane.ip_log.as_mut() {
             log.push(ip);
         }

@@ -223,6 +223,19 @@ pub struct StateLog {
     runs: Vec<(u32, i32)>,
     /// Per thread, the newest entry whose vector-state change is not known.
     vec_unknown_of: std::collections::HashMap<i32, u32>,
+    /// Per thread, where its instructions are in the global order.
+    thread_insns: std::collections::HashMap<i32, ThreadInsns>,
+    /// The thread of the newest instruction.
+    last_insn_thread: Option<i32>,
+}
+
+/// Where one thread's instructions are among all threads' ([`StateLog::global_position`]).
+#[derive(Debug, Default, Clone)]
+struct ThreadInsns {
+    /// `(global position, thread position)` of the first instruction of each of its runs.
+    runs: Vec<(u64, u64)>,
+    /// Its instructions.
+    count: u64,
 }
 
 /// An entry opened by [`StateLog::before_step`] whose step has not come back yet (a system
@@ -443,7 +456,44 @@ impl StateLog {
             last_after_of: std::collections::HashMap::new(),
             runs: Vec::new(),
             vec_unknown_of: std::collections::HashMap::new(),
+            thread_insns: std::collections::HashMap::new(),
+            last_insn_thread: None,
         }
+    }
+
+    /// Instructions of thread `tid` in the log.
+    pub fn thread_len(&self, tid: i32) -> u64 {
+        self.thread_insns.get(&tid).map_or(0, |t| t.count)
+    }
+
+    /// The global position of thread `tid`'s instruction number `n` (its own count); `n` equal
+    /// to the thread's count (its present) is the global end. `None` beyond that.
+    pub fn global_position(&self, tid: i32, n: u64) -> Option<u64> {
+        let end = self.positions.len() as u64;
+        let Some(t) = self.thread_insns.get(&tid) else {
+            return (n == 0).then_some(end);
+        };
+        if n >= t.count {
+            return (n == t.count).then_some(end);
+        }
+        let i = t.runs.partition_point(|&(_, local)| local <= n) - 1;
+        let (global, local) = t.runs[i];
+        Some(global + (n - local))
+    }
+
+    /// How many instructions of thread `tid` come before global position `g` (the thread's
+    /// own position at that moment).
+    pub fn thread_position(&self, tid: i32, g: u64) -> u64 {
+        let Some(t) = self.thread_insns.get(&tid) else {
+            return 0;
+        };
+        let i = t.runs.partition_point(|&(global, _)| global < g);
+        if i == 0 {
+            return 0;
+        }
+        let (global, local) = t.runs[i - 1];
+        let run_len = t.runs.get(i).map_or(t.count, |&(_, next)| next) - local;
+        local + (g - global).min(run_len)
     }
 
     /// Makes `tid` the thread the next entries belong to. Entries of all threads are kept in
@@ -873,6 +923,13 @@ impl StateLog {
         let mem_len = (self.mem_addr.len() - self.pending.mem_mark) as u32;
         let entry = self.entries.len() as u32;
         if kind == EntryKind::Instruction {
+            let global = self.positions.len() as u64;
+            let t = self.thread_insns.entry(self.thread).or_default();
+            if self.last_insn_thread != Some(self.thread) {
+                t.runs.push((global, t.count));
+                self.last_insn_thread = Some(self.thread);
+            }
+            t.count += 1;
             self.positions.push(entry);
         }
         if let Some(x) = self.pending.xstate.take() {
