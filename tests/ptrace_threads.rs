@@ -420,3 +420,58 @@ fn sigkill_from_outside_with_threads_keeps_the_recording() {
     );
     r.expect("Program terminated with signal SIGKILL");
 }
+
+/// The past of a multi-thread recording (before per-thread histories: positions are the main
+/// thread's, every thread shown at that moment): from a worker's breakpoint, back to the start
+/// of the recording, the shared counter both workers add to is 0 again (memory undone across
+/// threads in their global order) and the worker is shown where it was then (being created);
+/// forward again to the present, the counter and the worker's place are back.
+#[test]
+fn gdb_past_of_every_thread_at_the_main_threads_positions() {
+    let r = gdb_session(
+        record(&[], &[]),
+        program(),
+        &[
+            "break work if id == 2",
+            "continue",
+            "delete",
+            "break mt.c:25 if id == 2",
+            "continue",
+            "echo PRESENT\\n",
+            "print shared",
+            "thread 1",
+            "delete",
+            "reverse-continue",
+            "echo START\\n",
+            "print shared",
+            "info threads",
+            "echo START-END\\n",
+            "continue",
+            "echo BACK\\n",
+            "print shared",
+            "info threads",
+            "kill",
+        ],
+        TIMEOUT,
+    );
+    let present: i64 = r
+        .after("PRESENT")
+        .lines()
+        .find_map(|l| l.strip_prefix("$1 = "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no shared value\n{}", r.dump()));
+    assert!(present > 0, "worker 1 has added its share\n{}", r.dump());
+    let start = r.after("START");
+    let start = &start[..start.find("START-END").unwrap_or(start.len())];
+    r.expect("No more reverse-execution history");
+    assert!(start.contains("$2 = 0"), "{}", r.dump());
+    assert!(
+        start.contains("* 1    Thread") && start.contains("main ("),
+        "{}",
+        r.dump()
+    );
+    assert!(!start.contains("worker (arg=0x2) at"), "{}", r.dump());
+    let back = r.after("BACK");
+    assert!(back.contains(&format!("$3 = {present}")), "{}", r.dump());
+    assert!(back.contains("worker (arg=0x2) at"), "{}", r.dump());
+}
