@@ -11,14 +11,14 @@
 //!
 //! ```text
 //! cargo run --release --example bench_packets -- [--mib 256] [--reps 3] [--corpus DIR]
-//!     [--only libipt|next|batch]
+//!     [--only libipt|next|read|batch]
 //! ```
 
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use ptrewind::packet::{Packet, PacketDecoder, find_psb_forward};
+use ptrewind::packet::{Packet, PacketDecoder, Stop, find_psb_forward};
 
 mod libipt {
     //! The few libipt 2.0 declarations the benchmark needs, matching /usr/include/intel-pt.h.
@@ -236,6 +236,19 @@ fn cross_check(buf: &mut [u8]) -> usize {
         }
         v
     };
+    // The per-packet `read` API must give exactly what `next_packet` gives.
+    let mut dec = PacketDecoder::new(buf);
+    let mut i = 0;
+    while let Ok(p) = dec.read() {
+        let size = (dec.position() as u64 - dec.last_offset()) as u8;
+        assert_eq!(
+            ours.get(i),
+            Some(&(ppt(&p), size)),
+            "read() differs at packet {i}"
+        );
+        i += 1;
+    }
+    assert_eq!(i, ours.len(), "read() stopped after {i} packets");
     let mut theirs = Vec::with_capacity(ours.len());
     // SAFETY: as in libipt_pass: a zeroed pt_config with size, begin and end describing `buf`.
     let mut cfg: PtConfig = unsafe { std::mem::zeroed() };
@@ -293,6 +306,40 @@ fn ours(buf: &[u8]) -> Counts {
             }
             Err(_) => {
                 c.errors += 1;
+                if dec.sync_forward().is_none() {
+                    break;
+                }
+            }
+        }
+    }
+    black_box(tnt_bits);
+    c.bytes = dec.position() as u64;
+    c
+}
+
+/// The same consumer over the 16-byte `read` API (offset on demand, error kept in the decoder).
+fn ours_read(buf: &[u8]) -> Counts {
+    let mut c = Counts {
+        packets: 0,
+        bytes: 0,
+        errors: 0,
+    };
+    let mut dec = PacketDecoder::new(buf);
+    let mut tnt_bits = 0u64;
+    loop {
+        let r = dec.read();
+        match &r {
+            Ok(p) => {
+                c.packets += 1;
+                if let Packet::ShortTnt(t) = p {
+                    tnt_bits += t.count as u64;
+                }
+                black_box(p);
+            }
+            Err(Stop::End) => break,
+            Err(Stop::Error) => {
+                c.errors += 1;
+                black_box(dec.take_error());
                 if dec.sync_forward().is_none() {
                     break;
                 }
@@ -497,6 +544,7 @@ fn main() {
 
     // Interleave the decoders in every repetition so that load changes hit all of them alike.
     let (mut ipt, mut our, mut bat) = (Measure::new(), Measure::new(), Measure::new());
+    let mut red = Measure::new();
     let mut scratch = Vec::with_capacity(4096);
     for _ in 0..reps {
         let want = |name: &str| only.as_deref().is_none_or(|o| o == name);
@@ -505,6 +553,9 @@ fn main() {
         }
         if want("next") {
             our.run(|| ours(&buf));
+        }
+        if want("read") {
+            red.run(|| ours_read(&buf));
         }
         if want("batch") {
             bat.run(|| ours_batch(&buf, &mut scratch));
@@ -532,11 +583,13 @@ fn main() {
     };
     let ipt = report("libipt pt_pkt_next", &ipt);
     let our = report("ptrewind next_packet", &our);
+    let red = report("ptrewind read", &red);
     let bat = report("ptrewind decode_into", &bat);
     if only.is_some() {
         return;
     }
-    let agree = ipt.packets == our.packets && our.packets == bat.packets;
+    let agree =
+        ipt.packets == our.packets && our.packets == bat.packets && red.packets == our.packets;
     println!("packet counts agree: {}", if agree { "yes" } else { "NO" });
     if !agree {
         std::process::exit(1);

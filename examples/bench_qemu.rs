@@ -184,6 +184,8 @@ fn gdb_rate(w: &Workload) -> Result<(u64, f64), String> {
 
 fn main() {
     let small = std::env::args().any(|a| a == "--small");
+    // `--qemu-only`: skip the ptrace backend and GDB `record full` (minutes of the run).
+    let qemu_only = std::env::args().any(|a| a == "--qemu-only");
     let scale = if small { 10 } else { 1 };
     let exe = std::env::current_exe().expect("exe");
     let plugin = find_plugin(&exe).expect("build the plugin first: cargo build --release");
@@ -249,7 +251,7 @@ fn main() {
             .trim()
     );
     println!(
-        "{:<16} {:>13} {:>8} {:>8} {:>8} {:>9} {:>8} {:>10} {:>9} {:>6} {:>12} {:>12}",
+        "{:<16} {:>13} {:>8} {:>8} {:>8} {:>9} {:>8} {:>10} {:>9} {:>9} {:>9} {:>6} {:>12} {:>12}",
         "workload",
         "instructions",
         "native",
@@ -258,6 +260,8 @@ fn main() {
         "Minsn/s",
         "slowdn",
         "qemu-only",
+        "cb-only",
+        "imprecise",
         "B/insn",
         "lost",
         "peak RSS MiB",
@@ -280,10 +284,35 @@ fn main() {
                 .args(&w.args),
         );
         assert_eq!(status, 0, "{} under the plugin failed", w.name);
+        // The same callbacks doing nothing (QEMU's own cost of one helper call per block plus
+        // the precise mode's inline counters), and the plugin without precise mode.
+        let variant = |extra: &str, name: &str| {
+            let dir = d.join(format!(
+                "{name}-{}",
+                w.name.split(' ').next().unwrap_or("w")
+            ));
+            std::fs::create_dir(&dir).expect("mkdir");
+            let mut arg = OsString::from(&plugin);
+            arg.push(",out=");
+            arg.push(&dir);
+            arg.push(extra);
+            let (t, _, st) = measure(
+                Command::new("qemu-x86_64")
+                    .arg("-plugin")
+                    .arg(&arg)
+                    .arg(&w.program)
+                    .args(&w.args),
+            );
+            assert_eq!(st, 0, "{} under the plugin ({extra}) failed", w.name);
+            let _ = std::fs::remove_dir_all(&dir);
+            t
+        };
+        let t_cb = variant(",measure=callbacks", "cb");
+        let t_imprecise = variant(",precise=off", "imprecise");
         let rec = Recorded::open(&rec_dir).expect("recording");
         let (insns, bytes, lost) = rec.totals();
         println!(
-            "{:<16} {:>13} {:>7.3}s {:>7.3}s {:>7.3}s {:>9.0} {:>7.2}x {:>9.2}x {:>9.3} {:>6} {:>12.1} {:>12.1}",
+            "{:<16} {:>13} {:>7.3}s {:>7.3}s {:>7.3}s {:>9.0} {:>7.2}x {:>9.2}x {:>8.2}x {:>8.2}x {:>9.3} {:>6} {:>12.1} {:>12.1}",
             w.name,
             insns,
             t_native,
@@ -292,6 +321,8 @@ fn main() {
             insns as f64 / t_plugin / 1e6,
             t_plugin / t_native,
             t_qemu / t_native,
+            t_cb / t_native,
+            t_imprecise / t_native,
             bytes as f64 / insns.max(1) as f64,
             lost,
             rss as f64 / 1024.0,
@@ -300,6 +331,9 @@ fn main() {
         let _ = std::fs::remove_dir_all(&rec_dir);
         let native_rate = insns as f64 / t_native;
         soft_rows.push((w, native_rate));
+    }
+    if qemu_only {
+        return;
     }
     println!();
     println!(

@@ -24,7 +24,7 @@
 use ptrewind::capture::soft::recorder::run_to_breakpoint;
 use ptrewind::capture::soft::{RecordFrom, RecorderConfig, SoftRecorder};
 use ptrewind::server::btrace::{FixedTraceProvider, PtCpu};
-use ptrewind::server::{Router, Session, tracing};
+use ptrewind::server::{GdbStubAdapter, Router, tracing};
 use ptrewind::target::{PtraceTarget, SpawnOptions, Target};
 use std::io::ErrorKind;
 use std::net::TcpListener;
@@ -117,7 +117,7 @@ fn serve_with(
     let tid = u32::try_from(target.tid()).unwrap();
     let mut provider = FixedTraceProvider::new(PtCpu::SOFTWARE);
     provider.set_trace(tid, trace(tid));
-    let mut session = Session::new(Box::new(target));
+    let mut session = GdbStubAdapter::new(Box::new(target));
     let mut router = Router::default();
     let hub = tracing::install(&mut router, Box::new(provider));
     if record_from_start {

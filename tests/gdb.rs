@@ -16,6 +16,11 @@ use support::rsp::{Raw, packet};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The `continue` after the one that runs to the end: a program stops at its end first (the
+/// default stop at exit: the process is still there, its history can be examined), and only
+/// this one lets it exit.
+const LET_IT_EXIT: &str = "continue";
+
 /// Compiles the examples once per test run (`cc -g -O0`), into the cargo test temp dir.
 fn examples() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
@@ -103,6 +108,7 @@ fn break_main_continue_backtrace_print() {
             "print f",
             "print is_even(4)",
             "continue",
+            LET_IT_EXIT,
         ],
     );
     r.expect("Breakpoint 1, main () at ");
@@ -192,6 +198,7 @@ fn shared_library_breakpoints() {
             "break puts",
             "continue",
             "continue",
+            LET_IT_EXIT,
         ],
     );
     r.expect("Breakpoint 1, shared_scale (x=20) at ");
@@ -211,10 +218,86 @@ fn shared_library_breakpoints() {
     r.expect("exited normally");
 }
 
+/// GDB reads the program's files through host I/O (`vFile:`): the maps file it reads at every
+/// connection (it warned "unable to open /proc file" when the server had no host I/O) and,
+/// with its default sysroot `target:`, the shared libraries, which then load with symbols and
+/// give a backtrace through libc. Writing and deleting files are refused.
+#[test]
+fn host_io_serves_the_programs_files_read_only() {
+    let program = example("uselib");
+    let server = Server::start(&program, &[]);
+    let pid = server.pid;
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("hostio-maps-{pid}"));
+    let _ = std::fs::remove_file(&out);
+    let get = format!("remote get /proc/{pid}/task/{pid}/maps {}", out.display());
+    let put = format!(
+        "remote put {} /tmp/ptrewind-hostio-{pid}",
+        program.display()
+    );
+    let delete = format!("remote delete {}", program.display());
+    let r = gdb_with(
+        server,
+        &program,
+        &[
+            "break shared_scale",
+            "continue",
+            "echo LIBS\\n",
+            "info sharedlibrary",
+            &get,
+            &put,
+            &delete,
+            "break puts",
+            "continue",
+            "echo BT\\n",
+            "bt",
+            "kill",
+        ],
+    );
+    assert!(!r.gdb.contains("unable to open /proc file"), "{}", r.dump());
+    assert!(
+        !r.gdb.contains("Remote I/O error: No such file"),
+        "{}",
+        r.dump()
+    );
+    let libs = r.after("LIBS");
+    for lib in ["libshared.so", "libc.so.6"] {
+        let line = libs
+            .lines()
+            .find(|l| l.contains(lib))
+            .unwrap_or_else(|| panic!("no {lib}\n{}", r.dump()));
+        assert!(
+            line.contains("Yes") && line.contains("target:/"),
+            "{line}\n{}",
+            r.dump()
+        );
+    }
+    let maps = std::fs::read_to_string(&out).unwrap_or_else(|e| panic!("{e}\n{}", r.dump()));
+    assert!(
+        maps.contains("libshared.so") && maps.contains("[stack]"),
+        "{maps}"
+    );
+    assert!(maps.ends_with('\n'), "{maps}");
+    // GDB prints errors on stderr, collected after stdout: one per refused request.
+    assert_eq!(
+        r.gdb
+            .matches("Remote I/O error: Read-only file system")
+            .count(),
+        2,
+        "{}",
+        r.dump()
+    );
+    assert!(std::path::Path::new(&program).exists());
+    assert!(!std::path::Path::new(&format!("/tmp/ptrewind-hostio-{pid}")).exists());
+    let bt = r.after("BT");
+    assert!(bt.starts_with("#0 ") && bt.contains("puts"), "{}", r.dump());
+    assert!(bt.contains("in main ()"), "{}", r.dump());
+    let _ = std::fs::remove_file(&out);
+}
+
 #[test]
 fn crash_reports_sigsegv_at_the_right_line() {
     let crash_line = line_of("crash.c", "/* CRASH LINE */");
-    let r = gdb("crash", &[], &["continue", "bt", "continue"]);
+    let r = gdb("crash", &[], &["continue", "bt", "continue", LET_IT_EXIT]);
     let sig = r.pos("Program received signal SIGSEGV, Segmentation fault.");
     let at = r.pos("crash_here (p=0x0) at ");
     assert!(at > sig);
@@ -242,9 +325,16 @@ fn exit_code_and_verbatim_arguments() {
         program.clone().into(),
         arg.into(),
     ]);
-    let r = gdb_with(server, &program, &["continue"]);
+    let r = gdb_with(server, &program, &["continue", LET_IT_EXIT]);
     // GDB prints the status in octal with a leading 0.
     r.expect(&format!("exited with code 0{code:o}]"));
+    // Stopped at its end first (a trap), with a word from the server (on GDB's stderr).
+    r.expect("the program is exiting: it stays stopped at its end");
+    assert!(
+        r.pos("Program received signal SIGTRAP") < r.pos(&format!("exited with code 0{code:o}]")),
+        "{}",
+        r.dump()
+    );
     assert!(
         r.server.contains(&format!("exited with status {code}")),
         "{}",
@@ -288,7 +378,14 @@ fn signal_handler_receives_the_signal() {
     let r = gdb(
         "signal",
         &[],
-        &["break on_usr1", "continue", "continue", "bt", "continue"],
+        &[
+            "break on_usr1",
+            "continue",
+            "continue",
+            "bt",
+            "continue",
+            LET_IT_EXIT,
+        ],
     );
     let sig = r.pos("Program received signal SIGUSR1");
     let bp = r.pos("Breakpoint 1, on_usr1 (sig=10) at ");
@@ -334,6 +431,7 @@ fn fork_and_vfork_children_are_detached_and_reported() {
             "print a",
             "print b",
             "continue",
+            LET_IT_EXIT,
         ],
     );
     // Both children are announced on GDB's console and on ptrewind's stderr.
@@ -372,6 +470,7 @@ fn threads_are_followed_and_breakpoints_in_them_reached() {
             "info threads",
             "print (long)result",
             "continue",
+            LET_IT_EXIT,
         ],
     );
     let in_worker = r.after("IN-WORKER");
@@ -399,7 +498,7 @@ fn threads_are_followed_and_breakpoints_in_them_reached() {
 
 #[test]
 fn exec_is_reported() {
-    let r = gdb("exec", &[], &["continue"]);
+    let r = gdb("exec", &[], &["continue", LET_IT_EXIT]);
     r.expect("ptrewind: the program called exec (");
     r.expect("exited normally");
 }
@@ -467,7 +566,7 @@ fn missing_program_is_an_error() {
 
 #[test]
 fn router_intercepts_extends_qsupported_and_survives_bad_packets() {
-    use ptrewind::server::{Intercept, Router, ServeOutcome, Session};
+    use ptrewind::server::{GdbStubAdapter, Intercept, Router, ServeOutcome};
     use ptrewind::target::{PtraceTarget, SpawnOptions};
 
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -476,7 +575,7 @@ fn router_intercepts_extends_qsupported_and_survives_bad_packets() {
     let server = std::thread::spawn(move || {
         let target = PtraceTarget::spawn(&"/bin/true".into(), &[], &SpawnOptions::default())
             .expect("spawn /bin/true");
-        let mut session = Session::new(Box::new(target));
+        let mut session = GdbStubAdapter::new(Box::new(target));
         let mut router = Router::default();
         router.add_qsupported_feature("Qbtrace:pt+");
         router.intercept(b"Qptrewind.test", |session, state, body| {
@@ -580,7 +679,7 @@ fn router_intercepts_extends_qsupported_and_survives_bad_packets() {
 
 #[test]
 fn router_interrupt_stops_a_running_program() {
-    use ptrewind::server::{Router, ServeOutcome, Session};
+    use ptrewind::server::{GdbStubAdapter, Router, ServeOutcome};
     use ptrewind::target::{PtraceTarget, SpawnOptions};
 
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -589,7 +688,7 @@ fn router_interrupt_stops_a_running_program() {
         let args = ["30".into()];
         let target = PtraceTarget::spawn(&"/bin/sleep".into(), &args, &SpawnOptions::default())
             .expect("spawn /bin/sleep");
-        let mut session = Session::new(Box::new(target));
+        let mut session = GdbStubAdapter::new(Box::new(target));
         let (stream, _) = listener.accept().unwrap();
         Router::default().serve(stream, &mut session)
     });
@@ -737,7 +836,7 @@ impl ptrewind::target::Target for FakeReplay {
 
 #[test]
 fn reverse_execution_plumbing_with_a_fake_history() {
-    use ptrewind::server::{Router, Session};
+    use ptrewind::server::{GdbStubAdapter, Router};
 
     let pcs: Vec<u64> = (0..10).map(|i| 0x401000 + 4 * i).collect();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -749,7 +848,7 @@ fn reverse_execution_plumbing_with_a_fake_history() {
         pending: None,
     };
     let server = std::thread::spawn(move || {
-        let mut session = Session::new(Box::new(fake));
+        let mut session = GdbStubAdapter::new(Box::new(fake));
         let (stream, _) = listener.accept().unwrap();
         Router::default().serve(stream, &mut session)
     });
@@ -805,7 +904,7 @@ fn reverse_execution_plumbing_with_a_fake_history() {
 /// (gdbstub ends a session on a malformed known command unless the router catches it).
 #[test]
 fn router_survives_random_packets() {
-    use ptrewind::server::{Router, Session};
+    use ptrewind::server::{GdbStubAdapter, Router};
 
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
@@ -816,7 +915,7 @@ fn router_survives_random_packets() {
         pending: None,
     };
     let server = std::thread::spawn(move || {
-        let mut session = Session::new(Box::new(fake));
+        let mut session = GdbStubAdapter::new(Box::new(fake));
         let (stream, _) = listener.accept().unwrap();
         Router::default().serve(stream, &mut session)
     });
@@ -996,6 +1095,7 @@ fn recurring_breakpoint_and_software_watchpoint() {
             "continue",
             "delete",
             "continue",
+            LET_IT_EXIT,
         ],
     );
     // op_add runs for i = 0, 3, 6: with a = acc before the call, b = i + 2.

@@ -635,7 +635,7 @@ impl ptrewind::target::Target for SlowRunner {
 /// slices and kept a Ctrl-C behind it waiting). Counted, not timed.
 #[test]
 fn a_huge_packet_costs_few_run_slices() {
-    use ptrewind::server::{Router, Session};
+    use ptrewind::server::{GdbStubAdapter, Router};
     use std::sync::atomic::Ordering;
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -647,7 +647,7 @@ fn a_huge_packet_costs_few_run_slices() {
             running: false,
             interrupted: false,
         };
-        let mut session = Session::new(Box::new(target));
+        let mut session = GdbStubAdapter::new(Box::new(target));
         let (stream, _) = listener.accept().unwrap();
         Router::default().serve(stream, &mut session)
     });

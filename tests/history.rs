@@ -455,3 +455,78 @@ fn worker_on_static_and_empty_traces() {
     assert_eq!(empty.wait_indexed(Duration::from_secs(60)), Ok(0));
     assert_eq!(empty.stats().insns, 0);
 }
+
+/// A store whose end is provisional (the QEMU backend's completion at each stop): at every
+/// "stop" the bytes after the previous committed end are rewritten with the next committed part
+/// plus a new provisional end (a cut-off later part of the trace, or garbage). The worker forgets
+/// only what it read from the rewritten bytes; at every stop its index equals a history built
+/// from scratch over the store's bytes as they are then.
+#[test]
+fn worker_follows_a_store_whose_end_is_rewritten() {
+    use ptrewind::store::live::TraceStore;
+    let name = "libxdc/Unzip";
+    let Some(t) = support::trace(name) else {
+        if support::require_corpus(name).is_none() {
+            return;
+        }
+        panic!("{name}: not in the corpus");
+    };
+    let image = Arc::new(image_of(&t));
+    let store = TraceStore::new();
+    let worker = HistoryWorker::spawn_with_window(
+        Arc::new(store.clone()),
+        Arc::clone(&image),
+        cfg_of(&t),
+        16384,
+    )
+    .expect("spawn the history worker");
+    store.set_listener(Some(worker.notifier().into_listener()));
+    let pt = &t.pt;
+    let mut seed = 7u64;
+    let mut committed = 0usize;
+    let mut rewinds = 0;
+    let step = pt.len() / 16;
+    for stop in 0..12 {
+        let next = (committed + 1 + (lcg(&mut seed) as usize % step)).min(pt.len());
+        // The provisional end: more of the real trace (a longer one than the next stop will
+        // commit, sometimes), or bytes that decode to errors.
+        let mut bytes = pt[committed..next].to_vec();
+        if stop % 3 == 2 {
+            bytes.extend_from_slice(&[0x02, 0x82, 0x99, 0x42, 0x13, 0x00, 0xff]);
+        } else {
+            let extra = (1 + lcg(&mut seed) as usize % step).min(pt.len() - next);
+            bytes.extend_from_slice(&pt[next..next + extra]);
+        }
+        if store.len() > committed {
+            rewinds += 1;
+        }
+        store.rewrite_from(committed, &bytes);
+        committed = next;
+        let n = worker
+            .wait_indexed(Duration::from_secs(60))
+            .unwrap_or_else(|e| panic!("{name}: stop {stop}: {e}"));
+        let now = store.to_vec();
+        let built = History::build(&now, &image, cfg_of(&t));
+        assert_eq!(n, built.len(), "{name}: stop {stop}: instructions");
+        assert_eq!(
+            worker.sync_points(),
+            built.sync_points(),
+            "{name}: stop {stop}: sync points"
+        );
+        assert!(worker.stats().complete, "{name}: stop {stop}");
+        let truth = sequential_ips(&now, &image, cfg_of(&t));
+        worker.with_history(|h, trace, image| {
+            for _ in 0..50 {
+                let Some(k) = (truth.len() as u64).checked_sub(1 + lcg(&mut seed) % 64) else {
+                    break;
+                };
+                assert_eq!(
+                    h.insn(trace, image, k).map(|x| x.0),
+                    Some(truth[k as usize]),
+                    "{name}: stop {stop}: instruction {k}"
+                );
+            }
+        });
+    }
+    assert!(rewinds >= 10, "{rewinds} of 12 stops rewrote bytes");
+}

@@ -267,6 +267,53 @@ fn lldb_forward_debugging_with_shared_libraries_and_kill() {
     assert!(ctx.contains("killed by the debugger"), "{ctx}");
 }
 
+/// The end of the program is a stop (the default stop at exit): LLDB shows it as a SIGTRAP
+/// at the exit system call, with the server's word on it; the history is there (`monitor
+/// where` answers at the end of it, a backtrace unwinds through libc's exit path), and a
+/// further continue lets the program exit. LLDB's batch mode stops running `-o` commands at a
+/// signal stop, as it does at any: the rest are `-k` commands, which it runs there.
+#[test]
+fn lldb_program_end_is_a_stop_and_a_further_continue_exits() {
+    if !tools_ready(true) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build_uselib(dir.path());
+    let server = record(&exe, &[]);
+    let mut c = Command::new("lldb-19");
+    c.args(["--batch", "--no-lldbinit"])
+        .arg("-o")
+        .arg(format!("target create {}", exe.display()))
+        .arg("-o")
+        .arg(format!("gdb-remote 127.0.0.1:{}", server.port))
+        .args(["-o", "process continue"])
+        .args(["-k", "bt"])
+        .args(["-k", "process plugin packet monitor where"])
+        .args(["-k", "process continue"]);
+    let out = run_until(&mut c, Duration::from_secs(120));
+    let server_log = finish(server);
+    let ctx = format!(
+        "--- lldb stdout\n{}\n--- lldb stderr\n{}\n--- server\n{server_log}",
+        out.stdout, out.stderr
+    );
+    let all = format!("{}{}", out.stdout, out.stderr);
+    assert!(
+        all.contains("the program is exiting: it stays stopped at its end"),
+        "{ctx}"
+    );
+    let bt = section(&out.stdout, "bt");
+    assert!(bt.contains("stop reason = signal SIGTRAP"), "{ctx}");
+    assert!(bt.contains("exit"), "{ctx}");
+    assert!(
+        bt.contains("uselib`main") || bt.contains("__libc_start"),
+        "{ctx}"
+    );
+    let where_ = section(&out.stdout, "process plugin packet monitor where");
+    assert!(where_.contains("at the present: instruction"), "{ctx}");
+    assert!(out.stdout.contains("exited with status = 0"), "{ctx}");
+    assert!(server_log.contains("exited with status 0"), "{ctx}");
+}
+
 /// `command script import gdb-scripts/ptrewind_lldb.py`, then the `pt` commands print the
 /// server's monitor output; errors are reported as LLDB errors.
 #[test]

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use proptest::prelude::*;
 use ptrewind::packet::{
     Encoder, IpCompression, IpKind, IpPayload, LastIp, LastIpError, PSB_BYTES, Packet,
-    PacketDecoder, PacketError, Tnt, decode_packet, encode_packet, encode_packet_in_block,
+    PacketDecoder, PacketError, Stop, Tnt, decode_packet, encode_packet, encode_packet_in_block,
     find_psb_backward, find_psb_forward, next_block_context, shortest_compression,
 };
 
@@ -785,8 +785,53 @@ fn encode_sequence(packets: &[Packet]) -> (Vec<u8>, Vec<u64>) {
     (bytes, offsets)
 }
 
+/// Everything `next_packet` gives on `bytes` (errors included; it goes on after an `Invalid`),
+/// and the same through `read`, with offsets and positions after each item.
+type Items = Vec<(Result<(u64, Packet), PacketError>, usize)>;
+fn both_apis(bytes: &[u8], base: u64) -> (Items, Items) {
+    let mut d = PacketDecoder::with_base_offset(bytes, base);
+    let mut a = Vec::new();
+    while let Some(r) = d.next_packet() {
+        a.push((r, d.position()));
+    }
+    let mut d = PacketDecoder::with_base_offset(bytes, base);
+    let mut b = Vec::new();
+    loop {
+        match d.read() {
+            Ok(p) => b.push((Ok((d.last_offset(), p)), d.position())),
+            Err(Stop::End) => break,
+            Err(Stop::Error) => {
+                let e = d.take_error().expect("Stop::Error leaves its error");
+                assert_eq!(d.take_error(), None, "the error is taken once");
+                b.push((Err(e), d.position()));
+            }
+        }
+    }
+    (a, b)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    // The 16-byte `read` API gives exactly `next_packet`'s packets, offsets, errors and
+    // positions: on valid sequences, on the same cut anywhere, and on random bytes.
+    #[test]
+    fn read_equals_next_packet(
+        packets in sequence_strategy(),
+        noise in proptest::collection::vec(any::<u8>(), 0..64),
+        cut in any::<prop::sample::Index>(),
+        base in any::<u32>(),
+    ) {
+        let (bytes, _) = encode_sequence(&packets);
+        let (a, b) = both_apis(&bytes, base as u64);
+        prop_assert_eq!(&a, &b);
+        prop_assert!(a.iter().all(|(r, _)| r.is_ok()));
+        let cut = &bytes[..cut.index(bytes.len() + 1)];
+        let (a, b) = both_apis(cut, base as u64);
+        prop_assert_eq!(a, b);
+        let (a, b) = both_apis(&noise, base as u64);
+        prop_assert_eq!(a, b);
+    }
 
     // (a) encode → decode is the identity, offsets included, for both decoding APIs.
     #[test]

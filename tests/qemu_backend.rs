@@ -9,63 +9,14 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
-use ptrewind::capture::qemu::recording::find_plugin;
-use ptrewind::capture::qemu::{QemuConfig, QemuRecording, Recorded};
+use ptrewind::capture::qemu::Recorded;
 use ptrewind::capture::soft::classify::decode_insn;
 use ptrewind::capture::soft::{PtraceChild, RecordFrom, RecorderConfig, SoftRecorder};
 use ptrewind::image::Image;
 use ptrewind::packet::{Packet, PacketDecoder};
 use support::cbuild::{compile_source, have, nm_symbol};
 use support::flow_ips;
-
-fn qemu_available() -> bool {
-    if have("qemu-x86_64") {
-        return true;
-    }
-    eprintln!("qemu-x86_64 not installed (package qemu-user): skipping");
-    false
-}
-
-fn plugin() -> PathBuf {
-    find_plugin(Path::new(env!("CARGO_BIN_EXE_ptrewind")))
-        .expect("the QEMU plugin is built with the workspace")
-}
-
-/// Runs `exe` under QEMU with the plugin in test mode; returns the recording and exit status.
-fn record(exe: &Path, args: &[&str], precise: bool) -> (Recorded, std::process::ExitStatus) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut cfg = QemuConfig::new(plugin());
-    cfg.log_insns = true;
-    cfg.precise = precise;
-    cfg.dir = Some(dir.path().join("rec"));
-    let args: Vec<OsString> = args.iter().map(OsString::from).collect();
-    let mut rec = QemuRecording::spawn_with(&cfg, exe, &args, |c| {
-        c.stdout(Stdio::null()).stderr(Stdio::null());
-    })
-    .expect("spawn qemu");
-    let status = rec.wait().expect("qemu ran the plugin");
-    let recorded = rec.read().expect("read recording");
-    // Keep the directory alive until read.
-    drop(dir);
-    (recorded, status)
-}
-
-/// The plugin's log with QEMU's re-executions of a REP string instruction (one per iteration)
-/// folded into one execution, as the architecture counts them.
-fn fold_rep(log: &[u64], image: &Image) -> Vec<u64> {
-    let mut out: Vec<u64> = Vec::with_capacity(log.len());
-    for &ip in log {
-        if out.last() == Some(&ip) {
-            let mut b = [0u8; 15];
-            let n = image.read(ip, &mut b);
-            if decode_insn(ip, &b[..n]).is_some_and(|i| i.rep_string) {
-                continue;
-            }
-        }
-        out.push(ip);
-    }
-    out
-}
+use support::qemu::{fold_rep, plugin, qemu_available, record};
 
 /// Compares a thread's decoded stream with its log. The log also has each instruction that
 /// faulted (QEMU logs an instruction before executing it; PT reports it as the FUP of the
@@ -496,8 +447,19 @@ fn gdb_reverse_on_a_worker_that_crashed() {
         "{}",
         run.dump()
     );
-    // The past is PC-only: GDB stops at the main thread's last call of `step`.
-    run.expect("Breakpoint 1, step");
+    // Every thread is served: GDB stops at the last call of `step` in global order, the
+    // worker's (it calls `step` after main's calls, before crashing). With libc's symbols
+    // found, `step` may have a second location there: "Breakpoint 1.1".
+    assert!(
+        run.gdb.contains("Breakpoint 1, step") || run.gdb.contains("Breakpoint 1.1, step"),
+        "{}",
+        run.dump()
+    );
+    assert!(
+        run.gdb.matches("Thread ").count() >= 2,
+        "info threads lists main and the worker: {}",
+        run.dump()
+    );
     assert!(
         run.gdb.contains("in step+") && run.gdb.contains("replaying: instruction"),
         "{}",
@@ -591,4 +553,275 @@ fn auto_falls_back_to_ptrace_and_mentions_qemu() {
             && err.contains("--backend qemu"),
         "{err}"
     );
+}
+
+const PIE_SRC: &str = r#"
+#include <stdio.h>
+volatile int sink;
+__attribute__((noinline)) int leaf(int x) { sink = x; return x * 2; }
+int main(void) {
+    int s = 0;
+    for (int i = 0; i < 4; i++) s += leaf(i);
+    printf("s=%d\n", s);
+    return 0;
+}
+"#;
+
+/// A PIE, dynamically linked program recorded to its end and replayed: GDB places the program
+/// and its libraries where QEMU's loader put them (the auxiliary vector and the svr4 library
+/// list are made from the recorded mappings), so the end is in libc's `_exit` and a breakpoint
+/// by name is set at the relocated address and reached by reverse-continue.
+#[test]
+fn gdb_replays_a_pie_dynamic_program_relocated() {
+    if !qemu_available() || !have("gdb") {
+        return;
+    }
+    use support::gdb::{Server, gdb_session};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = compile(
+        dir.path(),
+        "pie",
+        PIE_SRC,
+        &["-g", "-O0", "-pie", "-fPIE"],
+        &[],
+    );
+    let link_leaf = nm_symbol(&exe, "leaf");
+    let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--trace-dir"]
+        .iter()
+        .map(Into::into)
+        .collect();
+    cli.push(dir.path().join("rec").into());
+    cli.extend(["--qemu-plugin".into(), plugin().into(), "--".into()]);
+    cli.push(exe.clone().into());
+    let server = Server::start_cli(&cli);
+    let run = gdb_session(
+        server,
+        &exe,
+        &[
+            "info sharedlibrary",
+            "echo @end\\n",
+            "p/x $pc",
+            "break leaf",
+            "reverse-continue",
+            "echo @bp\\n",
+            "p/x $pc",
+            "info symbol $pc",
+        ],
+        std::time::Duration::from_secs(60),
+    );
+    let g = &run.gdb;
+    // Both libraries found and read at their recorded places.
+    assert!(
+        g.lines()
+            .any(|l| l.contains("libc.so.6") && l.contains("Yes")),
+        "{}",
+        run.dump()
+    );
+    assert!(
+        g.lines()
+            .any(|l| l.contains("ld-linux-x86-64.so.2") && l.contains("Yes")),
+        "{}",
+        run.dump()
+    );
+    // The end of the history is in libc's exit path, named.
+    // (GDB first reads the libraries through the server's Host I/O: "Reading … from remote
+    // target...".)
+    assert!(
+        g.lines()
+            .find(|l| !l.starts_with("Reading "))
+            .is_some_and(|l| l.contains("_exit (")),
+        "{}",
+        run.dump()
+    );
+    run.expect("Breakpoint 1, leaf");
+    let pc = run.hex_after("@bp");
+    // Relocated: GDB names the stop in `leaf` of the program, the address is not the
+    // link-time one, and the bias keeps the offset within the page.
+    let off: u64 = run
+        .after("@bp")
+        .split_once("leaf + ")
+        .and_then(|x| x.1.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no symbol at the stop: {}", run.dump()));
+    assert!(off < 16, "{}", run.dump());
+    assert_ne!(pc, link_leaf + off, "{}", run.dump());
+    assert_eq!(pc & 0xfff, (link_leaf + off) & 0xfff, "{}", run.dump());
+}
+
+/// GDB's own `record btrace pt` and LLDB's `thread trace dump instructions` on a QEMU
+/// recording: both debuggers decode the plugin's stream with their libipt (GDB: exactly the
+/// instructions ptrewind recorded, and real frames in the past from the trace's calls), and
+/// LLDB's newest instruction is the program's last, the `exit_group` SYSCALL.
+#[test]
+fn btrace_and_lldb_trace_dump_on_a_qemu_recording() {
+    if !qemu_available() || !have("gdb") {
+        return;
+    }
+    use support::gdb::{Server, gdb_session, run_until};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = compile(dir.path(), "pie", PIE_SRC, &["-g", "-O0"], &[]);
+    let start = |rec: &str| {
+        let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--trace-dir"]
+            .iter()
+            .map(Into::into)
+            .collect();
+        cli.push(dir.path().join(rec).into());
+        cli.extend(["--qemu-plugin".into(), plugin().into(), "--".into()]);
+        cli.push(exe.clone().into());
+        Server::start_cli(&cli)
+    };
+    let run = gdb_session(
+        start("rec1"),
+        &exe,
+        &[
+            "record btrace pt",
+            "info record",
+            "break leaf",
+            "reverse-continue",
+            "echo @bt\\n",
+            "bt",
+        ],
+        std::time::Duration::from_secs(60),
+    );
+    let recorded: u64 = run
+        .server
+        .split_once(" instructions in ")
+        .and_then(|x| x.0.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no instruction count: {}", run.dump()));
+    assert!(
+        run.gdb
+            .contains(&format!("Recorded {recorded} instructions in ")),
+        "{}",
+        run.dump()
+    );
+    assert!(run.gdb.contains("(0 gaps)"), "{}", run.dump());
+    let bt = run.after("@bt");
+    assert!(bt.contains("#0  leaf ("), "{}", run.dump());
+    assert!(bt.contains(" in main ("), "{}", run.dump());
+
+    if !have("lldb-19") {
+        eprintln!("SKIPPED (LLDB part): lldb-19 not installed");
+        return;
+    }
+    let mut server = start("rec2");
+    let mut lldb = std::process::Command::new("lldb-19");
+    lldb.arg("--batch")
+        .args(["-o", &format!("gdb-remote 127.0.0.1:{}", server.port)])
+        .args(["-o", "process trace start"])
+        .args(["-o", "thread trace dump instructions -c 4"])
+        .args(["-o", "thread trace dump info"])
+        .args(["-o", "kill"])
+        .arg(&exe);
+    let out = run_until(&mut lldb, std::time::Duration::from_secs(60));
+    let _ = server.child.kill();
+    let _ = server.child.wait();
+    let text = format!("{}{}", out.stdout, out.stderr);
+    let first = text
+        .split_once("thread trace dump instructions")
+        .and_then(|x| {
+            x.1.lines()
+                .find(|l| l.trim_start().starts_with(char::is_numeric))
+        })
+        .unwrap_or_else(|| panic!("no instructions: {text}"));
+    assert!(first.contains("syscall"), "{text}");
+    assert!(text.contains("Number of individual errors: 0"), "{text}");
+}
+
+const SPIN_SRC: &str = r#"
+volatile int sink;
+__attribute__((noinline)) void tick(int i) { sink = i; }
+int main(void) { for (int i = 0;; i++) tick(i); }
+"#;
+
+/// The QEMU process is killed (SIGKILL) while `record --backend qemu` records a program that
+/// never ends: the recording up to that point is kept (the plugin's tail file completes the
+/// stream), ptrewind says how it ended and serves it, and GDB reverse-executes it.
+#[test]
+fn a_killed_guest_keeps_its_recording_and_it_is_served() {
+    if !qemu_available() || !have("gdb") {
+        return;
+    }
+    use support::gdb::{Server, gdb_session};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = compile(dir.path(), "spin", SPIN_SRC, &["-O0", "-no-pie"], &[]);
+    let tick = nm_symbol(&exe, "tick");
+    // The killer: finds the QEMU process running this program once it has run ~0.3 s of CPU.
+    let target = exe.to_string_lossy().into_owned();
+    let killer = std::thread::spawn(move || {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+                let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+                    continue;
+                };
+                let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                let cmd = String::from_utf8_lossy(&cmd);
+                if !cmd.contains("qemu-x86_64") || !cmd.contains(&target) {
+                    continue;
+                }
+                let ticks = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .ok()
+                    .and_then(|s| {
+                        let f: Vec<String> = s
+                            .rsplit_once(')')?
+                            .1
+                            .split_whitespace()
+                            .map(String::from)
+                            .collect();
+                        Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+                    })
+                    .unwrap_or(0);
+                if ticks >= 30 {
+                    // SAFETY: kill(2) on the QEMU process this test started (by its path).
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                    return true;
+                }
+            }
+        }
+        false
+    });
+    let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--trace-dir"]
+        .iter()
+        .map(Into::into)
+        .collect();
+    cli.push(dir.path().join("rec").into());
+    cli.extend(["--qemu-plugin".into(), plugin().into(), "--".into()]);
+    cli.push(exe.clone().into());
+    let server = Server::start_cli(&cli);
+    assert!(killer.join().expect("killer"), "QEMU was never killed");
+    let run = gdb_session(
+        server,
+        &exe,
+        &[
+            "echo @end\\n",
+            "p/x $pc",
+            "break tick",
+            "reverse-continue",
+            "echo @rc\\n",
+            "p/x $pc",
+            "reverse-continue",
+            "echo @rc2\\n",
+            "p/x $pc",
+        ],
+        std::time::Duration::from_secs(60),
+    );
+    assert!(run.server.contains("signal: 9 (SIGKILL)"), "{}", run.dump());
+    assert!(
+        run.server
+            .contains("its stream ended without the plugin's summary"),
+        "{}",
+        run.dump()
+    );
+    // The history ends inside the loop (main or tick), and reverse-continue finds tick's
+    // earlier calls.
+    let end = run.hex_after("@end");
+    let main = nm_symbol(&exe, "main");
+    assert!(
+        (tick..tick + 0x20).contains(&end) || (main..main + 0x40).contains(&end),
+        "{end:#x}: {}",
+        run.dump()
+    );
+    let rc = run.hex_after("@rc");
+    assert!((tick..tick + 16).contains(&rc), "{}", run.dump());
+    assert_eq!(run.hex_after("@rc2"), rc, "{}", run.dump());
 }

@@ -64,6 +64,17 @@ fn session_interrupting(
     commands: &[String],
     interrupt_after_cpu: Option<u64>,
 ) -> GdbRun {
+    session_with(exe, args, commands, interrupt_after_cpu, &[])
+}
+
+/// `extra`: more `record` options.
+fn session_with(
+    exe: &Path,
+    args: &[&str],
+    commands: &[String],
+    interrupt_after_cpu: Option<u64>,
+    extra: &[&str],
+) -> GdbRun {
     let plugin = find_plugin(Path::new(env!("CARGO_BIN_EXE_ptrewind")))
         .expect("the QEMU plugin is built with the workspace");
     let mut cli: Vec<OsString> = [
@@ -79,6 +90,7 @@ fn session_interrupting(
     .map(Into::into)
     .collect();
     cli.push(plugin.into());
+    cli.extend(extra.iter().map(Into::into));
     // The recording directory inside the test's temporary directory (removed with it).
     cli.push("--trace-dir".into());
     cli.push(exe.with_file_name("recording").into());
@@ -280,4 +292,189 @@ fn the_recording_survives_the_crash() {
     let main = rec.thread(None).expect("main thread recorded");
     assert!(main.trace.len() > 100, "{}", run.dump());
     assert_eq!(dir, exe.with_file_name("recording"));
+}
+
+/// A PIE, dynamically linked program live under QEMU, through many stops: breakpoints by name
+/// at relocated addresses, real frames live (`bt`), and reverse-continue after each further
+/// stop lands on the previous hit (the history is extended at every stop, its provisional end
+/// rewritten, not rebuilt).
+#[test]
+fn pie_dynamic_program_many_stops_and_reverse() {
+    if !have("qemu-x86_64") || !have("gdb") {
+        eprintln!("skipped: qemu-x86_64 (package qemu-user) or gdb not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile_source(
+        "cc",
+        dir.path(),
+        "pie",
+        PROGRAM,
+        &["-g", "-O0", "-pie", "-fPIE"],
+        &[],
+    );
+    let mut commands = cmds(&["break leaf", "continue", "bt", "echo @first\\n", "p/x $pc"]);
+    for i in 0..5 {
+        commands.extend(cmds(&["continue"]));
+        commands.push(format!("echo @c{i}\\n"));
+        commands.extend(cmds(&["p/x $pc"]));
+    }
+    commands.extend(cmds(&[
+        "reverse-continue",
+        "echo @rc1\\n",
+        "p/x $pc",
+        "reverse-continue",
+        "echo @rc2\\n",
+        "p/x $pc",
+        "monitor stats",
+        "delete",
+        "continue",
+        "continue",
+    ]));
+    let run = session(&exe, &[], &commands);
+    let g = &run.gdb;
+    // Live frames: leaf called from middle from main.
+    let first = g.split_once("@first").map(|x| x.0).unwrap_or("");
+    assert!(
+        first.contains("in middle (x=5)") && first.contains("in main ("),
+        "{}",
+        run.dump()
+    );
+    let bp = run.hex_after("@first");
+    let leaf_link = nm_symbol(&exe, "leaf");
+    assert_ne!(bp & !0xfff, leaf_link & !0xfff, "relocated: {}", run.dump());
+    for i in 0..5 {
+        assert_eq!(run.hex_after(&format!("@c{i}")), bp, "{}", run.dump());
+    }
+    // 6 hits: leaf(0..4) of middle(5), leaf(0) of middle(3); back twice = the 4th hit.
+    assert_eq!(run.hex_after("@rc1"), bp, "{}", run.dump());
+    assert_eq!(run.hex_after("@rc2"), bp, "{}", run.dump());
+    assert_eq!(g.matches("Breakpoint 1, leaf").count(), 8, "{}", run.dump());
+    let stats = run.after("@rc2");
+    assert!(
+        stats.contains("index complete           yes"),
+        "{}",
+        run.dump()
+    );
+    assert!(
+        stats.contains("decode errors            0"),
+        "{}",
+        run.dump()
+    );
+    assert!(
+        stats.contains("provisional bytes (rewritten at the next stop)"),
+        "{}",
+        run.dump()
+    );
+    // Forward: replay to the live stop, then the program runs on to its end (r = 20 + 6).
+    assert!(
+        g.contains("No more reverse-execution history"),
+        "{}",
+        run.dump()
+    );
+    assert!(g.contains("exited with code 032"), "{}", run.dump());
+}
+
+/// `--stop-at-exit` under QEMU: the plugin holds the program at its `exit_group`, GDB sees a
+/// trap at the SYSCALL in `_exit` with the call's registers and the program's memory, reverse
+/// execution works from there, replay forward returns to the end, and a further continue ends
+/// the program with its exit code.
+#[test]
+fn stop_at_exit_is_a_place_in_history() {
+    let Some((_dir, exe)) = setup() else { return };
+    let run = session_with(
+        &exe,
+        &[],
+        &cmds(&[
+            "continue",
+            "echo @exit\\n",
+            "x/i $pc",
+            "p $rdi",
+            "p $rax",
+            "p sink",
+            "info registers rbx",
+            "break leaf",
+            "reverse-continue",
+            "echo @rc\\n",
+            "p/x $pc",
+            "continue",
+            "echo @fwd\\n",
+            "continue",
+            "echo @end\\n",
+        ]),
+        None,
+        &["--stop-at-exit"],
+    );
+    let g = &run.gdb;
+    let leaf = nm_symbol(&exe, "leaf");
+    let at_exit = run.after("@exit");
+    assert!(
+        g.contains("Program received signal SIGTRAP"),
+        "{}",
+        run.dump()
+    );
+    assert!(g.contains("the program is exiting"), "{}", run.dump());
+    // At the exit_group call: not executed yet, its number and argument (r = 26).
+    assert!(at_exit.contains("syscall"), "{}", run.dump());
+    assert!(at_exit.contains("$1 = 26"), "{}", run.dump());
+    assert!(at_exit.contains("$2 = 231"), "{}", run.dump());
+    // Memory of the held program: the last leaf(x) stored x = 2.
+    assert!(at_exit.contains("$3 = 2"), "{}", run.dump());
+    assert!(
+        at_exit.contains("rbx            <unavailable>"),
+        "{}",
+        run.dump()
+    );
+    // Reverse from the end: the last call of leaf.
+    let rc = run.hex_after("@rc");
+    assert!(rc > leaf && rc < leaf + 16, "{}", run.dump());
+    // Forward: the end of the history again, then the exit itself.
+    assert!(
+        run.after("@rc")
+            .contains("No more reverse-execution history"),
+        "{}",
+        run.dump()
+    );
+    assert!(
+        run.after("@fwd").contains("exited with code 032"),
+        "{}",
+        run.dump()
+    );
+    assert!(run.program_stdout.contains("r=20"), "{}", run.dump());
+}
+
+/// `watch` on a QEMU session: GDB cannot insert it (PC-only past, no watchpoints in QEMU's
+/// user-mode stub) and ptrewind says why; after deleting it the session goes on.
+#[test]
+fn watchpoints_are_refused_with_the_reason() {
+    let Some((_dir, exe)) = setup() else { return };
+    let run = session(
+        &exe,
+        &[],
+        &cmds(&[
+            "break leaf",
+            "continue",
+            "watch sink",
+            "continue",
+            "reverse-continue",
+            "delete 2",
+            "continue",
+            "echo @after\\n",
+            "p x",
+            "kill",
+        ]),
+    );
+    let g = &run.gdb;
+    assert!(
+        g.contains("Could not insert hardware watchpoint 2"),
+        "{}",
+        run.dump()
+    );
+    assert!(
+        g.contains("ptrewind: watchpoints are refused here: this recording's past is PC-only (qemu backend)"),
+        "{}",
+        run.dump()
+    );
+    // The refused watchpoint did not resume anything; once deleted, the next hit is leaf(1).
+    assert!(run.after("@after").contains("$1 = 1"), "{}", run.dump());
 }

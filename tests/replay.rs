@@ -594,4 +594,95 @@ fn replay_of_a_saved_pie_recording_shows_the_live_view() {
     assert_eq!(bp(&r), bp(&live), "{}", r.dump());
     assert!(r.after("RC").contains("Breakpoint 1, "), "{}", r.dump());
     assert!(!r.gdb.contains("_start () from"), "{}", r.dump());
+    // Host I/O: no warning in either session, the libraries read through `target:` (the
+    // copies saved with the recording) with their symbols.
+    for run in [&live, &r] {
+        assert!(
+            !run.gdb.contains("unable to open /proc file"),
+            "{}",
+            run.dump()
+        );
+    }
+    assert!(
+        block(&replay_libs, "0x")
+            .iter()
+            .any(|l| l.contains("Yes") && l.contains("target:/") && l.contains("libc.so.6")),
+        "{}",
+        r.dump()
+    );
+    saved_files_are_served_from_the_recording(&dir, program, live.pid);
+}
+
+/// What the replay server reads for GDB's host I/O: the maps file from `maps.json`, the
+/// executable and libraries from the recording's own copies (a copy changed in the directory
+/// is what GDB gets), never through a link planted there, and no other process's `/proc`.
+fn saved_files_are_served_from_the_recording(saved: &Path, program: &Path, pid: i32) {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("replay-saved-pie-files");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for e in std::fs::read_dir(saved).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+    }
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+    let files = manifest["files"].as_array().expect("files in the manifest");
+    let name_of = |suffix: &str| -> (String, String) {
+        files
+            .iter()
+            .find(|f| f["path"].as_str().unwrap().ends_with(suffix))
+            .map(|f| {
+                (
+                    f["path"].as_str().unwrap().to_string(),
+                    f["file"].as_str().unwrap().to_string(),
+                )
+            })
+            .unwrap_or_else(|| panic!("{suffix} not saved: {files:?}"))
+    };
+    let exe = std::fs::canonicalize(program).unwrap();
+    let (exe_path, exe_copy) = name_of(exe.to_str().unwrap());
+    // The loader's name for libc (through /lib) and the maps' name share one copy.
+    let (libc_path, libc_copy) = name_of("/lib/x86_64-linux-gnu/libc.so.6");
+    assert!(
+        files
+            .iter()
+            .filter(|f| f["file"].as_str() == Some(&libc_copy))
+            .count()
+            >= 2,
+        "{files:?}"
+    );
+    std::fs::write(dir.join(&exe_copy), b"the saved copy").unwrap();
+    std::fs::remove_file(dir.join(&libc_copy)).unwrap();
+    std::os::unix::fs::symlink("/etc/hostname", dir.join(&libc_copy)).unwrap();
+    let out = |n: &str| dir.join(format!("got-{n}"));
+    let cmds = vec![
+        format!(
+            "remote get /proc/{pid}/task/{pid}/maps {}",
+            out("maps").display()
+        ),
+        format!("remote get {exe_path} {}", out("exe").display()),
+        "echo LIBC\\n".to_string(),
+        format!("remote get {libc_path} {}", out("libc").display()),
+        "echo OTHER\\n".to_string(),
+        format!("remote get /proc/1/maps {}", out("other").display()),
+        "kill".into(),
+    ];
+    let r = gdb_session(replay(&[dir.as_os_str()]), program, &cmds, TIMEOUT);
+    let maps: Vec<String> =
+        serde_json::from_slice(&std::fs::read(dir.join("maps.json")).unwrap()).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(out("maps")).unwrap_or_default(),
+        format!("{}\n", maps.join("\n")),
+        "{}",
+        r.dump()
+    );
+    assert_eq!(
+        std::fs::read(out("exe")).unwrap_or_default(),
+        b"the saved copy",
+        "{}",
+        r.dump()
+    );
+    assert!(!out("libc").exists(), "{}", r.dump());
+    assert!(!out("other").exists(), "{}", r.dump());
+    assert!(r.gdb.contains("Remote I/O error"), "{}", r.dump());
 }

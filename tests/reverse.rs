@@ -318,6 +318,15 @@ fn ptrewind_gdb_runs_gdb_with_the_pt_commands() {
     let run = run_until(&mut cmd, TIMEOUT);
     let text = format!("{}{}", run.stdout, run.stderr);
     assert!(run.status.is_some(), "ptrewind gdb timed out:\n{text}");
+    // No warning at connection: the maps file comes through host I/O, the libraries are read
+    // locally (`set sysroot`).
+    for warning in [
+        "unable to open /proc file",
+        "from remote target",
+        "can be slow",
+    ] {
+        assert!(!text.contains(warning), "{warning}\n{text}");
+    }
     // Three hits of factorial: n = 10, 9, 8.
     assert!(text.contains("factorial (n=8)"), "{text}");
     // The call history: main, then factorial nested three deep (indented by two per level).
@@ -1140,6 +1149,8 @@ fn ctrl_c_during_a_blocking_system_call_stops_and_resumes() {
             "continue",
             "continue",
             "print after",
+            // To the end of the program (it stays there), then let it exit.
+            "continue",
             "continue",
         ],
         TIMEOUT,
@@ -1166,11 +1177,14 @@ fn ctrl_c_during_a_blocking_system_call_stops_and_resumes() {
     assert!(r.program_stdout.contains("woke after=1"), "{}", r.dump());
 }
 
-/// With `--stop-at-exit` the end of the program is a place in the history: a program that
+/// By default (stop at exit) the end of the program is a place in the history: a program that
 /// exits normally stays stopped at its exit, where GDB can step and continue backwards and the
 /// monitor commands work; only a further continue lets it exit.
 #[test]
 fn a_program_that_exits_stays_at_its_end_for_reverse_execution() {
+    let saved = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("saved-at-exit");
+    let _ = std::fs::remove_dir_all(&saved);
+    let save = format!("monitor save {}", saved.display());
     let cmds = [
         "break factorial",
         "continue",
@@ -1179,6 +1193,7 @@ fn a_program_that_exits_stays_at_its_end_for_reverse_execution() {
         "continue",
         r#"printf "ATEXIT %lx\n", $pc"#,
         "monitor where",
+        save.as_str(),
         "reverse-stepi",
         // One instruction back from the end: the exit system call itself.
         r#"printf "BACK %lx\n", $pc"#,
@@ -1195,7 +1210,7 @@ fn a_program_that_exits_stays_at_its_end_for_reverse_execution() {
     ];
     let program = example("recursion");
     let r = gdb_session(
-        record(&["--backend", "soft", "--stop-at-exit"], &program),
+        record(&["--backend", "soft"], &program),
         &program,
         &cmds,
         TIMEOUT,
@@ -1225,4 +1240,28 @@ fn a_program_that_exits_stays_at_its_end_for_reverse_execution() {
     let exited = r.pos("exited normally");
     assert!(r.pos("LAST 1") < end && end < exited, "{}", r.dump());
     assert!(r.pos("AFTER") > exited, "{}", r.dump());
+    // `monitor save` at the end: the whole history, up to the exit system call.
+    let manifest: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(saved.join("manifest.json")).unwrap_or_else(|e| panic!("{e}\n{}", r.dump())),
+    )
+    .unwrap();
+    let end_rip = manifest["registers_at_end"]["rip"]
+        .as_str()
+        .map(|v| u64::from_str_radix(v.trim_start_matches("0x"), 16).unwrap());
+    assert_eq!(end_rip, Some(at_exit[0]), "{manifest}");
+}
+
+/// `--no-stop-at-exit`: the program exits at the first continue that reaches its end, as
+/// before stop-at-exit became the default.
+#[test]
+fn no_stop_at_exit_lets_the_program_exit_at_once() {
+    let program = example("recursion");
+    let r = gdb_session(
+        record(&["--backend", "soft", "--no-stop-at-exit"], &program),
+        &program,
+        &["continue", r#"printf "AFTER\n""#],
+        TIMEOUT,
+    );
+    r.expect("exited normally");
+    assert!(!r.gdb.contains("the program is exiting"), "{}", r.dump());
 }

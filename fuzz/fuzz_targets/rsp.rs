@@ -22,7 +22,7 @@ use ptrewind::capture::soft::state_log::zeroed_regs;
 use ptrewind::server::btrace::{BtraceServer, FixedTraceProvider, resolve_thread};
 use ptrewind::server::lldb_trace::LldbTraceServer;
 use ptrewind::server::router::{Frame, Framer, check_packet, normalize_qsupported};
-use ptrewind::server::{OnDisconnect, Router, ServeOutcome, ServerError, Session, rsp};
+use ptrewind::server::{OnDisconnect, Router, ServeOutcome, ServerError, GdbStubAdapter, rsp};
 use ptrewind::target::{Resume, StopEvent, Target, TargetError, TargetResult, X86Registers};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -181,7 +181,7 @@ fn wire_bytes(data: &[u8]) -> Vec<u8> {
 /// the replies.
 fn serve_bytes(
     router: &mut Router,
-    session: &mut Session,
+    session: &mut GdbStubAdapter,
     input: Vec<u8>,
 ) -> Result<ServeOutcome, ServerError> {
     let mut client = TcpStream::connect(listener().local_addr().unwrap()).unwrap();
@@ -210,7 +210,7 @@ fuzz_target!(|data: &[u8]| {
     // The whole router over loopback. Inputs of even length use `OnDisconnect::Keep`: when the
     // connection ends with the program kept, a second connection (a debugger reconnecting)
     // must be served from a clean state, wherever the first one stopped (mid-packet included).
-    let mut session = Session::new(Box::new(FakeTarget::new()));
+    let mut session = GdbStubAdapter::new(Box::new(FakeTarget::new()));
     let mut router = Router::default();
     let keep = data.len() % 2 == 0;
     if keep {

@@ -44,6 +44,37 @@ struct Config {
     dir: PathBuf,
     precise: bool,
     log: bool,
+    exit_stop: bool,
+}
+
+/// `measure=callbacks`: the block callback returns at once (nothing is recorded). Measures what
+/// QEMU's per-block helper call costs by itself (examples/bench_qemu.rs).
+static CALLBACKS_ONLY: AtomicBool = AtomicBool::new(false);
+
+/// The exit gate's shared words (`exit_stop=on`; see `output::exit_gate`), null when off.
+static EXIT_GATE: AtomicPtr<AtomicU64> = AtomicPtr::new(ptr::null_mut());
+/// The process the gate holds (forked children exit freely).
+static GATED_PID: AtomicU32 = AtomicU32::new(0);
+
+/// `exit_group` of the gated process: publishes the call and waits until ptrewind releases it
+/// (ptrewind serves the program's end meanwhile; QEMU dies with ptrewind, PR_SET_PDEATHSIG).
+fn hold_at_exit(num: i64, args: [u64; 6]) {
+    use output::exit_gate as g;
+    let base = EXIT_GATE.load(Ordering::Acquire);
+    if base.is_null() || real_getpid() != GATED_PID.load(Ordering::Relaxed) {
+        return;
+    }
+    // SAFETY: the gate mapping holds `g::SIZE / 8` words and is never unmapped.
+    let word = |i: usize| unsafe { &*base.add(i) };
+    word(g::TID).store(u64::from(gettid()), Ordering::Relaxed);
+    word(g::NUM).store(num as u64, Ordering::Relaxed);
+    for (i, a) in args.iter().enumerate() {
+        word(g::ARGS + i).store(*a, Ordering::Relaxed);
+    }
+    word(g::STATE).store(g::WAITING, Ordering::Release);
+    while word(g::STATE).load(Ordering::Acquire) != g::RELEASED {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
 }
 
 static CONFIG: OnceLock<Config> = OnceLock::new();
@@ -401,6 +432,9 @@ extern "C" fn on_vcpu_exit(_id: qemu_plugin_id_t, vcpu: c_uint) {
 }
 
 extern "C" fn on_tb_exec(vcpu: c_uint, udata: *mut c_void) {
+    if CALLBACKS_ONLY.load(Ordering::Relaxed) {
+        return;
+    }
     let Some(s) = slot(vcpu) else { return };
     let mut v = lock(s);
     if v.done {
@@ -521,6 +555,7 @@ const SYS_VFORK: i64 = 58;
 const SYS_EXECVE: i64 = 59;
 const SYS_EXIT: i64 = 60;
 const SYS_EXECVEAT: i64 = 322;
+const SYS_EXIT_GROUP: i64 = 231;
 const SYS_CLONE3: i64 = 435;
 const PROT_EXEC: u64 = 4;
 const MAP_ANONYMOUS: u64 = 0x20;
@@ -560,6 +595,7 @@ extern "C" fn on_syscall(
             }
         }
         SYS_EXIT => finish(&mut lock(s), "exit"),
+        SYS_EXIT_GROUP => hold_at_exit(num, [a1, a2, a3, a4, a5, a6]),
         SYS_RT_SIGACTION if a2 != 0 => {
             if let Some(h) = read_guest_u64(a2) {
                 HANDLERS.set(a1, h);
@@ -618,6 +654,7 @@ fn parse_args(argc: c_int, argv: *const *const c_char) -> Result<Config, String>
     let mut dir = None;
     let mut precise = true;
     let mut log = false;
+    let mut exit_stop = false;
     for i in 0..argc.max(0) as usize {
         // SAFETY: QEMU passes `argc` valid NUL-terminated strings.
         let arg = unsafe { CStr::from_ptr(*argv.add(i)) }.to_string_lossy();
@@ -633,7 +670,13 @@ fn parse_args(argc: c_int, argv: *const *const c_char) -> Result<Config, String>
             "out" => dir = Some(PathBuf::from(v)),
             "precise" => precise = flag(v)?,
             "log" => log = flag(v)?,
-            _ => return Err(format!("unknown argument {k:?} (known: out, precise, log)")),
+            "exit_stop" => exit_stop = flag(v)?,
+            "measure" if v == "callbacks" => CALLBACKS_ONLY.store(true, Ordering::Relaxed),
+            _ => {
+                return Err(format!(
+                    "unknown argument {k:?} (known: out, precise, log, exit_stop, measure=callbacks)"
+                ));
+            }
         }
     }
     let dir = dir.ok_or("missing out=DIR (the recording directory)")?;
@@ -641,7 +684,25 @@ fn parse_args(argc: c_int, argv: *const *const c_char) -> Result<Config, String>
     if !md.is_dir() {
         return Err(format!("out={}: not a directory", dir.display()));
     }
-    Ok(Config { dir, precise, log })
+    Ok(Config {
+        dir,
+        precise,
+        log,
+        exit_stop,
+    })
+}
+
+/// Whether this QEMU (plugin API versions `min..=cur`) can run the plugin (built for
+/// [`QEMU_PLUGIN_VERSION`]); the error names both.
+fn check_api(min: c_int, cur: c_int) -> Result<(), String> {
+    if (min..=cur).contains(&QEMU_PLUGIN_VERSION) {
+        return Ok(());
+    }
+    Err(format!(
+        "plugin API version {QEMU_PLUGIN_VERSION} is not supported by this QEMU (it supports \
+         versions {min} to {cur}); this plugin is built for QEMU 7.2's API version \
+         {QEMU_PLUGIN_VERSION}"
+    ))
 }
 
 /// Called by QEMU when it loads the plugin.
@@ -658,12 +719,8 @@ pub unsafe extern "C" fn qemu_plugin_install(
 ) -> c_int {
     // SAFETY: see the function's contract.
     let info = unsafe { &*info };
-    if !(info.version_min..=info.version_cur).contains(&QEMU_PLUGIN_VERSION) {
-        eprintln!(
-            "ptrewind-qemu-plugin: plugin API version {QEMU_PLUGIN_VERSION} is not supported by \
-             this QEMU (it supports versions {} to {})",
-            info.version_min, info.version_cur
-        );
+    if let Err(e) = check_api(info.version_min, info.version_cur) {
+        eprintln!("ptrewind-qemu-plugin: {e}");
         return 1;
     }
     // SAFETY: target_name is a NUL-terminated string owned by QEMU.
@@ -706,6 +763,16 @@ pub unsafe extern "C" fn qemu_plugin_install(
         eprintln!("ptrewind-qemu-plugin: {e}");
         return 1;
     }
+    if config.exit_stop {
+        match map_shared_file(&config.dir, output::EXIT_FILE, output::exit_gate::SIZE, 0) {
+            Ok(p) => EXIT_GATE.store(p, Ordering::Release),
+            Err(e) => {
+                eprintln!("ptrewind-qemu-plugin: {e}");
+                return 1;
+            }
+        }
+        GATED_PID.store(real_getpid(), Ordering::Relaxed);
+    }
     PID.store(real_getpid(), Ordering::Relaxed);
     let _ = output::write_json(&config.dir.join(output::PLUGIN_FILE), &meta);
     if CONFIG.set(config).is_err() {
@@ -721,4 +788,20 @@ pub unsafe extern "C" fn qemu_plugin_install(
         qemu_plugin_register_atexit_cb(id, on_atexit, ptr::null_mut());
     }
     0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_api_mismatch_names_both_versions() {
+        assert_eq!(check_api(1, 1), Ok(()));
+        assert_eq!(check_api(0, 2), Ok(()));
+        let e = check_api(2, 4).unwrap_err();
+        assert!(
+            e.contains("plugin API version 1 is not supported") && e.contains("versions 2 to 4"),
+            "{e}"
+        );
+    }
 }

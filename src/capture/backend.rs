@@ -58,7 +58,7 @@ pub trait LiveBackend {
 
     /// Every live thread of the process, the main thread first (a backend that follows one
     /// thread: just [`tid`](Self::tid)).
-    fn threads(&mut self) -> Vec<i32> {
+    fn threads(&self) -> Vec<i32> {
         vec![self.tid()]
     }
 

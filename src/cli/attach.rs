@@ -25,6 +25,10 @@ pub struct AttachArgs {
     /// process and its recording are kept, stopped, for a debugger to connect again.
     #[arg(long)]
     once: bool,
+    /// Let the process exit (or die) at once. By default it stops at its end, still alive, so
+    /// that its history can be examined from there; a further continue lets it exit.
+    #[arg(long)]
+    no_stop_at_exit: bool,
     /// The process to attach to (its main thread is debugged; other threads keep running).
     pid: i32,
 }
@@ -49,6 +53,6 @@ pub fn run(args: AttachArgs) -> CmdResult {
     let mut recorder =
         SoftRecorder::new(target, config).map_err(|e| format!("cannot start recording: {e}"))?;
     recorder.record_on();
-    let target = super::record::soft_recording(recorder, false)?;
+    let target = super::record::soft_recording(recorder, !args.no_stop_at_exit)?;
     serve_recording(target, listener, Served::Attached, "".as_ref(), args.once)
 }

@@ -152,7 +152,7 @@ fn ip_payload(out: &mut String, p: &IpPayload) {
         IpCompression::Update32 => write!(out, "{ipb}: ????????{:08x}", p.raw & 0xffff_ffff),
         IpCompression::Update48 => write!(out, "{ipb}: ????{:012x}", p.raw & 0xffff_ffff_ffff),
         IpCompression::Sext48 => write!(out, "{ipb}: {:016x}", (((p.raw << 16) as i64) >> 16)),
-        IpCompression::Full => write!(out, "{ipb}: {:016x}", p.raw),
+        IpCompression::Full => write!(out, "{ipb}: {:016x}", { p.raw }),
     };
 }
 

@@ -10,7 +10,7 @@ use ptrewind::capture::soft::{
 };
 use ptrewind::server::btrace::{PtCpu, TraceStoreProvider};
 use ptrewind::server::{
-    OnDisconnect, RecordingTarget, Router, ServeOutcome, Session, check_listen_addr,
+    GdbStubAdapter, OnDisconnect, RecordingTarget, Router, ServeOutcome, check_listen_addr,
     register_monitors, tracing,
 };
 use ptrewind::target::{PtraceTarget, SpawnOptions};
@@ -96,11 +96,17 @@ pub struct RecordArgs {
     /// Keep address-space randomisation enabled in the program (GDB disables it by default).
     #[arg(long)]
     keep_aslr: bool,
-    /// Software backend: when the program exits or dies, stop at its end (the process still
-    /// alive) and tell the debugger, so reverse execution and monitor commands work from there;
-    /// a further continue lets it exit.
+    /// QEMU live backend (`--qemu-live`): hold the program at its `exit_group` so that its
+    /// history can be examined there (the software backend does this by default; for it the
+    /// flag changes nothing).
     #[arg(long)]
     pub(crate) stop_at_exit: bool,
+    /// Software backend: let the program exit (or die) at once, ending its history with it.
+    /// By default it stops at its end (the process still alive) and the debugger is told, so
+    /// reverse execution, `monitor` commands and `monitor save` work from there; a further
+    /// continue lets it exit.
+    #[arg(long, conflicts_with = "stop_at_exit")]
+    pub(crate) no_stop_at_exit: bool,
     /// End when the debugger's connection closes (the program is killed). By default the
     /// program and its recording are kept, stopped, and ptrewind waits for a debugger to
     /// connect again (like gdbserver without --once). `ptrewind gdb` always ends with its GDB.
@@ -119,22 +125,12 @@ pub struct RecordArgs {
     /// directory, kept and printed).
     #[arg(long, value_name = "DIR")]
     pub(crate) trace_dir: Option<std::path::PathBuf>,
-    /// QEMU backend: the thread to serve (default: the main thread).
+    /// QEMU backend: serve only this thread (default: every thread of the process).
     #[arg(long, value_name = "TID")]
     pub(crate) thread: Option<u32>,
     /// The program to run, and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     pub(crate) command: Vec<OsString>,
-}
-
-impl RecordArgs {
-    pub(crate) fn listen(&self) -> SocketAddr {
-        self.listen
-    }
-
-    pub(crate) fn allow_remote(&self) -> bool {
-        self.allow_remote
-    }
 }
 
 /// A started recording (target, listener, how it is served), or the exit code after a printed
@@ -243,7 +239,26 @@ pub(crate) fn start_recording(args: &RecordArgs, shared_terminal: bool) -> Start
         return start_hardware_recording(args, program, prog_args, shared_terminal);
     }
     if let Chosen::Qemu = chosen {
-        return super::record_qemu::start(args, program, prog_args);
+        let opts = super::record_qemu::QemuOptions {
+            qemu_plugin: args.qemu_plugin.clone(),
+            trace_dir: args.trace_dir.clone(),
+            qemu_live: args.qemu_live,
+            thread: args.thread,
+            stop_at_exit: args.stop_at_exit,
+        };
+        return Ok(
+            match super::record_qemu::start(&opts, program, prog_args)? {
+                Ok((target, live)) => {
+                    let served = if live {
+                        Served::Started
+                    } else {
+                        Served::Replay
+                    };
+                    Ok((target, bind(args.listen)?, served))
+                }
+                Err(code) => Err(code),
+            },
+        );
     }
     let mut ring = RingConfig::default();
     if let Some(b) = &args.buffer {
@@ -278,7 +293,7 @@ pub(crate) fn start_recording(args: &RecordArgs, shared_terminal: bool) -> Start
     };
     let recorder =
         SoftRecorder::new(target, config).map_err(|e| format!("cannot start recording: {e}"))?;
-    let target = soft_recording(recorder, args.stop_at_exit)?;
+    let target = soft_recording(recorder, !args.no_stop_at_exit)?;
     Ok(Ok((target, listener, Served::Started)))
 }
 
@@ -401,7 +416,7 @@ fn start_hardware_recording(
 
 /// Serves a software recorder over a ptrace target. With its state log on, registers and
 /// memory are rebuilt in the past; without, the past is served PC-only. `stop_at_exit`: the end
-/// of the program is a place in the history (see `--stop-at-exit`).
+/// of the program is a place in the history (the default; `--no-stop-at-exit` turns it off).
 pub(crate) fn soft_recording(
     rec: SoftRecorder<PtraceTarget>,
     stop_at_exit: bool,
@@ -448,22 +463,31 @@ pub(crate) fn serve_recording(
     fallback_exe: &std::ffi::OsStr,
     once: bool,
 ) -> CmdResult {
-    let mut session = Session::new(Box::new(target.clone()));
+    let mut session = GdbStubAdapter::new(Box::new(target.clone()));
     register_monitors(session.monitors_mut(), &target);
     // LLDB's Intel PT plug-in (`process trace start`, `thread trace dump ...`) reads the
     // whole recorded trace itself. GDB gets reverse execution from the server, and its own
-    // `record btrace pt` only when the user asks: a view of the recording from that point on.
+    // `record btrace pt` only when the user asks: a view of the recording from that point on
+    // (of all of it in a replay).
     let cpu = if target.shared().borrow().has_hardware_trace() {
         ptrewind::capture::perf::host_cpu()
     } else {
         PtCpu::SOFTWARE
     };
     let mut provider = TraceStoreProvider::new(cpu);
-    let mut gdb_view = TraceStoreProvider::from_enable(cpu);
-    if let Ok(tid) = u32::try_from(session.target().tid()) {
-        let store = target.shared().borrow().trace_store();
-        provider.attach(tid, store.clone());
-        gdb_view.attach(tid, store);
+    // A replay, or a recording replayed after the program ended (QEMU to completion), has no
+    // "from now on": GDB's `record btrace pt` shows the whole recorded history of each thread.
+    let mut gdb_view = if served == Served::Replay || !target.shared().borrow().is_live() {
+        TraceStoreProvider::new(cpu)
+    } else {
+        TraceStoreProvider::from_enable(cpu)
+    };
+    // Every thread's trace (one for a single-thread recording).
+    for (tid, store) in target.shared().borrow().thread_stores() {
+        if let Ok(tid) = u32::try_from(tid) {
+            provider.attach(tid, store.clone());
+            gdb_view.attach(tid, store);
+        }
     }
     // Progress lines while the program runs and the recording grows, on a terminal only, and
     // not when the terminal is GDB's (`ptrewind gdb`).
@@ -474,6 +498,7 @@ pub(crate) fn serve_recording(
             Progress::start(t.progress_probe(), t.step_counter())
         });
     let r = serve_session(session, listener, served, fallback_exe, once, |router| {
+        ptrewind::server::install_stop_query(router, &target);
         tracing::install_lldb(router, Box::new(provider));
         tracing::install_btrace(router, Box::new(gdb_view));
         ptrewind::server::alloc::install(router);
@@ -575,7 +600,7 @@ pub(crate) fn serve(
     fallback_exe: &std::ffi::OsStr,
     once: bool,
 ) -> CmdResult {
-    let session = Session::new(Box::new(target));
+    let session = GdbStubAdapter::new(Box::new(target));
     serve_session(session, listener, served, fallback_exe, once, |_| {})
 }
 
@@ -585,7 +610,7 @@ pub(crate) fn serve(
 /// debugger is awaited, unless `once` (the program is then killed, or detached if attached to).
 /// `configure` adds interceptors to the router.
 pub(crate) fn serve_session(
-    mut session: Session,
+    mut session: GdbStubAdapter,
     listener: TcpListener,
     served: Served,
     fallback_exe: &std::ffi::OsStr,
@@ -825,6 +850,11 @@ pub fn run_gdb(args: GdbArgs) -> CmdResult {
     let mut source = std::ffi::OsString::from("source ");
     source.push(&script);
     cmd.arg("-ex").arg(source);
+    // The program runs on this machine (or under QEMU user mode, which sees its files): GDB
+    // reads the executable and libraries directly instead of through the server's host I/O,
+    // without "Reading … from remote target" for each and the "transfers can be slow"
+    // warning. The maps file GDB reads at connection still comes from the server.
+    cmd.arg("-ex").arg("set sysroot");
     cmd.arg("-ex").arg(format!("target remote {addr}"));
     for e in &args.ex {
         cmd.arg("-ex").arg(e);

@@ -8,13 +8,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use super::record::{RecordArgs, Served, Started, bind};
 use ptrewind::capture::qemu::recording::find_plugin;
 use ptrewind::capture::qemu::{QemuConfig, QemuLive, QemuRecording, Recorded};
 use ptrewind::flow::FlowConfig;
 use ptrewind::server::RecordingTarget;
-use ptrewind::server::check_listen_addr;
-use ptrewind::timeline::{OfflineInfo, OfflineRecording, Timeline};
+use ptrewind::timeline::{FatalSignal, OfflineInfo, OfflineRecording, ThreadRecording, Timeline};
 
 /// The plugin to load: `--qemu-plugin`, else beside this executable or in its target directory.
 fn plugin(arg: Option<&Path>) -> Result<PathBuf, String> {
@@ -40,9 +38,30 @@ fn human(n: f64) -> String {
     }
 }
 
-/// Records `program` under QEMU to its end and returns the served recording target.
-pub(crate) fn start(args: &RecordArgs, program: &OsString, prog_args: &[OsString]) -> Started {
-    check_listen_addr(args.listen(), args.allow_remote())?;
+/// What `record --backend qemu` was asked (the `record` command's options that concern it;
+/// `record` binds the listener and serves the target).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct QemuOptions {
+    /// `--qemu-plugin`.
+    pub(crate) qemu_plugin: Option<PathBuf>,
+    /// `--trace-dir`.
+    pub(crate) trace_dir: Option<PathBuf>,
+    /// `--qemu-live`.
+    pub(crate) qemu_live: bool,
+    /// `--thread` (replay of a finished recording).
+    pub(crate) thread: Option<u32>,
+    /// `--stop-at-exit` (live).
+    pub(crate) stop_at_exit: bool,
+}
+
+/// The target to serve and whether it is a live program (else a replay of a finished
+/// recording), or the exit code after a printed error.
+pub(crate) type QemuStarted =
+    Result<Result<(RecordingTarget, bool), ExitCode>, Box<dyn std::error::Error + Send + Sync>>;
+
+/// Records `program` under QEMU (to its end, or live with `qemu_live`) and returns the
+/// recording target to serve.
+pub(crate) fn start(args: &QemuOptions, program: &OsString, prog_args: &[OsString]) -> QemuStarted {
     let mut config = QemuConfig::new(plugin(args.qemu_plugin.as_deref())?);
     config.dir = args.trace_dir.clone();
     if args.qemu_live {
@@ -114,76 +133,133 @@ pub(crate) fn start(args: &RecordArgs, program: &OsString, prog_args: &[OsString
             );
         }
     }
-    let target = match serve_target(&recorded, args.thread) {
+    let signal = std::os::unix::process::ExitStatusExt::signal(&status);
+    let target = match serve_target(&recorded, args.thread, signal) {
         Ok(t) => t,
         Err(e) => {
             eprintln!("ptrewind: cannot replay the QEMU recording: {e}");
             return Ok(Err(ExitCode::from(2)));
         }
     };
-    let listener = bind(args.listen())?;
-    Ok(Ok((target, listener, Served::Replay)))
+    Ok(Ok((target, false)))
 }
 
-/// The timeline of one thread of a QEMU recording (PC-only past).
+/// The timeline of a QEMU recording (PC-only past): every thread of the first process, or the
+/// one `tid` names. `signal`: the signal that killed QEMU (the program crashed).
 pub(crate) fn serve_target(
     recorded: &Recorded,
     tid: Option<u32>,
+    signal: Option<i32>,
 ) -> Result<RecordingTarget, Box<dyn std::error::Error + Send + Sync>> {
-    let thread = recorded.thread(tid).ok_or_else(|| match tid {
+    let first = recorded.thread(tid).ok_or_else(|| match tid {
         Some(t) => format!("no thread {t} in {}", recorded.dir.display()),
         None => format!("no thread recorded in {}", recorded.dir.display()),
     })?;
-    if recorded.threads.len() > 1 {
-        let others: Vec<String> = recorded
-            .threads
-            .iter()
-            .filter(|t| t.tid != thread.tid)
-            .map(|t| t.tid.to_string())
-            .collect();
-        eprintln!(
-            "ptrewind: serving thread {} (others recorded: {}; choose with --thread TID)",
-            thread.tid,
-            others.join(", ")
-        );
-    }
     // The code from the recorded mappings, every missing file reported once, as `decode --qemu`.
     let (image, symbols) = super::decode::qemu_image(recorded, &[], &[])?;
     let exe = recorded.launch.as_ref().map(|l| l.program.clone());
-    let rec = OfflineRecording {
+    // Where the loader put the program and its libraries (GDB places a PIE program by the
+    // auxiliary vector and finds libraries by the svr4 list; no process is left to read them).
+    let loader = recorded.loader_view(&recorded.mmap_image().elfs);
+    let libraries_xml = loader.as_ref().map(|l| {
+        ptrewind::server::svr4::LibraryList {
+            main_lm: 0,
+            objects: l
+                .objects
+                .iter()
+                .enumerate()
+                .map(
+                    |(i, (path, l_addr, l_ld))| ptrewind::server::svr4::LoadedObject {
+                        // No link_map was recorded: distinct made-up addresses identify the entries.
+                        lm: 0x1000 * (i as u64 + 1),
+                        l_addr: *l_addr,
+                        l_ld: *l_ld,
+                        name: path.to_string_lossy().into_owned(),
+                    },
+                )
+                .collect(),
+        }
+        .to_xml()
+    });
+    let one = |thread: &ptrewind::capture::qemu::RecordedThread| OfflineRecording {
         trace: thread.trace.clone(),
-        image,
+        image: image.clone(),
         immutable: None,
-        symbols,
+        symbols: symbols.clone(),
         registers_at_start: None,
         registers_at_end: None,
         registers_at: Vec::new(),
         instructions: thread.meta.as_ref().map(|m| m.tracer.instructions),
         flow: FlowConfig::default(),
         info: OfflineInfo {
-            pid: i32::try_from(thread.tid).unwrap_or(1),
-            exe,
+            pid: i32::try_from(thread.pid).unwrap_or(1),
+            tid: i32::try_from(thread.tid).ok(),
+            exe: exe.clone(),
             source: format!(
                 "QEMU recording {} [thread {}]",
                 recorded.dir.display(),
                 thread.tid
             ),
+            auxv: loader.as_ref().map(|l| l.auxv.clone()),
+            libraries_xml: libraries_xml.clone(),
             ..OfflineInfo::default()
         },
     };
-    Ok(RecordingTarget::new(Timeline::offline(rec)?))
+    if tid.is_some() {
+        return Ok(RecordingTarget::new(Timeline::offline(one(first))?));
+    }
+    // Every thread of the process the recording started with (a child process's threads
+    // would need their own image and are not served).
+    let threads: Vec<ThreadRecording> = recorded
+        .threads
+        .iter()
+        .filter(|t| t.pid == first.pid && !t.trace.is_empty())
+        .map(|t| ThreadRecording {
+            tid: i32::try_from(t.tid).unwrap_or(1),
+            recording: one(t),
+        })
+        .collect();
+    let others = recorded
+        .threads
+        .iter()
+        .filter(|t| t.pid != first.pid)
+        .count();
+    if others > 0 {
+        eprintln!(
+            "ptrewind: {others} thread(s) of other processes (children) are recorded in {} but \
+             not served",
+            recorded.dir.display()
+        );
+    }
+    let fatal = signal.map(|signal| FatalSignal { signal, tid: None });
+    let timeline = Timeline::offline_threads(threads, fatal)?;
+    eprintln!(
+        "ptrewind: serving {} thread(s) ({}); thread {} selected",
+        timeline.thread_ids().len(),
+        timeline
+            .thread_ids()
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
+        timeline.tid()
+    );
+    Ok(RecordingTarget::new(timeline))
 }
 
 /// `--qemu-live`: the program under QEMU with the plugin and the gdbstub, served live (present
 /// from the gdbstub, PC-only past from the main thread's trace; see
 /// `ptrewind::capture::qemu::live`).
 fn start_live(
-    args: &RecordArgs,
+    args: &QemuOptions,
     config: &QemuConfig,
     program: &OsString,
     prog_args: &[OsString],
-) -> Started {
-    let live = match QemuLive::spawn(config, Path::new(program), prog_args, |_| {}) {
+) -> QemuStarted {
+    let mut config = config.clone();
+    // The end of the program as a place in its history: the plugin holds `exit_group`.
+    config.exit_stop = args.stop_at_exit;
+    let live = match QemuLive::spawn(&config, Path::new(program), prog_args, |_| {}) {
         Ok(l) => l,
         Err(e) => {
             eprintln!("ptrewind: --backend qemu: {e}");
@@ -195,7 +271,6 @@ fn start_live(
          main thread's history is served (PC-only past)",
         live.dir().display()
     );
-    let listener = bind(args.listen())?;
     let target = RecordingTarget::new(Timeline::live(Box::new(live), true)?);
-    Ok(Ok((target, listener, Served::Started)))
+    Ok(Ok((target, true)))
 }

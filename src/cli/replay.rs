@@ -8,7 +8,7 @@ use super::record::{Served, bind, serve_session};
 use ptrewind::flow::{Cpu, Errata, FlowConfig};
 use ptrewind::image::perf_maps::PerfSideband;
 use ptrewind::server::recording_monitors::where_text;
-use ptrewind::server::{RecordingTarget, Session, check_listen_addr, register_monitors};
+use ptrewind::server::{GdbStubAdapter, RecordingTarget, check_listen_addr, register_monitors};
 use ptrewind::store::perf_data::PerfData;
 use ptrewind::store::{SourceFormat, TraceFile};
 use ptrewind::timeline::{OfflineInfo, OfflineRecording, Timeline, load_saved};
@@ -21,8 +21,15 @@ use std::process::ExitCode;
 #[derive(clap::Args, Debug)]
 pub struct ReplayArgs {
     /// A directory written by `monitor save DIR` (trace.pt, code-*.bin, manifest.json).
-    #[arg(value_name = "DIR", conflicts_with_all = ["pt", "perf"])]
+    #[arg(value_name = "DIR", conflicts_with_all = ["pt", "perf", "qemu"])]
     dir: Option<PathBuf>,
+    /// A recording directory of `record --backend qemu` (its `--trace-dir`): every thread of
+    /// the process is served, in one global order.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["pt", "perf"])]
+    qemu: Option<PathBuf>,
+    /// With --qemu: serve only this thread.
+    #[arg(long, value_name = "TID", requires = "qemu")]
+    thread: Option<u32>,
     /// Raw PT trace file (one thread).
     #[arg(long, value_name = "FILE", conflicts_with = "perf")]
     pt: Option<PathBuf>,
@@ -177,6 +184,20 @@ fn load_trace(
 /// Runs `ptrewind replay`.
 pub fn run(args: ReplayArgs) -> CmdResult {
     check_listen_addr(args.listen, args.allow_remote)?;
+    if let Some(dir) = &args.qemu {
+        let recorded = ptrewind::capture::qemu::Recorded::open(dir)
+            .map_err(|e| format!("{}: {e}", dir.display()))?;
+        // A recording directory does not say how the program ended; a stream completed from
+        // its tail file is what a killed QEMU leaves.
+        let target = match super::record_qemu::serve_target(&recorded, args.thread, None) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("ptrewind: cannot replay: {e}");
+                return Ok(ExitCode::from(2));
+            }
+        };
+        return serve(target, &args);
+    }
     let rec = match &args.dir {
         Some(dir) => {
             if !args.image.raw.is_empty() || !args.image.elf.is_empty() {
@@ -193,13 +214,18 @@ pub fn run(args: ReplayArgs) -> CmdResult {
             return Ok(ExitCode::from(2));
         }
     };
+    serve(target, &args)
+}
+
+/// Serves a replay target until the debugger leaves (or for every debugger, without --once).
+fn serve(target: RecordingTarget, args: &ReplayArgs) -> CmdResult {
     {
         let shared = target.shared();
         let mut r = shared.borrow_mut();
         eprintln!("ptrewind: {}", where_text(&mut r).trim_end());
     }
     let listener = bind(args.listen)?;
-    let mut session = Session::new(Box::new(target.clone()));
+    let mut session = GdbStubAdapter::new(Box::new(target.clone()));
     register_monitors(session.monitors_mut(), &target);
     serve_session(
         session,
@@ -207,6 +233,6 @@ pub fn run(args: ReplayArgs) -> CmdResult {
         Served::Replay,
         "".as_ref(),
         args.once,
-        |_router| {},
+        |router| ptrewind::server::install_stop_query(router, &target),
     )
 }

@@ -17,7 +17,7 @@
 //! iced-x86 on length, class and branch target (the unit tests and `tests/ild.rs` check that on
 //! random bytes and on every instruction of the corpus images).
 
-use super::cache::InsnClass;
+use super::class::InsnClass;
 
 /// What the cheap decoder found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

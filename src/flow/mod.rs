@@ -53,12 +53,13 @@
 //! mode is on) before the packet that explained it. It is 0 when the trace has no timing packets.
 
 mod cache;
+mod class;
 mod decoder;
 pub mod errata;
 pub mod ild;
 pub mod time;
 
-pub use cache::InsnClass;
+pub use class::InsnClass;
 pub use decoder::{Block, BlockItem, FilteredDecoder, FlowDecoder, FlowStats};
 pub use errata::{Cpu, CpuVendor, Errata};
 

@@ -275,6 +275,28 @@ impl History {
         })
     }
 
+    /// Forgets everything indexed that may depend on trace bytes at or after `offset` (the
+    /// store rewrote them, see [`TraceView::rewritten_since`](crate::store::TraceView)): the
+    /// firm points at or after it, and the last one before it (its segment may run into the
+    /// rewritten bytes); the tail count; the decoded copies. The next update decodes from the
+    /// resume point again. Points before that stay: their instruction numbers depend only on
+    /// bytes before them.
+    pub(super) fn rewind(&mut self, offset: u64) {
+        let before = self.sync.partition_point(|p| p.offset < offset);
+        self.firm = self.firm.min(before.saturating_sub(1));
+        let resume = self.resume_point();
+        let keep = resume.map_or(0, |(i, _)| i + 1);
+        self.cache.forget_from(keep.saturating_sub(1));
+        self.sync.truncate(self.firm.max(keep));
+        let firm = self.firm;
+        let g = self.groups.partition_point(|g| g.first < firm);
+        self.groups.truncate(g);
+        self.tail = 0;
+        self.complete = false;
+        // Any scan from the resume point covers more than this, so the next update applies.
+        self.view = resume.map_or(0, |(_, p)| p.offset);
+    }
+
     /// Applies a scan made from the current resume point. Returns `false` (and changes nothing)
     /// if the history moved on since the scan was planned.
     pub(super) fn apply(&mut self, s: Scan) -> bool {

@@ -41,14 +41,17 @@ use crate::flow::{FilteredDecoder, FlowConfig, FlowDecoder};
 use crate::image::Image;
 
 mod index;
+mod matcher;
 mod search;
 mod segment;
+pub mod threads;
 pub mod worker;
 
 pub use index::{CodeSummary, GROUP_BYTES, SegmentGroup};
 use index::{Scan, scan, view_len};
-pub use search::{BreakpointSet, IpMatch, MatchFn};
+pub use matcher::{BreakpointSet, IpMatch, MatchFn};
 use segment::SegmentCache;
+pub use threads::{GlobalOrder, ThreadClock};
 pub use worker::{HistoryWorker, TraceView, WaitError, WorkerProbe, WorkerStats};
 
 /// A PSB the decoder synchronised at: decoding from `offset` yields the history from instruction

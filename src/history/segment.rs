@@ -2,7 +2,7 @@
 //! instructions plus one length byte each, so random access ([`History::insn`]) and stepping
 //! backwards cost one decode per segment; the walk that hands out a segment's blocks.
 
-use super::search::IpMatch;
+use super::matcher::IpMatch;
 use super::{History, SyncPoint};
 use crate::flow::{Block, BlockItem, EventKind, FilteredDecoder, FlowConfig, FlowDecoder};
 use crate::image::Image;

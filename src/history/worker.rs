@@ -81,6 +81,9 @@ struct Ctl {
     shutdown: bool,
     /// The worker thread ended (shut down or panicked).
     dead: bool,
+    /// The store's rewrites the history has forgotten the old bytes of
+    /// ([`TraceView::rewritten_since`]).
+    rewrites_seen: u64,
     panicked: bool,
 }
 
@@ -89,10 +92,16 @@ impl Ctl {
         self.want_complete = Some(self.want_complete.map_or(len, |w| w.max(len)));
     }
 
+    /// The last complete update's length, if it was made from the trace's current bytes
+    /// (`rewrites` = the trace's rewrite count now).
+    fn complete_at(&self, rewrites: u64) -> Option<u64> {
+        self.complete_at.filter(|_| rewrites == self.rewrites_seen)
+    }
+
     /// A caller waits for a complete index of more bytes than the last complete update covered.
-    fn needs_complete(&self) -> bool {
+    fn needs_complete(&self, rewrites: u64) -> bool {
         self.want_complete
-            .is_some_and(|w| self.complete_at.is_none_or(|v| v < w))
+            .is_some_and(|w| self.complete_at(rewrites).is_none_or(|v| v < w))
     }
 }
 
@@ -130,9 +139,10 @@ impl<T: TraceView + 'static> WorkerProbe<T> {
 /// The counters of `shared` (trace length, index progress, check state).
 fn stats_of<T: TraceView>(shared: &Shared<T>) -> WorkerStats {
     let trace_bytes = shared.trace.len();
+    let rewrites = shared.trace.rewritten_since(u64::MAX).0;
     let (updates, complete_at) = {
         let c = lock(&shared.ctl);
-        (c.updates, c.complete_at)
+        (c.updates, c.complete_at(rewrites))
     };
     let h = lock(&shared.history);
     let hs = h.stats();
@@ -241,14 +251,16 @@ impl<T: TraceView + 'static> HistoryWorker<T> {
     pub fn wait_indexed(&self, timeout: Duration) -> Result<u64, WaitError> {
         let start = Instant::now();
         let target = self.shared.trace.len();
+        let rewrites = self.shared.trace.rewritten_since(u64::MAX).0;
         let mut c = lock(&self.shared.ctl);
-        if c.complete_at.is_none_or(|v| v < target) {
+        if c.complete_at(rewrites).is_none_or(|v| v < target) {
             c.want(target);
             c.seq += 1;
             self.shared.wake.notify_one();
         }
         loop {
-            if c.complete_at.is_some_and(|v| v >= target) {
+            let rewrites = self.shared.trace.rewritten_since(u64::MAX).0;
+            if c.complete_at(rewrites).is_some_and(|v| v >= target) {
                 drop(c);
                 return Ok(lock(&self.shared.history).len());
             }
@@ -407,12 +419,13 @@ impl<T: TraceView> Shared<T> {
             // Work until caught up with the trace as it is now, checking for shutdown and new
             // completion requests between steps.
             loop {
+                let rewrites = self.trace.rewritten_since(u64::MAX).0;
                 let want_complete = {
                     let c = lock(&self.ctl);
                     if c.shutdown {
                         return;
                     }
-                    c.needs_complete()
+                    c.needs_complete(rewrites)
                 };
                 if self.step(want_complete).caught_up {
                     break;
@@ -423,6 +436,20 @@ impl<T: TraceView> Shared<T> {
 
     /// Decodes one window from the resume point and applies it.
     fn step(&self, want_complete: bool) -> Step {
+        // Bytes the store rewrote since the last step: forget what was indexed from them.
+        let seen = lock(&self.ctl).rewrites_seen;
+        let (rewrites, lowest) = self.trace.rewritten_since(seen);
+        if rewrites != seen {
+            if let Some(offset) = lowest {
+                lock(&self.history).rewind(offset);
+            }
+            let len = self.trace.len();
+            let mut c = lock(&self.ctl);
+            c.rewrites_seen = rewrites;
+            c.complete_at = None;
+            // A request for more bytes than there are now was for bytes that are gone.
+            c.want_complete = c.want_complete.map(|w| w.min(len));
+        }
         let (from, view, was_complete, cfg) = {
             let h = lock(&self.history);
             (h.resume_point(), h.view, h.complete, h.cfg.clone())
@@ -454,7 +481,15 @@ impl<T: TraceView> Shared<T> {
         let mut complete_len = None;
         if let Some(s) = scan {
             let complete = s.complete;
-            applied = lock(&self.history).apply(s);
+            let mut h = lock(&self.history);
+            // A rewrite after the check above: the scan may have read replaced bytes; the next
+            // step rewinds and scans again.
+            if self.trace.rewritten_since(u64::MAX).0 != rewrites {
+                drop(h);
+                return Step { caught_up: false };
+            }
+            applied = h.apply(s);
+            drop(h);
             if applied && complete {
                 complete_len = Some(len);
             }

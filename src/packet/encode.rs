@@ -1,7 +1,8 @@
 //! Packet encoding: [`Packet`]s → bytes, and an [`Encoder`] that picks the shortest IP
 //! compression against its own Last-IP model (reference §1.5).
 
-use super::decode::{PSB_BYTES, next_block_context};
+use super::decode::next_block_context;
+use super::sync::PSB_BYTES;
 use super::{IpCompression, IpPayload, LastIp, Packet, Tnt};
 
 /// Why a packet value cannot be encoded.

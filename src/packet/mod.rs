@@ -10,12 +10,12 @@ mod encode;
 mod lastip;
 mod sync;
 
-pub use decode::{PSB_BYTES, PacketDecoder, decode_packet, next_block_context};
+pub use decode::{PacketDecoder, Stop, decode_packet, next_block_context};
 pub use encode::{
     EncodeError, Encoder, IpKind, encode_packet, encode_packet_in_block, shortest_compression,
 };
 pub use lastip::{LastIp, LastIpError};
-pub use sync::{find_psb_backward, find_psb_forward};
+pub use sync::{PSB_BYTES, find_psb_backward, find_psb_forward};
 
 /// How an IP packet (TIP, TIP.PGE, TIP.PGD, FUP) compresses its payload against Last IP: the
 /// packet's IPBytes field (byte 0, bits 7:5).
@@ -74,7 +74,11 @@ impl IpCompression {
 }
 
 /// The raw IP payload of a TIP, TIP.PGE, TIP.PGD or FUP packet, before Last-IP reconstruction.
+///
+/// Packed (9 bytes, alignment 1) so that a [`Packet`] carrying one stays 16 bytes: the tag and the
+/// compression share the first eight bytes with no padding. Fields are read by value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(C, packed)]
 pub struct IpPayload {
     /// The compression (IPBytes) the packet used.
     pub compression: IpCompression,
@@ -259,7 +263,10 @@ pub enum Packet {
 
 /// TNT outcomes. Bit `count - 1` of `bits` is the oldest outcome (B1), bit 0 the youngest (BN);
 /// 1 = taken.
+///
+/// Packed (9 bytes, alignment 1) for the same reason as [`IpPayload`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(C, packed)]
 pub struct Tnt {
     /// The outcomes, oldest in the highest used bit.
     pub bits: u64,
@@ -328,3 +335,6 @@ pub enum PacketError {
         reason: &'static str,
     },
 }
+
+// A packet fits in two registers: the per-packet API returns it without going through memory.
+const _: () = assert!(std::mem::size_of::<Packet>() == 16);

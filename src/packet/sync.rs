@@ -7,7 +7,10 @@
 
 use memchr::memmem;
 
-use super::decode::PSB_BYTES;
+/// The bytes of a PSB packet.
+pub const PSB_BYTES: [u8; 16] = [
+    0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82,
+];
 
 /// End (exclusive) of the run of `02 82` pairs that starts at `start` (which must hold a pair).
 #[inline]

@@ -9,10 +9,11 @@
 //!   `qSupported` reply, malformed packets are answered instead of killing the session.
 //!   Built in for LLDB: `qHostInfo`, `qProcessInfo`, `qMemoryRegionInfo`, `qShlibInfoAddr`
 //!   (where its dynamic-loader plug-in finds `r_debug`), and `X09` as the reply to `k`.
-//! - [`Session`] implements gdbstub's `Target` over a ptrewind [`crate::target::Target`]:
+//! - [`GdbStubAdapter`] implements gdbstub's `Target` over a ptrewind [`crate::target::Target`]:
 //!   registers with GDB's `amd64-linux` description ([`arch`]), memory, software
 //!   breakpoints, step/continue with signals, `qXfer:exec-file`, `qXfer:auxv`,
-//!   `qXfer:libraries-svr4` ([`svr4`]) and `monitor` commands ([`MonitorRegistry`]).
+//!   `qXfer:libraries-svr4` ([`svr4`]), read-only host I/O ([`host_io`]) and `monitor` commands
+//!   ([`MonitorRegistry`]).
 //!
 //! - [`RecordingTarget`]: reverse execution (gdbstub's `ReverseStep`/`ReverseCont` through
 //!   [`crate::target::ReverseExecution`]) over a [`crate::timeline::Timeline`], for a live
@@ -20,10 +21,10 @@
 //!   [`register_monitors`] adds the timeline's `monitor` commands.
 //!
 //! ```no_run
-//! use ptrewind::server::{Router, Session, Intercept};
+//! use ptrewind::server::{Router, GdbStubAdapter, Intercept};
 //! use ptrewind::target::{PtraceTarget, SpawnOptions};
 //! let target = PtraceTarget::spawn(&"/bin/true".into(), &[], &SpawnOptions::default())?;
-//! let mut session = Session::new(Box::new(target));
+//! let mut session = GdbStubAdapter::new(Box::new(target));
 //! let mut router = Router::default();
 //! router.add_qsupported_feature("Qbtrace:off+");
 //! router.intercept(b"Qbtrace:", |_session, _state, _packet| Intercept::Reply(b"E.not recording".to_vec()));
@@ -36,22 +37,23 @@
 pub mod alloc;
 pub mod arch;
 pub mod btrace;
+pub mod host_io;
 pub mod lldb_trace;
 pub mod monitor;
 mod recording;
 pub mod recording_monitors;
 pub mod router;
 pub use crate::rsp;
-mod session;
+mod adapter;
 pub mod svr4;
 pub mod tracing;
 pub mod view_monitor;
 
+pub use adapter::{GdbStubAdapter, gdb_to_linux_signal, linux_to_gdb_signal, stop_reason};
 pub use monitor::{MonitorHandler, MonitorRegistry};
-pub use recording::RecordingTarget;
+pub use recording::{RecordingTarget, install_stop_query};
 pub use recording_monitors::register_monitors;
 pub use router::{Intercept, OnDisconnect, PacketHandler, Router, RouterState, ServeOutcome};
-pub use session::{Session, gdb_to_linux_signal, linux_to_gdb_signal, stop_reason};
 
 use crate::target::TargetError;
 use std::net::SocketAddr;

@@ -6,9 +6,10 @@ use std::cell::RefCell;
 use std::path::PathBuf;
 use std::rc::Rc;
 
+use crate::target::files::{open_host_file, read_host_link};
 use crate::target::{
-    Breakpoints, Notice, Resume, ReverseExecution, ReverseResume, StopEvent, Target, TargetResult,
-    WatchKind, Watchpoints, X86Registers,
+    Breakpoints, Notice, Resume, ReverseExecution, ReverseResume, StopEvent, Target, TargetFile,
+    TargetResult, WatchKind, Watchpoints, X86Registers,
 };
 use crate::timeline::Timeline;
 
@@ -49,12 +50,16 @@ impl Target for RecordingTarget {
         self.inner.borrow().tid()
     }
 
-    fn thread_ids(&mut self) -> Vec<i32> {
-        self.inner.borrow_mut().threads()
+    fn thread_ids(&self) -> Vec<i32> {
+        self.inner.borrow().thread_ids()
     }
 
-    fn select_thread(&mut self, tid: i32) -> TargetResult<()> {
+    fn select_thread(&mut self, tid: i32) -> bool {
         self.inner.borrow_mut().select_thread(tid)
+    }
+
+    fn read_thread_registers(&mut self, tid: i32) -> TargetResult<X86Registers> {
+        self.inner.borrow_mut().thread_registers(tid)
     }
 
     fn exec_path(&self) -> Option<PathBuf> {
@@ -113,6 +118,16 @@ impl Target for RecordingTarget {
         self.inner.borrow().saved_library_list().map(str::to_string)
     }
 
+    fn open_file(&mut self, path: &std::path::Path) -> std::io::Result<TargetFile> {
+        let recorded = self.inner.borrow_mut().target_file(path);
+        recorded.unwrap_or_else(|| open_host_file(path))
+    }
+
+    fn read_link(&mut self, path: &std::path::Path) -> std::io::Result<PathBuf> {
+        let recorded = self.inner.borrow_mut().target_link(path);
+        recorded.unwrap_or_else(|| read_host_link(path))
+    }
+
     fn take_notices(&mut self) -> Vec<Notice> {
         self.inner.borrow_mut().take_notices()
     }
@@ -128,6 +143,29 @@ impl Target for RecordingTarget {
     fn support_watchpoints(&mut self) -> Option<&mut dyn Watchpoints> {
         Some(self)
     }
+}
+
+/// Answers GDB's and LLDB's `?` (why the target stopped) with the signal that ended a
+/// recording, in the thread it killed, when the cursor is at that end (gdbstub would answer a
+/// plain trap in its first thread); otherwise gdbstub answers.
+pub fn install_stop_query(router: &mut super::Router, target: &RecordingTarget) {
+    let shared = target.shared();
+    let pid = target.pid;
+    router.intercept(b"?", move |_session, state, packet| {
+        if packet != b"?" {
+            return super::Intercept::Pass;
+        }
+        let Some((sig, tid)) = shared.borrow().fatal_stop() else {
+            return super::Intercept::Pass;
+        };
+        let sig = super::linux_to_gdb_signal(sig);
+        let thread = if state.client_features.iter().any(|f| f == "multiprocess+") {
+            format!("p{pid:x}.{tid:x}")
+        } else {
+            format!("{tid:x}")
+        };
+        super::Intercept::Reply(format!("T{sig:02x}thread:{thread};").into_bytes())
+    });
 }
 
 /// Write watchpoints, served from the state log (which records what every instruction wrote):

@@ -207,7 +207,61 @@ pub fn register_monitors(registry: &mut MonitorRegistry, target: &RecordingTarge
         "insns FROM TO|end: the address of each history instruction FROM..TO (at most 100000)",
         move |_, a| insns_text(&mut s.borrow_mut(), a),
     );
+    let s = target.shared();
+    registry.register(
+        "threads",
+        "every recorded thread: its position (instructions executed) and PC at the cursor",
+        move |_, _| Ok(threads_text(&mut s.borrow_mut())),
+    );
+    let s = target.shared();
+    registry.register(
+        "thread",
+        "thread [TID]: the selected thread (the one that steps and that monitor commands \
+         show), or select TID",
+        move |_, a| {
+            let mut r = s.borrow_mut();
+            let a = a.trim();
+            if !a.is_empty() {
+                let tid = a
+                    .parse::<i32>()
+                    .map_err(|_| format!("expected a thread id, got '{a}'"))?;
+                if !r.select_thread(tid) {
+                    return Err(format!("no thread {tid} in the recording"));
+                }
+            }
+            Ok(format!("thread {} selected\n", r.tid()))
+        },
+    );
     super::view_monitor::register_view_monitor(registry, target);
+}
+
+/// The `monitor threads` text: one line per thread, the selected one marked.
+fn threads_text(t: &mut Timeline) -> String {
+    let selected = t.tid();
+    let mut out = String::new();
+    if let Some((pos, total)) = t.global_position() {
+        out.push_str(&format!(
+            "global position {pos} of {total} (all threads' instructions in time order)\n"
+        ));
+    }
+    for (tid, n, len, pc) in t.thread_positions() {
+        let mark = if tid == selected { '*' } else { ' ' };
+        let state = if n == 0 {
+            " (not started)"
+        } else if n + 1 >= len {
+            " (at its end)"
+        } else {
+            ""
+        };
+        let place = pc.map_or_else(
+            || "pc unknown".to_string(),
+            |pc| format!("pc {pc:#x} in {}", describe(t.symbolizer(), pc)),
+        );
+        out.push_str(&format!(
+            "{mark} thread {tid}: instruction {n} of {len}{state}, {place}\n"
+        ));
+    }
+    out
 }
 
 /// `monitor insns FROM TO`: one `N 0xADDR` line per history instruction in `FROM..TO`.

@@ -3,10 +3,10 @@
 //!
 //! Both protocols share one [`PtTraceProvider`]; only one debugger is connected at a time.
 
+use super::adapter::GdbStubAdapter;
 use super::btrace::{self, BtraceServer, PtTraceProvider};
 use super::lldb_trace::LldbTraceServer;
 use super::router::{Intercept, Router, RouterState};
-use super::session::Session;
 use std::cell::RefCell;
 use std::rc::Rc;
 
@@ -40,9 +40,19 @@ impl TraceHub {
     }
 }
 
-fn current_tid(session: &Session) -> u32 {
+fn current_tid(session: &GdbStubAdapter) -> u32 {
     // Linux thread ids are positive; a target without one has no thread to trace.
     u32::try_from(session.target().tid()).unwrap_or(0)
+}
+
+/// Every thread of the session (positive ids only).
+fn session_tids(session: &GdbStubAdapter) -> Vec<u32> {
+    session
+        .target()
+        .thread_ids()
+        .into_iter()
+        .filter_map(|t| u32::try_from(t).ok())
+        .collect()
 }
 
 /// Registers the trace interceptors and `qSupported` features on `router`, serving trace
@@ -90,10 +100,13 @@ fn intercept_gdb(router: &mut Router, hub: &Rc<RefCell<TraceHub>>) {
     }
 
     let gdb = |hub: Rc<RefCell<TraceHub>>| {
-        move |session: &mut Session, state: &RouterState, packet: &[u8]| {
+        move |session: &mut GdbStubAdapter, state: &RouterState, packet: &[u8]| {
             let tid = current_tid(session);
-            // The session debugs one thread (see `crate::target::Target`).
-            let thread = btrace::resolve_thread(state.general_thread.as_deref(), tid, |t| t == tid);
+            // GDB names the thread with `Hg`: any thread of the session.
+            let threads = session_tids(session);
+            let thread = btrace::resolve_thread(state.general_thread.as_deref(), tid, |t| {
+                threads.contains(&t)
+            });
             let hub = &mut *hub.borrow_mut();
             match hub.btrace.handle(packet, thread, hub.provider.as_mut()) {
                 Some(reply) => Intercept::Reply(reply),
@@ -108,7 +121,7 @@ fn intercept_gdb(router: &mut Router, hub: &Rc<RefCell<TraceHub>>) {
 fn intercept_lldb(router: &mut Router, hub: &Rc<RefCell<TraceHub>>) {
     let lldb_hub = Rc::clone(hub);
     router.intercept(b"jLLDBTrace", move |session, _state, packet| {
-        let live = [current_tid(session)];
+        let live = session_tids(session);
         let hub = &mut *lldb_hub.borrow_mut();
         match hub.lldb.handle(packet, &live, hub.provider.as_mut()) {
             Some(reply) => Intercept::Reply(reply),

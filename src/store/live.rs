@@ -28,6 +28,8 @@ struct Inner {
     drains: u64,
     /// Told after every append that added bytes (the history worker).
     listener: Option<AppendListener>,
+    /// The offset each [`TraceStore::rewrite_from`] rewrote from, in order.
+    rewrites: Vec<u64>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -39,6 +41,7 @@ impl std::fmt::Debug for Inner {
             .field("gaps", &self.gaps)
             .field("drains", &self.drains)
             .field("listener", &self.listener.is_some())
+            .field("rewrites", &self.rewrites.len())
             .finish()
     }
 }
@@ -121,13 +124,41 @@ impl TraceStore {
         let mut st = self.lock();
         let drains = st.drains + 1;
         let listener = st.listener.take();
+        let mut rewrites = std::mem::take(&mut st.rewrites);
+        rewrites.push(0);
         *st = Inner {
             stream_end: bytes.len() as u64,
             bytes,
             drains,
             listener: listener.clone(),
+            rewrites,
             ..Inner::default()
         };
+        drop(st);
+        if let Some(l) = listener {
+            l();
+        }
+    }
+
+    /// Replaces the stored bytes from `offset` on by `bytes` (a backend whose stream ends in a
+    /// provisional completion at each stop: the QEMU backend keeps the plugin's written stream,
+    /// which only grows, and closes it at the stop PC with packets the next stop replaces).
+    /// Bytes before `offset` stay as they are, so a reader of the store (the history worker,
+    /// told through [`TraceView::rewritten_since`]) re-reads only from there. Loss accounting
+    /// before `offset` is kept; `offset` past the end appends.
+    pub fn rewrite_from(&self, offset: usize, bytes: &[u8]) {
+        let mut st = self.lock();
+        let offset = offset.min(st.bytes.len());
+        if offset < st.bytes.len() {
+            st.bytes.truncate(offset);
+            st.gaps.retain(|g| g.data_offset <= offset);
+            st.lost = st.gaps.iter().map(|g| g.lost).sum();
+            st.rewrites.push(offset as u64);
+        }
+        st.bytes.extend_from_slice(bytes);
+        st.stream_end = st.bytes.len() as u64 + st.lost;
+        st.drains += 1;
+        let listener = st.listener.clone();
         drop(st);
         if let Some(l) = listener {
             l();
@@ -179,6 +210,16 @@ impl TraceView for TraceStore {
 
     fn len(&self) -> u64 {
         TraceStore::len(self) as u64
+    }
+
+    fn rewritten_since(&self, seen: u64) -> (u64, Option<u64>) {
+        let st = self.lock();
+        let seen = usize::try_from(seen).unwrap_or(usize::MAX);
+        let lowest = st
+            .rewrites
+            .get(seen..)
+            .and_then(|r| r.iter().copied().min());
+        (st.rewrites.len() as u64, lowest)
     }
 }
 

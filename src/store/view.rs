@@ -9,8 +9,8 @@ pub type AppendListener = Arc<dyn Fn() + Send + Sync>;
 
 /// Read access to a trace that grows at its end.
 pub trait TraceView: Send + Sync {
-    /// Calls `f` with the bytes recorded so far. Bytes once shown never change; later calls may
-    /// show more of them. The worker decodes inside `f`, at most one window
+    /// Calls `f` with the bytes recorded so far. Bytes once shown never change unless
+    /// [`rewritten_since`](Self::rewritten_since) says so; later calls may show more of them. The worker decodes inside `f`, at most one window
     /// (the history worker's window, bytes past the last sync point, more only when no PSB
     /// lies within it) at a time.
     fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R;
@@ -21,6 +21,16 @@ pub trait TraceView: Send + Sync {
     /// Whether nothing was recorded yet.
     fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Rewrites of bytes already shown (a store whose end is provisional, see
+    /// [`TraceStore::rewrite_from`](crate::store::live::TraceStore::rewrite_from)): the number
+    /// of rewrites so far, and the lowest offset rewritten by those after the first `seen`
+    /// (`None`: none since). A reader that indexed the bytes forgets what it read at or after
+    /// that offset. The default: bytes once shown never change.
+    fn rewritten_since(&self, seen: u64) -> (u64, Option<u64>) {
+        let _ = seen;
+        (0, None)
     }
 }
 

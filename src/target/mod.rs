@@ -14,10 +14,12 @@
 //! / [`Target::read_memory`]. Breakpoints are only written into the tracee while it runs under
 //! `cont`; whenever the target is stopped, memory reads see the original code bytes.
 
+pub mod files;
 mod procfs;
 mod ptrace;
 pub mod regs;
 
+pub use files::{FileStat, TargetFile};
 pub use procfs::{MemoryMapping, read_auxv, read_maps};
 pub use ptrace::{PtraceTarget, SpawnOptions, ThreadStats, ThreadStop};
 pub use regs::{RegMask, X86Registers};
@@ -177,6 +179,13 @@ pub enum Notice {
     /// The program is exiting and stays stopped at its end: the recording ends here and the
     /// past stays available; a further continue ends the program.
     AtExit,
+    /// A watchpoint was refused (GDB then says only that it could not insert a hardware
+    /// watchpoint): the past is PC-only, so no write to a location, nor its earlier values, is
+    /// known.
+    WatchRefused {
+        /// The capture backend.
+        backend: String,
+    },
     /// Replay stopped with watchpoints set at an instruction whose memory writes the recording
     /// does not know: a watched location may have changed there unseen.
     WatchUncertain {
@@ -208,6 +217,18 @@ impl fmt::Display for Notice {
                 "the program is exiting: it stays stopped at its end, where the recording ends; \
                  reverse execution and monitor commands (history, calls, save, ...) work from \
                  here; continue again to let it exit"
+            ),
+            Notice::WatchRefused { backend } => write!(
+                f,
+                "watchpoints are refused here: this recording's past is PC-only ({backend} \
+                 backend), so which instruction wrote a location, and its earlier values, are \
+                 not known{}; delete the watchpoint to go on. Watchpoints need the state log \
+                 of the ptrace backend (record --backend ptrace)",
+                if backend == "qemu" {
+                    ", and QEMU's user-mode gdbstub has no watchpoints for the running program"
+                } else {
+                    ""
+                }
             ),
             Notice::TraceIncomplete { what } => write!(
                 f,
@@ -255,30 +276,31 @@ pub trait Watchpoints {
 
 /// A debuggable process (live or recorded), as the GDB server sees it.
 ///
-/// Register reads and writes apply to the selected thread ([`Target::select_thread`]); `tid()`
-/// is the thread of the last stop. See [`Notice`] for the events that are detected but not
+/// The *selected* thread (`tid()`) is the one that steps and whose registers are written; a
+/// target with several threads lists them ([`Target::thread_ids`]) and reads each one's
+/// registers ([`Target::read_thread_registers`]). By default only one thread (the main thread,
+/// `tid() == pid()`) is debugged; see [`Notice`] for the events that are detected but not
 /// followed.
 pub trait Target {
     /// The process id.
     fn pid(&self) -> i32;
-    /// The id of the debugged thread.
+    /// The id of the selected thread (the one a stop is reported in).
     fn tid(&self) -> i32 {
         self.pid()
     }
-    /// Every thread of the process, the main thread first (a target that follows one
-    /// thread: [`tid`](Self::tid)).
-    fn thread_ids(&mut self) -> Vec<i32> {
+    /// Every thread, the selected one first.
+    fn thread_ids(&self) -> Vec<i32> {
         vec![self.tid()]
     }
-    /// Makes `tid` the thread register reads and writes (and the next step) apply to.
-    fn select_thread(&mut self, tid: i32) -> TargetResult<()> {
-        if tid == self.tid() {
-            Ok(())
-        } else {
-            Err(TargetError::Unsupported(
-                "threads other than the traced one",
-            ))
-        }
+    /// Makes `tid` the selected thread (GDB's `Hc`/`vCont` thread, or the thread of a reverse
+    /// step); `false` if there is no such thread.
+    fn select_thread(&mut self, tid: i32) -> bool {
+        tid == self.tid()
+    }
+    /// Reads all registers of thread `tid` (the selected thread's by default).
+    fn read_thread_registers(&mut self, tid: i32) -> TargetResult<X86Registers> {
+        let _ = tid;
+        self.read_registers()
     }
     /// The executable file, as an absolute path if known.
     fn exec_path(&self) -> Option<PathBuf>;
@@ -324,6 +346,16 @@ pub trait Target {
     /// from the process's memory, such as a saved recording's (`None`: read the memory).
     fn saved_library_list(&self) -> Option<String> {
         None
+    }
+    /// Opens `path` read-only as the program sees it, for the debugger's host I/O (GDB's
+    /// `vFile:open`). Default: the file of this machine (regular files only, see
+    /// [`files::open_host_file`]). A recording serves its own `/proc/PID/maps` and files.
+    fn open_file(&mut self, path: &std::path::Path) -> std::io::Result<TargetFile> {
+        files::open_host_file(path)
+    }
+    /// The target of the symbolic link `path` as the program sees it (`vFile:readlink`).
+    fn read_link(&mut self, path: &std::path::Path) -> std::io::Result<PathBuf> {
+        files::read_host_link(path)
     }
     /// Takes the notices collected since the last call.
     fn take_notices(&mut self) -> Vec<Notice> {

@@ -1073,12 +1073,22 @@ impl Target for PtraceTarget {
         self.cur.as_raw()
     }
 
-    fn thread_ids(&mut self) -> Vec<i32> {
+    fn thread_ids(&self) -> Vec<i32> {
         self.threads()
     }
 
-    fn select_thread(&mut self, tid: i32) -> TargetResult<()> {
-        PtraceTarget::select_thread(self, tid)
+    fn select_thread(&mut self, tid: i32) -> bool {
+        PtraceTarget::select_thread(self, tid).is_ok()
+    }
+
+    fn read_thread_registers(&mut self, tid: i32) -> TargetResult<X86Registers> {
+        let prev = self.cur;
+        if PtraceTarget::select_thread(self, tid).is_err() {
+            return self.read_registers();
+        }
+        let r = self.read_registers();
+        self.cur = prev;
+        r
     }
 
     fn exec_path(&self) -> Option<PathBuf> {

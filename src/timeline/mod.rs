@@ -12,8 +12,12 @@
 //! * [`regfiles`] — the register files known at positions (start, stops);
 //! * [`offline`] — `ptrewind replay`: a saved recording or a trace file, no process;
 //! * [`save`] — the saved-recording format (`monitor save`), read back by [`offline`];
+//! * [`files`] — the program's files as a debugger reads them (`/proc/PID/maps`, the
+//!   executable and libraries a saved recording keeps);
 //! * [`inspect`] — branches, function segments and symbols before the cursor (what
-//!   `monitor history|calls|where` print) and the statistics `monitor stats` prints.
+//!   `monitor history|calls|where` print) and the statistics `monitor stats` prints;
+//! * [`threads`] — every thread of a recording in one global order (a selected thread);
+//! * `diversion` — function calls the debugger makes at the present, run unrecorded.
 //!
 //! ## Live (the cursor is at the present)
 //!
@@ -89,10 +93,13 @@
 //! passes an entry whose writes the log does not know: in the past it stops there with a plain
 //! trap and a [`Notice::WatchUncertain`] (the log shows no change there, so GDB could not tell).
 
+mod diversion;
+pub mod files;
 pub mod inspect;
 pub mod offline;
 pub mod regfiles;
 pub mod save;
+pub mod threads;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -113,6 +120,7 @@ pub use inspect::{Branch, CallSegment};
 pub use offline::{OfflineRecording, load_saved};
 pub use regfiles::RegisterFiles;
 pub use save::SAVE_FORMAT;
+pub use threads::{FatalSignal, ThreadRecording};
 
 /// How long a reverse resume waits for the background index to cover the stop. GDB waits for a
 /// stop reply without a timeout, so this only bounds a worker that cannot keep up.
@@ -220,38 +228,23 @@ pub struct Timeline {
     /// How the history is decoded (errata of the CPU that recorded a hardware trace).
     flow: FlowConfig,
     /// The registers before the debugger first changed them at this stop (the start of a
-    /// debugger-made call, see [`Diversion`]).
+    /// debugger-made call, see [`diversion`]).
     regs_before_write: Option<X86Registers>,
     /// A debugger-made function call in progress.
-    diversion: Option<Diversion>,
+    diversion: Option<diversion::Diversion>,
     /// Debugger-made calls run outside the recording.
     diversions: u64,
+    /// The other threads of a multi-thread recording (see [`threads`]).
+    group: Option<Box<threads::ThreadGroup>>,
 }
-
-/// A function call made by the debugger (GDB's `print f(1)`, LLDB's `expression f(1)`): the
-/// debugger sets the registers to call the function with a return address where it puts a
-/// breakpoint (GDB: on the stack, LLDB: the program's entry point), continues, and restores
-/// the registers when that breakpoint is hit. Such a run is not the program's: it runs untraced (nothing enters
-/// the trace or the state log, the history keeps its length), and the stack below the stack
-/// pointer it used is put back when the registers come back, so the past reads as before.
-/// Writes the called function makes elsewhere (globals, heap) stay, as in a native session,
-/// and are not in the state log.
-#[derive(Debug, Clone)]
-struct Diversion {
-    /// The registers before the call; their return ends the diversion.
-    saved: X86Registers,
-    /// The stack below the saved stack pointer, as it was: `(address, bytes)`.
-    stack: (u64, Vec<u8>),
-}
-
-/// How much of the stack below the stack pointer a diversion saves and puts back.
-const DIVERSION_STACK: u64 = 64 << 10;
 
 /// What an offline replay knows about the recorded process.
 #[derive(Debug, Clone, Default)]
 pub struct OfflineInfo {
     /// The recorded process id, if known (otherwise 1).
     pub pid: i32,
+    /// The thread the trace follows, if known (otherwise the process id).
+    pub tid: Option<i32>,
     /// The recorded executable, if known.
     pub exe: Option<PathBuf>,
     /// Where the recording came from, for `monitor stats`.
@@ -264,6 +257,10 @@ pub struct OfflineInfo {
     /// Memory saved with the recording (the stack from the stack pointer up), valid only at
     /// the end of the history: `(address, bytes)`.
     pub memory_at_end: Vec<(u64, Vec<u8>)>,
+    /// `/proc/PID/maps` when saved (served as the process's maps file).
+    pub maps: String,
+    /// The executable and libraries saved with the recording (see [`files`]).
+    pub files: files::SavedFiles,
 }
 
 impl std::fmt::Debug for Timeline {
@@ -371,6 +368,7 @@ impl Timeline {
             regs_before_write: None,
             diversion: None,
             diversions: 0,
+            group: None,
         }
     }
 
@@ -551,6 +549,7 @@ impl Timeline {
             Some(n.min(self.end()))
         };
         self.regs_at = None;
+        self.follow_selected();
         Ok(())
     }
 
@@ -760,6 +759,19 @@ impl Timeline {
     /// Refused too while recording is off: an untraced run is not single-stepped, a write
     /// would pass unseen.
     pub fn add_watch(&mut self, addr: u64, len: u64) -> bool {
+        if len != 0 && !self.has_state_log() {
+            // GDB's own message names hardware limits: say why (shown at the next stop).
+            let notice = Notice::WatchRefused {
+                backend: self
+                    .live
+                    .as_ref()
+                    .map_or("replay", |l| l.name())
+                    .to_string(),
+            };
+            if !self.notices.contains(&notice) {
+                self.notices.push(notice);
+            }
+        }
         if len == 0 || !self.has_state_log() || !self.record_wanted {
             return false;
         }
@@ -836,6 +848,9 @@ impl Timeline {
         }
         self.ensure_indexed(INDEX_WAIT)
             .map_err(|what| TargetError::Unexpected { pid: 0, what })?;
+        if let Some(r) = self.reverse_threads(how) {
+            return r;
+        }
         let c = self.position();
         let floor = self.floor();
         let ev = match how {
@@ -952,6 +967,9 @@ impl Timeline {
         }
         self.interrupt.store(false, Ordering::Release);
         self.regs_at = None;
+        if let Some(r) = self.resume_threads(how) {
+            return r;
+        }
         if let Some(c) = self.cursor {
             return self.resume_replay(how, c);
         }
@@ -1029,34 +1047,15 @@ impl Timeline {
 
     /// The id of the thread of the last stop.
     pub fn tid(&self) -> i32 {
-        match self.live.as_ref() {
-            None => self.pid(),
+        match (&self.live, &self.offline) {
             // In the past: the thread the debugger moved (the history is the main thread's;
             // every thread is shown at the main thread's positions).
-            Some(l) if self.cursor.is_some() => {
+            (Some(l), _) if self.cursor.is_some() => {
                 self.past_thread.unwrap_or_else(|| l.history_thread())
             }
-            Some(l) => l.tid(),
-        }
-    }
-
-    /// Every live thread, the main thread first (offline: the recorded one).
-    pub fn threads(&mut self) -> Vec<i32> {
-        match self.live.as_mut() {
-            Some(l) if self.exited.is_none() => l.threads(),
-            _ => vec![self.tid()],
-        }
-    }
-
-    /// Makes `tid` the thread whose registers are read and written (and, at the present,
-    /// the one the next forward step runs).
-    pub fn select_thread(&mut self, tid: i32) -> TargetResult<()> {
-        self.regs_at = None;
-        let current = self.tid();
-        match self.live.as_mut() {
-            Some(l) if self.exited.is_none() => l.select_thread(tid),
-            _ if tid == current => Ok(()),
-            _ => Err(TargetError::Unsupported("no such thread")),
+            (Some(l), _) => l.tid(),
+            (None, Some(OfflineInfo { tid: Some(t), .. })) => *t,
+            (None, _) => self.pid(),
         }
     }
 
@@ -1099,71 +1098,6 @@ impl Timeline {
             self.end_diversion();
         }
         Ok(())
-    }
-
-    /// At a resume of the live process: true (and a diversion starts) if the debugger set up
-    /// a function call since the last stop — the PC changed, and a breakpoint is at the
-    /// return address on the stack. A second resume inside a diversion (the called
-    /// function stopped at a user breakpoint and the user continued) ends it: recording
-    /// goes on from there.
-    fn divert_if_called(&mut self) -> bool {
-        if self.diversion.is_some() {
-            self.end_diversion();
-            return false;
-        }
-        let Some(saved) = self.regs_before_write.take() else {
-            return false;
-        };
-        let Some(live) = self.live.as_mut() else {
-            return false;
-        };
-        let Ok(now) = live.read_registers() else {
-            return false;
-        };
-        let mut ret = [0u8; 8];
-        if !matches!(
-            live.read_memory(now.gprs[crate::target::regs::gpr::RSP], &mut ret),
-            Ok(8)
-        ) {
-            return false;
-        }
-        let ret = u64::from_le_bytes(ret);
-        // GDB returns to a breakpoint it puts on the stack (x86-64 Linux), LLDB to one at the
-        // program's entry point: either way a breakpoint at the return address, and a PC that
-        // the debugger moved.
-        if now.pc() == saved.pc() || !self.bps.contains(&ret) {
-            return false;
-        }
-        let sp = saved.gprs[crate::target::regs::gpr::RSP];
-        let low = sp.saturating_sub(DIVERSION_STACK);
-        let mut stack = vec![0u8; (sp - low) as usize];
-        let got = live.read_memory(low, &mut stack).unwrap_or(0);
-        // Keep the part next to the stack pointer that could be read.
-        let keep = stack.split_off(stack.len() - got.min(stack.len()));
-        let _ = stack;
-        let start = sp - keep.len() as u64;
-        self.diversion = Some(Diversion {
-            saved,
-            stack: (start, keep),
-        });
-        self.diversions += 1;
-        true
-    }
-
-    /// Ends the diversion: the stack below the saved stack pointer is put back, and the
-    /// registers of this position are the saved ones again (a stop inside the call keyed its
-    /// own there).
-    fn end_diversion(&mut self) {
-        let Some(d) = self.diversion.take() else {
-            return;
-        };
-        if let Some(live) = self.live.as_mut() {
-            let _ = live.write_memory(d.stack.0, &d.stack.1);
-        }
-        let n = self.len();
-        self.pending_snapshot = None;
-        self.snapshots.insert(n, d.saved);
-        self.regs_at = None;
     }
 
     /// Reads memory at the cursor: the live process's at the present; in the past, the live
@@ -1266,6 +1200,7 @@ impl Timeline {
             live.add_breakpoint(addr)?;
         }
         self.bps.insert(addr);
+        self.group_breakpoint(addr, true);
         Ok(())
     }
 
@@ -1274,6 +1209,7 @@ impl Timeline {
         if let Some(live) = self.live.as_mut() {
             live.remove_breakpoint(addr)?;
         }
+        self.group_breakpoint(addr, false);
         Ok(self.bps.remove(&addr))
     }
 

@@ -148,6 +148,7 @@ pub fn load_saved(dir: &Path) -> Result<OfflineRecording, String> {
         Vec::new()
     };
     let maps = maps.join("\n");
+    let files = super::files::SavedFiles::from_json(&manifest["files"], dir)?;
     let immutable = (!maps.is_empty()).then(|| ImmutableCode::from_maps(&maps));
     // Saved by newer versions only: older recordings replay without them.
     let auxv = match manifest["auxv"].as_str() {
@@ -202,11 +203,14 @@ pub fn load_saved(dir: &Path) -> Result<OfflineRecording, String> {
                 .and_then(|p| i32::try_from(p).ok())
                 .filter(|&p| p > 0)
                 .unwrap_or(1),
+            tid: manifest["tid"].as_i64().and_then(|t| i32::try_from(t).ok()),
             exe: manifest["exe"].as_str().map(PathBuf::from),
             source: format!("saved recording {}", dir.display()),
             auxv,
             libraries_xml,
             memory_at_end,
+            maps: maps.clone(),
+            files,
         },
         // A saved recording is the software backend's: no errata apply.
         flow: FlowConfig::default(),

@@ -3,10 +3,15 @@
 //! the stops and the end, counters), `maps.json` and a `README` with the commands that decode
 //! and replay it.
 
+use super::files::{MAX_PROGRAM_FILE, SavedFiles, program_files, saved_name};
 use super::{MONITOR_INDEX_WAIT, Timeline};
 use crate::store::dirfile::RecordingDir;
 use crate::target::X86Registers;
+use crate::target::files::open_host_file;
 use crate::target::regs::gpr;
+
+/// Writes one file of a recording being saved (its name, its bytes).
+type PutFile<'a> = dyn FnMut(&str, &[u8]) -> Result<(), String> + 'a;
 
 /// The `format` of a saved recording's `manifest.json`.
 pub const SAVE_FORMAT: &str = "ptrewind-recording-1";
@@ -93,7 +98,7 @@ impl Timeline {
             Some(live) => (live.pid(), live.exec_path(), live.maps()),
             None => {
                 let info = self.offline.clone().unwrap_or_default();
-                (info.pid, info.exe, String::new())
+                (info.pid, info.exe, info.maps)
             }
         };
         // What a debugger needs to place the program and its libraries (auxv: the PIE load
@@ -111,6 +116,12 @@ impl Timeline {
         if let Some(x) = &libraries_xml {
             put("libraries-svr4.xml", x.as_bytes())?;
         }
+        let (files, unsaved) = self.save_program_files(
+            &mut put,
+            &maps_text,
+            exe.as_deref(),
+            libraries_xml.as_deref(),
+        )?;
         let maps: Vec<serde_json::Value> = maps_text
             .lines()
             .map(|l| serde_json::Value::String(l.to_string()))
@@ -196,6 +207,7 @@ impl Timeline {
             "auxv": auxv.as_ref().map(|_| "auxv.bin"),
             "libraries": libraries_xml.as_ref().map(|_| "libraries-svr4.xml"),
             "memory_at_end": stack_file.into_iter().collect::<Vec<_>>(),
+            "files": files.to_json(),
         });
         let cmd = format!(
             "ptrewind decode --pt {} {}",
@@ -208,7 +220,9 @@ impl Timeline {
              code-*.bin     the executable mappings' bytes (see manifest.json for addresses)\n\
              manifest.json  sections, registers at the first recorded instruction, at the end and \
              at every stop\n\
-             maps.json      /proc/PID/maps when saved\n\n\
+             maps.json      /proc/PID/maps when saved\n\
+             file-*         the executable and shared libraries (GDB reads them through the \
+             replay server)\n\n\
              Decode with:\n\n    {cmd}\n\n\
              Debug it (reverse execution, PC-only) with:\n\n    ptrewind replay {}\n",
             insns,
@@ -221,12 +235,79 @@ impl Timeline {
                 .unwrap_or_default()
                 .as_bytes(),
         )?;
+        let unsaved = if unsaved.is_empty() {
+            String::new()
+        } else {
+            format!("not saved (unreadable): {}\n", unsaved.join(", "))
+        };
         Ok(format!(
-            "saved {} trace bytes, {} instructions, {} code sections to {}\ndecode with: {cmd}\n",
+            "saved {} trace bytes, {} instructions, {} code sections, {} program files to {}\n\
+             {unsaved}decode with: {cmd}\n",
             trace.len(),
             insns,
             self.image.sections().len(),
+            files.names().len(),
             dir.display()
         ))
+    }
+
+    /// Saves the executable and the libraries (see [`super::files`]) through `put`: from the
+    /// host for a live process, copied from the recording for a replay. Returns the table for
+    /// the manifest and the files that could not be read (said in the summary; a replay then
+    /// serves the host's file if there is one).
+    fn save_program_files(
+        &mut self,
+        put: &mut PutFile<'_>,
+        maps_text: &str,
+        exe: Option<&std::path::Path>,
+        libraries_xml: Option<&str>,
+    ) -> Result<(SavedFiles, Vec<String>), String> {
+        let mut saved = SavedFiles::default();
+        let mut unsaved = Vec::new();
+        if self.live.is_none() {
+            let old = self
+                .offline
+                .as_ref()
+                .map(|o| o.files.clone())
+                .unwrap_or_default();
+            for name in old.names() {
+                let bytes = old
+                    .read_name(name)
+                    .map_err(|e| format!("{name} of the replayed recording: {e}"))?;
+                put(name, &bytes)?;
+            }
+            saved.paths = old.paths;
+            return Ok((saved, unsaved));
+        }
+        let mut copies: Vec<(std::path::PathBuf, String)> = Vec::new();
+        for (path, canonical) in program_files(maps_text, exe, libraries_xml) {
+            if let Some((_, name)) = copies.iter().find(|(c, _)| *c == canonical) {
+                saved.paths.push((path, name.clone()));
+                continue;
+            }
+            let name = saved_name(copies.len(), &canonical);
+            let bytes = open_host_file(&canonical).and_then(|f| {
+                let len = f.stat()?.size.min(MAX_PROGRAM_FILE);
+                let mut buf = vec![0; usize::try_from(len).unwrap_or(0)];
+                let mut got = 0;
+                while got < buf.len() {
+                    match f.read_at(&mut buf[got..], got as u64)? {
+                        0 => break,
+                        n => got += n,
+                    }
+                }
+                buf.truncate(got);
+                Ok(buf)
+            });
+            match bytes {
+                Ok(bytes) => {
+                    put(&name, &bytes)?;
+                    copies.push((canonical, name.clone()));
+                    saved.paths.push((path, name));
+                }
+                Err(e) => unsaved.push(format!("{} ({e})", path.display())),
+            }
+        }
+        Ok((saved, unsaved))
     }
 }

@@ -2,7 +2,7 @@
 //! timeline of calls (Chrome/Perfetto trace-event JSON).
 //!
 //! The call tree is built once, while the flow decoder streams each trace: a [`Tracker`] per
-//! stream follows calls and returns (see [`calltree`] for what counts as one) and feeds both
+//! stream follows calls and returns (see [`tracker`] for what counts as one) and feeds both
 //! outputs at the same time:
 //!
 //! * the [`CallTree`], a trie of the distinct call stacks with the instructions each executed —
@@ -33,12 +33,12 @@
 pub mod calltree;
 pub mod flame;
 pub mod trace_event;
+pub mod tracker;
 
-pub use calltree::{
-    CallSink, CallTree, FuncId, Functions, NoTimeline, Run, Stack, TrackSummary, Tracker,
-};
+pub use calltree::{CallSink, CallTree, FuncId, Functions, Stack};
 pub use flame::{FlameOptions, write_flamegraph};
 pub use trace_event::{Clock, TraceEventSummary, TraceEvents, TscConversion};
+pub use tracker::{NoTimeline, Run, TrackSummary, Tracker};
 
 use std::io::Write;
 

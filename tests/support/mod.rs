@@ -9,6 +9,7 @@
 //! - [`hase`]: the instruction addresses a HASE `.trace` branch list implies (also
 //!   `#[path]`-included by the crate's unit tests).
 //! - [`gdb`]: child processes with deadlines, GDB in batch mode, `ptrewind record` servers.
+//! - [`qemu`]: QEMU backend recordings in test mode (the plugin's per-instruction log).
 //! - [`rsp`]: a raw remote-protocol client (exact packets, acks, Ctrl-C).
 //! - [`flow_ips`]: our decoder's instruction addresses and errors for one trace.
 #![allow(dead_code)]
@@ -18,6 +19,7 @@ pub mod corpus;
 pub mod gdb;
 pub mod hase;
 pub mod libipt;
+pub mod qemu;
 pub mod rsp;
 
 #[allow(unused_imports)]

@@ -6,15 +6,16 @@
 //!   from the gdbstub through [`Remote`] (QEMU's translator breakpoints; a breakpoint at
 //!   the resume PC is lifted for one step, since QEMU would report it again at once; `Ctrl-C` is
 //!   a `SIGINT` to QEMU, see [`super::remote`]).
-//! * **past** — the plugin's stream of the traced thread (the main thread), read from the
-//!   recording directory at every stop and completed from the thread's tail file (the encoder
-//!   bytes not yet written, the pending TNT bits, and the running block cut at the instruction it
-//!   reached: [`Recorded::open`]). The completed stream at a stop is not an extension of the one
-//!   at the previous stop (that one ended with FUP + TIP.PGD at the stop PC, the new one runs on
-//!   through it), so the store's bytes are replaced at every stop and the history is indexed
-//!   again from the start ([`LiveBackend::trace_rewritten`]): a cost proportional to the trace at
-//!   each stop, paid by the history worker in the background. Positions before a stop decode the
-//!   same in every later stream, so registers keyed at earlier stops stay valid.
+//! * **past** — the plugin's stream of the traced thread (the main thread). At every stop the
+//!   bytes the plugin wrote to the thread's stream file since the last stop are read (the file
+//!   only grows) and the stream is closed at the stop PC from the thread's tail file (the
+//!   encoder bytes not yet written, the pending TNT bits, and the running block walked to the
+//!   stop PC: [`complete_at_pc`]), followed by FUP + TIP.PGD. That closing part is provisional:
+//!   the stream at the next stop runs on through it, so the next stop rewrites the store from
+//!   the end of the written bytes ([`TraceStore::rewrite_from`]) and the history worker forgets
+//!   and re-reads only from the last sync point before that offset. A stop costs the new bytes
+//!   and one PSB period, not the whole trace. Positions before a stop decode the same in every
+//!   later stream, so registers keyed at earlier stops stay valid.
 //! * **what the past shows** — PC-only, as with the hardware backend: RIP everywhere, the full
 //!   register file at every stop (and where the program started), memory only from read-only
 //!   code.
@@ -77,6 +78,21 @@ pub struct QemuLive {
     main: ThreadId,
     program: PathBuf,
     store: TraceStore,
+    /// The traced thread's stream file, once it exists (read on from where the last stop
+    /// stopped reading).
+    stream: Option<std::fs::File>,
+    /// Bytes of the stream file in the store (the store's bytes after them are provisional).
+    written: u64,
+    /// The stream ended (the plugin's summary, or the process gone) and is in the store whole.
+    finished: bool,
+    /// The code image and the mappings text it was built from.
+    code: Option<(String, Image)>,
+    /// At the last stop: stream bytes read, provisional bytes written.
+    last_sync: (u64, u64),
+    /// The plugin's exit gate (`exit_stop`), once opened.
+    gate: Option<std::fs::File>,
+    /// Held at `exit_group` by the gate: the call and the PC of its SYSCALL.
+    at_exit: Option<ExitCall>,
     bps: HashSet<u64>,
     /// The event a resume already met (a step over a breakpoint that stopped elsewhere).
     early: Option<StopEvent>,
@@ -86,7 +102,6 @@ pub struct QemuLive {
     interrupted: bool,
     running: bool,
     exited: bool,
-    rewritten: bool,
     /// How the last stream was completed, and problems met at stops.
     last_completion: Option<String>,
     stops: u64,
@@ -102,6 +117,16 @@ impl std::fmt::Debug for QemuLive {
             .field("dir", &self.rec.dir())
             .finish_non_exhaustive()
     }
+}
+
+/// The traced process held at its `exit_group` by the plugin's exit gate: the gdbstub does not
+/// answer while it is held (the vCPU is inside the plugin), so the present is what the call
+/// says (its number and arguments, the PC of its SYSCALL) and memory read from QEMU's process.
+#[derive(Debug, Clone, Copy)]
+struct ExitCall {
+    num: u64,
+    args: [u64; 6],
+    pc: u64,
 }
 
 /// Why the live QEMU backend could not start.
@@ -181,18 +206,175 @@ impl QemuLive {
             main,
             program,
             store: TraceStore::new(),
+            stream: None,
+            written: 0,
+            finished: false,
+            code: None,
+            last_sync: (0, 0),
+            gate: None,
+            at_exit: None,
             bps: HashSet::new(),
             early: None,
             stepping: false,
             interrupted: false,
             running: false,
             exited: false,
-            rewritten: false,
             last_completion: None,
             stops: 0,
             stop_errors: Vec::new(),
             other_threads: 0,
         })
+    }
+
+    /// The guest's code now: built from the recording directory's mappings when they changed
+    /// since the last call.
+    fn code_image(&mut self) -> Result<&Image, String> {
+        let rec = Recorded::open_layout(self.rec.dir())
+            .map_err(|e| format!("reading the recording directory: {e}"))?;
+        let key: String = rec.maps.iter().map(|(_, text)| text.as_str()).collect();
+        if self.code.as_ref().is_none_or(|(k, _)| *k != key) {
+            self.code = Some((key, rec.mmap_image().image));
+        }
+        Ok(&self.code.as_ref().ok_or("no code image")?.1)
+    }
+
+    /// Whether the plugin holds the process at its `exit_group` (the gate says WAITING); if so
+    /// the call is kept in `at_exit`.
+    fn check_exit_gate(&mut self) -> TargetResult<bool> {
+        use super::output::exit_gate as g;
+        use std::os::unix::fs::FileExt;
+        if self.gate.is_none() {
+            let path = self.rec.dir().join(super::output::EXIT_FILE);
+            match std::fs::File::options().read(true).write(true).open(&path) {
+                Ok(f) => self.gate = Some(f),
+                Err(_) => return Ok(false),
+            }
+        }
+        let Some(f) = self.gate.as_ref() else {
+            return Ok(false);
+        };
+        let mut words = [0u8; g::SIZE as usize];
+        if f.read_exact_at(&mut words, 0).is_err() {
+            return Ok(false);
+        }
+        let w = |i: usize| u64::from_ne_bytes(words[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
+        if w(g::STATE) != g::WAITING {
+            return Ok(false);
+        }
+        let mut args = [0u64; 6];
+        for (i, a) in args.iter_mut().enumerate() {
+            *a = w(g::ARGS + i);
+        }
+        // The SYSCALL is the last instruction of the block that was running (the call is not
+        // executed yet: the history ends before it).
+        let pid = self.pid();
+        let tid = u32::try_from(self.main.tid).unwrap_or(0);
+        let tail = std::fs::read(super::output::stream_path(
+            self.rec.dir(),
+            pid as u32,
+            tid,
+            "tail",
+        ))
+        .ok()
+        .and_then(|d| super::output::TailState::read(&d));
+        let Some((start, insns, _, _)) = tail.and_then(|t| t.in_flight) else {
+            return Err(TargetError::Unexpected {
+                pid,
+                what: "held at exit_group, but the running block is unknown".into(),
+            });
+        };
+        let image = self
+            .code_image()
+            .map_err(|what| TargetError::Unexpected { pid, what })?;
+        let mut pc = start;
+        for _ in 1..insns {
+            let mut b = [0u8; 15];
+            let n = image.read(pc, &mut b);
+            match crate::capture::soft::classify::decode_insn(pc, &b[..n]) {
+                Some(i) => pc = i.nlip(),
+                None => break,
+            }
+        }
+        self.at_exit = Some(ExitCall {
+            num: w(g::NUM),
+            args,
+            pc,
+        });
+        Ok(true)
+    }
+
+    /// Lets the process held at its `exit_group` go on (and exit).
+    fn release_exit(&mut self) -> TargetResult<()> {
+        use super::output::exit_gate as g;
+        use std::os::unix::fs::FileExt;
+        if self.at_exit.take().is_none() {
+            return Ok(());
+        }
+        let pid = self.pid();
+        let f = self
+            .gate
+            .as_ref()
+            .ok_or(TargetError::Unsupported("no exit gate"))?;
+        f.write_all_at(&g::RELEASED.to_ne_bytes(), (g::STATE * 8) as u64)
+            .map_err(|e| TargetError::Unexpected {
+                pid,
+                what: format!("releasing the exit gate: {e}"),
+            })
+    }
+
+    /// Registers at the held `exit_group`: RIP at the SYSCALL, RAX the call number and the
+    /// argument registers; every other register is unavailable.
+    fn exit_registers(x: &ExitCall) -> X86Registers {
+        let mut r = X86Registers {
+            xsave: vec![0; 512],
+            ..X86Registers::default()
+        };
+        r.gprs[gpr::RIP] = x.pc;
+        r.gprs[gpr::RAX] = x.num;
+        r.gprs[gpr::ORIG_RAX] = x.num;
+        for (slot, v) in [gpr::RDI, gpr::RSI, gpr::RDX, gpr::R10, gpr::R8, gpr::R9]
+            .into_iter()
+            .zip(x.args)
+        {
+            r.gprs[slot] = v;
+        }
+        // GDB numbers: rax 0, rdx 3, rsi 4, rdi 5, r8 8, r9 9, r10 10 are known.
+        let known = [0u32, 3, 4, 5, 8, 9, 10]
+            .iter()
+            .fold(0u128, |m, &n| m | 1u128 << n);
+        r.unavailable = RegMask(RegMask::ALL_BUT_PC.0 & !known);
+        r
+    }
+
+    /// Guest memory read from QEMU's own process while the gdbstub cannot answer (held at
+    /// exit): guest addresses are host addresses plus the guest base.
+    fn read_memory_direct(&mut self, addr: u64, buf: &mut [u8]) -> TargetResult<usize> {
+        use std::os::unix::fs::FileExt;
+        let pid = self.pid();
+        let base = Recorded::open_layout(self.rec.dir())
+            .ok()
+            .and_then(|r| {
+                r.maps.iter().find_map(|(_, t)| {
+                    t.split_whitespace()
+                        .find_map(|w| w.strip_prefix("guest_base="))
+                        .and_then(|b| b.parse::<i64>().ok())
+                })
+            })
+            .unwrap_or(0);
+        let mem = std::fs::File::open(format!("/proc/{pid}/mem")).map_err(|e| {
+            TargetError::Unexpected {
+                pid,
+                what: format!("reading QEMU's memory at exit: {e}"),
+            }
+        })?;
+        match mem.read_at(buf, addr.wrapping_add(base as u64)) {
+            Ok(n) => Ok(n),
+            Err(e) if e.raw_os_error() == Some(libc::EIO) => Ok(0),
+            Err(e) => Err(TargetError::Unexpected {
+                pid,
+                what: format!("reading QEMU's memory at exit: {e}"),
+            }),
+        }
     }
 
     /// The recording directory (every thread's stream; kept after the session).
@@ -205,6 +387,9 @@ impl QemuLive {
     }
 
     fn pc(&mut self) -> TargetResult<u64> {
+        if let Some(x) = self.at_exit {
+            return Ok(x.pc);
+        }
         let e = self.err();
         self.remote
             .read_register_u64(Some(self.main), "rip")
@@ -282,13 +467,15 @@ impl QemuLive {
     }
 }
 
-/// Completes a live thread's stream at a stop at `pc`: the encoder output not yet in the file,
-/// the pending TNT bits, then the running block walked from its start to `pc` (its last
-/// instruction's outcome added when `pc` is where it went: a TNT bit for a conditional branch, a
-/// TIP for an indirect one), and FUP(`pc`) + TIP.PGD. The instruction at `pc` is not counted as
-/// executed. Returns how it was done (for `monitor stats`).
+/// Completes a live thread's stream at a stop at `pc`, after the `written` bytes of its stream
+/// file: appends to `out` the encoder output not yet in the file, the pending TNT bits, then the
+/// running block walked from its start to `pc` (its last instruction's outcome added when `pc`
+/// is where it went: a TNT bit for a conditional branch, a TIP for an indirect one), and
+/// FUP(`pc`) + TIP.PGD. The instruction at `pc` is not counted as executed. Returns how it was
+/// done (for `monitor stats`).
 pub fn complete_at_pc(
-    trace: &mut Vec<u8>,
+    written: u64,
+    out: &mut Vec<u8>,
     tail: &super::output::TailState,
     pc: u64,
     image: &Image,
@@ -296,14 +483,14 @@ pub fn complete_at_pc(
     use crate::capture::soft::classify::decode_insn;
     use crate::flow::InsnClass;
     use crate::packet::{Encoder, IpKind, Packet, Tnt, encode_packet};
-    if tail.file_offset == trace.len() as u64 {
-        trace.extend_from_slice(&tail.bytes);
+    let start_len = out.len();
+    if tail.file_offset == written {
+        out.extend_from_slice(&tail.bytes);
     }
-    let mut out = Vec::new();
     let mut enc = Encoder::new();
-    if trace.is_empty() {
-        enc.psb(&mut out);
-        let _ = encode_packet(&Packet::PsbEnd, &mut out);
+    if written == 0 && out.len() == start_len {
+        enc.psb(out);
+        let _ = encode_packet(&Packet::PsbEnd, out);
     }
     if tail.tnt.1 > 0 {
         let _ = encode_packet(
@@ -311,7 +498,7 @@ pub fn complete_at_pc(
                 bits: tail.tnt.0,
                 count: tail.tnt.1,
             }),
-            &mut out,
+            out,
         );
     }
     let mut note = format!("stream completed at the stop PC {pc:#x}");
@@ -323,9 +510,9 @@ pub fn complete_at_pc(
                     csd: false,
                     iflag: false,
                 },
-                &mut out,
+                out,
             );
-            let _ = enc.ip_packet(IpKind::TipPge, Some(start), &mut out);
+            let _ = enc.ip_packet(IpKind::TipPge, Some(start), out);
         }
         let mut ip = start;
         let mut done = 0u32;
@@ -349,11 +536,11 @@ pub fn complete_at_pc(
                             bits: u64::from(pc != i.nlip()),
                             count: 1,
                         }),
-                        &mut out,
+                        out,
                     );
                 }
                 InsnClass::IndirectJump | InsnClass::IndirectCall | InsnClass::Return => {
-                    let _ = enc.ip_packet(IpKind::Tip, Some(pc), &mut out);
+                    let _ = enc.ip_packet(IpKind::Tip, Some(pc), out);
                 }
                 _ => {}
             }
@@ -361,9 +548,8 @@ pub fn complete_at_pc(
         }
         note = format!("{note} ({done} of the {insns} instructions of the block at {start:#x})");
     }
-    let _ = enc.ip_packet(IpKind::Fup, Some(pc), &mut out);
-    let _ = enc.ip_packet(IpKind::TipPgd, None, &mut out);
-    trace.extend_from_slice(&out);
+    let _ = enc.ip_packet(IpKind::Fup, Some(pc), out);
+    let _ = enc.ip_packet(IpKind::TipPgd, None, out);
     note
 }
 
@@ -402,7 +588,7 @@ impl LiveBackend for QemuLive {
     fn maps(&mut self) -> String {
         // The guest's code mappings as /proc/PID/maps lines (read-only, executable, from files):
         // what the loader placed and what the guest mapped since, from the recording directory.
-        let Ok(rec) = Recorded::open(self.rec.dir()) else {
+        let Ok(rec) = Recorded::open_layout(self.rec.dir()) else {
             return String::new();
         };
         rec.mmap_records()
@@ -420,11 +606,10 @@ impl LiveBackend for QemuLive {
     }
 
     fn snapshot_image(&mut self) -> TargetResult<Image> {
-        let rec = Recorded::open(self.rec.dir()).map_err(|e| TargetError::Unexpected {
-            pid: self.pid(),
-            what: format!("reading the recording directory: {e}"),
-        })?;
-        Ok(rec.mmap_image().image)
+        let pid = self.pid();
+        self.code_image()
+            .cloned()
+            .map_err(|what| TargetError::Unexpected { pid, what })
     }
 
     fn auxv(&mut self) -> TargetResult<Vec<u8>> {
@@ -433,6 +618,9 @@ impl LiveBackend for QemuLive {
     }
 
     fn read_registers(&mut self) -> TargetResult<X86Registers> {
+        if let Some(x) = &self.at_exit {
+            return Ok(Self::exit_registers(x));
+        }
         let e = self.err();
         let regs = self.remote.read_registers(Some(self.main)).map_err(&e)?;
         let layout = self.remote.layout().clone();
@@ -501,6 +689,11 @@ impl LiveBackend for QemuLive {
     }
 
     fn write_registers(&mut self, regs: &X86Registers) -> TargetResult<()> {
+        if self.at_exit.is_some() {
+            return Err(TargetError::Unsupported(
+                "register writes while QEMU holds the program at its exit",
+            ));
+        }
         // General-purpose registers (the ones GDB writes: `set $rax = …`, `jump`), one `P`
         // each where they differ; the vector state is not written back.
         let current = self.read_registers()?;
@@ -524,6 +717,9 @@ impl LiveBackend for QemuLive {
     }
 
     fn read_memory(&mut self, addr: u64, buf: &mut [u8]) -> TargetResult<usize> {
+        if self.at_exit.is_some() {
+            return self.read_memory_direct(addr, buf);
+        }
         let e = self.err();
         let data = self.remote.read_memory(addr, buf.len()).map_err(e)?;
         buf[..data.len()].copy_from_slice(&data);
@@ -531,12 +727,22 @@ impl LiveBackend for QemuLive {
     }
 
     fn write_memory(&mut self, addr: u64, data: &[u8]) -> TargetResult<()> {
+        if self.at_exit.is_some() {
+            return Err(TargetError::Unsupported(
+                "memory writes while QEMU holds the program at its exit",
+            ));
+        }
         let e = self.err();
         self.remote.write_memory(addr, data).map_err(e)
     }
 
     fn add_breakpoint(&mut self, addr: u64) -> TargetResult<()> {
         if self.bps.contains(&addr) {
+            return Ok(());
+        }
+        if self.at_exit.is_some() {
+            // The stub does not answer while the program is held; it only exits from here.
+            self.bps.insert(addr);
             return Ok(());
         }
         let e = self.err();
@@ -556,6 +762,9 @@ impl LiveBackend for QemuLive {
     fn remove_breakpoint(&mut self, addr: u64) -> TargetResult<bool> {
         if !self.bps.remove(&addr) {
             return Ok(false);
+        }
+        if self.at_exit.is_some() {
+            return Ok(true);
         }
         let e = self.err();
         self.remote
@@ -578,6 +787,10 @@ impl LiveBackend for QemuLive {
     }
 
     fn detach(&mut self) -> TargetResult<()> {
+        if self.at_exit.is_some() {
+            // Nothing to detach from: let it exit.
+            return self.release_exit();
+        }
         for bp in std::mem::take(&mut self.bps) {
             let _ = self.remote.remove_breakpoint(BreakKind::Software, bp, 1);
         }
@@ -602,6 +815,12 @@ impl LiveBackend for QemuLive {
 
     fn resume(&mut self, how: Resume, _record: bool) -> TargetResult<()> {
         // The plugin traces every block: runs are always recorded.
+        if self.at_exit.is_some() {
+            // From the held exit the only way on is the exit (the stub reports it).
+            self.release_exit()?;
+            self.running = true;
+            return Ok(());
+        }
         let (step, signal) = match how {
             Resume::Continue { signal } => (false, signal),
             Resume::Step { signal } => (true, signal),
@@ -650,12 +869,23 @@ impl LiveBackend for QemuLive {
             self.running = false;
             return Ok(Some(ev));
         }
-        let slice = if block {
-            None
-        } else {
-            Some(Duration::from_millis(20))
+        // In slices, so the exit gate is watched too (the stub says nothing while it holds).
+        let slice = Some(Duration::from_millis(20));
+        let reply = loop {
+            match self.remote.wait(slice) {
+                Ok(None) => {}
+                other => break other,
+            }
+            if self.check_exit_gate()? {
+                self.running = false;
+                self.stepping = false;
+                return Ok(Some(StopEvent::Exiting));
+            }
+            if !block {
+                break Ok(None);
+            }
         };
-        match self.remote.wait(slice) {
+        match reply {
             Ok(None) => Ok(None),
             Ok(Some(stop)) => {
                 self.running = false;
@@ -691,44 +921,75 @@ impl LiveBackend for QemuLive {
         if exited && !self.exited {
             self.exited = true;
         }
-        let rec = Recorded::open(self.rec.dir())
-            .map_err(|e| format!("reading the recording directory: {e}"))?;
-        let tid = u32::try_from(self.main.tid).ok();
-        let Some(t) = rec.thread(tid) else {
-            // Nothing executed yet (stopped before the first block).
+        if self.finished {
             return Ok(());
-        };
-        self.other_threads = rec.threads.len().saturating_sub(1);
-        let mut trace = t.trace.clone();
-        if t.meta.is_some() || self.exited {
+        }
+        let dir = self.rec.dir().to_path_buf();
+        let pid = self.rec.pid();
+        let tid = u32::try_from(self.main.tid).map_err(|_| "bad thread id".to_string())?;
+        let path = super::output::stream_path(&dir, pid, tid, "pt");
+        let ended = super::output::stream_path(&dir, pid, tid, "json").exists();
+        if ended || self.exited {
             // The stream ended (the plugin wrote its summary) or the process is gone: the
-            // reader completed it already.
+            // reader completes an unfinished stream from its tail file and the counters. Once.
+            let rec = Recorded::open(&dir)
+                .map_err(|e| format!("reading the recording directory: {e}"))?;
+            self.other_threads = rec.threads.len().saturating_sub(1);
+            let Some(t) = rec.thread(Some(tid)) else {
+                return Ok(());
+            };
+            let from = usize::try_from(self.written)
+                .unwrap_or(usize::MAX)
+                .min(t.trace.len());
+            self.store.rewrite_from(from, &t.trace[from..]);
+            self.last_sync = ((t.trace.len() - from) as u64, 0);
             self.last_completion = t.completed.clone();
-        } else {
-            // Live: the reader completed the stream by the block counter, which cannot tell a
-            // block that ran to its end from one that never started; the stop PC can.
-            let dir = self.rec.dir().to_path_buf();
-            let raw = std::fs::read(super::output::stream_path(&dir, t.pid, t.tid, "pt"))
-                .map_err(|e| format!("reading the main thread's stream: {e}"))?;
-            let tail = std::fs::read(super::output::stream_path(&dir, t.pid, t.tid, "tail"))
-                .ok()
-                .and_then(|d| super::output::TailState::read(&d));
-            match (tail, self.pc()) {
-                (Some(tail), Ok(pc)) => {
-                    let image = rec.mmap_image().image;
-                    trace = raw;
-                    self.last_completion = Some(complete_at_pc(&mut trace, &tail, pc, &image));
-                }
-                _ => self.last_completion = t.completed.clone(),
+            self.written = t.trace.len() as u64;
+            self.finished = true;
+            return Ok(());
+        }
+        if self.stream.is_none() {
+            match std::fs::File::open(&path) {
+                Ok(f) => self.stream = Some(f),
+                // Nothing executed yet (stopped before the first block).
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                Err(e) => return Err(format!("opening {}: {e}", path.display())),
             }
         }
-        self.store.replace(trace);
-        self.rewritten = true;
+        // The bytes written since the last stop (the file only grows; the thread is stopped,
+        // and only it writes its stream).
+        let mut bytes = Vec::new();
+        if let Some(f) = self.stream.as_mut() {
+            use std::io::Read;
+            f.read_to_end(&mut bytes)
+                .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        }
+        let read = bytes.len() as u64;
+        let written = self.written + read;
+        let tail = std::fs::read(super::output::stream_path(&dir, pid, tid, "tail"))
+            .ok()
+            .and_then(|d| super::output::TailState::read(&d));
+        let mut note = None;
+        if let (Some(tail), Ok(pc)) = (tail, self.pc()) {
+            let image = self.code_image()?;
+            note = Some(complete_at_pc(written, &mut bytes, &tail, pc, image));
+        }
+        let from = usize::try_from(self.written).unwrap_or(usize::MAX);
+        self.last_sync = (read, bytes.len() as u64 - read);
+        self.store.rewrite_from(from, &bytes);
+        self.written = written;
+        self.last_completion = note.or_else(|| {
+            Some("no tail file: the stream ends at its last write (not closed at the PC)".into())
+        });
+        self.other_threads = std::fs::read_dir(&dir)
+            .map(|rd| {
+                rd.filter_map(Result::ok)
+                    .filter(|e| e.file_name().to_string_lossy().ends_with(".pt"))
+                    .count()
+                    .saturating_sub(1)
+            })
+            .unwrap_or(0);
         Ok(())
-    }
-
-    fn trace_rewritten(&mut self) -> bool {
-        std::mem::take(&mut self.rewritten)
     }
 
     fn stats(&self, line: &mut dyn FnMut(&str, String)) {
@@ -737,6 +998,13 @@ impl LiveBackend for QemuLive {
         line("traced thread", self.main.tid.to_string());
         line("other threads recorded", self.other_threads.to_string());
         line("stops", self.stops.to_string());
+        line(
+            "trace read at the last stop",
+            format!(
+                "{} stream bytes, {} provisional bytes (rewritten at the next stop)",
+                self.last_sync.0, self.last_sync.1
+            ),
+        );
         line(
             "stub packets with bad checksums",
             self.remote.bad_checksums().to_string(),
@@ -783,7 +1051,8 @@ mod tests {
             in_flight: Some((0x1000, 3, u64::MAX, 0)),
             tnt: (0, 0),
         };
-        complete_at_pc(&mut trace, &tail, pc, &img);
+        let written = trace.len() as u64;
+        complete_at_pc(written, &mut trace, &tail, pc, &img);
         let mut dec = FlowDecoder::new(&trace, &img, FlowConfig::default());
         let (mut ips, mut errors) = (Vec::new(), Vec::new());
         while let Some(item) = dec.next_item() {

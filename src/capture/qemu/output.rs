@@ -27,6 +27,29 @@ use serde::{Deserialize, Serialize};
 use super::tracer::TracerStats;
 use crate::ring::{BuildError, Capabilities, IntOn, Topa, TraceSink, TraceSource};
 
+/// The exit gate (`exit_stop=on`): the plugin holds the traced process's `exit_group` here
+/// until ptrewind lets it go, so the end of the program is a place in its history while the
+/// process is still alive. Native-endian `u64` words: [`exit_gate`].
+pub const EXIT_FILE: &str = "exit";
+
+/// Words of the [`EXIT_FILE`].
+pub mod exit_gate {
+    /// [`WAITING`] or [`RELEASED`] (0: nobody exited yet).
+    pub const STATE: usize = 0;
+    /// The thread that called `exit_group`.
+    pub const TID: usize = 1;
+    /// The system call number.
+    pub const NUM: usize = 2;
+    /// Its six arguments (`rdi rsi rdx r10 r8 r9`).
+    pub const ARGS: usize = 3;
+    /// Size of the file in bytes.
+    pub const SIZE: u64 = 16 * 8;
+    /// A thread waits at its `exit_group`.
+    pub const WAITING: u64 = 1;
+    /// ptrewind lets it exit.
+    pub const RELEASED: u64 = 2;
+}
+
 /// The shared global instruction clock (8 bytes, native-endian `u64`).
 pub const CLOCK_FILE: &str = "clock";
 /// [`PluginMeta`].

@@ -47,6 +47,9 @@ pub struct QemuConfig {
     pub precise: bool,
     /// Test mode: log every executed instruction address per thread.
     pub log_insns: bool,
+    /// Hold the process at its `exit_group` until released (see
+    /// [`EXIT_FILE`](super::output::EXIT_FILE)); only for a live session that releases it.
+    pub exit_stop: bool,
     /// Recording directory; `None`: a new private temporary directory (kept, see
     /// [`QemuRecording::dir`]).
     pub dir: Option<PathBuf>,
@@ -62,6 +65,7 @@ impl QemuConfig {
             plugin: plugin.into(),
             precise: true,
             log_insns: false,
+            exit_stop: false,
             dir: None,
             qemu_args: Vec::new(),
         }
@@ -300,6 +304,9 @@ impl QemuRecording {
         if config.log_insns {
             plugin_arg.push(",log=on");
         }
+        if config.exit_stop {
+            plugin_arg.push(",exit_stop=on");
+        }
         let mut cmd = Command::new(&config.qemu);
         cmd.arg("-plugin").arg(plugin_arg);
         cmd.args(&config.qemu_args);
@@ -433,6 +440,17 @@ fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Option<T>, Qem
 impl Recorded {
     /// Reads the recording in `dir`.
     pub fn open(dir: &Path) -> Result<Recorded, QemuError> {
+        Self::open_with(dir, true)
+    }
+
+    /// Reads the recording in `dir` without the threads' streams (their `trace` is empty and
+    /// nothing is completed): the mappings, what was launched and which threads there are, at
+    /// a cost that does not grow with the trace (the live backend's code image at each stop).
+    pub fn open_layout(dir: &Path) -> Result<Recorded, QemuError> {
+        Self::open_with(dir, false)
+    }
+
+    fn open_with(dir: &Path, traces: bool) -> Result<Recorded, QemuError> {
         let mut threads = Vec::new();
         let mut maps = Vec::new();
         let rd = std::fs::read_dir(dir).map_err(io_err(format!("reading {}", dir.display())))?;
@@ -449,15 +467,19 @@ impl Recorded {
                 else {
                     continue;
                 };
-                let trace = std::fs::read(&path).map_err(io_err(format!("reading {name}")))?;
+                let trace = if traces {
+                    std::fs::read(&path).map_err(io_err(format!("reading {name}")))?
+                } else {
+                    Vec::new()
+                };
                 let meta = read_json(&output::stream_path(dir, pid, tid, "json"))?;
                 let insns = match std::fs::read(output::stream_path(dir, pid, tid, "insns")) {
-                    Ok(b) => Some(
+                    Ok(b) if traces => Some(
                         b.chunks_exact(8)
                             .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
                             .collect(),
                     ),
-                    Err(_) => None,
+                    _ => None,
                 };
                 threads.push(RecordedThread {
                     pid,
@@ -483,7 +505,9 @@ impl Recorded {
             threads,
             maps,
         };
-        rec.complete_unclean();
+        if traces {
+            rec.complete_unclean();
+        }
         Ok(rec)
     }
 
@@ -612,6 +636,105 @@ impl Recorded {
             Some(t) => self.threads.iter().find(|th| th.tid == t),
             None => self.threads.first(),
         }
+    }
+}
+
+/// Where QEMU's loader placed the program and its libraries, in the terms GDB learns them from
+/// a live process: the auxiliary vector entries that place a PIE program and its loader
+/// (`AT_PHDR`, `AT_PHENT`, `AT_PHNUM`, `AT_PAGESZ`, `AT_BASE`, `AT_ENTRY`), and the loaded
+/// objects as the loader's `link_map` would list them. A replay has no process to read them
+/// from; the recorded mappings say the same.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoaderView {
+    /// The auxiliary vector (pairs of little-endian `u64`, ending with `AT_NULL`).
+    pub auxv: Vec<u8>,
+    /// Every mapped ELF but the program: (path, load bias, run-time address of its dynamic
+    /// section, 0 if none).
+    pub objects: Vec<(PathBuf, u64, u64)>,
+}
+
+/// The program headers of an ELF image: (`e_phoff`, `e_phentsize`, `e_phnum`, `e_entry`, each
+/// `(p_type, p_vaddr, p_offset)`).
+type Phdrs = (
+    u64,
+    u64,
+    u64,
+    u64,
+    Vec<(object::elf::ProgramType, u64, u64)>,
+);
+
+fn program_headers(data: &[u8]) -> Option<Phdrs> {
+    use object::read::elf::{FileHeader, ProgramHeader};
+    let elf = object::elf::FileHeader64::<object::Endianness>::parse(data).ok()?;
+    let endian = elf.endian().ok()?;
+    let headers = elf.program_headers(endian, data).ok()?;
+    Some((
+        elf.e_phoff(endian),
+        u64::from(elf.e_phentsize(endian)),
+        headers.len() as u64,
+        elf.e_entry(endian),
+        headers
+            .iter()
+            .map(|h| (h.p_type(endian), h.p_vaddr(endian), h.p_offset(endian)))
+            .collect(),
+    ))
+}
+
+impl Recorded {
+    /// The loader's view of the recording's first process (see [`LoaderView`]) from the ELF
+    /// files `elfs` placed at their recorded mappings ([`MmapImage::elfs`]); `None` if the
+    /// program is not among them.
+    pub fn loader_view(&self, elfs: &[crate::image::elf::LoadedElf]) -> Option<LoaderView> {
+        let program = self.launch.as_ref()?.program.clone();
+        let program = std::fs::canonicalize(&program).unwrap_or(program);
+        let same = |p: &Path| std::fs::canonicalize(p).is_ok_and(|c| c == program);
+        let exe = elfs.iter().find(|e| same(&e.path))?;
+        let (phoff, phent, phnum, entry, headers) = program_headers(&exe.bytes)?;
+        // AT_PHDR: PT_PHDR if present, else the PT_LOAD holding the headers' file offset.
+        let phdr = headers
+            .iter()
+            .find(|h| h.0 == object::elf::PT_PHDR)
+            .map(|h| h.1)
+            .or_else(|| {
+                headers
+                    .iter()
+                    .filter(|h| h.0 == object::elf::PT_LOAD && h.2 <= phoff)
+                    .map(|h| h.1 + (phoff - h.2))
+                    .next_back()
+            })
+            .unwrap_or(phoff);
+        let interp = interpreter_of(&program);
+        let base = interp
+            .as_deref()
+            .and_then(|i| {
+                elfs.iter()
+                    .find(|e| std::fs::canonicalize(&e.path).is_ok_and(|c| c == i))
+            })
+            .map_or(0, |e| e.bias);
+        let mut auxv = Vec::new();
+        for (k, v) in [
+            (3u64, exe.bias.wrapping_add(phdr)),
+            (4, phent),
+            (5, phnum),
+            (6, 4096),
+            (7, base),
+            (9, exe.bias.wrapping_add(entry)),
+            (0, 0),
+        ] {
+            auxv.extend_from_slice(&k.to_le_bytes());
+            auxv.extend_from_slice(&v.to_le_bytes());
+        }
+        let objects = elfs
+            .iter()
+            .filter(|e| !same(&e.path))
+            .map(|e| {
+                let dynamic = program_headers(&e.bytes)
+                    .and_then(|h| h.4.iter().find(|h| h.0 == object::elf::PT_DYNAMIC).copied())
+                    .map_or(0, |h| e.bias.wrapping_add(h.1));
+                (e.path.clone(), e.bias, dynamic)
+            })
+            .collect();
+        Some(LoaderView { auxv, objects })
     }
 }
 

@@ -183,9 +183,13 @@ impl LiveBackend for SoftCapture {
         self.stop_tid
     }
 
-    fn threads(&mut self) -> Vec<i32> {
-        let t = self.rec.target().threads();
-        if t.is_empty() { vec![self.stop_tid] } else { t }
+    fn threads(&self) -> Vec<i32> {
+        let t = self.rec.target_ref().threads();
+        if t.is_empty() {
+            vec![self.stop_tid]
+        } else {
+            t
+        }
     }
 
     fn select_thread(&mut self, tid: i32) -> TargetResult<()> {

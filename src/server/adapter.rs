@@ -1,4 +1,6 @@
-//! [`Session`]: the gdbstub `Target` implementation over a ptrewind [`Target`].
+//! [`GdbStubAdapter`]: gdbstub's `Target` over a ptrewind [`Target`] — the adapter between
+//! gdbstub's traits and ptrewind's (registers, memory, breakpoints, resumption, host I/O,
+//! monitor commands). One per served program, kept across debugger connections.
 
 use super::arch::{GdbRegId, GdbRegisters, X86_64Linux, copy_range, target_xml};
 use super::monitor::MonitorRegistry;
@@ -88,18 +90,21 @@ fn thread_id(tid: i32) -> Tid {
     Tid::new(tid.max(1) as usize).unwrap_or(Tid::MIN)
 }
 
-/// A debugging session: the target, its monitor commands and the pending resume request.
-pub struct Session {
+/// The adapter gdbstub drives: the target, its monitor commands, the pending resume request
+/// and the files a debugger opened through host I/O.
+pub struct GdbStubAdapter {
     target: Box<dyn Target>,
     monitors: MonitorRegistry,
     resume: Option<Resume>,
     avx: Option<bool>,
     attached: bool,
+    /// Files the debugger opened through host I/O (`vFile:open`).
+    pub(super) host_files: super::host_io::OpenFiles,
 }
 
-impl std::fmt::Debug for Session {
+impl std::fmt::Debug for GdbStubAdapter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Session")
+        f.debug_struct("GdbStubAdapter")
             .field("pid", &self.target.pid())
             .field("monitors", &self.monitors)
             .field("resume", &self.resume)
@@ -107,15 +112,16 @@ impl std::fmt::Debug for Session {
     }
 }
 
-impl Session {
+impl GdbStubAdapter {
     /// A session over `target` with the built-in monitor commands.
     pub fn new(target: Box<dyn Target>) -> Self {
-        Session {
+        GdbStubAdapter {
             target,
             monitors: MonitorRegistry::with_builtins(),
             resume: None,
             avx: None,
             attached: false,
+            host_files: Default::default(),
         }
     }
 
@@ -159,7 +165,7 @@ fn non_fatal(e: TargetError) -> GsError<TargetError> {
     }
 }
 
-impl gdbstub::target::Target for Session {
+impl gdbstub::target::Target for GdbStubAdapter {
     type Arch = X86_64Linux;
     type Error = TargetError;
 
@@ -204,6 +210,10 @@ impl gdbstub::target::Target for Session {
         Some(self)
     }
 
+    fn support_host_io(&mut self) -> Option<gdbstub::target::ext::host_io::HostIoOps<'_, Self>> {
+        Some(self)
+    }
+
     fn support_extended_mode(
         &mut self,
     ) -> Option<gdbstub::target::ext::extended_mode::ExtendedModeOps<'_, Self>> {
@@ -226,16 +236,17 @@ impl gdbstub::target::Target for Session {
     }
 }
 
-impl MultiThreadBase for Session {
+impl MultiThreadBase for GdbStubAdapter {
     fn read_registers(&mut self, regs: &mut GdbRegisters, tid: Tid) -> GsResult<(), Self> {
-        self.select(tid)?;
-        regs.regs = self.target.read_registers().map_err(non_fatal)?;
+        regs.regs = self
+            .target
+            .read_thread_registers(tid.get() as i32)
+            .map_err(non_fatal)?;
         self.avx = Some(regs.regs.has_avx());
         Ok(())
     }
 
-    fn write_registers(&mut self, regs: &GdbRegisters, tid: Tid) -> GsResult<(), Self> {
-        self.select(tid)?;
+    fn write_registers(&mut self, regs: &GdbRegisters, _tid: Tid) -> GsResult<(), Self> {
         let mut live = self.target.read_registers().map_err(non_fatal)?;
         let mut off = 0;
         for (num, desc) in GDB_REGS.iter().enumerate() {
@@ -280,10 +291,12 @@ impl MultiThreadBase for Session {
     }
 }
 
-impl SingleRegisterAccess<Tid> for Session {
+impl SingleRegisterAccess<Tid> for GdbStubAdapter {
     fn read_register(&mut self, tid: Tid, reg: GdbRegId, buf: &mut [u8]) -> GsResult<usize, Self> {
-        self.select(tid)?;
-        let regs = self.target.read_registers().map_err(non_fatal)?;
+        let regs = self
+            .target
+            .read_thread_registers(tid.get() as i32)
+            .map_err(non_fatal)?;
         if regs.unavailable.contains(reg.0) {
             // gdbstub answers `xx` x the register size: "valid but unavailable".
             return Ok(0);
@@ -301,8 +314,7 @@ impl SingleRegisterAccess<Tid> for Session {
         Ok(n)
     }
 
-    fn write_register(&mut self, tid: Tid, reg: GdbRegId, val: &[u8]) -> GsResult<(), Self> {
-        self.select(tid)?;
+    fn write_register(&mut self, _tid: Tid, reg: GdbRegId, val: &[u8]) -> GsResult<(), Self> {
         let mut regs = self.target.read_registers().map_err(non_fatal)?;
         if !regs.set_gdb_reg(reg.0, val) {
             return Err(GsError::Errno(libc::EINVAL as u8));
@@ -311,7 +323,7 @@ impl SingleRegisterAccess<Tid> for Session {
     }
 }
 
-impl MultiThreadResume for Session {
+impl MultiThreadResume for GdbStubAdapter {
     fn resume(&mut self) -> Result<(), Self::Error> {
         let how = self.resume.unwrap_or(Resume::Continue { signal: None });
         self.resume = Some(how);
@@ -362,18 +374,7 @@ impl MultiThreadResume for Session {
     }
 }
 
-impl Session {
-    /// Makes GDB's thread `tid` the one register accesses apply to.
-    fn select(&mut self, tid: Tid) -> GsResult<(), Self> {
-        // gdbstub's default thread (1, before any `Hg`) means "the current one".
-        if tid.get() <= 1 {
-            return Ok(());
-        }
-        self.target
-            .select_thread(tid.get() as i32)
-            .map_err(non_fatal)
-    }
-
+impl GdbStubAdapter {
     fn reverse(&mut self, how: ReverseResume) -> Result<(), TargetError> {
         match self.target.support_reverse() {
             Some(rev) => rev.resume_reverse(how),
@@ -382,31 +383,27 @@ impl Session {
     }
 }
 
-impl ReverseStep<Tid> for Session {
+impl ReverseStep<Tid> for GdbStubAdapter {
     fn reverse_step(&mut self, tid: Tid) -> Result<(), Self::Error> {
-        if tid.get() > 1 {
-            self.target.select_thread(tid.get() as i32)?;
-        }
+        // The thread GDB selected (`Hc`) steps.
+        self.target.select_thread(tid.get() as i32);
         self.reverse(ReverseResume::Step)
     }
 }
 
-impl ReverseCont<Tid> for Session {
+impl ReverseCont<Tid> for GdbStubAdapter {
     fn reverse_cont(&mut self) -> Result<(), Self::Error> {
         self.reverse(ReverseResume::Continue)
     }
 }
 
-impl MultiThreadSingleStep for Session {
+impl MultiThreadSingleStep for GdbStubAdapter {
     fn set_resume_action_step(
         &mut self,
         tid: Tid,
         signal: Option<Signal>,
     ) -> Result<(), Self::Error> {
-        // The thread to step (the others stay stopped or, with a recorder, take turns).
-        if tid.get() > 1 {
-            self.target.select_thread(tid.get() as i32)?;
-        }
+        self.target.select_thread(tid.get() as i32);
         self.resume = Some(Resume::Step {
             signal: signal.and_then(|s| gdb_to_linux_signal(s.0)),
         });
@@ -414,14 +411,14 @@ impl MultiThreadSingleStep for Session {
     }
 }
 
-impl MultiThreadSchedulerLocking for Session {
+impl MultiThreadSchedulerLocking for GdbStubAdapter {
     fn set_resume_action_scheduler_lock(&mut self) -> Result<(), Self::Error> {
         // Only one thread is debugged: locking the scheduler changes nothing.
         Ok(())
     }
 }
 
-impl Breakpoints for Session {
+impl Breakpoints for GdbStubAdapter {
     fn support_sw_breakpoint(&mut self) -> Option<SwBreakpointOps<'_, Self>> {
         Some(self)
     }
@@ -442,7 +439,7 @@ fn watch_kind(kind: GsWatchKind) -> WatchKind {
 /// `Z2`–`Z4`: the target decides (a recording with a state log serves write watchpoints);
 /// anything it refuses is an error reply, so GDB says it could not insert the watchpoint rather
 /// than trusting a stop that would never come.
-impl HwWatchpoint for Session {
+impl HwWatchpoint for GdbStubAdapter {
     fn add_hw_watchpoint(
         &mut self,
         addr: u64,
@@ -472,7 +469,7 @@ impl HwWatchpoint for Session {
     }
 }
 
-impl SwBreakpoint for Session {
+impl SwBreakpoint for GdbStubAdapter {
     fn add_sw_breakpoint(&mut self, addr: u64, _kind: usize) -> GsResult<bool, Self> {
         match self.target.support_breakpoints() {
             Some(bp) => Ok(bp.add_breakpoint(addr).is_ok()),
@@ -488,7 +485,7 @@ impl SwBreakpoint for Session {
     }
 }
 
-impl gdbstub::target::ext::monitor_cmd::MonitorCmd for Session {
+impl gdbstub::target::ext::monitor_cmd::MonitorCmd for GdbStubAdapter {
     fn handle_monitor_cmd(
         &mut self,
         cmd: &[u8],
@@ -501,7 +498,7 @@ impl gdbstub::target::ext::monitor_cmd::MonitorCmd for Session {
     }
 }
 
-impl gdbstub::target::ext::extended_mode::ExtendedMode for Session {
+impl gdbstub::target::ext::extended_mode::ExtendedMode for GdbStubAdapter {
     fn run(
         &mut self,
         _filename: Option<&[u8]>,
@@ -545,13 +542,13 @@ impl gdbstub::target::ext::extended_mode::ExtendedMode for Session {
     }
 }
 
-impl gdbstub::target::ext::extended_mode::CurrentActivePid for Session {
+impl gdbstub::target::ext::extended_mode::CurrentActivePid for GdbStubAdapter {
     fn current_active_pid(&mut self) -> Result<Pid, Self::Error> {
         Ok(Pid::new(self.target.pid().max(1) as usize).unwrap_or(Pid::MIN))
     }
 }
 
-impl gdbstub::target::ext::exec_file::ExecFile for Session {
+impl gdbstub::target::ext::exec_file::ExecFile for GdbStubAdapter {
     fn get_exec_file(
         &self,
         _pid: Option<Pid>,
@@ -572,14 +569,14 @@ impl gdbstub::target::ext::exec_file::ExecFile for Session {
     }
 }
 
-impl gdbstub::target::ext::auxv::Auxv for Session {
+impl gdbstub::target::ext::auxv::Auxv for GdbStubAdapter {
     fn get_auxv(&self, offset: u64, length: usize, buf: &mut [u8]) -> GsResult<usize, Self> {
         let auxv = self.target.auxv().map_err(non_fatal)?;
         Ok(copy_range(&auxv, offset, length, buf))
     }
 }
 
-impl gdbstub::target::ext::libraries::LibrariesSvr4 for Session {
+impl gdbstub::target::ext::libraries::LibrariesSvr4 for GdbStubAdapter {
     fn get_libraries_svr4(
         &self,
         offset: u64,
@@ -595,7 +592,7 @@ impl gdbstub::target::ext::libraries::LibrariesSvr4 for Session {
 }
 
 impl gdbstub::target::ext::target_description_xml_override::TargetDescriptionXmlOverride
-    for Session
+    for GdbStubAdapter
 {
     fn target_description_xml(
         &self,

@@ -1,0 +1,269 @@
+//! The walk layer's fast paths: TNT-8 bytes decoded in place, the path cache's replay and
+//! recording of whole TNT-8 walks, and TIP straight from its bytes. Everything here is an
+//! optimisation of [`super::walk`] over [`super::query`]'s packets: the slow path gives the same output.
+
+use super::*;
+
+impl FlowDecoder<'_> {
+    /// The fast paths: a path replay, a TNT-8 refill (replayed from the path cache, or walked),
+    /// a TNT bit walked, a TIP fast path. `Some` whole block, already counted; `None` when none
+    /// applies (or the step queued its output instead): the slow path runs next.
+    ///
+    /// A replay that `filter` passes over as a whole ([`RunFilter::pass_over_path`]) is applied
+    /// in one step ([`Self::skip_path`]) and the fast path goes on from its end; with a filter
+    /// that never does, the loop is not one.
+    #[inline(always)]
+    pub(super) fn fast_block<F: RunFilter>(&mut self, filter: &mut F) -> Option<u32> {
+        if self.path_pos < self.path_end {
+            return Some(self.replay_step());
+        }
+        loop {
+            if !self.out.is_empty() || self.state != State::Enabled {
+                return None;
+            }
+            if self.tnt_count == 0 {
+                if !self.short_tnt_refill() {
+                    return self.tip_fast_path();
+                }
+                if let Some(slot) = self.start_path() {
+                    if let Some(sum) = filter.pass_over_path(&self.cache, slot) {
+                        self.skip_path(sum);
+                        continue;
+                    }
+                    return Some(self.replay_step());
+                }
+            }
+            return self.tnt_step();
+        }
+    }
+
+    /// The whole replay just started by [`Self::start_path`] (summed up by `sum`) at once, as
+    /// [`Self::replay_step`] for each of its blocks would: counted, its CALLs pushed in order.
+    #[inline(always)]
+    pub(super) fn skip_path(&mut self, sum: PathSum) {
+        self.n_insns += sum.insns as u64;
+        self.n_runs += (self.path_end - self.path_pos) as u64;
+        if sum.pushes {
+            let paths = &self.cache.paths;
+            for &e in &paths.elems[self.path_pos as usize..self.path_end as usize] {
+                if e & PATH_PUSH != 0 {
+                    self.ret
+                        .push(self.cache.blocks[(e & !PATH_PUSH) as usize].next);
+                }
+            }
+        }
+        self.path_pos = self.path_end;
+    }
+
+    /// At the start of a TNT-8 packet's walk: replays the recorded walk of these bits from the
+    /// current block (returns its path slot; its end state is applied at once), or starts
+    /// recording it.
+    #[inline(always)]
+    pub(super) fn start_path(&mut self) -> Option<usize> {
+        let idx = self.cur_block();
+        self.next_blk = idx;
+        if self.tnt_count > 7 || idx >= PATH_PUSH {
+            return None;
+        }
+        let pattern = (1u64 << self.tnt_count) | (self.tnt_bits & ((1u64 << self.tnt_count) - 1));
+        let key = ((idx as u64) << 8) | pattern;
+        let paths = &self.cache.paths;
+        let at = paths.slot(key);
+        let slot = &paths.slots[at];
+        if slot.key == key {
+            self.stats.path_hits += 1;
+            self.ip = slot.end_ip;
+            self.next_blk = slot.end_blk;
+            self.tnt_count = slot.end_count;
+            self.tnt_walked = slot.end_walked as u64;
+            self.path_pos = slot.at;
+            self.path_end = slot.at + slot.len;
+            return Some(at);
+        }
+        self.cache.paths.maybe_clear();
+        self.rec_key = key;
+        self.rec_at = self.cache.paths.elems.len() as u32;
+        None
+    }
+
+    /// A TIP (with an IP) that the block at the current IP ends for: an uncompressed RET or an
+    /// indirect branch or far transfer with nothing to walk before it, the usual case right
+    /// after a TNT walk. The TIP is decoded straight from its bytes and the block, branch
+    /// included, handed out as one run, with no trip through the packet decoder and the queue.
+    /// `None` (nothing consumed) for anything else; the general path then handles it.
+    #[inline(never)]
+    pub(super) fn tip_fast_path(&mut self) -> Option<u32> {
+        if self.pushback.is_some()
+            || self.pkt.block_context().is_some()
+            || self.pending_mode.is_some()
+            || self.ovf_pending.is_some()
+        {
+            return None;
+        }
+        let buf = self.pkt.buffer();
+        let pos = self.pkt.position();
+        let b0 = *buf.get(pos)?;
+        if b0 & 0x1f != 0x0d {
+            return None;
+        }
+        let (compression, len) = match b0 >> 5 {
+            1 => (IpCompression::Update16, 2),
+            2 => (IpCompression::Update32, 4),
+            3 => (IpCompression::Sext48, 6),
+            4 => (IpCompression::Update48, 6),
+            6 => (IpCompression::Full, 8),
+            _ => return None,
+        };
+        let payload = buf.get(pos + 1..pos + 1 + len)?;
+        let raw = payload
+            .iter()
+            .rev()
+            .fold(0u64, |acc, &b| (acc << 8) | b as u64);
+        let pl = IpPayload { compression, raw };
+        let Ok(Some(target)) = self.last_ip.reconstruct(pl) else {
+            return None;
+        };
+        let idx = self.cur_block();
+        let b = &self.cache.blocks[idx as usize];
+        let (n, next) = (b.n, b.next);
+        match b.term {
+            Term::Insn(InsnClass::Return) => {
+                // An uncompressed RET still pops, so later compressed RETs line up.
+                self.ret.pop();
+            }
+            Term::Insn(c) if c.needs_tip() => {
+                if c == InsnClass::IndirectCall {
+                    self.ret.push(next);
+                }
+            }
+            _ => return None,
+        }
+        let _ = self.last_ip.apply(pl);
+        self.pkt.set_position(pos + 1 + len);
+        self.cur_offset = pos as u64;
+        self.ip = target;
+        self.next_blk = u32::MAX;
+        self.n_insns += n as u64;
+        self.n_runs += 1;
+        Some(idx)
+    }
+
+    /// Hands out the next block of a path replay (counted, its CALL pushed).
+    #[inline(always)]
+    pub(super) fn replay_step(&mut self) -> u32 {
+        let e = self.cache.paths.elems[self.path_pos as usize];
+        self.path_pos += 1;
+        let idx = e & !PATH_PUSH;
+        let b = &self.cache.blocks[idx as usize];
+        if e & PATH_PUSH != 0 {
+            self.ret.push(b.next);
+        }
+        self.n_insns += b.n as u64;
+        self.n_runs += 1;
+        idx
+    }
+
+    /// Ends a recording: the walk so far, from its start to `end_ip` (block `end_blk` when
+    /// known) with `end_count` bits pending and `end_walked` instructions walked since the last.
+    #[inline(never)]
+    pub(super) fn finish_path(
+        &mut self,
+        end_ip: u64,
+        end_blk: u32,
+        end_count: u32,
+        end_walked: u64,
+    ) {
+        let key = std::mem::take(&mut self.rec_key);
+        let paths = &mut self.cache.paths;
+        let len = paths.elems.len() as u32 - self.rec_at;
+        if len == 0 || end_walked > u32::MAX as u64 {
+            return;
+        }
+        self.stats.paths_recorded += 1;
+        paths.recorded += 1;
+        let at = paths.slot(key);
+        paths.slots[at] = PathSlot {
+            key,
+            end_ip,
+            end_blk,
+            end_count,
+            end_walked: end_walked as u32,
+            at: self.rec_at,
+            len,
+        };
+    }
+
+    /// Drops a recording in progress.
+    #[inline(never)]
+    pub(super) fn abort_path(&mut self) {
+        self.rec_key = 0;
+        self.cache.paths.elems.truncate(self.rec_at as usize);
+    }
+
+    /// Before anything but the fast path runs: the rest of a replay goes to the queue (in order,
+    /// ahead of whatever comes next) and a recording in progress is dropped.
+    #[inline(never)]
+    pub(super) fn settle_path(&mut self) {
+        if self.rec_key != 0 {
+            self.abort_path();
+        }
+        while self.path_pos < self.path_end {
+            let e = self.cache.paths.elems[self.path_pos as usize];
+            self.path_pos += 1;
+            let idx = e & !PATH_PUSH;
+            let b = &self.cache.blocks[idx as usize];
+            let n = b.n;
+            if e & PATH_PUSH != 0 {
+                self.ret.push(b.next);
+            }
+            let r = self.make_run(idx, 0, n);
+            self.out.push_back(Seg::Run(r));
+        }
+    }
+
+    /// The next TNT-8 packet's bits when the walk has used up the last ones (see
+    /// [`Self::short_tnt_fast_path`]): a run of TNT-8 packets is walked without leaving
+    /// [`Self::next_block`]'s fast path.
+    #[inline(always)]
+    pub(super) fn short_tnt_refill(&mut self) -> bool {
+        // No block index is referenced by queued output now (the queue is empty), so this is as
+        // good a place as `fill` to keep the block cache bounded.
+        self.cache.maybe_flush();
+        self.short_tnt_fast_path() && self.tnt_count > 0
+    }
+
+    /// TNT-8 is the most frequent packet: decode it straight from the byte (reference §1.4)
+    /// without the general packet decoder, skipping the PADs before it. Only outside a BBP block,
+    /// where a byte with bit 0 clear (other than PAD and the `02` escape) is always TNT-8.
+    #[inline(always)]
+    pub(super) fn short_tnt_fast_path(&mut self) -> bool {
+        if self.pushback.is_some() || self.pkt.block_context().is_some() {
+            return false;
+        }
+        let buf = self.pkt.buffer();
+        let start = self.pkt.position();
+        let mut pos = start;
+        let b = loop {
+            match buf.get(pos) {
+                Some(0) => pos += 1,
+                Some(&b) => break b,
+                None => break 1,
+            }
+        };
+        if b & 1 != 0 || b == 2 {
+            if pos != start {
+                // Only PADs were consumed.
+                self.pkt.set_position(pos);
+            }
+            return false;
+        }
+        let payload = b >> 1;
+        // The stop bit is the highest set bit; its index is the number of outcomes.
+        let count = 7 - payload.leading_zeros() as u8;
+        let bits = (payload & ((1u8 << count) - 1)) as u64;
+        self.pkt.set_position(pos + 1);
+        self.cur_offset = pos as u64;
+        self.tnt(Tnt { bits, count });
+        true
+    }
+}

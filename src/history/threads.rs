@@ -1,0 +1,311 @@
+//! Several threads' histories in one global order.
+//!
+//! Each thread of a process has its own trace stream and its own [`History`](super::History)
+//! (instruction numbers `0..len` of that thread). What ties the threads together is time: every
+//! backend that records several threads stamps each stream with timing packets taken from one
+//! counter shared by all threads (QEMU: TSC packets from one instruction clock; the software
+//! backend: a global single-step count; a CPU: the TSC). A [`ThreadClock`] is one thread's
+//! *runs*: the maximal stretches of its instructions that carry the same timestamp. The
+//! [`GlobalOrder`] sorts the runs of all threads by (timestamp, thread, first instruction) and
+//! concatenates them: a *global position* `g` in `0..total` is one instruction of one thread,
+//! and [`GlobalOrder::local`] / [`GlobalOrder::global`] convert both ways by binary search over
+//! the runs (nothing is stored per instruction).
+//!
+//! The order is exact where the timestamps are: a backend that serialises the threads and
+//! stamps every switch (the software backend) gives the true interleaving; QEMU runs guest
+//! threads in parallel and stamps at every return from the kernel and every 64 K instructions,
+//! so two threads' runs that overlap in time are ordered by the run's first stamp — exact across
+//! any synchronisation through the kernel (a lock that waits, a join, a pipe), approximate
+//! inside runs that truly ran at once. Streams without timing packets (time 0 throughout) are
+//! ordered thread after thread.
+
+use crate::flow::{BlockItem, EventKind, FlowConfig, FlowDecoder};
+use crate::image::Image;
+
+/// One thread's instructions grouped by timestamp: `runs[k] = (first instruction, time)`, the
+/// first instructions strictly increasing and the times never decreasing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ThreadClock {
+    runs: Vec<(u64, u64)>,
+    len: u64,
+    /// Where the thread was stopped at the end of its stream by an asynchronous transfer
+    /// (FUP + TIP.PGD: a fault, a signal that killed it): that instruction did not execute.
+    stop_ip: Option<u64>,
+}
+
+impl ThreadClock {
+    /// The runs of a thread whose stamps a backend knows directly: `runs` as `(first
+    /// instruction, time)` (sorted by instruction; later entries with a smaller time are
+    /// raised to keep time monotonic), `len` instructions in all.
+    pub fn from_runs(runs: impl IntoIterator<Item = (u64, u64)>, len: u64) -> Self {
+        let mut c = ThreadClock {
+            len,
+            ..ThreadClock::default()
+        };
+        let mut last_time = 0;
+        let mut last_first = None;
+        for (first, time) in runs {
+            // A second stamp for the same instruction (or an earlier one) is ignored.
+            if first >= len || last_first.is_some_and(|f| f >= first) {
+                continue;
+            }
+            last_first = Some(first);
+            last_time = last_time.max(time);
+            c.push(first, last_time);
+        }
+        if let Some(first) = c.runs.first_mut() {
+            // Instructions before the first stamp run at the first stamp's time.
+            first.0 = 0;
+        } else if len > 0 {
+            c.runs.push((0, 0));
+        }
+        c
+    }
+
+    fn push(&mut self, first: u64, time: u64) {
+        match self.runs.last() {
+            Some(&(_, t)) if t == time => {}
+            _ => self.runs.push((first, time)),
+        }
+    }
+
+    /// Decodes `trace` once (over `image`) and groups its instructions by the decoder's
+    /// timestamps. The instruction numbers are those of the thread's
+    /// [`History`](super::History), which decodes the same stream with the same decoder.
+    pub fn from_trace(trace: &[u8], image: &Image, cfg: &FlowConfig) -> Self {
+        let mut c = ThreadClock::default();
+        let mut dec = FlowDecoder::new(trace, image, cfg.clone());
+        let mut n = 0u64;
+        while let Some(item) = dec.next_block() {
+            match item {
+                BlockItem::Block(b) => {
+                    if b.count > 0 {
+                        c.push(n, b.time);
+                        n += u64::from(b.count);
+                        c.stop_ip = None;
+                    }
+                }
+                BlockItem::Event(e) => match e.kind {
+                    EventKind::Disabled {
+                        ip: Some(ip),
+                        asynchronous: true,
+                    } => c.stop_ip = Some(ip),
+                    EventKind::Enabled { .. } => c.stop_ip = None,
+                    _ => {}
+                },
+            }
+        }
+        c.len = n;
+        c
+    }
+
+    /// Instructions of the thread.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the thread executed no instruction.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The runs: `(first instruction, time)`.
+    pub fn runs(&self) -> &[(u64, u64)] {
+        &self.runs
+    }
+
+    /// The instruction the stream ended on without executing it (an asynchronous disable after
+    /// the last instruction: the fault or signal that stopped the thread), if any.
+    pub fn stop_ip(&self) -> Option<u64> {
+        self.stop_ip
+    }
+
+    /// The timestamp of instruction `n` (`None` past the end).
+    pub fn time_of(&self, n: u64) -> Option<u64> {
+        if n >= self.len {
+            return None;
+        }
+        let k = self.runs.partition_point(|&(f, _)| f <= n).checked_sub(1)?;
+        Some(self.runs[k].1)
+    }
+
+    /// The timestamp after the thread's last instruction (its last run's).
+    pub fn end_time(&self) -> u64 {
+        self.runs.last().map_or(0, |&(_, t)| t)
+    }
+}
+
+/// One run in the global order.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    /// Global position of its first instruction.
+    global: u64,
+    thread: u32,
+    /// Index of the run in its thread's list.
+    local: u32,
+}
+
+/// Global positions over several threads' instructions (see the module docs).
+#[derive(Debug, Clone, Default)]
+pub struct GlobalOrder {
+    /// Per thread: each run's first instruction and global position.
+    threads: Vec<Vec<(u64, u64)>>,
+    lens: Vec<u64>,
+    /// Every run with at least one instruction, in global order.
+    runs: Vec<Run>,
+    total: u64,
+}
+
+impl GlobalOrder {
+    /// Merges the threads' runs; thread `t` of the order is `clocks[t]`.
+    pub fn new(clocks: &[ThreadClock]) -> Self {
+        let mut all: Vec<(u64, u32, u32, u64, u64)> = Vec::new();
+        for (t, c) in clocks.iter().enumerate() {
+            for (k, &(first, time)) in c.runs.iter().enumerate() {
+                let end = c.runs.get(k + 1).map_or(c.len, |&(f, _)| f);
+                if end > first {
+                    all.push((time, t as u32, k as u32, first, end - first));
+                }
+            }
+        }
+        // By time, then thread, then position in the thread (which keeps each thread's runs in
+        // their own order: its times never decrease).
+        all.sort_unstable_by_key(|&(time, t, k, _, _)| (time, t, k));
+        let mut threads: Vec<Vec<(u64, u64)>> = clocks.iter().map(|_| Vec::new()).collect();
+        let mut runs = Vec::with_capacity(all.len());
+        let mut g = 0u64;
+        for &(_, t, k, first, len) in &all {
+            runs.push(Run {
+                global: g,
+                thread: t,
+                local: k,
+            });
+            g += len;
+            threads[t as usize].push((first, runs.last().map_or(0, |r| r.global)));
+        }
+        GlobalOrder {
+            threads,
+            lens: clocks.iter().map(ThreadClock::len).collect(),
+            runs,
+            total: g,
+        }
+    }
+
+    /// Instructions of all threads.
+    pub fn len(&self) -> u64 {
+        self.total
+    }
+
+    /// Whether no thread executed anything.
+    pub fn is_empty(&self) -> bool {
+        self.total == 0
+    }
+
+    /// Number of threads.
+    pub fn threads(&self) -> usize {
+        self.lens.len()
+    }
+
+    /// Instructions of thread `t`.
+    pub fn thread_len(&self, t: usize) -> u64 {
+        self.lens.get(t).copied().unwrap_or(0)
+    }
+
+    /// The global position of instruction `n` of thread `t`; for `n == thread_len(t)` the
+    /// position just after the thread's last instruction. `None` beyond that.
+    pub fn global(&self, t: usize, n: u64) -> Option<u64> {
+        let runs = self.threads.get(t)?;
+        let len = self.thread_len(t);
+        if n > len || runs.is_empty() {
+            return None;
+        }
+        if n == len {
+            let &(first, g) = runs.last()?;
+            return Some(g + (len - first));
+        }
+        let k = runs.partition_point(|&(f, _)| f <= n).checked_sub(1)?;
+        let (first, g) = runs[k];
+        Some(g + (n - first))
+    }
+
+    /// The thread and its instruction number at global position `g` (`None` past the end).
+    pub fn local(&self, g: u64) -> Option<(usize, u64)> {
+        if g >= self.total {
+            return None;
+        }
+        let i = self
+            .runs
+            .partition_point(|r| r.global <= g)
+            .checked_sub(1)?;
+        let r = self.runs[i];
+        let t = r.thread as usize;
+        // The run's entry in its thread's list: the thread's runs appear in global order.
+        let runs = &self.threads[t];
+        let k = runs.partition_point(|&(_, rg)| rg <= g).checked_sub(1)?;
+        let (first, rg) = runs[k];
+        debug_assert_eq!(rg, r.global);
+        let _ = r.local;
+        Some((t, first + (g - rg)))
+    }
+
+    /// How many instructions of thread `t` come before global position `g`: the thread's
+    /// position (its next instruction) when everything before `g` has executed.
+    pub fn executed_before(&self, t: usize, g: u64) -> u64 {
+        let Some(runs) = self.threads.get(t) else {
+            return 0;
+        };
+        let len = self.thread_len(t);
+        let k = runs.partition_point(|&(_, rg)| rg < g);
+        if k == 0 {
+            return 0;
+        }
+        let (first, rg) = runs[k - 1];
+        let end = runs.get(k).map_or(len, |&(f, _)| f);
+        (first + (g - rg)).min(end)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merges_runs_by_time_then_thread() {
+        // Thread 0: 10 insns at t=5, 10 at t=30. Thread 1: 4 at t=10, 6 at t=30, 2 at t=40.
+        let a = ThreadClock::from_runs([(0, 5), (10, 30)], 20);
+        let b = ThreadClock::from_runs([(0, 10), (4, 30), (10, 40)], 12);
+        let o = GlobalOrder::new(&[a, b]);
+        assert_eq!(o.len(), 32);
+        // a0..9 | b0..3 | a10..19 | b4..9 | b10..11
+        assert_eq!(o.local(0), Some((0, 0)));
+        assert_eq!(o.local(9), Some((0, 9)));
+        assert_eq!(o.local(10), Some((1, 0)));
+        assert_eq!(o.local(14), Some((0, 10)));
+        assert_eq!(o.local(24), Some((1, 4)));
+        assert_eq!(o.local(31), Some((1, 11)));
+        assert_eq!(o.local(32), None);
+        for g in 0..32 {
+            let (t, n) = o.local(g).unwrap();
+            assert_eq!(o.global(t, n), Some(g), "{g}");
+            assert_eq!(o.executed_before(t, g), n);
+        }
+        assert_eq!(o.global(0, 20), Some(24));
+        assert_eq!(o.global(1, 12), Some(32));
+        assert_eq!(o.global(1, 13), None);
+        assert_eq!(o.executed_before(1, 12), 2);
+        assert_eq!(o.executed_before(0, 12), 10);
+        assert_eq!(o.executed_before(0, 32), 20);
+        assert_eq!(o.executed_before(1, 0), 0);
+    }
+
+    #[test]
+    fn stamps_out_of_order_are_raised_and_empty_threads_kept() {
+        let c = ThreadClock::from_runs([(3, 9), (5, 4), (5, 100), (8, 7)], 10);
+        assert_eq!(c.runs(), &[(0, 9)]);
+        let o = GlobalOrder::new(&[c, ThreadClock::default()]);
+        assert_eq!(o.len(), 10);
+        assert_eq!(o.threads(), 2);
+        assert_eq!(o.global(1, 0), None);
+        assert_eq!(o.executed_before(1, 5), 0);
+    }
+}

@@ -1,0 +1,571 @@
+//! The packet router: our own connection loop in front of gdbstub's state machine, in three
+//! parts besides the loop here: `framing` (bytes ⇄ frames, both ways), `precheck` (what
+//! gdbstub would reject fatally, answered with a typed [`Refusal`]) and `lldb` (LLDB's
+//! packets).
+//!
+//! Every byte from GDB goes through a [`Framer`] first. Complete packets are then
+//!
+//! 1. offered to the registered interceptors ([`Router::intercept`]), by prefix; an
+//!    interceptor may answer the packet itself (gdbstub never sees it) or pass it on;
+//! 2. checked for the syntax gdbstub would reject *fatally* (a malformed `m`, `Z`, `H`, ...
+//!    ends a gdbstub session), and answered with `E01` if malformed;
+//! 3. fed to gdbstub. The reply to `qSupported` is rewritten on its way out to add the
+//!    features registered with [`Router::add_qsupported_feature`].
+//!
+//! Bad checksums are answered with `-` (GDB retransmits), a `-` from GDB makes us resend our
+//! last packet, oversized packets are discarded and answered with `E01`. The router tracks
+//! what later extensions need but gdbstub keeps private: the general thread (`Hg`), no-ack
+//! mode, and the features GDB announced in `qSupported`.
+
+mod framing;
+mod lldb;
+mod precheck;
+
+pub use framing::{Frame, Framer, RouterConn};
+pub use lldb::memory_region_info;
+pub use precheck::{Check, Refusal, check_packet, normalize_qsupported};
+
+use super::ServerError;
+use super::adapter::{GdbStubAdapter, stop_reason};
+use super::arch::GdbRegId;
+use super::rsp::frame;
+pub use super::rsp::{encode_packet, unescape};
+use crate::target::regs::gpr;
+use crate::target::{Notice, StopEvent};
+use gdbstub::stub::state_machine::GdbStubStateMachine;
+use gdbstub::stub::{DisconnectReason, GdbStubBuilder, MultiThreadStopReason};
+use precheck::{check_threads_and_signals, resume_all_selected};
+use std::io::Read;
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+
+/// Default maximum packet size (advertised as `PacketSize`): large enough for a full `g`
+/// reply with AVX and for paging trace data.
+pub const DEFAULT_PACKET_SIZE: usize = 0x4000;
+
+/// What an interceptor decided about a packet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Intercept {
+    /// Let gdbstub handle the packet.
+    Pass,
+    /// Answer with this reply body (binary allowed: the router escapes `$ # } *`).
+    Reply(Vec<u8>),
+}
+
+/// Protocol state the router tracks for interceptors.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RouterState {
+    /// The thread id text of the last `Hg` packet (e.g. `p1234.1234`, `0`, `-1`).
+    pub general_thread: Option<String>,
+    /// The thread id text of the last `Hc` packet.
+    pub continue_thread: Option<String>,
+    /// The features GDB sent in its `qSupported` packet.
+    pub client_features: Vec<String>,
+}
+
+/// An interceptor: gets the session, the router state and the packet body (with `}` escapes
+/// undone).
+pub type PacketHandler = Box<dyn FnMut(&mut GdbStubAdapter, &RouterState, &[u8]) -> Intercept>;
+
+/// How a served session ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServeOutcome {
+    /// The program exited with this status.
+    Exited(i32),
+    /// The program was killed by this (Linux) signal.
+    Killed(i32),
+    /// GDB detached; the program runs on untraced.
+    Detached,
+    /// GDB killed the program (`kill`).
+    KilledByDebugger,
+    /// GDB closed the connection; a program we started was killed, an attached one detached
+    /// ([`OnDisconnect::End`]).
+    ConnectionClosed,
+    /// GDB closed the connection and the program and its recording were kept, stopped, for
+    /// the next debugger ([`OnDisconnect::Keep`]; call [`Router::serve`] again).
+    Kept,
+}
+
+/// What happens to the program when the debugger's connection closes without `detach` or
+/// `kill` (GDB crashed, `disconnect`, the network went away).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnDisconnect {
+    /// Kill a program we started, detach from an attached one; the session is over.
+    #[default]
+    End,
+    /// Stop the program (if it runs) and keep it and its recording, so that a debugger can
+    /// connect again (like gdbserver without `--once`).
+    Keep,
+}
+
+/// Receives target notices (e.g. to print them on the CLI's stderr).
+pub type NoticeSink = Box<dyn FnMut(&Notice)>;
+
+type Sm<'a> = GdbStubStateMachine<'a, GdbStubAdapter, RouterConn>;
+
+fn conn<'s>(sm: &'s mut Sm<'_>) -> &'s mut RouterConn {
+    match sm {
+        GdbStubStateMachine::Idle(s) => s.borrow_conn(),
+        GdbStubStateMachine::Running(s) => s.borrow_conn(),
+        GdbStubStateMachine::CtrlCInterrupt(s) => s.borrow_conn(),
+        GdbStubStateMachine::Disconnected(s) => s.borrow_conn(),
+    }
+}
+
+fn gs_err<E: std::fmt::Display>(e: E) -> ServerError {
+    ServerError::Protocol(e.to_string())
+}
+
+/// The packet router and connection loop. Configure it, then call [`Router::serve`].
+pub struct Router {
+    handlers: Vec<(Vec<u8>, PacketHandler)>,
+    features: Vec<String>,
+    packet_size: usize,
+    state: RouterState,
+    framer: Framer,
+    notice_sink: Option<NoticeSink>,
+    on_disconnect: OnDisconnect,
+    /// Whether the program runs (gdbstub's `Running` state, until its stop was taken): what a
+    /// connection lost mid-write must stop.
+    running: bool,
+}
+
+impl std::fmt::Debug for Router {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Router")
+            .field(
+                "intercepts",
+                &self
+                    .handlers
+                    .iter()
+                    .map(|(p, _)| String::from_utf8_lossy(p))
+                    .collect::<Vec<_>>(),
+            )
+            .field("features", &self.features)
+            .field("packet_size", &self.packet_size)
+            .field("state", &self.state)
+            .field("on_disconnect", &self.on_disconnect)
+            .finish()
+    }
+}
+
+impl Default for Router {
+    fn default() -> Self {
+        Self::new(DEFAULT_PACKET_SIZE)
+    }
+}
+
+impl Router {
+    /// A router whose gdbstub uses a packet buffer of `packet_size` bytes.
+    pub fn new(packet_size: usize) -> Self {
+        let packet_size = packet_size.max(1024);
+        let mut router = Router {
+            handlers: Vec::new(),
+            features: Vec::new(),
+            packet_size,
+            state: RouterState::default(),
+            // Room for "$", "#xx" and the slack gdbstub needs in its own buffer.
+            framer: Framer::new(packet_size - 8),
+            notice_sink: None,
+            on_disconnect: OnDisconnect::default(),
+            running: false,
+        };
+        lldb::register(&mut router);
+        router
+    }
+
+    /// Answers packets starting with `prefix` (after un-escaping) with `handler` before
+    /// gdbstub sees them. The first matching handler that does not [`Intercept::Pass`] wins.
+    pub fn intercept(
+        &mut self,
+        prefix: &[u8],
+        handler: impl FnMut(&mut GdbStubAdapter, &RouterState, &[u8]) -> Intercept + 'static,
+    ) {
+        self.handlers.push((prefix.to_vec(), Box::new(handler)));
+    }
+
+    /// Appends `feature` (e.g. `Qbtrace:pt+`) to gdbstub's `qSupported` reply.
+    pub fn add_qsupported_feature(&mut self, feature: impl Into<String>) {
+        self.features.push(feature.into());
+    }
+
+    /// Called with every [`Notice`] from the target (they are also sent to GDB's console).
+    pub fn on_notice(&mut self, sink: impl FnMut(&Notice) + 'static) {
+        self.notice_sink = Some(Box::new(sink));
+    }
+
+    /// What a closed connection does to the program (default [`OnDisconnect::End`]).
+    pub fn set_on_disconnect(&mut self, on: OnDisconnect) {
+        self.on_disconnect = on;
+    }
+
+    /// The protocol state seen so far.
+    pub fn state(&self) -> &RouterState {
+        &self.state
+    }
+
+    /// Serves one GDB connection until the program exits, GDB detaches/kills, or the
+    /// connection closes or fails (then see [`OnDisconnect`]: the program is killed or
+    /// detached, or kept stopped for the next connection, [`ServeOutcome::Kept`]).
+    pub fn serve(
+        &mut self,
+        stream: TcpStream,
+        session: &mut GdbStubAdapter,
+    ) -> Result<ServeOutcome, ServerError> {
+        self.running = false;
+        match self.serve_connection(stream, session) {
+            // A reset or a write to a closed socket is the debugger going away, like EOF.
+            Err(ServerError::Io(e))
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::BrokenPipe
+                        | std::io::ErrorKind::ConnectionReset
+                        | std::io::ErrorKind::ConnectionAborted
+                        | std::io::ErrorKind::UnexpectedEof
+                ) =>
+            {
+                let running = self.running;
+                self.connection_closed(session, running)
+            }
+            r => r,
+        }
+    }
+
+    fn serve_connection(
+        &mut self,
+        stream: TcpStream,
+        session: &mut GdbStubAdapter,
+    ) -> Result<ServeOutcome, ServerError> {
+        let _ = stream.set_nodelay(true);
+        // Files a previous debugger left open are not this one's.
+        session.host_files.clear();
+        let writer = stream.try_clone().map_err(ServerError::Io)?;
+        let stub = GdbStubBuilder::new(RouterConn::new(writer))
+            .packet_buffer_size(self.packet_size)
+            .build()
+            .map_err(gs_err)?;
+        let mut sm: Sm<'_> = stub.run_state_machine(session).map_err(gs_err)?;
+        // A new connection starts with a clean slate (a previous one may have ended mid-packet).
+        self.framer = Framer::new(self.packet_size - 8);
+        self.state = RouterState::default();
+        let mut reader = stream;
+        let mut buf = vec![0u8; 8192];
+        let mut idle_polls = 0u32;
+        loop {
+            sm = match sm {
+                GdbStubStateMachine::Disconnected(d) => {
+                    return self.finish(d.get_reason(), session);
+                }
+                GdbStubStateMachine::CtrlCInterrupt(c) => {
+                    session.target_mut().interrupt()?;
+                    c.interrupt_handled(session, None::<MultiThreadStopReason<u64>>)
+                        .map_err(gs_err)?
+                }
+                GdbStubStateMachine::Idle(i) => {
+                    self.running = false;
+                    let n = read_some(&mut reader, &mut buf)?;
+                    if n == 0 {
+                        return self.connection_closed(session, false);
+                    }
+                    self.feed(GdbStubStateMachine::Idle(i), session, &buf[..n])?
+                }
+                GdbStubStateMachine::Running(mut r) => {
+                    self.running = true;
+                    let stop = session.target_mut().wait(false)?;
+                    self.running = stop.is_none();
+                    self.forward_notices(r.borrow_conn(), session)?;
+                    if let Some(ev) = stop {
+                        idle_polls = 0;
+                        let tid = session.target().tid();
+                        // Expedite rbp, rsp and rip (as gdbserver does) so GDB can identify
+                        // the frame without fetching every register after each step.
+                        // The stop thread's (GDB may have read another one's before).
+                        let expedited = match ev {
+                            StopEvent::Exited(_) | StopEvent::Killed(_) => None,
+                            _ => session.target_mut().read_thread_registers(tid).ok(),
+                        };
+                        match expedited {
+                            Some(regs) => {
+                                let values: Vec<(GdbRegId, [u8; 8])> =
+                                    [(6, gpr::RBP), (7, gpr::RSP), (16, gpr::RIP)]
+                                        .iter()
+                                        .map(|&(num, idx)| {
+                                            (GdbRegId(num), regs.gprs[idx].to_le_bytes())
+                                        })
+                                        .collect();
+                                let mut iter = values.iter().map(|(id, v)| (*id, &v[..]));
+                                r.report_stop_with_regs(session, stop_reason(tid, ev), &mut iter)
+                                    .map_err(gs_err)?
+                            }
+                            None => r
+                                .report_stop(session, stop_reason(tid, ev))
+                                .map_err(gs_err)?,
+                        }
+                    } else {
+                        // A single step stops within microseconds: yield-spin briefly first,
+                        // then back off to 10 ms polls so a long-running program costs no CPU.
+                        const SPINS: u32 = 200;
+                        let timeout = idle_polls.saturating_sub(SPINS).min(10) as i32;
+                        if idle_polls < SPINS {
+                            std::thread::yield_now();
+                        }
+                        idle_polls += 1;
+                        if poll_readable(&reader, timeout)? {
+                            // Everything GDB sent so far is handled before the program runs
+                            // on: a large packet (discarded by the framer beyond the packet
+                            // size) must not cost one run slice per read, and a Ctrl-C behind
+                            // it must be seen at once.
+                            let mut sm = GdbStubStateMachine::Running(r);
+                            loop {
+                                let n = read_some(&mut reader, &mut buf)?;
+                                if n == 0 {
+                                    let running = matches!(sm, GdbStubStateMachine::Running(_));
+                                    return self.connection_closed(session, running);
+                                }
+                                sm = self.feed(sm, session, &buf[..n])?;
+                                if !matches!(sm, GdbStubStateMachine::Running(_))
+                                    || !poll_readable(&reader, 0)?
+                                {
+                                    break;
+                                }
+                            }
+                            sm
+                        } else {
+                            GdbStubStateMachine::Running(r)
+                        }
+                    }
+                }
+            };
+        }
+    }
+
+    fn forward_notices(
+        &mut self,
+        conn: &mut RouterConn,
+        session: &mut GdbStubAdapter,
+    ) -> Result<(), ServerError> {
+        for notice in session.target_mut().take_notices() {
+            if let Some(sink) = self.notice_sink.as_mut() {
+                sink(&notice);
+            }
+            conn.send_console(&format!("ptrewind: {notice}\n"))
+                .map_err(ServerError::Io)?;
+        }
+        Ok(())
+    }
+
+    fn finish(
+        &mut self,
+        reason: DisconnectReason,
+        session: &mut GdbStubAdapter,
+    ) -> Result<ServeOutcome, ServerError> {
+        let t = session.target_mut();
+        Ok(match reason {
+            DisconnectReason::TargetExited(code) => ServeOutcome::Exited(i32::from(code)),
+            DisconnectReason::TargetTerminated(sig) => {
+                ServeOutcome::Killed(super::adapter::gdb_to_linux_signal(sig.0).unwrap_or(0))
+            }
+            DisconnectReason::Kill => {
+                t.kill()?;
+                ServeOutcome::KilledByDebugger
+            }
+            DisconnectReason::Disconnect => {
+                if t.has_exited() {
+                    ServeOutcome::Detached
+                } else {
+                    t.detach()?;
+                    ServeOutcome::Detached
+                }
+            }
+        })
+    }
+
+    /// The connection closed; `running` says whether the program was running (gdbstub's
+    /// `Running` state).
+    fn connection_closed(
+        &mut self,
+        session: &mut GdbStubAdapter,
+        running: bool,
+    ) -> Result<ServeOutcome, ServerError> {
+        let attached = session.is_attached();
+        let t = session.target_mut();
+        if t.has_exited() {
+            return Ok(ServeOutcome::ConnectionClosed);
+        }
+        if self.on_disconnect == OnDisconnect::Keep {
+            // Stopped where it is, with its recording; a stop nobody saw is dropped (the
+            // next debugger asks `?` and gets where the program is).
+            if running {
+                let t = session.target_mut();
+                t.interrupt()?;
+                t.wait(true)?;
+            }
+            return Ok(if session.target().has_exited() {
+                ServeOutcome::ConnectionClosed
+            } else {
+                ServeOutcome::Kept
+            });
+        }
+        if attached {
+            // Leave a process we did not start running, as GDB does on disconnect.
+            if t.detach().is_err() {
+                t.interrupt()?;
+                t.wait(true)?;
+                if !t.has_exited() {
+                    t.detach()?;
+                }
+            }
+        } else {
+            t.kill()?;
+        }
+        Ok(ServeOutcome::ConnectionClosed)
+    }
+
+    /// Feeds bytes received from GDB through the framer, interceptors and gdbstub.
+    fn feed<'a>(
+        &mut self,
+        mut sm: Sm<'a>,
+        session: &mut GdbStubAdapter,
+        bytes: &[u8],
+    ) -> Result<Sm<'a>, ServerError> {
+        for &b in bytes {
+            if matches!(sm, GdbStubStateMachine::Disconnected(_)) {
+                break;
+            }
+            let Some(frame) = self.framer.push(b) else {
+                continue;
+            };
+            sm = match frame {
+                Frame::Ack => sm,
+                Frame::Nack => {
+                    conn(&mut sm).resend_last().map_err(ServerError::Io)?;
+                    sm
+                }
+                Frame::Interrupt => feed_raw(sm, session, &[0x03])?,
+                Frame::BadChecksum => {
+                    conn(&mut sm).nack().map_err(ServerError::Io)?;
+                    sm
+                }
+                Frame::Oversized => {
+                    let c = conn(&mut sm);
+                    c.ack().map_err(ServerError::Io)?;
+                    c.send_packet(b"E01").map_err(ServerError::Io)?;
+                    sm
+                }
+                Frame::Packet(body) => self.dispatch(sm, session, &body)?,
+            };
+        }
+        Ok(sm)
+    }
+
+    fn dispatch<'a>(
+        &mut self,
+        mut sm: Sm<'a>,
+        session: &mut GdbStubAdapter,
+        body: &[u8],
+    ) -> Result<Sm<'a>, ServerError> {
+        let body = &*normalize_qsupported(body);
+        let plain = unescape(body);
+        for (prefix, handler) in &mut self.handlers {
+            if !plain.starts_with(prefix) {
+                continue;
+            }
+            if let Intercept::Reply(reply) = handler(session, &self.state, &plain) {
+                let c = conn(&mut sm);
+                c.ack().map_err(ServerError::Io)?;
+                c.send_packet(&reply).map_err(ServerError::Io)?;
+                return Ok(sm);
+            }
+        }
+        // gdbstub ends the session on a step of "all threads" (`s`/`bs` after `Hc-1`).
+        let resume_all = self
+            .state
+            .continue_thread
+            .as_deref()
+            .is_some_and(resume_all_selected);
+        let checked =
+            check_packet(body, resume_all).and_then(|()| check_threads_and_signals(session, body));
+        if let Err(refusal) = checked {
+            let c = conn(&mut sm);
+            c.ack().map_err(ServerError::Io)?;
+            c.send_packet(refusal.reply()).map_err(ServerError::Io)?;
+            return Ok(sm);
+        }
+        if let Some(features) = plain.strip_prefix(b"qSupported") {
+            self.state.client_features = features
+                .strip_prefix(b":")
+                .unwrap_or(b"")
+                .split(|&b| b == b';')
+                .filter(|f| !f.is_empty())
+                .map(|f| String::from_utf8_lossy(f).into_owned())
+                .collect();
+            if !self.features.is_empty() {
+                conn(&mut sm).rewrite_features = Some(self.features.clone());
+            }
+        } else if let Some(thread) = plain.strip_prefix(b"Hg") {
+            self.state.general_thread = Some(String::from_utf8_lossy(thread).into_owned());
+        } else if let Some(thread) = plain.strip_prefix(b"Hc") {
+            self.state.continue_thread = Some(String::from_utf8_lossy(thread).into_owned());
+        } else if plain == b"QStartNoAckMode" {
+            conn(&mut sm).watch_no_ack = true;
+        } else if plain == b"k" {
+            // gdbstub answers `k` with `OK`. GDB reads no reply to `k` (it uses `vKill`,
+            // answered `OK`, when multiprocess is on), but LLDB waits for an exit-status
+            // stop reply and reports "unexpected response to k packet: OK" otherwise;
+            // lldb-server answers `X09` (terminated by SIGKILL), and so do we.
+            conn(&mut sm).replace_reply = Some(b"X09".to_vec());
+        }
+        feed_raw(sm, session, &frame(body))
+    }
+}
+
+fn feed_raw<'a>(
+    mut sm: Sm<'a>,
+    session: &mut GdbStubAdapter,
+    bytes: &[u8],
+) -> Result<Sm<'a>, ServerError> {
+    for &b in bytes {
+        sm = match sm {
+            GdbStubStateMachine::Idle(i) => i.incoming_data(session, b).map_err(gs_err)?,
+            GdbStubStateMachine::Running(r) => r.incoming_data(session, b).map_err(gs_err)?,
+            GdbStubStateMachine::CtrlCInterrupt(c) => {
+                session.target_mut().interrupt()?;
+                let sm = c
+                    .interrupt_handled(session, None::<MultiThreadStopReason<u64>>)
+                    .map_err(gs_err)?;
+                feed_raw(sm, session, &[b])?
+            }
+            d @ GdbStubStateMachine::Disconnected(_) => return Ok(d),
+        };
+    }
+    Ok(sm)
+}
+
+fn read_some(stream: &mut TcpStream, buf: &mut [u8]) -> Result<usize, ServerError> {
+    loop {
+        match stream.read(buf) {
+            Ok(n) => return Ok(n),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Ok(0),
+            Err(e) => return Err(ServerError::Io(e)),
+        }
+    }
+}
+
+fn poll_readable(stream: &TcpStream, timeout_ms: i32) -> Result<bool, ServerError> {
+    let mut pfd = libc::pollfd {
+        fd: stream.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: `pfd` is a valid pollfd for the duration of the call and nfds is 1.
+    let r = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+    if r < 0 {
+        let err = std::io::Error::last_os_error();
+        if err.kind() == std::io::ErrorKind::Interrupted {
+            return Ok(false);
+        }
+        return Err(ServerError::Io(err));
+    }
+    Ok(r > 0)
+}

@@ -1,0 +1,665 @@
+//! Every thread of a recording: one [`Timeline`] per thread, tied together by a
+//! [`GlobalOrder`] of their instructions (see [`crate::history::threads`]).
+//!
+//! A multi-thread timeline is the selected thread's `Timeline` holding a `ThreadGroup`: the
+//! other threads' timelines (parked), the global order, and the *global position* `P` — every
+//! instruction of every thread before `P` in the global order has executed. Each thread's
+//! cursor is its number of instructions before `P` (clamped to its own end), so every thread
+//! has a PC at every global position. Selecting a thread swaps its timeline into place, so
+//! everything that works on one thread (registers, memory, `monitor history|calls|where`,
+//! btrace, LLDB's trace) works on the selected one unchanged.
+//!
+//! * **Stepping** moves the selected thread by one of its own instructions both ways; `P`
+//!   becomes that instruction's global position and the other threads follow.
+//! * **reverse-continue** searches every thread backwards from `P` for a breakpoint and stops
+//!   at the hit latest in global order, in its thread (which becomes the selected one: the
+//!   stop reply names it); **continue** forwards the earliest. GDB's thread-specific
+//!   breakpoints work on top of this: GDB resumes again when the stop is in another thread.
+//! * **The end**: when a thread was stopped by a fault or a fatal signal (its stream ends with
+//!   an asynchronous disable at the faulting instruction), its end position shows that
+//!   instruction's PC, the replay starts with that thread selected, and a forward continue
+//!   that reaches the end reports the signal in that thread.
+//!
+//! The past is PC-only for every thread (as for one offline thread): RIP at every position,
+//! every other register unavailable.
+
+use super::{OfflineRecording, Timeline, unknown_registers};
+use crate::history::{BreakpointSet, GlobalOrder, ThreadClock};
+use crate::target::{Resume, ReverseResume, StopEvent, TargetError, TargetResult, X86Registers};
+
+/// One thread of a recording to replay.
+#[derive(Debug)]
+pub struct ThreadRecording {
+    /// The thread id.
+    pub tid: i32,
+    /// Its trace, code and what is known about it (`info.tid` is set from `tid`).
+    pub recording: OfflineRecording,
+}
+
+/// The other threads of a multi-thread [`Timeline`] and their global order.
+pub(super) struct ThreadGroup {
+    order: GlobalOrder,
+    tids: Vec<i32>,
+    /// Every thread's timeline but the selected one's (which is the `Timeline` holding this).
+    parked: Vec<Option<Timeline>>,
+    selected: usize,
+    /// The global position.
+    pos: u64,
+    /// The thread a fatal signal ended, and the signal.
+    ended: Option<(usize, i32)>,
+}
+
+/// How a process recording ended, when a signal killed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FatalSignal {
+    /// The Linux signal number.
+    pub signal: i32,
+    /// The thread it was raised in, when the recording says (otherwise the thread whose
+    /// stream ends at an instruction that did not execute, else the last to run).
+    pub tid: Option<i32>,
+}
+
+fn thread_of<'a>(
+    me: &'a mut Timeline,
+    g: &'a mut ThreadGroup,
+    k: usize,
+) -> Option<&'a mut Timeline> {
+    if k == g.selected {
+        Some(me)
+    } else {
+        g.parked.get_mut(k)?.as_mut()
+    }
+}
+
+impl Timeline {
+    /// A timeline over several threads of one recording, replayed with no process: each
+    /// thread's trace is indexed (as [`Timeline::offline`]) and timed, the threads are put in
+    /// one global order, and the cursor starts at the end of everything, the thread the
+    /// recording ended in selected (`fatal`: the signal that killed the process).
+    pub fn offline_threads(
+        threads: Vec<ThreadRecording>,
+        fatal: Option<FatalSignal>,
+    ) -> Result<Self, String> {
+        if threads.is_empty() {
+            return Err("no thread recorded".into());
+        }
+        let mut clocks = Vec::with_capacity(threads.len());
+        let mut timelines = Vec::with_capacity(threads.len());
+        let mut tids = Vec::with_capacity(threads.len());
+        for ThreadRecording { tid, mut recording } in threads {
+            let clock =
+                ThreadClock::from_trace(&recording.trace, &recording.image, &recording.flow);
+            recording.info.tid = Some(tid);
+            let mut t = match Timeline::offline(recording) {
+                Ok(t) => t,
+                Err(e) => return Err(format!("thread {tid}: {e}")),
+            };
+            let len = t.len();
+            if clock.len() != len {
+                return Err(format!(
+                    "thread {tid}: its history has {len} instructions, its timing pass {}",
+                    clock.len()
+                ));
+            }
+            if let Some(ip) = clock.stop_ip() {
+                // The thread stopped at an instruction that did not execute (a fault): that is
+                // its PC at its end.
+                let regs = unknown_registers(&t.template, ip);
+                t.snapshots.insert(len, regs);
+                t.cursor = Some(t.end());
+            }
+            clocks.push(clock);
+            timelines.push(t);
+            tids.push(tid);
+        }
+        let order = GlobalOrder::new(&clocks);
+        let total = order.len();
+        // The thread the recording ended in: the one the signal names, else, of the threads
+        // stopped at an instruction that did not execute (a fault; a thread blocked in the
+        // kernel when the process died looks the same), the one that ran last, else the last
+        // to run at all.
+        let last_run = order.local(total.saturating_sub(1)).map_or(0, |(t, _)| t);
+        let stopped = (0..clocks.len())
+            .filter(|&k| clocks[k].stop_ip().is_some())
+            .max_by_key(|&k| order.global(k, clocks[k].len()).unwrap_or(0));
+        let ended_in = fatal
+            .and_then(|f| f.tid)
+            .and_then(|tid| tids.iter().position(|&t| t == tid))
+            .or(stopped)
+            .unwrap_or(last_run);
+        let mut me: Option<Timeline> = None;
+        let mut parked = Vec::with_capacity(timelines.len());
+        for (k, t) in timelines.into_iter().enumerate() {
+            if k == 0 {
+                me = Some(t);
+                parked.push(None);
+            } else {
+                parked.push(Some(t));
+            }
+        }
+        let mut me = me.ok_or("no thread recorded")?;
+        me.group = Some(Box::new(ThreadGroup {
+            order,
+            tids,
+            parked,
+            selected: 0,
+            pos: total,
+            ended: fatal.map(|f| (ended_in, f.signal)),
+        }));
+        me.set_global_position(total);
+        me.select_index(ended_in);
+        Ok(me)
+    }
+
+    /// Whether this timeline serves several threads.
+    pub fn is_multi_thread(&self) -> bool {
+        self.group.is_some()
+    }
+
+    /// The thread ids, the selected thread first.
+    pub fn thread_ids(&self) -> Vec<i32> {
+        match &self.group {
+            None => match &self.live {
+                // A live process: every thread the backend follows, the selected one first.
+                Some(l) if self.exited.is_none() => {
+                    let sel = self.tid();
+                    let mut v = l.threads();
+                    if let Some(i) = v.iter().position(|&t| t == sel) {
+                        v.remove(i);
+                        v.insert(0, sel);
+                    }
+                    v
+                }
+                _ => vec![self.tid()],
+            },
+            Some(g) => {
+                let mut v = vec![g.tids[g.selected]];
+                v.extend(
+                    g.tids
+                        .iter()
+                        .enumerate()
+                        .filter(|&(k, _)| k != g.selected)
+                        .map(|(_, &t)| t),
+                );
+                v
+            }
+        }
+    }
+
+    /// The global position (instructions of all threads before the cursor) and the total;
+    /// `None` for a single-thread timeline.
+    pub fn global_position(&self) -> Option<(u64, u64)> {
+        self.group.as_ref().map(|g| (g.pos, g.order.len()))
+    }
+
+    /// At the end of a recording that a fatal signal ended: the signal and the thread it
+    /// killed (what GDB's `?` is answered with).
+    pub fn fatal_stop(&self) -> Option<(i32, i32)> {
+        let g = self.group.as_ref()?;
+        let (k, sig) = g.ended?;
+        (g.pos >= g.order.len()).then(|| (sig, g.tids[k]))
+    }
+
+    /// A live process's thread `tid` (at the cursor: the present, or the main thread's
+    /// position in the past), the selection left as it was; the selected thread's for an id
+    /// the backend does not know (gdbstub's default thread before any `Hg`).
+    fn live_thread_registers(&mut self, tid: i32) -> TargetResult<X86Registers> {
+        let Some(l) = self.live.as_mut().filter(|_| self.exited.is_none()) else {
+            return self.read_registers();
+        };
+        let prev = l.selected_thread();
+        if tid == prev || l.select_thread(tid).is_err() {
+            return self.read_registers();
+        }
+        self.regs_at = None;
+        let r = self.read_registers();
+        self.regs_at = None;
+        if let Some(l) = self.live.as_mut() {
+            let _ = l.select_thread(prev);
+        }
+        r
+    }
+
+    /// Makes thread `tid` the selected one (stepping, registers, `monitor` commands); `false`
+    /// if there is no such thread. The global position does not change.
+    pub fn select_thread(&mut self, tid: i32) -> bool {
+        let Some(g) = &self.group else {
+            if tid == self.tid() {
+                return true;
+            }
+            self.regs_at = None;
+            return match self.live.as_mut() {
+                Some(l) if self.exited.is_none() => l.select_thread(tid).is_ok(),
+                _ => false,
+            };
+        };
+        match g.tids.iter().position(|&t| t == tid) {
+            Some(k) => {
+                self.select_index(k);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The registers of thread `tid` at the current global position.
+    pub fn thread_registers(&mut self, tid: i32) -> TargetResult<X86Registers> {
+        let Some(mut g) = self.group.take() else {
+            return self.live_thread_registers(tid);
+        };
+        let r = match g.tids.iter().position(|&t| t == tid) {
+            Some(k) => match thread_of(self, &mut g, k) {
+                Some(t) => t.read_registers(),
+                None => Err(TargetError::Unsupported("a thread that is not recorded")),
+            },
+            None => Err(TargetError::Unsupported("a thread that is not recorded")),
+        };
+        self.group = Some(g);
+        r
+    }
+
+    /// Per thread: its id, its position (instructions executed before the global position) and
+    /// length, and its PC there (`None` where the history has none).
+    pub fn thread_positions(&mut self) -> Vec<(i32, u64, u64, Option<u64>)> {
+        let Some(mut g) = self.group.take() else {
+            let (n, len) = (self.position(), self.len());
+            let pc = self.insn_ip(n);
+            return vec![(self.tid(), n, len, pc)];
+        };
+        let mut out = Vec::new();
+        for k in 0..g.tids.len() {
+            let tid = g.tids[k];
+            if let Some(t) = thread_of(self, &mut g, k) {
+                let n = t.position();
+                let pc = t.read_registers().ok().map(|r| r.pc());
+                out.push((tid, n, t.len(), pc));
+            }
+        }
+        self.group = Some(g);
+        out
+    }
+
+    /// Every thread's trace (the selected thread's first), as `(tid, store)`: what btrace and
+    /// LLDB's trace packets serve per thread.
+    pub fn thread_stores(&self) -> Vec<(i32, crate::store::live::TraceStore)> {
+        let mut v = vec![(self.tid(), self.trace_store())];
+        if let Some(g) = &self.group {
+            v.extend(
+                g.parked
+                    .iter()
+                    .flatten()
+                    .map(|t| (t.tid(), t.trace_store())),
+            );
+        }
+        v
+    }
+
+    /// Swaps thread `k`'s timeline into place.
+    fn select_index(&mut self, k: usize) {
+        let Some(mut g) = self.group.take() else {
+            return;
+        };
+        if k != g.selected
+            && let Some(mut other) = g.parked.get_mut(k).and_then(Option::take)
+        {
+            std::mem::swap(self, &mut other);
+            let old = g.selected;
+            g.parked[old] = Some(other);
+            g.selected = k;
+        }
+        self.group = Some(g);
+    }
+
+    /// Moves every thread to global position `p`.
+    fn set_global_position(&mut self, p: u64) {
+        let Some(mut g) = self.group.take() else {
+            return;
+        };
+        g.pos = p.min(g.order.len());
+        for k in 0..g.tids.len() {
+            let n = g.order.executed_before(k, g.pos);
+            if let Some(t) = thread_of(self, &mut g, k) {
+                t.cursor = Some(n.min(t.end()));
+                t.regs_at = None;
+            }
+        }
+        self.group = Some(g);
+    }
+
+    /// After the selected thread's cursor moved by itself (`monitor goto`): the global
+    /// position follows it.
+    pub(super) fn follow_selected(&mut self) {
+        let Some(g) = &self.group else {
+            return;
+        };
+        let n = self.position();
+        if let Some(p) = g.order.global(g.selected, n) {
+            self.set_global_position(p);
+            // The selected thread keeps exactly its own position (an end past its last
+            // instruction included).
+            self.cursor = Some(n.min(self.end()));
+        }
+    }
+
+    /// A reverse step or continue over every thread; `None` for a single-thread timeline.
+    pub(super) fn reverse_threads(&mut self, how: ReverseResume) -> Option<TargetResult<()>> {
+        self.group.as_ref()?;
+        let ev = match how {
+            ReverseResume::Step => {
+                let c = self.position();
+                let g = self.group.as_ref()?;
+                match c.checked_sub(1).and_then(|n| g.order.global(g.selected, n)) {
+                    Some(p) => {
+                        self.set_global_position(p);
+                        StopEvent::Step
+                    }
+                    None => StopEvent::HistoryEnd { at_begin: true },
+                }
+            }
+            ReverseResume::Continue => match self.search_threads(false) {
+                Some((k, n, p)) => {
+                    self.set_global_position(p);
+                    self.select_index(k);
+                    self.cursor = Some(n);
+                    StopEvent::Breakpoint {
+                        pc: self.insn_ip(n).unwrap_or(0),
+                    }
+                }
+                None => {
+                    self.set_global_position(0);
+                    StopEvent::HistoryEnd { at_begin: true }
+                }
+            },
+        };
+        self.regs_at = None;
+        self.running = super::Running::Ready(ev);
+        Some(Ok(()))
+    }
+
+    /// A forward step or continue (replayed) over every thread; `None` for a single-thread
+    /// timeline.
+    pub(super) fn resume_threads(&mut self, how: Resume) -> Option<TargetResult<()>> {
+        let (pos, total) = self.global_position()?;
+        let ev = match how {
+            Resume::Step { .. } => {
+                let c = self.position();
+                let g = self.group.as_ref()?;
+                match (c < self.end())
+                    .then(|| g.order.global(g.selected, c + 1))
+                    .flatten()
+                {
+                    Some(p) => {
+                        self.set_global_position(p);
+                        self.cursor = Some((c + 1).min(self.end()));
+                        StopEvent::Step
+                    }
+                    None => StopEvent::HistoryEnd { at_begin: false },
+                }
+            }
+            Resume::Continue { .. } => match self.search_threads(true) {
+                Some((k, n, p)) => {
+                    self.set_global_position(p);
+                    self.select_index(k);
+                    self.cursor = Some(n);
+                    StopEvent::Breakpoint {
+                        pc: self.insn_ip(n).unwrap_or(0),
+                    }
+                }
+                None => {
+                    self.set_global_position(total);
+                    let ended = self.group.as_ref().and_then(|g| g.ended);
+                    match ended {
+                        Some((k, sig)) if pos < total => {
+                            self.select_index(k);
+                            StopEvent::Signal(sig)
+                        }
+                        _ => StopEvent::HistoryEnd { at_begin: false },
+                    }
+                }
+            },
+        };
+        self.regs_at = None;
+        self.running = super::Running::Ready(ev);
+        Some(Ok(()))
+    }
+
+    /// The breakpoint hit nearest the global position in every thread: the latest before it
+    /// (`forward` false) or the earliest after it; `(thread, its instruction, global
+    /// position)`.
+    fn search_threads(&mut self, forward: bool) -> Option<(usize, u64, u64)> {
+        if self.bps.is_empty() {
+            return None;
+        }
+        let bps: Vec<u64> = self.bps.iter().copied().collect();
+        let mut g = self.group.take()?;
+        let pos = g.pos;
+        let mut best: Option<(usize, u64, u64)> = None;
+        for k in 0..g.tids.len() {
+            // Unclamped: a thread that ended before `pos` searches from after its last
+            // instruction.
+            let before = g.order.executed_before(k, pos);
+            let selected = k == g.selected;
+            let Some(t) = thread_of(self, &mut g, k) else {
+                continue;
+            };
+            let mut m = BreakpointSet::new(bps.iter().copied());
+            let hit = if forward {
+                // The selected thread steps off its current instruction first.
+                let from = if selected { t.position() + 1 } else { before };
+                t.worker
+                    .with_history(|h, b, img| h.find_with(b, img, from, &mut m))
+            } else {
+                let from = if selected { t.position() } else { before };
+                t.worker
+                    .with_history(|h, b, img| h.rfind_with(b, img, from, &mut m))
+            };
+            let Some(n) = hit else { continue };
+            let Some(p) = g.order.global(k, n) else {
+                continue;
+            };
+            let better = match best {
+                None => true,
+                Some((_, _, bp)) => {
+                    if forward {
+                        p < bp
+                    } else {
+                        p > bp
+                    }
+                }
+            };
+            let side_ok = if forward { p > pos } else { p < pos };
+            if side_ok && better {
+                best = Some((k, n, p));
+            }
+        }
+        self.group = Some(g);
+        best
+    }
+
+    /// Adds or removes a breakpoint in the other threads' timelines too.
+    pub(super) fn group_breakpoint(&mut self, addr: u64, add: bool) {
+        if let Some(g) = self.group.as_mut() {
+            for t in g.parked.iter_mut().flatten() {
+                if add {
+                    t.bps.insert(addr);
+                } else {
+                    t.bps.remove(&addr);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Per-thread streams as a CPU tracing each thread into its own AUX area would write them
+    //! (PSB+, TIP.PGE, TNT, TSC, TIP.PGD), built by the encoder: the history merges them by
+    //! their TSC packets and the timeline stops in the right thread.
+
+    use super::*;
+    use crate::flow::FlowConfig;
+    use crate::history::GlobalOrder;
+    use crate::image::{Image, Section, Symbolizer};
+    use crate::packet::{Encoder, IpKind, Packet, Tnt};
+    use crate::timeline::OfflineInfo;
+
+    /// `jne .` at `base` (taken `runs[k].1` times after a TSC of `runs[k].0`), then not taken
+    /// once; tracing ends (TIP.PGD without IP) at the `ret` after it, which is not counted.
+    fn stream(base: u64, runs: &[(u64, u8)]) -> Vec<u8> {
+        let mut enc = Encoder::new();
+        let mut out = Vec::new();
+        enc.psb(&mut out);
+        let mode = Packet::ModeExec {
+            csl: true,
+            csd: false,
+            iflag: false,
+        };
+        enc.packet(&mode, &mut out).unwrap();
+        enc.packet(&Packet::PsbEnd, &mut out).unwrap();
+        enc.ip_packet(IpKind::TipPge, Some(base), &mut out).unwrap();
+        let last = runs.len() - 1;
+        for (k, &(tsc, taken)) in runs.iter().enumerate() {
+            enc.packet(&Packet::Tsc { tsc }, &mut out).unwrap();
+            let mut bits = vec![true; taken as usize];
+            if k == last {
+                bits.push(false);
+            }
+            for chunk in bits.chunks(6) {
+                let mut t = Tnt { bits: 0, count: 0 };
+                for &b in chunk {
+                    t.bits = (t.bits << 1) | u64::from(b);
+                    t.count += 1;
+                }
+                enc.packet(&Packet::ShortTnt(t), &mut out).unwrap();
+            }
+        }
+        enc.ip_packet(IpKind::TipPgd, None, &mut out).unwrap();
+        out
+    }
+
+    fn image() -> Image {
+        let mut img = Image::new();
+        // jne . ; ret
+        img.add(Section::new(0x1000, vec![0x75, 0xfe, 0xc3], "x"))
+            .unwrap();
+        img.add(Section::new(0x2000, vec![0x75, 0xfe, 0xc3], "y"))
+            .unwrap();
+        img
+    }
+
+    fn recording(trace: Vec<u8>) -> OfflineRecording {
+        OfflineRecording {
+            trace,
+            image: image(),
+            immutable: None,
+            symbols: Symbolizer::default(),
+            registers_at_start: None,
+            registers_at_end: None,
+            registers_at: Vec::new(),
+            instructions: None,
+            info: OfflineInfo {
+                pid: 7,
+                ..OfflineInfo::default()
+            },
+            flow: FlowConfig::default(),
+        }
+    }
+
+    /// Thread X: 5 `jne` at TSC 100, then 5 more at TSC 300; thread Y: 4 `jne` at TSC 200.
+    /// Global order: X0..4, Y0..3, X5..9.
+    fn streams() -> (Vec<u8>, Vec<u8>) {
+        (
+            stream(0x1000, &[(100, 5), (300, 4)]),
+            stream(0x2000, &[(200, 3)]),
+        )
+    }
+
+    #[test]
+    fn clocks_from_tsc_packets_order_the_threads() {
+        let (x, y) = streams();
+        let img = image();
+        let cx = ThreadClock::from_trace(&x, &img, &FlowConfig::default());
+        let cy = ThreadClock::from_trace(&y, &img, &FlowConfig::default());
+        assert_eq!(cx.len(), 10);
+        assert_eq!(cy.len(), 4);
+        assert_eq!(cx.runs(), &[(0, 100), (5, 300)]);
+        assert_eq!(cy.runs(), &[(0, 200)]);
+        let o = GlobalOrder::new(&[cx, cy]);
+        assert_eq!(o.local(4), Some((0, 4)));
+        assert_eq!(o.local(5), Some((1, 0)));
+        assert_eq!(o.local(8), Some((1, 3)));
+        assert_eq!(o.local(9), Some((0, 5)));
+        assert_eq!(o.global(0, 9), Some(13));
+        assert_eq!(o.global(0, 10), Some(14));
+    }
+
+    #[test]
+    fn reverse_and_forward_continue_stop_in_the_thread_nearest_in_global_order() {
+        let (x, y) = streams();
+        let threads = vec![
+            ThreadRecording {
+                tid: 10,
+                recording: recording(x),
+            },
+            ThreadRecording {
+                tid: 11,
+                recording: recording(y),
+            },
+        ];
+        let mut t = Timeline::offline_threads(threads, None).unwrap();
+        // The end: X ran last.
+        assert_eq!(t.tid(), 10);
+        assert_eq!(t.thread_ids(), vec![10, 11]);
+        assert_eq!(t.global_position(), Some((14, 14)));
+        let stop = |t: &mut Timeline, r: Result<(), TargetError>| {
+            r.unwrap();
+            t.wait(true).unwrap().unwrap()
+        };
+        // Only Y's loop: Y's last `jne` (its instruction 3), though X is selected.
+        t.add_breakpoint(0x2000).unwrap();
+        let r = t.reverse(ReverseResume::Continue);
+        assert_eq!(stop(&mut t, r), StopEvent::Breakpoint { pc: 0x2000 });
+        assert_eq!((t.tid(), t.position()), (11, 3));
+        assert_eq!(t.global_position(), Some((8, 14)));
+        // X at that moment: its first run done, at its instruction 5.
+        let x_regs = t.thread_registers(10).unwrap();
+        assert_eq!(x_regs.pc(), 0x1000);
+        assert!(
+            t.thread_positions()
+                .iter()
+                .any(|&(tid, n, _, _)| tid == 10 && n == 5)
+        );
+        // Both loops: back from there, Y's instruction 2, then 1, 0, then X's 4.
+        t.add_breakpoint(0x1000).unwrap();
+        for want in [(11, 2), (11, 1), (11, 0), (10, 4)] {
+            let r = t.reverse(ReverseResume::Continue);
+            assert_eq!(
+                stop(&mut t, r),
+                StopEvent::Breakpoint {
+                    pc: 0x1000 + 0x1000 * (want.0 as u64 - 10)
+                }
+            );
+            assert_eq!((t.tid(), t.position()), want);
+        }
+        // Forward from X's 4: Y's first `jne`.
+        let r = t.resume(Resume::Continue { signal: None });
+        assert_eq!(stop(&mut t, r), StopEvent::Breakpoint { pc: 0x2000 });
+        assert_eq!((t.tid(), t.position()), (11, 0));
+        // Stepping Y backwards: before its first instruction is the beginning of Y.
+        let r = t.reverse(ReverseResume::Step);
+        assert_eq!(stop(&mut t, r), StopEvent::HistoryEnd { at_begin: true });
+        // Selecting X and stepping it forward moves the global position past Y's run.
+        assert!(t.select_thread(10));
+        assert_eq!(t.position(), 5);
+        let r = t.resume(Resume::Step { signal: None });
+        assert_eq!(stop(&mut t, r), StopEvent::Step);
+        assert_eq!(t.position(), 6);
+        assert_eq!(t.global_position(), Some((10, 14)));
+        assert!(!t.select_thread(99));
+        // Forward to the end (no fatal signal): the end of the history.
+        t.remove_breakpoint(0x1000).unwrap();
+        t.remove_breakpoint(0x2000).unwrap();
+        let r = t.resume(Resume::Continue { signal: None });
+        assert_eq!(stop(&mut t, r), StopEvent::HistoryEnd { at_begin: false });
+    }
+}

@@ -1,0 +1,377 @@
+//! Every thread of a recording in the past, with real GDB sessions: a 3-thread C program whose
+//! second worker crashes with SIGSEGV, recorded under QEMU (one PT stream per thread, TSC
+//! packets from one instruction clock), served as one multi-thread timeline.
+//!
+//! * `info threads` lists the three threads; the crashed worker is the one selected at the end
+//!   and `?` reports the SIGSEGV there;
+//! * reverse-continue stops in whichever thread hit a breakpoint last in global order (the
+//!   program orders its threads' calls through `pthread_join`, so the order is known);
+//! * continuing forward to the end reports the crash in the worker;
+//! * reverse-stepi in a worker selected with GDB's `thread N` gives exactly that thread's
+//!   instructions from the plugin's per-instruction log (test mode), backwards.
+//!
+//! Skipped (with a message) without `qemu-x86_64` or GDB.
+
+mod support;
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ptrewind::capture::qemu::Recorded;
+use support::cbuild::{compile_source, have, nm_symbol};
+use support::flow_ips;
+use support::gdb::{GdbRun, Server, gdb_session};
+use support::qemu::{fold_rep, plugin, qemu_available, record_into};
+
+/// Worker A calls `step_a` 100 times and exits; then main calls it 3 times; then worker B
+/// calls `step_b` 60 times and crashes. Each thread starts after the previous one's work
+/// ended (`pthread_join`), so the global order of the calls is known.
+const SRC: &str = r#"
+#include <pthread.h>
+#include <stdio.h>
+volatile long sink;
+__attribute__((noinline)) void step_a(long i) { sink += i; }
+__attribute__((noinline)) void step_b(long i) { sink ^= i; }
+__attribute__((noinline)) void crash(int *p) { *p = 1; }
+static void *worker_a(void *arg) { for (long i = 0; i < 100; i++) step_a(i); return arg; }
+static void *worker_b(void *arg) { for (long i = 0; i < 60; i++) step_b(i); crash(arg); return 0; }
+int main(void) {
+    pthread_t a, b;
+    pthread_create(&a, 0, worker_a, 0);
+    pthread_join(a, 0);
+    for (long i = 0; i < 3; i++) step_a(1000 + i);
+    pthread_create(&b, 0, worker_b, 0);
+    pthread_join(b, 0);
+    puts("not reached");
+    return 0;
+}
+"#;
+
+fn ready() -> bool {
+    if !qemu_available() {
+        return false;
+    }
+    if !have("gdb") {
+        eprintln!("gdb not installed: skipping");
+        return false;
+    }
+    true
+}
+
+fn build(dir: &Path) -> PathBuf {
+    compile_source(
+        "cc",
+        dir,
+        "threads3",
+        SRC,
+        &["-O1", "-g", "-fno-inline", "-no-pie", "-pthread"],
+        &[],
+    )
+}
+
+/// The thread ids of main, worker A and worker B in a recording of [`SRC`] (the workers told
+/// apart by the function their stream runs).
+fn tids(recorded: &Recorded, exe: &Path) -> (u32, u32, u32) {
+    let (image, _) = recorded.image().expect("image");
+    let step_a = nm_symbol(exe, "step_a");
+    let step_b = nm_symbol(exe, "step_b");
+    let main = recorded
+        .threads
+        .iter()
+        .find(|t| t.tid == t.pid)
+        .expect("main thread");
+    let runs = |t: &ptrewind::capture::qemu::RecordedThread, f: u64| {
+        t.tid != t.pid && flow_ips(&t.trace, &image).0.contains(&f)
+    };
+    let a = recorded.threads.iter().find(|t| runs(t, step_a));
+    let b = recorded.threads.iter().find(|t| runs(t, step_b));
+    (main.tid, a.expect("worker A").tid, b.expect("worker B").tid)
+}
+
+/// The tids `monitor thread` printed, in order (GDB in batch mode writes monitor output to
+/// stderr, apart from the rest: only their order is known).
+fn selected(run: &GdbRun) -> Vec<u32> {
+    run.gdb
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("thread ")?
+                .strip_suffix(" selected")?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+fn record_cli(rec_dir: &Path, exe: &Path) -> Server {
+    let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--trace-dir"]
+        .iter()
+        .map(Into::into)
+        .collect();
+    cli.push(rec_dir.into());
+    cli.extend(["--qemu-plugin".into(), plugin().into(), "--".into()]);
+    cli.push(exe.into());
+    Server::start_cli(&cli)
+}
+
+#[test]
+fn every_thread_of_a_crashed_recording_in_global_order() {
+    if !ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = build(dir.path());
+    let rec_dir = dir.path().join("rec");
+    let server = record_cli(&rec_dir, &exe);
+    let recorded = Recorded::open(&rec_dir).expect("recording kept after the crash");
+    assert_eq!(recorded.threads.len(), 3, "main + 2 workers");
+    let (main, a, b) = tids(&recorded, &exe);
+    let run = gdb_session(
+        server,
+        &exe,
+        &[
+            "echo @threads\\n",
+            "info threads",
+            "echo @start\\n",
+            "monitor thread",
+            "break step_a",
+            "break step_b",
+            "echo @rc1\\n",
+            "reverse-continue",
+            "monitor thread",
+            "delete 2",
+            "echo @rc2\\n",
+            "reverse-continue",
+            "monitor thread",
+            "echo @rc3\\n",
+            // Main's second and first calls, then worker A's last.
+            "reverse-continue 3",
+            "monitor thread",
+            "delete",
+            "echo @end\\n",
+            "continue",
+            "monitor thread",
+        ],
+        Duration::from_secs(120),
+    );
+    // `info threads`: three threads of the process.
+    let listed = run
+        .after("@threads")
+        .split("@start")
+        .next()
+        .unwrap_or("")
+        .lines()
+        .filter(|l| l.contains("Thread "))
+        .count();
+    assert_eq!(listed, 3, "{}", run.dump());
+    // The replay starts at the end, in the worker that crashed (at the faulting instruction);
+    // then the stops: worker B's last step_b, main's last step_a, worker A's last step_a, and
+    // the crash again in worker B.
+    assert_eq!(selected(&run), [b, b, main, a, b], "{}", run.dump());
+    assert!(
+        run.after("@threads").contains("crash ("),
+        "the crashed worker's frame: {}",
+        run.dump()
+    );
+    // The last call of either function: worker B's last step_b.
+    assert!(
+        run.after("@rc1").contains("hit Breakpoint 2, step_b"),
+        "{}",
+        run.dump()
+    );
+    // Without step_b: main's last step_a (after worker A's 100, before worker B).
+    assert!(
+        run.after("@rc2").contains("hit Breakpoint 1, step_a"),
+        "{}",
+        run.dump()
+    );
+    // Forward to the end: the crash, reported in worker B.
+    let end = run.after("@end");
+    assert!(
+        end.contains("received signal SIGSEGV"),
+        "crash reported: {}",
+        run.dump()
+    );
+}
+
+#[test]
+fn reverse_stepi_in_a_selected_worker_follows_its_log() {
+    if !ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = build(dir.path());
+    let rec_dir = dir.path().join("rec");
+    let (recorded, status) = record_into(&rec_dir, &exe, &[], true);
+    assert!(!status.success(), "the program crashes");
+    let (_, a, _) = tids(&recorded, &exe);
+    let (image, _) = recorded.image().expect("image");
+    let thread = recorded.threads.iter().find(|t| t.tid == a).expect("A");
+    let log = fold_rep(thread.insns.as_ref().expect("test-mode log"), &image);
+    let (decoded, errors) = flow_ips(&thread.trace, &image);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(
+        decoded[..],
+        log[..decoded.len()],
+        "A's stream equals its log"
+    );
+    // Serve the recording directory; select worker A in GDB by its thread id.
+    let mut cli: Vec<OsString> = ["replay", "--listen", "127.0.0.1:0", "--qemu"]
+        .iter()
+        .map(Into::into)
+        .collect();
+    cli.push(rec_dir.clone().into());
+    let server = Server::start_cli(&cli);
+    const STEPS: usize = 12;
+    let mut cmds: Vec<String> = vec![
+        // GDB resumes "any thread" unless told to step only the selected one.
+        "set scheduler-locking step".into(),
+        format!(
+            "python gdb.execute('thread %d' % [t.num for t in gdb.selected_inferior().threads() \
+             if t.ptid[1] == {a}][0])"
+        ),
+        "printf \"PC %lx\\n\", $pc".into(),
+    ];
+    for _ in 0..STEPS {
+        cmds.push("reverse-stepi".into());
+        cmds.push("printf \"PC %lx\\n\", $pc".into());
+    }
+    cmds.push("echo @sel\\n".into());
+    cmds.push("monitor thread".into());
+    cmds.push("monitor threads".into());
+    cmds.push("thread apply all bt 1".into());
+    let run = gdb_session(server, &exe, &cmds, Duration::from_secs(120));
+    let pcs: Vec<u64> = run
+        .tagged("PC")
+        .iter()
+        .map(|v| u64::from_str_radix(v, 16).expect("hex pc"))
+        .collect();
+    assert_eq!(pcs.len(), STEPS + 1, "{}", run.dump());
+    // A ended normally: it stands at its last instruction, and each reverse-stepi goes one of
+    // its own instructions back.
+    let n = decoded.len();
+    let want: Vec<u64> = (0..=STEPS).map(|k| log[n - 1 - k]).collect();
+    assert_eq!(pcs, want, "{}", run.dump());
+    assert_eq!(selected(&run), [a], "{}", run.dump());
+    // Each thread's frame at this global position (PC-only past: frame 0 only).
+    assert_eq!(
+        run.after("@sel").matches("#0 ").count(),
+        3,
+        "{}",
+        run.dump()
+    );
+}
+
+/// LLDB on the same kind of recording: the crash is the stop reason in the worker, and `thread
+/// trace dump instructions` of another worker selected by its thread id is that worker's own
+/// decoded stream (its last instructions, newest first).
+#[test]
+fn lldb_dumps_each_threads_own_trace() {
+    if !qemu_available() {
+        return;
+    }
+    if !have("lldb-19") {
+        eprintln!("lldb-19 not installed: skipping");
+        return;
+    }
+    use support::gdb::{run_until, wait_until};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = build(dir.path());
+    let rec_dir = dir.path().join("rec");
+    let mut cli: Vec<OsString> = ["record", "--once", "--backend", "qemu", "--trace-dir"]
+        .iter()
+        .map(Into::into)
+        .collect();
+    cli.push(rec_dir.clone().into());
+    cli.extend(["--qemu-plugin".into(), plugin().into(), "--".into()]);
+    cli.push(exe.clone().into());
+    let mut server = Server::start_cli(&cli);
+    let recorded = Recorded::open(&rec_dir).expect("recording");
+    let (_, a, b) = tids(&recorded, &exe);
+    let (image, _) = recorded.image().expect("image");
+    let worker_a = recorded.threads.iter().find(|t| t.tid == a).expect("A");
+    let (decoded, _) = flow_ips(&worker_a.trace, &image);
+    let mut c = std::process::Command::new("lldb-19");
+    c.args(["--batch", "--no-lldbinit"])
+        .arg("-o")
+        .arg(format!("target create {}", exe.display()))
+        .arg("-o")
+        .arg(format!("gdb-remote 127.0.0.1:{}", server.port))
+        .args(["-o", "thread list", "-o", "process trace start"])
+        .arg("-o")
+        .arg(format!("script lldb.process.SetSelectedThreadByID({a})"))
+        .args(["-o", "thread trace dump instructions -c 6"]);
+    let out = run_until(&mut c, Duration::from_secs(120));
+    let _ = wait_until(
+        &mut server.child,
+        std::time::Instant::now() + Duration::from_secs(30),
+    );
+    let ctx = format!(
+        "--- lldb\n{}\n{}\n--- server\n{}",
+        out.stdout,
+        out.stderr,
+        server.stderr.join().unwrap_or_default()
+    );
+    // The crashed worker is the stopped thread, with the signal.
+    assert!(
+        out.stdout
+            .lines()
+            .any(|l| l.contains(&format!("tid = {b}")) && l.contains("SIGSEGV")),
+        "{ctx}"
+    );
+    // "    N: 0xADDR    mnemonic": worker A's instructions, newest first.
+    let dump = out.stdout.split("thread #").last().unwrap_or_default();
+    let got: Vec<(usize, u64)> = dump
+        .lines()
+        .filter_map(|l| {
+            let (n, rest) = l.trim().split_once(": 0x")?;
+            let addr = rest.split_whitespace().next()?;
+            Some((n.parse().ok()?, u64::from_str_radix(addr, 16).ok()?))
+        })
+        .collect();
+    // (LLDB numbers trace items, events included: only the addresses are compared.)
+    let got: Vec<u64> = got.into_iter().map(|(_, addr)| addr).collect();
+    let want: Vec<u64> = decoded.iter().rev().take(6).copied().collect();
+    assert_eq!(got, want, "{ctx}");
+    assert!(dump.contains(&format!("tid = {a}")), "{ctx}");
+}
+
+/// GDB's own `record btrace pt` over the remote protocol on a finished recording: each
+/// thread's instruction count (`info record` after `thread N`, read with `Hg`) is that
+/// thread's decoded stream.
+#[test]
+fn gdb_btrace_reads_each_threads_trace() {
+    if !ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = build(dir.path());
+    let rec_dir = dir.path().join("rec");
+    let server = record_cli(&rec_dir, &exe);
+    let recorded = Recorded::open(&rec_dir).expect("recording");
+    let (image, _) = recorded.image().expect("image");
+    let mut cmds: Vec<String> = vec!["record btrace pt".into()];
+    for t in &recorded.threads {
+        cmds.push(format!(
+            "python gdb.execute('thread %d' % [t.num for t in gdb.selected_inferior().threads() \
+             if t.ptid[1] == {}][0])",
+            t.tid
+        ));
+        cmds.push("info record".into());
+    }
+    let run = gdb_session(server, &exe, &cmds, Duration::from_secs(120));
+    for t in &recorded.threads {
+        let (decoded, _) = flow_ips(&t.trace, &image);
+        let line = run
+            .gdb
+            .lines()
+            .find(|l| l.starts_with("Recorded ") && l.contains(&format!(".{})", t.tid)))
+            .unwrap_or_else(|| panic!("no `info record` for {}: {}", t.tid, run.dump()));
+        let n: usize = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{line}"));
+        assert_eq!(n, decoded.len(), "thread {}: {}", t.tid, run.dump());
+    }
+}
