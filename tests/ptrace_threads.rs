@@ -250,10 +250,18 @@ fn every_thread_stream_is_exact_and_tsc_gives_the_global_order() {
     assert!(checked >= 60, "{checked}");
 }
 
+/// `ptrewind record --backend ptrace` of the test program; the process exits at its end
+/// (`--no-stop-at-exit`) unless `extra` asks for `--stop-at-exit`.
 fn record(args: &[&str], extra: &[&str]) -> Server {
+    let at_exit: &[&str] = if extra.contains(&"--stop-at-exit") {
+        &[]
+    } else {
+        &["--no-stop-at-exit"]
+    };
     Server::spawn(
         ptrewind()
             .args(["record", "--backend", "ptrace", "--listen", "127.0.0.1:0"])
+            .args(at_exit)
             .args(extra)
             .arg("--")
             .arg(program())

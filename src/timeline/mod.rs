@@ -840,7 +840,11 @@ impl Timeline {
     /// Starts a reverse step or continue from the cursor; the stop is collected with
     /// [`wait`](Self::wait).
     pub fn reverse(&mut self, how: ReverseResume) -> TargetResult<()> {
-        self.past_thread = self.live.as_ref().map(|l| l.selected_thread());
+        // A step moves the thread the debugger chose; a continue searches the history's thread.
+        self.past_thread = match how {
+            ReverseResume::Step => self.live.as_ref().map(|l| l.selected_thread()),
+            ReverseResume::Continue => None,
+        };
         if self.exited.is_some() {
             return Err(TargetError::Unsupported(
                 "reverse execution after the process exited",
@@ -960,7 +964,10 @@ impl Timeline {
     /// Starts a forward step or continue: replayed from the history in the past, run by the
     /// backend at the present. The stop is collected with [`wait`](Self::wait).
     pub fn resume(&mut self, how: Resume) -> TargetResult<()> {
-        self.past_thread = self.live.as_ref().map(|l| l.selected_thread());
+        self.past_thread = match how {
+            Resume::Step { .. } => self.live.as_ref().map(|l| l.selected_thread()),
+            Resume::Continue { .. } => None,
+        };
         if self.exited.is_some() {
             let pid = self.live.as_ref().map_or(0, |l| l.pid());
             return Err(TargetError::Exited { pid });

@@ -185,11 +185,7 @@ impl LiveBackend for SoftCapture {
 
     fn threads(&self) -> Vec<i32> {
         let t = self.rec.target_ref().threads();
-        if t.is_empty() {
-            vec![self.stop_tid]
-        } else {
-            t
-        }
+        if t.is_empty() { vec![self.stop_tid] } else { t }
     }
 
     fn select_thread(&mut self, tid: i32) -> TargetResult<()> {
