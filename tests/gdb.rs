@@ -450,26 +450,50 @@ fn fork_and_vfork_children_are_detached_and_reported() {
     r.expect("exited normally");
 }
 
+/// The thread the program creates is recorded too: a breakpoint in it is reached and reported
+/// in that thread, `info threads` lists both, and the main thread goes on to the join.
 #[test]
-fn new_threads_are_reported_and_main_thread_kept() {
+fn threads_are_followed_and_breakpoints_in_them_reached() {
     let joined = line_of("threads.c", "/* JOINED LINE */");
     let r = gdb(
         "threads",
         &[],
         &[
+            "break worker",
             &format!("break {joined}"),
             "continue",
-            "next",
-            "print sum",
+            "echo IN-WORKER\n",
+            "info threads",
+            "print (long)arg",
+            "continue",
+            "echo JOINED\n",
+            "info threads",
+            "print (long)result",
             "continue",
             LET_IT_EXIT,
         ],
     );
-    r.expect("ptrewind: the program created thread");
-    r.expect("follows only the main thread");
+    let in_worker = r.after("IN-WORKER");
+    assert!(
+        r.gdb.contains("Thread 2 hit Breakpoint 1, worker"),
+        "the worker's breakpoint is not reported in thread 2\n{}",
+        r.dump()
+    );
+    // Both threads, the worker selected.
+    assert!(
+        in_worker.contains("* 2    Thread") && in_worker.contains("  1    Thread"),
+        "{}",
+        r.dump()
+    );
+    r.expect("$1 = 100");
     r.expect(&format!("threads.c:{joined}"));
-    r.expect(&format!("$1 = {}", (1..=100).sum::<i64>()));
+    r.expect(&format!("$2 = {}", (1..=100).sum::<i64>()));
     r.expect("exited normally");
+    assert!(
+        !r.server.contains("follows only the main thread"),
+        "{}",
+        r.dump()
+    );
 }
 
 #[test]

@@ -164,8 +164,9 @@ fn programs_that_are_not_elf_are_named() {
     );
 }
 
-/// `ptrewind gdb` shares its terminal with GDB: a warning (here: a thread the program
-/// created) is shown once, in GDB's console, not a second time on ptrewind's stderr.
+/// `ptrewind gdb` shares its terminal with GDB: a warning (here: a child process the program
+/// forked, which is detached) is shown once, in GDB's console, not a second time on
+/// ptrewind's stderr.
 #[test]
 fn ptrewind_gdb_prints_each_warning_once() {
     if !have("gdb") || !have("cc") {
@@ -173,8 +174,8 @@ fn ptrewind_gdb_prints_each_warning_once() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/c/threads.c");
-    let exe = dir.path().join("threads");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/c/fork.c");
+    let exe = dir.path().join("fork");
     support::cbuild::cc([
         "-g".as_ref(),
         "-O0".as_ref(),
@@ -198,13 +199,13 @@ fn ptrewind_gdb_prints_each_warning_once() {
         TIMEOUT,
     );
     let all = format!("{}{}", r.stdout, r.stderr);
-    let n = all.matches("the program created thread").count();
-    assert!(n >= 1, "no thread warning\n{all}");
-    let tids: std::collections::HashSet<&str> = all
-        .match_indices("the program created thread ")
+    let n = all.matches("child process ").count();
+    assert!(n >= 1, "no fork warning\n{all}");
+    let pids: std::collections::HashSet<&str> = all
+        .match_indices("child process ")
         .map(|(i, m)| all[i + m.len()..].split(';').next().unwrap_or(""))
         .collect();
-    assert_eq!(n, tids.len(), "a thread warning was printed twice\n{all}");
+    assert_eq!(n, pids.len(), "a fork warning was printed twice\n{all}");
 }
 
 /// A program whose calls say where a reverse command must stop.

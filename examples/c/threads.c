@@ -1,4 +1,4 @@
-/* Creates a thread: ptrewind reports that it is not followed and keeps the main thread. */
+/* Creates a thread: ptrewind records it too (breakpoints in it are reached in that thread). */
 #include <pthread.h>
 #include <stdio.h>
 

@@ -40,9 +40,48 @@ pub trait LiveBackend {
     /// The process id.
     fn pid(&self) -> i32;
 
-    /// The id of the traced thread.
+    /// The id of the thread the last stop happened in (the one the debugger is told about).
     fn tid(&self) -> i32 {
         self.pid()
+    }
+
+    /// The thread whose instructions the history ([`store`](Self::store)) holds: the one a
+    /// stop in the past is reported in.
+    fn history_thread(&self) -> i32 {
+        self.tid()
+    }
+
+    /// The thread [`select_thread`](Self::select_thread) chose (after a stop: [`tid`](Self::tid)).
+    fn selected_thread(&self) -> i32 {
+        self.tid()
+    }
+
+    /// Every live thread of the process, the main thread first (a backend that follows one
+    /// thread: just [`tid`](Self::tid)).
+    fn threads(&self) -> Vec<i32> {
+        vec![self.tid()]
+    }
+
+    /// Makes `tid` the thread whose registers [`read_registers`](Self::read_registers) and
+    /// [`write_registers`](Self::write_registers) access (at a stop; the next resume goes on
+    /// with the backend's own choice).
+    fn select_thread(&mut self, tid: i32) -> TargetResult<()> {
+        if tid == self.tid() {
+            Ok(())
+        } else {
+            Err(crate::target::TargetError::Unsupported(
+                "this backend follows one thread",
+            ))
+        }
+    }
+
+    /// Every recorded thread's trace stream (ended threads too), the main thread first. Each
+    /// carries TSC packets from one global instruction clock: the TSC value after a thread is
+    /// (re-)enabled, and in every PSB+, is the number of instructions the whole process
+    /// executed (recorded) before the next instruction of that stream, so merging the streams'
+    /// runs by TSC gives the exact global order. A single-thread backend: `[(tid, store())]`.
+    fn thread_stores(&self) -> Vec<(i32, TraceStore)> {
+        vec![(self.tid(), self.store())]
     }
 
     /// The executable file, as an absolute path if known.
@@ -171,6 +210,23 @@ pub trait RecordedState {
     /// registers exact; vector/x87 state from the record or marked unavailable (never the
     /// present values). `None` beyond the record.
     fn registers_at(&self, n: u64, present: &X86Registers) -> Option<X86Registers>;
+
+    /// Thread `tid`'s register file before (global) instruction `n`, rebuilt from its
+    /// `present` registers: only that thread's changes are undone. A record of one thread:
+    /// [`registers_at`](Self::registers_at).
+    fn registers_at_thread(
+        &self,
+        _tid: i32,
+        n: u64,
+        present: &X86Registers,
+    ) -> Option<X86Registers> {
+        self.registers_at(n, present)
+    }
+
+    /// The thread that executed (global) instruction `n`, if the record knows it.
+    fn thread_at(&self, _n: u64) -> Option<i32> {
+        None
+    }
 
     /// Puts back into `buf` (present memory at `addr`) every byte written since position `n`.
     fn memory_at(&self, n: u64, addr: u64, buf: &mut [u8]);

@@ -21,7 +21,7 @@ pub mod regs;
 
 pub use files::{FileStat, TargetFile};
 pub use procfs::{MemoryMapping, read_auxv, read_maps};
-pub use ptrace::{PtraceTarget, SpawnOptions};
+pub use ptrace::{PtraceTarget, SpawnOptions, ThreadStats, ThreadStop};
 pub use regs::{RegMask, X86Registers};
 
 use std::fmt;
@@ -158,11 +158,6 @@ pub trait ReverseExecution {
 /// Something the user should know that is not a stop: events we detect but do not follow.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Notice {
-    /// The program created a thread, which runs untraced.
-    ThreadCreated {
-        /// The new thread's id.
-        tid: i32,
-    },
     /// The program forked (or vforked); the child runs untraced.
     Forked {
         /// The child's pid.
@@ -174,11 +169,6 @@ pub enum Notice {
     Exec {
         /// The new executable, if it could be read from /proc.
         path: Option<PathBuf>,
-    },
-    /// A thread of an attached process other than the one we traced.
-    OtherThreads {
-        /// How many other threads exist.
-        count: usize,
     },
     /// The trace at a stop may not cover everything executed up to it (the capture could not
     /// complete it); reverse execution there may miss instructions.
@@ -209,11 +199,6 @@ pub enum Notice {
 impl fmt::Display for Notice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Notice::ThreadCreated { tid } => write!(
-                f,
-                "the program created thread {tid}; ptrewind follows only the main thread: the new \
-                 thread runs untraced, and if it hits a breakpoint the program is killed by SIGTRAP"
-            ),
             Notice::Forked { child, vfork } => write!(
                 f,
                 "the program {} child process {child}; the child is detached and runs untraced \
@@ -226,10 +211,6 @@ impl fmt::Display for Notice {
                  symbols are stale (following exec is not supported)",
                 path.as_ref()
                     .map_or_else(|| "unknown file".to_string(), |p| p.display().to_string())
-            ),
-            Notice::OtherThreads { count } => write!(
-                f,
-                "the process has {count} other thread(s); only the main thread is debugged"
             ),
             Notice::AtExit => write!(
                 f,

@@ -1,4 +1,13 @@
-//! [`PtraceTarget`]: a live process controlled with ptrace (main thread only).
+//! [`PtraceTarget`]: a live process controlled with ptrace, every thread of it.
+//!
+//! Every thread the process creates stays traced (`PTRACE_O_TRACECLONE`). The target is
+//! all-stop, as GDB expects: when it reports a stop, every thread is stopped. Register and step
+//! operations apply to the *current* thread ([`PtraceTarget::select_thread`]; after a stop, the
+//! thread that stopped). A full-speed continue runs every thread and, when one of them stops,
+//! stops the others with `SIGSTOP` (a stop another thread reports meanwhile is kept and
+//! reported by the next wait). A software recorder drives one thread at a time instead
+//! ([`PtraceTarget::step_start`] / [`PtraceTarget::step_poll`]), so the global order of the
+//! threads' instructions is known.
 
 use super::regs::{X86Registers, xsave_area_size};
 use super::{Breakpoints, Notice, Resume, StopEvent, Target, TargetError, TargetResult};
@@ -10,6 +19,7 @@ use std::os::unix::fs::FileExt;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::Command;
+use std::time::Duration;
 
 /// `NT_X86_XSTATE` (elf.h): the XSAVE regset.
 const NT_X86_XSTATE: usize = 0x202;
@@ -42,6 +52,42 @@ impl Default for SpawnOptions {
     }
 }
 
+/// What the target knows about one traced thread.
+#[derive(Clone, Copy, Debug, Default)]
+struct ThreadInfo {
+    /// Resumed by a full-speed continue (or a step in flight) and not yet seen stopped.
+    running: bool,
+    /// A stop this thread reported while the others were being stopped, not yet reported.
+    pending: Option<Wait>,
+    /// A `SIGSTOP` we sent it is still queued: drop it when it shows up.
+    swallow_sigstop: bool,
+}
+
+/// How one step (or wait) of a single thread ended ([`PtraceTarget::step_poll`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ThreadStop {
+    /// A stop of the thread (or the end of the whole process: `Exited`, `Killed`, `Exiting`).
+    Stop(StopEvent),
+    /// This thread ended (`exit`, not `exit_group`); the process goes on.
+    ThreadExited {
+        /// Its exit status.
+        code: i32,
+    },
+}
+
+/// Thread counters of a target (`monitor stats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ThreadStats {
+    /// Threads created (clone with `CLONE_THREAD`) and traced.
+    pub created: u64,
+    /// Threads that ended while the process went on.
+    pub exited: u64,
+    /// Threads that vanished while stopped or stepping (`ESRCH`, killed from outside).
+    pub vanished: u64,
+    /// Most threads alive at once.
+    pub peak: u64,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum RunState {
     Stopped,
@@ -49,8 +95,8 @@ enum RunState {
     Exited,
 }
 
-/// A live process traced with ptrace. Only the main thread is debugged: new threads, forked
-/// children and exec are detected (see [`Notice`]) and not followed.
+/// A live process traced with ptrace, every thread of it (see the module docs). Forked children
+/// are detached and exec is reported (see [`Notice`]), not followed.
 ///
 /// ptrace ties a tracee to the *thread* that attached to it: create the target on the
 /// thread that will drive it (the GDB server loop or a recorder) and keep it there. Dropping
@@ -76,6 +122,15 @@ pub struct PtraceTarget {
     spawned: bool,
     /// See [`SpawnOptions::drop_terminal_interrupts`].
     drop_terminal_interrupts: bool,
+    /// Every traced thread, the leader included while it is alive.
+    threads: BTreeMap<i32, ThreadInfo>,
+    /// The thread register and step operations apply to.
+    cur: Pid,
+    /// Threads created since the last [`PtraceTarget::take_new_threads`].
+    new_threads: Vec<i32>,
+    thread_stats: ThreadStats,
+    /// The process is on its way out (an exit event that ends it was seen).
+    exiting: bool,
 }
 
 fn sys(op: &'static str, pid: Pid) -> impl FnOnce(nix::Error) -> TargetError {
@@ -213,6 +268,33 @@ fn trace_options() -> nix::sys::ptrace::Options {
         | Options::PTRACE_O_TRACEEXIT
 }
 
+/// `PTRACE_ATTACH` to one thread and waits for its `SIGSTOP` (signals that arrive first are
+/// delivered, as they would have been).
+fn attach_one(tid: Pid) -> TargetResult<()> {
+    nix::sys::ptrace::attach(tid).map_err(sys("PTRACE_ATTACH", tid))?;
+    loop {
+        match waitpid_raw(tid, true)? {
+            Wait::Stopped(libc::SIGSTOP) => return Ok(()),
+            Wait::Stopped(sig) => {
+                ptrace_with_signal(libc::PTRACE_CONT, "PTRACE_CONT", tid, Some(sig))?
+            }
+            Wait::Exited(_) | Wait::Killed(_) => {
+                return Err(TargetError::Exited { pid: tid.as_raw() });
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The thread-group id of `tid` (`Tgid:` in `/proc/TID/status`).
+fn tgid_of(tid: i32) -> Option<i32> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 impl PtraceTarget {
     /// Starts `program` with `args`, stopped at its first instruction (the exec trap, i.e. the
     /// entry of the dynamic loader or of a static executable). The program is executed
@@ -277,38 +359,47 @@ impl PtraceTarget {
             notices,
             spawned,
             drop_terminal_interrupts: false,
+            threads: BTreeMap::from([(pid.as_raw(), ThreadInfo::default())]),
+            cur: pid,
+            new_threads: Vec::new(),
+            exiting: false,
+            thread_stats: ThreadStats {
+                peak: 1,
+                ..ThreadStats::default()
+            },
         })
     }
 
-    /// Attaches to the running process `pid` (its main thread) and stops it. Other threads
-    /// keep running untraced; a [`Notice::OtherThreads`] says so.
+    /// Attaches to the running process `pid` and stops it, every thread of it.
     pub fn attach(pid: i32) -> TargetResult<Self> {
         let pid = Pid::from_raw(pid);
-        nix::sys::ptrace::attach(pid).map_err(sys("PTRACE_ATTACH", pid))?;
-        loop {
-            match waitpid_raw(pid, true)? {
-                Wait::Stopped(libc::SIGSTOP) => break,
-                // Another signal arrived before our SIGSTOP: deliver it (the process would
-                // have received it anyway) and keep waiting for the SIGSTOP.
-                Wait::Stopped(sig) => {
-                    ptrace_with_signal(libc::PTRACE_CONT, "PTRACE_CONT", pid, Some(sig))?
-                }
-                Wait::Exited(_) | Wait::Killed(_) => {
-                    return Err(TargetError::Exited { pid: pid.as_raw() });
-                }
-                _ => {}
-            }
-        }
+        attach_one(pid)?;
         nix::sys::ptrace::setoptions(pid, trace_options())
             .map_err(sys("PTRACE_SETOPTIONS", pid))?;
-        let mut notices = Vec::new();
-        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", pid.as_raw())) {
-            let count = tasks.count().saturating_sub(1);
-            if count > 0 {
-                notices.push(Notice::OtherThreads { count });
+        let mut target = Self::stopped(pid, Vec::new(), false)?;
+        // The other threads, as they are now; a thread they create meanwhile is attached by
+        // the kernel (TRACECLONE) once its creator is attached, so a second pass finds the rest.
+        for _ in 0..2 {
+            let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", pid.as_raw())) else {
+                break;
+            };
+            for tid in tasks
+                .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+                .collect::<Vec<_>>()
+            {
+                if target.threads.contains_key(&tid) {
+                    continue;
+                }
+                let t = Pid::from_raw(tid);
+                // A thread that ended meanwhile is simply not there.
+                if attach_one(t).is_ok() {
+                    let _ = nix::sys::ptrace::setoptions(t, trace_options());
+                    target.add_thread(tid);
+                }
             }
         }
-        Self::stopped(pid, notices, false)
+        target.new_threads.clear();
+        Ok(target)
     }
 
     /// Whether the exit of the process is reported as a stop ([`StopEvent::Exiting`], the
@@ -420,45 +511,105 @@ impl PtraceTarget {
         Ok(())
     }
 
-    fn get_event_msg(&self) -> TargetResult<i32> {
-        nix::sys::ptrace::getevent(self.pid)
+    fn get_event_msg(&self, tid: Pid) -> TargetResult<i32> {
+        nix::sys::ptrace::getevent(tid)
             .map(|v| v as i32)
-            .map_err(sys("PTRACE_GETEVENTMSG", self.pid))
+            .map_err(sys("PTRACE_GETEVENTMSG", tid))
     }
 
-    /// Handles a `PTRACE_EVENT_*` stop of the main thread. The caller resumes afterwards.
-    fn handle_event(&mut self, event: i32, mode: Resume) -> TargetResult<()> {
+    fn add_thread(&mut self, tid: i32) {
+        self.threads.insert(tid, ThreadInfo::default());
+        self.new_threads.push(tid);
+        self.thread_stats.created += 1;
+        self.thread_stats.peak = self.thread_stats.peak.max(self.threads.len() as u64);
+    }
+
+    /// Forgets a thread that ended; the current thread moves to another one if it was that.
+    fn remove_thread(&mut self, tid: Pid) {
+        self.threads.remove(&tid.as_raw());
+        if self.cur == tid
+            && let Some(&other) = self.threads.keys().next()
+        {
+            self.cur = Pid::from_raw(other);
+        }
+    }
+
+    /// The traced threads: the leader first (while it is alive), then the others by id.
+    pub fn threads(&self) -> Vec<i32> {
+        let leader = self.pid.as_raw();
+        let mut v: Vec<i32> = self
+            .threads
+            .keys()
+            .copied()
+            .filter(|&t| t != leader)
+            .collect();
+        if self.threads.contains_key(&leader) {
+            v.insert(0, leader);
+        }
+        v
+    }
+
+    /// Threads created since the last call.
+    pub fn take_new_threads(&mut self) -> Vec<i32> {
+        std::mem::take(&mut self.new_threads)
+    }
+
+    /// Thread counters.
+    pub fn thread_stats(&self) -> ThreadStats {
+        self.thread_stats
+    }
+
+    /// The thread register and step operations apply to.
+    pub fn current_thread(&self) -> i32 {
+        self.cur.as_raw()
+    }
+
+    /// Makes `tid` the thread register and step operations apply to.
+    pub fn select_thread(&mut self, tid: i32) -> TargetResult<()> {
+        if !self.threads.contains_key(&tid) {
+            return Err(TargetError::Unexpected {
+                pid: self.pid.as_raw(),
+                what: format!("no traced thread {tid}"),
+            });
+        }
+        self.cur = Pid::from_raw(tid);
+        Ok(())
+    }
+
+    /// Whether `tid`, stopped at its `PTRACE_EVENT_EXIT`, ends alone (`exit`, other threads
+    /// alive) rather than taking the process with it (`exit_group`, a fatal signal, the last
+    /// thread).
+    fn is_thread_exit(&self, tid: Pid) -> bool {
+        self.threads.len() > 1
+            && nix::sys::ptrace::getregs(tid).is_ok_and(|r| r.orig_rax == libc::SYS_exit as u64)
+    }
+
+    /// Handles a `PTRACE_EVENT_*` stop of thread `tid`. The caller resumes it afterwards.
+    fn handle_event(&mut self, tid: Pid, event: i32, mode: Resume) -> TargetResult<()> {
         match event {
             libc::PTRACE_EVENT_CLONE => {
-                let tid = Pid::from_raw(self.get_event_msg()?);
-                // The new thread starts traced with a pending SIGSTOP; collect it and let go.
-                waitpid_raw(tid, true)?;
-                ptrace_with_signal(libc::PTRACE_DETACH, "PTRACE_DETACH", tid, None)?;
-                self.notices
-                    .push(Notice::ThreadCreated { tid: tid.as_raw() });
+                let new = Pid::from_raw(self.get_event_msg(tid)?);
+                // The new task starts traced with a pending SIGSTOP; collect it.
+                waitpid_raw(new, true)?;
+                if tgid_of(new.as_raw()) == Some(self.pid.as_raw()) {
+                    self.add_thread(new.as_raw());
+                    if matches!(self.state, RunState::Running(Resume::Continue { .. })) {
+                        // A full-speed run runs every thread (the SIGSTOP is dropped).
+                        ptrace_with_signal(libc::PTRACE_CONT, "PTRACE_CONT", new, None)?;
+                        if let Some(t) = self.threads.get_mut(&new.as_raw()) {
+                            t.running = true;
+                        }
+                    }
+                } else {
+                    // clone without CLONE_THREAD: another process, handled as a fork.
+                    self.release_child(new, false)?;
+                }
             }
             libc::PTRACE_EVENT_FORK | libc::PTRACE_EVENT_VFORK => {
                 let vfork = event == libc::PTRACE_EVENT_VFORK;
-                let child = Pid::from_raw(self.get_event_msg()?);
+                let child = Pid::from_raw(self.get_event_msg(tid)?);
                 waitpid_raw(child, true)?;
-                if self.inserted {
-                    if vfork {
-                        // The child shares our memory: lift the breakpoints until it execs
-                        // or exits (VFORK_DONE), or it would trap on them untraced.
-                        self.remove_breakpoints()?;
-                        self.vfork_lifted = true;
-                    } else if let Ok(mem) = open_mem(child) {
-                        // The child has a copy of our memory, int3 bytes included.
-                        for (&addr, &orig) in &self.breakpoints {
-                            let _ = self.write_raw_to(&mem, addr, &[orig]);
-                        }
-                    }
-                }
-                ptrace_with_signal(libc::PTRACE_DETACH, "PTRACE_DETACH", child, None)?;
-                self.notices.push(Notice::Forked {
-                    child: child.as_raw(),
-                    vfork,
-                });
+                self.release_child(child, vfork)?;
             }
             libc::PTRACE_EVENT_VFORK_DONE if self.vfork_lifted => {
                 self.vfork_lifted = false;
@@ -472,6 +623,20 @@ impl PtraceTarget {
                 self.inserted = false;
                 self.exe = exe_of(self.pid);
                 self.mem = open_mem(self.pid)?;
+                // The other threads are gone (the kernel killed them; the exec'ing thread now
+                // has the leader's id): collect what they left.
+                let others: Vec<i32> = self
+                    .threads
+                    .keys()
+                    .copied()
+                    .filter(|&t| t != self.pid.as_raw())
+                    .collect();
+                for t in others {
+                    let _ = waitpid_raw(Pid::from_raw(t), false);
+                    self.threads.remove(&t);
+                }
+                self.threads.entry(self.pid.as_raw()).or_default().running = false;
+                self.cur = self.pid;
                 self.notices.push(Notice::Exec {
                     path: self.exe.clone(),
                 });
@@ -481,59 +646,372 @@ impl PtraceTarget {
         Ok(())
     }
 
+    /// Detaches a forked child (stopped at its first stop), with no int3 of ours left in it.
+    fn release_child(&mut self, child: Pid, vfork: bool) -> TargetResult<()> {
+        if self.inserted {
+            if vfork {
+                // The child shares our memory: lift the breakpoints until it execs or exits
+                // (VFORK_DONE), or it would trap on them untraced.
+                self.remove_breakpoints()?;
+                self.vfork_lifted = true;
+            } else if let Ok(mem) = open_mem(child) {
+                // The child has a copy of our memory, int3 bytes included.
+                for (&addr, &orig) in &self.breakpoints {
+                    let _ = self.write_raw_to(&mem, addr, &[orig]);
+                }
+            }
+        }
+        ptrace_with_signal(libc::PTRACE_DETACH, "PTRACE_DETACH", child, None)?;
+        self.notices.push(Notice::Forked {
+            child: child.as_raw(),
+            vfork,
+        });
+        Ok(())
+    }
+
+    /// Resumes thread `tid` in `mode` (ptrace's own request; no breakpoint handling).
+    fn resume_thread(&mut self, tid: Pid, mode: Resume) -> TargetResult<()> {
+        let r = match mode {
+            Resume::Continue { signal } => {
+                ptrace_with_signal(libc::PTRACE_CONT, "PTRACE_CONT", tid, signal)
+            }
+            Resume::Step { signal } => {
+                ptrace_with_signal(libc::PTRACE_SINGLESTEP, "PTRACE_SINGLESTEP", tid, signal)
+            }
+        };
+        if let Some(t) = self.threads.get_mut(&tid.as_raw()) {
+            t.running = true;
+        }
+        r
+    }
+
     fn raw_resume(&mut self, mode: Resume) -> TargetResult<()> {
         match mode {
-            Resume::Continue { signal } => {
+            Resume::Continue { .. } => {
                 self.insert_breakpoints()?;
-                ptrace_with_signal(libc::PTRACE_CONT, "PTRACE_CONT", self.pid, signal)
+                self.resume_thread(self.cur, mode)?;
+                // All-stop: a full-speed run runs every thread.
+                let others: Vec<i32> = self
+                    .threads
+                    .iter()
+                    .filter(|(t, i)| **t != self.cur.as_raw() && !i.running)
+                    .map(|(t, _)| *t)
+                    .collect();
+                for t in others {
+                    let t = Pid::from_raw(t);
+                    if let Err(e) = self.resume_thread(t, Resume::Continue { signal: None }) {
+                        // Gone meanwhile (killed): its end is collected by the wait.
+                        if !matches!(
+                            e,
+                            TargetError::Sys {
+                                source: nix::Error::ESRCH,
+                                ..
+                            }
+                        ) {
+                            return Err(e);
+                        }
+                        self.thread_stats.vanished += 1;
+                    }
+                }
+                Ok(())
             }
-            Resume::Step { signal } => ptrace_with_signal(
-                libc::PTRACE_SINGLESTEP,
-                "PTRACE_SINGLESTEP",
-                self.pid,
-                signal,
-            ),
+            Resume::Step { .. } => self.resume_thread(self.cur, mode),
+        }
+    }
+
+    /// The threads a wait in `mode` listens to: the current one for a step, every running
+    /// thread and the leader (whose status ends the process) for a continue.
+    fn waited_threads(&self, mode: Resume) -> Vec<Pid> {
+        match mode {
+            Resume::Step { .. } => vec![self.cur],
+            Resume::Continue { .. } => {
+                let mut v: Vec<Pid> = self
+                    .threads
+                    .iter()
+                    .filter(|(_, i)| i.running)
+                    .map(|(t, _)| Pid::from_raw(*t))
+                    .collect();
+                if !v.contains(&self.pid) {
+                    v.push(self.pid);
+                }
+                v
+            }
+        }
+    }
+
+    /// Waits for the next stop of one of `waited`: `(thread, status)`; `None` only when
+    /// `block` is false and nothing happened. Several threads are polled in turn (never
+    /// `waitpid(-1)`: the debugger may be our child too).
+    fn wait_any(&self, waited: &[Pid], block: bool) -> TargetResult<Option<(Pid, Wait)>> {
+        if let [one] = waited {
+            return match waitpid_raw(*one, block)? {
+                Wait::StillRunning => Ok(None),
+                w => Ok(Some((*one, w))),
+            };
+        }
+        let mut pause = Duration::from_micros(20);
+        loop {
+            for &t in waited {
+                match waitpid_raw(t, false) {
+                    Ok(Wait::StillRunning) => {}
+                    Ok(w) => return Ok(Some((t, w))),
+                    // Reaped already (a thread whose end was collected elsewhere).
+                    Err(TargetError::Sys {
+                        source: nix::Error::ECHILD,
+                        ..
+                    }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            if !block {
+                return Ok(None);
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(2));
         }
     }
 
     /// Waits for the next reportable stop while the tracee runs in `mode`, handling ptrace
-    /// events on the way. `Ok(None)` only when `block` is false and nothing happened.
-    fn wait_stop(&mut self, mode: Resume, block: bool) -> TargetResult<Option<Wait>> {
+    /// events, thread creation and thread ends on the way. `Ok(None)` only when `block` is
+    /// false and nothing happened.
+    fn wait_stop(&mut self, mode: Resume, block: bool) -> TargetResult<Option<(Pid, Wait)>> {
+        let again = match mode {
+            Resume::Continue { .. } => Resume::Continue { signal: None },
+            Resume::Step { .. } => Resume::Step { signal: None },
+        };
         loop {
-            match waitpid_raw(self.pid, block)? {
+            let waited = self.waited_threads(mode);
+            let Some((tid, w)) = self.wait_any(&waited, block)? else {
+                return Ok(None);
+            };
+            if let Some(t) = self.threads.get_mut(&tid.as_raw()) {
+                t.running = false;
+            }
+            match w {
                 Wait::StillRunning => return Ok(None),
-                Wait::Event(libc::PTRACE_EVENT_EXIT) if self.stop_at_exit => {
-                    return Ok(Some(Wait::Event(libc::PTRACE_EVENT_EXIT)));
+                Wait::Event(libc::PTRACE_EVENT_EXIT) => {
+                    if self.is_thread_exit(tid) {
+                        // One thread ends: let it; its status follows.
+                        self.resume_thread(tid, Resume::Continue { signal: None })?;
+                    } else if self.stop_at_exit && !self.exiting {
+                        self.exiting = true;
+                        return Ok(Some((tid, w)));
+                    } else {
+                        self.exiting = true;
+                        self.resume_thread(tid, Resume::Continue { signal: None })?;
+                    }
                 }
                 Wait::Event(event) => {
-                    self.handle_event(event, mode)?;
+                    self.handle_event(tid, event, mode)?;
                     // Re-issue the same request without the signal (already delivered).
-                    let again = match mode {
-                        Resume::Continue { .. } => Resume::Continue { signal: None },
-                        Resume::Step { .. } => Resume::Step { signal: None },
+                    if tid == self.cur || matches!(mode, Resume::Continue { .. }) {
+                        self.resume_thread(tid, again)?;
+                    }
+                }
+                Wait::Stopped(libc::SIGSTOP)
+                    if self
+                        .threads
+                        .get(&tid.as_raw())
+                        .is_some_and(|t| t.swallow_sigstop) =>
+                {
+                    // Our own SIGSTOP, from stopping the threads at an earlier stop.
+                    if let Some(t) = self.threads.get_mut(&tid.as_raw()) {
+                        t.swallow_sigstop = false;
+                    }
+                    let mode = if tid == self.cur {
+                        again
+                    } else {
+                        Resume::Continue { signal: None }
                     };
-                    self.raw_resume(again)?;
+                    self.resume_thread(tid, mode)?;
                 }
                 Wait::Stopped(sig @ (libc::SIGINT | libc::SIGQUIT))
-                    if self.drop_terminal_interrupts && self.sent_by_terminal(sig) =>
+                    if self.drop_terminal_interrupts && self.sent_by_terminal(tid, sig) =>
                 {
                     // A signal-delivery stop: the instruction has not run yet, so the same
                     // request without the signal continues exactly where the program was.
-                    let again = match mode {
-                        Resume::Continue { .. } => Resume::Continue { signal: None },
-                        Resume::Step { .. } => Resume::Step { signal: None },
+                    let mode = if tid == self.cur {
+                        again
+                    } else {
+                        Resume::Continue { signal: None }
                     };
-                    self.raw_resume(again)?;
+                    self.resume_thread(tid, mode)?;
                 }
-                other => return Ok(Some(other)),
+                Wait::Exited(_) | Wait::Killed(_) if tid != self.pid => {
+                    // A thread ended (the process goes on, or ends with the leader's status).
+                    if !self.exiting {
+                        self.thread_stats.exited += 1;
+                    }
+                    let was_cur = tid == self.cur;
+                    self.remove_thread(tid);
+                    if was_cur && matches!(mode, Resume::Step { .. }) {
+                        return Ok(Some((tid, w)));
+                    }
+                }
+                other => return Ok(Some((tid, other))),
             }
         }
     }
 
-    /// True if the pending signal `sig` was generated by the terminal (`SI_KERNEL`).
-    fn sent_by_terminal(&self, sig: i32) -> bool {
-        nix::sys::ptrace::getsiginfo(self.pid)
+    /// Stops every running thread other than the current one (all-stop), keeping a stop one
+    /// of them reports first for a later wait.
+    fn stop_others(&mut self) -> TargetResult<()> {
+        let running: Vec<i32> = self
+            .threads
+            .iter()
+            .filter(|(t, i)| **t != self.cur.as_raw() && i.running)
+            .map(|(t, _)| *t)
+            .collect();
+        for &t in &running {
+            // SAFETY: tgkill only sends a signal; no memory is passed.
+            let r = unsafe { libc::syscall(libc::SYS_tgkill, self.pid.as_raw(), t, libc::SIGSTOP) };
+            if r != 0 {
+                // Already gone: collected below.
+                self.thread_stats.vanished += 1;
+            }
+        }
+        for t in running {
+            let pid = Pid::from_raw(t);
+            loop {
+                match waitpid_raw(pid, true) {
+                    Ok(Wait::Stopped(libc::SIGSTOP)) => break,
+                    Ok(Wait::Event(libc::PTRACE_EVENT_EXIT)) if self.is_thread_exit(pid) => {
+                        self.resume_thread(pid, Resume::Continue { signal: None })?;
+                    }
+                    Ok(Wait::Event(libc::PTRACE_EVENT_CLONE)) => {
+                        // Stopped at the event; our SIGSTOP stays queued.
+                        self.handle_event(
+                            pid,
+                            libc::PTRACE_EVENT_CLONE,
+                            Resume::Step { signal: None },
+                        )?;
+                        if let Some(i) = self.threads.get_mut(&t) {
+                            i.swallow_sigstop = true;
+                        }
+                        break;
+                    }
+                    Ok(w @ (Wait::Stopped(_) | Wait::Event(_))) => {
+                        if let Some(i) = self.threads.get_mut(&t) {
+                            i.pending = Some(w);
+                            i.swallow_sigstop = true;
+                        }
+                        break;
+                    }
+                    Ok(Wait::Exited(_) | Wait::Killed(_)) | Err(_) => {
+                        self.thread_stats.exited += 1;
+                        self.threads.remove(&t);
+                        break;
+                    }
+                    Ok(Wait::StillRunning) => {}
+                }
+            }
+            if let Some(i) = self.threads.get_mut(&t) {
+                i.running = false;
+            }
+        }
+        Ok(())
+    }
+
+    /// Collects the end of every thread of a process that is exiting or was killed, the leader
+    /// last (its status is the process's).
+    fn reap_all(&mut self) -> Option<Wait> {
+        let others: Vec<i32> = self
+            .threads
+            .keys()
+            .copied()
+            .filter(|&t| t != self.pid.as_raw())
+            .collect();
+        for t in others {
+            let pid = Pid::from_raw(t);
+            loop {
+                match waitpid_raw(pid, true) {
+                    Ok(Wait::Stopped(_) | Wait::Event(_)) => {
+                        let _ = ptrace_with_signal(libc::PTRACE_CONT, "PTRACE_CONT", pid, None);
+                    }
+                    Ok(Wait::StillRunning) => {}
+                    _ => break,
+                }
+            }
+            self.threads.remove(&t);
+        }
+        loop {
+            match waitpid_raw(self.pid, true) {
+                Ok(Wait::Stopped(_) | Wait::Event(_)) => {
+                    let _ = ptrace_with_signal(libc::PTRACE_CONT, "PTRACE_CONT", self.pid, None);
+                }
+                Ok(Wait::StillRunning) => {}
+                Ok(w) => {
+                    self.threads.clear();
+                    return Some(w);
+                }
+                Err(_) => {
+                    self.threads.clear();
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// True if the pending signal `sig` of `tid` was generated by the terminal (`SI_KERNEL`).
+    fn sent_by_terminal(&self, tid: Pid, sig: i32) -> bool {
+        nix::sys::ptrace::getsiginfo(tid)
             .is_ok_and(|si| si.si_signo == sig && si.si_code == libc::SI_KERNEL)
+    }
+
+    /// Starts one single step of the current thread (delivering `signal` first); the other
+    /// threads stay stopped. Collect it with [`step_poll`](Self::step_poll): a step into a
+    /// blocking system call may take any time, during which the caller may step other threads.
+    pub fn step_start(&mut self, signal: Option<i32>) -> TargetResult<()> {
+        self.ensure_stopped()?;
+        let tid = self.cur;
+        match self.resume_thread(tid, Resume::Step { signal }) {
+            Ok(()) => Ok(()),
+            // Not in a ptrace-stop any more: killed from outside and on its way out; the
+            // poll collects how it ended.
+            Err(TargetError::Sys {
+                source: nix::Error::ESRCH,
+                ..
+            }) => {
+                self.thread_stats.vanished += 1;
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Collects the step of thread `tid` started with [`step_start`](Self::step_start):
+    /// `Ok(None)` while it has not stopped (only with `block == false`). The process's end is
+    /// a [`ThreadStop::Stop`] with `Exiting` (always reported: the caller lets it go with a
+    /// continue), `Exited` or `Killed`.
+    pub fn step_poll(&mut self, tid: i32, block: bool) -> TargetResult<Option<ThreadStop>> {
+        let tid = Pid::from_raw(tid);
+        let prev = self.cur;
+        self.cur = tid;
+        let mode = Resume::Step { signal: None };
+        let saved_stop_at_exit = self.stop_at_exit;
+        self.stop_at_exit = true;
+        let r = self.wait_stop(mode, block);
+        self.stop_at_exit = saved_stop_at_exit;
+        let r = r?;
+        let Some((t, w)) = r else {
+            self.cur = prev;
+            return Ok(None);
+        };
+        Ok(Some(match w {
+            Wait::Exited(code) if t != self.pid => ThreadStop::ThreadExited { code },
+            // The process is on its way out and another thread is kept at its exit event: this
+            // one is simply gone.
+            Wait::Killed(sig) if t != self.pid && self.exiting => {
+                ThreadStop::ThreadExited { code: 128 + sig }
+            }
+            Wait::Killed(sig) if t != self.pid => {
+                // A thread killed by a signal: the whole process goes.
+                let end = self.reap_all().unwrap_or(Wait::Killed(sig));
+                ThreadStop::Stop(self.finish_stop(end, mode)?)
+            }
+            Wait::Event(libc::PTRACE_EVENT_EXIT) => ThreadStop::Stop(StopEvent::Exiting),
+            w => ThreadStop::Stop(self.finish_stop(w, mode)?),
+        }))
     }
 
     /// Turns a raw stop into the event reported to the debugger, and records the new state.
@@ -563,8 +1041,8 @@ impl PtraceTarget {
                         if self.breakpoints.contains_key(&bp) {
                             // int3 traps after the instruction: move the PC back onto it.
                             regs.set_pc(bp);
-                            nix::sys::ptrace::setregs(self.pid, regs.to_libc())
-                                .map_err(sys("PTRACE_SETREGS", self.pid))?;
+                            nix::sys::ptrace::setregs(self.cur, regs.to_libc())
+                                .map_err(sys("PTRACE_SETREGS", self.cur))?;
                             Ok(StopEvent::Breakpoint { pc: bp })
                         } else {
                             Ok(StopEvent::Signal(libc::SIGTRAP))
@@ -591,6 +1069,28 @@ impl Target for PtraceTarget {
         self.pid.as_raw()
     }
 
+    fn tid(&self) -> i32 {
+        self.cur.as_raw()
+    }
+
+    fn thread_ids(&self) -> Vec<i32> {
+        self.threads()
+    }
+
+    fn select_thread(&mut self, tid: i32) -> bool {
+        PtraceTarget::select_thread(self, tid).is_ok()
+    }
+
+    fn read_thread_registers(&mut self, tid: i32) -> TargetResult<X86Registers> {
+        let prev = self.cur;
+        if PtraceTarget::select_thread(self, tid).is_err() {
+            return self.read_registers();
+        }
+        let r = self.read_registers();
+        self.cur = prev;
+        r
+    }
+
     fn exec_path(&self) -> Option<PathBuf> {
         self.exe.clone()
     }
@@ -601,28 +1101,28 @@ impl Target for PtraceTarget {
                 pid: self.pid.as_raw(),
             });
         }
-        let gprs = nix::sys::ptrace::getregs(self.pid).map_err(sys("PTRACE_GETREGS", self.pid))?;
+        let gprs = nix::sys::ptrace::getregs(self.cur).map_err(sys("PTRACE_GETREGS", self.cur))?;
         let (note, size) = match xsave_area_size() {
             Some(size) => (NT_X86_XSTATE, size),
             None => (NT_PRFPREG, 512),
         };
         let mut buf = vec![0u8; size];
-        let written = regset(self.pid, RegsetOp::Get, note, &mut buf)?;
+        let written = regset(self.cur, RegsetOp::Get, note, &mut buf)?;
         buf.truncate(written.min(size));
         Ok(X86Registers::from_parts(&gprs, buf))
     }
 
     fn write_registers(&mut self, regs: &X86Registers) -> TargetResult<()> {
         self.ensure_stopped()?;
-        nix::sys::ptrace::setregs(self.pid, regs.to_libc())
-            .map_err(sys("PTRACE_SETREGS", self.pid))?;
+        nix::sys::ptrace::setregs(self.cur, regs.to_libc())
+            .map_err(sys("PTRACE_SETREGS", self.cur))?;
         let note = if regs.xsave.len() > 512 {
             NT_X86_XSTATE
         } else {
             NT_PRFPREG
         };
         let mut buf = regs.xsave.clone();
-        regset(self.pid, RegsetOp::Set, note, &mut buf)?;
+        regset(self.cur, RegsetOp::Set, note, &mut buf)?;
         Ok(())
     }
 
@@ -650,9 +1150,25 @@ impl Target for PtraceTarget {
 
     fn resume(&mut self, how: Resume) -> TargetResult<()> {
         self.ensure_stopped()?;
+        if let Resume::Continue { .. } = how
+            && let Some((&tid, _)) = self.threads.iter().find(|(_, i)| i.pending.is_some())
+        {
+            // A thread stopped while the others were being stopped at the last stop: that
+            // stop comes first (all-stop: nothing runs).
+            let w = self
+                .threads
+                .get_mut(&tid)
+                .and_then(|i| i.pending.take())
+                .unwrap_or(Wait::Stopped(libc::SIGSTOP));
+            self.cur = Pid::from_raw(tid);
+            let ev = self.finish_stop(w, how)?;
+            self.pending = Some(ev);
+            self.state = RunState::Running(how);
+            return Ok(());
+        }
         if let Resume::Continue { signal } = how {
-            let pc = nix::sys::ptrace::getregs(self.pid)
-                .map_err(sys("PTRACE_GETREGS", self.pid))?
+            let pc = nix::sys::ptrace::getregs(self.cur)
+                .map_err(sys("PTRACE_GETREGS", self.cur))?
                 .rip;
             if self.breakpoints.contains_key(&pc) {
                 // Step over the breakpoint under the PC with its original byte in place, then
@@ -660,8 +1176,8 @@ impl Target for PtraceTarget {
                 let step = Resume::Step { signal };
                 self.raw_resume(step)?;
                 match self.wait_stop(step, true)? {
-                    Some(Wait::Stopped(libc::SIGTRAP)) => {}
-                    Some(other) => {
+                    Some((_, Wait::Stopped(libc::SIGTRAP))) => {}
+                    Some((_, other)) => {
                         // Something else happened during the step: report it instead.
                         let ev = self.finish_stop(other, step)?;
                         self.pending = Some(ev);
@@ -678,13 +1194,14 @@ impl Target for PtraceTarget {
                     }
                 }
                 let cont = Resume::Continue { signal: None };
-                self.raw_resume(cont)?;
                 self.state = RunState::Running(cont);
+                self.raw_resume(cont)?;
                 return Ok(());
             }
         }
-        self.raw_resume(how)?;
+        // Set first: threads created while resuming are resumed too.
         self.state = RunState::Running(how);
+        self.raw_resume(how)?;
         Ok(())
     }
 
@@ -709,10 +1226,23 @@ impl Target for PtraceTarget {
                 });
             }
         };
-        match self.wait_stop(mode, block)? {
-            None => Ok(None),
-            Some(w) => self.finish_stop(w, mode).map(Some),
+        let Some((tid, w)) = self.wait_stop(mode, block)? else {
+            return Ok(None);
+        };
+        if matches!(w, Wait::Exited(_) | Wait::Killed(_)) {
+            if tid != self.pid {
+                // The stepped thread ended (its own `exit`): the step is over, in another
+                // thread.
+                self.state = RunState::Stopped;
+                return Ok(Some(StopEvent::Step));
+            }
+            return self.finish_stop(w, mode).map(Some);
         }
+        self.cur = tid;
+        if let Resume::Continue { .. } = mode {
+            self.stop_others()?;
+        }
+        self.finish_stop(w, mode).map(Some)
     }
 
     fn interrupt(&mut self) -> TargetResult<()> {
@@ -729,21 +1259,9 @@ impl Target for PtraceTarget {
         }
         nix::sys::signal::kill(self.pid, nix::sys::signal::Signal::SIGKILL)
             .map_err(sys("kill(SIGKILL)", self.pid))?;
-        // A tracee stopped at its exit event is past signals: SIGKILL does not wake it, a
-        // PTRACE_CONT lets it finish (an error here only means it is already running or gone).
-        if self.state == RunState::Stopped {
-            let _ = ptrace_with_signal(libc::PTRACE_CONT, "PTRACE_CONT", self.pid, None);
-        }
-        loop {
-            match waitpid_raw(self.pid, true)? {
-                Wait::Exited(_) | Wait::Killed(_) => break,
-                // A stop on the way out (the exit event): let it finish dying.
-                Wait::Event(_) | Wait::Stopped(_) => {
-                    let _ = ptrace_with_signal(libc::PTRACE_CONT, "PTRACE_CONT", self.pid, None);
-                }
-                Wait::StillRunning => continue,
-            }
-        }
+        // Every thread stops at its exit event on the way out (and a thread stopped there
+        // is past signals): `reap_all` lets each one finish dying, the leader last.
+        self.reap_all();
         self.state = RunState::Exited;
         self.inserted = false;
         Ok(())
@@ -752,6 +1270,17 @@ impl Target for PtraceTarget {
     fn detach(&mut self) -> TargetResult<()> {
         self.ensure_stopped()?;
         self.remove_breakpoints()?;
+        let others: Vec<i32> = self
+            .threads
+            .keys()
+            .copied()
+            .filter(|&t| t != self.pid.as_raw())
+            .collect();
+        for t in others {
+            // A thread that ended meanwhile cannot be detached: nothing to do for it.
+            let _ =
+                ptrace_with_signal(libc::PTRACE_DETACH, "PTRACE_DETACH", Pid::from_raw(t), None);
+        }
         ptrace_with_signal(libc::PTRACE_DETACH, "PTRACE_DETACH", self.pid, None)?;
         self.state = RunState::Exited;
         Ok(())
@@ -763,7 +1292,7 @@ impl Target for PtraceTarget {
 
     fn inject_syscall(&mut self, nr: u64, args: [u64; 6]) -> TargetResult<u64> {
         self.ensure_stopped()?;
-        let pid = self.pid;
+        let pid = self.cur;
         let saved = nix::sys::ptrace::getregs(pid).map_err(sys("PTRACE_GETREGS", pid))?;
         let pc = saved.rip;
         let mut code = [0u8; 2];
@@ -849,7 +1378,7 @@ impl Drop for PtraceTarget {
         } else {
             if let RunState::Running(_) = self.state {
                 let _ = nix::sys::signal::kill(self.pid, nix::sys::signal::Signal::SIGSTOP);
-                if let Ok(Some(w)) = self.wait_stop(Resume::Continue { signal: None }, true) {
+                if let Ok(Some((_, w))) = self.wait_stop(Resume::Continue { signal: None }, true) {
                     let _ = self.finish_stop(w, Resume::Step { signal: None });
                 }
             }

@@ -205,6 +205,8 @@ pub struct Timeline {
     checks: Checks,
     /// Cache of the recorded registers at the cursor.
     regs_at: Option<(u64, X86Registers)>,
+    /// The thread the debugger resumed in the past (its stops are reported in it).
+    past_thread: Option<i32>,
     notices: Vec<Notice>,
     /// Resumptions run untraced (recording off).
     untraced_runs: u64,
@@ -352,6 +354,7 @@ impl Timeline {
             at_exit: false,
             checks: Checks::default(),
             regs_at: None,
+            past_thread: None,
             notices: Vec::new(),
             untraced_runs: 0,
             floor: 0,
@@ -678,13 +681,17 @@ impl Timeline {
         }
         let live = self.live_mut()?;
         let present = live.read_registers()?;
+        let thread = live.selected_thread();
+        // The history is the main thread's: its PCs say nothing of another thread's.
+        let history_thread = thread == live.pid();
         let state = live.recorded_state().ok_or(TargetError::Unsupported(
             "registers in the past without a state log",
         ))?;
         let mut r = state
-            .registers_at(n, &present)
+            .registers_at_thread(thread, n, &present)
             .ok_or(TargetError::Unsupported("position beyond the state log"))?;
-        if let Some(ip) = self.insn_ip(n)
+        if history_thread
+            && let Some(ip) = self.insn_ip(n)
             && ip != r.pc()
         {
             self.checks.pc_mismatches += 1;
@@ -834,6 +841,11 @@ impl Timeline {
     /// Starts a reverse step or continue from the cursor; the stop is collected with
     /// [`wait`](Self::wait).
     pub fn reverse(&mut self, how: ReverseResume) -> TargetResult<()> {
+        // A step moves the thread the debugger chose; a continue searches the history's thread.
+        self.past_thread = match how {
+            ReverseResume::Step => self.live.as_ref().map(|l| l.selected_thread()),
+            ReverseResume::Continue => None,
+        };
         if self.exited.is_some() {
             return Err(TargetError::Unsupported(
                 "reverse execution after the process exited",
@@ -953,6 +965,10 @@ impl Timeline {
     /// Starts a forward step or continue: replayed from the history in the past, run by the
     /// backend at the present. The stop is collected with [`wait`](Self::wait).
     pub fn resume(&mut self, how: Resume) -> TargetResult<()> {
+        self.past_thread = match how {
+            Resume::Step { .. } => self.live.as_ref().map(|l| l.selected_thread()),
+            Resume::Continue { .. } => None,
+        };
         if self.exited.is_some() {
             let pid = self.live.as_ref().map_or(0, |l| l.pid());
             return Err(TargetError::Exited { pid });
@@ -1037,9 +1053,14 @@ impl Timeline {
         }
     }
 
-    /// The id of the traced thread.
+    /// The id of the thread of the last stop.
     pub fn tid(&self) -> i32 {
         match (&self.live, &self.offline) {
+            // In the past: the thread the debugger moved (the history is the main thread's;
+            // every thread is shown at the main thread's positions).
+            (Some(l), _) if self.cursor.is_some() => {
+                self.past_thread.unwrap_or_else(|| l.history_thread())
+            }
             (Some(l), _) => l.tid(),
             (None, Some(OfflineInfo { tid: Some(t), .. })) => *t,
             (None, _) => self.pid(),

@@ -277,7 +277,19 @@ impl Timeline {
     /// The thread ids, the selected thread first.
     pub fn thread_ids(&self) -> Vec<i32> {
         match &self.group {
-            None => vec![self.tid()],
+            None => match &self.live {
+                // A live process: every thread the backend follows, the selected one first.
+                Some(l) if self.exited.is_none() => {
+                    let sel = self.tid();
+                    let mut v = l.threads();
+                    if let Some(i) = v.iter().position(|&t| t == sel) {
+                        v.remove(i);
+                        v.insert(0, sel);
+                    }
+                    v
+                }
+                _ => vec![self.tid()],
+            },
             Some(g) => {
                 let mut v = vec![g.tids[g.selected]];
                 v.extend(
@@ -306,11 +318,38 @@ impl Timeline {
         (g.pos >= g.order.len()).then(|| (sig, g.tids[k]))
     }
 
+    /// A live process's thread `tid` (at the cursor: the present, or the main thread's
+    /// position in the past), the selection left as it was; the selected thread's for an id
+    /// the backend does not know (gdbstub's default thread before any `Hg`).
+    fn live_thread_registers(&mut self, tid: i32) -> TargetResult<X86Registers> {
+        let Some(l) = self.live.as_mut().filter(|_| self.exited.is_none()) else {
+            return self.read_registers();
+        };
+        let prev = l.selected_thread();
+        if tid == prev || l.select_thread(tid).is_err() {
+            return self.read_registers();
+        }
+        self.regs_at = None;
+        let r = self.read_registers();
+        self.regs_at = None;
+        if let Some(l) = self.live.as_mut() {
+            let _ = l.select_thread(prev);
+        }
+        r
+    }
+
     /// Makes thread `tid` the selected one (stepping, registers, `monitor` commands); `false`
     /// if there is no such thread. The global position does not change.
     pub fn select_thread(&mut self, tid: i32) -> bool {
         let Some(g) = &self.group else {
-            return tid == self.tid();
+            if tid == self.tid() {
+                return true;
+            }
+            self.regs_at = None;
+            return match self.live.as_mut() {
+                Some(l) if self.exited.is_none() => l.select_thread(tid).is_ok(),
+                _ => false,
+            };
         };
         match g.tids.iter().position(|&t| t == tid) {
             Some(k) => {
@@ -324,7 +363,7 @@ impl Timeline {
     /// The registers of thread `tid` at the current global position.
     pub fn thread_registers(&mut self, tid: i32) -> TargetResult<X86Registers> {
         let Some(mut g) = self.group.take() else {
-            return self.read_registers();
+            return self.live_thread_registers(tid);
         };
         let r = match g.tids.iter().position(|&t| t == tid) {
             Some(k) => match thread_of(self, &mut g, k) {

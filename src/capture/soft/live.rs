@@ -52,6 +52,8 @@ enum Run {
 pub struct SoftCapture {
     rec: SoftRecorder<PtraceTarget>,
     pid: i32,
+    /// The thread of the last stop.
+    stop_tid: i32,
     run: Run,
     /// Watched `[addr, addr + len)` ranges (write watchpoints).
     watches: Vec<(u64, u64)>,
@@ -77,6 +79,7 @@ impl SoftCapture {
         SoftCapture {
             rec,
             pid,
+            stop_tid: pid,
             run: Run::Idle,
             watches: Vec::new(),
             watched_bytes: None,
@@ -152,6 +155,21 @@ impl SoftCapture {
     fn present_gprs(&mut self) -> TargetResult<Regs> {
         self.rec.current_regs().map_err(record_err)
     }
+
+    /// A recorded run stops with `ev`: every thread is brought to a stop first (threads
+    /// waiting in system calls are interrupted, see [`SoftRecorder::quiesce`]); if the process
+    /// ended meanwhile, that is the stop.
+    fn recorded_stop(&mut self, ev: StopEvent) -> TargetResult<Option<StopEvent>> {
+        self.run = Run::Idle;
+        let ev = match self.rec.quiesce().map_err(record_err)? {
+            Some(StepEvent::Exited(Exit::Code(c))) => StopEvent::Exited(c),
+            Some(StepEvent::Exited(Exit::Signal(s))) => StopEvent::Killed(s as i32),
+            Some(StepEvent::Exiting) => StopEvent::Exiting,
+            _ => ev,
+        };
+        self.stop_tid = self.rec.current_thread();
+        Ok(Some(ev))
+    }
 }
 
 impl LiveBackend for SoftCapture {
@@ -159,6 +177,31 @@ impl LiveBackend for SoftCapture {
 
     fn pid(&self) -> i32 {
         self.pid
+    }
+
+    fn tid(&self) -> i32 {
+        self.stop_tid
+    }
+
+    fn threads(&self) -> Vec<i32> {
+        let t = self.rec.target_ref().threads();
+        if t.is_empty() { vec![self.stop_tid] } else { t }
+    }
+
+    fn select_thread(&mut self, tid: i32) -> TargetResult<()> {
+        self.rec.target().select_thread(tid)
+    }
+
+    fn history_thread(&self) -> i32 {
+        self.pid
+    }
+
+    fn selected_thread(&self) -> i32 {
+        self.rec.target_ref().current_thread()
+    }
+
+    fn thread_stores(&self) -> Vec<(i32, TraceStore)> {
+        self.rec.thread_stores()
     }
 
     fn name(&self) -> &'static str {
@@ -174,7 +217,8 @@ impl LiveBackend for SoftCapture {
     }
 
     fn recorded(&self) -> Option<u64> {
-        Some(self.rec.stats().recorded)
+        // The history is the main thread's stream.
+        Some(self.rec.thread_recorded(self.pid))
     }
 
     fn step_counter(&self) -> Option<std::sync::Arc<std::sync::atomic::AtomicU64>> {
@@ -182,7 +226,7 @@ impl LiveBackend for SoftCapture {
     }
 
     fn recorded_state(&self) -> Option<&dyn RecordedState> {
-        self.rec.state_log().map(|l| l as &dyn RecordedState)
+        self.rec.state_log().map(|_| self as &dyn RecordedState)
     }
 
     fn set_watches(&mut self, ranges: &[(u64, u64)]) -> bool {
@@ -200,6 +244,7 @@ impl LiveBackend for SoftCapture {
         };
         let signal = signal.and_then(|s| Signal::try_from(s).ok());
         if record {
+            self.rec.follow_selection().map_err(record_err)?;
             // GDB decides what is delivered: the signal that stopped the program, none, or
             // another one.
             self.rec.set_pending_signal(signal);
@@ -210,6 +255,8 @@ impl LiveBackend for SoftCapture {
             };
         } else {
             self.rec.set_pending_signal(None);
+            // The untraced run goes on from the thread the recorder stands in.
+            self.rec.reselect().map_err(record_err)?;
             let how = match how {
                 Resume::Continue { .. } => Resume::Continue {
                     signal: signal.map(|s| s as i32),
@@ -240,7 +287,10 @@ impl LiveBackend for SoftCapture {
                 what: "wait on a stopped target".into(),
             }),
             Run::Untraced => match self.rec.target().wait(block)? {
-                Some(ev) => stop(self, ev),
+                Some(ev) => {
+                    self.stop_tid = self.rec.target().current_thread();
+                    stop(self, ev)
+                }
                 None => Ok(None),
             },
             Run::Recorded { step, executed_any } => {
@@ -251,8 +301,10 @@ impl LiveBackend for SoftCapture {
                     self.watched_bytes = Some(bytes);
                 }
                 loop {
-                    if interrupt.swap(false, Ordering::AcqRel) && executed_any {
-                        return stop(self, StopEvent::Signal(libc::SIGINT));
+                    if interrupt.swap(false, Ordering::AcqRel)
+                        && (executed_any || self.rec.is_idle())
+                    {
+                        return self.recorded_stop(StopEvent::Signal(libc::SIGINT));
                     }
                     let mark = self.rec.state_log().map_or(0, |l| l.entry_count());
                     let ev = self.rec.step().map_err(record_err)?;
@@ -263,33 +315,38 @@ impl LiveBackend for SoftCapture {
                             | StepEvent::HandlerEntered { .. }
                     ) && let Some(w) = self.watch_hit(mark)
                     {
-                        return stop(self, w);
+                        return self.recorded_stop(w);
                     }
                     match ev {
                         StepEvent::Executed { .. } | StepEvent::Iteration { .. } => {
                             executed_any = true;
                             if step {
-                                return stop(self, StopEvent::Step);
+                                return self.recorded_stop(StopEvent::Step);
                             }
-                            let pc = self.present_gprs()?.rip;
-                            if bps.contains(&pc) {
-                                return stop(self, StopEvent::Breakpoint { pc });
+                            // (After a thread's end the next current thread may be waiting in
+                            // a system call: no PC to compare until it comes back.)
+                            if !self.rec.current_in_flight() {
+                                let pc = self.present_gprs()?.rip;
+                                if bps.contains(&pc) {
+                                    return self.recorded_stop(StopEvent::Breakpoint { pc });
+                                }
                             }
                         }
                         StepEvent::HandlerEntered { handler, .. } => {
                             executed_any = true;
                             if step {
-                                return stop(self, StopEvent::Step);
+                                return self.recorded_stop(StopEvent::Step);
                             }
                             if bps.contains(&handler) {
-                                return stop(self, StopEvent::Breakpoint { pc: handler });
+                                return self.recorded_stop(StopEvent::Breakpoint { pc: handler });
                             }
                         }
+                        StepEvent::Idle => {}
                         StepEvent::Signal { signal, .. } => {
-                            return stop(self, StopEvent::Signal(signal as i32));
+                            return self.recorded_stop(StopEvent::Signal(signal as i32));
                         }
                         StepEvent::Exiting => {
-                            return stop(self, StopEvent::Exiting);
+                            return self.recorded_stop(StopEvent::Exiting);
                         }
                         StepEvent::Exited(Exit::Code(c)) => {
                             return stop(self, StopEvent::Exited(c));
@@ -339,6 +396,18 @@ impl LiveBackend for SoftCapture {
         line("signal stops", r.signal_stops.to_string());
         line("recorder anomalies", r.anomalies.to_string());
         line("syscall restarts", r.syscall_restarts.to_string());
+        // Threads: recorded besides the main thread (each its own stream), ended while the
+        // process went on, vanished unseen (killed while stopped: their streams end at their
+        // last recorded instruction).
+        line("threads recorded", r.threads.to_string());
+        line("threads ended", r.threads_ended.to_string());
+        let t = self.rec.target_ref().thread_stats();
+        line(
+            "threads lost",
+            format!("{} ({} vanished under ptrace)", r.threads_lost, t.vanished),
+        );
+        line("thread switches", r.switches.to_string());
+        line("steps blocked in syscalls", r.blocked_steps.to_string());
         if let Some(l) = self.rec.state_log().map(|l| l.stats()) {
             line("state-log bytes", l.total_bytes.to_string());
             let per = if l.instructions == 0 {
@@ -357,6 +426,72 @@ impl LiveBackend for SoftCapture {
                 ),
             );
         }
+    }
+}
+
+/// The recorded state as the timeline indexes it: positions are the main thread's instructions
+/// (the history is the main thread's stream), the log's are every thread's in global order.
+/// Position `n` is the moment before the main thread's instruction `n`: every thread's
+/// registers and all memory are rebuilt as they were then; a write found by a search (by any
+/// thread) is placed between the main thread's positions around it.
+impl RecordedState for SoftCapture {
+    fn len(&self) -> u64 {
+        self.rec.state_log().map_or(0, |l| l.thread_len(self.pid))
+    }
+
+    fn registers_at(&self, n: u64, present: &X86Registers) -> Option<X86Registers> {
+        self.registers_at_thread(self.pid, n, present)
+    }
+
+    fn registers_at_thread(
+        &self,
+        tid: i32,
+        n: u64,
+        present: &X86Registers,
+    ) -> Option<X86Registers> {
+        let log = self.rec.state_log()?;
+        let g = log.global_position(self.pid, n)?;
+        RecordedState::registers_at_thread(log, tid, g, present)
+    }
+
+    fn thread_at(&self, n: u64) -> Option<i32> {
+        let log = self.rec.state_log()?;
+        log.thread_at(log.global_position(self.pid, n)? as usize)
+    }
+
+    fn memory_at(&self, n: u64, addr: u64, buf: &mut [u8]) {
+        if let Some(log) = self.rec.state_log()
+            && let Some(g) = log.global_position(self.pid, n)
+        {
+            StateLog::memory_at(log, g as usize, addr, buf);
+        }
+    }
+
+    fn rfind_write(&self, before: u64, floor: u64, ranges: &[(u64, u64)]) -> Option<PastWrite> {
+        let log = self.rec.state_log()?;
+        let b = log.global_position(self.pid, before)?;
+        let f = log.global_position(self.pid, floor)?;
+        StateLog::rfind_write(log, b as usize, f as usize, ranges).map(|h| self.local_write(h))
+    }
+
+    fn find_write(&self, from: u64, to: u64, ranges: &[(u64, u64)]) -> Option<PastWrite> {
+        let log = self.rec.state_log()?;
+        let f = log.global_position(self.pid, from)?;
+        let t = log.global_position(self.pid, to)?;
+        StateLog::find_write(log, f as usize, t as usize, ranges).map(|h| self.local_write(h))
+    }
+}
+
+impl SoftCapture {
+    /// A write the log found (global positions), placed among the main thread's positions.
+    fn local_write(&self, hit: WriteHit) -> PastWrite {
+        let mut w = past_write(hit);
+        if let Some(log) = self.rec.state_log() {
+            let after = log.thread_position(self.pid, w.after);
+            w.after = after;
+            w.before = after.saturating_sub(1);
+        }
+        w
     }
 }
 
@@ -388,6 +523,26 @@ impl RecordedState for StateLog {
             regs.unavailable = RegMask::VECTOR;
         }
         Some(regs)
+    }
+
+    fn registers_at_thread(
+        &self,
+        tid: i32,
+        n: u64,
+        present: &X86Registers,
+    ) -> Option<X86Registers> {
+        let gprs = StateLog::registers_at_thread(self, tid, n as usize, &present.to_libc())?;
+        let mut xsave = present.xsave.clone();
+        let known = self.xstate_at_thread(Some(tid), n as usize, &mut xsave);
+        let mut regs = X86Registers::from_parts(&gprs, xsave);
+        if !known {
+            regs.unavailable = RegMask::VECTOR;
+        }
+        Some(regs)
+    }
+
+    fn thread_at(&self, n: u64) -> Option<i32> {
+        StateLog::thread_at(self, n as usize)
     }
 
     fn memory_at(&self, n: u64, addr: u64, buf: &mut [u8]) {

@@ -44,7 +44,7 @@ pub use encoder::{Cofi, EncoderConfig, EncoderStats, SoftEncoder, Step};
 pub use live::SoftCapture;
 pub use recorder::{
     Exit, Interrupter, RecordError, RecordFrom, RecorderConfig, RecorderStats, Recording,
-    RingConfig, SoftRecorder, StepEvent, StepMode,
+    RingConfig, SoftRecorder, StepEvent, StepMode, ThreadTrace,
 };
-pub use state_log::{EntryKind, StateLog, StateLogStats, UnknownWrite, WriteHit};
+pub use state_log::{EntryKind, StateLog, StateLogStats, SuspendedStep, UnknownWrite, WriteHit};
 pub use target::{PtraceChild, Regs, SigInfo, StepStop, StepTarget, TargetError};

@@ -56,8 +56,8 @@
 //! finds SIGTRAP blocked, and the kernel then resets the program's SIGTRAP handler to the
 //! default action (as when GDB steps there): a second SIGTRAP (INT3) would kill the program.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -66,7 +66,7 @@ use nix::sys::signal::Signal;
 use super::classify::{CachedInsn, DecodeInsnError, InsnCache, InsnClass, cofi};
 use super::encoder::{EncoderConfig, EncoderStats, SoftEncoder, Step};
 use super::procmaps::{self, SymbolError};
-use super::state_log::StateLog;
+use super::state_log::{StateLog, SuspendedStep};
 use super::target::{
     Regs, StepStop, StepTarget, TRAP_BRKPT, TRAP_SIGNAL_DELIVERED, TRAP_TRACE, TargetError,
 };
@@ -161,6 +161,8 @@ pub struct RecorderConfig {
     /// Encoder output is written to the ring in batches of at least this many bytes (a real
     /// processor also buffers internally); everything is written out at pauses and the end.
     pub write_batch: usize,
+    /// With several threads: steps one thread takes before the next one runs.
+    pub time_slice: u64,
 }
 
 impl Default for RecorderConfig {
@@ -174,6 +176,7 @@ impl Default for RecorderConfig {
             step_mode: StepMode::Block,
             capture_image_at_exit: true,
             write_batch: 4096,
+            time_slice: 1000,
         }
     }
 }
@@ -243,6 +246,9 @@ pub enum StepEvent {
     Exiting,
     /// The process ended.
     Exited(Exit),
+    /// No instruction ran: every thread waits in a system call (or a stop of the recorder's
+    /// own was collected). Step again.
+    Idle,
 }
 
 /// Counters of a recording.
@@ -283,6 +289,17 @@ pub struct RecorderStats {
     /// Of those, clones sharing the address space with a running task (threads): block
     /// stepping is off from the first one on.
     pub thread_clones: u64,
+    /// Threads recorded besides the main thread (each with its own stream).
+    pub threads: u64,
+    /// Threads that ended while the process went on.
+    pub threads_ended: u64,
+    /// Threads that vanished without their end being seen (killed while stopped): their
+    /// stream ends at their last recorded instruction.
+    pub threads_lost: u64,
+    /// Switches from one thread to another.
+    pub switches: u64,
+    /// Steps that waited in a system call while other threads ran.
+    pub blocked_steps: u64,
 }
 
 /// A finished recording.
@@ -304,6 +321,81 @@ pub struct Recording {
     pub exit: Option<Exit>,
     /// The state log, if enabled.
     pub state_log: Option<StateLog>,
+    /// Every thread's stream (the main thread first; `trace` and `ip_log` repeat its): the
+    /// streams carry TSC packets from one global clock (see [`SoftRecorder::thread_stores`]).
+    pub threads: Vec<ThreadTrace>,
+}
+
+/// One thread's part of a [`Recording`].
+#[derive(Debug)]
+pub struct ThreadTrace {
+    /// The thread id.
+    pub tid: i32,
+    /// Its trace bytes.
+    pub trace: Vec<u8>,
+    /// IPs of its recorded instructions, if [`RecorderConfig::log_ips`].
+    pub ip_log: Option<Vec<u64>>,
+}
+
+/// Every thread's output ring and store (for the drainer thread).
+type Streams = Arc<Mutex<Vec<(SharedRing<Topa>, TraceStore)>>>;
+
+/// One thread's share of a recording: its encoder and stream, and its stop state.
+struct Lane {
+    tid: i32,
+    encoder: SoftEncoder,
+    ring: SharedRing<Topa>,
+    store: TraceStore,
+    /// Registers at the current stop (valid until the next resume).
+    regs: Option<Regs>,
+    /// The signal its next step delivers.
+    pending_signal: Option<Signal>,
+    ip_log: Option<Vec<u64>>,
+    /// A step begun and not yet collected (a system call waiting for another thread).
+    in_flight: Option<InFlight>,
+    /// Stamp the stream with the global clock before its next instruction (switched in).
+    stamp_due: bool,
+    /// We sent it `SIGSTOP` to collect a step in flight: that stop is ours, whenever it
+    /// shows (the step may come back first, the `SIGSTOP` then stops the next one).
+    sigstop_sent: bool,
+    /// Its instructions recorded.
+    recorded: u64,
+    /// The registers the current step started from, as they were (before any restart of an
+    /// interrupted system call is modelled).
+    step_origin: Option<Regs>,
+}
+
+impl Lane {
+    fn new(tid: i32, config: &RecorderConfig) -> Result<Lane, RecordError> {
+        let topa = Topa::circular(
+            config.ring.caps,
+            &config.ring.region_sizes,
+            config.ring.int_on.clone(),
+        )?;
+        Ok(Lane {
+            tid,
+            encoder: SoftEncoder::new(config.encoder),
+            ring: SharedRing::new(topa),
+            store: TraceStore::new(),
+            regs: None,
+            pending_signal: None,
+            ip_log: config.log_ips.then(Vec::new),
+            in_flight: None,
+            stamp_due: false,
+            sigstop_sent: false,
+            step_origin: None,
+            recorded: 0,
+        })
+    }
+}
+
+/// A step in flight: what [`SoftRecorder::finish_step`] needs when it comes back.
+struct InFlight {
+    ip: u64,
+    insn: Option<CachedInsn>,
+    before: Regs,
+    signal: Option<Signal>,
+    log: Option<SuspendedStep>,
 }
 
 /// Single-steps a target and records its flow as Intel PT packets (see the module docs).
@@ -314,9 +406,18 @@ pub struct SoftRecorder<T: StepTarget> {
     stop_at_exit: bool,
     /// Stopped at the exit event (with `stop_at_exit`).
     at_exit: bool,
-    encoder: SoftEncoder,
-    ring: SharedRing<Topa>,
-    store: TraceStore,
+    /// The thread being stepped: its encoder, stream and stop state.
+    lane: Lane,
+    /// The other threads, in round-robin order.
+    parked: Vec<Lane>,
+    /// Threads that ended (their streams stay part of the recording).
+    ended_lanes: Vec<Lane>,
+    /// Every thread's output ring and store, for the drainer.
+    streams: Streams,
+    /// The main thread's store.
+    main_store: TraceStore,
+    /// Steps of the current thread since it was switched in.
+    slice_used: u64,
     drainer: Option<JoinHandle<()>>,
     drainer_stop: Arc<AtomicBool>,
     cache: InsnCache,
@@ -326,10 +427,6 @@ pub struct SoftRecorder<T: StepTarget> {
     breakpoint_hit: Option<u64>,
     start_address: Option<u64>,
     interrupt: Arc<AtomicBool>,
-    pending_signal: Option<Signal>,
-    /// Registers at the current stop (valid until the next resume).
-    regs: Option<Regs>,
-    ip_log: Option<Vec<u64>>,
     state_log: Option<StateLog>,
     image: Option<Image>,
     exit: Option<Exit>,
@@ -351,7 +448,12 @@ impl<T: StepTarget> std::fmt::Debug for SoftRecorder<T> {
 impl<T: StepTarget> Drop for SoftRecorder<T> {
     fn drop(&mut self) {
         // Without finish(): stop the drainer thread so it does not outlive the recorder.
-        self.ring.close();
+        for l in std::iter::once(&self.lane)
+            .chain(self.parked.iter())
+            .chain(self.ended_lanes.iter())
+        {
+            l.ring.close();
+        }
         self.drainer_stop.store(true, Ordering::Release);
         if let Some(h) = self.drainer.take() {
             let _ = h.join();
@@ -404,18 +506,6 @@ fn drain_into(ring: &SharedRing<Topa>, store: &TraceStore) -> u64 {
     })
 }
 
-fn rdtsc() -> u64 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY: RDTSC has no memory effects; it is available on every x86-64 processor.
-        unsafe { core::arch::x86_64::_rdtsc() }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        0
-    }
-}
-
 impl<T: StepTarget> SoftRecorder<T> {
     /// Takes control of a target stopped at its first instruction (after `execve`), runs it to
     /// the configured start and, unless [`RecordFrom::OnDemand`], turns recording on there.
@@ -439,24 +529,26 @@ impl<T: StepTarget> SoftRecorder<T> {
             Some(a) => Some(a),
             None => target.regs().ok().map(|r| r.rip),
         };
-        let topa = Topa::circular(
-            config.ring.caps,
-            &config.ring.region_sizes,
-            config.ring.int_on.clone(),
-        )?;
-        let ring = SharedRing::new(topa);
-        let store = TraceStore::new();
+        let main_tid = target.pid();
+        let lane = Lane::new(main_tid, &config)?;
+        let streams: Streams = Arc::new(Mutex::new(vec![(lane.ring.clone(), lane.store.clone())]));
+        let main_store = lane.store.clone();
         let drainer_stop = Arc::new(AtomicBool::new(false));
         let drainer = {
-            let ring = ring.clone();
-            let store = store.clone();
+            // Woken by the main thread's ring (PMI) or every 50 ms; drains every thread's ring
+            // (the recorder also drains a ring itself when a write would not fit).
+            let main_ring = lane.ring.clone();
+            let streams = Arc::clone(&streams);
             let stop = Arc::clone(&drainer_stop);
             std::thread::Builder::new()
                 .name("soft-pt-drainer".into())
                 .spawn(move || {
                     loop {
-                        let wake = ring.wait_for_data(Duration::from_millis(50));
-                        drain_into(&ring, &store);
+                        let wake = main_ring.wait_for_data(Duration::from_millis(50));
+                        let all = streams.lock().map(|v| v.clone()).unwrap_or_default();
+                        for (ring, store) in &all {
+                            drain_into(ring, store);
+                        }
                         if matches!(wake, Wake::Closed | Wake::Ended)
                             || stop.load(Ordering::Acquire)
                         {
@@ -467,13 +559,19 @@ impl<T: StepTarget> SoftRecorder<T> {
                 .ok()
         };
         let mut me = SoftRecorder {
-            encoder: SoftEncoder::new(config.encoder),
-            ip_log: config.log_ips.then(Vec::new),
-            state_log: config.state_log.then(StateLog::new),
+            lane,
+            parked: Vec::new(),
+            ended_lanes: Vec::new(),
+            streams,
+            main_store,
+            slice_used: 0,
+            state_log: config.state_log.then(|| {
+                let mut log = StateLog::new();
+                log.set_thread(main_tid);
+                log
+            }),
             target,
             config,
-            ring,
-            store,
             drainer,
             drainer_stop,
             cache: InsnCache::new(),
@@ -483,8 +581,6 @@ impl<T: StepTarget> SoftRecorder<T> {
             breakpoint_hit: None,
             start_address,
             interrupt: Arc::new(AtomicBool::new(false)),
-            pending_signal: None,
-            regs: None,
             image: None,
             exit: None,
             stop_at_exit: false,
@@ -492,6 +588,13 @@ impl<T: StepTarget> SoftRecorder<T> {
             stats: RecorderStats::default(),
             steps: Arc::new(AtomicU64::new(0)),
         };
+        // Threads the program created before the recording start (constructors).
+        for tid in me.target.threads() {
+            if tid != main_tid {
+                me.add_lane(tid)?;
+            }
+        }
+        me.target.take_new_threads();
         if me.config.record_from != RecordFrom::OnDemand {
             me.record_on();
         }
@@ -501,8 +604,13 @@ impl<T: StepTarget> SoftRecorder<T> {
     /// The target. The recorder forgets the registers it read at this stop, since the caller
     /// may change them.
     pub fn target(&mut self) -> &mut T {
-        self.regs = None;
+        self.lane.regs = None;
         &mut self.target
+    }
+
+    /// The target, read-only.
+    pub fn target_ref(&self) -> &T {
+        &self.target
     }
 
     /// Where the target stood when the recorder took over (after running to the configured
@@ -530,7 +638,7 @@ impl<T: StepTarget> SoftRecorder<T> {
 
     /// The store the drainer fills (a shared handle: readable while recording runs).
     pub fn store(&self) -> TraceStore {
-        self.store.clone()
+        self.main_store.clone()
     }
 
     /// The state log, if enabled.
@@ -549,7 +657,7 @@ impl<T: StepTarget> SoftRecorder<T> {
     pub fn record_off(&mut self) -> Result<(), RecordError> {
         if self.recording && self.exit.is_none() {
             let ip = self.current_regs()?.rip;
-            self.encoder.disable(ip);
+            self.lane.encoder.disable(ip);
             self.recording = false;
             self.write_out(true);
         }
@@ -561,29 +669,39 @@ impl<T: StepTarget> SoftRecorder<T> {
     /// Returns the bytes lost by that drain (also counted in [`RecorderStats::lost_bytes`]).
     pub fn sync_store(&mut self) -> u64 {
         self.write_out(true);
-        let lost = drain_into(&self.ring, &self.store);
+        let mut lost = 0;
+        for l in std::iter::once(&self.lane)
+            .chain(self.parked.iter())
+            .chain(self.ended_lanes.iter())
+        {
+            lost += drain_into(&l.ring, &l.store);
+        }
         self.stats.lost_bytes += lost;
         lost
     }
 
     /// The signal the next step delivers (the one that stopped the process, if any).
     pub fn pending_signal(&self) -> Option<Signal> {
-        self.pending_signal
+        self.lane.pending_signal
     }
 
     /// Replaces the signal the next step delivers: a debugger may suppress the signal that
     /// stopped the program (`signal 0`) or send another one.
     pub fn set_pending_signal(&mut self, signal: Option<Signal>) {
-        self.pending_signal = signal;
+        self.lane.pending_signal = signal;
     }
 
     /// The registers at the current stop.
     pub fn current_regs(&mut self) -> Result<Regs, RecordError> {
-        if let Some(r) = self.regs {
+        if let Some(r) = self.lane.regs {
             return Ok(r);
         }
+        // A debugger may have selected another thread to read its registers.
+        if self.target.current_thread() != self.lane.tid {
+            self.target.select_thread(self.lane.tid)?;
+        }
         let r = self.target.regs()?;
-        self.regs = Some(r);
+        self.lane.regs = Some(r);
         Ok(r)
     }
 
@@ -602,6 +720,12 @@ impl<T: StepTarget> SoftRecorder<T> {
     }
 
     /// Executes one instruction (or delivers a pending signal) and records it.
+    ///
+    /// With several threads, one thread runs at a time (the others stay stopped), in turns of
+    /// [`RecorderConfig::time_slice`] steps: the order of all their instructions is known. A
+    /// thread whose step does not come back at once (a system call waiting for another thread)
+    /// is left in the kernel and collected later; meanwhile the others run. When every thread
+    /// waits, the step returns [`StepEvent::Idle`].
     pub fn step(&mut self) -> Result<StepEvent, RecordError> {
         if let Some(e) = self.exit {
             return Ok(StepEvent::Exited(e));
@@ -609,12 +733,279 @@ impl<T: StepTarget> SoftRecorder<T> {
         if self.at_exit {
             return Ok(StepEvent::Exiting);
         }
+        self.adopt_new_threads()?;
+        if self.parked.is_empty() && self.lane.in_flight.is_none() {
+            return self.step_lane();
+        }
+        self.step_threads()
+    }
+
+    /// [`step`](Self::step) with several threads.
+    fn step_threads(&mut self) -> Result<StepEvent, RecordError> {
+        // A blocked step that came back, in any thread, first (looked at every few steps, and
+        // at once when nothing else can run).
+        let nothing_runnable =
+            self.lane.in_flight.is_some() && self.parked.iter().all(|l| l.in_flight.is_some());
+        if (nothing_runnable || self.stats.single_steps % 16 == 0)
+            && let Some(ev) = self.collect_in_flight()?
+        {
+            return Ok(ev);
+        }
+        if (self.lane.in_flight.is_some() || self.slice_used >= self.config.time_slice)
+            && !self.rotate()?
+        {
+            if self.lane.in_flight.is_some() {
+                // Every thread waits in a system call: give them a moment.
+                std::thread::sleep(Duration::from_micros(100));
+                return Ok(StepEvent::Idle);
+            }
+            // Only the current thread can run: it keeps running.
+            self.slice_used = 0;
+        }
+        self.slice_used += 1;
+        self.step_lane()
+    }
+
+    /// Starts recording thread `tid` (created by the program): its own stream, from its first
+    /// instruction.
+    fn add_lane(&mut self, tid: i32) -> Result<(), RecordError> {
+        let lane = Lane::new(tid, &self.config)?;
+        if let Ok(mut v) = self.streams.lock() {
+            v.push((lane.ring.clone(), lane.store.clone()));
+        }
+        self.parked.push(lane);
+        self.stats.threads += 1;
+        // Threads share the code: a temporary INT3 of block stepping could trap another one.
+        self.block_stepping_allowed = false;
+        Ok(())
+    }
+
+    fn adopt_new_threads(&mut self) -> Result<(), RecordError> {
+        for tid in self.target.take_new_threads() {
+            if tid != self.lane.tid && !self.parked.iter().any(|l| l.tid == tid) {
+                self.add_lane(tid)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes the next runnable parked thread the current one; `false` if there is none.
+    fn rotate(&mut self) -> Result<bool, RecordError> {
+        while let Some(j) = self.parked.iter().position(|l| l.in_flight.is_none()) {
+            let next = self.parked.remove(j);
+            if self.target.select_thread(next.tid).is_err() {
+                // Gone without our seeing its end (killed while stopped, or an exec).
+                self.stats.threads_lost += 1;
+                self.ended_lanes.push(next);
+                let _ = self.target.select_thread(self.lane.tid);
+                continue;
+            }
+            self.switch_to(next)?;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// Parks the current thread and makes `next` current. Unless its step is in flight, the
+    /// parked thread's stream pauses before its next instruction (FUP + TIP.PGD, as for a
+    /// thread scheduled out); `next` gets a TSC packet from the global clock before its next
+    /// instruction.
+    fn switch_to(&mut self, next: Lane) -> Result<(), RecordError> {
+        if self.lane.in_flight.is_none()
+            && self.recording
+            && self.lane.encoder.is_tracing()
+            && let Ok(r) = self.current_regs()
+        {
+            self.lane.encoder.async_transfer(r.rip);
+        }
+        self.write_out(true);
+        let old = std::mem::replace(&mut self.lane, next);
+        self.parked.push(old);
+        self.enter_lane()
+    }
+
+    /// Bookkeeping after `self.lane` changed.
+    fn enter_lane(&mut self) -> Result<(), RecordError> {
+        self.lane.stamp_due = true;
+        self.lane.regs = None;
+        self.slice_used = 0;
+        self.stats.switches += 1;
+        self.target.select_thread(self.lane.tid)?;
+        if let Some(log) = self.state_log.as_mut() {
+            log.set_thread(self.lane.tid);
+        }
+        Ok(())
+    }
+
+    /// Makes thread `tid` current (a parked one), if it is not.
+    fn switch_to_tid(&mut self, tid: i32) -> Result<(), RecordError> {
+        if self.lane.tid == tid {
+            return Ok(());
+        }
+        if let Some(j) = self.parked.iter().position(|l| l.tid == tid) {
+            let next = self.parked.remove(j);
+            self.switch_to(next)?;
+        }
+        Ok(())
+    }
+
+    /// Collects one step in flight that came back (any thread), recording it.
+    fn collect_in_flight(&mut self) -> Result<Option<StepEvent>, RecordError> {
+        let tids: Vec<i32> = std::iter::once(&self.lane)
+            .chain(self.parked.iter())
+            .filter(|l| l.in_flight.is_some())
+            .map(|l| l.tid)
+            .collect();
+        for tid in tids {
+            if let Some(stop) = self.target.step_poll(tid, false)? {
+                return self.complete_in_flight(tid, stop).map(Some);
+            }
+        }
+        Ok(None)
+    }
+
+    fn complete_in_flight(&mut self, tid: i32, stop: StepStop) -> Result<StepEvent, RecordError> {
+        self.switch_to_tid(tid)?;
+        let Some(f) = self.lane.in_flight.take() else {
+            return Ok(StepEvent::Idle);
+        };
+        if let (Some(log), Some(s)) = (self.state_log.as_mut(), f.log) {
+            log.resume_step(s);
+        }
+        self.lane.regs = None;
+        self.finish_step(f.ip, f.insn, f.before, f.signal, stop)
+    }
+
+    /// Whether the current thread's step is in flight (it waits in a system call: its
+    /// registers cannot be read until it is collected or [`quiesce`](Self::quiesce)d).
+    pub fn current_in_flight(&self) -> bool {
+        self.lane.in_flight.is_some()
+    }
+
+    /// Whether every thread waits in a system call (nothing can be stepped).
+    pub fn is_idle(&self) -> bool {
+        self.lane.in_flight.is_some() && self.parked.iter().all(|l| l.in_flight.is_some())
+    }
+
+    /// Brings every thread to a stop: steps in flight (threads waiting in system calls) are
+    /// interrupted (`SIGSTOP`, which is not passed to the program; the call restarts when the
+    /// thread runs again) and recorded. Afterwards the thread that was current is current
+    /// again. Returns the end of the process if it ended meanwhile.
+    pub fn quiesce(&mut self) -> Result<Option<StepEvent>, RecordError> {
+        if self.at_exit || self.exit.is_some() {
+            // The process is ending: threads still in a system call never come back; their
+            // streams end before that call.
+            let recording = self.recording;
+            for lane in std::iter::once(&mut self.lane).chain(self.parked.iter_mut()) {
+                if let Some(f) = lane.in_flight.take() {
+                    if recording {
+                        lane.encoder.finish(Some(f.ip));
+                    }
+                    lane.encoder.flush();
+                    self.stats.threads_lost += 1;
+                }
+            }
+            return Ok(None);
+        }
+        let current = self.lane.tid;
+        let waiting: Vec<i32> = std::iter::once(&mut self.lane)
+            .chain(self.parked.iter_mut())
+            .filter(|l| l.in_flight.is_some())
+            .map(|l| {
+                l.sigstop_sent = true;
+                l.tid
+            })
+            .collect();
+        for &tid in &waiting {
+            self.target.interrupt_thread(tid);
+        }
+        for tid in waiting {
+            let stop = match self.target.step_poll(tid, true)? {
+                Some(stop) => stop,
+                None => continue,
+            };
+            let ev = self.complete_in_flight(tid, stop)?;
+            if matches!(ev, StepEvent::Exited(_) | StepEvent::Exiting) {
+                return Ok(Some(ev));
+            }
+        }
+        self.switch_to_tid(current)?;
+        Ok(None)
+    }
+
+    /// The thread being stepped (the one a stop happened in).
+    pub fn current_thread(&self) -> i32 {
+        self.lane.tid
+    }
+
+    /// Makes the thread the target has selected (a debugger's choice, e.g. the thread to step)
+    /// the current one, so the next step runs it; forgets the registers read at this stop.
+    pub fn follow_selection(&mut self) -> Result<(), RecordError> {
+        self.adopt_new_threads()?;
+        let sel = self.target.current_thread();
+        if sel != self.lane.tid
+            && self
+                .parked
+                .iter()
+                .any(|l| l.tid == sel && l.in_flight.is_none())
+        {
+            return self.switch_to_tid(sel);
+        }
+        self.reselect()
+    }
+
+    /// Gives the target back its current thread (a debugger may have selected another one to
+    /// read its registers) and forgets the registers read at this stop.
+    pub fn reselect(&mut self) -> Result<(), RecordError> {
+        self.lane.regs = None;
+        if !self.parked.is_empty() || self.lane.tid != self.target.pid() {
+            self.target.select_thread(self.lane.tid)?;
+        }
+        Ok(())
+    }
+
+    /// Every recorded thread, the main thread first, with its stream (ended threads too).
+    pub fn thread_stores(&self) -> Vec<(i32, TraceStore)> {
+        let mut v: Vec<(i32, TraceStore)> = std::iter::once(&self.lane)
+            .chain(self.parked.iter())
+            .chain(self.ended_lanes.iter())
+            .map(|l| (l.tid, l.store.clone()))
+            .collect();
+        let main = self.target.pid();
+        v.sort_by_key(|(t, _)| (*t != main, *t));
+        v
+    }
+
+    /// Instructions recorded in thread `tid` (0 for a thread never recorded).
+    pub fn thread_recorded(&self, tid: i32) -> u64 {
+        std::iter::once(&self.lane)
+            .chain(self.parked.iter())
+            .chain(self.ended_lanes.iter())
+            .filter(|l| l.tid == tid)
+            .map(|l| l.recorded)
+            .sum()
+    }
+
+    /// Threads alive and recorded now, the main thread first.
+    pub fn live_threads(&self) -> Vec<i32> {
+        let mut v: Vec<i32> = std::iter::once(&self.lane)
+            .chain(self.parked.iter())
+            .map(|l| l.tid)
+            .collect();
+        let main = self.target.pid();
+        v.sort_by_key(|t| (*t != main, *t));
+        v
+    }
+
+    /// One step of the current thread.
+    fn step_lane(&mut self) -> Result<StepEvent, RecordError> {
         let mut before = self.current_regs()?;
+        self.lane.step_origin = Some(before);
         // The call a `restart_syscall` continues (its arguments are still in the registers).
         let mut restarted_call = None;
         // Resumed without a signal, a stop inside an interrupted system call re-executes the
         // `syscall` before RIP (see the module docs): that is the instruction this step runs.
-        if self.pending_signal.is_none()
+        if self.lane.pending_signal.is_none()
             && let Some(restarted) = restart_point(&before)
             && let Ok(insn) = self.cache.get(&mut self.target, restarted.rip)
             && insn.class == InsnClass::SysCall
@@ -638,17 +1029,95 @@ impl<T: StepTarget> SoftRecorder<T> {
         {
             log.before_step(&mut self.target, &before, insn);
         }
-        let signal = self.pending_signal.take();
+        let signal = self.lane.pending_signal.take();
         if let (Some(log), Some(_)) = (self.state_log.as_mut(), signal)
             && self.recording
         {
             log.before_signal(&mut self.target, &before);
         }
-        self.regs = None;
+        self.lane.regs = None;
         self.stats.single_steps += 1;
         self.steps.fetch_add(1, Ordering::Relaxed);
-        let stop = self.target.single_step(signal)?;
+        let stop = if !self.parked.is_empty()
+            && insn.is_none_or(|i| i.class == InsnClass::SysCall)
+            && self.target.step_start(signal)?
+        {
+            // A system call may wait for another thread: if it does not come back at once,
+            // it stays in flight and the other threads run.
+            match self.poll_briefly()? {
+                Some(stop) => stop,
+                None => {
+                    let log = self.state_log.as_mut().and_then(|l| l.suspend_step());
+                    self.lane.in_flight = Some(InFlight {
+                        ip,
+                        insn,
+                        before,
+                        signal,
+                        log,
+                    });
+                    self.stats.blocked_steps += 1;
+                    return Ok(StepEvent::Idle);
+                }
+            }
+        } else {
+            self.target.single_step(signal)?
+        };
+        self.finish_step(ip, insn, before, signal, stop)
+    }
+
+    /// Waits a little for the current thread's step (begun with `step_start`).
+    fn poll_briefly(&mut self) -> Result<Option<StepStop>, RecordError> {
+        let tid = self.lane.tid;
+        for i in 0..40 {
+            if let Some(stop) = self.target.step_poll(tid, false)? {
+                return Ok(Some(stop));
+            }
+            if i < 20 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Records how the step of the instruction at `ip` (registers `before`) ended.
+    fn finish_step(
+        &mut self,
+        ip: u64,
+        insn: Option<CachedInsn>,
+        before: Regs,
+        signal: Option<Signal>,
+        stop: StepStop,
+    ) -> Result<StepEvent, RecordError> {
+        if let StepStop::Signal(Signal::SIGSTOP) = stop
+            && std::mem::take(&mut self.lane.sigstop_sent)
+        {
+            // Our own SIGSTOP (collecting a thread waiting in a system call): the program
+            // does not get it.
+            let after = self.current_regs()?;
+            if self.lane.step_origin != Some(after)
+                && let Some(insn) = insn
+            {
+                // The system call was interrupted after entering the kernel: it executed (and
+                // restarts at the next step, see the module docs).
+                return self.executed(ip, &insn, &after);
+            }
+            // It stopped before anything ran (the step came back first, then the SIGSTOP).
+            self.discard_state_entry();
+            return Ok(StepEvent::Idle);
+        }
         match stop {
+            StepStop::ThreadExited(_) => {
+                // The thread's own `exit` executed and it is gone.
+                if let Some(insn) = insn {
+                    let mut after = before;
+                    after.rip = insn.nlip();
+                    self.executed(ip, &insn, &after)?;
+                }
+                self.lane_ended()?;
+                Ok(StepEvent::Executed { ip })
+            }
             // A breakpoint report for a single step means the step ended on a breakpoint
             // address: it is the step's trap.
             StepStop::Trap | StepStop::Breakpoint { .. } => {
@@ -667,7 +1136,7 @@ impl<T: StepTarget> SoftRecorder<T> {
                 if code != TRAP_TRACE && code != TRAP_BRKPT {
                     // A SIGTRAP that is not the step trap: the program's own INT3/INT1 (after
                     // it executed), or a SIGTRAP sent to it. Either way the program gets it.
-                    self.pending_signal = Some(Signal::SIGTRAP);
+                    self.lane.pending_signal = Some(Signal::SIGTRAP);
                     let executed =
                         after.rip != ip || insn.is_some_and(|i| i.class == InsnClass::SoftInt);
                     if !executed {
@@ -691,7 +1160,7 @@ impl<T: StepTarget> SoftRecorder<T> {
             }
             StepStop::Signal(sig) => {
                 self.stats.signal_stops += 1;
-                self.pending_signal = Some(sig);
+                self.lane.pending_signal = Some(sig);
                 let after = self.current_regs()?;
                 if after.rip != ip {
                     // A system call interrupted by the signal entered the kernel and stopped
@@ -725,7 +1194,7 @@ impl<T: StepTarget> SoftRecorder<T> {
                         .ok()
                         .map(|(image, _)| image);
                 }
-                self.regs = None;
+                self.lane.regs = None;
                 if self.stop_at_exit {
                     // The process stays at its end; whoever drives it lets it go. The trace is
                     // closed at the stop like at any other (FUP + TIP.PGD at the PC).
@@ -803,7 +1272,7 @@ impl<T: StepTarget> SoftRecorder<T> {
         if self.config.step_mode == StepMode::Block
             && self.block_stepping_allowed
             && self.state_log.is_none()
-            && self.pending_signal.is_none()
+            && self.lane.pending_signal.is_none()
             && self.exit.is_none()
             && max > 1
             && let Some(n) = self.run_block(max)?
@@ -857,7 +1326,7 @@ impl<T: StepTarget> SoftRecorder<T> {
         if self.target.write_memory(bp, &[0xcc]).is_err() {
             return Ok(None);
         }
-        self.regs = None;
+        self.lane.regs = None;
         self.stats.blocks += 1;
         let stop = self.target.cont(None)?;
         if matches!(
@@ -878,12 +1347,12 @@ impl<T: StepTarget> SoftRecorder<T> {
                 if regs.rip == bp + 1 {
                     regs.rip = bp;
                     self.target.set_regs(&regs)?;
-                    self.regs = Some(regs);
+                    self.lane.regs = Some(regs);
                     Ok(Some(self.executed_straight(&block, bp)))
                 } else {
                     // A SIGTRAP of the program's own (sent to it): deliver it, like any signal.
                     self.stats.signal_stops += 1;
-                    self.pending_signal = Some(Signal::SIGTRAP);
+                    self.lane.pending_signal = Some(Signal::SIGTRAP);
                     Ok(Some(self.executed_straight(&block, regs.rip)))
                 }
             }
@@ -891,9 +1360,14 @@ impl<T: StepTarget> SoftRecorder<T> {
                 // A fault in the block, or an asynchronous signal: everything before the stop
                 // IP executed, the instruction at it did not.
                 self.stats.signal_stops += 1;
-                self.pending_signal = Some(sig);
+                self.lane.pending_signal = Some(sig);
                 let at = self.current_regs()?.rip;
                 Ok(Some(self.executed_straight(&block, at)))
+            }
+            StepStop::ThreadExited(_) => {
+                // Not possible (a full-speed run reports the process, not a thread).
+                self.stats.anomalies += 1;
+                Ok(Some(0))
             }
             StepStop::Exec => {
                 // Not possible (system calls end blocks); count it and go on single-stepping.
@@ -919,7 +1393,6 @@ impl<T: StepTarget> SoftRecorder<T> {
 
     /// Records the block's instructions up to (not including) `stop_ip` as executed.
     fn executed_straight(&mut self, block: &[CachedInsn], stop_ip: u64) -> u64 {
-        self.encoder.set_tsc(rdtsc());
         let n = self.record_block(block, stop_ip);
         self.write_out(false);
         n
@@ -948,11 +1421,13 @@ impl<T: StepTarget> SoftRecorder<T> {
             self.stats.unrecorded += 1;
             return;
         }
+        self.clock_before(ip);
         self.stats.recorded += 1;
-        if let Some(log) = self.ip_log.as_mut() {
+        self.lane.recorded += 1;
+        if let Some(log) = self.lane.ip_log.as_mut() {
             log.push(ip);
         }
-        self.encoder.step(Step {
+        self.lane.encoder.step(Step {
             ip,
             len: insn.len(),
             cofi: super::encoder::Cofi::None,
@@ -968,32 +1443,107 @@ impl<T: StepTarget> SoftRecorder<T> {
     pub fn finish(&mut self) -> Result<Recording, RecordError> {
         if self.exit.is_none() && self.recording {
             let ip = self.current_regs().ok().map(|r| r.rip);
-            self.encoder.finish(ip);
+            self.lane.encoder.finish(ip);
+        }
+        if self.exit.is_none() {
+            // The other threads' streams pause where they stand (they did at their switch-out;
+            // a step in flight never came back for the recording).
+            let batch = self.config.write_batch;
+            for lane in self.parked.iter_mut() {
+                if self.recording {
+                    let at = lane.in_flight.as_ref().map(|f| f.ip);
+                    if at.is_some() {
+                        lane.encoder.finish(at);
+                    }
+                }
+                lane.encoder.flush();
+                write_lane(lane, true, batch, &mut self.stats);
+            }
         }
         self.recording = false;
         self.finished = true;
-        self.encoder.flush();
+        self.lane.encoder.flush();
         self.write_out(true);
-        self.ring.close();
+        let lanes: Vec<&Lane> = std::iter::once(&self.lane)
+            .chain(self.parked.iter())
+            .chain(self.ended_lanes.iter())
+            .collect();
+        for l in &lanes {
+            l.ring.close();
+        }
         self.drainer_stop.store(true, Ordering::Release);
         let joined = self.drainer.take().map(|h| h.join());
-        self.stats.lost_bytes += drain_into(&self.ring, &self.store);
+        let mut lost = 0;
+        for l in std::iter::once(&self.lane)
+            .chain(self.parked.iter())
+            .chain(self.ended_lanes.iter())
+        {
+            drain_into(&l.ring, &l.store);
+            lost += l.store.lost();
+        }
         if matches!(joined, Some(Err(_))) {
             return Err(RecordError::Drainer);
         }
-        self.stats.lost_bytes = self.store.lost();
-        self.stats.pmis = self.ring.with(|r| r.pmi_count());
+        self.stats.lost_bytes = lost;
+        self.stats.pmis = self.main_lane().ring.with(|r| r.pmi_count());
         let stats = self.stats();
+        let main = self.target.pid();
+        let mut threads: Vec<ThreadTrace> = std::iter::once(&mut self.lane)
+            .chain(self.parked.iter_mut())
+            .chain(self.ended_lanes.iter_mut())
+            .map(|l| ThreadTrace {
+                tid: l.tid,
+                trace: l.store.to_vec(),
+                ip_log: l.ip_log.take(),
+            })
+            .collect();
+        threads.sort_by_key(|t| (t.tid != main, t.tid));
+        let main_lane = self.main_lane();
+        let (trace, gaps, encoder) = (
+            main_lane.store.to_vec(),
+            main_lane.store.gaps(),
+            main_lane.encoder.stats(),
+        );
+        let ip_log = threads
+            .first()
+            .filter(|t| t.tid == main)
+            .and_then(|t| t.ip_log.clone());
         Ok(Recording {
-            trace: self.store.to_vec(),
-            gaps: self.store.gaps(),
+            trace,
+            gaps,
             stats,
-            encoder: self.encoder.stats(),
-            ip_log: self.ip_log.take(),
+            encoder,
+            ip_log,
             image: self.image.take(),
             exit: self.exit,
             state_log: self.state_log.take(),
+            threads,
         })
+    }
+
+    /// The main thread's lane (wherever it is now).
+    fn main_lane(&self) -> &Lane {
+        let main = self.target.pid();
+        std::iter::once(&self.lane)
+            .chain(self.parked.iter())
+            .chain(self.ended_lanes.iter())
+            .find(|l| l.tid == main)
+            .unwrap_or(&self.lane)
+    }
+
+    /// Before encoding the instruction at `ip`: the stream's time is the global clock (the
+    /// instructions recorded so far, all threads together: the TSC of a PSB+ is the global
+    /// index of the instruction after it), and a thread just switched in gets a TSC packet
+    /// right after tracing is (re-)enabled at `ip`, so every run of a thread's instructions
+    /// starts with its global index and the streams merge in exact order.
+    fn clock_before(&mut self, ip: u64) {
+        let now = self.stats.recorded;
+        let enc = &mut self.lane.encoder;
+        enc.set_tsc(now);
+        if std::mem::take(&mut self.lane.stamp_due) {
+            enc.enter(ip);
+            enc.tsc_now(now);
+        }
     }
 
     fn discard_state_entry(&mut self) {
@@ -1013,7 +1563,7 @@ impl<T: StepTarget> SoftRecorder<T> {
             }
         }
         if self.recording {
-            self.encoder.async_transfer(ip);
+            self.lane.encoder.async_transfer(ip);
         }
         let handler = regs.rip;
         Ok(StepEvent::HandlerEntered { from: ip, handler })
@@ -1072,12 +1622,13 @@ impl<T: StepTarget> SoftRecorder<T> {
         if let Some(log) = self.state_log.as_mut() {
             log.after_step(after, true);
         }
+        self.clock_before(ip);
         self.stats.recorded += 1;
-        if let Some(log) = self.ip_log.as_mut() {
+        self.lane.recorded += 1;
+        if let Some(log) = self.lane.ip_log.as_mut() {
             log.push(ip);
         }
-        self.encoder.set_tsc(rdtsc());
-        self.encoder.step(Step {
+        self.lane.encoder.step(Step {
             ip,
             len: insn.len(),
             cofi: cofi(insn.class, insn.nlip(), next_ip),
@@ -1100,36 +1651,83 @@ impl<T: StepTarget> SoftRecorder<T> {
             }
         };
         self.exit = Some(exit);
-        self.regs = None;
+        self.lane.regs = None;
         if self.recording {
             // Killed before `ip` executed: FUP(ip) + TIP.PGD. After exit_group the TIP.PGD was
             // already written and this adds nothing.
-            self.encoder.finish(unexecuted);
+            self.lane.encoder.finish(unexecuted);
         }
-        self.encoder.flush();
+        self.lane.encoder.flush();
         self.write_out(true);
+        self.end_parked();
         Ok(StepEvent::Exited(exit))
+    }
+
+    /// The process ended: every other thread's stream ends where it stood (a thread inside a
+    /// system call that never came back: before that call).
+    fn end_parked(&mut self) {
+        let batch = self.config.write_batch;
+        for lane in self.parked.iter_mut() {
+            if self.recording {
+                let at = lane.in_flight.take().map(|f| f.ip);
+                lane.encoder.finish(at);
+            }
+            lane.encoder.flush();
+            write_lane(lane, true, batch, &mut self.stats);
+        }
+        self.ended_lanes.append(&mut self.parked);
+    }
+
+    /// The current thread ended while the process goes on: its stream ends and the next
+    /// thread becomes current.
+    fn lane_ended(&mut self) -> Result<(), RecordError> {
+        self.lane.encoder.flush();
+        self.write_out(true);
+        self.stats.threads_ended += 1;
+        if self.parked.is_empty() {
+            return Ok(());
+        }
+        // A runnable thread if there is one, else one waiting in a system call.
+        let j = self
+            .parked
+            .iter()
+            .position(|l| l.in_flight.is_none())
+            .unwrap_or(0);
+        let next = self.parked.remove(j);
+        let old = std::mem::replace(&mut self.lane, next);
+        self.ended_lanes.push(old);
+        self.enter_lane()
     }
 
     /// Moves encoder output into the ring (in batches unless `force`), draining the ring on
     /// this thread first if the drainer has not made room.
     fn write_out(&mut self, force: bool) {
-        let pending = self.encoder.pending_output().len();
-        if pending == 0 || (!force && pending < self.config.write_batch) {
-            return;
-        }
-        let ring = &self.ring;
-        let store = &self.store;
-        let stats = &mut self.stats;
-        self.encoder.consume_output(|bytes| {
-            let room = ring.with(|r| r.capacity().saturating_sub(r.pending()));
-            if bytes.len() as u64 > room {
-                stats.inline_drains += 1;
-                stats.lost_bytes += drain_into(ring, store);
-            }
-            ring.write(bytes);
-        });
+        write_lane(
+            &mut self.lane,
+            force,
+            self.config.write_batch,
+            &mut self.stats,
+        );
     }
+}
+
+/// Moves `lane`'s encoder output into its ring (in batches of `batch` bytes unless `force`),
+/// draining the ring on this thread first if the drainer has not made room.
+fn write_lane(lane: &mut Lane, force: bool, batch: usize, stats: &mut RecorderStats) {
+    let pending = lane.encoder.pending_output().len();
+    if pending == 0 || (!force && pending < batch) {
+        return;
+    }
+    let ring = &lane.ring;
+    let store = &lane.store;
+    lane.encoder.consume_output(|bytes| {
+        let room = ring.with(|r| r.capacity().saturating_sub(r.pending()));
+        if bytes.len() as u64 > room {
+            stats.inline_drains += 1;
+            stats.lost_bytes += drain_into(ring, store);
+        }
+        ring.write(bytes);
+    });
 }
 
 /// Runs the target at full speed to `addr` with a temporary INT3 there, then restores the byte
@@ -1162,7 +1760,12 @@ pub fn run_to_breakpoint<T: StepTarget + ?Sized>(
             }
             Ok(StepStop::Signal(sig)) => signal = Some(sig),
             // A debugger breakpoint on the way (the target steps over it when continuing).
-            Ok(StepStop::Exiting | StepStop::Exec | StepStop::Breakpoint { .. }) => {}
+            Ok(
+                StepStop::Exiting
+                | StepStop::Exec
+                | StepStop::Breakpoint { .. }
+                | StepStop::ThreadExited(_),
+            ) => {}
             Ok(end @ (StepStop::Exited(_) | StepStop::Killed(_))) => {
                 return Err(RecordError::ExitedEarly(end, addr));
             }

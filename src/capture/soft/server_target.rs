@@ -13,7 +13,7 @@ use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
 use super::target::{Regs, SigInfo, StepStop, StepTarget, TargetError};
-use crate::target::{PtraceTarget, StopEvent, Target, TargetError as ServerError};
+use crate::target::{PtraceTarget, StopEvent, Target, TargetError as ServerError, ThreadStop};
 
 fn convert(pid: i32, op: &'static str, e: ServerError) -> TargetError {
     match e {
@@ -66,7 +66,7 @@ impl StepTarget for PtraceTarget {
     }
 
     fn regs(&mut self) -> Result<Regs, TargetError> {
-        let pid = Target::pid(self);
+        let pid = self.current_thread();
         nix::sys::ptrace::getregs(Pid::from_raw(pid)).map_err(|errno| TargetError::Sys {
             op: "PTRACE_GETREGS",
             pid,
@@ -75,7 +75,7 @@ impl StepTarget for PtraceTarget {
     }
 
     fn set_regs(&mut self, regs: &Regs) -> Result<(), TargetError> {
-        let pid = Target::pid(self);
+        let pid = self.current_thread();
         nix::sys::ptrace::setregs(Pid::from_raw(pid), *regs).map_err(|errno| TargetError::Sys {
             op: "PTRACE_SETREGS",
             pid,
@@ -94,10 +94,53 @@ impl StepTarget for PtraceTarget {
     }
 
     fn single_step(&mut self, signal: Option<Signal>) -> Result<StepStop, TargetError> {
-        let pid = Target::pid(self);
-        let ev = PtraceTarget::single_step(self, signal.map(|s| s as i32))
-            .map_err(|e| convert(pid, "single step", e))?;
-        to_stop(pid, ev)
+        let tid = self.current_thread();
+        StepTarget::step_start(self, signal)?;
+        match StepTarget::step_poll(self, tid, true)? {
+            Some(stop) => Ok(stop),
+            None => Err(TargetError::Unexpected {
+                pid: tid,
+                what: "blocking wait returned no stop".into(),
+            }),
+        }
+    }
+
+    fn threads(&self) -> Vec<i32> {
+        PtraceTarget::threads(self)
+    }
+
+    fn current_thread(&self) -> i32 {
+        PtraceTarget::current_thread(self)
+    }
+
+    fn take_new_threads(&mut self) -> Vec<i32> {
+        PtraceTarget::take_new_threads(self)
+    }
+
+    fn select_thread(&mut self, tid: i32) -> Result<(), TargetError> {
+        PtraceTarget::select_thread(self, tid).map_err(|e| convert(tid, "select thread", e))
+    }
+
+    fn step_start(&mut self, signal: Option<Signal>) -> Result<bool, TargetError> {
+        let tid = self.current_thread();
+        PtraceTarget::step_start(self, signal.map(|s| s as i32))
+            .map_err(|e| convert(tid, "single step", e))?;
+        Ok(true)
+    }
+
+    fn step_poll(&mut self, tid: i32, block: bool) -> Result<Option<StepStop>, TargetError> {
+        match PtraceTarget::step_poll(self, tid, block).map_err(|e| convert(tid, "wait", e))? {
+            None => Ok(None),
+            Some(ThreadStop::ThreadExited { code }) => Ok(Some(StepStop::ThreadExited(code))),
+            Some(ThreadStop::Stop(ev)) => to_stop(tid, ev).map(Some),
+        }
+    }
+
+    fn interrupt_thread(&mut self, tid: i32) {
+        // SAFETY: tgkill only sends a signal; no memory is passed.
+        unsafe {
+            libc::syscall(libc::SYS_tgkill, Target::pid(self), tid, libc::SIGSTOP);
+        }
     }
 
     fn cont(&mut self, signal: Option<Signal>) -> Result<StepStop, TargetError> {
@@ -114,7 +157,7 @@ impl StepTarget for PtraceTarget {
     }
 
     fn siginfo(&mut self) -> Result<SigInfo, TargetError> {
-        let pid = Target::pid(self);
+        let pid = self.current_thread();
         let si =
             nix::sys::ptrace::getsiginfo(Pid::from_raw(pid)).map_err(|errno| TargetError::Sys {
                 op: "PTRACE_GETSIGINFO",

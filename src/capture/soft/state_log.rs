@@ -215,6 +215,40 @@ pub struct StateLog {
     mem_marks: Vec<usize>,
     /// Bytes of the XSAVE image a snapshot keeps (legacy area, header, AVX component).
     vec_keep: usize,
+    /// The thread the next entries belong to ([`StateLog::set_thread`]).
+    thread: i32,
+    /// Registers after the last step of each thread not current now.
+    last_after_of: std::collections::HashMap<i32, Regs>,
+    /// `(first entry, thread)` of every run of entries of one thread, ascending.
+    runs: Vec<(u32, i32)>,
+    /// Per thread, the newest entry whose vector-state change is not known.
+    vec_unknown_of: std::collections::HashMap<i32, u32>,
+    /// Per thread, where its instructions are in the global order.
+    thread_insns: std::collections::HashMap<i32, ThreadInsns>,
+    /// The thread of the newest instruction.
+    last_insn_thread: Option<i32>,
+}
+
+/// Where one thread's instructions are among all threads' ([`StateLog::global_position`]).
+#[derive(Debug, Default, Clone)]
+struct ThreadInsns {
+    /// `(global position, thread position)` of the first instruction of each of its runs.
+    runs: Vec<(u64, u64)>,
+    /// Its instructions.
+    count: u64,
+}
+
+/// An entry opened by [`StateLog::before_step`] whose step has not come back yet (a system
+/// call waiting while other threads run), taken out of the log until it does
+/// ([`StateLog::resume_step`]). Its memory snapshots were taken before the call ran.
+#[derive(Debug)]
+pub struct SuspendedStep {
+    pending: Pending,
+    mem_addr: Vec<u64>,
+    mem_len: Vec<u32>,
+    data: Vec<u8>,
+    syscall_nr: Option<u64>,
+    thread: i32,
 }
 
 impl Default for StateLog {
@@ -418,7 +452,104 @@ impl StateLog {
             unknown: Vec::new(),
             mem_marks: Vec::new(),
             vec_keep: vector_keep_len(),
+            thread: 0,
+            last_after_of: std::collections::HashMap::new(),
+            runs: Vec::new(),
+            vec_unknown_of: std::collections::HashMap::new(),
+            thread_insns: std::collections::HashMap::new(),
+            last_insn_thread: None,
         }
+    }
+
+    /// Instructions of thread `tid` in the log.
+    pub fn thread_len(&self, tid: i32) -> u64 {
+        self.thread_insns.get(&tid).map_or(0, |t| t.count)
+    }
+
+    /// The global position of thread `tid`'s instruction number `n` (its own count); `n` equal
+    /// to the thread's count (its present) is the global end. `None` beyond that.
+    pub fn global_position(&self, tid: i32, n: u64) -> Option<u64> {
+        let end = self.positions.len() as u64;
+        let Some(t) = self.thread_insns.get(&tid) else {
+            return (n == 0).then_some(end);
+        };
+        if n >= t.count {
+            return (n == t.count).then_some(end);
+        }
+        let i = t.runs.partition_point(|&(_, local)| local <= n) - 1;
+        let (global, local) = t.runs[i];
+        Some(global + (n - local))
+    }
+
+    /// How many instructions of thread `tid` come before global position `g` (the thread's
+    /// own position at that moment).
+    pub fn thread_position(&self, tid: i32, g: u64) -> u64 {
+        let Some(t) = self.thread_insns.get(&tid) else {
+            return 0;
+        };
+        let i = t.runs.partition_point(|&(global, _)| global < g);
+        if i == 0 {
+            return 0;
+        }
+        let (global, local) = t.runs[i - 1];
+        let run_len = t.runs.get(i).map_or(t.count, |&(_, next)| next) - local;
+        local + (g - global).min(run_len)
+    }
+
+    /// Makes `tid` the thread the next entries belong to. Entries of all threads are kept in
+    /// one log in the order they executed (memory is shared, so undoing memory is undoing
+    /// every thread's writes newest first); registers are rebuilt per thread
+    /// ([`registers_at_thread`](Self::registers_at_thread)). A log that never calls this has
+    /// one thread, 0.
+    pub fn set_thread(&mut self, tid: i32) {
+        if tid == self.thread {
+            return;
+        }
+        if let Some(last) = self.last_after.take() {
+            self.last_after_of.insert(self.thread, last);
+        }
+        self.last_after = self.last_after_of.remove(&tid);
+        self.thread = tid;
+    }
+
+    /// Takes the open entry out of the log while its step is in flight (see [`SuspendedStep`]);
+    /// `None` if no entry is open.
+    pub fn suspend_step(&mut self) -> Option<SuspendedStep> {
+        if !self.pending.open {
+            return None;
+        }
+        let mem_addr = self.mem_addr.split_off(self.pending.mem_mark);
+        let mem_len = self.mem_len.split_off(self.pending.mem_mark);
+        let data = self.data.split_off(self.pending.data_mark);
+        let pending = std::mem::take(&mut self.pending);
+        Some(SuspendedStep {
+            pending,
+            mem_addr,
+            mem_len,
+            data,
+            syscall_nr: self.syscall_nr.take(),
+            thread: self.thread,
+        })
+    }
+
+    /// Puts a suspended entry back as the open one (its step came back): the next
+    /// [`after_step`](Self::after_step) closes it.
+    pub fn resume_step(&mut self, step: SuspendedStep) {
+        self.set_thread(step.thread);
+        let mut pending = step.pending;
+        pending.mem_mark = self.mem_addr.len();
+        pending.data_mark = self.data.len();
+        self.mem_addr.extend(step.mem_addr);
+        self.mem_len.extend(step.mem_len);
+        self.data.extend(step.data);
+        self.pending = pending;
+        self.syscall_nr = step.syscall_nr;
+    }
+
+    /// The thread entry `entry` belongs to.
+    fn thread_of(&self, entry: u32) -> i32 {
+        let i = self.runs.partition_point(|&(first, _)| first <= entry);
+        i.checked_sub(1).map_or(self.thread, |i| self.runs[i].1)
     }
 
     /// Size counters.
@@ -468,6 +599,11 @@ impl StateLog {
     /// and its old state was not kept), or `position` is beyond the log; `xsave` is then
     /// unspecified.
     pub fn xstate_at(&self, position: usize, xsave: &mut [u8]) -> bool {
+        self.xstate_at_thread(None, position, xsave)
+    }
+
+    /// [`xstate_at`](Self::xstate_at) for thread `thread` (`None`: a single-thread log).
+    pub fn xstate_at_thread(&self, thread: Option<i32>, position: usize, xsave: &mut [u8]) -> bool {
         if position > self.positions.len() {
             return false;
         }
@@ -475,11 +611,21 @@ impl StateLog {
             Some(&e) => e,
             None => self.entries.len() as u32,
         };
-        if self.vec_unknown.is_some_and(|u| u >= first) {
+        let unknown = match thread {
+            None => self.vec_unknown,
+            Some(t) => self.vec_unknown_of.get(&t).copied(),
+        };
+        if unknown.is_some_and(|u| u >= first) {
             return false;
         }
-        // The oldest snapshot at or after `first` holds the whole state before it.
-        let i = self.vec_index.partition_point(|&(e, _)| e < first);
+        // The oldest snapshot (of this thread) at or after `first` holds the whole state
+        // before it.
+        let mut i = self.vec_index.partition_point(|&(e, _)| e < first);
+        if let Some(t) = thread {
+            while i < self.vec_index.len() && self.thread_of(self.vec_index[i].0) != t {
+                i += 1;
+            }
+        }
         if i < self.vec_index.len() {
             let snap = self.vector_snapshot(i);
             let n = snap.len().min(xsave.len());
@@ -777,6 +923,13 @@ impl StateLog {
         let mem_len = (self.mem_addr.len() - self.pending.mem_mark) as u32;
         let entry = self.entries.len() as u32;
         if kind == EntryKind::Instruction {
+            let global = self.positions.len() as u64;
+            let t = self.thread_insns.entry(self.thread).or_default();
+            if self.last_insn_thread != Some(self.thread) {
+                t.runs.push((global, t.count));
+                self.last_insn_thread = Some(self.thread);
+            }
+            t.count += 1;
             self.positions.push(entry);
         }
         if let Some(x) = self.pending.xstate.take() {
@@ -784,6 +937,7 @@ impl StateLog {
         } else if self.pending.xstate_unknown {
             self.stats.vector_unknown += 1;
             self.vec_unknown = Some(entry);
+            self.vec_unknown_of.insert(self.thread, entry);
         }
         if let Some(why) = self.pending.unknown {
             self.unknown.push((entry, why));
@@ -836,6 +990,9 @@ impl StateLog {
         if self.entries.len() % MEM_MARK_EVERY == 0 {
             self.mem_marks.push(mem_start);
         }
+        if self.runs.last().map(|r| r.1) != Some(self.thread) {
+            self.runs.push((self.entries.len() as u32, self.thread));
+        }
         self.entries.push(entry);
     }
 
@@ -850,6 +1007,18 @@ impl StateLog {
         &self,
         position: usize,
         regs: &mut Regs,
+        restore_memory: impl FnMut(u64, &[u8]),
+    ) -> bool {
+        self.undo_to_thread(position, None, regs, restore_memory)
+    }
+
+    /// [`undo_to`](Self::undo_to) where `regs` are thread `thread`'s: only that thread's
+    /// register changes are undone (`None`: every entry's), memory is undone for all threads.
+    pub fn undo_to_thread(
+        &self,
+        position: usize,
+        thread: Option<i32>,
+        regs: &mut Regs,
         mut restore_memory: impl FnMut(u64, &[u8]),
     ) -> bool {
         if position > self.positions.len() {
@@ -863,10 +1032,19 @@ impl StateLog {
         let mut reg_end = self.reg_val.len();
         let mut mem_end = self.pending_mem_start();
         let mut data_end = self.pending_data_start();
-        for e in self.entries[first..].iter().rev() {
+        // The run of the entry being undone (walked backwards with it).
+        let mut run = self.runs.len();
+        for (idx, e) in self.entries[first..].iter().enumerate().rev() {
+            let index = (first + idx) as u32;
+            while run > 0 && self.runs[run - 1].0 > index {
+                run -= 1;
+            }
+            let owner = run.checked_sub(1).map_or(self.thread, |r| self.runs[r].1);
             let reg_start = reg_end - usize::from(e.reg_len);
-            for i in reg_start..reg_end {
-                set_reg(regs, usize::from(self.reg_idx[i]), self.reg_val[i]);
+            if thread.is_none_or(|t| t == owner) {
+                for i in reg_start..reg_end {
+                    set_reg(regs, usize::from(self.reg_idx[i]), self.reg_val[i]);
+                }
             }
             reg_end = reg_start;
             let mem_start = mem_end - e.mem_len as usize;
@@ -879,6 +1057,24 @@ impl StateLog {
             mem_end = mem_start;
         }
         true
+    }
+
+    /// Thread `thread`'s registers before the instruction at (global) `position`, given its
+    /// present registers.
+    pub fn registers_at_thread(
+        &self,
+        thread: i32,
+        position: usize,
+        present: &Regs,
+    ) -> Option<Regs> {
+        let mut r = *present;
+        self.undo_to_thread(position, Some(thread), &mut r, |_, _| {})
+            .then_some(r)
+    }
+
+    /// The thread that executed the instruction at `position`.
+    pub fn thread_at(&self, position: usize) -> Option<i32> {
+        self.positions.get(position).map(|&e| self.thread_of(e))
     }
 
     fn pending_mem_start(&self) -> usize {

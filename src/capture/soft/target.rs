@@ -95,6 +95,9 @@ pub enum StepStop {
     Exited(i32),
     /// The process was killed by this signal.
     Killed(Signal),
+    /// The stepped thread ended by itself (`exit`, not `exit_group`) with this status; the
+    /// process goes on.
+    ThreadExited(i32),
 }
 
 /// The `siginfo` fields the recorder looks at.
@@ -142,6 +145,46 @@ pub trait StepTarget {
     fn xstate(&mut self) -> Option<Vec<u8>> {
         None
     }
+    /// The threads to record, the main thread first. A target that does not follow threads
+    /// has one: the process.
+    fn threads(&self) -> Vec<i32> {
+        vec![self.pid()]
+    }
+    /// The selected thread ([`select_thread`](Self::select_thread)).
+    fn current_thread(&self) -> i32 {
+        self.pid()
+    }
+    /// Threads created since the last call (recorded from their first instruction on).
+    fn take_new_threads(&mut self) -> Vec<i32> {
+        Vec::new()
+    }
+    /// Makes `tid` the thread that [`regs`](Self::regs), [`set_regs`](Self::set_regs),
+    /// [`single_step`](Self::single_step), [`siginfo`](Self::siginfo) and
+    /// [`xstate`](Self::xstate) act on.
+    fn select_thread(&mut self, tid: i32) -> Result<(), TargetError> {
+        if tid == self.pid() {
+            Ok(())
+        } else {
+            Err(TargetError::Unexpected {
+                pid: self.pid(),
+                what: format!("this target does not follow thread {tid}"),
+            })
+        }
+    }
+    /// Starts a single step of the selected thread without waiting for it (a system call may
+    /// block until another thread acts); `Ok(false)` when the target cannot (then use
+    /// [`single_step`](Self::single_step)).
+    fn step_start(&mut self, _signal: Option<Signal>) -> Result<bool, TargetError> {
+        Ok(false)
+    }
+    /// Collects a step of thread `tid` begun with [`step_start`](Self::step_start);
+    /// `Ok(None)` while it runs (only when `block` is false).
+    fn step_poll(&mut self, _tid: i32, _block: bool) -> Result<Option<StepStop>, TargetError> {
+        Ok(None)
+    }
+    /// Asks thread `tid`, inside a step begun with [`step_start`](Self::step_start), to stop
+    /// (`SIGSTOP`: a blocking system call is interrupted and restarts later).
+    fn interrupt_thread(&mut self, _tid: i32) {}
 }
 
 /// A child process started under ptrace (`PTRACE_TRACEME`) with address-space randomisation

@@ -1,0 +1,485 @@
+//! The ptrace backend records every thread: one PT stream per thread, each decoding to exactly
+//! the instructions the single-stepper saw that thread execute; TSC packets from one global
+//! instruction clock that put the threads' instructions back in their exact global order; one
+//! state log that rebuilds every thread's registers at any global position. And the live side
+//! through real GDB: breakpoints and crashes in workers reported in their thread, every thread
+//! listed and readable, a deadlock interrupted with Ctrl-C, hundreds of short-lived threads,
+//! SIGKILL from outside.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+mod support;
+
+use ptrewind::capture::soft::{RecordFrom, RecorderConfig, SoftRecorder, StepTarget, procmaps};
+use ptrewind::flow::{FlowConfig, FlowDecoder, Item};
+use ptrewind::target::{PtraceTarget, SpawnOptions};
+use support::cbuild::compile_source;
+use support::gdb::{Server, gdb_session, gdb_session_interrupting, ptrewind};
+
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Main and two workers: deterministic work, a shared counter under a mutex, then join.
+/// `crash`: worker 2 writes through a null pointer after its work. `deadlock`: main and worker 1
+/// take two mutexes in opposite orders and wait forever. `churn N`: N short-lived threads, one
+/// after the other.
+const MT_SRC: &str = r#"
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+volatile long shared;
+pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER, m2 = PTHREAD_MUTEX_INITIALIZER;
+static int crash, deadlock;
+__attribute__((noinline)) long work(long id, long n) {
+  long acc = id;
+  for (long i = 0; i < n; i++) acc = acc * 31 + i;
+  return acc;
+}
+__attribute__((noinline)) void boom(void) { *(volatile int *)0 = 1; }
+void *worker(void *arg) {
+  long id = (long)arg;
+  if (deadlock && id == 1) {
+    pthread_mutex_lock(&m2);
+    usleep(20000);
+    pthread_mutex_lock(&m); /* WORKER BLOCKS */
+  }
+  long r = work(id, 300 * id);
+  pthread_mutex_lock(&m);
+  shared += r & 0xff; /* SHARED LINE */
+  pthread_mutex_unlock(&m);
+  if (crash && id == 2) boom();
+  return (void *)r;
+}
+void *tiny(void *arg) { return (void *)((long)arg * 2); }
+int main(int argc, char **argv) {
+  crash = argc > 1 && !strcmp(argv[1], "crash");
+  deadlock = argc > 1 && !strcmp(argv[1], "deadlock");
+  if (argc > 2 && !strcmp(argv[1], "churn")) {
+    long n = atol(argv[2]), total = 0;
+    for (long i = 0; i < n; i++) {
+      pthread_t t; void *r;
+      pthread_create(&t, 0, tiny, (void *)i);
+      pthread_join(t, &r);
+      total += (long)r;
+    }
+    printf("total=%ld\n", total); /* CHURN DONE */
+    return total == n * (n - 1) ? 0 : 1;
+  }
+  if (deadlock) {
+    pthread_mutex_lock(&m);
+    usleep(10000);
+  }
+  pthread_t t[2];
+  for (long i = 0; i < 2; i++) pthread_create(&t[i], 0, worker, (void *)(i + 1));
+  if (deadlock) {
+    usleep(20000);
+    pthread_mutex_lock(&m2); /* MAIN BLOCKS */
+  }
+  for (int i = 0; i < 2; i++) pthread_join(t[i], 0);
+  printf("shared=%ld\n", shared); /* JOINED */
+  return 0;
+}
+"#;
+
+fn program() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("ptrace-threads");
+        std::fs::create_dir_all(&dir).unwrap();
+        compile_source("cc", &dir, "mt", MT_SRC, &["-g", "-O0", "-pthread"], &[])
+    })
+}
+
+fn line_of(marker: &str) -> usize {
+    MT_SRC
+        .lines()
+        .skip(1)
+        .position(|l| l.contains(marker))
+        .map(|i| i + 1)
+        .unwrap_or_else(|| panic!("no {marker}"))
+}
+
+/// Each instruction's global index from its stream's TSC: the TSC after a (re-)enable and in
+/// a PSB+ is the global index of the next instruction, and the stream's instructions are
+/// consecutive in the global order until the next TSC.
+fn decode_with_global_index(trace: &[u8], image: &ptrewind::image::Image) -> Vec<(u64, u64)> {
+    let mut dec = FlowDecoder::new(trace, image, FlowConfig::default());
+    let mut out = Vec::new();
+    let (mut base, mut k) = (u64::MAX, 0u64);
+    while let Some(item) = dec.next_item() {
+        if let Item::Insn(i) = item {
+            if i.time != base {
+                base = i.time;
+                k = 0;
+            }
+            out.push((base + k, i.ip));
+            k += 1;
+        }
+    }
+    out
+}
+
+/// Records the three-thread program with a short time slice (many switches), stops it part
+/// way, and checks the capture against the single-stepper's own per-thread logs:
+/// * every thread's stream decodes to exactly its executed instructions;
+/// * merging the streams by their TSC gives exactly the global order the state log keeps
+///   (every global index once, owned by the thread that executed it);
+/// * the state log rebuilds every live thread's RIP at 60 global positions from its present
+///   registers (each thread's next instruction there).
+#[test]
+fn every_thread_stream_is_exact_and_tsc_gives_the_global_order() {
+    let exe = program();
+    let target =
+        PtraceTarget::spawn(&OsString::from(exe), &[], &SpawnOptions::default()).expect("spawn");
+    let config = RecorderConfig {
+        log_ips: true,
+        state_log: true,
+        time_slice: 37,
+        record_from: RecordFrom::Main,
+        ..RecorderConfig::default()
+    };
+    let mut rec = SoftRecorder::new(target, config).expect("recorder");
+    // Part way: until both workers exist, then a little more (every thread has work left).
+    for _ in 0..200 {
+        if rec.live_threads().len() >= 3 {
+            break;
+        }
+        rec.run(Some(500)).expect("run");
+    }
+    assert_eq!(rec.live_threads().len(), 3, "the workers were not created");
+    rec.run(Some(1_500)).expect("run");
+    assert!(
+        rec.quiesce().expect("quiesce").is_none(),
+        "the program ended"
+    );
+    let (image, _) = procmaps::capture_image(rec.target()).expect("image");
+    let mut present = BTreeMap::new();
+    for tid in rec.live_threads() {
+        rec.target().select_thread(tid).unwrap();
+        present.insert(tid, StepTarget::regs(rec.target()).unwrap());
+    }
+    let recording = rec.finish().expect("finish");
+    let stats = recording.stats;
+    assert!(
+        recording.threads.len() >= 3,
+        "{:?}",
+        recording.threads.len()
+    );
+    assert!(stats.switches > 10, "{stats:?}");
+    let log = recording.state_log.as_ref().expect("state log");
+    assert_eq!(log.len() as u64, stats.recorded);
+
+    // Per thread: decoded == stepped; global indexes from TSC.
+    let mut merged: Vec<(u64, i32)> = Vec::new();
+    let mut logs: BTreeMap<i32, Vec<u64>> = BTreeMap::new();
+    for t in &recording.threads {
+        let truth = t.ip_log.clone().expect("ip log");
+        let decoded = decode_with_global_index(&t.trace, &image);
+        let ips: Vec<u64> = decoded.iter().map(|&(_, ip)| ip).collect();
+        if ips != truth {
+            let i = ips
+                .iter()
+                .zip(&truth)
+                .position(|(a, b)| a != b)
+                .unwrap_or(ips.len().min(truth.len()));
+            eprintln!(
+                "thread {} first diff at {i}: decoded {:x?} truth {:x?}",
+                t.tid,
+                &ips[i.saturating_sub(3)..(i + 5).min(ips.len())],
+                &truth[i.saturating_sub(3)..(i + 5).min(truth.len())]
+            );
+            eprintln!(
+                "decoded tail {:x?}\ntruth tail {:x?}",
+                &ips[ips.len().saturating_sub(6)..],
+                &truth[truth.len().saturating_sub(6)..]
+            );
+        }
+        assert_eq!(
+            ips.len(),
+            truth.len(),
+            "thread {}: instruction count",
+            t.tid
+        );
+        assert!(ips == truth, "thread {}: decoded flow differs", t.tid);
+        merged.extend(decoded.iter().map(|&(g, _)| (g, t.tid)));
+        logs.insert(t.tid, truth);
+    }
+    merged.sort();
+    assert_eq!(merged.len() as u64, stats.recorded);
+    for (n, &(g, tid)) in merged.iter().enumerate() {
+        assert_eq!(g, n as u64, "global index {n} missing or doubled");
+        assert_eq!(
+            log.thread_at(n),
+            Some(tid),
+            "global index {n}: wrong thread"
+        );
+    }
+    assert!(
+        logs.values().filter(|l| !l.is_empty()).count() >= 3,
+        "three threads executed"
+    );
+
+    // Registers per thread at global positions: RIP = that thread's next instruction.
+    let total = merged.len();
+    let mut before_n: BTreeMap<i32, usize> = BTreeMap::new();
+    let mut checked = 0;
+    let step = (total / 60).max(1);
+    for n in 0..=total {
+        if n % step == 0 {
+            for (&tid, regs) in &present {
+                let done = before_n.get(&tid).copied().unwrap_or(0);
+                let want = logs[&tid].get(done).copied().unwrap_or(regs.rip);
+                let got = log.registers_at_thread(tid, n, regs).expect("in the log");
+                assert_eq!(
+                    got.rip, want,
+                    "thread {tid} at global {n}: rip {:#x} != {want:#x}",
+                    got.rip
+                );
+                checked += 1;
+            }
+        }
+        if let Some(&(_, tid)) = merged.get(n) {
+            *before_n.entry(tid).or_default() += 1;
+        }
+    }
+    assert!(checked >= 60, "{checked}");
+}
+
+/// `ptrewind record --backend ptrace` of the test program; the process exits at its end
+/// (`--no-stop-at-exit`) unless `extra` asks for `--stop-at-exit`.
+fn record(args: &[&str], extra: &[&str]) -> Server {
+    let at_exit: &[&str] = if extra.contains(&"--stop-at-exit") {
+        &[]
+    } else {
+        &["--no-stop-at-exit"]
+    };
+    Server::spawn(
+        ptrewind()
+            .args(["record", "--backend", "ptrace", "--listen", "127.0.0.1:0"])
+            .args(at_exit)
+            .args(extra)
+            .arg("--")
+            .arg(program())
+            .args(args),
+    )
+}
+
+/// GDB: a breakpoint in a worker is reached and reported in that thread; `info threads` lists
+/// all three; another thread's registers and backtrace are readable; the worker's crash is
+/// reported in the worker; the server keeps the recording and says so.
+#[test]
+fn gdb_worker_breakpoint_and_crash_in_their_thread() {
+    let shared = line_of("SHARED LINE");
+    let r = gdb_session(
+        record(&["crash"], &[]),
+        program(),
+        &[
+            "break work if id == 2",
+            "continue",
+            "echo AT-WORK\\n",
+            "info threads",
+            "print id",
+            "thread 1",
+            "bt 1",
+            "print $pc != 0",
+            "delete",
+            "continue",
+            "echo CRASHED\\n",
+            "info threads",
+            "bt 2",
+            "monitor stats",
+            "continue",
+        ],
+        TIMEOUT,
+    );
+    let at_work = r.after("AT-WORK");
+    assert!(
+        at_work.contains("3 Thread") || at_work.matches("    Thread ").count() >= 3,
+        "three threads\n{}",
+        r.dump()
+    );
+    assert!(
+        r.gdb.contains("hit Breakpoint 1, work (id=2"),
+        "{}",
+        r.dump()
+    );
+    r.expect("$1 = 2");
+    r.expect("[Switching to thread 1 ");
+    r.expect("$2 = 1");
+    let crashed = r.after("CRASHED");
+    assert!(
+        r.gdb.contains("received signal SIGSEGV"),
+        "no SIGSEGV\n{}",
+        r.dump()
+    );
+    assert!(crashed.contains("#0  boom () at"), "{}", r.dump());
+    assert!(crashed.contains("worker (arg=0x2)"), "{}", r.dump());
+    assert!(crashed.contains("threads recorded"), "{}", r.dump());
+    assert!(
+        r.gdb.contains("terminated with signal SIGSEGV"),
+        "{}",
+        r.dump()
+    );
+    let _ = shared;
+}
+
+/// GDB: main and a worker deadlock; `continue` never returns by itself, Ctrl-C stops it with
+/// SIGINT, every thread is listed where it waits, and the program can be killed.
+#[test]
+fn gdb_deadlock_interrupted_with_ctrl_c() {
+    let start = Instant::now();
+    let r = gdb_session_interrupting(
+        record(&["deadlock"], &[]),
+        program(),
+        &[
+            "continue",
+            "echo INTERRUPTED\\n",
+            "info threads",
+            "thread apply all bt 8",
+            "kill",
+        ],
+        TIMEOUT,
+        || start.elapsed() > Duration::from_secs(4),
+    );
+    r.expect("received signal SIGINT");
+    let after = r.after("INTERRUPTED");
+    assert!(
+        after.contains("MAIN BLOCKS") || after.contains("main ("),
+        "{}",
+        r.dump()
+    );
+    assert!(after.contains("worker (arg=0x1)"), "{}", r.dump());
+}
+
+/// 300 threads created and joined one after the other: each is recorded (own stream), the
+/// program runs to its normal end, and `monitor stats` counts them.
+#[test]
+fn hundreds_of_short_lived_threads() {
+    let done = line_of("CHURN DONE");
+    let r = gdb_session(
+        record(&["churn", "300"], &[]),
+        program(),
+        &[
+            &format!("break {done}"),
+            "continue",
+            "print total",
+            "monitor stats",
+            "continue",
+        ],
+        TIMEOUT,
+    );
+    r.expect(&format!("$1 = {}", 300 * 299));
+    assert!(
+        r.gdb.contains("threads recorded         300"),
+        "{}",
+        r.dump()
+    );
+    r.expect("threads ended            300");
+    r.expect("exited normally");
+}
+
+/// SIGKILL from outside while every thread waits (a deadlock), with the end of the program kept
+/// (`--stop-at-exit`): GDB gets a stop at the end, every thread is listed, `monitor stats`
+/// answers and counts the threads whose last system call never came back, and a further
+/// `continue` reports the SIGKILL. Nothing hangs.
+#[test]
+fn sigkill_from_outside_with_threads_keeps_the_recording() {
+    let server = record(&["deadlock"], &["--stop-at-exit"]);
+    let pid = server.pid;
+    let start = Instant::now();
+    let mut killed = false;
+    let r = gdb_session_interrupting(
+        server,
+        program(),
+        &[
+            "continue",
+            "echo AT-END\\n",
+            "info threads",
+            "monitor stats",
+            "continue",
+        ],
+        TIMEOUT,
+        || {
+            if !killed && start.elapsed() > Duration::from_secs(4) {
+                // SAFETY: kill(2) with a pid we started (through ptrewind) and a signal number.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                killed = true;
+            }
+            false
+        },
+    );
+    let at_end = r.after("AT-END");
+    r.expect("the program is exiting");
+    assert!(at_end.matches("Thread ").count() >= 3, "{}", r.dump());
+    assert!(
+        at_end.contains("threads recorded         2"),
+        "{}",
+        r.dump()
+    );
+    assert!(
+        at_end.contains("threads lost             2"),
+        "{}",
+        r.dump()
+    );
+    r.expect("Program terminated with signal SIGKILL");
+}
+
+/// The past of a multi-thread recording (before per-thread histories: positions are the main
+/// thread's, every thread shown at that moment): from a worker's breakpoint, back to the start
+/// of the recording, the shared counter both workers add to is 0 again (memory undone across
+/// threads in their global order) and the worker is shown where it was then (being created);
+/// forward again to the present, the counter and the worker's place are back.
+#[test]
+fn gdb_past_of_every_thread_at_the_main_threads_positions() {
+    let r = gdb_session(
+        record(&[], &[]),
+        program(),
+        &[
+            "break work if id == 2",
+            "continue",
+            "delete",
+            "break mt.c:25 if id == 2",
+            "continue",
+            "echo PRESENT\\n",
+            "print shared",
+            "thread 1",
+            "delete",
+            "reverse-continue",
+            "echo START\\n",
+            "print shared",
+            "info threads",
+            "echo START-END\\n",
+            "continue",
+            "echo BACK\\n",
+            "print shared",
+            "info threads",
+            "kill",
+        ],
+        TIMEOUT,
+    );
+    let present: i64 = r
+        .after("PRESENT")
+        .lines()
+        .find_map(|l| l.strip_prefix("$1 = "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no shared value\n{}", r.dump()));
+    assert!(present > 0, "worker 1 has added its share\n{}", r.dump());
+    let start = r.after("START");
+    let start = &start[..start.find("START-END").unwrap_or(start.len())];
+    r.expect("No more reverse-execution history");
+    assert!(start.contains("$2 = 0"), "{}", r.dump());
+    assert!(
+        start.contains("* 1    Thread") && start.contains("main ("),
+        "{}",
+        r.dump()
+    );
+    assert!(!start.contains("worker (arg=0x2) at"), "{}", r.dump());
+    let back = r.after("BACK");
+    assert!(back.contains(&format!("$3 = {present}")), "{}", r.dump());
+    assert!(back.contains("worker (arg=0x2) at"), "{}", r.dump());
+}
