@@ -825,3 +825,39 @@ fn a_killed_guest_keeps_its_recording_and_it_is_served() {
     assert!((tick..tick + 16).contains(&rc), "{}", run.dump());
     assert_eq!(run.hex_after("@rc2"), rc, "{}", run.dump());
 }
+
+/// A stop in a PC-only past expedites the PC and nothing the position does not know: GDB would
+/// take an expedited 0 for rsp/rbp and read memory near address 0 around every reverse-stepi
+/// (four extra round trips per step).
+#[test]
+fn a_pc_only_stop_reply_expedites_only_known_registers() {
+    if !qemu_available() {
+        return;
+    }
+    use support::gdb::Server;
+    use support::rsp::Raw;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = compile(dir.path(), "pie", PIE_SRC, &["-O0"], &[]);
+    let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--trace-dir"]
+        .iter()
+        .map(Into::into)
+        .collect();
+    cli.push(dir.path().join("rec").into());
+    cli.extend(["--qemu-plugin".into(), plugin().into(), "--".into()]);
+    cli.push(exe.into());
+    let mut server = Server::start_cli(&cli);
+    let mut c = Raw::connect(server.port, std::time::Duration::from_secs(30));
+    let supported = c.ask("qSupported:multiprocess+;swbreak+");
+    let stops: Vec<String> = (0..3).map(|_| c.ask("bs")).collect();
+    let _ = server.child.kill();
+    let _ = server.child.wait();
+    assert!(supported.contains("ReverseStep+"), "{supported}");
+    for stop in &stops {
+        assert!(stop.starts_with('T'), "{stop}");
+        assert!(stop.contains(";10:"), "the PC is expedited: {stop}");
+        assert!(
+            !stop.contains(";06:") && !stop.contains(";07:"),
+            "rbp/rsp are unknown in a PC-only past and must not be expedited: {stop}"
+        );
+    }
+}

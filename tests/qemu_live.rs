@@ -151,6 +151,8 @@ fn breakpoints_step_reverse_step_and_reverse_continue() {
             "continue",
             "echo @live\\n",
             "continue",
+            "echo @atexit\\n",
+            "continue",
             "echo @end\\n",
         ]),
     );
@@ -188,8 +190,15 @@ fn breakpoints_step_reverse_step_and_reverse_continue() {
         "{}",
         run.dump()
     );
+    // The program stops at its exit (the default), then exits.
     assert!(
-        after("@live").contains("exited with code 032"),
+        after("@atexit").contains("the program is exiting")
+            || after("@live").contains("the program is exiting"),
+        "{}",
+        run.dump()
+    );
+    assert!(
+        after("@atexit").contains("exited with code 032"),
         "{}",
         run.dump()
     );
@@ -330,6 +339,7 @@ fn pie_dynamic_program_many_stops_and_reverse() {
         "delete",
         "continue",
         "continue",
+        "continue",
     ]));
     let run = session(&exe, &[], &commands);
     let g = &run.gdb;
@@ -366,7 +376,9 @@ fn pie_dynamic_program_many_stops_and_reverse() {
         "{}",
         run.dump()
     );
-    // Forward: replay to the live stop, then the program runs on to its end (r = 20 + 6).
+    // Forward: replay to the live stop, then the program runs on to its end (r = 20 + 6),
+    // where it stops (the default) before it exits.
+    assert!(g.contains("the program is exiting"), "{}", run.dump());
     assert!(
         g.contains("No more reverse-execution history"),
         "{}",
@@ -375,7 +387,7 @@ fn pie_dynamic_program_many_stops_and_reverse() {
     assert!(g.contains("exited with code 032"), "{}", run.dump());
 }
 
-/// `--stop-at-exit` under QEMU: the plugin holds the program at its `exit_group`, GDB sees a
+/// The stop at the exit under QEMU (the default): the plugin holds the program at its `exit_group`, GDB sees a
 /// trap at the SYSCALL in `_exit` with the call's registers and the program's memory, reverse
 /// execution works from there, replay forward returns to the end, and a further continue ends
 /// the program with its exit code.
@@ -403,7 +415,7 @@ fn stop_at_exit_is_a_place_in_history() {
             "echo @end\\n",
         ]),
         None,
-        &["--stop-at-exit"],
+        &[],
     );
     let g = &run.gdb;
     let leaf = nm_symbol(&exe, "leaf");
@@ -477,4 +489,116 @@ fn watchpoints_are_refused_with_the_reason() {
     );
     // The refused watchpoint did not resume anything; once deleted, the next hit is leaf(1).
     assert!(run.after("@after").contains("$1 = 1"), "{}", run.dump());
+}
+
+/// `kill` while the program is held at its exit: QEMU is killed (no `k` is sent to the stub,
+/// which cannot answer there), the server reports the kill and no QEMU process is left.
+#[test]
+fn kill_at_the_held_exit() {
+    let Some((_dir, exe)) = setup() else { return };
+    let run = session_with(&exe, &[], &cmds(&["continue", "kill"]), None, &[]);
+    assert!(run.gdb.contains("the program is exiting"), "{}", run.dump());
+    assert!(run.gdb.contains("killed"), "{}", run.dump());
+    assert!(
+        run.server.contains("killed by the debugger"),
+        "{}",
+        run.dump()
+    );
+    let exe = exe.to_string_lossy().into_owned();
+    let left = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| {
+            let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            let cmd = String::from_utf8_lossy(&cmd);
+            cmd.contains("qemu-x86_64") && cmd.contains(&exe)
+        });
+    assert!(!left, "a QEMU process is left: {}", run.dump());
+}
+
+const BUSY: &str = r#"
+volatile unsigned sink;
+__attribute__((noinline)) void mark(int i) { sink += i; }
+int main(void) {
+    unsigned s = 1;
+    for (int round = 0; round < 4; round++) {
+        for (int i = 0; i < 300000; i++) { s = s * 1103515245 + 12345; if (s & 0x10000) sink++; }
+        mark(round);
+    }
+    return 0;
+}
+"#;
+
+/// Stops far apart in a branchy program (hundreds of KB of trace between them): each stop reads
+/// only the stream bytes written since the previous one (`monitor stats`: less than the whole
+/// trace), the history stays complete and exact enough for reverse-continue to land on the
+/// previous hit, with no decode error.
+#[test]
+fn stops_read_only_the_new_part_of_the_stream() {
+    if !have("qemu-x86_64") || !have("gdb") {
+        eprintln!("skipped: qemu-x86_64 (package qemu-user) or gdb not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile_source(
+        "cc",
+        dir.path(),
+        "busy",
+        BUSY,
+        &["-g", "-O1", "-no-pie"],
+        &[],
+    );
+    let mark = nm_symbol(&exe, "mark");
+    let run = session(
+        &exe,
+        &[],
+        &cmds(&[
+            "break mark",
+            "continue",
+            "continue",
+            "continue",
+            "echo @third\\n",
+            "p/x $pc",
+            "monitor stats",
+            "reverse-continue",
+            "echo @rc\\n",
+            "p/x $pc",
+            "monitor stats",
+            "kill",
+        ]),
+    );
+    let field = |text: &str, key: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no {key:?}: {}", run.dump()))
+    };
+    let third = run.after("@third");
+    let total = field(third, "trace bytes              ");
+    let read = field(third, "trace read at the last stop ");
+    assert!(total > 100_000, "{}", run.dump());
+    assert!(
+        read > 0 && read < total,
+        "read {read} of {total}: {}",
+        run.dump()
+    );
+    assert!(
+        third.contains("index complete           yes"),
+        "{}",
+        run.dump()
+    );
+    assert!(
+        third.contains("decode errors            0"),
+        "{}",
+        run.dump()
+    );
+    let bp = run.hex_after("@third");
+    assert!((mark..mark + 16).contains(&bp), "{}", run.dump());
+    assert_eq!(run.hex_after("@rc"), bp, "{}", run.dump());
+    assert!(
+        run.after("@rc").contains("decode errors            0"),
+        "{}",
+        run.dump()
+    );
 }

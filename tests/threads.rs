@@ -24,23 +24,34 @@ use support::flow_ips;
 use support::gdb::{GdbRun, Server, gdb_session};
 use support::qemu::{fold_rep, plugin, qemu_available, record_into};
 
-/// Worker A calls `step_a` 100 times and exits; then main calls it 3 times; then worker B
-/// calls `step_b` 60 times and crashes. Each thread starts after the previous one's work
-/// ended (`pthread_join`), so the global order of the calls is known.
+/// Worker A calls `step_a` 100 times and tells main through a pipe; then main calls it 3
+/// times; then worker B calls `step_b` 60 times and crashes. QEMU stamps each stream when it
+/// returns from the kernel, so main's `read` of the pipe (a system call whichever thread gets
+/// there first) puts main's calls after worker A's in the global order; B starts after them.
 const SRC: &str = r#"
 #include <pthread.h>
 #include <stdio.h>
+#include <unistd.h>
 volatile long sink;
+static int fds[2];
 __attribute__((noinline)) void step_a(long i) { sink += i; }
 __attribute__((noinline)) void step_b(long i) { sink ^= i; }
 __attribute__((noinline)) void crash(int *p) { *p = 1; }
-static void *worker_a(void *arg) { for (long i = 0; i < 100; i++) step_a(i); return arg; }
+static void *worker_a(void *arg) {
+    char c = 1;
+    for (long i = 0; i < 100; i++) step_a(i);
+    if (write(fds[1], &c, 1) != 1) return 0;
+    return arg;
+}
 static void *worker_b(void *arg) { for (long i = 0; i < 60; i++) step_b(i); crash(arg); return 0; }
 int main(void) {
     pthread_t a, b;
+    char c;
+    if (pipe(fds)) return 2;
     pthread_create(&a, 0, worker_a, 0);
-    pthread_join(a, 0);
+    if (read(fds[0], &c, 1) != 1) return 3;
     for (long i = 0; i < 3; i++) step_a(1000 + i);
+    pthread_join(a, 0);
     pthread_create(&b, 0, worker_b, 0);
     pthread_join(b, 0);
     puts("not reached");
@@ -126,6 +137,8 @@ fn every_thread_of_a_crashed_recording_in_global_order() {
     let recorded = Recorded::open(&rec_dir).expect("recording kept after the crash");
     assert_eq!(recorded.threads.len(), 3, "main + 2 workers");
     let (main, a, b) = tids(&recorded, &exe);
+    let saved = dir.path().join("saved");
+    let save_cmd = format!("monitor save {}", saved.display());
     let run = gdb_session(
         server,
         &exe,
@@ -147,10 +160,12 @@ fn every_thread_of_a_crashed_recording_in_global_order() {
             // Main's second and first calls, then worker A's last.
             "reverse-continue 3",
             "monitor thread",
+            "monitor calls 3",
             "delete",
             "echo @end\\n",
             "continue",
             "monitor thread",
+            &save_cmd,
         ],
         Duration::from_secs(120),
     );
@@ -168,6 +183,19 @@ fn every_thread_of_a_crashed_recording_in_global_order() {
     // then the stops: worker B's last step_b, main's last step_a, worker A's last step_a, and
     // the crash again in worker B.
     assert_eq!(selected(&run), [b, b, main, a, b], "{}", run.dump());
+    assert!(run.gdb.contains("saved 3 threads"), "{}", run.dump());
+    // `monitor calls` shows the selected thread's history: worker A's loop calling step_a.
+    let calls = run
+        .gdb
+        .split(&format!("thread {a} selected\n"))
+        .nth(1)
+        .and_then(|rest| rest.split(" selected\n").next())
+        .unwrap_or_default();
+    assert!(
+        calls.contains("worker_a") && calls.contains("step_a") && !calls.contains("main"),
+        "{}",
+        run.dump()
+    );
     assert!(
         run.after("@threads").contains("crash ("),
         "the crashed worker's frame: {}",
@@ -190,6 +218,42 @@ fn every_thread_of_a_crashed_recording_in_global_order() {
     assert!(
         end.contains("received signal SIGSEGV"),
         "crash reported: {}",
+        run.dump()
+    );
+    // The saved recording replays every thread the same way: it starts in the crashed
+    // worker; main made the last step_a call; forward from there the crash again.
+    let mut cli: Vec<OsString> = ["replay", "--listen", "127.0.0.1:0"]
+        .iter()
+        .map(Into::into)
+        .collect();
+    cli.push(saved.into());
+    let run = gdb_session(
+        Server::start_cli(&cli),
+        &exe,
+        &[
+            "monitor thread",
+            "break step_a",
+            "reverse-continue",
+            "monitor thread",
+            "echo @end\\n",
+            "continue",
+            "monitor thread",
+            "delete",
+            // A thread-specific breakpoint: GDB resumes past main's three calls (stops in
+            // another thread) to worker A's last one.
+            &format!(
+                "python gdb.execute('break step_a thread %d' % [t.num for t in \
+                 gdb.selected_inferior().threads() if t.ptid[1] == {a}][0])"
+            ),
+            "reverse-continue",
+            "monitor thread",
+        ],
+        Duration::from_secs(120),
+    );
+    assert_eq!(selected(&run), [b, main, b, a], "{}", run.dump());
+    assert!(
+        run.after("@end").contains("received signal SIGSEGV"),
+        "{}",
         run.dump()
     );
 }
@@ -236,6 +300,11 @@ fn reverse_stepi_in_a_selected_worker_follows_its_log() {
         cmds.push("reverse-stepi".into());
         cmds.push("printf \"PC %lx\\n\", $pc".into());
     }
+    // And forward again, in the same thread.
+    for _ in 0..2 {
+        cmds.push("stepi".into());
+        cmds.push("printf \"PC %lx\\n\", $pc".into());
+    }
     cmds.push("echo @sel\\n".into());
     cmds.push("monitor thread".into());
     cmds.push("monitor threads".into());
@@ -246,11 +315,12 @@ fn reverse_stepi_in_a_selected_worker_follows_its_log() {
         .iter()
         .map(|v| u64::from_str_radix(v, 16).expect("hex pc"))
         .collect();
-    assert_eq!(pcs.len(), STEPS + 1, "{}", run.dump());
-    // A ended normally: it stands at its last instruction, and each reverse-stepi goes one of
-    // its own instructions back.
+    assert_eq!(pcs.len(), STEPS + 3, "{}", run.dump());
+    // A ended normally: it stands at its last instruction, each reverse-stepi goes one of its
+    // own instructions back, each stepi one forward.
     let n = decoded.len();
-    let want: Vec<u64> = (0..=STEPS).map(|k| log[n - 1 - k]).collect();
+    let mut want: Vec<u64> = (0..=STEPS).map(|k| log[n - 1 - k]).collect();
+    want.extend([log[n - STEPS], log[n + 1 - STEPS]]);
     assert_eq!(pcs, want, "{}", run.dump());
     assert_eq!(selected(&run), [a], "{}", run.dump());
     // Each thread's frame at this global position (PC-only past: frame 0 only).

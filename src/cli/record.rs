@@ -101,8 +101,8 @@ pub struct RecordArgs {
     /// flag changes nothing).
     #[arg(long)]
     pub(crate) stop_at_exit: bool,
-    /// Software backend: let the program exit (or die) at once, ending its history with it.
-    /// By default it stops at its end (the process still alive) and the debugger is told, so
+    /// Software and QEMU live backends: let the program exit (or die, software backend) at once,
+    /// ending its history with it. By default it stops at its end (the process still alive) and the debugger is told, so
     /// reverse execution, `monitor` commands and `monitor save` work from there; a further
     /// continue lets it exit.
     #[arg(long, conflicts_with = "stop_at_exit")]
@@ -244,7 +244,7 @@ pub(crate) fn start_recording(args: &RecordArgs, shared_terminal: bool) -> Start
             trace_dir: args.trace_dir.clone(),
             qemu_live: args.qemu_live,
             thread: args.thread,
-            stop_at_exit: args.stop_at_exit,
+            stop_at_exit: !args.no_stop_at_exit,
         };
         return Ok(
             match super::record_qemu::start(&opts, program, prog_args)? {

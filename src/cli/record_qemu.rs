@@ -50,7 +50,7 @@ pub(crate) struct QemuOptions {
     pub(crate) qemu_live: bool,
     /// `--thread` (replay of a finished recording).
     pub(crate) thread: Option<u32>,
-    /// `--stop-at-exit` (live).
+    /// Stop at the program's exit (live; the default, off with `--no-stop-at-exit`).
     pub(crate) stop_at_exit: bool,
 }
 
@@ -233,6 +233,9 @@ pub(crate) fn serve_target(
     }
     let fatal = signal.map(|signal| FatalSignal { signal, tid: None });
     let timeline = Timeline::offline_threads(threads, fatal)?;
+    for why in timeline.skipped_threads() {
+        eprintln!("ptrewind: warning: not served: {why}");
+    }
     eprintln!(
         "ptrewind: serving {} thread(s) ({}); thread {} selected",
         timeline.thread_ids().len(),

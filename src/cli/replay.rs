@@ -11,7 +11,7 @@ use ptrewind::server::recording_monitors::where_text;
 use ptrewind::server::{GdbStubAdapter, RecordingTarget, check_listen_addr, register_monitors};
 use ptrewind::store::perf_data::PerfData;
 use ptrewind::store::{SourceFormat, TraceFile};
-use ptrewind::timeline::{OfflineInfo, OfflineRecording, Timeline, load_saved};
+use ptrewind::timeline::{OfflineInfo, OfflineRecording, Timeline, load_saved, load_saved_threads};
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -202,6 +202,22 @@ pub fn run(args: ReplayArgs) -> CmdResult {
         Some(dir) => {
             if !args.image.raw.is_empty() || !args.image.elf.is_empty() {
                 return Err("a saved recording brings its own code: drop --elf/--raw".into());
+            }
+            // A multi-thread recording: every thread, in one global order.
+            if let Some((threads, fatal)) = load_saved_threads(dir)? {
+                let target = match Timeline::offline_threads(threads, fatal) {
+                    Ok(t) => {
+                        for why in t.skipped_threads() {
+                            eprintln!("ptrewind: warning: not served: {why}");
+                        }
+                        RecordingTarget::new(t)
+                    }
+                    Err(e) => {
+                        eprintln!("ptrewind: cannot replay: {e}");
+                        return Ok(ExitCode::from(2));
+                    }
+                };
+                return serve(target, &args);
             }
             load_saved(dir)?
         }

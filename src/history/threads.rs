@@ -141,8 +141,6 @@ struct Run {
     /// Global position of its first instruction.
     global: u64,
     thread: u32,
-    /// Index of the run in its thread's list.
-    local: u32,
 }
 
 /// Global positions over several threads' instructions (see the module docs).
@@ -174,11 +172,10 @@ impl GlobalOrder {
         let mut threads: Vec<Vec<(u64, u64)>> = clocks.iter().map(|_| Vec::new()).collect();
         let mut runs = Vec::with_capacity(all.len());
         let mut g = 0u64;
-        for &(_, t, k, first, len) in &all {
+        for &(_, t, _, first, len) in &all {
             runs.push(Run {
                 global: g,
                 thread: t,
-                local: k,
             });
             g += len;
             threads[t as usize].push((first, runs.last().map_or(0, |r| r.global)));
@@ -244,7 +241,6 @@ impl GlobalOrder {
         let k = runs.partition_point(|&(_, rg)| rg <= g).checked_sub(1)?;
         let (first, rg) = runs[k];
         debug_assert_eq!(rg, r.global);
-        let _ = r.local;
         Some((t, first + (g - rg)))
     }
 

@@ -175,8 +175,12 @@ pub fn register_monitors(registry: &mut MonitorRegistry, target: &RecordingTarge
             // the timeline is borrowed for saving); a replay serves it as saved.
             let list = crate::server::svr4::read_library_list(&*t);
             let xml = (!list.objects.is_empty() || list.main_lm != 0).then(|| list.to_xml());
-            s.borrow_mut()
-                .save(std::path::Path::new(a.trim()), xml.as_deref())
+            let dir = std::path::Path::new(a.trim());
+            let mut r = s.borrow_mut();
+            match r.save_threads(dir, xml.as_deref()) {
+                Some(done) => done,
+                None => r.save(dir, xml.as_deref()),
+            }
         },
     );
     let s = target.shared();
@@ -243,6 +247,9 @@ fn threads_text(t: &mut Timeline) -> String {
         out.push_str(&format!(
             "global position {pos} of {total} (all threads' instructions in time order)\n"
         ));
+    }
+    for why in t.skipped_threads() {
+        out.push_str(&format!("  not served: {why}\n"));
     }
     for (tid, n, len, pc) in t.thread_positions() {
         let mark = if tid == selected { '*' } else { ' ' };

@@ -183,7 +183,7 @@ pub enum Notice {
     /// watchpoint): the past is PC-only, so no write to a location, nor its earlier values, is
     /// known.
     WatchRefused {
-        /// The capture backend.
+        /// The capture backend (`qemu backend`, …) or `offline replay`.
         backend: String,
     },
     /// Replay stopped with watchpoints set at an instruction whose memory writes the recording
@@ -220,11 +220,11 @@ impl fmt::Display for Notice {
             ),
             Notice::WatchRefused { backend } => write!(
                 f,
-                "watchpoints are refused here: this recording's past is PC-only ({backend} \
-                 backend), so which instruction wrote a location, and its earlier values, are \
+                "watchpoints are refused here: this recording's past is PC-only ({backend}), \
+                 so which instruction wrote a location, and its earlier values, are \
                  not known{}; delete the watchpoint to go on. Watchpoints need the state log \
                  of the ptrace backend (record --backend ptrace)",
-                if backend == "qemu" {
+                if backend == "qemu backend" {
                     ", and QEMU's user-mode gdbstub has no watchpoints for the running program"
                 } else {
                     ""

@@ -120,7 +120,7 @@ pub use inspect::{Branch, CallSegment};
 pub use offline::{OfflineRecording, load_saved};
 pub use regfiles::RegisterFiles;
 pub use save::SAVE_FORMAT;
-pub use threads::{FatalSignal, ThreadRecording};
+pub use threads::{FatalSignal, ThreadRecording, load_saved_threads};
 
 /// How long a reverse resume waits for the background index to cover the stop. GDB waits for a
 /// stop reply without a timeout, so this only bounds a worker that cannot keep up.
@@ -765,8 +765,9 @@ impl Timeline {
                 backend: self
                     .live
                     .as_ref()
-                    .map_or("replay", |l| l.name())
-                    .to_string(),
+                    .map_or("offline replay".to_string(), |l| {
+                        format!("{} backend", l.name())
+                    }),
             };
             if !self.notices.contains(&notice) {
                 self.notices.push(notice);

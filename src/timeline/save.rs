@@ -27,6 +27,13 @@ fn regs_json(r: &X86Registers) -> serde_json::Value {
     )
 }
 
+/// Whether every general-purpose register of `r` is known (PC-only register files are not
+/// saved: the manifest has no way to say "unavailable").
+fn complete(r: &X86Registers) -> bool {
+    // GDB registers 0-15: rax … r15.
+    (0..16).all(|n| !r.unavailable.contains(n))
+}
+
 impl Timeline {
     /// Writes a self-contained recording into `dir` (`monitor save DIR`): `trace.pt`, the code
     /// as raw sections (`code-ADDR.bin`), `manifest.json` (sections, registers at the first
@@ -182,6 +189,11 @@ impl Timeline {
             .filter(|&n| n <= insns)
             .filter_map(|n| {
                 let r = self.snapshots.get(n)?;
+                // Only complete register files: a PC alone (a thread's faulting instruction)
+                // would come back as registers of value 0.
+                if !complete(&r) {
+                    return None;
+                }
                 Some(serde_json::json!({
                     "position": n,
                     "registers": regs_json(&r),
@@ -201,8 +213,9 @@ impl Timeline {
             "recorded_instructions": self.live.as_ref().and_then(|l| l.recorded()),
             "sync_points": self.worker.stats().sync_points,
             "sections": sections,
-            "registers_at_start": start.as_ref().map(regs_json),
-            "registers_at_end": present.as_ref().map(regs_json),
+            "tid": self.tid(),
+            "registers_at_start": start.as_ref().filter(|r| complete(r)).map(regs_json),
+            "registers_at_end": present.as_ref().filter(|r| complete(r)).map(regs_json),
             "registers_at_stops": stops,
             "auxv": auxv.as_ref().map(|_| "auxv.bin"),
             "libraries": libraries_xml.as_ref().map(|_| "libraries-svr4.xml"),

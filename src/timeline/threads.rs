@@ -23,8 +23,12 @@
 //! The past is PC-only for every thread (as for one offline thread): RIP at every position,
 //! every other register unavailable.
 
-use super::{OfflineRecording, Timeline, unknown_registers};
+use super::save::SAVE_FORMAT;
+use super::{OfflineRecording, Timeline, load_saved, unknown_registers};
+use crate::flow::FlowConfig;
 use crate::history::{BreakpointSet, GlobalOrder, ThreadClock};
+use crate::image::Image;
+use crate::store::dirfile::RecordingDir;
 use crate::target::{Resume, ReverseResume, StopEvent, TargetError, TargetResult, X86Registers};
 
 /// One thread of a recording to replay.
@@ -47,6 +51,8 @@ pub(super) struct ThreadGroup {
     pos: u64,
     /// The thread a fatal signal ended, and the signal.
     ended: Option<(usize, i32)>,
+    /// Recorded threads that could not be served, and why.
+    skipped: Vec<String>,
 }
 
 /// How a process recording ended, when a signal killed it.
@@ -57,6 +63,56 @@ pub struct FatalSignal {
     /// The thread it was raised in, when the recording says (otherwise the thread whose
     /// stream ends at an instruction that did not execute, else the last to run).
     pub tid: Option<i32>,
+}
+
+/// The threads of a saved multi-thread recording and how it ended.
+pub type SavedThreads = (Vec<ThreadRecording>, Option<FatalSignal>);
+
+/// Reads a directory written by `monitor save DIR` from a multi-thread recording (see
+/// [`Timeline::save_threads`]); `Ok(None)` if it is a single-thread recording.
+pub fn load_saved_threads(dir: &std::path::Path) -> Result<Option<SavedThreads>, String> {
+    let files = RecordingDir::open(dir).map_err(|e| e.to_string())?;
+    let manifest: serde_json::Value = serde_json::from_slice(
+        &files
+            .read("manifest.json", 1 << 20)
+            .map_err(|e| e.to_string())?,
+    )
+    .map_err(|e| format!("{}: {e}", dir.join("manifest.json").display()))?;
+    let Some(list) = manifest["threads"].as_array() else {
+        return Ok(None);
+    };
+    if manifest["format"].as_str() != Some(SAVE_FORMAT) {
+        return Err(format!(
+            "{}: not a {SAVE_FORMAT} manifest",
+            dir.join("manifest.json").display()
+        ));
+    }
+    let mut threads = Vec::with_capacity(list.len());
+    for (i, t) in list.iter().enumerate() {
+        let bad = |what: &str| format!("manifest.json: thread {i}: {what}");
+        let tid = t["tid"]
+            .as_i64()
+            .and_then(|t| i32::try_from(t).ok())
+            .filter(|&t| t > 0)
+            .ok_or_else(|| bad("no tid"))?;
+        // A plain name inside the directory (never `..` or a path elsewhere).
+        let name = t["dir"].as_str().ok_or_else(|| bad("no dir"))?;
+        if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+            return Err(bad("its dir is not a name in the recording directory"));
+        }
+        let recording = load_saved(&dir.join(name)).map_err(|e| bad(&e))?;
+        threads.push(ThreadRecording { tid, recording });
+    }
+    let fatal = manifest["fatal_signal"]
+        .as_i64()
+        .and_then(|s| i32::try_from(s).ok())
+        .map(|signal| FatalSignal {
+            signal,
+            tid: manifest["fatal_tid"]
+                .as_i64()
+                .and_then(|t| i32::try_from(t).ok()),
+        });
+    Ok(Some((threads, fatal)))
 }
 
 fn thread_of<'a>(
@@ -83,23 +139,75 @@ impl Timeline {
         if threads.is_empty() {
             return Err("no thread recorded".into());
         }
-        let mut clocks = Vec::with_capacity(threads.len());
-        let mut timelines = Vec::with_capacity(threads.len());
-        let mut tids = Vec::with_capacity(threads.len());
-        for ThreadRecording { tid, mut recording } in threads {
-            let clock =
-                ThreadClock::from_trace(&recording.trace, &recording.image, &recording.flow);
-            recording.info.tid = Some(tid);
-            let mut t = match Timeline::offline(recording) {
+        // The timing passes (one decode of each stream) run on other threads while the
+        // threads' histories are indexed here.
+        let workers = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .clamp(1, threads.len());
+        let inputs: Vec<(Vec<u8>, Image, FlowConfig)> = threads
+            .iter()
+            .map(|t| {
+                let r = &t.recording;
+                (r.trace.clone(), r.image.clone(), r.flow.clone())
+            })
+            .collect();
+        let (all_clocks, built) = std::thread::scope(|s| {
+            let inputs = &inputs;
+            let handles: Vec<_> = (0..workers)
+                .map(|w| {
+                    s.spawn(move || {
+                        (w..inputs.len())
+                            .step_by(workers)
+                            .map(|k| {
+                                let (trace, image, flow) = &inputs[k];
+                                (k, ThreadClock::from_trace(trace, image, flow))
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            let built: Vec<(i32, Result<Timeline, String>)> = threads
+                .into_iter()
+                .map(|ThreadRecording { tid, mut recording }| {
+                    recording.info.tid = Some(tid);
+                    (tid, Timeline::offline(recording))
+                })
+                .collect();
+            let mut clocks: Vec<Option<ThreadClock>> = (0..inputs.len()).map(|_| None).collect();
+            for h in handles {
+                // A timing pass that panicked leaves its threads without a clock (skipped).
+                for (k, c) in h.join().unwrap_or_default() {
+                    clocks[k] = Some(c);
+                }
+            }
+            (clocks, built)
+        });
+        drop(inputs);
+        let mut clocks = Vec::with_capacity(built.len());
+        let mut timelines = Vec::with_capacity(built.len());
+        let mut tids = Vec::with_capacity(built.len());
+        let mut skipped = Vec::new();
+        for ((tid, timeline), clock) in built.into_iter().zip(all_clocks) {
+            let Some(clock) = clock else {
+                skipped.push(format!("thread {tid}: its timing pass failed"));
+                continue;
+            };
+            // A thread that cannot be served (no instruction decodes, a decode that does not
+            // agree with itself) is left out and said so, not the whole recording.
+            let mut t = match timeline {
                 Ok(t) => t,
-                Err(e) => return Err(format!("thread {tid}: {e}")),
+                Err(e) => {
+                    skipped.push(format!("thread {tid}: {e}"));
+                    continue;
+                }
             };
             let len = t.len();
             if clock.len() != len {
-                return Err(format!(
+                skipped.push(format!(
                     "thread {tid}: its history has {len} instructions, its timing pass {}",
                     clock.len()
                 ));
+                continue;
             }
             if let Some(ip) = clock.stop_ip() {
                 // The thread stopped at an instruction that did not execute (a fault): that is
@@ -111,6 +219,9 @@ impl Timeline {
             clocks.push(clock);
             timelines.push(t);
             tids.push(tid);
+        }
+        if timelines.is_empty() {
+            return Err(format!("no thread can be replayed: {}", skipped.join("; ")));
         }
         let order = GlobalOrder::new(&clocks);
         let total = order.len();
@@ -145,10 +256,17 @@ impl Timeline {
             selected: 0,
             pos: total,
             ended: fatal.map(|f| (ended_in, f.signal)),
+            skipped,
         }));
         me.set_global_position(total);
         me.select_index(ended_in);
         Ok(me)
+    }
+
+    /// Recorded threads left out of a multi-thread timeline (their traces could not be
+    /// replayed), each with the reason.
+    pub fn skipped_threads(&self) -> &[String] {
+        self.group.as_ref().map_or(&[], |g| g.skipped.as_slice())
     }
 
     /// Whether this timeline serves several threads.
@@ -292,6 +410,74 @@ impl Timeline {
             );
         }
         v
+    }
+
+    /// `monitor save DIR` for every thread: each thread's recording in `DIR/thread-TID` (the
+    /// single-thread format) and a `manifest.json` naming them, the thread the recording ended
+    /// in and its signal; read back by [`load_saved_threads`]. `None` for a single-thread
+    /// timeline.
+    pub fn save_threads(
+        &mut self,
+        dir: &std::path::Path,
+        libraries_xml: Option<&str>,
+    ) -> Option<Result<String, String>> {
+        self.group.as_ref()?;
+        Some(self.save_threads_into(dir, libraries_xml))
+    }
+
+    fn save_threads_into(
+        &mut self,
+        dir: &std::path::Path,
+        libraries_xml: Option<&str>,
+    ) -> Result<String, String> {
+        let out = RecordingDir::create(dir).map_err(|e| e.to_string())?;
+        out.remove("manifest.json").map_err(|e| e.to_string())?;
+        let pid = self.pid();
+        let Some(mut g) = self.group.take() else {
+            return Err("not a multi-thread recording".into());
+        };
+        let mut entries = Vec::new();
+        let mut text = String::new();
+        let mut result = Ok(());
+        for k in 0..g.tids.len() {
+            let tid = g.tids[k];
+            let name = format!("thread-{tid}");
+            let Some(t) = thread_of(self, &mut g, k) else {
+                continue;
+            };
+            match t.save(&out.path().join(&name), libraries_xml) {
+                Ok(s) => text.push_str(&s),
+                Err(e) => {
+                    result = Err(format!("thread {tid}: {e}"));
+                    break;
+                }
+            }
+            entries.push(serde_json::json!({"tid": tid, "dir": name}));
+        }
+        let ended = g.ended.map(|(k, sig)| (g.tids[k], sig));
+        self.group = Some(g);
+        result?;
+        let manifest = serde_json::json!({
+            "format": SAVE_FORMAT,
+            "pid": pid,
+            "threads": entries,
+            "fatal_signal": ended.map(|(_, s)| s),
+            "fatal_tid": ended.map(|(t, _)| t),
+        });
+        out.write(
+            "manifest.json",
+            serde_json::to_string_pretty(&manifest)
+                .unwrap_or_default()
+                .as_bytes(),
+        )
+        .map_err(|e| e.to_string())?;
+        text.push_str(&format!(
+            "saved {} threads to {} (replay every thread with: ptrewind replay {})\n",
+            entries.len(),
+            dir.display(),
+            dir.display()
+        ));
+        Ok(text)
     }
 
     /// Swaps thread `k`'s timeline into place.
@@ -574,6 +760,38 @@ mod tests {
         )
     }
 
+    /// A saved multi-thread manifest names thread directories inside the recording only, and
+    /// every thread needs its id; a single-thread manifest is not one.
+    #[test]
+    fn saved_thread_lists_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let load = |m: serde_json::Value| {
+            std::fs::write(dir.path().join("manifest.json"), m.to_string()).unwrap();
+            load_saved_threads(dir.path())
+        };
+        let one = load(serde_json::json!({"format": SAVE_FORMAT, "trace": "trace.pt"}));
+        assert!(matches!(one, Ok(None)));
+        for (entry, want) in [
+            (serde_json::json!({"tid": 5, "dir": "../x"}), "not a name"),
+            (serde_json::json!({"tid": 5, "dir": "a/b"}), "not a name"),
+            (serde_json::json!({"tid": 5, "dir": ".."}), "not a name"),
+            (serde_json::json!({"dir": "thread-5"}), "no tid"),
+            (serde_json::json!({"tid": -1, "dir": "thread-5"}), "no tid"),
+            (serde_json::json!({"tid": 5}), "no dir"),
+        ] {
+            let m = serde_json::json!({"format": SAVE_FORMAT, "threads": [entry]});
+            match load(m) {
+                Err(e) => assert!(e.contains(want), "{e}"),
+                Ok(_) => panic!("{entry} accepted"),
+            }
+        }
+        let wrong = load(serde_json::json!({"format": "other", "threads": []}));
+        assert!(wrong.is_err());
+        // A listed thread whose directory is missing: an error naming it, not a panic.
+        let m = serde_json::json!({"format": SAVE_FORMAT, "threads": [{"tid": 5, "dir": "t5"}]});
+        assert!(load(m).err().is_some_and(|e| e.contains("thread 0")));
+    }
+
     #[test]
     fn clocks_from_tsc_packets_order_the_threads() {
         let (x, y) = streams();
@@ -606,7 +824,17 @@ mod tests {
                 recording: recording(y),
             },
         ];
+        let mut threads = threads;
+        // A thread whose trace decodes to nothing is left out, and said so.
+        let mut empty = Vec::new();
+        Encoder::new().psb(&mut empty);
+        threads.push(ThreadRecording {
+            tid: 12,
+            recording: recording(empty),
+        });
         let mut t = Timeline::offline_threads(threads, None).unwrap();
+        assert_eq!(t.skipped_threads().len(), 1);
+        assert!(t.skipped_threads()[0].starts_with("thread 12: "));
         // The end: X ran last.
         assert_eq!(t.tid(), 10);
         assert_eq!(t.thread_ids(), vec![10, 11]);

@@ -191,7 +191,7 @@ impl<'b> ThreadTracer<'b> {
         // other's increments, and a low count alone proves nothing.
         // Without the counter, entering a handler is taken as an interruption at an unknown
         // place (never counting the block in full).
-        let cut = reached.is_none_or(|d| d + 1 < u64::from(n))
+        let cut = reached.is_none_or(|d| d.saturating_add(1) < u64::from(n))
             && next.is_some_and(|x| self.handlers.is_some_and(|h| h.contains(x)));
         let executed = match successor(p, next).filter(|_| !cut) {
             Some(cofi) => {

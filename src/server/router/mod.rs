@@ -278,8 +278,10 @@ impl Router {
                         idle_polls = 0;
                         let tid = session.target().tid();
                         // Expedite rbp, rsp and rip (as gdbserver does) so GDB can identify
-                        // the frame without fetching every register after each step.
-                        // The stop thread's (GDB may have read another one's before).
+                        // the frame without fetching every register after each step; never a
+                        // register the past does not know (a PC-only replay): GDB would take
+                        // its 0 for a value and read memory near address 0 at every step. The
+                        // stop thread's (GDB may have read another one's before).
                         let expedited = match ev {
                             StopEvent::Exited(_) | StopEvent::Killed(_) => None,
                             _ => session.target_mut().read_thread_registers(tid).ok(),
@@ -289,6 +291,7 @@ impl Router {
                                 let values: Vec<(GdbRegId, [u8; 8])> =
                                     [(6, gpr::RBP), (7, gpr::RSP), (16, gpr::RIP)]
                                         .iter()
+                                        .filter(|&&(num, _)| !regs.unavailable.contains(num))
                                         .map(|&(num, idx)| {
                                             (GdbRegId(num), regs.gprs[idx].to_le_bytes())
                                         })
