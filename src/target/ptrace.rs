@@ -915,6 +915,12 @@ impl PtraceTarget {
     /// Collects the end of every thread of a process that is exiting or was killed, the leader
     /// last (its status is the process's).
     fn reap_all(&mut self) -> Option<Wait> {
+        // A thread whose stop was already collected (at its exit event, or any ptrace stop)
+        // reports nothing new until it is resumed; one that is running ignores this.
+        for &t in self.threads.keys() {
+            let _ = ptrace_with_signal(libc::PTRACE_CONT, "PTRACE_CONT", Pid::from_raw(t), None);
+        }
+        let _ = ptrace_with_signal(libc::PTRACE_CONT, "PTRACE_CONT", self.pid, None);
         let others: Vec<i32> = self
             .threads
             .keys()

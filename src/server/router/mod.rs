@@ -280,8 +280,8 @@ impl Router {
                         // Expedite rbp, rsp and rip (as gdbserver does) so GDB can identify
                         // the frame without fetching every register after each step; never a
                         // register the past does not know (a PC-only replay): GDB would take
-                        // its 0 for a value and read memory near address 0 at every step.
-                        // The stop thread's (GDB may have read another one's before).
+                        // its 0 for a value and read memory near address 0 at every step. The
+                        // stop thread's (GDB may have read another one's before).
                         let expedited = match ev {
                             StopEvent::Exited(_) | StopEvent::Killed(_) => None,
                             _ => session.target_mut().read_thread_registers(tid).ok(),
