@@ -625,12 +625,7 @@ impl PtraceTarget {
                 self.mem = open_mem(self.pid)?;
                 // The other threads are gone (the kernel killed them; the exec'ing thread now
                 // has the leader's id): collect what they left.
-                let others: Vec<i32> = self
-                    .threads
-                    .keys()
-                    .copied()
-                    .filter(|&t| t != self.pid.as_raw())
-                    .collect();
+                let others = self.other_threads();
                 for t in others {
                     let _ = waitpid_raw(Pid::from_raw(t), false);
                     self.threads.remove(&t);
@@ -912,6 +907,15 @@ impl PtraceTarget {
         Ok(())
     }
 
+    /// Every traced thread but the leader (a snapshot: the callers change `threads`).
+    fn other_threads(&self) -> Vec<i32> {
+        self.threads
+            .keys()
+            .copied()
+            .filter(|&t| t != self.pid.as_raw())
+            .collect()
+    }
+
     /// Collects the end of every thread of a process that is exiting or was killed, the leader
     /// last (its status is the process's).
     fn reap_all(&mut self) -> Option<Wait> {
@@ -921,12 +925,7 @@ impl PtraceTarget {
             let _ = ptrace_with_signal(libc::PTRACE_CONT, "PTRACE_CONT", Pid::from_raw(t), None);
         }
         let _ = ptrace_with_signal(libc::PTRACE_CONT, "PTRACE_CONT", self.pid, None);
-        let others: Vec<i32> = self
-            .threads
-            .keys()
-            .copied()
-            .filter(|&t| t != self.pid.as_raw())
-            .collect();
+        let others = self.other_threads();
         for t in others {
             let pid = Pid::from_raw(t);
             loop {
@@ -1276,12 +1275,7 @@ impl Target for PtraceTarget {
     fn detach(&mut self) -> TargetResult<()> {
         self.ensure_stopped()?;
         self.remove_breakpoints()?;
-        let others: Vec<i32> = self
-            .threads
-            .keys()
-            .copied()
-            .filter(|&t| t != self.pid.as_raw())
-            .collect();
+        let others = self.other_threads();
         for t in others {
             // A thread that ended meanwhile cannot be detached: nothing to do for it.
             let _ =
