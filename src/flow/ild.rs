@@ -57,6 +57,16 @@ fn modrm_len(b: &[u8], i: usize) -> Option<usize> {
     Some(n)
 }
 
+/// Sets the entries `lo..=hi` of an opcode table to `v` (a `for` loop is not allowed in a
+/// `const fn`).
+const fn set_range(t: &mut [u8; 256], lo: usize, hi: usize, v: u8) {
+    let mut op = lo;
+    while op <= hi {
+        t[op] = v;
+        op += 1;
+    }
+}
+
 /// One-byte opcode table for the common instructions without control flow whose length depends
 /// only on ModRM and the operand size: bit 0-1 the immediate (0 none, 1 imm8, 2 imm16/32),
 /// bit 2 a ModRM follows, bit 3 the entry is valid. A table instead of the `match` below, so
@@ -77,36 +87,12 @@ const fn one_byte_table() -> [u8; 256] {
         t[base + 5] = V | 2;
         k += 1;
     }
-    let mut op = 0x84;
-    while op <= 0x8B {
-        t[op] = V | M;
-        op += 1;
-    }
-    let mut op = 0x50;
-    while op <= 0x5F {
-        t[op] = V;
-        op += 1;
-    }
-    let mut op = 0x90;
-    while op <= 0x99 {
-        t[op] = V;
-        op += 1;
-    }
-    let mut op = 0xB0;
-    while op <= 0xB7 {
-        t[op] = V | 1;
-        op += 1;
-    }
-    let mut op = 0xD0;
-    while op <= 0xD3 {
-        t[op] = V | M;
-        op += 1;
-    }
-    let mut op = 0xF8;
-    while op <= 0xFD {
-        t[op] = V;
-        op += 1;
-    }
+    set_range(&mut t, 0x84, 0x8B, V | M);
+    set_range(&mut t, 0x50, 0x5F, V);
+    set_range(&mut t, 0x90, 0x99, V);
+    set_range(&mut t, 0xB0, 0xB7, V | 1);
+    set_range(&mut t, 0xD0, 0xD3, V | M);
+    set_range(&mut t, 0xF8, 0xFD, V);
     t[0x9C] = V;
     t[0x9D] = V;
     t[0xC9] = V;
@@ -115,11 +101,7 @@ const fn one_byte_table() -> [u8; 256] {
     t[0xA5] = V;
     t[0xA6] = V;
     t[0xA7] = V;
-    let mut op = 0xAA;
-    while op <= 0xAF {
-        t[op] = V;
-        op += 1;
-    }
+    set_range(&mut t, 0xAA, 0xAF, V);
     t[0xA8] = V | 1;
     t[0xA9] = V | 2;
     t[0x6A] = V | 1;
@@ -203,11 +185,7 @@ const fn sse_table() -> [u8; 256] {
     t[0x5D] = ALL;
     t[0x5E] = ALL;
     t[0x5F] = ALL;
-    let mut op = 0x60;
-    while op <= 0x6B {
-        t[op] = NP | P66;
-        op += 1;
-    }
+    set_range(&mut t, 0x60, 0x6B, NP | P66);
     t[0x6C] = P66;
     t[0x6D] = P66;
     t[0x6E] = NP | P66;
@@ -223,11 +201,7 @@ const fn sse_table() -> [u8; 256] {
     t[0xC2] = ALL | IMM8;
     t[0xC6] = NP | P66 | IMM8;
     t[0xD0] = P66 | PF2;
-    let mut op = 0xD1;
-    while op <= 0xFE {
-        t[op] = NP | P66;
-        op += 1;
-    }
+    set_range(&mut t, 0xD1, 0xFE, NP | P66);
     t[0xD6] = 0;
     t[0xD7] = 0;
     t[0xE6] = P66 | PF3 | PF2;
