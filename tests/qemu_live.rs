@@ -1,4 +1,4 @@
-//! `ptrewind record --backend qemu --qemu-live` with real GDB in batch mode: the program runs
+//! `ptrewind record --backend qemu` (live, the default) with real GDB in batch mode: the program runs
 //! under QEMU with the plugin and the gdbstub; breakpoints, stepping and crashes come from the
 //! stub, reverse execution from the plugin's trace (PC-only past). Skipped (with a message) when
 //! `qemu-x86_64` or `gdb` is missing.
@@ -102,7 +102,6 @@ fn start_server(exe: &Path, args: &[&str], extra: &[&str]) -> Server {
         "record",
         "--backend",
         "qemu",
-        "--qemu-live",
         "--listen",
         "127.0.0.1:0",
         "--qemu-plugin",

@@ -20,9 +20,13 @@
 //!   register file at every stop (and where the program started), memory only from read-only
 //!   code.
 //!
-//! Limits (QEMU 7.2): one thread is traced for the timeline (the main thread; the others are
-//! recorded in the directory); a stop is not all-stop (the other guest threads run on while one
-//! is stopped); no watchpoints (the stub has none in user mode).
+//! * **threads** — every thread the stub lists is served at the present (a stop is reported in
+//!   its thread; registers and steps apply to the selected one). QEMU 7.2's stub stops only the
+//!   reporting thread, so the plugin's pause gate holds the others while the program is stopped
+//!   (see `set_gate` and docs/qemu-gdbstub.md).
+//!
+//! Limits (QEMU 7.2): the past is the main thread's (the others are recorded in the directory);
+//! no watchpoints (the stub has none in user mode).
 
 use std::collections::{BTreeSet, HashSet};
 use std::ffi::OsString;
