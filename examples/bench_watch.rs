@@ -65,7 +65,14 @@ fn build_program(dir: &Path) -> PathBuf {
 fn start_server(ptrewind: &Path, program: &Path, iters: u64) -> (Child, u16) {
     use std::io::{BufRead, BufReader};
     let mut child = Command::new(ptrewind)
-        .args(["record", "--listen", "127.0.0.1:0", "--"])
+        .args([
+            "record",
+            "--backend",
+            "ptrace",
+            "--listen",
+            "127.0.0.1:0",
+            "--",
+        ])
         .arg(program)
         .arg(iters.to_string())
         .stdout(Stdio::null())

@@ -533,28 +533,6 @@ fn clear_errors_for_bad_programs_and_missing_qemu() {
     assert!(err.contains("qemu-user"), "{err}");
 }
 
-/// `record` with the default backend on a machine without Intel PT keeps the live ptrace
-/// backend (the QEMU backend serves finished recordings only) and points at `--backend qemu`.
-#[test]
-fn auto_falls_back_to_ptrace_and_mentions_qemu() {
-    if !qemu_available() || ptrewind::capture::perf::probe().is_ok() {
-        return;
-    }
-    use support::gdb::Server;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let exe = compile(dir.path(), "flow", FLOW_SRC, &["-no-pie"], &[]);
-    let mut server = Server::start(&exe, &[]);
-    let _ = server.child.kill();
-    let _ = server.child.wait();
-    let err = server.stderr.join().expect("stderr");
-    assert!(
-        err.contains("Intel PT is not available")
-            && err.contains("falling back to the software backend (ptrace")
-            && err.contains("--backend qemu"),
-        "{err}"
-    );
-}
-
 const PIE_SRC: &str = r#"
 #include <stdio.h>
 volatile int sink;

@@ -784,3 +784,92 @@ fn a_deadlock_is_interrupted_with_ctrl_c() {
     assert!(int.contains("worker (arg=0x1)"), "{}", run.dump());
     assert!(int.contains(" in main ("), "{}", run.dump());
 }
+
+/// Without Intel PT, `record` with no `--backend` (auto) debugs the program under QEMU, says
+/// so and why in one line (naming `--backend ptrace` for an exact past), and the session works
+/// end to end: a breakpoint, reverse-stepi into the PC-only past, the stop at the exit.
+#[test]
+fn auto_records_under_qemu_without_intel_pt() {
+    let Some((_dir, exe)) = setup() else { return };
+    if ptrewind::capture::perf::probe().is_ok() {
+        eprintln!("skipped: Intel PT is available, auto picks it");
+        return;
+    }
+    // (Only the recording directory is chosen: inside the test's temporary directory.)
+    let server = Server::start_cli(&[
+        "record".into(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--trace-dir".into(),
+        exe.with_file_name("recording").into(),
+        "--".into(),
+        exe.clone().into(),
+    ]);
+    let run = gdb_session(
+        server,
+        &exe,
+        &cmds(&[
+            "break leaf",
+            "continue",
+            "echo @hit\\n",
+            "p x",
+            "reverse-stepi",
+            "echo @back\\n",
+            "info registers rax",
+            "monitor stats",
+            "delete",
+            "continue",
+            "continue",
+            "continue",
+        ]),
+        Duration::from_secs(120),
+    );
+    assert!(
+        run.server.contains("Intel PT is not available")
+            && run.server.contains("recording under QEMU")
+            && run
+                .server
+                .contains("--backend ptrace gives exact registers"),
+        "{}",
+        run.dump()
+    );
+    assert!(run.after("@hit").contains("$1 = 0"), "{}", run.dump());
+    let back = run.after("@back");
+    assert!(
+        back.contains("rax            <unavailable>"),
+        "{}",
+        run.dump()
+    );
+    assert!(
+        back.contains("backend                  qemu"),
+        "{}",
+        run.dump()
+    );
+    assert!(run.gdb.contains("exited with code 032"), "{}", run.dump());
+}
+
+/// `auto` keeps the ptrace backend when an option only it has is given, and says why.
+#[test]
+fn auto_keeps_ptrace_for_its_own_options() {
+    let Some((_dir, exe)) = setup() else { return };
+    if ptrewind::capture::perf::probe().is_ok() {
+        return;
+    }
+    let mut server = Server::start_cli(&[
+        "record".into(),
+        "--state-log".into(),
+        "off".into(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--".into(),
+        exe.into(),
+    ]);
+    let _ = server.child.kill();
+    let _ = server.child.wait();
+    let text = server.stderr.join().unwrap();
+    assert!(
+        text.contains("an option of the ptrace backend was given")
+            && text.contains("recording with the software backend"),
+        "{text}"
+    );
+}

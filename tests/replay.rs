@@ -32,7 +32,7 @@ fn recursion() -> &'static Path {
 fn record(extra: &[&str], program: &Path) -> Server {
     Server::spawn(
         ptrewind()
-            .args(["record", "--listen", "127.0.0.1:0"])
+            .args(["record", "--backend", "ptrace", "--listen", "127.0.0.1:0"])
             .args(extra)
             .arg("--")
             .arg(program),

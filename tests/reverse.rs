@@ -37,11 +37,18 @@ fn example(name: &str) -> PathBuf {
 /// One GDB session's output (GDB's, then the server's stderr).
 type Run = GdbRun;
 
-/// Starts `ptrewind record --listen 127.0.0.1:0 EXTRA -- program`.
+/// Starts `ptrewind record --listen 127.0.0.1:0 EXTRA -- program` (`--backend ptrace` unless
+/// EXTRA names one).
 fn record(extra: &[&str], program: &Path) -> Server {
+    let backend: &[&str] = if extra.contains(&"--backend") {
+        &[]
+    } else {
+        &["--backend", "ptrace"]
+    };
     Server::spawn(
         ptrewind()
             .args(["record", "--listen", "127.0.0.1:0"])
+            .args(backend)
             .args(extra)
             .arg("--")
             .arg(program),
@@ -276,8 +283,10 @@ fn backend_pt_fails_with_probe_message_and_auto_falls_back() {
         let _ = child.kill();
         let _ = child.wait();
         let text = server.stderr.join().unwrap();
+        // QEMU when it is installed, else the ptrace backend; either way saying which.
         assert!(
-            text.contains("falling back to the software backend"),
+            text.contains("recording under QEMU")
+                || text.contains("recording with the software backend"),
             "{text}"
         );
         assert!(text.contains(&why.to_string()), "{text}");
@@ -288,7 +297,7 @@ fn backend_pt_fails_with_probe_message_and_auto_falls_back() {
 fn ptrewind_gdb_runs_gdb_with_the_pt_commands() {
     let program = example("recursion");
     let mut cmd = ptrewind();
-    cmd.args(["gdb", "--batch"])
+    cmd.args(["gdb", "--backend", "ptrace", "--batch"])
         .args([
             "--ex",
             "break factorial",
@@ -510,7 +519,7 @@ fn reverse_continue_into_a_signal_handler_restores_its_frame() {
 fn ptrewind_gdb_does_not_hang_when_gdb_never_connects() {
     let run = run_until(
         ptrewind()
-            .args(["gdb", "--gdb", "/bin/false", "--"])
+            .args(["gdb", "--backend", "ptrace", "--gdb", "/bin/false", "--"])
             .arg(example("recursion")),
         Duration::from_secs(30),
     );
@@ -601,7 +610,14 @@ fn gdb_avx(env: &[(&str, &str)], commands: &[String]) -> Run {
     let program = avx_example();
     let server = Server::spawn(
         ptrewind()
-            .args(["record", "--listen", "127.0.0.1:0", "--"])
+            .args([
+                "record",
+                "--backend",
+                "ptrace",
+                "--listen",
+                "127.0.0.1:0",
+                "--",
+            ])
             .arg(program)
             .envs(env.iter().copied()),
     );

@@ -23,7 +23,8 @@ use std::process::ExitCode;
 /// Capture backend choice.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
-    /// Hardware Intel PT if available, else ptrace (pointing at `qemu` when it is installed).
+    /// Hardware Intel PT if available, else QEMU if `qemu-x86_64` can run the program, else
+    /// ptrace (saying which and why).
     Auto,
     /// Hardware Intel PT (perf `intel_pt` PMU).
     Pt,
@@ -76,8 +77,8 @@ pub struct RecordArgs {
     /// Allow listening on a non-loopback address (whoever connects controls the program).
     #[arg(long)]
     allow_remote: bool,
-    /// Capture backend: `auto` uses hardware Intel PT when the probe succeeds and otherwise
-    /// falls back to the software encoder, saying why.
+    /// Capture backend: `auto` uses hardware Intel PT when the probe succeeds, else QEMU when
+    /// `qemu-x86_64` can run the program, else the ptrace single-stepper, saying which and why.
     #[arg(long, value_enum, default_value = "auto")]
     backend: Backend,
     /// Trace output ring size, e.g. 512K or 4M (rounded to 8 power-of-two regions).
@@ -173,9 +174,10 @@ enum Chosen {
 }
 
 /// Picks the backend: `pt` fails (exit code 2) with the probe's reason unless it succeeds;
-/// `auto` uses Intel PT when the probe succeeds, else the ptrace single-stepper, saying why
-/// (and that `--backend qemu` exists when `qemu-x86_64` runs).
-fn choose_backend(backend: Backend) -> Result<Chosen, ExitCode> {
+/// `auto` uses Intel PT when the probe succeeds, else QEMU when it can run the program (see
+/// [`qemu_for_auto`]), else the ptrace single-stepper, saying which and why in one line.
+fn choose_backend(args: &RecordArgs) -> Result<Chosen, ExitCode> {
+    let backend = args.backend;
     match backend {
         Backend::Ptrace => Ok(Chosen::Soft),
         Backend::Qemu => Ok(Chosen::Qemu),
@@ -186,25 +188,63 @@ fn choose_backend(backend: Backend) -> Result<Chosen, ExitCode> {
                     eprintln!("ptrewind: --backend pt: Intel PT is not available: {why}");
                     return Err(ExitCode::from(2));
                 }
-                // The QEMU backend records to completion and then serves the finished
-                // recording; live debugging (breakpoints in the running program) needs the
-                // ptrace backend, so `auto` stays with it and only points at QEMU.
-                let qemu = std::path::Path::new("qemu-x86_64");
-                let qemu_note = match ptrewind::capture::qemu::recording::qemu_version(qemu) {
-                    Ok(_) => {
-                        "; `--backend qemu` records every thread at near-native speed under \
-                         QEMU and serves the finished recording (PC-only past)"
+                match qemu_for_auto(args) {
+                    Ok(version) => {
+                        eprintln!(
+                            "ptrewind: hardware Intel PT is not available ({why}); recording \
+                             under QEMU ({version}) with the ptrewind plugin: every thread at \
+                             near-native speed, the past shows the PC only (registers where the \
+                             program stopped); --backend ptrace gives exact registers and memory \
+                             at every past instruction (single-stepping, much slower)"
+                        );
+                        Ok(Chosen::Qemu)
                     }
-                    Err(_) => "",
-                };
-                eprintln!(
-                    "ptrewind: hardware Intel PT is not available ({why}); falling back to the \
-                     software backend (ptrace single-stepping, much slower){qemu_note}"
-                );
-                Ok(Chosen::Soft)
+                    Err(no_qemu) => {
+                        eprintln!(
+                            "ptrewind: hardware Intel PT is not available ({why}) and {no_qemu}; \
+                             recording with the software backend (ptrace single-stepping: exact \
+                             registers and memory in the past, much slower)"
+                        );
+                        Ok(Chosen::Soft)
+                    }
+                }
             }
         },
     }
+}
+
+/// Whether `auto` can record under QEMU: `qemu-x86_64` runs, the plugin is found, the program
+/// is an x86-64 ELF executable, and no option only the ptrace backend has was given. `Ok`:
+/// QEMU's version; `Err`: why not (for the one line `auto` prints).
+fn qemu_for_auto(args: &RecordArgs) -> Result<String, String> {
+    if args.state_log == StateLogArg::Off
+        || args.record_from != RecordFromArg::Main
+        || args.keep_aslr
+        || args.buffer.is_some()
+        || args.mode == Mode::Snapshot
+    {
+        return Err(
+            "an option of the ptrace backend was given (--state-log, --record-from, --keep-aslr, --buffer or --mode)"
+                .into(),
+        );
+    }
+    let version =
+        ptrewind::capture::qemu::recording::qemu_version(std::path::Path::new("qemu-x86_64"))
+            .map_err(|_| "qemu-x86_64 is not installed (package qemu-user)".to_string())?;
+    if args.qemu_plugin.is_none() {
+        let exe = std::env::current_exe().map_err(|e| format!("cannot locate ptrewind: {e}"))?;
+        ptrewind::capture::qemu::recording::find_plugin(&exe).ok_or_else(|| {
+            "the QEMU plugin libptrewind_qemu_plugin.so is not beside ptrewind".to_string()
+        })?;
+    }
+    let program = args
+        .command
+        .first()
+        .and_then(|p| find_program(p))
+        .ok_or_else(|| "the program was not found".to_string())?;
+    ptrewind::capture::qemu::remote::launch::check_program(&program)
+        .map_err(|e| format!("QEMU cannot run it ({e})"))?;
+    Ok(version)
 }
 
 /// Runs `ptrewind record`.
@@ -228,7 +268,7 @@ pub(crate) fn start_recording(args: &RecordArgs, shared_terminal: bool) -> Start
     {
         eprintln!("ptrewind: note: {note}");
     }
-    let chosen = match choose_backend(args.backend) {
+    let chosen = match choose_backend(args) {
         Ok(c) => c,
         Err(code) => return Ok(Err(code)),
     };

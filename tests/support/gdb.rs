@@ -146,12 +146,20 @@ pub struct Server {
 }
 
 impl Server {
-    /// Starts `ptrewind record --listen 127.0.0.1:0 -- program args`.
+    /// Starts `ptrewind record --backend ptrace --listen 127.0.0.1:0 -- program args` (the
+    /// tests' default: exact registers and memory in the past; `auto` would pick QEMU).
     pub fn start(program: &Path, args: &[&str]) -> Server {
-        let mut cli: Vec<OsString> = ["record", "--listen", "127.0.0.1:0", "--"]
-            .iter()
-            .map(Into::into)
-            .collect();
+        let mut cli: Vec<OsString> = [
+            "record",
+            "--backend",
+            "ptrace",
+            "--listen",
+            "127.0.0.1:0",
+            "--",
+        ]
+        .iter()
+        .map(Into::into)
+        .collect();
         cli.push(program.into());
         cli.extend(args.iter().map(Into::into));
         Server::start_cli(&cli)
