@@ -719,11 +719,7 @@ fn every_thread_live_breakpoint_and_crash_in_a_worker() {
         run.dump()
     );
     assert!(boom.contains("boom () at"), "{}", run.dump());
-    assert!(
-        boom.contains("1    Thread") && (boom.contains("futex") || boom.contains("join")),
-        "{}",
-        run.dump()
-    );
+    assert!(boom.contains("  1    Thread"), "{}", run.dump());
     assert!(boom.contains("[Switching to thread 1"), "{}", run.dump());
     let crashed = run.after("@crashed");
     assert!(

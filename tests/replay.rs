@@ -29,10 +29,17 @@ fn recursion() -> &'static Path {
     })
 }
 
+/// `ptrewind record EXTRA -- program` (`--backend ptrace` unless EXTRA names one).
 fn record(extra: &[&str], program: &Path) -> Server {
+    let backend: &[&str] = if extra.contains(&"--backend") {
+        &[]
+    } else {
+        &["--backend", "ptrace"]
+    };
     Server::spawn(
         ptrewind()
-            .args(["record", "--backend", "ptrace", "--listen", "127.0.0.1:0"])
+            .args(["record", "--listen", "127.0.0.1:0"])
+            .args(backend)
             .args(extra)
             .arg("--")
             .arg(program),

@@ -143,6 +143,21 @@ fn build(dir: &Path) -> PathBuf {
 /// `quit` ends ptrewind (the program is killed, nothing is left running).
 #[test]
 fn ctrl_c_in_ptrewind_gdb_interrupts_and_the_session_goes_on() {
+    ctrl_c_session("ptrace");
+}
+
+/// The same under QEMU (`auto`'s choice without Intel PT): the terminal's Ctrl-C reaches the
+/// program under QEMU and GDB, and the session goes on the same way.
+#[test]
+fn ctrl_c_in_ptrewind_gdb_under_qemu() {
+    if !have("qemu-x86_64") {
+        eprintln!("skipped: qemu-x86_64 missing");
+        return;
+    }
+    ctrl_c_session("qemu");
+}
+
+fn ctrl_c_session(backend: &str) {
     let tmux_ok = Command::new("tmux")
         .arg("-V")
         .output()
@@ -158,7 +173,7 @@ fn ctrl_c_in_ptrewind_gdb_interrupts_and_the_session_goes_on() {
         exe(),
         "gdb",
         "--backend",
-        "ptrace",
+        backend,
         "--ex",
         "set pagination off",
         "--ex",

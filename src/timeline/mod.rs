@@ -1256,7 +1256,11 @@ mod tests;
 /// as it was.
 fn history_thread_registers(live: &mut dyn LiveBackend) -> TargetResult<X86Registers> {
     let (selected, history) = (live.selected_thread(), live.history_thread());
-    if selected == history || live.select_thread(history).is_err() {
+    // With a state log the stop's registers are not what the past shows: leave the selection.
+    if selected == history
+        || live.recorded_state().is_some()
+        || live.select_thread(history).is_err()
+    {
         return live.read_registers();
     }
     let r = live.read_registers();
