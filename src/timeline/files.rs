@@ -189,8 +189,8 @@ impl Timeline {
     /// never the host's `/proc` (it describes other processes). `None`: the host's file is the
     /// program's (a live process, or a file the recording did not keep).
     pub fn target_file(&mut self, path: &Path) -> Option<io::Result<TargetFile>> {
-        let (pid, tid) = (self.pid(), self.tid());
-        if is_proc_maps(path, pid, &[tid]) {
+        let (pid, tids) = (self.pid(), self.thread_ids());
+        if is_proc_maps(path, pid, &tids) {
             return match self.maps_text() {
                 Some(mut text) => {
                     // As the kernel writes it (a saved recording keeps the lines only).
@@ -218,6 +218,15 @@ impl Timeline {
     /// `/proc/PID/exe` is the recorded executable and the rest of `/proc` does not exist.
     /// `None`: the host's link.
     pub fn target_link(&mut self, path: &Path) -> Option<io::Result<PathBuf>> {
+        if self.live.is_some() {
+            // A program under QEMU is not the host process (whose `exe` is QEMU): the
+            // backend's executable is the program's.
+            let exe_link = PathBuf::from(format!("/proc/{}/exe", self.pid()));
+            if path != exe_link {
+                return None;
+            }
+            return self.exec_path().map(Ok);
+        }
         let info = self.offline.as_ref()?;
         if !path.starts_with("/proc") {
             return None;
