@@ -26,10 +26,8 @@ const WAIT_SLICE: Duration = Duration::from_millis(50);
 
 fn record_err(e: RecordError) -> TargetError {
     match e {
-        RecordError::Target(t) => TargetError::Unexpected {
-            pid: 0,
-            what: format!("recorder: {t}"),
-        },
+        // One error type for every ptrace operation: the target's own error goes up as it is.
+        RecordError::Target(t) => t,
         other => TargetError::Unexpected {
             pid: 0,
             what: format!("recorder: {other}"),

@@ -297,6 +297,14 @@ impl PtraceTarget {
                         self.resume_thread(tid, Resume::Continue { signal: None })?;
                     }
                 }
+                Wait::Event(libc::PTRACE_EVENT_EXEC)
+                    if self.report_exec && matches!(mode, Resume::Step { .. }) =>
+                {
+                    // A recorder's step: the exec is the step's end (a new program, new code),
+                    // left at the event stop; the next step goes on from there.
+                    self.handle_event(tid, libc::PTRACE_EVENT_EXEC, mode)?;
+                    return Ok(Some((self.pid, w)));
+                }
                 Wait::Event(event) => {
                     self.handle_event(tid, event, mode)?;
                     // Re-issue the same request without the signal (already delivered).
@@ -496,8 +504,10 @@ impl PtraceTarget {
         let mode = Resume::Step { signal: None };
         let saved_stop_at_exit = self.stop_at_exit;
         self.stop_at_exit = true;
+        self.report_exec = true;
         let r = self.wait_stop(mode, block);
         self.stop_at_exit = saved_stop_at_exit;
+        self.report_exec = false;
         let r = r?;
         let Some((t, w)) = r else {
             self.cur = prev;
@@ -516,6 +526,10 @@ impl PtraceTarget {
                 ThreadStop::Stop(self.finish_stop(end, mode)?)
             }
             Wait::Event(libc::PTRACE_EVENT_EXIT) => ThreadStop::Stop(StopEvent::Exiting),
+            Wait::Event(libc::PTRACE_EVENT_EXEC) => {
+                self.state = RunState::Stopped;
+                ThreadStop::Exec
+            }
             w => ThreadStop::Stop(self.finish_stop(w, mode)?),
         }))
     }

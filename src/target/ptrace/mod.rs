@@ -18,7 +18,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Child, Command};
 use std::time::Duration;
 
 mod events;
@@ -75,6 +75,11 @@ struct ThreadInfo {
 pub enum ThreadStop {
     /// A stop of the thread (or the end of the whole process: `Exited`, `Killed`, `Exiting`).
     Stop(StopEvent),
+    /// A successful `execve` replaced the program (`PTRACE_EVENT_EXEC`): the thread (now the
+    /// leader, every other thread gone) stands at the new program's first instruction, still
+    /// at the event stop. Only [`PtraceTarget::step_poll`] reports it (a recorder must forget
+    /// the old code); a debugger's resume passes over it (see [`Notice::Exec`]).
+    Exec,
     /// This thread ended (`exit`, not `exit_group`); the process goes on.
     ThreadExited {
         /// Its exit status.
@@ -138,6 +143,10 @@ pub struct PtraceTarget {
     thread_stats: ThreadStats,
     /// The process is on its way out (an exit event that ends it was seen).
     exiting: bool,
+    /// Inside [`PtraceTarget::step_poll`]: an exec ends the step ([`ThreadStop::Exec`]).
+    report_exec: bool,
+    /// The program we started (its stdio handles); never waited on.
+    child: Option<Child>,
 }
 
 impl PtraceTarget {
@@ -151,6 +160,14 @@ impl PtraceTarget {
     ) -> TargetResult<Self> {
         let mut cmd = Command::new(program);
         cmd.args(args);
+        Self::spawn_command(cmd, options)
+    }
+
+    /// Starts `cmd` (its arguments, environment, directory and stdio as the `Command` says),
+    /// stopped at its first instruction like [`spawn`](Self::spawn). The child's stdio handles
+    /// stay reachable through [`child_mut`](Self::child_mut).
+    pub fn spawn_command(mut cmd: Command, options: &SpawnOptions) -> TargetResult<Self> {
+        let program = cmd.get_program().to_owned();
         let disable_aslr = options.disable_aslr;
         // SAFETY: the closure runs in the forked child before exec and only issues the
         // async-signal-safe system calls personality(2) and ptrace(2); it allocates nothing.
@@ -170,8 +187,6 @@ impl PtraceTarget {
             source,
         })?;
         let pid = Pid::from_raw(child.id() as i32);
-        // `child` is dropped without waiting: we reap the process ourselves with waitpid.
-        drop(child);
         match waitpid_raw(pid, true)? {
             Wait::Stopped(libc::SIGTRAP) => {}
             other => {
@@ -185,7 +200,16 @@ impl PtraceTarget {
         nix::sys::ptrace::setoptions(pid, opts).map_err(sys("PTRACE_SETOPTIONS", pid))?;
         let mut target = Self::stopped(pid, Vec::new(), true)?;
         target.drop_terminal_interrupts = options.drop_terminal_interrupts;
+        // Kept for its stdio handles only: we reap the process ourselves with waitpid.
+        target.child = Some(child);
         Ok(target)
+    }
+
+    /// The `std::process::Child` of a program this target started (for its piped stdio
+    /// handles); `None` for an attached process. Do not `wait` on it: the target reaps the
+    /// process.
+    pub fn child_mut(&mut self) -> Option<&mut Child> {
+        self.child.as_mut()
     }
 
     /// The target for the traced, stopped process `pid` (options already set): no
@@ -208,6 +232,8 @@ impl PtraceTarget {
             cur: pid,
             new_threads: Vec::new(),
             exiting: false,
+            child: None,
+            report_exec: false,
             thread_stats: ThreadStats {
                 peak: 1,
                 ..ThreadStats::default()

@@ -45,11 +45,12 @@
 //! fault inside the block stops it at an instruction boundary: everything before that IP
 //! executed. Block stepping is not used while the [`StateLog`] is on (it needs every
 //! instruction's effects), while a signal is to be delivered, or once the process created a
-//! thread (threads share the code and are not traced).
+//! thread (threads share the code: a temporary INT3 could trap another thread).
 //!
 //! ## Limits
 //!
-//! One thread is recorded (threads and children the program creates run untraced). Code that
+//! Every thread is recorded, one at a time (see [`SoftRecorder::step`]); children the program
+//! forks run untraced (the target detaches them). Code that
 //! is modified without `mmap`/`mprotect`/`munmap`/`mremap` system calls (a JIT writing into
 //! RWX memory) is not re-decoded. The execution mode is assumed to be 64-bit user mode (far
 //! transfers into 32-bit code get no MODE.Exec). Inside a SIGTRAP handler every step's trap
@@ -67,12 +68,11 @@ use super::classify::{CachedInsn, DecodeInsnError, InsnCache, InsnClass, cofi};
 use super::encoder::{EncoderConfig, EncoderStats, SoftEncoder, Step};
 use super::procmaps::{self, SymbolError};
 use super::state_log::{StateLog, SuspendedStep};
-use super::target::{
-    Regs, StepStop, StepTarget, TRAP_BRKPT, TRAP_SIGNAL_DELIVERED, TRAP_TRACE, TargetError,
-};
+use super::target::{Regs, StepStop, StepTarget, TRAP_BRKPT, TRAP_SIGNAL_DELIVERED, TRAP_TRACE};
 use crate::image::Image;
 use crate::ring::{BuildError, Capabilities, IntOn, SharedRing, Topa, TraceSource, Wake};
 use crate::store::live::{Gap, TraceStore};
+use crate::target::TargetError;
 
 mod block;
 mod steps;
