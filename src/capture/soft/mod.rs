@@ -46,4 +46,4 @@ pub use recorder::{
     RingConfig, SoftRecorder, StepEvent, StepMode, ThreadTrace,
 };
 pub use state_log::{EntryKind, StateLog, StateLogStats, SuspendedStep, UnknownWrite, WriteHit};
-pub use target::{Regs, SigInfo, StepStop, StepTarget};
+pub use target::{SigInfo, StepStop, StepTarget};

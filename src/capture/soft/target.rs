@@ -16,10 +16,7 @@
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
-use crate::target::{PtraceTarget, StopEvent, Target, TargetError, ThreadStop};
-
-/// The general-purpose registers as the kernel exposes them to ptrace.
-pub type Regs = libc::user_regs_struct;
+use crate::target::{Gprs, PtraceTarget, StopEvent, Target, TargetError, ThreadStop};
 
 /// How a resumed target stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,9 +73,9 @@ pub trait StepTarget {
     /// The process id.
     fn pid(&self) -> i32;
     /// Reads the general-purpose registers.
-    fn regs(&mut self) -> Result<Regs, TargetError>;
+    fn regs(&mut self) -> Result<Gprs, TargetError>;
     /// Writes the general-purpose registers.
-    fn set_regs(&mut self, regs: &Regs) -> Result<(), TargetError>;
+    fn set_regs(&mut self, regs: &Gprs) -> Result<(), TargetError>;
     /// Reads memory at `addr` into `buf`; returns how many bytes could be read (a short read
     /// stops at the first unreadable page).
     fn read_memory(&mut self, addr: u64, buf: &mut [u8]) -> Result<usize, TargetError>;
@@ -173,7 +170,7 @@ impl StepTarget for PtraceTarget {
         Target::read_registers(self).ok().map(|r| r.xsave)
     }
 
-    fn regs(&mut self) -> Result<Regs, TargetError> {
+    fn regs(&mut self) -> Result<Gprs, TargetError> {
         let pid = self.current_thread();
         nix::sys::ptrace::getregs(Pid::from_raw(pid)).map_err(|source| TargetError::Sys {
             op: "PTRACE_GETREGS",
@@ -182,7 +179,7 @@ impl StepTarget for PtraceTarget {
         })
     }
 
-    fn set_regs(&mut self, regs: &Regs) -> Result<(), TargetError> {
+    fn set_regs(&mut self, regs: &Gprs) -> Result<(), TargetError> {
         let pid = self.current_thread();
         nix::sys::ptrace::setregs(Pid::from_raw(pid), *regs).map_err(|source| TargetError::Sys {
             op: "PTRACE_SETREGS",

@@ -68,11 +68,11 @@ use super::classify::{CachedInsn, DecodeInsnError, InsnCache, InsnClass, cofi};
 use super::encoder::{EncoderConfig, EncoderStats, SoftEncoder, Step};
 use super::procmaps::{self, SymbolError};
 use super::state_log::{StateLog, SuspendedStep};
-use super::target::{Regs, StepStop, StepTarget, TRAP_BRKPT, TRAP_SIGNAL_DELIVERED, TRAP_TRACE};
+use super::target::{StepStop, StepTarget, TRAP_BRKPT, TRAP_SIGNAL_DELIVERED, TRAP_TRACE};
 use crate::image::Image;
 use crate::ring::{BuildError, Capabilities, IntOn, SharedRing, Topa, TraceSource, Wake};
 use crate::store::live::{Gap, TraceStore};
-use crate::target::TargetError;
+use crate::target::{Gprs, TargetError};
 
 mod block;
 mod steps;
@@ -353,7 +353,7 @@ struct Lane {
     ring: SharedRing<Topa>,
     store: TraceStore,
     /// Registers at the current stop (valid until the next resume).
-    regs: Option<Regs>,
+    regs: Option<Gprs>,
     /// The signal its next step delivers.
     pending_signal: Option<Signal>,
     ip_log: Option<Vec<u64>>,
@@ -368,7 +368,7 @@ struct Lane {
     recorded: u64,
     /// The registers the current step started from, as they were (before any restart of an
     /// interrupted system call is modelled).
-    step_origin: Option<Regs>,
+    step_origin: Option<Gprs>,
 }
 
 impl Lane {
@@ -399,7 +399,7 @@ impl Lane {
 struct InFlight {
     ip: u64,
     insn: Option<CachedInsn>,
-    before: Regs,
+    before: Gprs,
     signal: Option<Signal>,
     log: Option<SuspendedStep>,
 }
@@ -666,7 +666,7 @@ impl<T: StepTarget> SoftRecorder<T> {
     }
 
     /// The registers at the current stop.
-    pub fn current_regs(&mut self) -> Result<Regs, RecordError> {
+    pub fn current_regs(&mut self) -> Result<Gprs, RecordError> {
         if let Some(r) = self.lane.regs {
             return Ok(r);
         }

@@ -5,7 +5,7 @@ use super::*;
 
 /// True if `insn` is a system call instruction about to run `exit` (60) or `exit_group` (231)
 /// with the registers `before` it.
-pub(super) fn is_exit_syscall(insn: Option<&CachedInsn>, before: &Regs) -> bool {
+pub(super) fn is_exit_syscall(insn: Option<&CachedInsn>, before: &Gprs) -> bool {
     insn.is_some_and(|i| i.class == InsnClass::SysCall) && matches!(before.rax, 60 | 231)
 }
 
@@ -15,7 +15,7 @@ const NR_RESTART_SYSCALL: u64 = 219;
 /// The registers the kernel resumes with from a stop inside an interrupted system call when no
 /// signal handler runs (`arch_do_signal_or_restart`): the `syscall` 2 bytes back with RAX = the
 /// call to restart and no system call in progress; `None` at any other stop.
-pub(super) fn restart_point(regs: &Regs) -> Option<Regs> {
+pub(super) fn restart_point(regs: &Gprs) -> Option<Gprs> {
     const ERESTARTSYS: i64 = -512;
     const ERESTARTNOINTR: i64 = -513;
     const ERESTARTNOHAND: i64 = -514;
@@ -125,7 +125,7 @@ impl<T: StepTarget> SoftRecorder<T> {
         &mut self,
         ip: u64,
         insn: Option<CachedInsn>,
-        before: Regs,
+        before: Gprs,
         signal: Option<Signal>,
         stop: StepStop,
     ) -> Result<StepEvent, RecordError> {
@@ -313,7 +313,7 @@ impl<T: StepTarget> SoftRecorder<T> {
         &mut self,
         ip: u64,
         insn: &CachedInsn,
-        after: &Regs,
+        after: &Gprs,
     ) -> Result<StepEvent, RecordError> {
         let next_ip = after.rip;
         if insn.rep_string && next_ip == ip {
@@ -412,9 +412,8 @@ impl<T: StepTarget> SoftRecorder<T> {
 mod tests {
     use super::*;
 
-    fn regs(rip: u64, rax: i64, orig_rax: i64) -> Regs {
-        // SAFETY: `user_regs_struct` is plain integers; all-zero is a valid value.
-        let mut r: Regs = unsafe { std::mem::zeroed() };
+    fn regs(rip: u64, rax: i64, orig_rax: i64) -> Gprs {
+        let mut r = crate::target::regs::zeroed_gprs();
         r.rip = rip;
         r.rax = rax as u64;
         r.orig_rax = orig_rax as u64;
