@@ -255,6 +255,7 @@ impl SoftEncoder {
 
     /// Whether packet generation is currently on (PacketEn = 1): false before the first step,
     /// after [`disable`](Self::disable), and between a kernel entry and the next step.
+    #[inline]
     pub fn is_tracing(&self) -> bool {
         self.state == Enable::On
     }
@@ -270,6 +271,7 @@ impl SoftEncoder {
     /// single-stepping and the block-driven (QEMU plugin) captures share every packet-level
     /// decision. Tracing is (re-)enabled and a periodic PSB+ placed at `start`, the only
     /// instruction boundary before `last` a block-driven caller can see.
+    #[inline]
     pub fn block(&mut self, start: u64, insns: u64, last: Step) {
         self.enter(start);
         self.stats.instructions += insns;
@@ -300,6 +302,7 @@ impl SoftEncoder {
 
     /// The next instruction to execute is at `ip`: enables tracing there if needed (PSB+ and
     /// TIP.PGE, as [`step`](Self::step) would), else places a due periodic PSB+ there.
+    #[inline]
     pub fn enter(&mut self, ip: u64) {
         match self.state {
             Enable::Off => self.enable_at(ip, true),
@@ -313,6 +316,7 @@ impl SoftEncoder {
     }
 
     /// The packets of one executed change-of-flow (or plain) instruction.
+    #[inline]
     fn cofi(&mut self, step: Step) {
         let nlip = step.nlip();
         match step.cofi {
@@ -427,11 +431,13 @@ impl SoftEncoder {
     }
 
     /// TNT bits decided but not yet written (oldest in the highest of the `count` low bits).
+    #[inline]
     pub fn pending_tnt(&self) -> (u64, u8) {
         (self.tnt_bits, self.tnt_count)
     }
 
     /// Bytes produced but not yet taken.
+    #[inline]
     pub fn pending_output(&self) -> &[u8] {
         &self.out
     }
@@ -487,6 +493,7 @@ impl SoftEncoder {
         self.stats.bytes = self.psb_at;
     }
 
+    #[inline]
     fn tnt(&mut self, taken: bool) {
         self.tnt_bits = (self.tnt_bits << 1) | u64::from(taken);
         self.tnt_count += 1;
