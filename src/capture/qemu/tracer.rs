@@ -159,7 +159,9 @@ impl<'b> ThreadTracer<'b> {
     /// Block `b` starts executing on this thread.
     #[inline]
     pub fn on_block(&mut self, b: &'b BlockInfo) {
-        if let Some(p) = self.prev {
+        if let Some(p) = self.prev
+            && !self.resolve_fast(p, b.start)
+        {
             self.resolve(p, Some(b.start));
         }
         self.prev = Some(b);
@@ -204,6 +206,45 @@ impl<'b> ThreadTracer<'b> {
     fn sync_clock(&mut self) -> u64 {
         let n = std::mem::take(&mut self.unsynced);
         self.clock.fetch_add(n, Ordering::Relaxed).wrapping_add(n)
+    }
+
+    /// [`resolve`](Self::resolve) for the common case, with the same result: a legal
+    /// successor that is not a signal handler (so the counter need not be consulted), tracing
+    /// on, and at most a TNT bit to write ([`SoftEncoder::block_fast`]). Returns false, having
+    /// changed nothing, otherwise.
+    #[inline]
+    fn resolve_fast(&mut self, p: &'b BlockInfo, next: u64) -> bool {
+        let cofi = match p.class {
+            InsnClass::CondBranch if next == p.fallthrough => Cofi::Conditional { taken: false },
+            InsnClass::CondBranch if Some(next) == p.target => Cofi::Conditional { taken: true },
+            InsnClass::Other | InsnClass::Ptwrite | InsnClass::Special if next == p.fallthrough => {
+                Cofi::None
+            }
+            InsnClass::DirectJump if Some(next) == p.target => Cofi::DirectJump,
+            InsnClass::DirectCall if Some(next) == p.target => Cofi::DirectCall,
+            InsnClass::Return => Cofi::Return,
+            _ => return false,
+        };
+        if self.handlers.is_some_and(|h| h.contains(next)) {
+            return false;
+        }
+        let n = u64::from(p.insns);
+        let step = Step {
+            ip: p.last_ip,
+            len: p.last_len,
+            cofi,
+            next_ip: next,
+        };
+        if !self.enc.block_fast(n, step) {
+            return false;
+        }
+        self.unsynced += n;
+        if self.unsynced >= self.config.tsc_period {
+            let t = self.sync_clock();
+            self.enc.tsc_now(t);
+            self.stats.tsc_stamps += 1;
+        }
+        true
     }
 
     fn resolve(&mut self, p: &'b BlockInfo, next: Option<u64>) {
