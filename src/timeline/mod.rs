@@ -18,6 +18,8 @@
 //! * [`inspect`] — branches, function segments and symbols before the cursor (what
 //!   `monitor history|calls|where` print) and the statistics `monitor stats` prints;
 //! * [`threads`] — every thread of a recording in one global order (a selected thread);
+//! * `live_threads` — the same for a live process's past, built from the backend's per-thread
+//!   streams when the cursor leaves the present;
 //! * `diversion` — function calls the debugger makes at the present, run unrecorded.
 //!
 //! ## Live (the cursor is at the present)
@@ -97,6 +99,7 @@
 mod diversion;
 pub mod files;
 pub mod inspect;
+mod live_threads;
 pub mod offline;
 mod past;
 pub mod regfiles;
@@ -536,12 +539,19 @@ impl Timeline {
                 self.floor()
             ));
         }
+        if self.live.is_some() && self.cursor.is_none() && n < self.len() {
+            self.enter_live_threads();
+        }
         self.cursor = if self.live.is_some() {
             (n < self.len()).then_some(n)
         } else {
             Some(n.min(self.end()))
         };
         self.regs_at = None;
+        if self.cursor.is_none() && self.is_live_group() {
+            self.leave_live_threads();
+            return Ok(());
+        }
         self.follow_selected();
         Ok(())
     }
@@ -680,6 +690,10 @@ impl Timeline {
         }
         self.ensure_indexed(INDEX_WAIT)
             .map_err(|what| TargetError::Unexpected { pid: 0, what })?;
+        if self.cursor.is_none() {
+            // A live multi-thread process: every thread's past (see `live_threads`).
+            self.enter_live_threads();
+        }
         if let Some(r) = self.reverse_threads(how) {
             return r;
         }
@@ -882,6 +896,9 @@ impl Timeline {
 
     /// The id of the thread of the last stop.
     pub fn tid(&self) -> i32 {
+        if let Some(g) = &self.group {
+            return g.tids[g.selected];
+        }
         match (&self.live, &self.offline) {
             // In the past: the thread the debugger moved (the history is the main thread's;
             // every thread is shown at the main thread's positions).
@@ -941,6 +958,9 @@ impl Timeline {
         let Some(pos) = self.cursor else {
             return self.live_mut()?.read_memory(addr, buf);
         };
+        if self.is_live_group() {
+            return self.live_group_memory(addr, buf);
+        }
         if !self.has_state_log() {
             return self.pc_only_memory(pos, addr, buf);
         }

@@ -22,6 +22,10 @@ impl Timeline {
     /// The register file at position `n` in the past: from the recorded state if the backend
     /// keeps one (the PC checked against the trace), otherwise PC-only (see the module docs).
     pub(super) fn past_registers(&mut self, n: u64) -> TargetResult<X86Registers> {
+        if self.is_live_group() {
+            let tid = self.tid();
+            return self.live_group_registers(tid);
+        }
         if !self.has_state_log() {
             return self.pc_only_registers(n);
         }
