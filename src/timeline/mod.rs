@@ -64,7 +64,7 @@
 //!   the registers were captured (the start of the recording, every stop of the live process, a
 //!   saved recording's start, stops and end) the full register file is served (general-purpose
 //!   registers only for a saved recording); at any other position
-//!   RIP is the history's PC and every other register is unavailable ([`RegMask::ALL_BUT_PC`];
+//!   RIP is the history's PC and every other register is unavailable ([`RegMask::ALL_BUT_PC`](crate::target::RegMask::ALL_BUT_PC);
 //!   GDB prints `<unavailable>`). Memory reads are served only inside read-only, file-backed code
 //!   mappings (which cannot have changed), from the code image; any other read is refused
 //!   ([`TargetError::Memory`]). A present value is never shown as a past one. Source-level
