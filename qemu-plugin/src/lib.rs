@@ -604,7 +604,6 @@ extern "C" fn on_tb_exec(vcpu: c_uint, udata: *mut c_void) {
     }
     v.mirror();
     let tid = v.tid;
-    drop(v);
     // After the block is announced (the tail file says it is running, none of it executed).
     pause_point(vcpu, tid, Some(b));
 }
@@ -730,7 +729,7 @@ extern "C" fn on_syscall(
 ) {
     let Some(s) = slot(vcpu) else { return };
     if !PAUSE_GATE.load(Ordering::Relaxed).is_null() {
-        release_claim(lock(s).tid);
+        release_claim(s.with(|v| v.tid));
     }
     match num {
         SYS_MMAP if a3 & PROT_EXEC != 0 && a4 & MAP_ANONYMOUS == 0 => {
@@ -766,7 +765,7 @@ extern "C" fn on_syscall_ret(_id: qemu_plugin_id_t, vcpu: c_uint, num: i64, ret:
         && let Some(s) = slot(vcpu)
     {
         // A signal that came during the call reaches the gdbstub before the next block.
-        let tid = lock(s).tid;
+        let tid = s.with(|v| v.tid);
         pause_point(vcpu, if tid == 0 { gettid() } else { tid }, None);
     }
     match num {
