@@ -11,9 +11,10 @@ use std::process::Stdio;
 
 use ptrewind::capture::qemu::Recorded;
 use ptrewind::capture::soft::classify::decode_insn;
-use ptrewind::capture::soft::{PtraceChild, RecordFrom, RecorderConfig, SoftRecorder};
+use ptrewind::capture::soft::{RecordFrom, RecorderConfig, SoftRecorder};
 use ptrewind::image::Image;
 use ptrewind::packet::{Packet, PacketDecoder};
+use ptrewind::target::{PtraceTarget, SpawnOptions};
 use support::cbuild::{compile_source, have, nm_symbol};
 use support::flow_ips;
 use support::qemu::{fold_rep, plugin, qemu_available, record};
@@ -353,7 +354,7 @@ fn static_program_same_stream_as_ptrace_backend() {
     // ptrace, from main.
     let mut cmd = std::process::Command::new(&exe);
     cmd.stdout(Stdio::null());
-    let child = PtraceChild::spawn(cmd).expect("spawn");
+    let child = PtraceTarget::spawn_command(cmd, &SpawnOptions::default()).expect("spawn");
     let cfg = RecorderConfig {
         record_from: RecordFrom::Main,
         ..RecorderConfig::default()

@@ -17,14 +17,15 @@
 
 pub mod ffi;
 
+use std::cell::UnsafeCell;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::fs::OpenOptions;
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::ptr;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 use ptrewind::capture::qemu::output::{self, PluginMeta, Tail, ThreadMeta, ThreadOutput};
 use ptrewind::capture::qemu::{BlockInfo, SignalHandlers, ThreadTracer, TracerConfig};
@@ -286,11 +287,62 @@ struct Vcpu {
     pending: Option<(u64, u64, String)>,
 }
 
+/// One vCPU's state. The block callback takes it without any lock: a lock per block was the
+/// largest single cost of the callback (an uncontended `cmpxchg` + `xchg` per block, ≈ 11 % of a
+/// qsort run's CPU time). The rare callbacks (system calls, vCPU exit, atexit, a reused index)
+/// take the `busy` flag, because QEMU may run them on another thread at the same time (see
+/// [`Slot::with`]).
 struct Slot {
     /// The process the state belongs to: after `fork`, the child sees its parent's states and
-    /// must not touch them (their locks may be held by threads that do not exist in the child).
+    /// must not touch them (they belong to threads that do not exist in the child).
     pid: AtomicU32,
-    vcpu: Mutex<Vcpu>,
+    /// Held by whoever runs one of the rare callbacks on this state.
+    busy: AtomicBool,
+    vcpu: UnsafeCell<Vcpu>,
+}
+
+// SAFETY: the `Vcpu` is only reached through `Slot::with` (under `busy`) and `Slot::on_own_thread`
+// (whose contract excludes every other access); the other fields are atomic.
+unsafe impl Sync for Slot {}
+
+impl Slot {
+    /// Runs `f` on the state, holding `busy`. Needed because some callbacks can run on another
+    /// thread while this vCPU's thread is in a system call: `atexit` (from the `exit_group` of
+    /// any thread), the vCPU's own exit (outside QEMU's exclusive sections), the system-call
+    /// callbacks of this vCPU.
+    fn with<R>(&self, f: impl FnOnce(&mut Vcpu) -> R) -> R {
+        while self
+            .busy
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            std::thread::yield_now();
+        }
+        // SAFETY: `busy` is held, which excludes every other `with`; `on_own_thread` never runs
+        // at the same time (see its contract).
+        let r = f(unsafe { &mut *self.vcpu.get() });
+        self.busy.store(false, Ordering::Release);
+        r
+    }
+
+    /// The state, for the block and instruction callbacks, without taking `busy`.
+    ///
+    /// # Safety
+    ///
+    /// The caller is a block or instruction execution callback of this slot's vCPU. Those run
+    /// on the vCPU's own host thread (QEMU user mode runs each vCPU on one thread), so they
+    /// never overlap each other or this vCPU's system-call and exit callbacks (same thread, one
+    /// after the other). The callbacks of other threads that touch this state are excluded by
+    /// QEMU: `atexit` runs after `qemu_plugin_user_exit` stopped every vCPU
+    /// (`start_exclusive`), unregistered the callbacks and flushed the translated blocks, so no
+    /// block callback runs again; a vCPU index is reused (`vcpu_init` on the cloning thread)
+    /// only after the old vCPU left QEMU's CPU list under `clone_lock`, so its thread runs no
+    /// more blocks.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn on_own_thread(&self) -> &mut Vcpu {
+        // SAFETY: see the function's contract.
+        unsafe { &mut *self.vcpu.get() }
+    }
 }
 
 static SLOTS: [AtomicPtr<Slot>; MAX_VCPUS] = [const { AtomicPtr::new(ptr::null_mut()) }; MAX_VCPUS];
@@ -313,10 +365,6 @@ fn real_getpid() -> u32 {
 fn gettid() -> u32 {
     // SAFETY: gettid has no preconditions.
     unsafe { libc::gettid() as u32 }
-}
-
-fn lock(slot: &Slot) -> MutexGuard<'_, Vcpu> {
-    slot.vcpu.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn config() -> Option<&'static Config> {
@@ -366,11 +414,12 @@ fn install_slot(vcpu: c_uint) {
         return;
     };
     if let Some(old) = slot(vcpu) {
-        finish(&mut lock(old), "replaced");
+        old.with(|v| finish(v, "replaced"));
     }
     let s = Box::leak(Box::new(Slot {
         pid: AtomicU32::new(getpid()),
-        vcpu: Mutex::new(new_vcpu(vcpu)),
+        busy: AtomicBool::new(false),
+        vcpu: UnsafeCell::new(new_vcpu(vcpu)),
     }));
     cell.store(s, Ordering::Release);
 }
@@ -526,7 +575,7 @@ extern "C" fn on_vcpu_init(_id: qemu_plugin_id_t, vcpu: c_uint) {
 
 extern "C" fn on_vcpu_exit(_id: qemu_plugin_id_t, vcpu: c_uint) {
     if let Some(s) = slot(vcpu) {
-        finish(&mut lock(s), "exit");
+        s.with(|v| finish(v, "exit"));
     }
 }
 
@@ -535,7 +584,8 @@ extern "C" fn on_tb_exec(vcpu: c_uint, udata: *mut c_void) {
         return;
     }
     let Some(s) = slot(vcpu) else { return };
-    let mut v = lock(s);
+    // SAFETY: the block execution callback of `vcpu`.
+    let v = unsafe { s.on_own_thread() };
     if v.done {
         return;
     }
@@ -554,14 +604,14 @@ extern "C" fn on_tb_exec(vcpu: c_uint, udata: *mut c_void) {
     }
     v.mirror();
     let tid = v.tid;
-    drop(v);
     // After the block is announced (the tail file says it is running, none of it executed).
     pause_point(vcpu, tid, Some(b));
 }
 
 extern "C" fn on_insn_exec(vcpu: c_uint, udata: *mut c_void) {
     let Some(s) = slot(vcpu) else { return };
-    let mut v = lock(s);
+    // SAFETY: the instruction execution callback of `vcpu`.
+    let v = unsafe { s.on_own_thread() };
     if v.done {
         return;
     }
@@ -679,7 +729,7 @@ extern "C" fn on_syscall(
 ) {
     let Some(s) = slot(vcpu) else { return };
     if !PAUSE_GATE.load(Ordering::Relaxed).is_null() {
-        release_claim(lock(s).tid);
+        release_claim(s.with(|v| v.tid));
     }
     match num {
         SYS_MMAP if a3 & PROT_EXEC != 0 && a4 & MAP_ANONYMOUS == 0 => {
@@ -687,20 +737,19 @@ extern "C" fn on_syscall(
             let path = std::fs::read_link(format!("/proc/self/fd/{}", a5 as i32))
                 .map(|p| p.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            lock(s).pending = Some((a2, a6, path));
+            s.with(|v| v.pending = Some((a2, a6, path)));
         }
         SYS_EXECVE | SYS_EXECVEAT => {
             // The process image may be replaced without any exit callback: end the stream
             // (the SYSCALL's TIP.PGD) and save it now. A failed execve goes on with TIP.PGE.
-            {
-                let mut v = lock(s);
+            s.with(|v| {
                 if !v.done {
                     v.tracer.finish();
                     v.write_meta("exec");
                 }
-            }
+            });
         }
-        SYS_EXIT => finish(&mut lock(s), "exit"),
+        SYS_EXIT => s.with(|v| finish(v, "exit")),
         SYS_EXIT_GROUP => hold_at_exit(num, [a1, a2, a3, a4, a5, a6]),
         SYS_RT_SIGACTION if a2 != 0 => {
             if let Some(h) = read_guest_u64(a2) {
@@ -716,13 +765,13 @@ extern "C" fn on_syscall_ret(_id: qemu_plugin_id_t, vcpu: c_uint, num: i64, ret:
         && let Some(s) = slot(vcpu)
     {
         // A signal that came during the call reaches the gdbstub before the next block.
-        let tid = lock(s).tid;
+        let tid = s.with(|v| v.tid);
         pause_point(vcpu, if tid == 0 { gettid() } else { tid }, None);
     }
     match num {
         SYS_MMAP => {
             let Some(s) = slot(vcpu) else { return };
-            let pending = lock(s).pending.take();
+            let pending = s.with(|v| v.pending.take());
             if let Some((len, off, path)) = pending
                 && ret >= 0
             {
@@ -758,7 +807,7 @@ extern "C" fn on_atexit(_id: qemu_plugin_id_t, _udata: *mut c_void) {
             continue;
         };
         if s.pid.load(Ordering::Relaxed) == getpid() {
-            finish(&mut lock(s), "process-exit");
+            s.with(|v| finish(v, "process-exit"));
         }
     }
 }
