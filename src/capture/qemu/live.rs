@@ -733,6 +733,12 @@ impl LiveBackend for QemuLive {
         i32::try_from(self.main.tid).unwrap_or_else(|_| self.pid())
     }
 
+    fn thread_stores(&self) -> Vec<(i32, TraceStore)> {
+        // The store holds the main thread's stream (the others are in the recording
+        // directory), whichever thread stopped.
+        vec![(self.history_thread(), self.store())]
+    }
+
     fn selected_thread(&self) -> i32 {
         i32::try_from(self.selected.tid).unwrap_or_else(|_| self.pid())
     }
