@@ -869,3 +869,39 @@ fn auto_keeps_ptrace_for_its_own_options() {
         "{text}"
     );
 }
+
+/// GDB's own `record btrace pt` in a live QEMU session: the plugin's PSBs are far apart, so
+/// the view starts at the last PSB before the point tracing was started; GDB's libipt decodes
+/// it without gaps, and `monitor history` shows the branches before the stop.
+#[test]
+fn live_btrace_and_monitor_history() {
+    let Some((_dir, exe)) = setup() else { return };
+    let run = session(
+        &exe,
+        &[],
+        &cmds(&[
+            "break leaf",
+            "continue",
+            "record btrace pt",
+            "continue",
+            "echo @hist\\n",
+            "monitor history 4",
+            "echo @btrace\\n",
+            "info record",
+            "record function-call-history",
+            "kill",
+        ]),
+    );
+    assert!(run.after("@hist").contains("-> "), "{}", run.dump());
+    assert!(run.after("@hist").contains("leaf"), "{}", run.dump());
+    let b = run.after("@btrace");
+    let n: u64 = b
+        .split("Recorded ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no instruction count: {}", run.dump()));
+    assert!(n > 0, "{}", run.dump());
+    assert!(b.contains("(0 gaps)"), "{}", run.dump());
+    assert!(b.contains("leaf"), "{}", run.dump());
+}

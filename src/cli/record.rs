@@ -524,6 +524,10 @@ pub(crate) fn serve_recording(
     // "from now on": GDB's `record btrace pt` shows the whole recorded history of each thread.
     let mut gdb_view = if served == Served::Replay || !target.shared().borrow().is_live() {
         TraceStoreProvider::new(cpu)
+    } else if target.shared().borrow().backend_name() == Some("qemu") {
+        // The plugin's PSBs are far apart: a view from the first PSB after the enable point
+        // would stay empty.
+        TraceStoreProvider::from_enable_or_last_psb(cpu)
     } else {
         TraceStoreProvider::from_enable(cpu)
     };

@@ -232,6 +232,8 @@ pub struct TraceStoreProvider {
     /// Per traced thread: the buffer size and, for views, the store length at the start.
     active: BTreeMap<u32, (u64, usize)>,
     from_enable: bool,
+    /// A view with no PSB after the enable point starts at the last PSB before it.
+    psb_before: bool,
     cpu: PtCpu,
 }
 
@@ -242,6 +244,7 @@ impl TraceStoreProvider {
             stores: BTreeMap::new(),
             active: BTreeMap::new(),
             from_enable: false,
+            psb_before: false,
             cpu,
         }
     }
@@ -253,6 +256,17 @@ impl TraceStoreProvider {
         TraceStoreProvider {
             from_enable: true,
             ..Self::new(cpu)
+        }
+    }
+
+    /// [`from_enable`](Self::from_enable) for a recorder that does not start a PSB+ where the
+    /// program resumes (the QEMU plugin writes PSBs by the amount of trace): while no PSB
+    /// follows the enable point, the view starts at the last PSB before it (so it also shows
+    /// some instructions from before tracing was started, rather than none).
+    pub fn from_enable_or_last_psb(cpu: PtCpu) -> Self {
+        TraceStoreProvider {
+            psb_before: true,
+            ..Self::from_enable(cpu)
         }
     }
 
@@ -292,16 +306,21 @@ impl PtTraceProvider for TraceStoreProvider {
             .ok_or_else(|| format!("thread {tid} is not traced"))?;
         // Two separate reads: a drain in between can only make `lost` (and so the head) newer
         // than `data`, which at worst makes the next `new` read return the data again.
+        let psb_before = self.psb_before;
         let data = store.with_bytes(|b| {
-            let tail = b.get(base..).unwrap_or_default();
+            let base = base.min(b.len());
             let start = if base == 0 {
                 0
             } else {
                 // Nothing before the first PSB can be decoded; until the program resumes
-                // there is none, and the view is empty.
-                find_psb(tail).unwrap_or(tail.len())
+                // there is none, and the view is empty (or starts at the last PSB before).
+                match find_psb(&b[base..]) {
+                    Some(i) => base + i,
+                    None if psb_before => rfind_psb(&b[..base]).unwrap_or(b.len()),
+                    None => b.len(),
+                }
             };
-            tail[start..].to_vec()
+            b[start..].to_vec()
         });
         let lost = store.lost();
         Ok(TraceSnapshot {
@@ -324,6 +343,11 @@ const PSB: [u8; 16] = [
 /// Offset of the first PSB in `bytes`.
 fn find_psb(bytes: &[u8]) -> Option<usize> {
     bytes.windows(PSB.len()).position(|w| w == PSB)
+}
+
+/// Offset of the last PSB in `bytes`.
+fn rfind_psb(bytes: &[u8]) -> Option<usize> {
+    bytes.windows(PSB.len()).rposition(|w| w == PSB)
 }
 
 /// Why the general thread cannot be used for a btrace packet (gdbserver's messages).

@@ -418,6 +418,11 @@ impl Timeline {
         self.live.is_some()
     }
 
+    /// The live backend's name (`monitor stats`), if a live process is behind this recording.
+    pub fn backend_name(&self) -> Option<&'static str> {
+        self.live.as_ref().map(|l| l.name())
+    }
+
     /// Whether the trace was recorded by the CPU (hardware backend).
     pub fn has_hardware_trace(&self) -> bool {
         self.live.as_ref().is_some_and(|l| l.is_hardware())
