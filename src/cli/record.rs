@@ -290,6 +290,7 @@ pub(crate) fn start_recording(args: &RecordArgs, shared_terminal: bool) -> Start
             qemu_live: !args.no_live,
             thread: args.thread,
             stop_at_exit: !args.no_stop_at_exit,
+            shared_terminal,
         };
         return Ok(
             match super::record_qemu::start(&opts, program, prog_args)? {

@@ -52,6 +52,9 @@ pub(crate) struct QemuOptions {
     pub(crate) thread: Option<u32>,
     /// Stop at the program's exit (live; the default, off with `--no-stop-at-exit`).
     pub(crate) stop_at_exit: bool,
+    /// The program shares the debugger's terminal (`ptrewind gdb`): a Ctrl-C reaches it
+    /// directly.
+    pub(crate) shared_terminal: bool,
 }
 
 /// The target to serve and whether it is a live program (else a replay of a finished
@@ -262,17 +265,27 @@ fn start_live(
     let mut config = config.clone();
     // The end of the program as a place in its history: the plugin holds `exit_group`.
     config.exit_stop = args.stop_at_exit;
-    let live = match QemuLive::spawn(&config, Path::new(program), prog_args, |_| {}) {
+    let mut live = match QemuLive::spawn(&config, Path::new(program), prog_args, |_| {}) {
         Ok(l) => l,
         Err(e) => {
             eprintln!("ptrewind: --backend qemu: {e}");
             return Ok(Err(ExitCode::from(2)));
         }
     };
+    // A temporary directory nobody named goes with the session (`monitor save` keeps a
+    // recording); one given with --trace-dir stays.
+    let temporary = args.trace_dir.is_none();
+    live.remove_dir_at_end(temporary);
+    live.terminal_interrupts(args.shared_terminal);
     eprintln!(
-        "ptrewind: running under QEMU with its gdbstub; every thread recorded into {}; the \
+        "ptrewind: running under QEMU with its gdbstub; every thread recorded into {}{}; the \
          main thread's history is served (PC-only past)",
-        live.dir().display()
+        live.dir().display(),
+        if temporary {
+            " (removed at the end; --trace-dir DIR keeps it)"
+        } else {
+            ""
+        }
     );
     let target = RecordingTarget::new(Timeline::live(Box::new(live), true)?);
     Ok(Ok((target, true)))

@@ -128,6 +128,12 @@ pub struct QemuLive {
     thread_list: Vec<ThreadId>,
     /// The plugin's pause gate (see [`super::output::PAUSE_FILE`]), once opened.
     pause: Option<std::fs::File>,
+    /// Remove the recording directory when the session ends.
+    remove_dir: bool,
+    /// The terminal's Ctrl-C reaches QEMU itself (it shares the debugger's terminal).
+    terminal_interrupts: bool,
+    /// A stop reply received while an interrupt waited for one (handed out by `wait`).
+    stashed: Option<StopReply>,
 }
 
 impl std::fmt::Debug for QemuLive {
@@ -250,6 +256,9 @@ impl QemuLive {
             selected: main,
             thread_list: vec![main],
             pause: None,
+            remove_dir: false,
+            terminal_interrupts: false,
+            stashed: None,
         };
         // Stopped at the first instruction: threads started while stopped wait (see
         // `set_gate`).
@@ -408,9 +417,23 @@ impl QemuLive {
         }
     }
 
-    /// The recording directory (every thread's stream; kept after the session).
+    /// The recording directory (every thread's stream; kept after the session unless
+    /// [`remove_dir_at_end`](Self::remove_dir_at_end)).
     pub fn dir(&self) -> &Path {
         self.rec.dir()
+    }
+
+    /// The program shares the debugger's terminal, whose Ctrl-C reaches QEMU directly: an
+    /// interrupt first waits briefly for that stop instead of sending a second `SIGINT`
+    /// (which would stop the program again after the next resume).
+    pub fn terminal_interrupts(&mut self, on: bool) {
+        self.terminal_interrupts = on;
+    }
+
+    /// Removes the recording directory when the session ends (a temporary directory nobody
+    /// asked to keep; `monitor save` keeps a recording).
+    pub fn remove_dir_at_end(&mut self, remove: bool) {
+        self.remove_dir = remove;
     }
 
     fn err(&self) -> impl Fn(RemoteError) -> TargetError + use<> {
@@ -705,6 +728,10 @@ impl Drop for QemuLive {
         }
         // Reaps it (at once when it has exited; std keeps the status of a reaped child).
         let _ = self.rec.child_mut().wait();
+        if self.remove_dir {
+            // Our own private directory (made by `tempfile`); links inside are not followed.
+            let _ = std::fs::remove_dir_all(self.rec.dir());
+        }
     }
 }
 
@@ -1081,6 +1108,15 @@ impl LiveBackend for QemuLive {
             self.running = false;
             return Ok(Some(ev));
         }
+        if let Some(stop) = self.stashed.take() {
+            self.set_gate(true);
+            self.step_hold = None;
+            self.running = false;
+            let stepping = std::mem::take(&mut self.stepping);
+            let ev = self.event(stop, stepping)?;
+            self.refresh_threads();
+            return Ok(Some(ev));
+        }
         // In slices, so the exit gate is watched too (the stub says nothing while it holds).
         let reply = loop {
             let slice = Some(if self.step_hold.is_some() {
@@ -1148,6 +1184,14 @@ impl LiveBackend for QemuLive {
             return Ok(());
         }
         self.interrupted = true;
+        if self.terminal_interrupts {
+            // The terminal's own SIGINT is on its way to QEMU: take its stop if it comes.
+            if let Ok(Some(stop)) = self.remote.wait(Some(Duration::from_millis(300))) {
+                self.set_gate(true);
+                self.stashed = Some(stop);
+                return Ok(());
+            }
+        }
         let pid = self.pid();
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid),
