@@ -659,3 +659,78 @@ fn live_ptrace_session_serves_every_threads_past() {
         run.dump()
     );
 }
+
+/// reverse-finish and reverse-next in a PC-only multi-thread past (a QEMU recording: no stack
+/// pointer, GDB cannot unwind): with ptrewind's GDB script, GDB's own commands are done by the
+/// server from the decoded calls and returns, in the selected thread. From worker B's last
+/// `step_b`: reverse-finish stops at the call instruction in `worker_b`; reverse-next goes back
+/// to the start of that one-line function's line (its first instruction); reverse-step is
+/// refused with the reason.
+#[test]
+fn reverse_finish_and_next_in_a_pc_only_thread() {
+    if !ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = build(dir.path());
+    let rec_dir = dir.path().join("rec");
+    let (_recorded, status) = record_into(&rec_dir, &exe, &[], true);
+    assert!(!status.success(), "the program crashes");
+    let mut cli: Vec<OsString> = ["replay", "--listen", "127.0.0.1:0", "--qemu"]
+        .iter()
+        .map(Into::into)
+        .collect();
+    cli.push(rec_dir.into());
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("gdb-scripts/ptrewind.py");
+    let run = gdb_session(
+        Server::start_cli(&cli),
+        &exe,
+        &[
+            format!("source {}", script.display()),
+            "break step_b".into(),
+            "reverse-continue".into(),
+            "delete".into(),
+            "echo @finish\\n".into(),
+            "reverse-finish".into(),
+            "printf \"PC %lx\\n\", $pc".into(),
+            "x/i $pc".into(),
+            "echo @next\\n".into(),
+            "reverse-next".into(),
+            "printf \"PC %lx\\n\", $pc".into(),
+            "echo @step\\n".into(),
+            "reverse-step".into(),
+            "printf \"PC %lx\\n\", $pc".into(),
+            "monitor thread".into(),
+        ],
+        Duration::from_secs(120),
+    );
+    let pcs: Vec<u64> = run
+        .tagged("PC")
+        .iter()
+        .map(|v| u64::from_str_radix(v, 16).expect("hex pc"))
+        .collect();
+    assert_eq!(pcs.len(), 3, "{}", run.dump());
+    let worker_b = nm_symbol(&exe, "worker_b");
+    // The call to step_b inside worker_b.
+    let finish = run.after("@finish");
+    assert!(
+        pcs[0] > worker_b && finish.contains("call") && finish.contains("step_b"),
+        "{}",
+        run.dump()
+    );
+    assert!(finish.contains("in worker_b"), "{}", run.dump());
+    // worker_b is one line: reverse-next goes back to its first instruction.
+    assert_eq!(pcs[1], worker_b, "{}", run.dump());
+    // reverse-step is refused (the position stays).
+    assert_eq!(pcs[2], pcs[1], "{}", run.dump());
+    assert!(
+        run.gdb.contains("reverse-step needs the stack pointer"),
+        "{}",
+        run.dump()
+    );
+    assert!(
+        !run.gdb.contains("not meaningful in the outermost frame"),
+        "{}",
+        run.dump()
+    );
+}
