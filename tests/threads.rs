@@ -502,8 +502,9 @@ fn printed_after<'a>(run: &'a GdbRun, mark: &str) -> &'a str {
 /// (another breakpoint) at worker A's last `step_a` — in whichever thread hit last in global
 /// order; the arguments and the shared variable are the values of that moment; every thread's
 /// backtrace is readable there; reverse-finish and reverse-next move within the selected
-/// thread; `monitor calls` shows the selected thread's own calls; continuing forward comes
-/// back to the present.
+/// thread; `monitor calls` shows the selected thread's own calls; a write watchpoint going back
+/// from worker A's start stops in main (its thread creation, whose writes the log does not
+/// know, then its last writes); continuing forward comes back to the present.
 #[test]
 fn live_ptrace_session_serves_every_threads_past() {
     if !have("gdb") {
@@ -563,6 +564,27 @@ fn live_ptrace_session_serves_every_threads_past() {
             "echo @a-threads\\n",
             "info threads",
             "echo @a-end\\n",
+            "break worker_a",
+            "reverse-continue",
+            "delete",
+            "watch sink",
+            "reverse-continue",
+            "echo @w\\n",
+            "print sink",
+            "reverse-continue",
+            "echo @w1\\n",
+            "print sink",
+            "frame",
+            "reverse-continue",
+            "echo @w2\\n",
+            "print sink",
+            "frame",
+            "reverse-continue",
+            "echo @w3\\n",
+            "print sink",
+            "frame",
+            "echo @w-end\\n",
+            "delete",
             "continue",
             "echo @present\\n",
             "print sink",
@@ -646,6 +668,29 @@ fn live_ptrace_session_serves_every_threads_past() {
         "A selected\n{}",
         run.dump()
     );
+    // A watchpoint from worker A's start, going back: the first stop is in main (another
+    // thread), at its thread creation (a system call whose writes the log does not know: a
+    // plain trap) or at its last write, with main's three writes done; further back, main's
+    // write in step_a(1002), with the value before it.
+    let main_tid = run.pid;
+    let w = run.after("@a-end");
+    let w = &w[..w.find("@w-end").unwrap_or(w.len())];
+    assert!(
+        w.contains(&format!("[Switching to Thread {main_tid}.{main_tid}]")),
+        "{}",
+        run.dump()
+    );
+    assert_eq!(printed_after(&run, "@w"), "3003", "{}", run.dump());
+    let at_1002 = ["@w1", "@w2", "@w3"]
+        .iter()
+        .find(|m| {
+            run.after(m)
+                .lines()
+                .find(|l| l.starts_with("#0  "))
+                .is_some_and(|l| l.contains("step_a (i=1002)"))
+        })
+        .unwrap_or_else(|| panic!("no stop at main's last write\n{}", run.dump()));
+    assert_eq!(printed_after(&run, at_1002), "2001", "{}", run.dump());
     // Forward to the end of the past: the present again, where B crashed.
     assert!(
         run.gdb.contains("No more reverse-execution history"),
