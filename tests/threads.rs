@@ -561,6 +561,7 @@ fn live_ptrace_session_serves_every_threads_past() {
             "frame",
             "echo @a-calls\\n",
             "monitor calls 4",
+            "monitor stats",
             "echo @a-threads\\n",
             "info threads",
             "echo @a-end\\n",
@@ -651,6 +652,12 @@ fn live_ptrace_session_serves_every_threads_past() {
                 .iter()
                 .any(|l| l.contains("step_b") || l.contains("main")),
         "A's own calls\n{}",
+        run.dump()
+    );
+    // `monitor stats` in the past checks every thread's history against the state log.
+    assert!(
+        run.gdb.contains("ok: the 3 threads' histories hold"),
+        "{}",
         run.dump()
     );
     let threads = run.after("@a-threads");

@@ -228,6 +228,34 @@ impl Timeline {
         Ok(())
     }
 
+    /// In a live process's past: the `monitor stats` history check over every thread (their
+    /// histories together against the recorded state's instructions), the selected thread's
+    /// history being one thread's; `None` otherwise.
+    pub(super) fn live_group_check(&self) -> Option<String> {
+        let g = self.group.as_ref().filter(|g| g.live_ends.is_some())?;
+        let total = g.order.len();
+        let threads = g.tids.len();
+        let logged = self
+            .live
+            .as_ref()
+            .and_then(|l| l.recorded_state())
+            .and_then(|s| s.global())
+            .map(|s| s.len());
+        Some(match logged {
+            Some(l) if l == total => format!(
+                "ok: the {threads} threads' histories hold {total} instructions, as the state log"
+            ),
+            Some(l) => format!(
+                "ERROR: the {threads} threads' histories hold {total} instructions, the state \
+                 log {l}"
+            ),
+            None => format!(
+                "{threads} threads, {total} instructions in their histories (no state log to \
+                 check against)"
+            ),
+        })
+    }
+
     /// Back to the present: the main thread's timeline in place again, the group dropped (the
     /// other threads' workers stop), the thread that was selected selected in the backend.
     pub(super) fn leave_live_threads(&mut self) {
