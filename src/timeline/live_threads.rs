@@ -165,6 +165,8 @@ impl Timeline {
             t.image_maps = self.image_maps.clone();
             t.record_wanted = false;
             t.bps = self.bps.clone();
+            // The same process's symbols (read once, not again for every thread selected).
+            t.symbols = self.symbols.clone();
             t.worker.request_complete();
             let len = t.ensure_indexed(INDEX_WAIT)?;
             if len != clock.len() {
