@@ -115,7 +115,7 @@ fn selected(run: &GdbRun) -> Vec<u32> {
 }
 
 fn record_cli(rec_dir: &Path, exe: &Path) -> Server {
-    let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--trace-dir"]
+    let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--no-live", "--trace-dir"]
         .iter()
         .map(Into::into)
         .collect();
@@ -348,10 +348,17 @@ fn lldb_dumps_each_threads_own_trace() {
     let dir = tempfile::tempdir().expect("tempdir");
     let exe = build(dir.path());
     let rec_dir = dir.path().join("rec");
-    let mut cli: Vec<OsString> = ["record", "--once", "--backend", "qemu", "--trace-dir"]
-        .iter()
-        .map(Into::into)
-        .collect();
+    let mut cli: Vec<OsString> = [
+        "record",
+        "--once",
+        "--backend",
+        "qemu",
+        "--no-live",
+        "--trace-dir",
+    ]
+    .iter()
+    .map(Into::into)
+    .collect();
     cli.push(rec_dir.clone().into());
     cli.extend(["--qemu-plugin".into(), plugin().into(), "--".into()]);
     cli.push(exe.clone().into());

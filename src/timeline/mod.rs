@@ -661,7 +661,7 @@ impl Timeline {
         self.pending_snapshot = None;
         if let Some(live) = self.live.as_mut()
             && !exited
-            && let Ok(regs) = live.read_registers()
+            && let Ok(regs) = history_thread_registers(live.as_mut())
         {
             match live.recorded() {
                 Some(n) => {
@@ -684,9 +684,12 @@ impl Timeline {
     /// [`wait`](Self::wait).
     pub fn reverse(&mut self, how: ReverseResume) -> TargetResult<()> {
         // A step moves the thread the debugger chose; a continue searches the history's thread.
+        // (PC-only, the past is the history thread's alone: a step moves it.)
         self.past_thread = match how {
-            ReverseResume::Step => self.live.as_ref().map(|l| l.selected_thread()),
-            ReverseResume::Continue => None,
+            ReverseResume::Step if self.has_state_log() => {
+                self.live.as_ref().map(|l| l.selected_thread())
+            }
+            _ => None,
         };
         if self.exited.is_some() {
             return Err(TargetError::Unsupported(
@@ -812,8 +815,10 @@ impl Timeline {
     /// backend at the present. The stop is collected with [`wait`](Self::wait).
     pub fn resume(&mut self, how: Resume) -> TargetResult<()> {
         self.past_thread = match how {
-            Resume::Step { .. } => self.live.as_ref().map(|l| l.selected_thread()),
-            Resume::Continue { .. } => None,
+            Resume::Step { .. } if self.has_state_log() => {
+                self.live.as_ref().map(|l| l.selected_thread())
+            }
+            _ => None,
         };
         if self.exited.is_some() {
             let pid = self.live.as_ref().map_or(0, |l| l.pid());
@@ -1097,3 +1102,16 @@ fn spawn_worker(
 
 #[cfg(test)]
 mod tests;
+
+/// The registers of the thread whose instructions the history holds (the stop may be
+/// another's: they are what a PC-only past shows at the stop's position), the selection left
+/// as it was.
+fn history_thread_registers(live: &mut dyn LiveBackend) -> TargetResult<X86Registers> {
+    let (selected, history) = (live.selected_thread(), live.history_thread());
+    if selected == history || live.select_thread(history).is_err() {
+        return live.read_registers();
+    }
+    let r = live.read_registers();
+    let _ = live.select_thread(selected);
+    r
+}

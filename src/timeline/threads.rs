@@ -340,9 +340,17 @@ impl Timeline {
     /// position in the past), the selection left as it was; the selected thread's for an id
     /// the backend does not know (gdbstub's default thread before any `Hg`).
     fn live_thread_registers(&mut self, tid: i32) -> TargetResult<X86Registers> {
+        let pc_only_past = self.cursor.is_some() && !self.has_state_log();
         let Some(l) = self.live.as_mut().filter(|_| self.exited.is_none()) else {
             return self.read_registers();
         };
+        if pc_only_past && tid != l.history_thread() {
+            // A PC-only past is the history thread's alone: another thread's registers there
+            // are unknown (its present values are not its past ones).
+            return Err(TargetError::Unsupported(
+                "another thread's registers in a PC-only past (only the main thread's history is served live)",
+            ));
+        }
         let prev = l.selected_thread();
         if tid == prev || l.select_thread(tid).is_err() {
             return self.read_registers();
