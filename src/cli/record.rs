@@ -409,7 +409,7 @@ fn start_hardware_recording(
             .map_err(|e| format!("cannot run to {addr:#x}: {e}"))?;
     }
     let capture = match PerfCapture::open(target, config) {
-        Ok(c) => c,
+        Ok(c) => c.stop_at_exit(!args.no_stop_at_exit),
         Err(e) => {
             eprintln!("ptrewind: --backend pt: {e}");
             return Ok(Err(ExitCode::from(2)));

@@ -165,6 +165,8 @@ impl Timeline {
             t.image_maps = self.image_maps.clone();
             t.record_wanted = false;
             t.bps = self.bps.clone();
+            // The same process's symbols (read once, not again for every thread selected).
+            t.symbols = self.symbols.clone();
             t.worker.request_complete();
             let len = t.ensure_indexed(INDEX_WAIT)?;
             if len != clock.len() {
@@ -226,6 +228,34 @@ impl Timeline {
         }));
         self.set_global_position(total);
         Ok(())
+    }
+
+    /// In a live process's past: the `monitor stats` history check over every thread (their
+    /// histories together against the recorded state's instructions), the selected thread's
+    /// history being one thread's; `None` otherwise.
+    pub(super) fn live_group_check(&self) -> Option<String> {
+        let g = self.group.as_ref().filter(|g| g.live_ends.is_some())?;
+        let total = g.order.len();
+        let threads = g.tids.len();
+        let logged = self
+            .live
+            .as_ref()
+            .and_then(|l| l.recorded_state())
+            .and_then(|s| s.global())
+            .map(|s| s.len());
+        Some(match logged {
+            Some(l) if l == total => format!(
+                "ok: the {threads} threads' histories hold {total} instructions, as the state log"
+            ),
+            Some(l) => format!(
+                "ERROR: the {threads} threads' histories hold {total} instructions, the state \
+                 log {l}"
+            ),
+            None => format!(
+                "{threads} threads, {total} instructions in their histories (no state log to \
+                 check against)"
+            ),
+        })
     }
 
     /// Back to the present: the main thread's timeline in place again, the group dropped (the
