@@ -13,7 +13,7 @@
 //! While the group exists the main thread's `Timeline` (the one whose store and worker the
 //! backend feeds) is parked like any other when another thread is selected, but the backend and
 //! everything about the session (notices, watchpoints, the exit state) stay in place
-//! ([`keep_session`]). Each time the cursor enters the past from the present the group is built
+//! ([`keep_session`](super::threads::keep_session)). Each time the cursor enters the past from the present the group is built
 //! again (each thread's stream is decoded once for its clock and indexed by its own worker):
 //! the streams grew while the process ran.
 
@@ -57,25 +57,6 @@ fn clock_from_state(
     let mut c = ThreadClock::from_runs(runs, len);
     c.set_stop_ip(trace_clock.stop_ip());
     Some(c)
-}
-
-/// Keeps what belongs to the session rather than to one thread in the timeline in place after
-/// two threads' timelines were swapped (`into` is now in place, `from` parked).
-pub(super) fn keep_session(into: &mut Timeline, from: &mut Timeline) {
-    std::mem::swap(&mut into.live, &mut from.live);
-    std::mem::swap(&mut into.exited, &mut from.exited);
-    std::mem::swap(&mut into.at_exit, &mut from.at_exit);
-    std::mem::swap(&mut into.interrupt, &mut from.interrupt);
-    std::mem::swap(&mut into.record_wanted, &mut from.record_wanted);
-    std::mem::swap(&mut into.checks, &mut from.checks);
-    std::mem::swap(&mut into.notices, &mut from.notices);
-    std::mem::swap(&mut into.untraced_runs, &mut from.untraced_runs);
-    std::mem::swap(&mut into.floor, &mut from.floor);
-    std::mem::swap(&mut into.stop_errors, &mut from.stop_errors);
-    std::mem::swap(&mut into.regs_before_write, &mut from.regs_before_write);
-    std::mem::swap(&mut into.diversion, &mut from.diversion);
-    std::mem::swap(&mut into.diversions, &mut from.diversions);
-    std::mem::swap(&mut into.watches, &mut from.watches);
 }
 
 impl Timeline {
