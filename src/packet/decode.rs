@@ -664,19 +664,6 @@ pub fn decode_packet(
     decode_core(buf, pos, block).map_err(|e| e.at(pos as u64))
 }
 
-/// Where a decoding error leaves the decoder: the error at `base + pos`, and the position after
-/// it (an invalid packet is skipped by one byte; a truncated one ends the buffer of `len` bytes).
-#[cold]
-#[inline(never)]
-fn failed(e: CoreError, base: u64, pos: usize, len: usize) -> (PacketError, usize) {
-    let err = e.at(base.wrapping_add(pos as u64));
-    let pos = match e {
-        CoreError::Invalid(_) => pos + 1,
-        CoreError::Truncated(_) => len,
-    };
-    (err, pos)
-}
-
 /// A zero-copy packet decoder over a byte slice. It tracks the BBP block context itself.
 ///
 /// Iterating yields `(offset, packet)` pairs, where the offset is the base offset given to
@@ -767,7 +754,6 @@ impl<'a> PacketDecoder<'a> {
 
     /// Moves to the next PSB at or after the current position and returns its offset, or moves to
     /// the end of the buffer and returns `None` when there is none.
-    #[inline]
     pub fn sync_forward(&mut self) -> Option<u64> {
         match find_psb_forward(self.buf, self.pos) {
             Some(p) => {
@@ -783,15 +769,14 @@ impl<'a> PacketDecoder<'a> {
         }
     }
 
-    /// The error `e` at the current position; moves past it (see the type's documentation).
-    /// Inlined, around an out-of-line [`failed`] that does not borrow the decoder: a call the
-    /// compiler cannot inline that takes `&mut self` lets the decoder's address escape, and a
-    /// consumer's loop then keeps its fields in memory — a store and a reload of the position
-    /// on every packet, the longest dependency of the per-packet API.
-    #[inline(always)]
+    #[cold]
+    #[inline(never)]
     fn fail(&mut self, e: CoreError) -> PacketError {
-        let (err, pos) = failed(e, self.base, self.pos, self.buf.len());
-        self.pos = pos;
+        let err = e.at(self.offset());
+        match e {
+            CoreError::Invalid(_) => self.pos += 1,
+            CoreError::Truncated(_) => self.pos = self.buf.len(),
+        }
         self.block = None;
         err
     }
@@ -866,15 +851,12 @@ impl<'a> PacketDecoder<'a> {
     }
 
     /// The error behind the last [`Stop::Error`] (once; `None` if there was none since).
-    #[inline]
     pub fn take_error(&mut self) -> Option<PacketError> {
         self.error.take()
     }
 
-    /// [`PacketDecoder::read`] within 16 bytes of the end of the buffer (inlined, so that the
-    /// decoder's address does not escape: see [`Self::fail`]; the decoding itself is the
-    /// out-of-line [`decode_tail`]).
-    #[inline(always)]
+    /// [`PacketDecoder::read`] within 16 bytes of the end of the buffer.
+    #[inline(never)]
     fn read_tail(&mut self) -> Result<Packet, Stop> {
         match self.next_tail() {
             None => Err(Stop::End),
@@ -890,7 +872,7 @@ impl<'a> PacketDecoder<'a> {
     }
 
     /// [`PacketDecoder::next_packet`] within 16 bytes of the end of the buffer.
-    #[inline(always)]
+    #[inline(never)]
     fn next_tail(&mut self) -> Option<Result<(u64, Packet), PacketError>> {
         if self.pos >= self.buf.len() {
             return None;
