@@ -174,6 +174,7 @@ fn ours(
                 "record",
                 "--backend",
                 "qemu",
+                "--no-live",
                 "--listen",
                 "127.0.0.1:0",
                 "--",

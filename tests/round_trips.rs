@@ -128,7 +128,7 @@ fn qemu_pc_only_reverse_stepi_round_trips() {
     }
     let dir = tempfile::tempdir().unwrap();
     let exe = compile(dir.path());
-    let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--trace-dir"]
+    let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--no-live", "--trace-dir"]
         .iter()
         .map(Into::into)
         .collect();

@@ -238,18 +238,15 @@ fn record_reports_progress_on_a_terminal_only() {
     let dir = tempfile::tempdir().unwrap();
     let src = "volatile unsigned long n;\nint main(void) { while (n < ~0ul) n++; return 0; }\n";
     let prog = compile_source("cc", dir.path(), "loop", src, &["-g", "-O0"], &[]);
-    // Runs GDB against PORT: continue, and Ctrl-C (SIGINT to GDB) after `secs`.
-    fn drive(prog: &Path, port: u16, secs: u64) -> support::gdb::Finished {
+    // Runs GDB against PORT: continue, and Ctrl-C (SIGINT to GDB) once `done` says so.
+    fn drive(prog: &Path, port: u16, mut done: impl FnMut() -> bool) -> support::gdb::Finished {
         let mut gdb = support::gdb::gdb_batch();
         gdb.arg("-ex")
             .arg(format!("target remote 127.0.0.1:{port}"))
             .arg("-ex")
             .arg("continue")
             .arg(prog);
-        let deadline = Instant::now() + Duration::from_secs(secs);
-        support::gdb::run_interrupting(&mut gdb, Duration::from_secs(60), || {
-            Instant::now() >= deadline
-        })
+        support::gdb::run_interrupting(&mut gdb, Duration::from_secs(90), &mut done)
     }
     // A terminal: ptrewind record in a tmux pane, on a fixed free port.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -284,8 +281,19 @@ fn record_reports_progress_on_a_terminal_only() {
     );
     let piped_port = piped.port;
     let p = prog.clone();
-    let other = std::thread::spawn(move || drive(&p, piped_port, 7));
-    let g = drive(&prog, port, 7);
+    // The piped run is interrupted after 7 s; the terminal's once its first progress line is
+    // on the screen (a few seconds of recording, more on a loaded machine), or after 60 s.
+    let other = std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(7);
+        drive(&p, piped_port, || Instant::now() >= deadline)
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let g = drive(&prog, port, || {
+        Instant::now() >= deadline
+            || t.screen()
+                .lines()
+                .any(|l| l.starts_with("ptrewind: recording: ") && l.ends_with(" of trace"))
+    });
     let _ = other.join();
     assert!(g.status.is_some(), "gdb timed out: {}", g.stderr);
     let screen = t.screen();
