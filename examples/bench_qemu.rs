@@ -22,7 +22,8 @@ use std::time::Instant;
 
 use ptrewind::capture::qemu::Recorded;
 use ptrewind::capture::qemu::recording::find_plugin;
-use ptrewind::capture::soft::{PtraceChild, RecordFrom, RecorderConfig, SoftRecorder};
+use ptrewind::capture::soft::{RecordFrom, RecorderConfig, SoftRecorder};
+use ptrewind::target::{PtraceTarget, SpawnOptions};
 
 const QSORT_SRC: &str = r#"
 #include <stdio.h>
@@ -138,7 +139,8 @@ fn which(tool: &str) -> PathBuf {
 fn ptrace_rate(w: &Workload) -> Result<(u64, f64), String> {
     let mut cmd = Command::new(&w.program);
     cmd.args(&w.small_args).stdout(Stdio::null());
-    let child = PtraceChild::spawn(cmd).map_err(|e| e.to_string())?;
+    let child =
+        PtraceTarget::spawn_command(cmd, &SpawnOptions::default()).map_err(|e| e.to_string())?;
     let cfg = RecorderConfig {
         record_from: RecordFrom::Exec,
         capture_image_at_exit: false,

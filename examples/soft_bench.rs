@@ -12,7 +12,8 @@
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use ptrewind::capture::soft::{PtraceChild, RecorderConfig, SoftRecorder, StepMode};
+use ptrewind::capture::soft::{RecorderConfig, SoftRecorder, StepMode};
+use ptrewind::target::{PtraceTarget, SpawnOptions};
 
 const SRC: &str = r#"
 #include <stdio.h>
@@ -75,8 +76,13 @@ fn main() {
     ] {
         let mut cmd = Command::new(&exe);
         cmd.arg(&arg).stdout(Stdio::piped());
-        let mut child = PtraceChild::spawn(cmd).expect("spawn");
-        let mut out = child.child_mut().stdout.take().expect("stdout");
+        let mut child = PtraceTarget::spawn_command(cmd, &SpawnOptions::default()).expect("spawn");
+        let mut out = child
+            .child_mut()
+            .expect("spawned")
+            .stdout
+            .take()
+            .expect("stdout");
         let reader = std::thread::spawn(move || {
             let mut s = String::new();
             std::io::Read::read_to_string(&mut out, &mut s).expect("read");

@@ -11,9 +11,10 @@ use std::process::Stdio;
 
 use ptrewind::capture::qemu::Recorded;
 use ptrewind::capture::soft::classify::decode_insn;
-use ptrewind::capture::soft::{PtraceChild, RecordFrom, RecorderConfig, SoftRecorder};
+use ptrewind::capture::soft::{RecordFrom, RecorderConfig, SoftRecorder};
 use ptrewind::image::Image;
 use ptrewind::packet::{Packet, PacketDecoder};
+use ptrewind::target::{PtraceTarget, SpawnOptions};
 use support::cbuild::{compile_source, have, nm_symbol};
 use support::flow_ips;
 use support::qemu::{fold_rep, plugin, qemu_available, record};
@@ -353,7 +354,7 @@ fn static_program_same_stream_as_ptrace_backend() {
     // ptrace, from main.
     let mut cmd = std::process::Command::new(&exe);
     cmd.stdout(Stdio::null());
-    let child = PtraceChild::spawn(cmd).expect("spawn");
+    let child = PtraceTarget::spawn_command(cmd, &SpawnOptions::default()).expect("spawn");
     let cfg = RecorderConfig {
         record_from: RecordFrom::Main,
         ..RecorderConfig::default()
@@ -421,7 +422,7 @@ fn gdb_reverse_on_a_worker_that_crashed() {
     );
     // First the whole recording, to learn the worker's thread id from the directory.
     let rec_dir = dir.path().join("rec");
-    let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--trace-dir"]
+    let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--no-live", "--trace-dir"]
         .iter()
         .map(Into::into)
         .collect();
@@ -501,7 +502,7 @@ fn clear_errors_for_bad_programs_and_missing_qemu() {
     std::fs::write(&arm, &h).expect("write");
     let run = |prog: &Path, path_env: Option<&str>| {
         let mut cmd = ptrewind();
-        cmd.args(["record", "--backend", "qemu", "--qemu-plugin"])
+        cmd.args(["record", "--backend", "qemu", "--no-live", "--qemu-plugin"])
             .arg(plugin())
             .arg("--")
             .arg(prog);
@@ -586,7 +587,7 @@ fn gdb_replays_a_pie_dynamic_program_relocated() {
         &[],
     );
     let link_leaf = nm_symbol(&exe, "leaf");
-    let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--trace-dir"]
+    let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--no-live", "--trace-dir"]
         .iter()
         .map(Into::into)
         .collect();
@@ -660,7 +661,7 @@ fn btrace_and_lldb_trace_dump_on_a_qemu_recording() {
     let dir = tempfile::tempdir().expect("tempdir");
     let exe = compile(dir.path(), "pie", PIE_SRC, &["-g", "-O0"], &[]);
     let start = |rec: &str| {
-        let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--trace-dir"]
+        let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--no-live", "--trace-dir"]
             .iter()
             .map(Into::into)
             .collect();
@@ -780,7 +781,7 @@ fn a_killed_guest_keeps_its_recording_and_it_is_served() {
         }
         false
     });
-    let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--trace-dir"]
+    let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--no-live", "--trace-dir"]
         .iter()
         .map(Into::into)
         .collect();
@@ -838,7 +839,7 @@ fn a_pc_only_stop_reply_expedites_only_known_registers() {
     use support::rsp::Raw;
     let dir = tempfile::tempdir().expect("tempdir");
     let exe = compile(dir.path(), "pie", PIE_SRC, &["-O0"], &[]);
-    let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--trace-dir"]
+    let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--no-live", "--trace-dir"]
         .iter()
         .map(Into::into)
         .collect();

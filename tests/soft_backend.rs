@@ -10,12 +10,13 @@ use std::process::{Command, Stdio};
 
 use ptrewind::capture::soft::procmaps;
 use ptrewind::capture::soft::{
-    EncoderConfig, Exit, PtraceChild, RecordFrom, RecorderConfig, Recording, RingConfig,
-    SoftRecorder, StepEvent, StepTarget,
+    EncoderConfig, Exit, RecordFrom, RecorderConfig, Recording, RingConfig, SoftRecorder,
+    StepEvent, StepTarget,
 };
 use ptrewind::image::Image;
 use ptrewind::packet::{Packet, PacketDecoder};
 use ptrewind::ring::IntOn;
+use ptrewind::target::{PtraceTarget, SpawnOptions};
 use support::cbuild::{compile_source, nm_symbol};
 use support::flow_ips;
 use support::libipt::{ImageSection, OracleItem, ipt_insns};
@@ -32,10 +33,10 @@ fn compile(dir: &Path, name: &str, src: &str, extra: &[&str]) -> PathBuf {
     )
 }
 
-fn spawn(exe: &Path, args: &[&str]) -> PtraceChild {
+fn spawn(exe: &Path, args: &[&str]) -> PtraceTarget {
     let mut cmd = Command::new(exe);
     cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::null());
-    PtraceChild::spawn(cmd).expect("spawn traced child")
+    PtraceTarget::spawn_command(cmd, &SpawnOptions::default()).expect("spawn traced child")
 }
 
 fn config() -> RecorderConfig {
@@ -54,7 +55,12 @@ fn native_stdout(exe: &Path, args: &[&str]) -> String {
 
 fn record(exe: &Path, args: &[&str], cfg: RecorderConfig) -> (Recording, String) {
     let mut child = spawn(exe, args);
-    let mut stdout = child.child_mut().stdout.take().expect("piped stdout");
+    let mut stdout = child
+        .child_mut()
+        .expect("spawned")
+        .stdout
+        .take()
+        .expect("piped stdout");
     let reader = std::thread::spawn(move || {
         let mut s = String::new();
         std::io::Read::read_to_string(&mut stdout, &mut s).expect("read child stdout");
@@ -393,7 +399,7 @@ int main(void) {
     let stack_top = rec.current_regs().expect("regs").rsp;
     const STACK: usize = 16 * 1024;
     let stack = stack_top - STACK as u64;
-    let read_mem = |rec: &mut SoftRecorder<PtraceChild>| {
+    let read_mem = |rec: &mut SoftRecorder<PtraceTarget>| {
         let mut m = vec![0u8; 96 + STACK];
         rec.target()
             .read_memory(buf, &mut m[..64])
@@ -513,7 +519,7 @@ fn single_and_block_stepping_record_the_same_flow() {
 }
 
 #[test]
-fn threads_run_untraced_and_the_main_thread_decodes_exactly() {
+fn threads_are_recorded_and_the_main_thread_decodes_exactly() {
     let dir = tempfile::tempdir().expect("tempdir");
     let src = r#"
 #include <pthread.h>
@@ -541,6 +547,9 @@ int main(void) {
     assert_eq!(r.exit, Some(Exit::Code(0)));
     assert_eq!(r.stats.clones, 1, "{:?}", r.stats);
     assert_eq!(r.stats.thread_clones, 1, "{:?}", r.stats);
+    // The one ptrace task type follows every thread: the worker has its own stream.
+    assert_eq!(r.threads.len(), 2, "{:?}", r.stats);
+    assert!(r.threads.iter().all(|t| !t.trace.is_empty()));
     check_decodes("threads", &r);
 }
 

@@ -46,6 +46,7 @@ struct Config {
     precise: bool,
     log: bool,
     exit_stop: bool,
+    pause: bool,
 }
 
 /// `measure=callbacks`: the block callback returns at once (nothing is recorded). Measures what
@@ -76,6 +77,104 @@ fn hold_at_exit(num: i64, args: [u64; 6]) {
     while word(g::STATE).load(Ordering::Acquire) != g::RELEASED {
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
+}
+
+/// The pause gate's shared words (`pause=on`; see `output::pause_gate`), null when off.
+static PAUSE_GATE: AtomicPtr<AtomicU64> = AtomicPtr::new(ptr::null_mut());
+
+/// How long a thread waits for another's breakpoint claim before it runs anyway.
+const CLAIM_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Whether the block after `b` may start at a breakpoint of the pause file's list, or one lies
+/// inside `b` (`base`: the mapping, `n` breakpoints).
+fn may_reach_breakpoint(base: *mut AtomicU64, n: u64, b: Option<&BlockInfo>) -> bool {
+    use output::pause_gate as g;
+    let Some(b) = b else { return false };
+    (0..(n as usize).min(g::MAX_BPS)).any(|k| {
+        // SAFETY: breakpoint words lie inside the mapping.
+        let bp = unsafe { &*base.add(g::BPS + k) }.load(Ordering::Relaxed);
+        (bp > b.start && bp <= b.fallthrough) || b.target == Some(bp)
+    })
+}
+
+/// The pause gate (`pause=on`, a live session): waits while ptrewind holds this thread (the
+/// debugger has another one stopped in QEMU's gdbstub) or another thread has claimed the
+/// next breakpoint, and claims it when the block `b` about to run may lead to one (so two
+/// threads do not reach the gdbstub at once: QEMU 7.2 would read the debugger's packets from
+/// both). Publishes where it waits: `b`'s start (0 at a system call's return). Never waits
+/// inside a translation (no QEMU lock is held).
+#[inline]
+fn pause_point(vcpu: c_uint, tid: u32, b: Option<&BlockInfo>) {
+    use output::pause_gate as g;
+    let base = PAUSE_GATE.load(Ordering::Relaxed);
+    if base.is_null() {
+        return;
+    }
+    // SAFETY: the gate mapping holds `g::SIZE / 8` words and is never unmapped.
+    let word = |i: usize| unsafe { &*base.add(i) };
+    let me = u64::from(tid);
+    let (gate, claim) = (word(g::GATE), word(g::CLAIM));
+    let wants = {
+        let n = word(g::NBPS).load(Ordering::Relaxed);
+        n != 0 && may_reach_breakpoint(base, n, b)
+    };
+    if gate.load(Ordering::Acquire) == 0 && claim.load(Ordering::Acquire) == 0 && !wants {
+        return;
+    }
+    if getpid() != GATED_PID.load(Ordering::Relaxed) {
+        return;
+    }
+    let slot = (vcpu as usize) < g::MAX_SLOTS;
+    let mut published = false;
+    let mut claim_wait: Option<std::time::Instant> = None;
+    loop {
+        let gw = gate.load(Ordering::Acquire);
+        let held = gw != 0 && gw != g::encode(Some(tid));
+        let cw = claim.load(Ordering::Acquire);
+        let claimed = cw != 0
+            && cw != me
+            && claim_wait
+                .get_or_insert_with(std::time::Instant::now)
+                .elapsed()
+                < CLAIM_WAIT;
+        if !held && !claimed {
+            if !wants {
+                if cw == me {
+                    let _ = claim.compare_exchange(me, 0, Ordering::AcqRel, Ordering::Relaxed);
+                }
+                break;
+            }
+            if cw == me
+                || claim
+                    .compare_exchange(cw, me, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            {
+                break;
+            }
+            continue;
+        }
+        if slot && !published {
+            let i = vcpu as usize;
+            word(g::SLOTS + 2 * i + 1).store(b.map_or(0, |b| b.start), Ordering::Relaxed);
+            word(g::SLOTS + 2 * i).store(me, Ordering::Release);
+            published = true;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    if published {
+        word(g::SLOTS + 2 * vcpu as usize).store(0, Ordering::Release);
+    }
+}
+
+/// Gives up this thread's breakpoint claim (it enters a system call: it may wait there).
+fn release_claim(tid: u32) {
+    let base = PAUSE_GATE.load(Ordering::Relaxed);
+    if base.is_null() || tid == 0 {
+        return;
+    }
+    // SAFETY: the claim word lies inside the mapping, which is never unmapped.
+    let claim = unsafe { &*base.add(output::pause_gate::CLAIM) };
+    let _ = claim.compare_exchange(u64::from(tid), 0, Ordering::AcqRel, Ordering::Relaxed);
 }
 
 static CONFIG: OnceLock<Config> = OnceLock::new();
@@ -504,6 +603,9 @@ extern "C" fn on_tb_exec(vcpu: c_uint, udata: *mut c_void) {
         v.flush();
     }
     v.mirror();
+    let tid = v.tid;
+    // After the block is announced (the tail file says it is running, none of it executed).
+    pause_point(vcpu, tid, Some(b));
 }
 
 extern "C" fn on_insn_exec(vcpu: c_uint, udata: *mut c_void) {
@@ -626,6 +728,9 @@ extern "C" fn on_syscall(
     _a8: u64,
 ) {
     let Some(s) = slot(vcpu) else { return };
+    if !PAUSE_GATE.load(Ordering::Relaxed).is_null() {
+        release_claim(s.with(|v| v.tid));
+    }
     match num {
         SYS_MMAP if a3 & PROT_EXEC != 0 && a4 & MAP_ANONYMOUS == 0 => {
             // Guest and host file descriptors are the same in QEMU user mode.
@@ -656,6 +761,13 @@ extern "C" fn on_syscall(
 }
 
 extern "C" fn on_syscall_ret(_id: qemu_plugin_id_t, vcpu: c_uint, num: i64, ret: i64) {
+    if !PAUSE_GATE.load(Ordering::Relaxed).is_null()
+        && let Some(s) = slot(vcpu)
+    {
+        // A signal that came during the call reaches the gdbstub before the next block.
+        let tid = s.with(|v| v.tid);
+        pause_point(vcpu, if tid == 0 { gettid() } else { tid }, None);
+    }
     match num {
         SYS_MMAP => {
             let Some(s) = slot(vcpu) else { return };
@@ -705,6 +817,7 @@ fn parse_args(argc: c_int, argv: *const *const c_char) -> Result<Config, String>
     let mut precise = true;
     let mut log = false;
     let mut exit_stop = false;
+    let mut pause = false;
     for i in 0..argc.max(0) as usize {
         // SAFETY: QEMU passes `argc` valid NUL-terminated strings.
         let arg = unsafe { CStr::from_ptr(*argv.add(i)) }.to_string_lossy();
@@ -721,10 +834,11 @@ fn parse_args(argc: c_int, argv: *const *const c_char) -> Result<Config, String>
             "precise" => precise = flag(v)?,
             "log" => log = flag(v)?,
             "exit_stop" => exit_stop = flag(v)?,
+            "pause" => pause = flag(v)?,
             "measure" if v == "callbacks" => CALLBACKS_ONLY.store(true, Ordering::Relaxed),
             _ => {
                 return Err(format!(
-                    "unknown argument {k:?} (known: out, precise, log, exit_stop, measure=callbacks)"
+                    "unknown argument {k:?} (known: out, precise, log, exit_stop, pause, measure=callbacks)"
                 ));
             }
         }
@@ -739,6 +853,7 @@ fn parse_args(argc: c_int, argv: *const *const c_char) -> Result<Config, String>
         precise,
         log,
         exit_stop,
+        pause,
     })
 }
 
@@ -816,6 +931,16 @@ pub unsafe extern "C" fn qemu_plugin_install(
     if config.exit_stop {
         match map_shared_file(&config.dir, output::EXIT_FILE, output::exit_gate::SIZE, 0) {
             Ok(p) => EXIT_GATE.store(p, Ordering::Release),
+            Err(e) => {
+                eprintln!("ptrewind-qemu-plugin: {e}");
+                return 1;
+            }
+        }
+        GATED_PID.store(real_getpid(), Ordering::Relaxed);
+    }
+    if config.pause {
+        match map_shared_file(&config.dir, output::PAUSE_FILE, output::pause_gate::SIZE, 0) {
+            Ok(p) => PAUSE_GATE.store(p, Ordering::Release),
             Err(e) => {
                 eprintln!("ptrewind-qemu-plugin: {e}");
                 return 1;

@@ -22,7 +22,7 @@ pub mod regs;
 pub use files::{FileStat, TargetFile};
 pub use procfs::{MemoryMapping, read_auxv, read_maps};
 pub use ptrace::{PtraceTarget, SpawnOptions, ThreadStats, ThreadStop};
-pub use regs::{RegMask, X86Registers};
+pub use regs::{Gprs, RegMask, X86Registers};
 
 use std::fmt;
 use std::path::PathBuf;

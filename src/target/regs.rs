@@ -89,7 +89,86 @@ const GDB_GPR_ORDER: [usize; 16] = [
     gpr::R15,
 ];
 
-/// The registers of one stopped thread.
+/// The general-purpose registers as the kernel exposes them to ptrace (`user_regs_struct`):
+/// the GPR part of [`X86Registers`], on its own where every step needs only these (the
+/// software recorder, its state log) and fetching the XSAVE area each time would cost.
+pub type Gprs = libc::user_regs_struct;
+
+/// An all-zero [`Gprs`].
+pub fn zeroed_gprs() -> Gprs {
+    gprs_from_array(&[0; gpr::COUNT])
+}
+
+/// Sets one register by [`gpr`] index (out-of-range indices are ignored).
+pub fn set_gpr(r: &mut Gprs, index: usize, value: u64) {
+    let slot = match index {
+        gpr::R15 => &mut r.r15,
+        gpr::R14 => &mut r.r14,
+        gpr::R13 => &mut r.r13,
+        gpr::R12 => &mut r.r12,
+        gpr::RBP => &mut r.rbp,
+        gpr::RBX => &mut r.rbx,
+        gpr::R11 => &mut r.r11,
+        gpr::R10 => &mut r.r10,
+        gpr::R9 => &mut r.r9,
+        gpr::R8 => &mut r.r8,
+        gpr::RAX => &mut r.rax,
+        gpr::RCX => &mut r.rcx,
+        gpr::RDX => &mut r.rdx,
+        gpr::RSI => &mut r.rsi,
+        gpr::RDI => &mut r.rdi,
+        gpr::ORIG_RAX => &mut r.orig_rax,
+        gpr::RIP => &mut r.rip,
+        gpr::CS => &mut r.cs,
+        gpr::EFLAGS => &mut r.eflags,
+        gpr::RSP => &mut r.rsp,
+        gpr::SS => &mut r.ss,
+        gpr::FS_BASE => &mut r.fs_base,
+        gpr::GS_BASE => &mut r.gs_base,
+        gpr::DS => &mut r.ds,
+        gpr::ES => &mut r.es,
+        gpr::FS => &mut r.fs,
+        gpr::GS => &mut r.gs,
+        _ => return,
+    };
+    *slot = value;
+}
+
+/// The [`Gprs`] of an array in [`gpr`] order.
+pub fn gprs_from_array(g: &[u64; gpr::COUNT]) -> Gprs {
+    Gprs {
+        r15: g[gpr::R15],
+        r14: g[gpr::R14],
+        r13: g[gpr::R13],
+        r12: g[gpr::R12],
+        rbp: g[gpr::RBP],
+        rbx: g[gpr::RBX],
+        r11: g[gpr::R11],
+        r10: g[gpr::R10],
+        r9: g[gpr::R9],
+        r8: g[gpr::R8],
+        rax: g[gpr::RAX],
+        rcx: g[gpr::RCX],
+        rdx: g[gpr::RDX],
+        rsi: g[gpr::RSI],
+        rdi: g[gpr::RDI],
+        orig_rax: g[gpr::ORIG_RAX],
+        rip: g[gpr::RIP],
+        cs: g[gpr::CS],
+        eflags: g[gpr::EFLAGS],
+        rsp: g[gpr::RSP],
+        ss: g[gpr::SS],
+        fs_base: g[gpr::FS_BASE],
+        gs_base: g[gpr::GS_BASE],
+        ds: g[gpr::DS],
+        es: g[gpr::ES],
+        fs: g[gpr::FS],
+        gs: g[gpr::GS],
+    }
+}
+
+/// The registers of one stopped thread: the general-purpose registers ([`Gprs`], as an array)
+/// and the XSAVE image. GDB's view of it is `server::arch::GdbRegisters`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct X86Registers {
     /// General-purpose registers in `user_regs_struct` order (index with [`gpr`] constants).
@@ -133,13 +212,13 @@ impl RegMask {
 
 impl X86Registers {
     /// Builds a register file from `user_regs_struct` and an XSAVE/FXSAVE image.
-    pub fn from_parts(regs: &libc::user_regs_struct, mut xsave: Vec<u8>) -> Self {
+    pub fn from_parts(regs: &Gprs, mut xsave: Vec<u8>) -> Self {
         if xsave.len() < fx::LEGACY_SIZE {
             xsave.resize(fx::LEGACY_SIZE, 0);
         }
         let ymm_hi_offset = ymm_hi_offset_for(&xsave);
         X86Registers {
-            gprs: gprs_from_libc(regs),
+            gprs: gprs_to_array(regs),
             xsave,
             ymm_hi_offset,
             unavailable: RegMask::NONE,
@@ -172,37 +251,8 @@ impl X86Registers {
     }
 
     /// The general-purpose registers as `libc::user_regs_struct`.
-    pub fn to_libc(&self) -> libc::user_regs_struct {
-        let g = &self.gprs;
-        libc::user_regs_struct {
-            r15: g[gpr::R15],
-            r14: g[gpr::R14],
-            r13: g[gpr::R13],
-            r12: g[gpr::R12],
-            rbp: g[gpr::RBP],
-            rbx: g[gpr::RBX],
-            r11: g[gpr::R11],
-            r10: g[gpr::R10],
-            r9: g[gpr::R9],
-            r8: g[gpr::R8],
-            rax: g[gpr::RAX],
-            rcx: g[gpr::RCX],
-            rdx: g[gpr::RDX],
-            rsi: g[gpr::RSI],
-            rdi: g[gpr::RDI],
-            orig_rax: g[gpr::ORIG_RAX],
-            rip: g[gpr::RIP],
-            cs: g[gpr::CS],
-            eflags: g[gpr::EFLAGS],
-            rsp: g[gpr::RSP],
-            ss: g[gpr::SS],
-            fs_base: g[gpr::FS_BASE],
-            gs_base: g[gpr::GS_BASE],
-            ds: g[gpr::DS],
-            es: g[gpr::ES],
-            fs: g[gpr::FS],
-            gs: g[gpr::GS],
-        }
+    pub fn to_libc(&self) -> Gprs {
+        gprs_from_array(&self.gprs)
     }
 
     fn le_u16(&self, off: usize) -> u16 {
@@ -494,7 +544,9 @@ pub const GDB_REGS: [GdbReg; 76] = [
     r("ymm15h", 16),
 ];
 
-fn gprs_from_libc(r: &libc::user_regs_struct) -> [u64; gpr::COUNT] {
+/// The general-purpose registers as an array in [`gpr`] order (what [`X86Registers::gprs`]
+/// holds and a state log's register diffs index).
+pub fn gprs_to_array(r: &Gprs) -> [u64; gpr::COUNT] {
     [
         r.r15, r.r14, r.r13, r.r12, r.rbp, r.rbx, r.r11, r.r10, r.r9, r.r8, r.rax, r.rcx, r.rdx,
         r.rsi, r.rdi, r.orig_rax, r.rip, r.cs, r.eflags, r.rsp, r.ss, r.fs_base, r.gs_base, r.ds,

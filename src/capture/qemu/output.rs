@@ -50,6 +50,42 @@ pub mod exit_gate {
     pub const RELEASED: u64 = 2;
 }
 
+/// The pause gate (`pause=on`, the live backend): while the debugger has the program stopped,
+/// the other guest threads wait at their next block start (QEMU 7.2's user-mode gdbstub stops
+/// only the thread that reports, and two threads inside the stub at once garble the protocol).
+/// Native-endian `u64` words: [`pause_gate`].
+pub const PAUSE_FILE: &str = "pause";
+
+/// Words of the [`PAUSE_FILE`].
+pub mod pause_gate {
+    /// Set by ptrewind: 0, every thread runs; otherwise every thread waits except the one
+    /// [`encode`] names.
+    pub const GATE: usize = 0;
+    /// Set by the plugin: the thread (0: none) about to run a block after which it may reach a
+    /// breakpoint; the others wait until it has passed (so that two threads do not reach the
+    /// gdbstub at once). Waits for a claim are bounded (QEMU's exclusive sections need every
+    /// thread to leave its block).
+    pub const CLAIM: usize = 1;
+    /// The number of breakpoint addresses that follow (set by ptrewind).
+    pub const NBPS: usize = 2;
+    /// The breakpoint addresses.
+    pub const BPS: usize = 3;
+    /// Room for breakpoint addresses.
+    pub const MAX_BPS: usize = 64;
+    /// Then two words per vCPU index: the id of the thread waiting there (0: none) and the
+    /// guest PC it waits at (the start of the block it has not run yet; 0: at the return of a
+    /// system call, where QEMU's own PC is right).
+    pub const SLOTS: usize = BPS + MAX_BPS;
+    /// vCPU indexes with a slot.
+    pub const MAX_SLOTS: usize = 4096;
+    /// Size of the file in bytes.
+    pub const SIZE: u64 = ((SLOTS + 2 * MAX_SLOTS) * 8) as u64;
+    /// The gate word: `None` opens it; `Some(tid)` holds every thread but `tid` (0: all).
+    pub fn encode(run: Option<u32>) -> u64 {
+        run.map_or(0, |tid| 1 | (u64::from(tid) << 1))
+    }
+}
+
 /// The shared global instruction clock (8 bytes, native-endian `u64`).
 pub const CLOCK_FILE: &str = "clock";
 /// [`PluginMeta`].

@@ -8,7 +8,8 @@ use iced_x86::{Decoder, DecoderOptions, Instruction};
 pub use crate::flow::InsnClass;
 
 use super::encoder::Cofi;
-use super::target::{StepTarget, TargetError};
+use super::target::StepTarget;
+use crate::target::TargetError;
 
 /// The longest x86 instruction.
 pub const MAX_INSN_LEN: usize = 15;

@@ -13,11 +13,11 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 
 use super::state_log::WriteHit;
-use super::{Exit, RecordError, Regs, SoftRecorder, StateLog, StepEvent};
+use super::{Exit, RecordError, SoftRecorder, StateLog, StepEvent};
 use crate::capture::backend::{LiveBackend, PastWrite, RecordedState, ptrace_present_state};
 use crate::store::live::TraceStore;
 use crate::target::{
-    PtraceTarget, RegMask, Resume, StopEvent, Target, TargetError, TargetResult, X86Registers,
+    Gprs, PtraceTarget, RegMask, Resume, StopEvent, Target, TargetError, TargetResult, X86Registers,
 };
 
 /// How long one non-blocking wait keeps recording before it reports "still running" (so the
@@ -26,10 +26,8 @@ const WAIT_SLICE: Duration = Duration::from_millis(50);
 
 fn record_err(e: RecordError) -> TargetError {
     match e {
-        RecordError::Target(t) => TargetError::Unexpected {
-            pid: 0,
-            what: format!("recorder: {t}"),
-        },
+        // One error type for every ptrace operation: the target's own error goes up as it is.
+        RecordError::Target(t) => t,
         other => TargetError::Unexpected {
             pid: 0,
             what: format!("recorder: {other}"),
@@ -152,7 +150,7 @@ impl SoftCapture {
     }
 
     /// The general-purpose registers at the present (the recorder's, cached between steps).
-    fn present_gprs(&mut self) -> TargetResult<Regs> {
+    fn present_gprs(&mut self) -> TargetResult<Gprs> {
         self.rec.current_regs().map_err(record_err)
     }
 
@@ -459,6 +457,10 @@ impl RecordedState for SoftCapture {
         log.thread_at(log.global_position(self.pid, n)? as usize)
     }
 
+    fn global(&self) -> Option<&dyn RecordedState> {
+        self.rec.state_log().map(|l| l as &dyn RecordedState)
+    }
+
     fn memory_at(&self, n: u64, addr: u64, buf: &mut [u8]) {
         if let Some(log) = self.rec.state_log()
             && let Some(g) = log.global_position(self.pid, n)
@@ -543,6 +545,10 @@ impl RecordedState for StateLog {
 
     fn thread_at(&self, n: u64) -> Option<i32> {
         StateLog::thread_at(self, n as usize)
+    }
+
+    fn global_of(&self, tid: i32, n: u64) -> Option<u64> {
+        self.global_position(tid, n)
     }
 
     fn memory_at(&self, n: u64, addr: u64, buf: &mut [u8]) {

@@ -3,12 +3,11 @@
 //!
 //! * [`encoder`] — instructions → packets ([`SoftEncoder`]);
 //! * [`classify`] — decoding and classifying instructions from the live process ([`InsnCache`]);
-//! * [`target`] — what the recorder needs from a process ([`StepTarget`]) and a minimal
-//!   ptrace child ([`PtraceChild`]);
+//! * [`target`] — what the recorder needs from a process ([`StepTarget`]), implemented by the
+//!   one ptrace task type, [`PtraceTarget`](crate::target::PtraceTarget);
 //! * [`recorder`] — the single-stepping recorder ([`SoftRecorder`]) with its output ring and
 //!   drainer;
 //! * [`state_log`] — per-instruction undo records for reverse execution ([`StateLog`]);
-//! * [`server_target`] — [`StepTarget`] for the GDB server's `PtraceTarget`;
 //! * [`procmaps`] — `/proc/PID/maps`, `main`/entry lookup, image snapshots;
 //! * [`live`] — the recorder as a [`LiveBackend`](crate::capture::LiveBackend) ([`SoftCapture`]).
 
@@ -17,9 +16,10 @@
 //!
 //! ```no_run
 //! use std::process::Command;
-//! use ptrewind::capture::soft::{PtraceChild, RecorderConfig, SoftRecorder};
+//! use ptrewind::capture::soft::{RecorderConfig, SoftRecorder};
+//! use ptrewind::target::{PtraceTarget, SpawnOptions};
 //!
-//! let child = PtraceChild::spawn(Command::new("./a.out"))?;
+//! let child = PtraceTarget::spawn_command(Command::new("./a.out"), &SpawnOptions::default())?;
 //! // Runs the dynamic loader untraced to `main`, then records until the process exits.
 //! let mut recorder = SoftRecorder::new(child, RecorderConfig::default())?;
 //! recorder.run(None)?;
@@ -35,7 +35,6 @@ pub mod encoder;
 pub mod live;
 pub mod procmaps;
 pub mod recorder;
-pub mod server_target;
 pub mod state_log;
 pub mod target;
 
@@ -47,4 +46,4 @@ pub use recorder::{
     RingConfig, SoftRecorder, StepEvent, StepMode, ThreadTrace,
 };
 pub use state_log::{EntryKind, StateLog, StateLogStats, SuspendedStep, UnknownWrite, WriteHit};
-pub use target::{PtraceChild, Regs, SigInfo, StepStop, StepTarget, TargetError};
+pub use target::{SigInfo, StepStop, StepTarget};

@@ -5,9 +5,10 @@ use std::path::PathBuf;
 
 use object::{Object, ObjectSegment, ObjectSymbol};
 
-use super::target::{StepTarget, TargetError};
+use super::target::StepTarget;
 use crate::image::procfs::{self, MapEntry};
 use crate::image::{Image, Section};
+use crate::target::TargetError;
 
 /// Why a run-time address could not be found.
 #[derive(Debug, thiserror::Error)]

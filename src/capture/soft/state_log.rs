@@ -48,7 +48,8 @@ use iced_x86::{
 };
 
 use super::classify::{CachedInsn, InsnClass};
-use super::target::{Regs, StepTarget};
+use super::target::StepTarget;
+use crate::target::regs::{Gprs, gpr, gprs_to_array, set_gpr, zeroed_gprs};
 
 mod writes;
 
@@ -56,57 +57,6 @@ pub use writes::{UnknownWrite, WriteHit, WriteSearch};
 
 /// Every this many entries the log keeps where their memory records start (see `mem_marks`).
 const MEM_MARK_EVERY: usize = 256;
-
-/// Number of 64-bit fields in `user_regs_struct`.
-pub const REG_COUNT: usize = 27;
-
-/// The fields of `user_regs_struct` in declaration order (an index into this is what a register
-/// diff stores).
-pub const REG_NAMES: [&str; REG_COUNT] = crate::target::regs::gpr::NAMES;
-
-/// The registers as an array in [`REG_NAMES`] order.
-pub fn regs_to_array(r: &Regs) -> [u64; REG_COUNT] {
-    [
-        r.r15, r.r14, r.r13, r.r12, r.rbp, r.rbx, r.r11, r.r10, r.r9, r.r8, r.rax, r.rcx, r.rdx,
-        r.rsi, r.rdi, r.orig_rax, r.rip, r.cs, r.eflags, r.rsp, r.ss, r.fs_base, r.gs_base, r.ds,
-        r.es, r.fs, r.gs,
-    ]
-}
-
-/// Sets one register by [`REG_NAMES`] index (out-of-range indices are ignored).
-pub fn set_reg(r: &mut Regs, index: usize, value: u64) {
-    let slot = match index {
-        0 => &mut r.r15,
-        1 => &mut r.r14,
-        2 => &mut r.r13,
-        3 => &mut r.r12,
-        4 => &mut r.rbp,
-        5 => &mut r.rbx,
-        6 => &mut r.r11,
-        7 => &mut r.r10,
-        8 => &mut r.r9,
-        9 => &mut r.r8,
-        10 => &mut r.rax,
-        11 => &mut r.rcx,
-        12 => &mut r.rdx,
-        13 => &mut r.rsi,
-        14 => &mut r.rdi,
-        15 => &mut r.orig_rax,
-        16 => &mut r.rip,
-        17 => &mut r.cs,
-        18 => &mut r.eflags,
-        19 => &mut r.rsp,
-        20 => &mut r.ss,
-        21 => &mut r.fs_base,
-        22 => &mut r.gs_base,
-        23 => &mut r.ds,
-        24 => &mut r.es,
-        25 => &mut r.fs,
-        26 => &mut r.gs,
-        _ => return,
-    };
-    *slot = value;
-}
 
 /// What an entry of the log undoes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,7 +109,7 @@ pub struct StateLogStats {
 
 #[derive(Debug, Default)]
 struct Pending {
-    before: Option<Regs>,
+    before: Option<Gprs>,
     /// Why some memory the step writes is not in the log, if so.
     unknown: Option<UnknownWrite>,
     mem_mark: usize,
@@ -185,7 +135,7 @@ pub struct StateLog {
     mem_len: Vec<u32>,
     data: Vec<u8>,
     /// Registers after the last step (to detect kernel-made changes between steps).
-    last_after: Option<Regs>,
+    last_after: Option<Gprs>,
     pending: Pending,
     factory: InstructionInfoFactory,
     stats: StateLogStats,
@@ -218,7 +168,7 @@ pub struct StateLog {
     /// The thread the next entries belong to ([`StateLog::set_thread`]).
     thread: i32,
     /// Registers after the last step of each thread not current now.
-    last_after_of: std::collections::HashMap<i32, Regs>,
+    last_after_of: std::collections::HashMap<i32, Gprs>,
     /// `(first entry, thread)` of every run of entries of one thread, ascending.
     runs: Vec<(u32, i32)>,
     /// Per thread, the newest entry whose vector-state change is not known.
@@ -264,7 +214,7 @@ fn signal_frame_span() -> u64 {
     128 + 1024 + xsave_area_size() + 64
 }
 
-fn reg_value(r: &Regs, reg: Register) -> Option<u64> {
+fn reg_value(r: &Gprs, reg: Register) -> Option<u64> {
     use Register::*;
     let full = reg.full_register();
     let v = match full {
@@ -394,7 +344,7 @@ fn xsave_area_size() -> u64 {
 }
 
 /// Memory a system call writes, from its number and argument registers (see the module docs).
-fn syscall_writes(r: &Regs) -> Option<Vec<(u64, u64)>> {
+fn syscall_writes(r: &Gprs) -> Option<Vec<(u64, u64)>> {
     let (a0, a1, a2, a3, a4) = (r.rdi, r.rsi, r.rdx, r.r10, r.r8);
     const STAT: u64 = 144;
     Some(match r.rax {
@@ -752,7 +702,7 @@ impl StateLog {
         self.mem_len.push(n as u32);
     }
 
-    fn open(&mut self, before: &Regs) {
+    fn open(&mut self, before: &Gprs) {
         if !self.pending.open {
             self.pending = Pending {
                 before: Some(*before),
@@ -779,7 +729,7 @@ impl StateLog {
     pub fn before_step<T: StepTarget + ?Sized>(
         &mut self,
         target: &mut T,
-        before: &Regs,
+        before: &Gprs,
         insn: &CachedInsn,
     ) {
         if let Some(last) = self.last_after
@@ -796,7 +746,7 @@ impl StateLog {
                 self.snapshot_xstate(target);
             }
             let call = match self.restarted_call.take() {
-                Some(nr) if before.rax == 219 => Regs { rax: nr, ..*before },
+                Some(nr) if before.rax == 219 => Gprs { rax: nr, ..*before },
                 _ => *before,
             };
             match syscall_writes(&call) {
@@ -863,7 +813,7 @@ impl StateLog {
     /// Called before a step that delivers a signal: snapshots the stack below `before.rsp`
     /// where the kernel will write the signal frame (a handler on an alternate signal stack is
     /// not covered).
-    pub fn before_signal<T: StepTarget + ?Sized>(&mut self, target: &mut T, before: &Regs) {
+    pub fn before_signal<T: StepTarget + ?Sized>(&mut self, target: &mut T, before: &Gprs) {
         self.open(before);
         // The handler starts with a fresh x87/SSE state (the old one goes to the frame).
         self.snapshot_xstate(target);
@@ -873,7 +823,7 @@ impl StateLog {
 
     /// Called when a signal was delivered to its handler (the instruction did not execute):
     /// keeps the snapshots and the register changes as an [`EntryKind::Event`].
-    pub fn signal_delivered(&mut self, handler_regs: &Regs) {
+    pub fn signal_delivered(&mut self, handler_regs: &Gprs) {
         self.stats.signal_deliveries += 1;
         self.close(handler_regs, EntryKind::Event);
         self.last_after = Some(*handler_regs);
@@ -881,7 +831,7 @@ impl StateLog {
 
     /// Called after a step that executed: closes the instruction's entry when `complete` (a
     /// REP iteration that left RIP in place keeps it open).
-    pub fn after_step(&mut self, after: &Regs, complete: bool) {
+    pub fn after_step(&mut self, after: &Gprs, complete: bool) {
         self.last_after = Some(*after);
         if complete {
             self.close(after, EntryKind::Instruction);
@@ -915,7 +865,7 @@ impl StateLog {
         }
     }
 
-    fn close(&mut self, after: &Regs, kind: EntryKind) {
+    fn close(&mut self, after: &Gprs, kind: EntryKind) {
         let Some(before) = self.pending.before else {
             return;
         };
@@ -955,11 +905,11 @@ impl StateLog {
     }
 
     /// Pushes the old values of the registers that differ; returns how many.
-    fn push_regs(&mut self, old: &Regs, new: &Regs) -> u8 {
-        let o = regs_to_array(old);
-        let n = regs_to_array(new);
+    fn push_regs(&mut self, old: &Gprs, new: &Gprs) -> u8 {
+        let o = gprs_to_array(old);
+        let n = gprs_to_array(new);
         let mut count = 0;
-        for i in 0..REG_COUNT {
+        for i in 0..gpr::COUNT {
             if o[i] != n[i] {
                 self.reg_idx.push(i as u8);
                 self.reg_val.push(o[i]);
@@ -969,7 +919,7 @@ impl StateLog {
         count
     }
 
-    fn push_reg_diff(&mut self, old: &Regs, new: &Regs, kind: EntryKind) {
+    fn push_reg_diff(&mut self, old: &Gprs, new: &Gprs, kind: EntryKind) {
         if old == new {
             return;
         }
@@ -1006,7 +956,7 @@ impl StateLog {
     pub fn undo_to(
         &self,
         position: usize,
-        regs: &mut Regs,
+        regs: &mut Gprs,
         restore_memory: impl FnMut(u64, &[u8]),
     ) -> bool {
         self.undo_to_thread(position, None, regs, restore_memory)
@@ -1018,7 +968,7 @@ impl StateLog {
         &self,
         position: usize,
         thread: Option<i32>,
-        regs: &mut Regs,
+        regs: &mut Gprs,
         mut restore_memory: impl FnMut(u64, &[u8]),
     ) -> bool {
         if position > self.positions.len() {
@@ -1043,7 +993,7 @@ impl StateLog {
             let reg_start = reg_end - usize::from(e.reg_len);
             if thread.is_none_or(|t| t == owner) {
                 for i in reg_start..reg_end {
-                    set_reg(regs, usize::from(self.reg_idx[i]), self.reg_val[i]);
+                    set_gpr(regs, usize::from(self.reg_idx[i]), self.reg_val[i]);
                 }
             }
             reg_end = reg_start;
@@ -1065,8 +1015,8 @@ impl StateLog {
         &self,
         thread: i32,
         position: usize,
-        present: &Regs,
-    ) -> Option<Regs> {
+        present: &Gprs,
+    ) -> Option<Gprs> {
         let mut r = *present;
         self.undo_to_thread(position, Some(thread), &mut r, |_, _| {})
             .then_some(r)
@@ -1094,7 +1044,7 @@ impl StateLog {
     }
 
     /// The registers before the instruction at `position`, given the present registers.
-    pub fn registers_at(&self, position: usize, present: &Regs) -> Option<Regs> {
+    pub fn registers_at(&self, position: usize, present: &Gprs) -> Option<Gprs> {
         let mut r = *present;
         self.undo_to(position, &mut r, |_, _| {}).then_some(r)
     }
@@ -1102,7 +1052,7 @@ impl StateLog {
     /// Memory at `addr..addr + buf.len()` before the instruction at `position`: `buf` must
     /// hold the present contents on entry and holds the past contents on return.
     pub fn memory_at(&self, position: usize, addr: u64, buf: &mut [u8]) -> bool {
-        let mut scratch = zeroed_regs();
+        let mut scratch = zeroed_gprs();
         let end = addr + buf.len() as u64;
         self.undo_to(position, &mut scratch, |a, old| {
             let a_end = a + old.len() as u64;
@@ -1116,45 +1066,6 @@ impl StateLog {
             buf[dst].copy_from_slice(&old[src]);
         })
     }
-}
-
-/// An all-zero register set.
-pub fn zeroed_regs() -> Regs {
-    let mut r = [0u64; REG_COUNT].map(|_| 0u64);
-    r[0] = 0;
-    let mut regs = Regs {
-        r15: 0,
-        r14: 0,
-        r13: 0,
-        r12: 0,
-        rbp: 0,
-        rbx: 0,
-        r11: 0,
-        r10: 0,
-        r9: 0,
-        r8: 0,
-        rax: 0,
-        rcx: 0,
-        rdx: 0,
-        rsi: 0,
-        rdi: 0,
-        orig_rax: 0,
-        rip: 0,
-        cs: 0,
-        eflags: 0,
-        rsp: 0,
-        ss: 0,
-        fs_base: 0,
-        gs_base: 0,
-        ds: 0,
-        es: 0,
-        fs: 0,
-        gs: 0,
-    };
-    for (i, v) in r.iter().enumerate() {
-        set_reg(&mut regs, i, *v);
-    }
-    regs
 }
 
 #[cfg(test)]

@@ -1,74 +1,22 @@
-//! What the software recorder needs from a traced process ([`StepTarget`]), and a minimal
-//! ptrace-controlled child implementing it ([`PtraceChild`]).
+//! What the software recorder needs from a traced process ([`StepTarget`]), implemented by the
+//! one ptrace task type, [`PtraceTarget`].
 //!
-//! The recorder only needs registers, memory and single steps; keeping that as a small trait lets
-//! the GDB server's own target type drive the recorder too.
+//! The recorder only needs registers, memory and single steps of one thread at a time; keeping
+//! that as a small trait keeps the recorder testable apart from ptrace. Errors are the
+//! target layer's [`TargetError`]: one error type for every ptrace operation.
+//!
+//! Registers, `siginfo` and register writes go straight to ptrace on the selected thread (the
+//! full register read also fetches the XSAVE area, which the recorder does not need on every
+//! step); memory and resumption go through the target so its breakpoint bookkeeping stays
+//! right. Call these from the thread that traces the process (a ptrace requirement).
+//!
+//! The target reports the exit event ([`StepStop::Exiting`]) of a continue only when asked
+//! ([`PtraceTarget::set_stop_at_exit`]); a single step always reports it.
 
-use std::ffi::OsStr;
-use std::fs::File;
-use std::io::IoSliceMut;
-use std::os::unix::fs::FileExt;
-use std::os::unix::process::CommandExt;
-use std::process::{Child, Command};
-
-use nix::errno::Errno;
-use nix::sys::ptrace;
 use nix::sys::signal::Signal;
-use nix::sys::uio::{RemoteIoVec, process_vm_readv};
-use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::Pid;
 
-/// The general-purpose registers as the kernel exposes them to ptrace.
-pub type Regs = libc::user_regs_struct;
-
-/// A failure while controlling the target, with the operation and address it concerns.
-#[derive(Debug, thiserror::Error)]
-pub enum TargetError {
-    /// A ptrace/wait/memory system call failed.
-    #[error("{op} failed for pid {pid}: {errno}")]
-    Sys {
-        /// What was attempted.
-        op: &'static str,
-        /// The process.
-        pid: i32,
-        /// The error.
-        errno: Errno,
-    },
-    /// Memory at `addr` could not be read or written.
-    #[error("cannot access {len} byte(s) of pid {pid} memory at {addr:#x}: {source}")]
-    Memory {
-        /// The process.
-        pid: i32,
-        /// First address.
-        addr: u64,
-        /// Length of the access.
-        len: usize,
-        /// The underlying error.
-        source: std::io::Error,
-    },
-    /// The process could not be started.
-    #[error("cannot start {program}: {source}")]
-    Spawn {
-        /// The program.
-        program: String,
-        /// The underlying error.
-        source: std::io::Error,
-    },
-    /// The process is gone; no further operation is possible.
-    #[error("process {pid} has exited")]
-    Gone {
-        /// The process.
-        pid: i32,
-    },
-    /// The process stopped in a way the operation did not expect.
-    #[error("pid {pid}: unexpected stop: {what}")]
-    Unexpected {
-        /// The process.
-        pid: i32,
-        /// What happened.
-        what: String,
-    },
-}
+use crate::target::{Gprs, PtraceTarget, StopEvent, Target, TargetError, ThreadStop};
 
 /// How a resumed target stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,9 +73,9 @@ pub trait StepTarget {
     /// The process id.
     fn pid(&self) -> i32;
     /// Reads the general-purpose registers.
-    fn regs(&mut self) -> Result<Regs, TargetError>;
+    fn regs(&mut self) -> Result<Gprs, TargetError>;
     /// Writes the general-purpose registers.
-    fn set_regs(&mut self, regs: &Regs) -> Result<(), TargetError>;
+    fn set_regs(&mut self, regs: &Gprs) -> Result<(), TargetError>;
     /// Reads memory at `addr` into `buf`; returns how many bytes could be read (a short read
     /// stops at the first unreadable page).
     fn read_memory(&mut self, addr: u64, buf: &mut [u8]) -> Result<usize, TargetError>;
@@ -187,249 +135,137 @@ pub trait StepTarget {
     fn interrupt_thread(&mut self, _tid: i32) {}
 }
 
-/// A child process started under ptrace (`PTRACE_TRACEME`) with address-space randomisation
-/// disabled (`personality(ADDR_NO_RANDOMIZE)`), stopped at its first instruction after `execve`.
-///
-/// Dropping it kills the process (`PTRACE_O_EXITKILL` also covers a crash of the tracer).
-#[derive(Debug)]
-pub struct PtraceChild {
-    pid: Pid,
-    child: Child,
-    mem: Option<File>,
-    gone: bool,
-}
-
-fn sys(op: &'static str, pid: Pid) -> impl FnOnce(Errno) -> TargetError {
-    move |errno| TargetError::Sys {
-        op,
-        pid: pid.as_raw(),
-        errno,
-    }
-}
-
-fn open_mem(pid: Pid) -> Option<File> {
-    File::options()
-        .read(true)
-        .write(true)
-        .open(format!("/proc/{}/mem", pid.as_raw()))
-        .ok()
-}
-
-impl PtraceChild {
-    /// Starts `command` traced. Its stdin/stdout/stderr and environment are whatever the
-    /// `Command` says. Returns once the child stopped after `execve`.
-    pub fn spawn(mut command: Command) -> Result<PtraceChild, TargetError> {
-        let program = command.get_program().to_string_lossy().into_owned();
-        // SAFETY: the closure runs in the forked child before execve and only makes two system
-        // calls (ptrace, personality), which are async-signal-safe; it touches no locks or heap.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0) == -1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // Stable addresses from run to run (as gdb and rr do); failure is harmless.
-                libc::personality(libc::ADDR_NO_RANDOMIZE as libc::c_ulong);
-                Ok(())
-            });
-        }
-        let child = command
-            .spawn()
-            .map_err(|source| TargetError::Spawn { program, source })?;
-        let pid = Pid::from_raw(child.id() as i32);
-        let mut me = PtraceChild {
-            pid,
-            child,
-            mem: None,
-            gone: false,
-        };
-        match waitpid(pid, None).map_err(sys("waitpid", pid))? {
-            WaitStatus::Stopped(_, Signal::SIGTRAP) => {}
-            other => {
-                me.gone = !matches!(other, WaitStatus::Stopped(..));
+fn to_stop(pid: i32, ev: StopEvent) -> Result<StepStop, TargetError> {
+    Ok(match ev {
+        StopEvent::Step => StepStop::Trap,
+        StopEvent::Breakpoint { pc } => StepStop::Breakpoint { pc },
+        StopEvent::Signal(libc::SIGTRAP) | StopEvent::Watch { .. } => StepStop::Trap,
+        StopEvent::Signal(s) => match Signal::try_from(s) {
+            Ok(sig) => StepStop::Signal(sig),
+            Err(_) => {
                 return Err(TargetError::Unexpected {
-                    pid: pid.as_raw(),
-                    what: format!("first stop after exec: {other:?}"),
+                    pid,
+                    what: format!("stopped by unknown signal {s}"),
                 });
             }
-        }
-        ptrace::setoptions(
-            pid,
-            // TRACEEXEC: an exec is reported as an event, not as a plain SIGTRAP that would
-            // look like the program's own signal.
-            ptrace::Options::PTRACE_O_EXITKILL
-                | ptrace::Options::PTRACE_O_TRACEEXIT
-                | ptrace::Options::PTRACE_O_TRACEEXEC,
-        )
-        .map_err(sys("PTRACE_SETOPTIONS", pid))?;
-        me.mem = open_mem(pid);
-        Ok(me)
-    }
-
-    /// Convenience: starts `program` with `args`.
-    pub fn spawn_program<I, S>(program: impl AsRef<OsStr>, args: I) -> Result<Self, TargetError>
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<OsStr>,
-    {
-        let mut c = Command::new(program);
-        c.args(args);
-        Self::spawn(c)
-    }
-
-    /// The `std::process::Child` (for its piped stdio handles). Do not `wait` on it: the
-    /// tracer reaps the process.
-    pub fn child_mut(&mut self) -> &mut Child {
-        &mut self.child
-    }
-
-    /// Whether the process has exited or was killed.
-    pub fn is_gone(&self) -> bool {
-        self.gone
-    }
-
-    fn check_alive(&self) -> Result<(), TargetError> {
-        if self.gone {
-            Err(TargetError::Gone {
-                pid: self.pid.as_raw(),
-            })
-        } else {
-            Ok(())
-        }
-    }
-
-    fn wait(&mut self) -> Result<StepStop, TargetError> {
-        loop {
-            let status = waitpid(self.pid, None).map_err(sys("waitpid", self.pid))?;
-            return Ok(match status {
-                WaitStatus::Stopped(_, Signal::SIGTRAP) => StepStop::Trap,
-                WaitStatus::Stopped(_, sig) => StepStop::Signal(sig),
-                WaitStatus::PtraceEvent(_, _, ev) if ev == libc::PTRACE_EVENT_EXIT => {
-                    StepStop::Exiting
-                }
-                WaitStatus::PtraceEvent(_, _, ev) if ev == libc::PTRACE_EVENT_EXEC => {
-                    // The open /proc/PID/mem still refers to the old address space.
-                    self.mem = open_mem(self.pid);
-                    StepStop::Exec
-                }
-                WaitStatus::Exited(_, code) => {
-                    self.gone = true;
-                    StepStop::Exited(code)
-                }
-                WaitStatus::Signaled(_, sig, _) => {
-                    self.gone = true;
-                    StepStop::Killed(sig)
-                }
-                // Other ptrace events are not enabled; continue past anything else.
-                WaitStatus::PtraceEvent(..)
-                | WaitStatus::PtraceSyscall(_)
-                | WaitStatus::Continued(_)
-                | WaitStatus::StillAlive => continue,
+        },
+        StopEvent::Exiting => StepStop::Exiting,
+        StopEvent::Exited(code) => StepStop::Exited(code),
+        StopEvent::Killed(s) => StepStop::Killed(Signal::try_from(s).unwrap_or(Signal::SIGKILL)),
+        StopEvent::HistoryEnd { .. } => {
+            return Err(TargetError::Unexpected {
+                pid,
+                what: "history end on a live target".into(),
             });
         }
-    }
+    })
 }
 
-impl Drop for PtraceChild {
-    fn drop(&mut self) {
-        if !self.gone {
-            // Kill and reap so no traced zombie outlives its tracer handle.
-            let _ = nix::sys::signal::kill(self.pid, Signal::SIGKILL);
-            let _ = waitpid(self.pid, None);
-        }
-    }
-}
-
-impl StepTarget for PtraceChild {
+impl StepTarget for PtraceTarget {
     fn pid(&self) -> i32 {
-        self.pid.as_raw()
+        Target::pid(self)
     }
 
-    fn regs(&mut self) -> Result<Regs, TargetError> {
-        self.check_alive()?;
-        ptrace::getregs(self.pid).map_err(sys("PTRACE_GETREGS", self.pid))
+    fn xstate(&mut self) -> Option<Vec<u8>> {
+        Target::read_registers(self).ok().map(|r| r.xsave)
     }
 
-    fn set_regs(&mut self, regs: &Regs) -> Result<(), TargetError> {
-        self.check_alive()?;
-        ptrace::setregs(self.pid, *regs).map_err(sys("PTRACE_SETREGS", self.pid))
+    fn regs(&mut self) -> Result<Gprs, TargetError> {
+        let pid = self.current_thread();
+        nix::sys::ptrace::getregs(Pid::from_raw(pid)).map_err(|source| TargetError::Sys {
+            op: "PTRACE_GETREGS",
+            pid,
+            source,
+        })
+    }
+
+    fn set_regs(&mut self, regs: &Gprs) -> Result<(), TargetError> {
+        let pid = self.current_thread();
+        nix::sys::ptrace::setregs(Pid::from_raw(pid), *regs).map_err(|source| TargetError::Sys {
+            op: "PTRACE_SETREGS",
+            pid,
+            source,
+        })
     }
 
     fn read_memory(&mut self, addr: u64, buf: &mut [u8]) -> Result<usize, TargetError> {
-        self.check_alive()?;
-        if buf.is_empty() {
-            return Ok(0);
-        }
-        let len = buf.len();
-        let remote = [RemoteIoVec {
-            base: addr as usize,
-            len,
-        }];
-        match process_vm_readv(self.pid, &mut [IoSliceMut::new(buf)], &remote) {
-            Ok(n) if n == len => return Ok(n),
-            _ => {}
-        }
-        // process_vm_readv refuses pages without read permission and stops at the first
-        // unreadable page; /proc/PID/mem reads what ptrace may read (FOLL_FORCE).
-        let pid = self.pid.as_raw();
-        let Some(mem) = &self.mem else {
-            return Err(TargetError::Memory {
-                pid,
-                addr,
-                len,
-                source: std::io::Error::other("/proc/PID/mem not open"),
-            });
-        };
-        let mut done = 0;
-        while done < len {
-            match mem.read_at(&mut buf[done..], addr + done as u64) {
-                Ok(0) => break,
-                Ok(n) => done += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(source) if done == 0 => {
-                    return Err(TargetError::Memory {
-                        pid,
-                        addr,
-                        len,
-                        source,
-                    });
-                }
-                Err(_) => break,
-            }
-        }
-        Ok(done)
+        Target::read_memory(self, addr, buf)
     }
 
     fn write_memory(&mut self, addr: u64, data: &[u8]) -> Result<(), TargetError> {
-        self.check_alive()?;
-        let pid = self.pid.as_raw();
-        let err = |source| TargetError::Memory {
-            pid,
-            addr,
-            len: data.len(),
-            source,
-        };
-        let mem = self
-            .mem
-            .as_ref()
-            .ok_or_else(|| err(std::io::Error::other("/proc/PID/mem not open")))?;
-        mem.write_all_at(data, addr).map_err(err)
+        Target::write_memory(self, addr, data)
     }
 
     fn single_step(&mut self, signal: Option<Signal>) -> Result<StepStop, TargetError> {
-        self.check_alive()?;
-        ptrace::step(self.pid, signal).map_err(sys("PTRACE_SINGLESTEP", self.pid))?;
-        self.wait()
+        let tid = self.current_thread();
+        StepTarget::step_start(self, signal)?;
+        match StepTarget::step_poll(self, tid, true)? {
+            Some(stop) => Ok(stop),
+            None => Err(TargetError::Unexpected {
+                pid: tid,
+                what: "blocking wait returned no stop".into(),
+            }),
+        }
+    }
+
+    fn threads(&self) -> Vec<i32> {
+        PtraceTarget::threads(self)
+    }
+
+    fn current_thread(&self) -> i32 {
+        PtraceTarget::current_thread(self)
+    }
+
+    fn take_new_threads(&mut self) -> Vec<i32> {
+        PtraceTarget::take_new_threads(self)
+    }
+
+    fn select_thread(&mut self, tid: i32) -> Result<(), TargetError> {
+        PtraceTarget::select_thread(self, tid)
+    }
+
+    fn step_start(&mut self, signal: Option<Signal>) -> Result<bool, TargetError> {
+        PtraceTarget::step_start(self, signal.map(|s| s as i32))?;
+        Ok(true)
+    }
+
+    fn step_poll(&mut self, tid: i32, block: bool) -> Result<Option<StepStop>, TargetError> {
+        match PtraceTarget::step_poll(self, tid, block)? {
+            None => Ok(None),
+            Some(ThreadStop::ThreadExited { code }) => Ok(Some(StepStop::ThreadExited(code))),
+            Some(ThreadStop::Exec) => Ok(Some(StepStop::Exec)),
+            Some(ThreadStop::Stop(ev)) => to_stop(tid, ev).map(Some),
+        }
+    }
+
+    fn interrupt_thread(&mut self, tid: i32) {
+        // SAFETY: tgkill only sends a signal; no memory is passed.
+        unsafe {
+            libc::syscall(libc::SYS_tgkill, Target::pid(self), tid, libc::SIGSTOP);
+        }
     }
 
     fn cont(&mut self, signal: Option<Signal>) -> Result<StepStop, TargetError> {
-        self.check_alive()?;
-        ptrace::cont(self.pid, signal).map_err(sys("PTRACE_CONT", self.pid))?;
-        self.wait()
+        let pid = Target::pid(self);
+        PtraceTarget::cont(self, signal.map(|s| s as i32))?;
+        match Target::wait(self, true)? {
+            Some(ev) => to_stop(pid, ev),
+            None => Err(TargetError::Unexpected {
+                pid,
+                what: "blocking wait returned no stop".into(),
+            }),
+        }
     }
 
     fn siginfo(&mut self) -> Result<SigInfo, TargetError> {
-        self.check_alive()?;
-        let si = ptrace::getsiginfo(self.pid).map_err(sys("PTRACE_GETSIGINFO", self.pid))?;
+        let pid = self.current_thread();
+        let si = nix::sys::ptrace::getsiginfo(Pid::from_raw(pid)).map_err(|source| {
+            TargetError::Sys {
+                op: "PTRACE_GETSIGINFO",
+                pid,
+                source,
+            }
+        })?;
         Ok(SigInfo {
             signo: si.si_signo,
             code: si.si_code,

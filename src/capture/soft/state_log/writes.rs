@@ -263,8 +263,9 @@ impl StateLog {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Pending, zeroed_regs};
+    use super::super::Pending;
     use super::*;
+    use crate::target::regs::zeroed_gprs;
 
     /// One generated entry: its kind, its writes and whether they are all known.
     #[derive(Debug, Clone)]
@@ -276,7 +277,7 @@ mod tests {
 
     fn push(log: &mut StateLog, g: &Gen) {
         log.pending = Pending {
-            before: Some(zeroed_regs()),
+            before: Some(zeroed_gprs()),
             unknown: g.unknown,
             mem_mark: log.mem_addr.len(),
             data_mark: log.data.len(),
@@ -288,7 +289,7 @@ mod tests {
             log.mem_len.push(n);
             log.data.extend(std::iter::repeat_n(0u8, n as usize));
         }
-        log.close(&zeroed_regs(), g.kind);
+        log.close(&zeroed_gprs(), g.kind);
     }
 
     struct Rng(u64);
@@ -470,7 +471,7 @@ mod tests {
         );
         // A REP instruction mid-way: its records exist but no position does yet.
         log.pending = Pending {
-            before: Some(zeroed_regs()),
+            before: Some(zeroed_gprs()),
             mem_mark: log.mem_addr.len(),
             data_mark: log.data.len(),
             open: true,

@@ -1,0 +1,438 @@
+//! One step of the current thread: what the stop says happened, and what the encoder and the
+//! state log are told (see the module docs of [`super`]).
+
+use super::*;
+
+/// True if `insn` is a system call instruction about to run `exit` (60) or `exit_group` (231)
+/// with the registers `before` it.
+pub(super) fn is_exit_syscall(insn: Option<&CachedInsn>, before: &Gprs) -> bool {
+    insn.is_some_and(|i| i.class == InsnClass::SysCall) && matches!(before.rax, 60 | 231)
+}
+
+/// `__NR_restart_syscall` on x86-64.
+const NR_RESTART_SYSCALL: u64 = 219;
+
+/// The registers the kernel resumes with from a stop inside an interrupted system call when no
+/// signal handler runs (`arch_do_signal_or_restart`): the `syscall` 2 bytes back with RAX = the
+/// call to restart and no system call in progress; `None` at any other stop.
+pub(super) fn restart_point(regs: &Gprs) -> Option<Gprs> {
+    const ERESTARTSYS: i64 = -512;
+    const ERESTARTNOINTR: i64 = -513;
+    const ERESTARTNOHAND: i64 = -514;
+    const ERESTART_RESTARTBLOCK: i64 = -516;
+    if (regs.orig_rax as i64) < 0 {
+        return None;
+    }
+    let nr = match regs.rax as i64 {
+        ERESTARTSYS | ERESTARTNOINTR | ERESTARTNOHAND => regs.orig_rax,
+        ERESTART_RESTARTBLOCK => NR_RESTART_SYSCALL,
+        _ => return None,
+    };
+    let mut restarted = *regs;
+    restarted.rip = regs.rip.wrapping_sub(2);
+    restarted.rax = nr;
+    restarted.orig_rax = u64::MAX;
+    Some(restarted)
+}
+
+impl<T: StepTarget> SoftRecorder<T> {
+    /// One step of the current thread.
+    pub(super) fn step_lane(&mut self) -> Result<StepEvent, RecordError> {
+        let mut before = self.current_regs()?;
+        self.lane.step_origin = Some(before);
+        // The call a `restart_syscall` continues (its arguments are still in the registers).
+        let mut restarted_call = None;
+        // Resumed without a signal, a stop inside an interrupted system call re-executes the
+        // `syscall` before RIP (see the module docs): that is the instruction this step runs.
+        if self.lane.pending_signal.is_none()
+            && let Some(restarted) = restart_point(&before)
+            && let Ok(insn) = self.cache.get(&mut self.target, restarted.rip)
+            && insn.class == InsnClass::SysCall
+            && insn.nlip() == before.rip
+        {
+            self.stats.syscall_restarts += 1;
+            if restarted.rax == NR_RESTART_SYSCALL {
+                restarted_call = Some(before.orig_rax);
+            }
+            before = restarted;
+        }
+        if let Some(log) = self.state_log.as_mut() {
+            log.set_restarted_call(restarted_call);
+        }
+        let ip = before.rip;
+        // An undecodable or unreadable instruction still gets stepped: the CPU raises #UD or
+        // #PF (SIGILL, SIGSEGV), which the signal path handles.
+        let insn = self.cache.get(&mut self.target, ip).ok();
+        if let (Some(log), Some(insn)) = (self.state_log.as_mut(), insn.as_ref())
+            && self.recording
+        {
+            log.before_step(&mut self.target, &before, insn);
+        }
+        let signal = self.lane.pending_signal.take();
+        if let (Some(log), Some(_)) = (self.state_log.as_mut(), signal)
+            && self.recording
+        {
+            log.before_signal(&mut self.target, &before);
+        }
+        self.lane.regs = None;
+        self.stats.single_steps += 1;
+        self.steps.fetch_add(1, Ordering::Relaxed);
+        let stop = if !self.parked.is_empty()
+            && insn.is_none_or(|i| i.class == InsnClass::SysCall)
+            && self.target.step_start(signal)?
+        {
+            // A system call may wait for another thread: if it does not come back at once,
+            // it stays in flight and the other threads run.
+            match self.poll_briefly()? {
+                Some(stop) => stop,
+                None => {
+                    let log = self.state_log.as_mut().and_then(|l| l.suspend_step());
+                    self.lane.in_flight = Some(InFlight {
+                        ip,
+                        insn,
+                        before,
+                        signal,
+                        log,
+                    });
+                    self.stats.blocked_steps += 1;
+                    return Ok(StepEvent::Idle);
+                }
+            }
+        } else {
+            self.target.single_step(signal)?
+        };
+        self.finish_step(ip, insn, before, signal, stop)
+    }
+
+    /// Waits a little for the current thread's step (begun with `step_start`).
+    pub(super) fn poll_briefly(&mut self) -> Result<Option<StepStop>, RecordError> {
+        let tid = self.lane.tid;
+        for i in 0..40 {
+            if let Some(stop) = self.target.step_poll(tid, false)? {
+                return Ok(Some(stop));
+            }
+            if i < 20 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Records how the step of the instruction at `ip` (registers `before`) ended.
+    pub(super) fn finish_step(
+        &mut self,
+        ip: u64,
+        insn: Option<CachedInsn>,
+        before: Gprs,
+        signal: Option<Signal>,
+        stop: StepStop,
+    ) -> Result<StepEvent, RecordError> {
+        if let StepStop::Signal(Signal::SIGSTOP) = stop
+            && std::mem::take(&mut self.lane.sigstop_sent)
+        {
+            // Our own SIGSTOP (collecting a thread waiting in a system call): the program
+            // does not get it.
+            let after = self.current_regs()?;
+            if self.lane.step_origin != Some(after)
+                && let Some(insn) = insn
+            {
+                // The system call was interrupted after entering the kernel: it executed (and
+                // restarts at the next step, see the module docs).
+                return self.executed(ip, &insn, &after);
+            }
+            // It stopped before anything ran (the step came back first, then the SIGSTOP).
+            self.discard_state_entry();
+            return Ok(StepEvent::Idle);
+        }
+        match stop {
+            StepStop::ThreadExited(_) => {
+                // The thread's own `exit` executed and it is gone.
+                if let Some(insn) = insn {
+                    let mut after = before;
+                    after.rip = insn.nlip();
+                    self.executed(ip, &insn, &after)?;
+                }
+                self.lane_ended()?;
+                Ok(StepEvent::Executed { ip })
+            }
+            // A breakpoint report for a single step means the step ended on a breakpoint
+            // address: it is the step's trap.
+            StepStop::Trap | StepStop::Breakpoint { .. } => {
+                let code = if signal.is_some()
+                    || insn
+                        .is_none_or(|i| matches!(i.class, InsnClass::SoftInt | InsnClass::SysCall))
+                {
+                    self.target.siginfo()?.code
+                } else {
+                    TRAP_TRACE
+                };
+                if signal.is_some() && code == TRAP_SIGNAL_DELIVERED {
+                    return self.handler_entered(ip);
+                }
+                let after = self.current_regs()?;
+                if code != TRAP_TRACE && code != TRAP_BRKPT {
+                    // A SIGTRAP that is not the step trap: the program's own INT3/INT1 (after
+                    // it executed), or a SIGTRAP sent to it. Either way the program gets it.
+                    self.lane.pending_signal = Some(Signal::SIGTRAP);
+                    let executed =
+                        after.rip != ip || insn.is_some_and(|i| i.class == InsnClass::SoftInt);
+                    if !executed {
+                        self.stats.signal_stops += 1;
+                        self.discard_state_entry();
+                        return Ok(StepEvent::Signal {
+                            signal: Signal::SIGTRAP,
+                            ip,
+                        });
+                    }
+                }
+                match insn {
+                    Some(insn) => self.executed(ip, &insn, &after),
+                    None => {
+                        // The bytes did not decode but the CPU executed them (an instruction
+                        // iced does not know): nothing to encode, the flow is unknown.
+                        self.stats.anomalies += 1;
+                        Ok(StepEvent::Executed { ip })
+                    }
+                }
+            }
+            StepStop::Signal(sig) => {
+                self.stats.signal_stops += 1;
+                self.lane.pending_signal = Some(sig);
+                let after = self.current_regs()?;
+                if after.rip != ip {
+                    // A system call interrupted by the signal entered the kernel and stopped
+                    // after its `syscall` (it restarts on the next step, see the module docs);
+                    // anything else is not expected: count it and follow RIP.
+                    let interrupted_syscall = restart_point(&after).is_some()
+                        && insn.is_some_and(|i| {
+                            i.class == InsnClass::SysCall && i.nlip() == after.rip
+                        });
+                    if !interrupted_syscall {
+                        self.stats.anomalies += 1;
+                    }
+                    if let Some(insn) = insn {
+                        return self.executed(ip, &insn, &after);
+                    }
+                }
+                self.discard_state_entry();
+                Ok(StepEvent::Signal { signal: sig, ip })
+            }
+            StepStop::Exiting => {
+                // Either the instruction was exit/exit_group (it executed), or a signal we
+                // passed (or SIGKILL) ended the process before it ran.
+                let executed = signal.is_none() && is_exit_syscall(insn.as_ref(), &before);
+                if let (true, Some(insn)) = (executed, insn) {
+                    let mut after = before;
+                    after.rip = insn.nlip();
+                    self.executed(ip, &insn, &after)?;
+                }
+                if self.config.capture_image_at_exit {
+                    self.image = procmaps::capture_image(&mut self.target)
+                        .ok()
+                        .map(|(image, _)| image);
+                }
+                self.lane.regs = None;
+                if self.stop_at_exit {
+                    // The process stays at its end; whoever drives it lets it go. The trace is
+                    // closed at the stop like at any other (FUP + TIP.PGD at the PC).
+                    self.at_exit = true;
+                    self.write_out(true);
+                    return Ok(StepEvent::Exiting);
+                }
+                let end = self.target.cont(None)?;
+                self.ended(end, (!executed).then_some(ip))
+            }
+            StepStop::Exec => {
+                // The execve system call executed and returned into a new program: its code is
+                // all different (the image captured at exit is the new program's).
+                self.stats.execs += 1;
+                self.cache.invalidate_all();
+                let after = self.current_regs()?;
+                match insn {
+                    Some(insn) => self.executed(ip, &insn, &after),
+                    None => Ok(StepEvent::Executed { ip }),
+                }
+            }
+            StepStop::Exited(_) | StepStop::Killed(_) => {
+                // Without PTRACE_EVENT_EXIT (a target that does not report it), an exit seen
+                // right after stepping exit/exit_group is that system call executing.
+                let executed = matches!(stop, StepStop::Exited(_))
+                    && signal.is_none()
+                    && is_exit_syscall(insn.as_ref(), &before);
+                if let (true, Some(insn)) = (executed, insn) {
+                    let mut after = before;
+                    after.rip = insn.nlip();
+                    self.executed(ip, &insn, &after)?;
+                }
+                self.ended(stop, (!executed).then_some(ip))
+            }
+        }
+    }
+
+    /// Before encoding the instruction at `ip`: the stream's time is the global clock (the
+    /// instructions recorded so far, all threads together: the TSC of a PSB+ is the global
+    /// index of the instruction after it), and a thread just switched in gets a TSC packet
+    /// right after tracing is (re-)enabled at `ip`, so every run of a thread's instructions
+    /// starts with its global index and the streams merge in exact order.
+    pub(super) fn clock_before(&mut self, ip: u64) {
+        let now = self.stats.recorded;
+        let enc = &mut self.lane.encoder;
+        enc.set_tsc(now);
+        if std::mem::take(&mut self.lane.stamp_due) {
+            enc.enter(ip);
+            enc.tsc_now(now);
+        }
+    }
+
+    pub(super) fn discard_state_entry(&mut self) {
+        if let Some(log) = self.state_log.as_mut() {
+            log.cancel_step();
+        }
+    }
+
+    pub(super) fn handler_entered(&mut self, ip: u64) -> Result<StepEvent, RecordError> {
+        self.stats.handlers_entered += 1;
+        let regs = self.current_regs()?;
+        if let Some(log) = self.state_log.as_mut() {
+            if self.recording {
+                log.signal_delivered(&regs);
+            } else {
+                log.cancel_step();
+            }
+        }
+        if self.recording {
+            self.lane.encoder.async_transfer(ip);
+        }
+        let handler = regs.rip;
+        Ok(StepEvent::HandlerEntered { from: ip, handler })
+    }
+
+    pub(super) fn executed(
+        &mut self,
+        ip: u64,
+        insn: &CachedInsn,
+        after: &Gprs,
+    ) -> Result<StepEvent, RecordError> {
+        let next_ip = after.rip;
+        if insn.rep_string && next_ip == ip {
+            self.stats.rep_iterations += 1;
+            if let Some(log) = self.state_log.as_mut() {
+                log.after_step(after, false);
+            }
+            return Ok(StepEvent::Iteration { ip });
+        }
+        if insn.class == InsnClass::SysCall {
+            // Code may have changed under the cache: mmap, mprotect, munmap, mremap, execve,
+            // pkey_mprotect (orig_rax keeps the number after the call).
+            if matches!(after.orig_rax, 9..=11 | 25 | 59 | 329) {
+                self.cache.invalidate_all();
+            }
+            // clone/clone3 created a thread or process (the parent sees a positive id). A
+            // thread shares the code: a temporary INT3 of block stepping could trap it, and it
+            // is not traced, so from then on every instruction is single-stepped. A forked
+            // child has its own copy of memory, and a vfork child has exec'd or exited by the
+            // time the parent returns: both leave block stepping on.
+            if matches!(after.orig_rax, 56 | 435) && (after.rax as i64) > 0 {
+                self.stats.clones += 1;
+                let flags = if after.orig_rax == 56 {
+                    Some(after.rdi)
+                } else {
+                    // clone3: the flags are the first field of struct clone_args at RDI.
+                    let mut b = [0u8; 8];
+                    match self.target.read_memory(after.rdi, &mut b) {
+                        Ok(8) => Some(u64::from_le_bytes(b)),
+                        _ => None,
+                    }
+                };
+                let shares_memory = flags.is_none_or(|f| {
+                    f & libc::CLONE_VM as u64 != 0 && f & libc::CLONE_VFORK as u64 == 0
+                });
+                if shares_memory {
+                    self.stats.thread_clones += 1;
+                    self.block_stepping_allowed = false;
+                }
+            }
+        }
+        if !self.recording {
+            self.stats.unrecorded += 1;
+            return Ok(StepEvent::Executed { ip });
+        }
+        if let Some(log) = self.state_log.as_mut() {
+            log.after_step(after, true);
+        }
+        self.clock_before(ip);
+        self.stats.recorded += 1;
+        self.lane.recorded += 1;
+        if let Some(log) = self.lane.ip_log.as_mut() {
+            log.push(ip);
+        }
+        self.lane.encoder.step(Step {
+            ip,
+            len: insn.len(),
+            cofi: cofi(insn.class, insn.nlip(), next_ip),
+            next_ip,
+        });
+        self.write_out(false);
+        Ok(StepEvent::Executed { ip })
+    }
+
+    pub(super) fn ended(
+        &mut self,
+        stop: StepStop,
+        unexecuted: Option<u64>,
+    ) -> Result<StepEvent, RecordError> {
+        let exit = match stop {
+            StepStop::Exited(code) => Exit::Code(code),
+            StepStop::Killed(sig) => Exit::Signal(sig),
+            other => {
+                return Err(TargetError::Unexpected {
+                    pid: self.target.pid(),
+                    what: format!("after exit event: {other:?}"),
+                }
+                .into());
+            }
+        };
+        self.exit = Some(exit);
+        self.lane.regs = None;
+        if self.recording {
+            // Killed before `ip` executed: FUP(ip) + TIP.PGD. After exit_group the TIP.PGD was
+            // already written and this adds nothing.
+            self.lane.encoder.finish(unexecuted);
+        }
+        self.lane.encoder.flush();
+        self.write_out(true);
+        self.end_parked();
+        Ok(StepEvent::Exited(exit))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn regs(rip: u64, rax: i64, orig_rax: i64) -> Gprs {
+        let mut r = crate::target::regs::zeroed_gprs();
+        r.rip = rip;
+        r.rax = rax as u64;
+        r.orig_rax = orig_rax as u64;
+        r
+    }
+
+    #[test]
+    fn restart_point_follows_the_kernel_restart_rules() {
+        // clock_nanosleep (230) interrupted: restarted through restart_syscall (219).
+        let r = restart_point(&regs(0x1002, -516, 230)).unwrap();
+        assert_eq!((r.rip, r.rax, r.orig_rax as i64), (0x1000, 219, -1));
+        // read (0) interrupted with -ERESTARTSYS / NOINTR / NOHAND: the call itself again.
+        for code in [-512, -513, -514] {
+            let r = restart_point(&regs(0x2002, code, 0)).unwrap();
+            assert_eq!((r.rip, r.rax), (0x2000, 0));
+        }
+        // Not inside a system call, or a finished one (-EINTR, a result).
+        assert!(restart_point(&regs(0x1002, -516, -1)).is_none());
+        assert!(restart_point(&regs(0x1002, -4, 230)).is_none());
+        assert!(restart_point(&regs(0x1002, 0, 230)).is_none());
+    }
+}

@@ -1,0 +1,585 @@
+//! Threads, ptrace events and waits of the ptrace target: clone/fork/vfork/exec/exit events,
+//! all-stop (stopping the other threads at a stop), single-thread steps for the recorder.
+
+use super::*;
+
+impl PtraceTarget {
+    pub(super) fn get_event_msg(&self, tid: Pid) -> TargetResult<i32> {
+        nix::sys::ptrace::getevent(tid)
+            .map(|v| v as i32)
+            .map_err(sys("PTRACE_GETEVENTMSG", tid))
+    }
+
+    pub(super) fn add_thread(&mut self, tid: i32) {
+        self.threads.insert(tid, ThreadInfo::default());
+        self.new_threads.push(tid);
+        self.thread_stats.created += 1;
+        self.thread_stats.peak = self.thread_stats.peak.max(self.threads.len() as u64);
+    }
+
+    /// Forgets a thread that ended; the current thread moves to another one if it was that.
+    pub(super) fn remove_thread(&mut self, tid: Pid) {
+        self.threads.remove(&tid.as_raw());
+        if self.cur == tid
+            && let Some(&other) = self.threads.keys().next()
+        {
+            self.cur = Pid::from_raw(other);
+        }
+    }
+
+    /// The traced threads: the leader first (while it is alive), then the others by id.
+    pub fn threads(&self) -> Vec<i32> {
+        let leader = self.pid.as_raw();
+        let mut v: Vec<i32> = self
+            .threads
+            .keys()
+            .copied()
+            .filter(|&t| t != leader)
+            .collect();
+        if self.threads.contains_key(&leader) {
+            v.insert(0, leader);
+        }
+        v
+    }
+
+    /// Threads created since the last call.
+    pub fn take_new_threads(&mut self) -> Vec<i32> {
+        std::mem::take(&mut self.new_threads)
+    }
+
+    /// Thread counters.
+    pub fn thread_stats(&self) -> ThreadStats {
+        self.thread_stats
+    }
+
+    /// The thread register and step operations apply to.
+    pub fn current_thread(&self) -> i32 {
+        self.cur.as_raw()
+    }
+
+    /// Makes `tid` the thread register and step operations apply to.
+    pub fn select_thread(&mut self, tid: i32) -> TargetResult<()> {
+        if !self.threads.contains_key(&tid) {
+            return Err(TargetError::Unexpected {
+                pid: self.pid.as_raw(),
+                what: format!("no traced thread {tid}"),
+            });
+        }
+        self.cur = Pid::from_raw(tid);
+        Ok(())
+    }
+
+    /// Whether `tid`, stopped at its `PTRACE_EVENT_EXIT`, ends alone (`exit`, other threads
+    /// alive) rather than taking the process with it (`exit_group`, a fatal signal, the last
+    /// thread).
+    pub(super) fn is_thread_exit(&self, tid: Pid) -> bool {
+        self.threads.len() > 1
+            && nix::sys::ptrace::getregs(tid).is_ok_and(|r| r.orig_rax == libc::SYS_exit as u64)
+    }
+
+    /// Handles a `PTRACE_EVENT_*` stop of thread `tid`. The caller resumes it afterwards.
+    pub(super) fn handle_event(&mut self, tid: Pid, event: i32, mode: Resume) -> TargetResult<()> {
+        match event {
+            libc::PTRACE_EVENT_CLONE => {
+                let new = Pid::from_raw(self.get_event_msg(tid)?);
+                // The new task starts traced with a pending SIGSTOP; collect it.
+                waitpid_raw(new, true)?;
+                if tgid_of(new.as_raw()) == Some(self.pid.as_raw()) {
+                    self.add_thread(new.as_raw());
+                    if matches!(self.state, RunState::Running(Resume::Continue { .. })) {
+                        // A full-speed run runs every thread (the SIGSTOP is dropped).
+                        ptrace_with_signal(libc::PTRACE_CONT, "PTRACE_CONT", new, None)?;
+                        if let Some(t) = self.threads.get_mut(&new.as_raw()) {
+                            t.running = true;
+                        }
+                    }
+                } else {
+                    // clone without CLONE_THREAD: another process, handled as a fork.
+                    self.release_child(new, false)?;
+                }
+            }
+            libc::PTRACE_EVENT_FORK | libc::PTRACE_EVENT_VFORK => {
+                let vfork = event == libc::PTRACE_EVENT_VFORK;
+                let child = Pid::from_raw(self.get_event_msg(tid)?);
+                waitpid_raw(child, true)?;
+                self.release_child(child, vfork)?;
+            }
+            libc::PTRACE_EVENT_VFORK_DONE if self.vfork_lifted => {
+                self.vfork_lifted = false;
+                if matches!(mode, Resume::Continue { .. }) {
+                    self.insert_breakpoints()?;
+                }
+            }
+            libc::PTRACE_EVENT_EXEC => {
+                // A new address space: the old int3 bytes and saved originals are meaningless.
+                self.breakpoints.clear();
+                self.inserted = false;
+                self.exe = exe_of(self.pid);
+                self.mem = open_mem(self.pid)?;
+                // The other threads are gone (the kernel killed them; the exec'ing thread now
+                // has the leader's id): collect what they left.
+                let others = self.other_threads();
+                for t in others {
+                    let _ = waitpid_raw(Pid::from_raw(t), false);
+                    self.threads.remove(&t);
+                }
+                self.threads.entry(self.pid.as_raw()).or_default().running = false;
+                self.cur = self.pid;
+                self.notices.push(Notice::Exec {
+                    path: self.exe.clone(),
+                });
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Detaches a forked child (stopped at its first stop), with no int3 of ours left in it.
+    pub(super) fn release_child(&mut self, child: Pid, vfork: bool) -> TargetResult<()> {
+        if self.inserted {
+            if vfork {
+                // The child shares our memory: lift the breakpoints until it execs or exits
+                // (VFORK_DONE), or it would trap on them untraced.
+                self.remove_breakpoints()?;
+                self.vfork_lifted = true;
+            } else if let Ok(mem) = open_mem(child) {
+                // The child has a copy of our memory, int3 bytes included.
+                for (&addr, &orig) in &self.breakpoints {
+                    let _ = self.write_raw_to(&mem, addr, &[orig]);
+                }
+            }
+        }
+        ptrace_with_signal(libc::PTRACE_DETACH, "PTRACE_DETACH", child, None)?;
+        self.notices.push(Notice::Forked {
+            child: child.as_raw(),
+            vfork,
+        });
+        Ok(())
+    }
+
+    /// Resumes thread `tid` in `mode` (ptrace's own request; no breakpoint handling).
+    pub(super) fn resume_thread(&mut self, tid: Pid, mode: Resume) -> TargetResult<()> {
+        let r = match mode {
+            Resume::Continue { signal } => {
+                ptrace_with_signal(libc::PTRACE_CONT, "PTRACE_CONT", tid, signal)
+            }
+            Resume::Step { signal } => {
+                ptrace_with_signal(libc::PTRACE_SINGLESTEP, "PTRACE_SINGLESTEP", tid, signal)
+            }
+        };
+        if let Some(t) = self.threads.get_mut(&tid.as_raw()) {
+            t.running = true;
+        }
+        r
+    }
+
+    pub(super) fn raw_resume(&mut self, mode: Resume) -> TargetResult<()> {
+        match mode {
+            Resume::Continue { .. } => {
+                self.insert_breakpoints()?;
+                self.resume_thread(self.cur, mode)?;
+                // All-stop: a full-speed run runs every thread.
+                let others: Vec<i32> = self
+                    .threads
+                    .iter()
+                    .filter(|(t, i)| **t != self.cur.as_raw() && !i.running)
+                    .map(|(t, _)| *t)
+                    .collect();
+                for t in others {
+                    let t = Pid::from_raw(t);
+                    if let Err(e) = self.resume_thread(t, Resume::Continue { signal: None }) {
+                        // Gone meanwhile (killed): its end is collected by the wait.
+                        if !matches!(
+                            e,
+                            TargetError::Sys {
+                                source: nix::Error::ESRCH,
+                                ..
+                            }
+                        ) {
+                            return Err(e);
+                        }
+                        self.thread_stats.vanished += 1;
+                    }
+                }
+                Ok(())
+            }
+            Resume::Step { .. } => self.resume_thread(self.cur, mode),
+        }
+    }
+
+    /// The threads a wait in `mode` listens to: the current one for a step, every running
+    /// thread and the leader (whose status ends the process) for a continue.
+    pub(super) fn waited_threads(&self, mode: Resume) -> Vec<Pid> {
+        match mode {
+            Resume::Step { .. } => vec![self.cur],
+            Resume::Continue { .. } => {
+                let mut v: Vec<Pid> = self
+                    .threads
+                    .iter()
+                    .filter(|(_, i)| i.running)
+                    .map(|(t, _)| Pid::from_raw(*t))
+                    .collect();
+                if !v.contains(&self.pid) {
+                    v.push(self.pid);
+                }
+                v
+            }
+        }
+    }
+
+    /// Waits for the next stop of one of `waited`: `(thread, status)`; `None` only when
+    /// `block` is false and nothing happened. Several threads are polled in turn (never
+    /// `waitpid(-1)`: the debugger may be our child too).
+    pub(super) fn wait_any(
+        &self,
+        waited: &[Pid],
+        block: bool,
+    ) -> TargetResult<Option<(Pid, Wait)>> {
+        if let [one] = waited {
+            return match waitpid_raw(*one, block)? {
+                Wait::StillRunning => Ok(None),
+                w => Ok(Some((*one, w))),
+            };
+        }
+        let mut pause = Duration::from_micros(20);
+        loop {
+            for &t in waited {
+                match waitpid_raw(t, false) {
+                    Ok(Wait::StillRunning) => {}
+                    Ok(w) => return Ok(Some((t, w))),
+                    // Reaped already (a thread whose end was collected elsewhere).
+                    Err(TargetError::Sys {
+                        source: nix::Error::ECHILD,
+                        ..
+                    }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            if !block {
+                return Ok(None);
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(2));
+        }
+    }
+
+    /// Waits for the next reportable stop while the tracee runs in `mode`, handling ptrace
+    /// events, thread creation and thread ends on the way. `Ok(None)` only when `block` is
+    /// false and nothing happened.
+    pub(super) fn wait_stop(
+        &mut self,
+        mode: Resume,
+        block: bool,
+    ) -> TargetResult<Option<(Pid, Wait)>> {
+        let again = match mode {
+            Resume::Continue { .. } => Resume::Continue { signal: None },
+            Resume::Step { .. } => Resume::Step { signal: None },
+        };
+        loop {
+            let waited = self.waited_threads(mode);
+            let Some((tid, w)) = self.wait_any(&waited, block)? else {
+                return Ok(None);
+            };
+            if let Some(t) = self.threads.get_mut(&tid.as_raw()) {
+                t.running = false;
+            }
+            match w {
+                Wait::StillRunning => return Ok(None),
+                Wait::Event(libc::PTRACE_EVENT_EXIT) => {
+                    if self.is_thread_exit(tid) {
+                        // One thread ends: let it; its status follows.
+                        self.resume_thread(tid, Resume::Continue { signal: None })?;
+                    } else if self.stop_at_exit && !self.exiting {
+                        self.exiting = true;
+                        return Ok(Some((tid, w)));
+                    } else {
+                        self.exiting = true;
+                        self.resume_thread(tid, Resume::Continue { signal: None })?;
+                    }
+                }
+                Wait::Event(libc::PTRACE_EVENT_EXEC)
+                    if self.report_exec && matches!(mode, Resume::Step { .. }) =>
+                {
+                    // A recorder's step: the exec is the step's end (a new program, new code),
+                    // left at the event stop; the next step goes on from there.
+                    self.handle_event(tid, libc::PTRACE_EVENT_EXEC, mode)?;
+                    return Ok(Some((self.pid, w)));
+                }
+                Wait::Event(event) => {
+                    self.handle_event(tid, event, mode)?;
+                    // Re-issue the same request without the signal (already delivered).
+                    if tid == self.cur || matches!(mode, Resume::Continue { .. }) {
+                        self.resume_thread(tid, again)?;
+                    }
+                }
+                Wait::Stopped(libc::SIGSTOP)
+                    if self
+                        .threads
+                        .get(&tid.as_raw())
+                        .is_some_and(|t| t.swallow_sigstop) =>
+                {
+                    // Our own SIGSTOP, from stopping the threads at an earlier stop.
+                    if let Some(t) = self.threads.get_mut(&tid.as_raw()) {
+                        t.swallow_sigstop = false;
+                    }
+                    let mode = if tid == self.cur {
+                        again
+                    } else {
+                        Resume::Continue { signal: None }
+                    };
+                    self.resume_thread(tid, mode)?;
+                }
+                Wait::Stopped(sig @ (libc::SIGINT | libc::SIGQUIT))
+                    if self.drop_terminal_interrupts && self.sent_by_terminal(tid, sig) =>
+                {
+                    // A signal-delivery stop: the instruction has not run yet, so the same
+                    // request without the signal continues exactly where the program was.
+                    let mode = if tid == self.cur {
+                        again
+                    } else {
+                        Resume::Continue { signal: None }
+                    };
+                    self.resume_thread(tid, mode)?;
+                }
+                Wait::Exited(_) | Wait::Killed(_) if tid != self.pid => {
+                    // A thread ended (the process goes on, or ends with the leader's status).
+                    if !self.exiting {
+                        self.thread_stats.exited += 1;
+                    }
+                    let was_cur = tid == self.cur;
+                    self.remove_thread(tid);
+                    if was_cur && matches!(mode, Resume::Step { .. }) {
+                        return Ok(Some((tid, w)));
+                    }
+                }
+                other => return Ok(Some((tid, other))),
+            }
+        }
+    }
+
+    /// Stops every running thread other than the current one (all-stop), keeping a stop one
+    /// of them reports first for a later wait.
+    pub(super) fn stop_others(&mut self) -> TargetResult<()> {
+        let running: Vec<i32> = self
+            .threads
+            .iter()
+            .filter(|(t, i)| **t != self.cur.as_raw() && i.running)
+            .map(|(t, _)| *t)
+            .collect();
+        for &t in &running {
+            // SAFETY: tgkill only sends a signal; no memory is passed.
+            let r = unsafe { libc::syscall(libc::SYS_tgkill, self.pid.as_raw(), t, libc::SIGSTOP) };
+            if r != 0 {
+                // Already gone: collected below.
+                self.thread_stats.vanished += 1;
+            }
+        }
+        for t in running {
+            let pid = Pid::from_raw(t);
+            loop {
+                match waitpid_raw(pid, true) {
+                    Ok(Wait::Stopped(libc::SIGSTOP)) => break,
+                    Ok(Wait::Event(libc::PTRACE_EVENT_EXIT)) if self.is_thread_exit(pid) => {
+                        self.resume_thread(pid, Resume::Continue { signal: None })?;
+                    }
+                    Ok(Wait::Event(libc::PTRACE_EVENT_CLONE)) => {
+                        // Stopped at the event; our SIGSTOP stays queued.
+                        self.handle_event(
+                            pid,
+                            libc::PTRACE_EVENT_CLONE,
+                            Resume::Step { signal: None },
+                        )?;
+                        if let Some(i) = self.threads.get_mut(&t) {
+                            i.swallow_sigstop = true;
+                        }
+                        break;
+                    }
+                    Ok(w @ (Wait::Stopped(_) | Wait::Event(_))) => {
+                        if let Some(i) = self.threads.get_mut(&t) {
+                            i.pending = Some(w);
+                            i.swallow_sigstop = true;
+                        }
+                        break;
+                    }
+                    Ok(Wait::Exited(_) | Wait::Killed(_)) | Err(_) => {
+                        self.thread_stats.exited += 1;
+                        self.threads.remove(&t);
+                        break;
+                    }
+                    Ok(Wait::StillRunning) => {}
+                }
+            }
+            if let Some(i) = self.threads.get_mut(&t) {
+                i.running = false;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every traced thread but the leader (a snapshot: the callers change `threads`).
+    pub(super) fn other_threads(&self) -> Vec<i32> {
+        self.threads
+            .keys()
+            .copied()
+            .filter(|&t| t != self.pid.as_raw())
+            .collect()
+    }
+
+    /// Collects the end of every thread of a process that is exiting or was killed, the leader
+    /// last (its status is the process's).
+    pub(super) fn reap_all(&mut self) -> Option<Wait> {
+        // A thread whose stop was already collected (at its exit event, or any ptrace stop)
+        // reports nothing new until it is resumed; one that is running ignores this.
+        for &t in self.threads.keys() {
+            let _ = ptrace_with_signal(libc::PTRACE_CONT, "PTRACE_CONT", Pid::from_raw(t), None);
+        }
+        let _ = ptrace_with_signal(libc::PTRACE_CONT, "PTRACE_CONT", self.pid, None);
+        let others = self.other_threads();
+        for t in others {
+            let pid = Pid::from_raw(t);
+            loop {
+                match waitpid_raw(pid, true) {
+                    Ok(Wait::Stopped(_) | Wait::Event(_)) => {
+                        let _ = ptrace_with_signal(libc::PTRACE_CONT, "PTRACE_CONT", pid, None);
+                    }
+                    Ok(Wait::StillRunning) => {}
+                    _ => break,
+                }
+            }
+            self.threads.remove(&t);
+        }
+        loop {
+            match waitpid_raw(self.pid, true) {
+                Ok(Wait::Stopped(_) | Wait::Event(_)) => {
+                    let _ = ptrace_with_signal(libc::PTRACE_CONT, "PTRACE_CONT", self.pid, None);
+                }
+                Ok(Wait::StillRunning) => {}
+                Ok(w) => {
+                    self.threads.clear();
+                    return Some(w);
+                }
+                Err(_) => {
+                    self.threads.clear();
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// True if the pending signal `sig` of `tid` was generated by the terminal (`SI_KERNEL`).
+    pub(super) fn sent_by_terminal(&self, tid: Pid, sig: i32) -> bool {
+        nix::sys::ptrace::getsiginfo(tid)
+            .is_ok_and(|si| si.si_signo == sig && si.si_code == libc::SI_KERNEL)
+    }
+
+    /// Starts one single step of the current thread (delivering `signal` first); the other
+    /// threads stay stopped. Collect it with [`step_poll`](Self::step_poll): a step into a
+    /// blocking system call may take any time, during which the caller may step other threads.
+    pub fn step_start(&mut self, signal: Option<i32>) -> TargetResult<()> {
+        self.ensure_stopped()?;
+        let tid = self.cur;
+        match self.resume_thread(tid, Resume::Step { signal }) {
+            Ok(()) => Ok(()),
+            // Not in a ptrace-stop any more: killed from outside and on its way out; the
+            // poll collects how it ended.
+            Err(TargetError::Sys {
+                source: nix::Error::ESRCH,
+                ..
+            }) => {
+                self.thread_stats.vanished += 1;
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Collects the step of thread `tid` started with [`step_start`](Self::step_start):
+    /// `Ok(None)` while it has not stopped (only with `block == false`). The process's end is
+    /// a [`ThreadStop::Stop`] with `Exiting` (always reported: the caller lets it go with a
+    /// continue), `Exited` or `Killed`.
+    pub fn step_poll(&mut self, tid: i32, block: bool) -> TargetResult<Option<ThreadStop>> {
+        let tid = Pid::from_raw(tid);
+        let prev = self.cur;
+        self.cur = tid;
+        let mode = Resume::Step { signal: None };
+        let saved_stop_at_exit = self.stop_at_exit;
+        self.stop_at_exit = true;
+        self.report_exec = true;
+        let r = self.wait_stop(mode, block);
+        self.stop_at_exit = saved_stop_at_exit;
+        self.report_exec = false;
+        let r = r?;
+        let Some((t, w)) = r else {
+            self.cur = prev;
+            return Ok(None);
+        };
+        Ok(Some(match w {
+            Wait::Exited(code) if t != self.pid => ThreadStop::ThreadExited { code },
+            // The process is on its way out and another thread is kept at its exit event: this
+            // one is simply gone.
+            Wait::Killed(sig) if t != self.pid && self.exiting => {
+                ThreadStop::ThreadExited { code: 128 + sig }
+            }
+            Wait::Killed(sig) if t != self.pid => {
+                // A thread killed by a signal: the whole process goes.
+                let end = self.reap_all().unwrap_or(Wait::Killed(sig));
+                ThreadStop::Stop(self.finish_stop(end, mode)?)
+            }
+            Wait::Event(libc::PTRACE_EVENT_EXIT) => ThreadStop::Stop(StopEvent::Exiting),
+            Wait::Event(libc::PTRACE_EVENT_EXEC) => {
+                self.state = RunState::Stopped;
+                ThreadStop::Exec
+            }
+            w => ThreadStop::Stop(self.finish_stop(w, mode)?),
+        }))
+    }
+
+    /// Turns a raw stop into the event reported to the debugger, and records the new state.
+    pub(super) fn finish_stop(&mut self, w: Wait, mode: Resume) -> TargetResult<StopEvent> {
+        match w {
+            Wait::Exited(code) => {
+                self.state = RunState::Exited;
+                self.inserted = false;
+                Ok(StopEvent::Exited(code))
+            }
+            Wait::Killed(sig) => {
+                self.state = RunState::Exited;
+                self.inserted = false;
+                Ok(StopEvent::Killed(sig))
+            }
+            Wait::Stopped(sig) => {
+                self.state = RunState::Stopped;
+                self.remove_breakpoints()?;
+                if sig != libc::SIGTRAP {
+                    return Ok(StopEvent::Signal(sig));
+                }
+                match mode {
+                    Resume::Step { .. } => Ok(StopEvent::Step),
+                    Resume::Continue { .. } => {
+                        let mut regs = self.read_registers()?;
+                        let bp = regs.pc().wrapping_sub(1);
+                        if self.breakpoints.contains_key(&bp) {
+                            // int3 traps after the instruction: move the PC back onto it.
+                            regs.set_pc(bp);
+                            nix::sys::ptrace::setregs(self.cur, regs.to_libc())
+                                .map_err(sys("PTRACE_SETREGS", self.cur))?;
+                            Ok(StopEvent::Breakpoint { pc: bp })
+                        } else {
+                            Ok(StopEvent::Signal(libc::SIGTRAP))
+                        }
+                    }
+                }
+            }
+            Wait::Event(libc::PTRACE_EVENT_EXIT) => {
+                // Still alive at its end: registers and memory stay readable until resumed.
+                self.state = RunState::Stopped;
+                self.remove_breakpoints()?;
+                Ok(StopEvent::Exiting)
+            }
+            Wait::StillRunning | Wait::Event(_) => Err(TargetError::Unexpected {
+                pid: self.pid.as_raw(),
+                what: format!("unexpected wait status {w:?}"),
+            }),
+        }
+    }
+}
