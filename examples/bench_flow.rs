@@ -12,7 +12,8 @@
 //! (`--trace all`: every corpus trace that has code images).
 //! Peak RSS is read from /proc/self/status after each trace. `--memory` decodes each trace
 //! repeated 1, 4, 16 and 64 times and prints the decoder's peak heap (it must not grow).
-//! `--ours-only` times only ptrewind (for profiling). `--stats` prints each trace's composition
+//! `--ours-only` times only ptrewind (for profiling); with `--evict` each run starts after
+//! 32 MiB were written, i.e. with cold caches and TLB as after libipt's run in the comparison. `--stats` prints each trace's composition
 //! (packets, runs, cold decodes, path-cache hits). `--repeat-mib N` runs everything on each trace
 //! repeated (from its first PSB) to at least N MiB, the way a long recording of the same code
 //! looks: the one-off decode of new code is amortised as it is in any long trace.
@@ -406,12 +407,23 @@ fn print_stats(t: &CorpusTrace, img: &Image, cfg: &FlowConfig) {
     println!("  packets: {kinds:?}");
 }
 
+/// Writes `junk` (larger than the last-level cache) so that the next timed run starts with
+/// cold caches and TLB, as it does after libipt's run in the comparison (`--evict`).
+#[inline(never)]
+fn evict_caches(junk: &mut [u8], salt: u8) {
+    for chunk in junk.chunks_mut(64) {
+        chunk[0] = chunk[0].wrapping_add(salt | 1);
+    }
+    std::hint::black_box(junk);
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut reps = 3u32;
     let mut names = Vec::new();
     let mut cmp = false;
     let mut ours_only = false;
+    let mut evict = false;
     let mut memory = false;
     let mut stats = false;
     let mut repeat_mib = 0usize;
@@ -430,6 +442,7 @@ fn main() {
             }
             "--compare" => cmp = true,
             "--ours-only" => ours_only = true,
+            "--evict" => evict = true,
             "--memory" => memory = true,
             "--stats" => stats = true,
             "--repeat-mib" => {
@@ -521,7 +534,15 @@ fn main() {
         if ours_only {
             // Best of `reps` in thread CPU time, like the comparison below.
             let (mut n, mut best) = (0, f64::MAX);
-            for _ in 0..reps {
+            let mut junk = if evict {
+                vec![1u8; 32 << 20]
+            } else {
+                Vec::new()
+            };
+            for r in 0..reps {
+                if evict {
+                    evict_caches(&mut junk, r as u8);
+                }
                 let t0 = cpu_now();
                 n = std::hint::black_box(ours_blocks(&t.pt, &img, &cfg)).0;
                 best = best.min(cpu_now() - t0);

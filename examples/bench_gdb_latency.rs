@@ -7,7 +7,11 @@
 //! cargo build --release --workspace && \
 //! cargo run --release --example bench_gdb_latency -- [--steps 1000] [--sizes 1e6,1e7,1e8]
 //!                                                    [--full-size 1e6] [--no-full]
+//!                                                    [--ptrewind PATH]...
 //! ```
+//!
+//! `--ptrewind PATH` (repeatable) times that `ptrewind` binary (its QEMU plugin next to it)
+//! instead of the workspace's, e.g. an older build as a before/after comparison in one run.
 //!
 //! For each size a small C program (a loop of calls and data-dependent branches, no system
 //! calls) is recorded to completion under `ptrewind record --backend qemu` and served to GDB
@@ -19,9 +23,9 @@
 //! Before GDB, a raw remote-protocol client times the server alone on the same recording: `bs`
 //! (one reverse step) at the end and after `monitor goto` to the middle, and a refused one-byte
 //! memory read (`m0,1`) as the floor of one round trip over loopback (the server still decodes,
-//! dispatches and answers it). GDB itself sends about nine packets per `reverse-stepi` on this
-//! target (breakpoint insert and remove, the step, two memory reads for the frame before and
-//! after, the thread list), so its figure is mostly round trips.
+//! dispatches and answers it). GDB itself sends five packets per `reverse-stepi` on this
+//! target (the dynamic linker's breakpoint inserted and removed, the step, the register file,
+//! the thread list: `tests/round_trips.rs` counts them), so its figure is mostly round trips.
 //! Printed per series: median, 99th percentile and max in milliseconds, and the ratio of
 //! `record full`'s median to it.
 //!
@@ -170,6 +174,7 @@ fn ours(
                 "record",
                 "--backend",
                 "qemu",
+                "--no-live",
                 "--listen",
                 "127.0.0.1:0",
                 "--",
@@ -328,6 +333,7 @@ fn main() {
     let mut sizes = vec![1_000_000u64, 10_000_000, 100_000_000];
     let mut full_size = 1_000_000u64;
     let mut with_full = true;
+    let mut binaries: Vec<PathBuf> = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -342,6 +348,7 @@ fn main() {
             }
             "--full-size" => full_size = parse_size(&args.next().expect("--full-size N")),
             "--no-full" => with_full = false,
+            "--ptrewind" => binaries.push(PathBuf::from(args.next().expect("--ptrewind PATH"))),
             other => panic!("unknown argument {other}"),
         }
     }
@@ -358,12 +365,16 @@ fn main() {
     assert!(st.success(), "cc failed");
     let script = dir.path().join("lat.py");
     std::fs::write(&script, SCRIPT).expect("write script");
-    let ptrewind = release_dir().join("ptrewind");
-    assert!(
-        ptrewind.exists(),
-        "build the workspace in release mode first ({})",
-        ptrewind.display()
-    );
+    if binaries.is_empty() {
+        binaries.push(release_dir().join("ptrewind"));
+    }
+    for b in &binaries {
+        assert!(
+            b.exists(),
+            "build the workspace in release mode first ({})",
+            b.display()
+        );
+    }
 
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
@@ -386,20 +397,25 @@ fn main() {
         None
     };
     for size in sizes {
-        let iters = (size as f64 / INSNS_PER_ITER) as u64;
-        let (n, series) = ours(&ptrewind, &prog, iters, &script, steps);
-        for s in series {
-            let ratio = baseline
-                .map(|b| format!("  {:.2}x record full's median", b / s.median))
-                .unwrap_or_default();
-            println!(
-                "{:<28} {:>12} insns  median {:>8.4} ms  p99 {:>8.4} ms  max {:>8.4} ms{ratio}",
-                format!("ptrewind, {}", s.label),
-                n,
-                s.median,
-                s.p99,
-                s.max
-            );
+        for ptrewind in &binaries {
+            if binaries.len() > 1 {
+                println!("{}:", ptrewind.display());
+            }
+            let iters = (size as f64 / INSNS_PER_ITER) as u64;
+            let (n, series) = ours(ptrewind, &prog, iters, &script, steps);
+            for s in series {
+                let ratio = baseline
+                    .map(|b| format!("  {:.2}x record full's median", b / s.median))
+                    .unwrap_or_default();
+                println!(
+                    "{:<28} {:>12} insns  median {:>8.4} ms  p99 {:>8.4} ms  max {:>8.4} ms{ratio}",
+                    format!("ptrewind, {}", s.label),
+                    n,
+                    s.median,
+                    s.p99,
+                    s.max
+                );
+            }
         }
     }
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();

@@ -8,10 +8,12 @@
 //! Workloads: `sort` of 200 000 lines, `md5sum` of 50 MB, a qsort of 1 000 000 ints and a
 //! 4-thread program (both C, built here with `cc -O2`). For each: wall time natively, under
 //! `qemu-x86_64` alone and under `qemu-x86_64` with the ptrewind plugin (CPU time, user + system,
-//! of each run: the machine is shared) (the trace written to a
+//! of each run, and wall-clock time on a second line: the machine is shared) (the trace written to a
 //! recording directory and kept until the figures are read); instructions are the plugin's count.
 //! The ptrace backend and GDB `record full` run a small version of each workload (they are
-//! 10⁴–10⁶× slower) and report their own wall-clock rate. Needs GNU time (`/usr/bin/time`). Options: `--small` (1/10 sizes, for a quick check).
+//! 10⁴–10⁶× slower) and report their own wall-clock rate. Needs GNU time (`/usr/bin/time`). Options: `--small` (1/10 sizes, for a quick check), `--qemu-only` (no ptrace/GDB rows),
+//! `--only PREFIX` (the workloads whose name starts with PREFIX), `--plugin PATH` (another build of
+//! the plugin).
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -59,14 +61,25 @@ int main(int argc, char **argv) {
 }
 "#;
 
-/// CPU time (user + system: the machine is shared, so wall time mostly measures the other
-/// processes), peak RSS (KiB) and exit status of `cmd` (stdout discarded), measured by GNU
-/// `time` (a small parent, so the child's peak RSS is its own, not a copy of this process's).
-fn measure(cmd: &mut Command) -> (f64, u64, i32) {
+/// One run of a command, measured by GNU `time`.
+#[derive(Clone, Copy)]
+struct Run {
+    /// CPU seconds, user + system (the machine is shared: this is what the run itself cost).
+    cpu: f64,
+    /// Wall-clock seconds (on a busy machine this also measures the other processes).
+    wall: f64,
+    /// Peak RSS in KiB.
+    rss: u64,
+}
+
+/// CPU and wall time, peak RSS (KiB) and exit status of `cmd` (stdout discarded), measured by
+/// GNU `time` (a small parent, so the child's peak RSS is its own, not a copy of this
+/// process's).
+fn measure(cmd: &mut Command) -> (Run, i32) {
     let out = tempfile::NamedTempFile::new().expect("tempfile");
     let mut timed = Command::new("/usr/bin/time");
     timed
-        .args(["-f", "%U %S %M", "-o"])
+        .args(["-f", "%U %S %M %e", "-o"])
         .arg(out.path())
         .arg(cmd.get_program())
         .args(cmd.get_args())
@@ -82,11 +95,15 @@ fn measure(cmd: &mut Command) -> (f64, u64, i32) {
         .split_whitespace()
         .filter_map(|x| x.parse().ok())
         .collect();
-    let (cpu, rss) = match f.as_slice() {
-        [u, s, m] => (u + s, *m as u64),
+    let run = match f.as_slice() {
+        [u, s, m, e] => Run {
+            cpu: u + s,
+            wall: *e,
+            rss: *m as u64,
+        },
         _ => panic!("unexpected /usr/bin/time output {text:?}"),
     };
-    (cpu, rss, status.code().unwrap_or(-1))
+    (run, status.code().unwrap_or(-1))
 }
 
 struct Workload {
@@ -188,9 +205,19 @@ fn main() {
     let small = std::env::args().any(|a| a == "--small");
     // `--qemu-only`: skip the ptrace backend and GDB `record full` (minutes of the run).
     let qemu_only = std::env::args().any(|a| a == "--qemu-only");
+    // `--only PREFIX`: the workloads whose name starts with PREFIX (e.g. `qsort`).
+    let args: Vec<String> = std::env::args().collect();
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1).cloned());
     let scale = if small { 10 } else { 1 };
     let exe = std::env::current_exe().expect("exe");
-    let plugin = find_plugin(&exe).expect("build the plugin first: cargo build --release");
+    // `--plugin PATH`: another build of the plugin (e.g. an older one, to compare in one session).
+    let plugin = match args.iter().position(|a| a == "--plugin") {
+        Some(i) => PathBuf::from(args.get(i + 1).expect("--plugin PATH")),
+        None => find_plugin(&exe).expect("build the plugin first: cargo build --release"),
+    };
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path();
     // Inputs.
@@ -253,11 +280,11 @@ fn main() {
             .trim()
     );
     println!(
-        "{:<16} {:>13} {:>8} {:>8} {:>8} {:>9} {:>8} {:>10} {:>9} {:>9} {:>9} {:>6} {:>12} {:>12}",
+        "{:<16} {:>13} {:>5} {:>8} {:>8} {:>9} {:>8} {:>10} {:>9} {:>9} {:>9} {:>6} {:>12} {:>12}",
         "workload",
         "instructions",
+        "time",
         "native",
-        "qemu",
         "plugin",
         "Minsn/s",
         "slowdn",
@@ -271,14 +298,17 @@ fn main() {
     );
     let mut soft_rows = Vec::new();
     for w in &workloads {
-        let (t_native, rss_native, _) = measure(Command::new(&w.program).args(&w.args));
-        let (t_qemu, _, _) = measure(Command::new("qemu-x86_64").arg(&w.program).args(&w.args));
+        if only.as_deref().is_some_and(|o| !w.name.starts_with(o)) {
+            continue;
+        }
+        let (native, _) = measure(Command::new(&w.program).args(&w.args));
+        let (qemu, _) = measure(Command::new("qemu-x86_64").arg(&w.program).args(&w.args));
         let rec_dir = d.join(format!("rec-{}", w.name.split(' ').next().unwrap_or("w")));
         std::fs::create_dir(&rec_dir).expect("mkdir");
         let mut plugin_arg = OsString::from(&plugin);
         plugin_arg.push(",out=");
         plugin_arg.push(&rec_dir);
-        let (t_plugin, rss, status) = measure(
+        let (full, status) = measure(
             Command::new("qemu-x86_64")
                 .arg("-plugin")
                 .arg(&plugin_arg)
@@ -298,7 +328,7 @@ fn main() {
             arg.push(",out=");
             arg.push(&dir);
             arg.push(extra);
-            let (t, _, st) = measure(
+            let (run, st) = measure(
                 Command::new("qemu-x86_64")
                     .arg("-plugin")
                     .arg(&arg)
@@ -307,31 +337,58 @@ fn main() {
             );
             assert_eq!(st, 0, "{} under the plugin ({extra}) failed", w.name);
             let _ = std::fs::remove_dir_all(&dir);
-            t
+            run
         };
-        let t_cb = variant(",measure=callbacks", "cb");
-        let t_imprecise = variant(",precise=off", "imprecise");
+        let cb = variant(",measure=callbacks", "cb");
+        let imprecise = variant(",precise=off", "imprecise");
         let rec = Recorded::open(&rec_dir).expect("recording");
         let (insns, bytes, lost) = rec.totals();
-        println!(
-            "{:<16} {:>13} {:>7.3}s {:>7.3}s {:>7.3}s {:>9.0} {:>7.2}x {:>9.2}x {:>8.2}x {:>8.2}x {:>9.3} {:>6} {:>12.1} {:>12.1}",
-            w.name,
-            insns,
-            t_native,
-            t_qemu,
-            t_plugin,
-            insns as f64 / t_plugin / 1e6,
-            t_plugin / t_native,
-            t_qemu / t_native,
-            t_cb / t_native,
-            t_imprecise / t_native,
-            bytes as f64 / insns.max(1) as f64,
-            lost,
-            rss as f64 / 1024.0,
-            rss_native as f64 / 1024.0,
-        );
+        // One line of CPU-time figures, one of wall-clock figures (an encoding thread on a
+        // spare core would lower the second, not the first).
+        type Pick = fn(Run) -> f64;
+        let columns: [(&str, Pick); 2] = [("cpu", |r| r.cpu), ("wall", |r| r.wall)];
+        for (kind, t) in columns {
+            let first = kind == "cpu";
+            println!(
+                "{:<16} {:>13} {:>5} {:>7.3}s {:>7.3}s {:>9.0} {:>7.2}x {:>9.2}x {:>8.2}x {:>8.2}x {:>9} {:>6} {:>12} {:>12}",
+                if first { w.name } else { "" },
+                if first {
+                    insns.to_string()
+                } else {
+                    String::new()
+                },
+                kind,
+                t(native),
+                t(full),
+                insns as f64 / t(full) / 1e6,
+                t(full) / t(native),
+                t(qemu) / t(native),
+                t(cb) / t(native),
+                t(imprecise) / t(native),
+                if first {
+                    format!("{:.3}", bytes as f64 / insns.max(1) as f64)
+                } else {
+                    String::new()
+                },
+                if first {
+                    lost.to_string()
+                } else {
+                    String::new()
+                },
+                if first {
+                    format!("{:.1}", full.rss as f64 / 1024.0)
+                } else {
+                    String::new()
+                },
+                if first {
+                    format!("{:.1}", native.rss as f64 / 1024.0)
+                } else {
+                    String::new()
+                },
+            );
+        }
         let _ = std::fs::remove_dir_all(&rec_dir);
-        let native_rate = insns as f64 / t_native;
+        let native_rate = insns as f64 / native.cpu;
         soft_rows.push((w, native_rate));
     }
     if qemu_only {

@@ -1652,3 +1652,66 @@ fn bdm70_in_the_real_hase_2018_05_recordings() {
         );
     }
 }
+
+/// `stats()` counts what was handed out: a path replay is counted whole when it starts (one
+/// update instead of one per block), so the blocks it has not handed out yet are taken back in
+/// `stats()` and when `next_item` hands the rest of a replay to the queue (the totals of a
+/// decode by blocks and of one mixing both calls).
+#[test]
+fn stats_count_what_was_handed_out() {
+    let Some(traces) = corpus_traces(|_| true) else {
+        return;
+    };
+    let mut replays = 0;
+    for t in &traces {
+        let img = image_of(t);
+        // Repeated, so that most TNT-8 walks replay.
+        let pt = t.pt.repeat(2);
+        let mut dec = FlowDecoder::new(&pt, &img, cfg_of(t));
+        let (mut insns, mut runs, mut k) = (0u64, 0u64, 0u64);
+        while let Some(item) = dec.next_block() {
+            if let BlockItem::Block(b) = item {
+                insns += b.count as u64;
+                runs += 1;
+            }
+            k += 1;
+            // Output queued behind an event is counted when queued: the counts may run ahead
+            // of what was handed out, never behind.
+            let s = dec.stats();
+            assert!(
+                s.insns >= insns && s.runs >= runs,
+                "{}: block {k}: {:?} < {:?}",
+                t.name,
+                (s.insns, s.runs),
+                (insns, runs)
+            );
+        }
+        let s = dec.stats();
+        assert_eq!((s.insns, s.runs), (insns, runs), "{}: at the end", t.name);
+        replays += dec.stats().path_hits;
+
+        let mut mixed = FlowDecoder::new(&pt, &img, cfg_of(t));
+        let (mut handed, mut seed) = (0u64, 0x9E37_79B9_7F4A_7C15u64);
+        loop {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            if seed % 5 == 0 {
+                match mixed.next_item() {
+                    Some(Item::Insn(_)) => handed += 1,
+                    Some(Item::Event(_)) => {}
+                    None => break,
+                }
+            } else {
+                match mixed.next_block() {
+                    Some(BlockItem::Block(b)) => handed += b.count as u64,
+                    Some(BlockItem::Event(_)) => {}
+                    None => break,
+                }
+            }
+        }
+        assert_eq!(mixed.stats().insns, handed, "{} (mixed calls)", t.name);
+        assert_eq!(handed, insns, "{}", t.name);
+    }
+    assert!(replays > 1000, "paths replayed: {replays}");
+}

@@ -422,7 +422,7 @@ fn gdb_reverse_on_a_worker_that_crashed() {
     );
     // First the whole recording, to learn the worker's thread id from the directory.
     let rec_dir = dir.path().join("rec");
-    let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--trace-dir"]
+    let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--no-live", "--trace-dir"]
         .iter()
         .map(Into::into)
         .collect();
@@ -502,7 +502,7 @@ fn clear_errors_for_bad_programs_and_missing_qemu() {
     std::fs::write(&arm, &h).expect("write");
     let run = |prog: &Path, path_env: Option<&str>| {
         let mut cmd = ptrewind();
-        cmd.args(["record", "--backend", "qemu", "--qemu-plugin"])
+        cmd.args(["record", "--backend", "qemu", "--no-live", "--qemu-plugin"])
             .arg(plugin())
             .arg("--")
             .arg(prog);
@@ -587,7 +587,7 @@ fn gdb_replays_a_pie_dynamic_program_relocated() {
         &[],
     );
     let link_leaf = nm_symbol(&exe, "leaf");
-    let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--trace-dir"]
+    let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--no-live", "--trace-dir"]
         .iter()
         .map(Into::into)
         .collect();
@@ -661,7 +661,7 @@ fn btrace_and_lldb_trace_dump_on_a_qemu_recording() {
     let dir = tempfile::tempdir().expect("tempdir");
     let exe = compile(dir.path(), "pie", PIE_SRC, &["-g", "-O0"], &[]);
     let start = |rec: &str| {
-        let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--trace-dir"]
+        let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--no-live", "--trace-dir"]
             .iter()
             .map(Into::into)
             .collect();
@@ -781,7 +781,7 @@ fn a_killed_guest_keeps_its_recording_and_it_is_served() {
         }
         false
     });
-    let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--trace-dir"]
+    let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--no-live", "--trace-dir"]
         .iter()
         .map(Into::into)
         .collect();
@@ -839,7 +839,7 @@ fn a_pc_only_stop_reply_expedites_only_known_registers() {
     use support::rsp::Raw;
     let dir = tempfile::tempdir().expect("tempdir");
     let exe = compile(dir.path(), "pie", PIE_SRC, &["-O0"], &[]);
-    let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--trace-dir"]
+    let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--no-live", "--trace-dir"]
         .iter()
         .map(Into::into)
         .collect();

@@ -1,4 +1,4 @@
-//! `ptrewind record --backend qemu --qemu-live` with real GDB in batch mode: the program runs
+//! `ptrewind record --backend qemu` (live, the default) with real GDB in batch mode: the program runs
 //! under QEMU with the plugin and the gdbstub; breakpoints, stepping and crashes come from the
 //! stub, reverse execution from the plugin's trace (PC-only past). Skipped (with a message) when
 //! `qemu-x86_64` or `gdb` is missing.
@@ -75,29 +75,7 @@ fn session_with(
     interrupt_after_cpu: Option<u64>,
     extra: &[&str],
 ) -> GdbRun {
-    let plugin = find_plugin(Path::new(env!("CARGO_BIN_EXE_ptrewind")))
-        .expect("the QEMU plugin is built with the workspace");
-    let mut cli: Vec<OsString> = [
-        "record",
-        "--backend",
-        "qemu",
-        "--qemu-live",
-        "--listen",
-        "127.0.0.1:0",
-        "--qemu-plugin",
-    ]
-    .iter()
-    .map(Into::into)
-    .collect();
-    cli.push(plugin.into());
-    cli.extend(extra.iter().map(Into::into));
-    // The recording directory inside the test's temporary directory (removed with it).
-    cli.push("--trace-dir".into());
-    cli.push(exe.with_file_name("recording").into());
-    cli.push("--".into());
-    cli.push(exe.into());
-    cli.extend(args.iter().map(Into::into));
-    let server = Server::start_cli(&cli);
+    let server = start_server(exe, args, extra);
     let Some(ticks) = interrupt_after_cpu else {
         return gdb_session(server, exe, commands, Duration::from_secs(120));
     };
@@ -113,6 +91,33 @@ fn session_with(
             .is_some_and(|t| t >= ticks)
     };
     gdb_session_interrupting(server, exe, commands, Duration::from_secs(120), spinning)
+}
+
+/// A live QEMU recording server of `exe args` (`extra`: more `record` options), its
+/// recording directory beside `exe`.
+fn start_server(exe: &Path, args: &[&str], extra: &[&str]) -> Server {
+    let plugin = find_plugin(Path::new(env!("CARGO_BIN_EXE_ptrewind")))
+        .expect("the QEMU plugin is built with the workspace");
+    let mut cli: Vec<OsString> = [
+        "record",
+        "--backend",
+        "qemu",
+        "--listen",
+        "127.0.0.1:0",
+        "--qemu-plugin",
+    ]
+    .iter()
+    .map(Into::into)
+    .collect();
+    cli.push(plugin.into());
+    cli.extend(extra.iter().map(Into::into));
+    // The recording directory inside the test's temporary directory (removed with it).
+    cli.push("--trace-dir".into());
+    cli.push(exe.with_file_name("recording").into());
+    cli.push("--".into());
+    cli.push(exe.into());
+    cli.extend(args.iter().map(Into::into));
+    Server::start_cli(&cli)
 }
 
 fn cmds(list: &[&str]) -> Vec<String> {
@@ -601,4 +606,181 @@ fn stops_read_only_the_new_part_of_the_stream() {
         "{}",
         run.dump()
     );
+}
+
+/// Main and two workers: deterministic work under a mutex, then join. `crash`: worker 2
+/// writes through a null pointer in `boom`. `deadlock`: main and worker 1 take two mutexes in
+/// opposite orders and wait forever.
+const MT_PROGRAM: &str = r#"
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+volatile long shared;
+pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER, m2 = PTHREAD_MUTEX_INITIALIZER;
+static int crash, deadlock;
+__attribute__((noinline)) long work(long id, long n) {
+  long acc = id;
+  for (long i = 0; i < n; i++) acc = acc * 31 + i;
+  return acc;
+}
+__attribute__((noinline)) void boom(void) { *(volatile int *)0 = 1; }
+void *worker(void *arg) {
+  long id = (long)arg;
+  if (deadlock && id == 1) {
+    pthread_mutex_lock(&m2);
+    usleep(20000);
+    pthread_mutex_lock(&m);
+  }
+  long r = work(id, 300 * id);
+  pthread_mutex_lock(&m);
+  shared += r & 0xff;
+  pthread_mutex_unlock(&m);
+  if (crash && id == 2) boom();
+  return (void *)r;
+}
+int main(int argc, char **argv) {
+  crash = argc > 1 && !strcmp(argv[1], "crash");
+  deadlock = argc > 1 && !strcmp(argv[1], "deadlock");
+  if (deadlock) {
+    pthread_mutex_lock(&m);
+    usleep(10000);
+  }
+  pthread_t t[2];
+  for (long i = 0; i < 2; i++) pthread_create(&t[i], 0, worker, (void *)(i + 1));
+  if (deadlock) {
+    usleep(20000);
+    pthread_mutex_lock(&m2);
+  }
+  for (int i = 0; i < 2; i++) pthread_join(t[i], 0);
+  printf("shared=%ld\n", shared);
+  return 0;
+}
+"#;
+
+fn setup_mt() -> Option<(tempfile::TempDir, PathBuf)> {
+    if !have("qemu-x86_64") || !have("gdb") {
+        eprintln!("skipped: qemu-x86_64 (package qemu-user) or gdb not installed");
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile_source(
+        "cc",
+        dir.path(),
+        "mt",
+        MT_PROGRAM,
+        &["-g", "-O0", "-pthread"],
+        &[],
+    );
+    Some((dir, exe))
+}
+
+/// Every thread live: a breakpoint reached in a worker is reported in that worker, `info
+/// threads` lists them all with their own frames, another thread's registers and backtrace
+/// are read, the worker's crash is reported in it; reverse-stepi from there moves the main
+/// thread's history (the one served in the past) and says so; the past of another thread is
+/// refused rather than shown with the main thread's values.
+#[test]
+fn every_thread_live_breakpoint_and_crash_in_a_worker() {
+    let Some((_dir, exe)) = setup_mt() else {
+        return;
+    };
+    let run = session(
+        &exe,
+        &["crash"],
+        &cmds(&[
+            "break boom",
+            "continue",
+            "echo @boom\\n",
+            "info threads",
+            "thread 1",
+            "bt 1",
+            "delete",
+            "continue",
+            "echo @crashed\\n",
+            "info threads",
+            "bt 2",
+            "reverse-stepi",
+            "echo @back\\n",
+            "info threads",
+            "kill",
+        ]),
+    );
+    let boom = run.after("@boom");
+    assert!(
+        run.gdb.contains("hit Breakpoint 1, boom ()"),
+        "{}",
+        run.dump()
+    );
+    // Main (waiting in the join) and the worker at the breakpoint, each with its own frame.
+    assert!(
+        boom.contains("* 2    Thread") || boom.contains("* 3    Thread"),
+        "{}",
+        run.dump()
+    );
+    assert!(boom.contains("boom () at"), "{}", run.dump());
+    assert!(
+        boom.contains("1    Thread") && (boom.contains("futex") || boom.contains("join")),
+        "{}",
+        run.dump()
+    );
+    assert!(boom.contains("[Switching to thread 1"), "{}", run.dump());
+    let crashed = run.after("@crashed");
+    assert!(
+        run.gdb.contains("received signal SIGSEGV"),
+        "{}",
+        run.dump()
+    );
+    assert!(crashed.contains("#0  boom () at"), "{}", run.dump());
+    assert!(crashed.contains("worker (arg=0x2)"), "{}", run.dump());
+    // The past is the main thread's: the step is reported there, and the worker's registers
+    // in that past are refused, not the main thread's shown as its own.
+    let back = run.after("@back");
+    assert!(back.contains("* 1    Thread"), "{}", run.dump());
+    assert!(back.contains("Could not read registers"), "{}", run.dump());
+}
+
+/// Ctrl-C interrupts a deadlocked multi-thread program under QEMU: SIGINT is reported, every
+/// thread is listed where it waits, and the program can be killed.
+#[test]
+fn a_deadlock_is_interrupted_with_ctrl_c() {
+    let Some((_dir, exe)) = setup_mt() else {
+        return;
+    };
+    // Interrupted a second after the third thread's stream appears (the deadlock is reached
+    // within milliseconds of guest time).
+    let server = start_server(&exe, &["deadlock"], &[]);
+    let dir = exe.with_file_name("recording");
+    let mut seen: Option<std::time::Instant> = None;
+    let ready = move || {
+        let streams = std::fs::read_dir(&dir)
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .filter(|e| e.file_name().to_string_lossy().ends_with(".pt"))
+                    .count()
+            })
+            .unwrap_or(0);
+        if streams >= 3 && seen.is_none() {
+            seen = Some(std::time::Instant::now());
+        }
+        seen.is_some_and(|t| t.elapsed() > Duration::from_secs(1))
+    };
+    let run = gdb_session_interrupting(
+        server,
+        &exe,
+        &cmds(&[
+            "continue",
+            "echo @int\\n",
+            "info threads",
+            "thread apply all bt 8",
+            "kill",
+        ]),
+        Duration::from_secs(120),
+        ready,
+    );
+    assert!(run.gdb.contains("received signal SIGINT"), "{}", run.dump());
+    let int = run.after("@int");
+    assert!(int.contains("3    Thread"), "{}", run.dump());
+    assert!(int.contains("worker (arg=0x1)"), "{}", run.dump());
+    assert!(int.contains(" in main ("), "{}", run.dump());
 }

@@ -686,3 +686,186 @@ fn saved_files_are_served_from_the_recording(saved: &Path, program: &Path, pid: 
     assert!(!out("other").exists(), "{}", r.dump());
     assert!(r.gdb.contains("Remote I/O error"), "{}", r.dump());
 }
+
+/// A perf.data record: header (type, misc 0, size) + body.
+fn perf_record(kind: u32, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(&kind.to_le_bytes());
+    out.extend_from_slice(&0u16.to_le_bytes());
+    out.extend_from_slice(&((8 + body.len()) as u16).to_le_bytes());
+    out.extend_from_slice(body);
+    out
+}
+
+/// A pipe-mode perf.data with one attr and one AUXTRACE record per `(tid, cpu, data)`: as
+/// `perf record --per-thread -e intel_pt//` writes it, the CPU is -1 and the tid names the
+/// thread; per CPU, the CPU is given and the tid is -1.
+fn aux_perf_data(streams: &[(u32, u32, Vec<u8>)]) -> Vec<u8> {
+    const HEADER_ATTR: u32 = 64;
+    const AUXTRACE: u32 = 71;
+    let mut out = b"PERFILE2".to_vec();
+    out.extend_from_slice(&16u64.to_le_bytes());
+    let mut attr = vec![0u8; 112];
+    attr[0..4].copy_from_slice(&6u32.to_le_bytes());
+    attr[4..8].copy_from_slice(&112u32.to_le_bytes());
+    // sample_type TID | TIME | CPU | IDENTIFIER, sample_id_all.
+    let st: u64 = (1 << 1) | (1 << 2) | (1 << 7) | (1 << 16);
+    attr[24..32].copy_from_slice(&st.to_le_bytes());
+    attr[40..48].copy_from_slice(&(1u64 << 18).to_le_bytes());
+    attr.extend_from_slice(&7u64.to_le_bytes());
+    out.extend(perf_record(HEADER_ATTR, &attr));
+    for (idx, (tid, cpu, data)) in streams.iter().enumerate() {
+        let mut body = Vec::new();
+        body.extend_from_slice(&(data.len() as u64).to_le_bytes());
+        body.extend_from_slice(&0u64.to_le_bytes()); // offset in the AUX area
+        body.extend_from_slice(&0x1234u64.to_le_bytes()); // reference
+        for v in [idx as u32, *tid, *cpu, 0] {
+            body.extend_from_slice(&v.to_le_bytes());
+        }
+        out.extend(perf_record(AUXTRACE, &body));
+        out.extend_from_slice(data);
+    }
+    out
+}
+
+/// A thread's PT stream as a CPU tracing it into its own AUX area writes it: PSB+, TIP.PGE at
+/// `base` (a `jne .`), then per run a TSC packet and that many taken branches (the last run
+/// ends with one not taken), and TIP.PGD at the `ret` after it.
+fn tsc_stream(base: u64, runs: &[(u64, u8)]) -> Vec<u8> {
+    use ptrewind::packet::{Encoder, IpKind, Packet, Tnt};
+    let mut enc = Encoder::new();
+    let mut out = Vec::new();
+    enc.psb(&mut out);
+    let mode = Packet::ModeExec {
+        csl: true,
+        csd: false,
+        iflag: false,
+    };
+    enc.packet(&mode, &mut out).unwrap();
+    enc.packet(&Packet::PsbEnd, &mut out).unwrap();
+    enc.ip_packet(IpKind::TipPge, Some(base), &mut out).unwrap();
+    let last = runs.len() - 1;
+    for (k, &(tsc, taken)) in runs.iter().enumerate() {
+        enc.packet(&Packet::Tsc { tsc }, &mut out).unwrap();
+        let mut bits = vec![true; taken as usize];
+        if k == last {
+            bits.push(false);
+        }
+        for chunk in bits.chunks(6) {
+            let mut t = Tnt { bits: 0, count: 0 };
+            for &b in chunk {
+                t.bits = (t.bits << 1) | u64::from(b);
+                t.count += 1;
+            }
+            enc.packet(&Packet::ShortTnt(t), &mut out).unwrap();
+        }
+    }
+    enc.ip_packet(IpKind::TipPgd, None, &mut out).unwrap();
+    out
+}
+
+/// `replay --perf` of a perf.data recorded per thread (one AUX stream per thread, TSC timing)
+/// serves every thread in the global order of their TSC packets: GDB lists both threads;
+/// reverse-continue stops in whichever thread reached a breakpoint last (thread 102's loop,
+/// which ran between thread 101's two runs, then thread 101's first run); each thread has its
+/// own history (`monitor threads`). A perf.data of per-CPU streams is refused with the reason.
+#[test]
+fn replay_of_a_per_thread_perf_data_serves_every_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    // Thread 101: 5 `jne` at TSC 100, 5 more at TSC 300; thread 102: 4 at TSC 200.
+    let perf = dir.path().join("perf.data");
+    std::fs::write(
+        &perf,
+        aux_perf_data(&[
+            (101, u32::MAX, tsc_stream(0x1000, &[(100, 5), (300, 4)])),
+            (102, u32::MAX, tsc_stream(0x2000, &[(200, 3)])),
+        ]),
+    )
+    .unwrap();
+    let code = dir.path().join("code.bin");
+    // jne . ; ret
+    std::fs::write(&code, [0x75, 0xfe, 0xc3]).unwrap();
+    let raw = |base: &str| format!("{}:{base}", code.display());
+    let server = Server::spawn(
+        ptrewind()
+            .args(["replay", "--listen", "127.0.0.1:0", "--perf"])
+            .arg(&perf)
+            .args(["--raw", &raw("0x1000"), "--raw", &raw("0x2000")]),
+    );
+    let run = gdb_session(
+        server,
+        Path::new("/bin/true"),
+        &[
+            "echo @threads\\n",
+            "info threads",
+            "echo @rc\\n",
+            "break *0x2000",
+            "reverse-continue",
+            "monitor thread",
+            "delete",
+            "break *0x1000",
+            "reverse-continue",
+            "monitor thread",
+            "monitor threads",
+        ],
+        TIMEOUT,
+    );
+    let listed = run.after("@threads");
+    let listed = &listed[..listed.find("@rc").unwrap_or(listed.len())];
+    assert_eq!(
+        listed.lines().filter(|l| l.contains("Thread ")).count(),
+        2,
+        "{}",
+        run.dump()
+    );
+    // Thread 101 ran last: selected at the end; then thread 102's last `jne`, then thread
+    // 101's instruction 4 (its first run, before thread 102's).
+    let selected: Vec<&str> = run
+        .gdb
+        .lines()
+        .filter(|l| l.starts_with("thread ") && l.ends_with(" selected"))
+        .collect();
+    assert_eq!(
+        selected,
+        ["thread 102 selected", "thread 101 selected"],
+        "{}",
+        run.dump()
+    );
+    let rc = run.after("@rc");
+    let first = rc.find("[Switching to Thread 1.102]");
+    let second = rc.find("[Switching to Thread 1.101]");
+    assert!(
+        first.is_some() && second.is_some() && first < second,
+        "{}",
+        run.dump()
+    );
+    let threads = run.after("thread 101 selected");
+    assert!(
+        threads.contains("thread 101: instruction 4 of 10")
+            && threads.contains("thread 102: instruction 0 of 4"),
+        "{}",
+        run.dump()
+    );
+    // Per-CPU streams are not split into threads: refused, naming the way to pick one.
+    let cpu = dir.path().join("cpu.data");
+    std::fs::write(
+        &cpu,
+        aux_perf_data(&[
+            (u32::MAX, 0, tsc_stream(0x1000, &[(100, 2)])),
+            (u32::MAX, 1, tsc_stream(0x2000, &[(200, 2)])),
+        ]),
+    )
+    .unwrap();
+    let out = ptrewind()
+        .args(["replay", "--listen", "127.0.0.1:0", "--perf"])
+        .arg(&cpu)
+        .args(["--raw", &raw("0x1000"), "--raw", &raw("0x2000")])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("per-CPU streams are not split into threads") && text.contains("--stream"),
+        "{text}"
+    );
+}

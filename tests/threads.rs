@@ -115,7 +115,7 @@ fn selected(run: &GdbRun) -> Vec<u32> {
 }
 
 fn record_cli(rec_dir: &Path, exe: &Path) -> Server {
-    let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--trace-dir"]
+    let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--no-live", "--trace-dir"]
         .iter()
         .map(Into::into)
         .collect();
@@ -348,10 +348,17 @@ fn lldb_dumps_each_threads_own_trace() {
     let dir = tempfile::tempdir().expect("tempdir");
     let exe = build(dir.path());
     let rec_dir = dir.path().join("rec");
-    let mut cli: Vec<OsString> = ["record", "--once", "--backend", "qemu", "--trace-dir"]
-        .iter()
-        .map(Into::into)
-        .collect();
+    let mut cli: Vec<OsString> = [
+        "record",
+        "--once",
+        "--backend",
+        "qemu",
+        "--no-live",
+        "--trace-dir",
+    ]
+    .iter()
+    .map(Into::into)
+    .collect();
     cli.push(rec_dir.clone().into());
     cli.extend(["--qemu-plugin".into(), plugin().into(), "--".into()]);
     cli.push(exe.clone().into());
@@ -444,4 +451,218 @@ fn gdb_btrace_reads_each_threads_trace() {
             .unwrap_or_else(|| panic!("{line}"));
         assert_eq!(n, decoded.len(), "thread {}: {}", t.tid, run.dump());
     }
+}
+
+/// A live program for the ptrace backend: main calls `step_a` 3 times, then starts worker A
+/// (100 `step_a` calls, then a pipe write to B, then it waits for a reply that never comes)
+/// and worker B (waits for A's byte, 60 `step_b` calls, then writes through a null pointer).
+/// The pipe orders the threads' calls; every thread is alive at the crash.
+const LIVE_SRC: &str = r#"
+#include <pthread.h>
+#include <unistd.h>
+volatile long sink;
+static int ab[2], ba[2];
+__attribute__((noinline)) void step_a(long i) { sink += i; }
+__attribute__((noinline)) void step_b(long i) { sink ^= i; }
+__attribute__((noinline)) void crash(int *p) { *p = 1; }
+static void *worker_a(void *arg) {
+    char c = 1;
+    for (long i = 0; i < 100; i++)
+        step_a(i);
+    if (write(ab[1], &c, 1) != 1) return 0;
+    if (read(ba[0], &c, 1) != 1) return 0;
+    return arg;
+}
+static void *worker_b(void *arg) {
+    char c;
+    if (read(ab[0], &c, 1) != 1) return 0;
+    for (long i = 0; i < 60; i++) step_b(i);
+    crash(arg);
+    return 0;
+}
+int main(void) {
+    pthread_t a, b;
+    if (pipe(ab) || pipe(ba)) return 2;
+    for (long i = 0; i < 3; i++) step_a(1000 + i);
+    pthread_create(&a, 0, worker_a, 0);
+    pthread_create(&b, 0, worker_b, 0);
+    pthread_join(b, 0);
+    return 0;
+}
+"#;
+
+/// The values `print` showed after each `echo MARK` line, as `$N = VALUE` → `VALUE`.
+fn printed_after<'a>(run: &'a GdbRun, mark: &str) -> &'a str {
+    run.after(mark)
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix('$')
+                .and_then(|r| r.split_once(" = "))
+                .map(|x| x.1)
+        })
+        .unwrap_or_else(|| panic!("nothing printed after {mark}\n{}", run.dump()))
+}
+
+/// The live ptrace backend serves every thread's past from its per-thread streams (one global
+/// order from their TSC packets) with each thread's registers and all memory rebuilt exactly
+/// by the state log: after worker B's crash, reverse-continue stops at B's last `step_b`, then
+/// (another breakpoint) at worker A's last `step_a` — in whichever thread hit last in global
+/// order; the arguments and the shared variable are the values of that moment; every thread's
+/// backtrace is readable there; reverse-finish and reverse-next move within the selected
+/// thread; `monitor calls` shows the selected thread's own calls; continuing forward comes
+/// back to the present.
+#[test]
+fn live_ptrace_session_serves_every_threads_past() {
+    if !have("gdb") {
+        eprintln!("gdb not installed: skipping");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = compile_source(
+        "cc",
+        dir.path(),
+        "live3",
+        LIVE_SRC,
+        &["-O0", "-g", "-no-pie", "-pthread"],
+        &[],
+    );
+    let server = Server::spawn(
+        support::gdb::ptrewind()
+            .args(["record", "--backend", "ptrace", "--no-stop-at-exit"])
+            .args(["--listen", "127.0.0.1:0", "--"])
+            .arg(&exe),
+    );
+    let run = gdb_session(
+        server,
+        &exe,
+        &[
+            "continue",
+            "echo @crash\\n",
+            "info threads",
+            "break step_b",
+            "reverse-continue",
+            "echo @b-i\\n",
+            "print i",
+            "echo @b-sink\\n",
+            "print sink",
+            "echo @b-all\\n",
+            "thread apply all bt",
+            "echo @b-end\\n",
+            "delete",
+            "break step_a",
+            "reverse-continue",
+            "echo @a-i\\n",
+            "print i",
+            "echo @a-sink\\n",
+            "print sink",
+            "reverse-finish",
+            "echo @a-caller\\n",
+            "print i",
+            "delete",
+            "reverse-next",
+            "reverse-next",
+            "echo @a-prev\\n",
+            "print i",
+            "echo @a-frame\\n",
+            "frame",
+            "echo @a-calls\\n",
+            "monitor calls 4",
+            "echo @a-threads\\n",
+            "info threads",
+            "echo @a-end\\n",
+            "continue",
+            "echo @present\\n",
+            "print sink",
+            "continue",
+        ],
+        Duration::from_secs(120),
+    );
+    let a_sum = |n: i64| (0..n).sum::<i64>() + 1000 + 1001 + 1002;
+    let b_xor = |n: i64| (0..n).fold(a_sum(100), |s, i| s ^ i);
+    assert!(
+        run.after("@crash").contains("received signal SIGSEGV") || run.gdb.contains("SIGSEGV"),
+        "{}",
+        run.dump()
+    );
+    // B's last step_b, in B, with B's argument and the shared variable of that moment.
+    assert!(
+        run.gdb.contains("hit Breakpoint 1, step_b (i=59)"),
+        "{}",
+        run.dump()
+    );
+    assert_eq!(printed_after(&run, "@b-i"), "59", "{}", run.dump());
+    assert_eq!(
+        printed_after(&run, "@b-sink"),
+        b_xor(59).to_string(),
+        "{}",
+        run.dump()
+    );
+    // Every thread's backtrace there: main joining, A waiting in its read, B in step_b.
+    let all = run.after("@b-all");
+    let all = &all[..all.find("@b-end").unwrap_or(all.len())];
+    for want in ["step_b (i=59)", "worker_b (", "worker_a (", "main ()"] {
+        assert!(all.contains(want), "no {want} in\n{all}\n{}", run.dump());
+    }
+    // Worker A's last step_a: after main's three in global order, so A's (i=99) is hit
+    // first going back, in A.
+    assert!(
+        run.gdb.contains("hit Breakpoint 2, step_a (i=99)"),
+        "{}",
+        run.dump()
+    );
+    assert_eq!(printed_after(&run, "@a-i"), "99", "{}", run.dump());
+    assert_eq!(
+        printed_after(&run, "@a-sink"),
+        a_sum(99).to_string(),
+        "{}",
+        run.dump()
+    );
+    // reverse-finish: back in worker_a's loop at the call (its i still 99); reverse-next twice:
+    // to the start of that line, then back over the loop's increment to where the call before
+    // (i=98) returned, in the same thread.
+    assert_eq!(printed_after(&run, "@a-caller"), "99", "{}", run.dump());
+    assert_eq!(printed_after(&run, "@a-prev"), "98", "{}", run.dump());
+    assert!(
+        run.after("@a-frame").starts_with("#0  worker_a ("),
+        "{}",
+        run.dump()
+    );
+    // `monitor calls` (GDB writes monitor output to stderr, after the rest): the selected
+    // thread's own calls only.
+    let calls: Vec<&str> = run.gdb.lines().filter(|l| l.contains("\tinst ")).collect();
+    assert!(
+        calls.iter().any(|l| l.contains("step_a"))
+            && !calls
+                .iter()
+                .any(|l| l.contains("step_b") || l.contains("main")),
+        "A's own calls\n{}",
+        run.dump()
+    );
+    let threads = run.after("@a-threads");
+    let threads = &threads[..threads.find("@a-end").unwrap_or(threads.len())];
+    assert_eq!(
+        threads.lines().filter(|l| l.contains("Thread ")).count(),
+        3,
+        "{}",
+        run.dump()
+    );
+    assert!(
+        threads
+            .lines()
+            .any(|l| l.starts_with('*') && l.contains("worker_a")),
+        "A selected\n{}",
+        run.dump()
+    );
+    // Forward to the end of the past: the present again, where B crashed.
+    assert!(
+        run.gdb.contains("No more reverse-execution history"),
+        "{}",
+        run.dump()
+    );
+    assert_eq!(
+        printed_after(&run, "@present"),
+        b_xor(60).to_string(),
+        "{}",
+        run.dump()
+    );
 }

@@ -17,14 +17,15 @@
 
 pub mod ffi;
 
+use std::cell::UnsafeCell;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::fs::OpenOptions;
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::ptr;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 use ptrewind::capture::qemu::output::{self, PluginMeta, Tail, ThreadMeta, ThreadOutput};
 use ptrewind::capture::qemu::{BlockInfo, SignalHandlers, ThreadTracer, TracerConfig};
@@ -45,6 +46,7 @@ struct Config {
     precise: bool,
     log: bool,
     exit_stop: bool,
+    pause: bool,
 }
 
 /// `measure=callbacks`: the block callback returns at once (nothing is recorded). Measures what
@@ -75,6 +77,104 @@ fn hold_at_exit(num: i64, args: [u64; 6]) {
     while word(g::STATE).load(Ordering::Acquire) != g::RELEASED {
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
+}
+
+/// The pause gate's shared words (`pause=on`; see `output::pause_gate`), null when off.
+static PAUSE_GATE: AtomicPtr<AtomicU64> = AtomicPtr::new(ptr::null_mut());
+
+/// How long a thread waits for another's breakpoint claim before it runs anyway.
+const CLAIM_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Whether the block after `b` may start at a breakpoint of the pause file's list, or one lies
+/// inside `b` (`base`: the mapping, `n` breakpoints).
+fn may_reach_breakpoint(base: *mut AtomicU64, n: u64, b: Option<&BlockInfo>) -> bool {
+    use output::pause_gate as g;
+    let Some(b) = b else { return false };
+    (0..(n as usize).min(g::MAX_BPS)).any(|k| {
+        // SAFETY: breakpoint words lie inside the mapping.
+        let bp = unsafe { &*base.add(g::BPS + k) }.load(Ordering::Relaxed);
+        (bp > b.start && bp <= b.fallthrough) || b.target == Some(bp)
+    })
+}
+
+/// The pause gate (`pause=on`, a live session): waits while ptrewind holds this thread (the
+/// debugger has another one stopped in QEMU's gdbstub) or another thread has claimed the
+/// next breakpoint, and claims it when the block `b` about to run may lead to one (so two
+/// threads do not reach the gdbstub at once: QEMU 7.2 would read the debugger's packets from
+/// both). Publishes where it waits: `b`'s start (0 at a system call's return). Never waits
+/// inside a translation (no QEMU lock is held).
+#[inline]
+fn pause_point(vcpu: c_uint, tid: u32, b: Option<&BlockInfo>) {
+    use output::pause_gate as g;
+    let base = PAUSE_GATE.load(Ordering::Relaxed);
+    if base.is_null() {
+        return;
+    }
+    // SAFETY: the gate mapping holds `g::SIZE / 8` words and is never unmapped.
+    let word = |i: usize| unsafe { &*base.add(i) };
+    let me = u64::from(tid);
+    let (gate, claim) = (word(g::GATE), word(g::CLAIM));
+    let wants = {
+        let n = word(g::NBPS).load(Ordering::Relaxed);
+        n != 0 && may_reach_breakpoint(base, n, b)
+    };
+    if gate.load(Ordering::Acquire) == 0 && claim.load(Ordering::Acquire) == 0 && !wants {
+        return;
+    }
+    if getpid() != GATED_PID.load(Ordering::Relaxed) {
+        return;
+    }
+    let slot = (vcpu as usize) < g::MAX_SLOTS;
+    let mut published = false;
+    let mut claim_wait: Option<std::time::Instant> = None;
+    loop {
+        let gw = gate.load(Ordering::Acquire);
+        let held = gw != 0 && gw != g::encode(Some(tid));
+        let cw = claim.load(Ordering::Acquire);
+        let claimed = cw != 0
+            && cw != me
+            && claim_wait
+                .get_or_insert_with(std::time::Instant::now)
+                .elapsed()
+                < CLAIM_WAIT;
+        if !held && !claimed {
+            if !wants {
+                if cw == me {
+                    let _ = claim.compare_exchange(me, 0, Ordering::AcqRel, Ordering::Relaxed);
+                }
+                break;
+            }
+            if cw == me
+                || claim
+                    .compare_exchange(cw, me, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            {
+                break;
+            }
+            continue;
+        }
+        if slot && !published {
+            let i = vcpu as usize;
+            word(g::SLOTS + 2 * i + 1).store(b.map_or(0, |b| b.start), Ordering::Relaxed);
+            word(g::SLOTS + 2 * i).store(me, Ordering::Release);
+            published = true;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    if published {
+        word(g::SLOTS + 2 * vcpu as usize).store(0, Ordering::Release);
+    }
+}
+
+/// Gives up this thread's breakpoint claim (it enters a system call: it may wait there).
+fn release_claim(tid: u32) {
+    let base = PAUSE_GATE.load(Ordering::Relaxed);
+    if base.is_null() || tid == 0 {
+        return;
+    }
+    // SAFETY: the claim word lies inside the mapping, which is never unmapped.
+    let claim = unsafe { &*base.add(output::pause_gate::CLAIM) };
+    let _ = claim.compare_exchange(u64::from(tid), 0, Ordering::AcqRel, Ordering::Relaxed);
 }
 
 static CONFIG: OnceLock<Config> = OnceLock::new();
@@ -187,11 +287,62 @@ struct Vcpu {
     pending: Option<(u64, u64, String)>,
 }
 
+/// One vCPU's state. The block callback takes it without any lock: a lock per block was the
+/// largest single cost of the callback (an uncontended `cmpxchg` + `xchg` per block, ≈ 11 % of a
+/// qsort run's CPU time). The rare callbacks (system calls, vCPU exit, atexit, a reused index)
+/// take the `busy` flag, because QEMU may run them on another thread at the same time (see
+/// [`Slot::with`]).
 struct Slot {
     /// The process the state belongs to: after `fork`, the child sees its parent's states and
-    /// must not touch them (their locks may be held by threads that do not exist in the child).
+    /// must not touch them (they belong to threads that do not exist in the child).
     pid: AtomicU32,
-    vcpu: Mutex<Vcpu>,
+    /// Held by whoever runs one of the rare callbacks on this state.
+    busy: AtomicBool,
+    vcpu: UnsafeCell<Vcpu>,
+}
+
+// SAFETY: the `Vcpu` is only reached through `Slot::with` (under `busy`) and `Slot::on_own_thread`
+// (whose contract excludes every other access); the other fields are atomic.
+unsafe impl Sync for Slot {}
+
+impl Slot {
+    /// Runs `f` on the state, holding `busy`. Needed because some callbacks can run on another
+    /// thread while this vCPU's thread is in a system call: `atexit` (from the `exit_group` of
+    /// any thread), the vCPU's own exit (outside QEMU's exclusive sections), the system-call
+    /// callbacks of this vCPU.
+    fn with<R>(&self, f: impl FnOnce(&mut Vcpu) -> R) -> R {
+        while self
+            .busy
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            std::thread::yield_now();
+        }
+        // SAFETY: `busy` is held, which excludes every other `with`; `on_own_thread` never runs
+        // at the same time (see its contract).
+        let r = f(unsafe { &mut *self.vcpu.get() });
+        self.busy.store(false, Ordering::Release);
+        r
+    }
+
+    /// The state, for the block and instruction callbacks, without taking `busy`.
+    ///
+    /// # Safety
+    ///
+    /// The caller is a block or instruction execution callback of this slot's vCPU. Those run
+    /// on the vCPU's own host thread (QEMU user mode runs each vCPU on one thread), so they
+    /// never overlap each other or this vCPU's system-call and exit callbacks (same thread, one
+    /// after the other). The callbacks of other threads that touch this state are excluded by
+    /// QEMU: `atexit` runs after `qemu_plugin_user_exit` stopped every vCPU
+    /// (`start_exclusive`), unregistered the callbacks and flushed the translated blocks, so no
+    /// block callback runs again; a vCPU index is reused (`vcpu_init` on the cloning thread)
+    /// only after the old vCPU left QEMU's CPU list under `clone_lock`, so its thread runs no
+    /// more blocks.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn on_own_thread(&self) -> &mut Vcpu {
+        // SAFETY: see the function's contract.
+        unsafe { &mut *self.vcpu.get() }
+    }
 }
 
 static SLOTS: [AtomicPtr<Slot>; MAX_VCPUS] = [const { AtomicPtr::new(ptr::null_mut()) }; MAX_VCPUS];
@@ -214,10 +365,6 @@ fn real_getpid() -> u32 {
 fn gettid() -> u32 {
     // SAFETY: gettid has no preconditions.
     unsafe { libc::gettid() as u32 }
-}
-
-fn lock(slot: &Slot) -> MutexGuard<'_, Vcpu> {
-    slot.vcpu.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn config() -> Option<&'static Config> {
@@ -267,11 +414,12 @@ fn install_slot(vcpu: c_uint) {
         return;
     };
     if let Some(old) = slot(vcpu) {
-        finish(&mut lock(old), "replaced");
+        old.with(|v| finish(v, "replaced"));
     }
     let s = Box::leak(Box::new(Slot {
         pid: AtomicU32::new(getpid()),
-        vcpu: Mutex::new(new_vcpu(vcpu)),
+        busy: AtomicBool::new(false),
+        vcpu: UnsafeCell::new(new_vcpu(vcpu)),
     }));
     cell.store(s, Ordering::Release);
 }
@@ -427,7 +575,7 @@ extern "C" fn on_vcpu_init(_id: qemu_plugin_id_t, vcpu: c_uint) {
 
 extern "C" fn on_vcpu_exit(_id: qemu_plugin_id_t, vcpu: c_uint) {
     if let Some(s) = slot(vcpu) {
-        finish(&mut lock(s), "exit");
+        s.with(|v| finish(v, "exit"));
     }
 }
 
@@ -436,7 +584,8 @@ extern "C" fn on_tb_exec(vcpu: c_uint, udata: *mut c_void) {
         return;
     }
     let Some(s) = slot(vcpu) else { return };
-    let mut v = lock(s);
+    // SAFETY: the block execution callback of `vcpu`.
+    let v = unsafe { s.on_own_thread() };
     if v.done {
         return;
     }
@@ -454,11 +603,15 @@ extern "C" fn on_tb_exec(vcpu: c_uint, udata: *mut c_void) {
         v.flush();
     }
     v.mirror();
+    let tid = v.tid;
+    // After the block is announced (the tail file says it is running, none of it executed).
+    pause_point(vcpu, tid, Some(b));
 }
 
 extern "C" fn on_insn_exec(vcpu: c_uint, udata: *mut c_void) {
     let Some(s) = slot(vcpu) else { return };
-    let mut v = lock(s);
+    // SAFETY: the instruction execution callback of `vcpu`.
+    let v = unsafe { s.on_own_thread() };
     if v.done {
         return;
     }
@@ -575,26 +728,28 @@ extern "C" fn on_syscall(
     _a8: u64,
 ) {
     let Some(s) = slot(vcpu) else { return };
+    if !PAUSE_GATE.load(Ordering::Relaxed).is_null() {
+        release_claim(s.with(|v| v.tid));
+    }
     match num {
         SYS_MMAP if a3 & PROT_EXEC != 0 && a4 & MAP_ANONYMOUS == 0 => {
             // Guest and host file descriptors are the same in QEMU user mode.
             let path = std::fs::read_link(format!("/proc/self/fd/{}", a5 as i32))
                 .map(|p| p.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            lock(s).pending = Some((a2, a6, path));
+            s.with(|v| v.pending = Some((a2, a6, path)));
         }
         SYS_EXECVE | SYS_EXECVEAT => {
             // The process image may be replaced without any exit callback: end the stream
             // (the SYSCALL's TIP.PGD) and save it now. A failed execve goes on with TIP.PGE.
-            {
-                let mut v = lock(s);
+            s.with(|v| {
                 if !v.done {
                     v.tracer.finish();
                     v.write_meta("exec");
                 }
-            }
+            });
         }
-        SYS_EXIT => finish(&mut lock(s), "exit"),
+        SYS_EXIT => s.with(|v| finish(v, "exit")),
         SYS_EXIT_GROUP => hold_at_exit(num, [a1, a2, a3, a4, a5, a6]),
         SYS_RT_SIGACTION if a2 != 0 => {
             if let Some(h) = read_guest_u64(a2) {
@@ -606,10 +761,17 @@ extern "C" fn on_syscall(
 }
 
 extern "C" fn on_syscall_ret(_id: qemu_plugin_id_t, vcpu: c_uint, num: i64, ret: i64) {
+    if !PAUSE_GATE.load(Ordering::Relaxed).is_null()
+        && let Some(s) = slot(vcpu)
+    {
+        // A signal that came during the call reaches the gdbstub before the next block.
+        let tid = s.with(|v| v.tid);
+        pause_point(vcpu, if tid == 0 { gettid() } else { tid }, None);
+    }
     match num {
         SYS_MMAP => {
             let Some(s) = slot(vcpu) else { return };
-            let pending = lock(s).pending.take();
+            let pending = s.with(|v| v.pending.take());
             if let Some((len, off, path)) = pending
                 && ret >= 0
             {
@@ -645,7 +807,7 @@ extern "C" fn on_atexit(_id: qemu_plugin_id_t, _udata: *mut c_void) {
             continue;
         };
         if s.pid.load(Ordering::Relaxed) == getpid() {
-            finish(&mut lock(s), "process-exit");
+            s.with(|v| finish(v, "process-exit"));
         }
     }
 }
@@ -655,6 +817,7 @@ fn parse_args(argc: c_int, argv: *const *const c_char) -> Result<Config, String>
     let mut precise = true;
     let mut log = false;
     let mut exit_stop = false;
+    let mut pause = false;
     for i in 0..argc.max(0) as usize {
         // SAFETY: QEMU passes `argc` valid NUL-terminated strings.
         let arg = unsafe { CStr::from_ptr(*argv.add(i)) }.to_string_lossy();
@@ -671,10 +834,11 @@ fn parse_args(argc: c_int, argv: *const *const c_char) -> Result<Config, String>
             "precise" => precise = flag(v)?,
             "log" => log = flag(v)?,
             "exit_stop" => exit_stop = flag(v)?,
+            "pause" => pause = flag(v)?,
             "measure" if v == "callbacks" => CALLBACKS_ONLY.store(true, Ordering::Relaxed),
             _ => {
                 return Err(format!(
-                    "unknown argument {k:?} (known: out, precise, log, exit_stop, measure=callbacks)"
+                    "unknown argument {k:?} (known: out, precise, log, exit_stop, pause, measure=callbacks)"
                 ));
             }
         }
@@ -689,6 +853,7 @@ fn parse_args(argc: c_int, argv: *const *const c_char) -> Result<Config, String>
         precise,
         log,
         exit_stop,
+        pause,
     })
 }
 
@@ -766,6 +931,16 @@ pub unsafe extern "C" fn qemu_plugin_install(
     if config.exit_stop {
         match map_shared_file(&config.dir, output::EXIT_FILE, output::exit_gate::SIZE, 0) {
             Ok(p) => EXIT_GATE.store(p, Ordering::Release),
+            Err(e) => {
+                eprintln!("ptrewind-qemu-plugin: {e}");
+                return 1;
+            }
+        }
+        GATED_PID.store(real_getpid(), Ordering::Relaxed);
+    }
+    if config.pause {
+        match map_shared_file(&config.dir, output::PAUSE_FILE, output::pause_gate::SIZE, 0) {
+            Ok(p) => PAUSE_GATE.store(p, Ordering::Release),
             Err(e) => {
                 eprintln!("ptrewind-qemu-plugin: {e}");
                 return 1;

@@ -228,6 +228,20 @@ pub trait RecordedState {
         None
     }
 
+    /// The same record with *global* positions (every thread's instructions in the order they
+    /// ran: the positions of a multi-thread timeline), when this one's positions are one
+    /// thread's; `None` when they already are global (or there is one thread).
+    fn global(&self) -> Option<&dyn RecordedState> {
+        None
+    }
+
+    /// The (global) position of thread `tid`'s own instruction `n` (`n` equal to its count:
+    /// the end), if the record keeps threads apart; what orders the threads' histories exactly
+    /// as the record does.
+    fn global_of(&self, _tid: i32, _n: u64) -> Option<u64> {
+        None
+    }
+
     /// Puts back into `buf` (present memory at `addr`) every byte written since position `n`.
     fn memory_at(&self, n: u64, addr: u64, buf: &mut [u8]);
 

@@ -27,8 +27,9 @@ pub enum Backend {
     Auto,
     /// Hardware Intel PT (perf `intel_pt` PMU).
     Pt,
-    /// QEMU user-mode emulation with the ptrewind plugin: every thread at near-native speed;
-    /// the finished recording is served (PC-only past).
+    /// QEMU user-mode emulation with the ptrewind plugin: every thread at near-native speed,
+    /// debugged live through QEMU's gdbstub (PC-only past; `--no-live`: recorded to its end,
+    /// then served).
     Qemu,
     /// Software encoder (ptrace single-stepping; exact registers and memory in the past).
     #[value(alias = "soft")]
@@ -113,7 +114,7 @@ pub struct RecordArgs {
     /// Keep address-space randomisation enabled in the program (GDB disables it by default).
     #[arg(long)]
     keep_aslr: bool,
-    /// QEMU live backend (`--qemu-live`): hold the program at its `exit_group` so that its
+    /// QEMU backend (live): hold the program at its `exit_group` so that its
     /// history can be examined there (the software backend does this by default; for it the
     /// flag changes nothing).
     #[arg(long)]
@@ -133,11 +134,15 @@ pub struct RecordArgs {
     /// its Cargo target directory).
     #[arg(long, value_name = "PATH")]
     pub(crate) qemu_plugin: Option<std::path::PathBuf>,
-    /// QEMU backend: debug the program live while it runs (QEMU's gdbstub for the present,
-    /// the plugin's trace of the main thread for the past) instead of recording it to its end
-    /// first.
-    #[arg(long)]
+    /// QEMU backend: debug the program live (the default; kept for older command lines).
+    #[arg(long, hide = true)]
     pub(crate) qemu_live: bool,
+    /// QEMU backend: record the program to its end (or death) first, then serve the finished
+    /// recording (every thread in one global order, PC-only past). By default the program is
+    /// debugged live while it runs: QEMU's gdbstub for the present (every thread), the plugin's
+    /// trace of the main thread for the past.
+    #[arg(long, conflicts_with = "qemu_live")]
+    pub(crate) no_live: bool,
     /// QEMU backend: the recording directory to create (default: a new private temporary
     /// directory, kept and printed).
     #[arg(long, value_name = "DIR")]
@@ -259,7 +264,7 @@ pub(crate) fn start_recording(args: &RecordArgs, shared_terminal: bool) -> Start
         let opts = super::record_qemu::QemuOptions {
             qemu_plugin: args.qemu_plugin.clone(),
             trace_dir: args.trace_dir.clone(),
-            qemu_live: args.qemu_live,
+            qemu_live: !args.no_live,
             thread: args.thread,
             stop_at_exit: !args.no_stop_at_exit,
         };

@@ -6,12 +6,15 @@ use super::CmdResult;
 use super::decode::{ImageArgs, build_image, given_images, report_missing};
 use super::record::{Served, bind, serve_session};
 use ptrewind::flow::{Cpu, Errata, FlowConfig};
+use ptrewind::image::LoadedElf;
 use ptrewind::image::perf_maps::PerfSideband;
 use ptrewind::server::recording_monitors::where_text;
 use ptrewind::server::{GdbStubAdapter, RecordingTarget, check_listen_addr, register_monitors};
 use ptrewind::store::perf_data::PerfData;
 use ptrewind::store::{SourceFormat, TraceFile};
-use ptrewind::timeline::{OfflineInfo, OfflineRecording, Timeline, load_saved, load_saved_threads};
+use ptrewind::timeline::{
+    OfflineInfo, OfflineRecording, ThreadRecording, Timeline, load_saved, load_saved_threads,
+};
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -61,9 +64,9 @@ pub struct ReplayArgs {
 
 /// The trace of `--pt FILE` or of one AUX stream of `--perf perf.data`, with its code image
 /// built as `ptrewind decode` builds it (perf.data mappings, then `--elf`/`--raw` over them).
-fn load_trace(
-    args: &ReplayArgs,
-) -> Result<OfflineRecording, Box<dyn std::error::Error + Send + Sync>> {
+/// A perf.data recorded per thread (`perf record --per-thread`: one AUX stream per thread)
+/// without `--stream` gives every thread's stream, each with its thread id.
+fn load_trace(args: &ReplayArgs) -> Result<Vec<(Option<u32>, OfflineRecording)>, BoxError> {
     let path = match (&args.pt, &args.perf) {
         (Some(p), None) | (None, Some(p)) => p,
         _ => return Err("give a saved recording DIR, --pt FILE or --perf perf.data".into()),
@@ -86,11 +89,19 @@ fn load_trace(
         .into());
     }
     let labels: Vec<&str> = source.streams.iter().map(|s| s.label.as_str()).collect();
-    let index = match &args.stream {
-        None if source.streams.len() == 1 => 0,
+    // One AUX stream per thread: every thread, in the order of their TSC packets.
+    let per_thread = source.streams.len() > 1
+        && source
+            .streams
+            .iter()
+            .all(|s| s.cpu.is_none() && s.tid.is_some());
+    let indices: Vec<usize> = match &args.stream {
+        None if source.streams.len() == 1 => vec![0],
+        None if per_thread => (0..source.streams.len()).collect(),
         None => {
             return Err(format!(
-                "{} has {} trace streams ({}); choose one with --stream",
+                "{} has {} trace streams ({}); per-CPU streams are not split into threads \
+                 (context switches): choose one with --stream",
                 path.display(),
                 labels.len(),
                 labels.join(", ")
@@ -107,9 +118,9 @@ fn load_trace(
                     path.display(),
                     labels.join(", ")
                 )
-            })?,
+            })
+            .map(|i| vec![i])?,
     };
-    let stream = &source.streams[index];
     let perf = match source.format {
         SourceFormat::PerfData { .. } => Some(PerfData::parse(file.bytes())?),
         SourceFormat::RawPt => None,
@@ -138,15 +149,43 @@ fn load_trace(
         Some(p) if !args.image.no_mmaps => Some(PerfSideband::read(p)),
         _ => None,
     };
-    let pid = sideband.as_ref().and_then(|sb| {
-        args.image
-            .pid
-            .or_else(|| sb.pid_for_stream(stream.cpu, stream.tid))
-    });
     let (given, given_elfs) = given_images(&args.image)?;
-    let (image, symbols, missing) =
-        build_image(&args.image, sideband.as_ref(), pid, &given, &given_elfs)?;
-    report_missing(&missing, pid, sideband.as_ref(), &mut HashSet::new());
+    let mut out = Vec::with_capacity(indices.len());
+    for index in indices {
+        let stream = &source.streams[index];
+        let pid = sideband.as_ref().and_then(|sb| {
+            args.image
+                .pid
+                .or_else(|| sb.pid_for_stream(stream.cpu, stream.tid))
+        });
+        let rec = stream_recording(
+            args,
+            (&given, &given_elfs),
+            sideband.as_ref(),
+            pid,
+            flow.clone(),
+            &stream.data,
+            format!("{} [{}]", path.display(), stream.label),
+        )?;
+        out.push((stream.tid.filter(|_| per_thread), rec));
+    }
+    Ok(out)
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// One stream's recording: its code image (built for its process) and what is known of it.
+fn stream_recording(
+    args: &ReplayArgs,
+    (given, given_elfs): (&[ptrewind::image::Section], &[LoadedElf]),
+    sideband: Option<&PerfSideband>,
+    pid: Option<u32>,
+    flow: FlowConfig,
+    data: &[u8],
+    source: String,
+) -> Result<OfflineRecording, BoxError> {
+    let (image, symbols, missing) = build_image(&args.image, sideband, pid, given, given_elfs)?;
+    report_missing(&missing, pid, sideband, &mut HashSet::new());
     if image.sections().is_empty() {
         return Err(
             "no code for the trace: give it with --elf FILE[:BASE] or --raw \
@@ -163,7 +202,7 @@ fn load_trace(
             .find(|p| p.is_absolute() && p.is_file())
     });
     Ok(OfflineRecording {
-        trace: stream.data.to_vec(),
+        trace: data.to_vec(),
         image,
         immutable: None,
         symbols,
@@ -175,7 +214,7 @@ fn load_trace(
         info: OfflineInfo {
             pid: pid.and_then(|p| i32::try_from(p).ok()).unwrap_or(1),
             exe,
-            source: format!("{} [{}]", path.display(), stream.label),
+            source,
             ..Default::default()
         },
     })
@@ -221,7 +260,32 @@ pub fn run(args: ReplayArgs) -> CmdResult {
             }
             load_saved(dir)?
         }
-        None => load_trace(&args)?,
+        None => {
+            let mut recs = load_trace(&args)?;
+            if recs.len() > 1 {
+                let threads = recs
+                    .drain(..)
+                    .map(|(tid, recording)| ThreadRecording {
+                        tid: tid.and_then(|t| i32::try_from(t).ok()).unwrap_or(0),
+                        recording,
+                    })
+                    .collect();
+                let target = match Timeline::offline_threads(threads, None) {
+                    Ok(t) => {
+                        for why in t.skipped_threads() {
+                            eprintln!("ptrewind: warning: not served: {why}");
+                        }
+                        RecordingTarget::new(t)
+                    }
+                    Err(e) => {
+                        eprintln!("ptrewind: cannot replay: {e}");
+                        return Ok(ExitCode::from(2));
+                    }
+                };
+                return serve(target, &args);
+            }
+            recs.pop().map(|r| r.1).ok_or("no trace stream")?
+        }
     };
     let target = match Timeline::offline(rec) {
         Ok(t) => RecordingTarget::new(t),

@@ -110,6 +110,9 @@ pub(crate) struct PathSlot {
     pub at: u32,
     /// Number of blocks walked (at least 1).
     pub len: u32,
+    /// Instructions of all of them (the replay counts them at its start, see
+    /// `FlowDecoder::start_path`).
+    pub insns: u32,
 }
 
 /// Flag on a path element: the block ends in a direct CALL that pushes its return address.

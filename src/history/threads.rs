@@ -120,6 +120,12 @@ impl ThreadClock {
         self.stop_ip
     }
 
+    /// Sets where the thread's stream ended without executing an instruction (see
+    /// [`stop_ip`](Self::stop_ip)), for clocks made with [`from_runs`](Self::from_runs).
+    pub fn set_stop_ip(&mut self, ip: Option<u64>) {
+        self.stop_ip = ip;
+    }
+
     /// The timestamp of instruction `n` (`None` past the end).
     pub fn time_of(&self, n: u64) -> Option<u64> {
         if n >= self.len {

@@ -8,7 +8,8 @@
 //!
 //! * this file — [`Timeline`]: the history worker, the cursor (positions), stepping in both
 //!   directions, breakpoint and watchpoint search, replaying forward, the hand-over to the live
-//!   process at the present, and what registers and memory the past shows;
+//!   process at the present;
+//! * `past` — what registers and memory the past shows, and the write searches of watchpoints;
 //! * [`regfiles`] — the register files known at positions (start, stops);
 //! * [`offline`] — `ptrewind replay`: a saved recording or a trace file, no process;
 //! * [`save`] — the saved-recording format (`monitor save`), read back by [`offline`];
@@ -17,6 +18,8 @@
 //! * [`inspect`] — branches, function segments and symbols before the cursor (what
 //!   `monitor history|calls|where` print) and the statistics `monitor stats` prints;
 //! * [`threads`] — every thread of a recording in one global order (a selected thread);
+//! * `live_threads` — the same for a live process's past, built from the backend's per-thread
+//!   streams when the cursor leaves the present;
 //! * `diversion` — function calls the debugger makes at the present, run unrecorded.
 //!
 //! ## Live (the cursor is at the present)
@@ -61,7 +64,7 @@
 //!   the registers were captured (the start of the recording, every stop of the live process, a
 //!   saved recording's start, stops and end) the full register file is served (general-purpose
 //!   registers only for a saved recording); at any other position
-//!   RIP is the history's PC and every other register is unavailable ([`RegMask::ALL_BUT_PC`];
+//!   RIP is the history's PC and every other register is unavailable ([`RegMask::ALL_BUT_PC`](crate::target::RegMask::ALL_BUT_PC);
 //!   GDB prints `<unavailable>`). Memory reads are served only inside read-only, file-backed code
 //!   mappings (which cannot have changed), from the code image; any other read is refused
 //!   ([`TargetError::Memory`]). A present value is never shown as a past one. Source-level
@@ -96,7 +99,9 @@
 mod diversion;
 pub mod files;
 pub mod inspect;
+mod live_threads;
 pub mod offline;
+mod past;
 pub mod regfiles;
 pub mod save;
 pub mod threads;
@@ -107,14 +112,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use crate::capture::{LiveBackend, PastWrite};
+use crate::capture::LiveBackend;
 use crate::flow::FlowConfig;
 use crate::history::{BreakpointSet, HistoryWorker};
 use crate::image::{Image, ImmutableCode, Symbolizer};
 use crate::store::live::TraceStore;
 use crate::target::{
-    Notice, RegMask, Resume, ReverseResume, StopEvent, TargetError, TargetResult, X86Registers,
+    Notice, Resume, ReverseResume, StopEvent, TargetError, TargetResult, X86Registers,
 };
+
+use past::unknown_registers;
 
 pub use inspect::{Branch, CallSegment};
 pub use offline::{OfflineRecording, load_saved};
@@ -281,17 +288,6 @@ fn exec_lines(maps: &str) -> String {
         .map(|m| format!("{m:?}"))
         .collect::<Vec<_>>()
         .join("\n")
-}
-
-/// A register file with every value unknown, in the shape of `like` (its XSAVE size and AVX
-/// layout, so the `g` reply has the length the target description promises).
-fn unknown_registers(like: &X86Registers, pc: u64) -> X86Registers {
-    let mut r = like.clone();
-    r.gprs = [0; crate::target::regs::gpr::COUNT];
-    r.xsave.iter_mut().for_each(|b| *b = 0);
-    r.set_pc(pc);
-    r.unavailable = RegMask::ALL_BUT_PC;
-    r
 }
 
 impl Timeline {
@@ -543,12 +539,19 @@ impl Timeline {
                 self.floor()
             ));
         }
+        if self.live.is_some() && self.cursor.is_none() && n < self.len() {
+            self.enter_live_threads();
+        }
         self.cursor = if self.live.is_some() {
             (n < self.len()).then_some(n)
         } else {
             Some(n.min(self.end()))
         };
         self.regs_at = None;
+        if self.cursor.is_none() && self.is_live_group() {
+            self.leave_live_threads();
+            return Ok(());
+        }
         self.follow_selected();
         Ok(())
     }
@@ -653,7 +656,7 @@ impl Timeline {
         self.pending_snapshot = None;
         if let Some(live) = self.live.as_mut()
             && !exited
-            && let Ok(regs) = live.read_registers()
+            && let Ok(regs) = history_thread_registers(live.as_mut())
         {
             match live.recorded() {
                 Some(n) => {
@@ -668,172 +671,6 @@ impl Timeline {
         self.regs_at = None;
     }
 
-    /// The register file at position `n` in the past: from the recorded state if the backend
-    /// keeps one (the PC checked against the trace), otherwise PC-only (see the module docs).
-    fn past_registers(&mut self, n: u64) -> TargetResult<X86Registers> {
-        if !self.has_state_log() {
-            return self.pc_only_registers(n);
-        }
-        if let Some((at, r)) = &self.regs_at
-            && *at == n
-        {
-            return Ok(r.clone());
-        }
-        let live = self.live_mut()?;
-        let present = live.read_registers()?;
-        let thread = live.selected_thread();
-        // The history is the main thread's: its PCs say nothing of another thread's.
-        let history_thread = thread == live.pid();
-        let state = live.recorded_state().ok_or(TargetError::Unsupported(
-            "registers in the past without a state log",
-        ))?;
-        let mut r = state
-            .registers_at_thread(thread, n, &present)
-            .ok_or(TargetError::Unsupported("position beyond the state log"))?;
-        if history_thread
-            && let Some(ip) = self.insn_ip(n)
-            && ip != r.pc()
-        {
-            self.checks.pc_mismatches += 1;
-            // The trace is authoritative for the PC.
-            r.set_pc(ip);
-        }
-        self.regs_at = Some((n, r.clone()));
-        Ok(r)
-    }
-
-    /// PC-only registers at `n`: a captured register file if one is known there (and agrees
-    /// with the trace's PC), else RIP alone.
-    fn pc_only_registers(&mut self, n: u64) -> TargetResult<X86Registers> {
-        let ip = self.insn_ip(n);
-        if let Some(snap) = self.snapshots.get(n) {
-            // Offline, the position after the last instruction has no trace PC: the saved
-            // registers there are all there is.
-            let at_end = ip.is_none() && self.live.is_none() && n == self.len();
-            if ip == Some(snap.pc()) || at_end {
-                return Ok(snap);
-            }
-            self.checks.snapshot_mismatches += 1;
-        }
-        match ip {
-            Some(pc) => Ok(unknown_registers(&self.template, pc)),
-            None => Err(TargetError::Unexpected {
-                pid: 0,
-                what: format!("instruction {n} is not in the decoded history"),
-            }),
-        }
-    }
-
-    /// Memory in the past at `n`, PC-only: bytes of immutable code (mapped at `n`) from the
-    /// image; anything else is refused.
-    fn pc_only_memory(&self, n: u64, addr: u64, buf: &mut [u8]) -> TargetResult<usize> {
-        // A saved recording's stack, at the end of the history only (where it was read): the
-        // frames there unwind as in the live session.
-        if self.live.is_none()
-            && n == self.end()
-            && let Some(info) = self.offline.as_ref()
-            && let Some((base, bytes)) = info
-                .memory_at_end
-                .iter()
-                .find(|(b, m)| addr >= *b && addr < b + m.len() as u64)
-        {
-            let from = (addr - base) as usize;
-            let got = buf.len().min(bytes.len() - from);
-            buf[..got].copy_from_slice(&bytes[from..from + got]);
-            return Ok(got);
-        }
-        let want = self.immutable.covered(addr, buf.len(), n);
-        let got = if want == 0 {
-            0
-        } else {
-            self.image.read(addr, &mut buf[..want])
-        };
-        if got == 0 {
-            return Err(TargetError::Memory { addr });
-        }
-        Ok(got)
-    }
-
-    /// Adds a write watchpoint: only with a state log (it alone knows what each instruction
-    /// wrote) and a backend that stops at writes while recording. `false`: refused.
-    /// Refused too while recording is off: an untraced run is not single-stepped, a write
-    /// would pass unseen.
-    pub fn add_watch(&mut self, addr: u64, len: u64) -> bool {
-        if len != 0 && !self.has_state_log() {
-            // GDB's own message names hardware limits: say why (shown at the next stop).
-            let notice = Notice::WatchRefused {
-                backend: self
-                    .live
-                    .as_ref()
-                    .map_or("offline replay".to_string(), |l| {
-                        format!("{} backend", l.name())
-                    }),
-            };
-            if !self.notices.contains(&notice) {
-                self.notices.push(notice);
-            }
-        }
-        if len == 0 || !self.has_state_log() || !self.record_wanted {
-            return false;
-        }
-        self.watches.push((addr, len));
-        let ranges = self.watches.clone();
-        if self.live.as_mut().is_some_and(|l| l.set_watches(&ranges)) {
-            return true;
-        }
-        self.watches.pop();
-        false
-    }
-
-    /// Removes one write watchpoint added with the same range; `false` if there was none.
-    pub fn remove_watch(&mut self, addr: u64, len: u64) -> bool {
-        let Some(i) = self.watches.iter().position(|&w| w == (addr, len)) else {
-            return false;
-        };
-        self.watches.remove(i);
-        let ranges = self.watches.clone();
-        if let Some(l) = self.live.as_mut() {
-            l.set_watches(&ranges);
-        }
-        true
-    }
-
-    /// The recorded state's write search, backward: the last write to a watched range between
-    /// `floor` and `before` (see [`RecordedState::rfind_write`](crate::capture::RecordedState::rfind_write)).
-    fn watch_back(&self, before: u64, floor: u64) -> Option<PastWrite> {
-        if self.watches.is_empty() {
-            return None;
-        }
-        let log = self.live.as_ref()?.recorded_state()?;
-        log.rfind_write(before, floor, &self.watches)
-    }
-
-    /// The state log's write search, forward: the first write to a watched range by the
-    /// instructions `from..to`.
-    fn watch_forward(&self, from: u64, to: u64) -> Option<PastWrite> {
-        if self.watches.is_empty() {
-            return None;
-        }
-        let log = self.live.as_ref()?.recorded_state()?;
-        log.find_write(from, to, &self.watches)
-    }
-
-    /// The stop for a write-search hit at position `at`: a watchpoint trigger, or — where the
-    /// log does not know what the instruction wrote — a plain trap with a notice saying why
-    /// (the past memory the log shows does not change there, so GDB could not see a change).
-    fn watch_stop(&mut self, hit: PastWrite, at: u64) -> StopEvent {
-        match (hit.addr, hit.unknown) {
-            (Some(addr), _) => StopEvent::Watch { addr },
-            (None, why) => {
-                self.notices.push(Notice::WatchUncertain {
-                    position: at,
-                    what: why.unwrap_or_else(|| "unknown".into()),
-                });
-                StopEvent::Signal(libc::SIGTRAP)
-            }
-        }
-    }
-
     fn bp_set(&self) -> BreakpointSet {
         BreakpointSet::new(self.bps.iter().copied())
     }
@@ -842,9 +679,12 @@ impl Timeline {
     /// [`wait`](Self::wait).
     pub fn reverse(&mut self, how: ReverseResume) -> TargetResult<()> {
         // A step moves the thread the debugger chose; a continue searches the history's thread.
+        // (PC-only, the past is the history thread's alone: a step moves it.)
         self.past_thread = match how {
-            ReverseResume::Step => self.live.as_ref().map(|l| l.selected_thread()),
-            ReverseResume::Continue => None,
+            ReverseResume::Step if self.has_state_log() => {
+                self.live.as_ref().map(|l| l.selected_thread())
+            }
+            _ => None,
         };
         if self.exited.is_some() {
             return Err(TargetError::Unsupported(
@@ -853,6 +693,10 @@ impl Timeline {
         }
         self.ensure_indexed(INDEX_WAIT)
             .map_err(|what| TargetError::Unexpected { pid: 0, what })?;
+        if self.cursor.is_none() {
+            // A live multi-thread process: every thread's past (see `live_threads`).
+            self.enter_live_threads();
+        }
         if let Some(r) = self.reverse_threads(how) {
             return r;
         }
@@ -966,8 +810,10 @@ impl Timeline {
     /// backend at the present. The stop is collected with [`wait`](Self::wait).
     pub fn resume(&mut self, how: Resume) -> TargetResult<()> {
         self.past_thread = match how {
-            Resume::Step { .. } => self.live.as_ref().map(|l| l.selected_thread()),
-            Resume::Continue { .. } => None,
+            Resume::Step { .. } if self.has_state_log() => {
+                self.live.as_ref().map(|l| l.selected_thread())
+            }
+            _ => None,
         };
         if self.exited.is_some() {
             let pid = self.live.as_ref().map_or(0, |l| l.pid());
@@ -1055,6 +901,9 @@ impl Timeline {
 
     /// The id of the thread of the last stop.
     pub fn tid(&self) -> i32 {
+        if let Some(g) = &self.group {
+            return g.tids[g.selected];
+        }
         match (&self.live, &self.offline) {
             // In the past: the thread the debugger moved (the history is the main thread's;
             // every thread is shown at the main thread's positions).
@@ -1114,6 +963,9 @@ impl Timeline {
         let Some(pos) = self.cursor else {
             return self.live_mut()?.read_memory(addr, buf);
         };
+        if self.is_live_group() {
+            return self.live_group_memory(addr, buf);
+        }
         if !self.has_state_log() {
             return self.pc_only_memory(pos, addr, buf);
         }
@@ -1245,3 +1097,16 @@ fn spawn_worker(
 
 #[cfg(test)]
 mod tests;
+
+/// The registers of the thread whose instructions the history holds (the stop may be
+/// another's: they are what a PC-only past shows at the stop's position), the selection left
+/// as it was.
+fn history_thread_registers(live: &mut dyn LiveBackend) -> TargetResult<X86Registers> {
+    let (selected, history) = (live.selected_thread(), live.history_thread());
+    if selected == history || live.select_thread(history).is_err() {
+        return live.read_registers();
+    }
+    let r = live.read_registers();
+    let _ = live.select_thread(selected);
+    r
+}

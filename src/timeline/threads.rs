@@ -42,17 +42,34 @@ pub struct ThreadRecording {
 
 /// The other threads of a multi-thread [`Timeline`] and their global order.
 pub(super) struct ThreadGroup {
-    order: GlobalOrder,
-    tids: Vec<i32>,
+    pub(super) order: GlobalOrder,
+    pub(super) tids: Vec<i32>,
     /// Every thread's timeline but the selected one's (which is the `Timeline` holding this).
-    parked: Vec<Option<Timeline>>,
-    selected: usize,
+    pub(super) parked: Vec<Option<Timeline>>,
+    pub(super) selected: usize,
     /// The global position.
-    pos: u64,
+    pub(super) pos: u64,
     /// The thread a fatal signal ended, and the signal.
-    ended: Option<(usize, i32)>,
+    pub(super) ended: Option<(usize, i32)>,
     /// Recorded threads that could not be served, and why.
-    skipped: Vec<String>,
+    pub(super) skipped: Vec<String>,
+    /// A live process's past (see `live_threads`): per thread, the PC its stream stopped at
+    /// (the next instruction it runs at the present), `None` for a thread that ended.
+    pub(super) live_ends: Option<Vec<Option<u64>>>,
+}
+
+impl ThreadGroup {
+    /// Whether thread `k` exists at the global position. In a live process's past a thread
+    /// exists from its first instruction until it has ended (its stream ends without a stop
+    /// there); offline, every recorded thread is listed throughout.
+    fn exists(&self, k: usize) -> bool {
+        let Some(ends) = &self.live_ends else {
+            return true;
+        };
+        let n = self.order.executed_before(k, self.pos);
+        let ended = ends.get(k).is_some_and(Option::is_none) && n >= self.order.thread_len(k);
+        n > 0 && !ended
+    }
 }
 
 /// How a process recording ended, when a signal killed it.
@@ -115,7 +132,7 @@ pub fn load_saved_threads(dir: &std::path::Path) -> Result<Option<SavedThreads>,
     Ok(Some((threads, fatal)))
 }
 
-fn thread_of<'a>(
+pub(super) fn thread_of<'a>(
     me: &'a mut Timeline,
     g: &'a mut ThreadGroup,
     k: usize,
@@ -257,6 +274,7 @@ impl Timeline {
             pos: total,
             ended: fatal.map(|f| (ended_in, f.signal)),
             skipped,
+            live_ends: None,
         }));
         me.set_global_position(total);
         me.select_index(ended_in);
@@ -296,7 +314,7 @@ impl Timeline {
                     g.tids
                         .iter()
                         .enumerate()
-                        .filter(|&(k, _)| k != g.selected)
+                        .filter(|&(k, _)| k != g.selected && g.exists(k))
                         .map(|(_, &t)| t),
                 );
                 v
@@ -322,9 +340,17 @@ impl Timeline {
     /// position in the past), the selection left as it was; the selected thread's for an id
     /// the backend does not know (gdbstub's default thread before any `Hg`).
     fn live_thread_registers(&mut self, tid: i32) -> TargetResult<X86Registers> {
+        let pc_only_past = self.cursor.is_some() && !self.has_state_log();
         let Some(l) = self.live.as_mut().filter(|_| self.exited.is_none()) else {
             return self.read_registers();
         };
+        if pc_only_past && tid != l.history_thread() {
+            // A PC-only past is the history thread's alone: another thread's registers there
+            // are unknown (its present values are not its past ones).
+            return Err(TargetError::Unsupported(
+                "another thread's registers in a PC-only past (only the main thread's history is served live)",
+            ));
+        }
         let prev = l.selected_thread();
         if tid == prev || l.select_thread(tid).is_err() {
             return self.read_registers();
@@ -362,6 +388,9 @@ impl Timeline {
 
     /// The registers of thread `tid` at the current global position.
     pub fn thread_registers(&mut self, tid: i32) -> TargetResult<X86Registers> {
+        if self.is_live_group() {
+            return self.live_group_registers(tid);
+        }
         let Some(mut g) = self.group.take() else {
             return self.live_thread_registers(tid);
         };
@@ -393,7 +422,14 @@ impl Timeline {
                 out.push((tid, n, t.len(), pc));
             }
         }
+        let live = g.live_ends.is_some();
         self.group = Some(g);
+        if live {
+            // Exact registers come from the backend, which only the timeline in place holds.
+            for e in out.iter_mut() {
+                e.3 = self.live_group_registers(e.0).ok().map(|r| r.pc());
+            }
+        }
         out
     }
 
@@ -421,6 +457,11 @@ impl Timeline {
         dir: &std::path::Path,
         libraries_xml: Option<&str>,
     ) -> Option<Result<String, String>> {
+        if self.is_live_group() {
+            // A live recording is saved as its main thread's (the single-thread format).
+            self.select_index(0);
+            return None;
+        }
         self.group.as_ref()?;
         Some(self.save_threads_into(dir, libraries_xml))
     }
@@ -481,7 +522,7 @@ impl Timeline {
     }
 
     /// Swaps thread `k`'s timeline into place.
-    fn select_index(&mut self, k: usize) {
+    pub(super) fn select_index(&mut self, k: usize) {
         let Some(mut g) = self.group.take() else {
             return;
         };
@@ -489,6 +530,7 @@ impl Timeline {
             && let Some(mut other) = g.parked.get_mut(k).and_then(Option::take)
         {
             std::mem::swap(self, &mut other);
+            super::live_threads::keep_session(self, &mut other);
             let old = g.selected;
             g.parked[old] = Some(other);
             g.selected = k;
@@ -497,7 +539,7 @@ impl Timeline {
     }
 
     /// Moves every thread to global position `p`.
-    fn set_global_position(&mut self, p: u64) {
+    pub(super) fn set_global_position(&mut self, p: u64) {
         let Some(mut g) = self.group.take() else {
             return;
         };
@@ -542,20 +584,33 @@ impl Timeline {
                     None => StopEvent::HistoryEnd { at_begin: true },
                 }
             }
-            ReverseResume::Continue => match self.search_threads(false) {
-                Some((k, n, p)) => {
-                    self.set_global_position(p);
-                    self.select_index(k);
-                    self.cursor = Some(n);
-                    StopEvent::Breakpoint {
-                        pc: self.insn_ip(n).unwrap_or(0),
+            ReverseResume::Continue => {
+                match (self.live_group_watch(false), self.search_threads(false)) {
+                    // The nearer of the last write to a watched range and the last breakpoint
+                    // hit (a write at a breakpoint's instruction is reported as the watchpoint).
+                    (Some((k, at, ev)), bp) if bp.is_none_or(|(_, _, p)| at >= p) => {
+                        self.set_global_position(at);
+                        self.select_index(k);
+                        ev
+                    }
+                    (_, Some((k, n, p))) => {
+                        self.set_global_position(p);
+                        self.select_index(k);
+                        self.cursor = Some(n);
+                        StopEvent::Breakpoint {
+                            pc: self.insn_ip(n).unwrap_or(0),
+                        }
+                    }
+                    _ => {
+                        self.set_global_position(0);
+                        if self.is_live_group() {
+                            // Only the main thread exists at the start of a live recording.
+                            self.select_index(0);
+                        }
+                        StopEvent::HistoryEnd { at_begin: true }
                     }
                 }
-                None => {
-                    self.set_global_position(0);
-                    StopEvent::HistoryEnd { at_begin: true }
-                }
-            },
+            }
         };
         self.regs_at = None;
         self.running = super::Running::Ready(ev);
@@ -574,35 +629,62 @@ impl Timeline {
                     .then(|| g.order.global(g.selected, c + 1))
                     .flatten()
                 {
+                    Some(p) if p >= total && self.is_live_group() => {
+                        // Onto the present: an ordinary step.
+                        self.leave_live_threads();
+                        StopEvent::Step
+                    }
                     Some(p) => {
                         self.set_global_position(p);
                         self.cursor = Some((c + 1).min(self.end()));
                         StopEvent::Step
                     }
-                    None => StopEvent::HistoryEnd { at_begin: false },
+                    None => {
+                        if self.is_live_group() {
+                            self.leave_live_threads();
+                        }
+                        StopEvent::HistoryEnd { at_begin: false }
+                    }
                 }
             }
-            Resume::Continue { .. } => match self.search_threads(true) {
-                Some((k, n, p)) => {
-                    self.set_global_position(p);
-                    self.select_index(k);
-                    self.cursor = Some(n);
-                    StopEvent::Breakpoint {
-                        pc: self.insn_ip(n).unwrap_or(0),
-                    }
-                }
-                None => {
-                    self.set_global_position(total);
-                    let ended = self.group.as_ref().and_then(|g| g.ended);
-                    match ended {
-                        Some((k, sig)) if pos < total => {
-                            self.select_index(k);
-                            StopEvent::Signal(sig)
+            Resume::Continue { .. } => {
+                match (self.live_group_watch(true), self.search_threads(true)) {
+                    // The nearer of the first write to a watched range (stopping after it) and
+                    // the first breakpoint hit.
+                    (Some((k, at, ev)), bp) if bp.is_none_or(|(_, _, p)| at <= p) => {
+                        self.set_global_position(at);
+                        self.select_index(k);
+                        if at >= total {
+                            self.leave_live_threads();
                         }
-                        _ => StopEvent::HistoryEnd { at_begin: false },
+                        ev
+                    }
+                    (_, Some((k, n, p))) => {
+                        self.set_global_position(p);
+                        self.select_index(k);
+                        self.cursor = Some(n);
+                        StopEvent::Breakpoint {
+                            pc: self.insn_ip(n).unwrap_or(0),
+                        }
+                    }
+                    _ if self.is_live_group() => {
+                        // The end of the past is the present (the process runs again from there).
+                        self.leave_live_threads();
+                        StopEvent::HistoryEnd { at_begin: false }
+                    }
+                    _ => {
+                        self.set_global_position(total);
+                        let ended = self.group.as_ref().and_then(|g| g.ended);
+                        match ended {
+                            Some((k, sig)) if pos < total => {
+                                self.select_index(k);
+                                StopEvent::Signal(sig)
+                            }
+                            _ => StopEvent::HistoryEnd { at_begin: false },
+                        }
                     }
                 }
-            },
+            }
         };
         self.regs_at = None;
         self.running = super::Running::Ready(ev);

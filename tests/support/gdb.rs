@@ -143,6 +143,34 @@ pub struct Server {
     pub stderr: JoinHandle<String>,
     /// Collects ptrewind's stdout (the debugged program's, which it inherits).
     pub stdout: JoinHandle<String>,
+    /// Kills the server if the test ends (or panics) while it still runs.
+    pub reaper: Reaper,
+}
+
+/// Kills a `ptrewind` child that a test left running — a failed assertion must not leave a
+/// server (and the program it debugs) behind. A field of [`Server`] rather than a `Drop` on
+/// `Server` itself, so that tests can still move `child`, `stderr` and `stdout` out of it.
+pub struct Reaper {
+    pid: i32,
+}
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        // Only a process that is still our child (alive or a zombie, so its pid cannot have
+        // been reused) is killed; one that a test already waited for is left alone.
+        let ours = std::fs::read_to_string(format!("/proc/{}/stat", self.pid))
+            .ok()
+            .and_then(|stat| {
+                let after_name = &stat[stat.rfind(')')? + 2..];
+                after_name.split(' ').nth(1)?.parse::<u32>().ok()
+            })
+            == Some(std::process::id());
+        if ours {
+            let pid = nix::unistd::Pid::from_raw(self.pid);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            let _ = nix::sys::wait::waitpid(pid, None);
+        }
+    }
 }
 
 impl Server {
@@ -197,12 +225,16 @@ impl Server {
                 port = Some(addr.rsplit(':').next().unwrap().parse().unwrap());
             }
         }
+        let reaper = Reaper {
+            pid: child.id() as i32,
+        };
         Server {
             child,
             port: port.unwrap(),
             pid: pid.unwrap(),
             stderr,
             stdout,
+            reaper,
         }
     }
 }

@@ -113,10 +113,12 @@ impl BlockInfo {
     }
 
     /// Index of the counter in the shared counter file, if it is there.
+    #[inline]
     pub fn counter_index(&self) -> Option<u64> {
         self.shared.map(|(_, i)| i)
     }
 
+    #[inline]
     fn counter(&self) -> &AtomicU64 {
         match self.shared {
             Some((c, _)) => c,
@@ -125,6 +127,7 @@ impl BlockInfo {
     }
 
     /// The counter QEMU's inline operations add to (see [`BlockInfo::reached_counter`]).
+    #[inline]
     pub fn reached(&self) -> u64 {
         self.counter().load(Ordering::Relaxed)
     }

@@ -20,9 +20,13 @@
 //!   register file at every stop (and where the program started), memory only from read-only
 //!   code.
 //!
-//! Limits (QEMU 7.2): one thread is traced for the timeline (the main thread; the others are
-//! recorded in the directory); a stop is not all-stop (the other guest threads run on while one
-//! is stopped); no watchpoints (the stub has none in user mode).
+//! * **threads** — every thread the stub lists is served at the present (a stop is reported in
+//!   its thread; registers and steps apply to the selected one). QEMU 7.2's stub stops only the
+//!   reporting thread, so the plugin's pause gate holds the others while the program is stopped
+//!   (see `set_gate` and docs/qemu-gdbstub.md).
+//!
+//! Limits (QEMU 7.2): the past is the main thread's (the others are recorded in the directory);
+//! no watchpoints (the stub has none in user mode).
 
 use std::collections::{BTreeSet, HashSet};
 use std::ffi::OsString;
@@ -42,6 +46,11 @@ use crate::image::Image;
 use crate::store::live::TraceStore;
 use crate::target::regs::gpr;
 use crate::target::{RegMask, Resume, StopEvent, TargetError, TargetResult, X86Registers};
+
+/// How long a single step holds the other threads before they are let go.
+const STEP_HOLD_LIMIT: Duration = Duration::from_millis(500);
+/// How often a single step that has not ended lets the held threads out of their blocks.
+const STEP_PULSE: Duration = Duration::from_millis(6);
 
 /// Linux signal number → GDB's (they differ above 6 for a few: SIGBUS, SIGUSR1/2, SIGCHLD…).
 pub fn gdb_from_linux(sig: i32) -> u8 {
@@ -98,6 +107,9 @@ pub struct QemuLive {
     early: Option<StopEvent>,
     /// The current run is a single step.
     stepping: bool,
+    /// A single step holding the other threads: when it started, the last pulse, and the
+    /// thread let run (see `STEP_PULSE`).
+    step_hold: Option<(std::time::Instant, std::time::Instant, u32)>,
     /// A `SIGINT` was sent for an interrupt.
     interrupted: bool,
     running: bool,
@@ -108,6 +120,14 @@ pub struct QemuLive {
     stop_errors: Vec<String>,
     /// The plugin's streams of other threads seen at the last stop.
     other_threads: usize,
+    /// The thread of the last stop (the one QEMU's gdbstub reported).
+    stop_thread: ThreadId,
+    /// The thread registers are read from and a step moves (the debugger's `Hg`/`Hc`).
+    selected: ThreadId,
+    /// Every guest thread at the last stop, the main thread first.
+    thread_list: Vec<ThreadId>,
+    /// The plugin's pause gate (see [`super::output::PAUSE_FILE`]), once opened.
+    pause: Option<std::fs::File>,
 }
 
 impl std::fmt::Debug for QemuLive {
@@ -168,6 +188,8 @@ impl QemuLive {
             .map_err(LaunchError::TempDir)?;
         let sock = sock_dir.path().join("gdb");
         let mut config = config.clone();
+        // Hold the other threads while one is stopped in the gdbstub (see `set_gate`).
+        config.pause = true;
         config.qemu_args.push("-g".into());
         config.qemu_args.push(sock.clone().into_os_string());
         let mut rec = QemuRecording::spawn_with(&config, program, args, |cmd| {
@@ -200,7 +222,7 @@ impl QemuLive {
             tid: i64::from(rec.pid()),
         });
         let program = std::fs::canonicalize(program).unwrap_or_else(|_| program.to_path_buf());
-        Ok(QemuLive {
+        let mut live = QemuLive {
             rec,
             remote,
             main,
@@ -216,6 +238,7 @@ impl QemuLive {
             bps: HashSet::new(),
             early: None,
             stepping: false,
+            step_hold: None,
             interrupted: false,
             running: false,
             exited: false,
@@ -223,7 +246,15 @@ impl QemuLive {
             stops: 0,
             stop_errors: Vec::new(),
             other_threads: 0,
-        })
+            stop_thread: main,
+            selected: main,
+            thread_list: vec![main],
+            pause: None,
+        };
+        // Stopped at the first instruction: threads started while stopped wait (see
+        // `set_gate`).
+        live.set_gate(true);
+        Ok(live)
     }
 
     /// The guest's code now: built from the recording directory's mappings when they changed
@@ -387,19 +418,128 @@ impl QemuLive {
     }
 
     fn pc(&mut self) -> TargetResult<u64> {
+        self.thread_pc(self.main)
+    }
+
+    /// The PC of thread `t`: where it waits at the pause gate (QEMU's own PC of a thread held
+    /// inside a chain of translated blocks can be stale), else the gdbstub's.
+    fn thread_pc(&mut self, t: ThreadId) -> TargetResult<u64> {
         if let Some(x) = self.at_exit {
             return Ok(x.pc);
         }
+        if let Some(pc) = self.paused_pc(t) {
+            return Ok(pc);
+        }
         let e = self.err();
-        self.remote
-            .read_register_u64(Some(self.main), "rip")
-            .map_err(e)
+        self.remote.read_register_u64(Some(t), "rip").map_err(e)
+    }
+
+    /// Opens (`false`) or closes (`true`) the plugin's pause gate: while the debugger has the
+    /// program stopped, every other guest thread waits at its next block start (or system call
+    /// return). QEMU 7.2's user-mode gdbstub stops only the thread that reports, and a second
+    /// thread entering the stub meanwhile would read the debugger's packets too. The gate is
+    /// open during every resume (QEMU's exclusive work, e.g. flushing translations after a
+    /// stop, needs every thread to leave its block).
+    fn set_gate(&mut self, closed: bool) {
+        self.set_gate_for(closed.then_some(0));
+    }
+
+    /// [`set_gate`](Self::set_gate) holding every thread but `run` (`Some(0)`: all; `None`:
+    /// none).
+    fn set_gate_for(&mut self, run: Option<u32>) {
+        use super::output::pause_gate as g;
+        self.write_gate_words(g::GATE, &[g::encode(run)]);
+        if run.is_some() {
+            // Stopped: a claim of the thread that reached the breakpoint is over.
+            self.write_gate_words(g::CLAIM, &[0]);
+        }
+    }
+
+    /// Tells the plugin the breakpoint addresses (it keeps the other threads back while one
+    /// runs a block that may lead to one; see [`super::output::pause_gate::CLAIM`]).
+    fn publish_breakpoints(&mut self) {
+        use super::output::pause_gate as g;
+        let mut words: Vec<u64> = self.bps.iter().copied().take(g::MAX_BPS).collect();
+        let n = words.len() as u64;
+        // The addresses first, then the count: the plugin reads the count first.
+        self.write_gate_words(g::NBPS, &[0]);
+        words.resize(g::MAX_BPS, 0);
+        self.write_gate_words(g::BPS, &words);
+        self.write_gate_words(g::NBPS, &[n]);
+    }
+
+    /// Writes words of the pause file from word `at`.
+    fn write_gate_words(&mut self, at: usize, words: &[u64]) {
+        use std::os::unix::fs::FileExt;
+        if self.pause.is_none() {
+            let path = self.rec.dir().join(super::output::PAUSE_FILE);
+            match std::fs::File::options().read(true).write(true).open(&path) {
+                Ok(f) => self.pause = Some(f),
+                Err(e) => {
+                    self.stop_errors
+                        .push(format!("no pause gate ({}): {e}", path.display()));
+                    return;
+                }
+            }
+        }
+        if let Some(f) = &self.pause {
+            let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
+            if let Err(e) = f.write_all_at(&bytes, (at * 8) as u64) {
+                self.stop_errors.push(format!("pause gate: {e}"));
+            }
+        }
+    }
+
+    /// Where thread `t` waits at the pause gate: the start of the block it has not run yet
+    /// (`None`: not waiting there, or waiting at a system call's return, where the gdbstub's
+    /// PC is right).
+    fn paused_pc(&mut self, t: ThreadId) -> Option<u64> {
+        use super::output::pause_gate as g;
+        use std::os::unix::fs::FileExt;
+        let f = self.pause.as_ref()?;
+        let mut raw = vec![0u8; g::SIZE as usize];
+        f.read_exact_at(&mut raw, 0).ok()?;
+        let word =
+            |i: usize| u64::from_ne_bytes(raw[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
+        let tid = u64::try_from(t.tid).ok()?;
+        (0..g::MAX_SLOTS)
+            .find(|&i| word(g::SLOTS + 2 * i) == tid)
+            .map(|i| word(g::SLOTS + 2 * i + 1))
+            .filter(|&pc| pc != 0)
+    }
+
+    /// Lists the guest threads again (at a stop).
+    fn refresh_threads(&mut self) {
+        if self.exited {
+            return;
+        }
+        if let Ok(mut list) = self.remote.threads() {
+            if let Some(i) = list.iter().position(|t| t.tid == self.main.tid) {
+                let m = list.remove(i);
+                list.insert(0, m);
+            }
+            if !list.is_empty() {
+                self.thread_list = list;
+            }
+        }
+    }
+
+    /// Our thread id of a gdbstub thread.
+    fn thread_of(&self, tid: i32) -> Option<ThreadId> {
+        self.thread_list
+            .iter()
+            .copied()
+            .find(|t| t.tid == i64::from(tid))
     }
 
     /// Single-steps the traced thread over the breakpoint at its PC (QEMU reports a breakpoint
     /// at the resume PC again). `Some(event)`: the step stopped for something else.
-    fn step_over_breakpoint(&mut self, signal: Option<i32>) -> TargetResult<Option<StopEvent>> {
-        let pc = self.pc()?;
+    fn step_over_breakpoint(
+        &mut self,
+        thread: ThreadId,
+        signal: Option<i32>,
+    ) -> TargetResult<Option<StopEvent>> {
+        let pc = self.thread_pc(thread)?;
         let e = self.err();
         self.remote
             .remove_breakpoint(BreakKind::Software, pc, 1)
@@ -408,13 +548,15 @@ impl QemuLive {
             Some(s) => Action::StepSignal(gdb_from_linux(s)),
             None => Action::Step,
         };
+        self.set_gate_for(Some(u32::try_from(thread.tid).unwrap_or(0)));
         self.remote
             .resume(&[ResumeAction {
                 action,
-                thread: Some(self.main),
+                thread: Some(thread),
             }])
             .map_err(&e)?;
         let stop = self.remote.wait(Some(Duration::from_secs(60))).map_err(&e);
+        self.set_gate(true);
         self.remote
             .insert_breakpoint(BreakKind::Software, pc, 1)
             .map_err(&e)
@@ -440,6 +582,8 @@ impl QemuLive {
             }
             StopReply::Signal { signal, thread, .. } => {
                 let t = thread.unwrap_or(self.main);
+                self.stop_thread = t;
+                self.selected = t;
                 let e = self.err();
                 let pc = self.remote.read_register_u64(Some(t), "rip").map_err(e)?;
                 if signal == gdb_signal::TRAP && self.bps.contains(&pc) && !stepping {
@@ -581,6 +725,35 @@ impl LiveBackend for QemuLive {
         self.rec.pid() as i32
     }
 
+    fn tid(&self) -> i32 {
+        i32::try_from(self.stop_thread.tid).unwrap_or_else(|_| self.pid())
+    }
+
+    fn history_thread(&self) -> i32 {
+        i32::try_from(self.main.tid).unwrap_or_else(|_| self.pid())
+    }
+
+    fn selected_thread(&self) -> i32 {
+        i32::try_from(self.selected.tid).unwrap_or_else(|_| self.pid())
+    }
+
+    fn threads(&self) -> Vec<i32> {
+        self.thread_list
+            .iter()
+            .filter_map(|t| i32::try_from(t.tid).ok())
+            .collect()
+    }
+
+    fn select_thread(&mut self, tid: i32) -> TargetResult<()> {
+        match self.thread_of(tid) {
+            Some(t) => {
+                self.selected = t;
+                Ok(())
+            }
+            None => Err(TargetError::Unsupported("no such thread")),
+        }
+    }
+
     fn exec_path(&mut self) -> Option<PathBuf> {
         Some(self.program.clone())
     }
@@ -619,10 +792,18 @@ impl LiveBackend for QemuLive {
 
     fn read_registers(&mut self) -> TargetResult<X86Registers> {
         if let Some(x) = &self.at_exit {
+            if self.selected != self.main {
+                // Held inside the plugin, the stub answers nothing; the call says only the
+                // exiting thread's registers.
+                return Err(TargetError::Unsupported(
+                    "another thread's registers while QEMU holds the program at its exit",
+                ));
+            }
             return Ok(Self::exit_registers(x));
         }
         let e = self.err();
-        let regs = self.remote.read_registers(Some(self.main)).map_err(&e)?;
+        let thread = self.selected;
+        let regs = self.remote.read_registers(Some(thread)).map_err(&e)?;
         let layout = self.remote.layout().clone();
         let mut out = X86Registers {
             xsave: vec![0; 512],
@@ -636,7 +817,7 @@ impl LiveBackend for QemuLive {
                 Some(v) => v,
                 None if matches!(slot, gpr::FS_BASE | gpr::GS_BASE) => self
                     .remote
-                    .read_register_u64(Some(self.main), name)
+                    .read_register_u64(Some(thread), name)
                     .unwrap_or(0),
                 None => 0,
             };
@@ -685,6 +866,9 @@ impl LiveBackend for QemuLive {
         if layout.by_name("xmm0").is_none() {
             out.unavailable = RegMask::VECTOR;
         }
+        if let Some(pc) = self.paused_pc(thread) {
+            out.gprs[gpr::RIP] = pc;
+        }
         Ok(out)
     }
 
@@ -710,7 +894,7 @@ impl LiveBackend for QemuLive {
             };
             let bytes = regs.gprs[slot].to_le_bytes();
             self.remote
-                .write_register(Some(self.main), name, &bytes[..info.size().min(8)])
+                .write_register(Some(self.selected), name, &bytes[..info.size().min(8)])
                 .map_err(&e)?;
         }
         Ok(())
@@ -756,6 +940,7 @@ impl LiveBackend for QemuLive {
             ));
         }
         self.bps.insert(addr);
+        self.publish_breakpoints();
         Ok(())
     }
 
@@ -763,6 +948,7 @@ impl LiveBackend for QemuLive {
         if !self.bps.remove(&addr) {
             return Ok(false);
         }
+        self.publish_breakpoints();
         if self.at_exit.is_some() {
             return Ok(true);
         }
@@ -829,10 +1015,17 @@ impl LiveBackend for QemuLive {
             Resume::Step { signal } => (true, signal),
         };
         self.early = None;
-        let pc = self.pc()?;
+        // A step moves the selected thread; a continue lifts the breakpoint the thread that
+        // stopped sits on (QEMU would report it again at once) and runs every thread.
+        let thread = if step {
+            self.selected
+        } else {
+            self.stop_thread
+        };
+        let pc = self.thread_pc(thread)?;
         let stepped_over = self.bps.contains(&pc);
         if stepped_over {
-            if let Some(ev) = self.step_over_breakpoint(signal)? {
+            if let Some(ev) = self.step_over_breakpoint(thread, signal)? {
                 self.early = Some(ev);
                 self.running = true;
                 return Ok(());
@@ -852,8 +1045,18 @@ impl LiveBackend for QemuLive {
             (true, None) => Action::Step,
             (true, Some(s)) => Action::StepSignal(gdb_from_linux(s)),
         };
-        let thread = step.then_some(self.main);
+        let tid = u32::try_from(thread.tid).unwrap_or(0);
+        let thread = step.then_some(thread);
         let e = self.err();
+        // A step moves one thread, the others stay stopped (as GDB's `vCont;s:T`); a continue
+        // runs them all.
+        if step {
+            self.set_gate_for(Some(tid));
+            let now = std::time::Instant::now();
+            self.step_hold = Some((now, now, tid));
+        } else {
+            self.set_gate(false);
+        }
         self.remote
             .resume(&[ResumeAction { action, thread }])
             .map_err(e)?;
@@ -873,15 +1076,40 @@ impl LiveBackend for QemuLive {
             return Ok(Some(ev));
         }
         // In slices, so the exit gate is watched too (the stub says nothing while it holds).
-        let slice = Some(Duration::from_millis(20));
         let reply = loop {
+            let slice = Some(if self.step_hold.is_some() {
+                Duration::from_millis(2)
+            } else {
+                Duration::from_millis(20)
+            });
             match self.remote.wait(slice) {
                 Ok(None) => {}
                 other => break other,
             }
+            if let Some((began, pulsed, tid)) = self.step_hold {
+                if began.elapsed() > STEP_HOLD_LIMIT {
+                    // The stepped thread waits (a lock, a join): let the others run.
+                    self.step_hold = None;
+                    self.set_gate(false);
+                } else if pulsed.elapsed() > STEP_PULSE {
+                    // QEMU's exclusive work (flushing translations after a stop) waits for
+                    // every thread to leave its block, held ones too: let them out briefly;
+                    // they stop again at their next block.
+                    self.write_gate_words(super::output::pause_gate::GATE, &[0]);
+                    std::thread::sleep(Duration::from_millis(1));
+                    self.write_gate_words(
+                        super::output::pause_gate::GATE,
+                        &[super::output::pause_gate::encode(Some(tid))],
+                    );
+                    self.step_hold = Some((began, std::time::Instant::now(), tid));
+                }
+            }
             if self.check_exit_gate()? {
+                self.set_gate(true);
                 self.running = false;
                 self.stepping = false;
+                self.stop_thread = self.main;
+                self.selected = self.main;
                 return Ok(Some(StopEvent::Exiting));
             }
             if !block {
@@ -891,9 +1119,15 @@ impl LiveBackend for QemuLive {
         match reply {
             Ok(None) => Ok(None),
             Ok(Some(stop)) => {
+                self.step_hold = None;
+                // At once: the fewer blocks the other threads run meanwhile, the less likely
+                // one of them enters the gdbstub too.
+                self.set_gate(true);
                 self.running = false;
                 let stepping = std::mem::take(&mut self.stepping);
-                self.event(stop, stepping).map(Some)
+                let ev = self.event(stop, stepping)?;
+                self.refresh_threads();
+                Ok(Some(ev))
             }
             Err(e) if e.is_disconnect() => {
                 self.running = false;

@@ -50,6 +50,42 @@ pub mod exit_gate {
     pub const RELEASED: u64 = 2;
 }
 
+/// The pause gate (`pause=on`, the live backend): while the debugger has the program stopped,
+/// the other guest threads wait at their next block start (QEMU 7.2's user-mode gdbstub stops
+/// only the thread that reports, and two threads inside the stub at once garble the protocol).
+/// Native-endian `u64` words: [`pause_gate`].
+pub const PAUSE_FILE: &str = "pause";
+
+/// Words of the [`PAUSE_FILE`].
+pub mod pause_gate {
+    /// Set by ptrewind: 0, every thread runs; otherwise every thread waits except the one
+    /// [`encode`] names.
+    pub const GATE: usize = 0;
+    /// Set by the plugin: the thread (0: none) about to run a block after which it may reach a
+    /// breakpoint; the others wait until it has passed (so that two threads do not reach the
+    /// gdbstub at once). Waits for a claim are bounded (QEMU's exclusive sections need every
+    /// thread to leave its block).
+    pub const CLAIM: usize = 1;
+    /// The number of breakpoint addresses that follow (set by ptrewind).
+    pub const NBPS: usize = 2;
+    /// The breakpoint addresses.
+    pub const BPS: usize = 3;
+    /// Room for breakpoint addresses.
+    pub const MAX_BPS: usize = 64;
+    /// Then two words per vCPU index: the id of the thread waiting there (0: none) and the
+    /// guest PC it waits at (the start of the block it has not run yet; 0: at the return of a
+    /// system call, where QEMU's own PC is right).
+    pub const SLOTS: usize = BPS + MAX_BPS;
+    /// vCPU indexes with a slot.
+    pub const MAX_SLOTS: usize = 4096;
+    /// Size of the file in bytes.
+    pub const SIZE: u64 = ((SLOTS + 2 * MAX_SLOTS) * 8) as u64;
+    /// The gate word: `None` opens it; `Some(tid)` holds every thread but `tid` (0: all).
+    pub fn encode(run: Option<u32>) -> u64 {
+        run.map_or(0, |tid| 1 | (u64::from(tid) << 1))
+    }
+}
+
 /// The shared global instruction clock (8 bytes, native-endian `u64`).
 pub const CLOCK_FILE: &str = "clock";
 /// [`PluginMeta`].
@@ -284,6 +320,8 @@ const TAIL_MAGIC: u64 = u64::from_le_bytes(*b"PTRWTAIL");
 #[derive(Debug)]
 pub struct Tail {
     map: memmap2::MmapMut,
+    /// The header words of `map` (written after every block: plain stores, no bounds checks).
+    header: *mut u64,
     mirrored: usize,
 }
 
@@ -318,14 +356,23 @@ impl Tail {
         // SAFETY: a shared mapping of a file this process just created privately (mode 0600,
         // O_EXCL); nobody else writes it while we run, and readers only read it after we are
         // gone.
-        let map = unsafe { memmap2::MmapMut::map_mut(&f)? };
-        let mut t = Tail { map, mirrored: 0 };
+        let mut map = unsafe { memmap2::MmapMut::map_mut(&f)? };
+        let header = map.as_mut_ptr().cast::<u64>();
+        let mut t = Tail {
+            map,
+            header,
+            mirrored: 0,
+        };
         t.put(word::MAGIC, TAIL_MAGIC);
         Ok(t)
     }
 
+    #[inline]
     fn put(&mut self, w: usize, v: u64) {
-        self.map[w * 8..w * 8 + 8].copy_from_slice(&v.to_ne_bytes());
+        debug_assert!(w < TAIL_HEADER / 8);
+        // SAFETY: `header` points at the start of `map` (page-aligned, so aligned for `u64`),
+        // which `self` owns and keeps mapped; `w` is a header word, inside the mapping.
+        unsafe { self.header.add(w).write(v) }
     }
 
     /// Everything up to stream-file offset `file_offset` is in the stream file.
@@ -347,7 +394,7 @@ impl Tail {
         }
     }
 
-    /// Records the in-flight block and the encoder's state.
+    /// Records the in-flight block and the encoder's state (after every block).
     #[inline]
     pub fn set_state(
         &mut self,
@@ -355,23 +402,17 @@ impl Tail {
         in_flight: Option<(&super::BlockInfo, u64)>,
         tnt: (u64, u8),
     ) {
-        // One copy of words FLAGS..=TNT_COUNT (contiguous): this runs after every block.
-        let mut w = [0u64; 7];
-        w[0] = if tracing { FLAG_TRACING } else { 0 };
+        let mut flags = if tracing { FLAG_TRACING } else { 0 };
         if let Some((b, snapshot)) = in_flight {
-            w[0] |= FLAG_IN_FLIGHT;
-            w[word::START - word::FLAGS] = b.start;
-            w[word::INSNS - word::FLAGS] = u64::from(b.insns);
-            w[word::COUNTER - word::FLAGS] = b.counter_index().unwrap_or(u64::MAX);
-            w[word::SNAPSHOT - word::FLAGS] = snapshot;
+            flags |= FLAG_IN_FLIGHT;
+            self.put(word::START, b.start);
+            self.put(word::INSNS, u64::from(b.insns));
+            self.put(word::COUNTER, b.counter_index().unwrap_or(u64::MAX));
+            self.put(word::SNAPSHOT, snapshot);
         }
-        w[word::TNT_BITS - word::FLAGS] = tnt.0;
-        w[word::TNT_COUNT - word::FLAGS] = u64::from(tnt.1);
-        let mut bytes = [0u8; 56];
-        for (chunk, v) in bytes.chunks_exact_mut(8).zip(w) {
-            chunk.copy_from_slice(&v.to_ne_bytes());
-        }
-        self.map[word::FLAGS * 8..word::FLAGS * 8 + 56].copy_from_slice(&bytes);
+        self.put(word::FLAGS, flags);
+        self.put(word::TNT_BITS, tnt.0);
+        self.put(word::TNT_COUNT, u64::from(tnt.1));
     }
 }
 

@@ -50,6 +50,9 @@ pub struct QemuConfig {
     /// Hold the process at its `exit_group` until released (see
     /// [`EXIT_FILE`](super::output::EXIT_FILE)); only for a live session that releases it.
     pub exit_stop: bool,
+    /// Map the pause gate (see [`PAUSE_FILE`](super::output::PAUSE_FILE)): a live session holds
+    /// the other threads while one is stopped in the gdbstub.
+    pub pause: bool,
     /// Recording directory; `None`: a new private temporary directory (kept, see
     /// [`QemuRecording::dir`]).
     pub dir: Option<PathBuf>,
@@ -66,6 +69,7 @@ impl QemuConfig {
             precise: true,
             log_insns: false,
             exit_stop: false,
+            pause: false,
             dir: None,
             qemu_args: Vec::new(),
         }
@@ -306,6 +310,9 @@ impl QemuRecording {
         }
         if config.exit_stop {
             plugin_arg.push(",exit_stop=on");
+        }
+        if config.pause {
+            plugin_arg.push(",pause=on");
         }
         let mut cmd = Command::new(&config.qemu);
         cmd.arg("-plugin").arg(plugin_arg);

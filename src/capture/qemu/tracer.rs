@@ -71,7 +71,13 @@ pub struct TracerStats {
 /// that ends in an indirect branch, system call or software interrupt and is followed by a
 /// handler's first block may have been interrupted part-way (any successor is legal for it).
 #[derive(Debug)]
-pub struct SignalHandlers([AtomicU64; 65]);
+pub struct SignalHandlers {
+    handlers: [AtomicU64; 65],
+    /// One bit per handler address ever set (bit `(addr >> 4) % 64`, never cleared): most
+    /// addresses are ruled out with one load instead of a scan of the table, which the tracer
+    /// would otherwise do for every block after an indirect branch or return.
+    filter: AtomicU64,
+}
 
 impl Default for SignalHandlers {
     fn default() -> Self {
@@ -82,19 +88,37 @@ impl Default for SignalHandlers {
 impl SignalHandlers {
     /// No handlers.
     pub const fn new() -> Self {
-        SignalHandlers([const { AtomicU64::new(0) }; 65])
+        SignalHandlers {
+            handlers: [const { AtomicU64::new(0) }; 65],
+            filter: AtomicU64::new(0),
+        }
+    }
+
+    fn filter_bit(addr: u64) -> u64 {
+        1 << ((addr >> 4) & 63)
     }
 
     /// Signal `sig` is now handled at `addr` (0 or 1: default or ignored).
     pub fn set(&self, sig: u64, addr: u64) {
-        if let Some(h) = self.0.get(sig as usize) {
+        if let Some(h) = self.handlers.get(sig as usize) {
+            if addr > 1 {
+                // Set before the handler (bits are never cleared, so a stale bit only costs a scan).
+                self.filter
+                    .fetch_or(Self::filter_bit(addr), Ordering::Relaxed);
+            }
             h.store(if addr > 1 { addr } else { 0 }, Ordering::Relaxed);
         }
     }
 
     /// Whether some signal is handled at `addr`.
+    #[inline]
     pub fn contains(&self, addr: u64) -> bool {
-        addr > 1 && self.0.iter().any(|h| h.load(Ordering::Relaxed) == addr)
+        addr > 1
+            && self.filter.load(Ordering::Relaxed) & Self::filter_bit(addr) != 0
+            && self
+                .handlers
+                .iter()
+                .any(|h| h.load(Ordering::Relaxed) == addr)
     }
 }
 
@@ -135,7 +159,9 @@ impl<'b> ThreadTracer<'b> {
     /// Block `b` starts executing on this thread.
     #[inline]
     pub fn on_block(&mut self, b: &'b BlockInfo) {
-        if let Some(p) = self.prev {
+        if let Some(p) = self.prev
+            && !self.resolve_fast(p, b.start)
+        {
             self.resolve(p, Some(b.start));
         }
         self.prev = Some(b);
@@ -156,11 +182,13 @@ impl<'b> ThreadTracer<'b> {
     }
 
     /// The encoder (its output is taken by the caller).
+    #[inline]
     pub fn encoder(&mut self) -> &mut SoftEncoder {
         &mut self.enc
     }
 
     /// The block executing now (not decided yet) and its counter's value when it started.
+    #[inline]
     pub fn in_flight(&self) -> Option<(&'b BlockInfo, u64)> {
         self.prev.map(|p| (p, self.prev_reached))
     }
@@ -174,9 +202,49 @@ impl<'b> ThreadTracer<'b> {
     }
 
     /// Advances the global clock by this thread's unsynchronised instructions; returns its value.
+    #[inline]
     fn sync_clock(&mut self) -> u64 {
         let n = std::mem::take(&mut self.unsynced);
         self.clock.fetch_add(n, Ordering::Relaxed).wrapping_add(n)
+    }
+
+    /// [`resolve`](Self::resolve) for the common case, with the same result: a legal
+    /// successor that is not a signal handler (so the counter need not be consulted), tracing
+    /// on, and at most a TNT bit to write ([`SoftEncoder::block_fast`]). Returns false, having
+    /// changed nothing, otherwise.
+    #[inline]
+    fn resolve_fast(&mut self, p: &'b BlockInfo, next: u64) -> bool {
+        let cofi = match p.class {
+            InsnClass::CondBranch if next == p.fallthrough => Cofi::Conditional { taken: false },
+            InsnClass::CondBranch if Some(next) == p.target => Cofi::Conditional { taken: true },
+            InsnClass::Other | InsnClass::Ptwrite | InsnClass::Special if next == p.fallthrough => {
+                Cofi::None
+            }
+            InsnClass::DirectJump if Some(next) == p.target => Cofi::DirectJump,
+            InsnClass::DirectCall if Some(next) == p.target => Cofi::DirectCall,
+            InsnClass::Return => Cofi::Return,
+            _ => return false,
+        };
+        if self.handlers.is_some_and(|h| h.contains(next)) {
+            return false;
+        }
+        let n = u64::from(p.insns);
+        let step = Step {
+            ip: p.last_ip,
+            len: p.last_len,
+            cofi,
+            next_ip: next,
+        };
+        if !self.enc.block_fast(n, step) {
+            return false;
+        }
+        self.unsynced += n;
+        if self.unsynced >= self.config.tsc_period {
+            let t = self.sync_clock();
+            self.enc.tsc_now(t);
+            self.stats.tsc_stamps += 1;
+        }
+        true
     }
 
     fn resolve(&mut self, p: &'b BlockInfo, next: Option<u64>) {
@@ -220,6 +288,7 @@ impl<'b> ThreadTracer<'b> {
 
     /// Enables tracing at `ip`; when that re-enables it (back from the kernel), stamps the
     /// stream with the global clock right after the TIP.PGE.
+    #[inline]
     fn stamp_at(&mut self, ip: u64) {
         if self.enc.is_tracing() {
             return;
@@ -319,6 +388,7 @@ impl<'b> ThreadTracer<'b> {
 
 /// The change of flow of `p`'s last instruction if execution legally went on at `next` (`None`:
 /// the thread ended, legal only after a system call or software interrupt).
+#[inline]
 fn successor(p: &BlockInfo, next: Option<u64>) -> Option<Cofi> {
     match p.class {
         InsnClass::SysCall => return Some(Cofi::KernelEntry),

@@ -160,6 +160,10 @@ impl RetStack {
         self.len = (self.len + 1).min(RET_STACK_DEPTH);
     }
 
+    fn peek(&self) -> Option<u64> {
+        (self.len > 0).then(|| self.entries[self.top])
+    }
+
     fn pop(&mut self) -> Option<u64> {
         if self.len == 0 {
             return None;
@@ -255,6 +259,7 @@ impl SoftEncoder {
 
     /// Whether packet generation is currently on (PacketEn = 1): false before the first step,
     /// after [`disable`](Self::disable), and between a kernel entry and the next step.
+    #[inline]
     pub fn is_tracing(&self) -> bool {
         self.state == Enable::On
     }
@@ -270,10 +275,45 @@ impl SoftEncoder {
     /// single-stepping and the block-driven (QEMU plugin) captures share every packet-level
     /// decision. Tracing is (re-)enabled and a periodic PSB+ placed at `start`, the only
     /// instruction boundary before `last` a block-driven caller can see.
+    #[inline]
     pub fn block(&mut self, start: u64, insns: u64, last: Step) {
         self.enter(start);
         self.stats.instructions += insns;
         self.cofi(last);
+    }
+
+    /// [`block`](Self::block) for the common case of a block-driven capture, when it writes
+    /// nothing but at most a TNT bit: packet generation is on, no PSB+ is due, and the last
+    /// instruction is a plain one, a direct jump or call, a conditional branch, or a return
+    /// the return stack compresses. Returns false, having changed nothing, in every other case
+    /// (the caller then uses [`block`](Self::block)). The result is the same as `block`'s.
+    #[inline]
+    pub fn block_fast(&mut self, insns: u64, last: Step) -> bool {
+        if self.state != Enable::On
+            || self.stats.bytes - self.psb_at >= self.config.psb_period as u64
+        {
+            return false;
+        }
+        match last.cofi {
+            Cofi::None | Cofi::DirectJump => {}
+            Cofi::Conditional { taken } => self.tnt(taken),
+            Cofi::DirectCall => {
+                let nlip = last.nlip();
+                if last.next_ip != nlip {
+                    self.ret_stack.push(nlip);
+                }
+            }
+            Cofi::Return
+                if self.config.ret_compression && self.ret_stack.peek() == Some(last.next_ip) =>
+            {
+                self.ret_stack.pop();
+                self.stats.compressed_rets += 1;
+                self.tnt(true);
+            }
+            _ => return false,
+        }
+        self.stats.instructions += insns;
+        true
     }
 
     /// Encodes `insns` instructions from `start` that executed without changing the flow (a
@@ -300,6 +340,7 @@ impl SoftEncoder {
 
     /// The next instruction to execute is at `ip`: enables tracing there if needed (PSB+ and
     /// TIP.PGE, as [`step`](Self::step) would), else places a due periodic PSB+ there.
+    #[inline]
     pub fn enter(&mut self, ip: u64) {
         match self.state {
             Enable::Off => self.enable_at(ip, true),
@@ -313,6 +354,7 @@ impl SoftEncoder {
     }
 
     /// The packets of one executed change-of-flow (or plain) instruction.
+    #[inline]
     fn cofi(&mut self, step: Step) {
         let nlip = step.nlip();
         match step.cofi {
@@ -427,11 +469,13 @@ impl SoftEncoder {
     }
 
     /// TNT bits decided but not yet written (oldest in the highest of the `count` low bits).
+    #[inline]
     pub fn pending_tnt(&self) -> (u64, u8) {
         (self.tnt_bits, self.tnt_count)
     }
 
     /// Bytes produced but not yet taken.
+    #[inline]
     pub fn pending_output(&self) -> &[u8] {
         &self.out
     }
@@ -487,6 +531,7 @@ impl SoftEncoder {
         self.stats.bytes = self.psb_at;
     }
 
+    #[inline]
     fn tnt(&mut self, taken: bool) {
         self.tnt_bits = (self.tnt_bits << 1) | u64::from(taken);
         self.tnt_count += 1;
@@ -962,5 +1007,60 @@ mod tests {
         let b = e.consume_output(|o| o.len());
         assert_eq!(e.stats().bytes, (a + b) as u64);
         assert_eq!(e.stats().instructions, 2);
+    }
+
+    #[test]
+    fn block_fast_writes_what_block_writes() {
+        // Two encoders fed the same blocks: one always through `block`, the other through
+        // `block_fast` where it accepts. Small PSB period, calls and
+        // returns to other places, kernel entries and indirect jumps in between.
+        let config = EncoderConfig {
+            psb_period: 64,
+            ..EncoderConfig::default()
+        };
+        let (mut slow, mut fast) = (SoftEncoder::new(config), SoftEncoder::new(config));
+        let mut s: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut calls = Vec::new();
+        let mut accepted = 0;
+        for i in 0..20_000u64 {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let start = 0x40_0000 + (s % 4096) * 16;
+            let ip = start + 8;
+            let (cofi, next_ip) = match s % 11 {
+                0..=3 => (Cofi::Conditional { taken: s & 64 != 0 }, ip + 2),
+                4 => (Cofi::None, ip + 2),
+                5 => (Cofi::DirectJump, start + 0x100),
+                6 => {
+                    calls.push(ip + 2);
+                    (Cofi::DirectCall, start + 0x200)
+                }
+                7 | 8 => {
+                    // A matching return, or one elsewhere (not compressed).
+                    let back = calls.pop().unwrap_or(0x50_0000);
+                    (Cofi::Return, if s & 128 != 0 { back } else { back + 4 })
+                }
+                9 => (Cofi::IndirectJump, start ^ 0x1230),
+                _ => (Cofi::KernelEntry, ip + 2),
+            };
+            let step = Step {
+                ip,
+                len: 2,
+                cofi,
+                next_ip,
+            };
+            let n = 1 + i % 5;
+            slow.block(start, n, step);
+            if fast.block_fast(n, step) {
+                accepted += 1;
+            } else {
+                fast.block(start, n, step);
+            }
+        }
+        assert!(accepted > 5_000, "fast path taken {accepted} times");
+        assert_eq!(fast.pending_tnt(), slow.pending_tnt());
+        assert_eq!(fast.stats(), slow.stats());
+        assert_eq!(fast.take_output(), slow.take_output());
     }
 }

@@ -464,6 +464,10 @@ impl RecordedState for SoftCapture {
         log.thread_at(log.global_position(self.pid, n)? as usize)
     }
 
+    fn global(&self) -> Option<&dyn RecordedState> {
+        self.rec.state_log().map(|l| l as &dyn RecordedState)
+    }
+
     fn memory_at(&self, n: u64, addr: u64, buf: &mut [u8]) {
         if let Some(log) = self.rec.state_log()
             && let Some(g) = log.global_position(self.pid, n)
@@ -548,6 +552,10 @@ impl RecordedState for StateLog {
 
     fn thread_at(&self, n: u64) -> Option<i32> {
         StateLog::thread_at(self, n as usize)
+    }
+
+    fn global_of(&self, tid: i32, n: u64) -> Option<u64> {
+        self.global_position(tid, n)
     }
 
     fn memory_at(&self, n: u64, addr: u64, buf: &mut [u8]) {

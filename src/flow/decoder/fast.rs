@@ -41,8 +41,7 @@ impl FlowDecoder<'_> {
     /// [`Self::replay_step`] for each of its blocks would: counted, its CALLs pushed in order.
     #[inline(always)]
     pub(super) fn skip_path(&mut self, sum: PathSum) {
-        self.n_insns += sum.insns as u64;
-        self.n_runs += (self.path_end - self.path_pos) as u64;
+        // Counted by `start_path` already.
         if sum.pushes {
             let paths = &self.cache.paths;
             for &e in &paths.elems[self.path_pos as usize..self.path_end as usize] {
@@ -72,6 +71,12 @@ impl FlowDecoder<'_> {
         let slot = &paths.slots[at];
         if slot.key == key {
             self.stats.path_hits += 1;
+            // The whole replay is counted here, once: per block, the two counters compiled
+            // to one 16-byte read-modify-write that stalled on the scalar stores of the walk
+            // before it (store forwarding), the single largest cost of a replayed block.
+            // `settle_path` takes back what it hands to the queue instead.
+            self.n_insns += slot.insns as u64;
+            self.n_runs += slot.len as u64;
             self.ip = slot.end_ip;
             self.next_blk = slot.end_blk;
             self.tnt_count = slot.end_count;
@@ -148,18 +153,15 @@ impl FlowDecoder<'_> {
         Some(idx)
     }
 
-    /// Hands out the next block of a path replay (counted, its CALL pushed).
+    /// Hands out the next block of a path replay (its CALL pushed; counted by `start_path`).
     #[inline(always)]
     pub(super) fn replay_step(&mut self) -> u32 {
         let e = self.cache.paths.elems[self.path_pos as usize];
         self.path_pos += 1;
         let idx = e & !PATH_PUSH;
-        let b = &self.cache.blocks[idx as usize];
         if e & PATH_PUSH != 0 {
-            self.ret.push(b.next);
+            self.ret.push(self.cache.blocks[idx as usize].next);
         }
-        self.n_insns += b.n as u64;
-        self.n_runs += 1;
         idx
     }
 
@@ -179,6 +181,14 @@ impl FlowDecoder<'_> {
         if len == 0 || end_walked > u32::MAX as u64 {
             return;
         }
+        let blocks = &self.cache.blocks;
+        let insns: u64 = paths.elems[self.rec_at as usize..]
+            .iter()
+            .map(|&e| blocks[(e & !PATH_PUSH) as usize].n as u64)
+            .sum();
+        let Ok(insns) = u32::try_from(insns) else {
+            return;
+        };
         self.stats.paths_recorded += 1;
         paths.recorded += 1;
         let at = paths.slot(key);
@@ -190,6 +200,7 @@ impl FlowDecoder<'_> {
             end_walked: end_walked as u32,
             at: self.rec_at,
             len,
+            insns,
         };
     }
 
@@ -216,6 +227,9 @@ impl FlowDecoder<'_> {
             if e & PATH_PUSH != 0 {
                 self.ret.push(b.next);
             }
+            // `start_path` counted it; `make_run` counts it again.
+            self.n_insns -= n as u64;
+            self.n_runs -= 1;
             let r = self.make_run(idx, 0, n);
             self.out.push_back(Seg::Run(r));
         }

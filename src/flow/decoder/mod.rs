@@ -314,6 +314,9 @@ impl<'a> FlowDecoder<'a> {
             .set_position(usize::try_from(offset).unwrap_or(usize::MAX));
         self.pushback = None;
         self.state = State::NoSync;
+        let (rest_insns, rest_runs) = self.replay_rest();
+        self.n_insns -= rest_insns;
+        self.n_runs -= rest_runs;
         self.path_pos = self.path_end;
         self.rec_key = 0;
         self.out.clear();
@@ -329,11 +332,23 @@ impl<'a> FlowDecoder<'a> {
         self.pkt.offset()
     }
 
+    /// The instructions and blocks of the path replay in progress not handed out yet: a replay
+    /// is counted whole when it starts (`start_path`), these are taken back when it is cut.
+    fn replay_rest(&self) -> (u64, u64) {
+        let rest = &self.cache.paths.elems[self.path_pos as usize..self.path_end as usize];
+        let insns = rest
+            .iter()
+            .map(|&e| self.cache.blocks[(e & !PATH_PUSH) as usize].n as u64)
+            .sum();
+        (insns, rest.len() as u64)
+    }
+
     /// Counters so far.
     pub fn stats(&self) -> FlowStats {
         let mut s = self.stats;
-        s.insns = self.n_insns;
-        s.runs = self.n_runs;
+        let (rest_insns, rest_runs) = self.replay_rest();
+        s.insns = self.n_insns - rest_insns;
+        s.runs = self.n_runs - rest_runs;
         s.decoded_insns = self.cache.decoded;
         s.cache_flushes = self.cache.flushes;
         s

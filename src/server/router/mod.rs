@@ -1,7 +1,7 @@
 //! The packet router: our own connection loop in front of gdbstub's state machine, in three
 //! parts besides the loop here: `framing` (bytes ⇄ frames, both ways), `precheck` (what
 //! gdbstub would reject fatally, answered with a typed [`Refusal`]) and `lldb` (LLDB's
-//! packets).
+//! packets); `threads_xfer` serves the thread list as one `qXfer` document.
 //!
 //! Every byte from GDB goes through a [`Framer`] first. Complete packets are then
 //!
@@ -20,6 +20,7 @@
 mod framing;
 mod lldb;
 mod precheck;
+mod threads_xfer;
 
 pub use framing::{Frame, Framer, RouterConn};
 pub use lldb::memory_region_info;
@@ -171,6 +172,7 @@ impl Router {
             running: false,
         };
         lldb::register(&mut router);
+        threads_xfer::register(&mut router);
         router
     }
 

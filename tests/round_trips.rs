@@ -1,0 +1,148 @@
+//! What a `reverse-stepi` costs GDB in round trips: real GDB 13 with `set debug remote 1`
+//! around a few reverse steps, the packets it sends counted per step. Each packet is a round
+//! trip over the connection, which is most of what a step costs as GDB sees it
+//! (docs/benchmarks.md, "Reverse-stepi from a real GDB client"); these tests pin the ones the
+//! server can avoid.
+
+use std::ffi::OsString;
+use std::path::Path;
+use std::time::Duration;
+
+mod support;
+
+use support::cbuild::cc;
+use support::gdb::{GdbRun, Server, gdb_session};
+use support::qemu::{plugin, qemu_available};
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A loop of calls and data-dependent branches (the program of `bench_gdb_latency`).
+const PROGRAM: &str = r#"
+#include <stdlib.h>
+volatile long sink;
+__attribute__((noinline)) static long mix(long x) { return x * 2654435761L ^ (x >> 7); }
+__attribute__((noinline)) void done(long s) { sink = s; }
+int main(int argc, char **argv) {
+    long n = argc > 1 ? atol(argv[1]) : 1000;
+    long s = 0;
+    for (long i = 0; i < n; i++) {
+        if (mix(i) & 4) s += i; else s ^= mix(s);
+    }
+    done(s);
+    return 0;
+}
+"#;
+
+const STEPS: usize = 3;
+
+fn compile(dir: &Path) -> std::path::PathBuf {
+    let src = dir.join("loop.c");
+    std::fs::write(&src, PROGRAM).unwrap();
+    let exe = dir.join("loop");
+    cc([
+        "-O1",
+        "-g",
+        "-no-pie",
+        "-o",
+        exe.to_str().unwrap(),
+        src.to_str().unwrap(),
+    ]);
+    exe
+}
+
+/// Runs `before`, then `STEPS` reverse-stepi with remote debugging on; returns the packets GDB
+/// sent during them (the text after `Sending packet: $`, up to the `#`). GDB prints its remote
+/// log on stderr, apart from its stdout, so the steps are taken together and the counts
+/// divided by `STEPS`.
+fn steps(server: Server, exe: &Path, before: &[&str]) -> (GdbRun, Vec<String>) {
+    let mut cmds: Vec<String> = before.iter().map(|s| s.to_string()).collect();
+    // One step first: what GDB sends only on the first resume after a stop is not per step.
+    cmds.push("reverse-stepi".into());
+    cmds.push("set debug remote 1".into());
+    for _ in 0..STEPS {
+        cmds.push("reverse-stepi".into());
+    }
+    cmds.push("set debug remote 0".into());
+    cmds.push("echo END\\n".into());
+    cmds.push("info threads".into());
+    cmds.push("kill".into());
+    let run = gdb_session(server, exe, &cmds, TIMEOUT);
+    let packets: Vec<String> = run
+        .gdb
+        .lines()
+        .filter_map(|l| l.split_once("Sending packet: $").map(|x| x.1))
+        .map(|p| p.rsplit_once('#').map_or(p, |x| x.0).to_string())
+        .collect();
+    (run, packets)
+}
+
+/// How many of `packets` start with `prefix`.
+fn count(packets: &[String], prefix: &str) -> usize {
+    packets.iter().filter(|x| x.starts_with(prefix)).count()
+}
+
+/// The checks every target shares: one `bs` per step, the thread list read once per step
+/// through `qXfer:threads:read` (not `qfThreadInfo` + `qsThreadInfo`), `info threads` still
+/// right.
+fn check_common(run: &GdbRun, packets: &[String]) {
+    assert_eq!(count(packets, "bs"), STEPS, "{packets:?}\n{}", run.dump());
+    assert_eq!(
+        count(packets, "qXfer:threads:read:"),
+        STEPS,
+        "the thread list in one read per step: {packets:?}\n{}",
+        run.dump()
+    );
+    assert_eq!(
+        count(packets, "qfThreadInfo") + count(packets, "qsThreadInfo"),
+        0,
+        "{packets:?}\n{}",
+        run.dump()
+    );
+    assert!(
+        run.after("END").contains("* 1    Thread "),
+        "info threads lists the thread\n{}",
+        run.dump()
+    );
+}
+
+#[test]
+fn live_ptrace_reverse_stepi_round_trips() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile(dir.path());
+    let server = Server::start(&exe, &["200"]);
+    let (run, packets) = steps(server, &exe, &["break done", "continue"]);
+    check_common(&run, &packets);
+    // The stop reply expedites rbp/rsp/rip (the state log knows them): no `g`. GDB reads the
+    // stack once per stop to unwind (one `m`), and inserts and removes its breakpoints
+    // (`done` and the dynamic linker's) around each resume.
+    assert_eq!(count(&packets, "g"), 0, "{packets:?}\n{}", run.dump());
+    assert_eq!(count(&packets, "m"), STEPS, "{packets:?}\n{}", run.dump());
+    let rest = packets.len() - count(&packets, "Z0") - count(&packets, "z0");
+    assert_eq!(rest, 3 * STEPS, "bs, m, qXfer: {packets:?}\n{}", run.dump());
+}
+
+#[test]
+fn qemu_pc_only_reverse_stepi_round_trips() {
+    if !qemu_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile(dir.path());
+    let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--trace-dir"]
+        .iter()
+        .map(Into::into)
+        .collect();
+    cli.push(dir.path().join("rec").into());
+    cli.extend(["--qemu-plugin".into(), plugin().into(), "--".into()]);
+    cli.push(exe.clone().into());
+    cli.push("200".into());
+    let server = Server::start_cli(&cli);
+    let (run, packets) = steps(server, &exe, &[]);
+    check_common(&run, &packets);
+    // PC-only: GDB reads the register file once per stop (`g`: every register but rip is
+    // unavailable, so it never reads memory near a made-up stack pointer).
+    assert_eq!(count(&packets, "g"), STEPS, "{packets:?}\n{}", run.dump());
+    assert_eq!(count(&packets, "m"), 0, "{packets:?}\n{}", run.dump());
+    let rest = packets.len() - count(&packets, "Z0") - count(&packets, "z0");
+    assert_eq!(rest, 3 * STEPS, "bs, g, qXfer: {packets:?}\n{}", run.dump());
+}
