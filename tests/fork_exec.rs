@@ -103,3 +103,98 @@ fn forked_child_does_not_inherit_inserted_breakpoints() {
     r.expect("$1 = 6");
     check_program_ran_fully(&r);
 }
+
+/// `record --follow-fork child` (GDB's `set follow-fork-mode child` does not reach the server:
+/// it reports no fork events): the recording goes on in the child, whose own calls of
+/// `shared_work` (5, then 2) stop; the parent, detached, runs untraced to its exec. Reverse
+/// execution goes back from the child's end over its calls to the instruction after the
+/// `fork`, where the child's RAX (fork's result) is 0; the history decodes exactly.
+#[test]
+fn follow_fork_child_records_the_child_and_reverses_to_the_fork() {
+    let dir = examples();
+    let program = dir.join("forkexec");
+    let newimage = dir.join("newimage");
+    let server = Server::start_cli(&[
+        "record".into(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--follow-fork".into(),
+        "child".into(),
+        "--".into(),
+        program.clone().into(),
+        newimage.into(),
+    ]);
+    let shared = line_of("forkexec.c", "/* SHARED LINE */");
+    let r = gdb_session(
+        server,
+        &program,
+        &[
+            "break shared_work",
+            "continue",
+            "print x",
+            "continue",
+            "print x",
+            "delete",
+            "continue",
+            "echo AT-END\n",
+            "break shared_work",
+            "reverse-continue",
+            "print x",
+            "reverse-continue",
+            "print x",
+            "delete",
+            "reverse-finish",
+            "echo AFTER-FORK\n",
+            "reverse-stepi",
+            "reverse-stepi",
+            "reverse-stepi",
+            "reverse-stepi",
+            "reverse-stepi",
+            "reverse-stepi",
+            "reverse-stepi",
+            "monitor stats",
+            "continue",
+            "continue",
+            "continue",
+        ],
+        TIMEOUT,
+    );
+    r.expect("following the child (--follow-fork child)");
+    r.expect(&format!("forkexec.c:{shared}"));
+    // Forward: the child's calls, in order.
+    let before_end = &r.gdb[..r.pos("AT-END")];
+    let (a, b) = (before_end.find("$1 = 5"), before_end.find("$2 = 2"));
+    assert!(
+        a.is_some() && b.is_some() && a < b,
+        "the child's calls 5 then 2 not seen\n{}",
+        r.dump()
+    );
+    // Backward from the end: 2 then 5.
+    let after_end = r.after("AT-END");
+    let (a, b) = (after_end.find("$3 = 2"), after_end.find("$4 = 5"));
+    assert!(
+        a.is_some() && b.is_some() && a < b,
+        "reverse-continue did not find the child's calls 2 then 5\n{}",
+        r.dump()
+    );
+    r.expect("execs / forks followed   0 / 1");
+    r.expect("decode errors            0");
+    r.expect("history check            ok");
+    // The child ran to its end (exit status 6, so the untraced parent printed 18 and went on to
+    // its exec); reverse-stepping back from the child's first call reached the code before
+    // the `if (child == 0)` test at line 12 without leaving the recording.
+    let fork_test = line_of("forkexec.c", "if (child == 0) {");
+    assert!(
+        r.after("AFTER-FORK").contains(&format!("{fork_test}\t")),
+        "{}",
+        r.dump()
+    );
+    for line in [
+        "child computed 15",
+        "parent saw 6 -> 18",
+        "new image from-exec 42",
+    ] {
+        assert!(r.program_stdout.contains(line), "{}", r.dump());
+    }
+    r.expect("exited with code 06");
+}
