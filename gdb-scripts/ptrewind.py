@@ -1,4 +1,5 @@
-# ptrewind GDB helpers: `pt history`, `pt calls`, `pt goto N`, `pt where`, `pt stats`.
+# ptrewind GDB helpers: `pt history`, `pt calls`, `pt goto N`, `pt where`, `pt stats`,
+# `pt reverse-finish`, `pt reverse-next`.
 #
 # Each command runs the matching `monitor` command of the ptrewind server and prints its text,
 # coloured when the terminal supports it. Load with `source ptrewind.py` (`ptrewind gdb` does).
@@ -108,6 +109,62 @@ class PtGoto(gdb.Command):
         gdb.execute("frame")
 
 
+class PtReverse(gdb.Command):
+    """pt reverse-finish | pt reverse-next: reverse-finish / reverse-next in the selected thread,
+    done by the server from the decoded calls and returns. For a past without a stack pointer
+    (PC-only: QEMU and hardware recordings), where GDB cannot unwind and cannot do them itself;
+    GDB's own reverse-finish and reverse-next use these there."""
+
+    def __init__(self, what):
+        super().__init__("pt " + what, gdb.COMMAND_USER)
+        self._what = what
+
+    def invoke(self, arg, from_tty):
+        text = _monitor(self._what)
+        sys.stdout.write(_paint(text))
+        if ("monitor " + self._what + ":") in text:
+            raise gdb.GdbError("ptrewind: " + self._what + " not possible here")
+        gdb.execute("maintenance flush register-cache", to_string=True)
+        gdb.execute("frame")
+
+
+def _sp_unavailable():
+    try:
+        return str(gdb.parse_and_eval("$sp")) == "<unavailable>"
+    except gdb.error:
+        return False
+
+
+class _PtHook(gdb.Command):
+    """Runs before GDB's reverse-finish/reverse-next/reverse-step: in a past without a stack
+    pointer GDB cannot unwind (reverse-finish would say "not meaningful in the outermost frame",
+    reverse-next would run back to the previous breakpoint); the server does reverse-finish and
+    reverse-next instead, and reverse-step is refused with the reason."""
+
+    def __init__(self):
+        super().__init__("pt _before", gdb.COMMAND_USER)
+
+    def invoke(self, arg, from_tty):
+        what = arg.strip()
+        if not _sp_unavailable():
+            return
+        if what == "reverse-step":
+            raise gdb.GdbError(
+                "ptrewind: reverse-step needs the stack pointer, which this past does not have "
+                "(PC-only); use reverse-next, reverse-finish, reverse-stepi or a breakpoint and "
+                "reverse-continue"
+            )
+        gdb.execute("pt " + what)
+        # An error keeps GDB from running its own version after this hook.
+        raise gdb.GdbError(
+            "ptrewind: " + what + " done from the recorded calls and returns (no stack pointer "
+            "in this past)"
+        )
+
+
+for _cmd in ("reverse-finish", "reverse-next", "reverse-step"):
+    gdb.execute("define hook-%s\npt _before %s\nend" % (_cmd, _cmd))
+
 PtPrefix()
 PtHistory()
 PtCalls()
@@ -115,3 +172,6 @@ PtWhere()
 PtStats()
 PtView()
 PtGoto()
+PtReverse("reverse-finish")
+PtReverse("reverse-next")
+_PtHook()

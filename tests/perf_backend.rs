@@ -1054,3 +1054,70 @@ fn perf_event_open_errors_are_explained() {
     assert!(matches!(e, PtUnavailable::OpenFailed { errno, .. } if errno == libc::EINVAL));
     assert!(e.to_string().contains("Invalid argument"), "{e}");
 }
+
+/// The hardware backend's live session stops at the end of the program (no PT machine here: the
+/// AUX area is a simulated source, the process a real one under ptrace): the exit is a stop of
+/// the timeline (`Exiting`, with the at-exit notice), the AUX data written meanwhile is drained
+/// into the store at that stop, the process is still there (its registers readable), and the
+/// next resume lets it exit.
+#[test]
+fn hardware_live_session_stops_at_the_exit() {
+    use ptrewind::capture::perf::{AuxSink, DrainSource, PerfCapture, PerfPtError, PtSource};
+    use ptrewind::ring::aux::AuxStats;
+    use ptrewind::target::{Notice, PtraceTarget, Resume, SpawnOptions, StopEvent};
+    use ptrewind::timeline::Timeline;
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicU64;
+    use std::time::Duration;
+
+    /// Hands out `PAYLOAD` once per resume (as a CPU would write trace while the process runs).
+    struct Sim {
+        pending: Arc<AtomicU64>,
+    }
+    const PAYLOAD: &[u8] = &[0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82];
+    impl DrainSource for Sim {
+        fn drain_once(&mut self, sink: &mut dyn AuxSink) -> Result<u64, PerfPtError> {
+            if self.pending.swap(0, Ordering::AcqRel) == 0 {
+                return Ok(0);
+            }
+            sink.trace(1, PAYLOAD);
+            Ok(PAYLOAD.len() as u64)
+        }
+        fn wait_ready(&self, period: Duration) {
+            std::thread::sleep(period.min(Duration::from_millis(2)));
+        }
+    }
+    impl PtSource for Sim {
+        fn set_tracing(&mut self, on: bool) -> Result<(), PerfPtError> {
+            if on {
+                self.pending.store(1, Ordering::Release);
+            }
+            Ok(())
+        }
+        fn aux_stats(&self) -> AuxStats {
+            AuxStats::default()
+        }
+    }
+    let pending = Arc::new(AtomicU64::new(1));
+    let target = PtraceTarget::spawn(&"/bin/true".into(), &[], &SpawnOptions::default())
+        .expect("spawn /bin/true");
+    let capture = PerfCapture::with_source(
+        target,
+        Sim {
+            pending: Arc::clone(&pending),
+        },
+    )
+    .stop_at_exit(true);
+    let mut t = Timeline::live(Box::new(capture), true).expect("timeline");
+    let store = t.trace_store();
+    t.resume(Resume::Continue { signal: None }).unwrap();
+    assert_eq!(t.wait(true).unwrap(), Some(StopEvent::Exiting));
+    assert!(t.take_notices().contains(&Notice::AtExit));
+    assert_eq!(store.len(), PAYLOAD.len(), "drained at the exit stop");
+    assert!(!t.has_exited());
+    let regs = t.read_registers().expect("registers at the exit");
+    assert_ne!(regs.pc(), 0);
+    t.resume(Resume::Continue { signal: None }).unwrap();
+    assert_eq!(t.wait(true).unwrap(), Some(StopEvent::Exited(0)));
+    assert!(t.has_exited());
+}

@@ -509,8 +509,9 @@ fn printed_after<'a>(run: &'a GdbRun, mark: &str) -> &'a str {
 /// (another breakpoint) at worker A's last `step_a` — in whichever thread hit last in global
 /// order; the arguments and the shared variable are the values of that moment; every thread's
 /// backtrace is readable there; reverse-finish and reverse-next move within the selected
-/// thread; `monitor calls` shows the selected thread's own calls; continuing forward comes
-/// back to the present.
+/// thread; `monitor calls` shows the selected thread's own calls; a write watchpoint going back
+/// from worker A's start stops in main (its thread creation, whose writes the log does not
+/// know, then its last writes); continuing forward comes back to the present.
 #[test]
 fn live_ptrace_session_serves_every_threads_past() {
     if !have("gdb") {
@@ -567,9 +568,31 @@ fn live_ptrace_session_serves_every_threads_past() {
             "frame",
             "echo @a-calls\\n",
             "monitor calls 4",
+            "monitor stats",
             "echo @a-threads\\n",
             "info threads",
             "echo @a-end\\n",
+            "break worker_a",
+            "reverse-continue",
+            "delete",
+            "watch sink",
+            "reverse-continue",
+            "echo @w\\n",
+            "print sink",
+            "reverse-continue",
+            "echo @w1\\n",
+            "print sink",
+            "frame",
+            "reverse-continue",
+            "echo @w2\\n",
+            "print sink",
+            "frame",
+            "reverse-continue",
+            "echo @w3\\n",
+            "print sink",
+            "frame",
+            "echo @w-end\\n",
+            "delete",
             "continue",
             "echo @present\\n",
             "print sink",
@@ -638,6 +661,12 @@ fn live_ptrace_session_serves_every_threads_past() {
         "A's own calls\n{}",
         run.dump()
     );
+    // `monitor stats` in the past checks every thread's history against the state log.
+    assert!(
+        run.gdb.contains("ok: the 3 threads' histories hold"),
+        "{}",
+        run.dump()
+    );
     let threads = run.after("@a-threads");
     let threads = &threads[..threads.find("@a-end").unwrap_or(threads.len())];
     assert_eq!(
@@ -653,6 +682,29 @@ fn live_ptrace_session_serves_every_threads_past() {
         "A selected\n{}",
         run.dump()
     );
+    // A watchpoint from worker A's start, going back: the first stop is in main (another
+    // thread), at its thread creation (a system call whose writes the log does not know: a
+    // plain trap) or at its last write, with main's three writes done; further back, main's
+    // write in step_a(1002), with the value before it.
+    let main_tid = run.pid;
+    let w = run.after("@a-end");
+    let w = &w[..w.find("@w-end").unwrap_or(w.len())];
+    assert!(
+        w.contains(&format!("[Switching to Thread {main_tid}.{main_tid}]")),
+        "{}",
+        run.dump()
+    );
+    assert_eq!(printed_after(&run, "@w"), "3003", "{}", run.dump());
+    let at_1002 = ["@w1", "@w2", "@w3"]
+        .iter()
+        .find(|m| {
+            run.after(m)
+                .lines()
+                .find(|l| l.starts_with("#0  "))
+                .is_some_and(|l| l.contains("step_a (i=1002)"))
+        })
+        .unwrap_or_else(|| panic!("no stop at main's last write\n{}", run.dump()));
+    assert_eq!(printed_after(&run, at_1002), "2001", "{}", run.dump());
     // Forward to the end of the past: the present again, where B crashed.
     assert!(
         run.gdb.contains("No more reverse-execution history"),
@@ -662,6 +714,81 @@ fn live_ptrace_session_serves_every_threads_past() {
     assert_eq!(
         printed_after(&run, "@present"),
         b_xor(60).to_string(),
+        "{}",
+        run.dump()
+    );
+}
+
+/// reverse-finish and reverse-next in a PC-only multi-thread past (a QEMU recording: no stack
+/// pointer, GDB cannot unwind): with ptrewind's GDB script, GDB's own commands are done by the
+/// server from the decoded calls and returns, in the selected thread. From worker B's last
+/// `step_b`: reverse-finish stops at the call instruction in `worker_b`; reverse-next goes back
+/// to the start of that one-line function's line (its first instruction); reverse-step is
+/// refused with the reason.
+#[test]
+fn reverse_finish_and_next_in_a_pc_only_thread() {
+    if !ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = build(dir.path());
+    let rec_dir = dir.path().join("rec");
+    let (_recorded, status) = record_into(&rec_dir, &exe, &[], true);
+    assert!(!status.success(), "the program crashes");
+    let mut cli: Vec<OsString> = ["replay", "--listen", "127.0.0.1:0", "--qemu"]
+        .iter()
+        .map(Into::into)
+        .collect();
+    cli.push(rec_dir.into());
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("gdb-scripts/ptrewind.py");
+    let run = gdb_session(
+        Server::start_cli(&cli),
+        &exe,
+        &[
+            format!("source {}", script.display()),
+            "break step_b".into(),
+            "reverse-continue".into(),
+            "delete".into(),
+            "echo @finish\\n".into(),
+            "reverse-finish".into(),
+            "printf \"PC %lx\\n\", $pc".into(),
+            "x/i $pc".into(),
+            "echo @next\\n".into(),
+            "reverse-next".into(),
+            "printf \"PC %lx\\n\", $pc".into(),
+            "echo @step\\n".into(),
+            "reverse-step".into(),
+            "printf \"PC %lx\\n\", $pc".into(),
+            "monitor thread".into(),
+        ],
+        Duration::from_secs(120),
+    );
+    let pcs: Vec<u64> = run
+        .tagged("PC")
+        .iter()
+        .map(|v| u64::from_str_radix(v, 16).expect("hex pc"))
+        .collect();
+    assert_eq!(pcs.len(), 3, "{}", run.dump());
+    let worker_b = nm_symbol(&exe, "worker_b");
+    // The call to step_b inside worker_b.
+    let finish = run.after("@finish");
+    assert!(
+        pcs[0] > worker_b && finish.contains("call") && finish.contains("step_b"),
+        "{}",
+        run.dump()
+    );
+    assert!(finish.contains("in worker_b"), "{}", run.dump());
+    // worker_b is one line: reverse-next goes back to its first instruction.
+    assert_eq!(pcs[1], worker_b, "{}", run.dump());
+    // reverse-step is refused (the position stays).
+    assert_eq!(pcs[2], pcs[1], "{}", run.dump());
+    assert!(
+        run.gdb.contains("reverse-step needs the stack pointer"),
+        "{}",
+        run.dump()
+    );
+    assert!(
+        !run.gdb.contains("not meaningful in the outermost frame"),
         "{}",
         run.dump()
     );

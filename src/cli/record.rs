@@ -46,6 +46,18 @@ pub enum Mode {
     Snapshot,
 }
 
+/// Which process the software backend records at a `fork`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FollowForkArg {
+    /// The parent; the child is detached and runs untraced (GDB's default: `follow-fork-mode
+    /// parent`, `detach-on-fork on`).
+    Parent,
+    /// The child; the parent is detached and runs untraced, the recording goes on in the child
+    /// (GDB's `follow-fork-mode child`). Not at a `vfork`/`posix_spawn`, nor in a parent with
+    /// several threads: those children are detached.
+    Child,
+}
+
 /// Whether the software backend keeps its state log.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StateLogArg {
@@ -95,6 +107,11 @@ pub struct RecordArgs {
     /// past PC-only like the hardware backend.
     #[arg(long, value_enum, default_value = "on")]
     state_log: StateLogArg,
+    /// Software backend: at a `fork`, go on recording the parent or the child (the other one is
+    /// detached and runs untraced). GDB's `set follow-fork-mode` does not reach the server
+    /// (it reports no fork events), so the choice is made here.
+    #[arg(long, value_enum, default_value = "parent")]
+    follow_fork: FollowForkArg,
     /// Keep address-space randomisation enabled in the program (GDB disables it by default).
     #[arg(long)]
     keep_aslr: bool,
@@ -324,7 +341,8 @@ pub(crate) fn start_recording(args: &RecordArgs, shared_terminal: bool) -> Start
         disable_aslr: !args.keep_aslr,
         drop_terminal_interrupts: shared_terminal,
     };
-    let target = PtraceTarget::spawn(program, prog_args, &options)?;
+    let mut target = PtraceTarget::spawn(program, prog_args, &options)?;
+    target.set_follow_fork_child(args.follow_fork == FollowForkArg::Child);
     let config = RecorderConfig {
         ring,
         record_from: match args.record_from {
@@ -450,7 +468,7 @@ fn start_hardware_recording(
             .map_err(|e| format!("cannot run to {addr:#x}: {e}"))?;
     }
     let capture = match PerfCapture::open(target, config) {
-        Ok(c) => c,
+        Ok(c) => c.stop_at_exit(!args.no_stop_at_exit),
         Err(e) => {
             eprintln!("ptrewind: --backend pt: {e}");
             return Ok(Err(ExitCode::from(2)));

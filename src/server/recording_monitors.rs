@@ -157,6 +157,34 @@ pub fn register_monitors(registry: &mut MonitorRegistry, target: &RecordingTarge
             Ok(where_text(&mut r))
         },
     );
+    for (name, help, finish) in [
+        (
+            "reverse-finish",
+            "reverse-finish: back to the call into the function at the cursor, in the selected \
+             thread, from the decoded calls and returns (a past without a stack pointer)",
+            true,
+        ),
+        (
+            "reverse-next",
+            "reverse-next: back to the start of this source line or the one before it in the \
+             same function, in the selected thread (calls stepped over), from the decoded \
+             calls and returns",
+            false,
+        ),
+    ] {
+        let s = target.shared();
+        registry.register(name, help, move |_, _| {
+            let mut r = s.borrow_mut();
+            r.ensure_indexed(MONITOR_INDEX_WAIT)?;
+            let n = if finish {
+                r.reverse_finish_target()?
+            } else {
+                r.reverse_next_target()?
+            };
+            r.goto(n)?;
+            Ok(where_text(&mut r))
+        });
+    }
     let s = target.shared();
     registry.register(
         "past",

@@ -165,6 +165,14 @@ pub enum Notice {
         /// True for vfork / `CLONE_VFORK` (e.g. `posix_spawn`, `system`).
         vfork: bool,
     },
+    /// The program forked and the target follows the child
+    /// ([`PtraceTarget::set_follow_fork_child`]); the parent runs on untraced.
+    FollowedFork {
+        /// The parent's pid (detached).
+        parent: i32,
+        /// The child's pid, the process from now on.
+        child: i32,
+    },
     /// The program called exec; the old breakpoints and GDB's symbols are stale.
     Exec {
         /// The new executable, if it could be read from /proc.
@@ -204,6 +212,12 @@ impl fmt::Display for Notice {
                 "the program {} child process {child}; the child is detached and runs untraced \
                  (following forks is not supported)",
                 if *vfork { "vforked" } else { "forked" }
+            ),
+            Notice::FollowedFork { parent, child } => write!(
+                f,
+                "the program forked child process {child}; following the child (--follow-fork \
+                 child): the parent {parent} is detached and runs untraced; the recording goes \
+                 on in the child"
             ),
             Notice::Exec { path } => write!(
                 f,

@@ -232,7 +232,12 @@ impl Timeline {
                 None => format!("{} (present)", self.len()),
             },
         );
-        let recorded = self.live.as_ref().and_then(|l| l.recorded());
+        let group_check = self.live_group_check();
+        let recorded = self
+            .live
+            .as_ref()
+            .and_then(|l| l.recorded())
+            .filter(|_| group_check.is_none());
         let logged = self
             .live
             .as_ref()
@@ -241,7 +246,9 @@ impl Timeline {
         let consistent = recorded.is_none_or(|r| h.insns == r && logged.is_none_or(|l| l == r));
         line(
             "history check",
-            if let Err(e) = indexed {
+            if let Some(text) = group_check {
+                text
+            } else if let Err(e) = indexed {
                 format!("pending: {e}")
             } else if recorded.is_none() && self.checks.length_mismatches == 0 {
                 "not applicable: the backend does not count instructions (the trace is the \

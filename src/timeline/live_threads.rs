@@ -13,7 +13,7 @@
 //! While the group exists the main thread's `Timeline` (the one whose store and worker the
 //! backend feeds) is parked like any other when another thread is selected, but the backend and
 //! everything about the session (notices, watchpoints, the exit state) stay in place
-//! ([`keep_session`]). Each time the cursor enters the past from the present the group is built
+//! ([`keep_session`](super::threads::keep_session)). Each time the cursor enters the past from the present the group is built
 //! again (each thread's stream is decoded once for its clock and indexed by its own worker):
 //! the streams grew while the process ran.
 
@@ -57,25 +57,6 @@ fn clock_from_state(
     let mut c = ThreadClock::from_runs(runs, len);
     c.set_stop_ip(trace_clock.stop_ip());
     Some(c)
-}
-
-/// Keeps what belongs to the session rather than to one thread in the timeline in place after
-/// two threads' timelines were swapped (`into` is now in place, `from` parked).
-pub(super) fn keep_session(into: &mut Timeline, from: &mut Timeline) {
-    std::mem::swap(&mut into.live, &mut from.live);
-    std::mem::swap(&mut into.exited, &mut from.exited);
-    std::mem::swap(&mut into.at_exit, &mut from.at_exit);
-    std::mem::swap(&mut into.interrupt, &mut from.interrupt);
-    std::mem::swap(&mut into.record_wanted, &mut from.record_wanted);
-    std::mem::swap(&mut into.checks, &mut from.checks);
-    std::mem::swap(&mut into.notices, &mut from.notices);
-    std::mem::swap(&mut into.untraced_runs, &mut from.untraced_runs);
-    std::mem::swap(&mut into.floor, &mut from.floor);
-    std::mem::swap(&mut into.stop_errors, &mut from.stop_errors);
-    std::mem::swap(&mut into.regs_before_write, &mut from.regs_before_write);
-    std::mem::swap(&mut into.diversion, &mut from.diversion);
-    std::mem::swap(&mut into.diversions, &mut from.diversions);
-    std::mem::swap(&mut into.watches, &mut from.watches);
 }
 
 impl Timeline {
@@ -165,6 +146,8 @@ impl Timeline {
             t.image_maps = self.image_maps.clone();
             t.record_wanted = false;
             t.bps = self.bps.clone();
+            // The same process's symbols (read once, not again for every thread selected).
+            t.symbols = self.symbols.clone();
             t.worker.request_complete();
             let len = t.ensure_indexed(INDEX_WAIT)?;
             if len != clock.len() {
@@ -226,6 +209,34 @@ impl Timeline {
         }));
         self.set_global_position(total);
         Ok(())
+    }
+
+    /// In a live process's past: the `monitor stats` history check over every thread (their
+    /// histories together against the recorded state's instructions), the selected thread's
+    /// history being one thread's; `None` otherwise.
+    pub(super) fn live_group_check(&self) -> Option<String> {
+        let g = self.group.as_ref().filter(|g| g.live_ends.is_some())?;
+        let total = g.order.len();
+        let threads = g.tids.len();
+        let logged = self
+            .live
+            .as_ref()
+            .and_then(|l| l.recorded_state())
+            .and_then(|s| s.global())
+            .map(|s| s.len());
+        Some(match logged {
+            Some(l) if l == total => format!(
+                "ok: the {threads} threads' histories hold {total} instructions, as the state log"
+            ),
+            Some(l) => format!(
+                "ERROR: the {threads} threads' histories hold {total} instructions, the state \
+                 log {l}"
+            ),
+            None => format!(
+                "{threads} threads, {total} instructions in their histories (no state log to \
+                 check against)"
+            ),
+        })
     }
 
     /// Back to the present: the main thread's timeline in place again, the group dropped (the

@@ -20,6 +20,8 @@
 //! * [`threads`] — every thread of a recording in one global order (a selected thread);
 //! * `live_threads` — the same for a live process's past, built from the backend's per-thread
 //!   streams when the cursor leaves the present;
+//! * `source_step` — where reverse-finish and reverse-next go from the decoded calls and
+//!   returns (a past without a stack pointer);
 //! * `diversion` — function calls the debugger makes at the present, run unrecorded.
 //!
 //! ## Live (the cursor is at the present)
@@ -67,9 +69,11 @@
 //!   RIP is the history's PC and every other register is unavailable ([`RegMask::ALL_BUT_PC`](crate::target::RegMask::ALL_BUT_PC);
 //!   GDB prints `<unavailable>`). Memory reads are served only inside read-only, file-backed code
 //!   mappings (which cannot have changed), from the code image; any other read is refused
-//!   ([`TargetError::Memory`]). A present value is never shown as a past one. Source-level
-//!   reverse stepping needs the stack pointer and does not work there; reverse-stepi and
-//!   reverse-continue do.
+//!   ([`TargetError::Memory`]). A present value is never shown as a past one. GDB cannot unwind
+//!   there (no stack pointer): reverse-stepi and reverse-continue work as everywhere, and
+//!   reverse-finish/reverse-next are done by the timeline from the decoded calls and returns
+//!   (`source_step`; `monitor reverse-finish|reverse-next`, which ptrewind's GDB script runs
+//!   for GDB's own commands).
 //! * The live process's breakpoints are never visible (the ptrace target shows original code
 //!   bytes while stopped). Writes to memory or registers in the past are refused.
 //! * A reverse step moves to `n - 1` (at 0 or the floor: `HistoryEnd` at the beginning); a
@@ -104,6 +108,7 @@ pub mod offline;
 mod past;
 pub mod regfiles;
 pub mod save;
+mod source_step;
 pub mod threads;
 
 use std::collections::BTreeSet;

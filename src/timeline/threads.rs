@@ -530,7 +530,7 @@ impl Timeline {
             && let Some(mut other) = g.parked.get_mut(k).and_then(Option::take)
         {
             std::mem::swap(self, &mut other);
-            super::live_threads::keep_session(self, &mut other);
+            keep_session(self, &mut other);
             let old = g.selected;
             g.parked[old] = Some(other);
             g.selected = k;
@@ -756,6 +756,25 @@ impl Timeline {
             }
         }
     }
+}
+
+/// Keeps what belongs to the session rather than to one thread in the timeline in place after
+/// two threads' timelines were swapped (`into` is now in place, `from` parked).
+pub(super) fn keep_session(into: &mut Timeline, from: &mut Timeline) {
+    std::mem::swap(&mut into.live, &mut from.live);
+    std::mem::swap(&mut into.exited, &mut from.exited);
+    std::mem::swap(&mut into.at_exit, &mut from.at_exit);
+    std::mem::swap(&mut into.interrupt, &mut from.interrupt);
+    std::mem::swap(&mut into.record_wanted, &mut from.record_wanted);
+    std::mem::swap(&mut into.checks, &mut from.checks);
+    std::mem::swap(&mut into.notices, &mut from.notices);
+    std::mem::swap(&mut into.untraced_runs, &mut from.untraced_runs);
+    std::mem::swap(&mut into.floor, &mut from.floor);
+    std::mem::swap(&mut into.stop_errors, &mut from.stop_errors);
+    std::mem::swap(&mut into.regs_before_write, &mut from.regs_before_write);
+    std::mem::swap(&mut into.diversion, &mut from.diversion);
+    std::mem::swap(&mut into.diversions, &mut from.diversions);
+    std::mem::swap(&mut into.watches, &mut from.watches);
 }
 
 #[cfg(test)]

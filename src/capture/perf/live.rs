@@ -349,6 +349,14 @@ impl<B: PtSource> PerfCapture<B> {
 }
 
 impl<B: PtSource> PerfCapture<B> {
+    /// Whether the end of the program is a place in the history: when the process exits or
+    /// dies it stays stopped at its exit event, still alive ([`StopEvent::Exiting`]); the AUX
+    /// area is drained there like at any stop, and the next resume lets it exit.
+    pub fn stop_at_exit(mut self, on: bool) -> Self {
+        self.ptrace.set_stop_at_exit(on);
+        self
+    }
+
     fn target(&mut self) -> &mut PtraceTarget {
         &mut self.ptrace
     }

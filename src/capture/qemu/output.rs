@@ -300,6 +300,35 @@ mod tests {
         // The file is never reused.
         assert!(ThreadOutput::create(path).is_err());
     }
+
+    #[test]
+    fn tail_reads_back_what_was_mirrored() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("1-1.tail");
+        let mut t = Tail::create(&path).expect("create");
+        let b = super::super::BlockInfo::new(&[0x1000, 0x1002], &[0x90]).expect("block");
+        t.reset(4096);
+        t.mirror(&[1, 2, 3]);
+        t.mirror(&[1, 2, 3, 4, 5]);
+        t.set_state(true, Some((&b, 7)), (0b101, 3));
+        let read = |p: &Path| TailState::read(&std::fs::read(p).expect("read")).expect("tail");
+        assert_eq!(
+            read(&path),
+            TailState {
+                file_offset: 4096,
+                bytes: vec![1, 2, 3, 4, 5],
+                tracing: true,
+                in_flight: Some((0x1000, 2, u64::MAX, 7)),
+                tnt: (0b101, 3),
+            }
+        );
+        t.reset(4101);
+        t.set_state(false, None, (0, 0));
+        let r = read(&path);
+        assert_eq!((r.file_offset, r.bytes.len(), r.tracing), (4101, 0, false));
+        assert_eq!(r.in_flight, None);
+        assert!(TailState::read(&[0u8; 200]).is_none(), "no magic, no tail");
+    }
 }
 
 /// The shared counter file of precise mode: one `u64` per translated block.

@@ -166,6 +166,8 @@ impl SoftCapture {
             _ => ev,
         };
         self.stop_tid = self.rec.current_thread();
+        // The process may be another one now (a followed fork child).
+        self.pid = Target::pid(self.rec.target_ref());
         Ok(Some(ev))
     }
 }
@@ -287,6 +289,7 @@ impl LiveBackend for SoftCapture {
             Run::Untraced => match self.rec.target().wait(block)? {
                 Some(ev) => {
                     self.stop_tid = self.rec.target().current_thread();
+                    self.pid = Target::pid(self.rec.target_ref());
                     stop(self, ev)
                 }
                 None => Ok(None),
@@ -394,6 +397,10 @@ impl LiveBackend for SoftCapture {
         line("signal stops", r.signal_stops.to_string());
         line("recorder anomalies", r.anomalies.to_string());
         line("syscall restarts", r.syscall_restarts.to_string());
+        line(
+            "execs / forks followed",
+            format!("{} / {}", r.execs, r.forks_followed),
+        );
         // Threads: recorded besides the main thread (each its own stream), ended while the
         // process went on, vanished unseen (killed while stopped: their streams end at their
         // last recorded instruction).

@@ -462,6 +462,32 @@ impl StateLog {
         self.thread = tid;
     }
 
+    /// Gives thread `old`'s entries and counts to `new`: the process followed a forked child,
+    /// whose history before the fork is the parent thread's (same code, same memory), so the
+    /// whole past is served as the child's.
+    pub fn rename_thread(&mut self, old: i32, new: i32) {
+        if self.thread == old {
+            self.thread = new;
+        }
+        for run in &mut self.runs {
+            if run.1 == old {
+                run.1 = new;
+            }
+        }
+        if let Some(v) = self.last_after_of.remove(&old) {
+            self.last_after_of.insert(new, v);
+        }
+        if let Some(v) = self.vec_unknown_of.remove(&old) {
+            self.vec_unknown_of.insert(new, v);
+        }
+        if let Some(v) = self.thread_insns.remove(&old) {
+            self.thread_insns.insert(new, v);
+        }
+        if self.last_insn_thread == Some(old) {
+            self.last_insn_thread = Some(new);
+        }
+    }
+
     /// Takes the open entry out of the log while its step is in flight (see [`SuspendedStep`]);
     /// `None` if no entry is open.
     pub fn suspend_step(&mut self) -> Option<SuspendedStep> {

@@ -39,6 +39,12 @@ pub enum StepStop {
     /// A successful `execve` replaced the program (`PTRACE_EVENT_EXEC`); the process stands at
     /// the new program's first instruction.
     Exec,
+    /// The step of a `fork` ended in the child, which the target follows from now on (the
+    /// parent detached): the `fork` executed, and the thread to step is now `child`.
+    FollowedFork {
+        /// The child's pid (its only thread).
+        child: i32,
+    },
     /// The process exited with this status.
     Exited(i32),
     /// The process was killed by this signal.
@@ -234,6 +240,9 @@ impl StepTarget for PtraceTarget {
             None => Ok(None),
             Some(ThreadStop::ThreadExited { code }) => Ok(Some(StepStop::ThreadExited(code))),
             Some(ThreadStop::Exec) => Ok(Some(StepStop::Exec)),
+            Some(ThreadStop::FollowedFork { child, .. }) => {
+                Ok(Some(StepStop::FollowedFork { child }))
+            }
             Some(ThreadStop::Stop(ev)) => to_stop(tid, ev).map(Some),
         }
     }

@@ -102,7 +102,11 @@ impl PtraceTarget {
                 let vfork = event == libc::PTRACE_EVENT_VFORK;
                 let child = Pid::from_raw(self.get_event_msg(tid)?);
                 waitpid_raw(child, true)?;
-                self.release_child(child, vfork)?;
+                if self.follow_fork_child && !vfork && self.threads.len() == 1 {
+                    self.follow_child(tid, child)?;
+                } else {
+                    self.release_child(child, vfork)?;
+                }
             }
             libc::PTRACE_EVENT_VFORK_DONE if self.vfork_lifted => {
                 self.vfork_lifted = false;
@@ -153,6 +157,31 @@ impl PtraceTarget {
         self.notices.push(Notice::Forked {
             child: child.as_raw(),
             vfork,
+        });
+        Ok(())
+    }
+
+    /// Follows a forked child instead of the parent ([`PtraceTarget::set_follow_fork_child`]):
+    /// the parent, at its fork event, gets its original code bytes back and is detached (it
+    /// runs on untraced); the child, stopped at its first instruction — the one after the
+    /// `fork` system call, in an address space identical to the parent's — becomes the
+    /// process. Breakpoints inserted in the parent stay inserted in the child's copy.
+    pub(super) fn follow_child(&mut self, parent: Pid, child: Pid) -> TargetResult<()> {
+        if self.inserted {
+            for (&addr, &orig) in &self.breakpoints {
+                let _ = self.write_raw_to(&self.mem, addr, &[orig]);
+            }
+        }
+        let mem = open_mem(child)?;
+        ptrace_with_signal(libc::PTRACE_DETACH, "PTRACE_DETACH", parent, None)?;
+        self.mem = mem;
+        self.pid = child;
+        self.cur = child;
+        self.threads = BTreeMap::from([(child.as_raw(), ThreadInfo::default())]);
+        self.followed = Some(child);
+        self.notices.push(Notice::FollowedFork {
+            parent: parent.as_raw(),
+            child: child.as_raw(),
         });
         Ok(())
     }
@@ -307,6 +336,15 @@ impl PtraceTarget {
                 }
                 Wait::Event(event) => {
                     self.handle_event(tid, event, mode)?;
+                    if let Some(child) = self.followed.take() {
+                        // The process is now the forked child, stopped right after the `fork`.
+                        if matches!(mode, Resume::Step { .. }) {
+                            // That is where the step of the `fork` instruction ends.
+                            return Ok(Some((child, Wait::Event(libc::PTRACE_EVENT_FORK))));
+                        }
+                        self.resume_thread(child, again)?;
+                        continue;
+                    }
                     // Re-issue the same request without the signal (already delivered).
                     if tid == self.cur || matches!(mode, Resume::Continue { .. }) {
                         self.resume_thread(tid, again)?;
@@ -530,6 +568,13 @@ impl PtraceTarget {
                 self.state = RunState::Stopped;
                 ThreadStop::Exec
             }
+            Wait::Event(libc::PTRACE_EVENT_FORK) => {
+                self.state = RunState::Stopped;
+                ThreadStop::FollowedFork {
+                    parent: tid.as_raw(),
+                    child: t.as_raw(),
+                }
+            }
             w => ThreadStop::Stop(self.finish_stop(w, mode)?),
         }))
     }
@@ -569,6 +614,11 @@ impl PtraceTarget {
                         }
                     }
                 }
+            }
+            Wait::Event(libc::PTRACE_EVENT_FORK) => {
+                // A debugger's step of `fork`, ending in the followed child (`follow_child`).
+                self.state = RunState::Stopped;
+                Ok(StopEvent::Step)
             }
             Wait::Event(libc::PTRACE_EVENT_EXIT) => {
                 // Still alive at its end: registers and memory stay readable until resumed.

@@ -80,6 +80,15 @@ pub enum ThreadStop {
     /// at the event stop. Only [`PtraceTarget::step_poll`] reports it (a recorder must forget
     /// the old code); a debugger's resume passes over it (see [`Notice::Exec`]).
     Exec,
+    /// The step of a `fork` ended in the child, which the target now follows instead of the
+    /// parent ([`PtraceTarget::set_follow_fork_child`]): the child stands right after the
+    /// system call (RAX 0), the parent was detached.
+    FollowedFork {
+        /// The parent's pid (detached, running on untraced).
+        parent: i32,
+        /// The child's pid: the process (and its only thread) from now on.
+        child: i32,
+    },
     /// This thread ended (`exit`, not `exit_group`); the process goes on.
     ThreadExited {
         /// Its exit status.
@@ -145,6 +154,11 @@ pub struct PtraceTarget {
     exiting: bool,
     /// Inside [`PtraceTarget::step_poll`]: an exec ends the step ([`ThreadStop::Exec`]).
     report_exec: bool,
+    /// At a fork, follow the child and detach the parent (see
+    /// [`PtraceTarget::set_follow_fork_child`]).
+    follow_fork_child: bool,
+    /// The child just followed at a fork, for the wait that saw the event.
+    followed: Option<Pid>,
     /// The program we started (its stdio handles); never waited on.
     child: Option<Child>,
 }
@@ -234,6 +248,8 @@ impl PtraceTarget {
             exiting: false,
             child: None,
             report_exec: false,
+            follow_fork_child: false,
+            followed: None,
             thread_stats: ThreadStats {
                 peak: 1,
                 ..ThreadStats::default()
@@ -271,6 +287,15 @@ impl PtraceTarget {
         }
         target.new_threads.clear();
         Ok(target)
+    }
+
+    /// At a `fork` (not `vfork`/`CLONE_VFORK`: the parent would run on in the memory the child
+    /// shares), follow the child instead of the parent: the parent is detached and runs on
+    /// untraced, the child becomes the process (as GDB's `set follow-fork-mode child` with
+    /// `detach-on-fork on`). Only while the process has a single thread (a forking
+    /// multi-threaded parent keeps being followed, the child detached).
+    pub fn set_follow_fork_child(&mut self, on: bool) {
+        self.follow_fork_child = on;
     }
 
     /// Whether the exit of the process is reported as a stop ([`StopEvent::Exiting`], the

@@ -89,6 +89,11 @@ impl<T: StepTarget> SoftRecorder<T> {
                 self.stats.anomalies += 1;
                 Ok(Some(0))
             }
+            StepStop::FollowedFork { .. } => {
+                // Not possible (system calls end blocks, and a continue reports no fork).
+                self.stats.anomalies += 1;
+                Ok(Some(0))
+            }
             StepStop::Exec => {
                 // Not possible (system calls end blocks); count it and go on single-stepping.
                 self.stats.anomalies += 1;
@@ -189,6 +194,7 @@ pub fn run_to_breakpoint<T: StepTarget + ?Sized>(
             Ok(
                 StepStop::Exiting
                 | StepStop::Exec
+                | StepStop::FollowedFork { .. }
                 | StepStop::Breakpoint { .. }
                 | StepStop::ThreadExited(_),
             ) => {}

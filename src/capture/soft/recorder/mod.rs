@@ -290,6 +290,9 @@ pub struct RecorderStats {
     pub decoded_instructions: u64,
     /// Successful `execve` calls (recording continues in the new program).
     pub execs: u64,
+    /// Forks after which the recording went on in the child (the target follows forked
+    /// children, see `PtraceTarget::set_follow_fork_child`).
+    pub forks_followed: u64,
     /// Successful clone/clone3 calls (threads and children run untraced).
     pub clones: u64,
     /// Of those, clones sharing the address space with a running task (threads): block

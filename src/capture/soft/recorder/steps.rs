@@ -244,6 +244,22 @@ impl<T: StepTarget> SoftRecorder<T> {
                 let end = self.target.cont(None)?;
                 self.ended(end, (!executed).then_some(ip))
             }
+            StepStop::FollowedFork { child } => {
+                // The `fork` executed; the target now follows the child, which goes on from the
+                // same place in an identical address space: the same stream and state log go
+                // on, the past before the fork served as the child's.
+                self.stats.forks_followed += 1;
+                if let Some(log) = self.state_log.as_mut() {
+                    log.rename_thread(self.lane.tid, child);
+                }
+                self.lane.tid = child;
+                self.lane.regs = None;
+                let after = self.current_regs()?;
+                match insn {
+                    Some(insn) => self.executed(ip, &insn, &after),
+                    None => Ok(StepEvent::Executed { ip }),
+                }
+            }
             StepStop::Exec => {
                 // The execve system call executed and returned into a new program: its code is
                 // all different (the image captured at exit is the new program's).

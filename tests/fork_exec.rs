@@ -1,0 +1,200 @@
+//! fork and exec while the ptrace backend records, through real GDB (issue 12 §5): the default
+//! GDB behaviour (`follow-fork-mode parent`, `detach-on-fork on`) — the parent is recorded, the
+//! child runs free to its normal end with its output, never stopped by a breakpoint it inherited
+//! — and an exec, after which the new program is recorded and runs to its own exit status.
+//! Expected values come from the C sources (`examples/c/forkexec.c`, `newimage.c`).
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+mod support;
+
+use support::cbuild::{build_example, line_of};
+use support::gdb::{GdbRun, Server, gdb_session};
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+fn examples() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("fork-exec-examples");
+        std::fs::create_dir_all(&dir).expect("examples dir");
+        build_example(&dir, "forkexec", &[]);
+        build_example(&dir, "newimage", &[]);
+        dir
+    })
+}
+
+/// `ptrewind record -- forkexec newimage` with `commands` in GDB.
+fn session(commands: &[&str]) -> GdbRun {
+    let dir = examples();
+    let program = dir.join("forkexec");
+    let newimage = dir.join("newimage");
+    let newimage = newimage.to_str().expect("utf-8 path");
+    let server = Server::start(&program, &[newimage]);
+    gdb_session(server, &program, commands, TIMEOUT)
+}
+
+/// What every run shows: the child ran its own calls of `shared_work` (5 → 15, exit status
+/// 2 * 3 = 6) without being stopped, the parent saw that status, and the exec'd program ran to
+/// its end (argc 2 → 42, exit status 5) — so it was recorded through to its end without the
+/// exec being mistaken for a signal. (The SIGTRAP GDB shows before that is the stop at the
+/// program's end, the default.)
+fn check_program_ran_fully(r: &GdbRun) {
+    for line in [
+        "child computed 15",
+        "parent saw 6 -> 18",
+        "new image from-exec 42",
+    ] {
+        assert!(
+            r.program_stdout.contains(line),
+            "missing {line:?} in the program's output {:?}\n{}",
+            r.program_stdout,
+            r.dump()
+        );
+    }
+    // A child killed by an inherited INT3 would have exit status 0 for the parent, which
+    // would then print "parent saw 0 -> 0".
+    r.expect("exited with code 05");
+}
+
+/// Recording (the state log on: every instruction single-stepped) with a breakpoint in the
+/// function parent and child both call: only the parent's call stops (x = 6, after the child
+/// ended); the child, detached, runs free.
+#[test]
+fn forked_child_runs_free_past_a_breakpoint_it_shares_and_exec_is_recorded() {
+    let shared = line_of("forkexec.c", "/* SHARED LINE */");
+    let r = session(&[
+        "break shared_work",
+        "continue",
+        "print x",
+        "delete",
+        "continue",
+        "monitor stats",
+        "continue",
+    ]);
+    r.expect(&format!("forkexec.c:{shared}"));
+    r.expect("$1 = 6");
+    r.expect("ptrewind: the program forked child process");
+    r.expect("ptrewind: the program called exec (");
+    // The stop at the end is the new program's exit: recorded through the exec, nothing lost.
+    r.expect("the program is exiting");
+    r.expect("recorder anomalies       0");
+    r.expect("lost bytes               0");
+    check_program_ran_fully(&r);
+}
+
+/// Unrecorded full-speed runs put the breakpoints into memory as INT3: the forked child's copy
+/// of them is taken out before it is let go, so it is not killed by a SIGTRAP it cannot handle.
+#[test]
+fn forked_child_does_not_inherit_inserted_breakpoints() {
+    let shared = line_of("forkexec.c", "/* SHARED LINE */");
+    let r = session(&[
+        "monitor record off",
+        "break shared_work",
+        "continue",
+        "print x",
+        "delete",
+        "continue",
+        "continue",
+    ]);
+    r.expect(&format!("forkexec.c:{shared}"));
+    r.expect("$1 = 6");
+    check_program_ran_fully(&r);
+}
+
+/// `record --follow-fork child` (GDB's `set follow-fork-mode child` does not reach the server:
+/// it reports no fork events): the recording goes on in the child, whose own calls of
+/// `shared_work` (5, then 2) stop; the parent, detached, runs untraced to its exec. Reverse
+/// execution goes back from the child's end over its calls to the instruction after the
+/// `fork`, where the child's RAX (fork's result) is 0; the history decodes exactly.
+#[test]
+fn follow_fork_child_records_the_child_and_reverses_to_the_fork() {
+    let dir = examples();
+    let program = dir.join("forkexec");
+    let newimage = dir.join("newimage");
+    let server = Server::start_cli(&[
+        "record".into(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--follow-fork".into(),
+        "child".into(),
+        "--".into(),
+        program.clone().into(),
+        newimage.into(),
+    ]);
+    let shared = line_of("forkexec.c", "/* SHARED LINE */");
+    let r = gdb_session(
+        server,
+        &program,
+        &[
+            "break shared_work",
+            "continue",
+            "print x",
+            "continue",
+            "print x",
+            "delete",
+            "continue",
+            "echo AT-END\n",
+            "break shared_work",
+            "reverse-continue",
+            "print x",
+            "reverse-continue",
+            "print x",
+            "delete",
+            "reverse-finish",
+            "echo AFTER-FORK\n",
+            "reverse-stepi",
+            "reverse-stepi",
+            "reverse-stepi",
+            "reverse-stepi",
+            "reverse-stepi",
+            "reverse-stepi",
+            "reverse-stepi",
+            "monitor stats",
+            "continue",
+            "continue",
+            "continue",
+        ],
+        TIMEOUT,
+    );
+    r.expect("following the child (--follow-fork child)");
+    r.expect(&format!("forkexec.c:{shared}"));
+    // Forward: the child's calls, in order.
+    let before_end = &r.gdb[..r.pos("AT-END")];
+    let (a, b) = (before_end.find("$1 = 5"), before_end.find("$2 = 2"));
+    assert!(
+        a.is_some() && b.is_some() && a < b,
+        "the child's calls 5 then 2 not seen\n{}",
+        r.dump()
+    );
+    // Backward from the end: 2 then 5.
+    let after_end = r.after("AT-END");
+    let (a, b) = (after_end.find("$3 = 2"), after_end.find("$4 = 5"));
+    assert!(
+        a.is_some() && b.is_some() && a < b,
+        "reverse-continue did not find the child's calls 2 then 5\n{}",
+        r.dump()
+    );
+    r.expect("execs / forks followed   0 / 1");
+    r.expect("decode errors            0");
+    r.expect("history check            ok");
+    // The child ran to its end (exit status 6, so the untraced parent printed 18 and went on to
+    // its exec); reverse-stepping back from the child's first call reached the code before
+    // the `if (child == 0)` test at line 12 without leaving the recording.
+    let fork_test = line_of("forkexec.c", "if (child == 0) {");
+    assert!(
+        r.after("AFTER-FORK").contains(&format!("{fork_test}\t")),
+        "{}",
+        r.dump()
+    );
+    for line in [
+        "child computed 15",
+        "parent saw 6 -> 18",
+        "new image from-exec 42",
+    ] {
+        assert!(r.program_stdout.contains(line), "{}", r.dump());
+    }
+    r.expect("exited with code 06");
+}
