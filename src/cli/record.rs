@@ -239,9 +239,10 @@ fn qemu_for_auto(args: &RecordArgs) -> Result<String, String> {
         || args.keep_aslr
         || args.buffer.is_some()
         || args.mode == Mode::Snapshot
+        || args.follow_fork == FollowForkArg::Child
     {
         return Err(
-            "an option of the ptrace backend was given (--state-log, --record-from, --keep-aslr, --buffer or --mode)"
+            "an option of the ptrace backend was given (--state-log, --record-from, --keep-aslr, --buffer, --mode or --follow-fork)"
                 .into(),
         );
     }
