@@ -59,7 +59,11 @@ impl MonitorRegistry {
                 for m in maps {
                     out.push_str(&format!(
                         "{:#014x}-{:#014x} {} {:#10x} {}\n",
-                        m.start, m.end, m.perms, m.offset, m.name
+                        m.start,
+                        m.end,
+                        m.perms(),
+                        m.offset,
+                        m.path.as_deref().unwrap_or("")
                     ));
                 }
                 Ok(out)

@@ -20,7 +20,7 @@ mod ptrace;
 pub mod regs;
 
 pub use files::{FileStat, TargetFile};
-pub use procfs::{MemoryMapping, read_auxv, read_maps};
+pub use procfs::{read_auxv, read_maps};
 pub use ptrace::{PtraceTarget, SpawnOptions, ThreadStats, ThreadStop};
 pub use regs::{Gprs, RegMask, X86Registers};
 

@@ -10,49 +10,20 @@ pub fn read_auxv(pid: i32) -> TargetResult<Vec<u8>> {
     std::fs::read(&path).map_err(|source| TargetError::Io { path, source })
 }
 
-/// One line of /proc/PID/maps, as the GDB server reports it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MemoryMapping {
-    /// First address.
-    pub start: u64,
-    /// One past the last address.
-    pub end: u64,
-    /// Permissions, e.g. `r-xp`.
-    pub perms: String,
-    /// File offset.
-    pub offset: u64,
-    /// Path or pseudo-name (`[stack]`), empty for anonymous memory.
-    pub name: String,
-}
-
-impl From<MapEntry> for MemoryMapping {
-    fn from(m: MapEntry) -> Self {
-        MemoryMapping {
-            start: m.start,
-            end: m.end,
-            perms: m.perms(),
-            offset: m.offset,
-            name: m.path.unwrap_or_default(),
-        }
-    }
-}
-
 /// Reads and parses /proc/PID/maps. Lines that do not parse are skipped (the kernel's format
 /// is fixed; a skipped line would mean a kernel we do not know).
-pub fn read_maps(pid: i32) -> TargetResult<Vec<MemoryMapping>> {
+pub fn read_maps(pid: i32) -> TargetResult<Vec<MapEntry>> {
     let path = procfs::maps_path(pid);
     let text = std::fs::read_to_string(&path).map_err(|source| TargetError::Io { path, source })?;
-    Ok(procfs::parse_maps_lenient(&text)
-        .map(MemoryMapping::from)
-        .collect())
+    Ok(procfs::parse_maps_lenient(&text).collect())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn parse_maps_line(line: &str) -> Option<MemoryMapping> {
-        MapEntry::parse_line(line).map(MemoryMapping::from)
+    fn parse_maps_line(line: &str) -> Option<MapEntry> {
+        MapEntry::parse_line(line)
     }
 
     #[test]
@@ -63,10 +34,10 @@ mod tests {
         .unwrap();
         assert_eq!(m.start, 0x5555_5555_4000);
         assert_eq!(m.end, 0x5555_5555_5000);
-        assert_eq!(m.perms, "r--p");
-        assert_eq!(m.name, "/tmp/a b");
+        assert_eq!(m.perms(), "r--p");
+        assert_eq!(m.path.as_deref(), Some("/tmp/a b"));
         let anon = parse_maps_line("7ffff7fc1000-7ffff7fc5000 rw-p 00000000 00:00 0 ").unwrap();
-        assert_eq!(anon.name, "");
+        assert_eq!(anon.path, None);
         assert!(parse_maps_line("garbage").is_none());
     }
 

@@ -10,23 +10,27 @@ use std::path::PathBuf;
 use super::super::GdbStubAdapter;
 use super::super::rsp::hex_encode;
 use super::{Intercept, Router};
-use crate::target::MemoryMapping;
+use crate::image::procfs::MapEntry;
 
 /// The largest maps file read for `qMemoryRegionInfo`.
 const MAX_MAPS: u64 = 16 << 20;
 
 /// LLDB's `qMemoryRegionInfo` reply for `addr`: the mapping that contains it (with
 /// permissions and the hex-encoded file name), or the unmapped gap around it.
-pub fn memory_region_info(maps: &[crate::target::MemoryMapping], addr: u64) -> String {
+pub fn memory_region_info(maps: &[MapEntry], addr: u64) -> String {
     if let Some(m) = maps.iter().find(|m| m.start <= addr && addr < m.end) {
-        let perms: String = m.perms.chars().take(3).filter(|&c| c != '-').collect();
+        let perms: String = m.perms().chars().take(3).filter(|&c| c != '-').collect();
         let mut out = format!(
             "start:{:x};size:{:x};permissions:{perms};",
             m.start,
             m.end - m.start
         );
-        if !m.name.is_empty() && !m.name.starts_with('[') {
-            out.push_str(&format!("name:{};", hex_encode(m.name.as_bytes())));
+        if let Some(name) = m
+            .path
+            .as_deref()
+            .filter(|n| !n.is_empty() && !n.starts_with('['))
+        {
+            out.push_str(&format!("name:{};", hex_encode(name.as_bytes())));
         }
         return out;
     }
@@ -60,7 +64,7 @@ fn lldb_info(pid: Option<i32>) -> String {
 
 /// The target's memory mappings, from its maps file as it serves it (a live process's
 /// `/proc/PID/maps`, a replay's saved one, a QEMU guest's own).
-fn target_maps(session: &mut GdbStubAdapter) -> Option<Vec<MemoryMapping>> {
+fn target_maps(session: &mut GdbStubAdapter) -> Option<Vec<MapEntry>> {
     let pid = session.target().pid();
     let file = session
         .target_mut()
@@ -78,11 +82,7 @@ fn target_maps(session: &mut GdbStubAdapter) -> Option<Vec<MemoryMapping>> {
         off += n as u64;
     }
     let text = String::from_utf8_lossy(&text);
-    Some(
-        crate::image::procfs::parse_maps_lenient(&text)
-            .map(MemoryMapping::from)
-            .collect(),
-    )
+    Some(crate::image::procfs::parse_maps_lenient(&text).collect())
 }
 
 /// Registers the LLDB packets on `router`.
@@ -128,22 +128,10 @@ mod tests {
 
     #[test]
     fn memory_region_replies() {
-        use crate::target::MemoryMapping;
+        let line = |l: &str| MapEntry::parse_line(l).unwrap();
         let maps = vec![
-            MemoryMapping {
-                start: 0x1000,
-                end: 0x3000,
-                perms: "r-xp".into(),
-                offset: 0,
-                name: "/bin/x".into(),
-            },
-            MemoryMapping {
-                start: 0x5000,
-                end: 0x6000,
-                perms: "rw-p".into(),
-                offset: 0,
-                name: "[heap]".into(),
-            },
+            line("1000-3000 r-xp 00000000 08:01 12 /bin/x"),
+            line("5000-6000 rw-p 00000000 00:00 0 [heap]"),
         ];
         assert_eq!(
             memory_region_info(&maps, 0x1800),
