@@ -1,0 +1,577 @@
+//! [`LiveBackend`] for [`QemuLive`]: what the timeline asks of a program running under QEMU —
+//! identity, threads, registers and memory at the present (through QEMU's gdbstub), run
+//! control, the trace store of the traced thread, and the backend's lines in `monitor stats`.
+
+use super::*;
+
+/// Register names of the [`gpr`] slots in QEMU's target description (`None`: not described).
+fn qemu_name(slot: usize) -> Option<&'static str> {
+    match slot {
+        gpr::ORIG_RAX => None,
+        s => gpr::NAMES.get(s).copied(),
+    }
+}
+
+impl LiveBackend for QemuLive {
+    fn name(&self) -> &'static str {
+        "qemu"
+    }
+
+    fn pid(&self) -> i32 {
+        self.rec.pid() as i32
+    }
+
+    fn tid(&self) -> i32 {
+        i32::try_from(self.stop_thread.tid).unwrap_or_else(|_| self.pid())
+    }
+
+    fn history_thread(&self) -> i32 {
+        i32::try_from(self.main.tid).unwrap_or_else(|_| self.pid())
+    }
+
+    fn thread_stores(&self) -> Vec<(i32, TraceStore)> {
+        // The store holds the main thread's stream (the others are in the recording
+        // directory), whichever thread stopped.
+        vec![(self.history_thread(), self.store())]
+    }
+
+    fn selected_thread(&self) -> i32 {
+        i32::try_from(self.selected.tid).unwrap_or_else(|_| self.pid())
+    }
+
+    fn threads(&self) -> Vec<i32> {
+        self.thread_list
+            .iter()
+            .filter_map(|t| i32::try_from(t.tid).ok())
+            .collect()
+    }
+
+    fn select_thread(&mut self, tid: i32) -> TargetResult<()> {
+        match self.thread_of(tid) {
+            Some(t) => {
+                self.selected = t;
+                Ok(())
+            }
+            None => Err(TargetError::Unsupported("no such thread")),
+        }
+    }
+
+    fn exec_path(&mut self) -> Option<PathBuf> {
+        Some(self.program.clone())
+    }
+
+    fn maps(&mut self) -> String {
+        // The guest's code mappings as /proc/PID/maps lines (read-only, executable, from files):
+        // what the loader placed and what the guest mapped since, from the recording directory.
+        let Ok(rec) = Recorded::open_layout(self.rec.dir()) else {
+            return String::new();
+        };
+        rec.mmap_records()
+            .iter()
+            .map(|m| {
+                format!(
+                    "{:x}-{:x} r-xp {:08x} 00:00 0 {}\n",
+                    m.addr,
+                    m.addr + m.len,
+                    m.pgoff,
+                    m.filename
+                )
+            })
+            .collect()
+    }
+
+    fn snapshot_image(&mut self) -> TargetResult<Image> {
+        let pid = self.pid();
+        self.code_image()
+            .cloned()
+            .map_err(|what| TargetError::Unexpected { pid, what })
+    }
+
+    fn auxv(&mut self) -> TargetResult<Vec<u8>> {
+        let e = self.err();
+        self.remote.auxv().map_err(e)
+    }
+
+    fn read_registers(&mut self) -> TargetResult<X86Registers> {
+        if let Some(x) = &self.at_exit {
+            if self.selected != self.main {
+                // Held inside the plugin, the stub answers nothing; the call says only the
+                // exiting thread's registers.
+                return Err(TargetError::Unsupported(
+                    "another thread's registers while QEMU holds the program at its exit",
+                ));
+            }
+            return Ok(Self::exit_registers(x));
+        }
+        let e = self.err();
+        let thread = self.selected;
+        let regs = self.remote.read_registers(Some(thread)).map_err(&e)?;
+        let layout = self.remote.layout().clone();
+        let mut out = X86Registers {
+            xsave: vec![0; 512],
+            ..X86Registers::default()
+        };
+        for slot in 0..gpr::COUNT {
+            let Some(name) = qemu_name(slot) else {
+                continue;
+            };
+            out.gprs[slot] = match regs.u64(&layout, name) {
+                Some(v) => v,
+                None if matches!(slot, gpr::FS_BASE | gpr::GS_BASE) => self
+                    .remote
+                    .read_register_u64(Some(thread), name)
+                    .unwrap_or(0),
+                None => 0,
+            };
+        }
+        // The FXSAVE legacy area from the x87/SSE registers of the description.
+        let get = |n: &str| regs.u64(&layout, n);
+        let x = &mut out.xsave;
+        if let Some(v) = get("fctrl") {
+            x[0..2].copy_from_slice(&(v as u16).to_le_bytes());
+        }
+        if let Some(v) = get("fstat") {
+            x[2..4].copy_from_slice(&(v as u16).to_le_bytes());
+        }
+        if let Some(v) = get("ftag") {
+            // FXSAVE keeps the abridged tag word: one bit per register, set unless empty (3).
+            x[4] = (0..8).fold(0u8, |a, i| a | u8::from((v >> (2 * i)) & 3 != 3) << i);
+        }
+        if let Some(v) = get("fop") {
+            x[6..8].copy_from_slice(&(v as u16).to_le_bytes());
+        }
+        if let Some(v) = get("fioff") {
+            x[8..16].copy_from_slice(&v.to_le_bytes());
+        }
+        if let Some(v) = get("fooff") {
+            x[16..24].copy_from_slice(&v.to_le_bytes());
+        }
+        if let Some(v) = get("mxcsr") {
+            x[24..28].copy_from_slice(&(v as u32).to_le_bytes());
+        }
+        for i in 0..8 {
+            if let Some(info) = layout.by_name(&format!("st{i}"))
+                && let Some(raw) = regs.raw(info.regnum)
+            {
+                let n = raw.len().min(10);
+                x[32 + 16 * i..32 + 16 * i + n].copy_from_slice(&raw[..n]);
+            }
+        }
+        for i in 0..16 {
+            if let Some(info) = layout.by_name(&format!("xmm{i}"))
+                && let Some(raw) = regs.raw(info.regnum)
+            {
+                let n = raw.len().min(16);
+                x[160 + 16 * i..160 + 16 * i + n].copy_from_slice(&raw[..n]);
+            }
+        }
+        if layout.by_name("xmm0").is_none() {
+            out.unavailable = RegMask::VECTOR;
+        }
+        if let Some(pc) = self.paused_pc(thread) {
+            out.gprs[gpr::RIP] = pc;
+        }
+        Ok(out)
+    }
+
+    fn write_registers(&mut self, regs: &X86Registers) -> TargetResult<()> {
+        if self.at_exit.is_some() {
+            return Err(TargetError::Unsupported(
+                "register writes while QEMU holds the program at its exit",
+            ));
+        }
+        // General-purpose registers (the ones GDB writes: `set $rax = …`, `jump`), one `P`
+        // each where they differ; the vector state is not written back.
+        let current = self.read_registers()?;
+        let e = self.err();
+        for slot in 0..gpr::COUNT {
+            let Some(name) = qemu_name(slot) else {
+                continue;
+            };
+            if current.gprs[slot] == regs.gprs[slot] {
+                continue;
+            }
+            let Some(info) = self.remote.layout().by_name(name).cloned() else {
+                continue;
+            };
+            let bytes = regs.gprs[slot].to_le_bytes();
+            self.remote
+                .write_register(Some(self.selected), name, &bytes[..info.size().min(8)])
+                .map_err(&e)?;
+        }
+        Ok(())
+    }
+
+    fn read_memory(&mut self, addr: u64, buf: &mut [u8]) -> TargetResult<usize> {
+        if self.at_exit.is_some() {
+            return self.read_memory_direct(addr, buf);
+        }
+        let e = self.err();
+        let data = self.remote.read_memory(addr, buf.len()).map_err(e)?;
+        buf[..data.len()].copy_from_slice(&data);
+        Ok(data.len())
+    }
+
+    fn write_memory(&mut self, addr: u64, data: &[u8]) -> TargetResult<()> {
+        if self.at_exit.is_some() {
+            return Err(TargetError::Unsupported(
+                "memory writes while QEMU holds the program at its exit",
+            ));
+        }
+        let e = self.err();
+        self.remote.write_memory(addr, data).map_err(e)
+    }
+
+    fn add_breakpoint(&mut self, addr: u64) -> TargetResult<()> {
+        if self.bps.contains(&addr) {
+            return Ok(());
+        }
+        if self.at_exit.is_some() {
+            // The stub does not answer while the program is held; it only exits from here.
+            self.bps.insert(addr);
+            return Ok(());
+        }
+        let e = self.err();
+        if !self
+            .remote
+            .insert_breakpoint(BreakKind::Software, addr, 1)
+            .map_err(e)?
+        {
+            return Err(TargetError::Unsupported(
+                "breakpoints (the qemu gdbstub refused Z0)",
+            ));
+        }
+        self.bps.insert(addr);
+        self.publish_breakpoints();
+        Ok(())
+    }
+
+    fn remove_breakpoint(&mut self, addr: u64) -> TargetResult<bool> {
+        if !self.bps.remove(&addr) {
+            return Ok(false);
+        }
+        self.publish_breakpoints();
+        if self.at_exit.is_some() {
+            return Ok(true);
+        }
+        let e = self.err();
+        self.remote
+            .remove_breakpoint(BreakKind::Software, addr, 1)
+            .map_err(e)
+    }
+
+    fn has_exited(&mut self) -> bool {
+        self.exited
+    }
+
+    fn kill(&mut self) -> TargetResult<()> {
+        if !self.exited {
+            // Held at its exit the stub does not answer (a `k` would wait for its deadline).
+            if self.at_exit.take().is_none() {
+                let _ = self.remote.kill();
+            }
+            let _ = self.rec.child_mut().kill();
+            let _ = self.rec.child_mut().wait();
+            self.exited = true;
+        }
+        Ok(())
+    }
+
+    fn detach(&mut self) -> TargetResult<()> {
+        if self.at_exit.is_some() {
+            // Nothing to detach from: let it exit.
+            return self.release_exit();
+        }
+        for bp in std::mem::take(&mut self.bps) {
+            let _ = self.remote.remove_breakpoint(BreakKind::Software, bp, 1);
+        }
+        let e = self.err();
+        self.remote.detach().map_err(e)
+    }
+
+    fn store(&self) -> TraceStore {
+        self.store.clone()
+    }
+
+    fn recorded(&self) -> Option<u64> {
+        None
+    }
+
+    fn inject_syscall(&mut self, _nr: u64, _args: [u64; 6]) -> TargetResult<u64> {
+        // QEMU's gdbstub has no way to run a system call in the guest outside its own flow.
+        Err(TargetError::Unsupported(
+            "system calls injected into a program under QEMU",
+        ))
+    }
+
+    fn resume(&mut self, how: Resume, _record: bool) -> TargetResult<()> {
+        // The plugin traces every block: runs are always recorded.
+        if self.at_exit.is_some() {
+            // From the held exit the only way on is the exit (the stub reports it).
+            self.release_exit()?;
+            self.running = true;
+            return Ok(());
+        }
+        let (step, signal) = match how {
+            Resume::Continue { signal } => (false, signal),
+            Resume::Step { signal } => (true, signal),
+        };
+        self.early = None;
+        // A step moves the selected thread; a continue lifts the breakpoint the thread that
+        // stopped sits on (QEMU would report it again at once) and runs every thread.
+        let thread = if step {
+            self.selected
+        } else {
+            self.stop_thread
+        };
+        let pc = self.thread_pc(thread)?;
+        let stepped_over = self.bps.contains(&pc);
+        if stepped_over {
+            if let Some(ev) = self.step_over_breakpoint(thread, signal)? {
+                self.early = Some(ev);
+                self.running = true;
+                return Ok(());
+            }
+            if step {
+                // The step over the breakpoint was the step asked for.
+                self.early = Some(StopEvent::Step);
+                self.running = true;
+                return Ok(());
+            }
+        }
+        // A signal to deliver went with the step over the breakpoint.
+        let signal = if stepped_over { None } else { signal };
+        let action = match (step, signal) {
+            (false, None) => Action::Continue,
+            (false, Some(s)) => Action::ContinueSignal(gdb_from_linux(s)),
+            (true, None) => Action::Step,
+            (true, Some(s)) => Action::StepSignal(gdb_from_linux(s)),
+        };
+        let tid = u32::try_from(thread.tid).unwrap_or(0);
+        let thread = step.then_some(thread);
+        let e = self.err();
+        // A step moves one thread, the others stay stopped (as GDB's `vCont;s:T`); a continue
+        // runs them all.
+        if step {
+            self.set_gate_for(Some(tid));
+            let now = std::time::Instant::now();
+            self.step_hold = Some((now, now, tid));
+        } else {
+            self.set_gate(false);
+        }
+        self.remote
+            .resume(&[ResumeAction { action, thread }])
+            .map_err(e)?;
+        self.stepping = step;
+        self.running = true;
+        Ok(())
+    }
+
+    fn wait(
+        &mut self,
+        block: bool,
+        _bps: &BTreeSet<u64>,
+        _interrupt: &AtomicBool,
+    ) -> TargetResult<Option<StopEvent>> {
+        if let Some(ev) = self.early.take() {
+            self.running = false;
+            return Ok(Some(ev));
+        }
+        if let Some(stop) = self.stashed.take() {
+            self.set_gate(true);
+            self.step_hold = None;
+            self.running = false;
+            let stepping = std::mem::take(&mut self.stepping);
+            let ev = self.event(stop, stepping)?;
+            self.refresh_threads();
+            return Ok(Some(ev));
+        }
+        // In slices, so the exit gate is watched too (the stub says nothing while it holds).
+        let reply = loop {
+            let slice = Some(if self.step_hold.is_some() {
+                Duration::from_millis(2)
+            } else {
+                Duration::from_millis(20)
+            });
+            match self.remote.wait(slice) {
+                Ok(None) => {}
+                other => break other,
+            }
+            if let Some((began, pulsed, tid)) = self.step_hold {
+                if began.elapsed() > STEP_HOLD_LIMIT {
+                    // The stepped thread waits (a lock, a join): let the others run.
+                    self.step_hold = None;
+                    self.set_gate(false);
+                } else if pulsed.elapsed() > STEP_PULSE {
+                    // QEMU's exclusive work (flushing translations after a stop) waits for
+                    // every thread to leave its block, held ones too: let them out briefly;
+                    // they stop again at their next block.
+                    self.write_gate_words(crate::capture::qemu::output::pause_gate::GATE, &[0]);
+                    std::thread::sleep(Duration::from_millis(1));
+                    self.write_gate_words(
+                        crate::capture::qemu::output::pause_gate::GATE,
+                        &[crate::capture::qemu::output::pause_gate::encode(Some(tid))],
+                    );
+                    self.step_hold = Some((began, std::time::Instant::now(), tid));
+                }
+            }
+            if self.check_exit_gate()? {
+                self.set_gate(true);
+                self.running = false;
+                self.stepping = false;
+                self.stop_thread = self.main;
+                self.selected = self.main;
+                return Ok(Some(StopEvent::Exiting));
+            }
+            if !block {
+                break Ok(None);
+            }
+        };
+        match reply {
+            Ok(None) => Ok(None),
+            Ok(Some(stop)) => {
+                self.step_hold = None;
+                // At once: the fewer blocks the other threads run meanwhile, the less likely
+                // one of them enters the gdbstub too.
+                self.set_gate(true);
+                self.running = false;
+                let stepping = std::mem::take(&mut self.stepping);
+                let ev = self.event(stop, stepping)?;
+                self.refresh_threads();
+                Ok(Some(ev))
+            }
+            Err(e) if e.is_disconnect() => {
+                self.running = false;
+                Ok(Some(self.gone()))
+            }
+            Err(e) => Err(remote_err(self.rec.pid())(e)),
+        }
+    }
+
+    fn interrupt(&mut self) -> TargetResult<()> {
+        if !self.running || self.exited {
+            return Ok(());
+        }
+        self.interrupted = true;
+        if self.terminal_interrupts {
+            // The terminal's own SIGINT is on its way to QEMU: take its stop if it comes.
+            if let Ok(Some(stop)) = self.remote.wait(Some(Duration::from_millis(300))) {
+                self.set_gate(true);
+                self.stashed = Some(stop);
+                return Ok(());
+            }
+        }
+        let pid = self.pid();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGINT,
+        )
+        .map_err(|e| TargetError::Unexpected {
+            pid,
+            what: format!("cannot interrupt qemu: {e}"),
+        })
+    }
+
+    fn sync_at_stop(&mut self, exited: bool) -> Result<(), String> {
+        self.stops += 1;
+        if exited && !self.exited {
+            self.exited = true;
+        }
+        if self.finished {
+            return Ok(());
+        }
+        let dir = self.rec.dir().to_path_buf();
+        let pid = self.rec.pid();
+        let tid = u32::try_from(self.main.tid).map_err(|_| "bad thread id".to_string())?;
+        let path = crate::capture::qemu::output::stream_path(&dir, pid, tid, "pt");
+        let ended = crate::capture::qemu::output::stream_path(&dir, pid, tid, "json").exists();
+        if ended || self.exited {
+            // The stream ended (the plugin wrote its summary) or the process is gone: the
+            // reader completes an unfinished stream from its tail file and the counters. Once.
+            let rec = Recorded::open(&dir)
+                .map_err(|e| format!("reading the recording directory: {e}"))?;
+            self.other_threads = rec.threads.len().saturating_sub(1);
+            let Some(t) = rec.thread(Some(tid)) else {
+                return Ok(());
+            };
+            let from = usize::try_from(self.written)
+                .unwrap_or(usize::MAX)
+                .min(t.trace.len());
+            self.store.rewrite_from(from, &t.trace[from..]);
+            self.last_sync = ((t.trace.len() - from) as u64, 0);
+            self.last_completion = t.completed.clone();
+            self.written = t.trace.len() as u64;
+            self.finished = true;
+            return Ok(());
+        }
+        if self.stream.is_none() {
+            match std::fs::File::open(&path) {
+                Ok(f) => self.stream = Some(f),
+                // Nothing executed yet (stopped before the first block).
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                Err(e) => return Err(format!("opening {}: {e}", path.display())),
+            }
+        }
+        // The bytes written since the last stop (the file only grows; the thread is stopped,
+        // and only it writes its stream).
+        let mut bytes = Vec::new();
+        if let Some(f) = self.stream.as_mut() {
+            use std::io::Read;
+            f.read_to_end(&mut bytes)
+                .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        }
+        let read = bytes.len() as u64;
+        let written = self.written + read;
+        let tail = std::fs::read(crate::capture::qemu::output::stream_path(
+            &dir, pid, tid, "tail",
+        ))
+        .ok()
+        .and_then(|d| crate::capture::qemu::output::TailState::read(&d));
+        let mut note = None;
+        if let (Some(tail), Ok(pc)) = (tail, self.pc()) {
+            let image = self.code_image()?;
+            note = Some(complete_at_pc(written, &mut bytes, &tail, pc, image));
+        }
+        let from = usize::try_from(self.written).unwrap_or(usize::MAX);
+        self.last_sync = (read, bytes.len() as u64 - read);
+        self.store.rewrite_from(from, &bytes);
+        self.written = written;
+        self.last_completion = note.or_else(|| {
+            Some("no tail file: the stream ends at its last write (not closed at the PC)".into())
+        });
+        self.other_threads = std::fs::read_dir(&dir)
+            .map(|rd| {
+                rd.filter_map(Result::ok)
+                    .filter(|e| e.file_name().to_string_lossy().ends_with(".pt"))
+                    .count()
+                    .saturating_sub(1)
+            })
+            .unwrap_or(0);
+        Ok(())
+    }
+
+    fn stats(&self, line: &mut dyn FnMut(&str, String)) {
+        line("recording directory", self.rec.dir().display().to_string());
+        line("qemu pid", self.rec.pid().to_string());
+        line("traced thread", self.main.tid.to_string());
+        line("other threads recorded", self.other_threads.to_string());
+        line("stops", self.stops.to_string());
+        line(
+            "trace read at the last stop",
+            format!(
+                "{} stream bytes, {} provisional bytes (rewritten at the next stop)",
+                self.last_sync.0, self.last_sync.1
+            ),
+        );
+        line(
+            "stub packets with bad checksums",
+            self.remote.bad_checksums().to_string(),
+        );
+        if let Some(c) = &self.last_completion {
+            line("stream completed at the last stop", c.clone());
+        }
+        if let Some(e) = self.stop_errors.last() {
+            line("last stop error", e.clone());
+        }
+    }
+}
