@@ -13,7 +13,8 @@ use ptrewind::server::{GdbStubAdapter, RecordingTarget, check_listen_addr, regis
 use ptrewind::store::perf_data::PerfData;
 use ptrewind::store::{SourceFormat, TraceFile};
 use ptrewind::timeline::{
-    OfflineInfo, OfflineRecording, ThreadRecording, Timeline, load_saved, load_saved_threads,
+    FatalSignal, OfflineInfo, OfflineRecording, ThreadRecording, Timeline, load_saved,
+    load_saved_threads,
 };
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -244,19 +245,7 @@ pub fn run(args: ReplayArgs) -> CmdResult {
             }
             // A multi-thread recording: every thread, in one global order.
             if let Some((threads, fatal)) = load_saved_threads(dir)? {
-                let target = match Timeline::offline_threads(threads, fatal) {
-                    Ok(t) => {
-                        for why in t.skipped_threads() {
-                            eprintln!("ptrewind: warning: not served: {why}");
-                        }
-                        RecordingTarget::new(t)
-                    }
-                    Err(e) => {
-                        eprintln!("ptrewind: cannot replay: {e}");
-                        return Ok(ExitCode::from(2));
-                    }
-                };
-                return serve(target, &args);
+                return serve_threads(threads, fatal, &args);
             }
             load_saved(dir)?
         }
@@ -270,19 +259,7 @@ pub fn run(args: ReplayArgs) -> CmdResult {
                         recording,
                     })
                     .collect();
-                let target = match Timeline::offline_threads(threads, None) {
-                    Ok(t) => {
-                        for why in t.skipped_threads() {
-                            eprintln!("ptrewind: warning: not served: {why}");
-                        }
-                        RecordingTarget::new(t)
-                    }
-                    Err(e) => {
-                        eprintln!("ptrewind: cannot replay: {e}");
-                        return Ok(ExitCode::from(2));
-                    }
-                };
-                return serve(target, &args);
+                return serve_threads(threads, None, &args);
             }
             recs.pop().map(|r| r.1).ok_or("no trace stream")?
         }
@@ -298,6 +275,27 @@ pub fn run(args: ReplayArgs) -> CmdResult {
 }
 
 /// Serves a replay target until the debugger leaves (or for every debugger, without --once).
+/// Serves a multi-thread recording (every thread, in one global order); threads that cannot be
+/// served are named in a warning.
+fn serve_threads(
+    threads: Vec<ThreadRecording>,
+    fatal: Option<FatalSignal>,
+    args: &ReplayArgs,
+) -> CmdResult {
+    match Timeline::offline_threads(threads, fatal) {
+        Ok(t) => {
+            for why in t.skipped_threads() {
+                eprintln!("ptrewind: warning: not served: {why}");
+            }
+            serve(RecordingTarget::new(t), args)
+        }
+        Err(e) => {
+            eprintln!("ptrewind: cannot replay: {e}");
+            Ok(ExitCode::from(2))
+        }
+    }
+}
+
 fn serve(target: RecordingTarget, args: &ReplayArgs) -> CmdResult {
     {
         let shared = target.shared();

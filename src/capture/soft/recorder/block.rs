@@ -146,13 +146,7 @@ impl<T: StepTarget> SoftRecorder<T> {
             self.stats.unrecorded += 1;
             return;
         }
-        self.clock_before(ip);
-        self.stats.recorded += 1;
-        self.lane.recorded += 1;
-        if let Some(log) = self.lane.ip_log.as_mut() {
-            log.push(ip);
-        }
-        self.lane.encoder.step(Step {
+        self.record_step(Step {
             ip,
             len: insn.len(),
             cofi: crate::capture::soft::encoder::Cofi::None,

@@ -292,6 +292,19 @@ impl<T: StepTarget> SoftRecorder<T> {
     /// index of the instruction after it), and a thread just switched in gets a TSC packet
     /// right after tracing is (re-)enabled at `ip`, so every run of a thread's instructions
     /// starts with its global index and the streams merge in exact order.
+    /// Counts one recorded instruction of the current thread and encodes it (after the clock
+    /// stamp it may need): the one place a single step and a block's straight-line
+    /// instructions are recorded.
+    pub(super) fn record_step(&mut self, step: Step) {
+        self.clock_before(step.ip);
+        self.stats.recorded += 1;
+        self.lane.recorded += 1;
+        if let Some(log) = self.lane.ip_log.as_mut() {
+            log.push(step.ip);
+        }
+        self.lane.encoder.step(step);
+    }
+
     pub(super) fn clock_before(&mut self, ip: u64) {
         let now = self.stats.recorded;
         let enc = &mut self.lane.encoder;
@@ -378,13 +391,7 @@ impl<T: StepTarget> SoftRecorder<T> {
         if let Some(log) = self.state_log.as_mut() {
             log.after_step(after, true);
         }
-        self.clock_before(ip);
-        self.stats.recorded += 1;
-        self.lane.recorded += 1;
-        if let Some(log) = self.lane.ip_log.as_mut() {
-            log.push(ip);
-        }
-        self.lane.encoder.step(Step {
+        self.record_step(Step {
             ip,
             len: insn.len(),
             cofi: cofi(insn.class, insn.nlip(), next_ip),
