@@ -43,21 +43,7 @@ use std::time::Instant;
 
 /// The traced program: `loop N` runs N iterations of a loop with a call and a branch that depends
 /// on the data; `done` marks the end for `record full`.
-const PROGRAM: &str = r#"
-#include <stdlib.h>
-volatile long sink;
-__attribute__((noinline)) static long mix(long x) { return x * 2654435761L ^ (x >> 7); }
-__attribute__((noinline)) void done(long s) { sink = s; }
-int main(int argc, char **argv) {
-    long n = argc > 1 ? atol(argv[1]) : 1000;
-    long s = 0;
-    for (long i = 0; i < n; i++) {
-        if (mix(i) & 4) s += i; else s ^= mix(s);
-    }
-    done(s);
-    return 0;
-}
-"#;
+const PROGRAM: &str = include_str!("c/latency_loop.c");
 
 /// GDB Python: `lat(label, n)` times n reverse-stepi and prints one `LAT` line.
 const SCRIPT: &str = r#"

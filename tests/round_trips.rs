@@ -17,21 +17,7 @@ use support::qemu::{plugin, qemu_available};
 const TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A loop of calls and data-dependent branches (the program of `bench_gdb_latency`).
-const PROGRAM: &str = r#"
-#include <stdlib.h>
-volatile long sink;
-__attribute__((noinline)) static long mix(long x) { return x * 2654435761L ^ (x >> 7); }
-__attribute__((noinline)) void done(long s) { sink = s; }
-int main(int argc, char **argv) {
-    long n = argc > 1 ? atol(argv[1]) : 1000;
-    long s = 0;
-    for (long i = 0; i < n; i++) {
-        if (mix(i) & 4) s += i; else s ^= mix(s);
-    }
-    done(s);
-    return 0;
-}
-"#;
+const PROGRAM: &str = include_str!("../examples/c/latency_loop.c");
 
 const STEPS: usize = 3;
 
