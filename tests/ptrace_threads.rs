@@ -26,65 +26,7 @@ const TIMEOUT: Duration = Duration::from_secs(120);
 /// `crash`: worker 2 writes through a null pointer after its work. `deadlock`: main and worker 1
 /// take two mutexes in opposite orders and wait forever. `churn N`: N short-lived threads, one
 /// after the other.
-const MT_SRC: &str = r#"
-#include <pthread.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
-volatile long shared;
-pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER, m2 = PTHREAD_MUTEX_INITIALIZER;
-static int crash, deadlock;
-__attribute__((noinline)) long work(long id, long n) {
-  long acc = id;
-  for (long i = 0; i < n; i++) acc = acc * 31 + i;
-  return acc;
-}
-__attribute__((noinline)) void boom(void) { *(volatile int *)0 = 1; }
-void *worker(void *arg) {
-  long id = (long)arg;
-  if (deadlock && id == 1) {
-    pthread_mutex_lock(&m2);
-    usleep(20000);
-    pthread_mutex_lock(&m); /* WORKER BLOCKS */
-  }
-  long r = work(id, 300 * id);
-  pthread_mutex_lock(&m);
-  shared += r & 0xff; /* SHARED LINE */
-  pthread_mutex_unlock(&m);
-  if (crash && id == 2) boom();
-  return (void *)r;
-}
-void *tiny(void *arg) { return (void *)((long)arg * 2); }
-int main(int argc, char **argv) {
-  crash = argc > 1 && !strcmp(argv[1], "crash");
-  deadlock = argc > 1 && !strcmp(argv[1], "deadlock");
-  if (argc > 2 && !strcmp(argv[1], "churn")) {
-    long n = atol(argv[2]), total = 0;
-    for (long i = 0; i < n; i++) {
-      pthread_t t; void *r;
-      pthread_create(&t, 0, tiny, (void *)i);
-      pthread_join(t, &r);
-      total += (long)r;
-    }
-    printf("total=%ld\n", total); /* CHURN DONE */
-    return total == n * (n - 1) ? 0 : 1;
-  }
-  if (deadlock) {
-    pthread_mutex_lock(&m);
-    usleep(10000);
-  }
-  pthread_t t[2];
-  for (long i = 0; i < 2; i++) pthread_create(&t[i], 0, worker, (void *)(i + 1));
-  if (deadlock) {
-    usleep(20000);
-    pthread_mutex_lock(&m2); /* MAIN BLOCKS */
-  }
-  for (int i = 0; i < 2; i++) pthread_join(t[i], 0);
-  printf("shared=%ld\n", shared); /* JOINED */
-  return 0;
-}
-"#;
+const MT_SRC: &str = include_str!("../examples/c/mt_threads.c");
 
 fn program() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
@@ -98,7 +40,6 @@ fn program() -> &'static Path {
 fn line_of(marker: &str) -> usize {
     MT_SRC
         .lines()
-        .skip(1)
         .position(|l| l.contains(marker))
         .map(|i| i + 1)
         .unwrap_or_else(|| panic!("no {marker}"))

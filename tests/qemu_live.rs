@@ -611,52 +611,8 @@ fn stops_read_only_the_new_part_of_the_stream() {
 /// Main and two workers: deterministic work under a mutex, then join. `crash`: worker 2
 /// writes through a null pointer in `boom`. `deadlock`: main and worker 1 take two mutexes in
 /// opposite orders and wait forever.
-const MT_PROGRAM: &str = r#"
-#include <pthread.h>
-#include <stdio.h>
-#include <string.h>
-#include <unistd.h>
-volatile long shared;
-pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER, m2 = PTHREAD_MUTEX_INITIALIZER;
-static int crash, deadlock;
-__attribute__((noinline)) long work(long id, long n) {
-  long acc = id;
-  for (long i = 0; i < n; i++) acc = acc * 31 + i;
-  return acc;
-}
-__attribute__((noinline)) void boom(void) { *(volatile int *)0 = 1; }
-void *worker(void *arg) {
-  long id = (long)arg;
-  if (deadlock && id == 1) {
-    pthread_mutex_lock(&m2);
-    usleep(20000);
-    pthread_mutex_lock(&m);
-  }
-  long r = work(id, 300 * id);
-  pthread_mutex_lock(&m);
-  shared += r & 0xff;
-  pthread_mutex_unlock(&m);
-  if (crash && id == 2) boom();
-  return (void *)r;
-}
-int main(int argc, char **argv) {
-  crash = argc > 1 && !strcmp(argv[1], "crash");
-  deadlock = argc > 1 && !strcmp(argv[1], "deadlock");
-  if (deadlock) {
-    pthread_mutex_lock(&m);
-    usleep(10000);
-  }
-  pthread_t t[2];
-  for (long i = 0; i < 2; i++) pthread_create(&t[i], 0, worker, (void *)(i + 1));
-  if (deadlock) {
-    usleep(20000);
-    pthread_mutex_lock(&m2);
-  }
-  for (int i = 0; i < 2; i++) pthread_join(t[i], 0);
-  printf("shared=%ld\n", shared);
-  return 0;
-}
-"#;
+/// (The program of tests/ptrace_threads.rs, which also has a `churn N` mode.)
+const MT_PROGRAM: &str = include_str!("../examples/c/mt_threads.c");
 
 fn setup_mt() -> Option<(tempfile::TempDir, PathBuf)> {
     if !have("qemu-x86_64") || !have("gdb") {

@@ -1,0 +1,57 @@
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+volatile long shared;
+pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER, m2 = PTHREAD_MUTEX_INITIALIZER;
+static int crash, deadlock;
+__attribute__((noinline)) long work(long id, long n) {
+  long acc = id;
+  for (long i = 0; i < n; i++) acc = acc * 31 + i;
+  return acc;
+}
+__attribute__((noinline)) void boom(void) { *(volatile int *)0 = 1; }
+void *worker(void *arg) {
+  long id = (long)arg;
+  if (deadlock && id == 1) {
+    pthread_mutex_lock(&m2);
+    usleep(20000);
+    pthread_mutex_lock(&m); /* WORKER BLOCKS */
+  }
+  long r = work(id, 300 * id);
+  pthread_mutex_lock(&m);
+  shared += r & 0xff; /* SHARED LINE */
+  pthread_mutex_unlock(&m);
+  if (crash && id == 2) boom();
+  return (void *)r;
+}
+void *tiny(void *arg) { return (void *)((long)arg * 2); }
+int main(int argc, char **argv) {
+  crash = argc > 1 && !strcmp(argv[1], "crash");
+  deadlock = argc > 1 && !strcmp(argv[1], "deadlock");
+  if (argc > 2 && !strcmp(argv[1], "churn")) {
+    long n = atol(argv[2]), total = 0;
+    for (long i = 0; i < n; i++) {
+      pthread_t t; void *r;
+      pthread_create(&t, 0, tiny, (void *)i);
+      pthread_join(t, &r);
+      total += (long)r;
+    }
+    printf("total=%ld\n", total); /* CHURN DONE */
+    return total == n * (n - 1) ? 0 : 1;
+  }
+  if (deadlock) {
+    pthread_mutex_lock(&m);
+    usleep(10000);
+  }
+  pthread_t t[2];
+  for (long i = 0; i < 2; i++) pthread_create(&t[i], 0, worker, (void *)(i + 1));
+  if (deadlock) {
+    usleep(20000);
+    pthread_mutex_lock(&m2); /* MAIN BLOCKS */
+  }
+  for (int i = 0; i < 2; i++) pthread_join(t[i], 0);
+  printf("shared=%ld\n", shared); /* JOINED */
+  return 0;
+}
