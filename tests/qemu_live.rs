@@ -633,9 +633,9 @@ fn setup_mt() -> Option<(tempfile::TempDir, PathBuf)> {
 
 /// Every thread live: a breakpoint reached in a worker is reported in that worker, `info
 /// threads` lists them all with their own frames, another thread's registers and backtrace
-/// are read, the worker's crash is reported in it; reverse-stepi from there moves the main
-/// thread's history (the one served in the past) and says so; the past of another thread is
-/// refused rather than shown with the main thread's values.
+/// are read, the worker's crash is reported in it; reverse-stepi from there moves the worker
+/// back in its own history (its PC, not the main thread's), and the main thread, which has not
+/// run since (it waits in its join), shows its present frame there.
 #[test]
 fn every_thread_live_breakpoint_and_crash_in_a_worker() {
     let Some((_dir, exe)) = setup_mt() else {
@@ -656,8 +656,10 @@ fn every_thread_live_breakpoint_and_crash_in_a_worker() {
             "echo @crashed\\n",
             "info threads",
             "bt 2",
+            "printf \"PC %lx\\n\", $pc",
             "reverse-stepi",
             "echo @back\\n",
+            "printf \"PC %lx\\n\", $pc",
             "info threads",
             "kill",
         ]),
@@ -685,11 +687,144 @@ fn every_thread_live_breakpoint_and_crash_in_a_worker() {
     );
     assert!(crashed.contains("#0  boom () at"), "{}", run.dump());
     assert!(crashed.contains("worker (arg=0x2)"), "{}", run.dump());
-    // The past is the main thread's: the step is reported there, and the worker's registers
-    // in that past are refused, not the main thread's shown as its own.
+    // The worker's own past: one instruction back in `boom` (the store before it), in the
+    // worker; the main thread beside it where it waits.
+    let pcs: Vec<u64> = run
+        .tagged("PC")
+        .iter()
+        .map(|v| u64::from_str_radix(v, 16).expect("hex pc"))
+        .collect();
+    assert_eq!(pcs.len(), 2, "{}", run.dump());
+    let boom_at = nm_symbol(&exe, "boom");
+    assert!(
+        pcs[1] < pcs[0] && pcs[1] >= boom_at,
+        "{pcs:x?} (boom at {boom_at:#x})\n{}",
+        run.dump()
+    );
     let back = run.after("@back");
-    assert!(back.contains("* 1    Thread"), "{}", run.dump());
-    assert!(back.contains("Could not read registers"), "{}", run.dump());
+    assert!(
+        back.contains("* 2    Thread") || back.contains("* 3    Thread"),
+        "{}",
+        run.dump()
+    );
+    assert!(back.contains("boom () at"), "{}", run.dump());
+    assert!(back.contains("  1    Thread"), "{}", run.dump());
+    assert!(!back.contains("Could not read registers"), "{}", run.dump());
+}
+
+/// Every thread's past in a live session: from a worker's crash, GDB's reverse-finish (the
+/// ptrewind script's, PC-only) goes back to the call in that worker; `break work` +
+/// reverse-continue stops at each thread's call of `work` latest first in global order (the
+/// two workers', each in its thread, then main's, which ran before the workers were created);
+/// forward again to the present; a breakpoint for thread 1 only skips the workers'
+/// hits and stops in main; `monitor history` shows the selected thread's own branches.
+#[test]
+fn every_threads_past_in_a_live_session() {
+    let Some((_dir, exe)) = setup_mt() else {
+        return;
+    };
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("gdb-scripts/ptrewind.py");
+    let tid = "python print(\"TID\", gdb.selected_thread().ptid[1])";
+    let mut commands = vec![format!("source {}", script.display())];
+    commands.extend(cmds(&[
+        "continue",
+        tid,
+        "reverse-finish",
+        "echo @finish\\n",
+        "x/i $pc",
+        "monitor history 2",
+        "echo @finish-end\\n",
+        "break work",
+        "reverse-continue",
+        tid,
+        "reverse-continue",
+        tid,
+        "reverse-continue",
+        tid,
+        "echo @main\\n",
+        "info threads",
+        "echo @main-end\\n",
+        "reverse-continue",
+        "echo @start\\n",
+        "delete",
+        "continue",
+        "echo @present\\n",
+        "info threads",
+        "break work thread 1",
+        "reverse-continue",
+        tid,
+        "echo @t1\\n",
+        "info threads",
+        "kill",
+    ]));
+    let run = session(&exe, &["crash"], &commands);
+    let main = i64::from(run.pid);
+    let tids: Vec<i64> = run
+        .tagged("TID")
+        .iter()
+        .map(|t| t.parse().expect("a thread id"))
+        .collect();
+    assert_eq!(tids.len(), 5, "{}", run.dump());
+    // The crash in a worker; the two workers' `work` calls come first going back (which of
+    // them ran it later depends on how QEMU scheduled them), each in its own thread, then
+    // main's, which ran before either worker existed.
+    let crashed = tids[0];
+    assert!(crashed != main, "{tids:?}\n{}", run.dump());
+    assert!(
+        tids[1] != tids[2] && tids[1] != main && tids[2] != main,
+        "{tids:?}\n{}",
+        run.dump()
+    );
+    assert!(
+        tids[1] == crashed || tids[2] == crashed,
+        "{tids:?}\n{}",
+        run.dump()
+    );
+    assert_eq!(tids[3], main, "{tids:?}\n{}", run.dump());
+    // reverse-finish in the crashed worker: at its call of boom.
+    let finish = run.after("@finish");
+    let finish = &finish[..finish.find("@finish-end").unwrap_or(finish.len())];
+    assert!(
+        finish.contains("call") && finish.contains("<boom>"),
+        "{}",
+        run.dump()
+    );
+    assert!(run.gdb.contains("in worker ("), "{}", run.dump());
+    // `monitor history` (GDB prints it on stderr, after the rest): the worker's own branches,
+    // back into `worker` (which main never runs).
+    assert!(
+        run.gdb
+            .lines()
+            .any(|l| l.trim_start().starts_with("-> ") && l.contains(" worker+")),
+        "{}",
+        run.dump()
+    );
+    // At main's call only main had started.
+    let at_main = run.after("@main");
+    let at_main = &at_main[..at_main.find("@main-end").unwrap_or(at_main.len())];
+    assert!(at_main.contains("* 1    Thread"), "{}", run.dump());
+    assert!(at_main.contains("work ("), "{}", run.dump());
+    assert_eq!(at_main.matches("Thread ").count(), 1, "{}", run.dump());
+    assert!(
+        run.after("@start")
+            .contains("No more reverse-execution history"),
+        "{}",
+        run.dump()
+    );
+    // Forward to the present: the crashed worker in boom again.
+    assert!(
+        run.after("@present").contains("boom () at"),
+        "{}",
+        run.dump()
+    );
+    // Thread 1's breakpoint: the workers' later hits are passed, main's stops.
+    assert_eq!(tids[4], main, "{}", run.dump());
+    assert!(run.after("@t1").contains("* 1    Thread"), "{}", run.dump());
+    assert!(
+        run.gdb.contains("Thread 1 hit Breakpoint 2, work ("),
+        "{}",
+        run.dump()
+    );
 }
 
 /// Ctrl-C interrupts a deadlocked multi-thread program under QEMU: SIGINT is reported, every

@@ -6,6 +6,7 @@
 volatile long shared;
 pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER, m2 = PTHREAD_MUTEX_INITIALIZER;
 static int crash, deadlock;
+static volatile int worker1_done;
 __attribute__((noinline)) long work(long id, long n) {
   long acc = id;
   for (long i = 0; i < n; i++) acc = acc * 31 + i;
@@ -23,6 +24,9 @@ void *worker(void *arg) {
   pthread_mutex_lock(&m);
   shared += r & 0xff; /* SHARED LINE */
   pthread_mutex_unlock(&m);
+  if (id == 1) worker1_done = 1;
+  /* Worker 2 crashes once worker 1 has done its work (a fixed order to reverse over). */
+  while (crash && id == 2 && !worker1_done) usleep(1000);
   if (crash && id == 2) boom();
   return (void *)r;
 }
@@ -45,6 +49,7 @@ int main(int argc, char **argv) {
     pthread_mutex_lock(&m);
     usleep(10000);
   }
+  if (crash) work(0, 3); /* MAIN WORKS FIRST */
   pthread_t t[2];
   for (long i = 0; i < 2; i++) pthread_create(&t[i], 0, worker, (void *)(i + 1));
   if (deadlock) {
