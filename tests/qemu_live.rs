@@ -827,6 +827,34 @@ fn every_threads_past_in_a_live_session() {
     );
 }
 
+/// Two threads reaching one breakpoint again and again: every `continue` GDB makes is a step
+/// over the breakpoint (its breakpoints out of QEMU, the other threads held) and a continue.
+/// The held threads used to be let go for a millisecond every 6 ms of the step, and passed the
+/// breakpoint unseen many times (10–14 of the 20 hits reported in most runs); now each runs
+/// only the block it waits at, the gate opens only after the stub took the `vCont`, and a
+/// thread left waiting right at a breakpoint is reported there. A thread let go into a block
+/// that has the breakpoint inside can still pass it (measured: 5 of 400 hits in 20 runs), so
+/// this allows a few misses; two sessions.
+#[test]
+fn breakpoints_reached_by_two_threads_are_not_passed_during_step_overs() {
+    let Some((dir, built)) = setup_mt() else {
+        return;
+    };
+    let mut commands = vec!["break hit".to_string()];
+    commands.extend(std::iter::repeat_n("continue".to_string(), 21));
+    for k in 0..2 {
+        // Each session records beside its own copy of the program.
+        let exe = dir.path().join(format!("session{k}")).join("mt");
+        std::fs::create_dir(exe.parent().unwrap()).unwrap();
+        std::fs::copy(&built, &exe).unwrap();
+        let run = session_with(&exe, &["hits"], &commands, None, &["--no-stop-at-exit"]);
+        let hits = run.gdb.matches("hit Breakpoint 1, hit (").count();
+        assert!((16..=20).contains(&hits), "{hits} hits\n{}", run.dump());
+        assert!(run.gdb.contains("exited normally"), "{}", run.dump());
+        assert!(!run.server.contains("did not answer"), "{}", run.dump());
+    }
+}
+
 /// Ctrl-C interrupts a deadlocked multi-thread program under QEMU: SIGINT is reported, every
 /// thread is listed where it waits, and the program can be killed.
 #[test]

@@ -31,6 +31,15 @@ void *worker(void *arg) {
   return (void *)r;
 }
 void *tiny(void *arg) { return (void *)((long)arg * 2); }
+/* `hits`: two threads reach one function ten times each, a short loop apart. */
+__attribute__((noinline)) void hit(long id, long i) { shared += id + i; }
+void *hitter(void *arg) {
+  for (long i = 0; i < 10; i++) {
+    hit((long)arg, i);
+    for (volatile int k = 0; k < 2000; k++) ;
+  }
+  return 0;
+}
 int main(int argc, char **argv) {
   crash = argc > 1 && !strcmp(argv[1], "crash");
   deadlock = argc > 1 && !strcmp(argv[1], "deadlock");
@@ -44,6 +53,13 @@ int main(int argc, char **argv) {
     }
     printf("total=%ld\n", total); /* CHURN DONE */
     return total == n * (n - 1) ? 0 : 1;
+  }
+  if (argc > 1 && !strcmp(argv[1], "hits")) {
+    pthread_t h[2];
+    for (long i = 0; i < 2; i++) pthread_create(&h[i], 0, hitter, (void *)(i + 1));
+    for (int i = 0; i < 2; i++) pthread_join(h[i], 0);
+    printf("shared=%ld\n", shared);
+    return 0;
   }
   if (deadlock) {
     pthread_mutex_lock(&m);

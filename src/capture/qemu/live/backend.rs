@@ -322,6 +322,17 @@ impl LiveBackend for QemuLive {
             Resume::Step { signal } => (true, signal),
         };
         self.early = None;
+        if !step && let Some((t, pc)) = self.parked_at_breakpoint() {
+            // Another thread waits at the pause gate right at a breakpoint (it came there while
+            // GDB stepped over one, its breakpoints out of QEMU): it would hit it first thing.
+            // QEMU would not see it (the thread is inside that block already), so the hit is
+            // reported here, nothing resumed.
+            self.stop_thread = t;
+            self.selected = t;
+            self.early = Some(StopEvent::Breakpoint { pc });
+            self.running = true;
+            return Ok(());
+        }
         // A step moves the selected thread; a continue lifts the breakpoint the thread that
         // stopped sits on (QEMU would report it again at once) and runs every thread.
         let thread = if step {
@@ -361,12 +372,17 @@ impl LiveBackend for QemuLive {
             self.set_gate_for(Some(tid));
             let now = std::time::Instant::now();
             self.step_hold = Some((now, now, tid));
-        } else {
-            self.set_gate(false);
         }
         self.remote
             .resume(&[ResumeAction { action, thread }])
             .map_err(e)?;
+        if !step {
+            // Only once the stub has taken the `vCont` (acknowledged it): a held thread let go
+            // earlier can reach a breakpoint and enter the stub while the stopped thread is
+            // still in it, and both read the debugger's socket (seen: QEMU resending its stop
+            // reply while its other thread waits for the `vCont`, until the session timed out).
+            self.set_gate(false);
+        }
         self.stepping = step;
         self.running = true;
         Ok(())
@@ -409,14 +425,9 @@ impl LiveBackend for QemuLive {
                     self.set_gate(false);
                 } else if pulsed.elapsed() > STEP_PULSE {
                     // QEMU's exclusive work (flushing translations after a stop) waits for
-                    // every thread to leave its block, held ones too: let them out briefly;
-                    // they stop again at their next block.
-                    self.write_gate_words(crate::capture::qemu::output::pause_gate::GATE, &[0]);
-                    std::thread::sleep(Duration::from_millis(1));
-                    self.write_gate_words(
-                        crate::capture::qemu::output::pause_gate::GATE,
-                        &[crate::capture::qemu::output::pause_gate::encode(Some(tid))],
-                    );
+                    // every thread to leave its block, held ones too: each runs the block it
+                    // waits at and waits again at the next.
+                    self.pulse();
                     self.step_hold = Some((began, std::time::Instant::now(), tid));
                 }
             }

@@ -54,7 +54,8 @@ mod streams;
 
 /// How long a single step holds the other threads before they are let go.
 const STEP_HOLD_LIMIT: Duration = Duration::from_millis(500);
-/// How often a single step that has not ended lets the held threads out of their blocks.
+/// How often a single step that has not ended lets each held thread run the one block it waits
+/// at (see [`super::output::pause_gate::PULSE`]).
 const STEP_PULSE: Duration = Duration::from_millis(6);
 
 /// Linux signal number → GDB's (they differ above 6 for a few: SIGBUS, SIGUSR1/2, SIGCHLD…).
@@ -132,6 +133,8 @@ pub struct QemuLive {
     terminal_interrupts: bool,
     /// A stop reply received while an interrupt waited for one (handed out by `wait`).
     stashed: Option<StopReply>,
+    /// Pulses sent (the pause file's `PULSE` word).
+    pulses: u64,
 }
 
 impl std::fmt::Debug for QemuLive {
@@ -256,6 +259,7 @@ impl QemuLive {
             remove_dir: false,
             terminal_interrupts: false,
             stashed: None,
+            pulses: 0,
         };
         // Stopped at the first instruction: threads started while stopped wait (see
         // `set_gate`).
@@ -492,6 +496,35 @@ impl QemuLive {
         self.write_gate_words(g::NBPS, &[n]);
     }
 
+    /// Lets every held thread run the one block it waits at (QEMU's exclusive work during a
+    /// single step needs every thread out of its block); each waits again at its next block.
+    fn pulse(&mut self) {
+        self.pulses += 1;
+        self.write_gate_words(super::output::pause_gate::PULSE, &[self.pulses]);
+    }
+
+    /// Waits (at most 60 s) for the stop of a single step taken with the other threads held:
+    /// they are pulsed every [`STEP_PULSE`] and let go after [`STEP_HOLD_LIMIT`] (the stepped
+    /// thread waits for one of them: a lock, a join).
+    fn wait_step_held(&mut self) -> Result<Option<StopReply>, RemoteError> {
+        let began = std::time::Instant::now();
+        let mut pulsed = began;
+        let mut held = true;
+        while began.elapsed() < Duration::from_secs(60) {
+            if let Some(stop) = self.remote.wait(Some(Duration::from_millis(2)))? {
+                return Ok(Some(stop));
+            }
+            if held && began.elapsed() > STEP_HOLD_LIMIT {
+                self.set_gate(false);
+                held = false;
+            } else if held && pulsed.elapsed() > STEP_PULSE {
+                self.pulse();
+                pulsed = std::time::Instant::now();
+            }
+        }
+        Ok(None)
+    }
+
     /// Writes words of the pause file from word `at`.
     fn write_gate_words(&mut self, at: usize, words: &[u64]) {
         use std::os::unix::fs::FileExt;
@@ -544,6 +577,18 @@ impl QemuLive {
             .map(|i| (word(g::SLOTS + 2 * i), word(g::SLOTS + 2 * i + 1)))
             .filter(|&(tid, _)| tid != 0)
             .collect()
+    }
+
+    /// A thread (not the one that stopped) waiting at the pause gate at the start of a block
+    /// that begins at a breakpoint, and that breakpoint.
+    fn parked_at_breakpoint(&self) -> Option<(ThreadId, u64)> {
+        let slots = self.pause_slots();
+        self.thread_list.iter().find_map(|t| {
+            let (_, pc) = slots
+                .iter()
+                .find(|&&(w, pc)| i64::try_from(w) == Ok(t.tid) && pc != 0)?;
+            (*t != self.stop_thread && self.bps.contains(pc)).then_some((*t, *pc))
+        })
     }
 
     /// Waits (at most 50 ms) until every guest thread but the one that stopped is where a
@@ -617,7 +662,7 @@ impl QemuLive {
                 thread: Some(thread),
             }])
             .map_err(&e)?;
-        let stop = self.remote.wait(Some(Duration::from_secs(60))).map_err(&e);
+        let stop = self.wait_step_held().map_err(&e);
         self.set_gate(true);
         self.remote
             .insert_breakpoint(BreakKind::Software, pc, 1)
