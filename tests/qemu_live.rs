@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use ptrewind::capture::qemu::recording::find_plugin;
 use support::cbuild::{compile_source, have, nm_symbol};
-use support::gdb::{GdbRun, Server, gdb_session, gdb_session_interrupting};
+use support::gdb::{GdbRun, Server, gdb_session, gdb_session_interrupting, run_until, wait_until};
 
 const PROGRAM: &str = r#"
 #include <stdio.h>
@@ -1023,4 +1023,66 @@ fn live_btrace_and_monitor_history() {
     assert!(n > 0, "{}", run.dump());
     assert!(b.contains("(0 gaps)"), "{}", run.dump());
     assert!(b.contains("leaf"), "{}", run.dump());
+}
+
+/// LLDB live under QEMU sees the program, not QEMU: lldb-19 names the main executable after
+/// the host's `/proc/PID/exe` of the process id the stub gives (QEMU's), and used to load
+/// `qemu-x86_64` in the program's place (`b main` resolved in QEMU's own symbols, frames named
+/// `qemu-x86_64`); QEMU now runs from an unlinked copy, so LLDB keeps the program it was
+/// given. Breakpoints by name in the program and in a worker thread, backtraces with the
+/// program's symbols and source, every thread listed.
+#[test]
+fn lldb_sees_the_program_not_qemu() {
+    let Some((_dir, exe)) = setup_mt() else {
+        return;
+    };
+    if !have("lldb-19") {
+        eprintln!("SKIPPED: lldb-19 not installed");
+        return;
+    }
+    let mut server = start_server(&exe, &["crash"], &[]);
+    let mut lldb = std::process::Command::new("lldb-19");
+    lldb.args(["--batch", "--no-lldbinit"])
+        .arg("-o")
+        .arg(format!("target create {}", exe.display()))
+        .arg("-o")
+        .arg(format!("gdb-remote 127.0.0.1:{}", server.port));
+    for c in [
+        "image list",
+        "breakpoint set -n main",
+        "breakpoint set -n boom",
+        "process continue",
+        "bt",
+        "process continue",
+        "bt",
+        "thread list",
+        "process kill",
+    ] {
+        lldb.arg("-o").arg(c);
+    }
+    let out = run_until(&mut lldb, Duration::from_secs(120));
+    let _ = wait_until(
+        &mut server.child,
+        std::time::Instant::now() + Duration::from_secs(30),
+    );
+    let text = format!(
+        "{}{}\n--- server\n{}",
+        out.stdout,
+        out.stderr,
+        server.stderr.join().unwrap_or_default()
+    );
+    let images = text.split("(lldb) image list").nth(1).unwrap_or("");
+    let first = images.lines().find(|l| l.contains("[  0]")).unwrap_or("");
+    assert!(
+        first.trim_end().ends_with(&format!("{}", exe.display())),
+        "{first}\n{text}"
+    );
+    assert!(!text.contains("qemu-x86_64`"), "{text}");
+    assert!(text.contains("Breakpoint 1: where = mt`main"), "{text}");
+    assert!(text.contains("Breakpoint 2: where = mt`boom"), "{text}");
+    assert!(text.contains("mt`main(argc=2"), "{text}");
+    // The worker's breakpoint, in the worker, with its caller.
+    assert!(text.contains("stop reason = breakpoint 2.1"), "{text}");
+    assert!(text.contains("mt`worker(arg=0x0000000000000002)"), "{text}");
+    assert!(text.contains("at mt.c:"), "{text}");
 }

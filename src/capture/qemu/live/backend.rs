@@ -581,6 +581,7 @@ impl LiveBackend for QemuLive {
     fn stats(&self, line: &mut dyn FnMut(&str, String)) {
         line("recording directory", self.rec.dir().display().to_string());
         line("qemu pid", self.rec.pid().to_string());
+        line("qemu executable", self.qemu_exe.clone());
         line("main thread", self.main.tid.to_string());
         line(
             "threads recorded",

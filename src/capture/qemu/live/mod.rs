@@ -135,6 +135,8 @@ pub struct QemuLive {
     stashed: Option<StopReply>,
     /// Pulses sent (the pause file's `PULSE` word).
     pulses: u64,
+    /// How QEMU was run (for `monitor stats`).
+    qemu_exe: String,
 }
 
 impl std::fmt::Debug for QemuLive {
@@ -197,10 +199,28 @@ impl QemuLive {
         let mut config = config.clone();
         // Hold the other threads while one is stopped in the gdbstub (see `set_gate`).
         config.pause = true;
+        // QEMU runs from an unlinked copy of itself (see `unlinked_copy`); kept open until
+        // QEMU has started.
+        let copy = unlinked_copy(&config.qemu);
+        let qemu_exe = match &copy {
+            Ok((fd, _)) => {
+                use std::os::fd::AsRawFd;
+                config.qemu = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+                "an unlinked copy (so LLDB does not take QEMU for the program)".to_string()
+            }
+            Err(e) => format!(
+                "as installed (no unlinked copy: {e}; LLDB will name the executable after QEMU)"
+            ),
+        };
         config.qemu_args.push("-g".into());
         config.qemu_args.push(sock.clone().into_os_string());
+        let arg0 = copy.as_ref().ok().map(|(_, path)| path.clone());
         let mut rec = QemuRecording::spawn_with(&config, program, args, |cmd| {
             use std::os::unix::process::CommandExt;
+            if let Some(name) = &arg0 {
+                // Its command line names QEMU, not the memory file it runs from.
+                cmd.arg0(name);
+            }
             // SAFETY: the closure runs in the forked child before exec and only makes the
             // async-signal-safe prctl(2) call; it allocates nothing.
             unsafe {
@@ -215,12 +235,9 @@ impl QemuLive {
             }
             configure(cmd);
         })?;
-        let stream = connect_socket(
-            rec.child_mut(),
-            &config.qemu,
-            &sock,
-            Duration::from_secs(20),
-        )?;
+        let qemu_name = arg0.unwrap_or_else(|| config.qemu.clone());
+        drop(copy);
+        let stream = connect_socket(rec.child_mut(), &qemu_name, &sock, Duration::from_secs(20))?;
         // Connected: the socket file is no longer needed.
         drop(sock_dir);
         let remote = Remote::connect(stream, RemoteOptions::default())?;
@@ -260,6 +277,7 @@ impl QemuLive {
             terminal_interrupts: false,
             stashed: None,
             pulses: 0,
+            qemu_exe,
         };
         // Stopped at the first instruction: threads started while stopped wait (see
         // `set_gate`).
@@ -716,6 +734,26 @@ impl QemuLive {
             None => StopEvent::Killed(libc::SIGKILL),
         }
     }
+}
+
+/// A copy of the QEMU binary `qemu` (a name is looked up in `PATH`) in an anonymous memory file
+/// (`memfd_create`, close-on-exec), and the path it was copied from. QEMU run from it has a
+/// `/proc/PID/exe` naming a file that does not exist: LLDB on this host names the main
+/// executable after that link (its host platform's process info, not the stub's), and took
+/// `qemu-x86_64` for the program (breakpoints by name resolved in QEMU's own symbols); when
+/// the file the link names cannot be loaded it keeps the program it was given, as for any
+/// remote target. QEMU does not need its own path in user mode (the guest's `/proc/self/exe` is
+/// the program's).
+fn unlinked_copy(qemu: &Path) -> std::io::Result<(std::os::fd::OwnedFd, PathBuf)> {
+    let path = super::remote::launch::find_qemu(qemu.as_os_str())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::NotFound, e.to_string()))?;
+    let fd =
+        nix::sys::memfd::memfd_create(c"ptrewind-qemu", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
+            .map_err(std::io::Error::from)?;
+    let mut out = std::fs::File::from(fd);
+    let mut src = std::fs::File::open(&path)?;
+    std::io::copy(&mut src, &mut out)?;
+    Ok((out.into(), path))
 }
 
 /// Completes a live thread's stream at a stop at `pc`, after the `written` bytes of its stream
