@@ -763,7 +763,16 @@ extern "C" fn on_syscall(
                 }
             });
         }
-        SYS_EXIT => s.with(|v| finish(v, "exit")),
+        SYS_EXIT => {
+            // A thread's own exit waits while the program is stopped (all-stop, as at a system
+            // call's return): it is still there for the debugger, registers and all, and goes
+            // once the program runs again.
+            if !PAUSE_GATE.load(Ordering::Relaxed).is_null() {
+                let tid = s.with(|v| v.tid);
+                pause_point(vcpu, if tid == 0 { gettid() } else { tid }, None);
+            }
+            s.with(|v| finish(v, "exit"))
+        }
         SYS_EXIT_GROUP => hold_at_exit(num, [a1, a2, a3, a4, a5, a6]),
         SYS_RT_SIGACTION if a2 != 0 => {
             if let Some(h) = read_guest_u64(a2) {
