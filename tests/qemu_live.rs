@@ -1025,6 +1025,66 @@ fn live_btrace_and_monitor_history() {
     assert!(b.contains("leaf"), "{}", run.dump());
 }
 
+/// GDB's `record btrace pt` in a live session, turned on at a worker's breakpoint: every
+/// thread's own trace (the worker's, then main's after `thread 1`), not only the threads that
+/// existed when the session started (the worker's used to be refused: "thread N is not being
+/// recorded").
+#[test]
+fn live_btrace_of_every_thread() {
+    let Some((_dir, exe)) = setup_mt() else {
+        return;
+    };
+    let run = session(
+        &exe,
+        &["crash"],
+        &cmds(&[
+            "break boom",
+            "continue",
+            "record btrace pt",
+            "continue",
+            "echo @worker\\n",
+            "info record",
+            "thread 1",
+            "echo @main\\n",
+            "info record",
+            "kill",
+        ]),
+    );
+    assert!(!run.gdb.contains("Could not enable"), "{}", run.dump());
+    let recorded = |mark: &str| -> (u64, String) {
+        let text = run.after(mark);
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("Recorded "))
+            .unwrap_or_else(|| panic!("no Recorded line after {mark}\n{}", run.dump()));
+        let n = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        (n, line.to_string())
+    };
+    let pid = run.pid;
+    let (worker_n, worker) = recorded("@worker");
+    let (main_n, main) = recorded("@main");
+    assert!(worker_n > 0 && main_n > 0, "{}", run.dump());
+    assert!(
+        worker.contains("(0 gaps)") && main.contains("(0 gaps)"),
+        "{}",
+        run.dump()
+    );
+    assert!(
+        main.contains(&format!("(Thread {pid}.{pid})")),
+        "{}",
+        run.dump()
+    );
+    assert!(
+        worker.contains(&format!("(Thread {pid}.")) && !worker.contains(&format!(".{pid})")),
+        "{}",
+        run.dump()
+    );
+}
+
 /// LLDB live under QEMU sees the program, not QEMU: lldb-19 names the main executable after
 /// the host's `/proc/PID/exe` of the process id the stub gives (QEMU's), and used to load
 /// `qemu-x86_64` in the program's place (`b main` resolved in QEMU's own symbols, frames named
