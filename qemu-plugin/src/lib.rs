@@ -12,10 +12,12 @@
 //! * `precise=on` (default) adds QEMU's inline counter before each instruction after a block's
 //!   first, so a block cut short by a fault is counted up to the faulting instruction.
 //! * `log=on` (test mode) also logs every instruction address QEMU starts executing.
+//! * `pause=on` (a live session) maps the pause and watch gates; watchpoints: [`watch`].
 //!
 //! Only plain `extern "C"` callbacks are used (no closures): they are the fast path.
 
 pub mod ffi;
+pub mod watch;
 
 use std::cell::UnsafeCell;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
@@ -171,6 +173,39 @@ fn pause_point_gated(base: *mut AtomicU64, vcpu: c_uint, tid: u32, b: Option<&Bl
     }
     if published {
         word(g::SLOTS + 2 * vcpu as usize).store(0, Ordering::Release);
+    }
+}
+
+/// Whether this is the process the gates serve (a forked child runs free).
+fn is_gated_process() -> bool {
+    getpid() == GATED_PID.load(Ordering::Relaxed)
+}
+
+/// A watchpoint hit of thread `tid` (published in its hit slot): makes QEMU's gdbstub report
+/// it. The thread claims the stub (the others wait at their next block, as for a breakpoint)
+/// and sends itself `SIGTRAP`, which QEMU takes at the end of the running block. A thread that
+/// ptrewind single-steps sends nothing: the step's stop reports the hit (a queued signal would
+/// stop it again after the next resume).
+fn stop_for_watch(tid: u32) {
+    use output::pause_gate as g;
+    let base = PAUSE_GATE.load(Ordering::Relaxed);
+    if !base.is_null() {
+        // SAFETY: the gate mapping holds `g::SIZE / 8` words and is never unmapped.
+        let word = |i: usize| unsafe { &*base.add(i) };
+        if word(g::GATE).load(Ordering::Acquire) == g::encode(Some(tid)) {
+            return;
+        }
+        let _ =
+            word(g::CLAIM).compare_exchange(0, u64::from(tid), Ordering::AcqRel, Ordering::Relaxed);
+    }
+    // SAFETY: tgkill(2) to this very thread; QEMU's handler queues the signal for the guest.
+    unsafe {
+        libc::syscall(
+            libc::SYS_tgkill,
+            libc::getpid(),
+            tid as libc::c_int,
+            libc::SIGTRAP,
+        );
     }
 }
 
@@ -678,6 +713,7 @@ extern "C" fn on_tb_trans(_id: qemu_plugin_id_t, tb: *mut qemu_plugin_tb) {
         {
             info = info.with_shared_counter(counter, index);
         }
+        watch::instrument(tb, &ips);
         // Blocks live as long as QEMU may run them; a re-translation makes a new one.
         let info: &'static BlockInfo = Box::leak(Box::new(info));
         for (i, &ip) in ips.iter().enumerate() {
@@ -955,6 +991,10 @@ pub unsafe extern "C" fn qemu_plugin_install(
             }
         }
         GATED_PID.store(real_getpid(), Ordering::Relaxed);
+        if let Err(e) = watch::map(&config.dir) {
+            eprintln!("ptrewind-qemu-plugin: {e}");
+            return 1;
+        }
     }
     PID.store(real_getpid(), Ordering::Relaxed);
     let _ = output::write_json(&config.dir.join(output::PLUGIN_FILE), &meta);

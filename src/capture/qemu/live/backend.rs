@@ -260,6 +260,10 @@ impl LiveBackend for QemuLive {
             .map_err(e)
     }
 
+    fn set_live_watches(&mut self, watches: &[(u64, u64, crate::target::WatchKind)]) -> bool {
+        self.set_plugin_watches(watches)
+    }
+
     fn has_exited(&mut self) -> bool {
         self.exited
     }

@@ -25,8 +25,11 @@
 //!   reporting thread, so the plugin's pause gate holds the others while the program is stopped
 //!   (see `set_gate` and docs/qemu-gdbstub.md).
 //!
+//! * **watchpoints** — served by the plugin, which sees every memory access (the stub has none
+//!   in user mode): see `watch.rs`.
+//!
 //! Limits (QEMU 7.2): the past is the main thread's (the others are recorded in the directory);
-//! no watchpoints (the stub has none in user mode).
+//! a watchpoint stop lands at the end of the translated block of the access.
 
 use std::collections::{BTreeSet, HashSet};
 use std::ffi::OsString;
@@ -48,6 +51,7 @@ use crate::target::regs::gpr;
 use crate::target::{RegMask, Resume, StopEvent, TargetError, TargetResult, X86Registers};
 
 mod backend;
+mod watch;
 
 /// How long a single step holds the other threads before they are let go.
 const STEP_HOLD_LIMIT: Duration = Duration::from_millis(500);
@@ -136,6 +140,8 @@ pub struct QemuLive {
     terminal_interrupts: bool,
     /// A stop reply received while an interrupt waited for one (handed out by `wait`).
     stashed: Option<StopReply>,
+    /// Watchpoints, served by the plugin (see `watch.rs`).
+    watches: watch::Watches,
 }
 
 impl std::fmt::Debug for QemuLive {
@@ -261,6 +267,7 @@ impl QemuLive {
             remove_dir: false,
             terminal_interrupts: false,
             stashed: None,
+            watches: watch::Watches::default(),
         };
         // Stopped at the first instruction: threads started while stopped wait (see
         // `set_gate`).
@@ -611,7 +618,13 @@ impl QemuLive {
                 self.selected = t;
                 let e = self.err();
                 let pc = self.remote.read_register_u64(Some(t), "rip").map_err(e)?;
-                if signal == gdb_signal::TRAP && self.bps.contains(&pc) && !stepping {
+                // A watchpoint hit of this thread: its SIGTRAP (or the step it happened in).
+                let watch = (signal == gdb_signal::TRAP)
+                    .then(|| self.take_watch_hit(t.tid))
+                    .flatten();
+                if let Some((addr, kind)) = watch {
+                    StopEvent::Watch { addr, kind }
+                } else if signal == gdb_signal::TRAP && self.bps.contains(&pc) && !stepping {
                     StopEvent::Breakpoint { pc }
                 } else if signal == gdb_signal::TRAP && stepping {
                     StopEvent::Step
