@@ -108,7 +108,8 @@ fn hit(base: *mut AtomicU64, vaddr: u64, size: u64, access: u64) -> Option<u64> 
 /// After a guest memory access (`udata`: the instruction's address).
 extern "C" fn on_mem(vcpu: c_uint, info: qemu_plugin_meminfo_t, vaddr: u64, udata: *mut c_void) {
     let base = WATCH.load(Ordering::Relaxed);
-    if base.is_null() {
+    // Nothing watched (any more): return before asking QEMU about the access.
+    if base.is_null() || word(base, w::COUNT).load(Ordering::Relaxed) == 0 {
         return;
     }
     // SAFETY: `info` is the access QEMU describes in this callback.
