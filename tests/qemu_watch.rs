@@ -133,11 +133,11 @@ fn watch_stops_with_old_and_new_values_in_the_writing_thread() {
     assert!(run.program_stdout.contains("done 7 5"), "{}", run.dump());
 }
 
-/// `rwatch flag` stops at the read with its value; reverse-continue with the watchpoint set
-/// runs through the PC-only past without stopping at it and says why; with the watchpoint
-/// deleted the program runs on to its end.
+/// `rwatch flag` stops at the read with its value; `awatch counter` at the worker's write, in
+/// the worker; reverse-continue with the watchpoint set runs through the PC-only past without
+/// stopping at it and says why; with the watchpoint deleted the program runs on to its end.
 #[test]
-fn rwatch_and_reverse_continue_with_a_watchpoint_in_the_pc_only_past() {
+fn rwatch_awatch_and_reverse_continue_with_a_watchpoint_in_the_pc_only_past() {
     let Some((_dir, exe)) = setup() else { return };
     let peek = nm_symbol(&exe, "peek");
     let run = session(
@@ -147,6 +147,10 @@ fn rwatch_and_reverse_continue_with_a_watchpoint_in_the_pc_only_past() {
             "continue",
             "echo @read\\n",
             "p/x $pc",
+            "delete",
+            "awatch counter",
+            "continue",
+            "echo @access\\n",
             "reverse-continue",
             "echo @rc\\n",
             "delete",
@@ -165,6 +169,14 @@ fn rwatch_and_reverse_continue_with_a_watchpoint_in_the_pc_only_past() {
     // return to main) at the latest.
     let pc = run.hex_after("@read");
     assert!(pc > peek, "pc {pc:#x}: {}", run.dump());
+    // `awatch`: the next access is the worker's write, reported as an access in the worker.
+    assert!(
+        between(&run, "@read", "@access").contains(
+            "Thread 2 hit Hardware access (read/write) watchpoint 2: counter\n\nOld value = 3\nNew value = 100"
+        ),
+        "{}",
+        run.dump()
+    );
     // (GDB prints the server's notices on stderr, after the commands' output.)
     assert!(
         run.gdb.contains(
@@ -175,7 +187,7 @@ fn rwatch_and_reverse_continue_with_a_watchpoint_in_the_pc_only_past() {
         run.dump()
     );
     assert!(
-        between(&run, "@read", "@rc").contains("No more reverse-execution history."),
+        between(&run, "@access", "@rc").contains("No more reverse-execution history."),
         "{}",
         run.dump()
     );

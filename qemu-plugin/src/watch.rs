@@ -143,3 +143,41 @@ extern "C" fn on_mem(vcpu: c_uint, info: qemu_plugin_meminfo_t, vaddr: u64, udat
     word(base, at).store(u64::from(tid), Ordering::Release);
     crate::stop_for_watch(tid);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A watch file's words with `list` set.
+    fn words(list: &[(u64, u64, u64)]) -> Vec<AtomicU64> {
+        let v: Vec<AtomicU64> = (0..w::HITS).map(|_| AtomicU64::new(0)).collect();
+        for (i, &(a, l, k)) in list.iter().enumerate() {
+            v[w::WATCHES + 3 * i].store(a, Ordering::Relaxed);
+            v[w::WATCHES + 3 * i + 1].store(l, Ordering::Relaxed);
+            v[w::WATCHES + 3 * i + 2].store(k, Ordering::Relaxed);
+        }
+        v[w::COUNT].store(list.len() as u64, Ordering::Relaxed);
+        v
+    }
+
+    #[test]
+    fn an_access_hits_a_watch_it_overlaps_of_its_kind() {
+        let mut v = words(&[(0x1000, 4, w::WRITE), (0x2000, 8, w::READ | w::WRITE)]);
+        let base = v.as_mut_ptr();
+        // A 4-byte store at the watched int, one overlapping its last byte, one just after it.
+        assert_eq!(hit(base, 0x1000, 4, w::WRITE), Some(0x1000));
+        assert_eq!(hit(base, 0x0ffd, 4, w::WRITE), Some(0x1000));
+        assert_eq!(hit(base, 0x1004, 4, w::WRITE), None);
+        assert_eq!(hit(base, 0x0ffc, 4, w::WRITE), None);
+        // A load of a write-only watch is not a hit; of an access watch it is.
+        assert_eq!(hit(base, 0x1000, 4, w::READ), None);
+        assert_eq!(hit(base, 0x2004, 8, w::READ), Some(0x2004));
+        // An 8-byte store over both: the lowest watched address accessed.
+        assert_eq!(hit(base, 0x0ffe, 0x1010, w::WRITE), Some(0x1000));
+        assert_eq!(watched_kinds(base), w::READ | w::WRITE);
+        // No watchpoints: nothing hits.
+        v[w::COUNT].store(0, Ordering::Relaxed);
+        assert_eq!(hit(v.as_mut_ptr(), 0x1000, 4, w::WRITE), None);
+        assert_eq!(watched_kinds(v.as_mut_ptr()), 0);
+    }
+}
