@@ -99,6 +99,16 @@ fn watch_stops_with_old_and_new_values_in_the_writing_thread() {
         "{}",
         run.dump()
     );
+    // The stop is at the end of bump's block (the return into main), not right after the
+    // store: ptrewind names the instruction that wrote, inside bump.
+    let (bump, peek) = (nm_symbol(&exe, "bump"), nm_symbol(&exe, "peek"));
+    let insn = run
+        .gdb
+        .split("the watched location was accessed by the instruction at 0x")
+        .nth(1)
+        .and_then(|r| u64::from_str_radix(r.split(';').next()?, 16).ok())
+        .unwrap_or_else(|| panic!("no notice of the accessing instruction: {}", run.dump()));
+    assert!(insn > bump && insn < peek, "{insn:#x}: {}", run.dump());
     assert!(
         run.gdb.contains("Old value = 1\nNew value = 2")
             && run.gdb.contains("Old value = 2\nNew value = 3"),

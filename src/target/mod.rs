@@ -196,6 +196,14 @@ pub enum Notice {
         /// The capture backend (`qemu backend`, …) or `offline replay`.
         backend: String,
     },
+    /// A watchpoint stop that is not right after the accessing instruction: the backend (QEMU)
+    /// stops the thread at the end of the instruction's translated block.
+    WatchStopAfterBlock {
+        /// The instruction that accessed the watched location.
+        insn: u64,
+        /// Where the thread stopped.
+        stop: u64,
+    },
     /// Reverse execution or replay ran through a PC-only past with watchpoints of the running
     /// program set: they are not checked there.
     WatchPastUnchecked {
@@ -247,6 +255,12 @@ impl fmt::Display for Notice {
                  not known; delete the watchpoint to go on. Watchpoints need the state log \
                  of the ptrace backend (record --backend ptrace), or a running program under \
                  the qemu backend"
+            ),
+            Notice::WatchStopAfterBlock { insn, stop } => write!(
+                f,
+                "the watched location was accessed by the instruction at {insn:#x}; under QEMU \
+                 the thread stops at the end of that instruction's translated block, at \
+                 {stop:#x} (the instructions in between have run)"
             ),
             Notice::WatchPastUnchecked { backend } => write!(
                 f,

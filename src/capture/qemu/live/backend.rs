@@ -260,6 +260,10 @@ impl LiveBackend for QemuLive {
             .map_err(e)
     }
 
+    fn take_notices(&mut self) -> Vec<crate::target::Notice> {
+        std::mem::take(&mut self.watches.notices)
+    }
+
     fn set_live_watches(&mut self, watches: &[(u64, u64, crate::target::WatchKind)]) -> bool {
         self.set_plugin_watches(watches)
     }

@@ -620,7 +620,7 @@ impl QemuLive {
                 let pc = self.remote.read_register_u64(Some(t), "rip").map_err(e)?;
                 // A watchpoint hit of this thread: its SIGTRAP (or the step it happened in).
                 let watch = (signal == gdb_signal::TRAP)
-                    .then(|| self.take_watch_hit(t.tid))
+                    .then(|| self.take_watch_hit(t.tid, pc))
                     .flatten();
                 if let Some((addr, kind)) = watch {
                     StopEvent::Watch { addr, kind }

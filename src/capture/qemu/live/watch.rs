@@ -15,7 +15,7 @@ use std::os::unix::fs::FileExt;
 
 use super::super::output::{self, watch_gate as w};
 use super::QemuLive;
-use crate::target::WatchKind;
+use crate::target::{Notice, WatchKind};
 
 /// The watchpoints of a session and the plugin's watch file.
 #[derive(Debug, Default)]
@@ -23,6 +23,8 @@ pub(super) struct Watches {
     /// `(addr, len, kind)`, as the debugger inserted them.
     list: Vec<(u64, u64, WatchKind)>,
     file: Option<std::fs::File>,
+    /// Notices for the debugger (where a watchpoint stop landed), taken at the stop.
+    pub(super) notices: Vec<Notice>,
 }
 
 impl Watches {
@@ -89,9 +91,26 @@ impl QemuLive {
         true
     }
 
-    /// The watchpoint hit thread `tid` reported, if any (cleared: each hit is reported once):
-    /// the lowest watched address accessed and the kind of the watchpoint hit.
-    pub(super) fn take_watch_hit(&mut self, tid: i64) -> Option<(u64, WatchKind)> {
+    /// The watchpoint hit thread `tid` reported at its stop at `pc`, if any (cleared: each hit
+    /// is reported once): the lowest watched address accessed and the kind of the watchpoint
+    /// hit. When the stop is not right after the accessing instruction (it ends the translated
+    /// block), a notice says which instruction it was.
+    pub(super) fn take_watch_hit(&mut self, tid: i64, pc: u64) -> Option<(u64, WatchKind)> {
+        let (addr, kind, insn) = self.read_watch_hit(tid)?;
+        let bytes = self.remote.read_memory(insn, 15).unwrap_or_default();
+        let next = crate::capture::soft::classify::decode_insn(insn, &bytes)
+            .map(|d| insn + d.insn.len() as u64);
+        if next != Some(pc) {
+            self.watches
+                .notices
+                .push(Notice::WatchStopAfterBlock { insn, stop: pc });
+        }
+        Some((addr, kind))
+    }
+
+    /// [`take_watch_hit`](Self::take_watch_hit)'s hit slot: address, kind, the accessing
+    /// instruction.
+    fn read_watch_hit(&mut self, tid: i64) -> Option<(u64, WatchKind, u64)> {
         if self.watches.is_empty() {
             return None;
         }
@@ -103,6 +122,7 @@ impl QemuLive {
             |i: usize| u64::from_ne_bytes(raw[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
         let slot = (0..w::MAX_SLOTS).find(|&s| word(w::HIT_WORDS * s) == tid)?;
         let (addr, access) = (word(w::HIT_WORDS * slot + 1), word(w::HIT_WORDS * slot + 2));
+        let insn = word(w::HIT_WORDS * slot + 3);
         let at = ((w::HITS + w::HIT_WORDS * slot) * 8) as u64;
         let _ = f.write_all_at(&0u64.to_ne_bytes(), at);
         // The watchpoint hit: the one containing the address whose kind includes the access
@@ -122,6 +142,6 @@ impl QemuLive {
                 },
                 |&(_, _, k)| k,
             );
-        Some((addr, kind))
+        Some((addr, kind, insn))
     }
 }
