@@ -293,6 +293,9 @@ impl LiveBackend for QemuLive {
         for bp in std::mem::take(&mut self.bps) {
             let _ = self.remote.remove_breakpoint(BreakKind::Software, bp, 1);
         }
+        // A watchpoint hit would send the thread a SIGTRAP nobody takes any more: it would
+        // kill the program.
+        self.set_plugin_watches(&[]);
         let e = self.err();
         self.remote.detach().map_err(e)
     }

@@ -25,13 +25,8 @@ pub(super) struct Watches {
     file: Option<std::fs::File>,
     /// Notices for the debugger (where a watchpoint stop landed), taken at the stop.
     pub(super) notices: Vec<Notice>,
-}
-
-impl Watches {
-    /// Whether any watchpoint is set.
-    pub(super) fn is_empty(&self) -> bool {
-        self.list.is_empty()
-    }
+    /// A watchpoint was set once (the plugin may have published hits).
+    ever: bool,
 }
 
 /// The plugin's kind bits of a watchpoint kind.
@@ -88,6 +83,7 @@ impl QemuLive {
         // stop (`gdb_handlesig`: `tb_flush`, run when the program resumes), and watchpoints
         // are only set at a stop, so every block runs translated again with the new list.
         self.watches.list = list.to_vec();
+        self.watches.ever |= !list.is_empty();
         true
     }
 
@@ -111,7 +107,10 @@ impl QemuLive {
     /// [`take_watch_hit`](Self::take_watch_hit)'s hit slot: address, kind, the accessing
     /// instruction.
     fn read_watch_hit(&mut self, tid: i64) -> Option<(u64, WatchKind, u64)> {
-        if self.watches.is_empty() {
+        // Once any watchpoint was set, a hit is taken even if the list is empty now (GDB
+        // removes its watchpoints at every stop, and a second thread's stop reply may be
+        // handled after that): a hit left in its slot would hide that thread's next hits.
+        if !self.watches.ever {
             return None;
         }
         let tid = u64::try_from(tid).ok()?;
