@@ -129,6 +129,7 @@ fn pause_point_gated(base: *mut AtomicU64, vcpu: c_uint, tid: u32, b: Option<&Bl
         n != 0 && may_reach_breakpoint(base, n, b)
     };
     if gate.load(Ordering::Acquire) == 0 && claim.load(Ordering::Acquire) == 0 && !wants {
+        report_deferred_watch(vcpu, tid);
         return;
     }
     if getpid() != GATED_PID.load(Ordering::Relaxed) {
@@ -174,6 +175,27 @@ fn pause_point_gated(base: *mut AtomicU64, vcpu: c_uint, tid: u32, b: Option<&Bl
     if published {
         word(g::SLOTS + 2 * vcpu as usize).store(0, Ordering::Release);
     }
+    report_deferred_watch(vcpu, tid);
+}
+
+/// A watchpoint hit this thread made while the pause gate held it is reported once it runs
+/// freely (at a block start or system call return after a continue, not in a step's pulse: the
+/// stop comes at the end of that block).
+#[inline]
+fn report_deferred_watch(vcpu: c_uint, tid: u32) {
+    if WATCH_DEFERRED.with(|d| d.get()) && watch::stepping() == 0 {
+        WATCH_DEFERRED.with(|d| d.set(false));
+        // Not if a step of this thread reported it meanwhile (ptrewind cleared the slot).
+        if watch::has_hit(vcpu, tid) {
+            stop_for_watch(tid);
+        }
+    }
+}
+
+thread_local! {
+    /// This thread hit a watchpoint while the pause gate held it (it was finishing its block):
+    /// its stop waits until the gate lets it run (see [`stop_for_watch`]).
+    static WATCH_DEFERRED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Whether this is the process the gates serve (a forked child runs free).
@@ -185,18 +207,34 @@ fn is_gated_process() -> bool {
 /// it. The thread claims the stub (the others wait at their next block, as for a breakpoint)
 /// and sends itself `SIGTRAP`, which QEMU takes at the end of the running block. A thread that
 /// ptrewind single-steps sends nothing: the step's stop reports the hit (a queued signal would
-/// stop it again after the next resume).
+/// stop it again after the next resume). A thread the pause gate holds (the program is stopped
+/// in another thread, which is in the stub), let out of its block during another thread's
+/// step, or meeting another thread's claim (that one may be about to reach a breakpoint) waits
+/// until it may go: two threads in the stub at once would both read the debugger's packets.
 fn stop_for_watch(tid: u32) {
     use output::pause_gate as g;
     let base = PAUSE_GATE.load(Ordering::Relaxed);
     if !base.is_null() {
         // SAFETY: the gate mapping holds `g::SIZE / 8` words and is never unmapped.
         let word = |i: usize| unsafe { &*base.add(i) };
-        if word(g::GATE).load(Ordering::Acquire) == g::encode(Some(tid)) {
+        let gate = word(g::GATE).load(Ordering::Acquire);
+        if gate == g::encode(Some(tid)) {
             return;
         }
-        let _ =
-            word(g::CLAIM).compare_exchange(0, u64::from(tid), Ordering::AcqRel, Ordering::Relaxed);
+        let step = watch::stepping();
+        let me = u64::from(tid);
+        if gate != 0 || (step != 0 && step != me) {
+            WATCH_DEFERRED.with(|d| d.set(true));
+            return;
+        }
+        // Another thread about to reach a breakpoint claimed the stub: report later.
+        if let Err(owner) =
+            word(g::CLAIM).compare_exchange(0, me, Ordering::AcqRel, Ordering::Relaxed)
+            && owner != me
+        {
+            WATCH_DEFERRED.with(|d| d.set(true));
+            return;
+        }
     }
     // SAFETY: tgkill(2) to this very thread; QEMU's handler queues the signal for the guest.
     unsafe {

@@ -45,6 +45,25 @@ fn word(base: *mut AtomicU64, i: usize) -> &'static AtomicU64 {
     unsafe { &*base.add(i) }
 }
 
+/// The thread a single step runs (0: none; see `watch_gate::STEP`).
+pub fn stepping() -> u64 {
+    let base = WATCH.load(Ordering::Relaxed);
+    if base.is_null() {
+        return 0;
+    }
+    word(base, w::STEP).load(Ordering::Acquire)
+}
+
+/// Whether `vcpu`'s hit slot still holds a hit of thread `tid` (ptrewind clears it when it
+/// reports the hit).
+pub fn has_hit(vcpu: c_uint, tid: u32) -> bool {
+    let base = WATCH.load(Ordering::Relaxed);
+    let slot = vcpu as usize;
+    !base.is_null()
+        && slot < w::MAX_SLOTS
+        && word(base, w::HITS + w::HIT_WORDS * slot).load(Ordering::Acquire) == u64::from(tid)
+}
+
 /// The union of the watched kinds ([`w::WRITE`] | [`w::READ`]); 0 without watchpoints.
 fn watched_kinds(base: *mut AtomicU64) -> u64 {
     let n = (word(base, w::COUNT).load(Ordering::Acquire) as usize).min(w::MAX_WATCHES);

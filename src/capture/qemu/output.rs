@@ -103,11 +103,15 @@ pub mod watch_gate {
     pub const WATCHES: usize = 1;
     /// Room for watchpoints.
     pub const MAX_WATCHES: usize = 32;
+    /// Set by ptrewind: the thread a single step runs (0: none). While it is set, another
+    /// thread's hit waits (the held threads are let out of their blocks in short pulses during a
+    /// step; a second thread in the stub would read the debugger's packets too).
+    pub const STEP: usize = WATCHES + 3 * MAX_WATCHES;
     /// Then four words per vCPU index (a hit slot): the thread that hit (0: none; set last by
     /// the plugin, cleared by ptrewind when it reports the hit), the lowest watched address
     /// accessed, the access ([`WRITE`] or [`READ`]) and the address of the accessing
     /// instruction.
-    pub const HITS: usize = WATCHES + 3 * MAX_WATCHES;
+    pub const HITS: usize = STEP + 1;
     /// Words per hit slot.
     pub const HIT_WORDS: usize = 4;
     /// vCPU indexes with a hit slot.

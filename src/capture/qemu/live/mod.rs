@@ -480,6 +480,8 @@ impl QemuLive {
     /// none).
     fn set_gate_for(&mut self, run: Option<u32>) {
         use super::output::pause_gate as g;
+        // A step of one thread (`Some(tid)`): the others' watchpoint hits wait for a continue.
+        self.publish_step(run.unwrap_or(0));
         self.write_gate_words(g::GATE, &[g::encode(run)]);
         if run.is_some() {
             // Stopped: a claim of the thread that reached the breakpoint is over.

@@ -87,6 +87,22 @@ impl QemuLive {
         true
     }
 
+    /// Tells the plugin which thread a single step runs (`0`: none): the other threads' hits
+    /// wait until the program is continued (they are let out of their blocks in pulses during a
+    /// step). Nothing to tell before the first watchpoint.
+    pub(super) fn publish_step(&mut self, tid: u32) {
+        if !self.watches.ever {
+            return;
+        }
+        let written = self.watch_file().and_then(|f| {
+            f.write_all_at(&u64::from(tid).to_ne_bytes(), (w::STEP * 8) as u64)
+                .map_err(|e| format!("watch gate: {e}"))
+        });
+        if let Err(e) = written {
+            self.stop_errors.push(e);
+        }
+    }
+
     /// The watchpoint hit thread `tid` reported at its stop at `pc`, if any (cleared: each hit
     /// is reported once): the lowest watched address accessed and the kind of the watchpoint
     /// hit. When the stop is not right after the accessing instruction (it ends the translated
