@@ -183,19 +183,28 @@ fn pause_point_gated(base: *mut AtomicU64, vcpu: c_uint, tid: u32, b: Option<&Bl
 /// stop comes at the end of that block).
 #[inline]
 fn report_deferred_watch(vcpu: c_uint, tid: u32) {
-    if WATCH_DEFERRED.with(|d| d.get()) && watch::stepping() == 0 {
-        WATCH_DEFERRED.with(|d| d.set(false));
+    let Some(deferred) = WATCH_DEFERRED.get(vcpu as usize) else {
+        return;
+    };
+    if deferred.load(Ordering::Relaxed) && watch::stepping() == 0 {
+        deferred.store(false, Ordering::Relaxed);
         // Not if a step of this thread reported it meanwhile (ptrewind cleared the slot).
         if watch::has_hit(vcpu, tid) {
-            stop_for_watch(tid);
+            stop_for_watch(vcpu, tid);
         }
     }
 }
 
-thread_local! {
-    /// This thread hit a watchpoint while the pause gate held it (it was finishing its block):
-    /// its stop waits until the gate lets it run (see [`stop_for_watch`]).
-    static WATCH_DEFERRED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+/// Per vCPU index: its thread hit a watchpoint while it had to wait (see [`stop_for_watch`]).
+/// A plain array, not a thread-local: in a shared library every thread-local access is a
+/// `__tls_get_addr` call, and this flag is read at every block start of a live session.
+static WATCH_DEFERRED: [AtomicBool; MAX_VCPUS] = [const { AtomicBool::new(false) }; MAX_VCPUS];
+
+/// Marks `vcpu`'s hit as waiting.
+fn defer_watch(vcpu: c_uint) {
+    if let Some(d) = WATCH_DEFERRED.get(vcpu as usize) {
+        d.store(true, Ordering::Relaxed);
+    }
 }
 
 /// Whether this is the process the gates serve (a forked child runs free).
@@ -211,7 +220,7 @@ fn is_gated_process() -> bool {
 /// in another thread, which is in the stub), let out of its block during another thread's
 /// step, or meeting another thread's claim (that one may be about to reach a breakpoint) waits
 /// until it may go: two threads in the stub at once would both read the debugger's packets.
-fn stop_for_watch(tid: u32) {
+fn stop_for_watch(vcpu: c_uint, tid: u32) {
     use output::pause_gate as g;
     let base = PAUSE_GATE.load(Ordering::Relaxed);
     if !base.is_null() {
@@ -224,7 +233,7 @@ fn stop_for_watch(tid: u32) {
         let step = watch::stepping();
         let me = u64::from(tid);
         if gate != 0 || (step != 0 && step != me) {
-            WATCH_DEFERRED.with(|d| d.set(true));
+            defer_watch(vcpu);
             return;
         }
         // Another thread about to reach a breakpoint claimed the stub: report later.
@@ -232,7 +241,7 @@ fn stop_for_watch(tid: u32) {
             word(g::CLAIM).compare_exchange(0, me, Ordering::AcqRel, Ordering::Relaxed)
             && owner != me
         {
-            WATCH_DEFERRED.with(|d| d.set(true));
+            defer_watch(vcpu);
             return;
         }
     }

@@ -160,7 +160,7 @@ extern "C" fn on_mem(vcpu: c_uint, info: qemu_plugin_meminfo_t, vaddr: u64, udat
     word(base, at + 2).store(access, Ordering::Relaxed);
     word(base, at + 3).store(udata as u64, Ordering::Relaxed);
     word(base, at).store(u64::from(tid), Ordering::Release);
-    crate::stop_for_watch(tid);
+    crate::stop_for_watch(vcpu, tid);
 }
 
 #[cfg(test)]
