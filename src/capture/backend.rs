@@ -18,7 +18,7 @@ use std::sync::atomic::AtomicBool;
 use crate::flow::FlowConfig;
 use crate::image::Image;
 use crate::store::live::TraceStore;
-use crate::target::{Notice, Resume, StopEvent, TargetResult, X86Registers};
+use crate::target::{Notice, Resume, StopEvent, TargetResult, WatchKind, X86Registers};
 
 /// A live process recorded by a capture backend (software single-stepping, hardware Intel PT,
 /// ...), as the timeline drives it. All present state goes through it.
@@ -158,6 +158,14 @@ pub trait LiveBackend {
     /// see writes (the timeline then refuses watchpoints: a run that never stops would be
     /// wrong).
     fn set_watches(&mut self, _ranges: &[(u64, u64)]) -> bool {
+        false
+    }
+
+    /// Watchpoints of every kind the backend checks itself in the running program (QEMU's
+    /// plugin sees every memory access), for a backend whose past is PC-only: they stop forward
+    /// runs from the present ([`StopEvent::Watch`]) and nothing else. Returns `false` when it
+    /// cannot (the default; the timeline then refuses them).
+    fn set_live_watches(&mut self, _watches: &[(u64, u64, WatchKind)]) -> bool {
         false
     }
 

@@ -110,12 +110,14 @@ pub enum StopEvent {
     },
     /// A single step completed.
     Step,
-    /// A write watchpoint triggered: memory at `addr` (inside a watched range) was written.
-    /// Forward, the target stops after the writing instruction; in reverse, before it (the
-    /// state GDB sees is the one before the write).
+    /// A watchpoint triggered: memory at `addr` (inside a watched range) was written (or, for
+    /// read and access watchpoints, read). Forward, the target stops after the accessing
+    /// instruction; in reverse, before it (the state GDB sees is the one before the write).
     Watch {
-        /// The lowest watched address written.
+        /// The lowest watched address accessed.
         addr: u64,
+        /// The kind of the watchpoint hit.
+        kind: WatchKind,
     },
     /// The program received a signal (Linux signal number); it is delivered only if the next
     /// resume passes it.
@@ -194,6 +196,20 @@ pub enum Notice {
         /// The capture backend (`qemu backend`, …) or `offline replay`.
         backend: String,
     },
+    /// A watchpoint stop that is not right after the accessing instruction: the backend (QEMU)
+    /// stops the thread at the end of the instruction's translated block.
+    WatchStopAfterBlock {
+        /// The instruction that accessed the watched location.
+        insn: u64,
+        /// Where the thread stopped.
+        stop: u64,
+    },
+    /// Reverse execution or replay ran through a PC-only past with watchpoints of the running
+    /// program set: they are not checked there.
+    WatchPastUnchecked {
+        /// The capture backend (`qemu backend`, …).
+        backend: String,
+    },
     /// Replay stopped with watchpoints set at an instruction whose memory writes the recording
     /// does not know: a watched location may have changed there unseen.
     WatchUncertain {
@@ -236,13 +252,23 @@ impl fmt::Display for Notice {
                 f,
                 "watchpoints are refused here: this recording's past is PC-only ({backend}), \
                  so which instruction wrote a location, and its earlier values, are \
-                 not known{}; delete the watchpoint to go on. Watchpoints need the state log \
-                 of the ptrace backend (record --backend ptrace)",
-                if backend == "qemu backend" {
-                    ", and QEMU's user-mode gdbstub has no watchpoints for the running program"
-                } else {
-                    ""
-                }
+                 not known; delete the watchpoint to go on. Watchpoints need the state log \
+                 of the ptrace backend (record --backend ptrace), or a running program under \
+                 the qemu backend"
+            ),
+            Notice::WatchStopAfterBlock { insn, stop } => write!(
+                f,
+                "the watched location was accessed by the instruction at {insn:#x}; under QEMU \
+                 the thread stops at the end of that instruction's translated block, at \
+                 {stop:#x} (the instructions in between have run)"
+            ),
+            Notice::WatchPastUnchecked { backend } => write!(
+                f,
+                "watchpoints are checked only in the running program: this recording's past \
+                 is PC-only ({backend}), so which instruction wrote a location, and its earlier \
+                 values, are not known; reverse execution and replay in the past do not stop at \
+                 watched accesses. For watchpoints in the past: record --backend ptrace \
+                 (state log)"
             ),
             Notice::TraceIncomplete { what } => write!(
                 f,

@@ -206,6 +206,11 @@ pub struct Timeline {
     bps: BTreeSet<u64>,
     /// Write watchpoints GDB set, `(addr, len)`, one element per `Z2` (only with a state log).
     watches: Vec<(u64, u64)>,
+    /// Watchpoints the live backend checks itself in the running program (a PC-only past:
+    /// [`LiveBackend::set_live_watches`]), one element per `Z2`–`Z4`.
+    live_watches: Vec<(u64, u64, crate::target::WatchKind)>,
+    /// The `live_watches` the last notice that they are not checked in the past was about.
+    live_watches_noted: Vec<(u64, u64, crate::target::WatchKind)>,
     running: Running,
     interrupt: Arc<AtomicBool>,
     /// Whether the user wants recording (`monitor record on|off`).
@@ -348,6 +353,8 @@ impl Timeline {
             cursor: None,
             bps: BTreeSet::new(),
             watches: Vec::new(),
+            live_watches: Vec::new(),
+            live_watches_noted: Vec::new(),
             running: Running::Idle,
             interrupt: Arc::new(AtomicBool::new(false)),
             record_wanted: true,
@@ -703,6 +710,9 @@ impl Timeline {
         }
         self.ensure_indexed(INDEX_WAIT)
             .map_err(|what| TargetError::Unexpected { pid: 0, what })?;
+        if how == ReverseResume::Continue {
+            self.note_unchecked_watches();
+        }
         if self.cursor.is_none() {
             // A live multi-thread process: every thread's past (see `live_threads`).
             self.enter_live_threads();
@@ -782,6 +792,7 @@ impl Timeline {
                 }
             }
             Resume::Continue { .. } => {
+                self.note_unchecked_watches();
                 // The nearer of the first write to a watched range (stopping after it) and
                 // the first breakpoint hit.
                 let watch = self.watch_forward(c, len);

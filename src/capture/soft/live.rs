@@ -131,7 +131,10 @@ impl SoftCapture {
             .state_log()?
             .find_write_since(mark, &self.watches)?;
         if let Some(addr) = hit.addr {
-            return Some(StopEvent::Watch { addr });
+            return Some(StopEvent::Watch {
+                addr,
+                kind: crate::target::WatchKind::Write,
+            });
         }
         let before = self.watched_bytes.take().unwrap_or_default();
         let now = self.read_watched();
@@ -142,7 +145,10 @@ impl SoftCapture {
             .find(|(_, (b, n))| b != n)
             .map(|(&(addr, _), _)| addr);
         self.watched_bytes = Some(now);
-        changed.map(|addr| StopEvent::Watch { addr })
+        changed.map(|addr| StopEvent::Watch {
+            addr,
+            kind: crate::target::WatchKind::Write,
+        })
     }
 
     fn target(&mut self) -> &mut PtraceTarget {
