@@ -76,13 +76,146 @@ fn forked_child_runs_free_past_a_breakpoint_it_shares_and_exec_is_recorded() {
     ]);
     r.expect(&format!("forkexec.c:{shared}"));
     r.expect("$1 = 6");
-    r.expect("ptrewind: the program forked child process");
+    // GDB was told of the fork (fork-events) and detached the child itself.
+    r.expect("[Detaching after fork from child process");
     r.expect("ptrewind: the program called exec (");
     // The stop at the end is the new program's exit: recorded through the exec, nothing lost.
     r.expect("the program is exiting");
     r.expect("recorder anomalies       0");
     r.expect("lost bytes               0");
     check_program_ran_fully(&r);
+}
+
+/// The child process's pid in GDB's "[Detaching after fork from child process N]" or
+/// "[Attaching after … fork to child … N.N]" line.
+fn gdb_child_pid(r: &GdbRun, after: &str) -> i32 {
+    let rest = &r.gdb[r.pos(after) + after.len()..];
+    let digits: String = rest
+        .trim_start_matches(|c: char| !c.is_ascii_digit())
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect();
+    digits
+        .parse()
+        .unwrap_or_else(|_| panic!("no pid after {after:?}\n{}", r.dump()))
+}
+
+/// `catch fork` stops at the fork (GDB names the child), and with GDB's defaults the parent
+/// goes on being recorded: its own call stops, the child — detached by GDB's `D;PID` — runs
+/// free with its output, and the exec'd program runs to its end.
+#[test]
+fn catch_fork_stops_and_gdb_detaches_the_child() {
+    let r = session(&[
+        "catch fork",
+        "break shared_work",
+        "continue",
+        "echo AT-CATCH\n",
+        "info inferiors",
+        "continue",
+        "print x",
+        "delete",
+        "continue",
+        "continue",
+    ]);
+    r.expect("Catchpoint 1 (forked process ");
+    let caught = gdb_child_pid(&r, "Catchpoint 1 (forked process ");
+    let detached = gdb_child_pid(&r, "[Detaching after fork from child process ");
+    assert_eq!(caught, detached, "{}", r.dump());
+    assert_ne!(caught, r.pid, "{}", r.dump());
+    // Stopped at the fork: one inferior (the child is not GDB's yet), the parent's call next.
+    assert!(r.after("AT-CATCH").contains("$1 = 6"), "{}", r.dump());
+    check_program_ran_fully(&r);
+}
+
+/// GDB's `set follow-fork-mode child` (with `detach-on-fork on`) reaches the server through
+/// the fork event: GDB detaches the parent (`D;PID`), which runs free to its exec; the child
+/// is recorded from the fork on, its calls (5, then 2) stop, reverse-continue finds them again
+/// (2, then 5) in the child's history, which decodes exactly; the server's last line names
+/// the child.
+#[test]
+fn gdb_follow_fork_mode_child_records_the_child() {
+    let r = session(&[
+        "set follow-fork-mode child",
+        "break shared_work",
+        "continue",
+        "print x",
+        "continue",
+        "print x",
+        "delete",
+        "continue",
+        "echo AT-END\n",
+        "break shared_work",
+        "reverse-continue",
+        "print x",
+        "reverse-continue",
+        "print x",
+        "monitor stats",
+        "delete",
+        "continue",
+        "continue",
+    ]);
+    r.expect("[Attaching after ");
+    r.expect("[Detaching after fork from parent process ");
+    let child = gdb_child_pid(&r, "fork to child ");
+    assert_ne!(child, r.pid, "{}", r.dump());
+    let before_end = &r.gdb[..r.pos("AT-END")];
+    let (a, b) = (before_end.find("$1 = 5"), before_end.find("$2 = 2"));
+    assert!(
+        a.is_some() && b.is_some() && a < b,
+        "the child's calls 5 then 2 not seen\n{}",
+        r.dump()
+    );
+    let after_end = r.after("AT-END");
+    let (a, b) = (after_end.find("$3 = 2"), after_end.find("$4 = 5"));
+    assert!(
+        a.is_some() && b.is_some() && a < b,
+        "reverse-continue did not find the child's calls 2 then 5\n{}",
+        r.dump()
+    );
+    r.expect("execs / forks followed   0 / 1");
+    r.expect("decode errors            0");
+    r.expect("history check            ok");
+    r.expect(&format!(
+        "[Inferior 2 (process {child}) exited with code 06]"
+    ));
+    for line in [
+        "child computed 15",
+        "parent saw 6 -> 18",
+        "new image from-exec 42",
+    ] {
+        assert!(r.program_stdout.contains(line), "{}", r.dump());
+    }
+    assert!(
+        r.server
+            .contains(&format!("ptrewind: process {child} exited with status 6")),
+        "the server's last line does not name the child\n{}",
+        r.dump()
+    );
+}
+
+/// `set detach-on-fork off` asks for both processes; one recording follows one, so the server
+/// says so at the resume, detaches the side GDB did not resume (here the child: the parent is
+/// followed) and goes on — nothing hangs, the child runs free to its end.
+#[test]
+fn detach_on_fork_off_is_refused_with_a_message() {
+    let r = session(&[
+        "set detach-on-fork off",
+        "break shared_work",
+        "continue",
+        "print x",
+        "delete",
+        "continue",
+        "continue",
+    ]);
+    r.expect("ptrewind: the debugger keeps both processes of the fork (detach-on-fork off)");
+    r.expect("$1 = 6");
+    for line in [
+        "child computed 15",
+        "parent saw 6 -> 18",
+        "new image from-exec 42",
+    ] {
+        assert!(r.program_stdout.contains(line), "{}", r.dump());
+    }
 }
 
 /// Unrecorded full-speed runs put the breakpoints into memory as INT3: the forked child's copy

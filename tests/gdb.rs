@@ -434,11 +434,12 @@ fn fork_and_vfork_children_are_detached_and_reported() {
             LET_IT_EXIT,
         ],
     );
-    // Both children are announced on GDB's console and on ptrewind's stderr.
-    r.expect("ptrewind: the program forked child process");
+    // GDB is told of the fork (fork events) and detaches the child itself; the vfork child
+    // is detached by ptrewind and announced on GDB's console and on ptrewind's stderr.
+    r.expect("[Detaching after fork from child process");
     r.expect("ptrewind: the program vforked child process");
     assert!(
-        r.server.contains("warning: the program forked child"),
+        r.server.contains("warning: the program vforked child"),
         "{}",
         r.server
     );

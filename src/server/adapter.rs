@@ -73,6 +73,12 @@ pub fn stop_reason(tid: i32, ev: StopEvent) -> MultiThreadStopReason<u64> {
             tid,
             signal: Signal::SIGTRAP,
         },
+        // The router rewrites this reply: gdbstub names the child with the parent's pid.
+        StopEvent::Forked { child } => MultiThreadStopReason::Fork {
+            cur_tid: tid,
+            new_tid: std::num::NonZeroUsize::new(child.max(1) as usize)
+                .unwrap_or(std::num::NonZeroUsize::MIN),
+        },
         StopEvent::Exited(code) => MultiThreadStopReason::Exited(code as u8),
         StopEvent::Killed(s) => MultiThreadStopReason::Terminated(Signal(linux_to_gdb_signal(s))),
         StopEvent::HistoryEnd { at_begin } => MultiThreadStopReason::ReplayLog {
@@ -100,6 +106,15 @@ pub struct GdbStubAdapter {
     attached: bool,
     /// Files the debugger opened through host I/O (`vFile:open`).
     pub(super) host_files: super::host_io::OpenFiles,
+    /// Fork events are reported to this connection's debugger (`fork-events+`).
+    fork_events: bool,
+    /// The process the debugger's last `vCont`/`Hc` named (`pPID.TID`), to tell which side
+    /// of an unsettled fork it resumes.
+    pub(super) resumed_pid: Option<i32>,
+    /// Processes let go at a fork that the debugger may still name (`Hg pPID.TID`).
+    pub(super) gone_pids: Vec<i32>,
+    /// Notices of the server's own (e.g. a fork it settled itself), sent with the target's.
+    pub(super) notices: Vec<crate::target::Notice>,
 }
 
 impl std::fmt::Debug for GdbStubAdapter {
@@ -122,7 +137,43 @@ impl GdbStubAdapter {
             avx: None,
             attached: false,
             host_files: Default::default(),
+            fork_events: false,
+            resumed_pid: None,
+            gone_pids: Vec::new(),
+            notices: Vec::new(),
         }
+    }
+
+    /// Sets whether fork events are reported to the debugger of this connection (asked of
+    /// the target after the debugger's `qSupported`, before gdbstub answers it).
+    pub fn set_fork_events(&mut self, on: bool) {
+        self.fork_events = on;
+    }
+
+    /// Whether fork events are reported to this connection's debugger.
+    pub fn fork_events(&self) -> bool {
+        self.fork_events
+    }
+
+    /// A resume while a reported fork is still unsettled: the debugger kept both processes
+    /// (GDB's `detach-on-fork off`), which one recording cannot serve. The side it resumes
+    /// goes on (the parent unless it named the child), the other is detached, and the user
+    /// is told.
+    fn settle_fork_on_resume(&mut self) -> Result<(), TargetError> {
+        let Some(child) = self.target.held_fork_child() else {
+            return Ok(());
+        };
+        let parent = self.target.pid();
+        let (kept, detached) = if self.resumed_pid == Some(child) {
+            (child, parent)
+        } else {
+            (parent, child)
+        };
+        self.target.resolve_fork(detached)?;
+        self.gone_pids.push(detached);
+        self.notices
+            .push(crate::target::Notice::BothForkSidesRefused { kept, detached });
+        Ok(())
     }
 
     /// Marks the program as attached to (not started by us): GDB then detaches instead of
@@ -222,9 +273,11 @@ impl gdbstub::target::Target for GdbStubAdapter {
         Some(self)
     }
 
-    // We report neither fork nor vfork stops (children are detached), so do not advertise them.
+    // Forks are reported when the target holds them for the debugger (a single-threaded
+    // process recorded by the ptrace backend, without `record --follow-fork child`); vfork
+    // children are always detached, so vfork stops are not advertised.
     fn use_fork_stop_reason(&self) -> bool {
-        false
+        self.fork_events
     }
 
     fn use_vfork_stop_reason(&self) -> bool {
@@ -327,6 +380,7 @@ impl MultiThreadResume for GdbStubAdapter {
     fn resume(&mut self) -> Result<(), Self::Error> {
         let how = self.resume.unwrap_or(Resume::Continue { signal: None });
         self.resume = Some(how);
+        self.settle_fork_on_resume()?;
         self.target.resume(how)
     }
 

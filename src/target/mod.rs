@@ -129,6 +129,15 @@ pub enum StopEvent {
     Exited(i32),
     /// The program was killed by this signal.
     Killed(i32),
+    /// The program forked (`fork`, or `clone` without `CLONE_VM`) and the debugger asked for
+    /// fork events: the parent stands after the system call (in a step, or at the event stop
+    /// in a full-speed run) and the child is held, stopped right after it, until the debugger
+    /// says which one it keeps ([`Target::resolve_fork`]). Reported only by targets asked to
+    /// ([`PtraceTarget::set_report_forks`]).
+    Forked {
+        /// The child's pid.
+        child: i32,
+    },
     /// Execution (replay) reached an end of the recorded history: the beginning when going
     /// backward (`at_begin`), the live end when replaying forward. Only targets that support
     /// [`ReverseExecution`] report it.
@@ -172,6 +181,14 @@ pub enum Notice {
         parent: i32,
         /// The child's pid, the process from now on.
         child: i32,
+    },
+    /// The debugger resumed without settling a fork it was told of: it keeps both processes
+    /// (GDB's `detach-on-fork off`), but one recording follows one process.
+    BothForkSidesRefused {
+        /// The process recorded from now on (the one the debugger resumed).
+        kept: i32,
+        /// The process detached, running free.
+        detached: i32,
     },
     /// The program called exec; the old breakpoints and GDB's symbols are stale.
     Exec {
@@ -218,6 +235,13 @@ impl fmt::Display for Notice {
                 "the program forked child process {child}; following the child (--follow-fork \
                  child): the parent {parent} is detached and runs untraced; the recording goes \
                  on in the child"
+            ),
+            Notice::BothForkSidesRefused { kept, detached } => write!(
+                f,
+                "the debugger keeps both processes of the fork (detach-on-fork off), but \
+                 ptrewind records one process: {detached} was detached and runs free; the \
+                 recording goes on in {kept} (set detach-on-fork on to choose with \
+                 follow-fork-mode)"
             ),
             Notice::Exec { path } => write!(
                 f,
@@ -298,6 +322,12 @@ pub trait Watchpoints {
 pub trait Target {
     /// The process id.
     fn pid(&self) -> i32;
+    /// The process recorded now: [`pid`](Self::pid) unless the target followed a fork child
+    /// the debugger was not told of (`record --follow-fork child`: the debugger keeps the pid
+    /// it first saw).
+    fn current_pid(&self) -> i32 {
+        self.pid()
+    }
     /// The id of the selected thread (the one a stop is reported in).
     fn tid(&self) -> i32 {
         self.pid()
@@ -374,6 +404,25 @@ pub trait Target {
     /// Takes the notices collected since the last call.
     fn take_notices(&mut self) -> Vec<Notice> {
         Vec::new()
+    }
+    /// Whether forks are reported to the debugger ([`StopEvent::Forked`]): the server then
+    /// advertises GDB's `fork-events`. Asked once per connection, after the debugger's
+    /// `qSupported` (`client_wants` says whether it asked for them).
+    fn report_forks(&mut self, client_wants: bool) -> bool {
+        let _ = client_wants;
+        false
+    }
+    /// Settles the fork reported by the last [`StopEvent::Forked`]: the debugger detaches
+    /// process `detach` (the child: the parent stays the process; the parent: the child
+    /// becomes the process, its history going on from the parent's). `Ok(None)` when no fork
+    /// waits or `detach` is neither side; `Ok(Some(pid))`: the process from now on.
+    fn resolve_fork(&mut self, detach: i32) -> TargetResult<Option<i32>> {
+        let _ = detach;
+        Ok(None)
+    }
+    /// The child of a fork reported and not yet settled ([`Target::resolve_fork`]).
+    fn held_fork_child(&self) -> Option<i32> {
+        None
     }
     /// Software breakpoints, if supported.
     fn support_breakpoints(&mut self) -> Option<&mut dyn Breakpoints> {

@@ -136,6 +136,17 @@ pub trait StepTarget {
     fn step_poll(&mut self, _tid: i32, _block: bool) -> Result<Option<StepStop>, TargetError> {
         Ok(None)
     }
+    /// The child of a fork a step just executed, held (stopped, traced) for the debugger's
+    /// decision; taken once ([`PtraceTarget::set_report_forks`]).
+    fn take_fork_report(&mut self) -> Option<i32> {
+        None
+    }
+    /// Settles a held fork: `detach` is the side let go (see
+    /// [`PtraceTarget::resolve_fork`]); the process from now on.
+    fn resolve_fork(&mut self, detach: i32) -> Result<Option<i32>, TargetError> {
+        let _ = detach;
+        Ok(None)
+    }
     /// Asks thread `tid`, inside a step begun with [`step_start`](Self::step_start), to stop
     /// (`SIGSTOP`: a blocking system call is interrupted and restarts later).
     fn interrupt_thread(&mut self, _tid: i32) {}
@@ -162,6 +173,13 @@ fn to_stop(pid: i32, ev: StopEvent) -> Result<StepStop, TargetError> {
             return Err(TargetError::Unexpected {
                 pid,
                 what: "history end on a live target".into(),
+            });
+        }
+        StopEvent::Forked { child } => {
+            // Full-speed runs of the recorder end before system calls.
+            return Err(TargetError::Unexpected {
+                pid,
+                what: format!("fork event (child {child}) inside a recorder's full-speed run"),
             });
         }
     })
@@ -245,6 +263,14 @@ impl StepTarget for PtraceTarget {
             }
             Some(ThreadStop::Stop(ev)) => to_stop(tid, ev).map(Some),
         }
+    }
+
+    fn take_fork_report(&mut self) -> Option<i32> {
+        PtraceTarget::take_fork_report(self)
+    }
+
+    fn resolve_fork(&mut self, detach: i32) -> Result<Option<i32>, TargetError> {
+        PtraceTarget::resolve_fork(self, detach)
     }
 
     fn interrupt_thread(&mut self, tid: i32) {

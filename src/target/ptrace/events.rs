@@ -102,8 +102,11 @@ impl PtraceTarget {
                 let vfork = event == libc::PTRACE_EVENT_VFORK;
                 let child = Pid::from_raw(self.get_event_msg(tid)?);
                 waitpid_raw(child, true)?;
-                if self.follow_fork_child && !vfork && self.threads.len() == 1 {
+                let single = self.threads.len() == 1;
+                if self.follow_fork_child && !vfork && single {
                     self.follow_child(tid, child)?;
+                } else if self.report_forks && !vfork && single && self.held_fork.is_none() {
+                    self.hold_child(tid, child)?;
                 } else {
                     self.release_child(child, vfork)?;
                 }
@@ -159,6 +162,82 @@ impl PtraceTarget {
             vfork,
         });
         Ok(())
+    }
+
+    /// Keeps a forked child (stopped at its first stop) traced for the debugger's decision,
+    /// with no int3 of ours in its copy of memory: it may be detached at once (the parent
+    /// followed) or become the process, whose breakpoints GDB then inserts itself.
+    pub(super) fn hold_child(&mut self, parent: Pid, child: Pid) -> TargetResult<()> {
+        if self.inserted {
+            let mem = open_mem(child)?;
+            for (&addr, &orig) in &self.breakpoints {
+                let _ = self.write_raw_to(&mem, addr, &[orig]);
+            }
+        }
+        self.held_fork = Some(HeldFork { parent, child });
+        self.fork_report = Some(child.as_raw());
+        Ok(())
+    }
+
+    /// The child of a held fork that a recorder's step saw and that is not reported yet
+    /// (a full-speed run reports it as its stop, [`StopEvent::Forked`]).
+    pub fn take_fork_report(&mut self) -> Option<i32> {
+        self.fork_report.take()
+    }
+
+    /// The child of the held fork, if one waits for the debugger's decision.
+    pub fn held_fork_child(&self) -> Option<i32> {
+        self.held_fork.map(|h| h.child.as_raw())
+    }
+
+    /// Settles the held fork (see [`PtraceTarget::set_report_forks`]): `detach` names the
+    /// side the debugger lets go. The child: it is detached and runs free (the parent goes on
+    /// being the process). The parent: it is detached and the child becomes the process, as
+    /// with [`set_follow_fork_child`](Self::set_follow_fork_child). `Ok(None)` when no fork
+    /// is held or `detach` is neither side; otherwise the process from now on.
+    pub fn resolve_fork(&mut self, detach: i32) -> TargetResult<Option<i32>> {
+        let Some(h) = self.held_fork else {
+            return Ok(None);
+        };
+        self.ensure_stopped()?;
+        if detach == h.child.as_raw() {
+            self.held_fork = None;
+            self.fork_report = None;
+            ptrace_with_signal(libc::PTRACE_DETACH, "PTRACE_DETACH", h.child, None)?;
+            Ok(Some(self.pid.as_raw()))
+        } else if detach == self.pid.as_raw() {
+            self.held_fork = None;
+            self.fork_report = None;
+            // Stopped: no int3 of ours is in the parent's memory.
+            let mem = open_mem(h.child)?;
+            ptrace_with_signal(libc::PTRACE_DETACH, "PTRACE_DETACH", h.parent, None)?;
+            self.mem = mem;
+            self.pid = h.child;
+            self.cur = h.child;
+            self.threads = BTreeMap::from([(h.child.as_raw(), ThreadInfo::default())]);
+            Ok(Some(h.child.as_raw()))
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Lets go of a held fork's child when the whole session ends: killed with the program
+    /// (`kill`), or detached to run free.
+    pub(super) fn end_held_fork(&mut self, kill: bool) {
+        let Some(h) = self.held_fork.take() else {
+            return;
+        };
+        self.fork_report = None;
+        if kill {
+            let _ = nix::sys::signal::kill(h.child, nix::sys::signal::Signal::SIGKILL);
+            // Reap it (we are its tracer, so its end is ours to collect).
+            let _ = ptrace_with_signal(libc::PTRACE_CONT, "PTRACE_CONT", h.child, None);
+            while let Ok(Wait::Stopped(_) | Wait::Event(_) | Wait::StillRunning) =
+                waitpid_raw(h.child, true)
+            {}
+        } else {
+            let _ = ptrace_with_signal(libc::PTRACE_DETACH, "PTRACE_DETACH", h.child, None);
+        }
     }
 
     /// Follows a forked child instead of the parent ([`PtraceTarget::set_follow_fork_child`]):
@@ -336,6 +415,11 @@ impl PtraceTarget {
                 }
                 Wait::Event(event) => {
                     self.handle_event(tid, event, mode)?;
+                    if matches!(mode, Resume::Continue { .. }) && self.fork_report.is_some() {
+                        // A full-speed run stops at the fork event; the debugger decides
+                        // (a step finishes the system call first: `take_fork_report`).
+                        return Ok(Some((tid, w)));
+                    }
                     if let Some(child) = self.followed.take() {
                         // The process is now the forked child, stopped right after the `fork`.
                         if matches!(mode, Resume::Step { .. }) {
@@ -613,6 +697,17 @@ impl PtraceTarget {
                             Ok(StopEvent::Signal(libc::SIGTRAP))
                         }
                     }
+                }
+            }
+            Wait::Event(libc::PTRACE_EVENT_FORK | libc::PTRACE_EVENT_VFORK)
+                if matches!(mode, Resume::Continue { .. }) =>
+            {
+                // A full-speed run stopped at a fork it holds for the debugger (`hold_child`).
+                self.state = RunState::Stopped;
+                self.remove_breakpoints()?;
+                match self.fork_report.take() {
+                    Some(child) => Ok(StopEvent::Forked { child }),
+                    None => Ok(StopEvent::Signal(libc::SIGTRAP)),
                 }
             }
             Wait::Event(libc::PTRACE_EVENT_FORK) => {

@@ -59,6 +59,15 @@ impl Default for SpawnOptions {
     }
 }
 
+/// A fork whose two sides are both still traced, waiting for the debugger's choice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct HeldFork {
+    /// The thread that forked (the parent process's only thread).
+    pub(super) parent: Pid,
+    /// The child, stopped at its first stop.
+    pub(super) child: Pid,
+}
+
 /// What the target knows about one traced thread.
 #[derive(Clone, Copy, Debug, Default)]
 struct ThreadInfo {
@@ -159,6 +168,12 @@ pub struct PtraceTarget {
     follow_fork_child: bool,
     /// The child just followed at a fork, for the wait that saw the event.
     followed: Option<Pid>,
+    /// Hold a forked child for the debugger to decide ([`PtraceTarget::set_report_forks`]).
+    report_forks: bool,
+    /// A fork reported (or to be reported) to the debugger, both sides still traced.
+    held_fork: Option<HeldFork>,
+    /// The child of a held fork not yet reported ([`PtraceTarget::take_fork_report`]).
+    fork_report: Option<i32>,
     /// The program we started (its stdio handles); never waited on.
     child: Option<Child>,
 }
@@ -250,6 +265,9 @@ impl PtraceTarget {
             report_exec: false,
             follow_fork_child: false,
             followed: None,
+            report_forks: false,
+            held_fork: None,
+            fork_report: None,
             thread_stats: ThreadStats {
                 peak: 1,
                 ..ThreadStats::default()
@@ -296,6 +314,18 @@ impl PtraceTarget {
     /// multi-threaded parent keeps being followed, the child detached).
     pub fn set_follow_fork_child(&mut self, on: bool) {
         self.follow_fork_child = on;
+    }
+
+    /// At a `fork` of a single-threaded process, hold the child (stopped, still traced,
+    /// without our breakpoints) and report the fork ([`StopEvent::Forked`], or
+    /// [`take_fork_report`](Self::take_fork_report) after a step) so that the debugger decides
+    /// which side is kept ([`resolve_fork`](Self::resolve_fork)). `vfork` and forks of a
+    /// multi-threaded process still detach the child. [`set_follow_fork_child`] wins when both
+    /// are set.
+    ///
+    /// [`set_follow_fork_child`]: Self::set_follow_fork_child
+    pub fn set_report_forks(&mut self, on: bool) {
+        self.report_forks = on;
     }
 
     /// Whether the exit of the process is reported as a stop ([`StopEvent::Exiting`], the
@@ -586,7 +616,27 @@ impl Target for PtraceTarget {
         if let Resume::Continue { .. } = mode {
             self.stop_others()?;
         }
-        self.finish_stop(w, mode).map(Some)
+        let ev = self.finish_stop(w, mode)?;
+        if ev == StopEvent::Step
+            && let Some(child) = self.fork_report.take()
+        {
+            // The stepped `fork` executed; its child is held for the debugger.
+            return Ok(Some(StopEvent::Forked { child }));
+        }
+        Ok(Some(ev))
+    }
+
+    fn report_forks(&mut self, client_wants: bool) -> bool {
+        self.report_forks = client_wants && !self.follow_fork_child;
+        self.report_forks
+    }
+
+    fn resolve_fork(&mut self, detach: i32) -> TargetResult<Option<i32>> {
+        PtraceTarget::resolve_fork(self, detach)
+    }
+
+    fn held_fork_child(&self) -> Option<i32> {
+        PtraceTarget::held_fork_child(self)
     }
 
     fn interrupt(&mut self) -> TargetResult<()> {
@@ -598,6 +648,9 @@ impl Target for PtraceTarget {
     }
 
     fn kill(&mut self) -> TargetResult<()> {
+        // A forked child held for the debugger goes with the program (as GDB kills an
+        // unfollowed fork child).
+        self.end_held_fork(true);
         if self.state == RunState::Exited {
             return Ok(());
         }
@@ -612,6 +665,7 @@ impl Target for PtraceTarget {
     }
 
     fn detach(&mut self) -> TargetResult<()> {
+        self.end_held_fork(false);
         self.ensure_stopped()?;
         self.remove_breakpoints()?;
         let others = self.other_threads();
@@ -710,6 +764,7 @@ impl Breakpoints for PtraceTarget {
 impl Drop for PtraceTarget {
     fn drop(&mut self) {
         if self.state == RunState::Exited {
+            self.end_held_fork(self.spawned);
             return;
         }
         if self.spawned {

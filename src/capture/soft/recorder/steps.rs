@@ -287,6 +287,25 @@ impl<T: StepTarget> SoftRecorder<T> {
         }
     }
 
+    /// Settles a fork a step executed and the target holds for the debugger
+    /// ([`StepTarget::take_fork_report`]): `detach` is the side let go. When it is the parent,
+    /// the child becomes the process and the recording goes on in it exactly as at a followed
+    /// fork (same stream and state log, the past before the fork served as the child's).
+    /// Returns the process from now on (`None`: no such fork).
+    pub fn resolve_fork(&mut self, detach: i32) -> Result<Option<i32>, RecordError> {
+        let parent = self.target.pid();
+        let now = self.target.resolve_fork(detach)?;
+        if let Some(child) = now.filter(|&p| p != parent) {
+            self.stats.forks_followed += 1;
+            if let Some(log) = self.state_log.as_mut() {
+                log.rename_thread(self.lane.tid, child);
+            }
+            self.lane.tid = child;
+            self.lane.regs = None;
+        }
+        Ok(now)
+    }
+
     /// Before encoding the instruction at `ip`: the stream's time is the global clock (the
     /// instructions recorded so far, all threads together: the TSC of a PSB+ is the global
     /// index of the instruction after it), and a thread just switched in gets a TSC packet
