@@ -78,7 +78,8 @@ fn forked_child_runs_free_past_a_breakpoint_it_shares_and_exec_is_recorded() {
     r.expect("$1 = 6");
     // GDB was told of the fork (fork-events) and detached the child itself.
     r.expect("[Detaching after fork from child process");
-    r.expect("ptrewind: the program called exec (");
+    // GDB was told of the exec (exec-events) and loaded the new program.
+    r.expect("is executing new program: ");
     // The stop at the end is the new program's exit: recorded through the exec, nothing lost.
     r.expect("the program is exiting");
     r.expect("recorder anomalies       0");
@@ -216,6 +217,44 @@ fn detach_on_fork_off_is_refused_with_a_message() {
     ] {
         assert!(r.program_stdout.contains(line), "{}", r.dump());
     }
+}
+
+/// GDB's exec events: `catch exec` stops at the new program's first instruction, GDB names
+/// the new executable and loads its symbols, so a breakpoint on a function only the new program
+/// has resolves and is hit with its argument (argc 2), with a backtrace into the new `main`;
+/// the old program's breakpoint (pending in the new one) stops nothing after the exec.
+#[test]
+fn catch_exec_loads_the_new_program_and_its_breakpoints_hit() {
+    let newimage = examples().join("newimage");
+    let work = line_of("newimage.c", "/* NEW LINE */");
+    let r = session(&[
+        "catch exec",
+        "break shared_work",
+        "continue",
+        "continue",
+        "echo AT-EXEC\n",
+        "info inferiors",
+        "break new_image_work",
+        "continue",
+        "print x",
+        "bt",
+        "continue",
+        "continue",
+    ]);
+    r.expect(&format!("is executing new program: {}", newimage.display()));
+    r.expect(&format!("Catchpoint 1 (exec'd {})", newimage.display()));
+    let after = r.after("AT-EXEC");
+    assert!(after.contains("newimage"), "info inferiors: {}", r.dump());
+    assert!(
+        after.contains(&format!("newimage.c:{work}")) && after.contains("$1 = 2"),
+        "the new program's breakpoint was not hit\n{}",
+        r.dump()
+    );
+    assert!(after.contains("in main ("), "{}", r.dump());
+    // shared_work's address in the old program is code of the new one's `main` (the same
+    // PIE base): only the new program's breakpoint stops after the exec.
+    assert!(!after.contains("Breakpoint 2,"), "{}", r.dump());
+    check_program_ran_fully(&r);
 }
 
 /// Unrecorded full-speed runs put the breakpoints into memory as INT3: the forked child's copy

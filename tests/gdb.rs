@@ -500,7 +500,8 @@ fn threads_are_followed_and_breakpoints_in_them_reached() {
 #[test]
 fn exec_is_reported() {
     let r = gdb("exec", &[], &["continue", LET_IT_EXIT]);
-    r.expect("ptrewind: the program called exec (");
+    // GDB's exec events: GDB names the new program and loads it.
+    r.expect("is executing new program: ");
     r.expect("exited normally");
 }
 

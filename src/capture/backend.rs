@@ -131,6 +131,14 @@ pub trait LiveBackend {
         false
     }
 
+    /// Whether exec is reported to the debugger as a stop
+    /// ([`StopEvent::Exec`](crate::target::StopEvent::Exec)), asked once per connection with
+    /// whether the debugger wants exec events. Default: no.
+    fn report_execs(&mut self, client_wants: bool) -> bool {
+        let _ = client_wants;
+        false
+    }
+
     /// Settles a held fork: `detach` is the side the debugger lets go (see
     /// [`crate::target::Target::resolve_fork`]); the process from now on.
     fn resolve_fork(&mut self, detach: i32) -> TargetResult<Option<i32>> {

@@ -79,6 +79,11 @@ pub fn stop_reason(tid: i32, ev: StopEvent) -> MultiThreadStopReason<u64> {
             new_tid: std::num::NonZeroUsize::new(child.max(1) as usize)
                 .unwrap_or(std::num::NonZeroUsize::MIN),
         },
+        // gdbstub 0.7 has no exec stop reason: the router writes the `exec:` reply over this.
+        StopEvent::Exec => MultiThreadStopReason::SignalWithThread {
+            tid,
+            signal: Signal::SIGTRAP,
+        },
         StopEvent::Exited(code) => MultiThreadStopReason::Exited(code as u8),
         StopEvent::Killed(s) => MultiThreadStopReason::Terminated(Signal(linux_to_gdb_signal(s))),
         StopEvent::HistoryEnd { at_begin } => MultiThreadStopReason::ReplayLog {
@@ -153,6 +158,16 @@ impl GdbStubAdapter {
     /// Whether fork events are reported to this connection's debugger.
     pub fn fork_events(&self) -> bool {
         self.fork_events
+    }
+
+    /// After an exec: every breakpoint belonged to the old program (GDB marks them out
+    /// without removing them and inserts the new program's), so none is kept.
+    pub(super) fn forget_breakpoints(&mut self) {
+        if let Some(bp) = self.target.support_breakpoints() {
+            for addr in bp.breakpoint_addrs() {
+                let _ = bp.remove_breakpoint(addr);
+            }
+        }
     }
 
     /// A resume while a reported fork is still unsettled: the debugger kept both processes

@@ -91,7 +91,12 @@ impl Target for RecordingTarget {
     }
 
     fn wait(&mut self, block: bool) -> TargetResult<Option<StopEvent>> {
-        self.inner.borrow_mut().wait(block)
+        let stop = self.inner.borrow_mut().wait(block)?;
+        if stop == Some(StopEvent::Exec) {
+            // A new program: the debugger reads its name from the stop and `qXfer:exec-file`.
+            self.exe = self.inner.borrow_mut().exec_path();
+        }
+        Ok(stop)
     }
 
     fn interrupt(&mut self) -> TargetResult<()> {
@@ -134,6 +139,10 @@ impl Target for RecordingTarget {
 
     fn report_forks(&mut self, client_wants: bool) -> bool {
         self.inner.borrow_mut().report_forks(client_wants)
+    }
+
+    fn report_execs(&mut self, client_wants: bool) -> bool {
+        self.inner.borrow_mut().report_execs(client_wants)
     }
 
     fn resolve_fork(&mut self, detach: i32) -> TargetResult<Option<i32>> {

@@ -138,6 +138,11 @@ pub enum StopEvent {
         /// The child's pid.
         child: i32,
     },
+    /// The program called exec and the debugger asked for exec events: the process (same
+    /// pid, the exec'ing thread now its only one) stands at the new program's first
+    /// instruction; [`Target::exec_path`] names the new executable. Reported only by targets
+    /// asked to ([`PtraceTarget::set_report_execs`]).
+    Exec,
     /// Execution (replay) reached an end of the recorded history: the beginning when going
     /// backward (`at_begin`), the live end when replaying forward. Only targets that support
     /// [`ReverseExecution`] report it.
@@ -409,6 +414,13 @@ pub trait Target {
     /// advertises GDB's `fork-events`. Asked once per connection, after the debugger's
     /// `qSupported` (`client_wants` says whether it asked for them).
     fn report_forks(&mut self, client_wants: bool) -> bool {
+        let _ = client_wants;
+        false
+    }
+    /// Whether exec is reported to the debugger ([`StopEvent::Exec`]): the server then
+    /// advertises GDB's `exec-events`. Asked once per connection, after the debugger's
+    /// `qSupported` (`client_wants` says whether it asked for them).
+    fn report_execs(&mut self, client_wants: bool) -> bool {
         let _ = client_wants;
         false
     }

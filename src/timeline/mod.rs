@@ -1033,6 +1033,14 @@ impl Timeline {
             .is_some_and(|l| l.report_forks(client_wants))
     }
 
+    /// Whether the live backend reports exec as a stop (see [`LiveBackend::report_execs`]);
+    /// never offline.
+    pub fn report_execs(&mut self, client_wants: bool) -> bool {
+        self.live
+            .as_mut()
+            .is_some_and(|l| l.report_execs(client_wants))
+    }
+
     /// Settles a held fork (see [`LiveBackend::resolve_fork`]): the process from now on.
     pub fn resolve_fork(&mut self, detach: i32) -> TargetResult<Option<i32>> {
         match self.live.as_mut() {

@@ -313,6 +313,10 @@ impl LiveBackend for SoftCapture {
                         // The `fork` executed (recorded); its child waits for the debugger.
                         return self.recorded_stop(StopEvent::Forked { child });
                     }
+                    if self.rec.target().take_exec_report() {
+                        // The exec executed (recorded); the debugger loads the new program.
+                        return self.recorded_stop(StopEvent::Exec);
+                    }
                     if matches!(
                         ev,
                         StepEvent::Executed { .. }
@@ -371,6 +375,10 @@ impl LiveBackend for SoftCapture {
 
     fn report_forks(&mut self, client_wants: bool) -> bool {
         Target::report_forks(self.rec.target(), client_wants)
+    }
+
+    fn report_execs(&mut self, client_wants: bool) -> bool {
+        Target::report_execs(self.rec.target(), client_wants)
     }
 
     fn resolve_fork(&mut self, detach: i32) -> TargetResult<Option<i32>> {

@@ -141,6 +141,11 @@ pub trait StepTarget {
     fn take_fork_report(&mut self) -> Option<i32> {
         None
     }
+    /// Whether a step's exec is to be reported to the debugger (taken once,
+    /// [`PtraceTarget::set_report_execs`]).
+    fn take_exec_report(&mut self) -> bool {
+        false
+    }
     /// Settles a held fork: `detach` is the side let go (see
     /// [`PtraceTarget::resolve_fork`]); the process from now on.
     fn resolve_fork(&mut self, detach: i32) -> Result<Option<i32>, TargetError> {
@@ -175,6 +180,7 @@ fn to_stop(pid: i32, ev: StopEvent) -> Result<StepStop, TargetError> {
                 what: "history end on a live target".into(),
             });
         }
+        StopEvent::Exec => StepStop::Exec,
         StopEvent::Forked { child } => {
             // Full-speed runs of the recorder end before system calls.
             return Err(TargetError::Unexpected {
@@ -267,6 +273,10 @@ impl StepTarget for PtraceTarget {
 
     fn take_fork_report(&mut self) -> Option<i32> {
         PtraceTarget::take_fork_report(self)
+    }
+
+    fn take_exec_report(&mut self) -> bool {
+        PtraceTarget::take_exec_report(self)
     }
 
     fn resolve_fork(&mut self, detach: i32) -> Result<Option<i32>, TargetError> {

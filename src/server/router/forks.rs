@@ -27,6 +27,21 @@ fn pid_of(id: &[u8]) -> Option<i32> {
         .filter(|&p| p > 0)
 }
 
+/// The stop reply of an exec (GDB's `exec-events`): the thread, and the new executable's
+/// path in hex. `multiprocess`: thread ids as `pPID.TID`.
+pub(super) fn exec_stop_reply(pid: i32, tid: i32, path: &[u8], multiprocess: bool) -> Vec<u8> {
+    let thread = if multiprocess {
+        format!("p{pid:x}.{tid:x}")
+    } else {
+        format!("{tid:x}")
+    };
+    format!(
+        "T05thread:{thread};exec:{};",
+        super::super::rsp::hex_encode(path)
+    )
+    .into_bytes()
+}
+
 /// The stop reply of a fork: the parent's thread, the child named by its own pid.
 pub(super) fn fork_stop_reply(pid: i32, tid: i32, child: i32) -> Vec<u8> {
     format!("T05thread:p{pid:x}.{tid:x};fork:p{child:x}.{child:x};").into_bytes()
@@ -136,6 +151,14 @@ mod tests {
         assert_eq!(
             fork_stop_reply(0x10, 0x10, 0x2a),
             b"T05thread:p10.10;fork:p2a.2a;".to_vec()
+        );
+        assert_eq!(
+            exec_stop_reply(0x10, 0x11, b"/x", true),
+            b"T05thread:p10.11;exec:2f78;".to_vec()
+        );
+        assert_eq!(
+            exec_stop_reply(0x10, 0x11, b"/x", false),
+            b"T05thread:11;exec:2f78;".to_vec()
         );
     }
 }

@@ -286,6 +286,22 @@ impl Router {
                             r.borrow_conn().replace_reply =
                                 Some(forks::fork_stop_reply(pid, tid, child));
                         }
+                        if ev == StopEvent::Exec {
+                            session.forget_breakpoints();
+                            let pid = session.target().pid();
+                            let multiprocess = self
+                                .state
+                                .client_features
+                                .iter()
+                                .any(|f| f == "multiprocess+");
+                            if let Some(path) = session.target().exec_path() {
+                                let path = path.as_os_str().as_encoded_bytes();
+                                r.borrow_conn().replace_reply =
+                                    Some(forks::exec_stop_reply(pid, tid, path, multiprocess));
+                            } else {
+                                session.notices.push(Notice::Exec { path: None });
+                            }
+                        }
                         // Expedite rbp, rsp and rip (as gdbserver does) so GDB can identify
                         // the frame without fetching every register after each step; never a
                         // register the past does not know (a PC-only replay): GDB would take
@@ -518,8 +534,13 @@ impl Router {
             let wants = has("fork-events+") && has("multiprocess+");
             let on = session.target_mut().report_forks(wants);
             session.set_fork_events(on);
-            if !self.features.is_empty() {
-                conn(&mut sm).rewrite_features = Some(self.features.clone());
+            let mut features = self.features.clone();
+            if session.target_mut().report_execs(has("exec-events+")) {
+                // gdbstub knows no exec events: announced (and the stops written) here.
+                features.push("exec-events+".into());
+            }
+            if !features.is_empty() {
+                conn(&mut sm).rewrite_features = Some(features);
             }
         } else if let Some(thread) = plain.strip_prefix(b"Hg") {
             self.state.general_thread = Some(String::from_utf8_lossy(thread).into_owned());

@@ -132,9 +132,14 @@ impl PtraceTarget {
                 }
                 self.threads.entry(self.pid.as_raw()).or_default().running = false;
                 self.cur = self.pid;
-                self.notices.push(Notice::Exec {
-                    path: self.exe.clone(),
-                });
+                if self.report_execs {
+                    // The debugger is told with a stop and loads the new program itself.
+                    self.exec_report = true;
+                } else {
+                    self.notices.push(Notice::Exec {
+                        path: self.exe.clone(),
+                    });
+                }
             }
             _ => {}
         }
@@ -415,6 +420,13 @@ impl PtraceTarget {
                 }
                 Wait::Event(event) => {
                     self.handle_event(tid, event, mode)?;
+                    if matches!(mode, Resume::Continue { .. })
+                        && event == libc::PTRACE_EVENT_EXEC
+                        && self.exec_report
+                    {
+                        // A full-speed run stops at the new program's first instruction.
+                        return Ok(Some((self.pid, w)));
+                    }
                     if matches!(mode, Resume::Continue { .. }) && self.fork_report.is_some() {
                         // A full-speed run stops at the fork event; the debugger decides
                         // (a step finishes the system call first: `take_fork_report`).
@@ -709,6 +721,13 @@ impl PtraceTarget {
                     Some(child) => Ok(StopEvent::Forked { child }),
                     None => Ok(StopEvent::Signal(libc::SIGTRAP)),
                 }
+            }
+            Wait::Event(libc::PTRACE_EVENT_EXEC) if matches!(mode, Resume::Continue { .. }) => {
+                // A full-speed run stopped at an exec reported to the debugger (the old
+                // breakpoints are gone with the old address space).
+                self.state = RunState::Stopped;
+                self.exec_report = false;
+                Ok(StopEvent::Exec)
             }
             Wait::Event(libc::PTRACE_EVENT_FORK) => {
                 // A debugger's step of `fork`, ending in the followed child (`follow_child`).

@@ -174,6 +174,10 @@ pub struct PtraceTarget {
     held_fork: Option<HeldFork>,
     /// The child of a held fork not yet reported ([`PtraceTarget::take_fork_report`]).
     fork_report: Option<i32>,
+    /// Report exec to the debugger ([`PtraceTarget::set_report_execs`]).
+    report_execs: bool,
+    /// An exec happened and is not reported yet ([`PtraceTarget::take_exec_report`]).
+    exec_report: bool,
     /// The program we started (its stdio handles); never waited on.
     child: Option<Child>,
 }
@@ -268,6 +272,8 @@ impl PtraceTarget {
             report_forks: false,
             held_fork: None,
             fork_report: None,
+            report_execs: false,
+            exec_report: false,
             thread_stats: ThreadStats {
                 peak: 1,
                 ..ThreadStats::default()
@@ -326,6 +332,19 @@ impl PtraceTarget {
     /// [`set_follow_fork_child`]: Self::set_follow_fork_child
     pub fn set_report_forks(&mut self, on: bool) {
         self.report_forks = on;
+    }
+
+    /// Report each exec as a stop ([`StopEvent::Exec`] for a full-speed run, or
+    /// [`take_exec_report`](Self::take_exec_report) after a recorder's step) instead of the
+    /// [`Notice::Exec`] warning: the debugger then loads the new program itself.
+    pub fn set_report_execs(&mut self, on: bool) {
+        self.report_execs = on;
+    }
+
+    /// Whether an exec happened since the last call that is to be reported to the debugger
+    /// ([`PtraceTarget::set_report_execs`]).
+    pub fn take_exec_report(&mut self) -> bool {
+        std::mem::take(&mut self.exec_report)
     }
 
     /// Whether the exit of the process is reported as a stop ([`StopEvent::Exiting`], the
@@ -623,7 +642,15 @@ impl Target for PtraceTarget {
             // The stepped `fork` executed; its child is held for the debugger.
             return Ok(Some(StopEvent::Forked { child }));
         }
+        if ev == StopEvent::Step && self.take_exec_report() {
+            return Ok(Some(StopEvent::Exec));
+        }
         Ok(Some(ev))
+    }
+
+    fn report_execs(&mut self, client_wants: bool) -> bool {
+        self.report_execs = client_wants;
+        client_wants
     }
 
     fn report_forks(&mut self, client_wants: bool) -> bool {
