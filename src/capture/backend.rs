@@ -124,15 +124,13 @@ pub trait LiveBackend {
     /// Whether forks are held and reported to the debugger ([`StopEvent::Forked`]): asked
     /// once per connection with whether the debugger wants fork events. Default: no (the
     /// backend detaches forked children itself).
-    ///
-    /// [`StopEvent::Forked`]: crate::target::StopEvent::Forked
     fn report_forks(&mut self, client_wants: bool) -> bool {
         let _ = client_wants;
         false
     }
 
     /// Whether exec is reported to the debugger as a stop
-    /// ([`StopEvent::Exec`](crate::target::StopEvent::Exec)), asked once per connection with
+    /// ([`StopEvent::Exec`]), asked once per connection with
     /// whether the debugger wants exec events. Default: no.
     fn report_execs(&mut self, client_wants: bool) -> bool {
         let _ = client_wants;
