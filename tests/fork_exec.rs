@@ -22,6 +22,7 @@ fn examples() -> &'static Path {
         std::fs::create_dir_all(&dir).expect("examples dir");
         build_example(&dir, "forkexec", &[]);
         build_example(&dir, "newimage", &[]);
+        build_example(&dir, "mt_fork", &["-pthread"]);
         dir
     })
 }
@@ -255,6 +256,99 @@ fn catch_exec_loads_the_new_program_and_its_breakpoints_hit() {
     // PIE base): only the new program's breakpoint stops after the exec.
     assert!(!after.contains("Breakpoint 2,"), "{}", r.dump());
     check_program_ran_fully(&r);
+}
+
+/// `ptrewind record -- mt_fork` (a process with two threads forks) with `commands` in GDB.
+fn mt_session(commands: &[&str]) -> GdbRun {
+    let program = examples().join("mt_fork");
+    let server = Server::start(&program, &[]);
+    gdb_session(server, &program, commands, TIMEOUT)
+}
+
+/// What the two-thread program prints when parent, worker and child all ran to their end: the
+/// child's status 3 * 7 = 21 seen by the parent, the worker woken after it ('a' + 1 = 98).
+fn check_mt_program_ran_fully(r: &GdbRun) {
+    for line in ["child of two threads 21", "parent saw 21, worker 98"] {
+        assert!(
+            r.program_stdout.contains(line),
+            "missing {line:?} in the program's output {:?}\n{}",
+            r.program_stdout,
+            r.dump()
+        );
+    }
+}
+
+/// A fork of a process with two threads is reported too: `catch fork` stops in the forking
+/// thread with both threads listed; GDB detaches the child, which runs free, and the parent's
+/// two threads are recorded to their end.
+#[test]
+fn fork_of_a_multi_threaded_process_is_caught() {
+    let r = mt_session(&[
+        "catch fork",
+        "continue",
+        "echo AT-CATCH\n",
+        "info threads",
+        "continue",
+        "continue",
+    ]);
+    r.expect("Catchpoint 1 (forked process ");
+    let caught = gdb_child_pid(&r, "Catchpoint 1 (forked process ");
+    let detached = gdb_child_pid(&r, "[Detaching after fork from child process ");
+    assert_eq!(caught, detached, "{}", r.dump());
+    let threads = r.after("AT-CATCH");
+    assert!(
+        threads.contains("* 1    Thread") && threads.contains("  2    Thread"),
+        "{}",
+        r.dump()
+    );
+    r.expect("exited normally");
+    check_mt_program_ran_fully(&r);
+}
+
+/// `set follow-fork-mode child` at a fork of a process with two threads (the other one
+/// waiting in `read`): every thread of the parent is detached and runs free (the worker is
+/// woken later and the parent ends normally), the child — one thread — is recorded: its call
+/// stops with its argument, reverse-continue from its end finds it again, the history decodes
+/// exactly.
+#[test]
+fn follow_fork_mode_child_in_a_multi_threaded_process() {
+    let child_line = line_of("mt_fork.c", "/* CHILD LINE */");
+    let r = mt_session(&[
+        "set follow-fork-mode child",
+        "break child_work",
+        "continue",
+        "print x",
+        "echo THREADS\n",
+        "info threads",
+        "echo END-THREADS\n",
+        "continue",
+        "echo AT-END\n",
+        "reverse-continue",
+        "print x",
+        "monitor stats",
+        "delete",
+        "continue",
+        "continue",
+    ]);
+    r.expect("[Detaching after fork from parent process ");
+    let child = gdb_child_pid(&r, "fork to child ");
+    r.expect(&format!("mt_fork.c:{child_line}"));
+    r.expect("$1 = 3");
+    let threads = &r.after("THREADS")[..r.after("THREADS").find("END-THREADS").unwrap_or(0)];
+    assert_eq!(
+        threads.matches(" Thread ").count(),
+        1,
+        "the child has one thread\n{}",
+        r.dump()
+    );
+    assert!(r.after("AT-END").contains("$2 = 3"), "{}", r.dump());
+    r.expect("execs / forks followed   0 / 1");
+    r.expect("decode errors            0");
+    r.expect("history check            ok");
+    r.expect(&format!(
+        "[Inferior 2 (process {child}) exited with code 025]"
+    ));
+    check_mt_program_ran_fully(&r);
 }
 
 /// Unrecorded full-speed runs put the breakpoints into memory as INT3: the forked child's copy

@@ -288,9 +288,10 @@ impl gdbstub::target::Target for GdbStubAdapter {
         Some(self)
     }
 
-    // Forks are reported when the target holds them for the debugger (a single-threaded
-    // process recorded by the ptrace backend, without `record --follow-fork child`); vfork
-    // children are always detached, so vfork stops are not advertised.
+    // Forks are reported when the target holds them for the debugger (the ptrace backend
+    // without `record --follow-fork child`); vfork children are always detached (the parent
+    // cannot finish the system call while the child is held), so vfork stops are not
+    // advertised.
     fn use_fork_stop_reason(&self) -> bool {
         self.fork_events
     }

@@ -146,6 +146,10 @@ pub trait StepTarget {
     fn take_exec_report(&mut self) -> bool {
         false
     }
+    /// The thread that made the fork held for the debugger, if one is held.
+    fn held_fork_parent(&self) -> Option<i32> {
+        None
+    }
     /// Settles a held fork: `detach` is the side let go (see
     /// [`PtraceTarget::resolve_fork`]); the process from now on.
     fn resolve_fork(&mut self, detach: i32) -> Result<Option<i32>, TargetError> {
@@ -277,6 +281,10 @@ impl StepTarget for PtraceTarget {
 
     fn take_exec_report(&mut self) -> bool {
         PtraceTarget::take_exec_report(self)
+    }
+
+    fn held_fork_parent(&self) -> Option<i32> {
+        PtraceTarget::held_fork_parent(self)
     }
 
     fn resolve_fork(&mut self, detach: i32) -> Result<Option<i32>, TargetError> {

@@ -105,7 +105,7 @@ impl PtraceTarget {
                 let single = self.threads.len() == 1;
                 if self.follow_fork_child && !vfork && single {
                     self.follow_child(tid, child)?;
-                } else if self.report_forks && !vfork && single && self.held_fork.is_none() {
+                } else if self.report_forks && !vfork && self.held_fork.is_none() {
                     self.hold_child(tid, child)?;
                 } else {
                     self.release_child(child, vfork)?;
@@ -171,7 +171,8 @@ impl PtraceTarget {
 
     /// Keeps a forked child (stopped at its first stop) traced for the debugger's decision,
     /// with no int3 of ours in its copy of memory: it may be detached at once (the parent
-    /// followed) or become the process, whose breakpoints GDB then inserts itself.
+    /// followed) or become the process, whose breakpoints GDB then inserts itself. The parent
+    /// may have several threads: the child has one, the copy of `parent`.
     pub(super) fn hold_child(&mut self, parent: Pid, child: Pid) -> TargetResult<()> {
         if self.inserted {
             let mem = open_mem(child)?;
@@ -195,6 +196,11 @@ impl PtraceTarget {
         self.held_fork.map(|h| h.child.as_raw())
     }
 
+    /// The thread that made the held fork (the child's only thread is its copy).
+    pub fn held_fork_parent(&self) -> Option<i32> {
+        self.held_fork.map(|h| h.parent.as_raw())
+    }
+
     /// Settles the held fork (see [`PtraceTarget::set_report_forks`]): `detach` names the
     /// side the debugger lets go. The child: it is detached and runs free (the parent goes on
     /// being the process). The parent: it is detached and the child becomes the process, as
@@ -213,9 +219,27 @@ impl PtraceTarget {
         } else if detach == self.pid.as_raw() {
             self.held_fork = None;
             self.fork_report = None;
-            // Stopped: no int3 of ours is in the parent's memory.
+            // Stopped (every thread): no int3 of ours is in the parent's memory.
             let mem = open_mem(h.child)?;
+            let mut queued_sigstop = false;
+            for (&t, info) in &self.threads {
+                if t != h.parent.as_raw() {
+                    // A thread that ended meanwhile cannot be detached: nothing to do.
+                    let _ = ptrace_with_signal(
+                        libc::PTRACE_DETACH,
+                        "PTRACE_DETACH",
+                        Pid::from_raw(t),
+                        None,
+                    );
+                    queued_sigstop |= info.swallow_sigstop;
+                }
+            }
             ptrace_with_signal(libc::PTRACE_DETACH, "PTRACE_DETACH", h.parent, None)?;
+            if queued_sigstop {
+                // A SIGSTOP we sent to stop a thread is still queued for it: once detached it
+                // would stop the whole parent; let it run on.
+                let _ = nix::sys::signal::kill(self.pid, nix::sys::signal::Signal::SIGCONT);
+            }
             self.mem = mem;
             self.pid = h.child;
             self.cur = h.child;

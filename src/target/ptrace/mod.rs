@@ -322,12 +322,12 @@ impl PtraceTarget {
         self.follow_fork_child = on;
     }
 
-    /// At a `fork` of a single-threaded process, hold the child (stopped, still traced,
-    /// without our breakpoints) and report the fork ([`StopEvent::Forked`], or
+    /// At a `fork`, hold the child (stopped, still traced, without our breakpoints) and
+    /// report the fork ([`StopEvent::Forked`], or
     /// [`take_fork_report`](Self::take_fork_report) after a step) so that the debugger decides
-    /// which side is kept ([`resolve_fork`](Self::resolve_fork)). `vfork` and forks of a
-    /// multi-threaded process still detach the child. [`set_follow_fork_child`] wins when both
-    /// are set.
+    /// which side is kept ([`resolve_fork`](Self::resolve_fork)); following the child of a
+    /// multi-threaded parent detaches every thread of the parent. `vfork` still detaches the
+    /// child. [`set_follow_fork_child`] wins when both are set.
     ///
     /// [`set_follow_fork_child`]: Self::set_follow_fork_child
     pub fn set_report_forks(&mut self, on: bool) {

@@ -290,10 +290,20 @@ impl<T: StepTarget> SoftRecorder<T> {
     /// Settles a fork a step executed and the target holds for the debugger
     /// ([`StepTarget::take_fork_report`]): `detach` is the side let go. When it is the parent,
     /// the child becomes the process and the recording goes on in it exactly as at a followed
-    /// fork (same stream and state log, the past before the fork served as the child's).
+    /// fork (same stream and state log, the past before the fork served as the child's); the
+    /// streams of the parent's other threads end at the fork.
     /// Returns the process from now on (`None`: no such fork).
     pub fn resolve_fork(&mut self, detach: i32) -> Result<Option<i32>, RecordError> {
         let parent = self.target.pid();
+        if detach == parent
+            && let Some(forking) = self.target.held_fork_parent()
+        {
+            // The child is the copy of the thread that forked: its lane goes on in the child;
+            // the parent's other threads do not exist there, so their streams end here (their
+            // past stays recorded).
+            self.switch_to_tid(forking)?;
+            self.end_parked();
+        }
         let now = self.target.resolve_fork(detach)?;
         if let Some(child) = now.filter(|&p| p != parent) {
             self.stats.forks_followed += 1;
