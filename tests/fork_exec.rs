@@ -10,8 +10,8 @@ use std::time::Duration;
 
 mod support;
 
-use support::cbuild::{build_example, line_of};
-use support::gdb::{GdbRun, Server, gdb_session};
+use support::cbuild::{build_example, have, line_of};
+use support::gdb::{GdbRun, Server, gdb_session, run_until, wait_until};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -349,6 +349,61 @@ fn follow_fork_mode_child_in_a_multi_threaded_process() {
         "[Inferior 2 (process {child}) exited with code 025]"
     ));
     check_mt_program_ran_fully(&r);
+}
+
+/// LLDB asks for fork events too (`fork-events+`): with its `follow-fork-mode child` it takes
+/// its breakpoints out of the parent only and detaches it (`D;PID`), trusting the child's copy
+/// of memory to hold them — so the server gives the followed child the breakpoints the parent
+/// had at the fork: both of the child's calls stop.
+#[test]
+fn lldb_follow_fork_mode_child_keeps_the_breakpoints() {
+    if !have("lldb-19") {
+        eprintln!("SKIPPED: lldb-19 not installed");
+        return;
+    }
+    let dir = examples();
+    let program = dir.join("forkexec");
+    let newimage = dir.join("newimage");
+    let newimage = newimage.to_str().expect("utf-8 path");
+    let mut server = Server::start(&program, &[newimage]);
+    let mut c = std::process::Command::new("lldb-19");
+    c.args(["--batch", "--no-lldbinit"])
+        .args(["-o", "settings set target.process.follow-fork-mode child"])
+        .arg("-o")
+        .arg(format!("target create {}", program.display()))
+        .arg("-o")
+        .arg(format!("gdb-remote 127.0.0.1:{}", server.port))
+        .args([
+            "-o",
+            "b shared_work",
+            "-o",
+            "c",
+            "-o",
+            "p x",
+            "-o",
+            "c",
+            "-o",
+            "p x",
+        ])
+        .args(["-o", "c", "-k", "process kill"]);
+    let out = run_until(&mut c, TIMEOUT);
+    let _ = wait_until(&mut server.child, std::time::Instant::now() + TIMEOUT);
+    let log = server.stderr.join().unwrap_or_default();
+    let stdout = server.stdout.join().unwrap_or_default();
+    let ctx = format!(
+        "--- lldb\n{}\n{}\n--- server\n{log}\n--- program\n{stdout}",
+        out.stdout, out.stderr
+    );
+    let (a, b) = (
+        out.stdout.find("shared_work(x=5)"),
+        out.stdout.find("shared_work(x=2)"),
+    );
+    assert!(a.is_some() && b.is_some() && a < b, "{ctx}");
+    assert!(
+        out.stdout.contains("(int) 5") && out.stdout.contains("(int) 2"),
+        "{ctx}"
+    );
+    assert!(stdout.contains("parent saw 6 -> 18"), "{ctx}");
 }
 
 /// Unrecorded full-speed runs put the breakpoints into memory as INT3: the forked child's copy

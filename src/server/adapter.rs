@@ -118,6 +118,11 @@ pub struct GdbStubAdapter {
     pub(super) resumed_pid: Option<i32>,
     /// Processes let go at a fork that the debugger may still name (`Hg pPID.TID`).
     pub(super) gone_pids: Vec<i32>,
+    /// The breakpoints the held fork child has in the debugger's view: those of the parent at
+    /// the fork (its memory is a copy), minus what the debugger removed from it, plus what it
+    /// inserted in it (`z`/`Z` with the child as the general thread). GDB removes them all
+    /// at the fork and inserts them again if it follows the child; LLDB leaves them.
+    pub(super) child_breakpoints: Option<std::collections::BTreeSet<u64>>,
     /// Notices of the server's own (e.g. a fork it settled itself), sent with the target's.
     pub(super) notices: Vec<crate::target::Notice>,
 }
@@ -145,6 +150,7 @@ impl GdbStubAdapter {
             fork_events: false,
             resumed_pid: None,
             gone_pids: Vec::new(),
+            child_breakpoints: None,
             notices: Vec::new(),
         }
     }
@@ -158,6 +164,41 @@ impl GdbStubAdapter {
     /// Whether fork events are reported to this connection's debugger.
     pub fn fork_events(&self) -> bool {
         self.fork_events
+    }
+
+    /// A fork was reported: the child starts with the parent's breakpoints.
+    pub(super) fn fork_reported(&mut self) {
+        let addrs = self
+            .target
+            .support_breakpoints()
+            .map(|bp| bp.breakpoint_addrs())
+            .unwrap_or_default();
+        self.child_breakpoints = Some(addrs.into_iter().collect());
+    }
+
+    /// Settles the held fork, letting `detach` go (see [`Target::resolve_fork`]); when the
+    /// child is kept, the breakpoints become the child's as the debugger sees them.
+    pub(super) fn settle_fork(&mut self, detach: i32) -> Result<Option<i32>, TargetError> {
+        let parent = self.target.pid();
+        let now = self.target.resolve_fork(detach)?;
+        let child_bps = self.child_breakpoints.take();
+        if let (Some(now), Some(want)) = (now, child_bps)
+            && now != parent
+            && let Some(bp) = self.target.support_breakpoints()
+        {
+            for addr in bp.breakpoint_addrs() {
+                if !want.contains(&addr) {
+                    let _ = bp.remove_breakpoint(addr);
+                }
+            }
+            for addr in want {
+                let _ = bp.add_breakpoint(addr);
+            }
+        }
+        if now.is_some() {
+            self.gone_pids.push(detach);
+        }
+        Ok(now)
     }
 
     /// After an exec: every breakpoint belonged to the old program (GDB marks them out
@@ -184,8 +225,7 @@ impl GdbStubAdapter {
         } else {
             (parent, child)
         };
-        self.target.resolve_fork(detached)?;
-        self.gone_pids.push(detached);
+        self.settle_fork(detached)?;
         self.notices
             .push(crate::target::Notice::BothForkSidesRefused { kept, detached });
         Ok(())

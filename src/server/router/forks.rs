@@ -69,11 +69,8 @@ pub(super) fn register(router: &mut Router) {
         if session.target().held_fork_child().is_none() {
             return Intercept::Pass;
         }
-        match session.target_mut().resolve_fork(pid) {
-            Ok(Some(_)) => {
-                session.gone_pids.push(pid);
-                Intercept::Reply(b"OK".to_vec())
-            }
+        match session.settle_fork(pid) {
+            Ok(Some(_)) => Intercept::Reply(b"OK".to_vec()),
             Ok(None) => Intercept::Pass,
             Err(_) => Intercept::Reply(b"E01".to_vec()),
         }
@@ -111,20 +108,33 @@ pub(super) fn register(router: &mut Router) {
         let sel = selected.clone();
         router.intercept(prefix, move |session, _state: &RouterState, body| {
             let remove = body.first() == Some(&b'z');
-            // Nothing of ours is in a detached process's memory, nor in the held child's copy
-            // (`hold_child`), so removals there are done. An insertion for either (GDB keeping
-            // both sides, `detach-on-fork off`) goes to the one breakpoint list: both sides
-            // have the same code at the same addresses, and GDB inserts each location in
-            // every process at once.
-            let other = match sel.get() {
-                Selected::Gone => true,
-                Selected::HeldChild => session.target().held_fork_child().is_some(),
-                Selected::Process => false,
-            };
-            if other && remove {
-                Intercept::Reply(b"OK".to_vec())
-            } else {
-                Intercept::Pass
+            match sel.get() {
+                // The held child's breakpoints as the debugger sees them: they become the
+                // process's if the child is followed (`GdbStubAdapter::settle_fork`).
+                Selected::HeldChild if session.target().held_fork_child().is_some() => {
+                    let addr = body
+                        .get(3..)
+                        .and_then(|b| b.split(|&c| c == b',').next())
+                        .and_then(|h| std::str::from_utf8(h).ok())
+                        .and_then(|h| u64::from_str_radix(h, 16).ok());
+                    let software = body.get(1) == Some(&b'0');
+                    if let (true, Some(set), Some(addr)) =
+                        (software, session.child_breakpoints.as_mut(), addr)
+                    {
+                        if remove {
+                            set.remove(&addr);
+                        } else {
+                            set.insert(addr);
+                        }
+                    }
+                    Intercept::Reply(b"OK".to_vec())
+                }
+                // Nothing of ours is in a detached process's memory. An insertion there (GDB
+                // keeping both sides, `detach-on-fork off`) goes to the one breakpoint list:
+                // both sides have the same code at the same addresses, and GDB inserts each
+                // location in every process at once.
+                Selected::Gone if remove => Intercept::Reply(b"OK".to_vec()),
+                _ => Intercept::Pass,
             }
         });
     }

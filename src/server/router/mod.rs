@@ -282,6 +282,7 @@ impl Router {
                         idle_polls = 0;
                         let tid = session.target().tid();
                         if let StopEvent::Forked { child } = ev {
+                            session.fork_reported();
                             let pid = session.target().pid();
                             r.borrow_conn().replace_reply =
                                 Some(forks::fork_stop_reply(pid, tid, child));
