@@ -132,8 +132,9 @@ fn catch_fork_stops_and_gdb_detaches_the_child() {
 /// GDB's `set follow-fork-mode child` (with `detach-on-fork on`) reaches the server through
 /// the fork event: GDB detaches the parent (`D;PID`), which runs free to its exec; the child
 /// is recorded from the fork on, its calls (5, then 2) stop, reverse-continue finds them again
-/// (2, then 5) in the child's history, which decodes exactly; the server's last line names
-/// the child.
+/// (2, then 5) in the child's history, which decodes exactly and goes on back into the
+/// parent's past before the fork (to `main`, where recording started); the server's last line
+/// names the child.
 #[test]
 fn gdb_follow_fork_mode_child_records_the_child() {
     let r = session(&[
@@ -153,6 +154,9 @@ fn gdb_follow_fork_mode_child_records_the_child() {
         "print x",
         "monitor stats",
         "delete",
+        "reverse-continue",
+        "echo AT-START\n",
+        "info symbol $pc",
         "continue",
         "continue",
     ]);
@@ -177,6 +181,13 @@ fn gdb_follow_fork_mode_child_records_the_child() {
     r.expect("execs / forks followed   0 / 1");
     r.expect("decode errors            0");
     r.expect("history check            ok");
+    // The parent's past before the fork stays reachable in the child's history: back to
+    // where recording started, in `main`.
+    assert!(
+        r.after("AT-START").contains("main in section .text"),
+        "{}",
+        r.dump()
+    );
     r.expect(&format!(
         "[Inferior 2 (process {child}) exited with code 06]"
     ));
