@@ -23,6 +23,7 @@ fn examples() -> &'static Path {
         build_example(&dir, "forkexec", &[]);
         build_example(&dir, "newimage", &[]);
         build_example(&dir, "mt_fork", &["-pthread"]);
+        build_example(&dir, "thread_exec", &["-pthread"]);
         dir
     })
 }
@@ -360,6 +361,47 @@ fn follow_fork_mode_child_in_a_multi_threaded_process() {
         "[Inferior 2 (process {child}) exited with code 025]"
     ));
     check_mt_program_ran_fully(&r);
+}
+
+/// An exec called by a thread other than the main one (the main thread waits in `pause`):
+/// the kernel ends the main thread first — its exit event is not the program's end — and the
+/// process goes on in the new program under the main thread's id. GDB gets the exec stop with
+/// one thread, the new program's breakpoint is hit and the program ends with its own status.
+#[test]
+fn exec_from_a_thread_goes_on_in_the_new_program() {
+    let program = examples().join("thread_exec");
+    let newimage = examples().join("newimage");
+    let newimage = newimage.to_str().expect("utf-8 path");
+    let server = Server::start(&program, &[newimage]);
+    let r = gdb_session(
+        server,
+        &program,
+        &[
+            "catch exec",
+            "continue",
+            "echo AT-EXEC\n",
+            "info threads",
+            "break new_image_work",
+            "continue",
+            "print x",
+            "continue",
+            "continue",
+        ],
+        TIMEOUT,
+    );
+    let before = &r.gdb[..r.pos("AT-EXEC")];
+    assert!(before.contains("Catchpoint 1 (exec'd "), "{}", r.dump());
+    // The main thread's end inside the exec is no stop at the program's end.
+    assert!(!before.contains("the program is exiting"), "{}", r.dump());
+    let after = r.after("AT-EXEC");
+    assert_eq!(after.matches(" Thread ").count(), 1, "{}", r.dump());
+    assert!(after.contains("$1 = 2"), "{}", r.dump());
+    r.expect("exited with code 05");
+    assert!(
+        r.program_stdout.contains("new image from-thread 42"),
+        "{}",
+        r.dump()
+    );
 }
 
 /// LLDB asks for fork events too (`fork-events+`): with its `follow-fork-mode child` it takes

@@ -74,7 +74,25 @@ impl PtraceTarget {
     /// thread).
     pub(super) fn is_thread_exit(&self, tid: Pid) -> bool {
         self.threads.len() > 1
-            && nix::sys::ptrace::getregs(tid).is_ok_and(|r| r.orig_rax == libc::SYS_exit as u64)
+            && (nix::sys::ptrace::getregs(tid).is_ok_and(|r| r.orig_rax == libc::SYS_exit as u64)
+                || (!self.exiting && self.other_thread_in_exec(tid)))
+    }
+
+    /// Whether a thread other than `tid` waits inside `execve`/`execveat`: the kernel ends
+    /// every other thread of the process before the new program starts (each reports its
+    /// exit event), and the process goes on in the new program — the leader's end included.
+    fn other_thread_in_exec(&self, tid: Pid) -> bool {
+        self.threads
+            .keys()
+            .filter(|&&t| t != tid.as_raw())
+            .any(|&t| {
+                // `/proc/PID/task/TID/syscall`: the number of the system call the thread is
+                // blocked in (or "running").
+                std::fs::read_to_string(format!("/proc/{}/task/{t}/syscall", self.pid))
+                    .ok()
+                    .and_then(|s| s.split_whitespace().next()?.parse::<i64>().ok())
+                    .is_some_and(|n| n == libc::SYS_execve || n == libc::SYS_execveat)
+            })
     }
 
     /// Handles a `PTRACE_EVENT_*` stop of thread `tid`. The caller resumes it afterwards.

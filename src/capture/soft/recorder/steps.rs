@@ -265,6 +265,25 @@ impl<T: StepTarget> SoftRecorder<T> {
                 // all different (the image captured at exit is the new program's).
                 self.stats.execs += 1;
                 self.cache.invalidate_all();
+                // Every other thread is gone (an exec from another thread than the leader goes
+                // on under the leader's id): their streams end where they stood.
+                let alive = self.target.threads();
+                if !alive.contains(&self.lane.tid)
+                    && let Some(&tid) = alive.first()
+                {
+                    if let Some(log) = self.state_log.as_mut() {
+                        log.rename_thread(self.lane.tid, tid);
+                    }
+                    self.lane.tid = tid;
+                }
+                let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.parked)
+                    .into_iter()
+                    .partition(|l| !alive.contains(&l.tid) || l.tid == self.lane.tid);
+                self.parked = kept;
+                let others = std::mem::replace(&mut self.parked, gone);
+                self.end_parked();
+                self.parked = others;
+                self.lane.regs = None;
                 let after = self.current_regs()?;
                 match insn {
                     Some(insn) => self.executed(ip, &insn, &after),
