@@ -24,6 +24,7 @@ fn examples() -> &'static Path {
         build_example(&dir, "newimage", &[]);
         build_example(&dir, "mt_fork", &["-pthread"]);
         build_example(&dir, "thread_exec", &["-pthread"]);
+        build_example(&dir, "vforkexec", &[]);
         dir
     })
 }
@@ -402,6 +403,96 @@ fn exec_from_a_thread_goes_on_in_the_new_program() {
         "{}",
         r.dump()
     );
+}
+
+/// `ptrewind record -- vforkexec newimage` (vfork, then exec in the child) with `commands`.
+fn vfork_session(commands: &[&str]) -> GdbRun {
+    let program = examples().join("vforkexec");
+    let newimage = examples().join("newimage");
+    let newimage = newimage.to_str().expect("utf-8 path");
+    let server = Server::start(&program, &[newimage]);
+    gdb_session(server, &program, commands, TIMEOUT)
+}
+
+/// What the vfork program prints when child and parent ran to their end: the exec'd program's
+/// line, and the parent's after the child's exit status 5.
+fn check_vfork_program_ran_fully(r: &GdbRun) {
+    for line in ["new image from-vfork 42", "vfork parent saw 5 -> 10"] {
+        assert!(
+            r.program_stdout.contains(line),
+            "missing {line:?} in the program's output {:?}\n{}",
+            r.program_stdout,
+            r.dump()
+        );
+    }
+}
+
+/// vfork events: `catch vfork` stops at the vfork (the parent's registers those after the
+/// call), GDB detaches the child, which execs and runs free; the parent stays stopped in the
+/// call until then, GDB is told the vfork is done (`vforkdone`) and puts its breakpoints back,
+/// so the parent's breakpoint after the child's end is hit with its status.
+#[test]
+fn catch_vfork_then_the_parent_waits_for_vforkdone() {
+    let after = line_of("vforkexec.c", "/* AFTER LINE */");
+    let r = vfork_session(&[
+        "catch vfork",
+        "break after_spawn",
+        "continue",
+        "echo AT-CATCH\n",
+        "print $rax",
+        "continue",
+        "print status",
+        "continue",
+        "continue",
+    ]);
+    r.expect("Catchpoint 1 (vforked process ");
+    let caught = gdb_child_pid(&r, "Catchpoint 1 (vforked process ");
+    let detached = gdb_child_pid(&r, "[Detaching after vfork from child process ");
+    assert_eq!(caught, detached, "{}", r.dump());
+    // vfork's result in the parent: the child's pid, already at the catchpoint.
+    assert!(
+        r.after("AT-CATCH").contains(&format!("$1 = {caught}")),
+        "{}",
+        r.dump()
+    );
+    r.expect(&format!("vforkexec.c:{after}"));
+    r.expect("$2 = 5");
+    r.expect("exited normally");
+    check_vfork_program_ran_fully(&r);
+}
+
+/// `set follow-fork-mode child` at a vfork: GDB follows the child (the parent stays held in
+/// the call), the child execs — GDB loads the new program (`catch exec`) and detaches the vfork
+/// parent, which then runs free to its end — and the new program's breakpoint is hit in the
+/// recorded child.
+#[test]
+fn follow_fork_mode_child_at_a_vfork_follows_the_exec() {
+    let r = vfork_session(&[
+        "set follow-fork-mode child",
+        "catch exec",
+        "continue",
+        "break new_image_work",
+        "continue",
+        "print x",
+        "continue",
+        "continue",
+    ]);
+    r.expect("[Attaching after ");
+    r.expect("vfork to child ");
+    let child = gdb_child_pid(&r, "vfork to child ");
+    r.expect("[Detaching vfork parent process ");
+    r.expect(&format!("process {child} is executing new program: "));
+    r.expect("Catchpoint 1 (exec'd ");
+    r.expect("$1 = 2");
+    r.expect(&format!(
+        "[Inferior 2 (process {child}) exited with code 05]"
+    ));
+    assert!(
+        !r.gdb.contains("detach-on-fork off"),
+        "GDB's vfork follow is no refusal\n{}",
+        r.dump()
+    );
+    check_vfork_program_ran_fully(&r);
 }
 
 /// LLDB asks for fork events too (`fork-events+`): with its `follow-fork-mode child` it takes

@@ -122,10 +122,11 @@ pub trait LiveBackend {
     }
 
     /// Whether forks are held and reported to the debugger ([`StopEvent::Forked`]): asked
-    /// once per connection with whether the debugger wants fork events. Default: no (the
-    /// backend detaches forked children itself).
-    fn report_forks(&mut self, client_wants: bool) -> bool {
-        let _ = client_wants;
+    /// once per connection with whether the debugger wants fork events, and `vforks` whether
+    /// vforks too (see [`crate::target::Target::report_forks`]). Default: no (the backend
+    /// detaches forked children itself).
+    fn report_forks(&mut self, client_wants: bool, vforks: bool) -> bool {
+        let _ = (client_wants, vforks);
         false
     }
 

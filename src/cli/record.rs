@@ -53,8 +53,9 @@ pub enum FollowForkArg {
     /// `follow-fork-mode`); otherwise the parent, the child detached and running untraced.
     Parent,
     /// The child; the parent is detached and runs untraced, the recording goes on in the child
-    /// (GDB's `follow-fork-mode child`). Not at a `vfork`/`posix_spawn`, nor in a parent with
-    /// several threads: those children are detached.
+    /// (GDB's `follow-fork-mode child`, decided by the server and reported to no debugger).
+    /// Not at a `vfork`/`posix_spawn`, nor in a parent with several threads: those children
+    /// are detached.
     Child,
 }
 

@@ -74,11 +74,22 @@ pub fn stop_reason(tid: i32, ev: StopEvent) -> MultiThreadStopReason<u64> {
             signal: Signal::SIGTRAP,
         },
         // The router rewrites this reply: gdbstub names the child with the parent's pid.
-        StopEvent::Forked { child } => MultiThreadStopReason::Fork {
-            cur_tid: tid,
-            new_tid: std::num::NonZeroUsize::new(child.max(1) as usize)
-                .unwrap_or(std::num::NonZeroUsize::MIN),
-        },
+        StopEvent::Forked { child, vfork } => {
+            let new_tid = std::num::NonZeroUsize::new(child.max(1) as usize)
+                .unwrap_or(std::num::NonZeroUsize::MIN);
+            if vfork {
+                MultiThreadStopReason::VFork {
+                    cur_tid: tid,
+                    new_tid,
+                }
+            } else {
+                MultiThreadStopReason::Fork {
+                    cur_tid: tid,
+                    new_tid,
+                }
+            }
+        }
+        StopEvent::VForkDone => MultiThreadStopReason::VForkDone(tid),
         // gdbstub 0.7 has no exec stop reason: the router writes the `exec:` reply over this.
         StopEvent::Exec => MultiThreadStopReason::SignalWithThread {
             tid,
@@ -113,6 +124,8 @@ pub struct GdbStubAdapter {
     pub(super) host_files: super::host_io::OpenFiles,
     /// Fork events are reported to this connection's debugger (`fork-events+`).
     fork_events: bool,
+    /// Vfork events too (`vfork-events+`, `vforkdone-events+`).
+    vfork_events: bool,
     /// The process the debugger's last `vCont`/`Hc` named (`pPID.TID`), to tell which side
     /// of an unsettled fork it resumes.
     pub(super) resumed_pid: Option<i32>,
@@ -123,6 +136,8 @@ pub struct GdbStubAdapter {
     /// inserted in it (`z`/`Z` with the child as the general thread). GDB removes them all
     /// at the fork and inserts them again if it follows the child; LLDB leaves them.
     pub(super) child_breakpoints: Option<std::collections::BTreeSet<u64>>,
+    /// The last fork reported was a vfork.
+    vfork_reported: bool,
     /// Notices of the server's own (e.g. a fork it settled itself), sent with the target's.
     pub(super) notices: Vec<crate::target::Notice>,
 }
@@ -148,17 +163,21 @@ impl GdbStubAdapter {
             attached: false,
             host_files: Default::default(),
             fork_events: false,
+            vfork_events: false,
             resumed_pid: None,
             gone_pids: Vec::new(),
             child_breakpoints: None,
+            vfork_reported: false,
             notices: Vec::new(),
         }
     }
 
-    /// Sets whether fork events are reported to the debugger of this connection (asked of
-    /// the target after the debugger's `qSupported`, before gdbstub answers it).
-    pub fn set_fork_events(&mut self, on: bool) {
+    /// Sets whether fork events (and vfork events) are reported to the debugger of this
+    /// connection (asked of the target after the debugger's `qSupported`, before gdbstub
+    /// answers it).
+    pub fn set_fork_events(&mut self, on: bool, vforks: bool) {
         self.fork_events = on;
+        self.vfork_events = vforks;
     }
 
     /// Whether fork events are reported to this connection's debugger.
@@ -167,7 +186,8 @@ impl GdbStubAdapter {
     }
 
     /// A fork was reported: the child starts with the parent's breakpoints.
-    pub(super) fn fork_reported(&mut self) {
+    pub(super) fn fork_reported(&mut self, vfork: bool) {
+        self.vfork_reported = vfork;
         let addrs = self
             .target
             .support_breakpoints()
@@ -226,6 +246,11 @@ impl GdbStubAdapter {
             (parent, child)
         };
         self.settle_fork(detached)?;
+        if self.vfork_reported && kept == child {
+            // GDB following a vfork child resumes it first and detaches the parent once the
+            // child has exec'd or exited: that is `detach-on-fork on`, not a refusal.
+            return Ok(());
+        }
         self.notices
             .push(crate::target::Notice::BothForkSidesRefused { kept, detached });
         Ok(())
@@ -328,20 +353,18 @@ impl gdbstub::target::Target for GdbStubAdapter {
         Some(self)
     }
 
-    // Forks are reported when the target holds them for the debugger (the ptrace backend
-    // without `record --follow-fork child`); vfork children are always detached (the parent
-    // cannot finish the system call while the child is held), so vfork stops are not
-    // advertised.
+    // Forks and vforks are reported when the target holds them for the debugger (the ptrace
+    // backend without `record --follow-fork child`), and a vfork's end.
     fn use_fork_stop_reason(&self) -> bool {
         self.fork_events
     }
 
     fn use_vfork_stop_reason(&self) -> bool {
-        false
+        self.vfork_events
     }
 
     fn use_vforkdone_stop_reason(&self) -> bool {
-        false
+        self.vfork_events
     }
 }
 

@@ -137,8 +137,8 @@ impl Target for RecordingTarget {
         recorded.unwrap_or_else(|| read_host_link(path))
     }
 
-    fn report_forks(&mut self, client_wants: bool) -> bool {
-        self.inner.borrow_mut().report_forks(client_wants)
+    fn report_forks(&mut self, client_wants: bool, vforks: bool) -> bool {
+        self.inner.borrow_mut().report_forks(client_wants, vforks)
     }
 
     fn report_execs(&mut self, client_wants: bool) -> bool {

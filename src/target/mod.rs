@@ -137,7 +137,16 @@ pub enum StopEvent {
     Forked {
         /// The child's pid.
         child: i32,
+        /// A `vfork` (`CLONE_VFORK`: `posix_spawn`, `system`): the child shares the parent's
+        /// memory, and the parent stands at the system call's event stop (its registers
+        /// already those after the call) until the child has exec'd or exited
+        /// ([`StopEvent::VForkDone`]).
+        vfork: bool,
     },
+    /// The child of a reported vfork has exec'd or exited: the parent's memory is its own
+    /// again (GDB puts its breakpoints back). Reported one instruction after the parent
+    /// resumed, or at the event in a full-speed run.
+    VForkDone,
     /// The program called exec and the debugger asked for exec events: the process (same
     /// pid, the exec'ing thread now its only one) stands at the new program's first
     /// instruction; [`Target::exec_path`] names the new executable. Reported only by targets
@@ -412,9 +421,11 @@ pub trait Target {
     }
     /// Whether forks are reported to the debugger ([`StopEvent::Forked`]): the server then
     /// advertises GDB's `fork-events`. Asked once per connection, after the debugger's
-    /// `qSupported` (`client_wants` says whether it asked for them).
-    fn report_forks(&mut self, client_wants: bool) -> bool {
-        let _ = client_wants;
+    /// `qSupported` (`client_wants` says whether it asked for them; `vforks`, whether vforks
+    /// are to be reported too: a debugger that follows a vfork child must learn of the exec
+    /// that usually comes next, so the server asks for both vfork and exec events).
+    fn report_forks(&mut self, client_wants: bool, vforks: bool) -> bool {
+        let _ = (client_wants, vforks);
         false
     }
     /// Whether exec is reported to the debugger ([`StopEvent::Exec`]): the server then

@@ -1027,10 +1027,10 @@ impl Timeline {
 
     /// Whether the live backend holds forks for the debugger (see
     /// [`LiveBackend::report_forks`]); never offline.
-    pub fn report_forks(&mut self, client_wants: bool) -> bool {
+    pub fn report_forks(&mut self, client_wants: bool, vforks: bool) -> bool {
         self.live
             .as_mut()
-            .is_some_and(|l| l.report_forks(client_wants))
+            .is_some_and(|l| l.report_forks(client_wants, vforks))
     }
 
     /// Whether the live backend reports exec as a stop (see [`LiveBackend::report_execs`]);

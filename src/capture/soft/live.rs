@@ -311,7 +311,11 @@ impl LiveBackend for SoftCapture {
                     let ev = self.rec.step().map_err(record_err)?;
                     if let Some(child) = self.rec.target().take_fork_report() {
                         // The `fork` executed (recorded); its child waits for the debugger.
-                        return self.recorded_stop(StopEvent::Forked { child });
+                        let vfork = self.rec.target_ref().held_fork_is_vfork();
+                        return self.recorded_stop(StopEvent::Forked { child, vfork });
+                    }
+                    if self.rec.target().take_vfork_done_report() {
+                        return self.recorded_stop(StopEvent::VForkDone);
                     }
                     if self.rec.target().take_exec_report() {
                         // The exec executed (recorded); the debugger loads the new program.
@@ -373,8 +377,8 @@ impl LiveBackend for SoftCapture {
         }
     }
 
-    fn report_forks(&mut self, client_wants: bool) -> bool {
-        Target::report_forks(self.rec.target(), client_wants)
+    fn report_forks(&mut self, client_wants: bool, vforks: bool) -> bool {
+        Target::report_forks(self.rec.target(), client_wants, vforks)
     }
 
     fn report_execs(&mut self, client_wants: bool) -> bool {

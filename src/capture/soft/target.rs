@@ -45,6 +45,10 @@ pub enum StepStop {
         /// The child's pid (its only thread).
         child: i32,
     },
+    /// The step of a `vfork` held for the debugger ended at the event stop: the system call
+    /// executed as far as the parent can see (its registers are those after it); the target
+    /// finishes it at the next step.
+    VForked,
     /// The process exited with this status.
     Exited(i32),
     /// The process was killed by this signal.
@@ -141,6 +145,10 @@ pub trait StepTarget {
     fn take_fork_report(&mut self) -> Option<i32> {
         None
     }
+    /// Whether the end of a reported vfork is to be reported (taken once).
+    fn take_vfork_done_report(&mut self) -> bool {
+        false
+    }
     /// Whether a step's exec is to be reported to the debugger (taken once,
     /// [`PtraceTarget::set_report_execs`]).
     fn take_exec_report(&mut self) -> bool {
@@ -185,7 +193,8 @@ fn to_stop(pid: i32, ev: StopEvent) -> Result<StepStop, TargetError> {
             });
         }
         StopEvent::Exec => StepStop::Exec,
-        StopEvent::Forked { child } => {
+        StopEvent::VForkDone => StepStop::Trap,
+        StopEvent::Forked { child, .. } => {
             // Full-speed runs of the recorder end before system calls.
             return Err(TargetError::Unexpected {
                 pid,
@@ -268,6 +277,7 @@ impl StepTarget for PtraceTarget {
             None => Ok(None),
             Some(ThreadStop::ThreadExited { code }) => Ok(Some(StepStop::ThreadExited(code))),
             Some(ThreadStop::Exec) => Ok(Some(StepStop::Exec)),
+            Some(ThreadStop::VForked) => Ok(Some(StepStop::VForked)),
             Some(ThreadStop::FollowedFork { child, .. }) => {
                 Ok(Some(StepStop::FollowedFork { child }))
             }
@@ -281,6 +291,10 @@ impl StepTarget for PtraceTarget {
 
     fn take_exec_report(&mut self) -> bool {
         PtraceTarget::take_exec_report(self)
+    }
+
+    fn take_vfork_done_report(&mut self) -> bool {
+        PtraceTarget::take_vfork_done_report(self)
     }
 
     fn held_fork_parent(&self) -> Option<i32> {

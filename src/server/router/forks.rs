@@ -42,9 +42,10 @@ pub(super) fn exec_stop_reply(pid: i32, tid: i32, path: &[u8], multiprocess: boo
     .into_bytes()
 }
 
-/// The stop reply of a fork: the parent's thread, the child named by its own pid.
-pub(super) fn fork_stop_reply(pid: i32, tid: i32, child: i32) -> Vec<u8> {
-    format!("T05thread:p{pid:x}.{tid:x};fork:p{child:x}.{child:x};").into_bytes()
+/// The stop reply of a fork (or vfork): the parent's thread, the child named by its own pid.
+pub(super) fn fork_stop_reply(pid: i32, tid: i32, child: i32, vfork: bool) -> Vec<u8> {
+    let kind = if vfork { "vfork" } else { "fork" };
+    format!("T05thread:p{pid:x}.{tid:x};{kind}:p{child:x}.{child:x};").into_bytes()
 }
 
 /// Which process the debugger's general thread (`Hg`) is in.
@@ -67,6 +68,11 @@ pub(super) fn register(router: &mut Router) {
             return Intercept::Pass;
         };
         if session.target().held_fork_child().is_none() {
+            // A process let go at a fork (GDB detaches a vfork parent once the followed child
+            // has exec'd or exited): nothing more to do.
+            if session.gone_pids.contains(&pid) {
+                return Intercept::Reply(b"OK".to_vec());
+            }
             return Intercept::Pass;
         }
         match session.settle_fork(pid) {
@@ -159,8 +165,12 @@ mod tests {
         assert_eq!(pid_of(b"p-1.-1"), None);
         assert_eq!(pid_of(b"1a2b"), None);
         assert_eq!(
-            fork_stop_reply(0x10, 0x10, 0x2a),
+            fork_stop_reply(0x10, 0x10, 0x2a, false),
             b"T05thread:p10.10;fork:p2a.2a;".to_vec()
+        );
+        assert_eq!(
+            fork_stop_reply(0x10, 0x11, 0x2a, true),
+            b"T05thread:p10.11;vfork:p2a.2a;".to_vec()
         );
         assert_eq!(
             exec_stop_reply(0x10, 0x11, b"/x", true),

@@ -281,11 +281,11 @@ impl Router {
                     if let Some(ev) = stop {
                         idle_polls = 0;
                         let tid = session.target().tid();
-                        if let StopEvent::Forked { child } = ev {
-                            session.fork_reported();
+                        if let StopEvent::Forked { child, vfork } = ev {
+                            session.fork_reported(vfork);
                             let pid = session.target().pid();
                             r.borrow_conn().replace_reply =
-                                Some(forks::fork_stop_reply(pid, tid, child));
+                                Some(forks::fork_stop_reply(pid, tid, child, vfork));
                         }
                         if ev == StopEvent::Exec {
                             session.forget_breakpoints();
@@ -533,8 +533,11 @@ impl Router {
             // gdbstub asks the adapter whether to advertise fork events while it answers.
             let has = |f: &str| self.state.client_features.iter().any(|c| c == f);
             let wants = has("fork-events+") && has("multiprocess+");
-            let on = session.target_mut().report_forks(wants);
-            session.set_fork_events(on);
+            // vforks only to a debugger that also learns of the exec a vfork child makes
+            // (GDB; lldb-19 asks for vfork events but not exec events).
+            let vforks = wants && has("vfork-events+") && has("exec-events+");
+            let on = session.target_mut().report_forks(wants, vforks);
+            session.set_fork_events(on, on && vforks);
             let mut features = self.features.clone();
             if session.target_mut().report_execs(has("exec-events+")) {
                 // gdbstub knows no exec events: announced (and the stops written) here.

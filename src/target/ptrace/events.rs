@@ -123,11 +123,20 @@ impl PtraceTarget {
                 let single = self.threads.len() == 1;
                 if self.follow_fork_child && !vfork && single {
                     self.follow_child(tid, child)?;
-                } else if self.report_forks && !vfork && self.held_fork.is_none() {
-                    self.hold_child(tid, child)?;
+                } else if self.report_forks
+                    && (!vfork || self.report_vforks)
+                    && self.held_fork.is_none()
+                {
+                    self.hold_child(tid, child, vfork)?;
                 } else {
                     self.release_child(child, vfork)?;
                 }
+            }
+            libc::PTRACE_EVENT_VFORK_DONE if self.vfork_reported => {
+                // The reported vfork's child exec'd or exited: said after the parent's next
+                // instruction (or at once by a full-speed run).
+                self.vfork_reported = false;
+                self.vfork_done_report = true;
             }
             libc::PTRACE_EVENT_VFORK_DONE if self.vfork_lifted => {
                 self.vfork_lifted = false;
@@ -191,14 +200,32 @@ impl PtraceTarget {
     /// with no int3 of ours in its copy of memory: it may be detached at once (the parent
     /// followed) or become the process, whose breakpoints GDB then inserts itself. The parent
     /// may have several threads: the child has one, the copy of `parent`.
-    pub(super) fn hold_child(&mut self, parent: Pid, child: Pid) -> TargetResult<()> {
-        if self.inserted {
+    pub(super) fn hold_child(&mut self, parent: Pid, child: Pid, vfork: bool) -> TargetResult<()> {
+        if self.inserted && !vfork {
             let mem = open_mem(child)?;
             for (&addr, &orig) in &self.breakpoints {
                 let _ = self.write_raw_to(&mem, addr, &[orig]);
             }
         }
-        self.held_fork = Some(HeldFork { parent, child });
+        if vfork {
+            // The parent stays at the event stop, inside the call, until the debugger lets the
+            // child go (it waits for the child's exec or exit): its registers are made those
+            // after the call now (the kernel writes the same RAX at the call's exit), so the
+            // stop shows the state after the `syscall` instruction.
+            let mut regs =
+                nix::sys::ptrace::getregs(parent).map_err(sys("PTRACE_GETREGS", parent))?;
+            regs.rax = child.as_raw() as u64;
+            nix::sys::ptrace::setregs(parent, regs).map_err(sys("PTRACE_SETREGS", parent))?;
+            if let Some(t) = self.threads.get_mut(&parent.as_raw()) {
+                t.in_vfork_call = true;
+            }
+            self.vfork_reported = true;
+        }
+        self.held_fork = Some(HeldFork {
+            parent,
+            child,
+            vfork,
+        });
         self.fork_report = Some(child.as_raw());
         Ok(())
     }
@@ -212,6 +239,11 @@ impl PtraceTarget {
     /// The child of the held fork, if one waits for the debugger's decision.
     pub fn held_fork_child(&self) -> Option<i32> {
         self.held_fork.map(|h| h.child.as_raw())
+    }
+
+    /// Whether the held fork is a vfork.
+    pub fn held_fork_is_vfork(&self) -> bool {
+        self.held_fork.is_some_and(|h| h.vfork)
     }
 
     /// The thread that made the held fork (the child's only thread is its copy).
@@ -237,6 +269,8 @@ impl PtraceTarget {
         } else if detach == self.pid.as_raw() {
             self.held_fork = None;
             self.fork_report = None;
+            // A vfork's end happens in the parent, which is let go.
+            self.vfork_reported = false;
             // Stopped (every thread): no int3 of ours is in the parent's memory.
             let mem = open_mem(h.child)?;
             let mut queued_sigstop = false;
@@ -314,6 +348,12 @@ impl PtraceTarget {
 
     /// Resumes thread `tid` in `mode` (ptrace's own request; no breakpoint handling).
     pub(super) fn resume_thread(&mut self, tid: Pid, mode: Resume) -> TargetResult<()> {
+        if matches!(mode, Resume::Continue { .. })
+            && let Some(t) = self.threads.get_mut(&tid.as_raw())
+        {
+            // A continue finishes a vfork call without a trap.
+            t.in_vfork_call = false;
+        }
         let r = match mode {
             Resume::Continue { signal } => {
                 ptrace_with_signal(libc::PTRACE_CONT, "PTRACE_CONT", tid, signal)
@@ -469,6 +509,17 @@ impl PtraceTarget {
                         // A full-speed run stops at the new program's first instruction.
                         return Ok(Some((self.pid, w)));
                     }
+                    if self.fork_report.is_some() && self.held_fork.is_some_and(|h| h.vfork) {
+                        // A vfork held for the debugger: the parent cannot finish the call
+                        // while the child is held, so the step (or run) ends at the event.
+                        return Ok(Some((tid, w)));
+                    }
+                    if matches!(mode, Resume::Continue { .. })
+                        && event == libc::PTRACE_EVENT_VFORK_DONE
+                        && self.vfork_done_report
+                    {
+                        return Ok(Some((tid, w)));
+                    }
                     if matches!(mode, Resume::Continue { .. }) && self.fork_report.is_some() {
                         // A full-speed run stops at the fork event; the debugger decides
                         // (a step finishes the system call first: `take_fork_report`).
@@ -504,6 +555,19 @@ impl PtraceTarget {
                         Resume::Continue { signal: None }
                     };
                     self.resume_thread(tid, mode)?;
+                }
+                Wait::Stopped(libc::SIGTRAP)
+                    if self
+                        .threads
+                        .get(&tid.as_raw())
+                        .is_some_and(|t| t.in_vfork_call) =>
+                {
+                    // The vfork call finished (its exit trap, no instruction ran): now the
+                    // step itself.
+                    if let Some(t) = self.threads.get_mut(&tid.as_raw()) {
+                        t.in_vfork_call = false;
+                    }
+                    self.resume_thread(tid, again)?;
                 }
                 Wait::Stopped(sig @ (libc::SIGINT | libc::SIGQUIT))
                     if self.drop_terminal_interrupts && self.sent_by_terminal(tid, sig) =>
@@ -706,6 +770,10 @@ impl PtraceTarget {
                 self.state = RunState::Stopped;
                 ThreadStop::Exec
             }
+            Wait::Event(libc::PTRACE_EVENT_VFORK) => {
+                self.state = RunState::Stopped;
+                ThreadStop::VForked
+            }
             Wait::Event(libc::PTRACE_EVENT_FORK) => {
                 self.state = RunState::Stopped;
                 ThreadStop::FollowedFork {
@@ -759,10 +827,22 @@ impl PtraceTarget {
                 // A full-speed run stopped at a fork it holds for the debugger (`hold_child`).
                 self.state = RunState::Stopped;
                 self.remove_breakpoints()?;
+                let vfork = self.held_fork.is_some_and(|h| h.vfork);
                 match self.fork_report.take() {
-                    Some(child) => Ok(StopEvent::Forked { child }),
+                    Some(child) => Ok(StopEvent::Forked { child, vfork }),
                     None => Ok(StopEvent::Signal(libc::SIGTRAP)),
                 }
+            }
+            Wait::Event(libc::PTRACE_EVENT_VFORK) => {
+                // A step of `vfork` ends at the event (`hold_child`): the call executed as far
+                // as the parent can see.
+                self.state = RunState::Stopped;
+                Ok(StopEvent::Step)
+            }
+            Wait::Event(libc::PTRACE_EVENT_VFORK_DONE) => {
+                self.state = RunState::Stopped;
+                self.vfork_done_report = false;
+                Ok(StopEvent::VForkDone)
             }
             Wait::Event(libc::PTRACE_EVENT_EXEC) if matches!(mode, Resume::Continue { .. }) => {
                 // A full-speed run stopped at an exec reported to the debugger (the old

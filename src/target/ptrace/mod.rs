@@ -66,6 +66,8 @@ pub(super) struct HeldFork {
     pub(super) parent: Pid,
     /// The child, stopped at its first stop.
     pub(super) child: Pid,
+    /// A vfork: the parent waits at the event stop, inside the system call.
+    pub(super) vfork: bool,
 }
 
 /// What the target knows about one traced thread.
@@ -77,6 +79,10 @@ struct ThreadInfo {
     pending: Option<Wait>,
     /// A `SIGSTOP` we sent it is still queued: drop it when it shows up.
     swallow_sigstop: bool,
+    /// Stopped at a reported vfork's event, inside the system call: the next single step
+    /// first finishes the call, which traps at its exit without running an instruction;
+    /// that trap is not the step's.
+    in_vfork_call: bool,
 }
 
 /// How one step (or wait) of a single thread ended ([`PtraceTarget::step_poll`]).
@@ -98,6 +104,10 @@ pub enum ThreadStop {
         /// The child's pid: the process (and its only thread) from now on.
         child: i32,
     },
+    /// The step of a `vfork` held for the debugger ended at the event stop
+    /// ([`PtraceTarget::set_report_forks`]): the thread's registers are those after the
+    /// system call (RAX the child's pid); the next step finishes the call first.
+    VForked,
     /// This thread ended (`exit`, not `exit_group`); the process goes on.
     ThreadExited {
         /// Its exit status.
@@ -170,10 +180,16 @@ pub struct PtraceTarget {
     followed: Option<Pid>,
     /// Hold a forked child for the debugger to decide ([`PtraceTarget::set_report_forks`]).
     report_forks: bool,
+    /// Hold a vfork child too (the debugger also wants exec events).
+    report_vforks: bool,
     /// A fork reported (or to be reported) to the debugger, both sides still traced.
     held_fork: Option<HeldFork>,
     /// The child of a held fork not yet reported ([`PtraceTarget::take_fork_report`]).
     fork_report: Option<i32>,
+    /// The reported vfork's `PTRACE_EVENT_VFORK_DONE` was seen and is not reported yet.
+    vfork_done_report: bool,
+    /// A vfork was reported and its `PTRACE_EVENT_VFORK_DONE` is still to come.
+    vfork_reported: bool,
     /// Report exec to the debugger ([`PtraceTarget::set_report_execs`]).
     report_execs: bool,
     /// An exec happened and is not reported yet ([`PtraceTarget::take_exec_report`]).
@@ -270,8 +286,11 @@ impl PtraceTarget {
             follow_fork_child: false,
             followed: None,
             report_forks: false,
+            report_vforks: false,
             held_fork: None,
             fork_report: None,
+            vfork_done_report: false,
+            vfork_reported: false,
             report_execs: false,
             exec_report: false,
             thread_stats: ThreadStats {
@@ -326,12 +345,16 @@ impl PtraceTarget {
     /// report the fork ([`StopEvent::Forked`], or
     /// [`take_fork_report`](Self::take_fork_report) after a step) so that the debugger decides
     /// which side is kept ([`resolve_fork`](Self::resolve_fork)); following the child of a
-    /// multi-threaded parent detaches every thread of the parent. `vfork` still detaches the
-    /// child. [`set_follow_fork_child`] wins when both are set.
+    /// multi-threaded parent detaches every thread of the parent. A `vfork` is reported at its
+    /// event stop (the parent cannot finish the call while the child is held; its registers
+    /// are set to those after the call, RAX the child's pid, which the kernel writes anyway),
+    /// and its end, [`StopEvent::VForkDone`], after the parent's next instruction.
+    /// [`set_follow_fork_child`] wins when both are set.
     ///
     /// [`set_follow_fork_child`]: Self::set_follow_fork_child
     pub fn set_report_forks(&mut self, on: bool) {
         self.report_forks = on;
+        self.report_vforks = on;
     }
 
     /// Report each exec as a stop ([`StopEvent::Exec`] for a full-speed run, or
@@ -339,6 +362,12 @@ impl PtraceTarget {
     /// [`Notice::Exec`] warning: the debugger then loads the new program itself.
     pub fn set_report_execs(&mut self, on: bool) {
         self.report_execs = on;
+    }
+
+    /// Whether the end of a reported vfork (the child exec'd or exited) was seen since the
+    /// last call and is to be reported ([`StopEvent::VForkDone`]).
+    pub fn take_vfork_done_report(&mut self) -> bool {
+        std::mem::take(&mut self.vfork_done_report)
     }
 
     /// Whether an exec happened since the last call that is to be reported to the debugger
@@ -640,7 +669,11 @@ impl Target for PtraceTarget {
             && let Some(child) = self.fork_report.take()
         {
             // The stepped `fork` executed; its child is held for the debugger.
-            return Ok(Some(StopEvent::Forked { child }));
+            let vfork = self.held_fork.is_some_and(|h| h.vfork);
+            return Ok(Some(StopEvent::Forked { child, vfork }));
+        }
+        if ev == StopEvent::Step && std::mem::take(&mut self.vfork_done_report) {
+            return Ok(Some(StopEvent::VForkDone));
         }
         if ev == StopEvent::Step && self.take_exec_report() {
             return Ok(Some(StopEvent::Exec));
@@ -653,8 +686,9 @@ impl Target for PtraceTarget {
         client_wants
     }
 
-    fn report_forks(&mut self, client_wants: bool) -> bool {
+    fn report_forks(&mut self, client_wants: bool, vforks: bool) -> bool {
         self.report_forks = client_wants && !self.follow_fork_child;
+        self.report_vforks = self.report_forks && vforks;
         self.report_forks
     }
 

@@ -260,6 +260,15 @@ impl<T: StepTarget> SoftRecorder<T> {
                     None => Ok(StepEvent::Executed { ip }),
                 }
             }
+            StepStop::VForked => {
+                // The vfork call executed as far as this thread can see (held for the
+                // debugger; the target finishes it at the next step).
+                let after = self.current_regs()?;
+                match insn {
+                    Some(insn) => self.executed(ip, &insn, &after),
+                    None => Ok(StepEvent::Executed { ip }),
+                }
+            }
             StepStop::Exec => {
                 // The execve system call executed and returned into a new program: its code is
                 // all different (the image captured at exit is the new program's).
