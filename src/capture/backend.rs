@@ -121,6 +121,35 @@ pub trait LiveBackend {
         Vec::new()
     }
 
+    /// Whether forks are held and reported to the debugger ([`StopEvent::Forked`]): asked
+    /// once per connection with whether the debugger wants fork events, and `vforks` whether
+    /// vforks too (see [`crate::target::Target::report_forks`]). Default: no (the backend
+    /// detaches forked children itself).
+    fn report_forks(&mut self, client_wants: bool, vforks: bool) -> bool {
+        let _ = (client_wants, vforks);
+        false
+    }
+
+    /// Whether exec is reported to the debugger as a stop
+    /// ([`StopEvent::Exec`]), asked once per connection with
+    /// whether the debugger wants exec events. Default: no.
+    fn report_execs(&mut self, client_wants: bool) -> bool {
+        let _ = client_wants;
+        false
+    }
+
+    /// Settles a held fork: `detach` is the side the debugger lets go (see
+    /// [`crate::target::Target::resolve_fork`]); the process from now on.
+    fn resolve_fork(&mut self, detach: i32) -> TargetResult<Option<i32>> {
+        let _ = detach;
+        Ok(None)
+    }
+
+    /// The child of a held fork not settled yet.
+    fn held_fork_child(&self) -> Option<i32> {
+        None
+    }
+
     /// True once the process has exited or was killed.
     fn has_exited(&mut self) -> bool;
 

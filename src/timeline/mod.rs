@@ -1036,6 +1036,35 @@ impl Timeline {
         }
     }
 
+    /// Whether the live backend holds forks for the debugger (see
+    /// [`LiveBackend::report_forks`]); never offline.
+    pub fn report_forks(&mut self, client_wants: bool, vforks: bool) -> bool {
+        self.live
+            .as_mut()
+            .is_some_and(|l| l.report_forks(client_wants, vforks))
+    }
+
+    /// Whether the live backend reports exec as a stop (see [`LiveBackend::report_execs`]);
+    /// never offline.
+    pub fn report_execs(&mut self, client_wants: bool) -> bool {
+        self.live
+            .as_mut()
+            .is_some_and(|l| l.report_execs(client_wants))
+    }
+
+    /// Settles a held fork (see [`LiveBackend::resolve_fork`]): the process from now on.
+    pub fn resolve_fork(&mut self, detach: i32) -> TargetResult<Option<i32>> {
+        match self.live.as_mut() {
+            Some(live) => live.resolve_fork(detach),
+            None => Ok(None),
+        }
+    }
+
+    /// The child of a held fork not settled yet.
+    pub fn held_fork_child(&self) -> Option<i32> {
+        self.live.as_ref().and_then(|l| l.held_fork_child())
+    }
+
     /// True once the live process has exited or was killed.
     pub fn has_exited(&mut self) -> bool {
         if self.exited.is_some() {
