@@ -63,6 +63,20 @@ impl<T: StepTarget> SoftRecorder<T> {
         // An undecodable or unreadable instruction still gets stepped: the CPU raises #UD or
         // #PF (SIGILL, SIGSEGV), which the signal path handles.
         let insn = self.cache.get(&mut self.target, ip).ok();
+        // The main thread is about to call execve/execveat: if it succeeds this address space
+        // is gone when the step comes back, so its code is read now (see `ExecPeriod`).
+        if insn.as_ref().is_some_and(|i| i.class == InsnClass::SysCall)
+            && matches!(before.rax, 59 | 322)
+            && self.lane.tid == self.target.pid()
+        {
+            let image = crate::capture::soft::procmaps::capture_image(&mut self.target)
+                .map(|(image, _skipped)| image)
+                .unwrap_or_default();
+            let pid = self.target.pid();
+            let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+            let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+            self.exec_image = Some((Arc::new(image), maps, exe));
+        }
         if let (Some(log), Some(insn)) = (self.state_log.as_mut(), insn.as_ref())
             && self.recording
         {
@@ -146,6 +160,7 @@ impl<T: StepTarget> SoftRecorder<T> {
             self.discard_state_entry();
             return Ok(StepEvent::Idle);
         }
+        let exec_trap_due = std::mem::take(&mut self.lane.exec_trap_due);
         match stop {
             StepStop::ThreadExited(_) => {
                 // The thread's own `exit` executed and it is gone.
@@ -172,6 +187,11 @@ impl<T: StepTarget> SoftRecorder<T> {
                     return self.handler_entered(ip);
                 }
                 let after = self.current_regs()?;
+                if exec_trap_due && signal.is_none() && code == TRAP_TRACE && after.rip == ip {
+                    // The execve's own step trap (see `Lane::exec_trap_due`): nothing ran.
+                    self.discard_state_entry();
+                    return Ok(StepEvent::Idle);
+                }
                 if code != TRAP_TRACE && code != TRAP_BRKPT {
                     // A SIGTRAP that is not the step trap: the program's own INT3/INT1 (after
                     // it executed), or a SIGTRAP sent to it. Either way the program gets it.
@@ -266,10 +286,27 @@ impl<T: StepTarget> SoftRecorder<T> {
                 self.stats.execs += 1;
                 self.cache.invalidate_all();
                 let after = self.current_regs()?;
-                match insn {
+                let event = match insn {
                     Some(insn) => self.executed(ip, &insn, &after),
                     None => Ok(StepEvent::Executed { ip }),
+                };
+                self.lane.exec_trap_due = true;
+                // The main thread's history goes on in another address space: the encoder
+                // opens it with a PSB+ where the decoder switches to the new code.
+                if self.lane.tid == self.target.pid()
+                    && let Some((image, maps, exe)) = self.exec_image.take()
+                {
+                    let next_stream_offset = self.lane.encoder.new_address_space();
+                    let next_insn = self.thread_recorded(self.lane.tid);
+                    self.exec_periods.push(ExecPeriod {
+                        image,
+                        maps,
+                        exe,
+                        next_insn,
+                        next_stream_offset,
+                    });
                 }
+                event
             }
             StepStop::Exited(_) | StepStop::Killed(_) => {
                 // Without PTRACE_EVENT_EXIT (a target that does not report it), an exit seen

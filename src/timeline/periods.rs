@@ -1,0 +1,102 @@
+//! Address-space periods: a history that crosses an `execve` ran several programs, often at the
+//! same addresses (two non-PIE executables, or PIE at the same base with ASLR off). Each
+//! program's part of the history is decoded against its own code
+//! ([`Image::push_period`]: the image is the first program's, with one period per later
+//! program, starting at the PSB the recorder put at the new program's first instruction), and
+//! what the past shows before an exec comes from that program's code, never from the present
+//! process, whose memory is the new program's.
+
+use std::sync::Arc;
+
+use super::Timeline;
+use crate::capture::ExecBoundary;
+use crate::image::{Image, Symbolizer};
+use crate::target::{TargetError, TargetResult};
+
+/// The image a history is decoded against: the present code alone, or, after execs, the first
+/// program's code with a period per later program, the present one last.
+pub(super) fn compose(bounds: &[ExecBoundary], present: &Arc<Image>) -> Arc<Image> {
+    let Some(first) = bounds.first() else {
+        return Arc::clone(present);
+    };
+    let mut root = first.image.first_period();
+    let next_images = bounds[1..]
+        .iter()
+        .map(|b| &b.image)
+        .chain(std::iter::once(present));
+    for (b, image) in bounds.iter().zip(next_images) {
+        root.push_period(b.next_offset, Arc::clone(image));
+    }
+    Arc::new(root)
+}
+
+/// What a saved or live recording knows of one earlier address space, for `monitor stats` and
+/// `monitor history`-like displays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeriodInfo {
+    /// Number of its first instruction in the history.
+    pub first_insn: u64,
+    /// Number of the first instruction after it (the next program's first), or `None` for the
+    /// present address space.
+    pub end_insn: Option<u64>,
+}
+
+impl Timeline {
+    /// The earlier address space (index into the exec boundaries) that history position `n`
+    /// lies in, or `None` if it lies in the present one.
+    pub(super) fn earlier_period(&self, n: u64) -> Option<usize> {
+        let i = self.exec_bounds.partition_point(|b| b.next_insn <= n);
+        (i < self.exec_bounds.len()).then_some(i)
+    }
+
+    /// The code of the address space history position `n` lies in.
+    pub(super) fn code_at(&self, n: u64) -> &Image {
+        match self.earlier_period(n) {
+            Some(i) => &self.exec_bounds[i].image,
+            None => &self.present,
+        }
+    }
+
+    /// Symbols of the program of earlier address space `i`, from its mappings at its execve
+    /// (read on first use).
+    pub(super) fn period_symbols(&mut self, i: usize) -> &Symbolizer {
+        if self.period_symbols.len() < self.exec_bounds.len() {
+            self.period_symbols.resize(self.exec_bounds.len(), None);
+        }
+        let maps = &self.exec_bounds[i].maps;
+        self.period_symbols[i].get_or_insert_with(|| super::inspect::symbolizer_from_maps(maps))
+    }
+
+    /// The address spaces of the history, in order (one unless the program called `execve`).
+    pub fn periods(&self) -> Vec<PeriodInfo> {
+        let mut first = 0;
+        let mut out = Vec::with_capacity(self.exec_bounds.len() + 1);
+        for b in &self.exec_bounds {
+            out.push(PeriodInfo {
+                first_insn: first,
+                end_insn: Some(b.next_insn),
+            });
+            first = b.next_insn;
+        }
+        out.push(PeriodInfo {
+            first_insn: first,
+            end_insn: None,
+        });
+        out
+    }
+
+    /// Memory at position `n` of an earlier address space (period `i`): the process that ran
+    /// there is gone (its memory was replaced by the exec, and no state log can undo that), so
+    /// only its code is known, from the snapshot taken when it called `execve`.
+    pub(super) fn earlier_period_memory(
+        &self,
+        i: usize,
+        addr: u64,
+        buf: &mut [u8],
+    ) -> TargetResult<usize> {
+        match self.exec_bounds[i].image.read(addr, buf) {
+            0 => Err(TargetError::Memory { addr }),
+            n => Ok(n),
+        }
+    }
+}
