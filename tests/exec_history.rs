@@ -296,3 +296,106 @@ fn gdb_reverses_across_the_exec_into_the_first_program() {
     r.expect("decode errors            0");
     r.expect("history check            ok");
 }
+
+/// `monitor save` keeps both programs' code (the manifest's `exec_periods`: where the second
+/// program starts, the first program's sections and mappings), and `ptrewind replay` of the
+/// directory decodes each part against its own program: reverse-continue finds the first
+/// program's `first_work`, `x/i` shows its instruction, and the history equals the ground truth.
+#[test]
+fn a_saved_recording_keeps_both_programs() {
+    if !have("gdb") {
+        eprintln!("skipped: no gdb");
+        return;
+    }
+    let (first, second) = programs();
+    let marker = nm_symbol(second, "second_marker");
+    let first_work = nm_symbol(first, "first_work");
+    let truth = ground_truth(first, second, marker);
+    let second_start = nm_symbol(second, "_start");
+    let boundary = truth.iter().position(|&pc| pc == second_start).unwrap() as u64;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let saved = dir.path().join("rec");
+    let server = Server::start(first, &[second.to_str().expect("utf-8 path")]);
+    let live = gdb_session(
+        server,
+        first,
+        &[
+            format!("break *{marker:#x}"),
+            "continue".into(),
+            format!("monitor save {}", saved.display()),
+            "kill".into(),
+        ],
+        TIMEOUT,
+    );
+    live.expect("saved ");
+
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(saved.join("manifest.json")).expect("manifest"))
+            .expect("json");
+    let periods = manifest["exec_periods"].as_array().expect("exec_periods");
+    assert_eq!(periods.len(), 1, "{manifest:#}");
+    assert_eq!(periods[0]["next_insn"].as_u64(), Some(boundary));
+    let first_path = first.to_str().unwrap();
+    assert_eq!(periods[0]["exe"].as_str(), Some(first_path));
+    // The first program's code section, byte for byte as its ELF file has it.
+    let code = elf_code(first);
+    let text = periods[0]["sections"]
+        .as_array()
+        .expect("sections")
+        .iter()
+        .find(|s| s["origin"].as_str() == Some(first_path))
+        .unwrap_or_else(|| panic!("no section of {first_path}: {manifest:#}"));
+    let addr = u64::from_str_radix(text["addr"].as_str().unwrap().trim_start_matches("0x"), 16)
+        .expect("addr");
+    let bytes = std::fs::read(saved.join(text["file"].as_str().unwrap())).expect("section file");
+    let mut want = vec![0u8; 0x100];
+    code.read(addr, &mut want);
+    assert_eq!(&bytes[..0x100], &want[..], "the first program's code");
+    // The present program's sections are the second program's.
+    assert!(
+        manifest["sections"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["origin"].as_str() == second.to_str()),
+        "{manifest:#}"
+    );
+
+    let replay = Server::spawn(
+        support::gdb::ptrewind()
+            .args(["replay", "--listen", "127.0.0.1:0"])
+            .arg(&saved),
+    );
+    let r = gdb_session(
+        replay,
+        first,
+        &[
+            format!("break *{first_work:#x}"),
+            "reverse-continue".into(),
+            "echo AT-FIRST-WORK\\n".into(),
+            "p/x $pc".into(),
+            "x/i $pc".into(),
+            "monitor insns 0 end".into(),
+            "monitor stats".into(),
+            "kill".into(),
+        ],
+        TIMEOUT,
+    );
+    assert_eq!(r.hex_after("AT-FIRST-WORK"), first_work, "{}", r.dump());
+    assert!(
+        r.after("AT-FIRST-WORK").contains("push   %rbp"),
+        "{}",
+        r.dump()
+    );
+    let listed: Vec<u64> = r
+        .gdb
+        .lines()
+        .filter_map(|l| {
+            let (n, pc) = l.split_once(" 0x")?;
+            n.parse::<u64>().ok()?;
+            u64::from_str_radix(pc.trim(), 16).ok()
+        })
+        .collect();
+    assert_eq!(listed, truth, "the replayed history\n{}", r.dump());
+    r.expect("decode errors            0");
+}
