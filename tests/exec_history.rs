@@ -288,6 +288,21 @@ fn gdb_reverses_across_the_exec_into_the_first_program() {
         "the history against the ground truth\n{}",
         r.dump()
     );
+    // Crossing the exec in the past is said, with whose code is shown and whose symbols GDB has.
+    let first_name = first.display().to_string();
+    let second_name = second.display().to_string();
+    let before = format!(
+        "ptrewind: now in the history of {first_name} (instructions 0..{boundary}, before its exec)"
+    );
+    let after = format!(
+        "ptrewind: now in the history of {second_name} (from instruction {boundary}, after the exec)"
+    );
+    // (Console output comes on GDB's stderr, after its stdout: the order among themselves.)
+    // Into the first program (reverse-continue), into the second (stepi), back (reverse-stepi).
+    let b1 = r.pos(&before);
+    let a = b1 + r.gdb[b1..].find(&after).expect("the notice of the stepi");
+    assert!(r.gdb[a..].contains(&before), "{}", r.dump());
+    r.expect(&format!("(in GDB: file {first_name})"));
     // `monitor history` at first_work names the first program's functions and lines.
     r.expect(&format!(
         "-> {first_work:#014x} first_work at exec_first.c:"

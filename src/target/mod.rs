@@ -194,6 +194,17 @@ pub enum Notice {
         /// The capture backend (`qemu backend`, …) or `offline replay`.
         backend: String,
     },
+    /// The cursor moved into another program's part of the history (across an exec): the PCs,
+    /// code and symbols the server shows there are that program's, but the debugger keeps the
+    /// symbols of the file it loaded.
+    ExecPeriod {
+        /// That program's executable, if known.
+        program: Option<PathBuf>,
+        /// The history position of its first instruction.
+        first: u64,
+        /// The position of the next program's first instruction (`None`: the present one).
+        end: Option<u64>,
+    },
     /// Replay stopped with watchpoints set at an instruction whose memory writes the recording
     /// does not know: a watched location may have changed there unseen.
     WatchUncertain {
@@ -248,6 +259,26 @@ impl fmt::Display for Notice {
                 f,
                 "the recorded trace at this stop may be incomplete: {what} (monitor stats)"
             ),
+            Notice::ExecPeriod {
+                program,
+                first,
+                end,
+            } => {
+                let name = program.as_ref().map_or_else(
+                    || "an unknown program".to_string(),
+                    |p| p.display().to_string(),
+                );
+                let span = match end {
+                    Some(end) => format!("instructions {first}..{end}, before its exec"),
+                    None => format!("from instruction {first}, after the exec"),
+                };
+                write!(
+                    f,
+                    "now in the history of {name} ({span}): the code and the server's symbols \
+                     (monitor history/calls/where) are that program's; the debugger keeps the \
+                     symbols of the file it loaded (in GDB: file {name})"
+                )
+            }
             Notice::WatchUncertain { position, what } => write!(
                 f,
                 "stopped at instruction {position} with watchpoints set: its memory writes are \

@@ -206,6 +206,9 @@ pub struct Timeline {
     exec_bounds: Vec<ExecBoundary>,
     /// Symbols of each earlier address space's program (read on first use).
     period_symbols: Vec<Option<Symbolizer>>,
+    /// The address space (index, the present one = `exec_bounds.len()`) of the last stop the
+    /// debugger was told about; `None` before the first.
+    shown_period: Option<usize>,
     /// `/proc/PID/maps` lines of executable mappings when `image` was captured.
     image_maps: String,
     /// Where past memory reads are served from the image (PC-only replay).
@@ -360,6 +363,7 @@ impl Timeline {
             image,
             exec_bounds: Vec::new(),
             period_symbols: Vec::new(),
+            shown_period: None,
             image_maps: String::new(),
             immutable: ImmutableCode::default(),
             cursor: None,
@@ -1096,6 +1100,12 @@ impl Timeline {
         let mut n = std::mem::take(&mut self.notices);
         if let Some(live) = self.live.as_mut() {
             n.extend(live.take_notices());
+        }
+        // A stop in another program's part of the history than the last one (a reverse step
+        // over an exec): say whose code this is. An exec just made live says so itself.
+        let exec_now = n.iter().any(|x| matches!(x, Notice::Exec { .. }));
+        if let Some(notice) = self.period_notice(exec_now) {
+            n.push(notice);
         }
         n
     }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use super::Timeline;
 use crate::capture::ExecBoundary;
 use crate::image::{Image, Symbolizer};
-use crate::target::{TargetError, TargetResult};
+use crate::target::{Notice, TargetError, TargetResult};
 
 /// The image a history is decoded against: the present code alone, or, after execs, the first
 /// program's code with a period per later program, the present one last.
@@ -65,6 +65,30 @@ impl Timeline {
         }
         let maps = &self.exec_bounds[i].maps;
         self.period_symbols[i].get_or_insert_with(|| super::inspect::symbolizer_from_maps(maps))
+    }
+
+    /// A notice if the cursor's address space is not the one of the last stop reported (see
+    /// [`Notice::ExecPeriod`]); `quiet`: the stop itself announced the change (a live exec).
+    pub(super) fn period_notice(&mut self, quiet: bool) -> Option<Notice> {
+        let pos = self.position();
+        let now = self.earlier_period(pos).unwrap_or(self.exec_bounds.len());
+        let last = self.shown_period.replace(now);
+        if last.is_none_or(|l| l == now) || quiet {
+            return None;
+        }
+        let info = self.periods().get(now).copied()?;
+        let program = match self.exec_bounds.get(now) {
+            Some(b) => b.exe.clone(),
+            None => match self.live.as_mut() {
+                Some(live) => live.exec_path(),
+                None => self.offline.as_ref().and_then(|o| o.exe.clone()),
+            },
+        };
+        Some(Notice::ExecPeriod {
+            program,
+            first: info.first_insn,
+            end: info.end_insn,
+        })
     }
 
     /// The address spaces of the history, in order (one unless the program called `execve`).
