@@ -9,6 +9,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -32,6 +33,7 @@ fn programs() -> &'static (PathBuf, PathBuf) {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("exec-history");
         std::fs::create_dir_all(&dir).expect("dir");
         let flags = ["-static", "-nostdlib", "-no-pie", "-fno-stack-protector"];
+        build_example(&dir, "code_remap", &flags);
         (
             build_example(&dir, "exec_first", &flags),
             build_example(&dir, "exec_second", &flags),
@@ -59,10 +61,11 @@ fn syscall_at_or_after(code: &Image, from: u64) -> u64 {
     from + i as u64
 }
 
-/// Every PC the two programs execute, from the first program's entry up to (not including)
-/// `stop`, by GDB single-stepping them natively. At the exec GDB's `stepi` shows the new
-/// program's first PC twice (the exec's own step trap comes back before anything ran): once.
-fn ground_truth(first: &Path, second: &Path, stop: u64) -> Vec<u64> {
+/// Every PC `program ARGS` executes (through its exec, if any), from its entry up to (not
+/// including) `stop`, by GDB single-stepping it natively. At an exec GDB's `stepi` shows the
+/// new program's first PC twice (the exec's own step trap comes back before anything ran):
+/// once.
+fn ground_truth(program: &Path, args: &[&Path], stop: u64) -> Vec<u64> {
     let dir = tempfile::tempdir().expect("tempdir");
     let out = dir.path().join("pcs.txt");
     let script = dir.path().join("steps.py");
@@ -90,8 +93,8 @@ fn ground_truth(first: &Path, second: &Path, stop: u64) -> Vec<u64> {
         .args(["-nx", "-batch", "-x"])
         .arg(&script)
         .arg("--args")
-        .arg(first)
-        .arg(second)
+        .arg(program)
+        .args(args)
         .output()
         .expect("run gdb");
     let text = std::fs::read_to_string(&out).unwrap_or_else(|_| {
@@ -117,7 +120,7 @@ fn each_period_decodes_against_its_own_program() {
     }
     let (first, second) = programs();
     let marker = nm_symbol(second, "second_marker");
-    let truth = ground_truth(first, second, marker);
+    let truth = ground_truth(first, &[second], marker);
     let second_start = nm_symbol(second, "_start");
     let boundary = truth
         .iter()
@@ -158,10 +161,7 @@ fn each_period_decodes_against_its_own_program() {
     assert_ne!(bytes, [0x55], "the second program has other code there");
 
     let mut periods = period.image.first_period();
-    periods.push_period(
-        period.next_stream_offset,
-        std::sync::Arc::new(present.clone()),
-    );
+    periods.push_period(period.next_stream_offset, Arc::new(present.clone()));
     let (decoded, errors) = flow_ips(&recording.trace, &periods);
     assert!(errors.is_empty(), "decode errors: {errors:?}");
     assert_eq!(decoded, ips, "each period against its own program");
@@ -212,7 +212,7 @@ fn gdb_reverses_across_the_exec_into_the_first_program() {
         second_code.read(at, &mut b);
         assert_ne!(a, b, "both programs have the same bytes at {at:#x}");
     }
-    let truth = ground_truth(first, second, marker);
+    let truth = ground_truth(first, &[second], marker);
     let boundary = truth.iter().position(|&pc| pc == second_start).unwrap();
     assert_eq!(truth[boundary - 1], execve);
 
@@ -325,7 +325,7 @@ fn a_saved_recording_keeps_both_programs() {
     let (first, second) = programs();
     let marker = nm_symbol(second, "second_marker");
     let first_work = nm_symbol(first, "first_work");
-    let truth = ground_truth(first, second, marker);
+    let truth = ground_truth(first, &[second], marker);
     let second_start = nm_symbol(second, "_start");
     let boundary = truth.iter().position(|&pc| pc == second_start).unwrap() as u64;
     let dir = tempfile::tempdir().expect("tempdir");
@@ -413,4 +413,85 @@ fn a_saved_recording_keeps_both_programs() {
         .collect();
     assert_eq!(listed, truth, "the replayed history\n{}", r.dump());
     r.expect("decode errors            0");
+}
+
+/// Code replaced at the same address without an exec (a JIT, `dlclose` + `dlopen`):
+/// `code_remap` copies two different functions in turn into a fresh executable mapping at
+/// 0x70000000, calls and unmaps each. The recorder ends a period at each munmap of code (its
+/// bytes read just before), so reverse-continue to 0x70000000 finds both calls and `x/i` shows
+/// the code of each; the history equals the single-step ground truth. (One image would have
+/// nothing at 0x70000000: the present process has unmapped it.)
+#[test]
+fn code_replaced_at_the_same_address_keeps_its_history() {
+    if !have("gdb") {
+        eprintln!("skipped: no gdb");
+        return;
+    }
+    let program = programs().0.with_file_name("code_remap");
+    let marker = nm_symbol(&program, "remap_marker");
+    let truth = ground_truth(&program, &[], marker);
+    // Where both calls of the mapped code return to (a breakpoint at 0x70000000 itself cannot
+    // be inserted: nothing is mapped there at the present).
+    let ret_site = truth
+        .windows(2)
+        .find(|w| w[0] >= 0x7000_0000 && w[1] < 0x7000_0000)
+        .map(|w| w[1])
+        .expect("a return from the mapped code");
+    let server = Server::start(&program, &[]);
+    let r = gdb_session(
+        server,
+        &program,
+        &[
+            format!("break *{marker:#x}"),
+            "continue".into(),
+            "delete".into(),
+            format!("break *{ret_site:#x}"),
+            "reverse-continue".into(),
+            "reverse-stepi".into(),
+            "reverse-stepi".into(),
+            "echo SECOND-CALL\\n".into(),
+            "p/x $pc".into(),
+            "x/i $pc".into(),
+            "reverse-continue".into(),
+            "reverse-stepi".into(),
+            "reverse-stepi".into(),
+            "echo FIRST-CALL\\n".into(),
+            "p/x $pc".into(),
+            "x/i $pc".into(),
+            "monitor insns 0 end".into(),
+            "monitor stats".into(),
+            "kill".into(),
+        ],
+        TIMEOUT,
+    );
+    assert_eq!(r.hex_after("SECOND-CALL"), 0x7000_0002, "{}", r.dump());
+    assert!(
+        r.after("SECOND-CALL").contains("add    $0x2,%eax"),
+        "{}",
+        r.dump()
+    );
+    assert_eq!(r.hex_after("FIRST-CALL"), 0x7000_0000, "{}", r.dump());
+    assert!(
+        r.after("FIRST-CALL").contains("mov    $0x1,%eax"),
+        "{}",
+        r.dump()
+    );
+    let listed: Vec<u64> = r
+        .gdb
+        .lines()
+        .filter_map(|l| {
+            let (n, pc) = l.split_once(" 0x")?;
+            n.parse::<u64>().ok()?;
+            u64::from_str_radix(pc.trim(), 16).ok()
+        })
+        .collect();
+    assert_eq!(
+        listed,
+        truth,
+        "the history against the ground truth\n{}",
+        r.dump()
+    );
+    r.expect("before the code was replaced (munmap 0x70000000-0x70001000)");
+    r.expect("decode errors            0");
+    r.expect("history check            ok");
 }

@@ -21,12 +21,15 @@ use crate::image::Image;
 use crate::store::live::TraceStore;
 use crate::target::{Notice, Resume, StopEvent, TargetResult, X86Registers};
 
-/// Where the history thread's program was replaced by `execve`: the code of the program before
-/// it, and where the next address space starts. The timeline decodes the history before the
-/// boundary against `image` and after it against the next program's code
+/// Where the history thread's code was replaced: by `execve` (another program), or by a
+/// `munmap`/`mmap(MAP_FIXED)` over executable code (`dlclose`, a JIT freeing code). It holds
+/// the code before it, and where the next period starts. The timeline decodes the history
+/// before the boundary against `image` and after it against the next period's code
 /// ([`Image::push_period`]).
 #[derive(Debug, Clone)]
 pub struct ExecBoundary {
+    /// What replaced the code: `exec`, or `munmap START-END` / `mmap START-END`.
+    pub cause: String,
     /// The code of the program that ran before the `execve` (read just before the call).
     pub image: Arc<Image>,
     /// The old program's mappings in `/proc/PID/maps` form (for its symbols; may be empty).

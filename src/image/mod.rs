@@ -439,6 +439,22 @@ impl Image {
         }
     }
 
+    /// Makes every section whose bytes equal those of a section of `other` at the same address
+    /// share `other`'s buffer (snapshots of a process taken one after another hold mostly the
+    /// same code: each keeps only what changed).
+    pub fn share_bytes_with(&mut self, other: &Image) {
+        for s in &mut self.sections {
+            if let Some(o) = other.section_at(s.addr)
+                && o.addr == s.addr
+                && o.len == s.len
+                && o.data() == s.data()
+            {
+                s.bytes = Arc::clone(&o.bytes);
+                s.offset = o.offset;
+            }
+        }
+    }
+
     /// This image's own sections without its later periods (the first address space).
     pub fn first_period(&self) -> Image {
         Image {
@@ -520,6 +536,20 @@ mod tests {
         assert_eq!(img.periods().len(), 2);
         assert!(img.first_period().periods().is_empty());
         assert_eq!(img.clone().at_offset(100).slice_at(0x1000).unwrap()[0], 2);
+    }
+
+    #[test]
+    fn snapshots_share_unchanged_bytes() {
+        let mut a = Image::new();
+        a.add(Section::new(0x1000, vec![1u8; 16], "lib")).unwrap();
+        a.add(Section::new(0x2000, vec![2u8; 16], "jit")).unwrap();
+        let mut b = Image::new();
+        b.add(Section::new(0x1000, vec![1u8; 16], "lib")).unwrap();
+        b.add(Section::new(0x2000, vec![3u8; 16], "jit")).unwrap();
+        b.share_bytes_with(&a);
+        assert!(Arc::ptr_eq(&b.sections()[0].bytes, &a.sections()[0].bytes));
+        assert!(!Arc::ptr_eq(&b.sections()[1].bytes, &a.sections()[1].bytes));
+        assert_eq!(b.slice_at(0x2000).unwrap()[0], 3);
     }
 
     #[test]

@@ -200,6 +200,10 @@ pub enum Notice {
     ExecPeriod {
         /// That program's executable, if known.
         program: Option<PathBuf>,
+        /// What began that period (`exec`, `munmap START-END`, ...; `None`: the first one).
+        started_by: Option<String>,
+        /// What ended that period (`None`: the present one).
+        ended_by: Option<String>,
         /// The history position of its first instruction.
         first: u64,
         /// The position of the next program's first instruction (`None`: the present one).
@@ -261,6 +265,8 @@ impl fmt::Display for Notice {
             ),
             Notice::ExecPeriod {
                 program,
+                started_by,
+                ended_by,
                 first,
                 end,
             } => {
@@ -268,10 +274,24 @@ impl fmt::Display for Notice {
                     || "an unknown program".to_string(),
                     |p| p.display().to_string(),
                 );
-                let span = match end {
-                    Some(end) => format!("instructions {first}..{end}, before its exec"),
-                    None => format!("from instruction {first}, after the exec"),
+                let mut span = match end {
+                    Some(end) => format!("instructions {first}..{end}"),
+                    None => format!("from instruction {first}"),
                 };
+                match started_by.as_deref() {
+                    Some("exec") => span.push_str(", after the exec"),
+                    Some(cause) => {
+                        span.push_str(&format!(", after the code was replaced ({cause})"))
+                    }
+                    None => {}
+                }
+                match ended_by.as_deref() {
+                    Some("exec") => span.push_str(", before its exec"),
+                    Some(cause) => {
+                        span.push_str(&format!(", before the code was replaced ({cause})"))
+                    }
+                    None => {}
+                }
                 write!(
                     f,
                     "now in the history of {name} ({span}): the code and the server's symbols \

@@ -1015,8 +1015,20 @@ impl Timeline {
             return self.live_group_memory(addr, buf);
         }
         if let Some(i) = self.earlier_period(pos) {
-            return self.earlier_period_memory(i, addr, buf);
+            return self.earlier_period_memory(i, pos, addr, buf);
         }
+        self.memory_in_present_space(pos, addr, buf)
+    }
+
+    /// Memory at `pos` of the present address space (after the last exec; code replaced by a
+    /// later munmap/mmap is served by the caller): the live process with the state log's later
+    /// writes undone, or PC-only.
+    fn memory_in_present_space(
+        &mut self,
+        pos: u64,
+        addr: u64,
+        buf: &mut [u8],
+    ) -> TargetResult<usize> {
         if !self.has_state_log() {
             return self.pc_only_memory(pos, addr, buf);
         }

@@ -165,6 +165,8 @@ fn exec_periods_from_json(
             .collect::<Vec<_>>()
             .join("\n");
         out.push(ExecBoundary {
+            // Recordings saved before periods had causes were exec periods.
+            cause: p["cause"].as_str().unwrap_or("exec").to_string(),
             image: Arc::new(image),
             maps,
             exe: p["exe"].as_str().map(PathBuf::from),

@@ -86,6 +86,10 @@ impl Timeline {
         };
         Some(Notice::ExecPeriod {
             program,
+            started_by: now
+                .checked_sub(1)
+                .map(|i| self.exec_bounds[i].cause.clone()),
+            ended_by: self.exec_bounds.get(now).map(|b| b.cause.clone()),
             first: info.first_insn,
             end: info.end_insn,
         })
@@ -109,18 +113,33 @@ impl Timeline {
         out
     }
 
-    /// Memory at position `n` of an earlier address space (period `i`): the process that ran
-    /// there is gone (its memory was replaced by the exec, and no state log can undo that), so
-    /// only its code is known, from the snapshot taken when it called `execve`.
+    /// Memory at position `pos` of an earlier period `i`. Its code comes from the snapshot
+    /// taken when the period ended (the code there was replaced since). Before an exec, the
+    /// process that ran there is gone (its memory was replaced, and no state log can undo
+    /// that): nothing else is known. Before a munmap/mmap of code, the rest of memory is the
+    /// same process's, served as at any past position.
     pub(super) fn earlier_period_memory(
-        &self,
+        &mut self,
         i: usize,
+        pos: u64,
         addr: u64,
         buf: &mut [u8],
     ) -> TargetResult<usize> {
-        match self.exec_bounds[i].image.read(addr, buf) {
-            0 => Err(TargetError::Memory { addr }),
-            n => Ok(n),
+        let n = self.exec_bounds[i].image.read(addr, buf);
+        if n > 0 {
+            return Ok(n);
         }
+        if self.exec_bounds[i..].iter().any(|b| b.cause == "exec") {
+            return Err(TargetError::Memory { addr });
+        }
+        // Up to the next section of the snapshot, whose bytes differ from the present's.
+        let next = self.exec_bounds[i]
+            .image
+            .sections()
+            .iter()
+            .map(|s| s.addr)
+            .find(|&a| a > addr)
+            .map_or(buf.len(), |a| (a - addr).min(buf.len() as u64) as usize);
+        self.memory_in_present_space(pos, addr, &mut buf[..next])
     }
 }

@@ -297,6 +297,7 @@ impl Timeline {
                 }));
             }
             periods.push(serde_json::json!({
+                "cause": b.cause,
                 "next_insn": b.next_insn,
                 "next_offset": b.next_offset,
                 "exe": b.exe.as_ref().map(|e| e.display().to_string()),

@@ -241,6 +241,7 @@ impl LiveBackend for SoftCapture {
             .exec_periods()
             .iter()
             .map(|p| ExecBoundary {
+                cause: p.cause.clone(),
                 image: Arc::clone(&p.image),
                 maps: p.maps.clone(),
                 exe: p.exe.clone(),
@@ -434,6 +435,30 @@ impl LiveBackend for SoftCapture {
         line(
             "execs / forks followed",
             format!("{} / {}", r.execs, r.forks_followed),
+        );
+        // Each period of code ended by an exec or a munmap/mmap over code, decoded against
+        // the code read before it (see `ExecPeriod`).
+        let periods = self.rec.exec_periods();
+        let by_exec = periods.iter().filter(|p| p.cause == "exec").count();
+        line(
+            "code periods ended",
+            format!(
+                "{} (exec {by_exec}, code unmapped or mapped over {})",
+                periods.len(),
+                periods.len() - by_exec
+            ),
+        );
+        // Each period of code ended by an exec or a munmap/mmap over code, decoded against
+        // the code read before it (see `ExecPeriod`).
+        let periods = self.rec.exec_periods();
+        let by_exec = periods.iter().filter(|p| p.cause == "exec").count();
+        line(
+            "code periods ended",
+            format!(
+                "{} (exec {by_exec}, code unmapped or mapped over {})",
+                periods.len(),
+                periods.len() - by_exec
+            ),
         );
         // Threads: recorded besides the main thread (each its own stream), ended while the
         // process went on, vanished unseen (killed while stopped: their streams end at their

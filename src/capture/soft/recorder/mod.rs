@@ -337,12 +337,15 @@ pub struct Recording {
     pub threads: Vec<ThreadTrace>,
 }
 
-/// An address space the recording left through a successful `execve` of the main thread: the
-/// code of the program that ran in it, and where in the main thread's stream the next one
-/// starts. The old program's code is read just before the `execve` runs (after it, that
-/// address space is gone); the encoder opens the new one with a PSB+.
+/// A period of the main thread's code that ended: through a successful `execve` (another
+/// program), or a `munmap` / `mmap(MAP_FIXED)` over executable code (`dlclose`, a JIT freeing
+/// code: other code may be mapped at the same addresses next). Its code is read just before
+/// the system call runs (after it, that code is gone); the encoder opens the next period with
+/// a PSB+.
 #[derive(Debug, Clone)]
 pub struct ExecPeriod {
+    /// What ended it: `exec`, or `munmap START-END` / `mmap START-END`.
+    pub cause: String,
     /// The code of the program before the `execve` (every readable, executable mapping as it
     /// was when the call was made; empty if it could not be read).
     pub image: Arc<Image>,
@@ -355,6 +358,17 @@ pub struct ExecPeriod {
     pub next_insn: u64,
     /// Stream offset of the PSB that opens the new address space in the main thread's stream.
     pub next_stream_offset: u64,
+}
+
+/// The code read before a system call that may end a period (see [`ExecPeriod`]).
+#[derive(Debug)]
+struct PendingPeriod {
+    /// The system call number it was read for.
+    nr: u64,
+    cause: String,
+    image: Arc<Image>,
+    maps: String,
+    exe: Option<std::path::PathBuf>,
 }
 
 /// One thread's part of a [`Recording`].
@@ -467,7 +481,7 @@ pub struct SoftRecorder<T: StepTarget> {
     image: Option<Image>,
     /// The code read just before the main thread's `execve` system call runs (see
     /// [`ExecPeriod`]); taken when the exec succeeds.
-    exec_image: Option<(Arc<Image>, String, Option<std::path::PathBuf>)>,
+    exec_image: Option<PendingPeriod>,
     /// The address spaces left through `execve`, in order.
     exec_periods: Vec<ExecPeriod>,
     exit: Option<Exit>,
