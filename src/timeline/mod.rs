@@ -654,6 +654,18 @@ impl Timeline {
                     }
                 }
             }
+            if exited && live.exec_boundaries().len() != self.exec_bounds.len() {
+                // The program replaced its code and ended before a stop (no stop at the exit):
+                // the last period's code cannot be read any more. Decoding it against the
+                // code of before would be silently wrong; with no code it shows as decode
+                // errors ("no code"), counted in monitor stats.
+                self.exec_bounds = live.exec_boundaries();
+                self.present = Arc::new(Image::new());
+                self.image = periods::compose(&self.exec_bounds, &self.present);
+                if let Ok(w) = spawn_worker(&self.store, &self.image, &self.flow) {
+                    self.worker = w;
+                }
+            }
             if !exited {
                 let all_maps = live.maps();
                 let maps = exec_lines(&all_maps);
