@@ -1,9 +1,10 @@
-//! Address-space periods: a history that crosses an `execve` ran several programs, often at the
-//! same addresses (two non-PIE executables, or PIE at the same base with ASLR off). Each
-//! program's part of the history is decoded against its own code
-//! ([`Image::push_period`]: the image is the first program's, with one period per later
-//! program, starting at the PSB the recorder put at the new program's first instruction), and
-//! what the past shows before an exec comes from that program's code, never from the present
+//! Periods of code: a history that crosses an `execve` ran several programs, often at the same
+//! addresses (two non-PIE executables, or PIE at the same base with ASLR off), and a `munmap` or
+//! `mmap(MAP_FIXED)` over code (a JIT, `dlclose` + `dlopen`) lets other code appear at the same
+//! addresses. Each period of the history is decoded against its own code
+//! ([`Image::push_period`]: the image is the first period's, with one period per later one,
+//! starting at the PSB the recorder put right after the system call), and what the past shows
+//! in an earlier period comes from that period's code; before an exec, never from the present
 //! process, whose memory is the new program's.
 
 use std::sync::Arc;
@@ -57,8 +58,7 @@ impl Timeline {
         }
     }
 
-    /// Symbols of the program of earlier address space `i`, from its mappings at its execve
-    /// (read on first use).
+    /// Symbols of earlier period `i`, from its mappings when it ended (read on first use).
     pub(super) fn period_symbols(&mut self, i: usize) -> &Symbolizer {
         if self.period_symbols.len() < self.exec_bounds.len() {
             self.period_symbols.resize(self.exec_bounds.len(), None);
@@ -95,7 +95,8 @@ impl Timeline {
         })
     }
 
-    /// The address spaces of the history, in order (one unless the program called `execve`).
+    /// The periods of the history, in order (one unless the program called `execve` or
+    /// replaced code).
     pub fn periods(&self) -> Vec<PeriodInfo> {
         let mut first = 0;
         let mut out = Vec::with_capacity(self.exec_bounds.len() + 1);
