@@ -322,11 +322,30 @@ fn read_exactly(file: &mut std::fs::File, len: usize) -> Option<SectionBytes> {
 
 /// The code of a traced process: sorted, non-overlapping sections.
 ///
+/// An image is one address space. A trace that crosses an `execve` ran two programs, often at
+/// the same addresses (two non-PIE executables, or PIE at the same base with ASLR off): its
+/// image is the first program's sections plus one [`ImagePeriod`] per later address space,
+/// each starting at the trace offset of the PSB that opens it ([`Image::push_period`]). The
+/// flow decoder decodes everything after such a PSB against that period's image (libipt's
+/// model of an image per address space, with the sideband saying where each one starts).
+///
 /// `Image` is `Sync`: the last-hit cache is a relaxed atomic (a stale hint only costs a search).
 #[derive(Debug, Default)]
 pub struct Image {
     sections: Vec<Section>,
     last_hit: AtomicUsize,
+    /// The later address spaces, sorted by start offset (empty for a trace of one program).
+    periods: Vec<ImagePeriod>,
+}
+
+/// A later address space of a trace: from the PSB at trace offset `start` on, the code is
+/// `image` (the program an `execve` loaded).
+#[derive(Debug, Clone)]
+pub struct ImagePeriod {
+    /// Trace offset of the PSB that opens the period (the first PSB after the `execve`).
+    pub start: u64,
+    /// The code of that address space.
+    pub image: Arc<Image>,
 }
 
 impl Clone for Image {
@@ -334,6 +353,7 @@ impl Clone for Image {
         Image {
             sections: self.sections.clone(),
             last_hit: AtomicUsize::new(0),
+            periods: self.periods.clone(),
         }
     }
 }
@@ -440,6 +460,58 @@ impl Image {
         Some(&s.data()[off..])
     }
 
+    /// Adds a later address space: from the PSB at trace offset `start` on, the code is `image`
+    /// (its own later periods, if any, are ignored). Periods are kept sorted by start; one with
+    /// the same start as an earlier one replaces it.
+    pub fn push_period(&mut self, start: u64, image: Arc<Image>) {
+        let at = self.periods.partition_point(|p| p.start < start);
+        if self.periods.get(at).is_some_and(|p| p.start == start) {
+            self.periods[at].image = image;
+        } else {
+            self.periods.insert(at, ImagePeriod { start, image });
+        }
+    }
+
+    /// The later address spaces, sorted by start offset (empty: one address space).
+    pub fn periods(&self) -> &[ImagePeriod] {
+        &self.periods
+    }
+
+    /// The image of the address space that a PSB at trace offset `offset` belongs to: the
+    /// period with the last start at or before it, or this image's own sections before the
+    /// first period.
+    pub fn at_offset(&self, offset: u64) -> &Image {
+        match self.periods.partition_point(|p| p.start <= offset) {
+            0 => self,
+            n => &self.periods[n - 1].image,
+        }
+    }
+
+    /// Makes every section whose bytes equal those of a section of `other` at the same address
+    /// share `other`'s buffer (snapshots of a process taken one after another hold mostly the
+    /// same code: each keeps only what changed).
+    pub fn share_bytes_with(&mut self, other: &Image) {
+        for s in &mut self.sections {
+            if let Some(o) = other.section_at(s.addr)
+                && o.addr == s.addr
+                && o.len == s.len
+                && o.data() == s.data()
+            {
+                s.bytes = Arc::clone(&o.bytes);
+                s.offset = o.offset;
+            }
+        }
+    }
+
+    /// This image's own sections without its later periods (the first address space).
+    pub fn first_period(&self) -> Image {
+        Image {
+            sections: self.sections.clone(),
+            last_hit: AtomicUsize::new(0),
+            periods: Vec::new(),
+        }
+    }
+
     /// Copies up to `buf.len()` bytes starting at `addr` into `buf`, crossing into adjacent
     /// sections; returns how many bytes were copied (stops at the first unmapped byte).
     pub fn read(&self, addr: u64, buf: &mut [u8]) -> usize {
@@ -507,6 +579,48 @@ mod tests {
             assert!(got[..] == want[..], "{len} bytes differ");
         }
         assert!(read_file(dir.path()).is_err(), "a directory is refused");
+    }
+
+    #[test]
+    fn periods_pick_the_address_space_by_trace_offset() {
+        let mut first = Image::new();
+        first
+            .add(Section::new(0x1000, vec![1u8; 4], "old"))
+            .unwrap();
+        let mut second = Image::new();
+        second
+            .add(Section::new(0x1000, vec![2u8; 4], "new"))
+            .unwrap();
+        let mut third = Image::new();
+        third
+            .add(Section::new(0x1000, vec![3u8; 4], "newer"))
+            .unwrap();
+        let mut img = first.clone();
+        img.push_period(500, Arc::new(third));
+        img.push_period(100, Arc::new(second));
+        let byte = |off: u64| img.at_offset(off).slice_at(0x1000).unwrap()[0];
+        assert_eq!(
+            (byte(0), byte(99), byte(100), byte(499), byte(500)),
+            (1, 1, 2, 2, 3)
+        );
+        assert_eq!(byte(u64::MAX), 3);
+        assert_eq!(img.periods().len(), 2);
+        assert!(img.first_period().periods().is_empty());
+        assert_eq!(img.clone().at_offset(100).slice_at(0x1000).unwrap()[0], 2);
+    }
+
+    #[test]
+    fn snapshots_share_unchanged_bytes() {
+        let mut a = Image::new();
+        a.add(Section::new(0x1000, vec![1u8; 16], "lib")).unwrap();
+        a.add(Section::new(0x2000, vec![2u8; 16], "jit")).unwrap();
+        let mut b = Image::new();
+        b.add(Section::new(0x1000, vec![1u8; 16], "lib")).unwrap();
+        b.add(Section::new(0x2000, vec![3u8; 16], "jit")).unwrap();
+        b.share_bytes_with(&a);
+        assert!(Arc::ptr_eq(&b.sections()[0].bytes, &a.sections()[0].bytes));
+        assert!(!Arc::ptr_eq(&b.sections()[1].bytes, &a.sections()[1].bytes));
+        assert_eq!(b.slice_at(0x2000).unwrap()[0], 3);
     }
 
     #[test]

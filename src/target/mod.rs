@@ -241,6 +241,21 @@ pub enum Notice {
         /// The capture backend (`qemu backend`, …).
         backend: String,
     },
+    /// The cursor moved into another program's part of the history (across an exec): the PCs,
+    /// code and symbols the server shows there are that program's, but the debugger keeps the
+    /// symbols of the file it loaded.
+    ExecPeriod {
+        /// That program's executable, if known.
+        program: Option<PathBuf>,
+        /// What began that period (`exec`, `munmap START-END`, ...; `None`: the first one).
+        started_by: Option<String>,
+        /// What ended that period (`None`: the present one).
+        ended_by: Option<String>,
+        /// The history position of its first instruction.
+        first: u64,
+        /// The position of the next program's first instruction (`None`: the present one).
+        end: Option<u64>,
+    },
     /// Replay stopped with watchpoints set at an instruction whose memory writes the recording
     /// does not know: a watched location may have changed there unseen.
     WatchUncertain {
@@ -312,6 +327,42 @@ impl fmt::Display for Notice {
                 f,
                 "the recorded trace at this stop may be incomplete: {what} (monitor stats)"
             ),
+            Notice::ExecPeriod {
+                program,
+                started_by,
+                ended_by,
+                first,
+                end,
+            } => {
+                let name = program.as_ref().map_or_else(
+                    || "an unknown program".to_string(),
+                    |p| p.display().to_string(),
+                );
+                let mut span = match end {
+                    Some(end) => format!("instructions {first}..{end}"),
+                    None => format!("from instruction {first}"),
+                };
+                match started_by.as_deref() {
+                    Some("exec") => span.push_str(", after the exec"),
+                    Some(cause) => {
+                        span.push_str(&format!(", after the code was replaced ({cause})"))
+                    }
+                    None => {}
+                }
+                match ended_by.as_deref() {
+                    Some("exec") => span.push_str(", before its exec"),
+                    Some(cause) => {
+                        span.push_str(&format!(", before the code was replaced ({cause})"))
+                    }
+                    None => {}
+                }
+                write!(
+                    f,
+                    "now in the history of {name} ({span}): the code and the server's symbols \
+                     (monitor history/calls/where) are that program's; the debugger keeps the \
+                     symbols of the file it loaded (in GDB: file {name})"
+                )
+            }
             Notice::WatchUncertain { position, what } => write!(
                 f,
                 "stopped at instruction {position} with watchpoints set: its memory writes are \
