@@ -460,42 +460,6 @@ fn stop_at_exit_is_a_place_in_history() {
     assert!(run.program_stdout.contains("r=20"), "{}", run.dump());
 }
 
-/// `watch` on a QEMU session: GDB cannot insert it (PC-only past, no watchpoints in QEMU's
-/// user-mode stub) and ptrewind says why; after deleting it the session goes on.
-#[test]
-fn watchpoints_are_refused_with_the_reason() {
-    let Some((_dir, exe)) = setup() else { return };
-    let run = session(
-        &exe,
-        &[],
-        &cmds(&[
-            "break leaf",
-            "continue",
-            "watch sink",
-            "continue",
-            "reverse-continue",
-            "delete 2",
-            "continue",
-            "echo @after\\n",
-            "p x",
-            "kill",
-        ]),
-    );
-    let g = &run.gdb;
-    assert!(
-        g.contains("Could not insert hardware watchpoint 2"),
-        "{}",
-        run.dump()
-    );
-    assert!(
-        g.contains("ptrewind: watchpoints are refused here: this recording's past is PC-only (qemu backend)"),
-        "{}",
-        run.dump()
-    );
-    // The refused watchpoint did not resume anything; once deleted, the next hit is leaf(1).
-    assert!(run.after("@after").contains("$1 = 1"), "{}", run.dump());
-}
-
 /// `kill` while the program is held at its exit: QEMU is killed (no `k` is sent to the stub,
 /// which cannot answer there), the server reports the kill and no QEMU process is left.
 #[test]

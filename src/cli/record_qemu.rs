@@ -187,6 +187,7 @@ pub(crate) fn serve_target(
     let one = |thread: &ptrewind::capture::qemu::RecordedThread| OfflineRecording {
         trace: thread.trace.clone(),
         image: image.clone(),
+        exec_boundaries: Vec::new(),
         immutable: None,
         symbols: symbols.clone(),
         registers_at_start: None,

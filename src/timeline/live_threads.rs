@@ -134,13 +134,16 @@ impl Timeline {
                 parked.push(None);
                 continue;
             }
-            let worker = spawn_worker(&store, &self.image, &self.flow)
+            // The other threads' streams have their own offsets: the main stream's exec
+            // periods say nothing of them. They are decoded against the present program (a
+            // thread that ran before an exec of the main thread is not followed across it).
+            let worker = spawn_worker(&store, &self.present, &self.flow)
                 .map_err(|e| format!("cannot start the history worker of thread {tid}: {e}"))?;
             let mut t = Timeline::assemble(
                 None,
                 store,
                 worker,
-                Arc::clone(&self.image),
+                Arc::clone(&self.present),
                 self.template.clone(),
             );
             t.flow = self.flow.clone();

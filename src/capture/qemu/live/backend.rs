@@ -264,6 +264,14 @@ impl LiveBackend for QemuLive {
             .map_err(e)
     }
 
+    fn take_notices(&mut self) -> Vec<crate::target::Notice> {
+        std::mem::take(&mut self.watches.notices)
+    }
+
+    fn set_live_watches(&mut self, watches: &[(u64, u64, crate::target::WatchKind)]) -> bool {
+        self.set_plugin_watches(watches)
+    }
+
     fn has_exited(&mut self) -> bool {
         self.exited
     }
@@ -289,6 +297,9 @@ impl LiveBackend for QemuLive {
         for bp in std::mem::take(&mut self.bps) {
             let _ = self.remote.remove_breakpoint(BreakKind::Software, bp, 1);
         }
+        // A watchpoint hit would send the thread a SIGTRAP nobody takes any more: it would
+        // kill the program.
+        self.set_plugin_watches(&[]);
         let e = self.err();
         self.remote.detach().map_err(e)
     }

@@ -27,8 +27,11 @@
 //!   reporting thread, so the plugin's pause gate holds the others while the program is stopped
 //!   (see `set_gate` and docs/qemu-gdbstub.md).
 //!
-//! Limits (QEMU 7.2): the past is PC-only for every thread; no watchpoints (the stub has none
-//! in user mode).
+//! * **watchpoints** — served by the plugin, which sees every memory access (the stub has none
+//!   in user mode): see `watch.rs`.
+//!
+//! Limits (QEMU 7.2): the past is PC-only for every thread; a watchpoint stop lands at the end
+//! of the translated block of the access.
 
 use std::collections::{BTreeSet, HashSet};
 use std::ffi::OsString;
@@ -51,6 +54,7 @@ use crate::target::{RegMask, Resume, StopEvent, TargetError, TargetResult, X86Re
 
 mod backend;
 mod streams;
+mod watch;
 
 /// How long a single step holds the other threads before they are let go.
 const STEP_HOLD_LIMIT: Duration = Duration::from_millis(500);
@@ -137,6 +141,8 @@ pub struct QemuLive {
     pulses: u64,
     /// How QEMU was run (for `monitor stats`).
     qemu_exe: String,
+    /// Watchpoints, served by the plugin (see `watch.rs`).
+    watches: watch::Watches,
 }
 
 impl std::fmt::Debug for QemuLive {
@@ -278,6 +284,7 @@ impl QemuLive {
             stashed: None,
             pulses: 0,
             qemu_exe,
+            watches: watch::Watches::default(),
         };
         // Stopped at the first instruction: threads started while stopped wait (see
         // `set_gate`).
@@ -494,6 +501,8 @@ impl QemuLive {
     /// none).
     fn set_gate_for(&mut self, run: Option<u32>) {
         use super::output::pause_gate as g;
+        // A step of one thread (`Some(tid)`): the others' watchpoint hits wait for a continue.
+        self.publish_step(run.unwrap_or(0));
         self.write_gate_words(g::GATE, &[g::encode(run)]);
         if run.is_some() {
             // Stopped: a claim of the thread that reached the breakpoint is over.
@@ -722,7 +731,13 @@ impl QemuLive {
                 self.selected = t;
                 let e = self.err();
                 let pc = self.remote.read_register_u64(Some(t), "rip").map_err(e)?;
-                if signal == gdb_signal::TRAP && self.bps.contains(&pc) && !stepping {
+                // A watchpoint hit of this thread: its SIGTRAP (or the step it happened in).
+                let watch = (signal == gdb_signal::TRAP)
+                    .then(|| self.take_watch_hit(t.tid, pc))
+                    .flatten();
+                if let Some((addr, kind)) = watch {
+                    StopEvent::Watch { addr, kind }
+                } else if signal == gdb_signal::TRAP && self.bps.contains(&pc) && !stepping {
                     StopEvent::Breakpoint { pc }
                 } else if signal == gdb_signal::TRAP && stepping {
                     StopEvent::Step
