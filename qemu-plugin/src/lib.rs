@@ -85,7 +85,12 @@ fn hold_at_exit(num: i64, args: [u64; 6]) {
 static PAUSE_GATE: AtomicPtr<AtomicU64> = AtomicPtr::new(ptr::null_mut());
 
 /// How long a thread waits for another's breakpoint claim before it runs anyway.
-const CLAIM_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
+/// A claim held that long is normally one whose thread reached the stub (a claim for a block
+/// that did not lead to the breakpoint ends at the claimer's next block): the others must not
+/// follow it there before ptrewind closes the gate, which took more than 20 ms under load
+/// (two threads in the stub ended a session). The bound stays because a thread waiting inside
+/// its block holds up QEMU's exclusive sections.
+const CLAIM_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// Whether the block after `b` may start at a breakpoint of the pause file's list, or one lies
 /// inside `b` or at its start (`base`: the mapping, `n` breakpoints).
