@@ -19,7 +19,7 @@ use std::sync::atomic::AtomicBool;
 use crate::flow::FlowConfig;
 use crate::image::Image;
 use crate::store::live::TraceStore;
-use crate::target::{Notice, Resume, StopEvent, TargetResult, X86Registers};
+use crate::target::{Notice, Resume, StopEvent, TargetResult, WatchKind, X86Registers};
 
 /// Where the history thread's code was replaced: by `execve` (another program), or by a
 /// `munmap`/`mmap(MAP_FIXED)` over executable code (`dlclose`, a JIT freeing code). It holds
@@ -151,6 +151,35 @@ pub trait LiveBackend {
         Vec::new()
     }
 
+    /// Whether forks are held and reported to the debugger ([`StopEvent::Forked`]): asked
+    /// once per connection with whether the debugger wants fork events, and `vforks` whether
+    /// vforks too (see [`crate::target::Target::report_forks`]). Default: no (the backend
+    /// detaches forked children itself).
+    fn report_forks(&mut self, client_wants: bool, vforks: bool) -> bool {
+        let _ = (client_wants, vforks);
+        false
+    }
+
+    /// Whether exec is reported to the debugger as a stop
+    /// ([`StopEvent::Exec`]), asked once per connection with
+    /// whether the debugger wants exec events. Default: no.
+    fn report_execs(&mut self, client_wants: bool) -> bool {
+        let _ = client_wants;
+        false
+    }
+
+    /// Settles a held fork: `detach` is the side the debugger lets go (see
+    /// [`crate::target::Target::resolve_fork`]); the process from now on.
+    fn resolve_fork(&mut self, detach: i32) -> TargetResult<Option<i32>> {
+        let _ = detach;
+        Ok(None)
+    }
+
+    /// The child of a held fork not settled yet.
+    fn held_fork_child(&self) -> Option<i32> {
+        None
+    }
+
     /// True once the process has exited or was killed.
     fn has_exited(&mut self) -> bool;
 
@@ -188,6 +217,14 @@ pub trait LiveBackend {
     /// see writes (the timeline then refuses watchpoints: a run that never stops would be
     /// wrong).
     fn set_watches(&mut self, _ranges: &[(u64, u64)]) -> bool {
+        false
+    }
+
+    /// Watchpoints of every kind the backend checks itself in the running program (QEMU's
+    /// plugin sees every memory access), for a backend whose past is PC-only: they stop forward
+    /// runs from the present ([`StopEvent::Watch`]) and nothing else. Returns `false` when it
+    /// cannot (the default; the timeline then refuses them).
+    fn set_live_watches(&mut self, _watches: &[(u64, u64, WatchKind)]) -> bool {
         false
     }
 

@@ -110,12 +110,14 @@ pub enum StopEvent {
     },
     /// A single step completed.
     Step,
-    /// A write watchpoint triggered: memory at `addr` (inside a watched range) was written.
-    /// Forward, the target stops after the writing instruction; in reverse, before it (the
-    /// state GDB sees is the one before the write).
+    /// A watchpoint triggered: memory at `addr` (inside a watched range) was written (or, for
+    /// read and access watchpoints, read). Forward, the target stops after the accessing
+    /// instruction; in reverse, before it (the state GDB sees is the one before the write).
     Watch {
-        /// The lowest watched address written.
+        /// The lowest watched address accessed.
         addr: u64,
+        /// The kind of the watchpoint hit.
+        kind: WatchKind,
     },
     /// The program received a signal (Linux signal number); it is delivered only if the next
     /// resume passes it.
@@ -129,6 +131,29 @@ pub enum StopEvent {
     Exited(i32),
     /// The program was killed by this signal.
     Killed(i32),
+    /// The program forked (`fork`, or `clone` without `CLONE_VM`) and the debugger asked for
+    /// fork events: the parent stands after the system call (in a step, or at the event stop
+    /// in a full-speed run) and the child is held, stopped right after it, until the debugger
+    /// says which one it keeps ([`Target::resolve_fork`]). Reported only by targets asked to
+    /// ([`PtraceTarget::set_report_forks`]).
+    Forked {
+        /// The child's pid.
+        child: i32,
+        /// A `vfork` (`CLONE_VFORK`: `posix_spawn`, `system`): the child shares the parent's
+        /// memory, and the parent stands at the system call's event stop (its registers
+        /// already those after the call) until the child has exec'd or exited
+        /// ([`StopEvent::VForkDone`]).
+        vfork: bool,
+    },
+    /// The child of a reported vfork has exec'd or exited: the parent's memory is its own
+    /// again (GDB puts its breakpoints back). Reported one instruction after the parent
+    /// resumed, or at the event in a full-speed run.
+    VForkDone,
+    /// The program called exec and the debugger asked for exec events: the process (same
+    /// pid, the exec'ing thread now its only one) stands at the new program's first
+    /// instruction; [`Target::exec_path`] names the new executable. Reported only by targets
+    /// asked to ([`PtraceTarget::set_report_execs`]).
+    Exec,
     /// Execution (replay) reached an end of the recorded history: the beginning when going
     /// backward (`at_begin`), the live end when replaying forward. Only targets that support
     /// [`ReverseExecution`] report it.
@@ -173,6 +198,14 @@ pub enum Notice {
         /// The child's pid, the process from now on.
         child: i32,
     },
+    /// The debugger resumed without settling a fork it was told of: it keeps both processes
+    /// (GDB's `detach-on-fork off`), but one recording follows one process.
+    BothForkSidesRefused {
+        /// The process recorded from now on (the one the debugger resumed).
+        kept: i32,
+        /// The process detached, running free.
+        detached: i32,
+    },
     /// The program called exec; the old breakpoints and GDB's symbols are stale.
     Exec {
         /// The new executable, if it could be read from /proc.
@@ -192,6 +225,20 @@ pub enum Notice {
     /// known.
     WatchRefused {
         /// The capture backend (`qemu backend`, …) or `offline replay`.
+        backend: String,
+    },
+    /// A watchpoint stop that is not right after the accessing instruction: the backend (QEMU)
+    /// stops the thread at the end of the instruction's translated block.
+    WatchStopAfterBlock {
+        /// The instruction that accessed the watched location.
+        insn: u64,
+        /// Where the thread stopped.
+        stop: u64,
+    },
+    /// Reverse execution or replay ran through a PC-only past with watchpoints of the running
+    /// program set: they are not checked there.
+    WatchPastUnchecked {
+        /// The capture backend (`qemu backend`, …).
         backend: String,
     },
     /// The cursor moved into another program's part of the history (across an exec): the PCs,
@@ -234,6 +281,13 @@ impl fmt::Display for Notice {
                  child): the parent {parent} is detached and runs untraced; the recording goes \
                  on in the child"
             ),
+            Notice::BothForkSidesRefused { kept, detached } => write!(
+                f,
+                "the debugger keeps both processes of the fork (detach-on-fork off), but \
+                 ptrewind records one process: {detached} was detached and runs free; the \
+                 recording goes on in {kept} (set detach-on-fork on to choose with \
+                 follow-fork-mode)"
+            ),
             Notice::Exec { path } => write!(
                 f,
                 "the program called exec ({}); breakpoints were dropped and the debugger's \
@@ -251,13 +305,23 @@ impl fmt::Display for Notice {
                 f,
                 "watchpoints are refused here: this recording's past is PC-only ({backend}), \
                  so which instruction wrote a location, and its earlier values, are \
-                 not known{}; delete the watchpoint to go on. Watchpoints need the state log \
-                 of the ptrace backend (record --backend ptrace)",
-                if backend == "qemu backend" {
-                    ", and QEMU's user-mode gdbstub has no watchpoints for the running program"
-                } else {
-                    ""
-                }
+                 not known; delete the watchpoint to go on. Watchpoints need the state log \
+                 of the ptrace backend (record --backend ptrace), or a running program under \
+                 the qemu backend"
+            ),
+            Notice::WatchStopAfterBlock { insn, stop } => write!(
+                f,
+                "the watched location was accessed by the instruction at {insn:#x}; under QEMU \
+                 the thread stops at the end of that instruction's translated block, at \
+                 {stop:#x} (the instructions in between have run)"
+            ),
+            Notice::WatchPastUnchecked { backend } => write!(
+                f,
+                "watchpoints are checked only in the running program: this recording's past \
+                 is PC-only ({backend}), so which instruction wrote a location, and its earlier \
+                 values, are not known; reverse execution and replay in the past do not stop at \
+                 watched accesses. For watchpoints in the past: record --backend ptrace \
+                 (state log)"
             ),
             Notice::TraceIncomplete { what } => write!(
                 f,
@@ -349,6 +413,12 @@ pub trait Watchpoints {
 pub trait Target {
     /// The process id.
     fn pid(&self) -> i32;
+    /// The process recorded now: [`pid`](Self::pid) unless the target followed a fork child
+    /// the debugger was not told of (`record --follow-fork child`: the debugger keeps the pid
+    /// it first saw).
+    fn current_pid(&self) -> i32 {
+        self.pid()
+    }
     /// The id of the selected thread (the one a stop is reported in).
     fn tid(&self) -> i32 {
         self.pid()
@@ -425,6 +495,34 @@ pub trait Target {
     /// Takes the notices collected since the last call.
     fn take_notices(&mut self) -> Vec<Notice> {
         Vec::new()
+    }
+    /// Whether forks are reported to the debugger ([`StopEvent::Forked`]): the server then
+    /// advertises GDB's `fork-events`. Asked once per connection, after the debugger's
+    /// `qSupported` (`client_wants` says whether it asked for them; `vforks`, whether vforks
+    /// are to be reported too: a debugger that follows a vfork child must learn of the exec
+    /// that usually comes next, so the server asks for both vfork and exec events).
+    fn report_forks(&mut self, client_wants: bool, vforks: bool) -> bool {
+        let _ = (client_wants, vforks);
+        false
+    }
+    /// Whether exec is reported to the debugger ([`StopEvent::Exec`]): the server then
+    /// advertises GDB's `exec-events`. Asked once per connection, after the debugger's
+    /// `qSupported` (`client_wants` says whether it asked for them).
+    fn report_execs(&mut self, client_wants: bool) -> bool {
+        let _ = client_wants;
+        false
+    }
+    /// Settles the fork reported by the last [`StopEvent::Forked`]: the debugger detaches
+    /// process `detach` (the child: the parent stays the process; the parent: the child
+    /// becomes the process, its history going on from the parent's). `Ok(None)` when no fork
+    /// waits or `detach` is neither side; `Ok(Some(pid))`: the process from now on.
+    fn resolve_fork(&mut self, detach: i32) -> TargetResult<Option<i32>> {
+        let _ = detach;
+        Ok(None)
+    }
+    /// The child of a fork reported and not yet settled ([`Target::resolve_fork`]).
+    fn held_fork_child(&self) -> Option<i32> {
+        None
     }
     /// Software breakpoints, if supported.
     fn support_breakpoints(&mut self) -> Option<&mut dyn Breakpoints> {

@@ -219,6 +219,11 @@ pub struct Timeline {
     bps: BTreeSet<u64>,
     /// Write watchpoints GDB set, `(addr, len)`, one element per `Z2` (only with a state log).
     watches: Vec<(u64, u64)>,
+    /// Watchpoints the live backend checks itself in the running program (a PC-only past:
+    /// [`LiveBackend::set_live_watches`]), one element per `Z2`–`Z4`.
+    live_watches: Vec<(u64, u64, crate::target::WatchKind)>,
+    /// The `live_watches` the last notice that they are not checked in the past was about.
+    live_watches_noted: Vec<(u64, u64, crate::target::WatchKind)>,
     running: Running,
     interrupt: Arc<AtomicBool>,
     /// Whether the user wants recording (`monitor record on|off`).
@@ -369,6 +374,8 @@ impl Timeline {
             cursor: None,
             bps: BTreeSet::new(),
             watches: Vec::new(),
+            live_watches: Vec::new(),
+            live_watches_noted: Vec::new(),
             running: Running::Idle,
             interrupt: Arc::new(AtomicBool::new(false)),
             record_wanted: true,
@@ -753,6 +760,9 @@ impl Timeline {
         }
         self.ensure_indexed(INDEX_WAIT)
             .map_err(|what| TargetError::Unexpected { pid: 0, what })?;
+        if how == ReverseResume::Continue {
+            self.note_unchecked_watches();
+        }
         if self.cursor.is_none() {
             // A live multi-thread process: every thread's past (see `live_threads`).
             self.enter_live_threads();
@@ -832,6 +842,7 @@ impl Timeline {
                 }
             }
             Resume::Continue { .. } => {
+                self.note_unchecked_watches();
                 // The nearer of the first write to a watched range (stopping after it) and
                 // the first breakpoint hit.
                 let watch = self.watch_forward(c, len);
@@ -1088,6 +1099,35 @@ impl Timeline {
             Some(live) => live.detach(),
             None => Ok(()),
         }
+    }
+
+    /// Whether the live backend holds forks for the debugger (see
+    /// [`LiveBackend::report_forks`]); never offline.
+    pub fn report_forks(&mut self, client_wants: bool, vforks: bool) -> bool {
+        self.live
+            .as_mut()
+            .is_some_and(|l| l.report_forks(client_wants, vforks))
+    }
+
+    /// Whether the live backend reports exec as a stop (see [`LiveBackend::report_execs`]);
+    /// never offline.
+    pub fn report_execs(&mut self, client_wants: bool) -> bool {
+        self.live
+            .as_mut()
+            .is_some_and(|l| l.report_execs(client_wants))
+    }
+
+    /// Settles a held fork (see [`LiveBackend::resolve_fork`]): the process from now on.
+    pub fn resolve_fork(&mut self, detach: i32) -> TargetResult<Option<i32>> {
+        match self.live.as_mut() {
+            Some(live) => live.resolve_fork(detach),
+            None => Ok(None),
+        }
+    }
+
+    /// The child of a held fork not settled yet.
+    pub fn held_fork_child(&self) -> Option<i32> {
+        self.live.as_ref().and_then(|l| l.held_fork_child())
     }
 
     /// True once the live process has exited or was killed.

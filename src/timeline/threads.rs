@@ -775,6 +775,8 @@ pub(super) fn keep_session(into: &mut Timeline, from: &mut Timeline) {
     std::mem::swap(&mut into.diversion, &mut from.diversion);
     std::mem::swap(&mut into.diversions, &mut from.diversions);
     std::mem::swap(&mut into.watches, &mut from.watches);
+    std::mem::swap(&mut into.live_watches, &mut from.live_watches);
+    std::mem::swap(&mut into.live_watches_noted, &mut from.live_watches_noted);
 }
 
 #[cfg(test)]

@@ -134,7 +134,10 @@ impl SoftCapture {
             .state_log()?
             .find_write_since(mark, &self.watches)?;
         if let Some(addr) = hit.addr {
-            return Some(StopEvent::Watch { addr });
+            return Some(StopEvent::Watch {
+                addr,
+                kind: crate::target::WatchKind::Write,
+            });
         }
         let before = self.watched_bytes.take().unwrap_or_default();
         let now = self.read_watched();
@@ -145,7 +148,10 @@ impl SoftCapture {
             .find(|(_, (b, n))| b != n)
             .map(|(&(addr, _), _)| addr);
         self.watched_bytes = Some(now);
-        changed.map(|addr| StopEvent::Watch { addr })
+        changed.map(|addr| StopEvent::Watch {
+            addr,
+            kind: crate::target::WatchKind::Write,
+        })
     }
 
     fn target(&mut self) -> &mut PtraceTarget {
@@ -344,6 +350,18 @@ impl LiveBackend for SoftCapture {
                     }
                     let mark = self.rec.state_log().map_or(0, |l| l.entry_count());
                     let ev = self.rec.step().map_err(record_err)?;
+                    if let Some(child) = self.rec.target().take_fork_report() {
+                        // The `fork` executed (recorded); its child waits for the debugger.
+                        let vfork = self.rec.target_ref().held_fork_is_vfork();
+                        return self.recorded_stop(StopEvent::Forked { child, vfork });
+                    }
+                    if self.rec.target().take_vfork_done_report() {
+                        return self.recorded_stop(StopEvent::VForkDone);
+                    }
+                    if self.rec.target().take_exec_report() {
+                        // The exec executed (recorded); the debugger loads the new program.
+                        return self.recorded_stop(StopEvent::Exec);
+                    }
                     if matches!(
                         ev,
                         StepEvent::Executed { .. }
@@ -398,6 +416,25 @@ impl LiveBackend for SoftCapture {
                 }
             }
         }
+    }
+
+    fn report_forks(&mut self, client_wants: bool, vforks: bool) -> bool {
+        Target::report_forks(self.rec.target(), client_wants, vforks)
+    }
+
+    fn report_execs(&mut self, client_wants: bool) -> bool {
+        Target::report_execs(self.rec.target(), client_wants)
+    }
+
+    fn resolve_fork(&mut self, detach: i32) -> TargetResult<Option<i32>> {
+        let now = self.rec.resolve_fork(detach).map_err(record_err)?;
+        self.pid = Target::pid(self.rec.target_ref());
+        self.stop_tid = self.rec.current_thread();
+        Ok(now)
+    }
+
+    fn held_fork_child(&self) -> Option<i32> {
+        self.rec.target_ref().held_fork_child()
     }
 
     fn interrupt(&mut self) -> TargetResult<()> {

@@ -90,7 +90,7 @@ impl<T: StepTarget> SoftRecorder<T> {
                 self.stats.anomalies += 1;
                 Ok(Some(0))
             }
-            StepStop::FollowedFork { .. } => {
+            StepStop::FollowedFork { .. } | StepStop::VForked => {
                 // Not possible (system calls end blocks, and a continue reports no fork).
                 self.stats.anomalies += 1;
                 Ok(Some(0))
@@ -190,6 +190,7 @@ pub fn run_to_breakpoint<T: StepTarget + ?Sized>(
                 StepStop::Exiting
                 | StepStop::Exec
                 | StepStop::FollowedFork { .. }
+                | StepStop::VForked
                 | StepStop::Breakpoint { .. }
                 | StepStop::ThreadExited(_),
             ) => {}

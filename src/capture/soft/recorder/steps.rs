@@ -339,11 +339,39 @@ impl<T: StepTarget> SoftRecorder<T> {
                     None => Ok(StepEvent::Executed { ip }),
                 }
             }
+            StepStop::VForked => {
+                // The vfork call executed as far as this thread can see (held for the
+                // debugger; the target finishes it at the next step).
+                let after = self.current_regs()?;
+                match insn {
+                    Some(insn) => self.executed(ip, &insn, &after),
+                    None => Ok(StepEvent::Executed { ip }),
+                }
+            }
             StepStop::Exec => {
                 // The execve system call executed and returned into a new program: its code is
                 // all different (the image captured at exit is the new program's).
                 self.stats.execs += 1;
                 self.cache.invalidate_all();
+                // Every other thread is gone (an exec from another thread than the leader goes
+                // on under the leader's id): their streams end where they stood.
+                let alive = self.target.threads();
+                if !alive.contains(&self.lane.tid)
+                    && let Some(&tid) = alive.first()
+                {
+                    if let Some(log) = self.state_log.as_mut() {
+                        log.rename_thread(self.lane.tid, tid);
+                    }
+                    self.lane.tid = tid;
+                }
+                let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.parked)
+                    .into_iter()
+                    .partition(|l| !alive.contains(&l.tid) || l.tid == self.lane.tid);
+                self.parked = kept;
+                let others = std::mem::replace(&mut self.parked, gone);
+                self.end_parked();
+                self.parked = others;
+                self.lane.regs = None;
                 let after = self.current_regs()?;
                 let event = match insn {
                     Some(insn) => self.executed(ip, &insn, &after),
@@ -372,6 +400,35 @@ impl<T: StepTarget> SoftRecorder<T> {
                 self.ended(stop, (!executed).then_some(ip))
             }
         }
+    }
+
+    /// Settles a fork a step executed and the target holds for the debugger
+    /// ([`StepTarget::take_fork_report`]): `detach` is the side let go. When it is the parent,
+    /// the child becomes the process and the recording goes on in it exactly as at a followed
+    /// fork (same stream and state log, the past before the fork served as the child's); the
+    /// streams of the parent's other threads end at the fork.
+    /// Returns the process from now on (`None`: no such fork).
+    pub fn resolve_fork(&mut self, detach: i32) -> Result<Option<i32>, RecordError> {
+        let parent = self.target.pid();
+        if detach == parent
+            && let Some(forking) = self.target.held_fork_parent()
+        {
+            // The child is the copy of the thread that forked: its lane goes on in the child;
+            // the parent's other threads do not exist there, so their streams end here (their
+            // past stays recorded).
+            self.switch_to_tid(forking)?;
+            self.end_parked();
+        }
+        let now = self.target.resolve_fork(detach)?;
+        if let Some(child) = now.filter(|&p| p != parent) {
+            self.stats.forks_followed += 1;
+            if let Some(log) = self.state_log.as_mut() {
+                log.rename_thread(self.lane.tid, child);
+            }
+            self.lane.tid = child;
+            self.lane.regs = None;
+        }
+        Ok(now)
     }
 
     /// Before encoding the instruction at `ip`: the stream's time is the global clock (the
