@@ -10,8 +10,8 @@ use std::time::Duration;
 
 mod support;
 
-use support::cbuild::{build_example, line_of};
-use support::gdb::{GdbRun, Server, gdb_session};
+use support::cbuild::{build_example, have, line_of};
+use support::gdb::{GdbRun, Server, gdb_session, run_until, wait_until};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -22,6 +22,9 @@ fn examples() -> &'static Path {
         std::fs::create_dir_all(&dir).expect("examples dir");
         build_example(&dir, "forkexec", &[]);
         build_example(&dir, "newimage", &[]);
+        build_example(&dir, "mt_fork", &["-pthread"]);
+        build_example(&dir, "thread_exec", &["-pthread"]);
+        build_example(&dir, "vforkexec", &[]);
         dir
     })
 }
@@ -76,13 +79,475 @@ fn forked_child_runs_free_past_a_breakpoint_it_shares_and_exec_is_recorded() {
     ]);
     r.expect(&format!("forkexec.c:{shared}"));
     r.expect("$1 = 6");
-    r.expect("ptrewind: the program forked child process");
-    r.expect("ptrewind: the program called exec (");
+    // GDB was told of the fork (fork-events) and detached the child itself.
+    r.expect("[Detaching after fork from child process");
+    // GDB was told of the exec (exec-events) and loaded the new program.
+    r.expect("is executing new program: ");
     // The stop at the end is the new program's exit: recorded through the exec, nothing lost.
     r.expect("the program is exiting");
     r.expect("recorder anomalies       0");
     r.expect("lost bytes               0");
     check_program_ran_fully(&r);
+}
+
+/// The child process's pid in GDB's "[Detaching after fork from child process N]" or
+/// "[Attaching after … fork to child … N.N]" line.
+fn gdb_child_pid(r: &GdbRun, after: &str) -> i32 {
+    let rest = &r.gdb[r.pos(after) + after.len()..];
+    let digits: String = rest
+        .trim_start_matches(|c: char| !c.is_ascii_digit())
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect();
+    digits
+        .parse()
+        .unwrap_or_else(|_| panic!("no pid after {after:?}\n{}", r.dump()))
+}
+
+/// `catch fork` stops at the fork (GDB names the child), and with GDB's defaults the parent
+/// goes on being recorded: its own call stops, the child — detached by GDB's `D;PID` — runs
+/// free with its output, and the exec'd program runs to its end.
+#[test]
+fn catch_fork_stops_and_gdb_detaches_the_child() {
+    let r = session(&[
+        "catch fork",
+        "break shared_work",
+        "continue",
+        "echo AT-CATCH\n",
+        "info inferiors",
+        "continue",
+        "print x",
+        "delete",
+        "continue",
+        "continue",
+    ]);
+    r.expect("Catchpoint 1 (forked process ");
+    let caught = gdb_child_pid(&r, "Catchpoint 1 (forked process ");
+    let detached = gdb_child_pid(&r, "[Detaching after fork from child process ");
+    assert_eq!(caught, detached, "{}", r.dump());
+    assert_ne!(caught, r.pid, "{}", r.dump());
+    // Stopped at the fork: one inferior (the child is not GDB's yet), the parent's call next.
+    assert!(r.after("AT-CATCH").contains("$1 = 6"), "{}", r.dump());
+    check_program_ran_fully(&r);
+}
+
+/// GDB's `set follow-fork-mode child` (with `detach-on-fork on`) reaches the server through
+/// the fork event: GDB detaches the parent (`D;PID`), which runs free to its exec; the child
+/// is recorded from the fork on, its calls (5, then 2) stop, reverse-continue finds them again
+/// (2, then 5) in the child's history, which decodes exactly and goes on back into the
+/// parent's past before the fork (to `main`, where recording started); the server's last line
+/// names the child.
+#[test]
+fn gdb_follow_fork_mode_child_records_the_child() {
+    let r = session(&[
+        "set follow-fork-mode child",
+        "break shared_work",
+        "continue",
+        "print x",
+        "continue",
+        "print x",
+        "delete",
+        "continue",
+        "echo AT-END\n",
+        "break shared_work",
+        "reverse-continue",
+        "print x",
+        "reverse-continue",
+        "print x",
+        "monitor stats",
+        "delete",
+        "reverse-continue",
+        "echo AT-START\n",
+        "info symbol $pc",
+        "continue",
+        "continue",
+    ]);
+    r.expect("[Attaching after ");
+    r.expect("[Detaching after fork from parent process ");
+    let child = gdb_child_pid(&r, "fork to child ");
+    assert_ne!(child, r.pid, "{}", r.dump());
+    let before_end = &r.gdb[..r.pos("AT-END")];
+    let (a, b) = (before_end.find("$1 = 5"), before_end.find("$2 = 2"));
+    assert!(
+        a.is_some() && b.is_some() && a < b,
+        "the child's calls 5 then 2 not seen\n{}",
+        r.dump()
+    );
+    let after_end = r.after("AT-END");
+    let (a, b) = (after_end.find("$3 = 2"), after_end.find("$4 = 5"));
+    assert!(
+        a.is_some() && b.is_some() && a < b,
+        "reverse-continue did not find the child's calls 2 then 5\n{}",
+        r.dump()
+    );
+    r.expect("execs / forks followed   0 / 1");
+    r.expect("decode errors            0");
+    r.expect("history check            ok");
+    // The parent's past before the fork stays reachable in the child's history: back to
+    // where recording started, in `main`.
+    assert!(
+        r.after("AT-START").contains("main in section .text"),
+        "{}",
+        r.dump()
+    );
+    r.expect(&format!(
+        "[Inferior 2 (process {child}) exited with code 06]"
+    ));
+    for line in [
+        "child computed 15",
+        "parent saw 6 -> 18",
+        "new image from-exec 42",
+    ] {
+        assert!(r.program_stdout.contains(line), "{}", r.dump());
+    }
+    assert!(
+        r.server
+            .contains(&format!("ptrewind: process {child} exited with status 6")),
+        "the server's last line does not name the child\n{}",
+        r.dump()
+    );
+}
+
+/// `set detach-on-fork off` asks for both processes; one recording follows one, so the server
+/// says so at the resume, detaches the side GDB did not resume (here the child: the parent is
+/// followed) and goes on — nothing hangs, the child runs free to its end.
+#[test]
+fn detach_on_fork_off_is_refused_with_a_message() {
+    let r = session(&[
+        "set detach-on-fork off",
+        "break shared_work",
+        "continue",
+        "print x",
+        "delete",
+        "continue",
+        "continue",
+    ]);
+    r.expect("ptrewind: the debugger keeps both processes of the fork (detach-on-fork off)");
+    r.expect("$1 = 6");
+    for line in [
+        "child computed 15",
+        "parent saw 6 -> 18",
+        "new image from-exec 42",
+    ] {
+        assert!(r.program_stdout.contains(line), "{}", r.dump());
+    }
+}
+
+/// GDB's exec events: `catch exec` stops at the new program's first instruction, GDB names
+/// the new executable and loads its symbols, so a breakpoint on a function only the new program
+/// has resolves and is hit with its argument (argc 2), with a backtrace into the new `main`;
+/// the old program's breakpoint (pending in the new one) stops nothing after the exec.
+#[test]
+fn catch_exec_loads_the_new_program_and_its_breakpoints_hit() {
+    let newimage = examples().join("newimage");
+    let work = line_of("newimage.c", "/* NEW LINE */");
+    let r = session(&[
+        "catch exec",
+        "break shared_work",
+        "continue",
+        "continue",
+        "echo AT-EXEC\n",
+        "info inferiors",
+        "break new_image_work",
+        "continue",
+        "print x",
+        "bt",
+        "continue",
+        "continue",
+    ]);
+    r.expect(&format!("is executing new program: {}", newimage.display()));
+    r.expect(&format!("Catchpoint 1 (exec'd {})", newimage.display()));
+    let after = r.after("AT-EXEC");
+    assert!(after.contains("newimage"), "info inferiors: {}", r.dump());
+    assert!(
+        after.contains(&format!("newimage.c:{work}")) && after.contains("$1 = 2"),
+        "the new program's breakpoint was not hit\n{}",
+        r.dump()
+    );
+    assert!(after.contains("in main ("), "{}", r.dump());
+    // shared_work's address in the old program is code of the new one's `main` (the same
+    // PIE base): only the new program's breakpoint stops after the exec.
+    assert!(!after.contains("Breakpoint 2,"), "{}", r.dump());
+    check_program_ran_fully(&r);
+}
+
+/// `ptrewind record -- mt_fork` (a process with two threads forks) with `commands` in GDB.
+fn mt_session(commands: &[&str]) -> GdbRun {
+    let program = examples().join("mt_fork");
+    let server = Server::start(&program, &[]);
+    gdb_session(server, &program, commands, TIMEOUT)
+}
+
+/// What the two-thread program prints when parent, worker and child all ran to their end: the
+/// child's status 3 * 7 = 21 seen by the parent, the worker woken after it ('a' + 1 = 98).
+fn check_mt_program_ran_fully(r: &GdbRun) {
+    for line in ["child of two threads 21", "parent saw 21, worker 98"] {
+        assert!(
+            r.program_stdout.contains(line),
+            "missing {line:?} in the program's output {:?}\n{}",
+            r.program_stdout,
+            r.dump()
+        );
+    }
+}
+
+/// A fork of a process with two threads is reported too: `catch fork` stops in the forking
+/// thread with both threads listed; GDB detaches the child, which runs free, and the parent's
+/// two threads are recorded to their end.
+#[test]
+fn fork_of_a_multi_threaded_process_is_caught() {
+    let r = mt_session(&[
+        "catch fork",
+        "continue",
+        "echo AT-CATCH\n",
+        "info threads",
+        "continue",
+        "continue",
+    ]);
+    r.expect("Catchpoint 1 (forked process ");
+    let caught = gdb_child_pid(&r, "Catchpoint 1 (forked process ");
+    let detached = gdb_child_pid(&r, "[Detaching after fork from child process ");
+    assert_eq!(caught, detached, "{}", r.dump());
+    let threads = r.after("AT-CATCH");
+    assert!(
+        threads.contains("* 1    Thread") && threads.contains("  2    Thread"),
+        "{}",
+        r.dump()
+    );
+    r.expect("exited normally");
+    check_mt_program_ran_fully(&r);
+}
+
+/// `set follow-fork-mode child` at a fork of a process with two threads (the other one
+/// waiting in `read`): every thread of the parent is detached and runs free (the worker is
+/// woken later and the parent ends normally), the child — one thread — is recorded: its call
+/// stops with its argument, reverse-continue from its end finds it again, the history decodes
+/// exactly.
+#[test]
+fn follow_fork_mode_child_in_a_multi_threaded_process() {
+    let child_line = line_of("mt_fork.c", "/* CHILD LINE */");
+    let r = mt_session(&[
+        "set follow-fork-mode child",
+        "break child_work",
+        "continue",
+        "print x",
+        "echo THREADS\n",
+        "info threads",
+        "echo END-THREADS\n",
+        "continue",
+        "echo AT-END\n",
+        "reverse-continue",
+        "print x",
+        "monitor stats",
+        "delete",
+        "continue",
+        "continue",
+    ]);
+    r.expect("[Detaching after fork from parent process ");
+    let child = gdb_child_pid(&r, "fork to child ");
+    r.expect(&format!("mt_fork.c:{child_line}"));
+    r.expect("$1 = 3");
+    let threads = &r.after("THREADS")[..r.after("THREADS").find("END-THREADS").unwrap_or(0)];
+    assert_eq!(
+        threads.matches(" Thread ").count(),
+        1,
+        "the child has one thread\n{}",
+        r.dump()
+    );
+    assert!(r.after("AT-END").contains("$2 = 3"), "{}", r.dump());
+    r.expect("execs / forks followed   0 / 1");
+    r.expect("decode errors            0");
+    r.expect("history check            ok");
+    r.expect(&format!(
+        "[Inferior 2 (process {child}) exited with code 025]"
+    ));
+    check_mt_program_ran_fully(&r);
+}
+
+/// An exec called by a thread other than the main one (the main thread waits in `pause`):
+/// the kernel ends the main thread first — its exit event is not the program's end — and the
+/// process goes on in the new program under the main thread's id. GDB gets the exec stop with
+/// one thread, the new program's breakpoint is hit and the program ends with its own status.
+#[test]
+fn exec_from_a_thread_goes_on_in_the_new_program() {
+    let program = examples().join("thread_exec");
+    let newimage = examples().join("newimage");
+    let newimage = newimage.to_str().expect("utf-8 path");
+    let server = Server::start(&program, &[newimage]);
+    let r = gdb_session(
+        server,
+        &program,
+        &[
+            "catch exec",
+            "continue",
+            "echo AT-EXEC\n",
+            "info threads",
+            "break new_image_work",
+            "continue",
+            "print x",
+            "continue",
+            "continue",
+        ],
+        TIMEOUT,
+    );
+    let before = &r.gdb[..r.pos("AT-EXEC")];
+    assert!(before.contains("Catchpoint 1 (exec'd "), "{}", r.dump());
+    // The main thread's end inside the exec is no stop at the program's end.
+    assert!(!before.contains("the program is exiting"), "{}", r.dump());
+    let after = r.after("AT-EXEC");
+    assert_eq!(after.matches(" Thread ").count(), 1, "{}", r.dump());
+    assert!(after.contains("$1 = 2"), "{}", r.dump());
+    r.expect("exited with code 05");
+    assert!(
+        r.program_stdout.contains("new image from-thread 42"),
+        "{}",
+        r.dump()
+    );
+}
+
+/// `ptrewind record -- vforkexec newimage` (vfork, then exec in the child) with `commands`.
+fn vfork_session(commands: &[&str]) -> GdbRun {
+    let program = examples().join("vforkexec");
+    let newimage = examples().join("newimage");
+    let newimage = newimage.to_str().expect("utf-8 path");
+    let server = Server::start(&program, &[newimage]);
+    gdb_session(server, &program, commands, TIMEOUT)
+}
+
+/// What the vfork program prints when child and parent ran to their end: the exec'd program's
+/// line, and the parent's after the child's exit status 5.
+fn check_vfork_program_ran_fully(r: &GdbRun) {
+    for line in ["new image from-vfork 42", "vfork parent saw 5 -> 10"] {
+        assert!(
+            r.program_stdout.contains(line),
+            "missing {line:?} in the program's output {:?}\n{}",
+            r.program_stdout,
+            r.dump()
+        );
+    }
+}
+
+/// vfork events: `catch vfork` stops at the vfork (the parent's registers those after the
+/// call), GDB detaches the child, which execs and runs free; the parent stays stopped in the
+/// call until then, GDB is told the vfork is done (`vforkdone`) and puts its breakpoints back,
+/// so the parent's breakpoint after the child's end is hit with its status.
+#[test]
+fn catch_vfork_then_the_parent_waits_for_vforkdone() {
+    let after = line_of("vforkexec.c", "/* AFTER LINE */");
+    let r = vfork_session(&[
+        "catch vfork",
+        "break after_spawn",
+        "continue",
+        "echo AT-CATCH\n",
+        "print $rax",
+        "continue",
+        "print status",
+        "continue",
+        "continue",
+    ]);
+    r.expect("Catchpoint 1 (vforked process ");
+    let caught = gdb_child_pid(&r, "Catchpoint 1 (vforked process ");
+    let detached = gdb_child_pid(&r, "[Detaching after vfork from child process ");
+    assert_eq!(caught, detached, "{}", r.dump());
+    // vfork's result in the parent: the child's pid, already at the catchpoint.
+    assert!(
+        r.after("AT-CATCH").contains(&format!("$1 = {caught}")),
+        "{}",
+        r.dump()
+    );
+    r.expect(&format!("vforkexec.c:{after}"));
+    r.expect("$2 = 5");
+    r.expect("exited normally");
+    check_vfork_program_ran_fully(&r);
+}
+
+/// `set follow-fork-mode child` at a vfork: GDB follows the child (the parent stays held in
+/// the call), the child execs — GDB loads the new program (`catch exec`) and detaches the vfork
+/// parent, which then runs free to its end — and the new program's breakpoint is hit in the
+/// recorded child.
+#[test]
+fn follow_fork_mode_child_at_a_vfork_follows_the_exec() {
+    let r = vfork_session(&[
+        "set follow-fork-mode child",
+        "catch exec",
+        "continue",
+        "break new_image_work",
+        "continue",
+        "print x",
+        "continue",
+        "continue",
+    ]);
+    r.expect("[Attaching after ");
+    r.expect("vfork to child ");
+    let child = gdb_child_pid(&r, "vfork to child ");
+    r.expect("[Detaching vfork parent process ");
+    r.expect(&format!("process {child} is executing new program: "));
+    r.expect("Catchpoint 1 (exec'd ");
+    r.expect("$1 = 2");
+    r.expect(&format!(
+        "[Inferior 2 (process {child}) exited with code 05]"
+    ));
+    assert!(
+        !r.gdb.contains("detach-on-fork off"),
+        "GDB's vfork follow is no refusal\n{}",
+        r.dump()
+    );
+    check_vfork_program_ran_fully(&r);
+}
+
+/// LLDB asks for fork events too (`fork-events+`): with its `follow-fork-mode child` it takes
+/// its breakpoints out of the parent only and detaches it (`D;PID`), trusting the child's copy
+/// of memory to hold them — so the server gives the followed child the breakpoints the parent
+/// had at the fork: both of the child's calls stop.
+#[test]
+fn lldb_follow_fork_mode_child_keeps_the_breakpoints() {
+    if !have("lldb-19") {
+        eprintln!("SKIPPED: lldb-19 not installed");
+        return;
+    }
+    let dir = examples();
+    let program = dir.join("forkexec");
+    let newimage = dir.join("newimage");
+    let newimage = newimage.to_str().expect("utf-8 path");
+    let mut server = Server::start(&program, &[newimage]);
+    let mut c = std::process::Command::new("lldb-19");
+    c.args(["--batch", "--no-lldbinit"])
+        .args(["-o", "settings set target.process.follow-fork-mode child"])
+        .arg("-o")
+        .arg(format!("target create {}", program.display()))
+        .arg("-o")
+        .arg(format!("gdb-remote 127.0.0.1:{}", server.port))
+        .args([
+            "-o",
+            "b shared_work",
+            "-o",
+            "c",
+            "-o",
+            "p x",
+            "-o",
+            "c",
+            "-o",
+            "p x",
+        ])
+        .args(["-o", "c", "-k", "process kill"]);
+    let out = run_until(&mut c, TIMEOUT);
+    let _ = wait_until(&mut server.child, std::time::Instant::now() + TIMEOUT);
+    let log = server.stderr.join().unwrap_or_default();
+    let stdout = server.stdout.join().unwrap_or_default();
+    let ctx = format!(
+        "--- lldb\n{}\n{}\n--- server\n{log}\n--- program\n{stdout}",
+        out.stdout, out.stderr
+    );
+    let (a, b) = (
+        out.stdout.find("shared_work(x=5)"),
+        out.stdout.find("shared_work(x=2)"),
+    );
+    assert!(a.is_some() && b.is_some() && a < b, "{ctx}");
+    assert!(
+        out.stdout.contains("(int) 5") && out.stdout.contains("(int) 2"),
+        "{ctx}"
+    );
+    assert!(stdout.contains("parent saw 6 -> 18"), "{ctx}");
 }
 
 /// Unrecorded full-speed runs put the breakpoints into memory as INT3: the forked child's copy

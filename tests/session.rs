@@ -164,9 +164,9 @@ fn programs_that_are_not_elf_are_named() {
     );
 }
 
-/// `ptrewind gdb` shares its terminal with GDB: a warning (here: a child process the program
-/// forked, which is detached) is shown once, in GDB's console, not a second time on
-/// ptrewind's stderr.
+/// `ptrewind gdb` shares its terminal with GDB: a warning (here: the fork child followed by
+/// `--follow-fork child`, and the vfork child detached, neither reported to GDB) is shown
+/// once, in GDB's console, not a second time on ptrewind's stderr.
 #[test]
 fn ptrewind_gdb_prints_each_warning_once() {
     if !have("gdb") || !have("cc") {
@@ -190,6 +190,8 @@ fn ptrewind_gdb_prints_each_warning_once() {
                 "gdb",
                 "--backend",
                 "ptrace",
+                "--follow-fork",
+                "child",
                 "--batch",
                 "--ex",
                 "continue",

@@ -88,14 +88,16 @@ static PAUSE_GATE: AtomicPtr<AtomicU64> = AtomicPtr::new(ptr::null_mut());
 const CLAIM_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Whether the block after `b` may start at a breakpoint of the pause file's list, or one lies
-/// inside `b` (`base`: the mapping, `n` breakpoints).
+/// inside `b` or at its start (`base`: the mapping, `n` breakpoints).
 fn may_reach_breakpoint(base: *mut AtomicU64, n: u64, b: Option<&BlockInfo>) -> bool {
     use output::pause_gate as g;
     let Some(b) = b else { return false };
     (0..(n as usize).min(g::MAX_BPS)).any(|k| {
         // SAFETY: breakpoint words lie inside the mapping.
         let bp = unsafe { &*base.add(g::BPS + k) }.load(Ordering::Relaxed);
-        (bp > b.start && bp <= b.fallthrough) || b.target == Some(bp)
+        // At its start too: a thread that came to the block while the breakpoint was out of
+        // QEMU (a step over it) runs it without QEMU's check.
+        (bp >= b.start && bp <= b.fallthrough) || b.target == Some(bp)
     })
 }
 
@@ -138,9 +140,13 @@ fn pause_point_gated(base: *mut AtomicU64, vcpu: c_uint, tid: u32, b: Option<&Bl
     let slot = (vcpu as usize) < g::MAX_SLOTS;
     let mut published = false;
     let mut claim_wait: Option<std::time::Instant> = None;
+    // A pulse from here on lets this block run (one block: the next one waits again).
+    let pulse = word(g::PULSE);
+    let pulse_at = pulse.load(Ordering::Acquire);
     loop {
         let gw = gate.load(Ordering::Acquire);
-        let held = gw != 0 && gw != g::encode(Some(tid));
+        let held =
+            gw != 0 && gw != g::encode(Some(tid)) && pulse.load(Ordering::Acquire) == pulse_at;
         let cw = claim.load(Ordering::Acquire);
         let claimed = cw != 0
             && cw != me

@@ -13,12 +13,34 @@
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use crate::flow::FlowConfig;
 use crate::image::Image;
 use crate::store::live::TraceStore;
 use crate::target::{Notice, Resume, StopEvent, TargetResult, WatchKind, X86Registers};
+
+/// Where the history thread's code was replaced: by `execve` (another program), or by a
+/// `munmap`/`mmap(MAP_FIXED)` over executable code (`dlclose`, a JIT freeing code). It holds
+/// the code before it, and where the next period starts. The timeline decodes the history
+/// before the boundary against `image` and after it against the next period's code
+/// ([`Image::push_period`]).
+#[derive(Debug, Clone)]
+pub struct ExecBoundary {
+    /// What replaced the code: `exec`, or `munmap START-END` / `mmap START-END`.
+    pub cause: String,
+    /// The code of the program that ran before the `execve` (read just before the call).
+    pub image: Arc<Image>,
+    /// The old program's mappings in `/proc/PID/maps` form (for its symbols; may be empty).
+    pub maps: String,
+    /// The old program's executable, if known.
+    pub exe: Option<PathBuf>,
+    /// Number of the next program's first instruction in the history.
+    pub next_insn: u64,
+    /// Offset in the history's [`TraceStore`] of the PSB that opens the next address space.
+    pub next_offset: u64,
+}
 
 /// A live process recorded by a capture backend (software single-stepping, hardware Intel PT,
 /// ...), as the timeline drives it. All present state goes through it.
@@ -93,6 +115,14 @@ pub trait LiveBackend {
     /// A snapshot of the code of every readable, executable mapping at the present.
     fn snapshot_image(&mut self) -> TargetResult<Image>;
 
+    /// The address spaces the history thread left through a successful `execve`, in order:
+    /// the old program's code and where the new one starts in the history (see
+    /// [`ExecBoundary`]). Empty (the default) for a backend that does not follow them: its
+    /// history is decoded against one image.
+    fn exec_boundaries(&self) -> Vec<ExecBoundary> {
+        Vec::new()
+    }
+
     /// The auxiliary vector (raw bytes).
     fn auxv(&mut self) -> TargetResult<Vec<u8>>;
 
@@ -119,6 +149,35 @@ pub trait LiveBackend {
     /// Takes the notices collected since the last call (threads, forks, exec, ...).
     fn take_notices(&mut self) -> Vec<Notice> {
         Vec::new()
+    }
+
+    /// Whether forks are held and reported to the debugger ([`StopEvent::Forked`]): asked
+    /// once per connection with whether the debugger wants fork events, and `vforks` whether
+    /// vforks too (see [`crate::target::Target::report_forks`]). Default: no (the backend
+    /// detaches forked children itself).
+    fn report_forks(&mut self, client_wants: bool, vforks: bool) -> bool {
+        let _ = (client_wants, vforks);
+        false
+    }
+
+    /// Whether exec is reported to the debugger as a stop
+    /// ([`StopEvent::Exec`]), asked once per connection with
+    /// whether the debugger wants exec events. Default: no.
+    fn report_execs(&mut self, client_wants: bool) -> bool {
+        let _ = client_wants;
+        false
+    }
+
+    /// Settles a held fork: `detach` is the side the debugger lets go (see
+    /// [`crate::target::Target::resolve_fork`]); the process from now on.
+    fn resolve_fork(&mut self, detach: i32) -> TargetResult<Option<i32>> {
+        let _ = detach;
+        Ok(None)
+    }
+
+    /// The child of a held fork not settled yet.
+    fn held_fork_child(&self) -> Option<i32> {
+        None
     }
 
     /// True once the process has exited or was killed.

@@ -49,12 +49,13 @@ pub enum Mode {
 /// Which process the software backend records at a `fork`.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FollowForkArg {
-    /// The parent; the child is detached and runs untraced (GDB's default: `follow-fork-mode
-    /// parent`, `detach-on-fork on`).
+    /// The debugger decides when it asks for fork events (GDB and LLDB do: their
+    /// `follow-fork-mode`); otherwise the parent, the child detached and running untraced.
     Parent,
     /// The child; the parent is detached and runs untraced, the recording goes on in the child
-    /// (GDB's `follow-fork-mode child`). Not at a `vfork`/`posix_spawn`, nor in a parent with
-    /// several threads: those children are detached.
+    /// (GDB's `follow-fork-mode child`, decided by the server and reported to no debugger).
+    /// Not at a `vfork`/`posix_spawn`, nor in a parent with several threads: those children
+    /// are detached.
     Child,
 }
 
@@ -108,8 +109,9 @@ pub struct RecordArgs {
     #[arg(long, value_enum, default_value = "on")]
     state_log: StateLogArg,
     /// Software backend: at a `fork`, go on recording the parent or the child (the other one is
-    /// detached and runs untraced). GDB's `set follow-fork-mode` does not reach the server
-    /// (it reports no fork events), so the choice is made here.
+    /// detached and runs untraced). With `parent` (default) a debugger that asks for fork
+    /// events is told of each fork and chooses with its own `follow-fork-mode`; `child` is
+    /// the server's choice, reported to no debugger.
     #[arg(long, value_enum, default_value = "parent")]
     follow_fork: FollowForkArg,
     /// Keep address-space randomisation enabled in the program (GDB disables it by default).
@@ -720,6 +722,8 @@ pub(crate) fn serve_session(
         eprintln!("ptrewind: debugger connected from {peer}");
         let outcome = router.serve(stream, &mut session);
         connections.done();
+        // A followed fork child is the process from now on.
+        let pid = session.target().current_pid();
         match outcome? {
             ServeOutcome::Kept => eprintln!(
                 "ptrewind: debugger disconnected; process {pid} and its recording are kept \
@@ -728,6 +732,7 @@ pub(crate) fn serve_session(
             other => break other,
         }
     };
+    let pid = session.target().current_pid();
     if served == Served::Replay {
         eprintln!("ptrewind: debugger disconnected; replay of process {pid} ended");
         return Ok(ExitCode::SUCCESS);

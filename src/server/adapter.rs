@@ -77,6 +77,28 @@ pub fn stop_reason(tid: i32, ev: StopEvent) -> MultiThreadStopReason<u64> {
             tid,
             signal: Signal::SIGTRAP,
         },
+        // The router rewrites this reply: gdbstub names the child with the parent's pid.
+        StopEvent::Forked { child, vfork } => {
+            let new_tid = std::num::NonZeroUsize::new(child.max(1) as usize)
+                .unwrap_or(std::num::NonZeroUsize::MIN);
+            if vfork {
+                MultiThreadStopReason::VFork {
+                    cur_tid: tid,
+                    new_tid,
+                }
+            } else {
+                MultiThreadStopReason::Fork {
+                    cur_tid: tid,
+                    new_tid,
+                }
+            }
+        }
+        StopEvent::VForkDone => MultiThreadStopReason::VForkDone(tid),
+        // gdbstub 0.7 has no exec stop reason: the router writes the `exec:` reply over this.
+        StopEvent::Exec => MultiThreadStopReason::SignalWithThread {
+            tid,
+            signal: Signal::SIGTRAP,
+        },
         StopEvent::Exited(code) => MultiThreadStopReason::Exited(code as u8),
         StopEvent::Killed(s) => MultiThreadStopReason::Terminated(Signal(linux_to_gdb_signal(s))),
         StopEvent::HistoryEnd { at_begin } => MultiThreadStopReason::ReplayLog {
@@ -104,6 +126,24 @@ pub struct GdbStubAdapter {
     attached: bool,
     /// Files the debugger opened through host I/O (`vFile:open`).
     pub(super) host_files: super::host_io::OpenFiles,
+    /// Fork events are reported to this connection's debugger (`fork-events+`).
+    fork_events: bool,
+    /// Vfork events too (`vfork-events+`, `vforkdone-events+`).
+    vfork_events: bool,
+    /// The process the debugger's last `vCont`/`Hc` named (`pPID.TID`), to tell which side
+    /// of an unsettled fork it resumes.
+    pub(super) resumed_pid: Option<i32>,
+    /// Processes let go at a fork that the debugger may still name (`Hg pPID.TID`).
+    pub(super) gone_pids: Vec<i32>,
+    /// The breakpoints the held fork child has in the debugger's view: those of the parent at
+    /// the fork (its memory is a copy), minus what the debugger removed from it, plus what it
+    /// inserted in it (`z`/`Z` with the child as the general thread). GDB removes them all
+    /// at the fork and inserts them again if it follows the child; LLDB leaves them.
+    pub(super) child_breakpoints: Option<std::collections::BTreeSet<u64>>,
+    /// The last fork reported was a vfork.
+    vfork_reported: bool,
+    /// Notices of the server's own (e.g. a fork it settled itself), sent with the target's.
+    pub(super) notices: Vec<crate::target::Notice>,
 }
 
 impl std::fmt::Debug for GdbStubAdapter {
@@ -126,7 +166,98 @@ impl GdbStubAdapter {
             avx: None,
             attached: false,
             host_files: Default::default(),
+            fork_events: false,
+            vfork_events: false,
+            resumed_pid: None,
+            gone_pids: Vec::new(),
+            child_breakpoints: None,
+            vfork_reported: false,
+            notices: Vec::new(),
         }
+    }
+
+    /// Sets whether fork events (and vfork events) are reported to the debugger of this
+    /// connection (asked of the target after the debugger's `qSupported`, before gdbstub
+    /// answers it).
+    pub fn set_fork_events(&mut self, on: bool, vforks: bool) {
+        self.fork_events = on;
+        self.vfork_events = vforks;
+    }
+
+    /// Whether fork events are reported to this connection's debugger.
+    pub fn fork_events(&self) -> bool {
+        self.fork_events
+    }
+
+    /// A fork was reported: the child starts with the parent's breakpoints.
+    pub(super) fn fork_reported(&mut self, vfork: bool) {
+        self.vfork_reported = vfork;
+        let addrs = self
+            .target
+            .support_breakpoints()
+            .map(|bp| bp.breakpoint_addrs())
+            .unwrap_or_default();
+        self.child_breakpoints = Some(addrs.into_iter().collect());
+    }
+
+    /// Settles the held fork, letting `detach` go (see [`Target::resolve_fork`]); when the
+    /// child is kept, the breakpoints become the child's as the debugger sees them.
+    pub(super) fn settle_fork(&mut self, detach: i32) -> Result<Option<i32>, TargetError> {
+        let parent = self.target.pid();
+        let now = self.target.resolve_fork(detach)?;
+        let child_bps = self.child_breakpoints.take();
+        if let (Some(now), Some(want)) = (now, child_bps)
+            && now != parent
+            && let Some(bp) = self.target.support_breakpoints()
+        {
+            for addr in bp.breakpoint_addrs() {
+                if !want.contains(&addr) {
+                    let _ = bp.remove_breakpoint(addr);
+                }
+            }
+            for addr in want {
+                let _ = bp.add_breakpoint(addr);
+            }
+        }
+        if now.is_some() {
+            self.gone_pids.push(detach);
+        }
+        Ok(now)
+    }
+
+    /// After an exec: every breakpoint belonged to the old program (GDB marks them out
+    /// without removing them and inserts the new program's), so none is kept.
+    pub(super) fn forget_breakpoints(&mut self) {
+        if let Some(bp) = self.target.support_breakpoints() {
+            for addr in bp.breakpoint_addrs() {
+                let _ = bp.remove_breakpoint(addr);
+            }
+        }
+    }
+
+    /// A resume while a reported fork is still unsettled: the debugger kept both processes
+    /// (GDB's `detach-on-fork off`), which one recording cannot serve. The side it resumes
+    /// goes on (the parent unless it named the child), the other is detached, and the user
+    /// is told.
+    fn settle_fork_on_resume(&mut self) -> Result<(), TargetError> {
+        let Some(child) = self.target.held_fork_child() else {
+            return Ok(());
+        };
+        let parent = self.target.pid();
+        let (kept, detached) = if self.resumed_pid == Some(child) {
+            (child, parent)
+        } else {
+            (parent, child)
+        };
+        self.settle_fork(detached)?;
+        if self.vfork_reported && kept == child {
+            // GDB following a vfork child resumes it first and detaches the parent once the
+            // child has exec'd or exited: that is `detach-on-fork on`, not a refusal.
+            return Ok(());
+        }
+        self.notices
+            .push(crate::target::Notice::BothForkSidesRefused { kept, detached });
+        Ok(())
     }
 
     /// Marks the program as attached to (not started by us): GDB then detaches instead of
@@ -226,17 +357,18 @@ impl gdbstub::target::Target for GdbStubAdapter {
         Some(self)
     }
 
-    // We report neither fork nor vfork stops (children are detached), so do not advertise them.
+    // Forks and vforks are reported when the target holds them for the debugger (the ptrace
+    // backend without `record --follow-fork child`), and a vfork's end.
     fn use_fork_stop_reason(&self) -> bool {
-        false
+        self.fork_events
     }
 
     fn use_vfork_stop_reason(&self) -> bool {
-        false
+        self.vfork_events
     }
 
     fn use_vforkdone_stop_reason(&self) -> bool {
-        false
+        self.vfork_events
     }
 }
 
@@ -331,6 +463,7 @@ impl MultiThreadResume for GdbStubAdapter {
     fn resume(&mut self) -> Result<(), Self::Error> {
         let how = self.resume.unwrap_or(Resume::Continue { signal: None });
         self.resume = Some(how);
+        self.settle_fork_on_resume()?;
         self.target.resume(how)
     }
 

@@ -46,6 +46,10 @@ impl Target for RecordingTarget {
         self.pid
     }
 
+    fn current_pid(&self) -> i32 {
+        self.inner.borrow().pid()
+    }
+
     fn tid(&self) -> i32 {
         self.inner.borrow().tid()
     }
@@ -87,7 +91,12 @@ impl Target for RecordingTarget {
     }
 
     fn wait(&mut self, block: bool) -> TargetResult<Option<StopEvent>> {
-        self.inner.borrow_mut().wait(block)
+        let stop = self.inner.borrow_mut().wait(block)?;
+        if stop == Some(StopEvent::Exec) {
+            // A new program: the debugger reads its name from the stop and `qXfer:exec-file`.
+            self.exe = self.inner.borrow_mut().exec_path();
+        }
+        Ok(stop)
     }
 
     fn interrupt(&mut self) -> TargetResult<()> {
@@ -128,6 +137,27 @@ impl Target for RecordingTarget {
         recorded.unwrap_or_else(|| read_host_link(path))
     }
 
+    fn report_forks(&mut self, client_wants: bool, vforks: bool) -> bool {
+        self.inner.borrow_mut().report_forks(client_wants, vforks)
+    }
+
+    fn report_execs(&mut self, client_wants: bool) -> bool {
+        self.inner.borrow_mut().report_execs(client_wants)
+    }
+
+    fn resolve_fork(&mut self, detach: i32) -> TargetResult<Option<i32>> {
+        let now = self.inner.borrow_mut().resolve_fork(detach)?;
+        if let Some(pid) = now {
+            // The debugger follows this process now (it was told of the fork).
+            self.pid = pid;
+        }
+        Ok(now)
+    }
+
+    fn held_fork_child(&self) -> Option<i32> {
+        self.inner.borrow().held_fork_child()
+    }
+
     fn take_notices(&mut self) -> Vec<Notice> {
         self.inner.borrow_mut().take_notices()
     }
@@ -150,8 +180,8 @@ impl Target for RecordingTarget {
 /// plain trap in its first thread); otherwise gdbstub answers.
 pub fn install_stop_query(router: &mut super::Router, target: &RecordingTarget) {
     let shared = target.shared();
-    let pid = target.pid;
-    router.intercept(b"?", move |_session, state, packet| {
+    router.intercept(b"?", move |session, state, packet| {
+        let pid = session.target().pid();
         if packet != b"?" {
             return super::Intercept::Pass;
         }

@@ -131,6 +131,29 @@ pub enum StopEvent {
     Exited(i32),
     /// The program was killed by this signal.
     Killed(i32),
+    /// The program forked (`fork`, or `clone` without `CLONE_VM`) and the debugger asked for
+    /// fork events: the parent stands after the system call (in a step, or at the event stop
+    /// in a full-speed run) and the child is held, stopped right after it, until the debugger
+    /// says which one it keeps ([`Target::resolve_fork`]). Reported only by targets asked to
+    /// ([`PtraceTarget::set_report_forks`]).
+    Forked {
+        /// The child's pid.
+        child: i32,
+        /// A `vfork` (`CLONE_VFORK`: `posix_spawn`, `system`): the child shares the parent's
+        /// memory, and the parent stands at the system call's event stop (its registers
+        /// already those after the call) until the child has exec'd or exited
+        /// ([`StopEvent::VForkDone`]).
+        vfork: bool,
+    },
+    /// The child of a reported vfork has exec'd or exited: the parent's memory is its own
+    /// again (GDB puts its breakpoints back). Reported one instruction after the parent
+    /// resumed, or at the event in a full-speed run.
+    VForkDone,
+    /// The program called exec and the debugger asked for exec events: the process (same
+    /// pid, the exec'ing thread now its only one) stands at the new program's first
+    /// instruction; [`Target::exec_path`] names the new executable. Reported only by targets
+    /// asked to ([`PtraceTarget::set_report_execs`]).
+    Exec,
     /// Execution (replay) reached an end of the recorded history: the beginning when going
     /// backward (`at_begin`), the live end when replaying forward. Only targets that support
     /// [`ReverseExecution`] report it.
@@ -175,6 +198,14 @@ pub enum Notice {
         /// The child's pid, the process from now on.
         child: i32,
     },
+    /// The debugger resumed without settling a fork it was told of: it keeps both processes
+    /// (GDB's `detach-on-fork off`), but one recording follows one process.
+    BothForkSidesRefused {
+        /// The process recorded from now on (the one the debugger resumed).
+        kept: i32,
+        /// The process detached, running free.
+        detached: i32,
+    },
     /// The program called exec; the old breakpoints and GDB's symbols are stale.
     Exec {
         /// The new executable, if it could be read from /proc.
@@ -210,6 +241,21 @@ pub enum Notice {
         /// The capture backend (`qemu backend`, …).
         backend: String,
     },
+    /// The cursor moved into another program's part of the history (across an exec): the PCs,
+    /// code and symbols the server shows there are that program's, but the debugger keeps the
+    /// symbols of the file it loaded.
+    ExecPeriod {
+        /// That program's executable, if known.
+        program: Option<PathBuf>,
+        /// What began that period (`exec`, `munmap START-END`, ...; `None`: the first one).
+        started_by: Option<String>,
+        /// What ended that period (`None`: the present one).
+        ended_by: Option<String>,
+        /// The history position of its first instruction.
+        first: u64,
+        /// The position of the next program's first instruction (`None`: the present one).
+        end: Option<u64>,
+    },
     /// Replay stopped with watchpoints set at an instruction whose memory writes the recording
     /// does not know: a watched location may have changed there unseen.
     WatchUncertain {
@@ -234,6 +280,13 @@ impl fmt::Display for Notice {
                 "the program forked child process {child}; following the child (--follow-fork \
                  child): the parent {parent} is detached and runs untraced; the recording goes \
                  on in the child"
+            ),
+            Notice::BothForkSidesRefused { kept, detached } => write!(
+                f,
+                "the debugger keeps both processes of the fork (detach-on-fork off), but \
+                 ptrewind records one process: {detached} was detached and runs free; the \
+                 recording goes on in {kept} (set detach-on-fork on to choose with \
+                 follow-fork-mode)"
             ),
             Notice::Exec { path } => write!(
                 f,
@@ -274,6 +327,42 @@ impl fmt::Display for Notice {
                 f,
                 "the recorded trace at this stop may be incomplete: {what} (monitor stats)"
             ),
+            Notice::ExecPeriod {
+                program,
+                started_by,
+                ended_by,
+                first,
+                end,
+            } => {
+                let name = program.as_ref().map_or_else(
+                    || "an unknown program".to_string(),
+                    |p| p.display().to_string(),
+                );
+                let mut span = match end {
+                    Some(end) => format!("instructions {first}..{end}"),
+                    None => format!("from instruction {first}"),
+                };
+                match started_by.as_deref() {
+                    Some("exec") => span.push_str(", after the exec"),
+                    Some(cause) => {
+                        span.push_str(&format!(", after the code was replaced ({cause})"))
+                    }
+                    None => {}
+                }
+                match ended_by.as_deref() {
+                    Some("exec") => span.push_str(", before its exec"),
+                    Some(cause) => {
+                        span.push_str(&format!(", before the code was replaced ({cause})"))
+                    }
+                    None => {}
+                }
+                write!(
+                    f,
+                    "now in the history of {name} ({span}): the code and the server's symbols \
+                     (monitor history/calls/where) are that program's; the debugger keeps the \
+                     symbols of the file it loaded (in GDB: file {name})"
+                )
+            }
             Notice::WatchUncertain { position, what } => write!(
                 f,
                 "stopped at instruction {position} with watchpoints set: its memory writes are \
@@ -324,6 +413,12 @@ pub trait Watchpoints {
 pub trait Target {
     /// The process id.
     fn pid(&self) -> i32;
+    /// The process recorded now: [`pid`](Self::pid) unless the target followed a fork child
+    /// the debugger was not told of (`record --follow-fork child`: the debugger keeps the pid
+    /// it first saw).
+    fn current_pid(&self) -> i32 {
+        self.pid()
+    }
     /// The id of the selected thread (the one a stop is reported in).
     fn tid(&self) -> i32 {
         self.pid()
@@ -400,6 +495,34 @@ pub trait Target {
     /// Takes the notices collected since the last call.
     fn take_notices(&mut self) -> Vec<Notice> {
         Vec::new()
+    }
+    /// Whether forks are reported to the debugger ([`StopEvent::Forked`]): the server then
+    /// advertises GDB's `fork-events`. Asked once per connection, after the debugger's
+    /// `qSupported` (`client_wants` says whether it asked for them; `vforks`, whether vforks
+    /// are to be reported too: a debugger that follows a vfork child must learn of the exec
+    /// that usually comes next, so the server asks for both vfork and exec events).
+    fn report_forks(&mut self, client_wants: bool, vforks: bool) -> bool {
+        let _ = (client_wants, vforks);
+        false
+    }
+    /// Whether exec is reported to the debugger ([`StopEvent::Exec`]): the server then
+    /// advertises GDB's `exec-events`. Asked once per connection, after the debugger's
+    /// `qSupported` (`client_wants` says whether it asked for them).
+    fn report_execs(&mut self, client_wants: bool) -> bool {
+        let _ = client_wants;
+        false
+    }
+    /// Settles the fork reported by the last [`StopEvent::Forked`]: the debugger detaches
+    /// process `detach` (the child: the parent stays the process; the parent: the child
+    /// becomes the process, its history going on from the parent's). `Ok(None)` when no fork
+    /// waits or `detach` is neither side; `Ok(Some(pid))`: the process from now on.
+    fn resolve_fork(&mut self, detach: i32) -> TargetResult<Option<i32>> {
+        let _ = detach;
+        Ok(None)
+    }
+    /// The child of a fork reported and not yet settled ([`Target::resolve_fork`]).
+    fn held_fork_child(&self) -> Option<i32> {
+        None
     }
     /// Software breakpoints, if supported.
     fn support_breakpoints(&mut self) -> Option<&mut dyn Breakpoints> {

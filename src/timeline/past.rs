@@ -103,7 +103,7 @@ impl Timeline {
         let got = if want == 0 {
             0
         } else {
-            self.image.read(addr, &mut buf[..want])
+            self.present.read(addr, &mut buf[..want])
         };
         if got == 0 {
             return Err(TargetError::Memory { addr });

@@ -840,6 +840,7 @@ mod tests {
         OfflineRecording {
             trace,
             image: image(),
+            exec_boundaries: Vec::new(),
             immutable: None,
             symbols: Symbolizer::default(),
             registers_at_start: None,

@@ -74,10 +74,14 @@ pub mod pause_gate {
     pub const BPS: usize = 3;
     /// Room for breakpoint addresses.
     pub const MAX_BPS: usize = 64;
+    /// A counter ptrewind increments to let every held thread run the one block it waits at
+    /// (QEMU's exclusive work during a single step needs every thread out of its block; a
+    /// thread then waits again at its next block start).
+    pub const PULSE: usize = BPS + MAX_BPS;
     /// Then two words per vCPU index: the id of the thread waiting there (0: none) and the
     /// guest PC it waits at (the start of the block it has not run yet; 0: at the return of a
     /// system call, where QEMU's own PC is right).
-    pub const SLOTS: usize = BPS + MAX_BPS;
+    pub const SLOTS: usize = PULSE + 1;
     /// vCPU indexes with a slot.
     pub const MAX_SLOTS: usize = 4096;
     /// Size of the file in bytes.

@@ -7,6 +7,7 @@
 //! the process runs at full speed through the ptrace target (its INT3 breakpoints), untraced.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -14,7 +15,9 @@ use nix::sys::signal::Signal;
 
 use super::state_log::WriteHit;
 use super::{Exit, RecordError, SoftRecorder, StateLog, StepEvent};
-use crate::capture::backend::{LiveBackend, PastWrite, RecordedState, ptrace_present_state};
+use crate::capture::backend::{
+    ExecBoundary, LiveBackend, PastWrite, RecordedState, ptrace_present_state,
+};
 use crate::store::live::TraceStore;
 use crate::target::{
     Gprs, PtraceTarget, RegMask, Resume, StopEvent, Target, TargetError, TargetResult, X86Registers,
@@ -178,6 +181,22 @@ impl SoftCapture {
     }
 }
 
+/// Where stream offset `at` lies in the stored bytes (lost bytes are not stored): a position
+/// inside a gap is where the gap sits, so the next PSB stored after it counts as after `at`.
+fn data_offset(gaps: &[crate::store::live::Gap], at: u64) -> u64 {
+    let mut lost = 0;
+    for g in gaps {
+        if g.stream_offset >= at {
+            break;
+        }
+        if g.stream_offset + g.lost > at {
+            return g.data_offset as u64;
+        }
+        lost += g.lost;
+    }
+    at - lost
+}
+
 impl LiveBackend for SoftCapture {
     ptrace_present_state!(target);
 
@@ -220,6 +239,22 @@ impl LiveBackend for SoftCapture {
 
     fn store(&self) -> TraceStore {
         self.rec.store()
+    }
+
+    fn exec_boundaries(&self) -> Vec<ExecBoundary> {
+        let gaps = self.rec.store().gaps();
+        self.rec
+            .exec_periods()
+            .iter()
+            .map(|p| ExecBoundary {
+                cause: p.cause.clone(),
+                image: Arc::clone(&p.image),
+                maps: p.maps.clone(),
+                exe: p.exe.clone(),
+                next_insn: p.next_insn,
+                next_offset: data_offset(&gaps, p.next_stream_offset),
+            })
+            .collect()
     }
 
     fn recorded(&self) -> Option<u64> {
@@ -315,6 +350,18 @@ impl LiveBackend for SoftCapture {
                     }
                     let mark = self.rec.state_log().map_or(0, |l| l.entry_count());
                     let ev = self.rec.step().map_err(record_err)?;
+                    if let Some(child) = self.rec.target().take_fork_report() {
+                        // The `fork` executed (recorded); its child waits for the debugger.
+                        let vfork = self.rec.target_ref().held_fork_is_vfork();
+                        return self.recorded_stop(StopEvent::Forked { child, vfork });
+                    }
+                    if self.rec.target().take_vfork_done_report() {
+                        return self.recorded_stop(StopEvent::VForkDone);
+                    }
+                    if self.rec.target().take_exec_report() {
+                        // The exec executed (recorded); the debugger loads the new program.
+                        return self.recorded_stop(StopEvent::Exec);
+                    }
                     if matches!(
                         ev,
                         StepEvent::Executed { .. }
@@ -371,6 +418,25 @@ impl LiveBackend for SoftCapture {
         }
     }
 
+    fn report_forks(&mut self, client_wants: bool, vforks: bool) -> bool {
+        Target::report_forks(self.rec.target(), client_wants, vforks)
+    }
+
+    fn report_execs(&mut self, client_wants: bool) -> bool {
+        Target::report_execs(self.rec.target(), client_wants)
+    }
+
+    fn resolve_fork(&mut self, detach: i32) -> TargetResult<Option<i32>> {
+        let now = self.rec.resolve_fork(detach).map_err(record_err)?;
+        self.pid = Target::pid(self.rec.target_ref());
+        self.stop_tid = self.rec.current_thread();
+        Ok(now)
+    }
+
+    fn held_fork_child(&self) -> Option<i32> {
+        self.rec.target_ref().held_fork_child()
+    }
+
     fn interrupt(&mut self) -> TargetResult<()> {
         if self.run == Run::Untraced {
             self.rec.target().interrupt()?;
@@ -406,6 +472,30 @@ impl LiveBackend for SoftCapture {
         line(
             "execs / forks followed",
             format!("{} / {}", r.execs, r.forks_followed),
+        );
+        // Each period of code ended by an exec or a munmap/mmap over code, decoded against
+        // the code read before it (see `ExecPeriod`).
+        let periods = self.rec.exec_periods();
+        let by_exec = periods.iter().filter(|p| p.cause == "exec").count();
+        line(
+            "code periods ended",
+            format!(
+                "{} (exec {by_exec}, code unmapped or mapped over {})",
+                periods.len(),
+                periods.len() - by_exec
+            ),
+        );
+        // Each period of code ended by an exec or a munmap/mmap over code, decoded against
+        // the code read before it (see `ExecPeriod`).
+        let periods = self.rec.exec_periods();
+        let by_exec = periods.iter().filter(|p| p.cause == "exec").count();
+        line(
+            "code periods ended",
+            format!(
+                "{} (exec {by_exec}, code unmapped or mapped over {})",
+                periods.len(),
+                periods.len() - by_exec
+            ),
         );
         // Threads: recorded besides the main thread (each its own stream), ended while the
         // process went on, vanished unseen (killed while stopped: their streams end at their

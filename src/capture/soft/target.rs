@@ -45,6 +45,10 @@ pub enum StepStop {
         /// The child's pid (its only thread).
         child: i32,
     },
+    /// The step of a `vfork` held for the debugger ended at the event stop: the system call
+    /// executed as far as the parent can see (its registers are those after it); the target
+    /// finishes it at the next step.
+    VForked,
     /// The process exited with this status.
     Exited(i32),
     /// The process was killed by this signal.
@@ -136,6 +140,30 @@ pub trait StepTarget {
     fn step_poll(&mut self, _tid: i32, _block: bool) -> Result<Option<StepStop>, TargetError> {
         Ok(None)
     }
+    /// The child of a fork a step just executed, held (stopped, traced) for the debugger's
+    /// decision; taken once ([`PtraceTarget::set_report_forks`]).
+    fn take_fork_report(&mut self) -> Option<i32> {
+        None
+    }
+    /// Whether the end of a reported vfork is to be reported (taken once).
+    fn take_vfork_done_report(&mut self) -> bool {
+        false
+    }
+    /// Whether a step's exec is to be reported to the debugger (taken once,
+    /// [`PtraceTarget::set_report_execs`]).
+    fn take_exec_report(&mut self) -> bool {
+        false
+    }
+    /// The thread that made the fork held for the debugger, if one is held.
+    fn held_fork_parent(&self) -> Option<i32> {
+        None
+    }
+    /// Settles a held fork: `detach` is the side let go (see
+    /// [`PtraceTarget::resolve_fork`]); the process from now on.
+    fn resolve_fork(&mut self, detach: i32) -> Result<Option<i32>, TargetError> {
+        let _ = detach;
+        Ok(None)
+    }
     /// Asks thread `tid`, inside a step begun with [`step_start`](Self::step_start), to stop
     /// (`SIGSTOP`: a blocking system call is interrupted and restarts later).
     fn interrupt_thread(&mut self, _tid: i32) {}
@@ -162,6 +190,15 @@ fn to_stop(pid: i32, ev: StopEvent) -> Result<StepStop, TargetError> {
             return Err(TargetError::Unexpected {
                 pid,
                 what: "history end on a live target".into(),
+            });
+        }
+        StopEvent::Exec => StepStop::Exec,
+        StopEvent::VForkDone => StepStop::Trap,
+        StopEvent::Forked { child, .. } => {
+            // Full-speed runs of the recorder end before system calls.
+            return Err(TargetError::Unexpected {
+                pid,
+                what: format!("fork event (child {child}) inside a recorder's full-speed run"),
             });
         }
     })
@@ -240,11 +277,32 @@ impl StepTarget for PtraceTarget {
             None => Ok(None),
             Some(ThreadStop::ThreadExited { code }) => Ok(Some(StepStop::ThreadExited(code))),
             Some(ThreadStop::Exec) => Ok(Some(StepStop::Exec)),
+            Some(ThreadStop::VForked) => Ok(Some(StepStop::VForked)),
             Some(ThreadStop::FollowedFork { child, .. }) => {
                 Ok(Some(StepStop::FollowedFork { child }))
             }
             Some(ThreadStop::Stop(ev)) => to_stop(tid, ev).map(Some),
         }
+    }
+
+    fn take_fork_report(&mut self) -> Option<i32> {
+        PtraceTarget::take_fork_report(self)
+    }
+
+    fn take_exec_report(&mut self) -> bool {
+        PtraceTarget::take_exec_report(self)
+    }
+
+    fn take_vfork_done_report(&mut self) -> bool {
+        PtraceTarget::take_vfork_done_report(self)
+    }
+
+    fn held_fork_parent(&self) -> Option<i32> {
+        PtraceTarget::held_fork_parent(self)
+    }
+
+    fn resolve_fork(&mut self, detach: i32) -> Result<Option<i32>, TargetError> {
+        PtraceTarget::resolve_fork(self, detach)
     }
 
     fn interrupt_thread(&mut self, tid: i32) {

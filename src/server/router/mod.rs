@@ -17,6 +17,7 @@
 //! what later extensions need but gdbstub keeps private: the general thread (`Hg`), no-ack
 //! mode, and the features GDB announced in `qSupported`.
 
+mod forks;
 mod framing;
 mod lldb;
 mod precheck;
@@ -173,6 +174,7 @@ impl Router {
         };
         lldb::register(&mut router);
         threads_xfer::register(&mut router);
+        forks::register(&mut router);
         router
     }
 
@@ -279,6 +281,28 @@ impl Router {
                     if let Some(ev) = stop {
                         idle_polls = 0;
                         let tid = session.target().tid();
+                        if let StopEvent::Forked { child, vfork } = ev {
+                            session.fork_reported(vfork);
+                            let pid = session.target().pid();
+                            r.borrow_conn().replace_reply =
+                                Some(forks::fork_stop_reply(pid, tid, child, vfork));
+                        }
+                        if ev == StopEvent::Exec {
+                            session.forget_breakpoints();
+                            let pid = session.target().pid();
+                            let multiprocess = self
+                                .state
+                                .client_features
+                                .iter()
+                                .any(|f| f == "multiprocess+");
+                            if let Some(path) = session.target().exec_path() {
+                                let path = path.as_os_str().as_encoded_bytes();
+                                r.borrow_conn().replace_reply =
+                                    Some(forks::exec_stop_reply(pid, tid, path, multiprocess));
+                            } else {
+                                session.notices.push(Notice::Exec { path: None });
+                            }
+                        }
                         // Expedite rbp, rsp and rip (as gdbserver does) so GDB can identify
                         // the frame without fetching every register after each step; never a
                         // register the past does not know (a PC-only replay): GDB would take
@@ -349,7 +373,9 @@ impl Router {
         conn: &mut RouterConn,
         session: &mut GdbStubAdapter,
     ) -> Result<(), ServerError> {
-        for notice in session.target_mut().take_notices() {
+        let mut notices = std::mem::take(&mut session.notices);
+        notices.extend(session.target_mut().take_notices());
+        for notice in notices {
             if let Some(sink) = self.notice_sink.as_mut() {
                 sink(&notice);
             }
@@ -504,8 +530,21 @@ impl Router {
                 .filter(|f| !f.is_empty())
                 .map(|f| String::from_utf8_lossy(f).into_owned())
                 .collect();
-            if !self.features.is_empty() {
-                conn(&mut sm).rewrite_features = Some(self.features.clone());
+            // gdbstub asks the adapter whether to advertise fork events while it answers.
+            let has = |f: &str| self.state.client_features.iter().any(|c| c == f);
+            let wants = has("fork-events+") && has("multiprocess+");
+            // vforks only to a debugger that also learns of the exec a vfork child makes
+            // (GDB; lldb-19 asks for vfork events but not exec events).
+            let vforks = wants && has("vfork-events+") && has("exec-events+");
+            let on = session.target_mut().report_forks(wants, vforks);
+            session.set_fork_events(on, on && vforks);
+            let mut features = self.features.clone();
+            if session.target_mut().report_execs(has("exec-events+")) {
+                // gdbstub knows no exec events: announced (and the stops written) here.
+                features.push("exec-events+".into());
+            }
+            if !features.is_empty() {
+                conn(&mut sm).rewrite_features = Some(features);
             }
         } else if let Some(thread) = plain.strip_prefix(b"Hg") {
             self.state.general_thread = Some(String::from_utf8_lossy(thread).into_owned());

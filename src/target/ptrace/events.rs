@@ -74,7 +74,25 @@ impl PtraceTarget {
     /// thread).
     pub(super) fn is_thread_exit(&self, tid: Pid) -> bool {
         self.threads.len() > 1
-            && nix::sys::ptrace::getregs(tid).is_ok_and(|r| r.orig_rax == libc::SYS_exit as u64)
+            && (nix::sys::ptrace::getregs(tid).is_ok_and(|r| r.orig_rax == libc::SYS_exit as u64)
+                || (!self.exiting && self.other_thread_in_exec(tid)))
+    }
+
+    /// Whether a thread other than `tid` waits inside `execve`/`execveat`: the kernel ends
+    /// every other thread of the process before the new program starts (each reports its
+    /// exit event), and the process goes on in the new program — the leader's end included.
+    fn other_thread_in_exec(&self, tid: Pid) -> bool {
+        self.threads
+            .keys()
+            .filter(|&&t| t != tid.as_raw())
+            .any(|&t| {
+                // `/proc/PID/task/TID/syscall`: the number of the system call the thread is
+                // blocked in (or "running").
+                std::fs::read_to_string(format!("/proc/{}/task/{t}/syscall", self.pid))
+                    .ok()
+                    .and_then(|s| s.split_whitespace().next()?.parse::<i64>().ok())
+                    .is_some_and(|n| n == libc::SYS_execve || n == libc::SYS_execveat)
+            })
     }
 
     /// Handles a `PTRACE_EVENT_*` stop of thread `tid`. The caller resumes it afterwards.
@@ -102,11 +120,23 @@ impl PtraceTarget {
                 let vfork = event == libc::PTRACE_EVENT_VFORK;
                 let child = Pid::from_raw(self.get_event_msg(tid)?);
                 waitpid_raw(child, true)?;
-                if self.follow_fork_child && !vfork && self.threads.len() == 1 {
+                let single = self.threads.len() == 1;
+                if self.follow_fork_child && !vfork && single {
                     self.follow_child(tid, child)?;
+                } else if self.report_forks
+                    && (!vfork || self.report_vforks)
+                    && self.held_fork.is_none()
+                {
+                    self.hold_child(tid, child, vfork)?;
                 } else {
                     self.release_child(child, vfork)?;
                 }
+            }
+            libc::PTRACE_EVENT_VFORK_DONE if self.vfork_reported => {
+                // The reported vfork's child exec'd or exited: said after the parent's next
+                // instruction (or at once by a full-speed run).
+                self.vfork_reported = false;
+                self.vfork_done_report = true;
             }
             libc::PTRACE_EVENT_VFORK_DONE if self.vfork_lifted => {
                 self.vfork_lifted = false;
@@ -129,9 +159,14 @@ impl PtraceTarget {
                 }
                 self.threads.entry(self.pid.as_raw()).or_default().running = false;
                 self.cur = self.pid;
-                self.notices.push(Notice::Exec {
-                    path: self.exe.clone(),
-                });
+                if self.report_execs {
+                    // The debugger is told with a stop and loads the new program itself.
+                    self.exec_report = true;
+                } else {
+                    self.notices.push(Notice::Exec {
+                        path: self.exe.clone(),
+                    });
+                }
             }
             _ => {}
         }
@@ -161,6 +196,131 @@ impl PtraceTarget {
         Ok(())
     }
 
+    /// Keeps a forked child (stopped at its first stop) traced for the debugger's decision,
+    /// with no int3 of ours in its copy of memory: it may be detached at once (the parent
+    /// followed) or become the process, whose breakpoints GDB then inserts itself. The parent
+    /// may have several threads: the child has one, the copy of `parent`.
+    pub(super) fn hold_child(&mut self, parent: Pid, child: Pid, vfork: bool) -> TargetResult<()> {
+        if self.inserted && !vfork {
+            let mem = open_mem(child)?;
+            for (&addr, &orig) in &self.breakpoints {
+                let _ = self.write_raw_to(&mem, addr, &[orig]);
+            }
+        }
+        if vfork {
+            // The parent stays at the event stop, inside the call, until the debugger lets the
+            // child go (it waits for the child's exec or exit): its registers are made those
+            // after the call now (the kernel writes the same RAX at the call's exit), so the
+            // stop shows the state after the `syscall` instruction.
+            let mut regs =
+                nix::sys::ptrace::getregs(parent).map_err(sys("PTRACE_GETREGS", parent))?;
+            regs.rax = child.as_raw() as u64;
+            nix::sys::ptrace::setregs(parent, regs).map_err(sys("PTRACE_SETREGS", parent))?;
+            if let Some(t) = self.threads.get_mut(&parent.as_raw()) {
+                t.in_vfork_call = true;
+            }
+            self.vfork_reported = true;
+        }
+        self.held_fork = Some(HeldFork {
+            parent,
+            child,
+            vfork,
+        });
+        self.fork_report = Some(child.as_raw());
+        Ok(())
+    }
+
+    /// The child of a held fork that a recorder's step saw and that is not reported yet
+    /// (a full-speed run reports it as its stop, [`StopEvent::Forked`]).
+    pub fn take_fork_report(&mut self) -> Option<i32> {
+        self.fork_report.take()
+    }
+
+    /// The child of the held fork, if one waits for the debugger's decision.
+    pub fn held_fork_child(&self) -> Option<i32> {
+        self.held_fork.map(|h| h.child.as_raw())
+    }
+
+    /// Whether the held fork is a vfork.
+    pub fn held_fork_is_vfork(&self) -> bool {
+        self.held_fork.is_some_and(|h| h.vfork)
+    }
+
+    /// The thread that made the held fork (the child's only thread is its copy).
+    pub fn held_fork_parent(&self) -> Option<i32> {
+        self.held_fork.map(|h| h.parent.as_raw())
+    }
+
+    /// Settles the held fork (see [`PtraceTarget::set_report_forks`]): `detach` names the
+    /// side the debugger lets go. The child: it is detached and runs free (the parent goes on
+    /// being the process). The parent: it is detached and the child becomes the process, as
+    /// with [`set_follow_fork_child`](Self::set_follow_fork_child). `Ok(None)` when no fork
+    /// is held or `detach` is neither side; otherwise the process from now on.
+    pub fn resolve_fork(&mut self, detach: i32) -> TargetResult<Option<i32>> {
+        let Some(h) = self.held_fork else {
+            return Ok(None);
+        };
+        self.ensure_stopped()?;
+        if detach == h.child.as_raw() {
+            self.held_fork = None;
+            self.fork_report = None;
+            ptrace_with_signal(libc::PTRACE_DETACH, "PTRACE_DETACH", h.child, None)?;
+            Ok(Some(self.pid.as_raw()))
+        } else if detach == self.pid.as_raw() {
+            self.held_fork = None;
+            self.fork_report = None;
+            // A vfork's end happens in the parent, which is let go.
+            self.vfork_reported = false;
+            // Stopped (every thread): no int3 of ours is in the parent's memory.
+            let mem = open_mem(h.child)?;
+            let mut queued_sigstop = false;
+            for (&t, info) in &self.threads {
+                if t != h.parent.as_raw() {
+                    // A thread that ended meanwhile cannot be detached: nothing to do.
+                    let _ = ptrace_with_signal(
+                        libc::PTRACE_DETACH,
+                        "PTRACE_DETACH",
+                        Pid::from_raw(t),
+                        None,
+                    );
+                    queued_sigstop |= info.swallow_sigstop;
+                }
+            }
+            ptrace_with_signal(libc::PTRACE_DETACH, "PTRACE_DETACH", h.parent, None)?;
+            if queued_sigstop {
+                // A SIGSTOP we sent to stop a thread is still queued for it: once detached it
+                // would stop the whole parent; let it run on.
+                let _ = nix::sys::signal::kill(self.pid, nix::sys::signal::Signal::SIGCONT);
+            }
+            self.mem = mem;
+            self.pid = h.child;
+            self.cur = h.child;
+            self.threads = BTreeMap::from([(h.child.as_raw(), ThreadInfo::default())]);
+            Ok(Some(h.child.as_raw()))
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Lets go of a held fork's child when the whole session ends: killed with the program
+    /// (`kill`), or detached to run free.
+    pub(super) fn end_held_fork(&mut self, kill: bool) {
+        let Some(h) = self.held_fork.take() else {
+            return;
+        };
+        self.fork_report = None;
+        if kill {
+            let _ = nix::sys::signal::kill(h.child, nix::sys::signal::Signal::SIGKILL);
+            // Reap it (we are its tracer, so its end is ours to collect).
+            let _ = ptrace_with_signal(libc::PTRACE_CONT, "PTRACE_CONT", h.child, None);
+            while let Ok(Wait::Stopped(_) | Wait::Event(_) | Wait::StillRunning) =
+                waitpid_raw(h.child, true)
+            {}
+        } else {
+            let _ = ptrace_with_signal(libc::PTRACE_DETACH, "PTRACE_DETACH", h.child, None);
+        }
+    }
+
     /// Follows a forked child instead of the parent ([`PtraceTarget::set_follow_fork_child`]):
     /// the parent, at its fork event, gets its original code bytes back and is detached (it
     /// runs on untraced); the child, stopped at its first instruction — the one after the
@@ -188,6 +348,12 @@ impl PtraceTarget {
 
     /// Resumes thread `tid` in `mode` (ptrace's own request; no breakpoint handling).
     pub(super) fn resume_thread(&mut self, tid: Pid, mode: Resume) -> TargetResult<()> {
+        if matches!(mode, Resume::Continue { .. })
+            && let Some(t) = self.threads.get_mut(&tid.as_raw())
+        {
+            // A continue finishes a vfork call without a trap.
+            t.in_vfork_call = false;
+        }
         let r = match mode {
             Resume::Continue { signal } => {
                 ptrace_with_signal(libc::PTRACE_CONT, "PTRACE_CONT", tid, signal)
@@ -336,6 +502,29 @@ impl PtraceTarget {
                 }
                 Wait::Event(event) => {
                     self.handle_event(tid, event, mode)?;
+                    if matches!(mode, Resume::Continue { .. })
+                        && event == libc::PTRACE_EVENT_EXEC
+                        && self.exec_report
+                    {
+                        // A full-speed run stops at the new program's first instruction.
+                        return Ok(Some((self.pid, w)));
+                    }
+                    if self.fork_report.is_some() && self.held_fork.is_some_and(|h| h.vfork) {
+                        // A vfork held for the debugger: the parent cannot finish the call
+                        // while the child is held, so the step (or run) ends at the event.
+                        return Ok(Some((tid, w)));
+                    }
+                    if matches!(mode, Resume::Continue { .. })
+                        && event == libc::PTRACE_EVENT_VFORK_DONE
+                        && self.vfork_done_report
+                    {
+                        return Ok(Some((tid, w)));
+                    }
+                    if matches!(mode, Resume::Continue { .. }) && self.fork_report.is_some() {
+                        // A full-speed run stops at the fork event; the debugger decides
+                        // (a step finishes the system call first: `take_fork_report`).
+                        return Ok(Some((tid, w)));
+                    }
                     if let Some(child) = self.followed.take() {
                         // The process is now the forked child, stopped right after the `fork`.
                         if matches!(mode, Resume::Step { .. }) {
@@ -366,6 +555,19 @@ impl PtraceTarget {
                         Resume::Continue { signal: None }
                     };
                     self.resume_thread(tid, mode)?;
+                }
+                Wait::Stopped(libc::SIGTRAP)
+                    if self
+                        .threads
+                        .get(&tid.as_raw())
+                        .is_some_and(|t| t.in_vfork_call) =>
+                {
+                    // The vfork call finished (its exit trap, no instruction ran): now the
+                    // step itself.
+                    if let Some(t) = self.threads.get_mut(&tid.as_raw()) {
+                        t.in_vfork_call = false;
+                    }
+                    self.resume_thread(tid, again)?;
                 }
                 Wait::Stopped(sig @ (libc::SIGINT | libc::SIGQUIT))
                     if self.drop_terminal_interrupts && self.sent_by_terminal(tid, sig) =>
@@ -568,6 +770,10 @@ impl PtraceTarget {
                 self.state = RunState::Stopped;
                 ThreadStop::Exec
             }
+            Wait::Event(libc::PTRACE_EVENT_VFORK) => {
+                self.state = RunState::Stopped;
+                ThreadStop::VForked
+            }
             Wait::Event(libc::PTRACE_EVENT_FORK) => {
                 self.state = RunState::Stopped;
                 ThreadStop::FollowedFork {
@@ -614,6 +820,36 @@ impl PtraceTarget {
                         }
                     }
                 }
+            }
+            Wait::Event(libc::PTRACE_EVENT_FORK | libc::PTRACE_EVENT_VFORK)
+                if matches!(mode, Resume::Continue { .. }) =>
+            {
+                // A full-speed run stopped at a fork it holds for the debugger (`hold_child`).
+                self.state = RunState::Stopped;
+                self.remove_breakpoints()?;
+                let vfork = self.held_fork.is_some_and(|h| h.vfork);
+                match self.fork_report.take() {
+                    Some(child) => Ok(StopEvent::Forked { child, vfork }),
+                    None => Ok(StopEvent::Signal(libc::SIGTRAP)),
+                }
+            }
+            Wait::Event(libc::PTRACE_EVENT_VFORK) => {
+                // A step of `vfork` ends at the event (`hold_child`): the call executed as far
+                // as the parent can see.
+                self.state = RunState::Stopped;
+                Ok(StopEvent::Step)
+            }
+            Wait::Event(libc::PTRACE_EVENT_VFORK_DONE) => {
+                self.state = RunState::Stopped;
+                self.vfork_done_report = false;
+                Ok(StopEvent::VForkDone)
+            }
+            Wait::Event(libc::PTRACE_EVENT_EXEC) if matches!(mode, Resume::Continue { .. }) => {
+                // A full-speed run stopped at an exec reported to the debugger (the old
+                // breakpoints are gone with the old address space).
+                self.state = RunState::Stopped;
+                self.exec_report = false;
+                Ok(StopEvent::Exec)
             }
             Wait::Event(libc::PTRACE_EVENT_FORK) => {
                 // A debugger's step of `fork`, ending in the followed child (`follow_child`).

@@ -59,6 +59,17 @@ impl Default for SpawnOptions {
     }
 }
 
+/// A fork whose two sides are both still traced, waiting for the debugger's choice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct HeldFork {
+    /// The thread that forked (the parent process's only thread).
+    pub(super) parent: Pid,
+    /// The child, stopped at its first stop.
+    pub(super) child: Pid,
+    /// A vfork: the parent waits at the event stop, inside the system call.
+    pub(super) vfork: bool,
+}
+
 /// What the target knows about one traced thread.
 #[derive(Clone, Copy, Debug, Default)]
 struct ThreadInfo {
@@ -68,6 +79,10 @@ struct ThreadInfo {
     pending: Option<Wait>,
     /// A `SIGSTOP` we sent it is still queued: drop it when it shows up.
     swallow_sigstop: bool,
+    /// Stopped at a reported vfork's event, inside the system call: the next single step
+    /// first finishes the call, which traps at its exit without running an instruction;
+    /// that trap is not the step's.
+    in_vfork_call: bool,
 }
 
 /// How one step (or wait) of a single thread ended ([`PtraceTarget::step_poll`]).
@@ -89,6 +104,10 @@ pub enum ThreadStop {
         /// The child's pid: the process (and its only thread) from now on.
         child: i32,
     },
+    /// The step of a `vfork` held for the debugger ended at the event stop
+    /// ([`PtraceTarget::set_report_forks`]): the thread's registers are those after the
+    /// system call (RAX the child's pid); the next step finishes the call first.
+    VForked,
     /// This thread ended (`exit`, not `exit_group`); the process goes on.
     ThreadExited {
         /// Its exit status.
@@ -159,6 +178,22 @@ pub struct PtraceTarget {
     follow_fork_child: bool,
     /// The child just followed at a fork, for the wait that saw the event.
     followed: Option<Pid>,
+    /// Hold a forked child for the debugger to decide ([`PtraceTarget::set_report_forks`]).
+    report_forks: bool,
+    /// Hold a vfork child too (the debugger also wants exec events).
+    report_vforks: bool,
+    /// A fork reported (or to be reported) to the debugger, both sides still traced.
+    held_fork: Option<HeldFork>,
+    /// The child of a held fork not yet reported ([`PtraceTarget::take_fork_report`]).
+    fork_report: Option<i32>,
+    /// The reported vfork's `PTRACE_EVENT_VFORK_DONE` was seen and is not reported yet.
+    vfork_done_report: bool,
+    /// A vfork was reported and its `PTRACE_EVENT_VFORK_DONE` is still to come.
+    vfork_reported: bool,
+    /// Report exec to the debugger ([`PtraceTarget::set_report_execs`]).
+    report_execs: bool,
+    /// An exec happened and is not reported yet ([`PtraceTarget::take_exec_report`]).
+    exec_report: bool,
     /// The program we started (its stdio handles); never waited on.
     child: Option<Child>,
 }
@@ -250,6 +285,14 @@ impl PtraceTarget {
             report_exec: false,
             follow_fork_child: false,
             followed: None,
+            report_forks: false,
+            report_vforks: false,
+            held_fork: None,
+            fork_report: None,
+            vfork_done_report: false,
+            vfork_reported: false,
+            report_execs: false,
+            exec_report: false,
             thread_stats: ThreadStats {
                 peak: 1,
                 ..ThreadStats::default()
@@ -296,6 +339,41 @@ impl PtraceTarget {
     /// multi-threaded parent keeps being followed, the child detached).
     pub fn set_follow_fork_child(&mut self, on: bool) {
         self.follow_fork_child = on;
+    }
+
+    /// At a `fork`, hold the child (stopped, still traced, without our breakpoints) and
+    /// report the fork ([`StopEvent::Forked`], or
+    /// [`take_fork_report`](Self::take_fork_report) after a step) so that the debugger decides
+    /// which side is kept ([`resolve_fork`](Self::resolve_fork)); following the child of a
+    /// multi-threaded parent detaches every thread of the parent. A `vfork` is reported at its
+    /// event stop (the parent cannot finish the call while the child is held; its registers
+    /// are set to those after the call, RAX the child's pid, which the kernel writes anyway),
+    /// and its end, [`StopEvent::VForkDone`], after the parent's next instruction.
+    /// [`set_follow_fork_child`] wins when both are set.
+    ///
+    /// [`set_follow_fork_child`]: Self::set_follow_fork_child
+    pub fn set_report_forks(&mut self, on: bool) {
+        self.report_forks = on;
+        self.report_vforks = on;
+    }
+
+    /// Report each exec as a stop ([`StopEvent::Exec`] for a full-speed run, or
+    /// [`take_exec_report`](Self::take_exec_report) after a recorder's step) instead of the
+    /// [`Notice::Exec`] warning: the debugger then loads the new program itself.
+    pub fn set_report_execs(&mut self, on: bool) {
+        self.report_execs = on;
+    }
+
+    /// Whether the end of a reported vfork (the child exec'd or exited) was seen since the
+    /// last call and is to be reported ([`StopEvent::VForkDone`]).
+    pub fn take_vfork_done_report(&mut self) -> bool {
+        std::mem::take(&mut self.vfork_done_report)
+    }
+
+    /// Whether an exec happened since the last call that is to be reported to the debugger
+    /// ([`PtraceTarget::set_report_execs`]).
+    pub fn take_exec_report(&mut self) -> bool {
+        std::mem::take(&mut self.exec_report)
     }
 
     /// Whether the exit of the process is reported as a stop ([`StopEvent::Exiting`], the
@@ -586,7 +664,40 @@ impl Target for PtraceTarget {
         if let Resume::Continue { .. } = mode {
             self.stop_others()?;
         }
-        self.finish_stop(w, mode).map(Some)
+        let ev = self.finish_stop(w, mode)?;
+        if ev == StopEvent::Step
+            && let Some(child) = self.fork_report.take()
+        {
+            // The stepped `fork` executed; its child is held for the debugger.
+            let vfork = self.held_fork.is_some_and(|h| h.vfork);
+            return Ok(Some(StopEvent::Forked { child, vfork }));
+        }
+        if ev == StopEvent::Step && std::mem::take(&mut self.vfork_done_report) {
+            return Ok(Some(StopEvent::VForkDone));
+        }
+        if ev == StopEvent::Step && self.take_exec_report() {
+            return Ok(Some(StopEvent::Exec));
+        }
+        Ok(Some(ev))
+    }
+
+    fn report_execs(&mut self, client_wants: bool) -> bool {
+        self.report_execs = client_wants;
+        client_wants
+    }
+
+    fn report_forks(&mut self, client_wants: bool, vforks: bool) -> bool {
+        self.report_forks = client_wants && !self.follow_fork_child;
+        self.report_vforks = self.report_forks && vforks;
+        self.report_forks
+    }
+
+    fn resolve_fork(&mut self, detach: i32) -> TargetResult<Option<i32>> {
+        PtraceTarget::resolve_fork(self, detach)
+    }
+
+    fn held_fork_child(&self) -> Option<i32> {
+        PtraceTarget::held_fork_child(self)
     }
 
     fn interrupt(&mut self) -> TargetResult<()> {
@@ -598,6 +709,9 @@ impl Target for PtraceTarget {
     }
 
     fn kill(&mut self) -> TargetResult<()> {
+        // A forked child held for the debugger goes with the program (as GDB kills an
+        // unfollowed fork child).
+        self.end_held_fork(true);
         if self.state == RunState::Exited {
             return Ok(());
         }
@@ -612,6 +726,7 @@ impl Target for PtraceTarget {
     }
 
     fn detach(&mut self) -> TargetResult<()> {
+        self.end_held_fork(false);
         self.ensure_stopped()?;
         self.remove_breakpoints()?;
         let others = self.other_threads();
@@ -710,6 +825,7 @@ impl Breakpoints for PtraceTarget {
 impl Drop for PtraceTarget {
     fn drop(&mut self) {
         if self.state == RunState::Exited {
+            self.end_held_fork(self.spawned);
             return;
         }
         if self.spawned {

@@ -1,0 +1,184 @@
+//! Fork events towards GDB (`fork-events+`, multiprocess ids): what gdbstub 0.7 leaves out.
+//!
+//! gdbstub reports a `fork:` stop, but names the child with the parent's pid, treats every
+//! `D` as the end of the session and ignores the process part of `Hg`. After a fork stop GDB
+//! (`follow_fork_inferior`, remote.c `follow_fork`) takes the breakpoints out of the child
+//! (`Hg pCHILD.CHILD`, `z0`…), then detaches the side it does not follow with `D;PID`, and
+//! goes on with the other. So while a fork is held the router
+//!
+//! * answers `D;PID` for either side by settling the fork ([`Target::resolve_fork`]);
+//! * answers `Hg`/`Hc` naming the child itself, and the breakpoint packets GDB sends for the
+//!   child (the held child's copy of memory has none of our int3s, so there is nothing to do),
+//!   so the parent's breakpoints are not touched;
+//! * notes which process a `vCont` resumes, so that a resume with the fork unsettled (GDB's
+//!   `detach-on-fork off`) keeps that side ([`GdbStubAdapter`]'s resume).
+//!
+//! [`Target::resolve_fork`]: crate::target::Target::resolve_fork
+
+use super::super::GdbStubAdapter;
+use super::{Intercept, Router, RouterState};
+
+/// The pid of a `pPID.TID` (or `pPID`) thread id, hex; `None` for other forms.
+fn pid_of(id: &[u8]) -> Option<i32> {
+    let rest = id.strip_prefix(b"p")?;
+    let pid = rest.split(|&b| b == b'.').next()?;
+    i32::from_str_radix(std::str::from_utf8(pid).ok()?, 16)
+        .ok()
+        .filter(|&p| p > 0)
+}
+
+/// The stop reply of an exec (GDB's `exec-events`): the thread, and the new executable's
+/// path in hex. `multiprocess`: thread ids as `pPID.TID`.
+pub(super) fn exec_stop_reply(pid: i32, tid: i32, path: &[u8], multiprocess: bool) -> Vec<u8> {
+    let thread = if multiprocess {
+        format!("p{pid:x}.{tid:x}")
+    } else {
+        format!("{tid:x}")
+    };
+    format!(
+        "T05thread:{thread};exec:{};",
+        super::super::rsp::hex_encode(path)
+    )
+    .into_bytes()
+}
+
+/// The stop reply of a fork (or vfork): the parent's thread, the child named by its own pid.
+pub(super) fn fork_stop_reply(pid: i32, tid: i32, child: i32, vfork: bool) -> Vec<u8> {
+    let kind = if vfork { "vfork" } else { "fork" };
+    format!("T05thread:p{pid:x}.{tid:x};{kind}:p{child:x}.{child:x};").into_bytes()
+}
+
+/// Which process the debugger's general thread (`Hg`) is in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Selected {
+    /// The recorded process (or no process named).
+    Process,
+    /// The child of the held fork.
+    HeldChild,
+    /// A process detached at a fork.
+    Gone,
+}
+
+pub(super) fn register(router: &mut Router) {
+    router.intercept(b"D;", |session, _state, body| {
+        let Some(pid) = std::str::from_utf8(&body[2..])
+            .ok()
+            .and_then(|h| i32::from_str_radix(h, 16).ok())
+        else {
+            return Intercept::Pass;
+        };
+        if session.target().held_fork_child().is_none() {
+            // A process let go at a fork (GDB detaches a vfork parent once the followed child
+            // has exec'd or exited): nothing more to do.
+            if session.gone_pids.contains(&pid) {
+                return Intercept::Reply(b"OK".to_vec());
+            }
+            return Intercept::Pass;
+        }
+        match session.settle_fork(pid) {
+            Ok(Some(_)) => Intercept::Reply(b"OK".to_vec()),
+            Ok(None) => Intercept::Pass,
+            Err(_) => Intercept::Reply(b"E01".to_vec()),
+        }
+    });
+    // The process of the debugger's general thread: breakpoint packets for the others are
+    // answered here.
+    let selected = std::rc::Rc::new(std::cell::Cell::new(Selected::Process));
+    let sel = selected.clone();
+    router.intercept(b"H", move |session, _state, body| {
+        let kind = body.get(1).copied();
+        let pid = pid_of(body.get(2..).unwrap_or(b""));
+        if kind == Some(b'c') {
+            session.resumed_pid = pid;
+        }
+        // The held child, or a side of a fork detached since (GDB with `detach-on-fork off`
+        // still lists it and takes its breakpoints out).
+        let held = pid.is_some() && session.target().held_fork_child() == pid;
+        let gone = pid.is_some_and(|p| session.gone_pids.contains(&p));
+        if kind == Some(b'g') {
+            sel.set(if gone {
+                Selected::Gone
+            } else if held {
+                Selected::HeldChild
+            } else {
+                Selected::Process
+            });
+        }
+        if held || gone {
+            Intercept::Reply(b"OK".to_vec())
+        } else {
+            Intercept::Pass
+        }
+    });
+    for prefix in [&b"z"[..], b"Z"] {
+        let sel = selected.clone();
+        router.intercept(prefix, move |session, _state: &RouterState, body| {
+            let remove = body.first() == Some(&b'z');
+            match sel.get() {
+                // The held child's breakpoints as the debugger sees them: they become the
+                // process's if the child is followed (`GdbStubAdapter::settle_fork`).
+                Selected::HeldChild if session.target().held_fork_child().is_some() => {
+                    let addr = body
+                        .get(3..)
+                        .and_then(|b| b.split(|&c| c == b',').next())
+                        .and_then(|h| std::str::from_utf8(h).ok())
+                        .and_then(|h| u64::from_str_radix(h, 16).ok());
+                    let software = body.get(1) == Some(&b'0');
+                    if let (true, Some(set), Some(addr)) =
+                        (software, session.child_breakpoints.as_mut(), addr)
+                    {
+                        if remove {
+                            set.remove(&addr);
+                        } else {
+                            set.insert(addr);
+                        }
+                    }
+                    Intercept::Reply(b"OK".to_vec())
+                }
+                // Nothing of ours is in a detached process's memory. An insertion there (GDB
+                // keeping both sides, `detach-on-fork off`) goes to the one breakpoint list:
+                // both sides have the same code at the same addresses, and GDB inserts each
+                // location in every process at once.
+                Selected::Gone if remove => Intercept::Reply(b"OK".to_vec()),
+                _ => Intercept::Pass,
+            }
+        });
+    }
+    router.intercept(b"vCont;", |session: &mut GdbStubAdapter, _state, body| {
+        // `vCont;c:pPID.-1` (GDB resumes one process); the first action naming one counts.
+        session.resumed_pid = body
+            .split(|&b| b == b';')
+            .filter_map(|a| a.splitn(2, |&b| b == b':').nth(1))
+            .find_map(pid_of);
+        Intercept::Pass
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thread_id_pids() {
+        assert_eq!(pid_of(b"p1a2b.1a2b"), Some(0x1a2b));
+        assert_eq!(pid_of(b"p10.-1"), Some(0x10));
+        assert_eq!(pid_of(b"p-1.-1"), None);
+        assert_eq!(pid_of(b"1a2b"), None);
+        assert_eq!(
+            fork_stop_reply(0x10, 0x10, 0x2a, false),
+            b"T05thread:p10.10;fork:p2a.2a;".to_vec()
+        );
+        assert_eq!(
+            fork_stop_reply(0x10, 0x11, 0x2a, true),
+            b"T05thread:p10.11;vfork:p2a.2a;".to_vec()
+        );
+        assert_eq!(
+            exec_stop_reply(0x10, 0x11, b"/x", true),
+            b"T05thread:p10.11;exec:2f78;".to_vec()
+        );
+        assert_eq!(
+            exec_stop_reply(0x10, 0x11, b"/x", false),
+            b"T05thread:11;exec:2f78;".to_vec()
+        );
+    }
+}
