@@ -8,9 +8,9 @@ mod support;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use support::cbuild::{compile_source, have, nm_symbol};
+use support::cbuild::{have, nm_symbol};
 use support::gdb::{GdbRun, gdb_session, run_until, wait_until};
-use support::qemu::live_server;
+use support::qemu::{live_program, live_server};
 
 const PROGRAM: &str = r#"
 #include <pthread.h>
@@ -40,20 +40,7 @@ int main(void) {
 "#;
 
 fn setup() -> Option<(tempfile::TempDir, PathBuf)> {
-    if !have("qemu-x86_64") || !have("gdb") {
-        eprintln!("skipped: qemu-x86_64 (package qemu-user) or gdb not installed");
-        return None;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let exe = compile_source(
-        "cc",
-        dir.path(),
-        "watched",
-        PROGRAM,
-        &["-g", "-O0", "-no-pie", "-pthread"],
-        &[],
-    );
-    Some((dir, exe))
+    live_program("watched", PROGRAM, &["-g", "-O0", "-no-pie", "-pthread"])
 }
 
 fn session(exe: &std::path::Path, commands: &[&str]) -> GdbRun {
