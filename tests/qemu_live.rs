@@ -425,6 +425,21 @@ fn stop_at_exit_is_a_place_in_history() {
     assert!(run.program_stdout.contains("r=20"), "{}", run.dump());
 }
 
+/// `detach` at a breakpoint: QEMU's stub lets the program go (it wants `D;PID` once the
+/// multiprocess extension is on) and the program runs to its end on its own.
+#[test]
+fn detach_lets_the_program_run_to_its_end() {
+    let Some((_dir, exe)) = setup() else { return };
+    let run = session(
+        &exe,
+        &[],
+        &cmds(&["break middle", "continue", "detach", "echo @detached\\n"]),
+    );
+    assert!(run.gdb.contains(") detached]"), "{}", run.dump());
+    assert!(!run.gdb.contains("Remote failure"), "{}", run.dump());
+    assert!(run.program_stdout.contains("r=20"), "{}", run.dump());
+}
+
 /// `kill` while the program is held at its exit: QEMU is killed (no `k` is sent to the stub,
 /// which cannot answer there), the server reports the kill and no QEMU process is left.
 #[test]

@@ -48,7 +48,7 @@ pub mod exit_gate {
     pub const SIZE: u64 = 16 * 8;
     /// A thread waits at its `exit_group`.
     pub const WAITING: u64 = 1;
-    /// ptrewind lets it exit.
+    /// ptrewind lets it exit (set before any exit, after a detach: no exit is held).
     pub const RELEASED: u64 = 2;
 }
 

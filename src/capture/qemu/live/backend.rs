@@ -300,8 +300,19 @@ impl LiveBackend for QemuLive {
         // A watchpoint hit would send the thread a SIGTRAP nobody takes any more: it would
         // kill the program.
         self.set_plugin_watches(&[]);
+        self.publish_breakpoints();
+        // The program runs on by itself: no thread may wait at the pause gate for a debugger
+        // that is gone.
+        self.set_gate(false);
+        // (Opens the exit gate's file if no stop has yet.)
+        self.check_exit_gate()?;
+        if self.gate.is_some() {
+            self.open_exit_gate()?;
+        }
         let e = self.err();
-        self.remote.detach().map_err(e)
+        self.remote.detach().map_err(e)?;
+        self.detached = true;
+        Ok(())
     }
 
     fn store(&self) -> TraceStore {

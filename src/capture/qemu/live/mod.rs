@@ -119,6 +119,8 @@ pub struct QemuLive {
     interrupted: bool,
     running: bool,
     exited: bool,
+    /// The debugger detached: the program runs on under QEMU, on its own (not killed at drop).
+    detached: bool,
     /// How the last stream was completed, and problems met at stops.
     last_completion: Option<String>,
     stops: u64,
@@ -272,6 +274,7 @@ impl QemuLive {
             interrupted: false,
             running: false,
             exited: false,
+            detached: false,
             last_completion: None,
             stops: 0,
             stop_errors: Vec::new(),
@@ -371,11 +374,17 @@ impl QemuLive {
 
     /// Lets the process held at its `exit_group` go on (and exit).
     fn release_exit(&mut self) -> TargetResult<()> {
-        use super::output::exit_gate as g;
-        use std::os::unix::fs::FileExt;
         if self.at_exit.take().is_none() {
             return Ok(());
         }
+        self.open_exit_gate()
+    }
+
+    /// Lets the program's `exit_group` go: one that waits now, and (the plugin checks first)
+    /// any later one, which is then not held at all (after a detach nobody serves the end).
+    fn open_exit_gate(&mut self) -> TargetResult<()> {
+        use super::output::exit_gate as g;
+        use std::os::unix::fs::FileExt;
         let pid = self.pid();
         let f = self
             .gate
@@ -891,8 +900,10 @@ pub fn complete_at_pc(
 
 impl Drop for QemuLive {
     fn drop(&mut self) {
-        // Never leave QEMU (and the guest) running behind: kill and reap it.
-        if !self.exited {
+        // Never leave QEMU (and the guest) running behind: kill and reap it. A program the
+        // debugger detached runs on to its end, and we wait for it (QEMU dies with us: it is
+        // started with PR_SET_PDEATHSIG).
+        if !self.exited && !self.detached {
             let _ = self.rec.child_mut().kill();
         }
         // Reaps it (at once when it has exited; std keeps the status of a reaped child).

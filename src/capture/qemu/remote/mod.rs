@@ -961,9 +961,25 @@ impl<S: Transport> Remote<S> {
         }
     }
 
-    /// `D`: detaches; the program runs on without the stub.
+    /// `D` (`D;PID` with the multiprocess extension): detaches; the program runs on without
+    /// the stub.
     pub fn detach(&mut self) -> Result<(), RemoteError> {
-        self.request_ok(b"D")
+        // QEMU 7.2's stub answers a bare `D` with `E22` once multiprocess is on: it wants the
+        // process it names in its thread ids.
+        let pid = if self.features.multiprocess {
+            self.threads()?.iter().find_map(|t| t.pid)
+        } else {
+            None
+        };
+        match pid {
+            Some(pid) => self.request_ok(format!("D;{pid:x}").as_bytes())?,
+            None => self.request_ok(b"D")?,
+        }
+        // Close the connection: QEMU 7.2 keeps talking to a detached debugger (at the
+        // program's exit it sends `W` and waits for the acknowledgement), and sees the end
+        // of the connection as the debugger gone.
+        let _ = self.wire.shutdown();
+        Ok(())
     }
 }
 

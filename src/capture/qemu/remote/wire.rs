@@ -22,17 +22,25 @@ pub use crate::rsp::{checksum, escape_binary, frame, hex_digit, hex_encode};
 pub trait Transport: Read + Write {
     /// Sets how long one `read` may block (`None`: forever).
     fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
+    /// Closes both directions (the stub sees the end of the connection).
+    fn shutdown(&self) -> io::Result<()>;
 }
 
 impl Transport for UnixStream {
     fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
         UnixStream::set_read_timeout(self, timeout)
     }
+    fn shutdown(&self) -> io::Result<()> {
+        UnixStream::shutdown(self, std::net::Shutdown::Both)
+    }
 }
 
 impl Transport for std::net::TcpStream {
     fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
         std::net::TcpStream::set_read_timeout(self, timeout)
+    }
+    fn shutdown(&self) -> io::Result<()> {
+        std::net::TcpStream::shutdown(self, std::net::Shutdown::Both)
     }
 }
 
@@ -74,6 +82,11 @@ pub struct Wire<S> {
 }
 
 impl<S: Transport> Wire<S> {
+    /// Closes the connection (both directions); later sends and receives fail.
+    pub fn shutdown(&self) -> io::Result<()> {
+        self.stream.shutdown()
+    }
+
     /// A connection over `stream`, acknowledgements on (the protocol's start state).
     pub fn new(stream: S) -> Self {
         Wire {
