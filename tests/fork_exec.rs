@@ -531,6 +531,25 @@ fn posix_spawn_child_is_followed_through_its_exec() {
     }
 }
 
+/// `kill` at a fork catchpoint: GDB kills the unsettled child first (`vKill;CHILD`, answered
+/// by the server: the held child goes with the program), then the program; the session ends
+/// normally and no process is left running.
+#[test]
+fn kill_at_a_fork_catchpoint_kills_the_held_child_too() {
+    let r = session(&["catch fork", "continue", "kill"]);
+    let child = gdb_child_pid(&r, "Catchpoint 1 (forked process ");
+    r.expect(&format!("[Inferior 1 (process {}) killed]", r.pid));
+    assert!(r.server.contains("killed by the debugger"), "{}", r.dump());
+    // Gone, or a zombie nobody has reaped yet: not running.
+    let state = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
+    let running = state
+        .rsplit(") ")
+        .next()
+        .and_then(|rest| rest.chars().next())
+        .is_some_and(|c| c != 'Z' && c != 'X');
+    assert!(!running, "child {child} still runs: {state}\n{}", r.dump());
+}
+
 /// LLDB asks for fork events too (`fork-events+`): with its `follow-fork-mode child` it takes
 /// its breakpoints out of the parent only and detaches it (`D;PID`), trusting the child's copy
 /// of memory to hold them — so the server gives the followed child the breakpoints the parent

@@ -7,7 +7,8 @@
 //! (`Hg pCHILD.CHILD`, `z0`…), then detaches the side it does not follow with `D;PID`, and
 //! goes on with the other. So while a fork is held the router
 //!
-//! * answers `D;PID` for either side by settling the fork ([`Target::resolve_fork`]);
+//! * answers `D;PID` for either side by settling the fork ([`Target::resolve_fork`]), and
+//!   `vKill;PID` for the held child (it is killed with the program);
 //! * answers `Hg`/`Hc` naming the child itself, and the breakpoint packets GDB sends for the
 //!   child (the held child's copy of memory has none of our int3s, so there is nothing to do),
 //!   so the parent's breakpoints are not touched;
@@ -132,6 +133,23 @@ pub(super) fn register(router: &mut Router) {
             Ok(Some(_)) => Intercept::Reply(b"OK".to_vec()),
             Ok(None) => Intercept::Pass,
             Err(_) => Intercept::Reply(b"E01".to_vec()),
+        }
+    });
+    router.intercept(b"vKill;", |session, _state, body| {
+        // GDB's `kill` at an unsettled fork kills the child first (`vKill;CHILD`), then the
+        // parent: gdbstub would end the session at the first. The held child goes with the
+        // program (`PtraceTarget::kill`); a process already let go is not ours to kill.
+        let pid = std::str::from_utf8(&body[6..])
+            .ok()
+            .and_then(|h| i32::from_str_radix(h, 16).ok());
+        match pid {
+            Some(p)
+                if session.target().held_fork_child() == Some(p)
+                    || session.gone_pids.contains(&p) =>
+            {
+                Intercept::Reply(b"OK".to_vec())
+            }
+            _ => Intercept::Pass,
         }
     });
     // The process of the debugger's general thread: breakpoint packets for the others are

@@ -311,11 +311,14 @@ impl PtraceTarget {
         self.fork_report = None;
         if kill {
             let _ = nix::sys::signal::kill(h.child, nix::sys::signal::Signal::SIGKILL);
-            // Reap it (we are its tracer, so its end is ours to collect).
+            // Reap it (we are its tracer, so its end is ours to collect): it stops once more
+            // at its exit event on the way out.
             let _ = ptrace_with_signal(libc::PTRACE_CONT, "PTRACE_CONT", h.child, None);
             while let Ok(Wait::Stopped(_) | Wait::Event(_) | Wait::StillRunning) =
                 waitpid_raw(h.child, true)
-            {}
+            {
+                let _ = ptrace_with_signal(libc::PTRACE_CONT, "PTRACE_CONT", h.child, None);
+            }
         } else {
             let _ = ptrace_with_signal(libc::PTRACE_DETACH, "PTRACE_DETACH", h.child, None);
         }
