@@ -6,6 +6,7 @@
 volatile long shared;
 pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER, m2 = PTHREAD_MUTEX_INITIALIZER;
 static int crash, deadlock;
+static volatile int worker1_done;
 __attribute__((noinline)) long work(long id, long n) {
   long acc = id;
   for (long i = 0; i < n; i++) acc = acc * 31 + i;
@@ -23,10 +24,22 @@ void *worker(void *arg) {
   pthread_mutex_lock(&m);
   shared += r & 0xff; /* SHARED LINE */
   pthread_mutex_unlock(&m);
+  if (id == 1) worker1_done = 1;
+  /* Worker 2 crashes once worker 1 has done its work (a fixed order to reverse over). */
+  while (crash && id == 2 && !worker1_done) usleep(1000);
   if (crash && id == 2) boom();
   return (void *)r;
 }
 void *tiny(void *arg) { return (void *)((long)arg * 2); }
+/* `hits`: two threads reach one function ten times each, a short loop apart. */
+__attribute__((noinline)) void hit(long id, long i) { shared += id + i; }
+void *hitter(void *arg) {
+  for (long i = 0; i < 10; i++) {
+    hit((long)arg, i);
+    for (volatile int k = 0; k < 2000; k++) ;
+  }
+  return 0;
+}
 int main(int argc, char **argv) {
   crash = argc > 1 && !strcmp(argv[1], "crash");
   deadlock = argc > 1 && !strcmp(argv[1], "deadlock");
@@ -41,10 +54,18 @@ int main(int argc, char **argv) {
     printf("total=%ld\n", total); /* CHURN DONE */
     return total == n * (n - 1) ? 0 : 1;
   }
+  if (argc > 1 && !strcmp(argv[1], "hits")) {
+    pthread_t h[2];
+    for (long i = 0; i < 2; i++) pthread_create(&h[i], 0, hitter, (void *)(i + 1));
+    for (int i = 0; i < 2; i++) pthread_join(h[i], 0);
+    printf("shared=%ld\n", shared);
+    return 0;
+  }
   if (deadlock) {
     pthread_mutex_lock(&m);
     usleep(10000);
   }
+  if (crash) work(0, 3); /* MAIN WORKS FIRST */
   pthread_t t[2];
   for (long i = 0; i < 2; i++) pthread_create(&t[i], 0, worker, (void *)(i + 1));
   if (deadlock) {

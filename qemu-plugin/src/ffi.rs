@@ -44,6 +44,23 @@ pub const QEMU_PLUGIN_CB_NO_REGS: c_int = 0;
 /// `enum qemu_plugin_op`: add an immediate to a `u64` in memory.
 pub const QEMU_PLUGIN_INLINE_ADD_U64: c_int = 0;
 
+/// `enum qemu_plugin_mem_rw`: loads.
+pub const QEMU_PLUGIN_MEM_R: c_int = 1;
+/// `enum qemu_plugin_mem_rw`: stores.
+pub const QEMU_PLUGIN_MEM_W: c_int = 2;
+/// `enum qemu_plugin_mem_rw`: loads and stores.
+pub const QEMU_PLUGIN_MEM_RW: c_int = 3;
+
+/// `qemu_plugin_meminfo_t`: an opaque description of one memory access (size, store, ...).
+pub type qemu_plugin_meminfo_t = u32;
+
+/// `qemu_plugin_vcpu_mem_cb_t`: called after a guest memory access (`vaddr`: its guest address).
+pub type VcpuMemCb = extern "C" fn(
+    vcpu_index: c_uint,
+    info: qemu_plugin_meminfo_t,
+    vaddr: u64,
+    userdata: *mut c_void,
+);
 /// `qemu_plugin_udata_cb_t`.
 pub type UdataCb = extern "C" fn(id: qemu_plugin_id_t, userdata: *mut c_void);
 /// `qemu_plugin_vcpu_simple_cb_t`.
@@ -91,6 +108,15 @@ unsafe extern "C" {
         ptr: *mut c_void,
         imm: u64,
     );
+    pub fn qemu_plugin_register_vcpu_mem_cb(
+        insn: *mut qemu_plugin_insn,
+        cb: VcpuMemCb,
+        flags: c_int,
+        rw: c_int,
+        userdata: *mut c_void,
+    );
+    pub fn qemu_plugin_mem_size_shift(info: qemu_plugin_meminfo_t) -> c_uint;
+    pub fn qemu_plugin_mem_is_store(info: qemu_plugin_meminfo_t) -> bool;
     pub fn qemu_plugin_register_vcpu_syscall_cb(id: qemu_plugin_id_t, cb: SyscallCb);
     pub fn qemu_plugin_register_vcpu_syscall_ret_cb(id: qemu_plugin_id_t, cb: SyscallRetCb);
     pub fn qemu_plugin_register_atexit_cb(id: qemu_plugin_id_t, cb: UdataCb, userdata: *mut c_void);

@@ -12,10 +12,12 @@
 //! * `precise=on` (default) adds QEMU's inline counter before each instruction after a block's
 //!   first, so a block cut short by a fault is counted up to the faulting instruction.
 //! * `log=on` (test mode) also logs every instruction address QEMU starts executing.
+//! * `pause=on` (a live session) maps the pause and watch gates; watchpoints: [`watch`].
 //!
 //! Only plain `extern "C"` callbacks are used (no closures): they are the fast path.
 
 pub mod ffi;
+pub mod watch;
 
 use std::cell::UnsafeCell;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
@@ -86,14 +88,16 @@ static PAUSE_GATE: AtomicPtr<AtomicU64> = AtomicPtr::new(ptr::null_mut());
 const CLAIM_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Whether the block after `b` may start at a breakpoint of the pause file's list, or one lies
-/// inside `b` (`base`: the mapping, `n` breakpoints).
+/// inside `b` or at its start (`base`: the mapping, `n` breakpoints).
 fn may_reach_breakpoint(base: *mut AtomicU64, n: u64, b: Option<&BlockInfo>) -> bool {
     use output::pause_gate as g;
     let Some(b) = b else { return false };
     (0..(n as usize).min(g::MAX_BPS)).any(|k| {
         // SAFETY: breakpoint words lie inside the mapping.
         let bp = unsafe { &*base.add(g::BPS + k) }.load(Ordering::Relaxed);
-        (bp > b.start && bp <= b.fallthrough) || b.target == Some(bp)
+        // At its start too: a thread that came to the block while the breakpoint was out of
+        // QEMU (a step over it) runs it without QEMU's check.
+        (bp >= b.start && bp <= b.fallthrough) || b.target == Some(bp)
     })
 }
 
@@ -127,6 +131,7 @@ fn pause_point_gated(base: *mut AtomicU64, vcpu: c_uint, tid: u32, b: Option<&Bl
         n != 0 && may_reach_breakpoint(base, n, b)
     };
     if gate.load(Ordering::Acquire) == 0 && claim.load(Ordering::Acquire) == 0 && !wants {
+        report_deferred_watch(vcpu, tid);
         return;
     }
     if getpid() != GATED_PID.load(Ordering::Relaxed) {
@@ -135,9 +140,13 @@ fn pause_point_gated(base: *mut AtomicU64, vcpu: c_uint, tid: u32, b: Option<&Bl
     let slot = (vcpu as usize) < g::MAX_SLOTS;
     let mut published = false;
     let mut claim_wait: Option<std::time::Instant> = None;
+    // A pulse from here on lets this block run (one block: the next one waits again).
+    let pulse = word(g::PULSE);
+    let pulse_at = pulse.load(Ordering::Acquire);
     loop {
         let gw = gate.load(Ordering::Acquire);
-        let held = gw != 0 && gw != g::encode(Some(tid));
+        let held =
+            gw != 0 && gw != g::encode(Some(tid)) && pulse.load(Ordering::Acquire) == pulse_at;
         let cw = claim.load(Ordering::Acquire);
         let claimed = cw != 0
             && cw != me
@@ -171,6 +180,85 @@ fn pause_point_gated(base: *mut AtomicU64, vcpu: c_uint, tid: u32, b: Option<&Bl
     }
     if published {
         word(g::SLOTS + 2 * vcpu as usize).store(0, Ordering::Release);
+    }
+    report_deferred_watch(vcpu, tid);
+}
+
+/// A watchpoint hit this thread made while the pause gate held it is reported once it runs
+/// freely (at a block start or system call return after a continue, not in a step's pulse: the
+/// stop comes at the end of that block).
+#[inline]
+fn report_deferred_watch(vcpu: c_uint, tid: u32) {
+    let Some(deferred) = WATCH_DEFERRED.get(vcpu as usize) else {
+        return;
+    };
+    if deferred.load(Ordering::Relaxed) && watch::stepping() == 0 {
+        deferred.store(false, Ordering::Relaxed);
+        // Not if a step of this thread reported it meanwhile (ptrewind cleared the slot).
+        if watch::has_hit(vcpu, tid) {
+            stop_for_watch(vcpu, tid);
+        }
+    }
+}
+
+/// Per vCPU index: its thread hit a watchpoint while it had to wait (see [`stop_for_watch`]).
+/// A plain array, not a thread-local: in a shared library every thread-local access is a
+/// `__tls_get_addr` call, and this flag is read at every block start of a live session.
+static WATCH_DEFERRED: [AtomicBool; MAX_VCPUS] = [const { AtomicBool::new(false) }; MAX_VCPUS];
+
+/// Marks `vcpu`'s hit as waiting.
+fn defer_watch(vcpu: c_uint) {
+    if let Some(d) = WATCH_DEFERRED.get(vcpu as usize) {
+        d.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Whether this is the process the gates serve (a forked child runs free).
+fn is_gated_process() -> bool {
+    getpid() == GATED_PID.load(Ordering::Relaxed)
+}
+
+/// A watchpoint hit of thread `tid` (published in its hit slot): makes QEMU's gdbstub report
+/// it. The thread claims the stub (the others wait at their next block, as for a breakpoint)
+/// and sends itself `SIGTRAP`, which QEMU takes at the end of the running block. A thread that
+/// ptrewind single-steps sends nothing: the step's stop reports the hit (a queued signal would
+/// stop it again after the next resume). A thread the pause gate holds (the program is stopped
+/// in another thread, which is in the stub), let out of its block during another thread's
+/// step, or meeting another thread's claim (that one may be about to reach a breakpoint) waits
+/// until it may go: two threads in the stub at once would both read the debugger's packets.
+fn stop_for_watch(vcpu: c_uint, tid: u32) {
+    use output::pause_gate as g;
+    let base = PAUSE_GATE.load(Ordering::Relaxed);
+    if !base.is_null() {
+        // SAFETY: the gate mapping holds `g::SIZE / 8` words and is never unmapped.
+        let word = |i: usize| unsafe { &*base.add(i) };
+        let gate = word(g::GATE).load(Ordering::Acquire);
+        if gate == g::encode(Some(tid)) {
+            return;
+        }
+        let step = watch::stepping();
+        let me = u64::from(tid);
+        if gate != 0 || (step != 0 && step != me) {
+            defer_watch(vcpu);
+            return;
+        }
+        // Another thread about to reach a breakpoint claimed the stub: report later.
+        if let Err(owner) =
+            word(g::CLAIM).compare_exchange(0, me, Ordering::AcqRel, Ordering::Relaxed)
+            && owner != me
+        {
+            defer_watch(vcpu);
+            return;
+        }
+    }
+    // SAFETY: tgkill(2) to this very thread; QEMU's handler queues the signal for the guest.
+    unsafe {
+        libc::syscall(
+            libc::SYS_tgkill,
+            libc::getpid(),
+            tid as libc::c_int,
+            libc::SIGTRAP,
+        );
     }
 }
 
@@ -678,6 +766,7 @@ extern "C" fn on_tb_trans(_id: qemu_plugin_id_t, tb: *mut qemu_plugin_tb) {
         {
             info = info.with_shared_counter(counter, index);
         }
+        watch::instrument(tb, &ips);
         // Blocks live as long as QEMU may run them; a re-translation makes a new one.
         let info: &'static BlockInfo = Box::leak(Box::new(info));
         for (i, &ip) in ips.iter().enumerate() {
@@ -955,6 +1044,10 @@ pub unsafe extern "C" fn qemu_plugin_install(
             }
         }
         GATED_PID.store(real_getpid(), Ordering::Relaxed);
+        if let Err(e) = watch::map(&config.dir) {
+            eprintln!("ptrewind-qemu-plugin: {e}");
+            return 1;
+        }
     }
     PID.store(real_getpid(), Ordering::Relaxed);
     let _ = output::write_json(&config.dir.join(output::PLUGIN_FILE), &meta);

@@ -13,12 +13,34 @@
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use crate::flow::FlowConfig;
 use crate::image::Image;
 use crate::store::live::TraceStore;
-use crate::target::{Notice, Resume, StopEvent, TargetResult, X86Registers};
+use crate::target::{Notice, Resume, StopEvent, TargetResult, WatchKind, X86Registers};
+
+/// Where the history thread's code was replaced: by `execve` (another program), or by a
+/// `munmap`/`mmap(MAP_FIXED)` over executable code (`dlclose`, a JIT freeing code). It holds
+/// the code before it, and where the next period starts. The timeline decodes the history
+/// before the boundary against `image` and after it against the next period's code
+/// ([`Image::push_period`]).
+#[derive(Debug, Clone)]
+pub struct ExecBoundary {
+    /// What replaced the code: `exec`, or `munmap START-END` / `mmap START-END`.
+    pub cause: String,
+    /// The code of the program that ran before the `execve` (read just before the call).
+    pub image: Arc<Image>,
+    /// The old program's mappings in `/proc/PID/maps` form (for its symbols; may be empty).
+    pub maps: String,
+    /// The old program's executable, if known.
+    pub exe: Option<PathBuf>,
+    /// Number of the next program's first instruction in the history.
+    pub next_insn: u64,
+    /// Offset in the history's [`TraceStore`] of the PSB that opens the next address space.
+    pub next_offset: u64,
+}
 
 /// A live process recorded by a capture backend (software single-stepping, hardware Intel PT,
 /// ...), as the timeline drives it. All present state goes through it.
@@ -92,6 +114,14 @@ pub trait LiveBackend {
 
     /// A snapshot of the code of every readable, executable mapping at the present.
     fn snapshot_image(&mut self) -> TargetResult<Image>;
+
+    /// The address spaces the history thread left through a successful `execve`, in order:
+    /// the old program's code and where the new one starts in the history (see
+    /// [`ExecBoundary`]). Empty (the default) for a backend that does not follow them: its
+    /// history is decoded against one image.
+    fn exec_boundaries(&self) -> Vec<ExecBoundary> {
+        Vec::new()
+    }
 
     /// The auxiliary vector (raw bytes).
     fn auxv(&mut self) -> TargetResult<Vec<u8>>;
@@ -187,6 +217,14 @@ pub trait LiveBackend {
     /// see writes (the timeline then refuses watchpoints: a run that never stops would be
     /// wrong).
     fn set_watches(&mut self, _ranges: &[(u64, u64)]) -> bool {
+        false
+    }
+
+    /// Watchpoints of every kind the backend checks itself in the running program (QEMU's
+    /// plugin sees every memory access), for a backend whose past is PC-only: they stop forward
+    /// runs from the present ([`StopEvent::Watch`]) and nothing else. Returns `false` when it
+    /// cannot (the default; the timeline then refuses them).
+    fn set_live_watches(&mut self, _watches: &[(u64, u64, WatchKind)]) -> bool {
         false
     }
 

@@ -8,4 +8,4 @@ pub mod perf;
 pub mod qemu;
 pub mod soft;
 
-pub use backend::{LiveBackend, PastWrite, RecordedState};
+pub use backend::{ExecBoundary, LiveBackend, PastWrite, RecordedState};

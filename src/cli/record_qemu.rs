@@ -187,6 +187,7 @@ pub(crate) fn serve_target(
     let one = |thread: &ptrewind::capture::qemu::RecordedThread| OfflineRecording {
         trace: thread.trace.clone(),
         image: image.clone(),
+        exec_boundaries: Vec::new(),
         immutable: None,
         symbols: symbols.clone(),
         registers_at_start: None,
@@ -278,8 +279,8 @@ fn start_live(
     live.remove_dir_at_end(temporary);
     live.terminal_interrupts(args.shared_terminal);
     eprintln!(
-        "ptrewind: running under QEMU with its gdbstub; every thread recorded into {}{}; the \
-         main thread's history is served (PC-only past)",
+        "ptrewind: running under QEMU with its gdbstub; every thread recorded into {}{}; every \
+         thread's history is served (PC-only past)",
         live.dir().display(),
         if temporary {
             " (removed at the end; --trace-dir DIR keeps it)"

@@ -205,6 +205,7 @@ fn stream_recording(
     Ok(OfflineRecording {
         trace: data.to_vec(),
         image,
+        exec_boundaries: Vec::new(),
         immutable: None,
         symbols,
         registers_at_start: None,

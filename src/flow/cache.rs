@@ -266,6 +266,15 @@ impl<'a> BlockCache<'a> {
         }
     }
 
+    /// Drops every cached block and path (the code changed: another address space). Only call
+    /// this when no block index handed out earlier is still in use.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn clear(&mut self) {
+        self.flush();
+        self.iced = None;
+    }
+
     #[cold]
     #[inline(never)]
     fn flush(&mut self) {

@@ -255,11 +255,10 @@ pub fn read_file(path: &Path) -> Result<SectionBytes, LoadError> {
         )));
     }
     if let Ok(len) = usize::try_from(meta.len()) {
-        let mut bytes: SectionBytes = std::iter::repeat_n(0u8, len).collect();
-        if let Some(buf) = Arc::get_mut(&mut bytes) {
+        if let Some(bytes) = read_exactly(&mut file, len) {
             let mut probe = [0u8; 1];
             // The file must still end where its metadata said.
-            if file.read_exact(buf).is_ok() && matches!(file.read(&mut probe), Ok(0)) {
+            if matches!(file.read(&mut probe), Ok(0)) {
                 return Ok(bytes);
             }
         }
@@ -272,13 +271,81 @@ pub fn read_file(path: &Path) -> Result<SectionBytes, LoadError> {
     Ok(SectionBytes::from(bytes))
 }
 
+/// Images at least this large get transparent huge pages (see [`read_exactly`]).
+const HUGE_PAGE_IMAGE: usize = 2 << 20;
+
+/// Reads exactly `len` bytes from `file` into a new shared buffer, or `None` if the file ends
+/// sooner or a read fails.
+///
+/// The buffer is not zero-filled first (that was a full extra pass over a libc-sized image,
+/// and the page faults happened there), and for a large image the kernel is asked for
+/// transparent huge pages, so that reading a 17 MB page-snapshot image costs a handful of
+/// faults instead of one per 4 KiB page: with 4 KiB pages the faults, the zero-fill and the
+/// copy were about 40 % of `ptrewind decode`'s CPU time on such a trace (docs/benchmarks.md).
+fn read_exactly(file: &mut std::fs::File, len: usize) -> Option<SectionBytes> {
+    use std::os::fd::AsRawFd as _;
+    let mut bytes: Arc<[std::mem::MaybeUninit<u8>]> = Arc::new_uninit_slice(len);
+    let buf = Arc::get_mut(&mut bytes)?;
+    let base = buf.as_mut_ptr() as usize;
+    if len >= HUGE_PAGE_IMAGE {
+        const HUGE: usize = 2 << 20;
+        let from = base.next_multiple_of(HUGE);
+        let to = (base + len) & !(HUGE - 1);
+        if to > from {
+            // SAFETY: FFI; [from, to) lies inside `buf`, memory this function owns alone.
+            // MADV_HUGEPAGE is advice about how to back it and never changes its contents; an
+            // error (no THP support) leaves the 4 KiB pages.
+            unsafe { libc::madvise(from as *mut libc::c_void, to - from, libc::MADV_HUGEPAGE) };
+        }
+    }
+    let mut done = 0;
+    while done < len {
+        // SAFETY: FFI; the kernel writes at most `len - done` bytes at `buf[done..]`, which is
+        // inside `buf` (MaybeUninit bytes, so any value is allowed).
+        let n = unsafe {
+            libc::read(
+                file.as_raw_fd(),
+                buf.as_mut_ptr().add(done).cast(),
+                len - done,
+            )
+        };
+        match n {
+            0 => return None,
+            n if n > 0 => done += n as usize,
+            _ if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => {}
+            _ => return None,
+        }
+    }
+    // SAFETY: the loop above wrote all `len` bytes.
+    Some(unsafe { bytes.assume_init() })
+}
+
 /// The code of a traced process: sorted, non-overlapping sections.
+///
+/// An image is one address space. A trace that crosses an `execve` ran two programs, often at
+/// the same addresses (two non-PIE executables, or PIE at the same base with ASLR off): its
+/// image is the first program's sections plus one [`ImagePeriod`] per later address space,
+/// each starting at the trace offset of the PSB that opens it ([`Image::push_period`]). The
+/// flow decoder decodes everything after such a PSB against that period's image (libipt's
+/// model of an image per address space, with the sideband saying where each one starts).
 ///
 /// `Image` is `Sync`: the last-hit cache is a relaxed atomic (a stale hint only costs a search).
 #[derive(Debug, Default)]
 pub struct Image {
     sections: Vec<Section>,
     last_hit: AtomicUsize,
+    /// The later address spaces, sorted by start offset (empty for a trace of one program).
+    periods: Vec<ImagePeriod>,
+}
+
+/// A later address space of a trace: from the PSB at trace offset `start` on, the code is
+/// `image` (the program an `execve` loaded).
+#[derive(Debug, Clone)]
+pub struct ImagePeriod {
+    /// Trace offset of the PSB that opens the period (the first PSB after the `execve`).
+    pub start: u64,
+    /// The code of that address space.
+    pub image: Arc<Image>,
 }
 
 impl Clone for Image {
@@ -286,6 +353,7 @@ impl Clone for Image {
         Image {
             sections: self.sections.clone(),
             last_hit: AtomicUsize::new(0),
+            periods: self.periods.clone(),
         }
     }
 }
@@ -392,6 +460,58 @@ impl Image {
         Some(&s.data()[off..])
     }
 
+    /// Adds a later address space: from the PSB at trace offset `start` on, the code is `image`
+    /// (its own later periods, if any, are ignored). Periods are kept sorted by start; one with
+    /// the same start as an earlier one replaces it.
+    pub fn push_period(&mut self, start: u64, image: Arc<Image>) {
+        let at = self.periods.partition_point(|p| p.start < start);
+        if self.periods.get(at).is_some_and(|p| p.start == start) {
+            self.periods[at].image = image;
+        } else {
+            self.periods.insert(at, ImagePeriod { start, image });
+        }
+    }
+
+    /// The later address spaces, sorted by start offset (empty: one address space).
+    pub fn periods(&self) -> &[ImagePeriod] {
+        &self.periods
+    }
+
+    /// The image of the address space that a PSB at trace offset `offset` belongs to: the
+    /// period with the last start at or before it, or this image's own sections before the
+    /// first period.
+    pub fn at_offset(&self, offset: u64) -> &Image {
+        match self.periods.partition_point(|p| p.start <= offset) {
+            0 => self,
+            n => &self.periods[n - 1].image,
+        }
+    }
+
+    /// Makes every section whose bytes equal those of a section of `other` at the same address
+    /// share `other`'s buffer (snapshots of a process taken one after another hold mostly the
+    /// same code: each keeps only what changed).
+    pub fn share_bytes_with(&mut self, other: &Image) {
+        for s in &mut self.sections {
+            if let Some(o) = other.section_at(s.addr)
+                && o.addr == s.addr
+                && o.len == s.len
+                && o.data() == s.data()
+            {
+                s.bytes = Arc::clone(&o.bytes);
+                s.offset = o.offset;
+            }
+        }
+    }
+
+    /// This image's own sections without its later periods (the first address space).
+    pub fn first_period(&self) -> Image {
+        Image {
+            sections: self.sections.clone(),
+            last_hit: AtomicUsize::new(0),
+            periods: Vec::new(),
+        }
+    }
+
     /// Copies up to `buf.len()` bytes starting at `addr` into `buf`, crossing into adjacent
     /// sections; returns how many bytes were copied (stops at the first unmapped byte).
     pub fn read(&self, addr: u64, buf: &mut [u8]) -> usize {
@@ -436,6 +556,71 @@ mod tests {
         let mut buf = [0u8; 10];
         assert_eq!(img.read(0x2002, &mut buf), 6);
         assert_eq!(&buf[..6], &[0xaa, 0xaa, 0xbb, 0xbb, 0xbb, 0xbb]);
+    }
+
+    /// Every byte arrives, whatever the size: empty, small, and large enough for huge pages
+    /// (the read then goes into memory that was never zero-filled).
+    #[test]
+    fn read_file_reads_every_byte() {
+        let dir = tempfile::tempdir().unwrap();
+        for len in [
+            0usize,
+            1,
+            4095,
+            4097,
+            HUGE_PAGE_IMAGE + 12_345,
+            (5 << 20) + 7,
+        ] {
+            let want: Vec<u8> = (0..len).map(|i| (i * 7 + i / 4096) as u8).collect();
+            let path = dir.path().join(format!("f{len}"));
+            std::fs::write(&path, &want).unwrap();
+            let got = read_file(&path).unwrap();
+            assert_eq!(got.len(), len);
+            assert!(got[..] == want[..], "{len} bytes differ");
+        }
+        assert!(read_file(dir.path()).is_err(), "a directory is refused");
+    }
+
+    #[test]
+    fn periods_pick_the_address_space_by_trace_offset() {
+        let mut first = Image::new();
+        first
+            .add(Section::new(0x1000, vec![1u8; 4], "old"))
+            .unwrap();
+        let mut second = Image::new();
+        second
+            .add(Section::new(0x1000, vec![2u8; 4], "new"))
+            .unwrap();
+        let mut third = Image::new();
+        third
+            .add(Section::new(0x1000, vec![3u8; 4], "newer"))
+            .unwrap();
+        let mut img = first.clone();
+        img.push_period(500, Arc::new(third));
+        img.push_period(100, Arc::new(second));
+        let byte = |off: u64| img.at_offset(off).slice_at(0x1000).unwrap()[0];
+        assert_eq!(
+            (byte(0), byte(99), byte(100), byte(499), byte(500)),
+            (1, 1, 2, 2, 3)
+        );
+        assert_eq!(byte(u64::MAX), 3);
+        assert_eq!(img.periods().len(), 2);
+        assert!(img.first_period().periods().is_empty());
+        assert_eq!(img.clone().at_offset(100).slice_at(0x1000).unwrap()[0], 2);
+    }
+
+    #[test]
+    fn snapshots_share_unchanged_bytes() {
+        let mut a = Image::new();
+        a.add(Section::new(0x1000, vec![1u8; 16], "lib")).unwrap();
+        a.add(Section::new(0x2000, vec![2u8; 16], "jit")).unwrap();
+        let mut b = Image::new();
+        b.add(Section::new(0x1000, vec![1u8; 16], "lib")).unwrap();
+        b.add(Section::new(0x2000, vec![3u8; 16], "jit")).unwrap();
+        b.share_bytes_with(&a);
+        assert!(Arc::ptr_eq(&b.sections()[0].bytes, &a.sections()[0].bytes));
+        assert!(!Arc::ptr_eq(&b.sections()[1].bytes, &a.sections()[1].bytes));
+        assert_eq!(b.slice_at(0x2000).unwrap()[0], 3);
     }
 
     #[test]

@@ -664,6 +664,58 @@ pub fn decode_packet(
     decode_core(buf, pos, block).map_err(|e| e.at(pos as u64))
 }
 
+/// [`PacketDecoder::read`]'s error for an invalid packet at `pos` (out of line, over values).
+#[cold]
+#[inline(never)]
+fn invalid_at(base: u64, pos: usize, reason: &'static str) -> PacketError {
+    CoreError::Invalid(reason).at(base.wrapping_add(pos as u64))
+}
+
+/// What [`read_tail_at`] leaves: the result and the decoder's new state.
+struct TailRead {
+    result: Result<Packet, Stop>,
+    pos: usize,
+    block: Option<bool>,
+    last: usize,
+    /// The error behind `Err(Stop::Error)`, offset still to be added.
+    error: Option<CoreError>,
+}
+
+/// [`PacketDecoder::read`] within 16 bytes of the end of the buffer, over values (see `read`):
+/// the same packets, errors and positions as [`PacketDecoder::next_packet`]'s tail; `last`
+/// (the previous packet's position) stays at the end and after an error, as there.
+#[inline(never)]
+fn read_tail_at(buf: &[u8], pos: usize, block: Option<bool>, last: usize) -> TailRead {
+    if pos >= buf.len() {
+        return TailRead {
+            result: Err(Stop::End),
+            pos,
+            block,
+            last,
+            error: None,
+        };
+    }
+    match decode_tail(buf, pos, block) {
+        Ok((p, len)) => TailRead {
+            pos: pos + len,
+            block: next_block_context(block, &p),
+            result: Ok(p),
+            last: pos,
+            error: None,
+        },
+        Err(e) => TailRead {
+            result: Err(Stop::Error),
+            pos: match e {
+                CoreError::Invalid(_) => pos + 1,
+                CoreError::Truncated(_) => buf.len(),
+            },
+            block: None,
+            last,
+            error: Some(e),
+        },
+    }
+}
+
 /// A zero-copy packet decoder over a byte slice. It tracks the BBP block context itself.
 ///
 /// Iterating yields `(offset, packet)` pairs, where the offset is the base offset given to
@@ -754,6 +806,7 @@ impl<'a> PacketDecoder<'a> {
 
     /// Moves to the next PSB at or after the current position and returns its offset, or moves to
     /// the end of the buffer and returns `None` when there is none.
+    #[inline]
     pub fn sync_forward(&mut self) -> Option<u64> {
         match find_psb_forward(self.buf, self.pos) {
             Some(p) => {
@@ -818,9 +871,20 @@ impl<'a> PacketDecoder<'a> {
     /// building a 40-byte `Option<Result<(u64, Packet), PacketError>>` per packet.
     #[inline(always)]
     pub fn read(&mut self) -> Result<Packet, Stop> {
+        // The slow paths are free functions over values, never `&mut self`: a decoder whose
+        // address reaches an out-of-line call lives in memory, and its position was loaded and
+        // stored on every packet (the flow decoder keeps `next_packet`'s out-of-line forms,
+        // whose code it shares; see docs/benchmarks.md).
         let pos = self.pos;
         let Some(w) = self.buf.get(pos..).and_then(|s| s.first_chunk::<WINDOW>()) else {
-            return self.read_tail();
+            let t = read_tail_at(self.buf, pos, self.block, self.last);
+            self.pos = t.pos;
+            self.block = t.block;
+            self.last = t.last;
+            if let Some(e) = t.error {
+                self.error = Some(e.at(self.base.wrapping_add(pos as u64)));
+            }
+            return t.result;
         };
         self.last = pos;
         if self.block.is_none() && is_one_byte_packet(w[0]) {
@@ -836,8 +900,10 @@ impl<'a> PacketDecoder<'a> {
         }
         macro_rules! err {
             ($r:expr) => {{
-                let e = self.fail(CoreError::Invalid($r));
-                self.error = Some(e);
+                // As `fail` leaves it after an invalid packet.
+                self.pos = pos + 1;
+                self.block = None;
+                self.error = Some(invalid_at(self.base, pos, $r));
                 Err(Stop::Error)
             }};
         }
@@ -851,24 +917,9 @@ impl<'a> PacketDecoder<'a> {
     }
 
     /// The error behind the last [`Stop::Error`] (once; `None` if there was none since).
+    #[inline]
     pub fn take_error(&mut self) -> Option<PacketError> {
         self.error.take()
-    }
-
-    /// [`PacketDecoder::read`] within 16 bytes of the end of the buffer.
-    #[inline(never)]
-    fn read_tail(&mut self) -> Result<Packet, Stop> {
-        match self.next_tail() {
-            None => Err(Stop::End),
-            Some(Ok((off, p))) => {
-                self.last = off.wrapping_sub(self.base) as usize;
-                Ok(p)
-            }
-            Some(Err(e)) => {
-                self.error = Some(e);
-                Err(Stop::Error)
-            }
-        }
     }
 
     /// [`PacketDecoder::next_packet`] within 16 bytes of the end of the buffer.

@@ -54,9 +54,13 @@ pub fn stop_reason(tid: i32, ev: StopEvent) -> MultiThreadStopReason<u64> {
     let tid = thread_id(tid);
     match ev {
         StopEvent::Breakpoint { .. } => MultiThreadStopReason::SwBreak(tid),
-        StopEvent::Watch { addr } => MultiThreadStopReason::Watch {
+        StopEvent::Watch { addr, kind } => MultiThreadStopReason::Watch {
             tid,
-            kind: GsWatchKind::Write,
+            kind: match kind {
+                WatchKind::Write => GsWatchKind::Write,
+                WatchKind::Read => GsWatchKind::Read,
+                WatchKind::Access => GsWatchKind::ReadWrite,
+            },
             addr,
         },
         StopEvent::Step => MultiThreadStopReason::SignalWithThread {

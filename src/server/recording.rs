@@ -200,22 +200,18 @@ pub fn install_stop_query(router: &mut super::Router, target: &RecordingTarget) 
 
 /// Write watchpoints, served from the state log (which records what every instruction wrote):
 /// reverse-continue stops before the last earlier write, forward replay and live recording
-/// after the next one. Refused without a state log (PC-only past: what was written is not
-/// known) and for read/access watchpoints (reads are not recorded), so GDB reports that it
-/// could not insert them instead of waiting for a stop that would never be reported.
+/// after the next one. Without a state log (PC-only past: what was written is not known) only
+/// a backend that checks accesses in the running program (QEMU's plugin) takes them, of every
+/// kind, for the present. Anything else is refused (read/access watchpoints with a state log:
+/// reads are not recorded), so GDB reports that it could not insert them instead of waiting
+/// for a stop that would never be reported.
 impl Watchpoints for RecordingTarget {
     fn add_watchpoint(&mut self, addr: u64, len: u64, kind: WatchKind) -> TargetResult<bool> {
-        if kind != WatchKind::Write {
-            return Ok(false);
-        }
-        Ok(self.inner.borrow_mut().add_watch(addr, len))
+        Ok(self.inner.borrow_mut().add_watch(addr, len, kind))
     }
 
     fn remove_watchpoint(&mut self, addr: u64, len: u64, kind: WatchKind) -> TargetResult<bool> {
-        if kind != WatchKind::Write {
-            return Ok(false);
-        }
-        Ok(self.inner.borrow_mut().remove_watch(addr, len))
+        Ok(self.inner.borrow_mut().remove_watch(addr, len, kind))
     }
 }
 

@@ -110,12 +110,14 @@ pub enum StopEvent {
     },
     /// A single step completed.
     Step,
-    /// A write watchpoint triggered: memory at `addr` (inside a watched range) was written.
-    /// Forward, the target stops after the writing instruction; in reverse, before it (the
-    /// state GDB sees is the one before the write).
+    /// A watchpoint triggered: memory at `addr` (inside a watched range) was written (or, for
+    /// read and access watchpoints, read). Forward, the target stops after the accessing
+    /// instruction; in reverse, before it (the state GDB sees is the one before the write).
     Watch {
-        /// The lowest watched address written.
+        /// The lowest watched address accessed.
         addr: u64,
+        /// The kind of the watchpoint hit.
+        kind: WatchKind,
     },
     /// The program received a signal (Linux signal number); it is delivered only if the next
     /// resume passes it.
@@ -225,6 +227,35 @@ pub enum Notice {
         /// The capture backend (`qemu backend`, …) or `offline replay`.
         backend: String,
     },
+    /// A watchpoint stop that is not right after the accessing instruction: the backend (QEMU)
+    /// stops the thread at the end of the instruction's translated block.
+    WatchStopAfterBlock {
+        /// The instruction that accessed the watched location.
+        insn: u64,
+        /// Where the thread stopped.
+        stop: u64,
+    },
+    /// Reverse execution or replay ran through a PC-only past with watchpoints of the running
+    /// program set: they are not checked there.
+    WatchPastUnchecked {
+        /// The capture backend (`qemu backend`, …).
+        backend: String,
+    },
+    /// The cursor moved into another program's part of the history (across an exec): the PCs,
+    /// code and symbols the server shows there are that program's, but the debugger keeps the
+    /// symbols of the file it loaded.
+    ExecPeriod {
+        /// That program's executable, if known.
+        program: Option<PathBuf>,
+        /// What began that period (`exec`, `munmap START-END`, ...; `None`: the first one).
+        started_by: Option<String>,
+        /// What ended that period (`None`: the present one).
+        ended_by: Option<String>,
+        /// The history position of its first instruction.
+        first: u64,
+        /// The position of the next program's first instruction (`None`: the present one).
+        end: Option<u64>,
+    },
     /// Replay stopped with watchpoints set at an instruction whose memory writes the recording
     /// does not know: a watched location may have changed there unseen.
     WatchUncertain {
@@ -274,18 +305,64 @@ impl fmt::Display for Notice {
                 f,
                 "watchpoints are refused here: this recording's past is PC-only ({backend}), \
                  so which instruction wrote a location, and its earlier values, are \
-                 not known{}; delete the watchpoint to go on. Watchpoints need the state log \
-                 of the ptrace backend (record --backend ptrace)",
-                if backend == "qemu backend" {
-                    ", and QEMU's user-mode gdbstub has no watchpoints for the running program"
-                } else {
-                    ""
-                }
+                 not known; delete the watchpoint to go on. Watchpoints need the state log \
+                 of the ptrace backend (record --backend ptrace), or a running program under \
+                 the qemu backend"
+            ),
+            Notice::WatchStopAfterBlock { insn, stop } => write!(
+                f,
+                "the watched location was accessed by the instruction at {insn:#x}; under QEMU \
+                 the thread stops at the end of that instruction's translated block, at \
+                 {stop:#x} (the instructions in between have run)"
+            ),
+            Notice::WatchPastUnchecked { backend } => write!(
+                f,
+                "watchpoints are checked only in the running program: this recording's past \
+                 is PC-only ({backend}), so which instruction wrote a location, and its earlier \
+                 values, are not known; reverse execution and replay in the past do not stop at \
+                 watched accesses. For watchpoints in the past: record --backend ptrace \
+                 (state log)"
             ),
             Notice::TraceIncomplete { what } => write!(
                 f,
                 "the recorded trace at this stop may be incomplete: {what} (monitor stats)"
             ),
+            Notice::ExecPeriod {
+                program,
+                started_by,
+                ended_by,
+                first,
+                end,
+            } => {
+                let name = program.as_ref().map_or_else(
+                    || "an unknown program".to_string(),
+                    |p| p.display().to_string(),
+                );
+                let mut span = match end {
+                    Some(end) => format!("instructions {first}..{end}"),
+                    None => format!("from instruction {first}"),
+                };
+                match started_by.as_deref() {
+                    Some("exec") => span.push_str(", after the exec"),
+                    Some(cause) => {
+                        span.push_str(&format!(", after the code was replaced ({cause})"))
+                    }
+                    None => {}
+                }
+                match ended_by.as_deref() {
+                    Some("exec") => span.push_str(", before its exec"),
+                    Some(cause) => {
+                        span.push_str(&format!(", before the code was replaced ({cause})"))
+                    }
+                    None => {}
+                }
+                write!(
+                    f,
+                    "now in the history of {name} ({span}): the code and the server's symbols \
+                     (monitor history/calls/where) are that program's; the debugger keeps the \
+                     symbols of the file it loaded (in GDB: file {name})"
+                )
+            }
             Notice::WatchUncertain { position, what } => write!(
                 f,
                 "stopped at instruction {position} with watchpoints set: its memory writes are \

@@ -54,8 +54,12 @@ pub struct CallSegment {
 const SCAN_WINDOW: u64 = 200_000;
 
 impl Timeline {
-    /// Symbols of the recorded program (read once, from its mappings).
+    /// Symbols of the recorded program at the cursor (read once per program, from its
+    /// mappings): before an exec, the old program's.
     pub fn symbolizer(&mut self) -> &Symbolizer {
+        if let Some(i) = self.earlier_period(self.position()) {
+            return self.period_symbols(i);
+        }
         if self.symbols.is_none() {
             let maps = match self.live.as_mut() {
                 Some(live) => live.maps(),

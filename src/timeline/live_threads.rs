@@ -112,6 +112,8 @@ impl Timeline {
         logged: Option<u64>,
     ) -> Result<(), String> {
         let main_len = self.ensure_indexed(INDEX_WAIT)?;
+        // A thread the backend no longer lists has ended, wherever its stream stops.
+        let alive = self.live.as_ref().map(|l| l.threads()).unwrap_or_default();
         let mut clocks = Vec::with_capacity(stores.len());
         let mut tids = Vec::with_capacity(stores.len());
         let mut parked: Vec<Option<Timeline>> = Vec::with_capacity(stores.len());
@@ -132,13 +134,16 @@ impl Timeline {
                 parked.push(None);
                 continue;
             }
-            let worker = spawn_worker(&store, &self.image, &self.flow)
+            // The other threads' streams have their own offsets: the main stream's exec
+            // periods say nothing of them. They are decoded against the present program (a
+            // thread that ran before an exec of the main thread is not followed across it).
+            let worker = spawn_worker(&store, &self.present, &self.flow)
                 .map_err(|e| format!("cannot start the history worker of thread {tid}: {e}"))?;
             let mut t = Timeline::assemble(
                 None,
                 store,
                 worker,
-                Arc::clone(&self.image),
+                Arc::clone(&self.present),
                 self.template.clone(),
             );
             t.flow = self.flow.clone();
@@ -166,7 +171,7 @@ impl Timeline {
                 t.snapshots
                     .insert(len, unknown_registers(&self.template, ip));
             }
-            ends.push(clock.stop_ip());
+            ends.push(clock.stop_ip().filter(|_| alive.contains(&tid)));
             clocks.push(clock);
             tids.push(tid);
             parked.push(Some(t));
@@ -277,12 +282,16 @@ impl Timeline {
             .live_ends
             .as_ref()
             .and_then(|e| e.get(k).copied().flatten());
-        let ip = thread_of(self, &mut g, k).and_then(|t| {
+        let (ip, at_end, captured) = thread_of(self, &mut g, k).map_or((None, false, None), |t| {
             let n = t.position();
             // At its end: where it was paused, or (it ended) its last instruction.
-            t.insn_ip(n)
+            let ip = t
+                .insn_ip(n)
                 .or(stop_ip.filter(|_| n >= t.len()))
-                .or_else(|| n.checked_sub(1).and_then(|l| t.insn_ip(l)))
+                .or_else(|| n.checked_sub(1).and_then(|l| t.insn_ip(l)));
+            // PC-only: a register file captured at this position (a stop of this thread).
+            let captured = t.snapshots.get(n).filter(|r| Some(r.pc()) == ip);
+            (ip, n >= t.len(), captured)
         });
         self.group = Some(g);
         let live = self.live.as_mut().ok_or(not_recorded)?;
@@ -294,8 +303,10 @@ impl Timeline {
         } else {
             None
         };
-        let rebuilt = match (live.recorded_state().and_then(|s| s.global()), present) {
-            (Some(state), Some(present)) => state.registers_at_thread(tid, pos, &present),
+        let state = live.recorded_state().and_then(|s| s.global());
+        let has_state = state.is_some();
+        let rebuilt = match (state, &present) {
+            (Some(state), Some(present)) => state.registers_at_thread(tid, pos, present),
             _ => None,
         };
         match (rebuilt, ip) {
@@ -309,7 +320,19 @@ impl Timeline {
                 }
                 Ok(r)
             }
-            (None, Some(ip)) => Ok(unknown_registers(&self.template, ip)),
+            // PC-only, a thread paused at its end: it has not run since, so its present
+            // registers are its registers there, exactly.
+            (None, Some(ip))
+                if !has_state
+                    && at_end
+                    && stop_ip == Some(ip)
+                    && present.as_ref().is_some_and(|r| r.pc() == ip) =>
+            {
+                present.ok_or(TargetError::Unsupported("a thread that is not recorded"))
+            }
+            (None, Some(ip)) => {
+                Ok(captured.unwrap_or_else(|| unknown_registers(&self.template, ip)))
+            }
             (None, None) => Err(TargetError::Unsupported(
                 "the registers of a thread that has exited",
             )),

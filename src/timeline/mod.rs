@@ -106,6 +106,7 @@ pub mod inspect;
 mod live_threads;
 pub mod offline;
 mod past;
+mod periods;
 pub mod regfiles;
 pub mod save;
 mod source_step;
@@ -117,7 +118,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use crate::capture::LiveBackend;
+use crate::capture::{ExecBoundary, LiveBackend};
 use crate::flow::FlowConfig;
 use crate::history::{BreakpointSet, HistoryWorker};
 use crate::image::{Image, ImmutableCode, Symbolizer};
@@ -130,6 +131,7 @@ use past::unknown_registers;
 
 pub use inspect::{Branch, CallSegment};
 pub use offline::{OfflineRecording, load_saved};
+pub use periods::PeriodInfo;
 pub use regfiles::RegisterFiles;
 pub use save::SAVE_FORMAT;
 pub use threads::{FatalSignal, ThreadRecording, load_saved_threads};
@@ -195,7 +197,18 @@ pub struct Timeline {
     /// Instructions the worker had indexed when the target last stopped: what was indexed in
     /// the background while it ran.
     indexed_at_stop: u64,
+    /// The code the history is decoded against: `present`, or after execs the first program's
+    /// code with one period per later program (see `periods.rs`).
     image: Arc<Image>,
+    /// The code of the present address space.
+    present: Arc<Image>,
+    /// The address spaces the history left through `execve`, in order.
+    exec_bounds: Vec<ExecBoundary>,
+    /// Symbols of each earlier address space's program (read on first use).
+    period_symbols: Vec<Option<Symbolizer>>,
+    /// The address space (index, the present one = `exec_bounds.len()`) of the last stop the
+    /// debugger was told about; `None` before the first.
+    shown_period: Option<usize>,
     /// `/proc/PID/maps` lines of executable mappings when `image` was captured.
     image_maps: String,
     /// Where past memory reads are served from the image (PC-only replay).
@@ -206,6 +219,11 @@ pub struct Timeline {
     bps: BTreeSet<u64>,
     /// Write watchpoints GDB set, `(addr, len)`, one element per `Z2` (only with a state log).
     watches: Vec<(u64, u64)>,
+    /// Watchpoints the live backend checks itself in the running program (a PC-only past:
+    /// [`LiveBackend::set_live_watches`]), one element per `Z2`–`Z4`.
+    live_watches: Vec<(u64, u64, crate::target::WatchKind)>,
+    /// The `live_watches` the last notice that they are not checked in the past was about.
+    live_watches_noted: Vec<(u64, u64, crate::target::WatchKind)>,
     running: Running,
     interrupt: Arc<AtomicBool>,
     /// Whether the user wants recording (`monitor record on|off`).
@@ -311,7 +329,9 @@ impl Timeline {
         let pid = live.pid();
         let maps = live.maps();
         let image_maps = exec_lines(&maps);
-        let image = Arc::new(live.snapshot_image()?);
+        let present = Arc::new(live.snapshot_image()?);
+        let exec_bounds = live.exec_boundaries();
+        let image = periods::compose(&exec_bounds, &present);
         let store = live.store();
         let flow = live.flow_config();
         let worker = spawn_worker(&store, &image, &flow).map_err(|e| TargetError::Unexpected {
@@ -325,6 +345,8 @@ impl Timeline {
         r.flow = flow;
         r.image_maps = image_maps;
         r.immutable = immutable;
+        r.present = present;
+        r.exec_bounds = exec_bounds;
         r.record_wanted = record_wanted;
         Ok(r)
     }
@@ -342,12 +364,18 @@ impl Timeline {
             worker,
             index: None,
             indexed_at_stop: 0,
+            present: Arc::clone(&image),
             image,
+            exec_bounds: Vec::new(),
+            period_symbols: Vec::new(),
+            shown_period: None,
             image_maps: String::new(),
             immutable: ImmutableCode::default(),
             cursor: None,
             bps: BTreeSet::new(),
             watches: Vec::new(),
+            live_watches: Vec::new(),
+            live_watches_noted: Vec::new(),
             running: Running::Idle,
             interrupt: Arc::new(AtomicBool::new(false)),
             record_wanted: true,
@@ -633,24 +661,53 @@ impl Timeline {
                     }
                 }
             }
+            if exited && live.exec_boundaries().len() != self.exec_bounds.len() {
+                // The program replaced its code and ended before a stop (no stop at the exit):
+                // the last period's code cannot be read any more. Decoding it against the
+                // code of before would be silently wrong; with no code it shows as decode
+                // errors ("no code"), counted in monitor stats.
+                self.exec_bounds = live.exec_boundaries();
+                self.present = Arc::new(Image::new());
+                self.image = periods::compose(&self.exec_bounds, &self.present);
+                if let Ok(w) = spawn_worker(&self.store, &self.image, &self.flow) {
+                    self.worker = w;
+                }
+            }
             if !exited {
                 let all_maps = live.maps();
                 let maps = exec_lines(&all_maps);
-                if maps != self.image_maps
+                // An execve since the last stop: the history before it ran another program,
+                // decoded against that program's code from now on (see `periods.rs`).
+                let bounds = live.exec_boundaries();
+                let exec_since = bounds.len() != self.exec_bounds.len();
+                let remapped = maps != self.image_maps;
+                if (remapped || exec_since)
                     && let Ok(image) = live.snapshot_image()
                 {
-                    self.image = Arc::new(image);
+                    self.present = Arc::new(image);
                     self.image_maps = maps;
-                    // Code mapped now is no answer for a read before this stop, whose position
-                    // the index says when the backend does not count (if it cannot say in
-                    // time, the new code is never served for the past).
-                    let at = live.recorded().unwrap_or_else(|| {
-                        self.worker.request_complete();
-                        self.worker.wait_indexed(INDEX_WAIT).unwrap_or(u64::MAX)
-                    });
-                    self.immutable = self
-                        .immutable
-                        .remapped(ImmutableCode::from_maps(&all_maps), at);
+                    if exec_since {
+                        // Every mapping of the new program dates from its first instruction,
+                        // whatever was mapped at the same addresses before.
+                        let start = bounds.last().map_or(0, |b| b.next_insn);
+                        self.exec_bounds = bounds;
+                        // The present program changed: its symbols are read again.
+                        self.symbols = None;
+                        self.immutable = ImmutableCode::default()
+                            .remapped(ImmutableCode::from_maps(&all_maps), start);
+                    } else {
+                        // Code mapped now is no answer for a read before this stop, whose
+                        // position the index says when the backend does not count (if it
+                        // cannot say in time, the new code is never served for the past).
+                        let at = live.recorded().unwrap_or_else(|| {
+                            self.worker.request_complete();
+                            self.worker.wait_indexed(INDEX_WAIT).unwrap_or(u64::MAX)
+                        });
+                        self.immutable = self
+                            .immutable
+                            .remapped(ImmutableCode::from_maps(&all_maps), at);
+                    }
+                    self.image = periods::compose(&self.exec_bounds, &self.present);
                     // The worker may have decoded code of the new mapping against the old
                     // image while the target ran: index again from the start against the new one.
                     match spawn_worker(&self.store, &self.image, &self.flow) {
@@ -703,6 +760,9 @@ impl Timeline {
         }
         self.ensure_indexed(INDEX_WAIT)
             .map_err(|what| TargetError::Unexpected { pid: 0, what })?;
+        if how == ReverseResume::Continue {
+            self.note_unchecked_watches();
+        }
         if self.cursor.is_none() {
             // A live multi-thread process: every thread's past (see `live_threads`).
             self.enter_live_threads();
@@ -782,6 +842,7 @@ impl Timeline {
                 }
             }
             Resume::Continue { .. } => {
+                self.note_unchecked_watches();
                 // The nearer of the first write to a watched range (stopping after it) and
                 // the first breakpoint hit.
                 let watch = self.watch_forward(c, len);
@@ -976,6 +1037,21 @@ impl Timeline {
         if self.is_live_group() {
             return self.live_group_memory(addr, buf);
         }
+        if let Some(i) = self.earlier_period(pos) {
+            return self.earlier_period_memory(i, pos, addr, buf);
+        }
+        self.memory_in_present_space(pos, addr, buf)
+    }
+
+    /// Memory at `pos` of the present address space (after the last exec; code replaced by a
+    /// later munmap/mmap is served by the caller): the live process with the state log's later
+    /// writes undone, or PC-only.
+    fn memory_in_present_space(
+        &mut self,
+        pos: u64,
+        addr: u64,
+        buf: &mut [u8],
+    ) -> TargetResult<usize> {
         if !self.has_state_log() {
             return self.pc_only_memory(pos, addr, buf);
         }
@@ -1088,6 +1164,12 @@ impl Timeline {
         let mut n = std::mem::take(&mut self.notices);
         if let Some(live) = self.live.as_mut() {
             n.extend(live.take_notices());
+        }
+        // A stop in another program's part of the history than the last one (a reverse step
+        // over an exec): say whose code this is. An exec just made live says so itself.
+        let exec_now = n.iter().any(|x| matches!(x, Notice::Exec { .. }));
+        if let Some(notice) = self.period_notice(exec_now) {
+            n.push(notice);
         }
         n
     }

@@ -17,6 +17,7 @@ use std::time::Duration;
 use super::inspect::symbolizer_from_maps;
 use super::save::SAVE_FORMAT;
 use super::{OfflineInfo, Timeline, spawn_worker};
+use crate::capture::ExecBoundary;
 use crate::flow::FlowConfig;
 use crate::image::{Image, ImmutableCode, Section, Symbolizer};
 use crate::store::dirfile::RecordingDir;
@@ -40,8 +41,11 @@ const OFFLINE_YMM_OFFSET: usize = 576;
 pub struct OfflineRecording {
     /// Intel PT bytes of one thread.
     pub trace: Vec<u8>,
-    /// The code the trace ran.
+    /// The code the trace ran (after the last exec, if it crossed any).
     pub image: Image,
+    /// The programs before each exec: their code and where the next one starts (empty for a
+    /// recording of one program).
+    pub exec_boundaries: Vec<ExecBoundary>,
     /// Where past memory reads are served from `image` (`None`: all of it).
     pub immutable: Option<ImmutableCode>,
     /// Symbols for `monitor where|history|calls`.
@@ -93,6 +97,86 @@ pub fn regs_from_json(v: &serde_json::Value) -> Option<X86Registers> {
     Some(r)
 }
 
+/// The code sections a manifest array lists (`[{"file", "addr", "origin"}]`), read through
+/// `read`; `what` names an element in errors.
+fn sections_from_json(
+    list: &serde_json::Value,
+    what: &str,
+    read: &dyn Fn(&str) -> Result<Vec<u8>, String>,
+) -> Result<Image, String> {
+    let mut image = Image::new();
+    for (i, sec) in list
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+    {
+        let bad = |e: &str| format!("manifest.json: {what} {i}: {e}");
+        let file = sec["file"].as_str().ok_or_else(|| bad("no file"))?;
+        let addr = sec["addr"]
+            .as_str()
+            .and_then(|a| u64::from_str_radix(a.trim_start_matches("0x"), 16).ok())
+            .ok_or_else(|| bad("no addr"))?;
+        let origin = sec["origin"].as_str().unwrap_or(file);
+        image
+            .add(Section::new(addr, read(file)?, origin))
+            .map_err(|e| bad(&e.to_string()))?;
+    }
+    Ok(image)
+}
+
+/// A manifest's `exec_periods` (see `save.rs`): the programs before each exec, in order. The
+/// boundaries must grow and lie inside the trace (`trace_len` bytes): a manifest that says
+/// otherwise is refused rather than decoded against the wrong program.
+fn exec_periods_from_json(
+    list: &serde_json::Value,
+    trace_len: usize,
+    read: &dyn Fn(&str) -> Result<Vec<u8>, String>,
+) -> Result<Vec<ExecBoundary>, String> {
+    let mut out: Vec<ExecBoundary> = Vec::new();
+    for (k, p) in list
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+    {
+        let bad = |e: &str| format!("manifest.json: exec period {k}: {e}");
+        let next_insn = p["next_insn"].as_u64().ok_or_else(|| bad("no next_insn"))?;
+        let next_offset = p["next_offset"]
+            .as_u64()
+            .ok_or_else(|| bad("no next_offset"))?;
+        if next_offset > trace_len as u64 {
+            return Err(bad("next_offset lies beyond the trace"));
+        }
+        if let Some(prev) = out.last()
+            && (next_insn < prev.next_insn || next_offset < prev.next_offset)
+        {
+            return Err(bad("periods out of order"));
+        }
+        let image = sections_from_json(&p["sections"], &format!("exec period {k} section"), read)?;
+        let maps = p["maps"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|l| l.as_str())
+            .collect::<Vec<_>>()
+            .join("\n");
+        out.push(ExecBoundary {
+            // Recordings saved before periods had causes were exec periods.
+            cause: p["cause"].as_str().unwrap_or("exec").to_string(),
+            image: Arc::new(image),
+            maps,
+            exe: p["exe"].as_str().map(PathBuf::from),
+            next_insn,
+            next_offset,
+        });
+    }
+    Ok(out)
+}
+
 /// Reads a directory written by `monitor save DIR`.
 pub fn load_saved(dir: &Path) -> Result<OfflineRecording, String> {
     // The manifest names files of the directory (`monitor save` writes plain names): a path
@@ -121,25 +205,8 @@ pub fn load_saved(dir: &Path) -> Result<OfflineRecording, String> {
             trace.len()
         ));
     }
-    let mut image = Image::new();
-    for (i, sec) in manifest["sections"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default()
-        .iter()
-        .enumerate()
-    {
-        let bad = |what: &str| format!("manifest.json: section {i}: {what}");
-        let file = sec["file"].as_str().ok_or_else(|| bad("no file"))?;
-        let addr = sec["addr"]
-            .as_str()
-            .and_then(|a| u64::from_str_radix(a.trim_start_matches("0x"), 16).ok())
-            .ok_or_else(|| bad("no addr"))?;
-        let origin = sec["origin"].as_str().unwrap_or(file);
-        image
-            .add(Section::new(addr, read(file)?, origin))
-            .map_err(|e| bad(&e.to_string()))?;
-    }
+    let image = sections_from_json(&manifest["sections"], "section", &read)?;
+    let exec_boundaries = exec_periods_from_json(&manifest["exec_periods"], trace.len(), &read)?;
     // maps.json is optional (older recordings), but if it is there it must be a file of ours.
     let maps: Vec<String> = if files.exists("maps.json").map_err(|e| e.to_string())? {
         serde_json::from_slice(&read("maps.json")?)
@@ -185,6 +252,7 @@ pub fn load_saved(dir: &Path) -> Result<OfflineRecording, String> {
     Ok(OfflineRecording {
         trace,
         image,
+        exec_boundaries,
         immutable,
         symbols: symbolizer_from_maps(&maps),
         registers_at_start: regs_from_json(&manifest["registers_at_start"]),
@@ -223,14 +291,23 @@ impl Timeline {
     pub fn offline(rec: OfflineRecording) -> Result<Self, String> {
         let store = TraceStore::new();
         append_bytes(&store, &rec.trace);
-        let image = Arc::new(rec.image);
+        let present = Arc::new(rec.image);
+        let image = super::periods::compose(&rec.exec_boundaries, &present);
         let worker = spawn_worker(&store, &image, &rec.flow)
             .map_err(|e| format!("cannot start the indexer: {e}"))?;
         let template = offline_template();
         let immutable = rec.immutable.unwrap_or_else(|| {
-            ImmutableCode::from_ranges(image.sections().iter().map(|s| (s.addr, s.end())).collect())
+            ImmutableCode::from_ranges(
+                present
+                    .sections()
+                    .iter()
+                    .map(|s| (s.addr, s.end()))
+                    .collect(),
+            )
         });
         let mut r = Timeline::assemble(None, store, worker, image, template.clone());
+        r.present = present;
+        r.exec_bounds = rec.exec_boundaries;
         r.immutable = immutable;
         r.symbols = Some(rec.symbols);
         r.record_wanted = false;

@@ -3,7 +3,9 @@
 //! immutable code only), and the write-watchpoint searches over the recorded state.
 
 use crate::capture::PastWrite;
-use crate::target::{Notice, RegMask, StopEvent, TargetError, TargetResult, X86Registers};
+use crate::target::{
+    Notice, RegMask, StopEvent, TargetError, TargetResult, WatchKind, X86Registers,
+};
 
 use super::Timeline;
 
@@ -101,7 +103,7 @@ impl Timeline {
         let got = if want == 0 {
             0
         } else {
-            self.image.read(addr, &mut buf[..want])
+            self.present.read(addr, &mut buf[..want])
         };
         if got == 0 {
             return Err(TargetError::Memory { addr });
@@ -109,12 +111,25 @@ impl Timeline {
         Ok(got)
     }
 
-    /// Adds a write watchpoint: only with a state log (it alone knows what each instruction
-    /// wrote) and a backend that stops at writes while recording. `false`: refused.
-    /// Refused too while recording is off: an untraced run is not single-stepped, a write
-    /// would pass unseen.
-    pub fn add_watch(&mut self, addr: u64, len: u64) -> bool {
+    /// Adds a watchpoint. A write watchpoint with a state log (it alone knows what each
+    /// instruction wrote) and a backend that stops at writes while recording is served in the
+    /// past and the present; refused while recording is off (an untraced run is not
+    /// single-stepped, a write would pass unseen). Without a state log (a PC-only past), a
+    /// backend that checks accesses itself in the running program (QEMU's plugin) serves
+    /// watchpoints of every kind at the present only; running through the past with them set
+    /// adds a notice that they are not checked there. `false`: refused.
+    pub fn add_watch(&mut self, addr: u64, len: u64, kind: WatchKind) -> bool {
         if len != 0 && !self.has_state_log() {
+            let mut list = self.live_watches.clone();
+            list.push((addr, len, kind));
+            if self
+                .live
+                .as_mut()
+                .is_some_and(|l| l.set_live_watches(&list))
+            {
+                self.live_watches = list;
+                return true;
+            }
             // GDB's own message names hardware limits: say why (shown at the next stop).
             let notice = Notice::WatchRefused {
                 backend: self
@@ -128,7 +143,7 @@ impl Timeline {
                 self.notices.push(notice);
             }
         }
-        if len == 0 || !self.has_state_log() || !self.record_wanted {
+        if len == 0 || !self.has_state_log() || !self.record_wanted || kind != WatchKind::Write {
             return false;
         }
         self.watches.push((addr, len));
@@ -140,8 +155,23 @@ impl Timeline {
         false
     }
 
-    /// Removes one write watchpoint added with the same range; `false` if there was none.
-    pub fn remove_watch(&mut self, addr: u64, len: u64) -> bool {
+    /// Removes one watchpoint added with the same range and kind; `false` if there was none.
+    pub fn remove_watch(&mut self, addr: u64, len: u64, kind: WatchKind) -> bool {
+        if let Some(i) = self
+            .live_watches
+            .iter()
+            .position(|&w| w == (addr, len, kind))
+        {
+            self.live_watches.remove(i);
+            let list = self.live_watches.clone();
+            if let Some(l) = self.live.as_mut() {
+                l.set_live_watches(&list);
+            }
+            return true;
+        }
+        if kind != WatchKind::Write {
+            return false;
+        }
         let Some(i) = self.watches.iter().position(|&w| w == (addr, len)) else {
             return false;
         };
@@ -151,6 +181,27 @@ impl Timeline {
             l.set_watches(&ranges);
         }
         true
+    }
+
+    /// A run through the PC-only past with watchpoints of the running program set: they are not
+    /// checked there (what was written is not known), which a notice at the stop says.
+    pub(super) fn note_unchecked_watches(&mut self) {
+        // Once per list of watchpoints (GDB inserts them again at every resume).
+        if self.live_watches.is_empty() || self.live_watches_noted == self.live_watches {
+            return;
+        }
+        self.live_watches_noted = self.live_watches.clone();
+        let notice = Notice::WatchPastUnchecked {
+            backend: self
+                .live
+                .as_ref()
+                .map_or("offline replay".to_string(), |l| {
+                    format!("{} backend", l.name())
+                }),
+        };
+        if !self.notices.contains(&notice) {
+            self.notices.push(notice);
+        }
     }
 
     /// The recorded state's write search, backward: the last write to a watched range between
@@ -178,7 +229,10 @@ impl Timeline {
     /// (the past memory the log shows does not change there, so GDB could not see a change).
     pub(super) fn watch_stop(&mut self, hit: PastWrite, at: u64) -> StopEvent {
         match (hit.addr, hit.unknown) {
-            (Some(addr), _) => StopEvent::Watch { addr },
+            (Some(addr), _) => StopEvent::Watch {
+                addr,
+                kind: WatchKind::Write,
+            },
             (None, why) => {
                 self.notices.push(Notice::WatchUncertain {
                     position: at,

@@ -86,7 +86,8 @@ impl Timeline {
         put("trace.pt", &trace)?;
         let mut sections = Vec::new();
         let mut raw_args = Vec::new();
-        for sec in self.image.sections() {
+        // The present program's code; the programs before an exec follow in `exec_periods`.
+        for sec in self.present.sections() {
             let name = format!("code-{:x}.bin", sec.addr);
             put(&name, sec.data())?;
             raw_args.push(format!(
@@ -101,6 +102,7 @@ impl Timeline {
                 "origin": &*sec.origin,
             }));
         }
+        let exec_periods = self.save_exec_periods(&mut put)?;
         let (pid, exe, maps_text) = match self.live.as_mut() {
             Some(live) => (live.pid(), live.exec_path(), live.maps()),
             None => {
@@ -213,6 +215,7 @@ impl Timeline {
             "recorded_instructions": self.live.as_ref().and_then(|l| l.recorded()),
             "sync_points": self.worker.stats().sync_points,
             "sections": sections,
+            "exec_periods": exec_periods,
             "tid": self.tid(),
             "registers_at_start": start.as_ref().filter(|r| complete(r)).map(regs_json),
             "registers_at_end": present.as_ref().filter(|r| complete(r)).map(regs_json),
@@ -227,6 +230,18 @@ impl Timeline {
             dir.join("trace.pt").display(),
             raw_args.join(" ")
         );
+        let exec_note = if self.exec_bounds.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "The program called exec {} time(s): the code of each earlier program is in \
+                 exec<K>-code-*.bin, and `exec_periods` in manifest.json says from which \
+                 trace offset and instruction the next one ran. The command below decodes the \
+                 whole trace against the last program; `ptrewind replay` uses every program's \
+                 code.\n\n",
+                self.exec_bounds.len()
+            )
+        };
         let readme = format!(
             "A ptrewind recording ({backend}).\n\n\
              trace.pt       Intel PT packets of {} instructions\n\
@@ -236,7 +251,7 @@ impl Timeline {
              maps.json      /proc/PID/maps when saved\n\
              file-*         the executable and shared libraries (GDB reads them through the \
              replay server)\n\n\
-             Decode with:\n\n    {cmd}\n\n\
+             {exec_note}Decode with:\n\n    {cmd}\n\n\
              Debug it (reverse execution, PC-only) with:\n\n    ptrewind replay {}\n",
             insns,
             dir.display()
@@ -258,10 +273,39 @@ impl Timeline {
              {unsaved}decode with: {cmd}\n",
             trace.len(),
             insns,
-            self.image.sections().len(),
+            self.present.sections().len(),
             files.names().len(),
             dir.display()
         ))
+    }
+
+    /// Writes the code of every program before an exec (`exec<K>-code-ADDR.bin`) and returns
+    /// the manifest's `exec_periods`: for each, where the next program starts (history position
+    /// and trace offset), its executable, mappings and code sections.
+    fn save_exec_periods(&self, put: &mut PutFile<'_>) -> Result<serde_json::Value, String> {
+        let mut periods = Vec::new();
+        for (k, b) in self.exec_bounds.iter().enumerate() {
+            let mut sections = Vec::new();
+            for sec in b.image.sections() {
+                let name = format!("exec{k}-code-{:x}.bin", sec.addr);
+                put(&name, sec.data())?;
+                sections.push(serde_json::json!({
+                    "file": name,
+                    "addr": format!("{:#x}", sec.addr),
+                    "len": sec.data().len(),
+                    "origin": &*sec.origin,
+                }));
+            }
+            periods.push(serde_json::json!({
+                "cause": b.cause,
+                "next_insn": b.next_insn,
+                "next_offset": b.next_offset,
+                "exe": b.exe.as_ref().map(|e| e.display().to_string()),
+                "maps": b.maps.lines().collect::<Vec<_>>(),
+                "sections": sections,
+            }));
+        }
+        Ok(serde_json::Value::Array(periods))
     }
 
     /// Saves the executable and the libraries (see [`super::files`]) through `put`: from the

@@ -29,9 +29,11 @@ enum Kind {
 type Step = (u64, u64, Kind);
 
 impl Timeline {
-    fn kind_at(&self, ip: u64, len: u8) -> Kind {
+    fn kind_at(&self, n: u64, ip: u64, len: u8) -> Kind {
         let mut bytes = [0u8; 16];
-        let n = self.image.read(ip, &mut bytes[..usize::from(len).min(16)]);
+        let n = self
+            .code_at(n)
+            .read(ip, &mut bytes[..usize::from(len).min(16)]);
         if n == 0 {
             return Kind::Other;
         }
@@ -56,7 +58,7 @@ impl Timeline {
             let mut window: Vec<(u64, u64, u8)> = Vec::with_capacity((end - start) as usize);
             self.for_each_insn(start, end, |n, ip, len| window.push((n, ip, len)));
             for &(n, ip, len) in window.iter().rev() {
-                let kind = self.kind_at(ip, len);
+                let kind = self.kind_at(n, ip, len);
                 match kind {
                     // Walking back over a return enters the callee it left.
                     Kind::Return => depth += 1,

@@ -775,6 +775,8 @@ pub(super) fn keep_session(into: &mut Timeline, from: &mut Timeline) {
     std::mem::swap(&mut into.diversion, &mut from.diversion);
     std::mem::swap(&mut into.diversions, &mut from.diversions);
     std::mem::swap(&mut into.watches, &mut from.watches);
+    std::mem::swap(&mut into.live_watches, &mut from.live_watches);
+    std::mem::swap(&mut into.live_watches_noted, &mut from.live_watches_noted);
 }
 
 #[cfg(test)]
@@ -838,6 +840,7 @@ mod tests {
         OfflineRecording {
             trace,
             image: image(),
+            exec_boundaries: Vec::new(),
             immutable: None,
             symbols: Symbolizer::default(),
             registers_at_start: None,

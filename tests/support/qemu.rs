@@ -72,3 +72,21 @@ pub fn fold_rep(log: &[u64], image: &Image) -> Vec<u64> {
     }
     out
 }
+
+/// A live QEMU recording server (`record --backend qemu`) of `exe args`, listening on a free
+/// loopback port, its recording directory beside `exe`; `extra`: more `record` options.
+pub fn live_server(exe: &Path, args: &[&str], extra: &[&str]) -> super::gdb::Server {
+    let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--listen", "127.0.0.1:0"]
+        .iter()
+        .map(Into::into)
+        .collect();
+    cli.push("--qemu-plugin".into());
+    cli.push(plugin().into());
+    cli.extend(extra.iter().map(Into::into));
+    cli.push("--trace-dir".into());
+    cli.push(exe.with_file_name("recording").into());
+    cli.push("--".into());
+    cli.push(exe.into());
+    cli.extend(args.iter().map(Into::into));
+    super::gdb::Server::start_cli(&cli)
+}

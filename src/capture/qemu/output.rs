@@ -12,6 +12,8 @@
 //!   process after a `# snapshot start guest_base=B` line), then one `# mmap ADDR LEN OFFSET PATH`
 //!   line per executable file mapping the guest made;
 //! * `clock` — the global instruction clock the TSC packets come from (a shared `u64`);
+//! * `exit`, `pause`, `watch` — a live session's shared gates ([`EXIT_FILE`], [`PAUSE_FILE`],
+//!   [`WATCH_FILE`]);
 //! * `plugin.json` — [`PluginMeta`]; `launch.json` — what ptrewind ran.
 //!
 //! Files are created with `O_CREAT | O_EXCL | O_NOFOLLOW` and mode 0600: nothing is written
@@ -72,10 +74,14 @@ pub mod pause_gate {
     pub const BPS: usize = 3;
     /// Room for breakpoint addresses.
     pub const MAX_BPS: usize = 64;
+    /// A counter ptrewind increments to let every held thread run the one block it waits at
+    /// (QEMU's exclusive work during a single step needs every thread out of its block; a
+    /// thread then waits again at its next block start).
+    pub const PULSE: usize = BPS + MAX_BPS;
     /// Then two words per vCPU index: the id of the thread waiting there (0: none) and the
     /// guest PC it waits at (the start of the block it has not run yet; 0: at the return of a
     /// system call, where QEMU's own PC is right).
-    pub const SLOTS: usize = BPS + MAX_BPS;
+    pub const SLOTS: usize = PULSE + 1;
     /// vCPU indexes with a slot.
     pub const MAX_SLOTS: usize = 4096;
     /// Size of the file in bytes.
@@ -84,6 +90,42 @@ pub mod pause_gate {
     pub fn encode(run: Option<u32>) -> u64 {
         run.map_or(0, |tid| 1 | (u64::from(tid) << 1))
     }
+}
+
+/// The watchpoints of a live session (mapped by the plugin with `pause=on`): the ranges
+/// ptrewind watches and, per vCPU, the access that hit one. While the list is empty no block is
+/// translated with memory callbacks (programs without watchpoints pay nothing); ptrewind makes
+/// QEMU flush its translations when the list changes. Native-endian `u64` words:
+/// [`watch_gate`].
+pub const WATCH_FILE: &str = "watch";
+
+/// Words of the [`WATCH_FILE`].
+pub mod watch_gate {
+    /// The number of watchpoints that follow (set by ptrewind, after them).
+    pub const COUNT: usize = 0;
+    /// Three words per watchpoint: address, length, kind ([`WRITE`] | [`READ`]).
+    pub const WATCHES: usize = 1;
+    /// Room for watchpoints.
+    pub const MAX_WATCHES: usize = 32;
+    /// Set by ptrewind: the thread a single step runs (0: none). While it is set, another
+    /// thread's hit waits (the held threads are let out of their blocks in short pulses during a
+    /// step; a second thread in the stub would read the debugger's packets too).
+    pub const STEP: usize = WATCHES + 3 * MAX_WATCHES;
+    /// Then four words per vCPU index (a hit slot): the thread that hit (0: none; set last by
+    /// the plugin, cleared by ptrewind when it reports the hit), the lowest watched address
+    /// accessed, the access ([`WRITE`] or [`READ`]) and the address of the accessing
+    /// instruction.
+    pub const HITS: usize = STEP + 1;
+    /// Words per hit slot.
+    pub const HIT_WORDS: usize = 4;
+    /// vCPU indexes with a hit slot.
+    pub const MAX_SLOTS: usize = 4096;
+    /// Size of the file in bytes.
+    pub const SIZE: u64 = ((HITS + HIT_WORDS * MAX_SLOTS) * 8) as u64;
+    /// Kind bit: stores.
+    pub const WRITE: u64 = 1;
+    /// Kind bit: loads.
+    pub const READ: u64 = 2;
 }
 
 /// The shared global instruction clock (8 bytes, native-endian `u64`).

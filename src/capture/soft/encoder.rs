@@ -447,6 +447,22 @@ impl SoftEncoder {
         }
     }
 
+    /// The next instruction runs in another address space (a successful `execve` replaced the
+    /// program): tracing restarts there with a PSB+ (without FUP: packet generation is off at
+    /// it) and MODE.Exec + TIP.PGE, so a decoder can switch images at that PSB
+    /// ([`Image::push_period`](crate::image::Image::push_period)). Returns the stream offset
+    /// of that PSB. The `syscall` before has already ended packet generation (TIP.PGD); if it
+    /// has not, a TIP.PGD ends it here.
+    pub fn new_address_space(&mut self) -> u64 {
+        if self.state == Enable::On {
+            self.tip(IpKind::TipPgd, None);
+        }
+        self.flush_tnt();
+        self.ret_stack.clear();
+        self.state = Enable::Off;
+        self.taken + self.out.len() as u64
+    }
+
     /// Writes pending TNT bits out so that everything encoded so far is in the output. Like a
     /// processor forcing out a partial TNT, this does not change what the stream means.
     pub fn flush(&mut self) {

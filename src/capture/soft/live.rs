@@ -7,6 +7,7 @@
 //! the process runs at full speed through the ptrace target (its INT3 breakpoints), untraced.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -14,7 +15,9 @@ use nix::sys::signal::Signal;
 
 use super::state_log::WriteHit;
 use super::{Exit, RecordError, SoftRecorder, StateLog, StepEvent};
-use crate::capture::backend::{LiveBackend, PastWrite, RecordedState, ptrace_present_state};
+use crate::capture::backend::{
+    ExecBoundary, LiveBackend, PastWrite, RecordedState, ptrace_present_state,
+};
 use crate::store::live::TraceStore;
 use crate::target::{
     Gprs, PtraceTarget, RegMask, Resume, StopEvent, Target, TargetError, TargetResult, X86Registers,
@@ -131,7 +134,10 @@ impl SoftCapture {
             .state_log()?
             .find_write_since(mark, &self.watches)?;
         if let Some(addr) = hit.addr {
-            return Some(StopEvent::Watch { addr });
+            return Some(StopEvent::Watch {
+                addr,
+                kind: crate::target::WatchKind::Write,
+            });
         }
         let before = self.watched_bytes.take().unwrap_or_default();
         let now = self.read_watched();
@@ -142,7 +148,10 @@ impl SoftCapture {
             .find(|(_, (b, n))| b != n)
             .map(|(&(addr, _), _)| addr);
         self.watched_bytes = Some(now);
-        changed.map(|addr| StopEvent::Watch { addr })
+        changed.map(|addr| StopEvent::Watch {
+            addr,
+            kind: crate::target::WatchKind::Write,
+        })
     }
 
     fn target(&mut self) -> &mut PtraceTarget {
@@ -170,6 +179,22 @@ impl SoftCapture {
         self.pid = Target::pid(self.rec.target_ref());
         Ok(Some(ev))
     }
+}
+
+/// Where stream offset `at` lies in the stored bytes (lost bytes are not stored): a position
+/// inside a gap is where the gap sits, so the next PSB stored after it counts as after `at`.
+fn data_offset(gaps: &[crate::store::live::Gap], at: u64) -> u64 {
+    let mut lost = 0;
+    for g in gaps {
+        if g.stream_offset >= at {
+            break;
+        }
+        if g.stream_offset + g.lost > at {
+            return g.data_offset as u64;
+        }
+        lost += g.lost;
+    }
+    at - lost
 }
 
 impl LiveBackend for SoftCapture {
@@ -214,6 +239,22 @@ impl LiveBackend for SoftCapture {
 
     fn store(&self) -> TraceStore {
         self.rec.store()
+    }
+
+    fn exec_boundaries(&self) -> Vec<ExecBoundary> {
+        let gaps = self.rec.store().gaps();
+        self.rec
+            .exec_periods()
+            .iter()
+            .map(|p| ExecBoundary {
+                cause: p.cause.clone(),
+                image: Arc::clone(&p.image),
+                maps: p.maps.clone(),
+                exe: p.exe.clone(),
+                next_insn: p.next_insn,
+                next_offset: data_offset(&gaps, p.next_stream_offset),
+            })
+            .collect()
     }
 
     fn recorded(&self) -> Option<u64> {
@@ -431,6 +472,30 @@ impl LiveBackend for SoftCapture {
         line(
             "execs / forks followed",
             format!("{} / {}", r.execs, r.forks_followed),
+        );
+        // Each period of code ended by an exec or a munmap/mmap over code, decoded against
+        // the code read before it (see `ExecPeriod`).
+        let periods = self.rec.exec_periods();
+        let by_exec = periods.iter().filter(|p| p.cause == "exec").count();
+        line(
+            "code periods ended",
+            format!(
+                "{} (exec {by_exec}, code unmapped or mapped over {})",
+                periods.len(),
+                periods.len() - by_exec
+            ),
+        );
+        // Each period of code ended by an exec or a munmap/mmap over code, decoded against
+        // the code read before it (see `ExecPeriod`).
+        let periods = self.rec.exec_periods();
+        let by_exec = periods.iter().filter(|p| p.cause == "exec").count();
+        line(
+            "code periods ended",
+            format!(
+                "{} (exec {by_exec}, code unmapped or mapped over {})",
+                periods.len(),
+                periods.len() - by_exec
+            ),
         );
         // Threads: recorded besides the main thread (each its own stream), ended while the
         // process went on, vanished unseen (killed while stopped: their streams end at their

@@ -42,8 +42,8 @@ pub use classify::{CachedInsn, InsnCache, InsnClass};
 pub use encoder::{Cofi, EncoderConfig, EncoderStats, SoftEncoder, Step};
 pub use live::SoftCapture;
 pub use recorder::{
-    Exit, Interrupter, RecordError, RecordFrom, RecorderConfig, RecorderStats, Recording,
-    RingConfig, SoftRecorder, StepEvent, StepMode, ThreadTrace,
+    ExecPeriod, Exit, Interrupter, RecordError, RecordFrom, RecorderConfig, RecorderStats,
+    Recording, RingConfig, SoftRecorder, StepEvent, StepMode, ThreadTrace,
 };
 pub use state_log::{EntryKind, StateLog, StateLogStats, SuspendedStep, UnknownWrite, WriteHit};
 pub use target::{SigInfo, StepStop, StepTarget};

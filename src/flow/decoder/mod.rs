@@ -173,6 +173,8 @@ pub struct FlowStats {
     pub path_hits: u64,
     /// TNT-8 packet walks recorded into the path cache.
     pub paths_recorded: u64,
+    /// Changes of address space (a PSB opening another [`ImagePeriod`](crate::image::ImagePeriod)).
+    pub image_switches: u64,
 }
 
 /// The return stack for RET compression: a fixed ring that drops its oldest entry when full.
@@ -217,7 +219,11 @@ const MAX_CLAIMS: usize = 16;
 
 /// Reconstructs the executed instructions of a trace. See the [module docs](super).
 pub struct FlowDecoder<'a> {
+    /// The code of the address space being decoded: `root` itself, or the
+    /// [`ImagePeriod`](crate::image::ImagePeriod) of `root` that the last PSB belongs to.
     image: &'a Image,
+    /// The image the decoder was given, with its later address spaces (if any).
+    root: &'a Image,
     cfg: FlowConfig,
     pkt: PacketDecoder<'a>,
     pushback: Option<(u64, Packet)>,
@@ -268,6 +274,7 @@ impl<'a> FlowDecoder<'a> {
         let mode = cfg.default_mode;
         FlowDecoder {
             image,
+            root: image,
             pkt: PacketDecoder::new(trace),
             pushback: None,
             last_ip: LastIp::new(),
@@ -324,6 +331,27 @@ impl<'a> FlowDecoder<'a> {
         self.ovf_pending = None;
         self.tnt_count = 0;
         self.eof = false;
+    }
+
+    /// Decodes from the PSB at `offset` on against the address space it belongs to
+    /// ([`Image::at_offset`]). A change of image drops every cached block: the same addresses
+    /// hold other code now. Called at a PSB, when nothing decoded is queued (the queue is
+    /// filled only once it is empty) and no cached path is being replayed.
+    #[cold]
+    pub(super) fn enter_period(&mut self, offset: u64) {
+        let image = self.root.at_offset(offset);
+        if std::ptr::eq(image, self.image) {
+            return;
+        }
+        self.image = image;
+        let (rest_insns, rest_runs) = self.replay_rest();
+        self.n_insns -= rest_insns;
+        self.n_runs -= rest_runs;
+        self.path_pos = self.path_end;
+        self.rec_key = 0;
+        self.next_blk = u32::MAX;
+        self.cache.clear();
+        self.stats.image_switches += 1;
     }
 
     /// Offset in the trace of the next packet to be read. Output already queued may come from

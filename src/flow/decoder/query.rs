@@ -355,6 +355,11 @@ impl FlowDecoder<'_> {
     // PSB+ and OVF
 
     pub(super) fn psb(&mut self, off: u64) {
+        // A trace that crosses an execve: the PSB that opens an address space switches the
+        // image (a period starts where tracing is off, after the exec's TIP.PGD).
+        if !self.root.periods().is_empty() {
+            self.enter_period(off);
+        }
         // The processor resets its Last IP and RET-compression history at a PSB.
         self.last_ip.reset();
         self.ret.clear();

@@ -3,6 +3,7 @@
 //! control, the trace store of the traced thread, and the backend's lines in `monitor stats`.
 
 use super::*;
+use crate::capture::qemu::output::stream_path;
 
 /// Register names of the [`gpr`] slots in QEMU's target description (`None`: not described).
 fn qemu_name(slot: usize) -> Option<&'static str> {
@@ -30,9 +31,12 @@ impl LiveBackend for QemuLive {
     }
 
     fn thread_stores(&self) -> Vec<(i32, TraceStore)> {
-        // The store holds the main thread's stream (the others are in the recording
-        // directory), whichever thread stopped.
-        vec![(self.history_thread(), self.store())]
+        // Every thread's stream, completed at every stop; the main thread's first (the store
+        // the timeline's own history is indexed from).
+        self.streams
+            .iter()
+            .map(|s| (i32::try_from(s.tid).unwrap_or(0), s.store.clone()))
+            .collect()
     }
 
     fn selected_thread(&self) -> i32 {
@@ -260,6 +264,14 @@ impl LiveBackend for QemuLive {
             .map_err(e)
     }
 
+    fn take_notices(&mut self) -> Vec<crate::target::Notice> {
+        std::mem::take(&mut self.watches.notices)
+    }
+
+    fn set_live_watches(&mut self, watches: &[(u64, u64, crate::target::WatchKind)]) -> bool {
+        self.set_plugin_watches(watches)
+    }
+
     fn has_exited(&mut self) -> bool {
         self.exited
     }
@@ -285,12 +297,16 @@ impl LiveBackend for QemuLive {
         for bp in std::mem::take(&mut self.bps) {
             let _ = self.remote.remove_breakpoint(BreakKind::Software, bp, 1);
         }
+        // A watchpoint hit would send the thread a SIGTRAP nobody takes any more: it would
+        // kill the program.
+        self.set_plugin_watches(&[]);
         let e = self.err();
         self.remote.detach().map_err(e)
     }
 
     fn store(&self) -> TraceStore {
-        self.store.clone()
+        // The main thread's (the history's thread).
+        self.streams[0].store.clone()
     }
 
     fn recorded(&self) -> Option<u64> {
@@ -317,6 +333,17 @@ impl LiveBackend for QemuLive {
             Resume::Step { signal } => (true, signal),
         };
         self.early = None;
+        if !step && let Some((t, pc)) = self.parked_at_breakpoint() {
+            // Another thread waits at the pause gate right at a breakpoint (it came there while
+            // GDB stepped over one, its breakpoints out of QEMU): it would hit it first thing.
+            // QEMU would not see it (the thread is inside that block already), so the hit is
+            // reported here, nothing resumed.
+            self.stop_thread = t;
+            self.selected = t;
+            self.early = Some(StopEvent::Breakpoint { pc });
+            self.running = true;
+            return Ok(());
+        }
         // A step moves the selected thread; a continue lifts the breakpoint the thread that
         // stopped sits on (QEMU would report it again at once) and runs every thread.
         let thread = if step {
@@ -356,12 +383,17 @@ impl LiveBackend for QemuLive {
             self.set_gate_for(Some(tid));
             let now = std::time::Instant::now();
             self.step_hold = Some((now, now, tid));
-        } else {
-            self.set_gate(false);
         }
         self.remote
             .resume(&[ResumeAction { action, thread }])
             .map_err(e)?;
+        if !step {
+            // Only once the stub has taken the `vCont` (acknowledged it): a held thread let go
+            // earlier can reach a breakpoint and enter the stub while the stopped thread is
+            // still in it, and both read the debugger's socket (seen: QEMU resending its stop
+            // reply while its other thread waits for the `vCont`, until the session timed out).
+            self.set_gate(false);
+        }
         self.stepping = step;
         self.running = true;
         Ok(())
@@ -404,14 +436,9 @@ impl LiveBackend for QemuLive {
                     self.set_gate(false);
                 } else if pulsed.elapsed() > STEP_PULSE {
                     // QEMU's exclusive work (flushing translations after a stop) waits for
-                    // every thread to leave its block, held ones too: let them out briefly;
-                    // they stop again at their next block.
-                    self.write_gate_words(crate::capture::qemu::output::pause_gate::GATE, &[0]);
-                    std::thread::sleep(Duration::from_millis(1));
-                    self.write_gate_words(
-                        crate::capture::qemu::output::pause_gate::GATE,
-                        &[crate::capture::qemu::output::pause_gate::encode(Some(tid))],
-                    );
+                    // every thread to leave its block, held ones too: each runs the block it
+                    // waits at and waits again at the next.
+                    self.pulse();
                     self.step_hold = Some((began, std::time::Instant::now(), tid));
                 }
             }
@@ -477,89 +504,110 @@ impl LiveBackend for QemuLive {
         if exited && !self.exited {
             self.exited = true;
         }
-        if self.finished {
+        if self.streams.iter().all(|s| s.finished) {
             return Ok(());
         }
         let dir = self.rec.dir().to_path_buf();
         let pid = self.rec.pid();
-        let tid = u32::try_from(self.main.tid).map_err(|_| "bad thread id".to_string())?;
-        let path = crate::capture::qemu::output::stream_path(&dir, pid, tid, "pt");
-        let ended = crate::capture::qemu::output::stream_path(&dir, pid, tid, "json").exists();
-        if ended || self.exited {
-            // The stream ended (the plugin wrote its summary) or the process is gone: the
-            // reader completes an unfinished stream from its tail file and the counters. Once.
-            let rec = Recorded::open(&dir)
-                .map_err(|e| format!("reading the recording directory: {e}"))?;
-            self.other_threads = rec.threads.len().saturating_sub(1);
-            let Some(t) = rec.thread(Some(tid)) else {
-                return Ok(());
-            };
-            let from = usize::try_from(self.written)
-                .unwrap_or(usize::MAX)
-                .min(t.trace.len());
-            self.store.rewrite_from(from, &t.trace[from..]);
-            self.last_sync = ((t.trace.len() - from) as u64, 0);
-            self.last_completion = t.completed.clone();
-            self.written = t.trace.len() as u64;
-            self.finished = true;
-            return Ok(());
-        }
-        if self.stream.is_none() {
-            match std::fs::File::open(&path) {
-                Ok(f) => self.stream = Some(f),
-                // Nothing executed yet (stopped before the first block).
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-                Err(e) => return Err(format!("opening {}: {e}", path.display())),
+        // Threads that started since the last stop.
+        for tid in streams::stream_tids(&dir, pid) {
+            if !self.streams.iter().any(|s| s.tid == tid) {
+                self.streams
+                    .push(streams::LiveStream::new(tid, TraceStore::new()));
             }
         }
-        // The bytes written since the last stop (the file only grows; the thread is stopped,
-        // and only it writes its stream).
-        let mut bytes = Vec::new();
-        if let Some(f) = self.stream.as_mut() {
-            use std::io::Read;
-            f.read_to_end(&mut bytes)
-                .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        let mut total = streams::Synced::default();
+        let mut main_note = None;
+        if self.exited {
+            // The process is gone: the reader completes every unfinished stream from its tail
+            // file and the counters. Once.
+            let rec = Recorded::open(&dir)
+                .map_err(|e| format!("reading the recording directory: {e}"))?;
+            for (k, s) in self.streams.iter_mut().enumerate() {
+                if s.finished {
+                    continue;
+                }
+                let Some(t) = rec.threads.iter().find(|t| t.pid == pid && t.tid == s.tid) else {
+                    continue;
+                };
+                let done = s.finish_with(&t.trace, t.completed.clone());
+                total.read += done.read;
+                if k == 0 {
+                    main_note = done.note;
+                }
+            }
+            self.last_sync = (total.read, 0);
+            self.last_completion = main_note;
+            return Ok(());
         }
-        let read = bytes.len() as u64;
-        let written = self.written + read;
-        let tail = std::fs::read(crate::capture::qemu::output::stream_path(
-            &dir, pid, tid, "tail",
-        ))
-        .ok()
-        .and_then(|d| crate::capture::qemu::output::TailState::read(&d));
-        let mut note = None;
-        if let (Some(tail), Ok(pc)) = (tail, self.pc()) {
-            let image = self.code_image()?;
-            note = Some(complete_at_pc(written, &mut bytes, &tail, pc, image));
+        // Where each live thread is: the one that stopped in the stub at its PC, the others at
+        // the pause gate (or in a system call).
+        self.wait_for_threads_to_settle();
+        let mut places = Vec::with_capacity(self.streams.len());
+        for k in 0..self.streams.len() {
+            let (tid, finished) = (self.streams[k].tid, self.streams[k].finished);
+            let ended = stream_path(&dir, pid, tid, "json").exists();
+            let pc = match self.thread_of(tid as i32) {
+                Some(t) if !finished && !ended => self.thread_pc(t).ok(),
+                _ => None,
+            };
+            places.push((ended, pc));
         }
-        let from = usize::try_from(self.written).unwrap_or(usize::MAX);
-        self.last_sync = (read, bytes.len() as u64 - read);
-        self.store.rewrite_from(from, &bytes);
-        self.written = written;
-        self.last_completion = note.or_else(|| {
-            Some("no tail file: the stream ends at its last write (not closed at the PC)".into())
-        });
-        self.other_threads = std::fs::read_dir(&dir)
-            .map(|rd| {
-                rd.filter_map(Result::ok)
-                    .filter(|e| e.file_name().to_string_lossy().ends_with(".pt"))
-                    .count()
-                    .saturating_sub(1)
-            })
-            .unwrap_or(0);
-        Ok(())
+        self.code_image()?;
+        let image = &self
+            .code
+            .as_ref()
+            .ok_or_else(|| "no code image".to_string())?
+            .1;
+        let mut errors = Vec::new();
+        for (k, s) in self.streams.iter_mut().enumerate() {
+            if s.finished {
+                continue;
+            }
+            let (ended, pc) = places[k];
+            let done = if ended {
+                s.finish_from_file(&dir, pid)
+            } else {
+                s.sync_at(&dir, pid, pc, image)
+            };
+            match done {
+                Ok(d) => {
+                    total.read += d.read;
+                    total.provisional += d.provisional;
+                    if k == 0 {
+                        main_note = d.note;
+                    }
+                }
+                Err(e) => errors.push(format!("thread {}: {e}", s.tid)),
+            }
+        }
+        self.last_sync = (total.read, total.provisional);
+        self.last_completion = main_note;
+        match errors.is_empty() {
+            true => Ok(()),
+            false => Err(errors.join("; ")),
+        }
     }
 
     fn stats(&self, line: &mut dyn FnMut(&str, String)) {
         line("recording directory", self.rec.dir().display().to_string());
         line("qemu pid", self.rec.pid().to_string());
-        line("traced thread", self.main.tid.to_string());
-        line("other threads recorded", self.other_threads.to_string());
+        line("qemu executable", self.qemu_exe.clone());
+        line("main thread", self.main.tid.to_string());
+        line(
+            "threads recorded",
+            format!(
+                "{} ({} ended)",
+                self.streams.len(),
+                self.streams.iter().filter(|s| s.finished).count()
+            ),
+        );
         line("stops", self.stops.to_string());
         line(
             "trace read at the last stop",
             format!(
-                "{} stream bytes, {} provisional bytes (rewritten at the next stop)",
+                "{} stream bytes, {} provisional bytes (rewritten at the next stop), every \
+                 thread",
                 self.last_sync.0, self.last_sync.1
             ),
         );

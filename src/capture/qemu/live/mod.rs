@@ -6,9 +6,11 @@
 //!   from the gdbstub through [`Remote`] (QEMU's translator breakpoints; a breakpoint at
 //!   the resume PC is lifted for one step, since QEMU would report it again at once; `Ctrl-C` is
 //!   a `SIGINT` to QEMU, see [`super::remote`]).
-//! * **past** — the plugin's stream of the traced thread (the main thread). At every stop the
-//!   bytes the plugin wrote to the thread's stream file since the last stop are read (the file
-//!   only grows) and the stream is closed at the stop PC from the thread's tail file (the
+//! * **past** — the plugin's stream of every thread (`streams.rs`; the main thread's is the
+//!   store the timeline's own history reads, the others go to the multi-thread live history
+//!   through `LiveBackend::thread_stores`). At every stop the bytes the plugin wrote to each
+//!   thread's stream file since the last stop are read (the file only grows) and the stream is
+//!   closed where the thread is from its tail file (the
 //!   encoder bytes not yet written, the pending TNT bits, and the running block walked to the
 //!   stop PC: [`complete_at_pc`]), followed by FUP + TIP.PGD. That closing part is provisional:
 //!   the stream at the next stop runs on through it, so the next stop rewrites the store from
@@ -25,8 +27,11 @@
 //!   reporting thread, so the plugin's pause gate holds the others while the program is stopped
 //!   (see `set_gate` and docs/qemu-gdbstub.md).
 //!
-//! Limits (QEMU 7.2): the past is the main thread's (the others are recorded in the directory);
-//! no watchpoints (the stub has none in user mode).
+//! * **watchpoints** — served by the plugin, which sees every memory access (the stub has none
+//!   in user mode): see `watch.rs`.
+//!
+//! Limits (QEMU 7.2): the past is PC-only for every thread; a watchpoint stop lands at the end
+//! of the translated block of the access.
 
 use std::collections::{BTreeSet, HashSet};
 use std::ffi::OsString;
@@ -48,10 +53,13 @@ use crate::target::regs::gpr;
 use crate::target::{RegMask, Resume, StopEvent, TargetError, TargetResult, X86Registers};
 
 mod backend;
+mod streams;
+mod watch;
 
 /// How long a single step holds the other threads before they are let go.
 const STEP_HOLD_LIMIT: Duration = Duration::from_millis(500);
-/// How often a single step that has not ended lets the held threads out of their blocks.
+/// How often a single step that has not ended lets each held thread run the one block it waits
+/// at (see [`super::output::pause_gate::PULSE`]).
 const STEP_PULSE: Duration = Duration::from_millis(6);
 
 /// Linux signal number → GDB's (they differ above 6 for a few: SIGBUS, SIGUSR1/2, SIGCHLD…).
@@ -88,17 +96,12 @@ pub struct QemuLive {
     /// The traced thread (the main thread: its id is the process id).
     main: ThreadId,
     program: PathBuf,
-    store: TraceStore,
-    /// The traced thread's stream file, once it exists (read on from where the last stop
-    /// stopped reading).
-    stream: Option<std::fs::File>,
-    /// Bytes of the stream file in the store (the store's bytes after them are provisional).
-    written: u64,
-    /// The stream ended (the plugin's summary, or the process gone) and is in the store whole.
-    finished: bool,
+    /// Every guest thread's stream (ended threads too), the main thread's first: what the
+    /// history of each thread is indexed from.
+    streams: Vec<streams::LiveStream>,
     /// The code image and the mappings text it was built from.
     code: Option<(String, Image)>,
-    /// At the last stop: stream bytes read, provisional bytes written.
+    /// At the last stop, over every thread: stream bytes read, provisional bytes written.
     last_sync: (u64, u64),
     /// The plugin's exit gate (`exit_stop`), once opened.
     gate: Option<std::fs::File>,
@@ -120,8 +123,6 @@ pub struct QemuLive {
     last_completion: Option<String>,
     stops: u64,
     stop_errors: Vec<String>,
-    /// The plugin's streams of other threads seen at the last stop.
-    other_threads: usize,
     /// The thread of the last stop (the one QEMU's gdbstub reported).
     stop_thread: ThreadId,
     /// The thread registers are read from and a step moves (the debugger's `Hg`/`Hc`).
@@ -136,6 +137,12 @@ pub struct QemuLive {
     terminal_interrupts: bool,
     /// A stop reply received while an interrupt waited for one (handed out by `wait`).
     stashed: Option<StopReply>,
+    /// Pulses sent (the pause file's `PULSE` word).
+    pulses: u64,
+    /// How QEMU was run (for `monitor stats`).
+    qemu_exe: String,
+    /// Watchpoints, served by the plugin (see `watch.rs`).
+    watches: watch::Watches,
 }
 
 impl std::fmt::Debug for QemuLive {
@@ -198,10 +205,28 @@ impl QemuLive {
         let mut config = config.clone();
         // Hold the other threads while one is stopped in the gdbstub (see `set_gate`).
         config.pause = true;
+        // QEMU runs from an unlinked copy of itself (see `unlinked_copy`); kept open until
+        // QEMU has started.
+        let copy = unlinked_copy(&config.qemu);
+        let qemu_exe = match &copy {
+            Ok((fd, _)) => {
+                use std::os::fd::AsRawFd;
+                config.qemu = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+                "an unlinked copy (so LLDB does not take QEMU for the program)".to_string()
+            }
+            Err(e) => format!(
+                "as installed (no unlinked copy: {e}; LLDB will name the executable after QEMU)"
+            ),
+        };
         config.qemu_args.push("-g".into());
         config.qemu_args.push(sock.clone().into_os_string());
+        let arg0 = copy.as_ref().ok().map(|(_, path)| path.clone());
         let mut rec = QemuRecording::spawn_with(&config, program, args, |cmd| {
             use std::os::unix::process::CommandExt;
+            if let Some(name) = &arg0 {
+                // Its command line names QEMU, not the memory file it runs from.
+                cmd.arg0(name);
+            }
             // SAFETY: the closure runs in the forked child before exec and only makes the
             // async-signal-safe prctl(2) call; it allocates nothing.
             unsafe {
@@ -216,12 +241,9 @@ impl QemuLive {
             }
             configure(cmd);
         })?;
-        let stream = connect_socket(
-            rec.child_mut(),
-            &config.qemu,
-            &sock,
-            Duration::from_secs(20),
-        )?;
+        let qemu_name = arg0.unwrap_or_else(|| config.qemu.clone());
+        drop(copy);
+        let stream = connect_socket(rec.child_mut(), &qemu_name, &sock, Duration::from_secs(20))?;
         // Connected: the socket file is no longer needed.
         drop(sock_dir);
         let remote = Remote::connect(stream, RemoteOptions::default())?;
@@ -235,10 +257,10 @@ impl QemuLive {
             remote,
             main,
             program,
-            store: TraceStore::new(),
-            stream: None,
-            written: 0,
-            finished: false,
+            streams: vec![streams::LiveStream::new(
+                u32::try_from(main.tid).unwrap_or(0),
+                TraceStore::new(),
+            )],
             code: None,
             last_sync: (0, 0),
             gate: None,
@@ -253,7 +275,6 @@ impl QemuLive {
             last_completion: None,
             stops: 0,
             stop_errors: Vec::new(),
-            other_threads: 0,
             stop_thread: main,
             selected: main,
             thread_list: vec![main],
@@ -261,6 +282,9 @@ impl QemuLive {
             remove_dir: false,
             terminal_interrupts: false,
             stashed: None,
+            pulses: 0,
+            qemu_exe,
+            watches: watch::Watches::default(),
         };
         // Stopped at the first instruction: threads started while stopped wait (see
         // `set_gate`).
@@ -442,18 +466,22 @@ impl QemuLive {
         remote_err(self.rec.pid())
     }
 
-    fn pc(&mut self) -> TargetResult<u64> {
-        self.thread_pc(self.main)
-    }
-
     /// The PC of thread `t`: where it waits at the pause gate (QEMU's own PC of a thread held
     /// inside a chain of translated blocks can be stale), else the gdbstub's.
     fn thread_pc(&mut self, t: ThreadId) -> TargetResult<u64> {
-        if let Some(x) = self.at_exit {
+        if let Some(x) = self.at_exit
+            && t == self.main
+        {
             return Ok(x.pc);
         }
         if let Some(pc) = self.paused_pc(t) {
             return Ok(pc);
+        }
+        if self.at_exit.is_some() {
+            // The gdbstub does not answer while the exit is held.
+            return Err(TargetError::Unsupported(
+                "another thread's PC while QEMU holds the program at its exit",
+            ));
         }
         let e = self.err();
         self.remote.read_register_u64(Some(t), "rip").map_err(e)
@@ -473,6 +501,8 @@ impl QemuLive {
     /// none).
     fn set_gate_for(&mut self, run: Option<u32>) {
         use super::output::pause_gate as g;
+        // A step of one thread (`Some(tid)`): the others' watchpoint hits wait for a continue.
+        self.publish_step(run.unwrap_or(0));
         self.write_gate_words(g::GATE, &[g::encode(run)]);
         if run.is_some() {
             // Stopped: a claim of the thread that reached the breakpoint is over.
@@ -491,6 +521,35 @@ impl QemuLive {
         words.resize(g::MAX_BPS, 0);
         self.write_gate_words(g::BPS, &words);
         self.write_gate_words(g::NBPS, &[n]);
+    }
+
+    /// Lets every held thread run the one block it waits at (QEMU's exclusive work during a
+    /// single step needs every thread out of its block); each waits again at its next block.
+    fn pulse(&mut self) {
+        self.pulses += 1;
+        self.write_gate_words(super::output::pause_gate::PULSE, &[self.pulses]);
+    }
+
+    /// Waits (at most 60 s) for the stop of a single step taken with the other threads held:
+    /// they are pulsed every [`STEP_PULSE`] and let go after [`STEP_HOLD_LIMIT`] (the stepped
+    /// thread waits for one of them: a lock, a join).
+    fn wait_step_held(&mut self) -> Result<Option<StopReply>, RemoteError> {
+        let began = std::time::Instant::now();
+        let mut pulsed = began;
+        let mut held = true;
+        while began.elapsed() < Duration::from_secs(60) {
+            if let Some(stop) = self.remote.wait(Some(Duration::from_millis(2)))? {
+                return Ok(Some(stop));
+            }
+            if held && began.elapsed() > STEP_HOLD_LIMIT {
+                self.set_gate(false);
+                held = false;
+            } else if held && pulsed.elapsed() > STEP_PULSE {
+                self.pulse();
+                pulsed = std::time::Instant::now();
+            }
+        }
+        Ok(None)
     }
 
     /// Writes words of the pause file from word `at`.
@@ -519,18 +578,68 @@ impl QemuLive {
     /// (`None`: not waiting there, or waiting at a system call's return, where the gdbstub's
     /// PC is right).
     fn paused_pc(&mut self, t: ThreadId) -> Option<u64> {
+        let tid = u64::try_from(t.tid).ok()?;
+        self.pause_slots()
+            .into_iter()
+            .find(|&(w, _)| w == tid)
+            .map(|(_, pc)| pc)
+            .filter(|&pc| pc != 0)
+    }
+
+    /// Every thread waiting at the pause gate now: `(tid, the block start it waits at, 0 at a
+    /// system call's return)`.
+    fn pause_slots(&self) -> Vec<(u64, u64)> {
         use super::output::pause_gate as g;
         use std::os::unix::fs::FileExt;
-        let f = self.pause.as_ref()?;
+        let Some(f) = self.pause.as_ref() else {
+            return Vec::new();
+        };
         let mut raw = vec![0u8; g::SIZE as usize];
-        f.read_exact_at(&mut raw, 0).ok()?;
+        if f.read_exact_at(&mut raw, 0).is_err() {
+            return Vec::new();
+        }
         let word =
             |i: usize| u64::from_ne_bytes(raw[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
-        let tid = u64::try_from(t.tid).ok()?;
         (0..g::MAX_SLOTS)
-            .find(|&i| word(g::SLOTS + 2 * i) == tid)
-            .map(|i| word(g::SLOTS + 2 * i + 1))
-            .filter(|&pc| pc != 0)
+            .map(|i| (word(g::SLOTS + 2 * i), word(g::SLOTS + 2 * i + 1)))
+            .filter(|&(tid, _)| tid != 0)
+            .collect()
+    }
+
+    /// A thread (not the one that stopped) waiting at the pause gate at the start of a block
+    /// that begins at a breakpoint, and that breakpoint.
+    fn parked_at_breakpoint(&self) -> Option<(ThreadId, u64)> {
+        let slots = self.pause_slots();
+        self.thread_list.iter().find_map(|t| {
+            let (_, pc) = slots
+                .iter()
+                .find(|&&(w, pc)| i64::try_from(w) == Ok(t.tid) && pc != 0)?;
+            (*t != self.stop_thread && self.bps.contains(pc)).then_some((*t, *pc))
+        })
+    }
+
+    /// Waits (at most 50 ms) until every guest thread but the one that stopped is where a
+    /// stop leaves it: at the pause gate (its slot published) or not running on a CPU (inside
+    /// a system call). A thread still finishing the block it was in when the gate closed
+    /// writes its stream and tail file until it reaches the gate.
+    fn wait_for_threads_to_settle(&mut self) {
+        let began = std::time::Instant::now();
+        let pid = self.pid();
+        loop {
+            let slots = self.pause_slots();
+            let running = self.thread_list.iter().any(|t| {
+                *t != self.stop_thread
+                    && !slots.iter().any(|&(w, _)| i64::try_from(w) == Ok(t.tid))
+                    && std::fs::read_to_string(format!("/proc/{pid}/task/{}/stat", t.tid))
+                        .ok()
+                        .and_then(|s| s.rsplit_once(") ").map(|(_, r)| r.starts_with('R')))
+                        .unwrap_or(false)
+            });
+            if !running || began.elapsed() > Duration::from_millis(50) {
+                return;
+            }
+            std::thread::sleep(Duration::from_micros(500));
+        }
     }
 
     /// Lists the guest threads again (at a stop).
@@ -580,7 +689,7 @@ impl QemuLive {
                 thread: Some(thread),
             }])
             .map_err(&e)?;
-        let stop = self.remote.wait(Some(Duration::from_secs(60))).map_err(&e);
+        let stop = self.wait_step_held().map_err(&e);
         self.set_gate(true);
         self.remote
             .insert_breakpoint(BreakKind::Software, pc, 1)
@@ -611,7 +720,13 @@ impl QemuLive {
                 self.selected = t;
                 let e = self.err();
                 let pc = self.remote.read_register_u64(Some(t), "rip").map_err(e)?;
-                if signal == gdb_signal::TRAP && self.bps.contains(&pc) && !stepping {
+                // A watchpoint hit of this thread: its SIGTRAP (or the step it happened in).
+                let watch = (signal == gdb_signal::TRAP)
+                    .then(|| self.take_watch_hit(t.tid, pc))
+                    .flatten();
+                if let Some((addr, kind)) = watch {
+                    StopEvent::Watch { addr, kind }
+                } else if signal == gdb_signal::TRAP && self.bps.contains(&pc) && !stepping {
                     StopEvent::Breakpoint { pc }
                 } else if signal == gdb_signal::TRAP && stepping {
                     StopEvent::Step
@@ -636,10 +751,32 @@ impl QemuLive {
     }
 }
 
+/// A copy of the QEMU binary `qemu` (a name is looked up in `PATH`) in an anonymous memory file
+/// (`memfd_create`, close-on-exec), and the path it was copied from. QEMU run from it has a
+/// `/proc/PID/exe` naming a file that does not exist: LLDB on this host names the main
+/// executable after that link (its host platform's process info, not the stub's), and took
+/// `qemu-x86_64` for the program (breakpoints by name resolved in QEMU's own symbols); when
+/// the file the link names cannot be loaded it keeps the program it was given, as for any
+/// remote target. QEMU does not need its own path in user mode (the guest's `/proc/self/exe` is
+/// the program's).
+fn unlinked_copy(qemu: &Path) -> std::io::Result<(std::os::fd::OwnedFd, PathBuf)> {
+    let path = super::remote::launch::find_qemu(qemu.as_os_str())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::NotFound, e.to_string()))?;
+    let fd =
+        nix::sys::memfd::memfd_create(c"ptrewind-qemu", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
+            .map_err(std::io::Error::from)?;
+    let mut out = std::fs::File::from(fd);
+    let mut src = std::fs::File::open(&path)?;
+    std::io::copy(&mut src, &mut out)?;
+    Ok((out.into(), path))
+}
+
 /// Completes a live thread's stream at a stop at `pc`, after the `written` bytes of its stream
 /// file: appends to `out` the encoder output not yet in the file, the pending TNT bits, then the
 /// running block walked from its start to `pc` (its last instruction's outcome added when `pc`
-/// is where it went: a TNT bit for a conditional branch, a TIP for an indirect one), and
+/// is where it went: a TNT bit for a conditional branch, a TIP for an indirect one; a system
+/// call the thread is inside of or returns from: TIP.PGD as the plugin writes it, then TIP.PGE
+/// at `pc`), and
 /// FUP(`pc`) + TIP.PGD. The instruction at `pc` is not counted as executed. Returns how it was
 /// done (for `monitor stats`).
 pub fn complete_at_pc(
@@ -710,6 +847,25 @@ pub fn complete_at_pc(
                 }
                 InsnClass::IndirectJump | InsnClass::IndirectCall | InsnClass::Return => {
                     let _ = enc.ip_packet(IpKind::Tip, Some(pc), out);
+                }
+                InsnClass::SysCall | InsnClass::SoftInt => {
+                    // Stopped inside the call (or at its return): the thread left user space
+                    // as the plugin's encoder writes it (TIP.PGD; INT n: FUP + TIP.PGD), and
+                    // comes back at `pc` (TIP.PGE), where the stop's FUP + TIP.PGD below
+                    // binds to nothing executed: the stream ends *at* `pc`.
+                    if i.class == InsnClass::SoftInt {
+                        let _ = enc.ip_packet(IpKind::Fup, Some(i.insn.ip()), out);
+                    }
+                    let _ = enc.ip_packet(IpKind::TipPgd, None, out);
+                    let _ = encode_packet(
+                        &Packet::ModeExec {
+                            csl: true,
+                            csd: false,
+                            iflag: false,
+                        },
+                        out,
+                    );
+                    let _ = enc.ip_packet(IpKind::TipPge, Some(pc), out);
                 }
                 _ => {}
             }
@@ -796,6 +952,47 @@ mod tests {
         assert_eq!(live_stream(0x100a), (vec![0x1000, 0x1005, 0x1008], vec![]));
         // Stopped before the block ran (a breakpoint at its start): nothing counts.
         assert_eq!(live_stream(0x1000), (vec![], vec![]));
+    }
+
+    #[test]
+    fn a_thread_inside_a_system_call_is_cut_after_it() {
+        use crate::packet::{Encoder, IpKind, Packet, encode_packet};
+        // 0x1000 mov eax,1; 0x1005 syscall; 0x1007 nop
+        let mut code = vec![0x90u8; 0x10];
+        code[..7].copy_from_slice(&[0xb8, 1, 0, 0, 0, 0x0f, 0x05]);
+        let mut img = Image::new();
+        img.add(Section::new(0x1000, code, "test")).unwrap();
+        let mut enc = Encoder::new();
+        let mut trace = Vec::new();
+        enc.psb(&mut trace);
+        let _ = encode_packet(&Packet::PsbEnd, &mut trace);
+        let _ = enc.ip_packet(IpKind::TipPge, Some(0x1000), &mut trace);
+        let tail = TailState {
+            file_offset: trace.len() as u64,
+            bytes: Vec::new(),
+            tracing: true,
+            in_flight: Some((0x1000, 2, u64::MAX, 0)),
+            tnt: (0, 0),
+        };
+        let written = trace.len() as u64;
+        complete_at_pc(written, &mut trace, &tail, 0x1007, &img);
+        let mut dec = FlowDecoder::new(&trace, &img, FlowConfig::default());
+        let (mut ips, mut errors) = (Vec::new(), Vec::new());
+        while let Some(item) = dec.next_item() {
+            match item {
+                Item::Insn(i) => ips.push(i.ip),
+                Item::Event(e) => {
+                    if let EventKind::Error { kind, .. } = &e.kind {
+                        errors.push(kind.to_string());
+                    }
+                }
+            }
+        }
+        assert_eq!((ips, errors), (vec![0x1000, 0x1005], vec![]));
+        // Its place at the stop is after the call (where it goes on): what the thread group
+        // shows at its end.
+        let clock = crate::history::ThreadClock::from_trace(&trace, &img, &FlowConfig::default());
+        assert_eq!((clock.len(), clock.stop_ip()), (2, Some(0x1007)));
     }
 
     #[test]

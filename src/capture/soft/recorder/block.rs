@@ -11,8 +11,9 @@ impl<T: StepTarget> SoftRecorder<T> {
     /// (it is single-stepped) or the code cannot be decoded.
     pub(super) fn run_block(&mut self, max: u64) -> Result<Option<u64>, RecordError> {
         let start = self.current_regs()?;
-        // Resuming re-executes an interrupted system call first: single-step it.
-        if restart_point(&start).is_some() {
+        // Resuming re-executes an interrupted system call first: single-step it. After an
+        // execve the single step collects the exec's pending step trap first.
+        if restart_point(&start).is_some() || self.lane.exec_trap_due {
             return Ok(None);
         }
         let mut block: Vec<CachedInsn> = Vec::new();

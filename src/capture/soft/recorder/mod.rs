@@ -330,9 +330,45 @@ pub struct Recording {
     pub exit: Option<Exit>,
     /// The state log, if enabled.
     pub state_log: Option<StateLog>,
+    /// The address spaces left through `execve`, in order (see [`ExecPeriod`]).
+    pub exec_periods: Vec<ExecPeriod>,
     /// Every thread's stream (the main thread first; `trace` and `ip_log` repeat its): the
     /// streams carry TSC packets from one global clock (see [`SoftRecorder::thread_stores`]).
     pub threads: Vec<ThreadTrace>,
+}
+
+/// A period of the main thread's code that ended: through a successful `execve` (another
+/// program), or a `munmap` / `mmap(MAP_FIXED)` over executable code (`dlclose`, a JIT freeing
+/// code: other code may be mapped at the same addresses next). Its code is read just before
+/// the system call runs (after it, that code is gone); the encoder opens the next period with
+/// a PSB+.
+#[derive(Debug, Clone)]
+pub struct ExecPeriod {
+    /// What ended it: `exec`, or `munmap START-END` / `mmap START-END`.
+    pub cause: String,
+    /// The code of the program before the `execve` (every readable, executable mapping as it
+    /// was when the call was made; empty if it could not be read).
+    pub image: Arc<Image>,
+    /// The old program's `/proc/PID/maps` text (for its symbols).
+    pub maps: String,
+    /// The old program's executable (`/proc/PID/exe`), if it could be read.
+    pub exe: Option<std::path::PathBuf>,
+    /// Number of the new program's first instruction in the main thread's history (the
+    /// instructions before it, the `execve` included, ran in this address space).
+    pub next_insn: u64,
+    /// Stream offset of the PSB that opens the new address space in the main thread's stream.
+    pub next_stream_offset: u64,
+}
+
+/// The code read before a system call that may end a period (see [`ExecPeriod`]).
+#[derive(Debug)]
+struct PendingPeriod {
+    /// The system call number it was read for.
+    nr: u64,
+    cause: String,
+    image: Arc<Image>,
+    maps: String,
+    exe: Option<std::path::PathBuf>,
 }
 
 /// One thread's part of a [`Recording`].
@@ -369,6 +405,10 @@ struct Lane {
     sigstop_sent: bool,
     /// Its instructions recorded.
     recorded: u64,
+    /// Its `execve` just succeeded: the kernel still reports the single step of that system
+    /// call when it returns to user space, as a trap before the new program's first
+    /// instruction has run (GDB's `stepi` after `catch exec` shows the same PC twice).
+    exec_trap_due: bool,
     /// The registers the current step started from, as they were (before any restart of an
     /// interrupted system call is modelled).
     step_origin: Option<Gprs>,
@@ -392,6 +432,7 @@ impl Lane {
             in_flight: None,
             stamp_due: false,
             sigstop_sent: false,
+            exec_trap_due: false,
             step_origin: None,
             recorded: 0,
         })
@@ -438,6 +479,11 @@ pub struct SoftRecorder<T: StepTarget> {
     interrupt: Arc<AtomicBool>,
     state_log: Option<StateLog>,
     image: Option<Image>,
+    /// The code read just before the main thread's `execve` system call runs (see
+    /// [`ExecPeriod`]); taken when the exec succeeds.
+    exec_image: Option<PendingPeriod>,
+    /// The address spaces left through `execve`, in order.
+    exec_periods: Vec<ExecPeriod>,
     exit: Option<Exit>,
     stats: RecorderStats,
     /// Instructions stepped so far, readable from other threads (progress displays).
@@ -559,6 +605,8 @@ impl<T: StepTarget> SoftRecorder<T> {
             start_address,
             interrupt: Arc::new(AtomicBool::new(false)),
             image: None,
+            exec_image: None,
+            exec_periods: Vec::new(),
             exit: None,
             stop_at_exit: false,
             at_exit: false,
@@ -616,6 +664,12 @@ impl<T: StepTarget> SoftRecorder<T> {
     /// The store the drainer fills (a shared handle: readable while recording runs).
     pub fn store(&self) -> TraceStore {
         self.main_store.clone()
+    }
+
+    /// The address spaces the main thread left through `execve` so far, in order (see
+    /// [`ExecPeriod`]).
+    pub fn exec_periods(&self) -> &[ExecPeriod] {
+        &self.exec_periods
     }
 
     /// The state log, if enabled.
@@ -850,6 +904,7 @@ impl<T: StepTarget> SoftRecorder<T> {
             encoder,
             ip_log,
             image: self.image.take(),
+            exec_periods: self.exec_periods.clone(),
             exit: self.exit,
             state_log: self.state_log.take(),
             threads,

@@ -36,6 +36,74 @@ pub(super) fn restart_point(regs: &Gprs) -> Option<Gprs> {
 }
 
 impl<T: StepTarget> SoftRecorder<T> {
+    /// Before the main thread's system call `before.rax`: if it may replace code — execve or
+    /// execveat (the whole address space), munmap or mmap(MAP_FIXED) over an executable
+    /// mapping — the code as it is now (see [`ExecPeriod`]), read while it still exists.
+    fn period_may_end(&mut self, before: &Gprs) -> Option<PendingPeriod> {
+        if !matches!(before.rax, 9 | 11 | 59 | 322) {
+            return None;
+        }
+        let pid = self.target.pid();
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+        let cause = match before.rax {
+            59 | 322 => "exec".to_string(),
+            9 | 11 => {
+                const MAP_FIXED: u64 = 0x10;
+                if before.rax == 9 && before.r10 & MAP_FIXED == 0 {
+                    return None;
+                }
+                let (start, end) = (before.rdi, before.rdi.saturating_add(before.rsi));
+                let over_code = crate::capture::soft::procmaps::parse_maps(&maps)
+                    .iter()
+                    .any(|m| m.exec && m.start < end && start < m.end);
+                if !over_code {
+                    return None;
+                }
+                let call = if before.rax == 9 { "mmap" } else { "munmap" };
+                format!("{call} {start:#x}-{end:#x}")
+            }
+            _ => return None,
+        };
+        let mut image = crate::capture::soft::procmaps::capture_image(&mut self.target)
+            .map(|(image, _skipped)| image)
+            .unwrap_or_default();
+        // A program that maps and unmaps code often (a JIT) keeps one copy of what did not
+        // change (its libraries, its executable) across all its periods.
+        if let Some(prev) = self.exec_periods.last() {
+            image.share_bytes_with(&prev.image);
+        }
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+        Some(PendingPeriod {
+            nr: before.rax,
+            cause,
+            image: Arc::new(image),
+            maps,
+            exe,
+        })
+    }
+
+    /// The system call `nr` of the main thread succeeded: if its code was read before it (see
+    /// [`Self::period_may_end`]), the period ends here and the encoder opens the next one.
+    fn end_period(&mut self, nr: u64) {
+        if self.lane.tid != self.target.pid() || self.exec_image.as_ref().is_none_or(|p| p.nr != nr)
+        {
+            return;
+        }
+        let Some(p) = self.exec_image.take() else {
+            return;
+        };
+        let next_stream_offset = self.lane.encoder.new_address_space();
+        let next_insn = self.thread_recorded(self.lane.tid);
+        self.exec_periods.push(ExecPeriod {
+            cause: p.cause,
+            image: p.image,
+            maps: p.maps,
+            exe: p.exe,
+            next_insn,
+            next_stream_offset,
+        });
+    }
+
     /// One step of the current thread.
     pub(super) fn step_lane(&mut self) -> Result<StepEvent, RecordError> {
         let mut before = self.current_regs()?;
@@ -63,6 +131,11 @@ impl<T: StepTarget> SoftRecorder<T> {
         // An undecodable or unreadable instruction still gets stepped: the CPU raises #UD or
         // #PF (SIGILL, SIGSEGV), which the signal path handles.
         let insn = self.cache.get(&mut self.target, ip).ok();
+        if insn.as_ref().is_some_and(|i| i.class == InsnClass::SysCall)
+            && self.lane.tid == self.target.pid()
+        {
+            self.exec_image = self.period_may_end(&before);
+        }
         if let (Some(log), Some(insn)) = (self.state_log.as_mut(), insn.as_ref())
             && self.recording
         {
@@ -146,6 +219,7 @@ impl<T: StepTarget> SoftRecorder<T> {
             self.discard_state_entry();
             return Ok(StepEvent::Idle);
         }
+        let exec_trap_due = std::mem::take(&mut self.lane.exec_trap_due);
         match stop {
             StepStop::ThreadExited(_) => {
                 // The thread's own `exit` executed and it is gone.
@@ -172,6 +246,11 @@ impl<T: StepTarget> SoftRecorder<T> {
                     return self.handler_entered(ip);
                 }
                 let after = self.current_regs()?;
+                if exec_trap_due && signal.is_none() && code == TRAP_TRACE && after.rip == ip {
+                    // The execve's own step trap (see `Lane::exec_trap_due`): nothing ran.
+                    self.discard_state_entry();
+                    return Ok(StepEvent::Idle);
+                }
                 if code != TRAP_TRACE && code != TRAP_BRKPT {
                     // A SIGTRAP that is not the step trap: the program's own INT3/INT1 (after
                     // it executed), or a SIGTRAP sent to it. Either way the program gets it.
@@ -294,10 +373,18 @@ impl<T: StepTarget> SoftRecorder<T> {
                 self.parked = others;
                 self.lane.regs = None;
                 let after = self.current_regs()?;
-                match insn {
+                let event = match insn {
                     Some(insn) => self.executed(ip, &insn, &after),
                     None => Ok(StepEvent::Executed { ip }),
+                };
+                self.lane.exec_trap_due = true;
+                // The main thread's history goes on in another address space: the encoder
+                // opens it with a PSB+ where the decoder switches to the new code.
+                let nr = self.exec_image.as_ref().map_or(59, |p| p.nr);
+                if matches!(nr, 59 | 322) {
+                    self.end_period(nr);
                 }
+                event
             }
             StepStop::Exited(_) | StepStop::Killed(_) => {
                 // Without PTRACE_EVENT_EXIT (a target that does not report it), an exit seen
@@ -454,6 +541,13 @@ impl<T: StepTarget> SoftRecorder<T> {
             cofi: cofi(insn.class, insn.nlip(), next_ip),
             next_ip,
         });
+        // munmap / mmap(MAP_FIXED) over code that succeeded: the code there is gone.
+        if insn.class == InsnClass::SysCall
+            && matches!(after.orig_rax, 9 | 11)
+            && !(-4095..0).contains(&(after.rax as i64))
+        {
+            self.end_period(after.orig_rax);
+        }
         self.write_out(false);
         Ok(StepEvent::Executed { ip })
     }

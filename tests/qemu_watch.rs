@@ -1,0 +1,219 @@
+//! Watchpoints in a live QEMU session (`record --backend qemu`), with real GDB in batch mode:
+//! QEMU 7.2's user-mode gdbstub has none, the plugin's memory callbacks serve them (see
+//! docs/qemu-gdbstub.md "Watchpoints"). Skipped (with a message) when `qemu-x86_64` or `gdb`
+//! is missing.
+
+mod support;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use support::cbuild::{compile_source, have, nm_symbol};
+use support::gdb::{GdbRun, gdb_session};
+use support::qemu::live_server;
+
+const PROGRAM: &str = r#"
+#include <pthread.h>
+#include <stdio.h>
+volatile int counter;
+volatile int flag = 5;
+volatile int other;
+__attribute__((noinline)) void bump(int v) { counter = v; other = v + 1; }
+__attribute__((noinline)) int peek(void) { return flag; }
+void *worker(void *a) {
+    (void)a;
+    for (int i = 0; i < 3; i++) other += i;
+    counter = 100;
+    return 0;
+}
+int main(void) {
+    for (int i = 1; i <= 3; i++) bump(i);
+    counter = 3; /* the value it has: GDB's `watch` resumes silently */
+    int s = peek();
+    pthread_t t;
+    pthread_create(&t, 0, worker, 0);
+    pthread_join(t, 0);
+    counter = 7;
+    printf("done %d %d\n", counter, s);
+    return counter + s;
+}
+"#;
+
+fn setup() -> Option<(tempfile::TempDir, PathBuf)> {
+    if !have("qemu-x86_64") || !have("gdb") {
+        eprintln!("skipped: qemu-x86_64 (package qemu-user) or gdb not installed");
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile_source(
+        "cc",
+        dir.path(),
+        "watched",
+        PROGRAM,
+        &["-g", "-O0", "-no-pie", "-pthread"],
+        &[],
+    );
+    Some((dir, exe))
+}
+
+fn session(exe: &std::path::Path, commands: &[&str]) -> GdbRun {
+    let server = live_server(exe, &[], &["--no-stop-at-exit"]);
+    gdb_session(server, exe, commands, Duration::from_secs(120))
+}
+
+/// The text GDB printed between the lines `from` and `to`.
+fn between<'a>(run: &'a GdbRun, from: &str, to: &str) -> &'a str {
+    let rest = run.after(from);
+    rest.find(&format!("{to}\n")).map_or(rest, |i| &rest[..i])
+}
+
+/// `watch counter`: every write stops with GDB's Old/New values, in the thread that wrote
+/// (the main thread's writes, then the worker's, then the main thread's again); a write of the
+/// value already there is reported by the plugin and passed over by GDB; after `delete` the
+/// program runs to its end.
+#[test]
+fn watch_stops_with_old_and_new_values_in_the_writing_thread() {
+    let Some((_dir, exe)) = setup() else { return };
+    let run = session(
+        &exe,
+        &[
+            "watch counter",
+            "continue",
+            "echo @w1\\n",
+            "continue",
+            "continue",
+            "echo @w3\\n",
+            "continue",
+            "echo @worker\\n",
+            "thread",
+            "bt 1",
+            "continue",
+            "echo @main\\n",
+            "thread",
+            "delete",
+            "continue",
+            "echo @end\\n",
+        ],
+    );
+    let first = &run.gdb[..run.pos("@w1")];
+    assert!(
+        first.contains("Hardware watchpoint 1: counter\n\nOld value = 0\nNew value = 1"),
+        "{}",
+        run.dump()
+    );
+    // The stop is at the end of bump's block (the return into main), not right after the
+    // store: ptrewind names the instruction that wrote, inside bump.
+    let (bump, peek) = (nm_symbol(&exe, "bump"), nm_symbol(&exe, "peek"));
+    let insn = run
+        .gdb
+        .split("the watched location was accessed by the instruction at 0x")
+        .nth(1)
+        .and_then(|r| u64::from_str_radix(r.split(';').next()?, 16).ok())
+        .unwrap_or_else(|| panic!("no notice of the accessing instruction: {}", run.dump()));
+    assert!(insn > bump && insn < peek, "{insn:#x}: {}", run.dump());
+    // Six stops: three in bump, the same-value write GDB passes over, the worker's, main's.
+    let named: Vec<&str> = run
+        .gdb
+        .split("the watched location was accessed by the instruction at 0x")
+        .skip(1)
+        .filter_map(|r| r.split(';').next())
+        .collect();
+    assert_eq!(named.len(), 6, "{named:?}: {}", run.dump());
+    assert!(
+        run.gdb.contains("Old value = 1\nNew value = 2")
+            && run.gdb.contains("Old value = 2\nNew value = 3"),
+        "{}",
+        run.dump()
+    );
+    // The worker's write: reported in the worker (GDB's thread 2), at the end of the
+    // translated block of the write (`counter = 100; return 0;` ends with the return into
+    // glibc's start_thread).
+    let w = between(&run, "@worker", "@main");
+    assert!(
+        run.gdb.contains(
+            "Thread 2 hit Hardware watchpoint 1: counter\n\nOld value = 3\nNew value = 100"
+        ),
+        "{}",
+        run.dump()
+    );
+    assert!(w.contains("[Current thread is 2 "), "{}", run.dump());
+    assert!(w.contains("start_thread"), "{}", run.dump());
+    // Then the main thread's last write, reported in the main thread.
+    let m = between(&run, "@main", "@end");
+    assert!(
+        run.gdb.contains(
+            "Thread 1 hit Hardware watchpoint 1: counter\n\nOld value = 100\nNew value = 7"
+        ),
+        "{}",
+        run.dump()
+    );
+    assert!(m.contains("[Current thread is 1 "), "{}", run.dump());
+    // Deleted: no more stops, the program ends (exit code 7 + 5).
+    assert!(m.contains("exited with code 014"), "{}", run.dump());
+    assert!(run.program_stdout.contains("done 7 5"), "{}", run.dump());
+}
+
+/// `rwatch flag` stops at the read with its value; `awatch counter` at the worker's write, in
+/// the worker; reverse-continue with the watchpoint set runs through the PC-only past without
+/// stopping at it and says why; with the watchpoint deleted the program runs on to its end.
+#[test]
+fn rwatch_awatch_and_reverse_continue_with_a_watchpoint_in_the_pc_only_past() {
+    let Some((_dir, exe)) = setup() else { return };
+    let peek = nm_symbol(&exe, "peek");
+    let run = session(
+        &exe,
+        &[
+            "rwatch flag",
+            "continue",
+            "echo @read\\n",
+            "p/x $pc",
+            "delete",
+            "awatch counter",
+            "continue",
+            "echo @access\\n",
+            "reverse-continue",
+            "echo @rc\\n",
+            "delete",
+            "continue",
+            "continue",
+            "echo @end\\n",
+        ],
+    );
+    assert!(
+        run.gdb
+            .contains("Hardware read watchpoint 1: flag\n\nValue = 5"),
+        "{}",
+        run.dump()
+    );
+    // The read is in peek; the stop lands after it, at the end of its translated block (peek's
+    // return to main) at the latest.
+    let pc = run.hex_after("@read");
+    assert!(pc > peek, "pc {pc:#x}: {}", run.dump());
+    // `awatch`: the next access is the worker's write, reported as an access in the worker.
+    assert!(
+        between(&run, "@read", "@access").contains(
+            "Thread 2 hit Hardware access (read/write) watchpoint 2: counter\n\nOld value = 3\nNew value = 100"
+        ),
+        "{}",
+        run.dump()
+    );
+    // (GDB prints the server's notices on stderr, after the commands' output.)
+    assert!(
+        run.gdb.contains(
+            "ptrewind: watchpoints are checked only in the running program: this recording's \
+             past is PC-only (qemu backend)"
+        ),
+        "{}",
+        run.dump()
+    );
+    assert!(
+        between(&run, "@access", "@rc").contains("No more reverse-execution history."),
+        "{}",
+        run.dump()
+    );
+    assert!(
+        between(&run, "@rc", "@end").contains("exited with code 014"),
+        "{}",
+        run.dump()
+    );
+}
