@@ -485,18 +485,6 @@ impl LiveBackend for SoftCapture {
                 periods.len() - by_exec
             ),
         );
-        // Each period of code ended by an exec or a munmap/mmap over code, decoded against
-        // the code read before it (see `ExecPeriod`).
-        let periods = self.rec.exec_periods();
-        let by_exec = periods.iter().filter(|p| p.cause == "exec").count();
-        line(
-            "code periods ended",
-            format!(
-                "{} (exec {by_exec}, code unmapped or mapped over {})",
-                periods.len(),
-                periods.len() - by_exec
-            ),
-        );
         // Threads: recorded besides the main thread (each its own stream), ended while the
         // process went on, vanished unseen (killed while stopped: their streams end at their
         // last recorded instruction).
