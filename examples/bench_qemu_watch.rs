@@ -20,6 +20,10 @@
 //! slower, see docs/benchmarks.md). Times are wall-clock seconds of whole sessions (start-up
 //! included, about 0.3 s), the median of the rounds; ratios are against `none` of the same run.
 
+#[path = "../tests/support/cbuild.rs"]
+#[allow(dead_code)]
+mod cbuild;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -124,16 +128,14 @@ fn main() {
         .get(3)
         .map_or_else(|| dir.join("libptrewind_qemu_plugin.so"), PathBuf::from);
     let tmp = tempfile::tempdir().expect("tempdir");
-    let src = tmp.path().join("loop.c");
-    std::fs::write(&src, LOOP_SRC).expect("write");
-    let prog = tmp.path().join("loop");
-    let st = Command::new("cc")
-        .args(["-O1", "-g", "-no-pie", "-o"])
-        .arg(&prog)
-        .arg(&src)
-        .status()
-        .expect("cc");
-    assert!(st.success(), "cc failed");
+    let prog = cbuild::compile_source(
+        "cc",
+        tmp.path(),
+        "loop",
+        LOOP_SRC,
+        &["-O1", "-g", "-no-pie"],
+        &[],
+    );
     println!(
         "load average: {}",
         std::fs::read_to_string("/proc/loadavg")

@@ -61,6 +61,17 @@ fn syscall_at_or_after(code: &Image, from: u64) -> u64 {
     from + i as u64
 }
 
+/// The PCs of `monitor insns` lines ("N 0xPC") in GDB's output, in order.
+fn monitor_insns_pcs(gdb: &str) -> Vec<u64> {
+    gdb.lines()
+        .filter_map(|l| {
+            let (n, pc) = l.split_once(" 0x")?;
+            n.parse::<u64>().ok()?;
+            u64::from_str_radix(pc.trim(), 16).ok()
+        })
+        .collect()
+}
+
 /// Every PC `program ARGS` executes (through its exec, if any), from its entry up to (not
 /// including) `stop`, by GDB single-stepping it natively. At an exec GDB's `stepi` shows the
 /// new program's first PC twice (the exec's own step trap comes back before anything ran):
@@ -273,15 +284,7 @@ fn gdb_reverses_across_the_exec_into_the_first_program() {
     assert!(r.after("BACK-IN-FIRST").contains("syscall"), "{}", r.dump());
     // The whole history, PC by PC, equals the ground truth.
     // (GDB prints monitor output on stderr, after its stdout: the lines "N 0xPC".)
-    let listed: Vec<u64> = r
-        .gdb
-        .lines()
-        .filter_map(|l| {
-            let (n, pc) = l.split_once(" 0x")?;
-            n.parse::<u64>().ok()?;
-            u64::from_str_radix(pc.trim(), 16).ok()
-        })
-        .collect();
+    let listed = monitor_insns_pcs(&r.gdb);
     assert_eq!(
         listed,
         truth,
@@ -412,15 +415,7 @@ fn a_saved_recording_keeps_both_programs() {
         "{}",
         r.dump()
     );
-    let listed: Vec<u64> = r
-        .gdb
-        .lines()
-        .filter_map(|l| {
-            let (n, pc) = l.split_once(" 0x")?;
-            n.parse::<u64>().ok()?;
-            u64::from_str_radix(pc.trim(), 16).ok()
-        })
-        .collect();
+    let listed = monitor_insns_pcs(&r.gdb);
     assert_eq!(listed, truth, "the replayed history\n{}", r.dump());
     r.expect("decode errors            0");
 }
@@ -486,15 +481,7 @@ fn code_replaced_at_the_same_address_keeps_its_history() {
         "{}",
         r.dump()
     );
-    let listed: Vec<u64> = r
-        .gdb
-        .lines()
-        .filter_map(|l| {
-            let (n, pc) = l.split_once(" 0x")?;
-            n.parse::<u64>().ok()?;
-            u64::from_str_radix(pc.trim(), 16).ok()
-        })
-        .collect();
+    let listed = monitor_insns_pcs(&r.gdb);
     assert_eq!(
         listed,
         truth,

@@ -5,13 +5,12 @@
 
 mod support;
 
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ptrewind::capture::qemu::recording::find_plugin;
 use support::cbuild::{compile_source, have, nm_symbol};
 use support::gdb::{GdbRun, Server, gdb_session, gdb_session_interrupting, run_until, wait_until};
+use support::qemu::{live_program, live_server};
 
 const PROGRAM: &str = r#"
 #include <stdio.h>
@@ -36,20 +35,7 @@ int main(int argc, char **argv) {
 "#;
 
 fn setup() -> Option<(tempfile::TempDir, PathBuf)> {
-    if !have("qemu-x86_64") || !have("gdb") {
-        eprintln!("skipped: qemu-x86_64 (package qemu-user) or gdb not installed");
-        return None;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let exe = compile_source(
-        "cc",
-        dir.path(),
-        "live",
-        PROGRAM,
-        &["-g", "-O0", "-no-pie"],
-        &[],
-    );
-    Some((dir, exe))
+    live_program("live", PROGRAM, &["-g", "-O0", "-no-pie"])
 }
 
 fn session(exe: &Path, args: &[&str], commands: &[String]) -> GdbRun {
@@ -96,28 +82,7 @@ fn session_with(
 /// A live QEMU recording server of `exe args` (`extra`: more `record` options), its
 /// recording directory beside `exe`.
 fn start_server(exe: &Path, args: &[&str], extra: &[&str]) -> Server {
-    let plugin = find_plugin(Path::new(env!("CARGO_BIN_EXE_ptrewind")))
-        .expect("the QEMU plugin is built with the workspace");
-    let mut cli: Vec<OsString> = [
-        "record",
-        "--backend",
-        "qemu",
-        "--listen",
-        "127.0.0.1:0",
-        "--qemu-plugin",
-    ]
-    .iter()
-    .map(Into::into)
-    .collect();
-    cli.push(plugin.into());
-    cli.extend(extra.iter().map(Into::into));
-    // The recording directory inside the test's temporary directory (removed with it).
-    cli.push("--trace-dir".into());
-    cli.push(exe.with_file_name("recording").into());
-    cli.push("--".into());
-    cli.push(exe.into());
-    cli.extend(args.iter().map(Into::into));
-    Server::start_cli(&cli)
+    live_server(exe, args, extra)
 }
 
 fn cmds(list: &[&str]) -> Vec<String> {
@@ -579,20 +544,7 @@ fn stops_read_only_the_new_part_of_the_stream() {
 const MT_PROGRAM: &str = include_str!("../examples/c/mt_threads.c");
 
 fn setup_mt() -> Option<(tempfile::TempDir, PathBuf)> {
-    if !have("qemu-x86_64") || !have("gdb") {
-        eprintln!("skipped: qemu-x86_64 (package qemu-user) or gdb not installed");
-        return None;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let exe = compile_source(
-        "cc",
-        dir.path(),
-        "mt",
-        MT_PROGRAM,
-        &["-g", "-O0", "-pthread"],
-        &[],
-    );
-    Some((dir, exe))
+    live_program("mt", MT_PROGRAM, &["-g", "-O0", "-pthread"])
 }
 
 /// Every thread live: a breakpoint reached in a worker is reported in that worker, `info
@@ -987,6 +939,66 @@ fn live_btrace_and_monitor_history() {
     assert!(n > 0, "{}", run.dump());
     assert!(b.contains("(0 gaps)"), "{}", run.dump());
     assert!(b.contains("leaf"), "{}", run.dump());
+}
+
+/// GDB's `record btrace pt` in a live session, turned on at a worker's breakpoint: every
+/// thread's own trace (the worker's, then main's after `thread 1`), not only the threads that
+/// existed when the session started (the worker's used to be refused: "thread N is not being
+/// recorded").
+#[test]
+fn live_btrace_of_every_thread() {
+    let Some((_dir, exe)) = setup_mt() else {
+        return;
+    };
+    let run = session(
+        &exe,
+        &["crash"],
+        &cmds(&[
+            "break boom",
+            "continue",
+            "record btrace pt",
+            "continue",
+            "echo @worker\\n",
+            "info record",
+            "thread 1",
+            "echo @main\\n",
+            "info record",
+            "kill",
+        ]),
+    );
+    assert!(!run.gdb.contains("Could not enable"), "{}", run.dump());
+    let recorded = |mark: &str| -> (u64, String) {
+        let text = run.after(mark);
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("Recorded "))
+            .unwrap_or_else(|| panic!("no Recorded line after {mark}\n{}", run.dump()));
+        let n = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        (n, line.to_string())
+    };
+    let pid = run.pid;
+    let (worker_n, worker) = recorded("@worker");
+    let (main_n, main) = recorded("@main");
+    assert!(worker_n > 0 && main_n > 0, "{}", run.dump());
+    assert!(
+        worker.contains("(0 gaps)") && main.contains("(0 gaps)"),
+        "{}",
+        run.dump()
+    );
+    assert!(
+        main.contains(&format!("(Thread {pid}.{pid})")),
+        "{}",
+        run.dump()
+    );
+    assert!(
+        worker.contains(&format!("(Thread {pid}.")) && !worker.contains(&format!(".{pid})")),
+        "{}",
+        run.dump()
+    );
 }
 
 /// LLDB live under QEMU sees the program, not QEMU: lldb-19 names the main executable after

@@ -8,9 +8,9 @@ mod support;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use support::cbuild::{compile_source, have, nm_symbol};
-use support::gdb::{GdbRun, gdb_session};
-use support::qemu::live_server;
+use support::cbuild::{have, nm_symbol};
+use support::gdb::{GdbRun, gdb_session, run_until, wait_until};
+use support::qemu::{live_program, live_server};
 
 const PROGRAM: &str = r#"
 #include <pthread.h>
@@ -40,20 +40,7 @@ int main(void) {
 "#;
 
 fn setup() -> Option<(tempfile::TempDir, PathBuf)> {
-    if !have("qemu-x86_64") || !have("gdb") {
-        eprintln!("skipped: qemu-x86_64 (package qemu-user) or gdb not installed");
-        return None;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let exe = compile_source(
-        "cc",
-        dir.path(),
-        "watched",
-        PROGRAM,
-        &["-g", "-O0", "-no-pie", "-pthread"],
-        &[],
-    );
-    Some((dir, exe))
+    live_program("watched", PROGRAM, &["-g", "-O0", "-no-pie", "-pthread"])
 }
 
 fn session(exe: &std::path::Path, commands: &[&str]) -> GdbRun {
@@ -215,5 +202,63 @@ fn rwatch_awatch_and_reverse_continue_with_a_watchpoint_in_the_pc_only_past() {
         between(&run, "@rc", "@end").contains("exited with code 014"),
         "{}",
         run.dump()
+    );
+}
+
+/// lldb-19: `watchpoint set variable counter` stops with LLDB's old/new values in the main
+/// thread, then in the worker (`stop reason = watchpoint 1` in thread #2); after `watchpoint
+/// delete 1` the program runs to its end.
+#[test]
+fn lldb_watchpoint_in_main_and_in_a_worker() {
+    let Some((_dir, exe)) = setup() else { return };
+    if !have("lldb-19") {
+        eprintln!("skipped: lldb-19 not installed");
+        return;
+    }
+    let mut server = live_server(&exe, &[], &["--no-stop-at-exit"]);
+    let mut lldb = std::process::Command::new("lldb-19");
+    lldb.args(["--batch", "--no-lldbinit"])
+        .arg("-o")
+        .arg(format!("gdb-remote 127.0.0.1:{}", server.port));
+    for c in [
+        "watchpoint set variable counter",
+        "continue",
+        "continue",
+        "continue",
+        "continue",
+        "watchpoint delete 1",
+        "continue",
+    ] {
+        lldb.arg("-o").arg(c);
+    }
+    lldb.arg(&exe);
+    let out = run_until(&mut lldb, Duration::from_secs(120));
+    let server_status = wait_until(
+        &mut server.child,
+        std::time::Instant::now() + Duration::from_secs(10),
+    );
+    let text = format!("{}{}", out.stdout, out.stderr);
+    assert!(
+        out.status.is_some() && server_status.is_some(),
+        "timeout\n{text}"
+    );
+    assert!(text.contains("Watchpoint created"), "{text}");
+    assert!(
+        text.contains("old value: 0\nnew value: 1") && text.contains("old value: 2\nnew value: 3"),
+        "{text}"
+    );
+    // The same-value write (counter = 3) is passed over; the next stop is the worker's write.
+    let worker = text
+        .split("old value: 3\nnew value: 100")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no stop at the worker's write: {text}"));
+    assert!(
+        worker.contains("* thread #2") && worker.contains("stop reason = watchpoint 1"),
+        "{text}"
+    );
+    let server_text = server.stderr.join().unwrap_or_default();
+    assert!(
+        text.contains("exited with status = 12"),
+        "{text}\n{server_text}"
     );
 }

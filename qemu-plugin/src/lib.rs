@@ -85,7 +85,12 @@ fn hold_at_exit(num: i64, args: [u64; 6]) {
 static PAUSE_GATE: AtomicPtr<AtomicU64> = AtomicPtr::new(ptr::null_mut());
 
 /// How long a thread waits for another's breakpoint claim before it runs anyway.
-const CLAIM_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
+/// A claim held that long is normally one whose thread reached the stub (a claim for a block
+/// that did not lead to the breakpoint ends at the claimer's next block): the others must not
+/// follow it there before ptrewind closes the gate, which took more than 20 ms under load
+/// (two threads in the stub ended a session). The bound stays because a thread waiting inside
+/// its block holds up QEMU's exclusive sections.
+const CLAIM_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// Whether the block after `b` may start at a breakpoint of the pause file's list, or one lies
 /// inside `b` or at its start (`base`: the mapping, `n` breakpoints).
@@ -846,7 +851,16 @@ extern "C" fn on_syscall(
                 }
             });
         }
-        SYS_EXIT => s.with(|v| finish(v, "exit")),
+        SYS_EXIT => {
+            // A thread's own exit waits while the program is stopped (all-stop, as at a system
+            // call's return): it is still there for the debugger, registers and all, and goes
+            // once the program runs again.
+            if !PAUSE_GATE.load(Ordering::Relaxed).is_null() {
+                let tid = s.with(|v| v.tid);
+                pause_point(vcpu, if tid == 0 { gettid() } else { tid }, None);
+            }
+            s.with(|v| finish(v, "exit"))
+        }
         SYS_EXIT_GROUP => hold_at_exit(num, [a1, a2, a3, a4, a5, a6]),
         SYS_RT_SIGACTION if a2 != 0 => {
             if let Some(h) = read_guest_u64(a2) {

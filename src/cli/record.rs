@@ -553,13 +553,21 @@ pub(crate) fn serve_recording(
     } else {
         TraceStoreProvider::from_enable(cpu)
     };
-    // Every thread's trace (one for a single-thread recording).
+    // Every thread's trace (one for a single-thread recording), and the threads that start
+    // later when a debugger asks for them.
     for (tid, store) in target.shared().borrow().thread_stores() {
         if let Ok(tid) = u32::try_from(tid) {
             provider.attach(tid, store.clone());
             gdb_view.attach(tid, store);
         }
     }
+    let shared = target.shared();
+    let lookup = ptrewind::server::btrace::StoreLookup(std::rc::Rc::new(move |tid: u32| {
+        let tid = i32::try_from(tid).ok()?;
+        shared.try_borrow().ok()?.thread_store(tid)
+    }));
+    provider.set_lookup(lookup.clone());
+    gdb_view.set_lookup(lookup);
     // Progress lines while the program runs and the recording grows, on a terminal only, and
     // not when the terminal is GDB's (`ptrewind gdb`).
     let progress =

@@ -229,6 +229,8 @@ impl PtTraceProvider for FixedTraceProvider {
 #[derive(Clone, Debug)]
 pub struct TraceStoreProvider {
     stores: BTreeMap<u32, TraceStore>,
+    /// Finds the trace of a thread not attached (one that started after the session did).
+    lookup: Option<StoreLookup>,
     /// Per traced thread: the buffer size and, for views, the store length at the start.
     active: BTreeMap<u32, (u64, usize)>,
     from_enable: bool,
@@ -237,11 +239,23 @@ pub struct TraceStoreProvider {
     cpu: PtCpu,
 }
 
+/// How a [`TraceStoreProvider`] finds the trace of a thread it was not given (`None`: not
+/// recorded).
+#[derive(Clone)]
+pub struct StoreLookup(pub std::rc::Rc<dyn Fn(u32) -> Option<TraceStore>>);
+
+impl std::fmt::Debug for StoreLookup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StoreLookup")
+    }
+}
+
 impl TraceStoreProvider {
     /// No stores yet; traces decode as `cpu`.
     pub fn new(cpu: PtCpu) -> Self {
         TraceStoreProvider {
             stores: BTreeMap::new(),
+            lookup: None,
             active: BTreeMap::new(),
             from_enable: false,
             psb_before: false,
@@ -275,6 +289,12 @@ impl TraceStoreProvider {
         self.stores.insert(tid, store);
     }
 
+    /// Asks `lookup` for the trace of a thread that was not attached when tracing is started
+    /// for it (a live process's threads come and go).
+    pub fn set_lookup(&mut self, lookup: StoreLookup) {
+        self.lookup = Some(lookup);
+    }
+
     /// True while a debugger wants `tid` traced.
     pub fn is_active(&self, tid: u32) -> bool {
         self.active.contains_key(&tid)
@@ -283,6 +303,11 @@ impl TraceStoreProvider {
 
 impl PtTraceProvider for TraceStoreProvider {
     fn start(&mut self, tid: u32, options: &StartOptions) -> Result<u64, String> {
+        if !self.stores.contains_key(&tid)
+            && let Some(store) = self.lookup.as_ref().and_then(|f| (f.0)(tid))
+        {
+            self.stores.insert(tid, store);
+        }
         let Some(store) = self.stores.get(&tid) else {
             return Err(format!("thread {tid} is not being recorded"));
         };

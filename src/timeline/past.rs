@@ -131,17 +131,9 @@ impl Timeline {
                 return true;
             }
             // GDB's own message names hardware limits: say why (shown at the next stop).
-            let notice = Notice::WatchRefused {
-                backend: self
-                    .live
-                    .as_ref()
-                    .map_or("offline replay".to_string(), |l| {
-                        format!("{} backend", l.name())
-                    }),
-            };
-            if !self.notices.contains(&notice) {
-                self.notices.push(notice);
-            }
+            self.notice_once(Notice::WatchRefused {
+                backend: self.backend_label(),
+            });
         }
         if len == 0 || !self.has_state_log() || !self.record_wanted || kind != WatchKind::Write {
             return false;
@@ -191,14 +183,23 @@ impl Timeline {
             return;
         }
         self.live_watches_noted = self.live_watches.clone();
-        let notice = Notice::WatchPastUnchecked {
-            backend: self
-                .live
-                .as_ref()
-                .map_or("offline replay".to_string(), |l| {
-                    format!("{} backend", l.name())
-                }),
-        };
+        self.notice_once(Notice::WatchPastUnchecked {
+            backend: self.backend_label(),
+        });
+    }
+
+    /// The capture backend as watchpoint notices name it (`qemu backend`, …), or `offline
+    /// replay`.
+    fn backend_label(&self) -> String {
+        self.live
+            .as_ref()
+            .map_or("offline replay".to_string(), |l| {
+                format!("{} backend", l.name())
+            })
+    }
+
+    /// Adds `notice` unless the same one is already waiting.
+    fn notice_once(&mut self, notice: Notice) {
         if !self.notices.contains(&notice) {
             self.notices.push(notice);
         }

@@ -448,6 +448,24 @@ impl Timeline {
         v
     }
 
+    /// Thread `tid`'s trace: in a multi-thread past its timeline's, at the present of a live
+    /// process the backend's stream of that thread; `None` if it is not recorded.
+    pub fn thread_store(&self, tid: i32) -> Option<crate::store::live::TraceStore> {
+        if self.group.is_some() {
+            return self
+                .thread_stores()
+                .into_iter()
+                .find_map(|(t, s)| (t == tid).then_some(s));
+        }
+        match &self.live {
+            Some(l) => l
+                .thread_stores()
+                .into_iter()
+                .find_map(|(t, s)| (t == tid).then_some(s)),
+            None => (tid == self.tid()).then(|| self.trace_store()),
+        }
+    }
+
     /// `monitor save DIR` for every thread: each thread's recording in `DIR/thread-TID` (the
     /// single-thread format) and a `manifest.json` naming them, the thread the recording ended
     /// in and its signal; read back by [`load_saved_threads`]. `None` for a single-thread

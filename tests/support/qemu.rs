@@ -73,6 +73,23 @@ pub fn fold_rep(log: &[u64], image: &Image) -> Vec<u64> {
     out
 }
 
+/// `source` compiled with `cc flags` as `name` in a fresh temporary directory, for a live QEMU
+/// session with GDB; `None` (the test is skipped, with a message) when `qemu-x86_64` or `gdb`
+/// is not installed.
+pub fn live_program(
+    name: &str,
+    source: &str,
+    flags: &[&str],
+) -> Option<(tempfile::TempDir, PathBuf)> {
+    if !super::cbuild::have("qemu-x86_64") || !super::cbuild::have("gdb") {
+        eprintln!("skipped: qemu-x86_64 (package qemu-user) or gdb not installed");
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = super::cbuild::compile_source("cc", dir.path(), name, source, flags, &[]);
+    Some((dir, exe))
+}
+
 /// A live QEMU recording server (`record --backend qemu`) of `exe args`, listening on a free
 /// loopback port, its recording directory beside `exe`; `extra`: more `record` options.
 pub fn live_server(exe: &Path, args: &[&str], extra: &[&str]) -> super::gdb::Server {

@@ -648,6 +648,17 @@ impl QemuLive {
             return;
         }
         if let Ok(mut list) = self.remote.threads() {
+            // A thread that has made its `exit` call (the plugin ended its stream) is gone for
+            // the program, though QEMU may still list it while it winds down, and its registers
+            // can no longer be read (GDB: "Could not read registers").
+            let dir = self.rec.dir().to_path_buf();
+            let pid = self.rec.pid();
+            list.retain(|t| {
+                t.tid == self.main.tid
+                    || u32::try_from(t.tid).is_ok_and(|tid| {
+                        !super::output::stream_path(&dir, pid, tid, "json").exists()
+                    })
+            });
             if let Some(i) = list.iter().position(|t| t.tid == self.main.tid) {
                 let m = list.remove(i);
                 list.insert(0, m);
