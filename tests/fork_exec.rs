@@ -25,6 +25,7 @@ fn examples() -> &'static Path {
         build_example(&dir, "mt_fork", &["-pthread"]);
         build_example(&dir, "thread_exec", &["-pthread"]);
         build_example(&dir, "vforkexec", &[]);
+        build_example(&dir, "spawn", &[]);
         dir
     })
 }
@@ -493,6 +494,60 @@ fn follow_fork_mode_child_at_a_vfork_follows_the_exec() {
         r.dump()
     );
     check_vfork_program_ran_fully(&r);
+}
+
+/// `posix_spawn` (glibc clones with `CLONE_VM | CLONE_VFORK` on a stack of its own): with
+/// `follow-fork-mode child` the child is recorded from the clone through its exec into the new
+/// program, whose breakpoint is hit; the parent, detached after the exec, sees the status.
+#[test]
+fn posix_spawn_child_is_followed_through_its_exec() {
+    let program = examples().join("spawn");
+    let newimage = examples().join("newimage");
+    let newimage = newimage.to_str().expect("utf-8 path");
+    let server = Server::start(&program, &[newimage]);
+    let r = gdb_session(
+        server,
+        &program,
+        &[
+            "set follow-fork-mode child",
+            // Only the new program has it: pending until the exec.
+            "set breakpoint pending on",
+            "break new_image_work",
+            "continue",
+            "print x",
+            "continue",
+            "continue",
+        ],
+        TIMEOUT,
+    );
+    let child = gdb_child_pid(&r, "vfork to child ");
+    r.expect(&format!("process {child} is executing new program: "));
+    r.expect("$1 = 2");
+    r.expect(&format!(
+        "[Inferior 2 (process {child}) exited with code 05]"
+    ));
+    for line in ["new image from-spawn 42", "spawn parent saw 5"] {
+        assert!(r.program_stdout.contains(line), "{line:?}\n{}", r.dump());
+    }
+}
+
+/// `kill` at a fork catchpoint: GDB kills the unsettled child first (`vKill;CHILD`, answered
+/// by the server: the held child goes with the program), then the program; the session ends
+/// normally and no process is left running.
+#[test]
+fn kill_at_a_fork_catchpoint_kills_the_held_child_too() {
+    let r = session(&["catch fork", "continue", "kill"]);
+    let child = gdb_child_pid(&r, "Catchpoint 1 (forked process ");
+    r.expect(&format!("[Inferior 1 (process {}) killed]", r.pid));
+    assert!(r.server.contains("killed by the debugger"), "{}", r.dump());
+    // Gone, or a zombie nobody has reaped yet: not running.
+    let state = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
+    let running = state
+        .rsplit(") ")
+        .next()
+        .and_then(|rest| rest.chars().next())
+        .is_some_and(|c| c != 'Z' && c != 'X');
+    assert!(!running, "child {child} still runs: {state}\n{}", r.dump());
 }
 
 /// LLDB asks for fork events too (`fork-events+`): with its `follow-fork-mode child` it takes

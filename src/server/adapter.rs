@@ -220,6 +220,10 @@ impl GdbStubAdapter {
             }
         }
         if now.is_some() {
+            // GDB names only the last few (a program that forks in a loop must not grow this).
+            if self.gone_pids.len() >= 64 {
+                self.gone_pids.remove(0);
+            }
             self.gone_pids.push(detach);
         }
         Ok(now)

@@ -1,4 +1,5 @@
-//! Fork events towards GDB (`fork-events+`, multiprocess ids): what gdbstub 0.7 leaves out.
+//! Fork, vfork and exec events towards GDB (`fork-events+`, `vfork-events+`, `exec-events+`,
+//! multiprocess ids): what gdbstub 0.7 gets wrong or leaves out.
 //!
 //! gdbstub reports a `fork:` stop, but names the child with the parent's pid, treats every
 //! `D` as the end of the session and ignores the process part of `Hg`. After a fork stop GDB
@@ -6,7 +7,8 @@
 //! (`Hg pCHILD.CHILD`, `z0`…), then detaches the side it does not follow with `D;PID`, and
 //! goes on with the other. So while a fork is held the router
 //!
-//! * answers `D;PID` for either side by settling the fork ([`Target::resolve_fork`]);
+//! * answers `D;PID` for either side by settling the fork ([`Target::resolve_fork`]), and
+//!   `vKill;PID` for the held child (it is killed with the program);
 //! * answers `Hg`/`Hc` naming the child itself, and the breakpoint packets GDB sends for the
 //!   child (the held child's copy of memory has none of our int3s, so there is nothing to do),
 //!   so the parent's breakpoints are not touched;
@@ -17,6 +19,7 @@
 
 use super::super::GdbStubAdapter;
 use super::{Intercept, Router, RouterState};
+use crate::target::{Notice, StopEvent};
 
 /// The pid of a `pPID.TID` (or `pPID`) thread id, hex; `None` for other forms.
 fn pid_of(id: &[u8]) -> Option<i32> {
@@ -27,9 +30,60 @@ fn pid_of(id: &[u8]) -> Option<i32> {
         .filter(|&p| p > 0)
 }
 
+/// Settles which events this connection's debugger gets, from the features it sent in
+/// `qSupported`, before gdbstub answers it: forks (`fork-events+` with `multiprocess+`),
+/// vforks only to a debugger that also learns of the exec a vfork child makes (GDB; lldb-19
+/// asks for vfork events but not exec events), execs. Returns the features the router adds
+/// to gdbstub's reply (gdbstub knows no exec events).
+pub(super) fn negotiate(session: &mut GdbStubAdapter, client: &[String]) -> Option<String> {
+    let has = |f: &str| client.iter().any(|c| c == f);
+    let forks = has("fork-events+") && has("multiprocess+");
+    let vforks = forks && has("vfork-events+") && has("exec-events+");
+    let on = session.target_mut().report_forks(forks, vforks);
+    session.set_fork_events(on, on && vforks);
+    session
+        .target_mut()
+        .report_execs(has("exec-events+"))
+        .then(|| "exec-events+".to_string())
+}
+
+/// The stop reply the router writes itself, for the stops gdbstub gets wrong (a fork's child
+/// pid) or lacks (exec), after the session's bookkeeping for them; `None` for the others.
+pub(super) fn own_stop_reply(
+    session: &mut GdbStubAdapter,
+    ev: StopEvent,
+    tid: i32,
+    multiprocess: bool,
+) -> Option<Vec<u8>> {
+    let pid = session.target().pid();
+    match ev {
+        StopEvent::Forked { child, vfork } => {
+            session.fork_reported(vfork);
+            Some(fork_stop_reply(pid, tid, child, vfork))
+        }
+        StopEvent::Exec => {
+            session.forget_breakpoints();
+            match session.target().exec_path() {
+                Some(path) => Some(exec_stop_reply(
+                    pid,
+                    tid,
+                    path.as_os_str().as_encoded_bytes(),
+                    multiprocess,
+                )),
+                None => {
+                    // GDB needs a name: a plain trap, and the user is told.
+                    session.notices.push(Notice::Exec { path: None });
+                    None
+                }
+            }
+        }
+        _ => None,
+    }
+}
+
 /// The stop reply of an exec (GDB's `exec-events`): the thread, and the new executable's
 /// path in hex. `multiprocess`: thread ids as `pPID.TID`.
-pub(super) fn exec_stop_reply(pid: i32, tid: i32, path: &[u8], multiprocess: bool) -> Vec<u8> {
+fn exec_stop_reply(pid: i32, tid: i32, path: &[u8], multiprocess: bool) -> Vec<u8> {
     let thread = if multiprocess {
         format!("p{pid:x}.{tid:x}")
     } else {
@@ -43,7 +97,7 @@ pub(super) fn exec_stop_reply(pid: i32, tid: i32, path: &[u8], multiprocess: boo
 }
 
 /// The stop reply of a fork (or vfork): the parent's thread, the child named by its own pid.
-pub(super) fn fork_stop_reply(pid: i32, tid: i32, child: i32, vfork: bool) -> Vec<u8> {
+fn fork_stop_reply(pid: i32, tid: i32, child: i32, vfork: bool) -> Vec<u8> {
     let kind = if vfork { "vfork" } else { "fork" };
     format!("T05thread:p{pid:x}.{tid:x};{kind}:p{child:x}.{child:x};").into_bytes()
 }
@@ -79,6 +133,23 @@ pub(super) fn register(router: &mut Router) {
             Ok(Some(_)) => Intercept::Reply(b"OK".to_vec()),
             Ok(None) => Intercept::Pass,
             Err(_) => Intercept::Reply(b"E01".to_vec()),
+        }
+    });
+    router.intercept(b"vKill;", |session, _state, body| {
+        // GDB's `kill` at an unsettled fork kills the child first (`vKill;CHILD`), then the
+        // parent: gdbstub would end the session at the first. The held child goes with the
+        // program (`PtraceTarget::kill`); a process already let go is not ours to kill.
+        let pid = std::str::from_utf8(&body[6..])
+            .ok()
+            .and_then(|h| i32::from_str_radix(h, 16).ok());
+        match pid {
+            Some(p)
+                if session.target().held_fork_child() == Some(p)
+                    || session.gone_pids.contains(&p) =>
+            {
+                Intercept::Reply(b"OK".to_vec())
+            }
+            _ => Intercept::Pass,
         }
     });
     // The process of the debugger's general thread: breakpoint packets for the others are

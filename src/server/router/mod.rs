@@ -281,27 +281,13 @@ impl Router {
                     if let Some(ev) = stop {
                         idle_polls = 0;
                         let tid = session.target().tid();
-                        if let StopEvent::Forked { child, vfork } = ev {
-                            session.fork_reported(vfork);
-                            let pid = session.target().pid();
-                            r.borrow_conn().replace_reply =
-                                Some(forks::fork_stop_reply(pid, tid, child, vfork));
-                        }
-                        if ev == StopEvent::Exec {
-                            session.forget_breakpoints();
-                            let pid = session.target().pid();
-                            let multiprocess = self
-                                .state
-                                .client_features
-                                .iter()
-                                .any(|f| f == "multiprocess+");
-                            if let Some(path) = session.target().exec_path() {
-                                let path = path.as_os_str().as_encoded_bytes();
-                                r.borrow_conn().replace_reply =
-                                    Some(forks::exec_stop_reply(pid, tid, path, multiprocess));
-                            } else {
-                                session.notices.push(Notice::Exec { path: None });
-                            }
+                        let multiprocess = self
+                            .state
+                            .client_features
+                            .iter()
+                            .any(|f| f == "multiprocess+");
+                        if let Some(reply) = forks::own_stop_reply(session, ev, tid, multiprocess) {
+                            r.borrow_conn().replace_reply = Some(reply);
                         }
                         // Expedite rbp, rsp and rip (as gdbserver does) so GDB can identify
                         // the frame without fetching every register after each step; never a
@@ -531,18 +517,8 @@ impl Router {
                 .map(|f| String::from_utf8_lossy(f).into_owned())
                 .collect();
             // gdbstub asks the adapter whether to advertise fork events while it answers.
-            let has = |f: &str| self.state.client_features.iter().any(|c| c == f);
-            let wants = has("fork-events+") && has("multiprocess+");
-            // vforks only to a debugger that also learns of the exec a vfork child makes
-            // (GDB; lldb-19 asks for vfork events but not exec events).
-            let vforks = wants && has("vfork-events+") && has("exec-events+");
-            let on = session.target_mut().report_forks(wants, vforks);
-            session.set_fork_events(on, on && vforks);
             let mut features = self.features.clone();
-            if session.target_mut().report_execs(has("exec-events+")) {
-                // gdbstub knows no exec events: announced (and the stops written) here.
-                features.push("exec-events+".into());
-            }
+            features.extend(forks::negotiate(session, &self.state.client_features));
             if !features.is_empty() {
                 conn(&mut sm).rewrite_features = Some(features);
             }

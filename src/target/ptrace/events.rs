@@ -2,6 +2,7 @@
 //! all-stop (stopping the other threads at a stop), single-thread steps for the recorder.
 
 use super::*;
+use std::time::Instant;
 
 impl PtraceTarget {
     pub(super) fn get_event_msg(&self, tid: Pid) -> TargetResult<i32> {
@@ -73,26 +74,46 @@ impl PtraceTarget {
     /// alive) rather than taking the process with it (`exit_group`, a fatal signal, the last
     /// thread).
     pub(super) fn is_thread_exit(&self, tid: Pid) -> bool {
-        self.threads.len() > 1
-            && (nix::sys::ptrace::getregs(tid).is_ok_and(|r| r.orig_rax == libc::SYS_exit as u64)
-                || (!self.exiting && self.other_thread_in_exec(tid)))
+        if self.threads.len() <= 1 {
+            return false;
+        }
+        let Ok(regs) = nix::sys::ptrace::getregs(tid) else {
+            return false;
+        };
+        if regs.orig_rax == libc::SYS_exit as u64 {
+            return true;
+        }
+        // Ended without calling exit or exit_group itself: maybe by another thread's exec.
+        !self.exiting
+            && regs.orig_rax != libc::SYS_exit_group as u64
+            && self.other_thread_in_exec(tid)
     }
 
-    /// Whether a thread other than `tid` waits inside `execve`/`execveat`: the kernel ends
-    /// every other thread of the process before the new program starts (each reports its
-    /// exit event), and the process goes on in the new program — the leader's end included.
+    /// Whether a thread other than `tid` is inside `execve`/`execveat`: the kernel ends every
+    /// other thread of the process (SIGKILL, each reporting its exit event) before the new
+    /// program starts, and the process goes on in the new program — the leader's end
+    /// included. The exec'ing thread shows the call in `/proc/PID/task/TID/syscall` once it
+    /// waits for the others to die, which may take a moment on a busy machine: looked at for
+    /// up to 100 ms (once per process end: then the process is known to be exiting).
     fn other_thread_in_exec(&self, tid: Pid) -> bool {
-        self.threads
-            .keys()
-            .filter(|&&t| t != tid.as_raw())
-            .any(|&t| {
-                // `/proc/PID/task/TID/syscall`: the number of the system call the thread is
-                // blocked in (or "running").
-                std::fs::read_to_string(format!("/proc/{}/task/{t}/syscall", self.pid))
-                    .ok()
-                    .and_then(|s| s.split_whitespace().next()?.parse::<i64>().ok())
-                    .is_some_and(|n| n == libc::SYS_execve || n == libc::SYS_execveat)
-            })
+        let deadline = Instant::now() + Duration::from_millis(100);
+        loop {
+            let found = self
+                .threads
+                .keys()
+                .filter(|&&t| t != tid.as_raw())
+                .any(|&t| {
+                    // The number of the system call the thread is blocked in (or "running").
+                    std::fs::read_to_string(format!("/proc/{}/task/{t}/syscall", self.pid))
+                        .ok()
+                        .and_then(|s| s.split_whitespace().next()?.parse::<i64>().ok())
+                        .is_some_and(|n| n == libc::SYS_execve || n == libc::SYS_execveat)
+                });
+            if found || Instant::now() >= deadline {
+                return found;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
     }
 
     /// Handles a `PTRACE_EVENT_*` stop of thread `tid`. The caller resumes it afterwards.
@@ -311,11 +332,14 @@ impl PtraceTarget {
         self.fork_report = None;
         if kill {
             let _ = nix::sys::signal::kill(h.child, nix::sys::signal::Signal::SIGKILL);
-            // Reap it (we are its tracer, so its end is ours to collect).
+            // Reap it (we are its tracer, so its end is ours to collect): it stops once more
+            // at its exit event on the way out.
             let _ = ptrace_with_signal(libc::PTRACE_CONT, "PTRACE_CONT", h.child, None);
             while let Ok(Wait::Stopped(_) | Wait::Event(_) | Wait::StillRunning) =
                 waitpid_raw(h.child, true)
-            {}
+            {
+                let _ = ptrace_with_signal(libc::PTRACE_CONT, "PTRACE_CONT", h.child, None);
+            }
         } else {
             let _ = ptrace_with_signal(libc::PTRACE_DETACH, "PTRACE_DETACH", h.child, None);
         }
@@ -431,9 +455,18 @@ impl PtraceTarget {
         block: bool,
     ) -> TargetResult<Option<(Pid, Wait)>> {
         if let [one] = waited {
-            return match waitpid_raw(*one, block)? {
+            let (t, w) = match waitpid_raw(*one, block) {
+                // A thread gone without a status of its own: it exec'd and now runs under
+                // the leader's id, where its step's end (the exec event) is reported.
+                Err(TargetError::Sys {
+                    source: nix::Error::ECHILD,
+                    ..
+                }) if *one != self.pid => (self.pid, waitpid_raw(self.pid, block)?),
+                r => (*one, r?),
+            };
+            return match w {
                 Wait::StillRunning => Ok(None),
-                w => Ok(Some((*one, w))),
+                w => Ok(Some((t, w))),
             };
         }
         let mut pause = Duration::from_micros(20);
