@@ -424,3 +424,53 @@ fn gdb_past_of_every_thread_at_the_main_threads_positions() {
     assert!(back.contains(&format!("$3 = {present}")), "{}", r.dump());
     assert!(back.contains("worker (arg=0x2) at"), "{}", r.dump());
 }
+
+/// GDB: both workers have run and exited (main past the join); reverse-continue to a
+/// breakpoint in `work` stops in a worker's past, where that exited thread's registers are
+/// exact (rebuilt from the registers it ended with): `id` and `n` (read through the frame
+/// pointer), `$rdi` (the argument, untouched by the -O0 prologue) and the backtrace to the
+/// worker's call are the program's, nothing unavailable.
+#[test]
+fn gdb_exited_workers_registers_in_the_past_are_exact() {
+    let joined = line_of("JOINED");
+    let r = gdb_session(
+        record(&[], &[]),
+        program(),
+        &[
+            format!("break mt.c:{joined}"),
+            "continue".into(),
+            "info threads".into(),
+            "delete".into(),
+            "break work".into(),
+            "reverse-continue".into(),
+            "echo PAST\\n".into(),
+            "print id".into(),
+            "print n".into(),
+            "print $rdi == id".into(),
+            "print n == 300 * id".into(),
+            "info registers rdi rbp".into(),
+            "bt 2".into(),
+            "kill".into(),
+        ],
+        TIMEOUT,
+    );
+    let past = r.after("PAST");
+    assert!(
+        r.gdb.contains("hit Breakpoint 2, work (id="),
+        "{}",
+        r.dump()
+    );
+    assert!(!past.contains("unavailable"), "{}", r.dump());
+    let id = ["1", "2"]
+        .into_iter()
+        .find(|id| past.contains(&format!("$1 = {id}\n")))
+        .unwrap_or_else(|| panic!("no worker id\n{}", r.dump()));
+    assert!(past.contains("$3 = 1"), "{}", r.dump());
+    assert!(past.contains("$4 = 1"), "{}", r.dump());
+    // The frame chain (rbp, rsp and the stack then) leads back to the worker's own call.
+    assert!(
+        past.contains(&format!("worker (arg=0x{id}) at")),
+        "{}",
+        r.dump()
+    );
+}

@@ -180,6 +180,13 @@ pub trait LiveBackend {
         None
     }
 
+    /// The register file thread `tid` ended with, if it has exited and the backend kept it:
+    /// with [`recorded_state`](Self::recorded_state), its exact registers at any earlier
+    /// position are rebuilt from these (it has no present registers any more).
+    fn exited_thread_registers(&self, _tid: i32) -> Option<X86Registers> {
+        None
+    }
+
     /// True once the process has exited or was killed.
     fn has_exited(&mut self) -> bool;
 

@@ -7,8 +7,10 @@
 //! [`GlobalOrder`] of their runs *is* the recorded order, and a global position is also a
 //! position of the backend's recorded state ([`RecordedState::global`](crate::capture::RecordedState::global)): every thread's
 //! registers at a global position are rebuilt exactly from that thread's present registers,
-//! and memory from the present with every later write undone. A thread that has exited
-//! (no present registers) is shown PC-only.
+//! and memory from the present with every later write undone. A thread that has exited has
+//! no present registers: the backend keeps the register file it ended with (the ptrace
+//! backend reads it as the thread steps its own `exit`), and its registers are rebuilt from
+//! that the same way; a backend that keeps none shows such a thread PC-only.
 //!
 //! While the group exists the main thread's `Timeline` (the one whose store and worker the
 //! backend feeds) is parked like any other when another thread is selected, but the backend and
@@ -265,9 +267,9 @@ impl Timeline {
         }
     }
 
-    /// Thread `tid`'s registers at the group's global position: rebuilt from its present
-    /// registers by the recorded state (exact), or PC-only without a state log or for a thread
-    /// that has exited.
+    /// Thread `tid`'s registers at the group's global position: rebuilt by the recorded state
+    /// (exact) from its present registers, or for a thread that has exited from the registers
+    /// it ended with (when the backend kept them); PC-only without a state log.
     pub(super) fn live_group_registers(&mut self, tid: i32) -> TargetResult<X86Registers> {
         let not_recorded = TargetError::Unsupported("a thread that is not recorded");
         let Some(mut g) = self.group.take() else {
@@ -303,6 +305,10 @@ impl Timeline {
         } else {
             None
         };
+        // A thread that has exited: the registers it ended with stand for its present (the
+        // state log has nothing of it after its end, so undoing its later writes from there
+        // gives its registers at `pos` exactly).
+        let present = present.or_else(|| live.exited_thread_registers(tid));
         let state = live.recorded_state().and_then(|s| s.global());
         let has_state = state.is_some();
         let rebuilt = match (state, &present) {

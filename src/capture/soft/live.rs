@@ -229,6 +229,10 @@ impl LiveBackend for SoftCapture {
         self.rec.thread_stores()
     }
 
+    fn exited_thread_registers(&self, tid: i32) -> Option<X86Registers> {
+        self.rec.exited_registers(tid).cloned()
+    }
+
     fn name(&self) -> &'static str {
         if self.rec.state_log().is_some() {
             "soft (ptrace single-step encoder, state log on)"

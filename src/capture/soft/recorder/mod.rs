@@ -57,6 +57,7 @@
 //! finds SIGTRAP blocked, and the kernel then resets the program's SIGTRAP handler to the
 //! default action (as when GDB steps there): a second SIGTRAP (INT3) would kill the program.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -72,7 +73,7 @@ use super::target::{StepStop, StepTarget, TRAP_BRKPT, TRAP_SIGNAL_DELIVERED, TRA
 use crate::image::Image;
 use crate::ring::{BuildError, Capabilities, IntOn, SharedRing, Topa, TraceSource, Wake};
 use crate::store::live::{Gap, TraceStore};
-use crate::target::{Gprs, TargetError};
+use crate::target::{Gprs, RegMask, TargetError, X86Registers};
 
 mod block;
 mod steps;
@@ -412,6 +413,10 @@ struct Lane {
     /// The registers the current step started from, as they were (before any restart of an
     /// interrupted system call is modelled).
     step_origin: Option<Gprs>,
+    /// Its vector/x87 state (XSAVE image) read just before it steps its own `exit` system
+    /// call: with the registers before that call, the register file it ends with (see
+    /// [`SoftRecorder::exited_registers`]).
+    exit_xstate: Option<Vec<u8>>,
 }
 
 impl Lane {
@@ -434,6 +439,7 @@ impl Lane {
             sigstop_sent: false,
             exec_trap_due: false,
             step_origin: None,
+            exit_xstate: None,
             recorded: 0,
         })
     }
@@ -462,6 +468,9 @@ pub struct SoftRecorder<T: StepTarget> {
     parked: Vec<Lane>,
     /// Threads that ended (their streams stay part of the recording).
     ended_lanes: Vec<Lane>,
+    /// The register file each thread that ended by its own `exit` ended with (with the state
+    /// log on): what its past registers are rebuilt from once it has no present ones.
+    exited_regs: HashMap<i32, X86Registers>,
     /// Every thread's output ring and store, for the drainer.
     streams: Streams,
     /// The main thread's store.
@@ -585,6 +594,7 @@ impl<T: StepTarget> SoftRecorder<T> {
             lane,
             parked: Vec::new(),
             ended_lanes: Vec::new(),
+            exited_regs: HashMap::new(),
             streams,
             main_store,
             slice_used: 0,
@@ -720,6 +730,15 @@ impl<T: StepTarget> SoftRecorder<T> {
     /// stopped the program (`signal 0`) or send another one.
     pub fn set_pending_signal(&mut self, signal: Option<Signal>) {
         self.lane.pending_signal = signal;
+    }
+
+    /// The register file thread `tid` ended with, if it ended by its own `exit` while recorded
+    /// with the state log on: its general-purpose registers as the state log has them after
+    /// its last instruction (the `exit` system call), and its vector/x87 state read just
+    /// before that call (marked unavailable if it could not be read). With the state log,
+    /// its registers at any earlier position are rebuilt from these exactly.
+    pub fn exited_registers(&self, tid: i32) -> Option<&X86Registers> {
+        self.exited_regs.get(&tid)
     }
 
     /// The registers at the current stop.

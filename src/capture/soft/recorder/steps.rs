@@ -141,6 +141,16 @@ impl<T: StepTarget> SoftRecorder<T> {
         {
             log.before_step(&mut self.target, &before, insn);
         }
+        if self.state_log.is_some()
+            && self.recording
+            && before.rax == libc::SYS_exit as u64
+            && insn.as_ref().is_some_and(|i| i.class == InsnClass::SysCall)
+        {
+            // The thread's own `exit` (if the call ends it, `finish_step` sees the thread
+            // gone): afterwards nothing of it can be read, and its registers in the past are
+            // rebuilt from those it ends with. The call does not touch the vector state.
+            self.lane.exit_xstate = self.target.xstate();
+        }
         let signal = self.lane.pending_signal.take();
         if let (Some(log), Some(_)) = (self.state_log.as_mut(), signal)
             && self.recording
@@ -223,10 +233,20 @@ impl<T: StepTarget> SoftRecorder<T> {
         match stop {
             StepStop::ThreadExited(_) => {
                 // The thread's own `exit` executed and it is gone.
+                let mut after = before;
                 if let Some(insn) = insn {
-                    let mut after = before;
                     after.rip = insn.nlip();
                     self.executed(ip, &insn, &after)?;
+                }
+                if self.state_log.is_some() && self.recording {
+                    // What the state log has it end with: its past is rebuilt from these.
+                    let xstate = self.lane.exit_xstate.take();
+                    let known = xstate.is_some();
+                    let mut end = X86Registers::from_parts(&after, xstate.unwrap_or_default());
+                    if !known {
+                        end.unavailable = RegMask::VECTOR;
+                    }
+                    self.exited_regs.insert(self.lane.tid, end);
                 }
                 self.lane_ended()?;
                 Ok(StepEvent::Executed { ip })
