@@ -469,8 +469,10 @@ pub struct SoftRecorder<T: StepTarget> {
     /// Threads that ended (their streams stay part of the recording).
     ended_lanes: Vec<Lane>,
     /// The register file each thread that ended by its own `exit` ended with (with the state
-    /// log on): what its past registers are rebuilt from once it has no present ones.
-    exited_regs: HashMap<i32, X86Registers>,
+    /// log on): what its past registers are rebuilt from once it has no present ones. `None`
+    /// for a thread id the kernel reused for a later thread that also exited: which of them a
+    /// past position belongs to is not known here, so neither is given (PC-only, not wrong).
+    exited_regs: HashMap<i32, Option<X86Registers>>,
     /// Every thread's output ring and store, for the drainer.
     streams: Streams,
     /// The main thread's store.
@@ -738,7 +740,7 @@ impl<T: StepTarget> SoftRecorder<T> {
     /// before that call (marked unavailable if it could not be read). With the state log,
     /// its registers at any earlier position are rebuilt from these exactly.
     pub fn exited_registers(&self, tid: i32) -> Option<&X86Registers> {
-        self.exited_regs.get(&tid)
+        self.exited_regs.get(&tid).and_then(Option::as_ref)
     }
 
     /// The registers at the current stop.

@@ -246,7 +246,11 @@ impl<T: StepTarget> SoftRecorder<T> {
                     if !known {
                         end.unavailable = RegMask::VECTOR;
                     }
-                    self.exited_regs.insert(self.lane.tid, end);
+                    // A reused thread id: two threads ended under it (see `exited_regs`).
+                    self.exited_regs
+                        .entry(self.lane.tid)
+                        .and_modify(|e| *e = None)
+                        .or_insert(Some(end));
                 }
                 self.lane_ended()?;
                 Ok(StepEvent::Executed { ip })
