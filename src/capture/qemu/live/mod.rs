@@ -931,11 +931,11 @@ mod tests {
         img
     }
 
-    /// The block at 0x1000 (3 instructions) running, nothing written yet, tracing on from a
-    /// PSB+ with TIP.PGE at the block start already in the file.
-    fn live_stream(pc: u64) -> (Vec<u64>, Vec<String>) {
+    /// A stream whose block at 0x1000 (`insns` instructions) is running, nothing of it
+    /// written yet, tracing on from a PSB+ with TIP.PGE at the block start already in the
+    /// file, completed at the stop `pc` (the stream and its decoded IPs and errors).
+    fn completed_stream(img: &Image, insns: u32, pc: u64) -> (Vec<u8>, Vec<u64>, Vec<String>) {
         use crate::packet::{Encoder, IpKind, Packet, encode_packet};
-        let img = image();
         let mut enc = Encoder::new();
         let mut trace = Vec::new();
         enc.psb(&mut trace);
@@ -945,12 +945,12 @@ mod tests {
             file_offset: trace.len() as u64,
             bytes: Vec::new(),
             tracing: true,
-            in_flight: Some((0x1000, 3, u64::MAX, 0)),
+            in_flight: Some((0x1000, insns, u64::MAX, 0)),
             tnt: (0, 0),
         };
         let written = trace.len() as u64;
-        complete_at_pc(written, &mut trace, &tail, pc, &img);
-        let mut dec = FlowDecoder::new(&trace, &img, FlowConfig::default());
+        complete_at_pc(written, &mut trace, &tail, pc, img);
+        let mut dec = FlowDecoder::new(&trace, img, FlowConfig::default());
         let (mut ips, mut errors) = (Vec::new(), Vec::new());
         while let Some(item) = dec.next_item() {
             match item {
@@ -962,6 +962,12 @@ mod tests {
                 }
             }
         }
+        (trace, ips, errors)
+    }
+
+    /// The block of [`image`] (3 instructions) cut at `pc`: its IPs and decode errors.
+    fn live_stream(pc: u64) -> (Vec<u64>, Vec<String>) {
+        let (_, ips, errors) = completed_stream(&image(), 3, pc);
         (ips, errors)
     }
 
@@ -978,38 +984,12 @@ mod tests {
 
     #[test]
     fn a_thread_inside_a_system_call_is_cut_after_it() {
-        use crate::packet::{Encoder, IpKind, Packet, encode_packet};
         // 0x1000 mov eax,1; 0x1005 syscall; 0x1007 nop
         let mut code = vec![0x90u8; 0x10];
         code[..7].copy_from_slice(&[0xb8, 1, 0, 0, 0, 0x0f, 0x05]);
         let mut img = Image::new();
         img.add(Section::new(0x1000, code, "test")).unwrap();
-        let mut enc = Encoder::new();
-        let mut trace = Vec::new();
-        enc.psb(&mut trace);
-        let _ = encode_packet(&Packet::PsbEnd, &mut trace);
-        let _ = enc.ip_packet(IpKind::TipPge, Some(0x1000), &mut trace);
-        let tail = TailState {
-            file_offset: trace.len() as u64,
-            bytes: Vec::new(),
-            tracing: true,
-            in_flight: Some((0x1000, 2, u64::MAX, 0)),
-            tnt: (0, 0),
-        };
-        let written = trace.len() as u64;
-        complete_at_pc(written, &mut trace, &tail, 0x1007, &img);
-        let mut dec = FlowDecoder::new(&trace, &img, FlowConfig::default());
-        let (mut ips, mut errors) = (Vec::new(), Vec::new());
-        while let Some(item) = dec.next_item() {
-            match item {
-                Item::Insn(i) => ips.push(i.ip),
-                Item::Event(e) => {
-                    if let EventKind::Error { kind, .. } = &e.kind {
-                        errors.push(kind.to_string());
-                    }
-                }
-            }
-        }
+        let (trace, ips, errors) = completed_stream(&img, 2, 0x1007);
         assert_eq!((ips, errors), (vec![0x1000, 0x1005], vec![]));
         // Its place at the stop is after the call (where it goes on): what the thread group
         // shows at its end.
