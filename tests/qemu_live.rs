@@ -425,6 +425,59 @@ fn stop_at_exit_is_a_place_in_history() {
     assert!(run.program_stdout.contains("r=20"), "{}", run.dump());
 }
 
+/// A fork under QEMU: the child runs on without the debugger (QEMU 7.2's gdbstub does not
+/// follow forks) and the debugger is told so once, with where the child's trace is; the
+/// parent's session goes on.
+#[test]
+fn a_fork_is_said_and_the_parent_goes_on() {
+    const FORKS: &str = r#"
+#include <stdio.h>
+#include <unistd.h>
+#include <sys/wait.h>
+__attribute__((noinline)) int child_work(int x) { return x * 3; }
+__attribute__((noinline)) int parent_work(int x) { return x + 1; }
+int main(void) {
+    pid_t p = fork();
+    if (p == 0) { printf("child %d\n", child_work(2)); fflush(stdout); _exit(0); }
+    int st;
+    waitpid(p, &st, 0);
+    printf("parent %d\n", parent_work(5));
+    return 0;
+}
+"#;
+    let Some((_dir, exe)) = live_program("forks", FORKS, &["-g", "-O0", "-no-pie"]) else {
+        return;
+    };
+    let run = session(
+        &exe,
+        &[],
+        &cmds(&[
+            "break child_work",
+            "break parent_work",
+            "continue",
+            "echo @parent\\n",
+            "bt 1",
+            "continue",
+            "continue",
+        ]),
+    );
+    let said = run.gdb.matches("the program forked child process").count();
+    assert_eq!(said, 1, "{}", run.dump());
+    assert!(
+        run.gdb.contains("runs on without the debugger"),
+        "{}",
+        run.dump()
+    );
+    // The child's breakpoint is not the debugger's: the first stop is the parent's.
+    assert!(
+        run.after("@parent").contains("parent_work (x=5)"),
+        "{}",
+        run.dump()
+    );
+    assert!(run.program_stdout.contains("child 6"), "{}", run.dump());
+    assert!(run.program_stdout.contains("parent 6"), "{}", run.dump());
+}
+
 /// `detach` at a breakpoint: QEMU's stub lets the program go (it wants `D;PID` once the
 /// multiprocess extension is on) and the program runs to its end on its own.
 #[test]

@@ -190,6 +190,14 @@ pub enum Notice {
         /// True for vfork / `CLONE_VFORK` (e.g. `posix_spawn`, `system`).
         vfork: bool,
     },
+    /// The program forked under QEMU: the child runs on without the debugger (QEMU's
+    /// user-mode gdbstub does not follow forks), its control flow still recorded by the plugin.
+    ForkedUnderQemu {
+        /// The child's pid.
+        child: i32,
+        /// The recording directory holding the child's streams.
+        dir: PathBuf,
+    },
     /// The program forked and the target follows the child
     /// ([`PtraceTarget::set_follow_fork_child`]); the parent runs on untraced.
     FollowedFork {
@@ -274,6 +282,13 @@ impl fmt::Display for Notice {
                 "the program {} child process {child}; the child is detached and runs untraced \
                  (following forks is not supported)",
                 if *vfork { "vforked" } else { "forked" }
+            ),
+            Notice::ForkedUnderQemu { child, dir } => write!(
+                f,
+                "the program forked child process {child}; under QEMU it runs on without the \
+                 debugger (QEMU's gdbstub does not follow forks), its trace recorded in {} \
+                 ({child}-*.pt); --backend ptrace follows forks",
+                dir.display()
             ),
             Notice::FollowedFork { parent, child } => write!(
                 f,

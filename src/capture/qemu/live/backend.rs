@@ -265,7 +265,9 @@ impl LiveBackend for QemuLive {
     }
 
     fn take_notices(&mut self) -> Vec<crate::target::Notice> {
-        std::mem::take(&mut self.watches.notices)
+        let mut notices = std::mem::take(&mut self.notices);
+        notices.append(&mut self.watches.notices);
+        notices
     }
 
     fn set_live_watches(&mut self, watches: &[(u64, u64, crate::target::WatchKind)]) -> bool {
@@ -520,6 +522,15 @@ impl LiveBackend for QemuLive {
         }
         let dir = self.rec.dir().to_path_buf();
         let pid = self.rec.pid();
+        // Children forked since the last stop: said once each.
+        for child in streams::forked_pids(&dir, pid) {
+            if self.forks_seen.insert(child) {
+                self.notices.push(crate::target::Notice::ForkedUnderQemu {
+                    child: child as i32,
+                    dir: dir.clone(),
+                });
+            }
+        }
         // Threads that started since the last stop.
         for tid in streams::stream_tids(&dir, pid) {
             if !self.streams.iter().any(|s| s.tid == tid) {

@@ -121,6 +121,10 @@ pub struct QemuLive {
     exited: bool,
     /// The debugger detached: the program runs on under QEMU, on its own (not killed at drop).
     detached: bool,
+    /// Forked children already told of (see `streams::forked_pids`).
+    forks_seen: BTreeSet<u32>,
+    /// Notices for the debugger's console, other than the watchpoints'.
+    notices: Vec<crate::target::Notice>,
     /// How the last stream was completed, and problems met at stops.
     last_completion: Option<String>,
     stops: u64,
@@ -275,6 +279,8 @@ impl QemuLive {
             running: false,
             exited: false,
             detached: false,
+            forks_seen: BTreeSet::new(),
+            notices: Vec::new(),
             last_completion: None,
             stops: 0,
             stop_errors: Vec::new(),

@@ -172,3 +172,21 @@ pub(super) fn stream_tids(dir: &Path, pid: u32) -> Vec<u32> {
     tids.sort_unstable();
     tids
 }
+
+/// Processes other than `pid` whose streams the plugin writes into `dir`: children the
+/// program forked (QEMU runs them too, with the plugin; its gdbstub does not follow them).
+pub(super) fn forked_pids(dir: &Path, pid: u32) -> Vec<u32> {
+    let mut pids: Vec<u32> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(Result::ok)
+                .filter_map(|e| {
+                    let name = e.file_name();
+                    name.to_str()?.strip_suffix(".maps")?.parse().ok()
+                })
+                .filter(|&p| p != pid)
+                .collect()
+        })
+        .unwrap_or_default();
+    pids.sort_unstable();
+    pids
+}
