@@ -30,27 +30,20 @@ fn examples() -> &'static Path {
     })
 }
 
-/// `ptrewind record -- forkexec newimage` with `commands` in GDB.
-fn session(commands: &[&str]) -> GdbRun {
-    let dir = examples();
-    let program = dir.join("forkexec");
-    let newimage = dir.join("newimage");
+/// `ptrewind record -- NAME [newimage]` (a program of examples/c, given the path of
+/// `newimage` to exec when `exec_arg`) with `commands` in GDB.
+fn example_session(name: &str, exec_arg: bool, commands: &[&str]) -> GdbRun {
+    let program = examples().join(name);
+    let newimage = examples().join("newimage");
     let newimage = newimage.to_str().expect("utf-8 path");
-    let server = Server::start(&program, &[newimage]);
+    let args: &[&str] = if exec_arg { &[newimage] } else { &[] };
+    let server = Server::start(&program, args);
     gdb_session(server, &program, commands, TIMEOUT)
 }
 
-/// What every run shows: the child ran its own calls of `shared_work` (5 → 15, exit status
-/// 2 * 3 = 6) without being stopped, the parent saw that status, and the exec'd program ran to
-/// its end (argc 2 → 42, exit status 5) — so it was recorded through to its end without the
-/// exec being mistaken for a signal. (The SIGTRAP GDB shows before that is the stop at the
-/// program's end, the default.)
-fn check_program_ran_fully(r: &GdbRun) {
-    for line in [
-        "child computed 15",
-        "parent saw 6 -> 18",
-        "new image from-exec 42",
-    ] {
+/// Asserts that the program printed each of `lines`.
+fn expect_program_output(r: &GdbRun, lines: &[&str]) {
+    for line in lines {
         assert!(
             r.program_stdout.contains(line),
             "missing {line:?} in the program's output {:?}\n{}",
@@ -58,6 +51,27 @@ fn check_program_ran_fully(r: &GdbRun) {
             r.dump()
         );
     }
+}
+
+/// `ptrewind record -- forkexec newimage` with `commands` in GDB.
+fn session(commands: &[&str]) -> GdbRun {
+    example_session("forkexec", true, commands)
+}
+
+/// What `forkexec` prints when child, parent and the exec'd program all ran to their end.
+const FORKEXEC_OUTPUT: &[&str] = &[
+    "child computed 15",
+    "parent saw 6 -> 18",
+    "new image from-exec 42",
+];
+
+/// What every run shows: the child ran its own calls of `shared_work` (5 → 15, exit status
+/// 2 * 3 = 6) without being stopped, the parent saw that status, and the exec'd program ran to
+/// its end (argc 2 → 42, exit status 5) — so it was recorded through to its end without the
+/// exec being mistaken for a signal. (The SIGTRAP GDB shows before that is the stop at the
+/// program's end, the default.)
+fn check_program_ran_fully(r: &GdbRun) {
+    expect_program_output(r, FORKEXEC_OUTPUT);
     // A child killed by an inherited INT3 would have exit status 0 for the parent, which
     // would then print "parent saw 0 -> 0".
     r.expect("exited with code 05");
@@ -194,13 +208,7 @@ fn gdb_follow_fork_mode_child_records_the_child() {
     r.expect(&format!(
         "[Inferior 2 (process {child}) exited with code 06]"
     ));
-    for line in [
-        "child computed 15",
-        "parent saw 6 -> 18",
-        "new image from-exec 42",
-    ] {
-        assert!(r.program_stdout.contains(line), "{}", r.dump());
-    }
+    expect_program_output(&r, FORKEXEC_OUTPUT);
     assert!(
         r.server
             .contains(&format!("ptrewind: process {child} exited with status 6")),
@@ -225,13 +233,7 @@ fn detach_on_fork_off_is_refused_with_a_message() {
     ]);
     r.expect("ptrewind: the debugger keeps both processes of the fork (detach-on-fork off)");
     r.expect("$1 = 6");
-    for line in [
-        "child computed 15",
-        "parent saw 6 -> 18",
-        "new image from-exec 42",
-    ] {
-        assert!(r.program_stdout.contains(line), "{}", r.dump());
-    }
+    expect_program_output(&r, FORKEXEC_OUTPUT);
 }
 
 /// GDB's exec events: `catch exec` stops at the new program's first instruction, GDB names
@@ -274,22 +276,13 @@ fn catch_exec_loads_the_new_program_and_its_breakpoints_hit() {
 
 /// `ptrewind record -- mt_fork` (a process with two threads forks) with `commands` in GDB.
 fn mt_session(commands: &[&str]) -> GdbRun {
-    let program = examples().join("mt_fork");
-    let server = Server::start(&program, &[]);
-    gdb_session(server, &program, commands, TIMEOUT)
+    example_session("mt_fork", false, commands)
 }
 
 /// What the two-thread program prints when parent, worker and child all ran to their end: the
 /// child's status 3 * 7 = 21 seen by the parent, the worker woken after it ('a' + 1 = 98).
 fn check_mt_program_ran_fully(r: &GdbRun) {
-    for line in ["child of two threads 21", "parent saw 21, worker 98"] {
-        assert!(
-            r.program_stdout.contains(line),
-            "missing {line:?} in the program's output {:?}\n{}",
-            r.program_stdout,
-            r.dump()
-        );
-    }
+    expect_program_output(r, &["child of two threads 21", "parent saw 21, worker 98"]);
 }
 
 /// A fork of a process with two threads is reported too: `catch fork` stops in the forking
@@ -408,24 +401,13 @@ fn exec_from_a_thread_goes_on_in_the_new_program() {
 
 /// `ptrewind record -- vforkexec newimage` (vfork, then exec in the child) with `commands`.
 fn vfork_session(commands: &[&str]) -> GdbRun {
-    let program = examples().join("vforkexec");
-    let newimage = examples().join("newimage");
-    let newimage = newimage.to_str().expect("utf-8 path");
-    let server = Server::start(&program, &[newimage]);
-    gdb_session(server, &program, commands, TIMEOUT)
+    example_session("vforkexec", true, commands)
 }
 
 /// What the vfork program prints when child and parent ran to their end: the exec'd program's
 /// line, and the parent's after the child's exit status 5.
 fn check_vfork_program_ran_fully(r: &GdbRun) {
-    for line in ["new image from-vfork 42", "vfork parent saw 5 -> 10"] {
-        assert!(
-            r.program_stdout.contains(line),
-            "missing {line:?} in the program's output {:?}\n{}",
-            r.program_stdout,
-            r.dump()
-        );
-    }
+    expect_program_output(r, &["new image from-vfork 42", "vfork parent saw 5 -> 10"]);
 }
 
 /// vfork events: `catch vfork` stops at the vfork (the parent's registers those after the
@@ -501,13 +483,9 @@ fn follow_fork_mode_child_at_a_vfork_follows_the_exec() {
 /// program, whose breakpoint is hit; the parent, detached after the exec, sees the status.
 #[test]
 fn posix_spawn_child_is_followed_through_its_exec() {
-    let program = examples().join("spawn");
-    let newimage = examples().join("newimage");
-    let newimage = newimage.to_str().expect("utf-8 path");
-    let server = Server::start(&program, &[newimage]);
-    let r = gdb_session(
-        server,
-        &program,
+    let r = example_session(
+        "spawn",
+        true,
         &[
             "set follow-fork-mode child",
             // Only the new program has it: pending until the exec.
@@ -518,7 +496,6 @@ fn posix_spawn_child_is_followed_through_its_exec() {
             "continue",
             "continue",
         ],
-        TIMEOUT,
     );
     let child = gdb_child_pid(&r, "vfork to child ");
     r.expect(&format!("process {child} is executing new program: "));
@@ -526,9 +503,7 @@ fn posix_spawn_child_is_followed_through_its_exec() {
     r.expect(&format!(
         "[Inferior 2 (process {child}) exited with code 05]"
     ));
-    for line in ["new image from-spawn 42", "spawn parent saw 5"] {
-        assert!(r.program_stdout.contains(line), "{line:?}\n{}", r.dump());
-    }
+    expect_program_output(&r, &["new image from-spawn 42", "spawn parent saw 5"]);
 }
 
 /// `kill` at a fork catchpoint: GDB kills the unsettled child first (`vKill;CHILD`, answered
@@ -709,12 +684,6 @@ fn follow_fork_child_records_the_child_and_reverses_to_the_fork() {
         "{}",
         r.dump()
     );
-    for line in [
-        "child computed 15",
-        "parent saw 6 -> 18",
-        "new image from-exec 42",
-    ] {
-        assert!(r.program_stdout.contains(line), "{}", r.dump());
-    }
+    expect_program_output(&r, FORKEXEC_OUTPUT);
     r.expect("exited with code 06");
 }
