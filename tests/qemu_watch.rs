@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use support::cbuild::{have, nm_symbol};
-use support::gdb::{GdbRun, gdb_session, run_until, wait_until};
+use support::gdb::{GdbRun, gdb_session, gdb_session_interrupting, run_until, wait_until};
 use support::qemu::{live_program, live_server, live_server_command};
 
 const PROGRAM: &str = r#"
@@ -337,4 +337,68 @@ fn a_watch_hit_and_a_breakpoint_hit_in_two_threads_do_not_meet_in_the_stub() {
     }
     // Both threads reached the stub, one at a time.
     assert!(in_main > 0 && in_worker > 0, "{in_main} {in_worker}");
+}
+
+/// A worker writing the value the watched variable already holds, over and over: every write
+/// stops the program and GDB resumes by itself (the value did not change).
+const STORM: &str = r#"
+#include <pthread.h>
+volatile int counter;
+volatile long spins;
+void *worker(void *a) {
+    (void)a;
+    for (;;) counter = 5;
+    return 0;
+}
+int main(void) {
+    pthread_t t;
+    pthread_create(&t, 0, worker, 0);
+    for (;;) spins++;
+    return 0;
+}
+"#;
+
+/// Ctrl-C during that storm stops the program with `SIGINT`, as natively. GDB sends its
+/// interrupt while it handles one of those stops (it still takes the program for running);
+/// ptrewind used to drop an interrupt that came while the program was stopped, and GDB, its
+/// interrupt sent, went on resuming after every write until its timeout. Now the next resume
+/// stops at once with the `SIGINT` (as the kernel's queued signal would).
+#[test]
+fn ctrl_c_during_a_storm_of_watch_stops_stops_the_program() {
+    let Some((_dir, exe)) = live_program("storm", STORM, &["-g", "-O0", "-no-pie", "-pthread"])
+    else {
+        return;
+    };
+    let server = live_server(&exe, &[], &["--no-stop-at-exit"]);
+    let began = std::time::Instant::now();
+    let run = gdb_session_interrupting(
+        server,
+        &exe,
+        &[
+            "watch counter",
+            "continue",
+            "echo @c1\\n",
+            "continue",
+            "echo @int\\n",
+            "info threads",
+            "kill",
+        ],
+        Duration::from_secs(40),
+        || began.elapsed() > Duration::from_secs(3),
+    );
+    // The first write changed the value (0 → 5): a stop in the worker.
+    let first = &run.gdb[..run.pos("@c1")];
+    assert!(
+        first.contains("hit Hardware watchpoint 1: counter\n\nOld value = 0\nNew value = 5"),
+        "{}",
+        run.dump()
+    );
+    // Then the storm, until Ctrl-C.
+    let int = between(&run, "@c1", "@int");
+    assert!(int.contains("received signal SIGINT"), "{}", run.dump());
+    assert!(
+        run.after("@int").contains("Thread 2") && run.after("@int").contains("worker"),
+        "{}",
+        run.dump()
+    );
 }
