@@ -345,6 +345,7 @@ impl LiveBackend for QemuLive {
             Resume::Continue { signal } => (false, signal),
             Resume::Step { signal } => (true, signal),
         };
+        self.check_stub_alone()?;
         self.early = None;
         if !step && let Some((t, pc)) = self.parked_at_breakpoint() {
             // Another thread waits at the pause gate right at a breakpoint (it came there while
@@ -392,6 +393,7 @@ impl LiveBackend for QemuLive {
         let e = self.err();
         // A step moves one thread, the others stay stopped (as GDB's `vCont;s:T`); a continue
         // runs them all.
+        self.check_stub_alone()?;
         if step {
             self.set_gate_for(Some(tid));
             let now = std::time::Instant::now();

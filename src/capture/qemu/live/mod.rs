@@ -692,6 +692,35 @@ impl QemuLive {
             .find(|t| t.tid == i64::from(tid))
     }
 
+    /// Fails (the session cannot go on) if another thread's stop reply came while the program
+    /// was stopped: two threads are inside QEMU's gdbstub. The pause gate and the claims keep
+    /// that from happening for breakpoints reached directly and watchpoints, but a fault, a
+    /// `SIGINT` sent while the program ran, or a breakpoint reached through an indirect branch
+    /// enter the stub unclaimed. QEMU 7.2's user-mode stub then has both threads read the
+    /// debugger's socket (the one that sent a stop reply waits for its `+` one byte at a time and
+    /// sends the reply again for every other byte): resuming there wedged sessions until the
+    /// debugger's timeout. Said at once instead, with where the recording is.
+    pub(super) fn check_stub_alone(&self) -> TargetResult<()> {
+        let pending = self.remote.pending_stops();
+        if pending == 0 {
+            return Ok(());
+        }
+        Err(TargetError::Unexpected {
+            pid: self.rec.pid() as i32,
+            what: format!(
+                "{pending} more stop repl{} came from QEMU's gdbstub while thread {} was \
+                 stopped: threads stopped together (e.g. two faults at once) and are inside \
+                 QEMU 7.2's user-mode gdbstub at the same time, which cannot serve them (both \
+                 read the debugger's connection); the program cannot be resumed reliably and \
+                 the session ends here. Its recording up to this stop is in {} (kept with \
+                 --trace-dir; replay it with `ptrewind replay --qemu DIR`)",
+                if pending == 1 { "y" } else { "ies" },
+                self.stop_thread.tid,
+                self.rec.dir().display()
+            ),
+        })
+    }
+
     /// Single-steps the traced thread over the breakpoint at its PC (QEMU reports a breakpoint
     /// at the resume PC again). `Some(event)`: the step stopped for something else.
     fn step_over_breakpoint(
