@@ -232,6 +232,10 @@ pub struct Timeline {
     /// `SIGINT` would be queued and stop the program at once when it resumes; so does the
     /// next resume here.
     interrupt_pending: bool,
+    /// The last stop was a `SIGINT` (an interrupt, or the terminal's Ctrl-C reaching the
+    /// program): a debugger's interrupt that comes after it is the same Ctrl-C (`ptrewind gdb`:
+    /// the terminal sends it to the program and to GDB), not one to keep for the next resume.
+    stopped_by_sigint: bool,
     /// Whether the user wants recording (`monitor record on|off`).
     record_wanted: bool,
     exited: Option<StopEvent>,
@@ -385,6 +389,7 @@ impl Timeline {
             running: Running::Idle,
             interrupt: Arc::new(AtomicBool::new(false)),
             interrupt_pending: false,
+            stopped_by_sigint: false,
             record_wanted: true,
             exited: None,
             at_exit: false,
@@ -940,6 +945,7 @@ impl Timeline {
 
     fn stopped(&mut self, ev: StopEvent) -> StopEvent {
         self.running = Running::Idle;
+        self.stopped_by_sigint = ev == StopEvent::Signal(libc::SIGINT);
         if matches!(ev, StopEvent::Exited(_) | StopEvent::Killed(_)) {
             self.exited = Some(ev);
         }
@@ -961,6 +967,7 @@ impl Timeline {
             }),
             Running::Ready(ev) => {
                 self.running = Running::Idle;
+                self.stopped_by_sigint = ev == StopEvent::Signal(libc::SIGINT);
                 Ok(Some(ev))
             }
             Running::Live => {
@@ -1095,7 +1102,7 @@ impl Timeline {
                     live.interrupt()?;
                 }
             }
-            Running::Idle => self.interrupt_pending = true,
+            Running::Idle => self.interrupt_pending = !self.stopped_by_sigint,
             Running::Ready(_) => {}
         }
         Ok(())
