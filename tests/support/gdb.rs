@@ -166,9 +166,22 @@ impl Drop for Reaper {
             })
             == Some(std::process::id());
         if ours {
+            // SIGTERM first: ptrewind then kills its program and removes its temporary
+            // directories (SIGKILL would leave them in /tmp); SIGKILL if it has not ended
+            // within 5 s.
+            use nix::sys::signal::{Signal, kill};
+            use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
             let pid = nix::unistd::Pid::from_raw(self.pid);
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-            let _ = nix::sys::wait::waitpid(pid, None);
+            let _ = kill(pid, Signal::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+                    Ok(WaitStatus::StillAlive) => std::thread::sleep(Duration::from_millis(10)),
+                    _ => return,
+                }
+            }
+            let _ = kill(pid, Signal::SIGKILL);
+            let _ = waitpid(pid, None);
         }
     }
 }

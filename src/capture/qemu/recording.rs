@@ -53,8 +53,9 @@ pub struct QemuConfig {
     /// Map the pause gate (see [`PAUSE_FILE`](super::output::PAUSE_FILE)): a live session holds
     /// the other threads while one is stopped in the gdbstub.
     pub pause: bool,
-    /// Recording directory; `None`: a new private temporary directory (kept, see
-    /// [`QemuRecording::dir`]).
+    /// Recording directory (created; an existing one is an error); `None`: a new private
+    /// temporary directory, removed when the [`QemuRecording`] is dropped unless
+    /// [`QemuRecording::keep_dir`] (a directory named here is never removed).
     pub dir: Option<PathBuf>,
     /// Extra QEMU options placed before the program (e.g. `-g PORT`).
     pub qemu_args: Vec<OsString>,
@@ -243,6 +244,10 @@ pub struct LaunchMeta {
 pub struct QemuRecording {
     child: Child,
     dir: PathBuf,
+    /// The temporary directory `dir` is, when we made it (removed on drop unless kept).
+    temp: Option<tempfile::TempDir>,
+    /// [`QemuRecording::keep_dir`] was asked.
+    keep: bool,
     clock: Option<memmap2::Mmap>,
     plugin: PathBuf,
     qemu_version: String,
@@ -272,16 +277,22 @@ impl QemuRecording {
         check_program(program)?;
         let program =
             std::fs::canonicalize(program).map_err(io_err(format!("{}", program.display())))?;
-        let dir = match &config.dir {
+        let (dir, temp) = match &config.dir {
             Some(d) => {
                 std::fs::create_dir(d).map_err(io_err(format!("creating {}", d.display())))?;
-                d.clone()
+                (d.clone(), None)
             }
-            None => tempfile::Builder::new()
-                .prefix("ptrewind-qemu-")
-                .tempdir()
-                .map_err(io_err("creating a temporary recording directory"))?
-                .keep(),
+            None => {
+                // Private (0700, unpredictable name, created exclusively): the trace shows
+                // everything the program did. Removed by its `TempDir` on every exit path
+                // that returns or unwinds; the CLI turns terminating signals into one.
+                let temp = tempfile::Builder::new()
+                    .prefix("ptrewind-qemu-")
+                    .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
+                    .tempdir()
+                    .map_err(io_err("creating a temporary recording directory"))?;
+                (temp.path().to_path_buf(), Some(temp))
+            }
         };
         let launch = LaunchMeta {
             program: program.clone(),
@@ -326,6 +337,8 @@ impl QemuRecording {
         Ok(QemuRecording {
             child,
             dir,
+            temp,
+            keep: false,
             clock: None,
             plugin,
             qemu_version,
@@ -342,9 +355,23 @@ impl QemuRecording {
         &mut self.child
     }
 
-    /// The recording directory (kept after the program ends; the caller removes it).
+    /// The recording directory (see [`QemuConfig::dir`] for when it is removed).
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Keeps (`true`) or removes (`false`, the default) a temporary recording directory when
+    /// this is dropped; a directory named in [`QemuConfig::dir`] is always kept.
+    pub fn keep_dir(&mut self, keep: bool) {
+        self.keep = keep;
+        if let Some(t) = self.temp.as_mut() {
+            t.disable_cleanup(keep);
+        }
+    }
+
+    /// Whether the recording directory stays after this is dropped.
+    pub fn keeps_dir(&self) -> bool {
+        self.temp.is_none() || self.keep
     }
 
     /// Progress while running: (instructions on the global clock, trace bytes in files).

@@ -137,8 +137,6 @@ pub struct QemuLive {
     thread_list: Vec<ThreadId>,
     /// The plugin's pause gate (see [`super::output::PAUSE_FILE`]), once opened.
     pause: Option<std::fs::File>,
-    /// Remove the recording directory when the session ends.
-    remove_dir: bool,
     /// The terminal's Ctrl-C reaches QEMU itself (it shares the debugger's terminal).
     terminal_interrupts: bool,
     /// A stop reply received while an interrupt waited for one (handed out by `wait`).
@@ -288,7 +286,6 @@ impl QemuLive {
             selected: main,
             thread_list: vec![main],
             pause: None,
-            remove_dir: false,
             terminal_interrupts: false,
             stashed: None,
             pulses: 0,
@@ -458,8 +455,8 @@ impl QemuLive {
         }
     }
 
-    /// The recording directory (every thread's stream; kept after the session unless
-    /// [`remove_dir_at_end`](Self::remove_dir_at_end)).
+    /// The recording directory (every thread's stream; a temporary one is removed when the
+    /// session ends unless [`remove_dir_at_end`](Self::remove_dir_at_end) says otherwise).
     pub fn dir(&self) -> &Path {
         self.rec.dir()
     }
@@ -471,10 +468,10 @@ impl QemuLive {
         self.terminal_interrupts = on;
     }
 
-    /// Removes the recording directory when the session ends (a temporary directory nobody
-    /// asked to keep; `monitor save` keeps a recording).
+    /// Removes (the default) or keeps a temporary recording directory when the session ends
+    /// (`monitor save` keeps a recording); a directory the configuration named is kept.
     pub fn remove_dir_at_end(&mut self, remove: bool) {
-        self.remove_dir = remove;
+        self.rec.keep_dir(!remove);
     }
 
     fn err(&self) -> impl Fn(RemoteError) -> TargetError + use<> {
@@ -913,11 +910,8 @@ impl Drop for QemuLive {
             let _ = self.rec.child_mut().kill();
         }
         // Reaps it (at once when it has exited; std keeps the status of a reaped child).
+        // Then `rec` removes a temporary recording directory (its `TempDir`).
         let _ = self.rec.child_mut().wait();
-        if self.remove_dir {
-            // Our own private directory (made by `tempfile`); links inside are not followed.
-            let _ = std::fs::remove_dir_all(self.rec.dir());
-        }
     }
 }
 
