@@ -143,6 +143,9 @@ pub struct Server {
     pub stderr: JoinHandle<String>,
     /// Collects ptrewind's stdout (the debugged program's, which it inherits).
     pub stdout: JoinHandle<String>,
+    /// ptrewind's stderr lines up to the listening line (also in `stderr`, which is only
+    /// complete once the server has ended).
+    pub early: Vec<String>,
     /// Kills the server if the test ends (or panics) while it still runs.
     pub reaper: Reaper,
 }
@@ -212,8 +215,14 @@ impl Server {
     }
 
     /// Starts the prepared `ptrewind` command `cmd` (see [`ptrewind`]; arguments and
-    /// environment already set), which must make it print its listening line.
+    /// environment already set), which must make it print its listening line within 30 s.
     pub fn spawn(cmd: &mut Command) -> Server {
+        Server::spawn_within(cmd, Duration::from_secs(30))
+    }
+
+    /// [`Server::spawn`], waiting up to `timeout` for the listening line (a recording run to
+    /// its end first, as the benchmarks' large ones, takes longer).
+    pub fn spawn_within(cmd: &mut Command, timeout: Duration) -> Server {
         let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -223,8 +232,8 @@ impl Server {
         let (tx, rx) = mpsc::channel();
         let stderr = collect(child.stderr.take().unwrap(), Some(tx));
         let stdout = collect(child.stdout.take().unwrap(), None);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let (mut port, mut pid) = (None, None);
+        let deadline = Instant::now() + timeout;
+        let (mut port, mut pid, mut early) = (None, None, Vec::new());
         while port.is_none() {
             let left = deadline.saturating_duration_since(Instant::now());
             let Ok(line) = rx.recv_timeout(left) else {
@@ -245,6 +254,7 @@ impl Server {
                 pid = Some(p.parse().unwrap());
                 port = Some(addr.rsplit(':').next().unwrap().parse().unwrap());
             }
+            early.push(line);
         }
         let reaper = Reaper {
             pid: child.id() as i32,
@@ -255,6 +265,7 @@ impl Server {
             pid: pid.unwrap(),
             stderr,
             stdout,
+            early,
             reaper,
         }
     }
