@@ -254,7 +254,8 @@ pub struct QemuRecording {
 }
 
 impl QemuRecording {
-    /// Starts `program args` under QEMU (stdio inherited).
+    /// Starts `program args` under QEMU (stdio inherited). QEMU is killed if the thread that
+    /// started it ends first (`PR_SET_PDEATHSIG`): keep that thread until QEMU has ended.
     pub fn spawn(
         config: &QemuConfig,
         program: &Path,
@@ -326,6 +327,19 @@ impl QemuRecording {
             plugin_arg.push(",pause=on");
         }
         let mut cmd = Command::new(&config.qemu);
+        // SAFETY: the closure runs in the forked child before exec and only makes the
+        // async-signal-safe prctl(2) call; it allocates nothing.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                // QEMU dies with the thread that started it (as ptrace's EXITKILL does for
+                // native targets) instead of running the program on unobserved, writing a
+                // recording nobody reads, when ptrewind is killed.
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
         cmd.arg("-plugin").arg(plugin_arg);
         cmd.args(&config.qemu_args);
         cmd.arg(&program).args(args);

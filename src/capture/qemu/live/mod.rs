@@ -203,6 +203,8 @@ impl QemuLive {
         // one the user named).
         let sock_dir = tempfile::Builder::new()
             .prefix("ptrewind-gdb-")
+            // Private: whoever connects to the socket first controls the program.
+            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
             .tempdir()
             .map_err(LaunchError::TempDir)?;
         let sock = sock_dir.path().join("gdb");
@@ -231,18 +233,8 @@ impl QemuLive {
                 // Its command line names QEMU, not the memory file it runs from.
                 cmd.arg0(name);
             }
-            // SAFETY: the closure runs in the forked child before exec and only makes the
-            // async-signal-safe prctl(2) call; it allocates nothing.
-            unsafe {
-                cmd.pre_exec(|| {
-                    // QEMU dies with the debugger's server thread (as ptrace's EXITKILL does for
-                    // native targets) instead of running the guest on unobserved.
-                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
+            // (QEMU dies with the debugger's server thread: `spawn_with` sets
+            // PR_SET_PDEATHSIG.)
             configure(cmd);
         })?;
         let qemu_name = arg0.unwrap_or_else(|| config.qemu.clone());
