@@ -173,6 +173,41 @@ fn sighup_with_a_debugger_connected_while_the_program_runs_under_qemu() {
     let _ = std::io::Read::read_to_end(&mut gdb.s, &mut rest);
 }
 
+/// `--once`: the debugger vanishing ends the session like `kill` would (exit 0): QEMU killed,
+/// the recording removed.
+#[test]
+fn a_vanished_debugger_ends_a_once_session_under_qemu_cleanly() {
+    if !qemu_available() {
+        return;
+    }
+    let s = scratch();
+    let mut server = qemu_server(&s, &["--once"]);
+    let pid = server.pid;
+    let mut gdb = Raw::connect(server.port, Duration::from_secs(20));
+    assert!(gdb.ask("?").starts_with('T'), "stopped at the start");
+    gdb.send(&support::rsp::packet("c"));
+    assert_eq!(gdb.ack(), b'+');
+    std::thread::sleep(Duration::from_millis(300));
+    let closed = Instant::now();
+    drop(gdb);
+    let status = wait_until(&mut server.child, Instant::now() + Duration::from_secs(20));
+    let stderr = server.stderr.join().expect("stderr");
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{stderr}");
+    // Not a timing measure: a kill of the running program used to wait out the 10 s deadline
+    // of a `k` packet QEMU's stub does not read while the guest runs.
+    assert!(
+        closed.elapsed() < Duration::from_secs(5),
+        "took {:?}: {stderr}",
+        closed.elapsed()
+    );
+    assert!(
+        stderr.contains(&format!("debugger disconnected; process {pid} killed")),
+        "{stderr}"
+    );
+    assert!(gone(pid), "QEMU is left: {stderr}");
+    assert_eq!(left_in(&s.tmp), Vec::<String>::new(), "{stderr}");
+}
+
 #[test]
 fn sigint_and_sigterm_end_the_ptrace_backend_and_kill_the_program() {
     for sig in [Signal::SIGINT, Signal::SIGTERM] {
