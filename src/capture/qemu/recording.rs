@@ -239,7 +239,7 @@ pub struct LaunchMeta {
     pub qemu_version: String,
 }
 
-/// A program running under QEMU with the plugin.
+/// A program running under QEMU with the plugin. Dropping it kills QEMU if it still runs.
 #[derive(Debug)]
 pub struct QemuRecording {
     child: Child,
@@ -433,6 +433,18 @@ impl QemuRecording {
     /// Reads the recording directory (after [`QemuRecording::wait`]).
     pub fn read(&self) -> Result<Recorded, QemuError> {
         Recorded::open(&self.dir)
+    }
+}
+
+impl Drop for QemuRecording {
+    /// Kills QEMU if it still runs (a caller that gave up on it, e.g. after a failed gdbstub
+    /// connection): the program must not run on unobserved, and a temporary recording
+    /// directory is removed right after (its `TempDir`).
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 
