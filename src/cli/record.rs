@@ -755,23 +755,32 @@ pub(crate) fn serve_session(
         eprintln!("ptrewind: debugger disconnected; replay of process {pid} ended");
         return Ok(ExitCode::SUCCESS);
     }
-    match outcome {
-        ServeOutcome::Exited(code) => {
-            eprintln!("ptrewind: process {pid} exited with status {code}");
-        }
-        ServeOutcome::Killed(sig) => eprintln!("ptrewind: process {pid} killed by signal {sig}"),
-        ServeOutcome::Detached => eprintln!("ptrewind: detached from process {pid}"),
-        ServeOutcome::KilledByDebugger => {
-            eprintln!("ptrewind: process {pid} killed by the debugger")
-        }
-        ServeOutcome::ConnectionClosed if attached => {
-            eprintln!("ptrewind: debugger disconnected; detached from process {pid}")
-        }
-        ServeOutcome::ConnectionClosed | ServeOutcome::Kept => {
-            eprintln!("ptrewind: debugger disconnected; process {pid} killed")
-        }
-    }
+    let closed = matches!(outcome, ServeOutcome::ConnectionClosed | ServeOutcome::Kept);
+    eprintln!(
+        "ptrewind: {}{}",
+        if closed {
+            "debugger disconnected; "
+        } else {
+            ""
+        },
+        what_became(&outcome, pid, attached)
+    );
     Ok(ExitCode::SUCCESS)
+}
+
+/// What became of process `pid` when serving ended with `outcome` (the router killed it, or
+/// detached if `attached`, when the connection closed), for the closing message.
+fn what_became(outcome: &ServeOutcome, pid: i32, attached: bool) -> String {
+    match outcome {
+        ServeOutcome::Exited(code) => format!("process {pid} exited with status {code}"),
+        ServeOutcome::Killed(sig) => format!("process {pid} killed by signal {sig}"),
+        ServeOutcome::Detached => format!("detached from process {pid}"),
+        ServeOutcome::KilledByDebugger => format!("process {pid} killed by the debugger"),
+        ServeOutcome::ConnectionClosed | ServeOutcome::Kept if attached => {
+            format!("detached from process {pid}")
+        }
+        ServeOutcome::ConnectionClosed | ServeOutcome::Kept => format!("process {pid} killed"),
+    }
 }
 
 /// Ends a session on the terminating signal received: the program is killed (detached if
@@ -791,17 +800,9 @@ fn end_on_signal(
     let t = session.target_mut();
     let what = match outcome {
         _ if served == Served::Replay => format!("replay of process {pid} ended"),
-        Some(ServeOutcome::Exited(code)) => format!("process {pid} exited with status {code}"),
-        Some(ServeOutcome::Killed(s)) => format!("process {pid} killed by signal {s}"),
-        Some(ServeOutcome::Detached) => format!("detached from process {pid}"),
-        Some(ServeOutcome::KilledByDebugger) => {
-            format!("process {pid} killed by the debugger")
-        }
-        Some(ServeOutcome::ConnectionClosed) if attached => {
-            format!("detached from process {pid}")
-        }
-        Some(ServeOutcome::ConnectionClosed) => format!("process {pid} killed"),
+        // Kept through the closed connection: ended here.
         Some(ServeOutcome::Kept) | None => kill_or_detach(t, pid, attached),
+        Some(outcome) => what_became(&outcome, pid, attached),
     };
     signals::say(&format!("ptrewind: ended by {name}; {what}"));
     signals::exit_code(sig)
