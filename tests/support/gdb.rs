@@ -54,6 +54,19 @@ pub fn wait_until(child: &mut Child, deadline: Instant) -> Option<ExitStatus> {
     }
 }
 
+/// Ends a `ptrewind` server the way a user would (SIGTERM: it kills its program and removes
+/// its temporary directories, which SIGKILL would leave in /tmp) and reaps it; SIGKILL if it
+/// has not ended within 10 s.
+pub fn terminate(child: &mut Child) -> Option<ExitStatus> {
+    if let Ok(pid) = i32::try_from(child.id()) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+    }
+    wait_until(child, Instant::now() + Duration::from_secs(10))
+}
+
 /// A child process run to its end or to a deadline.
 pub struct Finished {
     /// The exit status; `None` if it was killed at the deadline.
