@@ -14,7 +14,7 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
-use support::cbuild::{build_example, have};
+use support::cbuild::{build_example, have, nm_symbol};
 use support::gdb::{Server, ptrewind, run_until, wait_until};
 use support::qemu::{plugin, qemu_available};
 use support::rsp::Raw;
@@ -26,12 +26,14 @@ struct Scratch {
     exe: PathBuf,
 }
 
-/// `attachme` (a minute of 1 ms sleeps) built in a fresh directory, with an empty `TMPDIR`.
+/// `attachme` (a minute of `tick()` calls 1 ms apart) built in a fresh directory, with an
+/// empty `TMPDIR`.
 fn scratch() -> Scratch {
     let root = tempfile::tempdir().expect("tempdir");
     let tmp = root.path().join("tmp");
     std::fs::create_dir(&tmp).expect("mkdir tmp");
-    let exe = build_example(root.path(), "attachme", &[]);
+    // Not PIE: `tick`'s address is the symbol's (a breakpoint in an attached process).
+    let exe = build_example(root.path(), "attachme", &["-no-pie"]);
     Scratch {
         _root: root,
         tmp,
@@ -259,11 +261,13 @@ fn sigterm_detaches_an_attached_process_and_leaves_it_running() {
         .args(["attach", "--listen", "127.0.0.1:0"])
         .arg(pid.to_string());
     let server = Server::spawn(&mut cmd);
-    // Recording: the program single-steps under ptrewind.
+    // Stopped at a breakpoint in `tick` (recorded on the way): its INT3 must go with the
+    // detach, or the next call would kill the program with SIGTRAP.
     let mut gdb = Raw::connect(server.port, Duration::from_secs(20));
-    gdb.send(&support::rsp::packet("c"));
-    assert_eq!(gdb.ack(), b'+');
-    std::thread::sleep(Duration::from_millis(300));
+    let tick = nm_symbol(&s.exe, "tick");
+    assert_eq!(gdb.ask(&format!("Z0,{tick:x},1")), "OK");
+    let stop = gdb.ask("c");
+    assert!(stop.starts_with("T05"), "{stop}");
     let (status, stderr) = end_with(server, Signal::SIGTERM);
     assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{stderr}");
     assert!(
@@ -287,6 +291,8 @@ fn sigterm_detaches_an_attached_process_and_leaves_it_running() {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    // A few hundred more calls of `tick`.
+    std::thread::sleep(Duration::from_millis(300));
     assert!(
         victim.try_wait().expect("try_wait").is_none(),
         "the attached program died: {stderr}"
