@@ -26,6 +26,7 @@ fn examples() -> &'static Path {
         build_example(&dir, "thread_exec", &["-pthread"]);
         build_example(&dir, "vforkexec", &[]);
         build_example(&dir, "spawn", &[]);
+        build_example(&dir, "fork_nowait", &[]);
         dir
     })
 }
@@ -217,13 +218,29 @@ fn gdb_follow_fork_mode_child_records_the_child() {
     );
 }
 
-/// `set detach-on-fork off` asks for both processes; one recording follows one, so the server
-/// says so at the resume, detaches the side GDB did not resume (here the child: the parent is
-/// followed) and goes on — nothing hangs, the child runs free to its end.
+/// `set detach-on-fork off`: GDB keeps both processes and resumes the parent alone, so — as
+/// natively — the child stays stopped where `fork` returned in it: GDB lists it, reads its
+/// own registers (RAX = 0, fork's result in the child) and code; `continue` in it runs it,
+/// not recorded, to its end, which GDB is told (`[Inferior 2 (process C) exited with code
+/// 06]`); the parent, recorded, then sees that status at its breakpoint and the session ends
+/// with the exec'd program's exit — no "Remote communication error".
 #[test]
-fn detach_on_fork_off_is_refused_with_a_message() {
+fn detach_on_fork_off_keeps_the_child_stopped_until_gdb_runs_it() {
+    let after_fork = line_of("forkexec.c", "int status = 0;");
     let r = session(&[
         "set detach-on-fork off",
+        &format!("break forkexec.c:{after_fork}"),
+        "continue",
+        "echo INFERIORS\n",
+        "info inferiors",
+        "inferior 2",
+        "echo CHILD-REGS\n",
+        "info registers rax",
+        "x/i $pc-2",
+        "continue",
+        "echo CHILD-ENDED\n",
+        "info inferiors",
+        "inferior 1",
         "break shared_work",
         "continue",
         "print x",
@@ -232,8 +249,87 @@ fn detach_on_fork_off_is_refused_with_a_message() {
         "continue",
     ]);
     r.expect("ptrewind: the debugger keeps both processes of the fork (detach-on-fork off)");
-    r.expect("$1 = 6");
+    let child = gdb_child_pid(&r, "[New inferior 2 (process ");
+    assert_ne!(child, r.pid, "{}", r.dump());
+    let inferiors = r.after("INFERIORS");
+    assert!(
+        inferiors.contains(&format!("process {}", r.pid))
+            && inferiors.contains(&format!("process {child}")),
+        "{}",
+        r.dump()
+    );
+    // The child's own registers: fork returned 0 in it, just after the `syscall`.
+    let regs = r.after("CHILD-REGS");
+    assert!(regs.contains("rax            0x0"), "{}", r.dump());
+    assert!(regs.contains("syscall"), "{}", r.dump());
+    r.expect(&format!(
+        "[Inferior 2 (process {child}) exited with code 06]"
+    ));
+    let ended = r.after("CHILD-ENDED");
+    assert!(ended.contains("<null>"), "{}", r.dump());
+    assert!(ended.contains("$1 = 6"), "{}", r.dump());
+    r.expect(&format!(
+        "[Inferior 1 (process {}) exited with code 05]",
+        r.pid
+    ));
+    assert!(
+        !r.gdb.contains("Remote communication error"),
+        "{}",
+        r.dump()
+    );
     expect_program_output(&r, FORKEXEC_OUTPUT);
+}
+
+/// `set detach-on-fork off` with a parent that ends without waiting: after the recorded
+/// parent's exit GDB stays connected for the child it keeps (stopped, not recorded), reads
+/// its registers, runs it to its end (exit status 3) and ends the session cleanly; `info
+/// inferiors` then shows both processes gone.
+#[test]
+fn detach_on_fork_off_child_outlives_the_recorded_parent() {
+    let parent_line = line_of("fork_nowait.c", "/* PARENT LINE */");
+    let r = example_session(
+        "fork_nowait",
+        false,
+        &[
+            "set detach-on-fork off",
+            &format!("break fork_nowait.c:{parent_line}"),
+            "continue",
+            "continue",
+            "continue",
+            "echo AFTER-PARENT\n",
+            "info inferiors",
+            "inferior 2",
+            "info registers rax",
+            "continue",
+            "echo AT-END\n",
+            "info inferiors",
+        ],
+    );
+    let child = gdb_child_pid(&r, "[New inferior 2 (process ");
+    r.expect(&format!("[Inferior 1 (process {}) exited normally]", r.pid));
+    let after = r.after("AFTER-PARENT");
+    assert!(after.contains(&format!("process {child}")), "{}", r.dump());
+    assert!(after.contains("rax            0x0"), "{}", r.dump());
+    r.expect(&format!(
+        "[Inferior 2 (process {child}) exited with code 03]"
+    ));
+    // The rows of `info inferiors`: both without a process.
+    let rows: Vec<&str> = r
+        .after("AT-END")
+        .lines()
+        .filter(|l| l.trim_start_matches(['*', ' ']).starts_with(['1', '2']))
+        .collect();
+    assert!(
+        rows.len() == 2 && rows.iter().all(|l| l.contains("<null>")),
+        "{}",
+        r.dump()
+    );
+    assert!(
+        !r.gdb.contains("Remote communication error"),
+        "{}",
+        r.dump()
+    );
+    expect_program_output(&r, &["parent of fork_nowait", "child of fork_nowait"]);
 }
 
 /// GDB's exec events: `catch exec` stops at the new program's first instruction, GDB names

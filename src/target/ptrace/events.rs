@@ -323,6 +323,57 @@ impl PtraceTarget {
         }
     }
 
+    /// Serves the debugger's request about the held fork child while it keeps both sides of
+    /// the fork (GDB's `detach-on-fork off`; see [`Target::held_child`]): the child stays
+    /// stopped where `fork` returned in it until the debugger runs, kills or detaches it.
+    ///
+    /// [`Target::held_child`]: crate::target::Target::held_child
+    pub fn held_child(&mut self, request: HeldChildRequest) -> TargetResult<HeldChildReply> {
+        let Some(h) = self.held_fork else {
+            return Err(TargetError::Unexpected {
+                pid: self.pid.as_raw(),
+                what: "no forked child is held".into(),
+            });
+        };
+        Ok(match request {
+            HeldChildRequest::Registers => {
+                HeldChildReply::Registers(Box::new(super::registers_of(h.child)?))
+            }
+            HeldChildRequest::Memory { addr, len } => {
+                // Its own copy of memory (none of our int3s is in it: `hold_child`).
+                let mem = open_mem(h.child)?;
+                let mut buf = vec![0u8; len];
+                let mut done = 0;
+                while done < len {
+                    match mem.read_at(&mut buf[done..], addr.wrapping_add(done as u64)) {
+                        Ok(0) => break,
+                        Ok(n) => done += n,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(_) => break,
+                    }
+                }
+                if done == 0 && len > 0 {
+                    return Err(TargetError::Memory { addr });
+                }
+                buf.truncate(done);
+                HeldChildReply::Memory(buf)
+            }
+            HeldChildRequest::RunToEnd => {
+                self.held_fork = None;
+                self.fork_report = None;
+                HeldChildReply::Ended(run_to_end(h.child)?)
+            }
+            HeldChildRequest::Kill => {
+                self.end_held_fork(true);
+                HeldChildReply::Done
+            }
+            HeldChildRequest::Detach => {
+                self.end_held_fork(false);
+                HeldChildReply::Done
+            }
+        })
+    }
+
     /// Lets go of a held fork's child when the whole session ends: killed with the program
     /// (`kill`), or detached to run free.
     pub(super) fn end_held_fork(&mut self, kill: bool) {
@@ -900,5 +951,26 @@ impl PtraceTarget {
                 what: format!("unexpected wait status {w:?}"),
             }),
         }
+    }
+}
+
+/// Runs traced process `pid` (stopped, one thread) untraced in all but name to its end: its
+/// own forks and clones are not followed, an exec is let through (an event stop, not the
+/// legacy `SIGTRAP` a tracee gets without `PTRACE_O_TRACEEXEC`), every signal it receives is
+/// delivered to it. Returns how it ended. Blocks until then: the caller holds nothing else
+/// running that it could wait for (a process that waits for it would otherwise wait for us,
+/// its tracer, to collect its end first).
+fn run_to_end(pid: Pid) -> TargetResult<StopEvent> {
+    nix::sys::ptrace::setoptions(pid, nix::sys::ptrace::Options::PTRACE_O_TRACEEXEC)
+        .map_err(sys("PTRACE_SETOPTIONS", pid))?;
+    let mut signal = None;
+    loop {
+        ptrace_with_signal(libc::PTRACE_CONT, "PTRACE_CONT", pid, signal)?;
+        signal = match waitpid_raw(pid, true)? {
+            Wait::Exited(code) => return Ok(StopEvent::Exited(code)),
+            Wait::Killed(sig) => return Ok(StopEvent::Killed(sig)),
+            Wait::Stopped(sig) => Some(sig),
+            Wait::Event(_) | Wait::StillRunning => None,
+        };
     }
 }

@@ -10,7 +10,10 @@
 //! threads' instructions is known.
 
 use super::regs::{X86Registers, xsave_area_size};
-use super::{Breakpoints, Notice, Resume, StopEvent, Target, TargetError, TargetResult};
+use super::{
+    Breakpoints, HeldChildReply, HeldChildRequest, Notice, Resume, StopEvent, Target, TargetError,
+    TargetResult,
+};
 use nix::unistd::Pid;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -523,15 +526,7 @@ impl Target for PtraceTarget {
                 pid: self.pid.as_raw(),
             });
         }
-        let gprs = nix::sys::ptrace::getregs(self.cur).map_err(sys("PTRACE_GETREGS", self.cur))?;
-        let (note, size) = match xsave_area_size() {
-            Some(size) => (NT_X86_XSTATE, size),
-            None => (NT_PRFPREG, 512),
-        };
-        let mut buf = vec![0u8; size];
-        let written = regset(self.cur, RegsetOp::Get, note, &mut buf)?;
-        buf.truncate(written.min(size));
-        Ok(X86Registers::from_parts(&gprs, buf))
+        registers_of(self.cur)
     }
 
     fn write_registers(&mut self, regs: &X86Registers) -> TargetResult<()> {
@@ -700,6 +695,10 @@ impl Target for PtraceTarget {
         PtraceTarget::held_fork_child(self)
     }
 
+    fn held_child(&mut self, request: HeldChildRequest) -> TargetResult<HeldChildReply> {
+        PtraceTarget::held_child(self, request)
+    }
+
     fn interrupt(&mut self) -> TargetResult<()> {
         if let RunState::Running(_) = self.state {
             nix::sys::signal::kill(self.pid, nix::sys::signal::Signal::SIGINT)
@@ -791,6 +790,20 @@ impl Target for PtraceTarget {
     fn support_breakpoints(&mut self) -> Option<&mut dyn Breakpoints> {
         Some(self)
     }
+}
+
+/// The full register file of stopped tracee `tid`: general-purpose registers and XSAVE state
+/// (the legacy FXSAVE area where XSAVE is unknown).
+fn registers_of(tid: Pid) -> TargetResult<X86Registers> {
+    let gprs = nix::sys::ptrace::getregs(tid).map_err(sys("PTRACE_GETREGS", tid))?;
+    let (note, size) = match xsave_area_size() {
+        Some(size) => (NT_X86_XSTATE, size),
+        None => (NT_PRFPREG, 512),
+    };
+    let mut buf = vec![0u8; size];
+    let written = regset(tid, RegsetOp::Get, note, &mut buf)?;
+    buf.truncate(written.min(size));
+    Ok(X86Registers::from_parts(&gprs, buf))
 }
 
 impl Breakpoints for PtraceTarget {
