@@ -540,6 +540,65 @@ fn catch_vfork_then_the_parent_waits_for_vforkdone() {
     check_vfork_program_ran_fully(&r);
 }
 
+/// The PC GDB resumes from after the `vforkdone` it was told of: GDB's infrun log line
+/// `resume_1: … at 0xPC` after `status->kind = VFORK_DONE`.
+fn pc_at_vforkdone(gdb_output: &str) -> Option<u64> {
+    let after = &gdb_output[gdb_output.find("status->kind = VFORK_DONE")?..];
+    let line = after.lines().find(|l| l.contains("resume_1:"))?;
+    let hex = line.rsplit(" at 0x").next()?;
+    u64::from_str_radix(hex.trim(), 16).ok()
+}
+
+/// `vforkdone` is reported where a native debugger sees it: the parent inside the `vfork`
+/// call, at the PC after the `syscall` (the catchpoint's), not one instruction later (before,
+/// a recorder's step of the parent went on past the event and, as the stop was taken, the
+/// parent had often run its next instruction with GDB's breakpoints out). Ground truth: GDB's
+/// own native run of the same program and commands. The history stays exact across it.
+#[test]
+fn vforkdone_is_reported_where_a_native_debugger_sees_it() {
+    let commands = [
+        "catch vfork",
+        "PLACEHOLDER",
+        "echo CATCH-PC\n",
+        "print/x $pc",
+        "set debug infrun 1",
+        "continue",
+        "set debug infrun 0",
+        "delete",
+        "monitor stats",
+        "continue",
+        "continue",
+    ];
+    let program = examples().join("vforkexec");
+    let newimage = examples().join("newimage");
+    let newimage = newimage.to_str().expect("utf-8 path");
+    // Natively (GDB runs the program itself; ASLR off, as ptrewind runs it).
+    let mut native = support::gdb::gdb_batch();
+    for c in commands {
+        let c = if c == "PLACEHOLDER" { "run" } else { c };
+        if !c.starts_with("monitor") {
+            native.arg("-ex").arg(c);
+        }
+    }
+    native.arg("--args").arg(&program).arg(newimage);
+    let native = run_until(&mut native, TIMEOUT);
+    let native_out = format!("{}{}", native.stdout, native.stderr);
+    let native_pc = pc_at_vforkdone(&native_out)
+        .unwrap_or_else(|| panic!("no vforkdone resume in GDB's native run:\n{native_out}"));
+    let commands: Vec<&str> = commands
+        .iter()
+        .map(|&c| if c == "PLACEHOLDER" { "continue" } else { c })
+        .collect();
+    let r = vfork_session(&commands);
+    let catch_pc = r.hex_after("CATCH-PC");
+    let ours = pc_at_vforkdone(&r.gdb).unwrap_or_else(|| panic!("no vforkdone\n{}", r.dump()));
+    assert_eq!(ours, native_pc, "{}\n--- native\n{native_out}", r.dump());
+    assert_eq!(ours, catch_pc, "{}", r.dump());
+    r.expect("decode errors            0");
+    r.expect("history check            ok");
+    check_vfork_program_ran_fully(&r);
+}
+
 /// `set follow-fork-mode child` at a vfork: GDB follows the child (the parent stays held in
 /// the call), the child execs — GDB loads the new program (`catch exec`) and detaches the vfork
 /// parent, which then runs free to its end — and the new program's breakpoint is hit in the

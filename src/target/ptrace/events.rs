@@ -154,8 +154,7 @@ impl PtraceTarget {
                 }
             }
             libc::PTRACE_EVENT_VFORK_DONE if self.vfork_reported => {
-                // The reported vfork's child exec'd or exited: said after the parent's next
-                // instruction (or at once by a full-speed run).
+                // The reported vfork's child exec'd or exited: the wait ends here.
                 self.vfork_reported = false;
                 self.vfork_done_report = true;
             }
@@ -598,10 +597,11 @@ impl PtraceTarget {
                         // while the child is held, so the step (or run) ends at the event.
                         return Ok(Some((tid, w)));
                     }
-                    if matches!(mode, Resume::Continue { .. })
-                        && event == libc::PTRACE_EVENT_VFORK_DONE
-                        && self.vfork_done_report
-                    {
+                    if event == libc::PTRACE_EVENT_VFORK_DONE && self.vfork_done_report {
+                        // The reported vfork's child exec'd or exited: said where the parent
+                        // stands, still inside the call (as a native debugger sees it), before
+                        // its next instruction — a step ends here without one (the next step
+                        // finishes the call first: `in_vfork_call`).
                         return Ok(Some((tid, w)));
                     }
                     if matches!(mode, Resume::Continue { .. }) && self.fork_report.is_some() {
@@ -857,6 +857,11 @@ impl PtraceTarget {
             Wait::Event(libc::PTRACE_EVENT_VFORK) => {
                 self.state = RunState::Stopped;
                 ThreadStop::VForked
+            }
+            Wait::Event(libc::PTRACE_EVENT_VFORK_DONE) => {
+                // Reported by the caller (`take_vfork_done_report`).
+                self.state = RunState::Stopped;
+                ThreadStop::VForkDone
             }
             Wait::Event(libc::PTRACE_EVENT_FORK) => {
                 self.state = RunState::Stopped;

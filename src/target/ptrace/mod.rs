@@ -111,6 +111,10 @@ pub enum ThreadStop {
     /// ([`PtraceTarget::set_report_forks`]): the thread's registers are those after the
     /// system call (RAX the child's pid); the next step finishes the call first.
     VForked,
+    /// The step of the parent of a reported vfork ended at `PTRACE_EVENT_VFORK_DONE` (the
+    /// child exec'd or exited), inside the system call: no instruction ran; the next step
+    /// finishes the call first. The caller reports it ([`PtraceTarget::take_vfork_done_report`]).
+    VForkDone,
     /// This thread ended (`exit`, not `exit_group`); the process goes on.
     ThreadExited {
         /// Its exit status.
@@ -351,7 +355,9 @@ impl PtraceTarget {
     /// multi-threaded parent detaches every thread of the parent. A `vfork` is reported at its
     /// event stop (the parent cannot finish the call while the child is held; its registers
     /// are set to those after the call, RAX the child's pid, which the kernel writes anyway),
-    /// and its end, [`StopEvent::VForkDone`], after the parent's next instruction.
+    /// and its end, [`StopEvent::VForkDone`], at `PTRACE_EVENT_VFORK_DONE`, the parent still
+    /// inside the call (the PC after it), before its next instruction (a recorder's step ends
+    /// there without one: [`ThreadStop::VForkDone`]).
     /// [`set_follow_fork_child`] wins when both are set.
     ///
     /// [`set_follow_fork_child`]: Self::set_follow_fork_child

@@ -363,6 +363,12 @@ impl<T: StepTarget> SoftRecorder<T> {
                     None => Ok(StepEvent::Executed { ip }),
                 }
             }
+            StepStop::VForkDone => {
+                // The vfork's end, inside the call (its exit trap comes with the next step):
+                // nothing ran.
+                self.discard_state_entry();
+                Ok(StepEvent::Idle)
+            }
             StepStop::VForked => {
                 // The vfork call executed as far as this thread can see (held for the
                 // debugger; the target finishes it at the next step).
