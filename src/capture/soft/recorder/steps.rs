@@ -36,14 +36,20 @@ pub(super) fn restart_point(regs: &Gprs) -> Option<Gprs> {
 }
 
 impl<T: StepTarget> SoftRecorder<T> {
-    /// Before the main thread's system call `before.rax`: if it may replace code — execve or
-    /// execveat (the whole address space), munmap or mmap(MAP_FIXED) over an executable
-    /// mapping — the code as it is now (see [`ExecPeriod`]), read while it still exists.
+    /// Before the current thread's system call `before.rax`: if it may replace code — execve
+    /// or execveat of the main thread (the whole address space), munmap or mmap(MAP_FIXED)
+    /// over an executable mapping by any thread (the threads share it) — the code as it is now
+    /// (see [`ExecPeriod`]), read while it still exists.
     fn period_may_end(&mut self, before: &Gprs) -> Option<PendingPeriod> {
         if !matches!(before.rax, 9 | 11 | 59 | 322) {
             return None;
         }
         let pid = self.target.pid();
+        if matches!(before.rax, 59 | 322) && self.lane.tid != pid {
+            // Another thread's exec: the process goes on in that thread's stream, not in the
+            // main thread's, whose history ends at it (not a period of it; docs/gdb.md).
+            return None;
+        }
         let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
         let cause = match before.rax {
             59 | 322 => "exec".to_string(),
@@ -82,18 +88,48 @@ impl<T: StepTarget> SoftRecorder<T> {
         })
     }
 
-    /// The system call `nr` of the main thread succeeded: if its code was read before it (see
-    /// [`Self::period_may_end`]), the period ends here and the encoder opens the next one.
+    /// The current thread's system call `nr` succeeded: if its code was read before it (see
+    /// [`Self::period_may_end`]), the period ends here and the main thread's encoder opens the
+    /// next one (the history is the main thread's stream; the other threads are stopped while
+    /// one steps, so the main thread's next instruction runs after the change).
     fn end_period(&mut self, nr: u64) {
-        if self.lane.tid != self.target.pid() || self.exec_image.as_ref().is_none_or(|p| p.nr != nr)
-        {
+        if self.exec_image.as_ref().is_none_or(|p| p.nr != nr) {
             return;
         }
         let Some(p) = self.exec_image.take() else {
             return;
         };
-        let next_stream_offset = self.lane.encoder.new_address_space();
-        let next_insn = self.thread_recorded(self.lane.tid);
+        let pid = self.target.pid();
+        let next_stream_offset = if self.lane.tid == pid {
+            self.lane.encoder.new_address_space()
+        } else {
+            // Code unmapped or mapped over by another thread: the main thread stands between
+            // two instructions (or waits in a system call whose `syscall` has not been
+            // recorded yet): its trace is disabled before the next one (FUP + TIP.PGD) and the
+            // next period starts with its next instruction.
+            let Some(i) = self.parked.iter().position(|l| l.tid == pid) else {
+                return;
+            };
+            let at = match &self.parked[i].in_flight {
+                Some(f) => Some(f.ip),
+                None => {
+                    let rip = self
+                        .target
+                        .select_thread(pid)
+                        .and_then(|()| self.target.regs())
+                        .map(|r| r.rip)
+                        .ok();
+                    let _ = self.target.select_thread(self.lane.tid);
+                    rip
+                }
+            };
+            let main = &mut self.parked[i];
+            if let Some(ip) = at {
+                main.encoder.disable(ip);
+            }
+            main.encoder.new_address_space()
+        };
+        let next_insn = self.thread_recorded(pid);
         self.exec_periods.push(ExecPeriod {
             cause: p.cause,
             image: p.image,
@@ -131,9 +167,7 @@ impl<T: StepTarget> SoftRecorder<T> {
         // An undecodable or unreadable instruction still gets stepped: the CPU raises #UD or
         // #PF (SIGILL, SIGSEGV), which the signal path handles.
         let insn = self.cache.get(&mut self.target, ip).ok();
-        if insn.as_ref().is_some_and(|i| i.class == InsnClass::SysCall)
-            && self.lane.tid == self.target.pid()
-        {
+        if insn.as_ref().is_some_and(|i| i.class == InsnClass::SysCall) {
             self.exec_image = self.period_may_end(&before);
         }
         if let (Some(log), Some(insn)) = (self.state_log.as_mut(), insn.as_ref())
