@@ -495,6 +495,78 @@ fn exec_from_a_thread_goes_on_in_the_new_program() {
     );
 }
 
+/// An exec by a thread other than the main one, in the history: the main thread's stream —
+/// the history served — goes on with the new program (the exec'ing thread goes on under the
+/// main thread's id), its part before the exec decoded against the first program (a period,
+/// as at the main thread's own exec). Reverse-continue from the new program's breakpoint
+/// reaches the start, where the PC and the code are the first program's as seen there before
+/// running; the history decodes without error and its length equals the recorded count.
+/// (Before: the main history ended at the exec, was decoded against the new program — 3
+/// decode errors, a history check mismatch of 1612 instructions — and reverse execution from
+/// the new program went into the dead main thread's past.)
+#[test]
+fn exec_from_a_thread_keeps_the_first_programs_history() {
+    let program = examples().join("thread_exec");
+    let newimage = examples().join("newimage");
+    let newimage = newimage.to_str().expect("utf-8 path");
+    let server = Server::start(&program, &[newimage]);
+    let r = gdb_session(
+        server,
+        &program,
+        &[
+            "echo START\n",
+            "p/x $pc",
+            "x/2i $pc",
+            "echo END-START\n",
+            "catch exec",
+            "continue",
+            "break new_image_work",
+            "continue",
+            "print x",
+            "delete",
+            "reverse-continue",
+            "echo BACK\n",
+            "p/x $pc",
+            "x/2i $pc",
+            "echo END-BACK\n",
+            "monitor stats",
+            // Replayed to the present, then the stop at the end, then the exit.
+            "continue",
+            "continue",
+            "continue",
+        ],
+        TIMEOUT,
+    );
+    r.expect("$2 = 2");
+    let start = r.after("START");
+    let start = &start[..start.find("END-START").unwrap_or(0)];
+    let back = r.after("BACK");
+    let back = &back[..back.find("END-BACK").unwrap_or(0)];
+    // The same PC and instructions (GDB names them with the symbols it has; compare the
+    // addresses and the instruction text).
+    let insns = |s: &str| -> Vec<String> {
+        s.lines()
+            .filter(|l| l.contains(":\t"))
+            .map(|l| {
+                let (addr, insn) = l.split_once(":\t").unwrap_or_default();
+                let addr = addr
+                    .trim_start_matches("=> ")
+                    .split(' ')
+                    .next()
+                    .unwrap_or("");
+                format!("{addr} {insn}")
+            })
+            .collect()
+    };
+    assert_eq!(r.hex_after("START"), r.hex_after("BACK"), "{}", r.dump());
+    assert_eq!(insns(start).len(), 2, "{}", r.dump());
+    assert_eq!(insns(start), insns(back), "{}", r.dump());
+    r.expect("code periods ended       1 (exec 1,");
+    r.expect("decode errors            0");
+    r.expect("history check            ok");
+    r.expect("exited with code 05");
+}
+
 /// `ptrewind record -- vforkexec newimage` (vfork, then exec in the child) with `commands`.
 fn vfork_session(commands: &[&str]) -> GdbRun {
     example_session("vforkexec", true, commands)

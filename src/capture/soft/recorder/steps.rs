@@ -45,11 +45,6 @@ impl<T: StepTarget> SoftRecorder<T> {
             return None;
         }
         let pid = self.target.pid();
-        if matches!(before.rax, 59 | 322) && self.lane.tid != pid {
-            // Another thread's exec: the process goes on in that thread's stream, not in the
-            // main thread's, whose history ends at it (not a period of it; docs/gdb.md).
-            return None;
-        }
         let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
         let cause = match before.rax {
             59 | 322 => "exec".to_string(),
@@ -420,9 +415,15 @@ impl<T: StepTarget> SoftRecorder<T> {
                 // Every other thread is gone (an exec from another thread than the leader goes
                 // on under the leader's id): their streams end where they stood.
                 let alive = self.target.threads();
+                let pid = self.target.pid();
+                if !alive.contains(&self.lane.tid) && self.parked.iter().any(|l| l.tid == pid) {
+                    return self.exec_by_another_thread(ip, insn, pid);
+                }
                 if !alive.contains(&self.lane.tid)
                     && let Some(&tid) = alive.first()
                 {
+                    // (No main thread's lane to go on in: not a period of the history.)
+                    self.exec_image = None;
                     if let Some(log) = self.state_log.as_mut() {
                         log.rename_thread(self.lane.tid, tid);
                     }
@@ -464,6 +465,72 @@ impl<T: StepTarget> SoftRecorder<T> {
                 self.ended(stop, (!executed).then_some(ip))
             }
         }
+    }
+
+    /// Thread `self.lane` (not the main one) called `execve`, which succeeded: the kernel ended
+    /// every other thread, the main one included, and the exec'ing thread goes on in the new
+    /// program under the main thread's id (`pid`). Its own stream ends with the `execve`; the
+    /// main thread's stream — the history — goes on with the new program: the main thread's
+    /// old-program part ends where it stood (before the system call it waited in), the state
+    /// log keeps the register jump from there to the new program's entry, and the new program
+    /// is a new period of the history (its code read before the `execve`).
+    fn exec_by_another_thread(
+        &mut self,
+        ip: u64,
+        insn: Option<CachedInsn>,
+        pid: i32,
+    ) -> Result<StepEvent, RecordError> {
+        self.lane.regs = None;
+        self.target.select_thread(pid)?;
+        let after = self.target.regs()?;
+        let event = match insn {
+            Some(insn) => self.executed(ip, &insn, &after)?,
+            None => StepEvent::Executed { ip },
+        };
+        // The exec'ing thread's stream ends with its `execve`.
+        self.lane.encoder.flush();
+        self.write_out(true);
+        self.stats.threads_ended += 1;
+        let Some(j) = self.parked.iter().position(|l| l.tid == pid) else {
+            return Ok(event);
+        };
+        let main = self.parked.remove(j);
+        let exec_lane = std::mem::replace(&mut self.lane, main);
+        self.ended_lanes.push(exec_lane);
+        // The other threads are gone too: their streams end where they stood.
+        self.end_parked();
+        // The main thread was ended inside the system call it waited in (its step never comes
+        // back), or between two instructions.
+        let jump_from = match self.lane.in_flight.take() {
+            Some(f) => {
+                if self.recording {
+                    self.lane.encoder.disable(f.ip);
+                }
+                Some(f.before)
+            }
+            None => {
+                // Where it stood is not known any more (the thread is gone).
+                self.stats.anomalies += 1;
+                if self.recording {
+                    self.lane.encoder.finish(None);
+                }
+                None
+            }
+        };
+        self.enter_lane()?;
+        if let (Some(log), Some(before)) = (self.state_log.as_mut(), jump_from)
+            && self.recording
+        {
+            log.register_jump(&before, &after);
+        }
+        self.lane.regs = Some(after);
+        // The kernel still reports the single step of the `execve` (see `Lane::exec_trap_due`).
+        self.lane.exec_trap_due = true;
+        let nr = self.exec_image.as_ref().map_or(59, |p| p.nr);
+        if matches!(nr, 59 | 322) {
+            self.end_period(nr);
+        }
+        Ok(event)
     }
 
     /// Settles a fork a step executed and the target holds for the debugger
