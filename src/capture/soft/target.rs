@@ -58,6 +58,9 @@ pub enum StepStop {
     /// executed as far as the parent can see (its registers are those after it); the target
     /// finishes it at the next step.
     VForked,
+    /// The step of a vfork parent ended at the vfork's end (the child exec'd or exited),
+    /// inside the system call: nothing ran.
+    VForkDone,
     /// The process exited with this status.
     Exited(i32),
     /// The process was killed by this signal.
@@ -287,6 +290,7 @@ impl StepTarget for PtraceTarget {
             Some(ThreadStop::ThreadExited { code }) => Ok(Some(StepStop::ThreadExited(code))),
             Some(ThreadStop::Exec) => Ok(Some(StepStop::Exec)),
             Some(ThreadStop::VForked) => Ok(Some(StepStop::VForked)),
+            Some(ThreadStop::VForkDone) => Ok(Some(StepStop::VForkDone)),
             Some(ThreadStop::FollowedFork { child, .. }) => {
                 Ok(Some(StepStop::FollowedFork { child }))
             }
