@@ -29,7 +29,7 @@ pub fn tsc_stream(base: u64, runs: &[(u64, u8)]) -> Vec<u8> {
             bits.push(false);
         }
         for chunk in bits.chunks(6) {
-            let mut t = Tnt { bits: 0, count: 0 };
+            let mut t = Tnt::new(0, 0);
             for &b in chunk {
                 t.bits = (t.bits << 1) | u64::from(b);
                 t.count += 1;

@@ -814,10 +814,7 @@ pub fn complete_stream(
     let mut out = Vec::new();
     if tail.tnt.1 > 0 {
         let _ = encode_packet(
-            &Packet::ShortTnt(Tnt {
-                bits: tail.tnt.0,
-                count: tail.tnt.1,
-            }),
+            &Packet::ShortTnt(Tnt::new(tail.tnt.0, tail.tnt.1)),
             &mut out,
         );
     }

@@ -814,13 +814,7 @@ pub fn complete_at_pc(
         let _ = encode_packet(&Packet::PsbEnd, out);
     }
     if tail.tnt.1 > 0 {
-        let _ = encode_packet(
-            &Packet::ShortTnt(Tnt {
-                bits: tail.tnt.0,
-                count: tail.tnt.1,
-            }),
-            out,
-        );
+        let _ = encode_packet(&Packet::ShortTnt(Tnt::new(tail.tnt.0, tail.tnt.1)), out);
     }
     let mut note = format!("stream completed at the stop PC {pc:#x}");
     if let Some((start, insns, _, _)) = tail.in_flight {
@@ -853,10 +847,7 @@ pub fn complete_at_pc(
             match i.class {
                 InsnClass::CondBranch => {
                     let _ = encode_packet(
-                        &Packet::ShortTnt(Tnt {
-                            bits: u64::from(pc != i.nlip()),
-                            count: 1,
-                        }),
+                        &Packet::ShortTnt(Tnt::new(u64::from(pc != i.nlip()), 1)),
                         out,
                     );
                 }
