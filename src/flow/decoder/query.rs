@@ -9,7 +9,16 @@ impl FlowDecoder<'_> {
     /// The next packet that matters for the flow. Timing packets update the time, PAD/MNT/BIP/BBP
     /// are skipped. `None` at the end of the trace, or after an invalid packet (reported; the
     /// decoder is then `NoSync`).
+    #[inline(never)]
     pub(super) fn next_packet(&mut self) -> Option<(u64, Packet)> {
+        self.next_packet_inline()
+    }
+
+    /// [`Self::next_packet`], inlined into the two loops that read most packets (the main loop
+    /// and PSB+): a packet returned through memory from a call was stored in pieces and
+    /// read back at other widths, a store-forwarding stall on every packet of the general path.
+    #[inline(always)]
+    pub(super) fn next_packet_inline(&mut self) -> Option<(u64, Packet)> {
         if let Some(p) = self.pushback.take() {
             self.cur_offset = p.0;
             return Some(p);
@@ -146,7 +155,7 @@ impl FlowDecoder<'_> {
             if self.state == State::Enabled && self.short_tnt_fast_path() {
                 continue;
             }
-            let Some((off, p)) = self.next_packet() else {
+            let Some((off, p)) = self.next_packet_inline() else {
                 continue;
             };
             self.handle(off, p);
@@ -391,7 +400,7 @@ impl FlowDecoder<'_> {
         let mut tsx = None;
         let mut ovf_inside = false;
         loop {
-            let Some((_, p)) = self.next_packet() else {
+            let Some((_, p)) = self.next_packet_inline() else {
                 if self.state == State::NoSync && !self.eof {
                     return; // invalid packet inside PSB+: already reported
                 }
