@@ -34,6 +34,7 @@ fn programs() -> &'static (PathBuf, PathBuf) {
         std::fs::create_dir_all(&dir).expect("dir");
         let flags = ["-static", "-nostdlib", "-no-pie", "-fno-stack-protector"];
         build_example(&dir, "code_remap", &flags);
+        build_example(&dir, "thread_remap", &["-pthread"]);
         (
             build_example(&dir, "exec_first", &flags),
             build_example(&dir, "exec_second", &flags),
@@ -489,6 +490,67 @@ fn code_replaced_at_the_same_address_keeps_its_history() {
         r.dump()
     );
     r.expect("before the code was replaced (munmap 0x70000000-0x70001000)");
+    r.expect("decode errors            0");
+    r.expect("history check            ok");
+}
+
+/// Code replaced at the same address by another thread than the main one
+/// (`examples/c/thread_remap.c`): the main thread calls `mov $1,%eax; ret` mapped at
+/// 0x70000000, a second thread unmaps it and maps `xor %eax,%eax; add $2,%eax; ret` there, the
+/// main thread calls that. The period ends at the second thread's `munmap` too (the code read
+/// just before it; the main thread's stream gets the boundary, before its next instruction),
+/// so reverse-continue to 0x70000000 finds both calls, and at the first `x/i` shows `mov` and
+/// `stepi` goes to its `ret` at +5 (decoded against the present code, the first call would be
+/// `xor`/`add`, the step landing at +2; memory in the threads' past showed the zeros the
+/// second thread's copy overwrote).
+#[test]
+fn code_replaced_by_another_thread_keeps_the_main_threads_history() {
+    if !have("gdb") {
+        eprintln!("skipped: no gdb");
+        return;
+    }
+    let program = programs().0.with_file_name("thread_remap");
+    let server = Server::start(&program, &[]);
+    let r = gdb_session(
+        server,
+        &program,
+        &[
+            "break remap_marker",
+            "continue",
+            "delete",
+            // Mapped at the present (the second code), so GDB can insert it.
+            "break *0x70000000",
+            "reverse-continue",
+            "echo SECOND-CALL\\n",
+            "p/x $pc",
+            "x/i $pc",
+            "reverse-continue",
+            "echo FIRST-CALL\\n",
+            "p/x $pc",
+            "x/i $pc",
+            "stepi",
+            "echo FIRST-NEXT\\n",
+            "p/x $pc",
+            "delete",
+            "monitor stats",
+            "kill",
+        ],
+        TIMEOUT,
+    );
+    assert_eq!(r.hex_after("SECOND-CALL"), 0x7000_0000, "{}", r.dump());
+    assert!(
+        r.after("SECOND-CALL").contains("xor    %eax,%eax"),
+        "{}",
+        r.dump()
+    );
+    assert_eq!(r.hex_after("FIRST-CALL"), 0x7000_0000, "{}", r.dump());
+    assert!(
+        r.after("FIRST-CALL").contains("mov    $0x1,%eax"),
+        "{}",
+        r.dump()
+    );
+    assert_eq!(r.hex_after("FIRST-NEXT"), 0x7000_0005, "{}", r.dump());
+    r.expect("code periods ended       1 (exec 0, code unmapped or mapped over 1)");
     r.expect("decode errors            0");
     r.expect("history check            ok");
 }

@@ -26,6 +26,7 @@ fn examples() -> &'static Path {
         build_example(&dir, "thread_exec", &["-pthread"]);
         build_example(&dir, "vforkexec", &[]);
         build_example(&dir, "spawn", &[]);
+        build_example(&dir, "fork_nowait", &[]);
         dir
     })
 }
@@ -217,13 +218,29 @@ fn gdb_follow_fork_mode_child_records_the_child() {
     );
 }
 
-/// `set detach-on-fork off` asks for both processes; one recording follows one, so the server
-/// says so at the resume, detaches the side GDB did not resume (here the child: the parent is
-/// followed) and goes on — nothing hangs, the child runs free to its end.
+/// `set detach-on-fork off`: GDB keeps both processes and resumes the parent alone, so — as
+/// natively — the child stays stopped where `fork` returned in it: GDB lists it, reads its
+/// own registers (RAX = 0, fork's result in the child) and code; `continue` in it runs it,
+/// not recorded, to its end, which GDB is told (`[Inferior 2 (process C) exited with code
+/// 06]`); the parent, recorded, then sees that status at its breakpoint and the session ends
+/// with the exec'd program's exit — no "Remote communication error".
 #[test]
-fn detach_on_fork_off_is_refused_with_a_message() {
+fn detach_on_fork_off_keeps_the_child_stopped_until_gdb_runs_it() {
+    let after_fork = line_of("forkexec.c", "int status = 0;");
     let r = session(&[
         "set detach-on-fork off",
+        &format!("break forkexec.c:{after_fork}"),
+        "continue",
+        "echo INFERIORS\n",
+        "info inferiors",
+        "inferior 2",
+        "echo CHILD-REGS\n",
+        "info registers rax",
+        "x/i $pc-2",
+        "continue",
+        "echo CHILD-ENDED\n",
+        "info inferiors",
+        "inferior 1",
         "break shared_work",
         "continue",
         "print x",
@@ -232,8 +249,87 @@ fn detach_on_fork_off_is_refused_with_a_message() {
         "continue",
     ]);
     r.expect("ptrewind: the debugger keeps both processes of the fork (detach-on-fork off)");
-    r.expect("$1 = 6");
+    let child = gdb_child_pid(&r, "[New inferior 2 (process ");
+    assert_ne!(child, r.pid, "{}", r.dump());
+    let inferiors = r.after("INFERIORS");
+    assert!(
+        inferiors.contains(&format!("process {}", r.pid))
+            && inferiors.contains(&format!("process {child}")),
+        "{}",
+        r.dump()
+    );
+    // The child's own registers: fork returned 0 in it, just after the `syscall`.
+    let regs = r.after("CHILD-REGS");
+    assert!(regs.contains("rax            0x0"), "{}", r.dump());
+    assert!(regs.contains("syscall"), "{}", r.dump());
+    r.expect(&format!(
+        "[Inferior 2 (process {child}) exited with code 06]"
+    ));
+    let ended = r.after("CHILD-ENDED");
+    assert!(ended.contains("<null>"), "{}", r.dump());
+    assert!(ended.contains("$1 = 6"), "{}", r.dump());
+    r.expect(&format!(
+        "[Inferior 1 (process {}) exited with code 05]",
+        r.pid
+    ));
+    assert!(
+        !r.gdb.contains("Remote communication error"),
+        "{}",
+        r.dump()
+    );
     expect_program_output(&r, FORKEXEC_OUTPUT);
+}
+
+/// `set detach-on-fork off` with a parent that ends without waiting: after the recorded
+/// parent's exit GDB stays connected for the child it keeps (stopped, not recorded), reads
+/// its registers, runs it to its end (exit status 3) and ends the session cleanly; `info
+/// inferiors` then shows both processes gone.
+#[test]
+fn detach_on_fork_off_child_outlives_the_recorded_parent() {
+    let parent_line = line_of("fork_nowait.c", "/* PARENT LINE */");
+    let r = example_session(
+        "fork_nowait",
+        false,
+        &[
+            "set detach-on-fork off",
+            &format!("break fork_nowait.c:{parent_line}"),
+            "continue",
+            "continue",
+            "continue",
+            "echo AFTER-PARENT\n",
+            "info inferiors",
+            "inferior 2",
+            "info registers rax",
+            "continue",
+            "echo AT-END\n",
+            "info inferiors",
+        ],
+    );
+    let child = gdb_child_pid(&r, "[New inferior 2 (process ");
+    r.expect(&format!("[Inferior 1 (process {}) exited normally]", r.pid));
+    let after = r.after("AFTER-PARENT");
+    assert!(after.contains(&format!("process {child}")), "{}", r.dump());
+    assert!(after.contains("rax            0x0"), "{}", r.dump());
+    r.expect(&format!(
+        "[Inferior 2 (process {child}) exited with code 03]"
+    ));
+    // The rows of `info inferiors`: both without a process.
+    let rows: Vec<&str> = r
+        .after("AT-END")
+        .lines()
+        .filter(|l| l.trim_start_matches(['*', ' ']).starts_with(['1', '2']))
+        .collect();
+    assert!(
+        rows.len() == 2 && rows.iter().all(|l| l.contains("<null>")),
+        "{}",
+        r.dump()
+    );
+    assert!(
+        !r.gdb.contains("Remote communication error"),
+        "{}",
+        r.dump()
+    );
+    expect_program_output(&r, &["parent of fork_nowait", "child of fork_nowait"]);
 }
 
 /// GDB's exec events: `catch exec` stops at the new program's first instruction, GDB names
@@ -399,6 +495,78 @@ fn exec_from_a_thread_goes_on_in_the_new_program() {
     );
 }
 
+/// An exec by a thread other than the main one, in the history: the main thread's stream —
+/// the history served — goes on with the new program (the exec'ing thread goes on under the
+/// main thread's id), its part before the exec decoded against the first program (a period,
+/// as at the main thread's own exec). Reverse-continue from the new program's breakpoint
+/// reaches the start, where the PC and the code are the first program's as seen there before
+/// running; the history decodes without error and its length equals the recorded count.
+/// (Before: the main history ended at the exec, was decoded against the new program — 3
+/// decode errors, a history check mismatch of 1612 instructions — and reverse execution from
+/// the new program went into the dead main thread's past.)
+#[test]
+fn exec_from_a_thread_keeps_the_first_programs_history() {
+    let program = examples().join("thread_exec");
+    let newimage = examples().join("newimage");
+    let newimage = newimage.to_str().expect("utf-8 path");
+    let server = Server::start(&program, &[newimage]);
+    let r = gdb_session(
+        server,
+        &program,
+        &[
+            "echo START\n",
+            "p/x $pc",
+            "x/2i $pc",
+            "echo END-START\n",
+            "catch exec",
+            "continue",
+            "break new_image_work",
+            "continue",
+            "print x",
+            "delete",
+            "reverse-continue",
+            "echo BACK\n",
+            "p/x $pc",
+            "x/2i $pc",
+            "echo END-BACK\n",
+            "monitor stats",
+            // Replayed to the present, then the stop at the end, then the exit.
+            "continue",
+            "continue",
+            "continue",
+        ],
+        TIMEOUT,
+    );
+    r.expect("$2 = 2");
+    let start = r.after("START");
+    let start = &start[..start.find("END-START").unwrap_or(0)];
+    let back = r.after("BACK");
+    let back = &back[..back.find("END-BACK").unwrap_or(0)];
+    // The same PC and instructions (GDB names them with the symbols it has; compare the
+    // addresses and the instruction text).
+    let insns = |s: &str| -> Vec<String> {
+        s.lines()
+            .filter(|l| l.contains(":\t"))
+            .map(|l| {
+                let (addr, insn) = l.split_once(":\t").unwrap_or_default();
+                let addr = addr
+                    .trim_start_matches("=> ")
+                    .split(' ')
+                    .next()
+                    .unwrap_or("");
+                format!("{addr} {insn}")
+            })
+            .collect()
+    };
+    assert_eq!(r.hex_after("START"), r.hex_after("BACK"), "{}", r.dump());
+    assert_eq!(insns(start).len(), 2, "{}", r.dump());
+    assert_eq!(insns(start), insns(back), "{}", r.dump());
+    r.expect("code periods ended       1 (exec 1,");
+    r.expect("decode errors            0");
+    r.expect("history check            ok");
+    r.expect("exited with code 05");
+}
+
 /// `ptrewind record -- vforkexec newimage` (vfork, then exec in the child) with `commands`.
 fn vfork_session(commands: &[&str]) -> GdbRun {
     example_session("vforkexec", true, commands)
@@ -441,6 +609,65 @@ fn catch_vfork_then_the_parent_waits_for_vforkdone() {
     r.expect(&format!("vforkexec.c:{after}"));
     r.expect("$2 = 5");
     r.expect("exited normally");
+    check_vfork_program_ran_fully(&r);
+}
+
+/// The PC GDB resumes from after the `vforkdone` it was told of: GDB's infrun log line
+/// `resume_1: … at 0xPC` after `status->kind = VFORK_DONE`.
+fn pc_at_vforkdone(gdb_output: &str) -> Option<u64> {
+    let after = &gdb_output[gdb_output.find("status->kind = VFORK_DONE")?..];
+    let line = after.lines().find(|l| l.contains("resume_1:"))?;
+    let hex = line.rsplit(" at 0x").next()?;
+    u64::from_str_radix(hex.trim(), 16).ok()
+}
+
+/// `vforkdone` is reported where a native debugger sees it: the parent inside the `vfork`
+/// call, at the PC after the `syscall` (the catchpoint's), not one instruction later (before,
+/// a recorder's step of the parent went on past the event and, as the stop was taken, the
+/// parent had often run its next instruction with GDB's breakpoints out). Ground truth: GDB's
+/// own native run of the same program and commands. The history stays exact across it.
+#[test]
+fn vforkdone_is_reported_where_a_native_debugger_sees_it() {
+    let commands = [
+        "catch vfork",
+        "PLACEHOLDER",
+        "echo CATCH-PC\n",
+        "print/x $pc",
+        "set debug infrun 1",
+        "continue",
+        "set debug infrun 0",
+        "delete",
+        "monitor stats",
+        "continue",
+        "continue",
+    ];
+    let program = examples().join("vforkexec");
+    let newimage = examples().join("newimage");
+    let newimage = newimage.to_str().expect("utf-8 path");
+    // Natively (GDB runs the program itself; ASLR off, as ptrewind runs it).
+    let mut native = support::gdb::gdb_batch();
+    for c in commands {
+        let c = if c == "PLACEHOLDER" { "run" } else { c };
+        if !c.starts_with("monitor") {
+            native.arg("-ex").arg(c);
+        }
+    }
+    native.arg("--args").arg(&program).arg(newimage);
+    let native = run_until(&mut native, TIMEOUT);
+    let native_out = format!("{}{}", native.stdout, native.stderr);
+    let native_pc = pc_at_vforkdone(&native_out)
+        .unwrap_or_else(|| panic!("no vforkdone resume in GDB's native run:\n{native_out}"));
+    let commands: Vec<&str> = commands
+        .iter()
+        .map(|&c| if c == "PLACEHOLDER" { "continue" } else { c })
+        .collect();
+    let r = vfork_session(&commands);
+    let catch_pc = r.hex_after("CATCH-PC");
+    let ours = pc_at_vforkdone(&r.gdb).unwrap_or_else(|| panic!("no vforkdone\n{}", r.dump()));
+    assert_eq!(ours, native_pc, "{}\n--- native\n{native_out}", r.dump());
+    assert_eq!(ours, catch_pc, "{}", r.dump());
+    r.expect("decode errors            0");
+    r.expect("history check            ok");
     check_vfork_program_ran_fully(&r);
 }
 

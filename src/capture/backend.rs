@@ -19,7 +19,10 @@ use std::sync::atomic::AtomicBool;
 use crate::flow::FlowConfig;
 use crate::image::Image;
 use crate::store::live::TraceStore;
-use crate::target::{Notice, Resume, StopEvent, TargetResult, WatchKind, X86Registers};
+use crate::target::{
+    HeldChildReply, HeldChildRequest, Notice, Resume, StopEvent, TargetResult, WatchKind,
+    X86Registers,
+};
 
 /// Where the history thread's code was replaced: by `execve` (another program), or by a
 /// `munmap`/`mmap(MAP_FIXED)` over executable code (`dlclose`, a JIT freeing code). It holds
@@ -178,6 +181,16 @@ pub trait LiveBackend {
     /// The child of a held fork not settled yet.
     fn held_fork_child(&self) -> Option<i32> {
         None
+    }
+
+    /// Serves the debugger's request about the held fork child it keeps as a process of its
+    /// own (see [`crate::target::Target::held_child`]).
+    fn held_child(&mut self, request: HeldChildRequest) -> TargetResult<HeldChildReply> {
+        let _ = request;
+        Err(crate::target::TargetError::Unexpected {
+            pid: 0,
+            what: "this backend holds no forked child".into(),
+        })
     }
 
     /// The register file thread `tid` ended with, if it has exited and the backend kept it:

@@ -142,6 +142,9 @@ pub struct GdbStubAdapter {
     pub(super) child_breakpoints: Option<std::collections::BTreeSet<u64>>,
     /// The last fork reported was a vfork.
     vfork_reported: bool,
+    /// The held fork child the debugger keeps as a process of its own (GDB's
+    /// `detach-on-fork off`, resuming the parent): stopped until it runs, kills or detaches it.
+    pub(super) kept_child: Option<i32>,
     /// Notices of the server's own (e.g. a fork it settled itself), sent with the target's.
     pub(super) notices: Vec<crate::target::Notice>,
 }
@@ -172,6 +175,7 @@ impl GdbStubAdapter {
             gone_pids: Vec::new(),
             child_breakpoints: None,
             vfork_reported: false,
+            kept_child: None,
             notices: Vec::new(),
         }
     }
@@ -247,7 +251,22 @@ impl GdbStubAdapter {
         let Some(child) = self.target.held_fork_child() else {
             return Ok(());
         };
+        if self.kept_child == Some(child) {
+            // Kept stopped while the recorded process runs (the debugger's choice).
+            return Ok(());
+        }
         let parent = self.target.pid();
+        if self.resumed_pid == Some(parent) && !self.vfork_reported {
+            // GDB resumes the parent alone (`schedule-multiple off`): as natively, the child
+            // stays stopped, its registers and memory served as its own, until the debugger
+            // runs, kills or detaches it (`router::forks`).
+            self.kept_child = Some(child);
+            self.notices.push(crate::target::Notice::ForkChildKept {
+                recorded: parent,
+                child,
+            });
+            return Ok(());
+        }
         let (kept, detached) = if self.resumed_pid == Some(child) {
             (child, parent)
         } else {

@@ -8,8 +8,8 @@ use std::rc::Rc;
 
 use crate::target::files::{open_host_file, read_host_link};
 use crate::target::{
-    Breakpoints, Notice, Resume, ReverseExecution, ReverseResume, StopEvent, Target, TargetFile,
-    TargetResult, WatchKind, Watchpoints, X86Registers,
+    Breakpoints, HeldChildReply, HeldChildRequest, Notice, Resume, ReverseExecution, ReverseResume,
+    StopEvent, Target, TargetFile, TargetResult, WatchKind, Watchpoints, X86Registers,
 };
 use crate::timeline::Timeline;
 
@@ -156,6 +156,10 @@ impl Target for RecordingTarget {
 
     fn held_fork_child(&self) -> Option<i32> {
         self.inner.borrow().held_fork_child()
+    }
+
+    fn held_child(&mut self, request: HeldChildRequest) -> TargetResult<HeldChildReply> {
+        self.inner.borrow_mut().held_child(request)
     }
 
     fn take_notices(&mut self) -> Vec<Notice> {

@@ -206,6 +206,24 @@ pub enum Notice {
         /// The child's pid, the process from now on.
         child: i32,
     },
+    /// The debugger keeps both processes of a fork (GDB's `detach-on-fork off`) and resumed
+    /// the recorded one: the child stays stopped, held for it ([`Target::held_child`]).
+    ForkChildKept {
+        /// The process recorded.
+        recorded: i32,
+        /// The child, stopped and not recorded.
+        child: i32,
+    },
+    /// The debugger ran the held fork child: it runs, not recorded, to its end.
+    HeldChildRuns {
+        /// The child.
+        child: i32,
+    },
+    /// The debugger asked to step the held fork child, which is not recorded.
+    HeldChildStepRefused {
+        /// The child.
+        child: i32,
+    },
     /// The debugger resumed without settling a fork it was told of: it keeps both processes
     /// (GDB's `detach-on-fork off`), but one recording follows one process.
     BothForkSidesRefused {
@@ -295,6 +313,23 @@ impl fmt::Display for Notice {
                 "the program forked child process {child}; following the child (--follow-fork \
                  child): the parent {parent} is detached and runs untraced; the recording goes \
                  on in the child"
+            ),
+            Notice::ForkChildKept { recorded, child } => write!(
+                f,
+                "the debugger keeps both processes of the fork (detach-on-fork off); ptrewind \
+                 records one, {recorded}; child {child} stays stopped where fork returned in it \
+                 (its own registers and memory) until the debugger runs, kills or detaches it; \
+                 run, it is not recorded and runs to its end without stopping at breakpoints"
+            ),
+            Notice::HeldChildRuns { child } => write!(
+                f,
+                "process {child} (the fork's child) runs to its end, not recorded, without \
+                 stopping at breakpoints"
+            ),
+            Notice::HeldChildStepRefused { child } => write!(
+                f,
+                "process {child} (the fork's child) is not recorded: it can be run to its end \
+                 (continue), killed or detached, not stepped"
             ),
             Notice::BothForkSidesRefused { kept, detached } => write!(
                 f,
@@ -418,6 +453,39 @@ pub trait Watchpoints {
     fn remove_watchpoint(&mut self, addr: u64, len: u64, kind: WatchKind) -> TargetResult<bool>;
 }
 
+/// What the debugger asks of a held fork child it keeps ([`Target::held_child`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeldChildRequest {
+    /// Its registers (it is stopped where the `fork` returned in it).
+    Registers,
+    /// `len` bytes of its memory at `addr` (its own copy, not the recorded process's).
+    Memory {
+        /// First address.
+        addr: u64,
+        /// Bytes wanted (at most this many are returned).
+        len: usize,
+    },
+    /// Run it, unrecorded and without breakpoints, to its end: the reply is its exit.
+    RunToEnd,
+    /// Kill it.
+    Kill,
+    /// Detach it: it runs free.
+    Detach,
+}
+
+/// The answer to a [`HeldChildRequest`].
+#[derive(Clone, Debug)]
+pub enum HeldChildReply {
+    /// Its registers.
+    Registers(Box<X86Registers>),
+    /// The bytes read (fewer than asked where memory ends).
+    Memory(Vec<u8>),
+    /// It ended: [`StopEvent::Exited`] or [`StopEvent::Killed`].
+    Ended(StopEvent),
+    /// Done (killed or detached); it is no longer held.
+    Done,
+}
+
 /// A debuggable process (live or recorded), as the GDB server sees it.
 ///
 /// The *selected* thread (`tid()`) is the one that steps and whose registers are written; a
@@ -538,6 +606,16 @@ pub trait Target {
     /// The child of a fork reported and not yet settled ([`Target::resolve_fork`]).
     fn held_fork_child(&self) -> Option<i32> {
         None
+    }
+    /// Serves the debugger's request about the held fork child
+    /// ([`held_fork_child`](Self::held_fork_child)) while it keeps it as a process of its own
+    /// (GDB's `detach-on-fork off`): it is stopped, traced and not recorded.
+    fn held_child(&mut self, request: HeldChildRequest) -> TargetResult<HeldChildReply> {
+        let _ = request;
+        Err(TargetError::Unexpected {
+            pid: self.pid(),
+            what: "no forked child is held".into(),
+        })
     }
     /// Software breakpoints, if supported.
     fn support_breakpoints(&mut self) -> Option<&mut dyn Breakpoints> {

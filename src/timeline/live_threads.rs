@@ -354,6 +354,16 @@ impl Timeline {
         let pos = g.pos;
         // The main thread's position: where the code mappings' positions are counted.
         let main = g.order.executed_before(0, pos);
+        // Code replaced since (by any thread): the snapshot of the period the main thread's
+        // position lies in.
+        let mut len = buf.len();
+        if let Some(i) = self.earlier_period(main) {
+            match self.period_snapshot(i, addr, buf)? {
+                super::periods::PeriodRead::Served(n) => return Ok(n),
+                super::periods::PeriodRead::Elsewhere(next) => len = next,
+            }
+        }
+        let buf = &mut buf[..len];
         if !self.has_state_log() {
             return self.pc_only_memory(main, addr, buf);
         }

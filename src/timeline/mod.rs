@@ -124,7 +124,8 @@ use crate::history::{BreakpointSet, HistoryWorker};
 use crate::image::{Image, ImmutableCode, Symbolizer};
 use crate::store::live::TraceStore;
 use crate::target::{
-    Notice, Resume, ReverseResume, StopEvent, TargetError, TargetResult, X86Registers,
+    HeldChildReply, HeldChildRequest, Notice, Resume, ReverseResume, StopEvent, TargetError,
+    TargetResult, X86Registers,
 };
 
 use past::unknown_registers;
@@ -1152,6 +1153,18 @@ impl Timeline {
     /// The child of a held fork not settled yet.
     pub fn held_fork_child(&self) -> Option<i32> {
         self.live.as_ref().and_then(|l| l.held_fork_child())
+    }
+
+    /// Serves a request about the held fork child the debugger keeps (see
+    /// [`LiveBackend::held_child`]).
+    pub fn held_child(&mut self, request: HeldChildRequest) -> TargetResult<HeldChildReply> {
+        match self.live.as_mut() {
+            Some(live) => live.held_child(request),
+            None => Err(TargetError::Unexpected {
+                pid: 0,
+                what: "a recording without a process holds no forked child".into(),
+            }),
+        }
     }
 
     /// True once the live process has exited or was killed.

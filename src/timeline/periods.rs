@@ -126,14 +126,30 @@ impl Timeline {
         addr: u64,
         buf: &mut [u8],
     ) -> TargetResult<usize> {
+        match self.period_snapshot(i, addr, buf)? {
+            PeriodRead::Served(n) => Ok(n),
+            PeriodRead::Elsewhere(next) => {
+                self.memory_in_present_space(pos, addr, &mut buf[..next])
+            }
+        }
+    }
+
+    /// What earlier period `i`'s code snapshot says of memory at `addr`: the bytes it has
+    /// there, or how many bytes from `addr` on it does not cover (up to its next section,
+    /// whose bytes differ from the present's); before an exec nothing else is known (an error).
+    pub(super) fn period_snapshot(
+        &self,
+        i: usize,
+        addr: u64,
+        buf: &mut [u8],
+    ) -> TargetResult<PeriodRead> {
         let n = self.exec_bounds[i].image.read(addr, buf);
         if n > 0 {
-            return Ok(n);
+            return Ok(PeriodRead::Served(n));
         }
         if self.exec_bounds[i..].iter().any(|b| b.cause == "exec") {
             return Err(TargetError::Memory { addr });
         }
-        // Up to the next section of the snapshot, whose bytes differ from the present's.
         let next = self.exec_bounds[i]
             .image
             .sections()
@@ -141,6 +157,14 @@ impl Timeline {
             .map(|s| s.addr)
             .find(|&a| a > addr)
             .map_or(buf.len(), |a| (a - addr).min(buf.len() as u64) as usize);
-        self.memory_in_present_space(pos, addr, &mut buf[..next])
+        Ok(PeriodRead::Elsewhere(next))
     }
+}
+
+/// See [`Timeline::period_snapshot`].
+pub(super) enum PeriodRead {
+    /// This many bytes were read from the snapshot.
+    Served(usize),
+    /// The snapshot has nothing for this many bytes: read them as at any past position.
+    Elsewhere(usize),
 }

@@ -20,7 +20,8 @@ use crate::capture::backend::{
 };
 use crate::store::live::TraceStore;
 use crate::target::{
-    Gprs, PtraceTarget, RegMask, Resume, StopEvent, Target, TargetError, TargetResult, X86Registers,
+    Gprs, HeldChildReply, HeldChildRequest, PtraceTarget, RegMask, Resume, StopEvent, Target,
+    TargetError, TargetResult, X86Registers,
 };
 
 /// How long one non-blocking wait keeps recording before it reports "still running" (so the
@@ -439,6 +440,10 @@ impl LiveBackend for SoftCapture {
 
     fn held_fork_child(&self) -> Option<i32> {
         self.rec.target_ref().held_fork_child()
+    }
+
+    fn held_child(&mut self, request: HeldChildRequest) -> TargetResult<HeldChildReply> {
+        Target::held_child(self.rec.target(), request)
     }
 
     fn interrupt(&mut self) -> TargetResult<()> {

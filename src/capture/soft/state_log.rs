@@ -855,6 +855,20 @@ impl StateLog {
         self.last_after = Some(*handler_regs);
     }
 
+    /// The current thread's registers changed from `before` to `after` without an instruction
+    /// of its own: another thread of the process called `execve`, and the kernel ended this
+    /// (main) thread and gave its id to the exec'ing one, which goes on in the new program. Kept
+    /// as an [`EntryKind::Event`], so undoing it brings back this thread's registers from
+    /// before.
+    pub fn register_jump(&mut self, before: &Gprs, after: &Gprs) {
+        if self.pending.open {
+            return;
+        }
+        self.open(before);
+        self.close(after, EntryKind::Event);
+        self.last_after = Some(*after);
+    }
+
     /// Called after a step that executed: closes the instruction's entry when `complete` (a
     /// REP iteration that left RIP in place keeps it open).
     pub fn after_step(&mut self, after: &Gprs, complete: bool) {

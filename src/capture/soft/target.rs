@@ -18,7 +18,16 @@ use nix::unistd::Pid;
 
 use crate::target::{Gprs, PtraceTarget, StopEvent, Target, TargetError, ThreadStop};
 
-/// How a resumed target stopped.
+/// How a resumed target stopped, as the recorder sees it.
+///
+/// Not a second [`ThreadStop`] (the target's report of one thread's step, which it is made
+/// from in one place, `to_stop`): a [`ThreadStop::Stop`] carries a [`StopEvent`], the
+/// debugger-facing vocabulary, whose watchpoint hits, vfork-done reports and `SIGTRAP` signals
+/// are all the recorder's [`StepStop::Trap`] (the step's trap, told apart by
+/// [`StepTarget::siginfo`]), and whose fork events in a full-speed run, history ends and
+/// unknown signal numbers are errors before the recorder sees them. This closed set keeps the
+/// recorder's matches exhaustive without arms for stops a step cannot produce, with signals
+/// typed (`nix::sys::signal::Signal`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StepStop {
     /// Stopped with SIGTRAP: normally the single-step trap, but also a signal-handler entry after
@@ -49,6 +58,9 @@ pub enum StepStop {
     /// executed as far as the parent can see (its registers are those after it); the target
     /// finishes it at the next step.
     VForked,
+    /// The step of a vfork parent ended at the vfork's end (the child exec'd or exited),
+    /// inside the system call: nothing ran.
+    VForkDone,
     /// The process exited with this status.
     Exited(i32),
     /// The process was killed by this signal.
@@ -278,6 +290,7 @@ impl StepTarget for PtraceTarget {
             Some(ThreadStop::ThreadExited { code }) => Ok(Some(StepStop::ThreadExited(code))),
             Some(ThreadStop::Exec) => Ok(Some(StepStop::Exec)),
             Some(ThreadStop::VForked) => Ok(Some(StepStop::VForked)),
+            Some(ThreadStop::VForkDone) => Ok(Some(StepStop::VForkDone)),
             Some(ThreadStop::FollowedFork { child, .. }) => {
                 Ok(Some(StepStop::FollowedFork { child }))
             }

@@ -257,8 +257,18 @@ impl Router {
         let mut idle_polls = 0u32;
         loop {
             sm = match sm {
-                GdbStubStateMachine::Disconnected(d) => {
-                    return self.finish(d.get_reason(), session);
+                GdbStubStateMachine::Disconnected(mut d) => {
+                    let reason = d.get_reason();
+                    if matches!(
+                        reason,
+                        DisconnectReason::TargetExited(_) | DisconnectReason::TargetTerminated(_)
+                    ) && session.kept_child.is_some()
+                        && session.target().held_fork_child() == session.kept_child
+                    {
+                        // GDB keeps the fork's other process and stays connected for it.
+                        self.serve_kept_child(&mut reader, d.borrow_conn(), session)?;
+                    }
+                    return self.finish(reason, session);
                 }
                 GdbStubStateMachine::CtrlCInterrupt(c) => {
                     session.target_mut().interrupt()?;
@@ -351,6 +361,51 @@ impl Router {
                     }
                 }
             };
+        }
+    }
+
+    /// Serves the fork child the debugger keeps (`detach-on-fork off`) after the recorded
+    /// process ended, until the debugger closes the connection ([`forks::after_exit_reply`]).
+    fn serve_kept_child(
+        &mut self,
+        reader: &mut TcpStream,
+        conn: &mut RouterConn,
+        session: &mut GdbStubAdapter,
+    ) -> Result<(), ServerError> {
+        let mut buf = vec![0u8; 8192];
+        let mut selected = false;
+        loop {
+            let n = match read_some(reader, &mut buf) {
+                Ok(n) => n,
+                Err(ServerError::Io(_)) => return Ok(()),
+                Err(e) => return Err(e),
+            };
+            if n == 0 {
+                return Ok(());
+            }
+            for &b in &buf[..n] {
+                let Some(frame) = self.framer.push(b) else {
+                    continue;
+                };
+                match frame {
+                    Frame::Packet(body) => {
+                        let plain = unescape(&body);
+                        let reply = forks::after_exit_reply(session, &mut selected, &plain);
+                        conn.ack().map_err(ServerError::Io)?;
+                        if plain.starts_with(b"vCont;") {
+                            self.forward_notices(conn, session)?;
+                        }
+                        conn.send_packet(&reply).map_err(ServerError::Io)?;
+                    }
+                    Frame::Nack => conn.resend_last().map_err(ServerError::Io)?,
+                    Frame::BadChecksum => conn.nack().map_err(ServerError::Io)?,
+                    Frame::Oversized => {
+                        conn.ack().map_err(ServerError::Io)?;
+                        conn.send_packet(b"E01").map_err(ServerError::Io)?;
+                    }
+                    Frame::Ack | Frame::Interrupt => {}
+                }
+            }
         }
     }
 
@@ -483,16 +538,26 @@ impl Router {
     ) -> Result<Sm<'a>, ServerError> {
         let body = &*normalize_qsupported(body);
         let plain = unescape(body);
+        let mut intercepted = None;
         for (prefix, handler) in &mut self.handlers {
             if !plain.starts_with(prefix) {
                 continue;
             }
             if let Intercept::Reply(reply) = handler(session, &self.state, &plain) {
-                let c = conn(&mut sm);
-                c.ack().map_err(ServerError::Io)?;
-                c.send_packet(&reply).map_err(ServerError::Io)?;
-                return Ok(sm);
+                intercepted = Some(reply);
+                break;
             }
+        }
+        if let Some(reply) = intercepted {
+            let c = conn(&mut sm);
+            c.ack().map_err(ServerError::Io)?;
+            if plain.starts_with(b"vCont;") {
+                // A resume answered here (the held fork child's run): its notices go out
+                // while GDB waits for the stop reply, the only time it reads console output.
+                self.forward_notices(c, session)?;
+            }
+            c.send_packet(&reply).map_err(ServerError::Io)?;
+            return Ok(sm);
         }
         // gdbstub ends the session on a step of "all threads" (`s`/`bs` after `Hc-1`).
         let resume_all = self

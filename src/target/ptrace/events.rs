@@ -154,8 +154,7 @@ impl PtraceTarget {
                 }
             }
             libc::PTRACE_EVENT_VFORK_DONE if self.vfork_reported => {
-                // The reported vfork's child exec'd or exited: said after the parent's next
-                // instruction (or at once by a full-speed run).
+                // The reported vfork's child exec'd or exited: the wait ends here.
                 self.vfork_reported = false;
                 self.vfork_done_report = true;
             }
@@ -321,6 +320,57 @@ impl PtraceTarget {
         } else {
             Ok(None)
         }
+    }
+
+    /// Serves the debugger's request about the held fork child while it keeps both sides of
+    /// the fork (GDB's `detach-on-fork off`; see [`Target::held_child`]): the child stays
+    /// stopped where `fork` returned in it until the debugger runs, kills or detaches it.
+    ///
+    /// [`Target::held_child`]: crate::target::Target::held_child
+    pub fn held_child(&mut self, request: HeldChildRequest) -> TargetResult<HeldChildReply> {
+        let Some(h) = self.held_fork else {
+            return Err(TargetError::Unexpected {
+                pid: self.pid.as_raw(),
+                what: "no forked child is held".into(),
+            });
+        };
+        Ok(match request {
+            HeldChildRequest::Registers => {
+                HeldChildReply::Registers(Box::new(super::registers_of(h.child)?))
+            }
+            HeldChildRequest::Memory { addr, len } => {
+                // Its own copy of memory (none of our int3s is in it: `hold_child`).
+                let mem = open_mem(h.child)?;
+                let mut buf = vec![0u8; len];
+                let mut done = 0;
+                while done < len {
+                    match mem.read_at(&mut buf[done..], addr.wrapping_add(done as u64)) {
+                        Ok(0) => break,
+                        Ok(n) => done += n,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(_) => break,
+                    }
+                }
+                if done == 0 && len > 0 {
+                    return Err(TargetError::Memory { addr });
+                }
+                buf.truncate(done);
+                HeldChildReply::Memory(buf)
+            }
+            HeldChildRequest::RunToEnd => {
+                self.held_fork = None;
+                self.fork_report = None;
+                HeldChildReply::Ended(run_to_end(h.child)?)
+            }
+            HeldChildRequest::Kill => {
+                self.end_held_fork(true);
+                HeldChildReply::Done
+            }
+            HeldChildRequest::Detach => {
+                self.end_held_fork(false);
+                HeldChildReply::Done
+            }
+        })
     }
 
     /// Lets go of a held fork's child when the whole session ends: killed with the program
@@ -547,10 +597,11 @@ impl PtraceTarget {
                         // while the child is held, so the step (or run) ends at the event.
                         return Ok(Some((tid, w)));
                     }
-                    if matches!(mode, Resume::Continue { .. })
-                        && event == libc::PTRACE_EVENT_VFORK_DONE
-                        && self.vfork_done_report
-                    {
+                    if event == libc::PTRACE_EVENT_VFORK_DONE && self.vfork_done_report {
+                        // The reported vfork's child exec'd or exited: said where the parent
+                        // stands, still inside the call (as a native debugger sees it), before
+                        // its next instruction — a step ends here without one (the next step
+                        // finishes the call first: `in_vfork_call`).
                         return Ok(Some((tid, w)));
                     }
                     if matches!(mode, Resume::Continue { .. }) && self.fork_report.is_some() {
@@ -807,6 +858,11 @@ impl PtraceTarget {
                 self.state = RunState::Stopped;
                 ThreadStop::VForked
             }
+            Wait::Event(libc::PTRACE_EVENT_VFORK_DONE) => {
+                // Reported by the caller (`take_vfork_done_report`).
+                self.state = RunState::Stopped;
+                ThreadStop::VForkDone
+            }
             Wait::Event(libc::PTRACE_EVENT_FORK) => {
                 self.state = RunState::Stopped;
                 ThreadStop::FollowedFork {
@@ -900,5 +956,26 @@ impl PtraceTarget {
                 what: format!("unexpected wait status {w:?}"),
             }),
         }
+    }
+}
+
+/// Runs traced process `pid` (stopped, one thread) untraced in all but name to its end: its
+/// own forks and clones are not followed, an exec is let through (an event stop, not the
+/// legacy `SIGTRAP` a tracee gets without `PTRACE_O_TRACEEXEC`), every signal it receives is
+/// delivered to it. Returns how it ended. Blocks until then: the caller holds nothing else
+/// running that it could wait for (a process that waits for it would otherwise wait for us,
+/// its tracer, to collect its end first).
+fn run_to_end(pid: Pid) -> TargetResult<StopEvent> {
+    nix::sys::ptrace::setoptions(pid, nix::sys::ptrace::Options::PTRACE_O_TRACEEXEC)
+        .map_err(sys("PTRACE_SETOPTIONS", pid))?;
+    let mut signal = None;
+    loop {
+        ptrace_with_signal(libc::PTRACE_CONT, "PTRACE_CONT", pid, signal)?;
+        signal = match waitpid_raw(pid, true)? {
+            Wait::Exited(code) => return Ok(StopEvent::Exited(code)),
+            Wait::Killed(sig) => return Ok(StopEvent::Killed(sig)),
+            Wait::Stopped(sig) => Some(sig),
+            Wait::Event(_) | Wait::StillRunning => None,
+        };
     }
 }

@@ -10,7 +10,10 @@
 //! threads' instructions is known.
 
 use super::regs::{X86Registers, xsave_area_size};
-use super::{Breakpoints, Notice, Resume, StopEvent, Target, TargetError, TargetResult};
+use super::{
+    Breakpoints, HeldChildReply, HeldChildRequest, Notice, Resume, StopEvent, Target, TargetError,
+    TargetResult,
+};
 use nix::unistd::Pid;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -108,6 +111,10 @@ pub enum ThreadStop {
     /// ([`PtraceTarget::set_report_forks`]): the thread's registers are those after the
     /// system call (RAX the child's pid); the next step finishes the call first.
     VForked,
+    /// The step of the parent of a reported vfork ended at `PTRACE_EVENT_VFORK_DONE` (the
+    /// child exec'd or exited), inside the system call: no instruction ran; the next step
+    /// finishes the call first. The caller reports it ([`PtraceTarget::take_vfork_done_report`]).
+    VForkDone,
     /// This thread ended (`exit`, not `exit_group`); the process goes on.
     ThreadExited {
         /// Its exit status.
@@ -348,7 +355,9 @@ impl PtraceTarget {
     /// multi-threaded parent detaches every thread of the parent. A `vfork` is reported at its
     /// event stop (the parent cannot finish the call while the child is held; its registers
     /// are set to those after the call, RAX the child's pid, which the kernel writes anyway),
-    /// and its end, [`StopEvent::VForkDone`], after the parent's next instruction.
+    /// and its end, [`StopEvent::VForkDone`], at `PTRACE_EVENT_VFORK_DONE`, the parent still
+    /// inside the call (the PC after it), before its next instruction (a recorder's step ends
+    /// there without one: [`ThreadStop::VForkDone`]).
     /// [`set_follow_fork_child`] wins when both are set.
     ///
     /// [`set_follow_fork_child`]: Self::set_follow_fork_child
@@ -523,15 +532,7 @@ impl Target for PtraceTarget {
                 pid: self.pid.as_raw(),
             });
         }
-        let gprs = nix::sys::ptrace::getregs(self.cur).map_err(sys("PTRACE_GETREGS", self.cur))?;
-        let (note, size) = match xsave_area_size() {
-            Some(size) => (NT_X86_XSTATE, size),
-            None => (NT_PRFPREG, 512),
-        };
-        let mut buf = vec![0u8; size];
-        let written = regset(self.cur, RegsetOp::Get, note, &mut buf)?;
-        buf.truncate(written.min(size));
-        Ok(X86Registers::from_parts(&gprs, buf))
+        registers_of(self.cur)
     }
 
     fn write_registers(&mut self, regs: &X86Registers) -> TargetResult<()> {
@@ -700,6 +701,10 @@ impl Target for PtraceTarget {
         PtraceTarget::held_fork_child(self)
     }
 
+    fn held_child(&mut self, request: HeldChildRequest) -> TargetResult<HeldChildReply> {
+        PtraceTarget::held_child(self, request)
+    }
+
     fn interrupt(&mut self) -> TargetResult<()> {
         if let RunState::Running(_) = self.state {
             nix::sys::signal::kill(self.pid, nix::sys::signal::Signal::SIGINT)
@@ -791,6 +796,20 @@ impl Target for PtraceTarget {
     fn support_breakpoints(&mut self) -> Option<&mut dyn Breakpoints> {
         Some(self)
     }
+}
+
+/// The full register file of stopped tracee `tid`: general-purpose registers and XSAVE state
+/// (the legacy FXSAVE area where XSAVE is unknown).
+fn registers_of(tid: Pid) -> TargetResult<X86Registers> {
+    let gprs = nix::sys::ptrace::getregs(tid).map_err(sys("PTRACE_GETREGS", tid))?;
+    let (note, size) = match xsave_area_size() {
+        Some(size) => (NT_X86_XSTATE, size),
+        None => (NT_PRFPREG, 512),
+    };
+    let mut buf = vec![0u8; size];
+    let written = regset(tid, RegsetOp::Get, note, &mut buf)?;
+    buf.truncate(written.min(size));
+    Ok(X86Registers::from_parts(&gprs, buf))
 }
 
 impl Breakpoints for PtraceTarget {

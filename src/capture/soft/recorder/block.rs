@@ -90,7 +90,7 @@ impl<T: StepTarget> SoftRecorder<T> {
                 self.stats.anomalies += 1;
                 Ok(Some(0))
             }
-            StepStop::FollowedFork { .. } | StepStop::VForked => {
+            StepStop::FollowedFork { .. } | StepStop::VForked | StepStop::VForkDone => {
                 // Not possible (system calls end blocks, and a continue reports no fork).
                 self.stats.anomalies += 1;
                 Ok(Some(0))
@@ -191,6 +191,7 @@ pub fn run_to_breakpoint<T: StepTarget + ?Sized>(
                 | StepStop::Exec
                 | StepStop::FollowedFork { .. }
                 | StepStop::VForked
+                | StepStop::VForkDone
                 | StepStop::Breakpoint { .. }
                 | StepStop::ThreadExited(_),
             ) => {}

@@ -36,9 +36,10 @@ pub(super) fn restart_point(regs: &Gprs) -> Option<Gprs> {
 }
 
 impl<T: StepTarget> SoftRecorder<T> {
-    /// Before the main thread's system call `before.rax`: if it may replace code — execve or
-    /// execveat (the whole address space), munmap or mmap(MAP_FIXED) over an executable
-    /// mapping — the code as it is now (see [`ExecPeriod`]), read while it still exists.
+    /// Before the current thread's system call `before.rax`: if it may replace code — execve
+    /// or execveat of the main thread (the whole address space), munmap or mmap(MAP_FIXED)
+    /// over an executable mapping by any thread (the threads share it) — the code as it is now
+    /// (see [`ExecPeriod`]), read while it still exists.
     fn period_may_end(&mut self, before: &Gprs) -> Option<PendingPeriod> {
         if !matches!(before.rax, 9 | 11 | 59 | 322) {
             return None;
@@ -82,18 +83,48 @@ impl<T: StepTarget> SoftRecorder<T> {
         })
     }
 
-    /// The system call `nr` of the main thread succeeded: if its code was read before it (see
-    /// [`Self::period_may_end`]), the period ends here and the encoder opens the next one.
+    /// The current thread's system call `nr` succeeded: if its code was read before it (see
+    /// [`Self::period_may_end`]), the period ends here and the main thread's encoder opens the
+    /// next one (the history is the main thread's stream; the other threads are stopped while
+    /// one steps, so the main thread's next instruction runs after the change).
     fn end_period(&mut self, nr: u64) {
-        if self.lane.tid != self.target.pid() || self.exec_image.as_ref().is_none_or(|p| p.nr != nr)
-        {
+        if self.exec_image.as_ref().is_none_or(|p| p.nr != nr) {
             return;
         }
         let Some(p) = self.exec_image.take() else {
             return;
         };
-        let next_stream_offset = self.lane.encoder.new_address_space();
-        let next_insn = self.thread_recorded(self.lane.tid);
+        let pid = self.target.pid();
+        let next_stream_offset = if self.lane.tid == pid {
+            self.lane.encoder.new_address_space()
+        } else {
+            // Code unmapped or mapped over by another thread: the main thread stands between
+            // two instructions (or waits in a system call whose `syscall` has not been
+            // recorded yet): its trace is disabled before the next one (FUP + TIP.PGD) and the
+            // next period starts with its next instruction.
+            let Some(i) = self.parked.iter().position(|l| l.tid == pid) else {
+                return;
+            };
+            let at = match &self.parked[i].in_flight {
+                Some(f) => Some(f.ip),
+                None => {
+                    let rip = self
+                        .target
+                        .select_thread(pid)
+                        .and_then(|()| self.target.regs())
+                        .map(|r| r.rip)
+                        .ok();
+                    let _ = self.target.select_thread(self.lane.tid);
+                    rip
+                }
+            };
+            let main = &mut self.parked[i];
+            if let Some(ip) = at {
+                main.encoder.disable(ip);
+            }
+            main.encoder.new_address_space()
+        };
+        let next_insn = self.thread_recorded(pid);
         self.exec_periods.push(ExecPeriod {
             cause: p.cause,
             image: p.image,
@@ -131,9 +162,7 @@ impl<T: StepTarget> SoftRecorder<T> {
         // An undecodable or unreadable instruction still gets stepped: the CPU raises #UD or
         // #PF (SIGILL, SIGSEGV), which the signal path handles.
         let insn = self.cache.get(&mut self.target, ip).ok();
-        if insn.as_ref().is_some_and(|i| i.class == InsnClass::SysCall)
-            && self.lane.tid == self.target.pid()
-        {
+        if insn.as_ref().is_some_and(|i| i.class == InsnClass::SysCall) {
             self.exec_image = self.period_may_end(&before);
         }
         if let (Some(log), Some(insn)) = (self.state_log.as_mut(), insn.as_ref())
@@ -363,6 +392,12 @@ impl<T: StepTarget> SoftRecorder<T> {
                     None => Ok(StepEvent::Executed { ip }),
                 }
             }
+            StepStop::VForkDone => {
+                // The vfork's end, inside the call (its exit trap comes with the next step):
+                // nothing ran.
+                self.discard_state_entry();
+                Ok(StepEvent::Idle)
+            }
             StepStop::VForked => {
                 // The vfork call executed as far as this thread can see (held for the
                 // debugger; the target finishes it at the next step).
@@ -380,9 +415,15 @@ impl<T: StepTarget> SoftRecorder<T> {
                 // Every other thread is gone (an exec from another thread than the leader goes
                 // on under the leader's id): their streams end where they stood.
                 let alive = self.target.threads();
+                let pid = self.target.pid();
+                if !alive.contains(&self.lane.tid) && self.parked.iter().any(|l| l.tid == pid) {
+                    return self.exec_by_another_thread(ip, insn, pid);
+                }
                 if !alive.contains(&self.lane.tid)
                     && let Some(&tid) = alive.first()
                 {
+                    // (No main thread's lane to go on in: not a period of the history.)
+                    self.exec_image = None;
                     if let Some(log) = self.state_log.as_mut() {
                         log.rename_thread(self.lane.tid, tid);
                     }
@@ -424,6 +465,72 @@ impl<T: StepTarget> SoftRecorder<T> {
                 self.ended(stop, (!executed).then_some(ip))
             }
         }
+    }
+
+    /// Thread `self.lane` (not the main one) called `execve`, which succeeded: the kernel ended
+    /// every other thread, the main one included, and the exec'ing thread goes on in the new
+    /// program under the main thread's id (`pid`). Its own stream ends with the `execve`; the
+    /// main thread's stream — the history — goes on with the new program: the main thread's
+    /// old-program part ends where it stood (before the system call it waited in), the state
+    /// log keeps the register jump from there to the new program's entry, and the new program
+    /// is a new period of the history (its code read before the `execve`).
+    fn exec_by_another_thread(
+        &mut self,
+        ip: u64,
+        insn: Option<CachedInsn>,
+        pid: i32,
+    ) -> Result<StepEvent, RecordError> {
+        self.lane.regs = None;
+        self.target.select_thread(pid)?;
+        let after = self.target.regs()?;
+        let event = match insn {
+            Some(insn) => self.executed(ip, &insn, &after)?,
+            None => StepEvent::Executed { ip },
+        };
+        // The exec'ing thread's stream ends with its `execve`.
+        self.lane.encoder.flush();
+        self.write_out(true);
+        self.stats.threads_ended += 1;
+        let Some(j) = self.parked.iter().position(|l| l.tid == pid) else {
+            return Ok(event);
+        };
+        let main = self.parked.remove(j);
+        let exec_lane = std::mem::replace(&mut self.lane, main);
+        self.ended_lanes.push(exec_lane);
+        // The other threads are gone too: their streams end where they stood.
+        self.end_parked();
+        // The main thread was ended inside the system call it waited in (its step never comes
+        // back), or between two instructions.
+        let jump_from = match self.lane.in_flight.take() {
+            Some(f) => {
+                if self.recording {
+                    self.lane.encoder.disable(f.ip);
+                }
+                Some(f.before)
+            }
+            None => {
+                // Where it stood is not known any more (the thread is gone).
+                self.stats.anomalies += 1;
+                if self.recording {
+                    self.lane.encoder.finish(None);
+                }
+                None
+            }
+        };
+        self.enter_lane()?;
+        if let (Some(log), Some(before)) = (self.state_log.as_mut(), jump_from)
+            && self.recording
+        {
+            log.register_jump(&before, &after);
+        }
+        self.lane.regs = Some(after);
+        // The kernel still reports the single step of the `execve` (see `Lane::exec_trap_due`).
+        self.lane.exec_trap_due = true;
+        let nr = self.exec_image.as_ref().map_or(59, |p| p.nr);
+        if matches!(nr, 59 | 322) {
+            self.end_period(nr);
+        }
+        Ok(event)
     }
 
     /// Settles a fork a step executed and the target holds for the debugger
