@@ -105,11 +105,15 @@ impl Timeline {
 
     /// A notice if the cursor's address space is not the one of the last stop reported (see
     /// [`Notice::ExecPeriod`]); `quiet`: the stop itself announced the change (a live exec).
+    /// Not between two stops at the present: the process ran on live into the new code (an
+    /// exec the debugger was told of, code mapped by the program), nothing of the past shown.
     pub(super) fn period_notice(&mut self, quiet: bool) -> Option<Notice> {
         let pos = self.position();
         let now = self.earlier_period(pos).unwrap_or(self.exec_bounds.len());
         let last = self.shown_period.replace(now);
-        if last.is_none_or(|l| l == now) || quiet {
+        let at_present = self.cursor.is_none();
+        let was_at_present = std::mem::replace(&mut self.shown_at_present, at_present);
+        if last.is_none_or(|l| l == now) || quiet || (at_present && was_at_present) {
             return None;
         }
         let info = self.periods().get(now).copied()?;
