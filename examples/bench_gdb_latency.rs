@@ -32,7 +32,12 @@
 //! Needs `gdb`, `cc` and `qemu-x86_64`, and the workspace built in release mode (the `ptrewind`
 //! binary and the QEMU plugin next to this example's directory).
 
-// Shared with the tests, which use more of it.
+// Shared with the tests, which use more of them: the raw protocol client, and the `ptrewind`
+// server starter (port from its listening line, output collected on threads, ended with
+// SIGTERM if a run fails), as in bench_qemu_watch.
+#[allow(dead_code)]
+#[path = "../tests/support/gdb.rs"]
+mod gdb;
 #[allow(dead_code)]
 #[path = "../tests/support/rsp.rs"]
 mod rsp;
@@ -63,16 +68,6 @@ def lat(label, n):
 /// Instructions per loop iteration of PROGRAM at -O1 with GCC 12 (measured: 5 000 000 iterations
 /// recorded 85.1 M instructions; the printed counts are the recorded ones).
 const INSNS_PER_ITER: f64 = 17.0;
-
-/// The `ptrewind` server, killed and reaped however `ours` ends (a failed check panics).
-struct Server(std::process::Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 struct Series {
     label: String,
@@ -154,7 +149,8 @@ fn ours(
     script: &Path,
     steps: usize,
 ) -> (u64, Vec<Series>) {
-    let mut server = Server(
+    let t0 = Instant::now();
+    let server = gdb::Server::spawn_within(
         Command::new(ptrewind)
             .args([
                 "record",
@@ -166,56 +162,18 @@ fn ours(
                 "--",
             ])
             .arg(prog)
-            .arg(iters.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run ptrewind"),
+            .arg(iters.to_string()),
+        std::time::Duration::from_secs(600),
     );
-    let stderr = server.0.stderr.take().expect("stderr");
-    let (tx, rx) = std::sync::mpsc::channel();
-    let reader = std::thread::spawn(move || {
-        use std::io::BufRead;
-        let mut all = String::new();
-        for line in std::io::BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-        {
-            let _ = tx.send(line.clone());
-            all.push_str(&line);
-            all.push('\n');
-        }
-        all
-    });
-    let (mut port, mut insns) = (None, 0u64);
-    let t0 = Instant::now();
-    while port.is_none() {
-        let Ok(line) = rx.recv_timeout(std::time::Duration::from_secs(600)) else {
-            drop(server);
-            panic!(
-                "ptrewind printed no listening line: {}",
-                reader.join().unwrap_or_default()
-            );
-        };
-        if let Some(rest) = line.split_once(" thread(s), ") {
-            insns = rest
-                .1
-                .split(' ')
-                .next()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-        }
-        if let Some((_, addr)) = line.split_once("listening on ") {
-            port = addr
-                .trim()
-                .rsplit(':')
-                .next()
-                .and_then(|p| p.parse::<u16>().ok());
-        }
-    }
+    // "ptrewind: program ended (…); N thread(s), INSNS instructions in …"
+    let insns = server
+        .early
+        .iter()
+        .find_map(|line| line.split_once(" thread(s), "))
+        .and_then(|(_, rest)| rest.split(' ').next()?.parse().ok())
+        .unwrap_or(0u64);
+    let port = server.port;
     let ready = t0.elapsed();
-    let port = port.unwrap_or_default();
     let half = insns / 2;
     // First a raw client (no GDB): the server's own cost of a reverse step, against the same
     // round trip for a one-byte memory read it refuses (the transport floor).
@@ -262,8 +220,19 @@ fn ours(
         .stdin(Stdio::null())
         .output()
         .expect("run gdb");
-    drop(server);
-    let log = reader.join().unwrap_or_default();
+    // GDB's `kill` ended the replay; the server ends with SIGTERM otherwise.
+    let gdb::Server {
+        mut child,
+        stderr,
+        reaper,
+        ..
+    } = server;
+    let _ = gdb::wait_until(
+        &mut child,
+        Instant::now() + std::time::Duration::from_secs(10),
+    );
+    drop(reaper);
+    let log = stderr.join().unwrap_or_default();
     let text =
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     let gdb = parse_lat(&text);

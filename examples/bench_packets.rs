@@ -11,7 +11,7 @@
 //!
 //! ```text
 //! cargo run --release --example bench_packets -- [--mib 256] [--reps 3] [--corpus DIR]
-//!     [--only libipt|next|read|batch]
+//!     [--only libipt|next|read|read_moved|batch[,...]] [--kinds]
 //! ```
 
 use std::hint::black_box;
@@ -88,6 +88,9 @@ mod libipt {
     const _: () = assert!(std::mem::offset_of!(PtConfig, addr_filter) == 144);
     const _: () = assert!(std::mem::size_of::<PtPacket>() == 24);
 
+    /// `ppt_tnt_8` of `enum pt_packet_type`.
+    pub const PPT_TNT_8: u32 = 9;
+
     /// `-pte_eos`.
     pub const PTE_EOS: i32 = 7;
 
@@ -111,12 +114,15 @@ mod libipt {
     }
 }
 
-/// Result of one decoding pass.
+/// Result of one decoding pass. Every consumer does the same work per packet: count it, add a
+/// TNT-8's outcome count to `tnt_bits` (so each reads the packet's kind and a payload field, and
+/// the sums must agree between the decoders) and pass the packet to `black_box`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Counts {
     packets: u64,
     bytes: u64,
     errors: u64,
+    tnt_bits: u64,
 }
 
 fn corpus_dir(arg: Option<PathBuf>) -> PathBuf {
@@ -283,14 +289,14 @@ fn cross_check(buf: &mut [u8]) -> usize {
     ours.len()
 }
 
+// The counters of the consumers below are locals, not fields of the returned `Counts`: the
+// result is written through the caller's return slot, which `black_box` (it clobbers memory)
+// forced to be stored on every packet.
+
+#[inline(never)]
 fn ours(buf: &[u8]) -> Counts {
-    let mut c = Counts {
-        packets: 0,
-        bytes: 0,
-        errors: 0,
-    };
+    let (mut packets, mut errors, mut tnt_bits) = (0u64, 0u64, 0u64);
     let mut dec = PacketDecoder::new(buf);
-    let mut tnt_bits = 0u64;
     loop {
         // Borrow the packet where the decoder built it (as a consumer that matches on it does);
         // see docs/benchmarks.md on moving packets out of the result.
@@ -298,39 +304,39 @@ fn ours(buf: &[u8]) -> Counts {
         let Some(r) = &item else { break };
         match r {
             Ok((_, p)) => {
-                c.packets += 1;
+                packets += 1;
                 if let Packet::ShortTnt(t) = p {
                     tnt_bits += t.count as u64;
                 }
                 black_box(p);
             }
             Err(_) => {
-                c.errors += 1;
+                errors += 1;
                 if dec.sync_forward().is_none() {
                     break;
                 }
             }
         }
     }
-    black_box(tnt_bits);
-    c.bytes = dec.position() as u64;
-    c
+    Counts {
+        packets,
+        bytes: dec.position() as u64,
+        errors,
+        tnt_bits,
+    }
 }
 
-/// The same consumer over the 16-byte `read` API (offset on demand, error kept in the decoder).
+/// The same consumer over the 16-byte `read` API (offset on demand, error kept in the decoder),
+/// borrowing the packet in the result.
+#[inline(never)]
 fn ours_read(buf: &[u8]) -> Counts {
-    let mut c = Counts {
-        packets: 0,
-        bytes: 0,
-        errors: 0,
-    };
+    let (mut packets, mut errors, mut tnt_bits) = (0u64, 0u64, 0u64);
     let mut dec = PacketDecoder::new(buf);
-    let mut tnt_bits = 0u64;
     loop {
         let r = dec.read();
         match &r {
             Ok(p) => {
-                c.packets += 1;
+                packets += 1;
                 if let Packet::ShortTnt(t) = p {
                     tnt_bits += t.count as u64;
                 }
@@ -338,7 +344,7 @@ fn ours_read(buf: &[u8]) -> Counts {
             }
             Err(Stop::End) => break,
             Err(Stop::Error) => {
-                c.errors += 1;
+                errors += 1;
                 black_box(dec.take_error());
                 if dec.sync_forward().is_none() {
                     break;
@@ -346,44 +352,84 @@ fn ours_read(buf: &[u8]) -> Counts {
             }
         }
     }
-    black_box(tnt_bits);
-    c.bytes = dec.position() as u64;
-    c
+    Counts {
+        packets,
+        bytes: dec.position() as u64,
+        errors,
+        tnt_bits,
+    }
 }
 
-fn ours_batch(buf: &[u8], scratch: &mut Vec<(u64, Packet)>) -> Counts {
-    let mut c = Counts {
-        packets: 0,
-        bytes: 0,
-        errors: 0,
-    };
+/// The same over `read`, moving the packet out of the result (`Ok(p) => …`), as most code
+/// would write it.
+#[inline(never)]
+fn ours_read_moved(buf: &[u8]) -> Counts {
+    let (mut packets, mut errors, mut tnt_bits) = (0u64, 0u64, 0u64);
     let mut dec = PacketDecoder::new(buf);
     loop {
-        scratch.clear();
-        match dec.decode_into(scratch, 4096) {
-            Ok(0) => break,
-            Ok(n) => c.packets += n as u64,
-            Err(_) => {
-                c.packets += scratch.len() as u64;
-                c.errors += 1;
+        match dec.read() {
+            Ok(p) => {
+                packets += 1;
+                if let Packet::ShortTnt(t) = p {
+                    tnt_bits += t.count as u64;
+                }
+                black_box(&p);
+            }
+            Err(Stop::End) => break,
+            Err(Stop::Error) => {
+                errors += 1;
+                black_box(dec.take_error());
                 if dec.sync_forward().is_none() {
                     break;
                 }
             }
         }
-        black_box(&scratch);
     }
-    c.bytes = dec.position() as u64;
-    c
+    Counts {
+        packets,
+        bytes: dec.position() as u64,
+        errors,
+        tnt_bits,
+    }
 }
 
+#[inline(never)]
+fn ours_batch(buf: &[u8], scratch: &mut Vec<(u64, Packet)>) -> Counts {
+    let (mut packets, mut errors, mut tnt_bits) = (0u64, 0u64, 0u64);
+    let mut dec = PacketDecoder::new(buf);
+    loop {
+        scratch.clear();
+        let done = match dec.decode_into(scratch, 4096) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(_) => {
+                errors += 1;
+                dec.sync_forward().is_none()
+            }
+        };
+        packets += scratch.len() as u64;
+        for (_, p) in scratch.iter() {
+            if let Packet::ShortTnt(t) = p {
+                tnt_bits += t.count as u64;
+            }
+        }
+        black_box(&scratch);
+        if done {
+            break;
+        }
+    }
+    Counts {
+        packets,
+        bytes: dec.position() as u64,
+        errors,
+        tnt_bits,
+    }
+}
+
+#[inline(never)]
 fn libipt_pass(buf: &mut [u8]) -> Counts {
     use libipt::*;
-    let mut c = Counts {
-        packets: 0,
-        bytes: buf.len() as u64,
-        errors: 0,
-    };
+    let (mut packets, mut errors, mut tnt_bits) = (0u64, 0u64, 0u64);
     // SAFETY: PtConfig is plain data; all-zero is libipt's documented initial state
     // (pt_config_init memsets it and sets `size`).
     let mut cfg: PtConfig = unsafe { std::mem::zeroed() };
@@ -405,15 +451,19 @@ fn libipt_pass(buf: &mut [u8]) -> Counts {
         // SAFETY: dec is live; pkt is a properly sized pt_packet.
         let r = unsafe { pt_pkt_next(dec, &mut pkt, std::mem::size_of::<PtPacket>()) };
         if r >= 0 {
-            c.packets += 1;
+            packets += 1;
+            if pkt.kind == PPT_TNT_8 {
+                // `struct pt_packet_tnt`: `bit_size` is the payload's first byte.
+                tnt_bits += pkt.payload[0] & 0xff;
+            }
             black_box(&pkt);
             continue;
         }
         if r == -PTE_EOS {
             break;
         }
-        c.errors += 1;
-        if c.errors <= 3 {
+        errors += 1;
+        if errors <= 3 {
             // SAFETY: pt_errstr returns a static NUL-terminated string.
             let msg = unsafe { std::ffi::CStr::from_ptr(pt_errstr(-r)) };
             eprintln!("libipt: error {r} ({})", msg.to_string_lossy());
@@ -423,7 +473,68 @@ fn libipt_pass(buf: &mut [u8]) -> Counts {
     }
     // SAFETY: dec came from pt_pkt_alloc_decoder and is freed once.
     unsafe { pt_pkt_free_decoder(dec) };
-    c
+    Counts {
+        packets,
+        bytes: buf.len() as u64,
+        errors,
+        tnt_bits,
+    }
+}
+
+/// `--kinds`: where the time goes per kind of packet. The corpus's packets are split, in stream
+/// order, into the one-byte packets (PAD, TNT-8), the IP packets (TIP, TIP.PGE, TIP.PGD, FUP) and
+/// the rest (PSB+ contents, timing); each part, repeated to the input size after one PSB (libipt starts at a PSB), is a valid
+/// packet stream of its own, decoded by libipt and by the `read` consumer. The time per packet of each
+/// part says what a packet of that kind costs in the mixed stream, up to the branch history the
+/// mix changes.
+fn per_kind(unit: &[u8], target: usize, reps: usize) {
+    let mut parts: [(&str, Vec<u8>); 3] = [
+        ("one-byte (PAD, TNT-8)", Vec::new()),
+        ("IP (TIP*, FUP)", Vec::new()),
+        ("other", Vec::new()),
+    ];
+    let mut dec = PacketDecoder::new(unit);
+    let mut at = 0;
+    while let Some(Ok((_, p))) = dec.next_packet() {
+        let part = match p {
+            Packet::Pad | Packet::ShortTnt(_) => 0,
+            Packet::Tip(_) | Packet::TipPge(_) | Packet::TipPgd(_) | Packet::Fup(_) => 1,
+            _ => 2,
+        };
+        parts[part].1.extend_from_slice(&unit[at..dec.position()]);
+        at = dec.position();
+    }
+    for (name, part) in parts {
+        if std::env::var("BENCH_KIND").is_ok_and(|k| !name.starts_with(&k)) {
+            continue;
+        }
+        // libipt starts decoding at a PSB.
+        let mut buf = Vec::with_capacity(target + part.len());
+        if !part.starts_with(&ptrewind::packet::PSB_BYTES) {
+            buf.extend_from_slice(&ptrewind::packet::PSB_BYTES);
+        }
+        while buf.len() < target {
+            buf.extend_from_slice(&part);
+        }
+        let (mut ipt, mut red) = (Measure::new(), Measure::new());
+        for _ in 0..reps {
+            ipt.run(|| libipt_pass(&mut buf));
+            red.run(|| ours_read(&buf));
+        }
+        let (Some(a), Some(b)) = (ipt.counts, red.counts) else {
+            continue;
+        };
+        assert_eq!(a.packets, b.packets, "{name}: packet counts differ");
+        let ns = |m: &Measure| m.cpu.as_secs_f64() * 1e9 / a.packets as f64;
+        println!(
+            "{name:<22}: {:>10} packets, {:.2} bytes/packet; libipt {:.2} ns/packet, read {:.2} ns/packet ({:.2}x)",
+            a.packets,
+            buf.len() as f64 / a.packets as f64,
+            ns(&ipt),
+            ns(&red),
+            ipt.cpu.as_secs_f64() / red.cpu.as_secs_f64()
+        );
+    }
 }
 
 /// CPU time of the calling thread: the machine is shared, so wall time would mostly measure the
@@ -477,6 +588,7 @@ fn main() {
     let mut reps = 3usize;
     let mut corpus = None;
     let mut only: Option<String> = None;
+    let mut kinds = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -484,6 +596,7 @@ fn main() {
             "--reps" => reps = args.next().and_then(|v| v.parse().ok()).expect("--reps N"),
             "--corpus" => corpus = args.next().map(PathBuf::from),
             "--only" => only = args.next(),
+            "--kinds" => kinds = true,
             other => panic!("unknown argument {other}"),
         }
     }
@@ -520,6 +633,10 @@ fn main() {
     while buf.len() < target {
         buf.extend_from_slice(&unit);
     }
+    if kinds {
+        per_kind(&unit, target, reps);
+        return;
+    }
     if std::env::var_os("BENCH_STATS").is_some() {
         let mut hist = std::collections::BTreeMap::<&str, (u64, u64)>::new();
         let mut dec = PacketDecoder::new(&unit);
@@ -544,10 +661,13 @@ fn main() {
 
     // Interleave the decoders in every repetition so that load changes hit all of them alike.
     let (mut ipt, mut our, mut bat) = (Measure::new(), Measure::new(), Measure::new());
-    let mut red = Measure::new();
+    let (mut red, mut mov) = (Measure::new(), Measure::new());
     let mut scratch = Vec::with_capacity(4096);
     for _ in 0..reps {
-        let want = |name: &str| only.as_deref().is_none_or(|o| o == name);
+        let want = |name: &str| {
+            only.as_deref()
+                .is_none_or(|o| o.split(',').any(|o| o == name))
+        };
         if want("libipt") {
             ipt.run(|| libipt_pass(&mut buf));
         }
@@ -557,21 +677,25 @@ fn main() {
         if want("read") {
             red.run(|| ours_read(&buf));
         }
+        if want("read_moved") {
+            mov.run(|| ours_read_moved(&buf));
+        }
         if want("batch") {
             bat.run(|| ours_batch(&buf, &mut scratch));
         }
     }
     let report = |name: &str, m: &Measure| {
-        let Some(c) = m.counts else {
-            return Counts {
-                packets: 0,
-                bytes: 0,
-                errors: 0,
-            };
+        let c = m.counts?;
+        let ratio = if ipt.counts.is_some() {
+            format!(
+                " ({:.2}x libipt)",
+                ipt.cpu.as_secs_f64() / m.cpu.as_secs_f64()
+            )
+        } else {
+            String::new()
         };
-        let ratio = ipt.cpu.as_secs_f64() / m.cpu.as_secs_f64();
         println!(
-            "{name:<24}: {:>10} packets, {} errors, cpu {:>7.3} s = {:>7.1} MB/s ({ratio:.2}x libipt); wall {:>7.3} s = {:>7.1} MB/s",
+            "{name:<24}: {:>10} packets, {} errors, cpu {:>7.3} s = {:>7.1} MB/s{ratio}; wall {:>7.3} s = {:>7.1} MB/s",
             c.packets,
             c.errors,
             m.cpu.as_secs_f64(),
@@ -579,18 +703,22 @@ fn main() {
             m.wall.as_secs_f64(),
             rate(buf.len(), m.wall) / 1e6,
         );
-        c
+        Some(c)
     };
     let ipt = report("libipt pt_pkt_next", &ipt);
     let our = report("ptrewind next_packet", &our);
     let red = report("ptrewind read", &red);
+    let mov = report("ptrewind read, moved out", &mov);
     let bat = report("ptrewind decode_into", &bat);
-    if only.is_some() {
-        return;
-    }
-    let agree =
-        ipt.packets == our.packets && our.packets == bat.packets && red.packets == our.packets;
-    println!("packet counts agree: {}", if agree { "yes" } else { "NO" });
+    // Every decoder that ran must agree on the packet count and the TNT-8 outcome count.
+    let ran: Vec<Counts> = [ipt, our, red, mov, bat].into_iter().flatten().collect();
+    let agree = ran
+        .windows(2)
+        .all(|w| (w[0].packets, w[0].tnt_bits) == (w[1].packets, w[1].tnt_bits));
+    println!(
+        "packet and TNT-8 outcome counts agree: {}",
+        if agree { "yes" } else { "NO" }
+    );
     if !agree {
         std::process::exit(1);
     }

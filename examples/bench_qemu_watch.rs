@@ -23,10 +23,14 @@
 #[path = "../tests/support/cbuild.rs"]
 #[allow(dead_code)]
 mod cbuild;
+// The tests' `ptrewind` server starter (port from its listening line, output collected on
+// threads, ended with SIGTERM if a run fails), shared with bench_gdb_latency.
+#[path = "../tests/support/gdb.rs"]
+#[allow(dead_code)]
+mod gdb;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const LOOP_SRC: &str = r#"
@@ -43,16 +47,6 @@ int main(int argc, char **argv) {
 }
 "#;
 
-/// Kills the server when dropped (a failed run leaves nothing behind).
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn release_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     exe.parent()
@@ -65,47 +59,24 @@ fn release_dir() -> PathBuf {
 /// GDB's output.
 fn session(dir: &Path, plugin: &Path, prog: &Path, iters: u64, commands: &[&str]) -> (f64, String) {
     let t0 = Instant::now();
-    let mut server = Server(
+    let mut server = gdb::Server::spawn(
         Command::new(dir.join("ptrewind"))
             .args(["record", "--backend", "qemu", "--no-stop-at-exit"])
             .arg("--qemu-plugin")
             .arg(plugin)
             .args(["--listen", "127.0.0.1:0", "--"])
             .arg(prog)
-            .arg(iters.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run ptrewind"),
+            .arg(iters.to_string()),
     );
-    let stderr = server.0.stderr.take().expect("stderr");
-    let mut lines = BufReader::new(stderr).lines();
-    let port = loop {
-        let line = lines
-            .next()
-            .and_then(Result::ok)
-            .expect("ptrewind printed no listening line");
-        if let Some(rest) = line.split("listening on 127.0.0.1:").nth(1) {
-            break rest
-                .split(|c: char| !c.is_ascii_digit())
-                .next()
-                .unwrap_or("")
-                .to_string();
-        }
-    };
-    // Drain the rest so the server never blocks on a full pipe.
-    let drain = std::thread::spawn(move || lines.map_while(Result::ok).count());
     let mut gdb = Command::new("gdb");
     gdb.args(["-batch", "-nx", "-ex", "set confirm off"])
         .arg("-ex")
-        .arg(format!("target remote 127.0.0.1:{port}"));
+        .arg(format!("target remote 127.0.0.1:{}", server.port));
     for c in commands {
         gdb.arg("-ex").arg(c);
     }
     let out = gdb.arg(prog).output().expect("run gdb");
-    let _ = server.0.wait();
-    let _ = drain.join();
+    let _ = server.child.wait();
     let secs = t0.elapsed().as_secs_f64();
     let text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);

@@ -525,10 +525,7 @@ impl Gen {
             for &b in chunk {
                 v = v << 1 | b as u64;
             }
-            self.p(Packet::ShortTnt(Tnt {
-                bits: v,
-                count: chunk.len() as u8,
-            }));
+            self.p(Packet::ShortTnt(Tnt::new(v, chunk.len() as u8)));
         }
         self
     }

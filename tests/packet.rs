@@ -21,11 +21,11 @@ use ptrewind::packet::{
 // Helpers
 
 fn ip(compression: IpCompression, raw: u64) -> IpPayload {
-    IpPayload { compression, raw }
+    IpPayload::new(compression, raw)
 }
 
 fn tnt(bits: u64, count: u8) -> Tnt {
-    Tnt { bits, count }
+    Tnt::new(bits, count)
 }
 
 /// Decodes exactly one packet from `bytes` (outside a block) and checks it spans all of them.

@@ -16,6 +16,7 @@ mod support;
 
 use support::cbuild::{build_example, nm_symbol};
 use support::gdb::{GdbRun, Server, gdb_session, ptrewind};
+use support::synth::tsc_stream;
 
 const TIMEOUT: Duration = Duration::from_secs(90);
 
@@ -732,42 +733,6 @@ fn aux_perf_data(streams: &[(u32, u32, Vec<u8>)]) -> Vec<u8> {
         out.extend(perf_record(AUXTRACE, &body));
         out.extend_from_slice(data);
     }
-    out
-}
-
-/// A thread's PT stream as a CPU tracing it into its own AUX area writes it: PSB+, TIP.PGE at
-/// `base` (a `jne .`), then per run a TSC packet and that many taken branches (the last run
-/// ends with one not taken), and TIP.PGD at the `ret` after it.
-fn tsc_stream(base: u64, runs: &[(u64, u8)]) -> Vec<u8> {
-    use ptrewind::packet::{Encoder, IpKind, Packet, Tnt};
-    let mut enc = Encoder::new();
-    let mut out = Vec::new();
-    enc.psb(&mut out);
-    let mode = Packet::ModeExec {
-        csl: true,
-        csd: false,
-        iflag: false,
-    };
-    enc.packet(&mode, &mut out).unwrap();
-    enc.packet(&Packet::PsbEnd, &mut out).unwrap();
-    enc.ip_packet(IpKind::TipPge, Some(base), &mut out).unwrap();
-    let last = runs.len() - 1;
-    for (k, &(tsc, taken)) in runs.iter().enumerate() {
-        enc.packet(&Packet::Tsc { tsc }, &mut out).unwrap();
-        let mut bits = vec![true; taken as usize];
-        if k == last {
-            bits.push(false);
-        }
-        for chunk in bits.chunks(6) {
-            let mut t = Tnt { bits: 0, count: 0 };
-            for &b in chunk {
-                t.bits = (t.bits << 1) | u64::from(b);
-                t.count += 1;
-            }
-            enc.packet(&Packet::ShortTnt(t), &mut out).unwrap();
-        }
-    }
-    enc.ip_packet(IpKind::TipPgd, None, &mut out).unwrap();
     out
 }
 

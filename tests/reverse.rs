@@ -280,8 +280,8 @@ fn backend_pt_fails_with_probe_message_and_auto_falls_back() {
         // auto: falls back, says why, and serves (we only wait for the listening line).
         let server = record(&["--backend", "auto"], &example("recursion"));
         let mut child = server.child;
-        let _ = child.kill();
-        let _ = child.wait();
+        // (`auto` may pick QEMU: its temporary recording directory goes with a SIGTERM.)
+        support::gdb::terminate(&mut child);
         let text = server.stderr.join().unwrap();
         // QEMU when it is installed, else the ptrace backend; either way saying which.
         assert!(

@@ -96,6 +96,21 @@ static PAUSE_GATE: AtomicPtr<AtomicU64> = AtomicPtr::new(ptr::null_mut());
 /// its block holds up QEMU's exclusive sections.
 const CLAIM_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
 
+/// A test knob (environment `PTREWIND_QEMU_TEST_CLAIM_DELAY_US`, read at install; 0 otherwise):
+/// microseconds a thread sleeps between finding the pause gate open and claiming the stub.
+/// It widens the window in which ptrewind may stop the program in another thread meanwhile,
+/// so a test can show that a claim is checked against the gate again
+/// (`tests/qemu_watch.rs`); without that second check two threads entered the stub.
+static TEST_CLAIM_DELAY_US: AtomicU64 = AtomicU64::new(0);
+
+/// Sleeps [`TEST_CLAIM_DELAY_US`] (tests only).
+fn test_claim_delay() {
+    let us = TEST_CLAIM_DELAY_US.load(Ordering::Relaxed);
+    if us != 0 {
+        std::thread::sleep(std::time::Duration::from_micros(us));
+    }
+}
+
 /// Whether the block after `b` may start at a breakpoint of the pause file's list, or one lies
 /// inside `b` or at its start (`base`: the mapping, `n` breakpoints).
 fn may_reach_breakpoint(base: *mut AtomicU64, n: u64, b: Option<&BlockInfo>) -> bool {
@@ -152,10 +167,17 @@ fn pause_point_gated(base: *mut AtomicU64, vcpu: c_uint, tid: u32, b: Option<&Bl
     // A pulse from here on lets this block run (one block: the next one waits again).
     let pulse = word(g::PULSE);
     let pulse_at = pulse.load(Ordering::Acquire);
-    loop {
+    // Held: ptrewind has the program stopped (another thread is in the stub) and has not let
+    // this thread run (its own step, or a pulse since this block was reached).
+    let held = || {
         let gw = gate.load(Ordering::Acquire);
-        let held =
-            gw != 0 && gw != g::encode(Some(tid)) && pulse.load(Ordering::Acquire) == pulse_at;
+        gw != 0 && gw != g::encode(Some(tid)) && pulse.load(Ordering::Acquire) == pulse_at
+    };
+    loop {
+        let held_now = held();
+        if !held_now && wants {
+            test_claim_delay();
+        }
         let cw = claim.load(Ordering::Acquire);
         let claimed = cw != 0
             && cw != me
@@ -163,7 +185,7 @@ fn pause_point_gated(base: *mut AtomicU64, vcpu: c_uint, tid: u32, b: Option<&Bl
                 .get_or_insert_with(std::time::Instant::now)
                 .elapsed()
                 < CLAIM_WAIT;
-        if !held && !claimed {
+        if !held_now && !claimed {
             if !wants {
                 if cw == me {
                     let _ = claim.compare_exchange(me, 0, Ordering::AcqRel, Ordering::Relaxed);
@@ -175,7 +197,16 @@ fn pause_point_gated(base: *mut AtomicU64, vcpu: c_uint, tid: u32, b: Option<&Bl
                     .compare_exchange(cw, me, Ordering::AcqRel, Ordering::Relaxed)
                     .is_ok()
             {
-                break;
+                // The gate again, now that the claim is ours: the program may have stopped
+                // in another thread between the gate check above and the claim (ptrewind
+                // closes the gate, then clears the stopped thread's claim — a claim taken
+                // after that clearing finds the gate closed here). Seen under load: this
+                // thread ran on into a breakpoint and entered the stub while another
+                // thread's stop was being served.
+                if !held() {
+                    break;
+                }
+                let _ = claim.compare_exchange(me, 0, Ordering::AcqRel, Ordering::Relaxed);
             }
             continue;
         }
@@ -251,11 +282,23 @@ fn stop_for_watch(vcpu: c_uint, tid: u32) {
             defer_watch(vcpu);
             return;
         }
+        test_claim_delay();
         // Another thread about to reach a breakpoint claimed the stub: report later.
         if let Err(owner) =
             word(g::CLAIM).compare_exchange(0, me, Ordering::AcqRel, Ordering::Relaxed)
             && owner != me
         {
+            defer_watch(vcpu);
+            return;
+        }
+        // The gate again, now that the claim is ours: the program may have stopped in another
+        // thread between the gate check above and the claim (ptrewind closes the gate, then
+        // clears the claim of the thread that stopped, so a claim taken after that finds the
+        // gate closed here). Seen: the signal sent then, this thread entered the stub while
+        // the other thread's stop was being served; two threads reading the debugger's
+        // socket wedged the session.
+        if word(g::GATE).load(Ordering::Acquire) != 0 || watch::stepping() != 0 {
+            let _ = word(g::CLAIM).compare_exchange(me, 0, Ordering::AcqRel, Ordering::Relaxed);
             defer_watch(vcpu);
             return;
         }
@@ -1054,6 +1097,11 @@ pub unsafe extern "C" fn qemu_plugin_install(
         GATED_PID.store(real_getpid(), Ordering::Relaxed);
     }
     if config.pause {
+        if let Some(us) = std::env::var_os("PTREWIND_QEMU_TEST_CLAIM_DELAY_US")
+            .and_then(|v| v.to_str()?.parse().ok())
+        {
+            TEST_CLAIM_DELAY_US.store(us, Ordering::Relaxed);
+        }
         match map_shared_file(&config.dir, output::PAUSE_FILE, output::pause_gate::SIZE, 0) {
             Ok(p) => PAUSE_GATE.store(p, Ordering::Release),
             Err(e) => {

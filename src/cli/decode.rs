@@ -41,7 +41,7 @@
 //! no PSB).
 
 use super::CmdResult;
-use super::output::Out;
+use super::output::{Out, RunText};
 use ptrewind::flow::{
     BlockItem, Cpu, Errata, Event, EventKind, FlowConfig, FlowDecoder, InsnClass,
 };
@@ -666,6 +666,10 @@ fn decode_stream<W: Write>(
     // Only `insn` disassembles: its formatter (whose tables take a while to set up) and the
     // per-instruction text cache are made on first use.
     let mut insn_text: Option<InsnText> = None;
+    // `ips` copies the text of runs it printed before. The cache is keyed by address, so it is
+    // used only while one image holds for the whole trace (no exec periods).
+    let mut run_text =
+        (args.format == Format::Ips && image.periods().is_empty()).then(RunText::new);
     let mut n = 0u64;
     loop {
         if let Some(b) = &bar {
@@ -703,7 +707,10 @@ fn decode_stream<W: Write>(
                 _ => writeln!(out, "{}", event_line(&e))?,
             },
             BlockItem::Block(b) => match args.format {
-                Format::Ips => out.ip_lines(b.start, b.lens())?,
+                Format::Ips => match &mut run_text {
+                    Some(t) => out.ip_lines_cached(t, b.start, b.lens(), b.mode as u8)?,
+                    None => out.ip_lines(b.start, b.lens())?,
+                },
                 Format::IpsBin => out.ip_bins(b.start, b.lens())?,
                 Format::Blocks => out.block_line(b.start, b.end, b.count, b.class.name())?,
                 Format::Json => {

@@ -11,6 +11,7 @@ mod output;
 pub mod record;
 pub mod record_qemu;
 pub mod replay;
+mod signals;
 pub mod view;
 
 /// The result type of a subcommand: an exit code, or an error printed by `main`.
@@ -46,6 +47,18 @@ enum Command {
 
 /// Runs the parsed command line.
 pub fn run(cli: Cli) -> CmdResult {
+    if matches!(
+        cli.command,
+        Command::Record(_) | Command::Attach(_) | Command::Gdb(_) | Command::Replay(_)
+    ) {
+        // Before any program, QEMU or temporary directory exists (see `signals`).
+        if let Err(e) = signals::install() {
+            eprintln!(
+                "ptrewind: warning: cannot handle SIGTERM/SIGHUP/SIGINT ({e}): ending by a \
+                 signal will leave temporary files behind"
+            );
+        }
+    }
     match cli.command {
         Command::Dump(args) => dump::run(args),
         Command::Decode(args) => decode::run(args),

@@ -14,6 +14,54 @@ const CHUNK: usize = 256 << 10;
 /// offset 2; a blocks line 62).
 const SLACK: usize = 128;
 
+/// Room [`Out::ip_lines`] needs per line: at most "0x" + 16 digits + "\n", and the last
+/// 8-byte store may reach 8 bytes past the digits' end.
+const IP_LINE_MAX: usize = 27;
+/// Runs longer than this are formatted every time (long runs are rare, and their text would
+/// crowd the arena); at most 64 × 27 bytes, well within a chunk.
+const RUN_TEXT_MAX_INSNS: usize = 64;
+/// Slots of [`RunText`]'s table (direct mapped; a power of two).
+const RUN_TEXT_SLOTS: usize = 1 << 14;
+/// Bytes of text [`RunText`] keeps before it starts over.
+const RUN_TEXT_BYTES: usize = 4 << 20;
+const _: () = assert!(RUN_TEXT_BYTES < 1 << 24 && RUN_TEXT_MAX_INSNS * IP_LINE_MAX < 1 << 24);
+
+/// The text of runs [`Out::ip_lines_cached`] printed before: a direct-mapped table from
+/// (start, count, mode) to a piece of a text arena. Bounded: when the arena is full, the table
+/// and the arena start over.
+pub(crate) struct RunText {
+    /// Per slot: the run's start, then its tag (count, and mode + 1 above it; 0 = empty) in
+    /// bits 0..16, the text's offset in bits 16..40 and its length in bits 40..64. Plain
+    /// integers, so the table is a zeroed allocation whose pages are touched only as used.
+    slots: Box<[[u64; 2]]>,
+    /// The texts, back to back, with 32 bytes of slack after `RUN_TEXT_BYTES`.
+    text: Box<[u8]>,
+    used: usize,
+}
+
+impl RunText {
+    /// An empty cache.
+    pub(crate) fn new() -> Self {
+        RunText {
+            slots: vec![[0u64; 2]; RUN_TEXT_SLOTS].into_boxed_slice(),
+            text: vec![0u8; RUN_TEXT_BYTES + 32].into_boxed_slice(),
+            used: 0,
+        }
+    }
+
+    #[inline(always)]
+    fn slot_of(start: u64, tag: u64) -> usize {
+        let h = (start ^ tag << 48).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        (h >> (64 - RUN_TEXT_SLOTS.trailing_zeros())) as usize
+    }
+
+    #[cold]
+    fn clear(&mut self) {
+        self.slots.fill([0; 2]);
+        self.used = 0;
+    }
+}
+
 /// A buffered writer with fast formatting of addresses and numbers.
 pub(crate) struct Out<W: Write> {
     buf: Box<[u8]>,
@@ -174,9 +222,6 @@ impl<W: Write> Out<W> {
     /// the position in a local so that it stays in a register.
     #[inline]
     pub(crate) fn ip_lines(&mut self, start: u64, lens: &[u8]) -> io::Result<()> {
-        /// A line is at most "0x" + 16 digits + "\n", and the last 8-byte store may reach 8
-        /// bytes past the digits' end.
-        const LINE_MAX: usize = 27;
         let mut ip = start;
         // Addresses below 0x100 always take the full path, as their digit count depends on the
         // low byte (their key is u64::MAX).
@@ -190,7 +235,7 @@ impl<W: Write> Out<W> {
         let mut rest = lens;
         while !rest.is_empty() {
             self.room()?;
-            let fit = ((self.buf.len() - self.pos) / LINE_MAX).min(rest.len());
+            let fit = ((self.buf.len() - self.pos) / IP_LINE_MAX).min(rest.len());
             let (group, tail) = rest.split_at(fit);
             rest = tail;
             let buf = &mut self.buf[..];
@@ -225,6 +270,64 @@ impl<W: Write> Out<W> {
             lo_digits,
             lo_n,
         };
+        Ok(())
+    }
+
+    /// The `0x<ip>\n` lines of a run, as [`Out::ip_lines`] writes them, copied from `cache`
+    /// when the same run (start, instruction count, mode) was printed before.
+    ///
+    /// The flow decoder hands out the same few thousand cached blocks over and over (avscript_32:
+    /// 316 k runs of 3.5 instructions on average), so formatting each line again costs more than
+    /// copying the run's text: one table probe and a few 32-byte copies instead of a conversion,
+    /// a mispredicted "same 256 bytes?" test and a data-dependent loop per run. The key needs no
+    /// lengths: within one image a run's lengths follow from its start, its count and the mode
+    /// (the caller must not use one cache across images that differ at the same address).
+    #[inline]
+    pub(crate) fn ip_lines_cached(
+        &mut self,
+        cache: &mut RunText,
+        start: u64,
+        lens: &[u8],
+        mode: u8,
+    ) -> io::Result<()> {
+        let n = lens.len();
+        if n == 0 || n > RUN_TEXT_MAX_INSNS {
+            return self.ip_lines(start, lens);
+        }
+        let tag = n as u64 | (mode as u64 + 1) << 8;
+        let at = RunText::slot_of(start, tag);
+        let [key, meta] = cache.slots[at];
+        if key == start && meta & 0xFFFF == tag {
+            let (off, len) = ((meta >> 16) as usize & 0xFF_FFFF, (meta >> 40) as usize);
+            if self.pos + len + 32 > self.buf.len() {
+                self.drain()?;
+            }
+            // Whole 32-byte copies: the bytes past the text land in the buffer's slack (the
+            // test above) and are overwritten by what follows; the arena has 32 bytes of slack
+            // after its last text too.
+            let p = self.pos;
+            let mut i = 0;
+            while i < len {
+                self.buf[p + i..p + i + 32].copy_from_slice(&cache.text[off + i..off + i + 32]);
+                i += 32;
+            }
+            self.pos = p + len;
+            return Ok(());
+        }
+        // Miss: format the run in one piece (room for its longest text first), then keep it.
+        if self.pos >= CHUNK || self.pos + n * IP_LINE_MAX > self.buf.len() {
+            self.drain()?;
+        }
+        let from = self.pos;
+        self.ip_lines(start, lens)?;
+        let text = &self.buf[from..self.pos];
+        if cache.used + text.len() > RUN_TEXT_BYTES {
+            cache.clear();
+        }
+        let off = cache.used;
+        cache.text[off..off + text.len()].copy_from_slice(text);
+        cache.used += text.len();
+        cache.slots[at] = [start, tag | (off as u64) << 16 | (text.len() as u64) << 40];
         Ok(())
     }
 
@@ -418,6 +521,51 @@ mod tests {
             .map(|&st| format!("{:#x}\n{:#x}\n", st, st + 3))
             .collect();
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn cached_runs_match_formatted_ones() {
+        // Runs that repeat, runs with the same start but other counts or modes, runs over the
+        // 4 GiB line and too long to cache, enough of them to cross chunks and to fill the
+        // arena (so that it starts over) and colliding in the table.
+        let mut runs: Vec<(u64, Vec<u8>, u8)> = Vec::new();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for k in 0..400_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let start = match k % 5 {
+                0 => 0x40_1000 + (x % 64) * 16,
+                1 => 0x7fff_f7dd_0000 + (x % 50_000) * 13,
+                2 => 0xffff_fff0 + x % 32,
+                3 => x % 0x200,
+                _ => 0x5655_d000 + (x % 4096) * 5,
+            };
+            let n = if k % 997 == 0 {
+                80
+            } else {
+                (x >> 20) as usize % 6 + 1
+            };
+            // Lengths follow from (start, count, mode), as they do in a decoded image.
+            let mode = (x >> 40) as u8 % 2;
+            let lens: Vec<u8> = (0..n as u64)
+                .map(|i| ((start + i * 3 + mode as u64) % 15 + 1) as u8)
+                .collect();
+            runs.push((start, lens, mode));
+        }
+        let mut cache = RunText::new();
+        let got = run_bytes(|o| {
+            for (start, lens, mode) in &runs {
+                o.ip_lines_cached(&mut cache, *start, lens, *mode).unwrap();
+            }
+        });
+        let want = run_bytes(|o| {
+            for (start, lens, _) in &runs {
+                o.ip_lines(*start, lens).unwrap();
+            }
+        });
+        assert!(got.len() > 2 * RUN_TEXT_BYTES);
+        assert!(got == want);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! `ptrewind record`: start a program under ptrace, record it (hardware Intel PT when
 //! available, else the software encoder) and serve it to GDB with reverse execution.
 
-use super::CmdResult;
+use super::{CmdResult, signals};
 use ptrewind::capture::perf::PerfCapture;
 use ptrewind::capture::perf::{PerfPtConfig, PtCapabilities};
 use ptrewind::capture::soft::recorder::run_to_breakpoint;
@@ -146,8 +146,9 @@ pub struct RecordArgs {
     /// trace of the main thread for the past.
     #[arg(long, conflicts_with = "qemu_live")]
     pub(crate) no_live: bool,
-    /// QEMU backend: the recording directory to create (default: a new private temporary
-    /// directory, kept and printed).
+    /// QEMU backend: the recording directory to create, kept after the session (default: a
+    /// new private temporary directory, removed when the session ends, also when ptrewind is
+    /// ended by SIGTERM, SIGHUP or SIGINT).
     #[arg(long, value_name = "DIR")]
     pub(crate) trace_dir: Option<std::path::PathBuf>,
     /// QEMU backend: serve only this thread (default: every thread of the process).
@@ -714,6 +715,8 @@ pub(crate) fn serve_session(
         shell_quote(&exe.to_string_lossy())
     );
     let connections = Acceptor::spawn(listener)?;
+    // A terminating signal closes the served connection and wakes the wait for one.
+    let _waker = connections.wake_on_ending();
     session.set_attached(attached);
     let mut router = Router::default();
     if served != Served::StartedForGdb {
@@ -726,10 +729,17 @@ pub(crate) fn serve_session(
     });
     configure(&mut router);
     let outcome = loop {
-        let (stream, peer) = connections.next()?;
+        let Some((stream, peer)) = connections.next()? else {
+            return Ok(end_on_signal(&mut session, served, None));
+        };
         eprintln!("ptrewind: debugger connected from {peer}");
         let outcome = router.serve(stream, &mut session);
         connections.done();
+        if signals::received().is_some() {
+            // The connection was closed under the router (or ended meanwhile); an error
+            // (closed mid-packet) leaves the program to `end_on_signal` too.
+            return Ok(end_on_signal(&mut session, served, outcome.ok()));
+        }
         // A followed fork child is the process from now on.
         let pid = session.target().current_pid();
         match outcome? {
@@ -745,23 +755,83 @@ pub(crate) fn serve_session(
         eprintln!("ptrewind: debugger disconnected; replay of process {pid} ended");
         return Ok(ExitCode::SUCCESS);
     }
+    let closed = matches!(outcome, ServeOutcome::ConnectionClosed | ServeOutcome::Kept);
+    eprintln!(
+        "ptrewind: {}{}",
+        if closed {
+            "debugger disconnected; "
+        } else {
+            ""
+        },
+        what_became(&outcome, pid, attached)
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What became of process `pid` when serving ended with `outcome` (the router killed it, or
+/// detached if `attached`, when the connection closed), for the closing message.
+fn what_became(outcome: &ServeOutcome, pid: i32, attached: bool) -> String {
     match outcome {
-        ServeOutcome::Exited(code) => {
-            eprintln!("ptrewind: process {pid} exited with status {code}");
+        ServeOutcome::Exited(code) => format!("process {pid} exited with status {code}"),
+        ServeOutcome::Killed(sig) => format!("process {pid} killed by signal {sig}"),
+        ServeOutcome::Detached => format!("detached from process {pid}"),
+        ServeOutcome::KilledByDebugger => format!("process {pid} killed by the debugger"),
+        ServeOutcome::ConnectionClosed | ServeOutcome::Kept if attached => {
+            format!("detached from process {pid}")
         }
-        ServeOutcome::Killed(sig) => eprintln!("ptrewind: process {pid} killed by signal {sig}"),
-        ServeOutcome::Detached => eprintln!("ptrewind: detached from process {pid}"),
-        ServeOutcome::KilledByDebugger => {
-            eprintln!("ptrewind: process {pid} killed by the debugger")
+        ServeOutcome::ConnectionClosed | ServeOutcome::Kept => format!("process {pid} killed"),
+    }
+}
+
+/// Ends a session on the terminating signal received: the program is killed (detached if
+/// attached to; a replay has none) unless `outcome`, how the last connection's serving ended
+/// (the router kills or detaches the program when the connection closed under it with
+/// `--once`), says that was done; then the caller's return drops the recording and with it
+/// everything ptrewind created. Exit code 128 + the signal's number.
+fn end_on_signal(
+    session: &mut GdbStubAdapter,
+    served: Served,
+    outcome: Option<ServeOutcome>,
+) -> ExitCode {
+    let sig = signals::received().unwrap_or(libc::SIGTERM);
+    let name = signals::name(sig);
+    let pid = session.target().current_pid();
+    let attached = served == Served::Attached;
+    let t = session.target_mut();
+    let what = match outcome {
+        _ if served == Served::Replay => format!("replay of process {pid} ended"),
+        // Kept through the closed connection: ended here.
+        Some(ServeOutcome::Kept) | None => kill_or_detach(t, pid, attached),
+        Some(outcome) => what_became(&outcome, pid, attached),
+    };
+    signals::say(&format!("ptrewind: ended by {name}; {what}"));
+    signals::exit_code(sig)
+}
+
+/// Kills the program (detaches from it if `attached`) at an end it was kept through; what
+/// became of it, for the closing message.
+fn kill_or_detach(t: &mut dyn ptrewind::target::Target, pid: i32, attached: bool) -> String {
+    if t.has_exited() {
+        format!("process {pid} had ended")
+    } else if attached {
+        match t.detach() {
+            Ok(()) => format!("detached from process {pid}"),
+            Err(e) => format!("process {pid} could not be detached cleanly ({e})"),
         }
-        ServeOutcome::ConnectionClosed if attached => {
-            eprintln!("ptrewind: debugger disconnected; detached from process {pid}")
-        }
-        ServeOutcome::ConnectionClosed | ServeOutcome::Kept => {
-            eprintln!("ptrewind: debugger disconnected; process {pid} killed")
+    } else {
+        match t.kill() {
+            Ok(()) => format!("process {pid} killed"),
+            Err(e) => format!("process {pid} could not be killed cleanly ({e})"),
         }
     }
-    Ok(ExitCode::SUCCESS)
+}
+
+/// What the accepting thread hands to the serving loop.
+enum Accepted {
+    /// A debugger connection to serve.
+    Conn(std::net::TcpStream, SocketAddr),
+    /// A terminating signal arrived: stop waiting.
+    Ending,
 }
 
 /// Accepts debugger connections on a thread of its own: the first while none is served is
@@ -769,8 +839,11 @@ pub(crate) fn serve_session(
 /// packet naming the reason, then closed (a second debugger would otherwise hang, connected to
 /// a server that never reads from it).
 struct Acceptor {
-    rx: std::sync::mpsc::Receiver<(std::net::TcpStream, SocketAddr)>,
+    tx: std::sync::mpsc::Sender<Accepted>,
+    rx: std::sync::mpsc::Receiver<Accepted>,
     busy: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// A handle on the connection being served, for [`Acceptor::wake_on_ending`] to close.
+    current: std::sync::Arc<std::sync::Mutex<Option<std::net::TcpStream>>>,
 }
 
 impl Acceptor {
@@ -779,16 +852,18 @@ impl Acceptor {
         let (tx, rx) = std::sync::mpsc::channel();
         let busy = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = std::sync::Arc::clone(&busy);
+        let accepted = tx.clone();
         std::thread::Builder::new()
             .name("ptrewind-accept".into())
             .spawn(move || {
+                let tx = accepted;
                 for conn in listener.incoming() {
                     let Ok(stream) = conn else { continue };
                     let Ok(peer) = stream.peer_addr() else {
                         continue;
                     };
                     if !flag.swap(true, Ordering::AcqRel) {
-                        if tx.send((stream, peer)).is_err() {
+                        if tx.send(Accepted::Conn(stream, peer)).is_err() {
                             break;
                         }
                         continue;
@@ -805,7 +880,7 @@ impl Acceptor {
                                 std::time::Instant::now() + std::time::Duration::from_secs(1);
                             while std::time::Instant::now() < deadline {
                                 if !flag.swap(true, Ordering::AcqRel) {
-                                    let _ = tx.send((stream, peer));
+                                    let _ = tx.send(Accepted::Conn(stream, peer));
                                     return;
                                 }
                                 std::thread::sleep(std::time::Duration::from_millis(10));
@@ -818,18 +893,53 @@ impl Acceptor {
                         });
                 }
             })?;
-        Ok(Acceptor { rx, busy })
+        Ok(Acceptor {
+            tx,
+            rx,
+            busy,
+            current: std::sync::Arc::default(),
+        })
     }
 
-    /// The next connection to serve (blocks until one arrives).
-    fn next(&self) -> std::io::Result<(std::net::TcpStream, SocketAddr)> {
-        self.rx
-            .recv()
-            .map_err(|_| std::io::Error::other("the listening thread ended"))
+    /// On a terminating signal: closes the served connection (its reads end as if the
+    /// debugger had gone) and wakes [`Acceptor::next`].
+    fn wake_on_ending(&self) -> signals::WakerGuard {
+        let tx = self.tx.clone();
+        let current = std::sync::Arc::clone(&self.current);
+        signals::on_ending(move || {
+            if let Some(s) = current.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+            let _ = tx.send(Accepted::Ending);
+        })
+    }
+
+    /// The next connection to serve (blocks until one arrives); `None` when a terminating
+    /// signal arrived.
+    fn next(&self) -> std::io::Result<Option<(std::net::TcpStream, SocketAddr)>> {
+        loop {
+            let accepted = self
+                .rx
+                .recv()
+                .map_err(|_| std::io::Error::other("the listening thread ended"))?;
+            if signals::received().is_some() {
+                return Ok(None);
+            }
+            if let Accepted::Conn(stream, peer) = accepted {
+                *self.current.lock().unwrap_or_else(|p| p.into_inner()) = stream.try_clone().ok();
+                // A signal between the check above and the handle being stored found nothing
+                // to close: look again.
+                if signals::received().is_some() {
+                    return Ok(None);
+                }
+                return Ok(Some((stream, peer)));
+            }
+        }
     }
 
     /// The served connection ended: the next one may be served.
     fn done(&self) {
+        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = None;
         self.busy.store(false, std::sync::atomic::Ordering::Release);
     }
 }
@@ -945,23 +1055,29 @@ pub fn run_gdb(args: GdbArgs) -> CmdResult {
     let mut gdb = cmd
         .spawn()
         .map_err(|e| format!("cannot run {}: {e}", args.gdb.to_string_lossy()))?;
-    // Ignored only now: GDB and the program inherit SIGINT's default disposition. GDB handles
-    // the terminal's Ctrl-C itself; ptrewind ends when GDB ends.
-    // SAFETY: SIG_IGN installs no handler code, so no async-signal-safety question arises.
-    if let Err(e) = unsafe {
-        nix::sys::signal::signal(
-            nix::sys::signal::Signal::SIGINT,
-            nix::sys::signal::SigHandler::SigIgn,
-        )
-    } {
-        eprintln!("ptrewind: warning: cannot ignore SIGINT ({e}): Ctrl-C may end the session");
-    }
+    // Disregarded only now (before, it ends the recording cleanly): GDB handles the
+    // terminal's Ctrl-C itself; ptrewind ends when GDB ends.
+    signals::ignore_sigint(true);
+    // Ended by SIGTERM or SIGHUP: GDB, whose connection is closed under it, is told to quit
+    // (it would otherwise sit at its prompt while ptrewind waits for it). Not once reaped: its
+    // pid could name another process.
+    let gdb_pid = nix::unistd::Pid::from_raw(i32::try_from(gdb.id()).unwrap_or(0));
+    let gdb_running = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let gdb_waker = {
+        let running = std::sync::Arc::clone(&gdb_running);
+        signals::on_ending(move || {
+            if running.load(std::sync::atomic::Ordering::SeqCst) {
+                let _ = nix::sys::signal::kill(gdb_pid, nix::sys::signal::Signal::SIGTERM);
+            }
+        })
+    };
     // If GDB ends without connecting (a bad option, a failed `target remote`), the accept below
     // would wait forever: when GDB exits, poke the listener so the accept returns and the
     // session ends as "debugger disconnected" (after a normal session nobody listens any more
     // and the connection attempt just fails).
     let watcher = std::thread::spawn(move || {
         let status = gdb.wait();
+        gdb_running.store(false, std::sync::atomic::Ordering::SeqCst);
         let _ = std::net::TcpStream::connect(addr);
         status
     });
@@ -974,8 +1090,12 @@ pub fn run_gdb(args: GdbArgs) -> CmdResult {
     let status = watcher
         .join()
         .map_err(|_| "the thread waiting for gdb panicked".to_string())?;
+    drop(gdb_waker);
     drop(scratch);
-    served?;
+    let served = served?;
+    if signals::received().is_some() {
+        return Ok(served);
+    }
     let status = status.map_err(|e| format!("waiting for gdb: {e}"))?;
     Ok(match status.code() {
         Some(0) => ExitCode::SUCCESS,

@@ -1,6 +1,8 @@
-//! `ptrewind record --backend qemu`: runs the program under `qemu-x86_64` with the ptrewind plugin
-//! to its end (or death), keeps the recording directory, and serves the recording to GDB/LLDB
-//! like `ptrewind replay` (PC-only past).
+//! `ptrewind record --backend qemu`: runs the program under `qemu-x86_64` with the ptrewind plugin,
+//! live through QEMU's gdbstub, or (`--no-live`) to its end (or death) and then serves the
+//! recording to GDB/LLDB like `ptrewind replay` (PC-only past). A temporary recording
+//! directory goes with the session (`--no-live`: once read); one named with `--trace-dir`
+//! stays.
 
 use std::ffi::OsString;
 use std::io::IsTerminal;
@@ -79,15 +81,22 @@ pub(crate) fn start(args: &QemuOptions, program: &OsString, prog_args: &[OsStrin
         }
     };
     eprintln!(
-        "ptrewind: recording every thread under QEMU into {} (process {})",
+        "ptrewind: recording every thread under QEMU into {} (process {}){}",
         rec.dir().display(),
-        rec.pid()
+        rec.pid(),
+        if rec.keeps_dir() {
+            ""
+        } else {
+            " (a temporary directory, removed once read; --trace-dir DIR keeps it)"
+        }
     );
     // Ctrl-C reaches the program (same process group); ptrewind keeps the recording.
-    // SAFETY: setting SIGINT's disposition to ignore in this process; no handler runs.
-    let old = unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
+    let sigint_was_ignored = super::signals::ignore_sigint(true);
     let progress = std::io::stderr().is_terminal();
     let status = loop {
+        if let Some(sig) = super::signals::received() {
+            return Ok(Err(end_recording_on_signal(rec, sig, progress)));
+        }
         match rec.child_mut().try_wait() {
             Ok(Some(_)) | Err(_) => break rec.wait(),
             Ok(None) => {}
@@ -107,8 +116,7 @@ pub(crate) fn start(args: &QemuOptions, program: &OsString, prog_args: &[OsStrin
     if progress {
         eprintln!();
     }
-    // SAFETY: restoring the disposition saved above.
-    unsafe { libc::signal(libc::SIGINT, old) };
+    super::signals::ignore_sigint(sigint_was_ignored);
     let status = match status {
         Ok(s) => s,
         Err(e) => {
@@ -145,6 +153,31 @@ pub(crate) fn start(args: &QemuOptions, program: &OsString, prog_args: &[OsStrin
         }
     };
     Ok(Ok((target, false)))
+}
+
+/// Ends a recording run to its end (`--no-live`) on the terminating signal `sig`: QEMU is
+/// killed and reaped, and the recording directory is removed with `rec` unless the user named
+/// it (`--trace-dir`). `progress`: a progress line is open on stderr.
+fn end_recording_on_signal(mut rec: QemuRecording, sig: i32, progress: bool) -> ExitCode {
+    let pid = rec.pid();
+    let _ = rec.child_mut().kill();
+    let _ = rec.child_mut().wait();
+    let dir = rec.dir().to_path_buf();
+    let kept = rec.keeps_dir();
+    drop(rec);
+    super::signals::say(&format!(
+        "{}ptrewind: ended by {} while recording under QEMU; QEMU (process {pid}) killed, the \
+         recording {} {}",
+        if progress { "\n" } else { "" },
+        super::signals::name(sig),
+        if kept {
+            "is kept in"
+        } else {
+            "was removed from"
+        },
+        dir.display()
+    ));
+    super::signals::exit_code(sig)
 }
 
 /// The timeline of a QEMU recording (PC-only past): every thread of the first process, or the

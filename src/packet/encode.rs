@@ -300,7 +300,7 @@ pub fn shortest_compression(last: &LastIp, ip: u64) -> IpPayload {
     } else {
         ip & ((1u64 << (8 * len)) - 1)
     };
-    IpPayload { compression, raw }
+    IpPayload::new(compression, raw)
 }
 
 /// A stateful encoder: tracks its own Last IP (to choose the shortest IP compression) and the BBP
@@ -343,10 +343,7 @@ impl Encoder {
         out: &mut Vec<u8>,
     ) -> Result<usize, EncodeError> {
         let payload = match ip {
-            None => IpPayload {
-                compression: IpCompression::Suppressed,
-                raw: 0,
-            },
+            None => IpPayload::new(IpCompression::Suppressed, 0),
             Some(ip) => shortest_compression(&self.last_ip, ip),
         };
         self.packet(&kind.packet(payload), out)

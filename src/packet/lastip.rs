@@ -92,7 +92,7 @@ mod tests {
     use super::*;
 
     fn pl(compression: IpCompression, raw: u64) -> IpPayload {
-        IpPayload { compression, raw }
+        IpPayload::new(compression, raw)
     }
 
     #[test]

@@ -229,6 +229,12 @@ pub struct Timeline {
     live_watches_noted: Vec<(u64, u64, crate::target::WatchKind)>,
     running: Running,
     interrupt: Arc<AtomicBool>,
+    /// The debugger interrupted while the program was already stopped: it sent its Ctrl-C as
+    /// the stop was being reported (e.g. between the stops of a watched location written over
+    /// and over with the value it holds, which GDB resumes from by itself). Natively the
+    /// `SIGINT` would be queued and stop the program at once when it resumes; so does the
+    /// next resume here.
+    interrupt_pending: bool,
     /// Whether the user wants recording (`monitor record on|off`).
     record_wanted: bool,
     exited: Option<StopEvent>,
@@ -382,6 +388,7 @@ impl Timeline {
             live_watches_noted: Vec::new(),
             running: Running::Idle,
             interrupt: Arc::new(AtomicBool::new(false)),
+            interrupt_pending: false,
             record_wanted: true,
             exited: None,
             at_exit: false,
@@ -895,6 +902,12 @@ impl Timeline {
             return Err(TargetError::Exited { pid });
         }
         self.interrupt.store(false, Ordering::Release);
+        if std::mem::take(&mut self.interrupt_pending) {
+            // The debugger's Ctrl-C that came while the program was stopped: the stop it
+            // asked for, where the program is (see `interrupt_pending`).
+            self.running = Running::Ready(StopEvent::Signal(libc::SIGINT));
+            return Ok(());
+        }
         self.regs_at = None;
         if let Some(r) = self.resume_threads(how) {
             return r;
@@ -1080,10 +1093,14 @@ impl Timeline {
     /// Asks a running forward run to stop (reported as `Signal(SIGINT)`).
     pub fn interrupt(&mut self) -> TargetResult<()> {
         self.interrupt.store(true, Ordering::Release);
-        if self.running == Running::Live
-            && let Some(live) = self.live.as_mut()
-        {
-            live.interrupt()?;
+        match self.running {
+            Running::Live => {
+                if let Some(live) = self.live.as_mut() {
+                    live.interrupt()?;
+                }
+            }
+            Running::Idle => self.interrupt_pending = true,
+            Running::Ready(_) => {}
         }
         Ok(())
     }

@@ -381,8 +381,11 @@ mod tests {
     /// forever, `../` reaches outside the recording.
     #[test]
     fn manifest_file_names_stay_in_the_directory() {
-        let dir = std::env::temp_dir().join(format!("ptrewind-manifest-{}", std::process::id()));
-        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        // A fresh private directory (a predictable name in a shared /tmp could be a planted
+        // link that the writes below would follow); removed when `tmp` is dropped.
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().to_path_buf();
+        std::fs::create_dir(dir.join("sub")).unwrap();
         std::fs::write(dir.join("trace.pt"), [0x02, 0x82].repeat(8)).unwrap();
         let load = |manifest: serde_json::Value| {
             std::fs::write(dir.join("manifest.json"), manifest.to_string()).unwrap();
@@ -413,6 +416,5 @@ mod tests {
                 "{trace:?} {file:?}: {err}"
             );
         }
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

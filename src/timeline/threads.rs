@@ -797,6 +797,14 @@ pub(super) fn keep_session(into: &mut Timeline, from: &mut Timeline) {
     std::mem::swap(&mut into.live_watches_noted, &mut from.live_watches_noted);
 }
 
+/// Synthetic per-thread streams, shared with the integration tests (`tests/replay.rs`); it
+/// names the packet layer `super::packet`.
+#[cfg(test)]
+#[path = "../../tests/support/synth.rs"]
+mod synth;
+#[cfg(test)]
+use crate::packet;
+
 #[cfg(test)]
 mod tests {
     //! Per-thread streams as a CPU tracing each thread into its own AUX area would write them
@@ -807,42 +815,12 @@ mod tests {
     use crate::flow::FlowConfig;
     use crate::history::GlobalOrder;
     use crate::image::{Image, Section, Symbolizer};
-    use crate::packet::{Encoder, IpKind, Packet, Tnt};
+    use crate::packet::Encoder;
     use crate::timeline::OfflineInfo;
 
-    /// `jne .` at `base` (taken `runs[k].1` times after a TSC of `runs[k].0`), then not taken
-    /// once; tracing ends (TIP.PGD without IP) at the `ret` after it, which is not counted.
-    fn stream(base: u64, runs: &[(u64, u8)]) -> Vec<u8> {
-        let mut enc = Encoder::new();
-        let mut out = Vec::new();
-        enc.psb(&mut out);
-        let mode = Packet::ModeExec {
-            csl: true,
-            csd: false,
-            iflag: false,
-        };
-        enc.packet(&mode, &mut out).unwrap();
-        enc.packet(&Packet::PsbEnd, &mut out).unwrap();
-        enc.ip_packet(IpKind::TipPge, Some(base), &mut out).unwrap();
-        let last = runs.len() - 1;
-        for (k, &(tsc, taken)) in runs.iter().enumerate() {
-            enc.packet(&Packet::Tsc { tsc }, &mut out).unwrap();
-            let mut bits = vec![true; taken as usize];
-            if k == last {
-                bits.push(false);
-            }
-            for chunk in bits.chunks(6) {
-                let mut t = Tnt { bits: 0, count: 0 };
-                for &b in chunk {
-                    t.bits = (t.bits << 1) | u64::from(b);
-                    t.count += 1;
-                }
-                enc.packet(&Packet::ShortTnt(t), &mut out).unwrap();
-            }
-        }
-        enc.ip_packet(IpKind::TipPgd, None, &mut out).unwrap();
-        out
-    }
+    /// `jne .` at `base` taken `runs[k].1` times after a TSC of `runs[k].0`, then not taken
+    /// once: the builder `tests/replay.rs` uses too (one copy).
+    use super::synth::tsc_stream as stream;
 
     fn image() -> Image {
         let mut img = Image::new();

@@ -54,6 +54,19 @@ pub fn wait_until(child: &mut Child, deadline: Instant) -> Option<ExitStatus> {
     }
 }
 
+/// Ends a `ptrewind` server the way a user would (SIGTERM: it kills its program and removes
+/// its temporary directories, which SIGKILL would leave in /tmp) and reaps it; SIGKILL if it
+/// has not ended within 10 s.
+pub fn terminate(child: &mut Child) -> Option<ExitStatus> {
+    if let Ok(pid) = i32::try_from(child.id()) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+    }
+    wait_until(child, Instant::now() + Duration::from_secs(10))
+}
+
 /// A child process run to its end or to a deadline.
 pub struct Finished {
     /// The exit status; `None` if it was killed at the deadline.
@@ -143,6 +156,9 @@ pub struct Server {
     pub stderr: JoinHandle<String>,
     /// Collects ptrewind's stdout (the debugged program's, which it inherits).
     pub stdout: JoinHandle<String>,
+    /// ptrewind's stderr lines up to the listening line (also in `stderr`, which is only
+    /// complete once the server has ended).
+    pub early: Vec<String>,
     /// Kills the server if the test ends (or panics) while it still runs.
     pub reaper: Reaper,
 }
@@ -166,9 +182,22 @@ impl Drop for Reaper {
             })
             == Some(std::process::id());
         if ours {
+            // SIGTERM first: ptrewind then kills its program and removes its temporary
+            // directories (SIGKILL would leave them in /tmp); SIGKILL if it has not ended
+            // within 5 s.
+            use nix::sys::signal::{Signal, kill};
+            use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
             let pid = nix::unistd::Pid::from_raw(self.pid);
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-            let _ = nix::sys::wait::waitpid(pid, None);
+            let _ = kill(pid, Signal::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+                    Ok(WaitStatus::StillAlive) => std::thread::sleep(Duration::from_millis(10)),
+                    _ => return,
+                }
+            }
+            let _ = kill(pid, Signal::SIGKILL);
+            let _ = waitpid(pid, None);
         }
     }
 }
@@ -199,8 +228,14 @@ impl Server {
     }
 
     /// Starts the prepared `ptrewind` command `cmd` (see [`ptrewind`]; arguments and
-    /// environment already set), which must make it print its listening line.
+    /// environment already set), which must make it print its listening line within 30 s.
     pub fn spawn(cmd: &mut Command) -> Server {
+        Server::spawn_within(cmd, Duration::from_secs(30))
+    }
+
+    /// [`Server::spawn`], waiting up to `timeout` for the listening line (a recording run to
+    /// its end first, as the benchmarks' large ones, takes longer).
+    pub fn spawn_within(cmd: &mut Command, timeout: Duration) -> Server {
         let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -210,8 +245,8 @@ impl Server {
         let (tx, rx) = mpsc::channel();
         let stderr = collect(child.stderr.take().unwrap(), Some(tx));
         let stdout = collect(child.stdout.take().unwrap(), None);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let (mut port, mut pid) = (None, None);
+        let deadline = Instant::now() + timeout;
+        let (mut port, mut pid, mut early) = (None, None, Vec::new());
         while port.is_none() {
             let left = deadline.saturating_duration_since(Instant::now());
             let Ok(line) = rx.recv_timeout(left) else {
@@ -232,6 +267,7 @@ impl Server {
                 pid = Some(p.parse().unwrap());
                 port = Some(addr.rsplit(':').next().unwrap().parse().unwrap());
             }
+            early.push(line);
         }
         let reaper = Reaper {
             pid: child.id() as i32,
@@ -242,6 +278,7 @@ impl Server {
             pid: pid.unwrap(),
             stderr,
             stdout,
+            early,
             reaper,
         }
     }

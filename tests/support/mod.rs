@@ -11,6 +11,8 @@
 //! - [`gdb`]: child processes with deadlines, GDB in batch mode, `ptrewind record` servers.
 //! - [`qemu`]: QEMU backend recordings in test mode (the plugin's per-instruction log).
 //! - [`rsp`]: a raw remote-protocol client (exact packets, acks, Ctrl-C).
+//! - [`synth`]: synthetic PT streams from the encoder (also `#[path]`-included by the crate's
+//!   unit tests).
 //! - [`flow_ips`]: our decoder's instruction addresses and errors for one trace.
 #![allow(dead_code)]
 
@@ -21,6 +23,10 @@ pub mod hase;
 pub mod libipt;
 pub mod qemu;
 pub mod rsp;
+pub mod synth;
+
+/// The packet layer, as `synth` names it (`super::packet`; see there).
+use ptrewind::packet;
 
 #[allow(unused_imports)]
 pub use corpus::{CorpusTrace, all_traces, corpus_dir, require_corpus, trace};

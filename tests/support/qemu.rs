@@ -93,6 +93,11 @@ pub fn live_program(
 /// A live QEMU recording server (`record --backend qemu`) of `exe args`, listening on a free
 /// loopback port, its recording directory beside `exe`; `extra`: more `record` options.
 pub fn live_server(exe: &Path, args: &[&str], extra: &[&str]) -> super::gdb::Server {
+    super::gdb::Server::spawn(&mut live_server_command(exe, args, extra))
+}
+
+/// The `ptrewind` command [`live_server`] runs (to add environment variables first).
+pub fn live_server_command(exe: &Path, args: &[&str], extra: &[&str]) -> std::process::Command {
     let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--listen", "127.0.0.1:0"]
         .iter()
         .map(Into::into)
@@ -105,5 +110,7 @@ pub fn live_server(exe: &Path, args: &[&str], extra: &[&str]) -> super::gdb::Ser
     cli.push("--".into());
     cli.push(exe.into());
     cli.extend(args.iter().map(Into::into));
-    super::gdb::Server::start_cli(&cli)
+    let mut cmd = super::gdb::ptrewind();
+    cmd.args(cli);
+    cmd
 }

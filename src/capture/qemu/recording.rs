@@ -53,8 +53,9 @@ pub struct QemuConfig {
     /// Map the pause gate (see [`PAUSE_FILE`](super::output::PAUSE_FILE)): a live session holds
     /// the other threads while one is stopped in the gdbstub.
     pub pause: bool,
-    /// Recording directory; `None`: a new private temporary directory (kept, see
-    /// [`QemuRecording::dir`]).
+    /// Recording directory (created; an existing one is an error); `None`: a new private
+    /// temporary directory, removed when the [`QemuRecording`] is dropped unless
+    /// [`QemuRecording::keep_dir`] (a directory named here is never removed).
     pub dir: Option<PathBuf>,
     /// Extra QEMU options placed before the program (e.g. `-g PORT`).
     pub qemu_args: Vec<OsString>,
@@ -238,18 +239,23 @@ pub struct LaunchMeta {
     pub qemu_version: String,
 }
 
-/// A program running under QEMU with the plugin.
+/// A program running under QEMU with the plugin. Dropping it kills QEMU if it still runs.
 #[derive(Debug)]
 pub struct QemuRecording {
     child: Child,
     dir: PathBuf,
+    /// The temporary directory `dir` is, when we made it (removed on drop unless kept).
+    temp: Option<tempfile::TempDir>,
+    /// [`QemuRecording::keep_dir`] was asked.
+    keep: bool,
     clock: Option<memmap2::Mmap>,
     plugin: PathBuf,
     qemu_version: String,
 }
 
 impl QemuRecording {
-    /// Starts `program args` under QEMU (stdio inherited).
+    /// Starts `program args` under QEMU (stdio inherited). QEMU is killed if the thread that
+    /// started it ends first (`PR_SET_PDEATHSIG`): keep that thread until QEMU has ended.
     pub fn spawn(
         config: &QemuConfig,
         program: &Path,
@@ -272,16 +278,22 @@ impl QemuRecording {
         check_program(program)?;
         let program =
             std::fs::canonicalize(program).map_err(io_err(format!("{}", program.display())))?;
-        let dir = match &config.dir {
+        let (dir, temp) = match &config.dir {
             Some(d) => {
                 std::fs::create_dir(d).map_err(io_err(format!("creating {}", d.display())))?;
-                d.clone()
+                (d.clone(), None)
             }
-            None => tempfile::Builder::new()
-                .prefix("ptrewind-qemu-")
-                .tempdir()
-                .map_err(io_err("creating a temporary recording directory"))?
-                .keep(),
+            None => {
+                // Private (0700, unpredictable name, created exclusively): the trace shows
+                // everything the program did. Removed by its `TempDir` on every exit path
+                // that returns or unwinds; the CLI turns terminating signals into one.
+                let temp = tempfile::Builder::new()
+                    .prefix("ptrewind-qemu-")
+                    .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
+                    .tempdir()
+                    .map_err(io_err("creating a temporary recording directory"))?;
+                (temp.path().to_path_buf(), Some(temp))
+            }
         };
         let launch = LaunchMeta {
             program: program.clone(),
@@ -315,6 +327,19 @@ impl QemuRecording {
             plugin_arg.push(",pause=on");
         }
         let mut cmd = Command::new(&config.qemu);
+        // SAFETY: the closure runs in the forked child before exec and only makes the
+        // async-signal-safe prctl(2) call; it allocates nothing.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                // QEMU dies with the thread that started it (as ptrace's EXITKILL does for
+                // native targets) instead of running the program on unobserved, writing a
+                // recording nobody reads, when ptrewind is killed.
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
         cmd.arg("-plugin").arg(plugin_arg);
         cmd.args(&config.qemu_args);
         cmd.arg(&program).args(args);
@@ -326,6 +351,8 @@ impl QemuRecording {
         Ok(QemuRecording {
             child,
             dir,
+            temp,
+            keep: false,
             clock: None,
             plugin,
             qemu_version,
@@ -342,9 +369,23 @@ impl QemuRecording {
         &mut self.child
     }
 
-    /// The recording directory (kept after the program ends; the caller removes it).
+    /// The recording directory (see [`QemuConfig::dir`] for when it is removed).
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Keeps (`true`) or removes (`false`, the default) a temporary recording directory when
+    /// this is dropped; a directory named in [`QemuConfig::dir`] is always kept.
+    pub fn keep_dir(&mut self, keep: bool) {
+        self.keep = keep;
+        if let Some(t) = self.temp.as_mut() {
+            t.disable_cleanup(keep);
+        }
+    }
+
+    /// Whether the recording directory stays after this is dropped.
+    pub fn keeps_dir(&self) -> bool {
+        self.temp.is_none() || self.keep
     }
 
     /// Progress while running: (instructions on the global clock, trace bytes in files).
@@ -392,6 +433,18 @@ impl QemuRecording {
     /// Reads the recording directory (after [`QemuRecording::wait`]).
     pub fn read(&self) -> Result<Recorded, QemuError> {
         Recorded::open(&self.dir)
+    }
+}
+
+impl Drop for QemuRecording {
+    /// Kills QEMU if it still runs (a caller that gave up on it, e.g. after a failed gdbstub
+    /// connection): the program must not run on unobserved, and a temporary recording
+    /// directory is removed right after (its `TempDir`).
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 
@@ -761,10 +814,7 @@ pub fn complete_stream(
     let mut out = Vec::new();
     if tail.tnt.1 > 0 {
         let _ = encode_packet(
-            &Packet::ShortTnt(Tnt {
-                bits: tail.tnt.0,
-                count: tail.tnt.1,
-            }),
+            &Packet::ShortTnt(Tnt::new(tail.tnt.0, tail.tnt.1)),
             &mut out,
         );
     }

@@ -560,10 +560,7 @@ impl SoftEncoder {
         if self.tnt_count == 0 {
             return;
         }
-        let tnt = Tnt {
-            bits: self.tnt_bits,
-            count: self.tnt_count,
-        };
+        let tnt = Tnt::new(self.tnt_bits, self.tnt_count);
         self.tnt_bits = 0;
         self.tnt_count = 0;
         self.put(&Packet::ShortTnt(tnt));

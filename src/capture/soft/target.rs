@@ -18,7 +18,16 @@ use nix::unistd::Pid;
 
 use crate::target::{Gprs, PtraceTarget, StopEvent, Target, TargetError, ThreadStop};
 
-/// How a resumed target stopped.
+/// How a resumed target stopped, as the recorder sees it.
+///
+/// Not a second [`ThreadStop`] (the target's report of one thread's step, which it is made
+/// from in one place, `to_stop`): a [`ThreadStop::Stop`] carries a [`StopEvent`], the
+/// debugger-facing vocabulary, whose watchpoint hits, vfork-done reports and `SIGTRAP` signals
+/// are all the recorder's [`StepStop::Trap`] (the step's trap, told apart by
+/// [`StepTarget::siginfo`]), and whose fork events in a full-speed run, history ends and
+/// unknown signal numbers are errors before the recorder sees them. This closed set keeps the
+/// recorder's matches exhaustive without arms for stops a step cannot produce, with signals
+/// typed (`nix::sys::signal::Signal`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StepStop {
     /// Stopped with SIGTRAP: normally the single-step trap, but also a signal-handler entry after

@@ -124,7 +124,7 @@ impl FlowDecoder<'_> {
             .iter()
             .rev()
             .fold(0u64, |acc, &b| (acc << 8) | b as u64);
-        let pl = IpPayload { compression, raw };
+        let pl = IpPayload::new(compression, raw);
         let Ok(Some(target)) = self.last_ip.reconstruct(pl) else {
             return None;
         };
@@ -277,7 +277,7 @@ impl FlowDecoder<'_> {
         let bits = (payload & ((1u8 << count) - 1)) as u64;
         self.pkt.set_position(pos + 1);
         self.cur_offset = pos as u64;
-        self.tnt(Tnt { bits, count });
+        self.tnt(Tnt::new(bits, count));
         true
     }
 }

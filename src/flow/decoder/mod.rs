@@ -47,8 +47,10 @@ struct Run {
 enum Seg {
     /// A run of instructions.
     Run(Run),
-    /// Boxed: events are rare, runs are the hot path and should stay small to move.
-    Event(Box<Event>),
+    /// The next event of [`FlowDecoder::events`] (kept there, in order, so that a `Seg` stays
+    /// small to move and an event costs no allocation: qemu's trace has one every 125
+    /// instructions, three per PSB+).
+    Event,
 }
 
 /// One piece of output of [`FlowDecoder::next_block_with`]'s steps, before the filter sees it.
@@ -58,7 +60,7 @@ enum Out {
     /// A run from the queue.
     Run(Run),
     /// An event from the queue.
-    Event(Box<Event>),
+    Event(Event),
     /// The end of the trace.
     End,
 }
@@ -252,6 +254,8 @@ pub struct FlowDecoder<'a> {
     claims: Vec<(u64, EventKind)>,
     ovf_pending: Option<u64>,
     out: VecDeque<Seg>,
+    /// The events of the `Seg::Event`s in `out`, in the same order.
+    events: VecDeque<Event>,
     time: TimeState,
     cur_offset: u64,
     eof: bool,
@@ -295,6 +299,7 @@ impl<'a> FlowDecoder<'a> {
             claims: Vec::new(),
             ovf_pending: None,
             out: VecDeque::new(),
+            events: VecDeque::new(),
             time: TimeState::new(cfg.timing),
             cur_offset: 0,
             eof: false,
@@ -327,6 +332,7 @@ impl<'a> FlowDecoder<'a> {
         self.path_pos = self.path_end;
         self.rec_key = 0;
         self.out.clear();
+        self.events.clear();
         self.claims.clear();
         self.ovf_pending = None;
         self.tnt_count = 0;
@@ -422,7 +428,7 @@ impl<'a> FlowDecoder<'a> {
                         return Some(BlockItem::Block(self.block_of(r)));
                     }
                 }
-                Out::Event(e) => return Some(BlockItem::Event(*e)),
+                Out::Event(e) => return Some(BlockItem::Event(e)),
                 Out::End => return None,
             }
         }
@@ -437,10 +443,15 @@ impl<'a> FlowDecoder<'a> {
         }
         loop {
             if let Some(seg) = self.out.pop_front() {
-                return match seg {
-                    Seg::Event(e) => Out::Event(e),
-                    Seg::Run(r) => Out::Run(r),
-                };
+                match seg {
+                    Seg::Event => {
+                        if let Some(e) = self.events.pop_front() {
+                            return Out::Event(e);
+                        }
+                    }
+                    Seg::Run(r) => return Out::Run(r),
+                }
+                continue;
             }
             if self.walking_tnt() {
                 // The hot path: one block per TNT bit (or direct branch), handed out without a
@@ -509,10 +520,10 @@ impl<'a> FlowDecoder<'a> {
         }
         let front = self.out.front_mut()?;
         match front {
-            Seg::Event(_) => match self.out.pop_front() {
-                Some(Seg::Event(e)) => Some(Item::Event(*e)),
-                _ => None,
-            },
+            Seg::Event => {
+                self.out.pop_front();
+                self.events.pop_front().map(Item::Event)
+            }
             Seg::Run(Run {
                 blk,
                 skip,
@@ -549,12 +560,19 @@ impl<'a> FlowDecoder<'a> {
         if matches!(kind, EventKind::Error { .. }) {
             self.stats.errors += 1;
         }
+        let offset = self.cur_offset;
+        self.push_event(offset, kind);
+    }
+
+    /// Queues an event (counted) behind the output queued so far.
+    fn push_event(&mut self, offset: u64, kind: EventKind) {
         self.stats.events += 1;
-        self.out.push_back(Seg::Event(Box::new(Event {
-            offset: self.cur_offset,
+        self.out.push_back(Seg::Event);
+        self.events.push_back(Event {
+            offset,
             time: self.time.now(),
             kind,
-        })));
+        });
     }
 
     fn error(&mut self, kind: FlowErrorKind, ip: Option<u64>) {

@@ -9,12 +9,22 @@ impl FlowDecoder<'_> {
     /// The next packet that matters for the flow. Timing packets update the time, PAD/MNT/BIP/BBP
     /// are skipped. `None` at the end of the trace, or after an invalid packet (reported; the
     /// decoder is then `NoSync`).
+    #[inline(never)]
     pub(super) fn next_packet(&mut self) -> Option<(u64, Packet)> {
+        self.next_packet_inline()
+    }
+
+    /// [`Self::next_packet`], inlined into the two loops that read most packets (the main loop
+    /// and PSB+): a packet returned through memory from a call was stored in pieces and
+    /// read back at other widths, a store-forwarding stall on every packet of the general path.
+    #[inline(always)]
+    pub(super) fn next_packet_inline(&mut self) -> Option<(u64, Packet)> {
         if let Some(p) = self.pushback.take() {
             self.cur_offset = p.0;
             return Some(p);
         }
         loop {
+            self.skip_pads();
             match self.pkt.next_packet() {
                 None => {
                     self.eof = true;
@@ -96,6 +106,26 @@ impl FlowDecoder<'_> {
         }
     }
 
+    /// Steps over PAD bytes in place. Traces pad their PSB+ sequences heavily (libxdc/qemu:
+    /// 665 k PADs among 1.2 M packets, about 24 around each PSB+), and one call of the packet
+    /// decoder per PAD was a large part of the general path. Only outside a BBP block, where a
+    /// zero byte is always a PAD (as in `short_tnt_fast_path`).
+    #[inline(always)]
+    fn skip_pads(&mut self) {
+        if self.pkt.block_context().is_some() {
+            return;
+        }
+        let buf = self.pkt.buffer();
+        let start = self.pkt.position();
+        let mut pos = start;
+        while buf.get(pos) == Some(&0) {
+            pos += 1;
+        }
+        if pos != start {
+            self.pkt.set_position(pos);
+        }
+    }
+
     // ----------------------------------------------------------------------------------------
     // Main loop
 
@@ -125,7 +155,7 @@ impl FlowDecoder<'_> {
             if self.state == State::Enabled && self.short_tnt_fast_path() {
                 continue;
             }
-            let Some((off, p)) = self.next_packet() else {
+            let Some((off, p)) = self.next_packet_inline() else {
                 continue;
             };
             self.handle(off, p);
@@ -329,26 +359,22 @@ impl FlowDecoder<'_> {
     pub(super) fn claim(&mut self, kind: EventKind) {
         if self.claims.len() >= MAX_CLAIMS {
             let (off, k) = self.claims.remove(0);
-            self.out.push_back(Seg::Event(Box::new(Event {
-                offset: off,
-                time: self.time.now(),
-                kind: k,
-            })));
-            self.stats.events += 1;
+            self.push_event(off, k);
         }
         self.claims.push((self.cur_offset, kind));
     }
 
     /// Emits the waiting events without an IP (their FUP never came).
     pub(super) fn flush_claims(&mut self) {
-        for (off, k) in std::mem::take(&mut self.claims) {
-            self.out.push_back(Seg::Event(Box::new(Event {
-                offset: off,
-                time: self.time.now(),
-                kind: k,
-            })));
-            self.stats.events += 1;
+        if self.claims.is_empty() {
+            return;
         }
+        // Drained in place: the vector keeps its capacity for the next claims.
+        let mut claims = std::mem::take(&mut self.claims);
+        for (off, k) in claims.drain(..) {
+            self.push_event(off, k);
+        }
+        self.claims = claims;
     }
 
     // ----------------------------------------------------------------------------------------
@@ -374,7 +400,7 @@ impl FlowDecoder<'_> {
         let mut tsx = None;
         let mut ovf_inside = false;
         loop {
-            let Some((_, p)) = self.next_packet() else {
+            let Some((_, p)) = self.next_packet_inline() else {
                 if self.state == State::NoSync && !self.eof {
                     return; // invalid packet inside PSB+: already reported
                 }

@@ -529,12 +529,7 @@ impl FlowDecoder<'_> {
                     }
                     _ => {}
                 }
-                self.out.push_back(Seg::Event(Box::new(Event {
-                    offset: off,
-                    time: self.time.now(),
-                    kind: k,
-                })));
-                self.stats.events += 1;
+                self.push_event(off, k);
             }
             if async_follows && self.state == State::Enabled {
                 self.async_target(x, true);

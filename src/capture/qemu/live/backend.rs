@@ -280,8 +280,10 @@ impl LiveBackend for QemuLive {
 
     fn kill(&mut self) -> TargetResult<()> {
         if !self.exited {
-            // Held at its exit the stub does not answer (a `k` would wait for its deadline).
-            if self.at_exit.take().is_none() {
+            // Held at its exit the stub does not answer (a `k` would wait for its deadline),
+            // nor while the guest runs (QEMU 7.2's user-mode stub does not read its socket
+            // then: a debugger vanishing mid-`continue` with `--once` waited 10 s).
+            if self.at_exit.take().is_none() && !self.running {
                 let _ = self.remote.kill();
             }
             let _ = self.rec.child_mut().kill();

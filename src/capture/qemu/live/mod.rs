@@ -137,8 +137,6 @@ pub struct QemuLive {
     thread_list: Vec<ThreadId>,
     /// The plugin's pause gate (see [`super::output::PAUSE_FILE`]), once opened.
     pause: Option<std::fs::File>,
-    /// Remove the recording directory when the session ends.
-    remove_dir: bool,
     /// The terminal's Ctrl-C reaches QEMU itself (it shares the debugger's terminal).
     terminal_interrupts: bool,
     /// A stop reply received while an interrupt waited for one (handed out by `wait`).
@@ -205,6 +203,8 @@ impl QemuLive {
         // one the user named).
         let sock_dir = tempfile::Builder::new()
             .prefix("ptrewind-gdb-")
+            // Private: whoever connects to the socket first controls the program.
+            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
             .tempdir()
             .map_err(LaunchError::TempDir)?;
         let sock = sock_dir.path().join("gdb");
@@ -233,18 +233,8 @@ impl QemuLive {
                 // Its command line names QEMU, not the memory file it runs from.
                 cmd.arg0(name);
             }
-            // SAFETY: the closure runs in the forked child before exec and only makes the
-            // async-signal-safe prctl(2) call; it allocates nothing.
-            unsafe {
-                cmd.pre_exec(|| {
-                    // QEMU dies with the debugger's server thread (as ptrace's EXITKILL does for
-                    // native targets) instead of running the guest on unobserved.
-                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
+            // (QEMU dies with the debugger's server thread: `spawn_with` sets
+            // PR_SET_PDEATHSIG.)
             configure(cmd);
         })?;
         let qemu_name = arg0.unwrap_or_else(|| config.qemu.clone());
@@ -288,7 +278,6 @@ impl QemuLive {
             selected: main,
             thread_list: vec![main],
             pause: None,
-            remove_dir: false,
             terminal_interrupts: false,
             stashed: None,
             pulses: 0,
@@ -458,8 +447,8 @@ impl QemuLive {
         }
     }
 
-    /// The recording directory (every thread's stream; kept after the session unless
-    /// [`remove_dir_at_end`](Self::remove_dir_at_end)).
+    /// The recording directory (every thread's stream; a temporary one is removed when the
+    /// session ends unless [`remove_dir_at_end`](Self::remove_dir_at_end) says otherwise).
     pub fn dir(&self) -> &Path {
         self.rec.dir()
     }
@@ -471,10 +460,10 @@ impl QemuLive {
         self.terminal_interrupts = on;
     }
 
-    /// Removes the recording directory when the session ends (a temporary directory nobody
-    /// asked to keep; `monitor save` keeps a recording).
+    /// Removes (the default) or keeps a temporary recording directory when the session ends
+    /// (`monitor save` keeps a recording); a directory the configuration named is kept.
     pub fn remove_dir_at_end(&mut self, remove: bool) {
-        self.remove_dir = remove;
+        self.rec.keep_dir(!remove);
     }
 
     fn err(&self) -> impl Fn(RemoteError) -> TargetError + use<> {
@@ -825,13 +814,7 @@ pub fn complete_at_pc(
         let _ = encode_packet(&Packet::PsbEnd, out);
     }
     if tail.tnt.1 > 0 {
-        let _ = encode_packet(
-            &Packet::ShortTnt(Tnt {
-                bits: tail.tnt.0,
-                count: tail.tnt.1,
-            }),
-            out,
-        );
+        let _ = encode_packet(&Packet::ShortTnt(Tnt::new(tail.tnt.0, tail.tnt.1)), out);
     }
     let mut note = format!("stream completed at the stop PC {pc:#x}");
     if let Some((start, insns, _, _)) = tail.in_flight {
@@ -864,10 +847,7 @@ pub fn complete_at_pc(
             match i.class {
                 InsnClass::CondBranch => {
                     let _ = encode_packet(
-                        &Packet::ShortTnt(Tnt {
-                            bits: u64::from(pc != i.nlip()),
-                            count: 1,
-                        }),
+                        &Packet::ShortTnt(Tnt::new(u64::from(pc != i.nlip()), 1)),
                         out,
                     );
                 }
@@ -913,11 +893,8 @@ impl Drop for QemuLive {
             let _ = self.rec.child_mut().kill();
         }
         // Reaps it (at once when it has exited; std keeps the status of a reaped child).
+        // Then `rec` removes a temporary recording directory (its `TempDir`).
         let _ = self.rec.child_mut().wait();
-        if self.remove_dir {
-            // Our own private directory (made by `tempfile`); links inside are not followed.
-            let _ = std::fs::remove_dir_all(self.rec.dir());
-        }
     }
 }
 

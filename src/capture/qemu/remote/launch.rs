@@ -174,8 +174,10 @@ impl QemuLaunch {
     pub fn launch(self) -> Result<(QemuProcess, Remote<UnixStream>), LaunchError> {
         check_program(&self.program)?;
         let qemu = find_qemu(&self.qemu)?;
+        // Private (0700): whoever connects to the socket first controls the program.
         let dir = tempfile::Builder::new()
             .prefix("ptrewind-qemu-")
+            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
             .tempdir()
             .map_err(LaunchError::TempDir)?;
         let sock = dir.path().join("gdb");

@@ -1,0 +1,42 @@
+//! Synthetic PT streams built by the encoder, for tests that need a known shape rather than a
+//! recording. Also `#[path]`-included by the crate's unit tests (`timeline/threads.rs`), so it
+//! names the packet layer as `super::packet`: the including module brings `packet` into scope
+//! (`tests/support/mod.rs` from `ptrewind`, the unit tests from `crate`).
+
+use super::packet::{Encoder, IpKind, Packet, Tnt};
+
+/// A thread's PT stream as a CPU tracing it into its own AUX area writes it: PSB+, TIP.PGE at
+/// `base` (a `jne .`), then per run a TSC packet of `runs[k].0` and `runs[k].1` taken branches
+/// (the last run ends with one not taken), and TIP.PGD (no IP) at the `ret` after it, which is
+/// not counted.
+pub fn tsc_stream(base: u64, runs: &[(u64, u8)]) -> Vec<u8> {
+    let mut enc = Encoder::new();
+    let mut out = Vec::new();
+    enc.psb(&mut out);
+    let mode = Packet::ModeExec {
+        csl: true,
+        csd: false,
+        iflag: false,
+    };
+    enc.packet(&mode, &mut out).unwrap();
+    enc.packet(&Packet::PsbEnd, &mut out).unwrap();
+    enc.ip_packet(IpKind::TipPge, Some(base), &mut out).unwrap();
+    let last = runs.len() - 1;
+    for (k, &(tsc, taken)) in runs.iter().enumerate() {
+        enc.packet(&Packet::Tsc { tsc }, &mut out).unwrap();
+        let mut bits = vec![true; taken as usize];
+        if k == last {
+            bits.push(false);
+        }
+        for chunk in bits.chunks(6) {
+            let mut t = Tnt::new(0, 0);
+            for &b in chunk {
+                t.bits = (t.bits << 1) | u64::from(b);
+                t.count += 1;
+            }
+            enc.packet(&Packet::ShortTnt(t), &mut out).unwrap();
+        }
+    }
+    enc.ip_packet(IpKind::TipPgd, None, &mut out).unwrap();
+    out
+}
