@@ -537,6 +537,17 @@ fn code_replaced_by_another_thread_keeps_the_main_threads_history() {
         ],
         TIMEOUT,
     );
+    // Said once, going back into the first period; not at the live stop at the marker
+    // after running across the replacement (it was: "… (from instruction N, after the code
+    // was replaced …)"), nor anywhere else: no stop lands in the later period coming from
+    // the earlier one.
+    assert_eq!(
+        r.gdb.matches("now in the history of").count(),
+        1,
+        "{}",
+        r.dump()
+    );
+    assert!(!r.gdb.contains("(from instruction"), "{}", r.dump());
     assert_eq!(r.hex_after("SECOND-CALL"), 0x7000_0000, "{}", r.dump());
     assert!(
         r.after("SECOND-CALL").contains("xor    %eax,%eax"),

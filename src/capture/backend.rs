@@ -43,6 +43,9 @@ pub struct ExecBoundary {
     pub next_insn: u64,
     /// Offset in the history's [`TraceStore`] of the PSB that opens the next address space.
     pub next_offset: u64,
+    /// The same in the other threads' stores, by thread id, for the threads that existed then
+    /// (see [`crate::timeline`]'s periods: a thread not listed started after the boundary).
+    pub thread_offsets: Vec<(i32, u64)>,
 }
 
 /// A live process recorded by a capture backend (software single-stepping, hardware Intel PT,

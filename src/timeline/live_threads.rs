@@ -122,7 +122,14 @@ impl Timeline {
         let mut ends = Vec::with_capacity(stores.len());
         let mut skipped = Vec::new();
         for (k, (tid, store)) in stores.into_iter().enumerate() {
-            let clock = store.with_bytes(|b| ThreadClock::from_trace(b, &self.image, &self.flow));
+            // The main thread's stream is the history's (its periods); the others have their
+            // own offsets at each period's end.
+            let image = if k == 0 {
+                Arc::clone(&self.image)
+            } else {
+                super::periods::compose_for_thread(&self.exec_bounds, &self.present, tid)
+            };
+            let clock = store.with_bytes(|b| ThreadClock::from_trace(b, &image, &self.flow));
             if k == 0 {
                 if clock.len() != main_len {
                     return Err(format!(
@@ -136,18 +143,9 @@ impl Timeline {
                 parked.push(None);
                 continue;
             }
-            // The other threads' streams have their own offsets: the main stream's exec
-            // periods say nothing of them. They are decoded against the present program (a
-            // thread that ran before an exec of the main thread is not followed across it).
-            let worker = spawn_worker(&store, &self.present, &self.flow)
+            let worker = spawn_worker(&store, &image, &self.flow)
                 .map_err(|e| format!("cannot start the history worker of thread {tid}: {e}"))?;
-            let mut t = Timeline::assemble(
-                None,
-                store,
-                worker,
-                Arc::clone(&self.present),
-                self.template.clone(),
-            );
+            let mut t = Timeline::assemble(None, store, worker, image, self.template.clone());
             t.flow = self.flow.clone();
             t.immutable = self.immutable.clone();
             t.image_maps = self.image_maps.clone();

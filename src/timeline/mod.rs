@@ -210,6 +210,8 @@ pub struct Timeline {
     /// The address space (index, the present one = `exec_bounds.len()`) of the last stop the
     /// debugger was told about; `None` before the first.
     shown_period: Option<usize>,
+    /// The last stop reported was at the present (see `periods::period_notice`).
+    shown_at_present: bool,
     /// `/proc/PID/maps` lines of executable mappings when `image` was captured.
     image_maps: String,
     /// Where past memory reads are served from the image (PC-only replay).
@@ -380,6 +382,7 @@ impl Timeline {
             exec_bounds: Vec::new(),
             period_symbols: Vec::new(),
             shown_period: None,
+            shown_at_present: false,
             image_maps: String::new(),
             immutable: ImmutableCode::default(),
             cursor: None,

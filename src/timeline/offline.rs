@@ -172,6 +172,8 @@ fn exec_periods_from_json(
             exe: p["exe"].as_str().map(PathBuf::from),
             next_insn,
             next_offset,
+            // Saved recordings keep the main thread's periods only.
+            thread_offsets: Vec::new(),
         });
     }
     Ok(out)

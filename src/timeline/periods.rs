@@ -31,6 +31,42 @@ pub(super) fn compose(bounds: &[ExecBoundary], present: &Arc<Image>) -> Arc<Imag
     Arc::new(root)
 }
 
+/// [`compose`] for the stream of thread `tid` (not the main one): each boundary at the offset
+/// in its own stream ([`ExecBoundary::thread_offsets`]); a thread that started after a
+/// boundary starts in the code after it.
+pub(super) fn compose_for_thread(
+    bounds: &[ExecBoundary],
+    present: &Arc<Image>,
+    tid: i32,
+) -> Arc<Image> {
+    let after: Vec<&Arc<Image>> = bounds[1.min(bounds.len())..]
+        .iter()
+        .map(|b| &b.image)
+        .chain(std::iter::once(present))
+        .collect();
+    let Some(first) = bounds.first() else {
+        return Arc::clone(present);
+    };
+    let mut start = &first.image;
+    let mut periods: Vec<(u64, &Arc<Image>)> = Vec::new();
+    for (i, b) in bounds.iter().enumerate() {
+        match b.thread_offsets.iter().find(|(t, _)| *t == tid) {
+            Some(&(_, offset)) => periods.push((offset, after[i])),
+            // Not there yet at this boundary: its stream starts in the code after it.
+            None if periods.is_empty() => start = after[i],
+            None => {}
+        }
+    }
+    if periods.is_empty() {
+        return Arc::clone(start);
+    }
+    let mut root = start.first_period();
+    for (offset, image) in periods {
+        root.push_period(offset, Arc::clone(image));
+    }
+    Arc::new(root)
+}
+
 /// What a saved or live recording knows of one earlier address space, for `monitor stats` and
 /// `monitor history`-like displays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,11 +105,15 @@ impl Timeline {
 
     /// A notice if the cursor's address space is not the one of the last stop reported (see
     /// [`Notice::ExecPeriod`]); `quiet`: the stop itself announced the change (a live exec).
+    /// Not between two stops at the present: the process ran on live into the new code (an
+    /// exec the debugger was told of, code mapped by the program), nothing of the past shown.
     pub(super) fn period_notice(&mut self, quiet: bool) -> Option<Notice> {
         let pos = self.position();
         let now = self.earlier_period(pos).unwrap_or(self.exec_bounds.len());
         let last = self.shown_period.replace(now);
-        if last.is_none_or(|l| l == now) || quiet {
+        let at_present = self.cursor.is_none();
+        let was_at_present = std::mem::replace(&mut self.shown_at_present, at_present);
+        if last.is_none_or(|l| l == now) || quiet || (at_present && was_at_present) {
             return None;
         }
         let info = self.periods().get(now).copied()?;

@@ -248,6 +248,12 @@ impl LiveBackend for SoftCapture {
 
     fn exec_boundaries(&self) -> Vec<ExecBoundary> {
         let gaps = self.rec.store().gaps();
+        let thread_gaps: std::collections::BTreeMap<i32, Vec<crate::store::live::Gap>> = self
+            .rec
+            .thread_stores()
+            .into_iter()
+            .map(|(tid, store)| (tid, store.gaps()))
+            .collect();
         self.rec
             .exec_periods()
             .iter()
@@ -258,6 +264,14 @@ impl LiveBackend for SoftCapture {
                 exe: p.exe.clone(),
                 next_insn: p.next_insn,
                 next_offset: data_offset(&gaps, p.next_stream_offset),
+                thread_offsets: p
+                    .thread_offsets
+                    .iter()
+                    .map(|&(tid, off)| {
+                        let gaps = thread_gaps.get(&tid).map(Vec::as_slice).unwrap_or(&[]);
+                        (tid, data_offset(gaps, off))
+                    })
+                    .collect(),
             })
             .collect()
     }

@@ -359,6 +359,9 @@ pub struct ExecPeriod {
     pub next_insn: u64,
     /// Stream offset of the PSB that opens the new address space in the main thread's stream.
     pub next_stream_offset: u64,
+    /// The same in every other thread's stream that existed then (a stream that had ended
+    /// lies wholly before: its end); a thread created later has none (it lies after).
+    pub thread_offsets: Vec<(i32, u64)>,
 }
 
 /// The code read before a system call that may end a period (see [`ExecPeriod`]).

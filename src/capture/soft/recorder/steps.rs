@@ -95,34 +95,32 @@ impl<T: StepTarget> SoftRecorder<T> {
             return;
         };
         let pid = self.target.pid();
-        let next_stream_offset = if self.lane.tid == pid {
-            self.lane.encoder.new_address_space()
+        // Every thread's stream gets the boundary (each is decoded against its own periods).
+        let mut main_offset = None;
+        let mut thread_offsets = Vec::new();
+        let current = self.lane.encoder.new_address_space();
+        if self.lane.tid == pid {
+            main_offset = Some(current);
         } else {
-            // Code unmapped or mapped over by another thread: the main thread stands between
-            // two instructions (or waits in a system call whose `syscall` has not been
-            // recorded yet): its trace is disabled before the next one (FUP + TIP.PGD) and the
-            // next period starts with its next instruction.
-            let Some(i) = self.parked.iter().position(|l| l.tid == pid) else {
-                return;
-            };
-            let at = match &self.parked[i].in_flight {
-                Some(f) => Some(f.ip),
-                None => {
-                    let rip = self
-                        .target
-                        .select_thread(pid)
-                        .and_then(|()| self.target.regs())
-                        .map(|r| r.rip)
-                        .ok();
-                    let _ = self.target.select_thread(self.lane.tid);
-                    rip
-                }
-            };
-            let main = &mut self.parked[i];
-            if let Some(ip) = at {
-                main.encoder.disable(ip);
+            thread_offsets.push((self.lane.tid, current));
+        }
+        for i in 0..self.parked.len() {
+            let offset = self.parked_boundary(i);
+            if self.parked[i].tid == pid {
+                main_offset = Some(offset);
+            } else {
+                thread_offsets.push((self.parked[i].tid, offset));
             }
-            main.encoder.new_address_space()
+        }
+        if !self.parked.is_empty() {
+            let _ = self.target.select_thread(self.lane.tid);
+        }
+        for lane in &mut self.ended_lanes {
+            // Ended: its whole stream lies before (its end; nothing is added).
+            thread_offsets.push((lane.tid, lane.encoder.new_address_space()));
+        }
+        let Some(next_stream_offset) = main_offset else {
+            return;
         };
         let next_insn = self.thread_recorded(pid);
         self.exec_periods.push(ExecPeriod {
@@ -132,7 +130,31 @@ impl<T: StepTarget> SoftRecorder<T> {
             exe: p.exe,
             next_insn,
             next_stream_offset,
+            thread_offsets,
         });
+    }
+
+    /// A period ends while parked thread `self.parked[i]` stands between two instructions (or
+    /// waits in a system call whose `syscall` is not recorded yet): its trace is disabled
+    /// before the next one (FUP + TIP.PGD) and its next period starts there. Returns the stream
+    /// offset of the PSB that will open it. Leaves the target's selected thread changed.
+    fn parked_boundary(&mut self, i: usize) -> u64 {
+        let at = match &self.parked[i].in_flight {
+            Some(f) => Some(f.ip),
+            None => {
+                let tid = self.parked[i].tid;
+                self.target
+                    .select_thread(tid)
+                    .and_then(|()| self.target.regs())
+                    .map(|r| r.rip)
+                    .ok()
+            }
+        };
+        let lane = &mut self.parked[i];
+        if let Some(ip) = at {
+            lane.encoder.disable(ip);
+        }
+        lane.encoder.new_address_space()
     }
 
     /// One step of the current thread.
