@@ -840,3 +840,67 @@ fn a_pc_only_stop_reply_expedites_only_known_registers() {
         );
     }
 }
+
+/// The stream files of `exe` run under `qemu-x86_64 -plugin PLUGIN,out=DIR,extra` (no
+/// instruction log: the plugin as recordings run it), by file name with the process and
+/// thread ids left out (one process, one thread here), and the exit status.
+fn streams_with(exe: &Path, args: &[&str], extra: &str) -> (Vec<Vec<u8>>, std::process::ExitStatus) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut arg = OsString::from(plugin());
+    arg.push(",out=");
+    arg.push(dir.path());
+    arg.push(extra);
+    let status = std::process::Command::new("qemu-x86_64")
+        .arg("-plugin")
+        .arg(&arg)
+        .arg(exe)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("run qemu-x86_64");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir.path())
+        .expect("read recording")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "pt"))
+        .collect();
+    files.sort();
+    (
+        files
+            .iter()
+            .map(|p| std::fs::read(p).expect("stream"))
+            .collect(),
+        status,
+    )
+}
+
+/// The plugin encodes batches of block starts; one block at a time (`batch=1`, how live
+/// sessions run it) must write the very same bytes, on a program with every packet kind and
+/// on one whose blocks are interrupted by faults with a handler (FUP/TIP.PGD/TIP.PGE, counters
+/// consulted), with and without precise mode.
+#[test]
+fn a_batched_recording_writes_the_same_packets_as_one_block_at_a_time() {
+    if !qemu_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let flow = compile(dir.path(), "flow", FLOW_SRC, &[], &[]);
+    let fault = compile(dir.path(), "fault", FAULT_SRC, &["-no-pie"], &[]);
+    for (exe, precise) in [(&flow, "on"), (&fault, "on"), (&fault, "off")] {
+        let (one, s1) = streams_with(exe, &[], &format!(",precise={precise},batch=1"));
+        assert!(s1.success(), "{s1:?}");
+        for batch in ["", ",batch=7", ",batch=2048"] {
+            let (many, s2) = streams_with(exe, &[], &format!(",precise={precise}{batch}"));
+            assert!(s2.success(), "{s2:?}");
+            assert_eq!(one.len(), 1);
+            assert!(
+                one == many,
+                "{} precise={precise}{batch}: {} vs {} bytes",
+                exe.display(),
+                one[0].len(),
+                many.first().map_or(0, Vec::len)
+            );
+        }
+    }
+}

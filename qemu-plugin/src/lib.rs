@@ -7,8 +7,13 @@
 //!
 //! * At translation, each block's last instruction is classified from its bytes
 //!   ([`BlockInfo`]); the block's information is the execution callback's user data.
-//! * At execution, each vCPU (one per guest thread in user mode) feeds its
-//!   [`ThreadTracer`], whose encoder output goes through the thread's ToPA ring into its file.
+//! * At execution, each vCPU (one per guest thread in user mode) appends the block to its batch
+//!   (in the thread's tail file, so that a crash loses nothing); a full batch, or one whose
+//!   thread is due a TSC packet, a system call that changes what the blocks mean, the thread's
+//!   end, is fed to the thread's [`ThreadTracer`] in one loop, whose encoder output goes
+//!   through the thread's ToPA ring into its file. `batch=N` sets the batch (default
+//!   [`DEFAULT_BATCH`]; a live session, `pause=on` or `exit_stop=on`, uses 1: every block is
+//!   encoded when it starts, as the stops read the streams where each thread is).
 //! * `precise=on` (default) adds QEMU's inline counter before each instruction after a block's
 //!   first, so a block cut short by a fault is counted up to the faulting instruction.
 //! * `log=on` (test mode) also logs every instruction address QEMU starts executing.
@@ -42,6 +47,11 @@ pub static qemu_plugin_version: c_int = QEMU_PLUGIN_VERSION;
 const WRITE_BATCH: usize = 32 * 1024;
 /// vCPU indexes served (QEMU user mode gives each live thread one; indexes are reused).
 const MAX_VCPUS: usize = 4096;
+/// Block starts a thread collects before they are encoded, by default.
+pub const DEFAULT_BATCH: usize = 1024;
+/// The largest batch (the tail file must hold the encoder output of a full batch on top of
+/// [`WRITE_BATCH`] bytes: at most ≈ 80 bytes per block, a PSB+ and IP packets).
+const MAX_BATCH: usize = 2048;
 
 struct Config {
     dir: PathBuf,
@@ -49,6 +59,7 @@ struct Config {
     log: bool,
     exit_stop: bool,
     pause: bool,
+    batch: usize,
 }
 
 /// `measure=callbacks`: the block callback returns at once (nothing is recorded). Measures what
@@ -427,6 +438,19 @@ struct Vcpu {
     index: u32,
     tid: u32,
     tracer: ThreadTracer<'static>,
+    /// Blocks started and not encoded yet, each with the growth of the previous block's
+    /// counter when it started (precise mode).
+    batch: Vec<(&'static BlockInfo, u64)>,
+    /// Encode when the batch holds this many blocks.
+    batch_cap: usize,
+    /// The block started last (the one the next start decides), and its counter then.
+    last: Option<&'static BlockInfo>,
+    last_snapshot: u64,
+    /// Instructions the tracer may still decide before its next TSC packet: once the blocks
+    /// decided by the batch reach it, the batch is encoded at once (so the packet carries the
+    /// clock of that moment, as without a batch).
+    budget: i64,
+    precise: bool,
     out: Option<ThreadOutput>,
     tail: Option<Tail>,
     log: Option<BufWriter<std::fs::File>>,
@@ -527,17 +551,25 @@ fn warn(msg: &str) {
 
 fn new_vcpu(index: u32) -> Vcpu {
     let precise = config().is_some_and(|c| c.precise);
+    let batch_cap = config().map_or(1, |c| c.batch);
+    let tracer = ThreadTracer::new(
+        TracerConfig {
+            precise,
+            ..TracerConfig::default()
+        },
+        clock(),
+    )
+    .with_handlers(&HANDLERS);
     Vcpu {
         index,
         tid: 0,
-        tracer: ThreadTracer::new(
-            TracerConfig {
-                precise,
-                ..TracerConfig::default()
-            },
-            clock(),
-        )
-        .with_handlers(&HANDLERS),
+        budget: tracer.until_stamp() as i64,
+        tracer,
+        batch: Vec::with_capacity(batch_cap),
+        batch_cap,
+        last: None,
+        last_snapshot: 0,
+        precise,
         out: None,
         tail: None,
         log: None,
@@ -590,7 +622,7 @@ impl Vcpu {
             }
         }
         let tail = output::stream_path(&c.dir, getpid(), self.tid, "tail");
-        match Tail::create(&tail) {
+        match Tail::create(&tail, self.batch_cap) {
             Ok(t) => self.tail = Some(t),
             Err(e) => warn(&format!(
                 "cannot create {}: {e} (a crash would lose the stream's end)",
@@ -617,7 +649,79 @@ impl Vcpu {
         }
     }
 
-    /// Keeps the tail file up to date after a block (see `output::Tail`).
+    /// Block `b` starts: appended to the batch (and the tail file's), which is encoded when
+    /// full or when the blocks it decides reach the next TSC packet.
+    #[inline]
+    fn append(&mut self, b: &'static BlockInfo) {
+        let mut growth = 0;
+        if let Some(p) = self.last {
+            self.budget -= i64::from(p.insns);
+            if self.precise {
+                growth = p.reached().wrapping_sub(self.last_snapshot);
+            }
+        }
+        let snapshot = if self.precise { b.reached() } else { 0 };
+        let n = self.batch.len();
+        self.batch.push((b, growth));
+        if let Some(t) = &mut self.tail {
+            t.push(n, b.start, b.batch_word() | growth.min(0xffff), snapshot);
+        }
+        self.last = Some(b);
+        self.last_snapshot = snapshot;
+        if n + 1 >= self.batch_cap || self.budget <= 0 {
+            self.encode();
+        }
+    }
+
+    /// Feeds the batch to the tracer (in one loop), moves a full write batch of its output into
+    /// the stream file and brings the tail file up to date.
+    fn encode(&mut self) {
+        let Vcpu {
+            tracer,
+            batch,
+            tail,
+            last_snapshot,
+            ..
+        } = self;
+        let Some((&(last, last_growth), rest)) = batch.split_last() else {
+            return;
+        };
+        for &(b, growth) in rest {
+            tracer.on_block_grown(b, growth, 0);
+        }
+        tracer.on_block_grown(last, last_growth, *last_snapshot);
+        batch.clear();
+        // The tail still describes the state before the batch, batch included, until here.
+        if let Some(t) = tail {
+            t.begin();
+        }
+        if tracer.encoder().pending_output().len() >= WRITE_BATCH {
+            self.flush();
+        }
+        self.mirror();
+        if let Some(t) = &mut self.tail {
+            t.commit();
+        }
+        self.budget = self.tracer.until_stamp() as i64;
+    }
+
+    /// The thread came back from a system call: the block after the next one is where the
+    /// tracer stamps the stream with the clock (the first block after a kernel entry is
+    /// decided when the second starts), so the batch is encoded then.
+    fn returned_from_kernel(&mut self) {
+        if let Some(p) = self.last {
+            self.budget = self.budget.min(i64::from(p.insns) + 1);
+        }
+    }
+
+    /// The thread's stream ends here (see [`ThreadTracer::finish`]).
+    fn finish_stream(&mut self) {
+        self.encode();
+        self.tracer.finish();
+        self.last = None;
+    }
+
+    /// Keeps the tail file up to date after a batch (see `output::Tail`).
     #[inline]
     fn mirror(&mut self) {
         let Vcpu { tracer, tail, .. } = self;
@@ -659,7 +763,7 @@ fn finish(v: &mut Vcpu, end: &str) {
     if v.done {
         return;
     }
-    v.tracer.finish();
+    v.finish_stream();
     v.write_meta(end);
     v.done = true;
 }
@@ -746,13 +850,10 @@ extern "C" fn on_tb_exec(vcpu: c_uint, udata: *mut c_void) {
     }
     // SAFETY: `udata` is the leaked `BlockInfo` registered with this block at translation.
     let b: &'static BlockInfo = unsafe { &*(udata as *const BlockInfo) };
-    v.tracer.on_block(b);
-    if v.tracer.encoder().pending_output().len() >= WRITE_BATCH {
-        v.flush();
-    }
-    v.mirror();
+    v.append(b);
     let tid = v.tid;
-    // After the block is announced (the tail file says it is running, none of it executed).
+    // After the block is announced (the tail file says it is running, none of it executed;
+    // a live session encodes every block at once, so nothing waits in a batch).
     pause_point(vcpu, tid, Some(b));
 }
 
@@ -893,7 +994,7 @@ extern "C" fn on_syscall(
             // (the SYSCALL's TIP.PGD) and save it now. A failed execve goes on with TIP.PGE.
             s.with(|v| {
                 if !v.done {
-                    v.tracer.finish();
+                    v.finish_stream();
                     v.write_meta("exec");
                 }
             });
@@ -908,8 +1009,16 @@ extern "C" fn on_syscall(
             }
             s.with(|v| finish(v, "exit"))
         }
-        SYS_EXIT_GROUP => hold_at_exit(num, [a1, a2, a3, a4, a5, a6]),
+        SYS_EXIT_GROUP => {
+            if !EXIT_GATE.load(Ordering::Relaxed).is_null() {
+                // ptrewind reads the streams while the exit waits.
+                s.with(|v| v.encode());
+            }
+            hold_at_exit(num, [a1, a2, a3, a4, a5, a6])
+        }
         SYS_RT_SIGACTION if a2 != 0 => {
+            // The blocks before the call are decided with the handlers they ran with.
+            s.with(|v| v.encode());
             if let Some(h) = read_guest_u64(a2) {
                 HANDLERS.set(a1, h);
             }
@@ -919,6 +1028,9 @@ extern "C" fn on_syscall(
 }
 
 extern "C" fn on_syscall_ret(_id: qemu_plugin_id_t, vcpu: c_uint, num: i64, ret: i64) {
+    if let Some(s) = slot(vcpu) {
+        s.with(|v| v.returned_from_kernel());
+    }
     if !PAUSE_GATE.load(Ordering::Relaxed).is_null()
         && let Some(s) = slot(vcpu)
     {
@@ -976,6 +1088,7 @@ fn parse_args(argc: c_int, argv: *const *const c_char) -> Result<Config, String>
     let mut log = false;
     let mut exit_stop = false;
     let mut pause = false;
+    let mut batch = DEFAULT_BATCH;
     for i in 0..argc.max(0) as usize {
         // SAFETY: QEMU passes `argc` valid NUL-terminated strings.
         let arg = unsafe { CStr::from_ptr(*argv.add(i)) }.to_string_lossy();
@@ -993,10 +1106,18 @@ fn parse_args(argc: c_int, argv: *const *const c_char) -> Result<Config, String>
             "log" => log = flag(v)?,
             "exit_stop" => exit_stop = flag(v)?,
             "pause" => pause = flag(v)?,
+            "batch" => {
+                batch = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=MAX_BATCH).contains(n))
+                    .ok_or_else(|| format!("batch={v}: expected 1 to {MAX_BATCH}"))?;
+            }
             "measure" if v == "callbacks" => CALLBACKS_ONLY.store(true, Ordering::Relaxed),
             _ => {
                 return Err(format!(
-                    "unknown argument {k:?} (known: out, precise, log, exit_stop, pause, measure=callbacks)"
+                    "unknown argument {k:?} (known: out, precise, log, exit_stop, pause, batch, \
+                     measure=callbacks)"
                 ));
             }
         }
@@ -1006,12 +1127,17 @@ fn parse_args(argc: c_int, argv: *const *const c_char) -> Result<Config, String>
     if !md.is_dir() {
         return Err(format!("out={}: not a directory", dir.display()));
     }
+    if pause || exit_stop {
+        // A stop reads every thread's stream where the thread is.
+        batch = 1;
+    }
     Ok(Config {
         dir,
         precise,
         log,
         exit_stop,
         pause,
+        batch,
     })
 }
 
