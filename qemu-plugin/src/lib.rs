@@ -66,6 +66,11 @@ struct Config {
 /// QEMU's per-block helper call costs by itself (examples/bench_qemu.rs).
 static CALLBACKS_ONLY: AtomicBool = AtomicBool::new(false);
 
+/// `measure=append`: blocks are appended to the batch, which is then dropped instead of
+/// encoded (nothing is recorded). Measures what the block path costs without the encoding: the
+/// guest thread's share if the encoding ran elsewhere (examples/bench_qemu.rs `--versus`).
+static APPEND_ONLY: AtomicBool = AtomicBool::new(false);
+
 /// The exit gate's shared words (`exit_stop=on`; see `output::exit_gate`), null when off.
 static EXIT_GATE: AtomicPtr<AtomicU64> = AtomicPtr::new(ptr::null_mut());
 /// The process the gate holds (forked children exit freely).
@@ -434,18 +439,22 @@ static MAPS_DONE_FOR: AtomicU32 = AtomicU32::new(0);
 static HANDLERS: SignalHandlers = SignalHandlers::new();
 static WARNED: AtomicBool = AtomicBool::new(false);
 
+/// The counter of no block (before a thread's first block).
+static NO_COUNTER: AtomicU64 = AtomicU64::new(0);
+
 struct Vcpu {
     index: u32,
     tid: u32,
     tracer: ThreadTracer<'static>,
-    /// Blocks started and not encoded yet, each with the growth of the previous block's
-    /// counter when it started (precise mode).
-    batch: Vec<(&'static BlockInfo, u64)>,
+    /// Blocks started and not encoded yet: the first `queued` entries of the tail's batch.
+    queued: usize,
     /// Encode when the batch holds this many blocks.
     batch_cap: usize,
     /// The block started last (the one the next start decides), and its counter then.
     last: Option<&'static BlockInfo>,
     last_snapshot: u64,
+    /// `last`'s counter (one load less per block than through `last`).
+    last_counter: &'static AtomicU64,
     /// Instructions the tracer may still decide before its next TSC packet: once the blocks
     /// decided by the batch reach it, the batch is encoded at once (so the packet carries the
     /// clock of that moment, as without a batch).
@@ -565,10 +574,11 @@ fn new_vcpu(index: u32) -> Vcpu {
         tid: 0,
         budget: tracer.until_stamp() as i64,
         tracer,
-        batch: Vec::with_capacity(batch_cap),
+        queued: 0,
         batch_cap,
         last: None,
         last_snapshot: 0,
+        last_counter: &NO_COUNTER,
         precise,
         out: None,
         tail: None,
@@ -624,10 +634,14 @@ impl Vcpu {
         let tail = output::stream_path(&c.dir, getpid(), self.tid, "tail");
         match Tail::create(&tail, self.batch_cap) {
             Ok(t) => self.tail = Some(t),
-            Err(e) => warn(&format!(
-                "cannot create {}: {e} (a crash would lose the stream's end)",
-                tail.display()
-            )),
+            Err(e) => {
+                warn(&format!(
+                    "cannot create {}: {e} (a crash would lose the stream's end)",
+                    tail.display()
+                ));
+                // The batch still needs a place (without one, every block is encoded at once).
+                self.tail = Tail::anonymous(self.batch_cap).ok();
+            }
         }
     }
 
@@ -654,20 +668,32 @@ impl Vcpu {
     #[inline]
     fn append(&mut self, b: &'static BlockInfo) {
         let mut growth = 0;
+        let mut snapshot = 0;
         if let Some(p) = self.last {
             self.budget -= i64::from(p.insns);
-            if self.precise {
-                growth = p.reached().wrapping_sub(self.last_snapshot);
-            }
         }
-        let snapshot = if self.precise { b.reached() } else { 0 };
-        let n = self.batch.len();
-        self.batch.push((b, growth));
-        if let Some(t) = &mut self.tail {
-            t.push(n, b.start, b.batch_word() | growth.min(0xffff), snapshot);
+        if self.precise {
+            // 0 at the first block (`NO_COUNTER`), where nothing reads it.
+            growth = self
+                .last_counter
+                .load(Ordering::Relaxed)
+                .wrapping_sub(self.last_snapshot);
+            let c = b.counter();
+            snapshot = c.load(Ordering::Relaxed);
+            self.last_counter = c;
         }
         self.last = Some(b);
         self.last_snapshot = snapshot;
+        let Some(t) = &mut self.tail else {
+            self.tracer.on_block_grown(b, growth, snapshot);
+            return;
+        };
+        // The growth saturates at 0xffff: the tracer compares it with the block's instruction
+        // count (at most 512 in QEMU), so every larger value means the same.
+        let n = self.queued;
+        let tag = b as *const BlockInfo as u64;
+        t.push(n, b.start, b.batch_word() | growth.min(0xffff), tag, snapshot);
+        self.queued = n + 1;
         if n + 1 >= self.batch_cap || self.budget <= 0 {
             self.encode();
         }
@@ -678,23 +704,26 @@ impl Vcpu {
     fn encode(&mut self) {
         let Vcpu {
             tracer,
-            batch,
+            queued,
             tail,
             last_snapshot,
             ..
         } = self;
-        let Some((&(last, last_growth), rest)) = batch.split_last() else {
+        let n = std::mem::take(queued);
+        let Some(t) = tail else { return };
+        if n == 0 || APPEND_ONLY.load(Ordering::Relaxed) {
             return;
-        };
-        for &(b, growth) in rest {
-            tracer.on_block_grown(b, growth, 0);
         }
-        tracer.on_block_grown(last, last_growth, *last_snapshot);
-        batch.clear();
+        for i in 0..n {
+            let (word, tag) = t.entry(i);
+            // SAFETY: `tag` is the address of a leaked `BlockInfo` this thread's block callback
+            // wrote into its own batch (`append`): blocks are never freed.
+            let b: &'static BlockInfo = unsafe { &*(tag as *const BlockInfo) };
+            let snapshot = if i + 1 == n { *last_snapshot } else { 0 };
+            tracer.on_block_grown(b, word & 0xffff, snapshot);
+        }
         // The tail still describes the state before the batch, batch included, until here.
-        if let Some(t) = tail {
-            t.begin();
-        }
+        t.begin();
         if tracer.encoder().pending_output().len() >= WRITE_BATCH {
             self.flush();
         }
@@ -719,6 +748,8 @@ impl Vcpu {
         self.encode();
         self.tracer.finish();
         self.last = None;
+        self.last_counter = &NO_COUNTER;
+        self.last_snapshot = 0;
     }
 
     /// Keeps the tail file up to date after a batch (see `output::Tail`).
@@ -1114,6 +1145,7 @@ fn parse_args(argc: c_int, argv: *const *const c_char) -> Result<Config, String>
                     .ok_or_else(|| format!("batch={v}: expected 1 to {MAX_BATCH}"))?;
             }
             "measure" if v == "callbacks" => CALLBACKS_ONLY.store(true, Ordering::Relaxed),
+            "measure" if v == "append" => APPEND_ONLY.store(true, Ordering::Relaxed),
             _ => {
                 return Err(format!(
                     "unknown argument {k:?} (known: out, precise, log, exit_stop, pause, batch, \

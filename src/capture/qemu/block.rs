@@ -131,8 +131,9 @@ impl BlockInfo {
         self.shared.map(|(_, i)| i)
     }
 
+    /// The counter QEMU's inline operations add to (the block's own or the shared one).
     #[inline]
-    fn counter(&self) -> &AtomicU64 {
+    pub fn counter(&self) -> &AtomicU64 {
         match self.shared {
             Some((c, _)) => c,
             None => &self.reached,

@@ -366,8 +366,9 @@ mod tests {
             }
         );
         t.begin();
-        t.push(0, 0x2000, b.batch_word() | 1, 9);
-        t.push(1, 0x3000, b.batch_word() | 0x1234, 11);
+        t.push(0, 0x2000, b.batch_word() | 1, 5, 9);
+        t.push(1, 0x3000, b.batch_word() | 0x1234, 6, 11);
+        assert_eq!(t.entry(1), (b.batch_word() | 0x1234, 6));
         let r = read(&path);
         assert!(r.dirty);
         assert_eq!(
@@ -398,7 +399,7 @@ pub const TAIL_HEADER: usize = 128;
 /// write threshold plus what a full batch of blocks can add).
 pub const TAIL_CAPACITY: usize = 256 * 1024;
 /// Bytes of a batch entry in a tail file (see [`Tail::push`]).
-pub const TAIL_ENTRY: usize = 16;
+pub const TAIL_ENTRY: usize = 24;
 const TAIL_MAGIC: u64 = u64::from_le_bytes(*b"PTRWTAIL");
 
 /// A thread's in-flight state, kept in a shared file mapping (`PID-TID.tail`) so that it
@@ -413,7 +414,7 @@ pub struct Tail {
     map: memmap2::MmapMut,
     /// The header words of `map` (written after every block: plain stores, no bounds checks).
     header: *mut u64,
-    /// The batch entries (`batch_cap` of them, two words each) after the output bytes.
+    /// The batch entries (`batch_cap` of them, three words each) after the output bytes.
     batch: *mut u64,
     batch_cap: usize,
     mirrored: usize,
@@ -450,11 +451,28 @@ impl Tail {
             .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(path)?;
-        f.set_len((TAIL_HEADER + TAIL_CAPACITY + batch_cap * TAIL_ENTRY) as u64)?;
+        f.set_len(Self::size(batch_cap) as u64)?;
         // SAFETY: a shared mapping of a file this process just created privately (mode 0600,
         // O_EXCL); nobody else writes it while we run, and readers only read it after we are
         // gone.
-        let mut map = unsafe { memmap2::MmapMut::map_mut(&f)? };
+        let map = unsafe { memmap2::MmapMut::map_mut(&f)? };
+        Ok(Self::with_map(map, batch_cap))
+    }
+
+    /// A tail in private memory (when the file cannot be created: the batch still needs a
+    /// place; a crash then loses the stream's end).
+    pub fn anonymous(batch_cap: usize) -> io::Result<Tail> {
+        Ok(Self::with_map(
+            memmap2::MmapMut::map_anon(Self::size(batch_cap))?,
+            batch_cap,
+        ))
+    }
+
+    fn size(batch_cap: usize) -> usize {
+        TAIL_HEADER + TAIL_CAPACITY + batch_cap * TAIL_ENTRY
+    }
+
+    fn with_map(mut map: memmap2::MmapMut, batch_cap: usize) -> Tail {
         let header = map.as_mut_ptr().cast::<u64>();
         // SAFETY: the batch area starts inside the mapping (its length is at least this offset)
         // and is `u64`-aligned (a page-aligned mapping, offsets multiples of 8).
@@ -468,25 +486,47 @@ impl Tail {
         };
         t.put(word::MAGIC, TAIL_MAGIC);
         t.put(word::BATCH_CAP, batch_cap as u64);
-        Ok(t)
+        t
+    }
+
+    /// Entries the batch holds at most.
+    pub fn batch_cap(&self) -> usize {
+        self.batch_cap
     }
 
     /// Block `start` (its [`BlockInfo::batch_word`](super::BlockInfo::batch_word) `word`,
     /// the growth of the previous block's counter in its low 16 bits, saturated) is entry `n`
-    /// of the batch, the newest, and its counter read `snapshot` when it started. Entries are
-    /// written before the batch length, so a reader never sees a half-written one.
+    /// of the batch, the newest, and its counter read `snapshot` when it started; `tag` is
+    /// the writer's own reference to the block (the plugin's `BlockInfo` address, meaningless
+    /// to a reader). Entries are written before the batch length, so a reader never sees a
+    /// half-written one. Does nothing for `n` beyond the batch.
     #[inline]
-    pub fn push(&mut self, n: usize, start: u64, word: u64, snapshot: u64) {
+    pub fn push(&mut self, n: usize, start: u64, word: u64, tag: u64, snapshot: u64) {
         if n >= self.batch_cap {
             return;
         }
-        // SAFETY: entry `n` (two words) lies inside the batch area of the mapping `self` owns.
+        // SAFETY: entry `n` (three words) lies inside the batch area of the mapping `self` owns.
         unsafe {
-            self.batch.add(2 * n).write(start);
-            self.batch.add(2 * n + 1).write(word);
+            let e = self.batch.add(3 * n);
+            e.write(start);
+            e.add(1).write(word);
+            e.add(2).write(tag);
         }
         self.put(word::BATCH_SNAPSHOT, snapshot);
         self.put(word::BATCH_LEN, n as u64 + 1);
+    }
+
+    /// Entry `n`'s word (see [`Tail::push`]) and tag, `(0, 0)` beyond the batch.
+    #[inline]
+    pub fn entry(&self, n: usize) -> (u64, u64) {
+        if n >= self.batch_cap {
+            return (0, 0);
+        }
+        // SAFETY: entry `n` (three words) lies inside the batch area of the mapping `self` owns.
+        unsafe {
+            let e = self.batch.add(3 * n);
+            (e.add(1).read(), e.add(2).read())
+        }
     }
 
     /// The state is being rewritten (the batch encoded): a reader that finds this mark knows

@@ -177,7 +177,7 @@ impl<'b> ThreadTracer<'b> {
     /// `prev_growth` since that block started and `b`'s counter read `snapshot`. The result is
     /// what `on_block` would have written at `b`'s start, except for the TSC values, which are
     /// the clock's when this is called.
-    #[inline]
+    #[inline(always)]
     pub fn on_block_grown(&mut self, b: &'b BlockInfo, prev_growth: u64, snapshot: u64) {
         if let Some(p) = self.prev
             && !self.resolve_fast(p, b.start)
