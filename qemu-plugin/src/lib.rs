@@ -7,13 +7,8 @@
 //!
 //! * At translation, each block's last instruction is classified from its bytes
 //!   ([`BlockInfo`]); the block's information is the execution callback's user data.
-//! * At execution, each vCPU (one per guest thread in user mode) appends the block to its batch
-//!   (in the thread's tail file, so that a crash loses nothing); a full batch, or one whose
-//!   thread is due a TSC packet, a system call that changes what the blocks mean, the thread's
-//!   end, is fed to the thread's [`ThreadTracer`] in one loop, whose encoder output goes
-//!   through the thread's ToPA ring into its file. `batch=N` sets the batch (default
-//!   [`DEFAULT_BATCH`]; a live session, `pause=on` or `exit_stop=on`, uses 1: every block is
-//!   encoded when it starts, as the stops read the streams where each thread is).
+//! * At execution, each vCPU (one per guest thread in user mode) feeds its
+//!   [`ThreadTracer`], whose encoder output goes through the thread's ToPA ring into its file.
 //! * `precise=on` (default) adds QEMU's inline counter before each instruction after a block's
 //!   first, so a block cut short by a fault is counted up to the faulting instruction.
 //! * `log=on` (test mode) also logs every instruction address QEMU starts executing.
@@ -47,11 +42,6 @@ pub static qemu_plugin_version: c_int = QEMU_PLUGIN_VERSION;
 const WRITE_BATCH: usize = 32 * 1024;
 /// vCPU indexes served (QEMU user mode gives each live thread one; indexes are reused).
 const MAX_VCPUS: usize = 4096;
-/// Block starts a thread collects before they are encoded, by default.
-pub const DEFAULT_BATCH: usize = 1024;
-/// The largest batch (the tail file must hold the encoder output of a full batch on top of
-/// [`WRITE_BATCH`] bytes: at most ≈ 80 bytes per block, a PSB+ and IP packets).
-const MAX_BATCH: usize = 2048;
 
 struct Config {
     dir: PathBuf,
@@ -59,17 +49,11 @@ struct Config {
     log: bool,
     exit_stop: bool,
     pause: bool,
-    batch: usize,
 }
 
 /// `measure=callbacks`: the block callback returns at once (nothing is recorded). Measures what
 /// QEMU's per-block helper call costs by itself (examples/bench_qemu.rs).
 static CALLBACKS_ONLY: AtomicBool = AtomicBool::new(false);
-
-/// `measure=append`: blocks are appended to the batch, which is then dropped instead of
-/// encoded (nothing is recorded). Measures what the block path costs without the encoding: the
-/// guest thread's share if the encoding ran elsewhere (examples/bench_qemu.rs `--versus`).
-static APPEND_ONLY: AtomicBool = AtomicBool::new(false);
 
 /// The exit gate's shared words (`exit_stop=on`; see `output::exit_gate`), null when off.
 static EXIT_GATE: AtomicPtr<AtomicU64> = AtomicPtr::new(ptr::null_mut());
@@ -439,27 +423,10 @@ static MAPS_DONE_FOR: AtomicU32 = AtomicU32::new(0);
 static HANDLERS: SignalHandlers = SignalHandlers::new();
 static WARNED: AtomicBool = AtomicBool::new(false);
 
-/// The counter of no block (before a thread's first block).
-static NO_COUNTER: AtomicU64 = AtomicU64::new(0);
-
 struct Vcpu {
     index: u32,
     tid: u32,
     tracer: ThreadTracer<'static>,
-    /// Blocks started and not encoded yet: the first `queued` entries of the tail's batch.
-    queued: usize,
-    /// Encode when the batch holds this many blocks.
-    batch_cap: usize,
-    /// The block started last (the one the next start decides), and its counter then.
-    last: Option<&'static BlockInfo>,
-    last_snapshot: u64,
-    /// `last`'s counter (one load less per block than through `last`).
-    last_counter: &'static AtomicU64,
-    /// Instructions the tracer may still decide before its next TSC packet: once the blocks
-    /// decided by the batch reach it, the batch is encoded at once (so the packet carries the
-    /// clock of that moment, as without a batch).
-    budget: i64,
-    precise: bool,
     out: Option<ThreadOutput>,
     tail: Option<Tail>,
     log: Option<BufWriter<std::fs::File>>,
@@ -560,26 +527,17 @@ fn warn(msg: &str) {
 
 fn new_vcpu(index: u32) -> Vcpu {
     let precise = config().is_some_and(|c| c.precise);
-    let batch_cap = config().map_or(1, |c| c.batch);
-    let tracer = ThreadTracer::new(
-        TracerConfig {
-            precise,
-            ..TracerConfig::default()
-        },
-        clock(),
-    )
-    .with_handlers(&HANDLERS);
     Vcpu {
         index,
         tid: 0,
-        budget: tracer.until_stamp() as i64,
-        tracer,
-        queued: 0,
-        batch_cap,
-        last: None,
-        last_snapshot: 0,
-        last_counter: &NO_COUNTER,
-        precise,
+        tracer: ThreadTracer::new(
+            TracerConfig {
+                precise,
+                ..TracerConfig::default()
+            },
+            clock(),
+        )
+        .with_handlers(&HANDLERS),
         out: None,
         tail: None,
         log: None,
@@ -632,16 +590,12 @@ impl Vcpu {
             }
         }
         let tail = output::stream_path(&c.dir, getpid(), self.tid, "tail");
-        match Tail::create(&tail, self.batch_cap) {
+        match Tail::create(&tail) {
             Ok(t) => self.tail = Some(t),
-            Err(e) => {
-                warn(&format!(
-                    "cannot create {}: {e} (a crash would lose the stream's end)",
-                    tail.display()
-                ));
-                // The batch still needs a place (without one, every block is encoded at once).
-                self.tail = Tail::anonymous(self.batch_cap).ok();
-            }
+            Err(e) => warn(&format!(
+                "cannot create {}: {e} (a crash would lose the stream's end)",
+                tail.display()
+            )),
         }
     }
 
@@ -663,96 +617,7 @@ impl Vcpu {
         }
     }
 
-    /// Block `b` starts: appended to the batch (and the tail file's), which is encoded when
-    /// full or when the blocks it decides reach the next TSC packet.
-    #[inline]
-    fn append(&mut self, b: &'static BlockInfo) {
-        let mut growth = 0;
-        let mut snapshot = 0;
-        if let Some(p) = self.last {
-            self.budget -= i64::from(p.insns);
-        }
-        if self.precise {
-            // 0 at the first block (`NO_COUNTER`), where nothing reads it.
-            growth = self
-                .last_counter
-                .load(Ordering::Relaxed)
-                .wrapping_sub(self.last_snapshot);
-            let c = b.counter();
-            snapshot = c.load(Ordering::Relaxed);
-            self.last_counter = c;
-        }
-        self.last = Some(b);
-        self.last_snapshot = snapshot;
-        let Some(t) = &mut self.tail else {
-            self.tracer.on_block_grown(b, growth, snapshot);
-            return;
-        };
-        // The growth saturates at 0xffff: the tracer compares it with the block's instruction
-        // count (at most 512 in QEMU), so every larger value means the same.
-        let n = self.queued;
-        let tag = b as *const BlockInfo as u64;
-        t.push(n, b.start, b.batch_word() | growth.min(0xffff), tag, snapshot);
-        self.queued = n + 1;
-        if n + 1 >= self.batch_cap || self.budget <= 0 {
-            self.encode();
-        }
-    }
-
-    /// Feeds the batch to the tracer (in one loop), moves a full write batch of its output into
-    /// the stream file and brings the tail file up to date.
-    fn encode(&mut self) {
-        let Vcpu {
-            tracer,
-            queued,
-            tail,
-            last_snapshot,
-            ..
-        } = self;
-        let n = std::mem::take(queued);
-        let Some(t) = tail else { return };
-        if n == 0 || APPEND_ONLY.load(Ordering::Relaxed) {
-            return;
-        }
-        for i in 0..n {
-            let (word, tag) = t.entry(i);
-            // SAFETY: `tag` is the address of a leaked `BlockInfo` this thread's block callback
-            // wrote into its own batch (`append`): blocks are never freed.
-            let b: &'static BlockInfo = unsafe { &*(tag as *const BlockInfo) };
-            let snapshot = if i + 1 == n { *last_snapshot } else { 0 };
-            tracer.on_block_grown(b, word & 0xffff, snapshot);
-        }
-        // The tail still describes the state before the batch, batch included, until here.
-        t.begin();
-        if tracer.encoder().pending_output().len() >= WRITE_BATCH {
-            self.flush();
-        }
-        self.mirror();
-        if let Some(t) = &mut self.tail {
-            t.commit();
-        }
-        self.budget = self.tracer.until_stamp() as i64;
-    }
-
-    /// The thread came back from a system call: the block after the next one is where the
-    /// tracer stamps the stream with the clock (the first block after a kernel entry is
-    /// decided when the second starts), so the batch is encoded then.
-    fn returned_from_kernel(&mut self) {
-        if let Some(p) = self.last {
-            self.budget = self.budget.min(i64::from(p.insns) + 1);
-        }
-    }
-
-    /// The thread's stream ends here (see [`ThreadTracer::finish`]).
-    fn finish_stream(&mut self) {
-        self.encode();
-        self.tracer.finish();
-        self.last = None;
-        self.last_counter = &NO_COUNTER;
-        self.last_snapshot = 0;
-    }
-
-    /// Keeps the tail file up to date after a batch (see `output::Tail`).
+    /// Keeps the tail file up to date after a block (see `output::Tail`).
     #[inline]
     fn mirror(&mut self) {
         let Vcpu { tracer, tail, .. } = self;
@@ -794,7 +659,7 @@ fn finish(v: &mut Vcpu, end: &str) {
     if v.done {
         return;
     }
-    v.finish_stream();
+    v.tracer.finish();
     v.write_meta(end);
     v.done = true;
 }
@@ -881,10 +746,13 @@ extern "C" fn on_tb_exec(vcpu: c_uint, udata: *mut c_void) {
     }
     // SAFETY: `udata` is the leaked `BlockInfo` registered with this block at translation.
     let b: &'static BlockInfo = unsafe { &*(udata as *const BlockInfo) };
-    v.append(b);
+    v.tracer.on_block(b);
+    if v.tracer.encoder().pending_output().len() >= WRITE_BATCH {
+        v.flush();
+    }
+    v.mirror();
     let tid = v.tid;
-    // After the block is announced (the tail file says it is running, none of it executed;
-    // a live session encodes every block at once, so nothing waits in a batch).
+    // After the block is announced (the tail file says it is running, none of it executed).
     pause_point(vcpu, tid, Some(b));
 }
 
@@ -1025,7 +893,7 @@ extern "C" fn on_syscall(
             // (the SYSCALL's TIP.PGD) and save it now. A failed execve goes on with TIP.PGE.
             s.with(|v| {
                 if !v.done {
-                    v.finish_stream();
+                    v.tracer.finish();
                     v.write_meta("exec");
                 }
             });
@@ -1040,16 +908,8 @@ extern "C" fn on_syscall(
             }
             s.with(|v| finish(v, "exit"))
         }
-        SYS_EXIT_GROUP => {
-            if !EXIT_GATE.load(Ordering::Relaxed).is_null() {
-                // ptrewind reads the streams while the exit waits.
-                s.with(|v| v.encode());
-            }
-            hold_at_exit(num, [a1, a2, a3, a4, a5, a6])
-        }
+        SYS_EXIT_GROUP => hold_at_exit(num, [a1, a2, a3, a4, a5, a6]),
         SYS_RT_SIGACTION if a2 != 0 => {
-            // The blocks before the call are decided with the handlers they ran with.
-            s.with(|v| v.encode());
             if let Some(h) = read_guest_u64(a2) {
                 HANDLERS.set(a1, h);
             }
@@ -1059,9 +919,6 @@ extern "C" fn on_syscall(
 }
 
 extern "C" fn on_syscall_ret(_id: qemu_plugin_id_t, vcpu: c_uint, num: i64, ret: i64) {
-    if let Some(s) = slot(vcpu) {
-        s.with(|v| v.returned_from_kernel());
-    }
     if !PAUSE_GATE.load(Ordering::Relaxed).is_null()
         && let Some(s) = slot(vcpu)
     {
@@ -1119,7 +976,6 @@ fn parse_args(argc: c_int, argv: *const *const c_char) -> Result<Config, String>
     let mut log = false;
     let mut exit_stop = false;
     let mut pause = false;
-    let mut batch = DEFAULT_BATCH;
     for i in 0..argc.max(0) as usize {
         // SAFETY: QEMU passes `argc` valid NUL-terminated strings.
         let arg = unsafe { CStr::from_ptr(*argv.add(i)) }.to_string_lossy();
@@ -1137,19 +993,10 @@ fn parse_args(argc: c_int, argv: *const *const c_char) -> Result<Config, String>
             "log" => log = flag(v)?,
             "exit_stop" => exit_stop = flag(v)?,
             "pause" => pause = flag(v)?,
-            "batch" => {
-                batch = v
-                    .parse()
-                    .ok()
-                    .filter(|n| (1..=MAX_BATCH).contains(n))
-                    .ok_or_else(|| format!("batch={v}: expected 1 to {MAX_BATCH}"))?;
-            }
             "measure" if v == "callbacks" => CALLBACKS_ONLY.store(true, Ordering::Relaxed),
-            "measure" if v == "append" => APPEND_ONLY.store(true, Ordering::Relaxed),
             _ => {
                 return Err(format!(
-                    "unknown argument {k:?} (known: out, precise, log, exit_stop, pause, batch, \
-                     measure=callbacks)"
+                    "unknown argument {k:?} (known: out, precise, log, exit_stop, pause, measure=callbacks)"
                 ));
             }
         }
@@ -1159,17 +1006,12 @@ fn parse_args(argc: c_int, argv: *const *const c_char) -> Result<Config, String>
     if !md.is_dir() {
         return Err(format!("out={}: not a directory", dir.display()));
     }
-    if pause || exit_stop {
-        // A stop reads every thread's stream where the thread is.
-        batch = 1;
-    }
     Ok(Config {
         dir,
         precise,
         log,
         exit_stop,
         pause,
-        batch,
     })
 }
 

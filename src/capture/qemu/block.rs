@@ -42,8 +42,6 @@ pub struct BlockInfo {
     /// The counter in a shared file instead (see [`BlockInfo::with_shared_counter`]), and its
     /// index there.
     shared: Option<(&'static AtomicU64, u64)>,
-    /// The block's entry word in a tail file's batch ([`BlockInfo::batch_word`]).
-    batch_word: u64,
 }
 
 impl BlockInfo {
@@ -85,17 +83,7 @@ impl BlockInfo {
             offsets,
             reached: AtomicU64::new(0),
             shared: None,
-            batch_word: batch_word(insn_ips.len() as u32, None),
         })
-    }
-
-    /// The second word of this block's entry in a tail file's batch
-    /// ([`super::output::Tail::push`]): the counter index (`u32::MAX`: none) in bits 63:32,
-    /// the instruction count in bits 31:16; the growth of the previous block's counter goes
-    /// in bits 15:0.
-    #[inline]
-    pub fn batch_word(&self) -> u64 {
-        self.batch_word
     }
 
     /// Address of instruction `i` (0-based).
@@ -121,7 +109,6 @@ impl BlockInfo {
     /// block of a thread got when QEMU dies without a word (a fatal signal, SIGKILL).
     pub fn with_shared_counter(mut self, counter: &'static AtomicU64, index: u64) -> Self {
         self.shared = Some((counter, index));
-        self.batch_word = batch_word(self.insns, Some(index));
         self
     }
 
@@ -131,9 +118,8 @@ impl BlockInfo {
         self.shared.map(|(_, i)| i)
     }
 
-    /// The counter QEMU's inline operations add to (the block's own or the shared one).
     #[inline]
-    pub fn counter(&self) -> &AtomicU64 {
+    fn counter(&self) -> &AtomicU64 {
         match self.shared {
             Some((c, _)) => c,
             None => &self.reached,
@@ -158,14 +144,6 @@ impl BlockInfo {
         self.counter()
             .fetch_add(insns_after_first, Ordering::Relaxed);
     }
-}
-
-/// See [`BlockInfo::batch_word`].
-fn batch_word(insns: u32, counter: Option<u64>) -> u64 {
-    let counter = counter
-        .and_then(|i| u32::try_from(i).ok())
-        .unwrap_or(u32::MAX);
-    (u64::from(counter) << 32) | (u64::from(insns.min(0xffff)) << 16)
 }
 
 /// Whether an instruction can raise a synchronous exception in user mode: it touches memory

@@ -347,7 +347,7 @@ mod tests {
     fn tail_reads_back_what_was_mirrored() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("1-1.tail");
-        let mut t = Tail::create(&path, 4).expect("create");
+        let mut t = Tail::create(&path).expect("create");
         let b = super::super::BlockInfo::new(&[0x1000, 0x1002], &[0x90]).expect("block");
         t.reset(4096);
         t.mirror(&[1, 2, 3]);
@@ -362,23 +362,8 @@ mod tests {
                 tracing: true,
                 in_flight: Some((0x1000, 2, u64::MAX, 7)),
                 tnt: (0b101, 3),
-                ..TailState::default()
             }
         );
-        t.begin();
-        t.push(0, 0x2000, b.batch_word() | 1, 5, 9);
-        t.push(1, 0x3000, b.batch_word() | 0x1234, 6, 11);
-        assert_eq!(t.entry(1), (b.batch_word() | 0x1234, 6));
-        let r = read(&path);
-        assert!(r.dirty);
-        assert_eq!(
-            r.batch,
-            vec![(0x2000, 2, u64::MAX, 1), (0x3000, 2, u64::MAX, 0x1234)]
-        );
-        assert_eq!(r.batch_snapshot, 11);
-        t.commit();
-        let r = read(&path);
-        assert!(!r.dirty && r.batch.is_empty());
         t.reset(4101);
         t.set_state(false, None, (0, 0));
         let r = read(&path);
@@ -395,28 +380,19 @@ pub const COUNTER_SLOTS: u64 = 1 << 24;
 
 /// Size of a tail file's header.
 pub const TAIL_HEADER: usize = 128;
-/// Bytes of encoder output a tail file holds (more than the plugin ever keeps unwritten: its
-/// write threshold plus what a full batch of blocks can add).
-pub const TAIL_CAPACITY: usize = 256 * 1024;
-/// Bytes of a batch entry in a tail file (see [`Tail::push`]).
-pub const TAIL_ENTRY: usize = 24;
+/// Bytes of encoder output a tail file holds (more than the plugin ever keeps unwritten).
+pub const TAIL_CAPACITY: usize = 64 * 1024;
 const TAIL_MAGIC: u64 = u64::from_le_bytes(*b"PTRWTAIL");
 
 /// A thread's in-flight state, kept in a shared file mapping (`PID-TID.tail`) so that it
 /// survives QEMU dying without any callback (QEMU 7.2 runs no plugin code when the guest dies of
-/// a signal): the encoder output not yet in the stream file, the pending TNT bits, the block
-/// that was executing when the encoder last ran with its counter, and the batch: every block
-/// that started since, not encoded yet (the plugin encodes a batch of block starts at once;
-/// see [`Tail::push`]). [`TailState::read`] reads it back; a reader re-derives the batch's
-/// blocks from the code image and encodes them.
+/// a signal): the encoder output not yet in the stream file, the pending TNT bits, and the block
+/// executing now with its counter. [`TailState::read`] reads it back.
 #[derive(Debug)]
 pub struct Tail {
     map: memmap2::MmapMut,
     /// The header words of `map` (written after every block: plain stores, no bounds checks).
     header: *mut u64,
-    /// The batch entries (`batch_cap` of them, three words each) after the output bytes.
-    batch: *mut u64,
-    batch_cap: usize,
     mirrored: usize,
 }
 
@@ -432,18 +408,14 @@ mod word {
     pub const SNAPSHOT: usize = 7;
     pub const TNT_BITS: usize = 8;
     pub const TNT_COUNT: usize = 9;
-    pub const BATCH_LEN: usize = 10;
-    pub const BATCH_SNAPSHOT: usize = 11;
-    pub const BATCH_CAP: usize = 12;
-    pub const DIRTY: usize = 13;
 }
 
 const FLAG_IN_FLIGHT: u64 = 1;
 const FLAG_TRACING: u64 = 2;
 
 impl Tail {
-    /// Creates and maps the tail file `path`, with room for `batch_cap` batch entries.
-    pub fn create(path: &Path, batch_cap: usize) -> io::Result<Tail> {
+    /// Creates and maps the tail file `path`.
+    pub fn create(path: &Path) -> io::Result<Tail> {
         let f = OpenOptions::new()
             .read(true)
             .write(true)
@@ -451,96 +423,19 @@ impl Tail {
             .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(path)?;
-        f.set_len(Self::size(batch_cap) as u64)?;
+        f.set_len((TAIL_HEADER + TAIL_CAPACITY) as u64)?;
         // SAFETY: a shared mapping of a file this process just created privately (mode 0600,
         // O_EXCL); nobody else writes it while we run, and readers only read it after we are
         // gone.
-        let map = unsafe { memmap2::MmapMut::map_mut(&f)? };
-        Ok(Self::with_map(map, batch_cap))
-    }
-
-    /// A tail in private memory (when the file cannot be created: the batch still needs a
-    /// place; a crash then loses the stream's end).
-    pub fn anonymous(batch_cap: usize) -> io::Result<Tail> {
-        Ok(Self::with_map(
-            memmap2::MmapMut::map_anon(Self::size(batch_cap))?,
-            batch_cap,
-        ))
-    }
-
-    fn size(batch_cap: usize) -> usize {
-        TAIL_HEADER + TAIL_CAPACITY + batch_cap * TAIL_ENTRY
-    }
-
-    fn with_map(mut map: memmap2::MmapMut, batch_cap: usize) -> Tail {
+        let mut map = unsafe { memmap2::MmapMut::map_mut(&f)? };
         let header = map.as_mut_ptr().cast::<u64>();
-        // SAFETY: the batch area starts inside the mapping (its length is at least this offset)
-        // and is `u64`-aligned (a page-aligned mapping, offsets multiples of 8).
-        let batch = unsafe { map.as_mut_ptr().add(TAIL_HEADER + TAIL_CAPACITY) }.cast::<u64>();
         let mut t = Tail {
             map,
             header,
-            batch,
-            batch_cap,
             mirrored: 0,
         };
         t.put(word::MAGIC, TAIL_MAGIC);
-        t.put(word::BATCH_CAP, batch_cap as u64);
-        t
-    }
-
-    /// Entries the batch holds at most.
-    pub fn batch_cap(&self) -> usize {
-        self.batch_cap
-    }
-
-    /// Block `start` (its [`BlockInfo::batch_word`](super::BlockInfo::batch_word) `word`,
-    /// the growth of the previous block's counter in its low 16 bits, saturated) is entry `n`
-    /// of the batch, the newest, and its counter read `snapshot` when it started; `tag` is
-    /// the writer's own reference to the block (the plugin's `BlockInfo` address, meaningless
-    /// to a reader). Entries are written before the batch length, so a reader never sees a
-    /// half-written one. Does nothing for `n` beyond the batch.
-    #[inline]
-    pub fn push(&mut self, n: usize, start: u64, word: u64, tag: u64, snapshot: u64) {
-        if n >= self.batch_cap {
-            return;
-        }
-        // SAFETY: entry `n` (three words) lies inside the batch area of the mapping `self` owns.
-        unsafe {
-            let e = self.batch.add(3 * n);
-            e.write(start);
-            e.add(1).write(word);
-            e.add(2).write(tag);
-        }
-        self.put(word::BATCH_SNAPSHOT, snapshot);
-        self.put(word::BATCH_LEN, n as u64 + 1);
-    }
-
-    /// Entry `n`'s word (see [`Tail::push`]) and tag, `(0, 0)` beyond the batch.
-    #[inline]
-    pub fn entry(&self, n: usize) -> (u64, u64) {
-        if n >= self.batch_cap {
-            return (0, 0);
-        }
-        // SAFETY: entry `n` (three words) lies inside the batch area of the mapping `self` owns.
-        unsafe {
-            let e = self.batch.add(3 * n);
-            (e.add(1).read(), e.add(2).read())
-        }
-    }
-
-    /// The state is being rewritten (the batch encoded): a reader that finds this mark knows
-    /// the writer died half-way ([`TailState::dirty`]).
-    #[inline]
-    pub fn begin(&mut self) {
-        self.put(word::DIRTY, 1);
-    }
-
-    /// The state is consistent again, the batch encoded (see [`Tail::begin`]).
-    #[inline]
-    pub fn commit(&mut self) {
-        self.put(word::BATCH_LEN, 0);
-        self.put(word::DIRTY, 0);
+        Ok(t)
     }
 
     #[inline]
@@ -606,13 +501,6 @@ pub struct TailState {
     pub in_flight: Option<(u64, u32, u64, u64)>,
     /// TNT bits decided but not written: (bits, count).
     pub tnt: (u64, u8),
-    /// The blocks that started after `in_flight`, not encoded: (start, instructions, counter
-    /// index or `u64::MAX`, growth of the previous block's counter, saturated at `0xffff`).
-    pub batch: Vec<(u64, u32, u64, u64)>,
-    /// The counter of the batch's last block when it started.
-    pub batch_snapshot: u64,
-    /// The writer died while rewriting the state: only the stream file's bytes can be trusted.
-    pub dirty: bool,
 }
 
 impl TailState {
@@ -628,23 +516,6 @@ impl TailState {
         }
         let len = (w(word::LEN)? as usize).min(TAIL_CAPACITY);
         let flags = w(word::FLAGS)?;
-        let cap = w(word::BATCH_CAP)? as usize;
-        let n = (w(word::BATCH_LEN)? as usize).min(cap);
-        let area = TAIL_HEADER + TAIL_CAPACITY;
-        let batch = (0..n)
-            .map(|i| {
-                let e = |k: usize| -> Option<u64> {
-                    let at = area + i * TAIL_ENTRY + k * 8;
-                    Some(u64::from_ne_bytes(data.get(at..at + 8)?.try_into().ok()?))
-                };
-                let (start, word) = (e(0)?, e(1)?);
-                let counter = match word >> 32 {
-                    0xffff_ffff => u64::MAX,
-                    c => c,
-                };
-                Some((start, (word >> 16) as u16 as u32, counter, word & 0xffff))
-            })
-            .collect::<Option<Vec<_>>>()?;
         Some(TailState {
             file_offset: w(word::FILE_OFFSET)?,
             bytes: data.get(TAIL_HEADER..TAIL_HEADER + len)?.to_vec(),
@@ -660,9 +531,6 @@ impl TailState {
                 None
             },
             tnt: (w(word::TNT_BITS)?, w(word::TNT_COUNT)?.min(6) as u8),
-            batch,
-            batch_snapshot: w(word::BATCH_SNAPSHOT)?,
-            dirty: w(word::DIRTY)? != 0,
         })
     }
 }

@@ -808,15 +808,6 @@ pub fn complete_stream(
 ) -> String {
     use crate::capture::soft::classify::decode_insn;
     use crate::packet::{Encoder, IpKind, Packet, Tnt, encode_packet};
-    if tail.dirty {
-        // QEMU was killed while the plugin rewrote the tail (encoding a batch): what it says
-        // may be half old, half new.
-        return format!(
-            "the stream ends at its last write: QEMU was killed while the plugin was encoding; \
-             {} block(s) that started after it were not encoded",
-            tail.batch.len() + usize::from(tail.in_flight.is_some())
-        );
-    }
     if tail.file_offset == trace.len() as u64 {
         trace.extend_from_slice(&tail.bytes);
     }
@@ -828,32 +819,7 @@ pub fn complete_stream(
         );
     }
     let mut note = String::from("stream completed from its tail file");
-    let mut tracing = tail.tracing;
-    let mut in_flight = tail.in_flight;
-    let mut batch_note = String::new();
-    if !tail.batch.is_empty() {
-        match encode_batch(tail, image, counters.is_some()) {
-            Ok((bytes, still_tracing)) => {
-                out.extend_from_slice(&bytes);
-                tracing = still_tracing;
-                let &(start, insns, counter, _) = tail.batch.last().unwrap_or(&(0, 0, 0, 0));
-                in_flight = Some((start, insns, counter, tail.batch_snapshot));
-                batch_note = format!(
-                    " (after encoding the {} block(s) of its last batch)",
-                    tail.batch.len()
-                );
-            }
-            Err(why) => {
-                out.clear();
-                return format!(
-                    "the stream ends at its last write: {} block(s) that started after it were \
-                     not encoded ({why})",
-                    tail.batch.len() + usize::from(tail.in_flight.is_some())
-                );
-            }
-        }
-    }
-    if let Some((start, insns, counter, snapshot)) = in_flight {
+    if let Some((start, insns, counter, snapshot)) = tail.in_flight {
         let reached = usize::try_from(counter)
             .ok()
             .and_then(|i| counters?.get(i * 8..i * 8 + 8))
@@ -878,7 +844,7 @@ pub fn complete_stream(
             enc.psb(&mut out);
             let _ = encode_packet(&Packet::PsbEnd, &mut out);
         }
-        if !tracing && d > 0 {
+        if !tail.tracing && d > 0 {
             let _ = encode_packet(
                 &Packet::ModeExec {
                     csl: true,
@@ -889,85 +855,23 @@ pub fn complete_stream(
             );
             let _ = enc.ip_packet(IpKind::TipPge, Some(start), &mut out);
         }
-        if tracing || d > 0 {
+        if tail.tracing || d > 0 {
             let _ = enc.ip_packet(IpKind::Fup, Some(ip), &mut out);
             let _ = enc.ip_packet(IpKind::TipPgd, None, &mut out);
         }
         note = match reached {
             Some(d) => format!(
-                "stream completed from its tail file{batch_note}: stopped at instruction {d} of \
-                 the block at {start:#x} ({ip:#x})"
+                "stream completed from its tail file: stopped at instruction {d} of the block at \
+                 {start:#x} ({ip:#x})"
             ),
             None => format!(
-                "stream completed from its tail file{batch_note}: the block at {start:#x} that \
-                 was running is not counted (where it stopped is unknown)"
+                "stream completed from its tail file: the block at {start:#x} that was running \
+                 is not counted (where it stopped is unknown)"
             ),
         };
     }
     trace.extend_from_slice(&out);
     note
-}
-
-/// A block of `insns` instructions from `start`, re-derived from the code image.
-fn block_from_image(start: u64, insns: u32, image: &Image) -> Result<super::BlockInfo, String> {
-    use crate::capture::soft::classify::decode_insn;
-    let mut ips = Vec::with_capacity(insns as usize);
-    let mut ip = start;
-    let mut last = Vec::new();
-    for _ in 0..insns.max(1) {
-        let mut b = [0u8; 15];
-        let n = image.read(ip, &mut b);
-        let Some(i) = decode_insn(ip, &b[..n]) else {
-            return Err(format!("no code at {ip:#x} in the image"));
-        };
-        ips.push(ip);
-        last = b[..usize::from(i.len())].to_vec();
-        ip = i.nlip();
-    }
-    super::BlockInfo::new(&ips, &last).ok_or_else(|| format!("no block at {start:#x}"))
-}
-
-/// Encodes the tail's batch (the blocks that started after its in-flight block, which they
-/// decide) as the plugin would have, continuing the stream: returns the packets (pending TNT
-/// bits written out) and whether packet generation is on at the batch's last block, which
-/// stays undecided. TSC packets are left out (the clock of that moment is unknown), and so
-/// are signal handlers (the guest's table is gone): a block interrupted part-way by a signal
-/// whose handler ran inside the batch is counted by its counter only where its successor is
-/// not a legal one.
-fn encode_batch(tail: &TailState, image: &Image, precise: bool) -> Result<(Vec<u8>, bool), String> {
-    use super::tracer::{ThreadTracer, TracerConfig};
-    use crate::capture::soft::EncoderConfig;
-    let mut blocks = Vec::with_capacity(tail.batch.len() + 1);
-    let first = tail.in_flight.map(|(start, insns, ..)| (start, insns));
-    for (start, insns) in first
-        .into_iter()
-        .chain(tail.batch.iter().map(|&(s, n, ..)| (s, n)))
-    {
-        blocks.push(block_from_image(start, insns, image)?);
-    }
-    let clock = std::sync::atomic::AtomicU64::new(0);
-    let config = TracerConfig {
-        encoder: EncoderConfig {
-            tsc: false,
-            ..EncoderConfig::default()
-        },
-        precise,
-        tsc_period: u64::MAX,
-    };
-    let mut t = ThreadTracer::new(config, &clock);
-    let mut rest = &blocks[..];
-    if let (Some((first, after)), Some((_, _, _, snapshot))) = (blocks.split_first(), tail.in_flight)
-    {
-        t.resume(first, snapshot, tail.tracing);
-        rest = after;
-    }
-    for (b, &(_, _, _, growth)) in rest.iter().zip(&tail.batch) {
-        // A saturated growth means "out of range", as the unsaturated one did.
-        t.on_block_grown(b, growth, 0);
-    }
-    let tracing = t.encoder().is_tracing();
-    t.encoder().flush();
-    Ok((t.encoder().take_output(), tracing))
 }
 
 /// The `PT_INTERP` of an ELF file, canonicalized.

@@ -162,8 +162,7 @@ impl<'b> ThreadTracer<'b> {
         if let Some(p) = self.prev
             && !self.resolve_fast(p, b.start)
         {
-            let reached = self.grown(p);
-            self.resolve(p, Some(b.start), reached);
+            self.resolve(p, Some(b.start));
         }
         self.prev = Some(b);
         if self.config.precise {
@@ -172,54 +171,11 @@ impl<'b> ThreadTracer<'b> {
         self.stats.blocks += 1;
     }
 
-    /// [`on_block`](Self::on_block) after the fact (a batch of recorded block starts decided
-    /// later): block `b` started, when the previous block's counter had grown by
-    /// `prev_growth` since that block started and `b`'s counter read `snapshot`. The result is
-    /// what `on_block` would have written at `b`'s start, except for the TSC values, which are
-    /// the clock's when this is called.
-    #[inline(always)]
-    pub fn on_block_grown(&mut self, b: &'b BlockInfo, prev_growth: u64, snapshot: u64) {
-        if let Some(p) = self.prev
-            && !self.resolve_fast(p, b.start)
-        {
-            let reached = self.config.precise.then_some(prev_growth);
-            self.resolve(p, Some(b.start), reached);
-        }
-        self.prev = Some(b);
-        self.prev_reached = snapshot;
-        self.stats.blocks += 1;
-    }
-
-    /// Continues a stream another tracer wrote (see [`SoftEncoder::resume`]): block `in_flight`
-    /// is running, its counter read `snapshot` when it started, and packet generation is on
-    /// (`tracing`) or paused at a kernel entry.
-    pub fn resume(&mut self, in_flight: &'b BlockInfo, snapshot: u64, tracing: bool) {
-        self.enc = SoftEncoder::resume(self.config.encoder, tracing);
-        self.prev = Some(in_flight);
-        self.prev_reached = snapshot;
-    }
-
-    /// Instructions this thread may still have decided before its next TSC packet from the
-    /// clock (when at least this many were decided, the next decided block writes one).
-    #[inline]
-    pub fn until_stamp(&self) -> u64 {
-        self.config.tsc_period.saturating_sub(self.unsynced)
-    }
-
-    /// The growth of `p`'s counter since it started (precise mode).
-    #[inline]
-    fn grown(&self, p: &BlockInfo) -> Option<u64> {
-        self.config
-            .precise
-            .then(|| p.reached().wrapping_sub(self.prev_reached))
-    }
-
     /// The thread stops being traced here (it exits, the process dies or `execve` replaces it):
     /// the last block is decided without a successor, and the stream ends with TIP.PGD.
     pub fn finish(&mut self) {
         if let Some(p) = self.prev.take() {
-            let reached = self.grown(p);
-            self.resolve(p, None, reached);
+            self.resolve(p, None);
         }
         self.enc.finish(None);
         self.enc.flush();
@@ -291,10 +247,12 @@ impl<'b> ThreadTracer<'b> {
         true
     }
 
-    /// Decides block `p`, followed by `next`, its counter having grown by `reached` (`None`:
-    /// not precise).
-    fn resolve(&mut self, p: &'b BlockInfo, next: Option<u64>, reached: Option<u64>) {
+    fn resolve(&mut self, p: &'b BlockInfo, next: Option<u64>) {
         let n = p.insns;
+        let reached = self
+            .config
+            .precise
+            .then(|| p.reached().wrapping_sub(self.prev_reached));
         // The counter is consulted when the successor is not a legal one, or when it is a
         // signal handler (any successor is legal after an indirect branch): QEMU's inline
         // additions are not atomic, so threads running the same block at once can lose each
@@ -525,47 +483,6 @@ mod tests {
         expected.extend([0x1006, 0x1001]);
         assert_eq!(ips, expected);
         assert_eq!(t.stats().instructions, 10);
-    }
-
-    /// Decided later from recorded counter growths, blocks give the bytes they gave when
-    /// decided at once (a loop, a fault part-way through a block, a restart, the end).
-    #[test]
-    fn deciding_a_batch_later_writes_what_deciding_each_block_wrote() {
-        let lp = BlockInfo::new(&[0x1000, 0x1001, 0x1002, 0x1004], &[0x75, 0xfa]).expect("b");
-        let st = BlockInfo::new(&[0x1006, 0x1008, 0x100a, 0x100c], &[0x90]).expect("b");
-        let rest = BlockInfo::new(&[0x100a, 0x100c], &[0x90]).expect("b");
-        let handler = BlockInfo::new(&[0x1001], &[0x90]).expect("b");
-        // (block, instructions reached after its first)
-        let run: [(&BlockInfo, u64); 7] = [
-            (&lp, 3),
-            (&lp, 3),
-            (&st, 2),
-            (&rest, 1),
-            (&st, 1),
-            (&handler, 0),
-            (&lp, 3),
-        ];
-        let clock = AtomicU64::new(0);
-        let mut now = ThreadTracer::new(TracerConfig::default(), &clock);
-        let mut recorded = Vec::new();
-        let mut prev: Option<(&BlockInfo, u64)> = None;
-        for &(b, reached) in &run {
-            let growth = prev.map_or(0, |(p, snap)| p.reached().wrapping_sub(snap));
-            recorded.push((b, growth, b.reached()));
-            now.on_block(b);
-            prev = Some((b, b.reached()));
-            b.note_reached(reached);
-        }
-        now.finish();
-        let clock2 = AtomicU64::new(0);
-        let mut later = ThreadTracer::new(TracerConfig::default(), &clock2);
-        for &(b, growth, snapshot) in &recorded {
-            later.on_block_grown(b, growth, snapshot);
-        }
-        // `finish` reads the last block's counter, as the plugin's does.
-        later.finish();
-        assert_eq!(now.stats(), later.stats());
-        assert_eq!(now.encoder().take_output(), later.encoder().take_output());
     }
 
     #[test]

@@ -246,18 +246,6 @@ impl SoftEncoder {
         }
     }
 
-    /// An encoder that continues a stream another encoder wrote (a stream completed after its
-    /// writer died): packet generation is on (`tracing`) or paused at a kernel entry, Last IP is
-    /// unknown (IP packets are written in full) and the return stack is empty (returns are
-    /// sent as TIP until new calls are pushed), so its output is valid after any packet
-    /// boundary of the earlier stream. No PSB+ is written until `psb_period` bytes.
-    pub fn resume(config: EncoderConfig, tracing: bool) -> Self {
-        let mut enc = SoftEncoder::new(config);
-        enc.state = if tracing { Enable::On } else { Enable::Paused };
-        enc.mode_pending = false;
-        enc
-    }
-
     /// The configuration.
     pub fn config(&self) -> &EncoderConfig {
         &self.config

@@ -959,7 +959,6 @@ mod tests {
             tracing: true,
             in_flight: Some((0x1000, insns, u64::MAX, 0)),
             tnt: (0, 0),
-            ..TailState::default()
         };
         let written = trace.len() as u64;
         complete_at_pc(written, &mut trace, &tail, pc, img);
