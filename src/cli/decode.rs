@@ -47,7 +47,8 @@ use ptrewind::flow::{
 };
 use ptrewind::image::perf_maps::{PerfSideband, hex_id};
 use ptrewind::image::{
-    ElfSpec, Image, LoadedElf, MissingImage, MmapOptions, RawSpec, Section, Segments, Symbolizer,
+    ElfSpec, FileCache, Image, LoadedElf, MissingImage, MmapOptions, RawSpec, Section, Segments,
+    Symbolizer,
 };
 use ptrewind::packet::ExecMode;
 use ptrewind::store::TraceFile;
@@ -160,7 +161,7 @@ pub(crate) fn parse_range(s: &str) -> Result<(u64, u64), String> {
 pub fn run(args: DecodeArgs) -> CmdResult {
     let mode = exec_mode(args.bits)?;
     // The images given on the command line: mapped after (over) the perf.data mappings.
-    let (given, given_elfs) = given_images(&args.image)?;
+    let (given, given_elfs) = given_images_from(&args.image, &mut FileCache::mapping())?;
     if let Some(dir) = &args.qemu {
         return decode_qemu(dir, &args, mode, &given, &given_elfs);
     }
@@ -448,17 +449,26 @@ fn decode_qemu(
 }
 
 /// The `--raw` sections and `--elf` files of the command line (mapped over the perf.data
-/// mappings by [`build_image`]).
+/// mappings by [`build_image`]), read into memory.
 pub(crate) fn given_images(
     args: &ImageArgs,
+) -> Result<(Vec<Section>, Vec<LoadedElf>), ptrewind::image::LoadError> {
+    given_images_from(args, &mut FileCache::new())
+}
+
+/// [`given_images`] through `cache`: `decode`, which reads its files once and ends, maps them
+/// ([`FileCache::mapping`]: only the pages the decoder touches are read, none is copied).
+fn given_images_from(
+    args: &ImageArgs,
+    cache: &mut FileCache,
 ) -> Result<(Vec<Section>, Vec<LoadedElf>), ptrewind::image::LoadError> {
     let mut given: Vec<Section> = Vec::new();
     let mut given_elfs: Vec<LoadedElf> = Vec::new();
     for spec in &args.raw {
-        given.push(spec.load()?);
+        given.push(spec.load_cached(cache)?);
     }
     for spec in &args.elf {
-        let elf = LoadedElf::open(spec)?;
+        let elf = LoadedElf::open_cached(spec, cache)?;
         given.extend(elf.sections(Segments::Executable));
         given_elfs.push(elf);
     }
