@@ -15,8 +15,9 @@
 //! Files are read into memory rather than memory-mapped wherever an image is kept for a session:
 //! a mapped file that is truncated or rewritten while we decode would crash the process with
 //! `SIGBUS`, and code images are small next to the traces they explain. The one-shot
-//! `ptrewind decode` maps the files of its command line instead ([`map_file`],
-//! [`FileCache::mapping`]), as libipt's ptxed does: a run touches a few hundred pages of a
+//! `ptrewind decode` maps its files instead (`--raw`, `--elf`, and those a perf.data or QEMU
+//! recording names: [`map_file`], [`FileCache::mapping`], [`MmapOptions::map_files`]), as
+//! libipt's ptxed does: a run touches a few hundred pages of a
 //! libc-sized image, and reading it whole was a measurable part of the command's time.
 //! [`FileCache`] makes every section of one file share one buffer ([`SectionBytes`]).
 
@@ -365,9 +366,9 @@ pub fn read_file(path: &Path) -> Result<SectionBytes, LoadError> {
 /// executes a few hundred pages that is most of the image's cost (reading it whole faults in,
 /// zero-fills and copies every page, then unmaps them at exit; docs/benchmarks.md). The price is
 /// the one every mapping reader pays (libipt's ptxed included): a file truncated while it is
-/// mapped makes the next access to a page past its new end raise `SIGBUS`. So only short-lived
-/// commands that decode files given on their command line (`ptrewind decode`) map; everything
-/// that keeps an image for a session reads it ([`read_file`]).
+/// mapped makes the next access to a page past its new end raise `SIGBUS`. So only the
+/// short-lived `ptrewind decode` maps; everything that keeps an image for a session reads it
+/// ([`read_file`]).
 pub fn map_file(path: &Path) -> Result<SectionBytes, LoadError> {
     let io = |source| LoadError::Io {
         path: path.to_path_buf(),
