@@ -5,8 +5,10 @@
 //!
 //! ```text
 //! cargo build --release --bin ptrewind --example bench_cli
+//! cargo build --release -p ptrewind-qemu-plugin     # for the recorded program runs
 //! target/release/examples/bench_cli [--reps N] [--trace NAME]... [--ptrewind PATH]
-//!                                   [--before PATH] [--no-ips-bin]
+//!                                   [--before PATH] [--no-ips-bin] [--dir DIR]
+//!                                   [--programs | --no-programs]
 //! ```
 //!
 //! Each process's cost is its CPU time (user + system, from `wait4`'s rusage), the fair measure
