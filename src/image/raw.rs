@@ -101,12 +101,6 @@ impl RawSpec {
         self.load_cached(&mut FileCache::new())
     }
 
-    /// Like [`RawSpec::load`], with the file mapped rather than read (see
-    /// [`super::map_file`]: for one-shot decoding only).
-    pub fn load_mapped(&self) -> Result<Section, LoadError> {
-        self.load_cached(&mut FileCache::mapping())
-    }
-
     /// Like [`RawSpec::load`], sharing the file's bytes through `cache`.
     pub fn load_cached(&self, cache: &mut FileCache) -> Result<Section, LoadError> {
         let bytes = cache.get(&self.path)?;

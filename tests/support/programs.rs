@@ -1,10 +1,10 @@
 //! Whole runs of small real programs — `ls -l`, `sed`, `sort`, dynamically linked, from the
 //! loader's first instruction through ld.so and libc to `exit_group` — recorded under QEMU with
 //! ptrewind's plugin, as inputs for a command-line decoder (`ptrewind decode`, the ptxed-style
-//! libipt driver of `examples/bench_cli.rs`). These are the "ls/sed/sort" traces of issue 17:
-//! 0.5–3 M instructions, the size where start-up and per-run costs decide the end-to-end
-//! figure. Their inputs are generated (no file of the machine but the programs and `/etc`), so
-//! the counts depend only on the installed programs and libc.
+//! libipt driver of `examples/bench_cli.rs`). These are the "ls/sed/sort" traces of issue 17,
+//! sized to 1.3–1.6 M instructions each: the size where start-up and per-run costs decide the
+//! end-to-end figure. Their inputs are generated (nothing of the machine is read but the
+//! programs, their libraries and, for `ls`, `/etc`), so the counts depend on little else.
 
 use std::ffi::OsString;
 use std::io::Write;
