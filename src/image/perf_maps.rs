@@ -91,6 +91,9 @@ pub struct MmapOptions<'a> {
     /// Build ids the recording gives for file names (as recorded); a found file with a different
     /// `.note.gnu.build-id` is not used.
     pub build_ids: HashMap<String, Vec<u8>>,
+    /// Map the files instead of reading them ([`super::FileCache::mapping`]): for one-shot
+    /// decoding only (`ptrewind decode`), see [`super::map_file`].
+    pub map_files: bool,
 }
 
 impl std::fmt::Debug for MmapOptions<'_> {
@@ -247,7 +250,11 @@ impl Image {
         opts: &MmapOptions<'_>,
     ) -> MmapImage {
         let mut out = MmapImage::default();
-        let mut files = FileCache::new();
+        let mut files = if opts.map_files {
+            FileCache::mapping()
+        } else {
+            FileCache::new()
+        };
         let mut resolved: HashMap<String, Result<(PathBuf, SectionBytes), String>> = HashMap::new();
         let mut placed: HashMap<PathBuf, usize> = HashMap::new();
         for r in records {
