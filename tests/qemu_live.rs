@@ -1232,6 +1232,19 @@ fn library_symbols_and_maps_are_the_guests() {
         "{}",
         r.dump()
     );
+    // One copy of each file at each offset: QEMU's own dynamic loader (the same file as the
+    // guest's, at a host address) is not the program's.
+    let mut placed: Vec<(&str, &str)> = maps
+        .iter()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Some((*f.get(2)?, *f.last()?))
+        })
+        .collect();
+    let all = placed.len();
+    placed.sort_unstable();
+    placed.dedup();
+    assert_eq!(placed.len(), all, "{}", r.dump());
     // QEMU's own files (the plugin, its gate files) are not the program's.
     assert!(
         !r.gdb.contains("ptrewind_qemu_plugin") && !r.gdb.contains("/recording/"),

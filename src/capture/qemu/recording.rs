@@ -624,6 +624,15 @@ impl Recorded {
             .collect();
         let mut out = Vec::new();
         for (pid, text) in &self.maps {
+            // The start snapshot is QEMU's own maps, and QEMU runs through the same dynamic
+            // loader as the guest: that copy is QEMU's. QEMU 7.2 never maps guest pages
+            // executable (its `target_to_host_prot` turns PROT_EXEC into PROT_READ: it runs
+            // translated code), so a copy with an executable line (its lines share `start -
+            // offset`) is QEMU's, not the guest's.
+            let qemus_own: Vec<(String, u64)> = parse_maps_lenient(text)
+                .filter(|m| m.exec)
+                .filter_map(|m| Some((m.path?, m.start.wrapping_sub(m.offset))))
+                .collect();
             let mut in_start = false;
             let mut base = 0u64;
             for line in text.lines() {
@@ -659,7 +668,11 @@ impl Recorded {
                         let Some(path) = m.path.as_deref() else {
                             continue;
                         };
-                        if !loader_files.iter().any(|f| f == path) {
+                        if !loader_files.iter().any(|f| f == path)
+                            || qemus_own
+                                .iter()
+                                .any(|(p, b)| p == path && *b == m.start.wrapping_sub(m.offset))
+                        {
                             continue;
                         }
                         out.push(MmapRecord {
