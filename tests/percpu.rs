@@ -183,10 +183,7 @@ fn hase_per_cpu_recordings_split_into_their_thread() {
         let r = &split.report;
         assert_eq!(r.attributed, r.regions, "{sub}: {r:?}");
         assert!(r.unattributed.is_empty(), "{sub}: {r:?}");
-        let mut img = Image::new();
-        for s in support::corpus::elf_load_segments(&exe).unwrap() {
-            img.add(Section::new(s.addr, s.bytes.clone(), &s.name)).unwrap();
-        }
+        let img = elf_image(&exe);
         let truth = support::hase::ground_truth(
             &std::fs::read_to_string(dir.join(sub).join(trace)).unwrap(),
             &support::hase::objdump_insns(&exe),
@@ -202,6 +199,40 @@ fn hase_per_cpu_recordings_split_into_their_thread() {
         } else {
             assert!(ips.len() + 8 > truth.len(), "{sub}: {} of {}", ips.len(), truth.len());
         }
+    }
+}
+
+fn elf_image(exe: &std::path::Path) -> Image {
+    let mut img = Image::new();
+    for s in support::corpus::elf_load_segments(exe).unwrap() {
+        img.add(Section::new(s.addr, s.bytes.clone(), &s.name)).unwrap();
+    }
+    img
+}
+
+/// HASE's 2018-05 recordings (snapshot mode, several PSBs, one CPU): split into their one
+/// thread, whose stream decodes to what the unsplit stream decodes to.
+#[test]
+fn hase_snapshot_recordings_split_like_the_unsplit_stream() {
+    let Some(root) = corpus() else { return };
+    let dir = root.join("hase-pt-recordings");
+    for (sub, bin) in [("loopy-20180514", "loopy"), ("control_flow-20180515", "control_flow")] {
+        let exe = dir
+            .join(sub)
+            .join("binaries/home/joerg/git/hase/tests/bin")
+            .join(bin)
+            .join(bin);
+        let bytes = std::fs::read(dir.join(sub).join("perf.data.1")).unwrap();
+        let split = split(&bytes).unwrap();
+        assert_eq!(split.threads.len(), 1, "{sub}: {:?}", split.report);
+        let r = &split.report;
+        assert!(r.unattributed.is_empty() && r.regions > 0, "{sub}: {r:?}");
+        let img = elf_image(&exe);
+        let (ips, _) = flow_ips(&split.threads[0].stream.data, &img);
+        let source = TraceStreams::from_bytes(&bytes).unwrap();
+        let (whole, _) = flow_ips(&source.streams[0].data, &img);
+        assert!(ips.len() > 50, "{sub}: {}", ips.len());
+        assert_eq!(ips, whole, "{sub}");
     }
 }
 

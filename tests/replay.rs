@@ -971,3 +971,27 @@ fn replay_of_a_per_cpu_perf_data_serves_every_thread() {
         assert!(!text.contains("panicked"), "{text}");
     }
 }
+
+/// quipper's real per-CPU perf.data (user + kernel, `echo` on CPUs 3 and 0, no code images in
+/// the corpus): its two streams split into the one traced thread, then the replay stops with
+/// the missing code named.
+#[test]
+fn replay_of_a_per_cpu_perf_data_without_code_says_what_is_missing() {
+    let perf = corpus()
+        .parent()
+        .unwrap()
+        .join("quipper-perfdata-intel_pt/perf.data.intel_pt-4.14");
+    let out = ptrewind()
+        .args(["replay", "--listen", "127.0.0.1:0", "--once", "--perf"])
+        .arg(&perf)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("per-CPU stream(s) cpu0, cpu3 split by context switches into 1 thread(s) (3174)"),
+        "{text}"
+    );
+    assert!(text.contains("no code for /usr/bin/coreutils (pid 3174)"), "{text}");
+    assert!(text.contains("no code for the trace"), "{text}");
+}
