@@ -260,3 +260,58 @@ fn quipper_per_cpu_recording_splits_into_its_thread() {
     }
     assert!(packets > 1000, "{packets}");
 }
+
+/// An invalid packet inside a region of CPU 1 (thread 101's): the damage is reported, the
+/// region's piece ends with an OVF (its thread's decoder sees the loss), reading resumes at the
+/// next PSB (CPU 1 has none after it: the rest is skipped and counted), and nothing of another
+/// thread ends up in a thread's stream.
+#[test]
+fn damage_in_a_cpu_stream_is_counted_and_cut() {
+    use ptrewind::packet::{Packet, PacketDecoder};
+    let mut bytes = percpu::perf_data(Variant::default());
+    let cpu1 = percpu::cpu_stream(1010, &percpu::CPU1);
+    let base = bytes.len() - cpu1.len();
+    assert_eq!(&bytes[base..], &cpu1[..]);
+    // The packet after the TSC inside the second region (thread 101's on CPU 1).
+    let mut dec = PacketDecoder::new(&cpu1);
+    let mut pges = 0;
+    let mut at = None;
+    while let Some(Ok((off, p))) = dec.next_packet() {
+        match p {
+            Packet::TipPge(_) => pges += 1,
+            Packet::Tsc { .. } if pges == 2 => {
+                at = Some(off as usize + 8);
+                break;
+            }
+            _ => {}
+        }
+    }
+    let at = base + at.unwrap();
+    bytes[at] = 0x02;
+    bytes[at + 1] = 0xff;
+    let split = split(&bytes).unwrap();
+    let r = &split.report;
+    assert_eq!(r.damage.len(), 1, "{r:?}");
+    assert_eq!(r.damage[0].0, 1, "{r:?}");
+    assert!(r.skipped_bytes > 0, "{r:?}");
+    assert!(
+        r.problems().iter().any(|l| l.starts_with("cpu1 stream offset")),
+        "{:?}",
+        r.problems()
+    );
+    let img = image();
+    let truth = percpu::truth();
+    for t in &split.threads {
+        let (ips, _) = flow_ips(&t.stream.data, &img);
+        assert!(is_subsequence(&ips, &truth[&t.tid]), "thread {}: {ips:x?}", t.tid);
+    }
+    // Thread 102 lost its regions on CPU 1 (after the damage, no PSB): only CPU 0's remain.
+    let t102 = split.threads.iter().find(|t| t.tid == 102).unwrap();
+    assert!(t102.pieces.iter().all(|p| p.cpu == 0), "{:?}", t102.pieces);
+    let t101 = split.threads.iter().find(|t| t.tid == 101).unwrap();
+    // Its CPU 1 piece (between its two CPU 0 pieces) ends with the OVF.
+    let cpus: Vec<u32> = t101.pieces.iter().map(|p| p.cpu).collect();
+    assert_eq!(cpus, [0, 1, 0], "{:?}", t101.pieces);
+    let end = t101.pieces[2].stream_offset as usize;
+    assert_eq!(&t101.stream.data[end - 2..end], &[0x02, 0xf3]);
+}
