@@ -87,7 +87,10 @@ fn no_switch_records_is_an_error() {
     });
     let err = split(&bytes).unwrap_err();
     assert_eq!(err, SplitError::NoSwitches);
-    assert!(err.to_string().contains("no context-switch records"), "{err}");
+    assert!(
+        err.to_string().contains("no context-switch records"),
+        "{err}"
+    );
 }
 
 /// `a` is `b` with some elements left out, in order.
@@ -130,7 +133,11 @@ fn missing_switch_records_leave_regions_unattributed_not_misattributed() {
     for t in &split.threads {
         let (ips, errors) = flow_ips(&t.stream.data, &img);
         assert!(errors.is_empty(), "thread {}: {errors:?}", t.tid);
-        assert!(is_subsequence(&ips, &truth[&t.tid]), "thread {}: {ips:x?}", t.tid);
+        assert!(
+            is_subsequence(&ips, &truth[&t.tid]),
+            "thread {}: {ips:x?}",
+            t.tid
+        );
         total += ips.len();
     }
     // Lost: thread 101's 4 instructions on CPU 1.
@@ -167,7 +174,12 @@ fn hase_per_cpu_recordings_split_into_their_thread() {
     let Some(root) = corpus() else { return };
     let dir = root.join("hase-pt-recordings");
     for (sub, exe, perf, trace) in [
-        ("loopy-20180404", "loopy", "loopy-20180404T162955.perf", "loopy-20180404T162955.trace"),
+        (
+            "loopy-20180404",
+            "loopy",
+            "loopy-20180404T162955.perf",
+            "loopy-20180404T162955.trace",
+        ),
         (
             "control_flow-20180404",
             "control_flow",
@@ -197,7 +209,12 @@ fn hase_per_cpu_recordings_split_into_their_thread() {
         if sub.starts_with("loopy") {
             assert_eq!(ips, truth, "{sub}");
         } else {
-            assert!(ips.len() + 8 > truth.len(), "{sub}: {} of {}", ips.len(), truth.len());
+            assert!(
+                ips.len() + 8 > truth.len(),
+                "{sub}: {} of {}",
+                ips.len(),
+                truth.len()
+            );
         }
     }
 }
@@ -205,7 +222,8 @@ fn hase_per_cpu_recordings_split_into_their_thread() {
 fn elf_image(exe: &std::path::Path) -> Image {
     let mut img = Image::new();
     for s in support::corpus::elf_load_segments(exe).unwrap() {
-        img.add(Section::new(s.addr, s.bytes.clone(), &s.name)).unwrap();
+        img.add(Section::new(s.addr, s.bytes.clone(), &s.name))
+            .unwrap();
     }
     img
 }
@@ -216,7 +234,10 @@ fn elf_image(exe: &std::path::Path) -> Image {
 fn hase_snapshot_recordings_split_like_the_unsplit_stream() {
     let Some(root) = corpus() else { return };
     let dir = root.join("hase-pt-recordings");
-    for (sub, bin) in [("loopy-20180514", "loopy"), ("control_flow-20180515", "control_flow")] {
+    for (sub, bin) in [
+        ("loopy-20180514", "loopy"),
+        ("control_flow-20180515", "control_flow"),
+    ] {
         let exe = dir
             .join(sub)
             .join("binaries/home/joerg/git/hase/tests/bin")
@@ -295,7 +316,9 @@ fn damage_in_a_cpu_stream_is_counted_and_cut() {
     assert_eq!(r.damage[0].0, 1, "{r:?}");
     assert!(r.skipped_bytes > 0, "{r:?}");
     assert!(
-        r.problems().iter().any(|l| l.starts_with("cpu1 stream offset")),
+        r.problems()
+            .iter()
+            .any(|l| l.starts_with("cpu1 stream offset")),
         "{:?}",
         r.problems()
     );
@@ -303,7 +326,11 @@ fn damage_in_a_cpu_stream_is_counted_and_cut() {
     let truth = percpu::truth();
     for t in &split.threads {
         let (ips, _) = flow_ips(&t.stream.data, &img);
-        assert!(is_subsequence(&ips, &truth[&t.tid]), "thread {}: {ips:x?}", t.tid);
+        assert!(
+            is_subsequence(&ips, &truth[&t.tid]),
+            "thread {}: {ips:x?}",
+            t.tid
+        );
     }
     // Thread 102 lost its regions on CPU 1 (after the damage, no PSB): only CPU 0's remain.
     let t102 = split.threads.iter().find(|t| t.tid == 102).unwrap();

@@ -861,7 +861,8 @@ fn replay_of_a_per_cpu_perf_data_serves_every_thread() {
     let code = dir.path().join("code.bin");
     std::fs::write(&code, CODE).unwrap();
     let mut cmd = ptrewind();
-    cmd.args(["replay", "--listen", "127.0.0.1:0", "--perf"]).arg(&perf);
+    cmd.args(["replay", "--listen", "127.0.0.1:0", "--perf"])
+        .arg(&perf);
     for base in BASES {
         cmd.args(["--raw", &format!("{}:{base:#x}", code.display())]);
     }
@@ -895,7 +896,12 @@ fn replay_of_a_per_cpu_perf_data_serves_every_thread() {
         ]
         .map(String::from),
     );
-    let r = gdb_session(Server::spawn(&mut cmd), Path::new("/bin/true"), &cmds, TIMEOUT);
+    let r = gdb_session(
+        Server::spawn(&mut cmd),
+        Path::new("/bin/true"),
+        &cmds,
+        TIMEOUT,
+    );
     let listed = r.after("@threads");
     let listed = &listed[..listed.find("@insns").unwrap_or(listed.len())];
     let tids: Vec<&str> = listed
@@ -989,9 +995,14 @@ fn replay_of_a_per_cpu_perf_data_without_code_says_what_is_missing() {
     let text = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{text}");
     assert!(
-        text.contains("per-CPU stream(s) cpu0, cpu3 split by context switches into 1 thread(s) (3174)"),
+        text.contains(
+            "per-CPU stream(s) cpu0, cpu3 split by context switches into 1 thread(s) (3174)"
+        ),
         "{text}"
     );
-    assert!(text.contains("no code for /usr/bin/coreutils (pid 3174)"), "{text}");
+    assert!(
+        text.contains("no code for /usr/bin/coreutils (pid 3174)"),
+        "{text}"
+    );
     assert!(text.contains("no code for the trace"), "{text}");
 }

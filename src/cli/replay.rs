@@ -10,8 +10,8 @@ use ptrewind::image::LoadedElf;
 use ptrewind::image::perf_maps::PerfSideband;
 use ptrewind::server::recording_monitors::where_text;
 use ptrewind::server::{GdbStubAdapter, RecordingTarget, check_listen_addr, register_monitors};
-use ptrewind::store::perf_data::PerfData;
 use ptrewind::store::percpu::split_per_cpu;
+use ptrewind::store::perf_data::PerfData;
 use ptrewind::store::{SourceFormat, TraceFile};
 use ptrewind::timeline::{
     FatalSignal, OfflineInfo, OfflineRecording, ThreadRecording, Timeline, load_saved,
@@ -108,8 +108,7 @@ fn load_trace(args: &ReplayArgs) -> Result<Vec<(Option<u32>, OfflineRecording)>,
     let per_cpu = args.stream.is_none()
         && matches!(source.format, SourceFormat::PerfData { .. })
         && source.streams.iter().any(|s| s.cpu.is_some());
-    // (thread id, process id from the split, the stream's label, its bytes)
-    let mut inputs: Vec<(Option<u32>, Option<u32>, String, Cow<'_, [u8]>)> = Vec::new();
+    let mut inputs: Vec<StreamInput<'_>> = Vec::new();
     let split = if per_cpu {
         let scan = PerfData::parse(file.bytes())?.context_switches();
         match split_per_cpu(&source, &scan) {
@@ -257,6 +256,10 @@ fn load_trace(args: &ReplayArgs) -> Result<Vec<(Option<u32>, OfflineRecording)>,
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// One stream to replay: (thread id, process id from the per-CPU split, the stream's label,
+/// its bytes).
+type StreamInput<'a> = (Option<u32>, Option<u32>, String, Cow<'a, [u8]>);
 
 /// One stream's recording: its code image (built for its process) and what is known of it.
 fn stream_recording(

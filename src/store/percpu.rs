@@ -560,7 +560,10 @@ struct PendingPiece {
 /// Splits the per-CPU streams of `source` into one stream per thread, by `scan`'s context
 /// switches (see the module docs). Streams without a CPU are left out. Fails only when the
 /// split cannot be made at all; everything not attributed is in [`ThreadSplit::report`].
-pub fn split_per_cpu(source: &TraceStreams<'_>, scan: &SwitchScan) -> Result<ThreadSplit, SplitError> {
+pub fn split_per_cpu(
+    source: &TraceStreams<'_>,
+    scan: &SwitchScan,
+) -> Result<ThreadSplit, SplitError> {
     let cpu_streams: Vec<(usize, u32)> = source
         .streams
         .iter()
@@ -746,10 +749,7 @@ fn attribute(
 ) -> Result<((u32, u32), u64), Unattributed> {
     let (lo, hi) = match region.inside {
         Some(range) => range,
-        None => (
-            region.before.unwrap_or(0),
-            region.after.unwrap_or(u64::MAX),
-        ),
+        None => (region.before.unwrap_or(0), region.after.unwrap_or(u64::MAX)),
     };
     let mut found: BTreeMap<(u32, u32), u64> = BTreeMap::new();
     let mut unknown = false;
@@ -814,14 +814,24 @@ fn append_piece(
         match exact {
             Some(tsc) => {
                 latest = latest.max(tsc);
-                let _ = enc.packet(&Packet::Tsc { tsc: tsc & TSC_MASK }, out);
+                let _ = enc.packet(
+                    &Packet::Tsc {
+                        tsc: tsc & TSC_MASK,
+                    },
+                    out,
+                );
                 if let Some((ctc, fc)) = timing.tma {
                     let _ = enc.packet(&Packet::Tma { ctc, fc }, out);
                 }
             }
             None if bound > 0 => {
                 latest = latest.max(bound);
-                let _ = enc.packet(&Packet::Tsc { tsc: bound & TSC_MASK }, out);
+                let _ = enc.packet(
+                    &Packet::Tsc {
+                        tsc: bound & TSC_MASK,
+                    },
+                    out,
+                );
             }
             None => {}
         }

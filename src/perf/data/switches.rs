@@ -212,7 +212,10 @@ impl PerfData<'_> {
                     continue;
                 }
                 RecordData::AuxtraceInfo(info) if out.conversion.is_none() => {
-                    out.conversion = info.intel_pt().as_ref().and_then(TscConversion::from_intel_pt);
+                    out.conversion = info
+                        .intel_pt()
+                        .as_ref()
+                        .and_then(TscConversion::from_intel_pt);
                     continue;
                 }
                 RecordData::TimeConv {
@@ -398,5 +401,92 @@ impl Schedule {
             .into_iter()
             .flatten()
             .filter(move |r| r.start <= hi && r.end >= lo)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn switch(
+        cpu: u32,
+        time: u64,
+        kind: SwitchKind,
+        tid: u32,
+        other: Option<u32>,
+    ) -> ContextSwitch {
+        ContextSwitch {
+            record_offset: time,
+            kind,
+            cpu,
+            time,
+            pid: tid,
+            tid,
+            other: other.map(|o| (o, o)),
+        }
+    }
+
+    fn threads(s: &Schedule, cpu: u32, lo: u64, hi: u64) -> Vec<Option<u32>> {
+        let mut t: Vec<Option<u32>> = s
+            .runs_during(cpu, lo, hi)
+            .map(|r| r.thread.map(|t| t.1))
+            .collect();
+        t.sort();
+        t.dedup();
+        t
+    }
+
+    const ONE: TscConversion = TscConversion {
+        time_shift: 0,
+        time_mult: 1,
+        time_zero: 0,
+    };
+
+    /// CPU-wide records: a switch-out names the next thread, which owns the CPU from there;
+    /// the thread before the first record is the one the first record switches out.
+    #[test]
+    fn cpu_wide_switches_make_runs() {
+        let out = SwitchKind::Out { preempt: false };
+        let scan = SwitchScan {
+            switches: vec![
+                switch(0, 100, out, 7, Some(8)),
+                switch(0, 110, SwitchKind::In, 8, Some(7)),
+                switch(0, 200, out, 8, Some(0)),
+                switch(0, 210, SwitchKind::In, 0, Some(8)),
+            ],
+            ..SwitchScan::default()
+        };
+        let s = Schedule::new(&scan, &ONE);
+        assert!(s.inconsistent.is_empty() && s.out_of_order.is_empty());
+        assert_eq!(threads(&s, 0, 0, 50), [Some(7)]);
+        assert_eq!(threads(&s, 0, 105, 105), [Some(8)]);
+        assert_eq!(threads(&s, 0, 150, 250), [Some(0), Some(8)]);
+        assert_eq!(threads(&s, 0, 300, 400), [Some(0)]);
+        assert!(threads(&s, 1, 0, u64::MAX).is_empty());
+    }
+
+    /// A switch-out of another thread than the one running contradicts the records before:
+    /// counted, and both threads stay candidates. Lost sideband makes an unknown thread.
+    #[test]
+    fn contradictions_and_losses_widen_the_runs() {
+        let out = SwitchKind::Out { preempt: true };
+        let scan = SwitchScan {
+            switches: vec![
+                switch(0, 100, out, 7, Some(8)),
+                // 8 switched in, but then 9 is switched out: a record was lost.
+                switch(0, 200, out, 9, Some(7)),
+            ],
+            lost: vec![SidebandLoss {
+                record_offset: 1,
+                cpu: Some(0),
+                time: Some(300),
+                lost: 2,
+            }],
+            ..SwitchScan::default()
+        };
+        let s = Schedule::new(&scan, &ONE);
+        assert_eq!(s.inconsistent, [200]);
+        assert_eq!(threads(&s, 0, 150, 150), [Some(8), Some(9)]);
+        assert_eq!(threads(&s, 0, 250, 250), [None, Some(7)]);
     }
 }
