@@ -342,3 +342,48 @@ fn damage_in_a_cpu_stream_is_counted_and_cut() {
     let end = t101.pieces[2].stream_offset as usize;
     assert_eq!(&t101.stream.data[end - 2..end], &[0x02, 0xf3]);
 }
+
+/// Damaged files (bytes flipped anywhere: records, sample ids, the switch records' times and
+/// CPUs, the PT bytes) never make the sideband scan or the split panic, and every region is
+/// either attributed or counted (a cheap stand-in for the `perf_data` fuzz target, which also
+/// reaches this).
+#[test]
+fn flipped_bytes_never_panic_and_lose_no_region() {
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let mut inputs = vec![percpu::perf_data(Variant::default())];
+    if let Some(root) = corpus() {
+        inputs.push(
+            std::fs::read(
+                root.join("hase-pt-recordings/loopy-20180404/loopy-20180404T162955.perf"),
+            )
+            .unwrap(),
+        );
+    }
+    for original in inputs {
+        for round in 0..400 {
+            let mut bytes = original.clone();
+            for _ in 0..1 + round % 8 {
+                let at = (next() % bytes.len() as u64) as usize;
+                bytes[at] ^= 1 << (next() % 8);
+            }
+            let Ok(perf) = PerfData::parse(&bytes) else {
+                continue;
+            };
+            let scan = perf.context_switches();
+            let Ok(source) = TraceStreams::from_bytes(&bytes) else {
+                continue;
+            };
+            if let Ok(split) = split_per_cpu(&source, &scan) {
+                let r = &split.report;
+                assert_eq!(r.attributed + r.unattributed.len() as u64, r.regions);
+                let _ = r.problems();
+            }
+        }
+    }
+}

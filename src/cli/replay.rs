@@ -158,7 +158,8 @@ fn load_trace(args: &ReplayArgs) -> Result<Vec<(Option<u32>, OfflineRecording)>,
         );
         if split.threads.is_empty() {
             return Err(format!(
-                "{}: no part of the per-CPU trace could be given to a thread (see above)",
+                "{}: no part of the per-CPU trace could be given to a thread (see above); \
+                 `--stream LABEL` replays one CPU's stream as it is, as one thread",
                 path.display()
             )
             .into());
