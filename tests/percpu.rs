@@ -387,3 +387,25 @@ fn flipped_bytes_never_panic_and_lose_no_region() {
         }
     }
 }
+
+/// A CPU-wide recording (`perf record -a`: the AUXTRACE records name no task) keeps the
+/// threads of every process: the untraced process's thread 555 gets its own region, the
+/// others exactly theirs.
+#[test]
+fn cpu_wide_recordings_keep_every_process() {
+    let bytes = percpu::perf_data(Variant {
+        cpu_wide: true,
+        ..Variant::default()
+    });
+    let split = split(&bytes).unwrap();
+    let threads: Vec<(u32, u32)> = split.threads.iter().map(|t| (t.pid, t.tid)).collect();
+    assert_eq!(threads, [(100, 101), (100, 102), (100, 103), (555, 555)]);
+    let img = image();
+    let truth = percpu::truth();
+    for t in &split.threads {
+        let (ips, errors) = flow_ips(&t.stream.data, &img);
+        assert!(errors.is_empty(), "thread {}: {errors:?}", t.tid);
+        let want = truth.get(&t.tid).cloned().unwrap_or(vec![0x1010, 0x1010]);
+        assert_eq!(ips, want, "thread {}", t.tid);
+    }
+}

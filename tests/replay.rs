@@ -963,6 +963,13 @@ fn replay_of_a_per_cpu_perf_data_serves_every_thread() {
             },
             "damaged",
         ),
+        (
+            Variant {
+                cpu_wide: true,
+                ..Variant::default()
+            },
+            "threads of the processes 100, 555: choose one with --pid PID",
+        ),
     ] {
         std::fs::write(&perf, percpu::perf_data(variant)).unwrap();
         let out = ptrewind()

@@ -164,7 +164,26 @@ fn load_trace(args: &ReplayArgs) -> Result<Vec<(Option<u32>, OfflineRecording)>,
             )
             .into());
         }
-        for t in split.threads {
+        // A CPU-wide recording (`perf record -a`) has every process's threads: one process is
+        // served (`--pid`, or the only one).
+        let mut pids: Vec<u32> = split.threads.iter().map(|t| t.pid).collect();
+        pids.sort_unstable();
+        pids.dedup();
+        let pid = match (args.image.pid, pids.as_slice()) {
+            (Some(p), _) if pids.contains(&p) => p,
+            (None, [only]) => *only,
+            _ => {
+                let list: Vec<String> = pids.iter().map(u32::to_string).collect();
+                return Err(format!(
+                    "{}: the per-CPU trace has threads of the processes {}: choose one with \
+                     --pid PID",
+                    path.display(),
+                    list.join(", ")
+                )
+                .into());
+            }
+        };
+        for t in split.threads.into_iter().filter(|t| t.pid == pid) {
             inputs.push((Some(t.tid), Some(t.pid), t.stream.label, t.stream.data));
         }
     } else {

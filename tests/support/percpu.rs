@@ -205,7 +205,13 @@ pub struct Variant {
     pub drop_cpu1_migration: bool,
     /// Cut the file in the middle of CPU 1's AUXTRACE payload.
     pub truncate_aux: bool,
+    /// A CPU-wide recording (`perf record -a`): AUXTRACE records name no task, and CPU 1's
+    /// trace also has the untraced process's thread 555 ([`OTHER`]).
+    pub cpu_wide: bool,
 }
+
+/// Thread 555's region in a CPU-wide recording: 2 instructions at 0x1010.
+pub const OTHER: Region = region(Some(1024), 555, 0x1010, 1, 1024);
 
 /// The pipe-mode perf.data of the scenario.
 pub fn perf_data(v: Variant) -> Vec<u8> {
@@ -262,16 +268,22 @@ pub fn perf_data(v: Variant) -> Vec<u8> {
             out.extend(r);
         }
     }
+    let cpu1: Vec<Region> = if v.cpu_wide {
+        std::iter::once(OTHER).chain(CPU1).collect()
+    } else {
+        CPU1.to_vec()
+    };
+    let task = if v.cpu_wide { u32::MAX } else { PID };
     for (cpu, data) in [
         (0u32, cpu_stream(1000, &CPU0)),
-        (1, cpu_stream(1010, &CPU1)),
+        (1, cpu_stream(1010, &cpu1)),
     ] {
         let mut body = Vec::new();
         body.extend_from_slice(&(data.len() as u64).to_le_bytes());
         body.extend_from_slice(&0u64.to_le_bytes());
         body.extend_from_slice(&0x1234u64.to_le_bytes());
         // idx, tid (perf writes the workload's pid in per-CPU mode of one task), cpu.
-        for v in [cpu, PID, cpu, 0] {
+        for v in [cpu, task, cpu, 0] {
             body.extend_from_slice(&v.to_le_bytes());
         }
         out.extend(record(AUXTRACE, 0, &body));
