@@ -272,7 +272,6 @@ fn quipper_per_cpu_recording_splits_into_its_thread() {
     assert!(cpus.contains(&0) && cpus.contains(&3), "{:?}", t.pieces);
     let r = &split.report;
     assert!(r.attributed > 0, "{r:?}");
-    eprintln!("quipper: {r:?}");
     let mut dec = ptrewind::packet::PacketDecoder::new(&t.stream.data);
     let mut packets = 0;
     while let Some(p) = dec.next_packet() {
