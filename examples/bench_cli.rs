@@ -5,8 +5,10 @@
 //!
 //! ```text
 //! cargo build --release --bin ptrewind --example bench_cli
+//! cargo build --release -p ptrewind-qemu-plugin     # for the recorded program runs
 //! target/release/examples/bench_cli [--reps N] [--trace NAME]... [--ptrewind PATH]
-//!                                   [--before PATH] [--no-ips-bin]
+//!                                   [--before PATH] [--no-ips-bin] [--dir DIR]
+//!                                   [--programs | --no-programs]
 //! ```
 //!
 //! Each process's cost is its CPU time (user + system, from `wait4`'s rusage), the fair measure
@@ -20,6 +22,14 @@
 //! `--no-ips-bin`: skip `--format ips-bin` (binaries older than that format). `--dir DIR`: write
 //! the inputs and the driver under DIR (kept, for profiling one command) instead of a temporary
 //! directory; `--reps 0` then only writes them and prints each trace's commands.
+//!
+//! After the corpus traces come whole runs of small real programs (`qemu/ls`, `qemu/sed`,
+//! `qemu/sort`: `tests/support/programs.rs`, 0.5–3 M instructions through ld.so and libc),
+//! recorded at start under QEMU with ptrewind's plugin (found beside the ptrewind binary; build
+//! it with `cargo build --release -p ptrewind-qemu-plugin`) into the temporary directory: the
+//! main thread's PT stream and the recorded code mappings as raw files. Skipped, with a
+//! message, when `qemu-x86_64` is not installed. `--programs`: only these (no corpus);
+//! `--no-programs`: only the corpus; `--trace qemu/ls` selects one like a corpus trace.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -28,6 +38,9 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
+
+use ptrewind::capture::qemu::recording::{PLUGIN_FILE_NAME, find_plugin};
+use support::corpus::CliInputs;
 
 /// One timed command.
 struct Variant {
@@ -102,89 +115,22 @@ fn build_driver(dir: &Path) -> PathBuf {
     exe
 }
 
-fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut reps = 3usize;
-    let mut only: Vec<String> = Vec::new();
-    let mut ours = default_ptrewind();
-    let mut before: Option<PathBuf> = None;
-    let mut ips_bin = true;
-    let mut keep: Option<PathBuf> = None;
-    let mut i = 0;
-    while i < args.len() {
-        let val = |i: usize| args.get(i + 1).cloned().unwrap_or_default();
-        match args[i].as_str() {
-            "--reps" => {
-                reps = val(i).parse().unwrap_or(3);
-                i += 1;
-            }
-            "--trace" => {
-                only.push(val(i));
-                i += 1;
-            }
-            "--ptrewind" => {
-                ours = PathBuf::from(val(i));
-                i += 1;
-            }
-            "--before" => {
-                before = Some(PathBuf::from(val(i)));
-                i += 1;
-            }
-            "--no-ips-bin" => ips_bin = false,
-            "--dir" => {
-                keep = Some(PathBuf::from(val(i)));
-                i += 1;
-            }
-            other => {
-                eprintln!("unknown argument {other}");
-                std::process::exit(2);
-            }
-        }
-        i += 1;
-    }
-    let Some(root) = support::corpus::corpus_dir() else {
-        eprintln!("corpus not found (set PTREWIND_CORPUS)");
-        std::process::exit(2);
-    };
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let work = keep.clone().unwrap_or_else(|| tmp.path().to_path_buf());
-    let driver = build_driver(&work);
-    println!(
-        "ptrewind {}; driver {}; {} reps; CPU ms = user+sys of the process, min over reps",
-        ours.display(),
-        driver.display(),
-        reps
-    );
-    println!(
-        "| trace | insns (ptrewind / libipt) | ptrewind ips | ptrewind ips-bin | libipt hex | libipt bin | {}hex ÷ ips | bin ÷ ips | bin ÷ ips-bin |",
-        if before.is_some() {
-            "before ips | before ÷ ips | "
-        } else {
-            ""
-        }
-    );
-    println!(
-        "|---|---|---:|---:|---:|---:|{}---:|---:|---:|",
-        if before.is_some() { "---:|---:|" } else { "" }
-    );
-    for name in support::corpus::trace_names(&root) {
-        if !only.is_empty() && !only.contains(&name) {
-            continue;
-        }
-        let t = match support::corpus::load_trace(&root, &name) {
-            Ok(t) if t.has_images() => t,
-            Ok(_) => continue,
-            Err(e) => {
-                eprintln!("{e}");
-                continue;
-            }
-        };
-        let dir = work.join(name.replace('/', "_"));
-        std::fs::create_dir_all(&dir).expect("mkdir");
-        let files = support::corpus::write_cli_inputs(&t, &dir).expect("write inputs");
+/// What every row shares: the binaries, the driver and the options.
+struct Bench {
+    ours: PathBuf,
+    before: Option<PathBuf>,
+    driver: PathBuf,
+    ips_bin: bool,
+    reps: usize,
+}
+
+impl Bench {
+    /// Times one trace (`pt` written as `files.pt`, images as `files.raws`, under `dir`) and
+    /// prints its row; `qemu_insns`: the recorder's own count, printed beside the decoders'.
+    fn run(&self, name: &str, pt: &[u8], files: &CliInputs, dir: &Path, qemu_insns: Option<u64>) {
         // libipt rejects the "PSB+ FUP immediately followed by TIP.PGE to the same IP" form
         // (see tests/support/libipt.rs); it gets the masked trace, as in bench_flow.
-        let (masked, _) = support::libipt::mask_psb_fup_before_pge(&t.pt);
+        let (masked, _) = support::libipt::mask_psb_fup_before_pge(pt);
         let masked_path = dir.join("trace.masked.pt");
         std::fs::write(&masked_path, &masked).expect("write");
         let mut drv_args: Vec<OsString> = vec![
@@ -208,14 +154,14 @@ fn main() {
             (bin.to_path_buf(), a)
         };
         let mut variants = Vec::new();
-        let (p, a) = decode(&ours, "ips");
+        let (p, a) = decode(&self.ours, "ips");
         variants.push(Variant {
             label: "ips",
             program: p,
             args: a,
         });
-        if ips_bin {
-            let (p, a) = decode(&ours, "ips-bin");
+        if self.ips_bin {
+            let (p, a) = decode(&self.ours, "ips-bin");
             variants.push(Variant {
                 label: "ips-bin",
                 program: p,
@@ -224,15 +170,15 @@ fn main() {
         }
         variants.push(Variant {
             label: "hex",
-            program: driver.clone(),
+            program: self.driver.clone(),
             args: drv_args,
         });
         variants.push(Variant {
             label: "bin",
-            program: driver.clone(),
+            program: self.driver.clone(),
             args: drv_bin_args,
         });
-        if let Some(b) = &before {
+        if let Some(b) = &self.before {
             let (p, a) = decode(b, "ips");
             variants.push(Variant {
                 label: "before",
@@ -240,7 +186,7 @@ fn main() {
                 args: a,
             });
         }
-        if reps == 0 {
+        if self.reps == 0 {
             for v in &variants {
                 let a: Vec<String> = v
                     .args
@@ -254,7 +200,7 @@ fn main() {
                     a.join(" ")
                 );
             }
-            continue;
+            return;
         }
         // Counts, untimed.
         let (text, _) = capture(&variants[0]);
@@ -270,8 +216,12 @@ fn main() {
             .nth(1)
             .and_then(|w| w.parse().ok())
             .unwrap_or(0);
+        let qemu = match qemu_insns {
+            Some(n) => format!(" (QEMU {n})"),
+            None => String::new(),
+        };
         let mut best: Vec<(f64, f64)> = vec![(f64::MAX, f64::MAX); variants.len()];
-        for _ in 0..reps {
+        for _ in 0..self.reps {
             for (k, v) in variants.iter().enumerate() {
                 let (cpu, wall) = time_run(v);
                 best[k].0 = best[k].0.min(cpu);
@@ -300,12 +250,12 @@ fn main() {
             get("before"),
         );
         println!(
-            "| {name} | {ours_insns} / {ipt_insns} | {} | {} | {} | {} | {}{} | {} | {} |",
+            "| {name} | {ours_insns} / {ipt_insns}{qemu} | {} | {} | {} | {} | {}{} | {} | {} |",
             cell(ips),
             cell(ipsb),
             cell(hexr),
             cell(bin),
-            if before.is_some() {
+            if self.before.is_some() {
                 format!("{} | {} | ", cell(bef), ratio(bef, ips))
             } else {
                 String::new()
@@ -314,5 +264,154 @@ fn main() {
             ratio(bin, ips),
             ratio(bin, ipsb),
         );
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut reps = 3usize;
+    let mut only: Vec<String> = Vec::new();
+    let mut ours = default_ptrewind();
+    let mut before: Option<PathBuf> = None;
+    let mut ips_bin = true;
+    let mut keep: Option<PathBuf> = None;
+    let (mut corpus, mut programs) = (true, true);
+    let mut i = 0;
+    while i < args.len() {
+        let val = |i: usize| args.get(i + 1).cloned().unwrap_or_default();
+        match args[i].as_str() {
+            "--reps" => {
+                reps = val(i).parse().unwrap_or(3);
+                i += 1;
+            }
+            "--trace" => {
+                only.push(val(i));
+                i += 1;
+            }
+            "--ptrewind" => {
+                ours = PathBuf::from(val(i));
+                i += 1;
+            }
+            "--before" => {
+                before = Some(PathBuf::from(val(i)));
+                i += 1;
+            }
+            "--no-ips-bin" => ips_bin = false,
+            "--programs" => corpus = false,
+            "--no-programs" => programs = false,
+            "--dir" => {
+                keep = Some(PathBuf::from(val(i)));
+                i += 1;
+            }
+            other => {
+                eprintln!("unknown argument {other}");
+                std::process::exit(2);
+            }
+        }
+        i += 1;
+    }
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let work = keep.clone().unwrap_or_else(|| tmp.path().to_path_buf());
+    let driver = build_driver(&work);
+    println!(
+        "ptrewind {}; driver {}; {} reps; CPU ms = user+sys of the process, min over reps",
+        ours.display(),
+        driver.display(),
+        reps
+    );
+    println!(
+        "| trace | insns (ptrewind / libipt) | ptrewind ips | ptrewind ips-bin | libipt hex | libipt bin | {}hex ÷ ips | bin ÷ ips | bin ÷ ips-bin |",
+        if before.is_some() {
+            "before ips | before ÷ ips | "
+        } else {
+            ""
+        }
+    );
+    println!(
+        "|---|---|---:|---:|---:|---:|{}---:|---:|---:|",
+        if before.is_some() { "---:|---:|" } else { "" }
+    );
+    let bench = Bench {
+        ours,
+        before,
+        driver,
+        ips_bin,
+        reps,
+    };
+    let mut cases = 0usize;
+    if corpus {
+        match support::corpus::corpus_dir() {
+            None => eprintln!("corpus not found (set PTREWIND_CORPUS): corpus traces skipped"),
+            Some(root) => {
+                for name in support::corpus::trace_names(&root) {
+                    if !only.is_empty() && !only.contains(&name) {
+                        continue;
+                    }
+                    let t = match support::corpus::load_trace(&root, &name) {
+                        Ok(t) if t.has_images() => t,
+                        Ok(_) => continue,
+                        Err(e) => {
+                            eprintln!("{e}");
+                            continue;
+                        }
+                    };
+                    let dir = work.join(name.replace('/', "_"));
+                    std::fs::create_dir_all(&dir).expect("mkdir");
+                    let files = support::corpus::write_cli_inputs(&t, &dir).expect("write inputs");
+                    bench.run(&name, &t.pt, &files, &dir, None);
+                    cases += 1;
+                }
+            }
+        }
+    }
+    if programs {
+        let wanted: Vec<&str> = support::programs::PROGRAMS
+            .iter()
+            .copied()
+            .filter(|p| only.is_empty() || only.iter().any(|o| o == p))
+            .collect();
+        let plugin = find_plugin(&bench.ours).or_else(|| find_plugin(&default_ptrewind()));
+        if wanted.is_empty() {
+        } else if !support::cbuild::have("qemu-x86_64") {
+            println!(
+                "qemu-x86_64 not installed (package qemu-user): the recorded program runs \
+                 ({}) are skipped",
+                wanted.join(", ")
+            );
+        } else if let Some(plugin) = plugin {
+            for name in wanted {
+                let dir = work.join(name.replace('/', "_"));
+                let t = match support::programs::record_program(name, &plugin, &dir) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        println!("{name}: not recorded: {e}");
+                        continue;
+                    }
+                };
+                let files = support::corpus::write_raw_inputs(&t.pt, &t.images, &dir)
+                    .expect("write inputs");
+                println!(
+                    "{name}: `{}` recorded: {} threads, main thread {} instructions (QEMU's count), \
+                     {} bytes of PT, {} image ranges",
+                    t.command,
+                    t.threads,
+                    t.qemu_insns,
+                    t.pt.len(),
+                    files.raws.len()
+                );
+                bench.run(name, &t.pt, &files, &dir, Some(t.qemu_insns));
+                cases += 1;
+            }
+        } else {
+            println!(
+                "the QEMU plugin ({PLUGIN_FILE_NAME}) was not found beside {}: build it with \
+                 `cargo build --release -p ptrewind-qemu-plugin`; program runs skipped",
+                bench.ours.display()
+            );
+        }
+    }
+    if cases == 0 {
+        eprintln!("nothing was measured");
+        std::process::exit(2);
     }
 }

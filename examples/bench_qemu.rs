@@ -13,7 +13,11 @@
 //! The ptrace backend and GDB `record full` run a small version of each workload (they are
 //! 10⁴–10⁶× slower) and report their own wall-clock rate. Needs GNU time (`/usr/bin/time`). Options: `--small` (1/10 sizes, for a quick check), `--qemu-only` (no ptrace/GDB rows),
 //! `--only PREFIX` (the workloads whose name starts with PREFIX), `--plugin PATH` (another build of
-//! the plugin).
+//! the plugin), `--versus OLD` (side by side instead: per workload, `--rounds N` rounds (default
+//! 3) of the plugin at `OLD` then this one (`--plugin`, or the build's), alternating, each
+//! round with a native run; CPU and wall seconds of every run, the ratios to native, and
+//! whether the two plugins wrote the same stream files; `--args-new ,K=V` adds plugin
+//! arguments to the new plugin's runs, `--args-old` to the old one's).
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -201,6 +205,102 @@ fn gdb_rate(w: &Workload) -> Result<(u64, f64), String> {
     Ok((n, secs))
 }
 
+/// The stream files of a recording directory, contents only (sorted: process and thread ids
+/// differ from run to run).
+fn stream_contents(dir: &Path) -> Vec<Vec<u8>> {
+    let mut v: Vec<Vec<u8>> = std::fs::read_dir(dir)
+        .expect("recording")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "pt"))
+        .map(|p| std::fs::read(p).expect("stream"))
+        .collect();
+    v.sort();
+    v
+}
+
+/// `--versus`: the old and new plugin alternating on one workload.
+fn versus(w: &Workload, d: &Path, plugins: (&Path, &Path), extra: (&str, &str), rounds: usize) {
+    let run = |plugin: &Path, extra: &str, tag: &str| {
+        let dir = d.join(format!("vs-{tag}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).expect("mkdir");
+        let mut arg = OsString::from(plugin);
+        arg.push(",out=");
+        arg.push(&dir);
+        arg.push(extra);
+        let (r, st) = measure(
+            Command::new("qemu-x86_64")
+                .arg("-plugin")
+                .arg(&arg)
+                .arg(&w.program)
+                .args(&w.args),
+        );
+        assert_eq!(st, 0, "{} under {} failed", w.name, plugin.display());
+        (r, dir)
+    };
+    let load = || {
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .split_whitespace()
+            .next()
+            .unwrap_or("?")
+            .to_string()
+    };
+    println!("{} (load {} at the start)", w.name, load());
+    let (mut olds, mut news, mut natives) = (Vec::new(), Vec::new(), Vec::new());
+    let mut same = true;
+    for round in 0..rounds {
+        let (native, _) = measure(Command::new(&w.program).args(&w.args));
+        let (o, od) = run(plugins.0, extra.0, "old");
+        let (n, nd) = run(plugins.1, extra.1, "new");
+        let equal = stream_contents(&od) == stream_contents(&nd);
+        same &= equal;
+        println!(
+            "  round {round}: native {:.2}s/{:.2}s  old {:.2}s/{:.2}s ({:.1}x/{:.1}x)  new {:.2}s/{:.2}s ({:.1}x/{:.1}x)  new/old cpu {:.3} wall {:.3}  streams {}  load {}",
+            native.cpu,
+            native.wall,
+            o.cpu,
+            o.wall,
+            o.cpu / native.cpu,
+            o.wall / native.wall,
+            n.cpu,
+            n.wall,
+            n.cpu / native.cpu,
+            n.wall / native.wall,
+            n.cpu / o.cpu,
+            n.wall / o.wall,
+            if equal { "identical" } else { "differ" },
+            load()
+        );
+        olds.push(o);
+        news.push(n);
+        natives.push(native);
+    }
+    let median = |v: &[Run], f: fn(&Run) -> f64| {
+        let mut x: Vec<f64> = v.iter().map(f).collect();
+        x.sort_by(f64::total_cmp);
+        x[x.len() / 2]
+    };
+    let (nc, nw) = (median(&natives, |r| r.cpu), median(&natives, |r| r.wall));
+    let (oc, ow) = (median(&olds, |r| r.cpu), median(&olds, |r| r.wall));
+    let (c, wl) = (median(&news, |r| r.cpu), median(&news, |r| r.wall));
+    println!(
+        "  median: native {nc:.2}s/{nw:.2}s  old {oc:.2}s/{ow:.2}s ({:.1}x/{:.1}x)  new {c:.2}s/{wl:.2}s ({:.1}x/{:.1}x)  new/old cpu {:.3} wall {:.3}  streams {}",
+        oc / nc,
+        ow / nw,
+        c / nc,
+        wl / nw,
+        c / oc,
+        wl / ow,
+        if same {
+            "identical in every round"
+        } else {
+            "differ (expected for several threads)"
+        }
+    );
+}
+
 fn main() {
     let small = std::env::args().any(|a| a == "--small");
     // `--qemu-only`: skip the ptrace backend and GDB `record full` (minutes of the run).
@@ -296,6 +396,25 @@ fn main() {
         "peak RSS MiB",
         "native MiB"
     );
+    if let Some(i) = args.iter().position(|a| a == "--versus") {
+        let old = PathBuf::from(args.get(i + 1).expect("--versus PATH"));
+        let opt = |name: &str| {
+            args.iter()
+                .position(|a| a == name)
+                .and_then(|i| args.get(i + 1).cloned())
+        };
+        let rounds = opt("--rounds").map_or(3, |r| r.parse().expect("--rounds N"));
+        let extra = (
+            opt("--args-old").unwrap_or_default(),
+            opt("--args-new").unwrap_or_default(),
+        );
+        for w in &workloads {
+            if only.as_deref().is_none_or(|o| w.name.starts_with(o)) {
+                versus(w, d, (&old, &plugin), (&extra.0, &extra.1), rounds);
+            }
+        }
+        return;
+    }
     let mut soft_rows = Vec::new();
     for w in &workloads {
         if only.as_deref().is_some_and(|o| !w.name.starts_with(o)) {

@@ -251,7 +251,7 @@ fn compiled_executables_and_library() {
                 image
                     .sections()
                     .windows(2)
-                    .all(|w| std::sync::Arc::ptr_eq(&w[0].bytes, &w[1].bytes))
+                    .all(|w| ptrewind::image::SectionBytes::ptr_eq(&w[0].bytes, &w[1].bytes))
             );
         }
         let mut symbolizer = Symbolizer::new();

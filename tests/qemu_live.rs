@@ -1130,3 +1130,112 @@ fn lldb_sees_the_program_not_qemu() {
     assert!(text.contains("mt`worker(arg=0x0000000000000002)"), "{text}");
     assert!(text.contains("at mt.c:"), "{text}");
 }
+
+/// `uselib` and its `libshared.so` (examples/c), built in `dir`: the library is mapped by the
+/// dynamic loader after the program's first instruction.
+fn build_uselib(dir: &Path) -> PathBuf {
+    use support::cbuild::{cc, example_source};
+    let lib = dir.join("libshared.so");
+    cc([
+        "-g".as_ref(),
+        "-O0".as_ref(),
+        "-fPIC".as_ref(),
+        "-shared".as_ref(),
+        "-o".as_ref(),
+        lib.as_os_str(),
+        example_source("libshared.c").as_os_str(),
+    ]);
+    let exe = dir.join("uselib");
+    cc([
+        "-g".as_ref(),
+        "-O0".as_ref(),
+        "-o".as_ref(),
+        exe.as_os_str(),
+        example_source("uselib.c").as_os_str(),
+        "-L".as_ref(),
+        dir.as_os_str(),
+        "-lshared".as_ref(),
+        "-Wl,-rpath,$ORIGIN".as_ref(),
+    ]);
+    exe
+}
+
+#[test]
+fn library_symbols_and_maps_are_the_guests() {
+    // The server's own symbols (`monitor where`, `monitor history`, the PC-only reverse-next)
+    // were read once, at the first query: a library the loader mapped afterwards had none.
+    // And `monitor maps` showed QEMU's own mappings rather than the program's.
+    if !have("qemu-x86_64") || !have("gdb") {
+        eprintln!("skipped: qemu-x86_64 (package qemu-user) or gdb not installed");
+        return;
+    }
+    use support::cbuild::line_of;
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build_uselib(dir.path());
+    let shared_line = line_of("libshared.c", "/* SHARED LINE */");
+    let call_line = line_of("uselib.c", "int v = shared_scale(20);");
+    let entry_line = line_of("libshared.c", "int shared_scale(int x) {");
+    let r = session(
+        &exe,
+        &[],
+        &cmds(&[
+            "monitor where",
+            "monitor maps",
+            "break shared_scale",
+            "continue",
+            "monitor where",
+            "monitor maps",
+            "reverse-stepi",
+            "monitor where",
+            "monitor reverse-finish",
+            "monitor where",
+            "kill",
+        ]),
+    );
+    // GDB writes monitor output to stderr: the `monitor where` lines in order.
+    let wheres: Vec<&str> = r
+        .gdb
+        .lines()
+        .filter(|l| l.starts_with("at the present") || l.starts_with("replaying:"))
+        .collect();
+    // (`monitor reverse-finish` says where it went, as `monitor where` does after it.)
+    assert_eq!(wheres.len(), 5, "{}", r.dump());
+    // At the first instruction only the program and the loader are mapped.
+    assert!(wheres[0].contains("instruction 0 "), "{}", r.dump());
+    assert!(
+        wheres[1].contains("in shared_scale+")
+            && wheres[1].ends_with(&format!("at libshared.c:{shared_line}")),
+        "{}",
+        r.dump()
+    );
+    assert!(
+        wheres[2].contains("in shared_scale+")
+            && wheres[2].ends_with(&format!("at libshared.c:{entry_line}")),
+        "{}",
+        r.dump()
+    );
+    for w in &wheres[3..] {
+        assert!(
+            w.contains("in main+") && w.ends_with(&format!("at uselib.c:{call_line}")),
+            "{}",
+            r.dump()
+        );
+    }
+    let maps: Vec<&str> = r.gdb.lines().filter(|l| l.contains(" r-xp ")).collect();
+    assert!(
+        maps.iter().any(|l| l.ends_with("/libshared.so")),
+        "{}",
+        r.dump()
+    );
+    assert!(
+        maps.iter().any(|l| l.ends_with(&*exe.to_string_lossy())),
+        "{}",
+        r.dump()
+    );
+    // QEMU's own files (the plugin, its gate files) are not the program's.
+    assert!(
+        !r.gdb.contains("ptrewind_qemu_plugin") && !r.gdb.contains("/recording/"),
+        "{}",
+        r.dump()
+    );
+}

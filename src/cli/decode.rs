@@ -47,7 +47,8 @@ use ptrewind::flow::{
 };
 use ptrewind::image::perf_maps::{PerfSideband, hex_id};
 use ptrewind::image::{
-    ElfSpec, Image, LoadedElf, MissingImage, MmapOptions, RawSpec, Section, Segments, Symbolizer,
+    ElfSpec, FileCache, Image, LoadedElf, MissingImage, MmapOptions, RawSpec, Section, Segments,
+    Symbolizer,
 };
 use ptrewind::packet::ExecMode;
 use ptrewind::store::TraceFile;
@@ -160,7 +161,7 @@ pub(crate) fn parse_range(s: &str) -> Result<(u64, u64), String> {
 pub fn run(args: DecodeArgs) -> CmdResult {
     let mode = exec_mode(args.bits)?;
     // The images given on the command line: mapped after (over) the perf.data mappings.
-    let (given, given_elfs) = given_images(&args.image)?;
+    let (given, given_elfs) = given_images_from(&args.image, &mut FileCache::mapping())?;
     if let Some(dir) = &args.qemu {
         return decode_qemu(dir, &args, mode, &given, &given_elfs);
     }
@@ -221,6 +222,7 @@ pub fn run(args: DecodeArgs) -> CmdResult {
                 &given,
                 &given_elfs,
                 symbols,
+                true,
             )?;
             any_missing |= report_missing(&missing, pid, sideband.as_ref(), &mut reported);
             if args.stats {
@@ -391,7 +393,17 @@ pub(crate) fn qemu_image(
     given: &[Section],
     given_elfs: &[LoadedElf],
 ) -> Result<(Image, Symbolizer), Box<dyn std::error::Error + Send + Sync>> {
-    let built = recorded.mmap_image();
+    qemu_image_with(recorded, given, given_elfs, &MmapOptions::default())
+}
+
+/// [`qemu_image`] with `opts` for the recorded mappings (`decode` maps the files).
+fn qemu_image_with(
+    recorded: &ptrewind::capture::qemu::Recorded,
+    given: &[Section],
+    given_elfs: &[LoadedElf],
+    opts: &MmapOptions<'_>,
+) -> Result<(Image, Symbolizer), Box<dyn std::error::Error + Send + Sync>> {
+    let built = recorded.mmap_image_with(opts);
     let mut image = built.image;
     let mut syms = Symbolizer::new();
     for elf in built.elfs.iter().chain(given_elfs) {
@@ -414,7 +426,11 @@ fn decode_qemu(
     given_elfs: &[LoadedElf],
 ) -> CmdResult {
     let recorded = ptrewind::capture::qemu::Recorded::open(dir)?;
-    let (image, syms) = qemu_image(&recorded, given, given_elfs)?;
+    let map = MmapOptions {
+        map_files: true,
+        ..MmapOptions::default()
+    };
+    let (image, syms) = qemu_image_with(&recorded, given, given_elfs, &map)?;
     let cfg = FlowConfig {
         default_mode: mode,
         ip_filter: args.ip_filter.clone(),
@@ -448,17 +464,26 @@ fn decode_qemu(
 }
 
 /// The `--raw` sections and `--elf` files of the command line (mapped over the perf.data
-/// mappings by [`build_image`]).
+/// mappings by [`build_image`]), read into memory.
 pub(crate) fn given_images(
     args: &ImageArgs,
+) -> Result<(Vec<Section>, Vec<LoadedElf>), ptrewind::image::LoadError> {
+    given_images_from(args, &mut FileCache::new())
+}
+
+/// [`given_images`] through `cache`: `decode`, which reads its files once and ends, maps them
+/// ([`FileCache::mapping`]: only the pages the decoder touches are read, none is copied).
+fn given_images_from(
+    args: &ImageArgs,
+    cache: &mut FileCache,
 ) -> Result<(Vec<Section>, Vec<LoadedElf>), ptrewind::image::LoadError> {
     let mut given: Vec<Section> = Vec::new();
     let mut given_elfs: Vec<LoadedElf> = Vec::new();
     for spec in &args.raw {
-        given.push(spec.load()?);
+        given.push(spec.load_cached(cache)?);
     }
     for spec in &args.elf {
-        let elf = LoadedElf::open(spec)?;
+        let elf = LoadedElf::open_cached(spec, cache)?;
         given.extend(elf.sections(Segments::Executable));
         given_elfs.push(elf);
     }
@@ -474,11 +499,13 @@ pub(crate) fn build_image(
     given: &[Section],
     given_elfs: &[LoadedElf],
 ) -> Result<(Image, Symbolizer, Vec<MissingImage>), ptrewind::image::ImageError> {
-    build_image_with(args, sideband, pid, given, given_elfs, true)
+    build_image_with(args, sideband, pid, given, given_elfs, true, false)
 }
 
 /// [`build_image`], reading the ELF symbol tables only when `symbols` is set (an empty
-/// [`Symbolizer`] otherwise: formats that print no symbols skip that start-up cost).
+/// [`Symbolizer`] otherwise: formats that print no symbols skip that start-up cost), and
+/// mapping the recorded files instead of reading them when `map_files` is set (`decode`, see
+/// [`ptrewind::image::map_file`]).
 pub(crate) fn build_image_with(
     args: &ImageArgs,
     sideband: Option<&PerfSideband>,
@@ -486,6 +513,7 @@ pub(crate) fn build_image_with(
     given: &[Section],
     given_elfs: &[LoadedElf],
     symbols: bool,
+    map_files: bool,
 ) -> Result<(Image, Symbolizer, Vec<MissingImage>), ptrewind::image::ImageError> {
     let mut syms = Symbolizer::new();
     let (mut image, missing) = match sideband {
@@ -495,6 +523,7 @@ pub(crate) fn build_image_with(
                 symfs: args.symfs.clone(),
                 search_dirs: args.search_dir.clone(),
                 build_ids: sb.build_id_map(),
+                map_files,
                 ..MmapOptions::default()
             };
             let m = Image::from_mmaps(&sb.mmaps, &opts);

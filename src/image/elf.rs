@@ -151,6 +151,25 @@ impl LoadedElf {
         Self::from_bytes(&spec.path, bytes, spec.base)
     }
 
+    /// The same file placed so that its byte at file offset `pgoff` is at `addr` (a mapping's
+    /// start and file offset, as `/proc/PID/maps` and perf's MMAP records give them). `None`
+    /// when no loadable segment holds `pgoff`.
+    pub fn placed_at(mut self, addr: u64, pgoff: u64) -> Option<Self> {
+        let seg = self.segments.iter().find(|s| {
+            let start = s.file_offset & !0xfff;
+            pgoff >= start && pgoff < s.file_offset.saturating_add(s.file_size.max(1))
+        })?;
+        // The link-time address of the byte at file offset `pgoff`.
+        let vaddr = seg.vaddr.wrapping_sub(seg.file_offset).wrapping_add(pgoff);
+        let bias = addr.wrapping_sub(vaddr);
+        self.entry = self.entry.wrapping_sub(self.bias).wrapping_add(bias);
+        self.bias = bias;
+        for s in &mut self.segments {
+            s.addr = s.vaddr.wrapping_add(bias);
+        }
+        Some(self)
+    }
+
     /// Like [`LoadedElf::open`], sharing the file's bytes through `cache`.
     pub fn open_cached(spec: &ElfSpec, cache: &mut FileCache) -> Result<Self, LoadError> {
         let bytes = cache.get(&spec.path)?;

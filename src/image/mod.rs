@@ -12,9 +12,14 @@
 //! - [`perf_maps`]: perf `MMAP`/`MMAP2` sideband records, with a `--symfs`-like file search;
 //! - [`symbols`]: symbol names and source lines for addresses (ELF symbol tables and DWARF).
 //!
-//! Files are read into memory rather than memory-mapped: a mapped file that is truncated or
-//! rewritten while we decode would crash the process with `SIGBUS`, and code images are small next
-//! to the traces they explain. [`FileCache`] makes every section of one file share one buffer.
+//! Files are read into memory rather than memory-mapped wherever an image is kept for a session:
+//! a mapped file that is truncated or rewritten while we decode would crash the process with
+//! `SIGBUS`, and code images are small next to the traces they explain. The one-shot
+//! `ptrewind decode` maps its files instead (`--raw`, `--elf`, and those a perf.data or QEMU
+//! recording names: [`map_file`], [`FileCache::mapping`], [`MmapOptions::map_files`]), as
+//! libipt's ptxed does: a run touches a few hundred pages of a
+//! libc-sized image, and reading it whole was a measurable part of the command's time.
+//! [`FileCache`] makes every section of one file share one buffer ([`SectionBytes`]).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -36,8 +41,76 @@ pub use procfs::{MapEntry, ProcessImage, ProcessSnapshot, UnreadableMapping};
 pub use raw::RawSpec;
 pub use symbols::{SymbolInfo, Symbolizer};
 
-/// Bytes of one section: owned, or shared with other sections and images.
-pub type SectionBytes = Arc<[u8]>;
+/// Bytes of one section, shared (cloning is cheap) with other sections and images: a buffer in
+/// memory (a file read whole, or bytes made in memory), or a file mapped read-only (see
+/// [`map_file`]).
+#[derive(Clone)]
+pub struct SectionBytes(Backing);
+
+#[derive(Clone)]
+enum Backing {
+    Heap(Arc<[u8]>),
+    Mapped(Arc<memmap2::Mmap>),
+}
+
+impl SectionBytes {
+    /// Whether `a` and `b` are the same bytes (not merely equal ones).
+    pub fn ptr_eq(a: &Self, b: &Self) -> bool {
+        match (&a.0, &b.0) {
+            (Backing::Heap(x), Backing::Heap(y)) => Arc::ptr_eq(x, y),
+            (Backing::Mapped(x), Backing::Mapped(y)) => Arc::ptr_eq(x, y),
+            _ => false,
+        }
+    }
+
+    /// Whether the bytes are a mapping of a file (see [`map_file`]).
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.0, Backing::Mapped(_))
+    }
+}
+
+impl std::ops::Deref for SectionBytes {
+    type Target = [u8];
+
+    #[inline]
+    fn deref(&self) -> &[u8] {
+        match &self.0 {
+            Backing::Heap(b) => b,
+            Backing::Mapped(m) => m,
+        }
+    }
+}
+
+impl AsRef<[u8]> for SectionBytes {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+impl std::fmt::Debug for SectionBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = if self.is_mapped() { "mapped" } else { "heap" };
+        write!(f, "SectionBytes({kind}, {} bytes)", self.len())
+    }
+}
+
+impl From<Arc<[u8]>> for SectionBytes {
+    fn from(b: Arc<[u8]>) -> Self {
+        SectionBytes(Backing::Heap(b))
+    }
+}
+
+impl From<Vec<u8>> for SectionBytes {
+    fn from(b: Vec<u8>) -> Self {
+        SectionBytes(Backing::Heap(b.into()))
+    }
+}
+
+impl From<&[u8]> for SectionBytes {
+    fn from(b: &[u8]) -> Self {
+        SectionBytes(Backing::Heap(b.into()))
+    }
+}
 
 /// A run of code bytes at a virtual address.
 #[derive(Debug, Clone)]
@@ -209,20 +282,34 @@ pub fn parse_number(s: &str) -> Option<u64> {
 #[derive(Debug, Default, Clone)]
 pub struct FileCache {
     files: HashMap<PathBuf, SectionBytes>,
+    map: bool,
 }
 
 impl FileCache {
-    /// An empty cache.
+    /// An empty cache that reads files.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// The contents of `path`, read on first use.
+    /// An empty cache that maps files instead of reading them ([`map_file`]): for a one-shot
+    /// decode, where only the pages the decoder touches are ever read.
+    pub fn mapping() -> Self {
+        FileCache {
+            files: HashMap::new(),
+            map: true,
+        }
+    }
+
+    /// The contents of `path`, read (or mapped) on first use.
     pub fn get(&mut self, path: &Path) -> Result<SectionBytes, LoadError> {
         if let Some(bytes) = self.files.get(path) {
             return Ok(bytes.clone());
         }
-        let bytes = read_file(path)?;
+        let bytes = if self.map {
+            map_file(path)?
+        } else {
+            read_file(path)?
+        };
         self.files.insert(path.to_path_buf(), bytes.clone());
         Ok(bytes)
     }
@@ -271,6 +358,46 @@ pub fn read_file(path: &Path) -> Result<SectionBytes, LoadError> {
     Ok(SectionBytes::from(bytes))
 }
 
+/// Maps a whole regular file read-only (`MAP_PRIVATE`), refusing anything else as
+/// [`read_file`] does; an empty file gives empty bytes.
+///
+/// Nothing is read up front: the pages the decoder touches come from the page cache when it
+/// first touches them, and none is copied or zero-filled. On a libc-sized image of which a run
+/// executes a few hundred pages that is most of the image's cost (reading it whole faults in,
+/// zero-fills and copies every page, then unmaps them at exit; docs/benchmarks.md). The price is
+/// the one every mapping reader pays (libipt's ptxed included): a file truncated while it is
+/// mapped makes the next access to a page past its new end raise `SIGBUS`. So only the
+/// short-lived `ptrewind decode` maps; everything that keeps an image for a session reads it
+/// ([`read_file`]).
+pub fn map_file(path: &Path) -> Result<SectionBytes, LoadError> {
+    let io = |source| LoadError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused just below).
+    let file = std::os::unix::fs::OpenOptionsExt::custom_flags(
+        std::fs::OpenOptions::new().read(true),
+        libc::O_NONBLOCK,
+    )
+    .open(path)
+    .map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    if !meta.is_file() {
+        return Err(io(std::io::Error::other(
+            "not a regular file (a code image must be a file)",
+        )));
+    }
+    if meta.len() == 0 {
+        return Ok(SectionBytes::from(Vec::new()));
+    }
+    // SAFETY: a private read-only mapping of a regular file; the bytes are only read, through
+    // shared borrows of the `Mmap`, which keeps the mapping alive as long as any section uses
+    // it. A change of the file by another process while mapped is the documented caveat above
+    // (it can change the bytes or raise SIGBUS), the same that `TraceFile` accepts for traces.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+    Ok(SectionBytes(Backing::Mapped(Arc::new(map))))
+}
+
 /// Images at least this large get transparent huge pages (see [`read_exactly`]).
 const HUGE_PAGE_IMAGE: usize = 2 << 20;
 
@@ -317,7 +444,7 @@ fn read_exactly(file: &mut std::fs::File, len: usize) -> Option<SectionBytes> {
         }
     }
     // SAFETY: the loop above wrote all `len` bytes.
-    Some(unsafe { bytes.assume_init() })
+    Some(SectionBytes::from(unsafe { bytes.assume_init() }))
 }
 
 /// The code of a traced process: sorted, non-overlapping sections.
@@ -497,7 +624,7 @@ impl Image {
                 && o.len == s.len
                 && o.data() == s.data()
             {
-                s.bytes = Arc::clone(&o.bytes);
+                s.bytes = o.bytes.clone();
                 s.offset = o.offset;
             }
         }
@@ -618,8 +745,14 @@ mod tests {
         b.add(Section::new(0x1000, vec![1u8; 16], "lib")).unwrap();
         b.add(Section::new(0x2000, vec![3u8; 16], "jit")).unwrap();
         b.share_bytes_with(&a);
-        assert!(Arc::ptr_eq(&b.sections()[0].bytes, &a.sections()[0].bytes));
-        assert!(!Arc::ptr_eq(&b.sections()[1].bytes, &a.sections()[1].bytes));
+        assert!(SectionBytes::ptr_eq(
+            &b.sections()[0].bytes,
+            &a.sections()[0].bytes
+        ));
+        assert!(!SectionBytes::ptr_eq(
+            &b.sections()[1].bytes,
+            &a.sections()[1].bytes
+        ));
         assert_eq!(b.slice_at(0x2000).unwrap()[0], 3);
     }
 

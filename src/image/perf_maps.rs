@@ -91,6 +91,9 @@ pub struct MmapOptions<'a> {
     /// Build ids the recording gives for file names (as recorded); a found file with a different
     /// `.note.gnu.build-id` is not used.
     pub build_ids: HashMap<String, Vec<u8>>,
+    /// Map the files instead of reading them ([`super::FileCache::mapping`]): for one-shot
+    /// decoding only (`ptrewind decode`), see [`super::map_file`].
+    pub map_files: bool,
 }
 
 impl std::fmt::Debug for MmapOptions<'_> {
@@ -240,24 +243,6 @@ fn find_file(
     Err(errors.join("; "))
 }
 
-/// Places a parsed ELF file so that its byte at file offset `pgoff` is at `addr` (the bias of
-/// the mapping). `None` when no loadable segment holds `pgoff`.
-fn place_elf(mut elf: LoadedElf, addr: u64, pgoff: u64) -> Option<LoadedElf> {
-    let seg = elf.segments.iter().find(|s| {
-        let start = s.file_offset & !0xfff;
-        pgoff >= start && pgoff < s.file_offset.saturating_add(s.file_size.max(1))
-    })?;
-    // The link-time address of the byte at file offset `pgoff`.
-    let vaddr = seg.vaddr.wrapping_sub(seg.file_offset).wrapping_add(pgoff);
-    let bias = addr.wrapping_sub(vaddr);
-    elf.bias = bias;
-    elf.entry = elf.entry.wrapping_add(bias);
-    for s in &mut elf.segments {
-        s.addr = s.vaddr.wrapping_add(bias);
-    }
-    Some(elf)
-}
-
 impl Image {
     /// Builds an image from `MMAP`/`MMAP2` records (see the module docs for the search rules).
     pub fn from_mmaps<'r>(
@@ -265,7 +250,11 @@ impl Image {
         opts: &MmapOptions<'_>,
     ) -> MmapImage {
         let mut out = MmapImage::default();
-        let mut files = FileCache::new();
+        let mut files = if opts.map_files {
+            FileCache::mapping()
+        } else {
+            FileCache::new()
+        };
         let mut resolved: HashMap<String, Result<(PathBuf, SectionBytes), String>> = HashMap::new();
         let mut placed: HashMap<PathBuf, usize> = HashMap::new();
         for r in records {
@@ -309,7 +298,7 @@ impl Image {
             if r.exec && !placed.contains_key(&path) {
                 let elf = LoadedElf::from_bytes(&path, bytes.clone(), None)
                     .ok()
-                    .and_then(|elf| place_elf(elf, r.addr, r.pgoff));
+                    .and_then(|elf| elf.placed_at(r.addr, r.pgoff));
                 if let Some(elf) = elf {
                     placed.insert(path.clone(), out.elfs.len());
                     out.elfs.push(elf);

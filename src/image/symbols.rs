@@ -9,8 +9,8 @@
 //! `rustc-demangle`/`cpp_demangle` support, which Cargo.toml already pulls in).
 //!
 //! Source lines come from DWARF (`addr2line` over `gimli`), parsed on the first [`Symbolizer::line`]
-//! query for that object. Separate debug files (`.gnu_debuglink`, build-id directories) are not
-//! searched yet.
+//! query for that object. A separate debug file is found by build id
+//! (`/usr/lib/debug/.build-id/xx/rest.debug`, as GDB does); `.gnu_debuglink` is not searched.
 //!
 //! The symbolizer is `Send + Sync` and cheap to clone (objects are behind `Arc`), so a GDB server
 //! thread can share it with the decoder.
@@ -38,9 +38,20 @@ struct Sym {
     name: Box<str>,
 }
 
+/// Where a mapping put a file: its byte at `offset` at `addr`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Mapping {
+    path: PathBuf,
+    addr: u64,
+    offset: u64,
+}
+
 /// The symbols and (lazily) the DWARF of one ELF object.
 struct SymObject {
     path: PathBuf,
+    /// The mapping [`Symbolizer::add_mapped_file`] placed it by (`None` otherwise): the key
+    /// under which a later symbolizer takes it over.
+    mapping: Option<Mapping>,
     bias: u64,
     /// Run-time range covered by its loadable segments.
     lo: u64,
@@ -97,8 +108,46 @@ impl Symbolizer {
         Ok(elf)
     }
 
+    /// Adds the ELF file `path` placed by one of its mappings: its byte at file offset
+    /// `offset` is at `addr` (a `/proc/PID/maps` line's start and offset; any segment will do,
+    /// as QEMU lists only a library's executable one). An object `previous` placed by the same
+    /// mapping is shared (its symbols, and its DWARF if parsed) instead of read again.
+    pub fn add_mapped_file(
+        &mut self,
+        path: &Path,
+        addr: u64,
+        offset: u64,
+        previous: Option<&Symbolizer>,
+    ) -> Result<(), LoadError> {
+        let mapping = Mapping {
+            path: path.to_path_buf(),
+            addr,
+            offset,
+        };
+        let known = previous.and_then(|p| {
+            p.objects
+                .iter()
+                .find(|o| o.mapping.as_ref() == Some(&mapping))
+        });
+        if let Some(o) = known {
+            self.objects.push(Arc::clone(o));
+            return Ok(());
+        }
+        let elf = LoadedElf::open(&ElfSpec::new(path, None))?
+            .placed_at(addr, offset)
+            .ok_or_else(|| LoadError::Elf {
+                path: path.to_path_buf(),
+                reason: format!("no loadable segment holds file offset {offset:#x}"),
+            })?;
+        self.add_object(&elf, Some(mapping))
+    }
+
     /// Adds the symbols of an ELF object at its bias. Objects added later win where ranges overlap.
     pub fn add_elf(&mut self, elf: &LoadedElf) -> Result<(), LoadError> {
+        self.add_object(elf, None)
+    }
+
+    fn add_object(&mut self, elf: &LoadedElf, mapping: Option<Mapping>) -> Result<(), LoadError> {
         let bad = |reason: String| LoadError::Elf {
             path: elf.path.clone(),
             reason,
@@ -141,6 +190,7 @@ impl Symbolizer {
             .unwrap_or(0);
         self.objects.push(Arc::new(SymObject {
             path: elf.path.clone(),
+            mapping,
             bias: elf.bias,
             lo,
             hi,
@@ -262,7 +312,9 @@ fn collect_symbols(file: &object::File<'_>, syms: &mut Vec<Sym>) {
             // describe the code.
             limit: section.address().saturating_add(section.size()),
             rank,
-            name: demangle(name),
+            // `name@@VERSION` (a default version, as glibc's own symbol table spells it)
+            // is the plain name to GDB and to the user.
+            name: demangle(name.split_once("@@").map_or(name, |(plain, _)| plain)),
         });
     }
 }

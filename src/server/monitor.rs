@@ -4,7 +4,12 @@
 //! [`MonitorRegistry::register`]; a handler gets the target and the argument text and returns
 //! the text to show in GDB's console.
 
-use crate::target::{Target, read_maps};
+use crate::image::procfs::{maps_path, parse_maps_lenient};
+use crate::target::Target;
+
+/// The most of a maps file `monitor maps` reads (a process has at most 65 530 mappings by
+/// default, ≈ 100 bytes a line).
+const MAPS_LIMIT: usize = 16 << 20;
 
 /// A monitor command handler: `(target, arguments) → output text or error text`.
 pub type MonitorHandler = Box<dyn FnMut(&mut dyn Target, &str) -> Result<String, String>>;
@@ -54,9 +59,17 @@ impl MonitorRegistry {
             "maps",
             "show the program's memory mappings (/proc/PID/maps)",
             |t, _| {
-                let maps = read_maps(t.pid()).map_err(|e| e.to_string())?;
+                // As the program sees them (the target's view of the file, which GDB's host
+                // I/O reads too): a QEMU guest's mappings rather than QEMU's, a saved
+                // recording's rather than whatever process has its pid now.
+                let path = maps_path(t.pid());
+                let text = t
+                    .open_file(&path)
+                    .and_then(|f| f.read_to_end(MAPS_LIMIT))
+                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+                let text = String::from_utf8_lossy(&text);
                 let mut out = String::new();
-                for m in maps {
+                for m in parse_maps_lenient(&text) {
                     out.push_str(&format!(
                         "{:#014x}-{:#014x} {} {:#10x} {}\n",
                         m.start,

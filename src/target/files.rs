@@ -59,6 +59,20 @@ impl TargetFile {
         }
     }
 
+    /// The whole file, up to `limit` bytes (a `/proc` file says size 0: read to its end).
+    pub fn read_to_end(&self, limit: usize) -> io::Result<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        while out.len() < limit {
+            let n = self.read_at(&mut buf, out.len() as u64)?;
+            if n == 0 {
+                break;
+            }
+            out.extend_from_slice(&buf[..n.min(limit - out.len())]);
+        }
+        Ok(out)
+    }
+
     /// The file's status.
     pub fn stat(&self) -> io::Result<FileStat> {
         match self {

@@ -186,8 +186,9 @@ impl Timeline {
 
     /// A file as the recorded program sees it, for the debugger's host I/O: the process's maps
     /// file from [`Timeline::maps_text`]; for a replay, the files saved with the recording, and
-    /// never the host's `/proc` (it describes other processes). `None`: the host's file is the
-    /// program's (a live process, or a file the recording did not keep).
+    /// never the host's `/proc` (it describes other processes; for a live process the backend's
+    /// maps, empty while it knows none). `None`: the host's file is the program's (a live
+    /// process's other files, or a file the recording did not keep).
     pub fn target_file(&mut self, path: &Path) -> Option<io::Result<TargetFile>> {
         let (pid, tids) = (self.pid(), self.thread_ids());
         if is_proc_maps(path, pid, &tids) {
@@ -200,7 +201,10 @@ impl Timeline {
                     Some(Ok(TargetFile::Bytes(Arc::from(text.into_bytes()))))
                 }
                 None if self.live.is_none() => Some(Err(enoent())),
-                None => None,
+                // Nothing known yet (QEMU before the guest's first block: the plugin has not
+                // written the loader's mappings): no mapping rather than the host's file,
+                // which would be QEMU's own.
+                None => Some(Ok(TargetFile::Bytes(Arc::from(Vec::new())))),
             };
         }
         let info = self.offline.as_ref()?;

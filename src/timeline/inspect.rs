@@ -3,22 +3,25 @@
 //! before it, symbols.
 
 use std::collections::BTreeSet;
+use std::path::Path;
 
 use super::{MONITOR_INDEX_WAIT, Timeline};
+use crate::image::Symbolizer;
 use crate::image::procfs::parse_maps_lenient;
-use crate::image::{ElfSpec, Symbolizer};
 
-/// Symbols of every file-backed object mapped at offset 0 in `maps` (`/proc/PID/maps` lines).
-pub(crate) fn symbolizer_from_maps(maps: &str) -> Symbolizer {
+/// Symbols of every file-backed object with code in `maps` (`/proc/PID/maps` lines), each
+/// placed by its first executable mapping (data files mapped by the program are not read);
+/// objects `previous` placed by the same mapping are taken from it.
+pub(crate) fn symbolizer_from_maps(maps: &str, previous: Option<&Symbolizer>) -> Symbolizer {
     let mut sym = Symbolizer::new();
     let mut seen = BTreeSet::new();
     for m in parse_maps_lenient(maps) {
         let Some(path) = m.path.as_deref().filter(|p| p.starts_with('/')) else {
             continue;
         };
-        if m.offset == 0 && seen.insert(path.to_string()) {
+        if m.exec && seen.insert(path.to_string()) {
             // An object that cannot be read just has no symbols.
-            let _ = sym.add_file(&ElfSpec::new(path, Some(m.start)));
+            let _ = sym.add_mapped_file(Path::new(path), m.start, m.offset, previous);
         }
     }
     sym
@@ -54,8 +57,9 @@ pub struct CallSegment {
 const SCAN_WINDOW: u64 = 200_000;
 
 impl Timeline {
-    /// Symbols of the recorded program at the cursor (read once per program, from its
-    /// mappings): before an exec, the old program's.
+    /// Symbols of the recorded program at the cursor (read from its mappings at the first
+    /// query, again after libraries were loaded or unloaded): before an exec, the old
+    /// program's.
     pub fn symbolizer(&mut self) -> &Symbolizer {
         if let Some(i) = self.earlier_period(self.position()) {
             return self.period_symbols(i);
@@ -65,7 +69,8 @@ impl Timeline {
                 Some(live) => live.maps(),
                 None => String::new(),
             };
-            self.symbols = Some(symbolizer_from_maps(&maps));
+            let previous = self.stale_symbols.take();
+            self.symbols = Some(symbolizer_from_maps(&maps, previous.as_ref()));
         }
         self.symbols.get_or_insert_with(Symbolizer::new)
     }

@@ -256,6 +256,10 @@ pub struct Timeline {
     /// The oldest position the state log can rebuild (after the last untraced run).
     floor: u64,
     symbols: Option<Symbolizer>,
+    /// The symbols read before the program's code mappings last changed (a library loaded or
+    /// unloaded since): the next [`Timeline::symbolizer`] reads the mappings again and takes
+    /// from these the objects still mapped at the same place instead of reading them again.
+    stale_symbols: Option<Symbolizer>,
     /// Complete register files known at history positions (recording start, stops, a saved
     /// recording's start, stops and end).
     snapshots: RegisterFiles,
@@ -404,6 +408,7 @@ impl Timeline {
             untraced_runs: 0,
             floor: 0,
             symbols: None,
+            stale_symbols: None,
             snapshots: RegisterFiles::default(),
             pending_snapshot: None,
             template,
@@ -709,9 +714,15 @@ impl Timeline {
                         self.exec_bounds = bounds;
                         // The present program changed: its symbols are read again.
                         self.symbols = None;
+                        self.stale_symbols = None;
                         self.immutable = ImmutableCode::default()
                             .remapped(ImmutableCode::from_maps(&all_maps), start);
                     } else {
+                        // Libraries loaded or unloaded since the symbols were read (the
+                        // first query is often made before the dynamic loader maps libc).
+                        if let Some(old) = self.symbols.take() {
+                            self.stale_symbols = Some(old);
+                        }
                         // Code mapped now is no answer for a read before this stop, whose
                         // position the index says when the backend does not count (if it
                         // cannot say in time, the new code is never served for the past).

@@ -256,7 +256,7 @@ pub fn load_saved(dir: &Path) -> Result<OfflineRecording, String> {
         image,
         exec_boundaries,
         immutable,
-        symbols: symbolizer_from_maps(&maps),
+        symbols: symbolizer_from_maps(&maps, None),
         registers_at_start: regs_from_json(&manifest["registers_at_start"]),
         registers_at_end: regs_from_json(&manifest["registers_at_end"]),
         registers_at: manifest["registers_at_stops"]

@@ -100,7 +100,8 @@ impl Timeline {
             self.period_symbols.resize(self.exec_bounds.len(), None);
         }
         let maps = &self.exec_bounds[i].maps;
-        self.period_symbols[i].get_or_insert_with(|| super::inspect::symbolizer_from_maps(maps))
+        self.period_symbols[i]
+            .get_or_insert_with(|| super::inspect::symbolizer_from_maps(maps, None))
     }
 
     /// A notice if the cursor's address space is not the one of the last stop reported (see

@@ -807,10 +807,30 @@ impl CliInputs {
 /// Writes `trace`'s PT bytes and images under `dir` (adjacent image sections joined into one
 /// file, so page-list images do not need hundreds of arguments).
 pub fn write_cli_inputs(trace: &CorpusTrace, dir: &Path) -> std::io::Result<CliInputs> {
-    let pt = dir.join("trace.pt");
-    fs::write(&pt, &trace.pt)?;
+    let mut inputs = write_raw_inputs(&trace.pt, &trace.images, dir)?;
+    inputs.cpu = trace.cpu.map(|(f, m, s)| format!("{f}/{m}/{s}"));
+    inputs.bits = match trace.mode {
+        ExecMode::Bits16 => 16,
+        ExecMode::Bits32 => 32,
+        _ => 64,
+    };
+    inputs.ip_filter = trace
+        .ip_filter
+        .map(|(from, to)| format!("{from:#x}-{:#x}", to.saturating_sub(1)));
+    Ok(inputs)
+}
+
+/// Writes `pt` and `images` (sorted, non-overlapping) under `dir` as `trace.pt` and one
+/// `imageK.bin` per contiguous range; 64-bit code, no CPU, no IP filter.
+pub fn write_raw_inputs(
+    pt: &[u8],
+    images: &[ImageSection],
+    dir: &Path,
+) -> std::io::Result<CliInputs> {
+    let pt_path = dir.join("trace.pt");
+    fs::write(&pt_path, pt)?;
     let mut pieces: Vec<(u64, Vec<u8>)> = Vec::new();
-    for s in &trace.images {
+    for s in images {
         match pieces.last_mut() {
             Some((addr, bytes)) if *addr + bytes.len() as u64 == s.addr => {
                 bytes.extend_from_slice(&s.bytes)
@@ -825,16 +845,10 @@ pub fn write_cli_inputs(trace: &CorpusTrace, dir: &Path) -> std::io::Result<CliI
         raws.push((path, *addr));
     }
     Ok(CliInputs {
-        pt,
+        pt: pt_path,
         raws,
-        cpu: trace.cpu.map(|(f, m, s)| format!("{f}/{m}/{s}")),
-        bits: match trace.mode {
-            ExecMode::Bits16 => 16,
-            ExecMode::Bits32 => 32,
-            _ => 64,
-        },
-        ip_filter: trace
-            .ip_filter
-            .map(|(from, to)| format!("{from:#x}-{:#x}", to.saturating_sub(1))),
+        cpu: None,
+        bits: 64,
+        ip_filter: None,
     })
 }

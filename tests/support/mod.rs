@@ -9,6 +9,7 @@
 //! - [`hase`]: the instruction addresses a HASE `.trace` branch list implies (also
 //!   `#[path]`-included by the crate's unit tests).
 //! - [`gdb`]: child processes with deadlines, GDB in batch mode, `ptrewind record` servers.
+//! - [`programs`]: whole runs of `ls`, `sed`, `sort` recorded under QEMU (ls/sed/sort traces).
 //! - [`qemu`]: QEMU backend recordings in test mode (the plugin's per-instruction log).
 //! - [`rsp`]: a raw remote-protocol client (exact packets, acks, Ctrl-C).
 //! - [`synth`]: synthetic PT streams from the encoder (also `#[path]`-included by the crate's
@@ -24,6 +25,7 @@ pub mod gdb;
 pub mod hase;
 pub mod libipt;
 pub mod percpu;
+pub mod programs;
 pub mod qemu;
 pub mod rsp;
 pub mod synth;

@@ -687,7 +687,12 @@ impl Recorded {
 
     /// The code image with the ELF files placed in it (for symbols).
     pub fn mmap_image(&self) -> MmapImage {
-        Image::from_mmaps(&self.mmap_records(), &MmapOptions::default())
+        self.mmap_image_with(&MmapOptions::default())
+    }
+
+    /// [`Recorded::mmap_image`] with `opts` (e.g. [`MmapOptions::map_files`]).
+    pub fn mmap_image_with(&self, opts: &MmapOptions<'_>) -> MmapImage {
+        Image::from_mmaps(&self.mmap_records(), opts)
     }
 
     /// The thread `tid`, or the main thread of the first process.
