@@ -836,8 +836,180 @@ fn replay_of_a_per_thread_perf_data_serves_every_thread() {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{text}");
+    // Per-CPU streams without the sideband to split them (no time conversion, no context
+    // switches): refused, naming why and the way to pick one.
     assert!(
-        text.contains("per-CPU streams are not split into threads") && text.contains("--stream"),
+        text.contains("cannot be split into threads")
+            && text.contains("time")
+            && text.contains("--stream"),
         "{text}"
     );
+}
+
+/// `replay --perf` of a perf.data recorded per CPU (perf's default mode; built by the
+/// encoder: 2 CPUs, 3 threads migrating between them, CPU-wide context-switch records): the
+/// streams are split into threads by the switch records and every thread is served with
+/// exactly the instructions it executed (`monitor insns` per thread against the ground truth
+/// the file was built from); GDB lists the three threads, `thread N` selects one, and
+/// reverse-stepi steps back through that thread's own instructions.
+#[test]
+fn replay_of_a_per_cpu_perf_data_serves_every_thread() {
+    use support::percpu::{self, BASES, CODE, Variant};
+    let dir = tempfile::tempdir().unwrap();
+    let perf = dir.path().join("perf.data");
+    std::fs::write(&perf, percpu::perf_data(Variant::default())).unwrap();
+    let code = dir.path().join("code.bin");
+    std::fs::write(&code, CODE).unwrap();
+    let mut cmd = ptrewind();
+    cmd.args(["replay", "--listen", "127.0.0.1:0", "--perf"])
+        .arg(&perf);
+    for base in BASES {
+        cmd.args(["--raw", &format!("{}:{base:#x}", code.display())]);
+    }
+    let truth = percpu::truth();
+    // No symbols: GDB would take the raw code for /bin/true's dynamic loader (and its inline
+    // frames would swallow the reverse-stepi).
+    let mut cmds: Vec<String> = vec![
+        "nosharedlibrary".into(),
+        "symbol-file".into(),
+        "maintenance flush register-cache".into(),
+        "echo @threads\\n".into(),
+        "info threads".into(),
+    ];
+    for tid in truth.keys() {
+        cmds.push(format!("monitor thread {tid}"));
+        cmds.push(format!("echo @insns {tid}\\n"));
+        cmds.push("monitor insns 0 end".into());
+    }
+    cmds.extend(
+        [
+            "echo @step\\n",
+            "set scheduler-locking step",
+            "thread 2",
+            "monitor thread",
+            r#"printf "PC %lx\n", $pc"#,
+            "reverse-stepi",
+            r#"printf "PC %lx\n", $pc"#,
+            "reverse-stepi",
+            r#"printf "PC %lx\n", $pc"#,
+            "monitor threads",
+        ]
+        .map(String::from),
+    );
+    let r = gdb_session(
+        Server::spawn(&mut cmd),
+        Path::new("/bin/true"),
+        &cmds,
+        TIMEOUT,
+    );
+    let listed = r.after("@threads");
+    let listed = &listed[..listed.find("@insns").unwrap_or(listed.len())];
+    let tids: Vec<&str> = listed
+        .lines()
+        .filter_map(|l| l.split_whitespace().find(|w| w.starts_with("100.")))
+        .collect();
+    assert_eq!(tids, ["100.101", "100.102", "100.103"], "{}", r.dump());
+    // Each thread's `monitor insns` (after its `monitor thread TID`) is its ground truth.
+    let mut served: std::collections::BTreeMap<u32, Vec<u64>> = Default::default();
+    let mut current = None;
+    for line in r.gdb.lines() {
+        if let Some(tid) = line
+            .strip_prefix("thread ")
+            .and_then(|l| l.strip_suffix(" selected"))
+        {
+            current = tid.parse::<u32>().ok();
+        } else if let (Some(tid), Some((n, addr))) = (current, line.split_once(" 0x"))
+            && n.parse::<u64>().is_ok()
+        {
+            if let Ok(a) = u64::from_str_radix(addr, 16) {
+                served.entry(tid).or_default().push(a);
+            }
+        }
+    }
+    assert_eq!(served, truth, "{}", r.dump());
+    // `thread 2` is thread 102 (at its end: its last instruction, 0x2008); reverse-stepi
+    // steps back through its own instructions 6 and 5 (0x2004), and the other threads follow
+    // the global position (thread 101 has run 9 of its 14 instructions before it).
+    assert_eq!(r.tagged("PC"), ["2008", "2004", "2004"], "{}", r.dump());
+    let threads = r.after("@step");
+    assert!(
+        threads.contains("global position 19 of 27")
+            && threads.contains("* thread 102: instruction 5 of 8")
+            && threads.contains("  thread 101: instruction 9 of 14"),
+        "{}",
+        r.dump()
+    );
+    assert!(
+        r.server
+            .contains("split by context switches into 3 thread(s) (101, 102, 103): 9 of 9"),
+        "{}",
+        r.dump()
+    );
+
+    // Bad inputs: per-CPU streams without switch records, and a perf.data cut inside an
+    // AUXTRACE payload, are refused with the reason.
+    for (variant, want) in [
+        (
+            Variant {
+                no_switches: true,
+                ..Variant::default()
+            },
+            "no context-switch records",
+        ),
+        (
+            Variant {
+                truncate_aux: true,
+                ..Variant::default()
+            },
+            "damaged",
+        ),
+        (
+            Variant {
+                cpu_wide: true,
+                ..Variant::default()
+            },
+            "threads of the processes 100, 555: choose one with --pid PID",
+        ),
+    ] {
+        std::fs::write(&perf, percpu::perf_data(variant)).unwrap();
+        let out = ptrewind()
+            .args(["replay", "--listen", "127.0.0.1:0", "--perf"])
+            .arg(&perf)
+            .args(["--raw", &format!("{}:0x1000", code.display())])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{text}");
+        assert!(text.contains(want), "{want}: {text}");
+        assert!(!text.contains("panicked"), "{text}");
+    }
+}
+
+/// quipper's real per-CPU perf.data (user + kernel, `echo` on CPUs 3 and 0, no code images in
+/// the corpus): its two streams split into the one traced thread, then the replay stops with
+/// the missing code named.
+#[test]
+fn replay_of_a_per_cpu_perf_data_without_code_says_what_is_missing() {
+    let perf = corpus()
+        .parent()
+        .unwrap()
+        .join("quipper-perfdata-intel_pt/perf.data.intel_pt-4.14");
+    let out = ptrewind()
+        .args(["replay", "--listen", "127.0.0.1:0", "--once", "--perf"])
+        .arg(&perf)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains(
+            "per-CPU stream(s) cpu0, cpu3 split by context switches into 1 thread(s) (3174)"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("no code for /usr/bin/coreutils (pid 3174)"),
+        "{text}"
+    );
+    assert!(text.contains("no code for the trace"), "{text}");
 }

@@ -1,6 +1,7 @@
 //! Fuzzes the perf.data reader (normal and pipe mode: header, attributes, feature sections,
-//! records, AUXTRACE stream assembly) and the sideband → image path (`PerfSideband::read`,
-//! `Image::from_mmaps`). Recorded file names are resolved without touching the file system's
+//! records, AUXTRACE stream assembly), the context-switch sideband and the split of per-CPU
+//! streams into threads (`PerfData::context_switches`, `Schedule`, `store::percpu`), and the
+//! sideband → image path (`PerfSideband::read`, `Image::from_mmaps`). Recorded file names are resolved without touching the file system's
 //! real files: to nothing (a path that does not exist) or to a small fixed ELF file.
 //!
 //! Checked: no panic, every iteration ends (libFuzzer's `-timeout` catches hangs), the record
@@ -20,7 +21,9 @@ mod common;
 use libfuzzer_sys::fuzz_target;
 use ptrewind::image::perf_maps::PerfSideband;
 use ptrewind::image::{Image, MmapOptions};
-use ptrewind::store::perf_data::PerfData;
+use ptrewind::store::TraceStreams;
+use ptrewind::store::percpu::split_per_cpu;
+use ptrewind::store::perf_data::{PerfData, Schedule};
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
@@ -73,6 +76,35 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(covered, len, "chunks do not cover the stream");
     }
     let _ = streams.loss_count();
+
+    // Context switches and the per-CPU split: no panic; every piece of a thread's stream
+    // lies inside its CPU stream, and every region is either attributed or counted.
+    let switches = perf.context_switches();
+    if let Some(conv) = switches.conversion {
+        let schedule = Schedule::new(&switches, &conv);
+        for cpu in schedule.cpus().collect::<Vec<_>>() {
+            let _ = schedule.runs_during(cpu, 0, u64::MAX).count();
+        }
+        for t in [0, 1 << 40, u64::MAX] {
+            let _ = conv.perf_time_to_tsc(conv.tsc_to_perf_time(t));
+        }
+    }
+    if let Ok(source) = TraceStreams::from_bytes(data)
+        && let Ok(split) = split_per_cpu(&source, &switches)
+    {
+        let r = &split.report;
+        assert_eq!(
+            r.attributed + r.unattributed.len() as u64,
+            r.regions,
+            "regions lost by the split"
+        );
+        for t in &split.threads {
+            for p in &t.pieces {
+                assert!(p.from <= p.to && p.stream_offset <= t.stream.data.len() as u64);
+            }
+        }
+        let _ = r.problems();
+    }
 
     let sb = PerfSideband::read(&perf);
     for s in &streams.streams {

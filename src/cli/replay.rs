@@ -10,12 +10,14 @@ use ptrewind::image::LoadedElf;
 use ptrewind::image::perf_maps::PerfSideband;
 use ptrewind::server::recording_monitors::where_text;
 use ptrewind::server::{GdbStubAdapter, RecordingTarget, check_listen_addr, register_monitors};
+use ptrewind::store::percpu::split_per_cpu;
 use ptrewind::store::perf_data::PerfData;
 use ptrewind::store::{SourceFormat, TraceFile};
 use ptrewind::timeline::{
     FatalSignal, OfflineInfo, OfflineRecording, ThreadRecording, Timeline, load_saved,
     load_saved_threads,
 };
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -37,11 +39,15 @@ pub struct ReplayArgs {
     /// Raw PT trace file (one thread).
     #[arg(long, value_name = "FILE", conflicts_with = "perf")]
     pt: Option<PathBuf>,
-    /// perf.data recorded with `-e intel_pt//` (one AUX stream, or pick one with `--stream`).
+    /// perf.data recorded with `-e intel_pt//`: per CPU (perf's default; split into threads by
+    /// its context-switch records) or `--per-thread` (one stream per thread); every thread is
+    /// served.
     #[arg(long, value_name = "perf.data")]
     perf: Option<PathBuf>,
-    /// The AUX stream of a perf.data file to replay (its label as `ptrewind decode` prints it
-    /// in `[stream LABEL]`, or its index from 0) when there are several.
+    /// Replay only this AUX stream of a perf.data file, as one thread (its label as `ptrewind
+    /// decode` prints it in `[stream LABEL]`, or its index from 0). A per-CPU stream given
+    /// this way is not split by context switches: every thread that ran on that CPU is served
+    /// as one.
     #[arg(long, value_name = "LABEL|N")]
     stream: Option<String>,
     /// CPU the trace was recorded on (FAMILY/MODEL[/STEPPING]): selects the erratum
@@ -66,7 +72,9 @@ pub struct ReplayArgs {
 /// The trace of `--pt FILE` or of one AUX stream of `--perf perf.data`, with its code image
 /// built as `ptrewind decode` builds it (perf.data mappings, then `--elf`/`--raw` over them).
 /// A perf.data recorded per thread (`perf record --per-thread`: one AUX stream per thread)
-/// without `--stream` gives every thread's stream, each with its thread id.
+/// without `--stream` gives every thread's stream, each with its thread id; one recorded per
+/// CPU (perf's default) is split into threads by its context-switch records
+/// (`store::percpu`), each thread with its own process's code.
 fn load_trace(args: &ReplayArgs) -> Result<Vec<(Option<u32>, OfflineRecording)>, BoxError> {
     let path = match (&args.pt, &args.perf) {
         (Some(p), None) | (None, Some(p)) => p,
@@ -96,32 +104,125 @@ fn load_trace(args: &ReplayArgs) -> Result<Vec<(Option<u32>, OfflineRecording)>,
             .streams
             .iter()
             .all(|s| s.cpu.is_none() && s.tid.is_some());
-    let indices: Vec<usize> = match &args.stream {
-        None if source.streams.len() == 1 => vec![0],
-        None if per_thread => (0..source.streams.len()).collect(),
-        None => {
+    // Per-CPU streams (perf's default mode): split into threads by the context switches.
+    let per_cpu = args.stream.is_none()
+        && matches!(source.format, SourceFormat::PerfData { .. })
+        && source.streams.iter().any(|s| s.cpu.is_some());
+    let mut inputs: Vec<StreamInput<'_>> = Vec::new();
+    let split = if per_cpu {
+        let scan = PerfData::parse(file.bytes())?.context_switches();
+        match split_per_cpu(&source, &scan) {
+            Ok(split) => Some(split),
+            Err(e) if source.streams.len() == 1 => {
+                eprintln!(
+                    "ptrewind: {}: {e}; serving its one stream ({}) as one thread",
+                    path.display(),
+                    labels[0]
+                );
+                None
+            }
+            Err(e) => {
+                return Err(format!(
+                    "{} has {} per-CPU trace streams ({}) that cannot be split into threads: \
+                     {e}; choose one with --stream",
+                    path.display(),
+                    labels.len(),
+                    labels.join(", ")
+                )
+                .into());
+            }
+        }
+    } else {
+        None
+    };
+    if let Some(split) = split {
+        for line in split.report.problems() {
+            eprintln!("ptrewind: {}: {line}", path.display());
+        }
+        let cpus: Vec<&str> = source
+            .streams
+            .iter()
+            .filter(|s| s.cpu.is_some())
+            .map(|s| s.label.as_str())
+            .collect();
+        let tids: Vec<String> = split.threads.iter().map(|t| t.tid.to_string()).collect();
+        eprintln!(
+            "ptrewind: {}: per-CPU stream(s) {} split by context switches into {} thread(s) \
+             ({}): {} of {} trace regions attributed",
+            path.display(),
+            cpus.join(", "),
+            split.threads.len(),
+            tids.join(", "),
+            split.report.attributed,
+            split.report.regions
+        );
+        if split.threads.is_empty() {
             return Err(format!(
-                "{} has {} trace streams ({}); per-CPU streams are not split into threads \
-                 (context switches): choose one with --stream",
-                path.display(),
-                labels.len(),
-                labels.join(", ")
+                "{}: no part of the per-CPU trace could be given to a thread (see above); \
+                 `--stream LABEL` replays one CPU's stream as it is, as one thread",
+                path.display()
             )
             .into());
         }
-        Some(want) => labels
-            .iter()
-            .position(|l| l == want)
-            .or_else(|| want.parse::<usize>().ok().filter(|&i| i < labels.len()))
-            .ok_or_else(|| {
-                format!(
-                    "no stream {want:?} in {} (streams: {})",
+        // A CPU-wide recording (`perf record -a`) has every process's threads: one process is
+        // served (`--pid`, or the only one).
+        let mut pids: Vec<u32> = split.threads.iter().map(|t| t.pid).collect();
+        pids.sort_unstable();
+        pids.dedup();
+        let pid = match (args.image.pid, pids.as_slice()) {
+            (Some(p), _) if pids.contains(&p) => p,
+            (None, [only]) => *only,
+            _ => {
+                let list: Vec<String> = pids.iter().map(u32::to_string).collect();
+                return Err(format!(
+                    "{}: the per-CPU trace has threads of the processes {}: choose one with \
+                     --pid PID",
                     path.display(),
+                    list.join(", ")
+                )
+                .into());
+            }
+        };
+        for t in split.threads.into_iter().filter(|t| t.pid == pid) {
+            inputs.push((Some(t.tid), Some(t.pid), t.stream.label, t.stream.data));
+        }
+    } else {
+        let indices: Vec<usize> = match &args.stream {
+            None if source.streams.len() == 1 => vec![0],
+            None if per_thread => (0..source.streams.len()).collect(),
+            None => {
+                return Err(format!(
+                    "{} has {} trace streams ({}) that are neither per thread nor per CPU: \
+                     choose one with --stream",
+                    path.display(),
+                    labels.len(),
                     labels.join(", ")
                 )
-            })
-            .map(|i| vec![i])?,
-    };
+                .into());
+            }
+            Some(want) => labels
+                .iter()
+                .position(|l| l == want)
+                .or_else(|| want.parse::<usize>().ok().filter(|&i| i < labels.len()))
+                .ok_or_else(|| {
+                    format!(
+                        "no stream {want:?} in {} (streams: {})",
+                        path.display(),
+                        labels.join(", ")
+                    )
+                })
+                .map(|i| vec![i])?,
+        };
+        for index in indices {
+            let s = &source.streams[index];
+            inputs.push((
+                s.tid.filter(|_| per_thread),
+                None,
+                s.label.clone(),
+                Cow::Borrowed(&s.data[..]),
+            ));
+        }
+    }
     let perf = match source.format {
         SourceFormat::PerfData { .. } => Some(PerfData::parse(file.bytes())?),
         SourceFormat::RawPt => None,
@@ -151,13 +252,14 @@ fn load_trace(args: &ReplayArgs) -> Result<Vec<(Option<u32>, OfflineRecording)>,
         _ => None,
     };
     let (given, given_elfs) = given_images(&args.image)?;
-    let mut out = Vec::with_capacity(indices.len());
-    for index in indices {
-        let stream = &source.streams[index];
+    let mut out = Vec::with_capacity(inputs.len());
+    for (tid, split_pid, label, data) in inputs {
         let pid = sideband.as_ref().and_then(|sb| {
-            args.image
-                .pid
-                .or_else(|| sb.pid_for_stream(stream.cpu, stream.tid))
+            args.image.pid.or(split_pid).or_else(|| {
+                // A per-thread stream's thread, or the one stream's CPU and thread.
+                let s = source.stream(&label);
+                sb.pid_for_stream(s.and_then(|s| s.cpu), s.and_then(|s| s.tid).or(tid))
+            })
         });
         let rec = stream_recording(
             args,
@@ -165,15 +267,19 @@ fn load_trace(args: &ReplayArgs) -> Result<Vec<(Option<u32>, OfflineRecording)>,
             sideband.as_ref(),
             pid,
             flow.clone(),
-            &stream.data,
-            format!("{} [{}]", path.display(), stream.label),
+            &data,
+            format!("{} [{label}]", path.display()),
         )?;
-        out.push((stream.tid.filter(|_| per_thread), rec));
+        out.push((tid, rec));
     }
     Ok(out)
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// One stream to replay: (thread id, process id from the per-CPU split, the stream's label,
+/// its bytes).
+type StreamInput<'a> = (Option<u32>, Option<u32>, String, Cow<'a, [u8]>);
 
 /// One stream's recording: its code image (built for its process) and what is known of it.
 fn stream_recording(

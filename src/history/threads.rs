@@ -62,9 +62,13 @@ impl ThreadClock {
         c
     }
 
+    /// Starts a run at instruction `first` with `time`, unless the last run's time is the same
+    /// or later: a stamp that goes back (a TSC a little behind the last MTC estimate, or a
+    /// per-CPU trace's piece whose PSB+ repeats an older TSC) continues the last run, so a
+    /// thread's times never decrease and [`GlobalOrder`] keeps its instructions in order.
     fn push(&mut self, first: u64, time: u64) {
         match self.runs.last() {
-            Some(&(_, t)) if t == time => {}
+            Some(&(_, t)) if t >= time => {}
             _ => self.runs.push((first, time)),
         }
     }

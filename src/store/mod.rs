@@ -9,6 +9,7 @@
 
 pub mod dirfile;
 pub mod live;
+pub mod percpu;
 pub mod view;
 
 /// The perf.data reader lives in the shared perf base ([`crate::perf::data`]); kept here under

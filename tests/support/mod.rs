@@ -14,6 +14,8 @@
 //! - [`rsp`]: a raw remote-protocol client (exact packets, acks, Ctrl-C).
 //! - [`synth`]: synthetic PT streams from the encoder (also `#[path]`-included by the crate's
 //!   unit tests).
+//! - [`percpu`]: a synthetic per-CPU perf.data with its per-thread ground truth (also
+//!   `#[path]`-included by the crate's unit tests).
 //! - [`flow_ips`]: our decoder's instruction addresses and errors for one trace.
 #![allow(dead_code)]
 
@@ -22,6 +24,7 @@ pub mod corpus;
 pub mod gdb;
 pub mod hase;
 pub mod libipt;
+pub mod percpu;
 pub mod programs;
 pub mod qemu;
 pub mod rsp;

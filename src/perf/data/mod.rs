@@ -694,8 +694,10 @@ impl<'data> PerfData<'data> {
 
 mod records;
 mod streams;
+mod switches;
 #[cfg(test)]
 mod tests;
 
 pub use records::*;
 pub use streams::*;
+pub use switches::*;
