@@ -75,15 +75,7 @@ fn record(exe: &Path, args: &[&str], cfg: RecorderConfig) -> (Recording, String)
 
 /// libipt's instruction IPs and errors.
 fn libipt_ips(trace: &[u8], image: &Image) -> (Vec<u64>, Vec<String>) {
-    let sections: Vec<ImageSection> = image
-        .sections()
-        .iter()
-        .map(|s| ImageSection {
-            addr: s.addr,
-            bytes: s.data().to_vec(),
-            name: s.origin.to_string(),
-        })
-        .collect();
+    let sections = ImageSection::all_of(image);
     let run = ipt_insns(trace, None, &sections);
     let mut ips = Vec::new();
     let mut errors = Vec::new();

@@ -328,19 +328,7 @@ pub fn read_file(path: &Path) -> Result<SectionBytes, LoadError> {
         path: path.to_path_buf(),
         source,
     };
-    // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused just below).
-    let mut file = std::os::unix::fs::OpenOptionsExt::custom_flags(
-        std::fs::OpenOptions::new().read(true),
-        libc::O_NONBLOCK,
-    )
-    .open(path)
-    .map_err(io)?;
-    let meta = file.metadata().map_err(io)?;
-    if !meta.is_file() {
-        return Err(io(std::io::Error::other(
-            "not a regular file (a code image must be a file)",
-        )));
-    }
+    let (mut file, meta) = open_regular(path)?;
     if let Ok(len) = usize::try_from(meta.len()) {
         if let Some(bytes) = read_exactly(&mut file, len) {
             let mut probe = [0u8; 1];
@@ -356,6 +344,29 @@ pub fn read_file(path: &Path) -> Result<SectionBytes, LoadError> {
     let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
     file.take(len).read_to_end(&mut bytes).map_err(io)?;
     Ok(SectionBytes::from(bytes))
+}
+
+/// Opens a code image for reading: a regular file, or an error naming `path` (a FIFO, device or
+/// directory is refused, without waiting for a FIFO's writer).
+fn open_regular(path: &Path) -> Result<(std::fs::File, std::fs::Metadata), LoadError> {
+    let io = |source| LoadError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused just below).
+    let file = std::os::unix::fs::OpenOptionsExt::custom_flags(
+        std::fs::OpenOptions::new().read(true),
+        libc::O_NONBLOCK,
+    )
+    .open(path)
+    .map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    if !meta.is_file() {
+        return Err(io(std::io::Error::other(
+            "not a regular file (a code image must be a file)",
+        )));
+    }
+    Ok((file, meta))
 }
 
 /// Maps a whole regular file read-only (`MAP_PRIVATE`), refusing anything else as
@@ -374,19 +385,7 @@ pub fn map_file(path: &Path) -> Result<SectionBytes, LoadError> {
         path: path.to_path_buf(),
         source,
     };
-    // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused just below).
-    let file = std::os::unix::fs::OpenOptionsExt::custom_flags(
-        std::fs::OpenOptions::new().read(true),
-        libc::O_NONBLOCK,
-    )
-    .open(path)
-    .map_err(io)?;
-    let meta = file.metadata().map_err(io)?;
-    if !meta.is_file() {
-        return Err(io(std::io::Error::other(
-            "not a regular file (a code image must be a file)",
-        )));
-    }
+    let (file, meta) = open_regular(path)?;
     if meta.len() == 0 {
         return Ok(SectionBytes::from(Vec::new()));
     }

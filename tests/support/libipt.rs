@@ -287,6 +287,21 @@ pub struct ImageSection {
 }
 
 impl ImageSection {
+    /// Every section of one of our images, as libipt gets them.
+    pub fn all_of(image: &ptrewind::image::Image) -> Vec<ImageSection> {
+        image
+            .sections()
+            .iter()
+            .map(|s| ImageSection {
+                addr: s.addr,
+                bytes: s.data().to_vec(),
+                name: s.origin.to_string(),
+            })
+            .collect()
+    }
+}
+
+impl ImageSection {
     /// One past the last address covered.
     pub fn end(&self) -> u64 {
         self.addr.saturating_add(self.bytes.len() as u64)

@@ -7,7 +7,7 @@
 //! crate's encoder; also `#[path]`-included by the crate's unit tests, so it names the packet
 //! layer `super::packet` (see `synth.rs`).
 
-use super::packet::{Encoder, IpKind, Packet, Tnt};
+use super::packet::{Encoder, IpKind, Packet};
 use std::collections::BTreeMap;
 
 /// The traced process.
@@ -149,14 +149,7 @@ pub fn cpu_stream(start: u64, regions: &[Region]) -> Vec<u8> {
         }
         let mut bits = vec![true; usize::from(r.taken)];
         bits.push(false);
-        for chunk in bits.chunks(6) {
-            let mut t = Tnt::new(0, 0);
-            for &b in chunk {
-                t.bits = (t.bits << 1) | u64::from(b);
-                t.count += 1;
-            }
-            enc.packet(&Packet::ShortTnt(t), &mut out).unwrap();
-        }
+        super::synth::short_tnts(&mut enc, &bits, &mut out);
         enc.ip_packet(IpKind::TipPgd, None, &mut out).unwrap();
         if let Some(tsc) = r.psb_after {
             enc.psb(&mut out);

@@ -131,15 +131,7 @@ pub fn record_program(name: &str, plugin: &Path, dir: &Path) -> Result<ProgramTr
             "{name}: recorded mappings without a file: {missing:?}"
         ));
     }
-    let mut images: Vec<ImageSection> = image
-        .sections()
-        .iter()
-        .map(|s| ImageSection {
-            addr: s.addr,
-            bytes: s.data().to_vec(),
-            name: s.origin.to_string(),
-        })
-        .collect();
+    let mut images = ImageSection::all_of(&image);
     images.sort_by_key(|s| s.addr);
     let command = std::iter::once(exe.display().to_string())
         .chain(args.iter().map(|a| {

@@ -28,15 +28,20 @@ pub fn tsc_stream(base: u64, runs: &[(u64, u8)]) -> Vec<u8> {
         if k == last {
             bits.push(false);
         }
-        for chunk in bits.chunks(6) {
-            let mut t = Tnt::new(0, 0);
-            for &b in chunk {
-                t.bits = (t.bits << 1) | u64::from(b);
-                t.count += 1;
-            }
-            enc.packet(&Packet::ShortTnt(t), &mut out).unwrap();
-        }
+        short_tnts(&mut enc, &bits, &mut out);
     }
     enc.ip_packet(IpKind::TipPgd, None, &mut out).unwrap();
     out
+}
+
+/// `bits` (taken or not, oldest first) as short TNT packets of up to six each.
+pub fn short_tnts(enc: &mut Encoder, bits: &[bool], out: &mut Vec<u8>) {
+    for chunk in bits.chunks(6) {
+        let mut t = Tnt::new(0, 0);
+        for &b in chunk {
+            t.bits = (t.bits << 1) | u64::from(b);
+            t.count += 1;
+        }
+        enc.packet(&Packet::ShortTnt(t), out).unwrap();
+    }
 }

@@ -84,6 +84,17 @@ pub enum SwitchKind {
     ItraceStart,
 }
 
+impl SwitchKind {
+    /// A switch record's kind from its `out` and `preempt` flags.
+    fn of(out: bool, preempt: bool) -> Self {
+        if out {
+            SwitchKind::Out { preempt }
+        } else {
+            SwitchKind::In
+        }
+    }
+}
+
 /// One context-switch fact: a `PERF_RECORD_SWITCH_CPU_WIDE`, `PERF_RECORD_SWITCH` or
 /// `PERF_RECORD_ITRACE_START` with its time and CPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,26 +173,14 @@ impl PerfData<'_> {
                     next_prev_pid,
                     next_prev_tid,
                 } => (
-                    if is_out {
-                        SwitchKind::Out { preempt }
-                    } else {
-                        SwitchKind::In
-                    },
+                    SwitchKind::of(is_out, preempt),
                     None,
                     Some((next_prev_pid, next_prev_tid)),
                 ),
                 RecordData::Switch {
                     out: is_out,
                     preempt,
-                } => (
-                    if is_out {
-                        SwitchKind::Out { preempt }
-                    } else {
-                        SwitchKind::In
-                    },
-                    None,
-                    None,
-                ),
+                } => (SwitchKind::of(is_out, preempt), None, None),
                 RecordData::ItraceStart { pid, tid } => {
                     (SwitchKind::ItraceStart, Some((pid, tid)), None)
                 }
