@@ -557,6 +557,21 @@ fn missing_program_is_an_error() {
     assert!(err.contains("/nonexistent/program"), "{err}");
 }
 
+#[test]
+fn gdbs_spelling_of_an_option_is_said_not_started() {
+    // `-ex` after `--batch` ends ptrewind's options: it used to be taken for the program, a
+    // backend was chosen for it and the start failed with "cannot start -ex".
+    let out = Command::new(env!("CARGO_BIN_EXE_ptrewind"))
+        .args(["gdb", "--batch", "-ex", "info threads", "--", "/bin/true"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("`-ex` is not a program"), "{err}");
+    assert!(err.contains("--ex CMD"), "{err}");
+    assert!(!err.contains("backend"), "{err}");
+}
+
 // ---------------------------------------------------------------------------------------
 // Raw protocol against the router (library API, no GDB).
 

@@ -384,10 +384,19 @@ fn find_program(program: &std::ffi::OsStr) -> Option<std::path::PathBuf> {
 /// Checks that `program` is something ptrewind can record before starting it: an ELF file, or
 /// a `#!` script (the interpreter is what runs and is recorded: the returned note says so).
 /// Anything else is an error: `execvp` would silently run it with `/bin/sh`, and the recording
-/// would be of the shell. A program that cannot be found is left to the start to report.
+/// would be of the shell. A program that cannot be found is left to the start to report, except
+/// a name that starts with `-`: an option given after the options (GDB's `-ex`), said so.
 fn check_program(program: &std::ffi::OsStr) -> Result<Option<String>, String> {
     use std::io::Read;
-    let Some(path) = find_program(program) else {
+    let Some(path) = find_program(program).filter(|p| p.exists()) else {
+        let name = program.to_string_lossy();
+        if name.starts_with('-') {
+            // `ptrewind gdb --batch -ex 'break main' -- prog`: GDB's spelling of an option
+            // ends the options, and `-ex` would be started as the program.
+            return Err(format!(
+                "`{name}` is not a program: ptrewind's options come before the program, and                  GDB's `-ex CMD` is spelled `--ex CMD` here (`ptrewind gdb --ex 'break main' --                  PROGRAM ARGS`); name a program that starts with `-` by its path (`./{name}`)"
+            ));
+        }
         return Ok(None);
     };
     let mut head = Vec::with_capacity(256);
