@@ -104,13 +104,18 @@ fn load_trace(args: &ReplayArgs) -> Result<Vec<(Option<u32>, OfflineRecording)>,
             .streams
             .iter()
             .all(|s| s.cpu.is_none() && s.tid.is_some());
+    // Parsed once: the context switches (per-CPU split), the CPU and the sideband.
+    let perf = match source.format {
+        SourceFormat::PerfData { .. } => Some(PerfData::parse(file.bytes())?),
+        SourceFormat::RawPt => None,
+    };
     // Per-CPU streams (perf's default mode): split into threads by the context switches.
-    let per_cpu = args.stream.is_none()
-        && matches!(source.format, SourceFormat::PerfData { .. })
-        && source.streams.iter().any(|s| s.cpu.is_some());
+    let per_cpu_perf = perf
+        .as_ref()
+        .filter(|_| args.stream.is_none() && source.streams.iter().any(|s| s.cpu.is_some()));
     let mut inputs: Vec<StreamInput<'_>> = Vec::new();
-    let split = if per_cpu {
-        let scan = PerfData::parse(file.bytes())?.context_switches();
+    let split = if let Some(perf) = per_cpu_perf {
+        let scan = perf.context_switches();
         match split_per_cpu(&source, &scan) {
             Ok(split) => Some(split),
             Err(e) if source.streams.len() == 1 => {
@@ -223,10 +228,6 @@ fn load_trace(args: &ReplayArgs) -> Result<Vec<(Option<u32>, OfflineRecording)>,
             ));
         }
     }
-    let perf = match source.format {
-        SourceFormat::PerfData { .. } => Some(PerfData::parse(file.bytes())?),
-        SourceFormat::RawPt => None,
-    };
     // Errata and timing as `decode` picks them: --cpu, else the perf.data header.
     let cpu = match (args.cpu, perf.as_ref().and_then(|p| p.cpuid())) {
         (Some(c), _) => Some(c),
