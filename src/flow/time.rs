@@ -82,11 +82,7 @@ impl TimeState {
 
     /// A TSC packet.
     pub fn tsc(&mut self, low56: u64) {
-        let mask = (1u64 << 56) - 1;
-        let mut t = (self.tsc & !mask) | (low56 & mask);
-        if self.have_tsc && t.wrapping_add(0x10000) < self.tsc {
-            t = t.wrapping_add(1 << 56);
-        }
+        let t = crate::packet::extend_tsc(self.have_tsc.then_some(self.tsc), low56);
         self.tsc = t;
         self.have_tsc = true;
         self.have_tma = false;

@@ -17,6 +17,20 @@ pub use encode::{
 pub use lastip::{LastIp, LastIpError};
 pub use sync::{PSB_BYTES, find_psb_backward, find_psb_forward};
 
+/// The full TSC of a TSC packet's low 56 bits, after the last full TSC `prev` of the same
+/// stream: its upper bits, one more wrap of the 56-bit counter when the value fell far back.
+#[inline]
+pub fn extend_tsc(prev: Option<u64>, low56: u64) -> u64 {
+    const MASK: u64 = (1 << 56) - 1;
+    let last = prev.unwrap_or(0);
+    let t = (last & !MASK) | (low56 & MASK);
+    if prev.is_some() && t.wrapping_add(0x10000) < last {
+        t.wrapping_add(1 << 56)
+    } else {
+        t
+    }
+}
+
 /// How an IP packet (TIP, TIP.PGE, TIP.PGD, FUP) compresses its payload against Last IP: the
 /// packet's IPBytes field (byte 0, bits 7:5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

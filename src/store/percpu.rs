@@ -344,12 +344,7 @@ impl<'a> Scanner<'a> {
     }
 
     fn extend_tsc(&self, low: u64) -> u64 {
-        let prev = self.last_tsc.unwrap_or(0);
-        let mut t = (prev & !TSC_MASK) | (low & TSC_MASK);
-        if self.last_tsc.is_some() && t.wrapping_add(0x10000) < prev {
-            t = t.wrapping_add(1 << 56);
-        }
-        t
+        crate::packet::extend_tsc(self.last_tsc, low)
     }
 
     fn open_region(&mut self, opening: Opening, start: u64, body: u64) {
