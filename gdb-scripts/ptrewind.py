@@ -135,35 +135,56 @@ def _sp_unavailable():
         return False
 
 
-class _PtHook(gdb.Command):
-    """Runs before GDB's reverse-finish/reverse-next/reverse-step: in a past without a stack
-    pointer GDB cannot unwind (reverse-finish would say "not meaningful in the outermost frame",
-    reverse-next would run back to the previous breakpoint); the server does reverse-finish and
-    reverse-next instead, and reverse-step is refused with the reason."""
+class _ReverseOverride(gdb.Command):
+    """Replaces GDB's reverse-finish / reverse-next / reverse-step so that a past without a stack
+    pointer (PC-only: QEMU and hardware recordings) is handled: GDB cannot unwind there
+    (reverse-finish would say "not meaningful in the outermost frame", reverse-next would run back
+    to the previous breakpoint), so the server does reverse-finish and reverse-next from the
+    recorded calls and returns, and reverse-step is refused with the reason. Everywhere else GDB's
+    own command runs, exactly as GDB runs it: the forward command with `exec-direction reverse`.
 
-    def __init__(self):
-        super().__init__("pt _before", gdb.COMMAND_USER)
+    A replacement rather than a `hook-` command: a hook can keep GDB's version from running only
+    by raising an error, which reports success as a failure and aborts the user's scripts and
+    breakpoint command lists. GDB's aliases (`rn`, `rs`) follow the replacement."""
+
+    def __init__(self, name, forward, doc):
+        self.__doc__ = doc
+        super().__init__(name, gdb.COMMAND_RUNNING)
+        self._name = name
+        self._forward = forward
 
     def invoke(self, arg, from_tty):
-        what = arg.strip()
-        if not _sp_unavailable():
+        if gdb.parameter("exec-direction") == "reverse":
+            # GDB's own wording (infcmd.c, exec_reverse_once).
+            raise gdb.GdbError(
+                "Already in reverse mode.  Use '%s' or 'set exec-dir forward'." % self._forward
+            )
+        if _sp_unavailable():
+            self._pc_only(arg)
             return
-        if what == "reverse-step":
+        gdb.execute("set exec-direction reverse", to_string=True)
+        try:
+            gdb.execute((self._forward + " " + arg).strip(), from_tty)
+        finally:
+            gdb.execute("set exec-direction forward", to_string=True)
+
+    def _pc_only(self, arg):
+        if self._forward == "step":
             raise gdb.GdbError(
                 "ptrewind: reverse-step needs the stack pointer, which this past does not have "
                 "(PC-only); use reverse-next, reverse-finish, reverse-stepi or a breakpoint and "
                 "reverse-continue"
             )
-        gdb.execute("pt " + what)
-        # An error keeps GDB from running its own version after this hook.
-        raise gdb.GdbError(
-            "ptrewind: " + what + " done from the recorded calls and returns (no stack pointer "
-            "in this past)"
+        count = 1
+        if self._forward == "next" and arg.strip():
+            count = int(gdb.parse_and_eval(arg))
+        for _ in range(count):
+            gdb.execute("pt " + self._name)
+        sys.stdout.write(
+            "ptrewind: %s done from the recorded calls and returns (no stack pointer in this "
+            "past)\n" % self._name
         )
 
-
-for _cmd in ("reverse-finish", "reverse-next", "reverse-step"):
-    gdb.execute("define hook-%s\npt _before %s\nend" % (_cmd, _cmd))
 
 PtPrefix()
 PtHistory()
@@ -174,4 +195,23 @@ PtView()
 PtGoto()
 PtReverse("reverse-finish")
 PtReverse("reverse-next")
-_PtHook()
+_ReverseOverride(
+    "reverse-finish",
+    "finish",
+    "Execute backward until just before selected stack frame is called.\n"
+    "In a past without a stack pointer (PC-only), ptrewind does it from the recorded calls.",
+)
+_ReverseOverride(
+    "reverse-next",
+    "next",
+    "Step program backward, proceeding through subroutine calls.\n"
+    "Usage: reverse-next [N]\n"
+    "In a past without a stack pointer (PC-only), ptrewind does it from the recorded calls.",
+)
+_ReverseOverride(
+    "reverse-step",
+    "step",
+    "Step program backward until it reaches the beginning of another source line.\n"
+    "Usage: reverse-step [N]\n"
+    "Refused in a past without a stack pointer (PC-only), where GDB cannot unwind.",
+)

@@ -263,6 +263,15 @@ fn gdb_mi_reverse_commands_as_cpptools_sends_them() {
     let g = gdb_session(ptrace_server(&exe), &exe, &cli, TIMEOUT);
     let want = g.tagged("PC");
     assert_eq!(want.len(), steps.len(), "{}", g.dump());
+    // With ptrewind's GDB script (which `ptrewind gdb` loads) reverse-next, reverse-step and
+    // reverse-finish are its replacements; where the stack pointer is known they must run GDB's
+    // own commands and land where GDB's do.
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("gdb-scripts/ptrewind.py");
+    let mut scripted = vec![format!("source {}", script.display())];
+    scripted.extend(cli.iter().cloned());
+    let s = gdb_session(ptrace_server(&exe), &exe, &scripted, TIMEOUT);
+    assert_eq!(s.tagged("PC"), want, "{}\n{}", s.dump(), g.dump());
+    assert!(!s.gdb.contains("ptrewind: reverse-"), "{}", s.dump());
 
     // GDB/MI over pipes.
     let server = ptrace_server(&exe);

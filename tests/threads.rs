@@ -724,7 +724,8 @@ fn live_ptrace_session_serves_every_threads_past() {
 /// server from the decoded calls and returns, in the selected thread. From worker B's last
 /// `step_b`: reverse-finish stops at the call instruction in `worker_b`; reverse-next goes back
 /// to the start of that one-line function's line (its first instruction); reverse-step is
-/// refused with the reason.
+/// refused with the reason. reverse-finish and reverse-next run from a sourced command file:
+/// done, they are not errors, so the rest of the file runs (GDB stops a script at an error).
 #[test]
 fn reverse_finish_and_next_in_a_pc_only_thread() {
     if !ready() {
@@ -741,6 +742,13 @@ fn reverse_finish_and_next_in_a_pc_only_thread() {
         .collect();
     cli.push(rec_dir.into());
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("gdb-scripts/ptrewind.py");
+    let commands = dir.path().join("back.gdb");
+    std::fs::write(
+        &commands,
+        "echo @finish\\n\nreverse-finish\nprintf \"PC %lx\\n\", $pc\nx/i $pc\n\
+         echo @next\\n\nreverse-next\nprintf \"PC %lx\\n\", $pc\necho @sourced-to-the-end\\n\n",
+    )
+    .expect("write the command file");
     let run = gdb_session(
         Server::start_cli(&cli),
         &exe,
@@ -749,13 +757,7 @@ fn reverse_finish_and_next_in_a_pc_only_thread() {
             "break step_b".into(),
             "reverse-continue".into(),
             "delete".into(),
-            "echo @finish\\n".into(),
-            "reverse-finish".into(),
-            "printf \"PC %lx\\n\", $pc".into(),
-            "x/i $pc".into(),
-            "echo @next\\n".into(),
-            "reverse-next".into(),
-            "printf \"PC %lx\\n\", $pc".into(),
+            format!("source {}", commands.display()),
             "echo @step\\n".into(),
             "reverse-step".into(),
             "printf \"PC %lx\\n\", $pc".into(),
@@ -792,4 +794,6 @@ fn reverse_finish_and_next_in_a_pc_only_thread() {
         "{}",
         run.dump()
     );
+    // Both were done without an error, so the sourced file ran to its end.
+    assert!(run.gdb.contains("@sourced-to-the-end"), "{}", run.dump());
 }
