@@ -1200,8 +1200,21 @@ fn library_symbols_and_maps_are_the_guests() {
         .collect();
     // (`monitor reverse-finish` says where it went, as `monitor where` does after it.)
     assert_eq!(wheres.len(), 5, "{}", r.dump());
-    // At the first instruction only the program and the loader are mapped.
+    // At the first instruction only the program and the loader are mapped, and the plugin has
+    // written nothing yet: the server places them from the auxiliary vector and names the
+    // loader's entry as GDB does (`_start`, a label in ld.so's separate debug file; when GDB
+    // cannot name it, neither can the server).
     assert!(wheres[0].contains("instruction 0 "), "{}", r.dump());
+    let gdbs = r
+        .gdb
+        .lines()
+        .find_map(|l| l.split_once(" in ")?.1.split_once(" () from ").map(|n| n.0))
+        .unwrap_or("??");
+    assert!(
+        wheres[0].ends_with(&format!(" in {gdbs}")),
+        "GDB says {gdbs}\n{}",
+        r.dump()
+    );
     assert!(
         wheres[1].contains("in shared_scale+")
             && wheres[1].ends_with(&format!("at libshared.c:{shared_line}")),

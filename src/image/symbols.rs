@@ -92,7 +92,13 @@ pub struct Symbolizer {
 }
 
 fn demangle(name: &str) -> Box<str> {
-    addr2line::demangle_auto(Cow::Borrowed(name), None).into()
+    // Only mangled names: the C++ demangler also reads a bare type encoding, so a C function
+    // `f` or `i` would show as `float` or `int` (GDB demangles only `_Z`, Rust `_R`/`_ZN`).
+    if name.starts_with("_Z") || name.starts_with("_R") {
+        addr2line::demangle_auto(Cow::Borrowed(name), None).into()
+    } else {
+        name.into()
+    }
 }
 
 impl Symbolizer {
@@ -293,7 +299,12 @@ fn collect_symbols(file: &object::File<'_>, syms: &mut Vec<Sym>) {
         let Ok(section) = file.section_by_index(index) else {
             continue;
         };
-        let is_code = section.kind() == object::SectionKind::Text;
+        // A debug file's code sections are NOBITS (object calls them uninitialized data);
+        // their flags still say executable. Labels there (ld.so's `_start`, NOTYPE) are what
+        // GDB names the code by, as it does in the file itself.
+        let is_code = section.kind() == object::SectionKind::Text
+            || matches!(section.flags(), object::SectionFlags::Elf { sh_flags, .. }
+                if sh_flags.0 & object::elf::SHF_EXECINSTR.0 != 0);
         let rank = match s.kind() {
             SymbolKind::Text if s.is_global() && s.size() > 0 => 0,
             SymbolKind::Text if s.size() > 0 => 1,
@@ -426,4 +437,53 @@ fn load_dwarf(bytes: &SectionBytes) -> Result<DwarfContext, String> {
 fn assert_send_sync() {
     fn check<T: Send + Sync>() {}
     check::<Symbolizer>();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    /// A label in a separate debug file's code (ld.so's `_start`: NOTYPE, size 0) names the
+    /// code as GDB names it, though the debug file's copy of `.text` is NOBITS; names are
+    /// demangled only when mangled.
+    #[test]
+    fn labels_in_a_debug_files_code_are_symbols() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let src = dir.path().join("l.s");
+        std::fs::write(
+            &src,
+            ".text\n.globl f\n.type f,@function\nf: ret\n.size f,1\nentry_label: nop\nret\n\
+             .globl _ZN2ns3fooEv\n_ZN2ns3fooEv: ret\n",
+        )
+        .expect("write");
+        let obj = dir.path().join("l.o");
+        let debug = dir.path().join("l.debug");
+        let ok = |c: &mut Command| c.status().is_ok_and(|s| s.success());
+        if !ok(Command::new("cc").arg("-c").arg(&src).arg("-o").arg(&obj))
+            || !ok(Command::new("objcopy")
+                .arg("--only-keep-debug")
+                .arg(&obj)
+                .arg(&debug))
+        {
+            eprintln!("SKIPPED: cc or objcopy missing");
+            return;
+        }
+        let bytes = std::fs::read(&debug).expect("read");
+        let file = object::File::parse(&*bytes).expect("parse");
+        let text = file.section_by_name(".text").expect(".text");
+        assert_ne!(
+            text.kind(),
+            object::SectionKind::Text,
+            "NOBITS in a debug file"
+        );
+        let mut syms = Vec::new();
+        collect_symbols(&file, &mut syms);
+        let names: Vec<&str> = syms.iter().map(|s| &*s.name).collect();
+        assert!(names.contains(&"f"), "{names:?}");
+        assert!(names.contains(&"entry_label"), "{names:?}");
+        // A C name that reads as a C++ type encoding stays itself; a mangled one is demangled.
+        assert!(!names.contains(&"float"), "{names:?}");
+        assert!(names.contains(&"ns::foo()"), "{names:?}");
+    }
 }

@@ -731,31 +731,130 @@ pub struct LoaderView {
     pub objects: Vec<(PathBuf, u64, u64)>,
 }
 
-/// The program headers of an ELF image: (`e_phoff`, `e_phentsize`, `e_phnum`, `e_entry`, each
-/// `(p_type, p_vaddr, p_offset)`).
-type Phdrs = (
-    u64,
-    u64,
-    u64,
-    u64,
-    Vec<(object::elf::ProgramType, u64, u64)>,
-);
+/// One program header: what placing an ELF image and finding its parts needs.
+#[derive(Debug, Clone, Copy)]
+struct Segment {
+    kind: object::elf::ProgramType,
+    vaddr: u64,
+    offset: u64,
+    filesz: u64,
+    exec: bool,
+}
 
-fn program_headers(data: &[u8]) -> Option<Phdrs> {
-    use object::read::elf::{FileHeader, ProgramHeader};
-    let elf = object::elf::FileHeader64::<object::Endianness>::parse(data).ok()?;
-    let endian = elf.endian().ok()?;
-    let headers = elf.program_headers(endian, data).ok()?;
-    Some((
-        elf.e_phoff(endian),
-        u64::from(elf.e_phentsize(endian)),
-        headers.len() as u64,
-        elf.e_entry(endian),
-        headers
+/// The ELF header fields of an image that the auxiliary vector describes, and its program headers.
+struct Phdrs {
+    phoff: u64,
+    phent: u64,
+    entry: u64,
+    segments: Vec<Segment>,
+}
+
+impl Phdrs {
+    fn parse(data: &[u8]) -> Option<Phdrs> {
+        use object::read::elf::{FileHeader, ProgramHeader};
+        let elf = object::elf::FileHeader64::<object::Endianness>::parse(data).ok()?;
+        let endian = elf.endian().ok()?;
+        let headers = elf.program_headers(endian, data).ok()?;
+        Some(Phdrs {
+            phoff: elf.e_phoff(endian),
+            phent: u64::from(elf.e_phentsize(endian)),
+            entry: elf.e_entry(endian),
+            segments: headers
+                .iter()
+                .map(|h| Segment {
+                    kind: h.p_type(endian),
+                    vaddr: h.p_vaddr(endian),
+                    offset: h.p_offset(endian),
+                    filesz: h.p_filesz(endian),
+                    exec: h.p_flags(endian).0 & object::elf::PF_X.0 != 0,
+                })
+                .collect(),
+        })
+    }
+
+    /// The link-time address of the program headers, which the loader reports biased as
+    /// `AT_PHDR`: `PT_PHDR` if present, else the `PT_LOAD` holding the headers' file offset.
+    fn phdr_vaddr(&self) -> u64 {
+        self.segments
             .iter()
-            .map(|h| (h.p_type(endian), h.p_vaddr(endian), h.p_offset(endian)))
-            .collect(),
-    ))
+            .find(|h| h.kind == object::elf::PT_PHDR)
+            .map(|h| h.vaddr)
+            .or_else(|| {
+                self.segments
+                    .iter()
+                    .filter(|h| h.kind == object::elf::PT_LOAD && h.offset <= self.phoff)
+                    .map(|h| h.vaddr + (self.phoff - h.offset))
+                    .next_back()
+            })
+            .unwrap_or(self.phoff)
+    }
+
+    /// The file mappings the loader makes for this image at load bias `bias`: one per
+    /// `PT_LOAD`, page-aligned as `mmap` requires.
+    fn mappings(&self, bias: u64, pid: u32, path: &Path) -> Vec<MmapRecord> {
+        const PAGE: u64 = 4096;
+        self.segments
+            .iter()
+            .filter(|h| h.kind == object::elf::PT_LOAD && h.filesz > 0)
+            .map(|h| {
+                let skew = h.vaddr % PAGE;
+                MmapRecord {
+                    pid,
+                    tid: pid,
+                    addr: bias.wrapping_add(h.vaddr - skew),
+                    len: (h.filesz + skew).div_ceil(PAGE) * PAGE,
+                    pgoff: h.offset - h.offset % PAGE,
+                    filename: path.to_string_lossy().into_owned(),
+                    exec: h.exec,
+                }
+            })
+            .collect()
+    }
+}
+
+/// Where QEMU's loader placed the program and its interpreter, from the auxiliary vector the
+/// guest was started with (`AT_PHDR` places the program, `AT_BASE` the interpreter): the
+/// inverse of [`Recorded::loader_view`]. It answers before the guest has run its first block,
+/// when the plugin has not yet written the start snapshot [`Recorded::mmap_records`] reads.
+pub fn loader_mappings(program: &Path, auxv: &[u8], pid: u32) -> Vec<MmapRecord> {
+    let entry = |key: u64| {
+        auxv.chunks_exact(16)
+            .map(|p| {
+                let word = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or_default());
+                (word(&p[..8]), word(&p[8..]))
+            })
+            .take_while(|&(k, _)| k != 0)
+            .find(|&(k, _)| k == key)
+            .map(|(_, v)| v)
+    };
+    let mut out = Vec::new();
+    let program = std::fs::canonicalize(program).unwrap_or_else(|_| program.to_path_buf());
+    let Some(phdr) = entry(3) else {
+        return out;
+    };
+    if let Some(headers) = std::fs::read(&program)
+        .ok()
+        .as_deref()
+        .and_then(Phdrs::parse)
+    {
+        let bias = phdr.wrapping_sub(headers.phdr_vaddr());
+        out.extend(headers.mappings(bias, pid, &program));
+    }
+    if let (Some(base), Some(interp)) = (entry(7).filter(|&b| b != 0), interpreter_of(&program))
+        && let Some(headers) = std::fs::read(&interp)
+            .ok()
+            .as_deref()
+            .and_then(Phdrs::parse)
+    {
+        // The interpreter is a shared object linked at 0: its bias is its base.
+        let first = headers
+            .segments
+            .iter()
+            .find(|h| h.kind == object::elf::PT_LOAD)
+            .map_or(0, |h| h.vaddr - h.vaddr % 4096);
+        out.extend(headers.mappings(base.wrapping_sub(first), pid, &interp));
+    }
+    out
 }
 
 impl Recorded {
@@ -767,20 +866,8 @@ impl Recorded {
         let program = std::fs::canonicalize(&program).unwrap_or(program);
         let same = |p: &Path| std::fs::canonicalize(p).is_ok_and(|c| c == program);
         let exe = elfs.iter().find(|e| same(&e.path))?;
-        let (phoff, phent, phnum, entry, headers) = program_headers(&exe.bytes)?;
-        // AT_PHDR: PT_PHDR if present, else the PT_LOAD holding the headers' file offset.
-        let phdr = headers
-            .iter()
-            .find(|h| h.0 == object::elf::PT_PHDR)
-            .map(|h| h.1)
-            .or_else(|| {
-                headers
-                    .iter()
-                    .filter(|h| h.0 == object::elf::PT_LOAD && h.2 <= phoff)
-                    .map(|h| h.1 + (phoff - h.2))
-                    .next_back()
-            })
-            .unwrap_or(phoff);
+        let headers = Phdrs::parse(&exe.bytes)?;
+        let phdr = headers.phdr_vaddr();
         let interp = interpreter_of(&program);
         let base = interp
             .as_deref()
@@ -792,11 +879,11 @@ impl Recorded {
         let mut auxv = Vec::new();
         for (k, v) in [
             (3u64, exe.bias.wrapping_add(phdr)),
-            (4, phent),
-            (5, phnum),
+            (4, headers.phent),
+            (5, headers.segments.len() as u64),
             (6, 4096),
             (7, base),
-            (9, exe.bias.wrapping_add(entry)),
+            (9, exe.bias.wrapping_add(headers.entry)),
             (0, 0),
         ] {
             auxv.extend_from_slice(&k.to_le_bytes());
@@ -806,9 +893,14 @@ impl Recorded {
             .iter()
             .filter(|e| !same(&e.path))
             .map(|e| {
-                let dynamic = program_headers(&e.bytes)
-                    .and_then(|h| h.4.iter().find(|h| h.0 == object::elf::PT_DYNAMIC).copied())
-                    .map_or(0, |h| e.bias.wrapping_add(h.1));
+                let dynamic = Phdrs::parse(&e.bytes)
+                    .and_then(|h| {
+                        h.segments
+                            .iter()
+                            .find(|h| h.kind == object::elf::PT_DYNAMIC)
+                            .copied()
+                    })
+                    .map_or(0, |h| e.bias.wrapping_add(h.vaddr));
                 (e.path.clone(), e.bias, dynamic)
             })
             .collect();

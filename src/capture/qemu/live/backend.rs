@@ -67,16 +67,26 @@ impl LiveBackend for QemuLive {
     fn maps(&mut self) -> String {
         // The guest's code mappings as /proc/PID/maps lines (read-only, executable, from files):
         // what the loader placed and what the guest mapped since, from the recording directory.
-        let Ok(rec) = Recorded::open_layout(self.rec.dir()) else {
-            return String::new();
-        };
-        rec.mmap_records()
+        let mut records = Recorded::open_layout(self.rec.dir())
+            .map(|rec| rec.mmap_records())
+            .unwrap_or_default();
+        if records.is_empty() {
+            // Stopped before the guest's first block (the stub holds a new program at its
+            // interpreter's entry): the plugin has written nothing yet, but the loader has
+            // placed the program and its interpreter, which the auxiliary vector says.
+            let pid = self.rec.pid();
+            if let Ok(auxv) = self.remote.auxv() {
+                records = loader_mappings(&self.program, &auxv, pid);
+            }
+        }
+        records
             .iter()
             .map(|m| {
                 format!(
-                    "{:x}-{:x} r-xp {:08x} 00:00 0 {}\n",
+                    "{:x}-{:x} r{}p {:08x} 00:00 0 {}\n",
                     m.addr,
                     m.addr + m.len,
+                    if m.exec { "-x" } else { "--" },
                     m.pgoff,
                     m.filename
                 )

@@ -40,7 +40,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use super::recording::{QemuConfig, QemuError, QemuRecording, Recorded};
+use super::recording::{QemuConfig, QemuError, QemuRecording, Recorded, loader_mappings};
 use super::remote::launch::{LaunchError, connect_socket};
 use super::remote::{
     Action, BreakKind, Remote, RemoteError, RemoteOptions, ResumeAction, StopReply, ThreadId,
