@@ -578,7 +578,7 @@ fn stops_read_only_the_new_part_of_the_stream() {
     };
     let third = run.after("@third");
     let total = field(third, "trace bytes              ");
-    let read = field(third, "trace read at the last stop ");
+    let read = field(third, "trace read at last stop ");
     assert!(total > 100_000, "{}", run.dump());
     assert!(
         read > 0 && read < total,

@@ -519,7 +519,7 @@ impl LiveBackend for SoftCapture {
             format!("{} ({} vanished under ptrace)", r.threads_lost, t.vanished),
         );
         line("thread switches", r.switches.to_string());
-        line("steps blocked in syscalls", r.blocked_steps.to_string());
+        line("steps blocked in syscall", r.blocked_steps.to_string());
         if let Some(l) = self.rec.state_log().map(|l| l.stats()) {
             line("state-log bytes", l.total_bytes.to_string());
             let per = if l.instructions == 0 {
@@ -529,7 +529,7 @@ impl LiveBackend for SoftCapture {
             };
             line("state-log bytes/insn", format!("{per:.2}"));
             line("state-log unknown writes", l.unknown_writes.to_string());
-            line("state-log unknown syscalls", l.unknown_syscalls.to_string());
+            line("syscalls not modelled", l.unknown_syscalls.to_string());
             line(
                 "state-log vector snaps",
                 format!(

@@ -640,7 +640,7 @@ impl LiveBackend for QemuLive {
         );
         line("stops", self.stops.to_string());
         line(
-            "trace read at the last stop",
+            "trace read at last stop",
             format!(
                 "{} stream bytes, {} provisional bytes (rewritten at the next stop), every \
                  thread",
@@ -648,11 +648,11 @@ impl LiveBackend for QemuLive {
             ),
         );
         line(
-            "stub packets with bad checksums",
+            "stub bad checksums",
             self.remote.bad_checksums().to_string(),
         );
         if let Some(c) = &self.last_completion {
-            line("stream completed at the last stop", c.clone());
+            line("stream end at last stop", c.clone());
         }
         if let Some(e) = self.stop_errors.last() {
             line("last stop error", e.clone());
