@@ -546,15 +546,27 @@ fn non_loopback_listen_is_refused() {
     assert!(err.contains("0.0.0.0"), "{err}");
 }
 
+/// A program that does not exist is said in one line before a backend is chosen (the choice's
+/// paragraph about Intel PT and QEMU used to come first and bury it), for a path and a name
+/// looked up in PATH.
 #[test]
 fn missing_program_is_an_error() {
-    let out = Command::new(env!("CARGO_BIN_EXE_ptrewind"))
-        .args(["record", "--", "/nonexistent/program"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("/nonexistent/program"), "{err}");
+    for (program, why) in [
+        ("/nonexistent/program", "no such file"),
+        ("ptrewind-no-such-program", "not found in PATH"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ptrewind"))
+            .args(["record", "--", program])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            err.trim_end(),
+            format!("ptrewind: cannot start {program}: {why}"),
+            "{err}"
+        );
+    }
 }
 
 #[test]
@@ -570,6 +582,8 @@ fn gdbs_spelling_of_an_option_is_said_not_started() {
     assert!(err.contains("`-ex` is not a program"), "{err}");
     assert!(err.contains("--ex CMD"), "{err}");
     assert!(!err.contains("backend"), "{err}");
+    // One line of prose, not the source's indentation (a lost line continuation).
+    assert!(!err.contains("  "), "{err}");
 }
 
 // ---------------------------------------------------------------------------------------

@@ -384,8 +384,8 @@ fn find_program(program: &std::ffi::OsStr) -> Option<std::path::PathBuf> {
 /// Checks that `program` is something ptrewind can record before starting it: an ELF file, or
 /// a `#!` script (the interpreter is what runs and is recorded: the returned note says so).
 /// Anything else is an error: `execvp` would silently run it with `/bin/sh`, and the recording
-/// would be of the shell. A program that cannot be found is left to the start to report, except
-/// a name that starts with `-`: an option given after the options (GDB's `-ex`), said so.
+/// would be of the shell. A program that cannot be found is said at once (a name that starts
+/// with `-` as an option given after the options, GDB's `-ex`).
 fn check_program(program: &std::ffi::OsStr) -> Result<Option<String>, String> {
     use std::io::Read;
     let Some(path) = find_program(program).filter(|p| p.exists()) else {
@@ -394,10 +394,17 @@ fn check_program(program: &std::ffi::OsStr) -> Result<Option<String>, String> {
             // `ptrewind gdb --batch -ex 'break main' -- prog`: GDB's spelling of an option
             // ends the options, and `-ex` would be started as the program.
             return Err(format!(
-                "`{name}` is not a program: ptrewind's options come before the program, and                  GDB's `-ex CMD` is spelled `--ex CMD` here (`ptrewind gdb --ex 'break main' --                  PROGRAM ARGS`); name a program that starts with `-` by its path (`./{name}`)"
+                "`{name}` is not a program: ptrewind's options come before the program, and \
+                 GDB's `-ex CMD` is spelled `--ex CMD` here (`ptrewind gdb --ex 'break main' -- \
+                 PROGRAM ARGS`); name a program that starts with `-` by its path (`./{name}`)"
             ));
         }
-        return Ok(None);
+        // Said before a backend is chosen: the choice's reasons would only bury it.
+        return Err(if program.as_encoded_bytes().contains(&b'/') {
+            format!("cannot start {name}: no such file")
+        } else {
+            format!("cannot start {name}: not found in PATH")
+        });
     };
     let mut head = Vec::with_capacity(256);
     match std::fs::File::open(&path) {
