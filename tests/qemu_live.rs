@@ -696,6 +696,85 @@ fn every_thread_live_breakpoint_and_crash_in_a_worker() {
     assert!(!back.contains("Could not read registers"), "{}", run.dump());
 }
 
+/// `monitor save` in a live multi-thread session saves every thread (it used to save the main
+/// thread's history alone, without a word), at the present and again from the past, and
+/// `ptrewind replay DIR` serves them all: `break work` + reverse-continue stops in each of the
+/// three threads, the workers' calls latest first, then main's, as in the live session.
+#[test]
+fn a_live_save_keeps_every_thread() {
+    let Some((dir, exe)) = setup_mt() else {
+        return;
+    };
+    let at_present = dir.path().join("saved-present");
+    let from_past = dir.path().join("saved-past");
+    let tid = "python print(\"TID\", gdb.selected_thread().ptid[1])";
+    let live = session(
+        &exe,
+        &["crash"],
+        &[
+            "continue".to_string(),
+            format!("monitor save {}", at_present.display()),
+            "break work".into(),
+            "reverse-continue".into(),
+            tid.into(),
+            "printf \"PC %lx\\n\", $pc".into(),
+            format!("monitor save {}", from_past.display()),
+            tid.into(),
+            "printf \"PC %lx\\n\", $pc".into(),
+            "kill".into(),
+        ],
+    );
+    // (GDB prints monitor output on stderr, after the rest.)
+    assert_eq!(
+        live.gdb.matches("saved 3 threads to").count(),
+        2,
+        "{}",
+        live.dump()
+    );
+    // Saving from the past leaves the session where it was: the thread stays selected, at
+    // the call of `work`.
+    let at = live.tagged("TID");
+    assert_eq!(at.len(), 2, "{}", live.dump());
+    assert_eq!(at[0], at[1], "{}", live.dump());
+    let pcs = live.tagged("PC");
+    assert!(pcs.len() == 2 && pcs[0] == pcs[1], "{}", live.dump());
+    for saved in [&at_present, &from_past] {
+        let mut cli: Vec<std::ffi::OsString> = ["replay", "--listen", "127.0.0.1:0"]
+            .iter()
+            .map(Into::into)
+            .collect();
+        cli.push(saved.into());
+        let run = gdb_session(
+            Server::start_cli(&cli),
+            &exe,
+            &cmds(&[
+                "info threads",
+                "break work",
+                "reverse-continue",
+                tid,
+                "reverse-continue",
+                tid,
+                "reverse-continue",
+                tid,
+            ]),
+            Duration::from_secs(120),
+        );
+        let tids: Vec<i64> = run
+            .tagged("TID")
+            .iter()
+            .map(|t| t.parse().expect("a thread id"))
+            .collect();
+        assert_eq!(tids.len(), 3, "{}", run.dump());
+        let main = i64::from(live.pid);
+        assert!(
+            tids[0] != main && tids[1] != main && tids[0] != tids[1],
+            "{tids:?}\n{}",
+            run.dump()
+        );
+        assert_eq!(tids[2], main, "{tids:?}\n{}", run.dump());
+    }
+}
+
 /// Every thread's past in a live session: from a worker's crash, GDB's reverse-finish (the
 /// ptrewind script's, PC-only) goes back to the call in that worker; `break work` +
 /// reverse-continue stops at each thread's call of `work` latest first in global order (the

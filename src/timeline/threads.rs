@@ -24,7 +24,7 @@
 //! every other register unavailable.
 
 use super::save::SAVE_FORMAT;
-use super::{OfflineRecording, Timeline, load_saved, unknown_registers};
+use super::{OfflineInfo, OfflineRecording, Timeline, load_saved, unknown_registers};
 use crate::flow::FlowConfig;
 use crate::history::{BreakpointSet, GlobalOrder, ThreadClock};
 use crate::image::Image;
@@ -469,19 +469,70 @@ impl Timeline {
     /// `monitor save DIR` for every thread: each thread's recording in `DIR/thread-TID` (the
     /// single-thread format) and a `manifest.json` naming them, the thread the recording ended
     /// in and its signal; read back by [`load_saved_threads`]. `None` for a single-thread
-    /// timeline.
+    /// timeline (and for a live process whose threads' past cannot be put in one order: its
+    /// main thread's recording is saved, and the summary says what was left out).
     pub fn save_threads(
         &mut self,
         dir: &std::path::Path,
         libraries_xml: Option<&str>,
     ) -> Option<Result<String, String>> {
-        if self.is_live_group() {
-            // A live recording is saved as its main thread's (the single-thread format).
-            self.select_index(0);
-            return None;
+        if self.live.is_some() {
+            return self.save_live_threads(dir, libraries_xml);
         }
         self.group.as_ref()?;
         Some(self.save_threads_into(dir, libraries_xml))
+    }
+
+    /// [`Timeline::save_threads`] of a live process: the group of its threads (built for the
+    /// save when the cursor is at the present, dissolved after), the main thread first, every
+    /// thread with the process's identity and program files (the other threads' timelines
+    /// have no backend to ask).
+    fn save_live_threads(
+        &mut self,
+        dir: &std::path::Path,
+        libraries_xml: Option<&str>,
+    ) -> Option<Result<String, String>> {
+        let live = self.live.as_mut()?;
+        let main = live.history_thread();
+        let threads = live.thread_stores().len();
+        let backend_selected = live.selected_thread();
+        // The registers saved at the end are the main thread's, whichever thread the debugger
+        // stopped in.
+        let _ = live.select_thread(main);
+        let built_here = !self.is_live_group();
+        if built_here {
+            self.enter_live_threads();
+        }
+        let result = if self.is_live_group() {
+            let selected = self.group.as_ref().map_or(0, |g| g.selected);
+            self.select_index(0);
+            let r = self.save_threads_into(dir, libraries_xml);
+            self.select_index(selected);
+            Some(r)
+        } else if threads > 1 {
+            // The group could not be built (the reason is in `monitor stats`): the main
+            // thread alone, said so.
+            Some(self.save(dir, libraries_xml).map(|text| {
+                format!(
+                    "{text}only the main thread's history was saved: the other {} threads' \
+                     streams could not be put in one order with it ({})\n",
+                    threads - 1,
+                    self.checks
+                        .last_mismatch
+                        .as_deref()
+                        .unwrap_or("see monitor stats")
+                )
+            }))
+        } else {
+            None
+        };
+        if built_here {
+            self.leave_live_threads();
+        }
+        if let Some(live) = self.live.as_mut() {
+            let _ = live.select_thread(backend_selected);
+        }
+        result
     }
 
     fn save_threads_into(
@@ -498,17 +549,42 @@ impl Timeline {
         let mut entries = Vec::new();
         let mut text = String::new();
         let mut result = Ok(());
+        // In a live process only the selected timeline (thread 0, saved first) has the backend:
+        // the others take the process's identity and program files from its saved copy.
+        let live_group = g.live_ends.is_some();
+        let mut process: Option<OfflineInfo> = None;
         for k in 0..g.tids.len() {
             let tid = g.tids[k];
             let name = format!("thread-{tid}");
             let Some(t) = thread_of(self, &mut g, k) else {
                 continue;
             };
-            match t.save(&out.path().join(&name), libraries_xml) {
+            let lent = live_group && t.live.is_none() && t.offline.is_none();
+            if lent {
+                t.offline = process.clone().map(|p| OfflineInfo {
+                    tid: Some(tid),
+                    memory_at_end: Vec::new(),
+                    ..p
+                });
+            }
+            let saved = t.save(&out.path().join(&name), libraries_xml);
+            if lent {
+                t.offline = None;
+            }
+            match saved {
                 Ok(s) => text.push_str(&s),
                 Err(e) => {
                     result = Err(format!("thread {tid}: {e}"));
                     break;
+                }
+            }
+            if live_group && process.is_none() {
+                match load_saved(&out.path().join(&name)) {
+                    Ok(rec) => process = Some(rec.info),
+                    Err(e) => {
+                        result = Err(format!("thread {tid}: reading back what was saved: {e}"));
+                        break;
+                    }
                 }
             }
             entries.push(serde_json::json!({"tid": tid, "dir": name}));
