@@ -773,6 +773,27 @@ fn a_live_save_keeps_every_thread() {
         );
         assert_eq!(tids[2], main, "{tids:?}\n{}", run.dump());
     }
+    // `ptrewind view DIR` draws every saved thread as a track of its own.
+    let out = dir.path().join("view");
+    let view = std::process::Command::new(env!("CARGO_BIN_EXE_ptrewind"))
+        .arg("view")
+        .arg(&at_present)
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .expect("run ptrewind view");
+    let said = String::from_utf8_lossy(&view.stderr);
+    assert!(view.status.success(), "{said}");
+    let timeline: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("timeline.json")).expect("timeline.json"))
+            .expect("JSON");
+    let events = timeline["traceEvents"]
+        .as_array()
+        .or(timeline.as_array())
+        .expect("trace events");
+    let tracks: std::collections::BTreeSet<i64> =
+        events.iter().filter_map(|e| e["tid"].as_i64()).collect();
+    assert_eq!(tracks.len(), 3, "{tracks:?}\n{said}");
 }
 
 /// Every thread's past in a live session: from a worker's crash, GDB's reverse-finish (the

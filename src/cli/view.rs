@@ -1,5 +1,5 @@
 //! `ptrewind view`: the flame graph (SVG) and the call timeline (Chrome/Perfetto trace-event
-//! JSON) of a recording — a `monitor save` directory, a raw PT file with its code (`--pt FILE
+//! JSON) of a recording — a `monitor save` directory (a track per thread), a raw PT file with its code (`--pt FILE
 //! --elf/--raw`), a perf.data file (`--perf`, code from its MMAP records as for `decode`), or a
 //! QEMU-backend recording directory (`--qemu DIR`, a track per thread).
 //!
@@ -24,6 +24,7 @@ use ptrewind::image::{Image, Symbolizer};
 use ptrewind::store::perf_data::PerfData;
 use ptrewind::store::{SourceFormat, TraceFile};
 use ptrewind::timeline::offline::load_saved;
+use ptrewind::timeline::{ThreadRecording, load_saved_threads};
 use ptrewind::view::{
     Clock, FlameOptions, OutputFile, TrackInput, TscConversion, View, write_flamegraph,
 };
@@ -118,6 +119,9 @@ pub fn run(args: ViewArgs) -> CmdResult {
             if !args.image.raw.is_empty() || !args.image.elf.is_empty() {
                 return Err("a saved recording brings its own code: drop --elf/--raw".into());
             }
+            if let Some((threads, _)) = load_saved_threads(dir)? {
+                return view_saved_threads(dir, &threads, &outputs);
+            }
             let rec = load_saved(dir)?;
             let process = rec
                 .info
@@ -145,6 +149,46 @@ pub fn run(args: ViewArgs) -> CmdResult {
             None => view_trace_file(&args, &outputs),
         },
     }
+}
+
+/// A `monitor save` directory of several threads: each thread is a track, with its own saved
+/// code and symbols.
+fn view_saved_threads(dir: &Path, threads: &[ThreadRecording], outputs: &Outputs) -> CmdResult {
+    let Some(first) = threads.first() else {
+        return Err(format!("{}: the recording has no thread", dir.display()).into());
+    };
+    let process = first
+        .recording
+        .info
+        .exe
+        .as_deref()
+        .and_then(Path::file_name)
+        .map_or_else(|| "recording".to_string(), |n| n.to_string_lossy().into());
+    let pid = u32::try_from(first.recording.info.pid).unwrap_or(1);
+    let names: Vec<String> = threads
+        .iter()
+        .map(|t| format!("thread {}", t.tid))
+        .collect();
+    let tracks: Vec<TrackInput<'_>> = threads
+        .iter()
+        .zip(&names)
+        .map(|(t, name)| TrackInput {
+            process: &process,
+            name,
+            pid,
+            tid: u32::try_from(t.tid).unwrap_or(pid),
+            trace: &t.recording.trace,
+            image: &t.recording.image,
+            symbols: &t.recording.symbols,
+            flow: t.recording.flow.clone(),
+        })
+        .collect();
+    let clock = Clock::for_traces(
+        tracks.iter().map(|t| t.trace),
+        &first.recording.flow.timing,
+        TscConversion::Unknown,
+    );
+    render(outputs, tracks, clock, &dir.display().to_string(), 0)
 }
 
 /// `--qemu DIR`: every recorded thread is a track; the code comes from the recorded mappings,
