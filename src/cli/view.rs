@@ -1,7 +1,7 @@
 //! `ptrewind view`: the flame graph (SVG) and the call timeline (Chrome/Perfetto trace-event
-//! JSON) of a recording — a `monitor save` directory (a track per thread), a raw PT file with its code (`--pt FILE
-//! --elf/--raw`), a perf.data file (`--perf`, code from its MMAP records as for `decode`), or a
-//! QEMU-backend recording directory (`--qemu DIR`, a track per thread).
+//! JSON) of a recording — a `monitor save` directory (a track per thread), a raw PT file with
+//! its code (`--pt FILE --elf/--raw`), a perf.data file (`--perf`, code from its MMAP records as
+//! for `decode`), or a QEMU-backend recording directory (`--qemu DIR`, a track per thread).
 //!
 //! The inputs are read exactly as `ptrewind decode` reads them (the same options, errors and
 //! missing-file reports). Each trace stream is decoded once; the call tree built on the way
