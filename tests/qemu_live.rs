@@ -696,6 +696,40 @@ fn every_thread_live_breakpoint_and_crash_in_a_worker() {
     assert!(!back.contains("Could not read registers"), "{}", run.dump());
 }
 
+/// GDB's `record btrace pt` for a worker started after the session began, asked in the live
+/// past: the thread's trace is found (it was "not being recorded": the threads of a live
+/// past had lost their ids), and main's too after `thread 1`.
+#[test]
+fn btrace_of_a_later_thread_in_the_live_past() {
+    let Some((_dir, exe)) = setup_mt() else {
+        return;
+    };
+    let run = session(
+        &exe,
+        &[],
+        &cmds(&[
+            "break work",
+            "continue",
+            "continue",
+            "reverse-stepi",
+            "record btrace pt",
+            "info record",
+            "thread 1",
+            "info record",
+            "kill",
+        ]),
+    );
+    assert!(!run.gdb.contains("not being recorded"), "{}", run.dump());
+    let recorded: Vec<&str> = run
+        .gdb
+        .lines()
+        .filter(|l| l.starts_with("Recorded ") && !l.starts_with("Recorded 0 "))
+        .collect();
+    assert_eq!(recorded.len(), 2, "{}", run.dump());
+    assert!(recorded[1].contains("for thread 1 "), "{}", run.dump());
+    assert!(!recorded[0].contains("for thread 1 "), "{}", run.dump());
+}
+
 /// `monitor save` in a live multi-thread session saves every thread (it used to save the main
 /// thread's history alone, without a word), at the present and again from the past, and
 /// `ptrewind replay DIR` serves them all: `break work` + reverse-continue stops in each of the

@@ -438,11 +438,13 @@ impl Timeline {
     pub fn thread_stores(&self) -> Vec<(i32, crate::store::live::TraceStore)> {
         let mut v = vec![(self.tid(), self.trace_store())];
         if let Some(g) = &self.group {
+            // By the group's thread ids: a parked thread of a live process has no backend
+            // and no saved identity to say its own.
             v.extend(
-                g.parked
+                g.tids
                     .iter()
-                    .flatten()
-                    .map(|t| (t.tid(), t.trace_store())),
+                    .zip(&g.parked)
+                    .filter_map(|(&tid, t)| Some((tid, t.as_ref()?.trace_store()))),
             );
         }
         v
