@@ -390,11 +390,7 @@ fn a_saved_recording_keeps_both_programs() {
         "{manifest:#}"
     );
 
-    let replay = Server::spawn(
-        support::gdb::ptrewind()
-            .args(["replay", "--listen", "127.0.0.1:0"])
-            .arg(&saved),
-    );
+    let replay = Server::replay(&saved);
     let r = gdb_session(
         replay,
         first,

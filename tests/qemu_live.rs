@@ -773,13 +773,8 @@ fn a_live_save_keeps_every_thread() {
     let pcs = live.tagged("PC");
     assert!(pcs.len() == 2 && pcs[0] == pcs[1], "{}", live.dump());
     for saved in [&at_present, &from_past] {
-        let mut cli: Vec<std::ffi::OsString> = ["replay", "--listen", "127.0.0.1:0"]
-            .iter()
-            .map(Into::into)
-            .collect();
-        cli.push(saved.into());
         let run = gdb_session(
-            Server::start_cli(&cli),
+            Server::replay(saved),
             &exe,
             &cmds(&[
                 "info threads",

@@ -222,13 +222,8 @@ fn every_thread_of_a_crashed_recording_in_global_order() {
     );
     // The saved recording replays every thread the same way: it starts in the crashed
     // worker; main made the last step_a call; forward from there the crash again.
-    let mut cli: Vec<OsString> = ["replay", "--listen", "127.0.0.1:0"]
-        .iter()
-        .map(Into::into)
-        .collect();
-    cli.push(saved.into());
     let run = gdb_session(
-        Server::start_cli(&cli),
+        Server::replay(&saved),
         &exe,
         &[
             "monitor thread",

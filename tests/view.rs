@@ -616,11 +616,7 @@ fn recorded_program_shows_its_recursion() {
     // And in `ptrewind replay` of the saved recording.
     let replayed = dir.join("replayed");
     let _ = std::fs::remove_dir_all(&replayed);
-    let server = Server::spawn(
-        ptrewind()
-            .args(["replay", "--listen", "127.0.0.1:0"])
-            .arg(dir.join("saved")),
-    );
+    let server = Server::replay(&dir.join("saved"));
     let cmds = [format!("monitor view {}", replayed.display())];
     let r = gdb_session(server, &exe, &cmds, Duration::from_secs(60));
     r.expect("timeline.json (timeline: open it in ui.perfetto.dev)");

@@ -222,6 +222,15 @@ impl Server {
         Server::start_cli(&cli)
     }
 
+    /// `ptrewind replay DIR` on a loopback port (a `monitor save` directory).
+    pub fn replay(dir: &Path) -> Server {
+        Server::spawn(
+            ptrewind()
+                .args(["replay", "--listen", "127.0.0.1:0"])
+                .arg(dir),
+        )
+    }
+
     /// Starts `ptrewind` with arguments `cli`, which must make it print its listening line.
     pub fn start_cli(cli: &[OsString]) -> Server {
         Server::spawn(ptrewind().args(cli))
