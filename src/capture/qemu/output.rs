@@ -309,20 +309,52 @@ impl ThreadOutput {
 /// Writes `value` as JSON to the private file `path`, replacing an earlier version (never
 /// following a link).
 pub fn write_json<T: Serialize>(path: &Path, value: &T) -> io::Result<()> {
+    // Written beside and renamed over: ptrewind reads these files at every stop while the
+    // program runs, and a thread ending then must not be seen as an empty or half-written file.
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
+    let text = serde_json::to_vec_pretty(value).map_err(io::Error::other)?;
+    let _ = std::fs::remove_file(&tmp);
     let mut f = OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)?;
-    let text = serde_json::to_vec_pretty(value).map_err(io::Error::other)?;
-    f.write_all(&text)
+        .open(&tmp)?;
+    f.write_all(&text)?;
+    drop(f);
+    std::fs::rename(&tmp, path)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A JSON file is replaced whole (a reader never sees it empty or half-written), nothing is
+    /// left beside it, and a link planted at its name is replaced, not written through.
+    #[test]
+    fn json_files_are_replaced_whole() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("1-2.json");
+        write_json(&path, &vec![1u32; 100]).expect("first");
+        write_json(&path, &vec![2u32; 3]).expect("second");
+        let back: Vec<u32> =
+            serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("JSON");
+        assert_eq!(back, vec![2; 3]);
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("list")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("1-2.json")]);
+        let target = dir.path().join("elsewhere");
+        std::fs::write(&target, b"keep").expect("write");
+        let link = dir.path().join("3-4.json");
+        std::os::unix::fs::symlink(&target, &link).expect("symlink");
+        write_json(&link, &1u32).expect("over the link");
+        assert_eq!(std::fs::read(&target).expect("read"), b"keep");
+        assert!(!std::fs::symlink_metadata(&link).expect("meta").is_symlink());
+    }
 
     #[test]
     fn output_drains_everything_in_order() {
