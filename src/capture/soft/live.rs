@@ -520,6 +520,7 @@ impl LiveBackend for SoftCapture {
         );
         line("thread switches", r.switches.to_string());
         line("steps blocked in syscall", r.blocked_steps.to_string());
+        line("killed between steps", r.killed_between_steps.to_string());
         if let Some(l) = self.rec.state_log().map(|l| l.stats()) {
             line("state-log bytes", l.total_bytes.to_string());
             let per = if l.instructions == 0 {

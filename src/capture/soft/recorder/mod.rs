@@ -310,6 +310,10 @@ pub struct RecorderStats {
     pub switches: u64,
     /// Steps that waited in a system call while other threads ran.
     pub blocked_steps: u64,
+    /// Times the stepped thread vanished under a ptrace request between two steps (killed
+    /// from outside while stopped): the instruction it stood at is not counted as executed,
+    /// since whether it ran is unknown.
+    pub killed_between_steps: u64,
 }
 
 /// A finished recording.
@@ -420,6 +424,9 @@ struct Lane {
     /// call: with the registers before that call, the register file it ends with (see
     /// [`SoftRecorder::exited_registers`]).
     exit_xstate: Option<Vec<u8>>,
+    /// Where its last recorded instruction went (the next one's address): where its stream
+    /// ends if it vanishes before another step is recorded.
+    next_ip: Option<u64>,
 }
 
 impl Lane {
@@ -443,6 +450,7 @@ impl Lane {
             exec_trap_due: false,
             step_origin: None,
             exit_xstate: None,
+            next_ip: None,
             recorded: 0,
         })
     }
@@ -789,10 +797,69 @@ impl<T: StepTarget> SoftRecorder<T> {
             return Ok(StepEvent::Exiting);
         }
         self.adopt_new_threads()?;
-        if self.parked.is_empty() && self.lane.in_flight.is_none() {
-            return self.step_lane();
+        let single = self.parked.is_empty() && self.lane.in_flight.is_none();
+        let stepped = if single {
+            self.step_lane()
+        } else {
+            self.step_threads()
+        };
+        match stepped {
+            Err(RecordError::Target(TargetError::Sys {
+                source: nix::Error::ESRCH,
+                ..
+            })) if single => self.vanished_between_steps(),
+            other => other,
         }
-        self.step_threads()
+    }
+
+    /// The process's only thread vanished under a ptrace request (`ESRCH`): it was killed from
+    /// outside while stopped, between the stop of one step and the start of the next. Its end
+    /// is collected as a step's would be: the end of the program is kept (a stop at its exit
+    /// event) or reported, the trace ends after the last recorded instruction, and the
+    /// instruction in progress, whose outcome is unknown, is counted as such rather than
+    /// recorded. (With several threads a lost thread is already counted by the thread
+    /// scheduler; the process's end follows from the others.)
+    fn vanished_between_steps(&mut self) -> Result<StepEvent, RecordError> {
+        self.stats.killed_between_steps += 1;
+        self.discard_state_entry();
+        self.lane.regs = None;
+        let tid = self.lane.tid;
+        let stop = self
+            .target
+            .step_poll(tid, true)?
+            .ok_or_else(|| TargetError::Unexpected {
+                pid: tid,
+                what: "no end reported after the thread vanished".into(),
+            })?;
+        if self.recording {
+            // FUP + TIP.PGD where the last recorded instruction went: a decoder runs the
+            // straight-line instructions up to there (a TIP.PGD alone would leave those after
+            // the last branch undecodable).
+            let next = self.lane.next_ip;
+            self.lane.encoder.finish(next);
+        }
+        match stop {
+            StepStop::Exiting => {
+                if self.config.capture_image_at_exit {
+                    self.image = procmaps::capture_image(&mut self.target)
+                        .ok()
+                        .map(|(image, _)| image);
+                }
+                if self.stop_at_exit {
+                    self.at_exit = true;
+                    self.write_out(true);
+                    return Ok(StepEvent::Exiting);
+                }
+                let end = self.target.cont(None)?;
+                self.ended(end, None)
+            }
+            StepStop::Exited(_) | StepStop::Killed(_) => self.ended(stop, None),
+            other => Err(TargetError::Unexpected {
+                pid: tid,
+                what: format!("after the thread vanished: {other:?}"),
+            }
+            .into()),
+        }
     }
 
     /// The debugger breakpoint a block-stepped [`run`](Self::run) stopped at (targets that

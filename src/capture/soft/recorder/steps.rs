@@ -375,12 +375,20 @@ impl<T: StepTarget> SoftRecorder<T> {
             }
             StepStop::Exiting => {
                 // Either the instruction was exit/exit_group (it executed), or a signal we
-                // passed (or SIGKILL) ended the process before it ran.
-                let executed = signal.is_none() && is_exit_syscall(insn.as_ref(), &before);
+                // passed (or SIGKILL) ended the process: before the instruction ran, or after
+                // (a SIGKILL from outside that lands once the step is done replaces its trap
+                // by the exit event). The PC at the exit event says which.
+                let mut executed = signal.is_none() && is_exit_syscall(insn.as_ref(), &before);
                 if let (true, Some(insn)) = (executed, insn) {
                     let mut after = before;
                     after.rip = insn.nlip();
                     self.executed(ip, &insn, &after)?;
+                } else if let (None, Some(insn)) = (signal, insn)
+                    && let Ok(after) = self.current_regs()
+                    && after.rip != ip
+                {
+                    self.executed(ip, &insn, &after)?;
+                    executed = true;
                 }
                 if self.config.capture_image_at_exit {
                     self.image = procmaps::capture_image(&mut self.target)
@@ -596,6 +604,7 @@ impl<T: StepTarget> SoftRecorder<T> {
         self.clock_before(step.ip);
         self.stats.recorded += 1;
         self.lane.recorded += 1;
+        self.lane.next_ip = Some(step.next_ip);
         if let Some(log) = self.lane.ip_log.as_mut() {
             log.push(step.ip);
         }
