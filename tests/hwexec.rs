@@ -86,7 +86,10 @@ fn an_exec_that_cannot_be_placed_ends_the_trace_before_it() {
         assert_eq!(ips, hwexec::truth_before_ambiguity(), "{err}");
         assert_eq!(code, Some(2), "{err}");
         assert!(err.contains("cannot be placed"), "{err}");
-        assert!(err.contains("2 places in the trace fit its time"), "{err}");
+        assert!(
+            err.contains("2 places in the trace fit its time and mappings"),
+            "{err}"
+        );
     }
 }
 

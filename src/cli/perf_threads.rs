@@ -14,7 +14,7 @@ use ptrewind::image::perf_maps::PerfSideband;
 use ptrewind::image::{Image, LoadedElf, MissingImage, Section, Symbolizer};
 use ptrewind::perf::data::{PerfData, TscConversion};
 use ptrewind::store::TraceStreams;
-use ptrewind::store::exec_cut::{ExecPlace, cut_at_execs};
+use ptrewind::store::exec_cut::{ExecAt, ExecPlace, cut_at_execs};
 use ptrewind::store::percpu::split_per_cpu;
 use std::borrow::Cow;
 use std::path::Path;
@@ -180,11 +180,44 @@ pub(crate) fn thread_code<'a>(
         );
         return one(data);
     };
-    let cut = cut_at_execs(&data, &tscs);
+    // The executable mappings of each address space (from the records, found or not).
+    let ranges: Vec<Vec<(u64, u64)>> = (0..=execs.len())
+        .map(|k| {
+            sb.space_mmaps(pid, k)
+                .iter()
+                .filter(|m| m.exec)
+                .map(|m| (m.addr, m.addr.saturating_add(m.len)))
+                .collect()
+        })
+        .collect();
+    let mapped: Vec<Box<dyn Fn(u64) -> bool + '_>> = ranges
+        .iter()
+        .map(|r| Box::new(move |ip: u64| r.iter().any(|&(a, b)| a <= ip && ip < b)) as Box<_>)
+        .collect();
+    let at: Vec<ExecAt<'_>> = tscs
+        .iter()
+        .enumerate()
+        .map(|(k, &tsc)| ExecAt {
+            tsc,
+            old_code: &*mapped[k],
+            new_code: &*mapped[k + 1],
+            old_has_code: !ranges[k].is_empty(),
+        })
+        .collect();
+    let cut = cut_at_execs(&data, &at);
     let mut first = 0;
     let mut starts: Vec<(u64, usize)> = Vec::new();
     let mut unplaced = 0;
     for (k, (place, exec)) in cut.places.iter().zip(&execs).enumerate() {
+        let (at, dropped) = cut.truncated_at.unwrap_or_default();
+        let cannot = |why: &str| {
+            eprintln!(
+                "ptrewind: {label}: the execve of process {pid} ({}) cannot be placed in this \
+                 thread's trace: {why}; the trace is decoded only up to offset {at:#x} \
+                 ({dropped} bytes after it left out)",
+                exec.comm
+            );
+        };
         match place {
             ExecPlace::BeforeTrace => first = first.max(k + 1),
             ExecPlace::AfterTrace => {}
@@ -196,18 +229,25 @@ pub(crate) fn thread_code<'a>(
                 );
                 starts.push((*psb_offset, k + 1));
             }
-            ExecPlace::Ambiguous { fitting } => {
+            ExecPlace::Ambiguous { fitting, by_time } => {
                 unplaced += 1;
-                let why = match fitting {
-                    0 => "its time contradicts the trace's".to_string(),
-                    n => format!("{n} places in the trace fit its time (TSC packets only)"),
-                };
-                let (at, dropped) = cut.truncated_at.unwrap_or_default();
-                eprintln!(
-                    "ptrewind: {label}: the execve of process {pid} ({}) cannot be placed in \
-                     this thread's trace: {why}; the trace is decoded only up to offset \
-                     {at:#x} ({dropped} bytes after it left out)",
-                    exec.comm
+                cannot(&match (fitting, by_time) {
+                    (0, 0) => "its time contradicts the trace's".to_string(),
+                    (0, t) => format!(
+                        "{t} place(s) in the trace fit its time (TSC packets), none the \
+                         mappings before and after it"
+                    ),
+                    (n, t) => format!(
+                        "{n} places in the trace fit its time and mappings ({t} its time: TSC \
+                         packets only)"
+                    ),
+                });
+            }
+            ExecPlace::InKernelTrace => {
+                unplaced += 1;
+                cannot(
+                    "the trace includes kernel code, so the exec lies inside a traced stretch \
+                     that TSC packets do not divide",
                 );
             }
         }

@@ -419,7 +419,11 @@ impl<'a> Scanner<'a> {
                 }
             };
             let next = dec.offset();
-            let was_tsc = std::mem::replace(&mut self.previous_was_tsc, false);
+            // PAD may stand between a TSC and its TMA (the processor pads PSB+ packets).
+            let was_tsc = match p {
+                Packet::Pad => self.previous_was_tsc,
+                _ => std::mem::replace(&mut self.previous_was_tsc, false),
+            };
             match p {
                 Packet::Psb => {
                     self.last_ip.reset();
