@@ -81,6 +81,7 @@ fn an_exec_that_cannot_be_placed_ends_the_trace_before_it() {
         let (_dir, perf) = recording(Variant {
             per_cpu,
             ambiguous: true,
+            ..Variant::default()
         });
         let (ips, err, code) = decode(&perf);
         assert_eq!(ips, hwexec::truth_before_ambiguity(), "{err}");
@@ -98,9 +99,10 @@ fn an_exec_that_cannot_be_placed_ends_the_trace_before_it() {
 /// reverse-stepi through the new program.
 #[test]
 fn replay_serves_both_programs() {
-    for per_cpu in [false, true] {
+    for (per_cpu, migrate_at_exec) in [(false, false), (true, false), (true, true)] {
         let (_dir, perf) = recording(Variant {
             per_cpu,
+            migrate_at_exec,
             ..Variant::default()
         });
         let mut cmd = ptrewind();

@@ -31,8 +31,18 @@
 //! is unknown. `--stats` names the CPU and errata used.
 //!
 //! `--stats` prints only counts and throughput, on stdout. A progress bar is drawn on stderr when
-//! it is a terminal (and the trace is over 1 MiB). A perf.data file with several AUX streams
-//! (per-CPU recording) is decoded stream by stream, each introduced by `[stream cpuN]`.
+//! it is a terminal (and the trace is over 1 MiB). A perf.data file recorded per CPU (perf's
+//! default) is split into threads by its context switches, as `replay` splits it
+//! (`store::percpu`), and decoded thread by thread, each introduced by `[thread PID/TID]` when
+//! there are several (what the split cannot attribute is said on stderr; if it cannot be split
+//! at all, CPU by CPU as `[stream cpuN]`); one recorded per thread is decoded stream by
+//! stream, each introduced by `[stream LABEL]`.
+//!
+//! A process that called `execve` while traced: each thread's trace is cut at the exec, found
+//! by the sideband's time and mappings (`store::exec_cut`), and decoded against the program
+//! before it up to there and against the new program after (their `MMAP` records before and
+//! after the exec). An exec that cannot be placed is said on stderr, the thread's trace is
+//! decoded only up to where it may lie, and the exit status is 2 (see `perf_threads`).
 //!
 //! Exit status: 0 when the decode reported no error event, 2 when it did (the output is still
 //! complete: errors are lines in the stream) or when the perf.data is damaged (cut short,
@@ -117,7 +127,8 @@ pub struct DecodeArgs {
     /// Raw PT trace file.
     #[arg(long, value_name = "FILE", conflicts_with = "perf")]
     pt: Option<PathBuf>,
-    /// perf.data recorded with `-e intel_pt//`; every AUX stream is decoded in turn.
+    /// perf.data recorded with `-e intel_pt//`: per CPU (split into threads by its context
+    /// switches) or `--per-thread`; every thread is decoded in turn.
     #[arg(long, value_name = "perf.data")]
     perf: Option<PathBuf>,
     /// A recording directory of `record --backend qemu`: every thread's stream is decoded in

@@ -47,7 +47,8 @@ pub struct ViewArgs {
     /// Raw PT trace file.
     #[arg(long, value_name = "FILE", conflicts_with = "perf")]
     pt: Option<PathBuf>,
-    /// perf.data recorded with `-e intel_pt//`; every AUX stream is a track of the timeline.
+    /// perf.data recorded with `-e intel_pt//`; every thread is a track of the timeline (per-CPU
+    /// streams split into threads by the context switches, as `decode` and `replay` do).
     #[arg(long, value_name = "perf.data")]
     perf: Option<PathBuf>,
     /// The code: --raw, --elf, and the perf.data mappings, as for `decode`.

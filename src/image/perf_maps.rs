@@ -5,10 +5,14 @@
 //! overlaps, as `mmap(MAP_FIXED)` does), which is what perf and libipt's sideband decoder do.
 //!
 //! # Over time
-//! The image is one layout for the whole trace: the one after the last record. What is followed:
-//! a later mapping replaces the overlapped part of an earlier one (re-`mmap`, `dlclose` then
-//! `dlopen` at the same address), and an `exec` (a `PERF_RECORD_COMM` with the exec flag, see
-//! [`PerfSideband::read`]) drops every earlier mapping of that process. What is not followed:
+//! An image is one layout: [`PerfSideband::mmaps`] gives the one after the last record. What is
+//! followed: a later mapping replaces the overlapped part of an earlier one (re-`mmap`,
+//! `dlclose` then `dlopen` at the same address), and an `exec` (a `PERF_RECORD_COMM` with the
+//! exec flag, see [`PerfSideband::read`]) drops every earlier mapping of that process. A trace
+//! that crosses an `exec` gets one image per address space: [`PerfSideband::execs`] and
+//! [`PerfSideband::space_mmaps`] give each program's records (by sample time), and
+//! `store::exec_cut` places the exec in the thread's trace (the CLI joins them, see
+//! `ptrewind decode`). What is not followed:
 //! `munmap` (perf records none), and code that changes *during* the trace (a library unloaded and
 //! another loaded at the same address while tracing): both generations cannot be in one image, so
 //! the trace before the change is decoded against the later code. A decoder that must follow that

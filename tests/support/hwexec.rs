@@ -77,6 +77,9 @@ pub struct Variant {
     pub per_cpu: bool,
     /// A's second region has no TSC: the exec cannot be placed.
     pub ambiguous: bool,
+    /// Per CPU: the thread migrates to CPU 1 during the exec, so B runs only there (the
+    /// split's piece of CPU 1 starts with a PSB+ right where B starts).
+    pub migrate_at_exec: bool,
 }
 
 fn mmap2(path: &str, time_tsc: u64, cpu: u32) -> Vec<u8> {
@@ -158,14 +161,20 @@ pub fn perf_data(v: Variant, prog_a: &str, prog_b: &str) -> Vec<u8> {
     if v.per_cpu {
         records.push(itrace(1101, 1));
         // (cpu, TSC, out, the record's thread, the other thread): 300 runs on CPU 0 from
-        // 1010 to 1090, on CPU 1 from 1100 to 1200.
+        // 1010 to 1090, on CPU 1 from 1100 to 1200 (migrating at the exec: on CPU 0 to 1052,
+        // on CPU 1 from 1055).
+        let (out0, in1) = if v.migrate_at_exec {
+            (1052, 1055)
+        } else {
+            (1090, 1100)
+        };
         for (cpu, t, is_out, me, other) in [
             (0u32, 1008u64, true, 0u32, PID),
             (0, 1010, false, PID, 0),
-            (0, 1090, true, PID, 0),
-            (0, 1092, false, 0, PID),
-            (1, 1098, true, 0, PID),
-            (1, 1100, false, PID, 0),
+            (0, out0, true, PID, 0),
+            (0, out0 + 2, false, 0, PID),
+            (1, in1 - 2, true, 0, PID),
+            (1, in1, false, PID, 0),
             (1, 1200, true, PID, 0),
             (1, 1202, false, 0, PID),
         ] {
@@ -183,7 +192,12 @@ pub fn perf_data(v: Variant, prog_a: &str, prog_b: &str) -> Vec<u8> {
     for (_, _, r) in records {
         out.extend(r);
     }
-    let streams: Vec<(u32, u32, Vec<u8>)> = if v.per_cpu {
+    let streams: Vec<(u32, u32, Vec<u8>)> = if v.per_cpu && v.migrate_at_exec {
+        vec![
+            (0, 0, cpu_stream(1000, &a)),
+            (1, 1, cpu_stream(1053, &REGIONS_B)),
+        ]
+    } else if v.per_cpu {
         vec![
             (0, 0, cpu_stream(1000, &[a[0], a[1], REGIONS_B[0]])),
             (1, 1, cpu_stream(1095, &REGIONS_B[1..])),
