@@ -2,8 +2,9 @@
 //! records, AUXTRACE stream assembly), the context-switch sideband and the split of per-CPU
 //! streams into threads (`PerfData::context_switches`, `Schedule`, `store::percpu`), and the
 //! sideband → image path (`PerfSideband::read`, `Image::from_mmaps`), and the exec cut
-//! (`store::exec_cut`: the sideband's execs placed in every stream and every split thread). Recorded file names are resolved without touching the file system's
-//! real files: to nothing (a path that does not exist) or to a small fixed ELF file.
+//! (`store::exec_cut`: the sideband's execs placed in every stream and every split thread).
+//! Recorded file names are resolved without touching the file system's real files: to nothing
+//! (a path that does not exist) or to a small fixed ELF file.
 //!
 //! Checked: no panic, every iteration ends (libFuzzer's `-timeout` catches hangs), the record
 //! iterator makes progress.
