@@ -214,6 +214,10 @@ fn view_qemu(dir: &Path, args: &ViewArgs, outputs: &Outputs) -> CmdResult {
     render(outputs, tracks, clock, &dir.display().to_string(), losses)
 }
 
+/// A track of a trace file: its label, process, thread, trace and image (index into the
+/// images).
+type Track<'a> = (String, Option<u32>, Option<u32>, Cow<'a, [u8]>, usize);
+
 /// `--pt FILE` or `--perf perf.data`: inputs read as `decode` reads them.
 fn view_trace_file(args: &ViewArgs, outputs: &Outputs) -> CmdResult {
     let mode = exec_mode(args.bits)?;
@@ -260,8 +264,7 @@ fn view_trace_file(args: &ViewArgs, outputs: &Outputs) -> CmdResult {
     let mut by_pid: HashMap<Option<u32>, usize> = HashMap::new();
     let mut reported: HashSet<String> = HashSet::new();
     let mut any_missing = false;
-    // Each track: its label, process, thread, trace and image (index into `images`).
-    let mut built: Vec<(String, Option<u32>, Option<u32>, Cow<'_, [u8]>, usize)> = Vec::new();
+    let mut built: Vec<Track<'_>> = Vec::new();
     for input in inputs {
         let pid = input.pid.filter(|_| args.image.pid.is_none()).or_else(|| {
             match source.stream(&input.label) {
