@@ -913,3 +913,32 @@ pub(super) fn write_opening(out: &mut Vec<u8>, r: &Region, bound: u64) -> Option
     }
     written
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A processor pads PSB+ packets: a PAD between a TSC and its TMA must not lose the TMA
+    /// (nor, with it, the MTCs after it), or a piece's time falls back to the bare TSC.
+    #[test]
+    fn a_pad_between_tsc_and_tma_keeps_the_tma() {
+        let mut enc = Encoder::new();
+        let mut out = Vec::new();
+        enc.psb(&mut out);
+        enc.packet(&Packet::Tsc { tsc: 1000 }, &mut out).unwrap();
+        enc.packet(&Packet::Pad, &mut out).unwrap();
+        enc.packet(&Packet::Tma { ctc: 7, fc: 3 }, &mut out)
+            .unwrap();
+        enc.packet(&Packet::PsbEnd, &mut out).unwrap();
+        enc.packet(&Packet::Mtc { ctc: 9 }, &mut out).unwrap();
+        enc.ip_packet(IpKind::TipPge, Some(0x1000), &mut out)
+            .unwrap();
+        enc.ip_packet(IpKind::TipPgd, None, &mut out).unwrap();
+        let mut s = Scanner::new(0, &out, 0);
+        s.scan(0, out.len());
+        assert_eq!(s.regions.len(), 1);
+        let t = &s.regions[0].timing;
+        assert_eq!(t.tma, Some((7, 3)));
+        assert_eq!(t.mtcs, [9]);
+    }
+}
