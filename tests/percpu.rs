@@ -408,3 +408,85 @@ fn cpu_wide_recordings_keep_every_process() {
         assert_eq!(ips, want, "thread {}", t.tid);
     }
 }
+
+/// The synthetic per-CPU file on disk with its code, and `--raw` arguments for each base.
+fn on_disk() -> (tempfile::TempDir, std::path::PathBuf, Vec<String>) {
+    let dir = tempfile::tempdir().unwrap();
+    let perf = dir.path().join("perf.data");
+    std::fs::write(&perf, percpu::perf_data(Variant::default())).unwrap();
+    let code = dir.path().join("code.bin");
+    std::fs::write(&code, CODE).unwrap();
+    let mut raw = Vec::new();
+    for base in BASES {
+        raw.push("--raw".to_string());
+        raw.push(format!("{}:{base:#x}", code.display()));
+    }
+    (dir, perf, raw)
+}
+
+/// `decode --perf` of a per-CPU file goes thread by thread (split as `replay` splits it): a
+/// `[thread PID/TID]` section per thread with exactly its instructions.
+#[test]
+fn decode_goes_thread_by_thread() {
+    let (_dir, perf, raw) = on_disk();
+    let out = support::gdb::ptrewind()
+        .args(["decode", "--perf"])
+        .arg(&perf)
+        .args(&raw)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("split by context switches into 3 thread(s)"),
+        "{err}"
+    );
+    let mut got: std::collections::BTreeMap<u32, Vec<u64>> = Default::default();
+    let mut current = None;
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        if let Some(t) = line
+            .strip_prefix("[thread 100/")
+            .and_then(|l| l.strip_suffix(']'))
+        {
+            current = t.parse::<u32>().ok();
+        } else if let (Some(t), Some(h)) = (current, line.strip_prefix("0x")) {
+            got.entry(t)
+                .or_default()
+                .push(u64::from_str_radix(h, 16).unwrap());
+        }
+    }
+    assert_eq!(got, percpu::truth(), "{err}");
+}
+
+/// `view --perf` of a per-CPU file has a track per thread (not per CPU).
+#[test]
+fn view_has_a_track_per_thread() {
+    let (dir, perf, raw) = on_disk();
+    let json = dir.path().join("timeline.json");
+    let out = support::gdb::ptrewind()
+        .args(["view", "--perf"])
+        .arg(&perf)
+        .args(&raw)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let events = v
+        .get("traceEvents")
+        .and_then(|e| e.as_array())
+        .or_else(|| v.as_array())
+        .expect("trace events");
+    let tids: std::collections::BTreeSet<u64> = events
+        .iter()
+        .filter(|e| e["ph"] != "M")
+        .filter_map(|e| e["tid"].as_u64())
+        .collect();
+    assert_eq!(
+        tids.into_iter().collect::<Vec<_>>(),
+        [101, 102, 103],
+        "{err}"
+    );
+}

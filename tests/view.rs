@@ -377,14 +377,17 @@ fn perf_data_timeline_uses_the_trace_clock() {
     // Real time: the whole run took microseconds, not instruction counts.
     let span = s[0].end - s[0].begin;
     assert!(span > 1_000 && span < 10_000_000, "{span} ns");
-    // The thread's track, named after the stream.
-    let pid = s[0].tid;
+    // The thread's track: the per-CPU stream (cpu1) split into its thread, named after it.
+    let tid = s[0].tid;
+    assert_eq!(tid, 11181);
     assert!(
         doc["traceEvents"]
             .as_array()
             .unwrap()
             .iter()
-            .any(|e| e["name"] == "thread_name" && e["tid"] == pid && e["args"]["name"] == "cpu1"),
+            .any(|e| e["name"] == "thread_name"
+                && e["tid"] == tid
+                && e["args"]["name"] == "tid11181"),
         "{doc}"
     );
     svg_titles(&out.join("flame.svg"));

@@ -1,8 +1,10 @@
 //! Fuzzes the perf.data reader (normal and pipe mode: header, attributes, feature sections,
 //! records, AUXTRACE stream assembly), the context-switch sideband and the split of per-CPU
 //! streams into threads (`PerfData::context_switches`, `Schedule`, `store::percpu`), and the
-//! sideband → image path (`PerfSideband::read`, `Image::from_mmaps`). Recorded file names are resolved without touching the file system's
-//! real files: to nothing (a path that does not exist) or to a small fixed ELF file.
+//! sideband → image path (`PerfSideband::read`, `Image::from_mmaps`), and the exec cut
+//! (`store::exec_cut`: the sideband's execs placed in every stream and every split thread).
+//! Recorded file names are resolved without touching the file system's real files: to nothing
+//! (a path that does not exist) or to a small fixed ELF file.
 //!
 //! Checked: no panic, every iteration ends (libFuzzer's `-timeout` catches hangs), the record
 //! iterator makes progress.
@@ -22,8 +24,9 @@ use libfuzzer_sys::fuzz_target;
 use ptrewind::image::perf_maps::PerfSideband;
 use ptrewind::image::{Image, MmapOptions};
 use ptrewind::store::TraceStreams;
+use ptrewind::store::exec_cut::{ExecAt, ExecPlace, cut_at_execs};
 use ptrewind::store::percpu::split_per_cpu;
-use ptrewind::store::perf_data::{PerfData, Schedule};
+use ptrewind::store::perf_data::{PerfData, Schedule, TscConversion};
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
@@ -36,6 +39,60 @@ fn elf_path() -> &'static PathBuf {
         std::fs::write(&p, common::tiny_elf(&code)).expect("write the fixed ELF");
         p
     })
+}
+
+/// Places the execs of the sideband's first process in `stream` (`cut_at_execs`, with each
+/// address space's mappings from `PerfSideband::space_mmaps`); every period starts at a PSB of
+/// the rewritten stream, and a cut stream ends at its cut.
+fn exec_cut(sb: &PerfSideband, conv: Option<TscConversion>, stream: &[u8]) {
+    let Some(pid) = sb.execs.first().map(|e| e.pid) else {
+        return;
+    };
+    let execs = sb.execs_of(pid);
+    let spaces: Vec<Vec<(u64, u64)>> = (0..=execs.len())
+        .map(|k| {
+            sb.space_mmaps(pid, k)
+                .iter()
+                .map(|m| (m.addr, m.addr.saturating_add(m.len)))
+                .collect()
+        })
+        .collect();
+    let mapped: Vec<Box<dyn Fn(u64) -> bool + '_>> = spaces
+        .iter()
+        .map(|r| Box::new(move |ip: u64| r.iter().any(|&(a, b)| a <= ip && ip < b)) as Box<_>)
+        .collect();
+    let at: Vec<ExecAt<'_>> = execs
+        .iter()
+        .enumerate()
+        .map(|(k, e)| ExecAt {
+            tsc: match (conv, e.time) {
+                (Some(c), Some(t)) => c.perf_time_to_tsc(t),
+                (_, t) => t.unwrap_or(0),
+            },
+            old_code: &*mapped[k],
+            new_code: &*mapped[k + 1],
+            old_has_code: !spaces[k].is_empty(),
+        })
+        .collect();
+    let cut = cut_at_execs(stream, &at);
+    assert_eq!(cut.places.len(), at.len());
+    if let Some((at, _)) = cut.truncated_at {
+        assert_eq!(
+            at,
+            cut.data.len() as u64,
+            "a cut stream does not end at its cut"
+        );
+    }
+    for p in &cut.places {
+        if let ExecPlace::At { psb_offset } = p {
+            let at = *psb_offset as usize;
+            assert_eq!(
+                cut.data.get(at..at + 2),
+                Some(&[0x02, 0x82][..]),
+                "a period does not start at a PSB"
+            );
+        }
+    }
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -89,8 +146,16 @@ fuzz_target!(|data: &[u8]| {
             let _ = conv.perf_time_to_tsc(conv.tsc_to_perf_time(t));
         }
     }
-    if let Ok(source) = TraceStreams::from_bytes(data)
-        && let Ok(split) = split_per_cpu(&source, &switches)
+    let sb = PerfSideband::read(&perf);
+    let source = TraceStreams::from_bytes(data).ok();
+    // The exec cut (`store::exec_cut`) on every stream as it is, with the sideband's execs.
+    if let Some(source) = &source {
+        for s in &source.streams {
+            exec_cut(&sb, switches.conversion, &s.data);
+        }
+    }
+    if let Some(source) = &source
+        && let Ok(split) = split_per_cpu(source, &switches)
     {
         let r = &split.report;
         assert_eq!(
@@ -104,9 +169,12 @@ fuzz_target!(|data: &[u8]| {
             }
         }
         let _ = r.problems();
+        // And on every thread of the split.
+        for t in &split.threads {
+            exec_cut(&sb, switches.conversion, &t.stream.data);
+        }
     }
 
-    let sb = PerfSideband::read(&perf);
     for s in &streams.streams {
         let _ = sb.pid_for_stream(s.key.cpu, s.key.tid);
     }

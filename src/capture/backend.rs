@@ -39,7 +39,9 @@ pub struct ExecBoundary {
     pub maps: String,
     /// The old program's executable, if known.
     pub exe: Option<PathBuf>,
-    /// Number of the next program's first instruction in the history.
+    /// Number of the next program's first instruction in the history (`u64::MAX` in an
+    /// offline recording: found at its PSB's sync point
+    /// when the history is indexed, for a boundary placed in a recorded hardware trace).
     pub next_insn: u64,
     /// Offset in the history's [`TraceStore`] of the PSB that opens the next address space.
     pub next_offset: u64,

@@ -31,8 +31,18 @@
 //! is unknown. `--stats` names the CPU and errata used.
 //!
 //! `--stats` prints only counts and throughput, on stdout. A progress bar is drawn on stderr when
-//! it is a terminal (and the trace is over 1 MiB). A perf.data file with several AUX streams
-//! (per-CPU recording) is decoded stream by stream, each introduced by `[stream cpuN]`.
+//! it is a terminal (and the trace is over 1 MiB). A perf.data file recorded per CPU (perf's
+//! default) is split into threads by its context switches, as `replay` splits it
+//! (`store::percpu`), and decoded thread by thread, each introduced by `[thread PID/TID]` when
+//! there are several (what the split cannot attribute is said on stderr; if it cannot be split
+//! at all, CPU by CPU as `[stream cpuN]`); one recorded per thread is decoded stream by
+//! stream, each introduced by `[stream LABEL]`.
+//!
+//! A process that called `execve` while traced: each thread's trace is cut at the exec, found
+//! by the sideband's time and mappings (`store::exec_cut`), and decoded against the program
+//! before it up to there and against the new program after (their `MMAP` records before and
+//! after the exec). An exec that cannot be placed is said on stderr, the thread's trace is
+//! decoded only up to where it may lie, and the exit status is 2 (see `perf_threads`).
 //!
 //! Exit status: 0 when the decode reported no error event, 2 when it did (the output is still
 //! complete: errors are lines in the stream) or when the perf.data is damaged (cut short,
@@ -42,6 +52,7 @@
 
 use super::CmdResult;
 use super::output::{Out, RunText};
+use super::perf_threads::{CodeSource, exec_conversion, perf_inputs, thread_code};
 use ptrewind::flow::{
     BlockItem, Cpu, Errata, Event, EventKind, FlowConfig, FlowDecoder, InsnClass,
 };
@@ -116,7 +127,8 @@ pub struct DecodeArgs {
     /// Raw PT trace file.
     #[arg(long, value_name = "FILE", conflicts_with = "perf")]
     pt: Option<PathBuf>,
-    /// perf.data recorded with `-e intel_pt//`; every AUX stream is decoded in turn.
+    /// perf.data recorded with `-e intel_pt//`: per CPU (split into threads by its context
+    /// switches) or `--per-thread`; every thread is decoded in turn.
     #[arg(long, value_name = "perf.data")]
     perf: Option<PathBuf>,
     /// A recording directory of `record --backend qemu`: every thread's stream is decoded in
@@ -205,50 +217,111 @@ pub fn run(args: DecodeArgs) -> CmdResult {
             None => writeln!(out, "cpu unknown errata none")?,
         }
     }
-    // One image per process the streams traced, built on first use.
+    // Per-CPU streams go thread by thread (split by the context switches, as `replay`
+    // does); per-thread streams and a raw trace as they are.
+    let inputs = perf_inputs(&path, &source, perf.as_ref());
+    let conversion = perf
+        .as_ref()
+        .and_then(|p| exec_conversion(p, sideband.as_ref()));
+    let code = CodeSource {
+        args: &args.image,
+        given: &given,
+        given_elfs: &given_elfs,
+        sideband: sideband.as_ref(),
+        conversion,
+        symbols: args.format.needs_symbols() && !args.stats,
+        map_files: true,
+    };
+    // One image per process the streams traced, built on first use (a process that called
+    // execve gets its images per thread: where its programs start differs by thread).
     let mut images: HashMap<Option<u32>, (Image, Symbolizer)> = HashMap::new();
     let mut reported: HashSet<String> = HashSet::new();
     let mut any_missing = false;
-    let many = source.streams.len() > 1;
+    let many = inputs.len() > 1;
     let mut errors = 0u64;
-    for stream in &source.streams {
-        let pid = stream_pid(&args.image, sideband.as_ref(), stream);
-        if let std::collections::hash_map::Entry::Vacant(slot) = images.entry(pid) {
-            let symbols = args.format.needs_symbols() && !args.stats;
-            let (image, syms, missing) = build_image_with(
-                &args.image,
-                sideband.as_ref(),
-                pid,
-                &given,
-                &given_elfs,
-                symbols,
-                true,
-            )?;
-            any_missing |= report_missing(&missing, pid, sideband.as_ref(), &mut reported);
-            if args.stats {
-                writeln!(
-                    out,
-                    "image{} sections {} bytes {} missing {}",
-                    pid.map(|p| format!(" pid {p}")).unwrap_or_default(),
-                    image.sections().len(),
-                    image.mapped_bytes(),
-                    missing.len()
-                )?;
+    let mut unplaced = 0;
+    for input in inputs {
+        let pid = input.pid.filter(|_| args.image.pid.is_none()).or_else(|| {
+            let stream = source.stream(&input.label);
+            match stream {
+                Some(s) => stream_pid(&args.image, sideband.as_ref(), s),
+                None => args.image.pid,
             }
-            slot.insert((image, syms));
-        }
-        let (image, syms) = &images[&pid];
+        });
+        let header = match (input.pid, input.tid) {
+            (Some(p), Some(t)) => format!("[thread {p}/{t}]"),
+            _ => format!("[stream {}]", input.label),
+        };
+        let crosses_exec =
+            matches!((sideband.as_ref(), pid), (Some(sb), Some(p)) if !sb.execs_of(p).is_empty());
         if many && !args.stats && args.format != Format::IpsBin {
-            writeln!(out, "[stream {}]", stream.label)?;
+            writeln!(out, "{header}")?;
         }
-        let r = decode_stream(&stream.data, image, syms, cfg.clone(), &args, &mut out);
+        let r = if crosses_exec {
+            let tc = thread_code(&code, pid, input.data, &input.label)?;
+            unplaced += tc.unplaced;
+            for (offset, image, _, missing) in &tc.spaces {
+                any_missing |= report_missing(missing, pid, sideband.as_ref(), &mut reported);
+                if args.stats {
+                    writeln!(
+                        out,
+                        "image{}{} sections {} bytes {} missing {}",
+                        pid.map(|p| format!(" pid {p}")).unwrap_or_default(),
+                        offset.map(|o| format!(" from {o:#x}")).unwrap_or_default(),
+                        image.sections().len(),
+                        image.mapped_bytes(),
+                        missing.len()
+                    )?;
+                }
+            }
+            // Symbols: the last program's (an `insn` line of an earlier one may be named
+            // after the later program's symbols at the same address).
+            let image = tc.image();
+            let syms = tc.spaces.last().map(|s| &s.2);
+            let empty = Symbolizer::new();
+            decode_stream(
+                &tc.data,
+                &image,
+                syms.unwrap_or(&empty),
+                cfg.clone(),
+                &args,
+                &mut out,
+            )
+        } else {
+            if let std::collections::hash_map::Entry::Vacant(slot) = images.entry(pid) {
+                let (image, syms, missing) = build_image_with(
+                    &args.image,
+                    sideband.as_ref(),
+                    pid,
+                    &given,
+                    &given_elfs,
+                    code.symbols,
+                    true,
+                    None,
+                )?;
+                any_missing |= report_missing(&missing, pid, sideband.as_ref(), &mut reported);
+                if args.stats {
+                    writeln!(
+                        out,
+                        "image{} sections {} bytes {} missing {}",
+                        pid.map(|p| format!(" pid {p}")).unwrap_or_default(),
+                        image.sections().len(),
+                        image.mapped_bytes(),
+                        missing.len()
+                    )?;
+                }
+                slot.insert((image, syms));
+            }
+            let (image, syms) = &images[&pid];
+            decode_stream(&input.data, image, syms, cfg.clone(), &args, &mut out)
+        };
         match r {
             Ok(e) => errors += e,
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(ExitCode::SUCCESS),
             Err(e) => return Err(e.into()),
         }
         if args.stats && many {
-            writeln!(out, "  (stream {})", stream.label)?;
+            writeln!(out, "  ({})", &header[1..header.len() - 1])?;
         }
     }
     if any_missing {
@@ -261,7 +334,7 @@ pub fn run(args: DecodeArgs) -> CmdResult {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(ExitCode::SUCCESS),
         r => r?,
     }
-    Ok(if errors > 0 || damaged {
+    Ok(if errors > 0 || damaged || unplaced > 0 {
         ExitCode::from(2)
     } else {
         ExitCode::SUCCESS
@@ -491,21 +564,13 @@ fn given_images_from(
 }
 
 /// The image and symbols for process `pid` (all processes when `None`): the perf.data
-/// mappings, then the command-line images over them. Shared by `decode` and `replay`.
-pub(crate) fn build_image(
-    args: &ImageArgs,
-    sideband: Option<&PerfSideband>,
-    pid: Option<u32>,
-    given: &[Section],
-    given_elfs: &[LoadedElf],
-) -> Result<(Image, Symbolizer, Vec<MissingImage>), ptrewind::image::ImageError> {
-    build_image_with(args, sideband, pid, given, given_elfs, true, false)
-}
-
-/// [`build_image`], reading the ELF symbol tables only when `symbols` is set (an empty
+/// mappings, then the command-line images over them (shared by `decode`, `view` and
+/// `replay`), reading the ELF symbol tables only when `symbols` is set (an empty
 /// [`Symbolizer`] otherwise: formats that print no symbols skip that start-up cost), and
 /// mapping the recorded files instead of reading them when `map_files` is set (`decode`, see
-/// [`ptrewind::image::map_file`]).
+/// [`ptrewind::image::map_file`]). `records`: the sideband mappings to use instead of those
+/// after each process's last exec (one address space of a trace that crosses an exec).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn build_image_with(
     args: &ImageArgs,
     sideband: Option<&PerfSideband>,
@@ -514,6 +579,7 @@ pub(crate) fn build_image_with(
     given_elfs: &[LoadedElf],
     symbols: bool,
     map_files: bool,
+    records: Option<&[ptrewind::image::MmapRecord]>,
 ) -> Result<(Image, Symbolizer, Vec<MissingImage>), ptrewind::image::ImageError> {
     let mut syms = Symbolizer::new();
     let (mut image, missing) = match sideband {
@@ -526,7 +592,7 @@ pub(crate) fn build_image_with(
                 map_files,
                 ..MmapOptions::default()
             };
-            let m = Image::from_mmaps(&sb.mmaps, &opts);
+            let m = Image::from_mmaps(records.unwrap_or(&sb.mmaps), &opts);
             for elf in m.elfs.iter().filter(|_| symbols) {
                 // Symbols are a convenience: an ELF without a usable symbol table still decodes.
                 let _ = syms.add_elf(elf);

@@ -8,6 +8,7 @@ pub mod decode;
 pub mod dump;
 mod input;
 mod output;
+mod perf_threads;
 pub mod record;
 pub mod record_qemu;
 pub mod replay;

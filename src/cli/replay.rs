@@ -3,14 +3,15 @@
 //! code given like `ptrewind decode`'s (`--elf`, `--raw`). Reverse execution is PC-only.
 
 use super::CmdResult;
-use super::decode::{ImageArgs, build_image, given_images, report_missing};
+use super::decode::{ImageArgs, given_images, report_missing};
+use super::perf_threads::{CodeSource, ThreadCode, exec_conversion, split_threads, thread_code};
 use super::record::{Served, bind, serve_session};
+use ptrewind::capture::ExecBoundary;
 use ptrewind::flow::{Cpu, Errata, FlowConfig};
-use ptrewind::image::LoadedElf;
+use ptrewind::image::Image;
 use ptrewind::image::perf_maps::PerfSideband;
 use ptrewind::server::recording_monitors::where_text;
 use ptrewind::server::{GdbStubAdapter, RecordingTarget, check_listen_addr, register_monitors};
-use ptrewind::store::percpu::split_per_cpu;
 use ptrewind::store::perf_data::PerfData;
 use ptrewind::store::{SourceFormat, TraceFile};
 use ptrewind::timeline::{
@@ -22,6 +23,7 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 /// Arguments of `ptrewind replay`.
 #[derive(clap::Args, Debug)]
@@ -114,54 +116,30 @@ fn load_trace(args: &ReplayArgs) -> Result<Vec<(Option<u32>, OfflineRecording)>,
         .as_ref()
         .filter(|_| args.stream.is_none() && source.streams.iter().any(|s| s.cpu.is_some()));
     let mut inputs: Vec<StreamInput<'_>> = Vec::new();
-    let split = if let Some(perf) = per_cpu_perf {
-        let scan = perf.context_switches();
-        match split_per_cpu(&source, &scan) {
-            Ok(split) => Some(split),
-            Err(e) if source.streams.len() == 1 => {
-                eprintln!(
-                    "ptrewind: {}: {e}; serving its one stream ({}) as one thread",
-                    path.display(),
-                    labels[0]
-                );
-                None
-            }
-            Err(e) => {
-                return Err(format!(
-                    "{} has {} per-CPU trace streams ({}) that cannot be split into threads: \
-                     {e}; choose one with --stream",
-                    path.display(),
-                    labels.len(),
-                    labels.join(", ")
-                )
-                .into());
-            }
+    let split = match per_cpu_perf.and_then(|perf| split_threads(path, &source, perf)) {
+        Some(Ok(threads)) => Some(threads),
+        None => None,
+        Some(Err(e)) if source.streams.len() == 1 => {
+            eprintln!(
+                "ptrewind: {}: {e}; serving its one stream ({}) as one thread",
+                path.display(),
+                labels[0]
+            );
+            None
         }
-    } else {
-        None
+        Some(Err(e)) => {
+            return Err(format!(
+                "{} has {} per-CPU trace streams ({}) that cannot be split into threads: \
+                 {e}; choose one with --stream",
+                path.display(),
+                labels.len(),
+                labels.join(", ")
+            )
+            .into());
+        }
     };
-    if let Some(split) = split {
-        for line in split.report.problems() {
-            eprintln!("ptrewind: {}: {line}", path.display());
-        }
-        let cpus: Vec<&str> = source
-            .streams
-            .iter()
-            .filter(|s| s.cpu.is_some())
-            .map(|s| s.label.as_str())
-            .collect();
-        let tids: Vec<String> = split.threads.iter().map(|t| t.tid.to_string()).collect();
-        eprintln!(
-            "ptrewind: {}: per-CPU stream(s) {} split by context switches into {} thread(s) \
-             ({}): {} of {} trace regions attributed",
-            path.display(),
-            cpus.join(", "),
-            split.threads.len(),
-            tids.join(", "),
-            split.report.attributed,
-            split.report.regions
-        );
-        if split.threads.is_empty() {
+    if let Some(threads) = split {
+        if threads.is_empty() {
             return Err(format!(
                 "{}: no part of the per-CPU trace could be given to a thread (see above); \
                  `--stream LABEL` replays one CPU's stream as it is, as one thread",
@@ -171,7 +149,7 @@ fn load_trace(args: &ReplayArgs) -> Result<Vec<(Option<u32>, OfflineRecording)>,
         }
         // A CPU-wide recording (`perf record -a`) has every process's threads: one process is
         // served (`--pid`, or the only one).
-        let mut pids: Vec<u32> = split.threads.iter().map(|t| t.pid).collect();
+        let mut pids: Vec<u32> = threads.iter().filter_map(|t| t.pid).collect();
         pids.sort_unstable();
         pids.dedup();
         let pid = match (args.image.pid, pids.as_slice()) {
@@ -188,8 +166,8 @@ fn load_trace(args: &ReplayArgs) -> Result<Vec<(Option<u32>, OfflineRecording)>,
                 .into());
             }
         };
-        for t in split.threads.into_iter().filter(|t| t.pid == pid) {
-            inputs.push((Some(t.tid), Some(t.pid), t.stream.label, t.stream.data));
+        for t in threads.into_iter().filter(|t| t.pid == Some(pid)) {
+            inputs.push((t.tid, t.pid, t.label, t.data));
         }
     } else {
         let indices: Vec<usize> = match &args.stream {
@@ -253,6 +231,17 @@ fn load_trace(args: &ReplayArgs) -> Result<Vec<(Option<u32>, OfflineRecording)>,
         _ => None,
     };
     let (given, given_elfs) = given_images(&args.image)?;
+    let code = CodeSource {
+        args: &args.image,
+        given: &given,
+        given_elfs: &given_elfs,
+        sideband: sideband.as_ref(),
+        conversion: perf
+            .as_ref()
+            .and_then(|p| exec_conversion(p, sideband.as_ref())),
+        symbols: true,
+        map_files: false,
+    };
     let mut out = Vec::with_capacity(inputs.len());
     for (tid, split_pid, label, data) in inputs {
         let pid = sideband.as_ref().and_then(|sb| {
@@ -262,15 +251,9 @@ fn load_trace(args: &ReplayArgs) -> Result<Vec<(Option<u32>, OfflineRecording)>,
                 sb.pid_for_stream(s.and_then(|s| s.cpu), s.and_then(|s| s.tid).or(tid))
             })
         });
-        let rec = stream_recording(
-            args,
-            (&given, &given_elfs),
-            sideband.as_ref(),
-            pid,
-            flow.clone(),
-            &data,
-            format!("{} [{label}]", path.display()),
-        )?;
+        let name = format!("{} [{label}]", path.display());
+        let tc = thread_code(&code, pid, data, &name)?;
+        let rec = stream_recording(args, sideband.as_ref(), pid, flow.clone(), tc, name)?;
         out.push((tid, rec));
     }
     Ok(out)
@@ -282,18 +265,36 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// its bytes).
 type StreamInput<'a> = (Option<u32>, Option<u32>, String, Cow<'a, [u8]>);
 
-/// One stream's recording: its code image (built for its process) and what is known of it.
+/// One stream's recording: its code (one image per program it ran, see
+/// [`super::perf_threads`]) and what is known of it.
 fn stream_recording(
     args: &ReplayArgs,
-    (given, given_elfs): (&[ptrewind::image::Section], &[LoadedElf]),
     sideband: Option<&PerfSideband>,
     pid: Option<u32>,
     flow: FlowConfig,
-    data: &[u8],
+    code: ThreadCode<'_>,
     source: String,
 ) -> Result<OfflineRecording, BoxError> {
-    let (image, symbols, missing) = build_image(&args.image, sideband, pid, given, given_elfs)?;
-    report_missing(&missing, pid, sideband, &mut HashSet::new());
+    let mut reported = HashSet::new();
+    for space in &code.spaces {
+        report_missing(&space.3, pid, sideband, &mut reported);
+    }
+    // The first ELF given, else the first recorded file that exists here.
+    let exe_of = |image: &Image| {
+        args.image.elf.first().map(|e| e.path.clone()).or_else(|| {
+            image
+                .sections()
+                .iter()
+                .map(|s| PathBuf::from(&*s.origin))
+                .find(|p| p.is_absolute() && p.is_file())
+        })
+    };
+    let mut spaces = code.spaces;
+    // Where each program after the first starts in the trace.
+    let starts: Vec<u64> = spaces.iter().skip(1).map(|s| s.0.unwrap_or(0)).collect();
+    let Some((_, image, symbols, _)) = spaces.pop() else {
+        return Err("no code for the trace".into());
+    };
     if image.sections().is_empty() {
         return Err(
             "no code for the trace: give it with --elf FILE[:BASE] or --raw \
@@ -301,18 +302,26 @@ fn stream_recording(
                 .into(),
         );
     }
-    // The first ELF given, else the first recorded file that exists here.
-    let exe = args.image.elf.first().map(|e| e.path.clone()).or_else(|| {
-        image
-            .sections()
-            .iter()
-            .map(|s| PathBuf::from(&*s.origin))
-            .find(|p| p.is_absolute() && p.is_file())
-    });
+    // The programs before each exec placed in the trace; where the next one starts in the
+    // history is found when it is indexed (`next_insn` unknown).
+    let exec_boundaries = spaces
+        .iter()
+        .zip(starts)
+        .map(|((_, before, _, _), next_offset)| ExecBoundary {
+            cause: "exec".into(),
+            exe: exe_of(before),
+            image: Arc::new(before.clone()),
+            maps: String::new(),
+            next_insn: u64::MAX,
+            next_offset,
+            thread_offsets: Vec::new(),
+        })
+        .collect();
+    let exe = exe_of(&image);
     Ok(OfflineRecording {
-        trace: data.to_vec(),
+        trace: code.data.into_owned(),
         image,
-        exec_boundaries: Vec::new(),
+        exec_boundaries,
         immutable: None,
         symbols,
         registers_at_start: None,

@@ -15,9 +15,10 @@
 
 use super::CmdResult;
 use super::decode::{
-    ImageArgs, build_image, exec_mode, flow_setup, given_images, parse_range, qemu_image,
-    report_missing, stream_pid,
+    ImageArgs, exec_mode, flow_setup, given_images, parse_range, qemu_image, report_missing,
+    stream_pid,
 };
+use super::perf_threads::{CodeSource, exec_conversion, perf_inputs, thread_code};
 use ptrewind::flow::Cpu;
 use ptrewind::image::perf_maps::PerfSideband;
 use ptrewind::image::{Image, Symbolizer};
@@ -28,6 +29,7 @@ use ptrewind::timeline::{ThreadRecording, load_saved_threads};
 use ptrewind::view::{
     Clock, FlameOptions, OutputFile, TrackInput, TscConversion, View, write_flamegraph,
 };
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -46,7 +48,8 @@ pub struct ViewArgs {
     /// Raw PT trace file.
     #[arg(long, value_name = "FILE", conflicts_with = "perf")]
     pt: Option<PathBuf>,
-    /// perf.data recorded with `-e intel_pt//`; every AUX stream is a track of the timeline.
+    /// perf.data recorded with `-e intel_pt//`; every thread is a track of the timeline (per-CPU
+    /// streams split into threads by the context switches, as `decode` and `replay` do).
     #[arg(long, value_name = "perf.data")]
     perf: Option<PathBuf>,
     /// The code: --raw, --elf, and the perf.data mappings, as for `decode`.
@@ -255,6 +258,10 @@ fn view_qemu(dir: &Path, args: &ViewArgs, outputs: &Outputs) -> CmdResult {
     render(outputs, tracks, clock, &dir.display().to_string(), losses)
 }
 
+/// A track of a trace file: its label, process, thread, trace and image (index into the
+/// images).
+type Track<'a> = (String, Option<u32>, Option<u32>, Cow<'a, [u8]>, usize);
+
 /// `--pt FILE` or `--perf perf.data`: inputs read as `decode` reads them.
 fn view_trace_file(args: &ViewArgs, outputs: &Outputs) -> CmdResult {
     let mode = exec_mode(args.bits)?;
@@ -282,20 +289,54 @@ fn view_trace_file(args: &ViewArgs, outputs: &Outputs) -> CmdResult {
         _ => None,
     };
     let (_, _, flow) = flow_setup(args.cpu, perf.as_ref(), &source, mode, &args.ip_filter);
-    // One image per traced process, as `decode` builds them.
-    let mut images: HashMap<Option<u32>, (Image, Symbolizer)> = HashMap::new();
+    // Per-CPU streams thread by thread (split by the context switches), as `decode` and
+    // `replay` read them; one image per traced process, or per thread of a process that
+    // called execve (one period per program it ran).
+    let inputs = perf_inputs(&path, &source, perf.as_ref());
+    let code = CodeSource {
+        args: &args.image,
+        given: &given,
+        given_elfs: &given_elfs,
+        sideband: sideband.as_ref(),
+        conversion: perf
+            .as_ref()
+            .and_then(|p| exec_conversion(p, sideband.as_ref())),
+        symbols: true,
+        map_files: false,
+    };
+    let mut images: Vec<(Image, Symbolizer)> = Vec::new();
+    let mut by_pid: HashMap<Option<u32>, usize> = HashMap::new();
     let mut reported: HashSet<String> = HashSet::new();
     let mut any_missing = false;
-    let mut pids = Vec::new();
-    for stream in &source.streams {
-        let pid = stream_pid(&args.image, sideband.as_ref(), stream);
-        if let std::collections::hash_map::Entry::Vacant(slot) = images.entry(pid) {
-            let (image, syms, missing) =
-                build_image(&args.image, sideband.as_ref(), pid, &given, &given_elfs)?;
-            any_missing |= report_missing(&missing, pid, sideband.as_ref(), &mut reported);
-            slot.insert((image, syms));
-        }
-        pids.push(pid);
+    let mut built: Vec<Track<'_>> = Vec::new();
+    for input in inputs {
+        let pid = input.pid.filter(|_| args.image.pid.is_none()).or_else(|| {
+            match source.stream(&input.label) {
+                Some(s) => stream_pid(&args.image, sideband.as_ref(), s),
+                None => args.image.pid,
+            }
+        });
+        let crosses_exec = matches!(
+            (sideband.as_ref(), pid),
+            (Some(sb), Some(p)) if !sb.execs_of(p).is_empty()
+        );
+        let (data, index) = match by_pid.get(&pid) {
+            Some(&k) if !crosses_exec => (input.data, k),
+            _ => {
+                let mut tc = thread_code(&code, pid, input.data, &input.label)?;
+                for space in &tc.spaces {
+                    any_missing |= report_missing(&space.3, pid, sideband.as_ref(), &mut reported);
+                }
+                let image = tc.image();
+                let syms = tc.spaces.pop().map(|s| s.2).unwrap_or_default();
+                images.push((image, syms));
+                if !crosses_exec {
+                    by_pid.insert(pid, images.len() - 1);
+                }
+                (tc.data, images.len() - 1)
+            }
+        };
+        built.push((input.label, pid, input.tid, data, index));
     }
     if any_missing {
         eprintln!(
@@ -303,10 +344,7 @@ fn view_trace_file(args: &ViewArgs, outputs: &Outputs) -> CmdResult {
              --search-dir DIR (by file name), or --elf FILE:BASE / --raw FILE:BASE"
         );
     }
-    if images
-        .values()
-        .all(|(image, _)| image.sections().is_empty())
-    {
+    if images.iter().all(|(image, _)| image.sections().is_empty()) {
         return Err(
             "no code for the trace: give it with --elf FILE[:BASE] or --raw \
              (perf.data: --symfs/--search-dir for its recorded mappings)"
@@ -336,9 +374,9 @@ fn view_trace_file(args: &ViewArgs, outputs: &Outputs) -> CmdResult {
             .find(|p| p.is_absolute())
             .map(Path::to_path_buf)
     };
-    let process_names: HashMap<Option<u32>, String> = images
+    let process_names: Vec<String> = images
         .iter()
-        .map(|(pid, (image, _))| {
+        .map(|(image, _)| {
             let file = args
                 .image
                 .elf
@@ -346,10 +384,8 @@ fn view_trace_file(args: &ViewArgs, outputs: &Outputs) -> CmdResult {
                 .map(|e| e.path.clone())
                 .or_else(|| first_file(image))
                 .unwrap_or_else(|| path.clone());
-            let name = file
-                .file_name()
-                .map_or_else(|| "trace".to_string(), |n| n.to_string_lossy().into());
-            (*pid, name)
+            file.file_name()
+                .map_or_else(|| "trace".to_string(), |n| n.to_string_lossy().into())
         })
         .collect();
     let losses: usize = source.streams.iter().map(|s| s.losses.len()).sum();
@@ -368,19 +404,17 @@ fn view_trace_file(args: &ViewArgs, outputs: &Outputs) -> CmdResult {
                 .unwrap_or_default()
         );
     }
-    let tracks: Vec<TrackInput<'_>> = source
-        .streams
+    let tracks: Vec<TrackInput<'_>> = built
         .iter()
-        .zip(&pids)
         .enumerate()
-        .map(|(i, (s, pid))| {
-            let (image, symbols) = &images[pid];
+        .map(|(i, (label, pid, tid, data, index))| {
+            let (image, symbols) = &images[*index];
             TrackInput {
-                process: &process_names[pid],
-                name: &s.label,
+                process: &process_names[*index],
+                name: label,
                 pid: pid.unwrap_or(1),
-                tid: s.tid.unwrap_or(i as u32 + 1),
-                trace: &s.data,
+                tid: tid.unwrap_or(i as u32 + 1),
+                trace: data,
                 image,
                 symbols,
                 flow: flow.clone(),

@@ -5,10 +5,14 @@
 //! overlaps, as `mmap(MAP_FIXED)` does), which is what perf and libipt's sideband decoder do.
 //!
 //! # Over time
-//! The image is one layout for the whole trace: the one after the last record. What is followed:
-//! a later mapping replaces the overlapped part of an earlier one (re-`mmap`, `dlclose` then
-//! `dlopen` at the same address), and an `exec` (a `PERF_RECORD_COMM` with the exec flag, see
-//! [`PerfSideband::read`]) drops every earlier mapping of that process. What is not followed:
+//! An image is one layout: [`PerfSideband::mmaps`] gives the one after the last record. What is
+//! followed: a later mapping replaces the overlapped part of an earlier one (re-`mmap`,
+//! `dlclose` then `dlopen` at the same address), and an `exec` (a `PERF_RECORD_COMM` with the
+//! exec flag, see [`PerfSideband::read`]) drops every earlier mapping of that process. A trace
+//! that crosses an `exec` gets one image per address space: [`PerfSideband::execs`] and
+//! [`PerfSideband::space_mmaps`] give each program's records (by sample time), and
+//! `store::exec_cut` places the exec in the thread's trace (the CLI joins them, see
+//! `ptrewind decode`). What is not followed:
 //! `munmap` (perf records none), and code that changes *during* the trace (a library unloaded and
 //! another loaded at the same address while tracing): both generations cannot be in one image, so
 //! the trace before the change is decoded against the later code. A decoder that must follow that
@@ -352,8 +356,30 @@ pub struct PerfSideband {
     pub traced: Vec<(u32, u32, Option<u32>)>,
     /// Mappings dropped because their process called `exec` after them.
     pub superseded_by_exec: usize,
+    /// Every `MMAP`/`MMAP2` record in file order with its sample time, none dropped: the
+    /// mappings of each address space a process had ([`PerfSideband::space_mmaps`]).
+    pub all_mmaps: Vec<(Option<u64>, MmapRecord)>,
+    /// The `exec`s (`PERF_RECORD_COMM` with the exec flag), in file order.
+    pub execs: Vec<ExecRecord>,
     /// Records that could not be decoded (skipped; counted so that nothing is lost silently).
     pub malformed: usize,
+}
+
+/// An `execve` the sideband recorded (`PERF_RECORD_COMM` with `PERF_RECORD_MISC_COMM_EXEC`):
+/// from its time on, process `pid` runs another program.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecRecord {
+    /// The process.
+    pub pid: u32,
+    /// The thread that called `execve` (after it, the process's only thread).
+    pub tid: u32,
+    /// The new program's name (`comm`, at most 15 bytes).
+    pub comm: String,
+    /// perf time of the record (its `sample_id`), if the recording has one.
+    pub time: Option<u64>,
+    /// How many `MMAP`/`MMAP2` records precede it in the file (index into
+    /// [`PerfSideband::all_mmaps`]).
+    pub mmaps_before: usize,
 }
 
 fn lossy(bytes: &[u8]) -> String {
@@ -392,15 +418,19 @@ impl PerfSideband {
                     len,
                     pgoff,
                     filename,
-                } => out.mmaps.push(MmapRecord {
-                    pid,
-                    tid,
-                    addr,
-                    len,
-                    pgoff,
-                    filename: lossy(filename),
-                    exec: misc & MISC_MMAP_DATA == 0,
-                }),
+                } => {
+                    let m = MmapRecord {
+                        pid,
+                        tid,
+                        addr,
+                        len,
+                        pgoff,
+                        filename: lossy(filename),
+                        exec: misc & MISC_MMAP_DATA == 0,
+                    };
+                    out.all_mmaps.push((sample_id.time, m.clone()));
+                    out.mmaps.push(m);
+                }
                 RecordData::Mmap2 {
                     pid,
                     tid,
@@ -416,7 +446,7 @@ impl PerfSideband {
                     if let Some(id) = build_id.filter(|id| !id.is_empty()) {
                         out.build_ids.insert(filename.clone(), id.to_vec());
                     }
-                    out.mmaps.push(MmapRecord {
+                    let m = MmapRecord {
                         pid,
                         tid,
                         addr,
@@ -424,11 +454,23 @@ impl PerfSideband {
                         pgoff,
                         filename,
                         exec: prot & PROT_EXEC != 0,
-                    });
+                    };
+                    out.all_mmaps.push((sample_id.time, m.clone()));
+                    out.mmaps.push(m);
                 }
                 RecordData::Comm {
-                    pid, exec: true, ..
+                    pid,
+                    tid,
+                    comm,
+                    exec: true,
                 } => {
+                    out.execs.push(ExecRecord {
+                        pid,
+                        tid,
+                        comm: lossy(comm),
+                        time: sample_id.time,
+                        mmaps_before: out.all_mmaps.len(),
+                    });
                     let before = out.mmaps.len();
                     out.mmaps.retain(|m| m.pid != pid);
                     out.superseded_by_exec += before - out.mmaps.len();
@@ -475,6 +517,38 @@ impl PerfSideband {
             }
         }
         only(&mut self.traced.iter().map(|t| t.0))
+    }
+
+    /// The `exec`s of process `pid`, in time order (file order where a time is missing).
+    pub fn execs_of(&self, pid: u32) -> Vec<&ExecRecord> {
+        let mut out: Vec<&ExecRecord> = self.execs.iter().filter(|e| e.pid == pid).collect();
+        if out.iter().all(|e| e.time.is_some()) {
+            out.sort_by_key(|e| e.time);
+        }
+        out
+    }
+
+    /// The mappings of process `pid`'s address space `k`: before its first `exec` (`k` = 0)
+    /// or after its `k`-th ([`PerfSideband::execs_of`] order) and before the next. A record
+    /// belongs to the space of the execs before it: by sample time when the record and every
+    /// exec have one (perf writes each CPU's buffer in turn, so file order is not time order
+    /// across CPUs), else by file order.
+    pub fn space_mmaps(&self, pid: u32, k: usize) -> Vec<MmapRecord> {
+        let execs = self.execs_of(pid);
+        let timed = execs.iter().all(|e| e.time.is_some());
+        self.all_mmaps
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, m))| m.pid == pid)
+            .filter(|(index, (time, _))| {
+                let space = match time {
+                    Some(t) if timed => execs.iter().filter(|e| e.time <= Some(*t)).count(),
+                    _ => execs.iter().filter(|e| e.mmaps_before <= *index).count(),
+                };
+                space == k
+            })
+            .map(|(_, (_, m))| m.clone())
+            .collect()
     }
 
     /// [`MmapOptions::build_ids`] from this sideband (a copy: options outlive the file).

@@ -8,6 +8,7 @@
 //! file and decoders know where to resynchronise.
 
 pub mod dirfile;
+pub mod exec_cut;
 pub mod live;
 pub mod percpu;
 pub mod view;

@@ -242,7 +242,7 @@ pub enum SplitError {
 
 /// How a region starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Opening {
+pub(super) enum Opening {
     /// A TIP.PGE at this IP.
     Pge(u64),
     /// An OVF followed by a FUP at this IP: tracing resumed there.
@@ -253,7 +253,7 @@ enum Opening {
 
 /// The decoder state a piece's synthetic PSB+ must restore.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-struct Timing {
+pub(super) struct Timing {
     /// The last TSC (extended to 64 bits).
     tsc: Option<u64>,
     /// The TMA right after it.
@@ -285,14 +285,14 @@ impl Timing {
 
 /// One PacketEn = 1 stretch of a CPU stream.
 #[derive(Debug, Clone)]
-struct Region {
-    opening: Opening,
+pub(super) struct Region {
+    pub(super) opening: Opening,
     /// Offset of the opening packet (the PSB for [`Opening::Psb`]).
-    start: u64,
+    pub(super) start: u64,
     /// First byte copied verbatim: after the opening packet, or the PSB itself.
-    body: u64,
+    pub(super) body: u64,
     /// End (exclusive): after the TIP.PGD, the OVF, or where damage cut it.
-    end: u64,
+    pub(super) end: u64,
     /// Whether it was cut short by damage (its piece gets an OVF appended).
     cut: bool,
     /// The decoder state at the opening packet.
@@ -305,9 +305,14 @@ struct Region {
 }
 
 /// Reads one CPU stream into regions.
-struct Scanner<'a> {
+pub(super) struct Scanner<'a> {
     data: &'a [u8],
-    regions: Vec<Region>,
+    pub(super) regions: Vec<Region>,
+    /// Every TSC packet: its offset and extended value (for the exec cut, `super::exec_cut`).
+    pub(super) tscs: Vec<(u64, u64)>,
+    /// Every PSB+ without a FUP (tracing off at it): the PSB's offset and the end of its
+    /// PSBEND.
+    pub(super) bare_psbs: Vec<(u64, u64)>,
     /// The open region, if PacketEn = 1.
     open: Option<Region>,
     last_ip: LastIp,
@@ -326,10 +331,12 @@ struct Scanner<'a> {
 }
 
 impl<'a> Scanner<'a> {
-    fn new(cpu: u32, data: &'a [u8], tsc_hint: u64) -> Self {
+    pub(super) fn new(cpu: u32, data: &'a [u8], tsc_hint: u64) -> Self {
         Scanner {
             data,
             regions: Vec::new(),
+            tscs: Vec::new(),
+            bare_psbs: Vec::new(),
             open: None,
             last_ip: LastIp::new(),
             timing: Timing::default(),
@@ -379,7 +386,7 @@ impl<'a> Scanner<'a> {
     }
 
     /// Scans `data[from..to]` (one stretch without AUX gaps).
-    fn scan(&mut self, from: usize, to: usize) {
+    pub(super) fn scan(&mut self, from: usize, to: usize) {
         let base = from as u64;
         let mut dec = PacketDecoder::with_base_offset(&self.data[from..to], base);
         // Decoding starts at a PSB: before one, Last IP and the packet boundaries are unknown.
@@ -412,7 +419,11 @@ impl<'a> Scanner<'a> {
                 }
             };
             let next = dec.offset();
-            let was_tsc = std::mem::replace(&mut self.previous_was_tsc, false);
+            // PAD may stand between a TSC and its TMA (the processor pads PSB+ packets).
+            let was_tsc = match p {
+                Packet::Pad => self.previous_was_tsc,
+                _ => std::mem::replace(&mut self.previous_was_tsc, false),
+            };
             match p {
                 Packet::Psb => {
                     self.last_ip.reset();
@@ -420,6 +431,9 @@ impl<'a> Scanner<'a> {
                 }
                 Packet::PsbEnd => {
                     if let Some((psb_off, fup, tsc)) = self.psb.take() {
+                        if fup.is_none() {
+                            self.bare_psbs.push((psb_off, next));
+                        }
                         match (fup, self.open.is_some()) {
                             (Some(_), true) => {
                                 if let Some(t) = tsc {
@@ -492,6 +506,7 @@ impl<'a> Scanner<'a> {
                 Packet::Tsc { tsc } => {
                     let t = self.extend_tsc(tsc);
                     self.last_tsc = Some(t);
+                    self.tscs.push((off, t));
                     self.timing.tma = None;
                     self.timing.mtcs.clear();
                     self.previous_was_tsc = true;
@@ -792,56 +807,8 @@ fn append_piece(
     let mut latest = floor;
     let r = &p.first;
     let mut enc = Encoder::new();
-    if r.opening != Opening::Psb {
-        let timing = &r.timing;
-        enc.psb(out);
-        if let Some(mode) = &timing.mode {
-            let _ = enc.packet(mode, out);
-        }
-        if let Some(ratio) = timing.cbr {
-            let _ = enc.packet(&Packet::Cbr { ratio }, out);
-        }
-        // The last TSC with its TMA and MTCs, unless the thread's switch-in (or its previous
-        // piece) is later: then that time, alone (the MTCs after the stale TSC would count
-        // from it).
-        let bound = p.run_start.max(floor);
-        let exact = timing.tsc.filter(|&tsc| tsc >= bound);
-        match exact {
-            Some(tsc) => {
-                latest = latest.max(tsc);
-                let _ = enc.packet(
-                    &Packet::Tsc {
-                        tsc: tsc & TSC_MASK,
-                    },
-                    out,
-                );
-                if let Some((ctc, fc)) = timing.tma {
-                    let _ = enc.packet(&Packet::Tma { ctc, fc }, out);
-                }
-            }
-            None if bound > 0 => {
-                latest = latest.max(bound);
-                let _ = enc.packet(
-                    &Packet::Tsc {
-                        tsc: bound & TSC_MASK,
-                    },
-                    out,
-                );
-            }
-            None => {}
-        }
-        if let Opening::Fup(ip) = r.opening {
-            let _ = enc.ip_packet(IpKind::Fup, Some(ip), out);
-        }
-        let _ = enc.packet(&Packet::PsbEnd, out);
-        if exact.is_some() && timing.tma.is_some() {
-            for &ctc in &timing.mtcs {
-                let _ = enc.packet(&Packet::Mtc { ctc }, out);
-            }
-        }
-        if let Opening::Pge(ip) = r.opening {
-            let _ = enc.ip_packet(IpKind::TipPge, Some(ip), out);
-        }
+    if let Some(tsc) = write_opening(out, r, p.run_start.max(floor)) {
+        latest = latest.max(tsc);
     }
     let body_offset = out.len() as u64;
     let (from, to) = (r.body as usize, (p.end as usize).min(cpu_stream.data.len()));
@@ -884,4 +851,94 @@ fn append_piece(
         regions: p.regions,
     });
     latest.max(p.max_tsc.unwrap_or(0))
+}
+
+/// Writes the synthetic PSB+ and re-encoded opening packet that let region `r` decode on its
+/// own (see the module docs); nothing for a region that opens with its own PSB+. `bound`: the
+/// earliest time the region can have started (the thread's switch-in, the latest time of the
+/// thread's earlier pieces; 0 when unknown). Returns the time written, if any.
+pub(super) fn write_opening(out: &mut Vec<u8>, r: &Region, bound: u64) -> Option<u64> {
+    if r.opening == Opening::Psb {
+        return None;
+    }
+    let mut enc = Encoder::new();
+    let timing = &r.timing;
+    let mut written = None;
+    enc.psb(out);
+    if let Some(mode) = &timing.mode {
+        let _ = enc.packet(mode, out);
+    }
+    if let Some(ratio) = timing.cbr {
+        let _ = enc.packet(&Packet::Cbr { ratio }, out);
+    }
+    // The last TSC with its TMA and MTCs, unless the thread's switch-in (or its previous
+    // piece) is later: then that time, alone (the MTCs after the stale TSC would count
+    // from it).
+    let exact = timing.tsc.filter(|&tsc| tsc >= bound);
+    match exact {
+        Some(tsc) => {
+            written = Some(tsc);
+            let _ = enc.packet(
+                &Packet::Tsc {
+                    tsc: tsc & TSC_MASK,
+                },
+                out,
+            );
+            if let Some((ctc, fc)) = timing.tma {
+                let _ = enc.packet(&Packet::Tma { ctc, fc }, out);
+            }
+        }
+        None if bound > 0 => {
+            written = Some(bound);
+            let _ = enc.packet(
+                &Packet::Tsc {
+                    tsc: bound & TSC_MASK,
+                },
+                out,
+            );
+        }
+        None => {}
+    }
+    if let Opening::Fup(ip) = r.opening {
+        let _ = enc.ip_packet(IpKind::Fup, Some(ip), out);
+    }
+    let _ = enc.packet(&Packet::PsbEnd, out);
+    if exact.is_some() && timing.tma.is_some() {
+        for &ctc in &timing.mtcs {
+            let _ = enc.packet(&Packet::Mtc { ctc }, out);
+        }
+    }
+    if let Opening::Pge(ip) = r.opening {
+        let _ = enc.ip_packet(IpKind::TipPge, Some(ip), out);
+    }
+    written
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A processor pads PSB+ packets: a PAD between a TSC and its TMA must not lose the TMA
+    /// (nor, with it, the MTCs after it), or a piece's time falls back to the bare TSC.
+    #[test]
+    fn a_pad_between_tsc_and_tma_keeps_the_tma() {
+        let mut enc = Encoder::new();
+        let mut out = Vec::new();
+        enc.psb(&mut out);
+        enc.packet(&Packet::Tsc { tsc: 1000 }, &mut out).unwrap();
+        enc.packet(&Packet::Pad, &mut out).unwrap();
+        enc.packet(&Packet::Tma { ctc: 7, fc: 3 }, &mut out)
+            .unwrap();
+        enc.packet(&Packet::PsbEnd, &mut out).unwrap();
+        enc.packet(&Packet::Mtc { ctc: 9 }, &mut out).unwrap();
+        enc.ip_packet(IpKind::TipPge, Some(0x1000), &mut out)
+            .unwrap();
+        enc.ip_packet(IpKind::TipPgd, None, &mut out).unwrap();
+        let mut s = Scanner::new(0, &out, 0);
+        s.scan(0, out.len());
+        assert_eq!(s.regions.len(), 1);
+        let t = &s.regions[0].timing;
+        assert_eq!(t.tma, Some((7, 3)));
+        assert_eq!(t.mtcs, [9]);
+    }
 }

@@ -320,6 +320,17 @@ impl Timeline {
         if len == 0 {
             return Err("the trace decodes to no instruction (wrong code image?)".into());
         }
+        // A boundary placed in a recorded trace (perf.data: `next_insn` unknown, `u64::MAX`)
+        // starts where the history's sync point at its PSB is.
+        if r.exec_bounds.iter().any(|b| b.next_insn == u64::MAX) {
+            let points = r.worker.sync_points();
+            for b in &mut r.exec_bounds {
+                if b.next_insn == u64::MAX {
+                    let at = points.partition_point(|p| p.offset < b.next_offset);
+                    b.next_insn = points.get(at).map_or(len, |p| p.insn);
+                }
+            }
+        }
         let full = |g: &X86Registers| {
             let mut x = template.clone();
             x.gprs = g.gprs;

@@ -30,6 +30,7 @@ use crate::history::{BreakpointSet, GlobalOrder, ThreadClock};
 use crate::image::Image;
 use crate::store::dirfile::RecordingDir;
 use crate::target::{Resume, ReverseResume, StopEvent, TargetError, TargetResult, X86Registers};
+use std::sync::Arc;
 
 /// One thread of a recording to replay.
 #[derive(Debug)]
@@ -165,7 +166,10 @@ impl Timeline {
             .iter()
             .map(|t| {
                 let r = &t.recording;
-                (r.trace.clone(), r.image.clone(), r.flow.clone())
+                // Decoded against every program it ran (its exec periods), as its history is.
+                let present = Arc::new(r.image.clone());
+                let image = super::periods::compose(&r.exec_boundaries, &present);
+                (r.trace.clone(), (*image).clone(), r.flow.clone())
             })
             .collect();
         let (all_clocks, built) = std::thread::scope(|s| {

@@ -14,6 +14,8 @@
 //! - [`rsp`]: a raw remote-protocol client (exact packets, acks, Ctrl-C).
 //! - [`synth`]: synthetic PT streams from the encoder (also `#[path]`-included by the crate's
 //!   unit tests).
+//! - [`hwexec`]: a synthetic perf.data (per thread or per CPU) of a process that calls
+//!   `execve` while traced, with both programs' sideband.
 //! - [`percpu`]: a synthetic per-CPU perf.data with its per-thread ground truth (also
 //!   `#[path]`-included by the crate's unit tests).
 //! - [`flow_ips`]: our decoder's instruction addresses and errors for one trace.
@@ -23,6 +25,7 @@ pub mod cbuild;
 pub mod corpus;
 pub mod gdb;
 pub mod hase;
+pub mod hwexec;
 pub mod libipt;
 pub mod percpu;
 pub mod programs;

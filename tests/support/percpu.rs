@@ -160,7 +160,8 @@ pub fn cpu_stream(start: u64, regions: &[Region]) -> Vec<u8> {
     out
 }
 
-fn record(kind: u32, misc: u16, body: &[u8]) -> Vec<u8> {
+/// A perf record: header (type, misc, size) and body.
+pub fn record(kind: u32, misc: u16, body: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     out.extend_from_slice(&kind.to_le_bytes());
     out.extend_from_slice(&misc.to_le_bytes());
@@ -170,7 +171,7 @@ fn record(kind: u32, misc: u16, body: &[u8]) -> Vec<u8> {
 }
 
 /// The `sample_id` trailer of the attr below: TID, TIME, CPU, IDENTIFIER.
-fn sample_id(pid: u32, tid: u32, time: u64, cpu: u32) -> Vec<u8> {
+pub fn sample_id(pid: u32, tid: u32, time: u64, cpu: u32) -> Vec<u8> {
     let mut out = Vec::new();
     for v in [pid, tid] {
         out.extend_from_slice(&v.to_le_bytes());
