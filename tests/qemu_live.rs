@@ -1154,9 +1154,16 @@ fn live_btrace_of_every_thread() {
             "break boom",
             "continue",
             "record btrace pt",
+            // The last `Hg` names main, whose registers GDB reads here.
+            "delete",
+            "thread 1",
+            "p $pc",
             "continue",
+            "python print(\"TID\", gdb.selected_thread().ptid[1])",
             "echo @worker\\n",
             "info record",
+            "record function-call-history",
+            "echo @worker-end\\n",
             "thread 1",
             "echo @main\\n",
             "info record",
@@ -1191,8 +1198,27 @@ fn live_btrace_of_every_thread() {
         "{}",
         run.dump()
     );
+    // The crashed worker's own trace: GDB reads it right after the stop that reported that
+    // thread, without an `Hg` (it takes the stop's thread for the general one, as gdbserver
+    // makes it), and the server used to answer for the thread of the last `Hg`: the other
+    // worker's trace, or "No such thread" once that one had ended.
+    // (GDB labels the data with the thread it asked for, whichever thread's it is: the
+    // worker's trace is the one that ends in `boom`.)
+    let crashed = run.tagged("TID");
+    assert_eq!(crashed.len(), 1, "{}", run.dump());
     assert!(
-        worker.contains(&format!("(Thread {pid}.")) && !worker.contains(&format!(".{pid})")),
+        worker.contains(&format!("(Thread {pid}.{})", crashed[0])),
+        "{}",
+        run.dump()
+    );
+    let history = run.after("@worker");
+    let history = &history[..history.find("@worker-end").unwrap_or(history.len())];
+    let last = history
+        .lines()
+        .filter(|l| l.trim().starts_with(char::is_numeric))
+        .last();
+    assert!(
+        last.is_some_and(|l| l.trim_end().ends_with("\tboom") || l.trim_end().ends_with(" boom")),
         "{}",
         run.dump()
     );

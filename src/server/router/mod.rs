@@ -57,7 +57,8 @@ pub enum Intercept {
 /// Protocol state the router tracks for interceptors.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RouterState {
-    /// The thread id text of the last `Hg` packet (e.g. `p1234.1234`, `0`, `-1`).
+    /// The thread id text of the last `Hg` packet (e.g. `p1234.1234`, `0`, `-1`); `None` after
+    /// a stop reply, which makes the stopped thread the general one.
     pub general_thread: Option<String>,
     /// The thread id text of the last `Hc` packet.
     pub continue_thread: Option<String>,
@@ -304,6 +305,11 @@ impl Router {
                         // register the past does not know (a PC-only replay): GDB would take
                         // its 0 for a value and read memory near address 0 at every step. The
                         // stop thread's (GDB may have read another one's before).
+                        // A stop reply makes its thread the general thread, as gdbserver
+                        // does: GDB assumes so (`record_currthread`) and sends no `Hg` before
+                        // its next request for that thread (btrace reads a thread's trace
+                        // right after the stop that reported it).
+                        self.state.general_thread = None;
                         let expedited = match ev {
                             StopEvent::Exited(_) | StopEvent::Killed(_) => None,
                             _ => session.target_mut().read_thread_registers(tid).ok(),
