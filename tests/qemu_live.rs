@@ -1216,7 +1216,7 @@ fn live_btrace_of_every_thread() {
     let last = history
         .lines()
         .filter(|l| l.trim().starts_with(char::is_numeric))
-        .last();
+        .next_back();
     assert!(
         last.is_some_and(|l| l.trim_end().ends_with("\tboom") || l.trim_end().ends_with(" boom")),
         "{}",
