@@ -1215,8 +1215,7 @@ fn live_btrace_of_every_thread() {
     let history = &history[..history.find("@worker-end").unwrap_or(history.len())];
     let last = history
         .lines()
-        .filter(|l| l.trim().starts_with(char::is_numeric))
-        .next_back();
+        .rfind(|l| l.trim().starts_with(char::is_numeric));
     assert!(
         last.is_some_and(|l| l.trim_end().ends_with("\tboom") || l.trim_end().ends_with(" boom")),
         "{}",
