@@ -131,6 +131,29 @@ pub(crate) struct CodeSource<'s> {
     pub map_files: bool,
 }
 
+impl<'s> CodeSource<'s> {
+    /// The code source of a command that keeps the image while it serves or draws the trace
+    /// (`replay`, `view`): symbols read, files read whole (a mapping would fault if a file were
+    /// truncated meanwhile), execs placed with the perf.data's own time conversion.
+    pub(crate) fn kept(
+        args: &'s ImageArgs,
+        given: &'s [Section],
+        given_elfs: &'s [LoadedElf],
+        sideband: Option<&'s PerfSideband>,
+        perf: Option<&PerfData<'_>>,
+    ) -> Self {
+        CodeSource {
+            args,
+            given,
+            given_elfs,
+            sideband,
+            conversion: perf.and_then(|p| exec_conversion(p, sideband)),
+            symbols: true,
+            map_files: false,
+        }
+    }
+}
+
 /// The code of the trace `data` of a thread of process `pid` (`label` names it in messages):
 /// one address space, or, when the process called `execve` while traced, one per program (see
 /// the module docs).

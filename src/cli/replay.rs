@@ -4,7 +4,7 @@
 
 use super::CmdResult;
 use super::decode::{ImageArgs, given_images, report_missing};
-use super::perf_threads::{CodeSource, ThreadCode, exec_conversion, split_threads, thread_code};
+use super::perf_threads::{CodeSource, ThreadCode, split_threads, thread_code};
 use super::record::{Served, bind, serve_session};
 use ptrewind::capture::ExecBoundary;
 use ptrewind::flow::{Cpu, Errata, FlowConfig};
@@ -231,17 +231,13 @@ fn load_trace(args: &ReplayArgs) -> Result<Vec<(Option<u32>, OfflineRecording)>,
         _ => None,
     };
     let (given, given_elfs) = given_images(&args.image)?;
-    let code = CodeSource {
-        args: &args.image,
-        given: &given,
-        given_elfs: &given_elfs,
-        sideband: sideband.as_ref(),
-        conversion: perf
-            .as_ref()
-            .and_then(|p| exec_conversion(p, sideband.as_ref())),
-        symbols: true,
-        map_files: false,
-    };
+    let code = CodeSource::kept(
+        &args.image,
+        &given,
+        &given_elfs,
+        sideband.as_ref(),
+        perf.as_ref(),
+    );
     let mut out = Vec::with_capacity(inputs.len());
     for (tid, split_pid, label, data) in inputs {
         let pid = sideband.as_ref().and_then(|sb| {

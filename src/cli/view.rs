@@ -18,7 +18,7 @@ use super::decode::{
     ImageArgs, exec_mode, flow_setup, given_images, parse_range, qemu_image, report_missing,
     stream_pid,
 };
-use super::perf_threads::{CodeSource, exec_conversion, perf_inputs, thread_code};
+use super::perf_threads::{CodeSource, perf_inputs, thread_code};
 use ptrewind::flow::Cpu;
 use ptrewind::image::perf_maps::PerfSideband;
 use ptrewind::image::{Image, Symbolizer};
@@ -293,17 +293,13 @@ fn view_trace_file(args: &ViewArgs, outputs: &Outputs) -> CmdResult {
     // `replay` read them; one image per traced process, or per thread of a process that
     // called execve (one period per program it ran).
     let inputs = perf_inputs(&path, &source, perf.as_ref());
-    let code = CodeSource {
-        args: &args.image,
-        given: &given,
-        given_elfs: &given_elfs,
-        sideband: sideband.as_ref(),
-        conversion: perf
-            .as_ref()
-            .and_then(|p| exec_conversion(p, sideband.as_ref())),
-        symbols: true,
-        map_files: false,
-    };
+    let code = CodeSource::kept(
+        &args.image,
+        &given,
+        &given_elfs,
+        sideband.as_ref(),
+        perf.as_ref(),
+    );
     let mut images: Vec<(Image, Symbolizer)> = Vec::new();
     let mut by_pid: HashMap<Option<u32>, usize> = HashMap::new();
     let mut reported: HashSet<String> = HashSet::new();

@@ -121,30 +121,11 @@ fn comm_exec(name: &str, time_tsc: u64, cpu: u32) -> Vec<u8> {
 
 /// The pipe-mode perf.data: `prog_a`/`prog_b` are the paths the `MMAP2` records name.
 pub fn perf_data(v: Variant, prog_a: &str, prog_b: &str) -> Vec<u8> {
-    const HEADER_ATTR: u32 = 64;
-    const AUXTRACE_INFO: u32 = 70;
     const AUXTRACE: u32 = 71;
     const ITRACE_START: u32 = 12;
     const SWITCH_CPU_WIDE: u32 = 15;
     const MISC_SWITCH_OUT: u16 = 1 << 13;
-    let mut out = b"PERFILE2".to_vec();
-    out.extend_from_slice(&16u64.to_le_bytes());
-    let mut attr = vec![0u8; 112];
-    attr[0..4].copy_from_slice(&8u32.to_le_bytes());
-    attr[4..8].copy_from_slice(&112u32.to_le_bytes());
-    let st: u64 = (1 << 1) | (1 << 2) | (1 << 7) | (1 << 16);
-    attr[24..32].copy_from_slice(&st.to_le_bytes());
-    attr[40..48].copy_from_slice(&(1u64 << 18).to_le_bytes());
-    attr.extend_from_slice(&7u64.to_le_bytes());
-    out.extend(record(HEADER_ATTR, 0, &attr));
-    // AUXTRACE_INFO as the per-CPU scenario's, per_cpu_mmaps as recorded.
-    let mut info = Vec::new();
-    info.extend_from_slice(&1u32.to_le_bytes());
-    info.extend_from_slice(&0u32.to_le_bytes());
-    for x in [8u64, 1, 1, 0, 1, 0x400, 0x800, 3, 0, u64::from(v.per_cpu)] {
-        info.extend_from_slice(&x.to_le_bytes());
-    }
-    out.extend(record(AUXTRACE_INFO, 0, &info));
+    let mut out = percpu::perf_header(v.per_cpu);
     let a = regions_a(!v.ambiguous);
     let mut records: Vec<(u64, u32, Vec<u8>)> = Vec::new();
     let itrace = |t: u64, cpu: u32| {

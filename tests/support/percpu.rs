@@ -207,14 +207,13 @@ pub struct Variant {
 /// Thread 555's region in a CPU-wide recording: 2 instructions at 0x1010.
 pub const OTHER: Region = region(Some(1024), 555, 0x1010, 1, 1024);
 
-/// The pipe-mode perf.data of the scenario.
-pub fn perf_data(v: Variant) -> Vec<u8> {
+/// The start of a pipe-mode perf.data: the magic, the one `intel_pt` event's attribute
+/// (sample_id_all with TID, TIME, CPU and IDENTIFIER) and AUXTRACE_INFO (Intel PT, pmu_type 8,
+/// time_shift 1, time_mult 1, time_zero 0, cap_user_time_zero 1, tsc_bit, noretcomp_bit,
+/// have_sched_switch 3, snapshot 0, and `per_cpu` as per_cpu_mmaps).
+pub fn perf_header(per_cpu: bool) -> Vec<u8> {
     const HEADER_ATTR: u32 = 64;
     const AUXTRACE_INFO: u32 = 70;
-    const AUXTRACE: u32 = 71;
-    const ITRACE_START: u32 = 12;
-    const SWITCH_CPU_WIDE: u32 = 15;
-    const MISC_SWITCH_OUT: u16 = 1 << 13;
     let mut out = b"PERFILE2".to_vec();
     out.extend_from_slice(&16u64.to_le_bytes());
     let mut attr = vec![0u8; 112];
@@ -225,16 +224,23 @@ pub fn perf_data(v: Variant) -> Vec<u8> {
     attr[40..48].copy_from_slice(&(1u64 << 18).to_le_bytes());
     attr.extend_from_slice(&7u64.to_le_bytes());
     out.extend(record(HEADER_ATTR, 0, &attr));
-    // AUXTRACE_INFO: Intel PT, pmu_type 8, time_shift 1, time_mult 1, time_zero 0,
-    // cap_user_time_zero 1, tsc_bit, noretcomp_bit, have_sched_switch 3, snapshot 0,
-    // per_cpu_mmaps 1.
     let mut info = Vec::new();
     info.extend_from_slice(&1u32.to_le_bytes());
     info.extend_from_slice(&0u32.to_le_bytes());
-    for v in [8u64, 1, 1, 0, 1, 0x400, 0x800, 3, 0, 1] {
-        info.extend_from_slice(&v.to_le_bytes());
+    for x in [8u64, 1, 1, 0, 1, 0x400, 0x800, 3, 0, u64::from(per_cpu)] {
+        info.extend_from_slice(&x.to_le_bytes());
     }
     out.extend(record(AUXTRACE_INFO, 0, &info));
+    out
+}
+
+/// The pipe-mode perf.data of the scenario.
+pub fn perf_data(v: Variant) -> Vec<u8> {
+    const AUXTRACE: u32 = 71;
+    const ITRACE_START: u32 = 12;
+    const SWITCH_CPU_WIDE: u32 = 15;
+    const MISC_SWITCH_OUT: u16 = 1 << 13;
+    let mut out = perf_header(true);
     for cpu in 0..2u32 {
         // Each CPU's records in time order, as perf's per-CPU buffers hold them.
         let mut records: Vec<(u64, Vec<u8>)> = Vec::new();
