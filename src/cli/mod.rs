@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 pub mod attach;
+mod code;
 pub mod decode;
 pub mod dump;
 mod input;

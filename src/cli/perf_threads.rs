@@ -9,7 +9,7 @@
 //!   program ([`PerfSideband::space_mmaps`]). An exec that cannot be placed is said, counted,
 //!   and the thread's trace ends before it: nothing is decoded against the wrong program.
 
-use super::decode::{ImageArgs, build_image_with};
+use super::code::{ImageArgs, build_image_with};
 use ptrewind::image::perf_maps::PerfSideband;
 use ptrewind::image::{Image, LoadedElf, MissingImage, Section, Symbolizer};
 use ptrewind::perf::data::{PerfData, TscConversion};

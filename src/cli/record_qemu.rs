@@ -192,7 +192,7 @@ pub(crate) fn serve_target(
         None => format!("no thread recorded in {}", recorded.dir.display()),
     })?;
     // The code from the recorded mappings, every missing file reported once, as `decode --qemu`.
-    let (image, symbols) = super::decode::qemu_image(recorded, &[], &[])?;
+    let (image, symbols) = super::code::qemu_image(recorded, &[], &[])?;
     let exe = recorded.launch.as_ref().map(|l| l.program.clone());
     // Where the loader put the program and its libraries (GDB places a PIE program by the
     // auxiliary vector and finds libraries by the svr4 list; no process is left to read them).

@@ -3,7 +3,7 @@
 //! code given like `ptrewind decode`'s (`--elf`, `--raw`). Reverse execution is PC-only.
 
 use super::CmdResult;
-use super::decode::{ImageArgs, given_images, report_missing};
+use super::code::{ImageArgs, given_images, report_missing};
 use super::perf_threads::{CodeSource, ThreadCode, split_threads, thread_code};
 use super::record::{Served, bind, serve_session};
 use ptrewind::capture::ExecBoundary;

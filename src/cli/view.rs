@@ -14,7 +14,7 @@
 //! inputs could not be read (nothing is written then).
 
 use super::CmdResult;
-use super::decode::{
+use super::code::{
     ImageArgs, exec_mode, flow_setup, given_images, parse_range, qemu_image, report_missing,
     stream_pid,
 };
