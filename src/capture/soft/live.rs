@@ -399,9 +399,19 @@ impl LiveBackend for SoftCapture {
                             // (After a thread's end the next current thread may be waiting in
                             // a system call: no PC to compare until it comes back.)
                             if !self.rec.current_in_flight() {
-                                let pc = self.present_gprs()?.rip;
-                                if bps.contains(&pc) {
-                                    return self.recorded_stop(StopEvent::Breakpoint { pc });
+                                match self.present_gprs() {
+                                    Ok(r) if bps.contains(&r.rip) => {
+                                        return self
+                                            .recorded_stop(StopEvent::Breakpoint { pc: r.rip });
+                                    }
+                                    Ok(_) => {}
+                                    // Killed from outside since the step stopped: the next
+                                    // step collects how it ended (the recording is kept).
+                                    Err(TargetError::Sys {
+                                        source: nix::Error::ESRCH,
+                                        ..
+                                    }) => {}
+                                    Err(e) => return Err(e),
                                 }
                             }
                         }
