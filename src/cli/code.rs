@@ -55,7 +55,7 @@ pub(crate) fn parse_range(s: &str) -> Result<(u64, u64), String> {
 
 /// The CPU (`cpu`, else the perf.data header; unknown means no errata, as in libipt), where it
 /// came from, and the flow configuration for a trace: errata, IP filter, initial mode, and the
-/// timing parameters of a perf.data recording. Shared by `decode` and `view`.
+/// timing parameters of a perf.data recording. Shared by `decode`, `view` and `replay`.
 pub(crate) fn flow_setup(
     cpu: Option<Cpu>,
     perf: Option<&PerfData>,

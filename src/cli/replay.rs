@@ -3,11 +3,11 @@
 //! code given like `ptrewind decode`'s (`--elf`, `--raw`). Reverse execution is PC-only.
 
 use super::CmdResult;
-use super::code::{ImageArgs, given_images, report_missing};
+use super::code::{ImageArgs, flow_setup, given_images, report_missing};
 use super::perf_threads::{CodeSource, ThreadCode, split_threads, thread_code};
 use super::record::{Served, bind, serve_session};
 use ptrewind::capture::ExecBoundary;
-use ptrewind::flow::{Cpu, Errata, FlowConfig};
+use ptrewind::flow::{Cpu, FlowConfig};
 use ptrewind::image::Image;
 use ptrewind::image::perf_maps::PerfSideband;
 use ptrewind::server::recording_monitors::where_text;
@@ -207,25 +207,13 @@ fn load_trace(args: &ReplayArgs) -> Result<Vec<(Option<u32>, OfflineRecording)>,
         }
     }
     // Errata and timing as `decode` picks them: --cpu, else the perf.data header.
-    let cpu = match (args.cpu, perf.as_ref().and_then(|p| p.cpuid())) {
-        (Some(c), _) => Some(c),
-        (None, Some(id)) => Cpu::from_perf_cpuid(id)
-            .map_err(|e| eprintln!("ptrewind: {e}; no erratum workarounds"))
-            .ok(),
-        (None, None) => None,
-    };
-    let mut flow = FlowConfig {
-        errata: cpu.as_ref().map(Errata::for_cpu).unwrap_or_default(),
-        ..FlowConfig::default()
-    };
-    if let Some(info) = source.perf.as_ref().and_then(|p| p.intel_pt) {
-        if let (Some(n), Some(d)) = (info.tsc_ctc_ratio_n, info.tsc_ctc_ratio_d) {
-            flow.timing.ctc_ratio = (n as u32, d as u32);
-        }
-        if let Some(m) = info.max_non_turbo_ratio {
-            flow.timing.max_nonturbo_ratio = m as u8;
-        }
-    }
+    let (_, _, flow) = flow_setup(
+        args.cpu,
+        perf.as_ref(),
+        &source,
+        FlowConfig::default().default_mode,
+        &[],
+    );
     let sideband = match &perf {
         Some(p) if !args.image.no_mmaps => Some(PerfSideband::read(p)),
         _ => None,
