@@ -839,20 +839,8 @@ impl<T: StepTarget> SoftRecorder<T> {
             self.lane.encoder.finish(next);
         }
         match stop {
-            StepStop::Exiting => {
-                if self.config.capture_image_at_exit {
-                    self.image = procmaps::capture_image(&mut self.target)
-                        .ok()
-                        .map(|(image, _)| image);
-                }
-                if self.stop_at_exit {
-                    self.at_exit = true;
-                    self.write_out(true);
-                    return Ok(StepEvent::Exiting);
-                }
-                let end = self.target.cont(None)?;
-                self.ended(end, None)
-            }
+            // The trace is closed already: nothing more to say about the instruction.
+            StepStop::Exiting => self.at_exit_event(None),
             StepStop::Exited(_) | StepStop::Killed(_) => self.ended(stop, None),
             other => Err(TargetError::Unexpected {
                 pid: tid,

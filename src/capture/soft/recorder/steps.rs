@@ -390,21 +390,7 @@ impl<T: StepTarget> SoftRecorder<T> {
                     self.executed(ip, &insn, &after)?;
                     executed = true;
                 }
-                if self.config.capture_image_at_exit {
-                    self.image = procmaps::capture_image(&mut self.target)
-                        .ok()
-                        .map(|(image, _)| image);
-                }
-                self.lane.regs = None;
-                if self.stop_at_exit {
-                    // The process stays at its end; whoever drives it lets it go. The trace is
-                    // closed at the stop like at any other (FUP + TIP.PGD at the PC).
-                    self.at_exit = true;
-                    self.write_out(true);
-                    return Ok(StepEvent::Exiting);
-                }
-                let end = self.target.cont(None)?;
-                self.ended(end, (!executed).then_some(ip))
+                self.at_exit_event((!executed).then_some(ip))
             }
             StepStop::FollowedFork { child } => {
                 // The `fork` executed; the target now follows the child, which goes on from the
@@ -712,6 +698,30 @@ impl<T: StepTarget> SoftRecorder<T> {
         }
         self.write_out(false);
         Ok(StepEvent::Executed { ip })
+    }
+
+    /// The process stands at its exit event (`PTRACE_EVENT_EXIT`, memory still readable):
+    /// it stays there when the end is kept, else it is let go and its end recorded
+    /// (`unexecuted`: the instruction it was killed before, as for [`ended`](Self::ended)).
+    pub(super) fn at_exit_event(
+        &mut self,
+        unexecuted: Option<u64>,
+    ) -> Result<StepEvent, RecordError> {
+        if self.config.capture_image_at_exit {
+            self.image = procmaps::capture_image(&mut self.target)
+                .ok()
+                .map(|(image, _)| image);
+        }
+        self.lane.regs = None;
+        if self.stop_at_exit {
+            // The process stays at its end; whoever drives it lets it go. The trace is
+            // closed at the stop like at any other (FUP + TIP.PGD at the PC).
+            self.at_exit = true;
+            self.write_out(true);
+            return Ok(StepEvent::Exiting);
+        }
+        let end = self.target.cont(None)?;
+        self.ended(end, unexecuted)
     }
 
     pub(super) fn ended(
