@@ -41,6 +41,9 @@ pub struct qemu_plugin_insn {
 
 /// `enum qemu_plugin_cb_flags`: the callback does not touch guest registers.
 pub const QEMU_PLUGIN_CB_NO_REGS: c_int = 0;
+/// `enum qemu_plugin_cb_flags`: the callback reads guest registers (TCG writes them back to the
+/// CPU state before it: the gdbstub reads them there while the thread waits in the callback).
+pub const QEMU_PLUGIN_CB_R_REGS: c_int = 1;
 /// `enum qemu_plugin_op`: add an immediate to a `u64` in memory.
 pub const QEMU_PLUGIN_INLINE_ADD_U64: c_int = 0;
 

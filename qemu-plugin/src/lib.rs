@@ -125,6 +125,53 @@ fn may_reach_breakpoint(base: *mut AtomicU64, n: u64, b: Option<&BlockInfo>) -> 
     })
 }
 
+/// Whether `pc` is a breakpoint of the pause file's list (`base`: the mapping).
+fn listed_breakpoint(base: *mut AtomicU64, pc: u64) -> bool {
+    use output::pause_gate as g;
+    // SAFETY: the count and breakpoint words lie inside the mapping.
+    let n = unsafe { &*base.add(g::NBPS) }.load(Ordering::Acquire) as usize;
+    (0..n.min(g::MAX_BPS)).any(|k| {
+        // SAFETY: as above.
+        unsafe { &*base.add(g::BPS + k) }.load(Ordering::Relaxed) == pc
+    })
+}
+
+/// Blocks translated with a breakpoint callback on an instruction after their first (the
+/// leaked [`BlockInfo`]'s address; see [`on_breakpoint_insn`]). Read only by a thread the pause
+/// gate holds at such a block's start.
+static BLOCKS_WITH_BREAKPOINTS: std::sync::LazyLock<
+    std::sync::Mutex<std::collections::HashSet<usize>>,
+> = std::sync::LazyLock::new(Default::default);
+
+/// Whether the block `b` was translated with a breakpoint callback inside it (after its first
+/// instruction) for a breakpoint still listed.
+fn breakpoint_inside(base: *mut AtomicU64, b: Option<&BlockInfo>) -> bool {
+    let Some(b) = b else { return false };
+    let key = b as *const BlockInfo as usize;
+    let has = BLOCKS_WITH_BREAKPOINTS
+        .lock()
+        .map(|l| l.contains(&key))
+        .unwrap_or(false);
+    has && b
+        .offsets
+        .iter()
+        .any(|&off| listed_breakpoint(base, b.start + u64::from(off)))
+}
+
+/// Whether the block `b` starts at a breakpoint of the pause file's list (`base`: the mapping).
+fn starts_at_breakpoint(base: *mut AtomicU64, b: Option<&BlockInfo>) -> bool {
+    b.is_some_and(|b| held_at_breakpoint(base, b.start))
+}
+
+/// Whether a thread held right before `pc` stays there: `pc` is a listed breakpoint, or the
+/// list is being rewritten (briefly incomplete then: the hold outlasts the rewrite).
+fn held_at_breakpoint(base: *mut AtomicU64, pc: u64) -> bool {
+    use output::pause_gate as g;
+    // SAFETY: the busy word lies inside the mapping.
+    let busy = unsafe { &*base.add(g::BPS_BUSY) }.load(Ordering::Acquire) != 0;
+    busy || listed_breakpoint(base, pc)
+}
+
 /// The pause gate (`pause=on`, a live session): waits while ptrewind holds this thread (the
 /// debugger has another one stopped in QEMU's gdbstub) or another thread has claimed the
 /// next breakpoint, and claims it when the block `b` about to run may lead to one (so two
@@ -167,14 +214,30 @@ fn pause_point_gated(base: *mut AtomicU64, vcpu: c_uint, tid: u32, b: Option<&Bl
     // A pulse from here on lets this block run (one block: the next one waits again).
     let pulse = word(g::PULSE);
     let pulse_at = pulse.load(Ordering::Acquire);
+    // A block with a listed breakpoint inside, translated while it was out of QEMU (QEMU's own
+    // check is only at block starts then): a held thread runs on to the breakpoint's callback
+    // and waits there, right before it, instead of here (a pulse or the next continue would
+    // run the whole block, the breakpoint unseen).
+    let mut runs_to_breakpoint = None;
     // Held: ptrewind has the program stopped (another thread is in the stub) and has not let
-    // this thread run (its own step, or a pulse since this block was reached).
+    // this thread run (its own step, or a pulse since this block was reached). A pulse does not
+    // move a thread waiting at a block that starts at a breakpoint of the list: it came there
+    // while the debugger had that breakpoint out of QEMU (GDB lifts them all while the program
+    // is stopped and steps the stopped thread over its own), so running the block would pass
+    // the breakpoint unseen; it waits there until the program runs on and ptrewind reports the
+    // hit (the list keeps the lifted ones until then). One pulse per step is QEMU's exclusive
+    // work at the step's start, which this thread has left its block for already.
     let held = || {
         let gw = gate.load(Ordering::Acquire);
-        gw != 0 && gw != g::encode(Some(tid)) && pulse.load(Ordering::Acquire) == pulse_at
+        gw != 0
+            && gw != g::encode(Some(tid))
+            && (pulse.load(Ordering::Acquire) == pulse_at || starts_at_breakpoint(base, b))
     };
     loop {
         let held_now = held();
+        if held_now && *runs_to_breakpoint.get_or_insert_with(|| breakpoint_inside(base, b)) {
+            break;
+        }
         if !held_now && wants {
             test_claim_delay();
         }
@@ -756,6 +819,42 @@ extern "C" fn on_tb_exec(vcpu: c_uint, udata: *mut c_void) {
     pause_point(vcpu, tid, Some(b));
 }
 
+/// Right before a breakpoint inside a block translated while the debugger had it out of QEMU
+/// (`udata`: its address): while the pause gate holds this thread, it waits here, its slot
+/// naming the breakpoint, pulses or not; ptrewind reports the hit when the program runs on
+/// (QEMU, which checks breakpoints at block starts only, would not). Running freely it goes
+/// on: QEMU's own check serves blocks translated while the breakpoint is in.
+extern "C" fn on_breakpoint_insn(vcpu: c_uint, udata: *mut c_void) {
+    use output::pause_gate as g;
+    let base = PAUSE_GATE.load(Ordering::Relaxed);
+    if base.is_null() || !is_gated_process() {
+        return;
+    }
+    let Some(s) = slot(vcpu) else { return };
+    // SAFETY: the instruction execution callback of `vcpu`.
+    let v = unsafe { s.on_own_thread() };
+    if v.done {
+        return;
+    }
+    let (tid, pc) = (v.tid, udata as u64);
+    // SAFETY: the gate mapping holds `g::SIZE / 8` words and is never unmapped.
+    let word = |i: usize| unsafe { &*base.add(i) };
+    let held = || {
+        let gw = word(g::GATE).load(Ordering::Acquire);
+        gw != 0 && gw != g::encode(Some(tid)) && held_at_breakpoint(base, pc)
+    };
+    let i = vcpu as usize;
+    if i >= g::MAX_SLOTS || !held() {
+        return;
+    }
+    word(g::SLOTS + 2 * i + 1).store(pc, Ordering::Relaxed);
+    word(g::SLOTS + 2 * i).store(u64::from(tid), Ordering::Release);
+    while held() {
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    word(g::SLOTS + 2 * i).store(0, Ordering::Release);
+}
+
 extern "C" fn on_insn_exec(vcpu: c_uint, udata: *mut c_void) {
     let Some(s) = slot(vcpu) else { return };
     // SAFETY: the instruction execution callback of `vcpu`.
@@ -821,6 +920,24 @@ extern "C" fn on_tb_trans(_id: qemu_plugin_id_t, tb: *mut qemu_plugin_tb) {
         watch::instrument(tb, &ips);
         // Blocks live as long as QEMU may run them; a re-translation makes a new one.
         let info: &'static BlockInfo = Box::leak(Box::new(info));
+        let gate = PAUSE_GATE.load(Ordering::Relaxed);
+        if !gate.is_null() {
+            let mut inside = false;
+            for (i, &ip) in ips.iter().enumerate().skip(1) {
+                if listed_breakpoint(gate, ip) {
+                    qemu_plugin_register_vcpu_insn_exec_cb(
+                        qemu_plugin_tb_get_insn(tb, i),
+                        on_breakpoint_insn,
+                        QEMU_PLUGIN_CB_R_REGS,
+                        ip as *mut c_void,
+                    );
+                    inside = true;
+                }
+            }
+            if inside && let Ok(mut l) = BLOCKS_WITH_BREAKPOINTS.lock() {
+                l.insert(info as *const BlockInfo as usize);
+            }
+        }
         for (i, &ip) in ips.iter().enumerate() {
             let insn = qemu_plugin_tb_get_insn(tb, i);
             if c.log {

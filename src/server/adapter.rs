@@ -566,6 +566,8 @@ impl MultiThreadSingleStep for GdbStubAdapter {
         self.target.select_thread(tid.get() as i32);
         self.resume = Some(Resume::Step {
             signal: signal.and_then(|s| gdb_to_linux_signal(s.0)),
+            // Until the packet turns out to have no wildcard continue (scheduler locking).
+            others: true,
         });
         Ok(())
     }
@@ -573,7 +575,11 @@ impl MultiThreadSingleStep for GdbStubAdapter {
 
 impl MultiThreadSchedulerLocking for GdbStubAdapter {
     fn set_resume_action_scheduler_lock(&mut self) -> Result<(), Self::Error> {
-        // Only one thread is debugged: locking the scheduler changes nothing.
+        // The other threads stay where they are (a step over a breakpoint, or GDB's
+        // `scheduler-locking`).
+        if let Some(Resume::Step { others, .. }) = &mut self.resume {
+            *others = false;
+        }
         Ok(())
     }
 }

@@ -97,6 +97,11 @@ pub enum Resume {
     Step {
         /// Signal to deliver on resumption.
         signal: Option<i32>,
+        /// The debugger lets the other threads run meanwhile (GDB's `vCont;s:T;c` for
+        /// `next`/`step`/`stepi`); `false` with scheduler locking and for GDB's step over a
+        /// breakpoint (`vCont;s:T` alone). A backend that holds the other threads during a
+        /// step may report another thread's breakpoint hit instead when this is set.
+        others: bool,
     },
 }
 

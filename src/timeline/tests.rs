@@ -105,7 +105,16 @@ fn hardware_capture_serves_a_live_process_pc_only() {
         run(&mut t, Resume::Continue { signal: None }),
         StopEvent::Breakpoint { pc: start + 10 }
     );
-    assert_eq!(run(&mut t, Resume::Step { signal: None }), StopEvent::Step);
+    assert_eq!(
+        run(
+            &mut t,
+            Resume::Step {
+                signal: None,
+                others: false,
+            }
+        ),
+        StopEvent::Step
+    );
     let at_11 = t.read_registers().unwrap();
     assert_eq!(at_11.pc(), start + 11);
     assert_eq!(

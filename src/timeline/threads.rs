@@ -1061,7 +1061,10 @@ mod tests {
         // Selecting X and stepping it forward moves the global position past Y's run.
         assert!(t.select_thread(10));
         assert_eq!(t.position(), 5);
-        let r = t.resume(Resume::Step { signal: None });
+        let r = t.resume(Resume::Step {
+            signal: None,
+            others: false,
+        });
         assert_eq!(stop(&mut t, r), StopEvent::Step);
         assert_eq!(t.position(), 6);
         assert_eq!(t.global_position(), Some((10, 14)));

@@ -78,10 +78,13 @@ pub mod pause_gate {
     /// (QEMU's exclusive work during a single step needs every thread out of its block; a
     /// thread then waits again at its next block start).
     pub const PULSE: usize = BPS + MAX_BPS;
+    /// Non-zero while ptrewind rewrites the breakpoint list: a thread held right before a
+    /// breakpoint of the list stays held meanwhile (the list is briefly incomplete).
+    pub const BPS_BUSY: usize = PULSE + 1;
     /// Then two words per vCPU index: the id of the thread waiting there (0: none) and the
-    /// guest PC it waits at (the start of the block it has not run yet; 0: at the return of a
-    /// system call, where QEMU's own PC is right).
-    pub const SLOTS: usize = PULSE + 1;
+    /// guest PC it waits at (the start of the block it has not run yet, or a breakpoint inside
+    /// a block, see [`BPS`]; 0: at the return of a system call, where QEMU's own PC is right).
+    pub const SLOTS: usize = BPS_BUSY + 1;
     /// vCPU indexes with a slot.
     pub const MAX_SLOTS: usize = 4096;
     /// Size of the file in bytes.

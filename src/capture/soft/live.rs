@@ -300,7 +300,7 @@ impl LiveBackend for SoftCapture {
     fn resume(&mut self, how: Resume, record: bool) -> TargetResult<()> {
         self.watched_bytes = None;
         let signal = match how {
-            Resume::Continue { signal } | Resume::Step { signal } => signal,
+            Resume::Continue { signal } | Resume::Step { signal, .. } => signal,
         };
         let signal = signal.and_then(|s| Signal::try_from(s).ok());
         if record {
@@ -321,8 +321,9 @@ impl LiveBackend for SoftCapture {
                 Resume::Continue { .. } => Resume::Continue {
                     signal: signal.map(|s| s as i32),
                 },
-                Resume::Step { .. } => Resume::Step {
+                Resume::Step { others, .. } => Resume::Step {
                     signal: signal.map(|s| s as i32),
+                    others,
                 },
             };
             self.rec.target().resume(how)?;

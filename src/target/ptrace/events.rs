@@ -432,7 +432,7 @@ impl PtraceTarget {
             Resume::Continue { signal } => {
                 ptrace_with_signal(libc::PTRACE_CONT, "PTRACE_CONT", tid, signal)
             }
-            Resume::Step { signal } => {
+            Resume::Step { signal, .. } => {
                 ptrace_with_signal(libc::PTRACE_SINGLESTEP, "PTRACE_SINGLESTEP", tid, signal)
             }
         };
@@ -551,7 +551,10 @@ impl PtraceTarget {
     ) -> TargetResult<Option<(Pid, Wait)>> {
         let again = match mode {
             Resume::Continue { .. } => Resume::Continue { signal: None },
-            Resume::Step { .. } => Resume::Step { signal: None },
+            Resume::Step { others, .. } => Resume::Step {
+                signal: None,
+                others,
+            },
         };
         loop {
             let waited = self.waited_threads(mode);
@@ -711,7 +714,10 @@ impl PtraceTarget {
                         self.handle_event(
                             pid,
                             libc::PTRACE_EVENT_CLONE,
-                            Resume::Step { signal: None },
+                            Resume::Step {
+                                signal: None,
+                                others: false,
+                            },
                         )?;
                         if let Some(i) = self.threads.get_mut(&t) {
                             i.swallow_sigstop = true;
@@ -802,7 +808,13 @@ impl PtraceTarget {
     pub fn step_start(&mut self, signal: Option<i32>) -> TargetResult<()> {
         self.ensure_stopped()?;
         let tid = self.cur;
-        match self.resume_thread(tid, Resume::Step { signal }) {
+        match self.resume_thread(
+            tid,
+            Resume::Step {
+                signal,
+                others: false,
+            },
+        ) {
             Ok(()) => Ok(()),
             // Not in a ptrace-stop any more: killed from outside and on its way out; the
             // poll collects how it ended.
@@ -825,7 +837,10 @@ impl PtraceTarget {
         let tid = Pid::from_raw(tid);
         let prev = self.cur;
         self.cur = tid;
-        let mode = Resume::Step { signal: None };
+        let mode = Resume::Step {
+            signal: None,
+            others: false,
+        };
         let saved_stop_at_exit = self.stop_at_exit;
         self.stop_at_exit = true;
         self.report_exec = true;

@@ -401,7 +401,10 @@ impl PtraceTarget {
     /// recorder uses between two stops. Returns `StopEvent::Step` normally, or the signal /
     /// exit that happened instead.
     pub fn single_step(&mut self, signal: Option<i32>) -> TargetResult<StopEvent> {
-        self.resume(Resume::Step { signal })?;
+        self.resume(Resume::Step {
+            signal,
+            others: false,
+        })?;
         match self.wait(true)? {
             Some(ev) => Ok(ev),
             None => Err(TargetError::Unexpected {
@@ -596,7 +599,10 @@ impl Target for PtraceTarget {
             if self.breakpoints.contains_key(&pc) {
                 // Step over the breakpoint under the PC with its original byte in place, then
                 // insert all breakpoints and continue.
-                let step = Resume::Step { signal };
+                let step = Resume::Step {
+                    signal,
+                    others: false,
+                };
                 self.raw_resume(step)?;
                 match self.wait_stop(step, true)? {
                     Some((_, Wait::Stopped(libc::SIGTRAP))) => {}
@@ -853,7 +859,13 @@ impl Drop for PtraceTarget {
             if let RunState::Running(_) = self.state {
                 let _ = nix::sys::signal::kill(self.pid, nix::sys::signal::Signal::SIGSTOP);
                 if let Ok(Some((_, w))) = self.wait_stop(Resume::Continue { signal: None }, true) {
-                    let _ = self.finish_stop(w, Resume::Step { signal: None });
+                    let _ = self.finish_stop(
+                        w,
+                        Resume::Step {
+                            signal: None,
+                            others: false,
+                        },
+                    );
                 }
             }
             if self.state == RunState::Stopped {

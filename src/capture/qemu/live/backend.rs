@@ -264,6 +264,9 @@ impl LiveBackend for QemuLive {
         if !self.bps.remove(&addr) {
             return Ok(false);
         }
+        if !self.running {
+            self.lifted.insert(addr);
+        }
         self.publish_breakpoints();
         if self.at_exit.is_some() {
             return Ok(true);
@@ -311,6 +314,7 @@ impl LiveBackend for QemuLive {
         for bp in std::mem::take(&mut self.bps) {
             let _ = self.remote.remove_breakpoint(BreakKind::Software, bp, 1);
         }
+        self.lifted.clear();
         // A watchpoint hit would send the thread a SIGTRAP nobody takes any more: it would
         // kill the program.
         self.set_plugin_watches(&[]);
@@ -353,17 +357,20 @@ impl LiveBackend for QemuLive {
             self.running = true;
             return Ok(());
         }
-        let (step, signal) = match how {
-            Resume::Continue { signal } => (false, signal),
-            Resume::Step { signal } => (true, signal),
+        let (step, signal, others) = match how {
+            Resume::Continue { signal } => (false, signal, true),
+            Resume::Step { signal, others } => (true, signal, others),
         };
         self.check_stub_alone()?;
         self.early = None;
-        if !step && let Some((t, pc)) = self.parked_at_breakpoint() {
+        if others && let Some((t, pc)) = self.parked_at_breakpoint() {
             // Another thread waits at the pause gate right at a breakpoint (it came there while
             // GDB stepped over one, its breakpoints out of QEMU): it would hit it first thing.
             // QEMU would not see it (the thread is inside that block already), so the hit is
-            // reported here, nothing resumed.
+            // reported here, nothing resumed. For a step that lets the other threads run
+            // (`next`, `step`) too, as GDB would see natively: held through the step, the
+            // thread kept QEMU's work at the step's start waiting until the hold limit, then
+            // ran through the breakpoint.
             self.stop_thread = t;
             self.selected = t;
             self.early = Some(StopEvent::Breakpoint { pc });
@@ -401,20 +408,25 @@ impl LiveBackend for QemuLive {
             (true, Some(s)) => Action::StepSignal(gdb_from_linux(s)),
         };
         let tid = u32::try_from(thread.tid).unwrap_or(0);
+        let stepped = thread;
         let thread = step.then_some(thread);
+        if !step && !self.lifted.is_empty() {
+            // Running on: the breakpoints the debugger did not put back are gone.
+            self.lifted.clear();
+            self.publish_breakpoints();
+        }
         let e = self.err();
         // A step moves one thread, the others stay stopped (as GDB's `vCont;s:T`); a continue
         // runs them all.
         self.check_stub_alone()?;
-        if step {
-            self.set_gate_for(Some(tid));
-            let now = std::time::Instant::now();
-            self.step_hold = Some((now, now, tid));
-        }
         self.remote
             .resume(&[ResumeAction { action, thread }])
             .map_err(e)?;
-        if !step {
+        if step {
+            self.let_step_go(stepped);
+            let now = std::time::Instant::now();
+            self.step_hold = Some((now, now, tid));
+        } else {
             // Only once the stub has taken the `vCont` (acknowledged it): a held thread let go
             // earlier can reach a breakpoint and enter the stub while the stopped thread is
             // still in it, and both read the debugger's socket (seen: QEMU resending its stop

@@ -108,6 +108,11 @@ pub struct QemuLive {
     /// Held at `exit_group` by the gate: the call and the PC of its SYSCALL.
     at_exit: Option<ExitCall>,
     bps: HashSet<u64>,
+    /// Breakpoints the debugger took out while the program was stopped, until it runs on
+    /// (GDB lifts every breakpoint at a stop and puts them back as it resumes, all but the one
+    /// a step over a breakpoint passes): still published to the plugin, so a held thread that
+    /// reaches one meanwhile waits there (see `publish_breakpoints`).
+    lifted: HashSet<u64>,
     /// The event a resume already met (a step over a breakpoint that stopped elsewhere).
     early: Option<StopEvent>,
     /// The current run is a single step.
@@ -129,8 +134,12 @@ pub struct QemuLive {
     last_completion: Option<String>,
     stops: u64,
     stop_errors: Vec<String>,
-    /// The thread of the last stop (the one QEMU's gdbstub reported).
+    /// The thread of the last stop (the one QEMU's gdbstub reported, or one waiting at the
+    /// pause gate right at a breakpoint, reported from there).
     stop_thread: ThreadId,
+    /// The thread QEMU's gdbstub reported last: the one inside the stub while the program is
+    /// stopped.
+    in_stub: ThreadId,
     /// The thread registers are read from and a step moves (the debugger's `Hg`/`Hc`).
     selected: ThreadId,
     /// Every guest thread at the last stop, the main thread first.
@@ -262,6 +271,7 @@ impl QemuLive {
             gate: None,
             at_exit: None,
             bps: HashSet::new(),
+            lifted: HashSet::new(),
             early: None,
             stepping: false,
             step_hold: None,
@@ -275,6 +285,7 @@ impl QemuLive {
             stops: 0,
             stop_errors: Vec::new(),
             stop_thread: main,
+            in_stub: main,
             selected: main,
             thread_list: vec![main],
             pause: None,
@@ -515,16 +526,30 @@ impl QemuLive {
     }
 
     /// Tells the plugin the breakpoint addresses (it keeps the other threads back while one
-    /// runs a block that may lead to one; see [`super::output::pause_gate::CLAIM`]).
+    /// runs a block that may lead to one; see [`super::output::pause_gate::CLAIM`]), the
+    /// lifted ones too: a held thread let out of its block during a step (QEMU's exclusive
+    /// work) that comes to one of them while it is out of QEMU waits there, not moved by later
+    /// pulses, and its hit is reported when the program runs on ([`Self::parked_at_breakpoint`]).
+    /// Without that, such a thread ran through the breakpoint in the next pulse: a worker's hit
+    /// was missed when two workers reached a breakpoint together.
     fn publish_breakpoints(&mut self) {
         use super::output::pause_gate as g;
-        let mut words: Vec<u64> = self.bps.iter().copied().take(g::MAX_BPS).collect();
+        let mut words: Vec<u64> = self
+            .bps
+            .union(&self.lifted)
+            .copied()
+            .take(g::MAX_BPS)
+            .collect();
         let n = words.len() as u64;
-        // The addresses first, then the count: the plugin reads the count first.
+        // The addresses first, then the count: the plugin reads the count first. A thread
+        // held right before a listed breakpoint does not take the list's rewriting for its
+        // removal (`BPS_BUSY`).
+        self.write_gate_words(g::BPS_BUSY, &[1]);
         self.write_gate_words(g::NBPS, &[0]);
         words.resize(g::MAX_BPS, 0);
         self.write_gate_words(g::BPS, &words);
         self.write_gate_words(g::NBPS, &[n]);
+        self.write_gate_words(g::BPS_BUSY, &[0]);
     }
 
     /// Lets every held thread run the one block it waits at (QEMU's exclusive work during a
@@ -554,6 +579,26 @@ impl QemuLive {
             }
         }
         Ok(None)
+    }
+
+    /// Lets `thread` run a single step the stub has just taken (its `vCont` acknowledged):
+    /// opens the pause gate for it alone. A thread waiting at the gate, not the one in the stub
+    /// (its stop was reported from the gate), is let go only once the stub has handled the
+    /// `vCont` and set it stepping — the stub's thread no longer reads the debugger's socket
+    /// (waited for at most 50 ms): let go before, it ran on freely (seen: to its exit, and the
+    /// stub then refused the step with `E22`).
+    fn let_step_go(&mut self, thread: ThreadId) {
+        if thread != self.in_stub {
+            let path = format!("/proc/{}/task/{}/syscall", self.pid(), self.in_stub.tid);
+            let began = std::time::Instant::now();
+            // `0`: read(2), where the stub waits for the debugger's bytes.
+            while std::fs::read_to_string(&path).is_ok_and(|s| s.starts_with("0 "))
+                && began.elapsed() < Duration::from_millis(50)
+            {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        }
+        self.set_gate_for(Some(u32::try_from(thread.tid).unwrap_or(0)));
     }
 
     /// Writes words of the pause file from word `at`.
@@ -726,13 +771,13 @@ impl QemuLive {
             Some(s) => Action::StepSignal(gdb_from_linux(s)),
             None => Action::Step,
         };
-        self.set_gate_for(Some(u32::try_from(thread.tid).unwrap_or(0)));
         self.remote
             .resume(&[ResumeAction {
                 action,
                 thread: Some(thread),
             }])
             .map_err(&e)?;
+        self.let_step_go(thread);
         let stop = self.wait_step_held().map_err(&e);
         self.set_gate(true);
         self.remote
@@ -761,6 +806,7 @@ impl QemuLive {
             StopReply::Signal { signal, thread, .. } => {
                 let t = thread.unwrap_or(self.main);
                 self.stop_thread = t;
+                self.in_stub = t;
                 self.selected = t;
                 let e = self.err();
                 let pc = self.remote.read_register_u64(Some(t), "rip").map_err(e)?;
