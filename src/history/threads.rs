@@ -13,7 +13,7 @@
 //!
 //! The order is exact where the timestamps are: a backend that serialises the threads and
 //! stamps every switch (the software backend) gives the true interleaving; QEMU runs guest
-//! threads in parallel and stamps at every return from the kernel and every 64 K instructions,
+//! threads in parallel and stamps at every return from the kernel and every 4 K instructions,
 //! so two threads' runs that overlap in time are ordered by the run's first stamp — exact across
 //! any synchronisation through the kernel (a lock that waits, a join, a pipe), approximate
 //! inside runs that truly ran at once. Streams without timing packets (time 0 throughout) are
