@@ -114,26 +114,45 @@ fn test_claim_delay() {
 /// Whether the block after `b` may start at a breakpoint of the pause file's list, or one lies
 /// inside `b` or at its start (`base`: the mapping, `n` breakpoints).
 fn may_reach_breakpoint(base: *mut AtomicU64, n: u64, b: Option<&BlockInfo>) -> bool {
-    use output::pause_gate as g;
     let Some(b) = b else { return false };
-    (0..(n as usize).min(g::MAX_BPS)).any(|k| {
+    // At its start too: a thread that came to the block while the breakpoint was out of QEMU
+    // (a step over it) runs it without QEMU's check.
+    breakpoints(base, n).any(|bp| (bp >= b.start && bp <= b.fallthrough) || b.target == Some(bp))
+}
+
+/// The first `n` addresses of the pause file's breakpoint list (`base`: the mapping).
+fn breakpoints(base: *mut AtomicU64, n: u64) -> impl Iterator<Item = u64> {
+    use output::pause_gate as g;
+    (0..(n as usize).min(g::MAX_BPS)).map(move |k| {
         // SAFETY: breakpoint words lie inside the mapping.
-        let bp = unsafe { &*base.add(g::BPS + k) }.load(Ordering::Relaxed);
-        // At its start too: a thread that came to the block while the breakpoint was out of
-        // QEMU (a step over it) runs it without QEMU's check.
-        (bp >= b.start && bp <= b.fallthrough) || b.target == Some(bp)
+        unsafe { &*base.add(g::BPS + k) }.load(Ordering::Relaxed)
     })
 }
 
 /// Whether `pc` is a breakpoint of the pause file's list (`base`: the mapping).
 fn listed_breakpoint(base: *mut AtomicU64, pc: u64) -> bool {
     use output::pause_gate as g;
-    // SAFETY: the count and breakpoint words lie inside the mapping.
-    let n = unsafe { &*base.add(g::NBPS) }.load(Ordering::Acquire) as usize;
-    (0..n.min(g::MAX_BPS)).any(|k| {
-        // SAFETY: as above.
-        unsafe { &*base.add(g::BPS + k) }.load(Ordering::Relaxed) == pc
-    })
+    // SAFETY: the count word lies inside the mapping.
+    let n = unsafe { &*base.add(g::NBPS) }.load(Ordering::Acquire);
+    breakpoints(base, n).any(|bp| bp == pc)
+}
+
+/// Publishes that thread `tid` waits at the pause gate in slot `i` (its vCPU index, below
+/// `MAX_SLOTS`), at guest PC `pc` (0: a system call's return): the PC first, then the thread,
+/// which ptrewind reads first.
+fn publish_slot(base: *mut AtomicU64, i: usize, tid: u64, pc: u64) {
+    use output::pause_gate as g;
+    // SAFETY: slot words of an index below `MAX_SLOTS` lie inside the mapping.
+    unsafe { &*base.add(g::SLOTS + 2 * i + 1) }.store(pc, Ordering::Relaxed);
+    // SAFETY: as above.
+    unsafe { &*base.add(g::SLOTS + 2 * i) }.store(tid, Ordering::Release);
+}
+
+/// Empties slot `i` (the thread runs on).
+fn clear_slot(base: *mut AtomicU64, i: usize) {
+    use output::pause_gate as g;
+    // SAFETY: slot words of an index below `MAX_SLOTS` lie inside the mapping.
+    unsafe { &*base.add(g::SLOTS + 2 * i) }.store(0, Ordering::Release);
 }
 
 /// Blocks translated with a breakpoint callback on an instruction after their first (the
@@ -274,15 +293,13 @@ fn pause_point_gated(base: *mut AtomicU64, vcpu: c_uint, tid: u32, b: Option<&Bl
             continue;
         }
         if slot && !published {
-            let i = vcpu as usize;
-            word(g::SLOTS + 2 * i + 1).store(b.map_or(0, |b| b.start), Ordering::Relaxed);
-            word(g::SLOTS + 2 * i).store(me, Ordering::Release);
+            publish_slot(base, vcpu as usize, me, b.map_or(0, |b| b.start));
             published = true;
         }
         std::thread::sleep(std::time::Duration::from_micros(200));
     }
     if published {
-        word(g::SLOTS + 2 * vcpu as usize).store(0, Ordering::Release);
+        clear_slot(base, vcpu as usize);
     }
     report_deferred_watch(vcpu, tid);
 }
@@ -847,12 +864,11 @@ extern "C" fn on_breakpoint_insn(vcpu: c_uint, udata: *mut c_void) {
     if i >= g::MAX_SLOTS || !held() {
         return;
     }
-    word(g::SLOTS + 2 * i + 1).store(pc, Ordering::Relaxed);
-    word(g::SLOTS + 2 * i).store(u64::from(tid), Ordering::Release);
+    publish_slot(base, i, u64::from(tid), pc);
     while held() {
         std::thread::sleep(std::time::Duration::from_micros(200));
     }
-    word(g::SLOTS + 2 * i).store(0, Ordering::Release);
+    clear_slot(base, i);
 }
 
 extern "C" fn on_insn_exec(vcpu: c_uint, udata: *mut c_void) {
