@@ -474,3 +474,37 @@ fn gdb_exited_workers_registers_in_the_past_are_exact() {
         r.dump()
     );
 }
+
+/// GDB: `next` in a worker over `work`'s one-line loop (a range step) while the other worker
+/// runs in its turns: the step ends in the thread GDB stepped, never as a SIGTRAP in another
+/// one (reported so once: the recorder's turn passed to the other worker in the middle of a
+/// step, and that worker's instruction ended the step), and the other worker's hit of the same
+/// breakpoint meanwhile is reported in it.
+#[test]
+fn gdb_next_in_a_worker_while_the_other_runs() {
+    let lp = line_of("acc = acc * 31 + i;");
+    let r = gdb_session(
+        record(&[], &[]),
+        program(),
+        &[
+            &format!("break {lp}"),
+            "continue",
+            "next",
+            "next",
+            "next",
+            "next",
+            "continue",
+            "continue",
+        ],
+        TIMEOUT,
+    );
+    assert!(!r.gdb.contains("received signal"), "{}", r.dump());
+    for id in [1, 2] {
+        assert!(
+            r.gdb.contains(&format!("hit Breakpoint 1, work (id={id}")),
+            "worker {id}: {}",
+            r.dump()
+        );
+    }
+    r.expect("exited normally");
+}

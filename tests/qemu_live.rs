@@ -8,7 +8,7 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use support::cbuild::{compile_source, have, nm_symbol};
+use support::cbuild::{compile_source, example_source, have, line_of, nm_symbol};
 use support::gdb::{GdbRun, Server, gdb_session, gdb_session_interrupting, run_until, wait_until};
 use support::qemu::{live_program, live_server};
 
@@ -1432,4 +1432,95 @@ fn library_symbols_and_maps_are_the_guests() {
         "{}",
         r.dump()
     );
+}
+
+/// Under QEMU too, `next` over a one-line loop is one range step (GDB's `vCont;r`): one stop
+/// at the next line instead of one per instruction (the backend's steps, not the debugger's,
+/// with no stream read in between); a breakpoint in the middle of the line ends it there; and
+/// Ctrl-C ends one that never ends, on its line, with the past readable.
+#[test]
+fn next_over_a_one_line_loop_is_one_range_step() {
+    let source = std::fs::read_to_string(example_source("range_step.c")).unwrap();
+    let Some((dir, exe)) = live_program("range_step", &source, &["-g", "-O0"]) else {
+        return;
+    };
+    let line = |m: &str| line_of("range_step.c", m);
+    let (lp, after, mid, spin) = (
+        line("@loop"),
+        line("@after */"),
+        line("@mid"),
+        line("@spin"),
+    );
+    let marker = dir.path().join("in-the-spin");
+    let touched = format!("shell touch {}", marker.display());
+    let commands = cmds(&[
+        &format!("break {lp}"),
+        "continue",
+        "echo @next\\n",
+        "next",
+        "break *mid_line",
+        "next",
+        "next",
+        "delete",
+        &format!("break {spin}"),
+        "continue",
+        "delete",
+        &touched,
+        "next",
+        "echo @int\\n",
+        "info line *$pc",
+        "reverse-stepi",
+        "echo @back\\n",
+        "info line *$pc",
+        "monitor stats",
+        "kill",
+    ]);
+    // Ctrl-C once GDB has been in the spin line's `next` for a second.
+    let ready = move || {
+        std::fs::metadata(&marker)
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().is_ok_and(|e| e > Duration::from_secs(1)))
+    };
+    let run = {
+        let _one = ONE_SESSION.lock().unwrap_or_else(|e| e.into_inner());
+        let server = start_server(&exe, &["spin"], &[]);
+        gdb_session_interrupting(server, &exe, &commands, Duration::from_secs(120), ready)
+    };
+    let shown: Vec<usize> = {
+        let i = run.gdb.find("@next").expect("no @next");
+        run.gdb[i..]
+            .lines()
+            .filter_map(|l| l.split_once('\t')?.0.trim().parse().ok())
+            .take(3)
+            .collect()
+    };
+    assert_eq!(shown, [after, mid, mid], "{}", run.dump());
+    assert!(run.gdb.contains("Breakpoint 2, 0x"), "{}", run.dump());
+    assert!(
+        run.gdb.contains("Program received signal SIGINT"),
+        "{}",
+        run.dump()
+    );
+    for mark in ["@int", "@back"] {
+        let i = run.gdb.find(mark).expect("mark");
+        assert!(
+            run.gdb[i..].contains(&format!("Line {spin} of")),
+            "{mark}: {}",
+            run.dump()
+        );
+    }
+    // Range steps: a few, over the loop's thousands of instructions and the spin's.
+    let (steps, insns) = run
+        .gdb
+        .lines()
+        .find_map(|l| l.strip_prefix("range steps"))
+        .and_then(|v| {
+            let mut nums = v
+                .split(|c: char| !c.is_ascii_digit())
+                .filter(|w| !w.is_empty())
+                .map(|w| w.parse::<u64>().ok());
+            Some((nums.next()??, nums.next()??))
+        })
+        .unwrap_or_else(|| panic!("no range steps: {}", run.dump()));
+    assert!((2..=8).contains(&steps) && insns > 5000, "{}", run.dump());
 }

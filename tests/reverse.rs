@@ -23,7 +23,7 @@ fn examples() -> &'static Path {
     DIR.get_or_init(|| {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("reverse-examples");
         std::fs::create_dir_all(&dir).unwrap();
-        for p in ["crash", "recursion", "signal"] {
+        for p in ["crash", "recursion", "signal", "range_step"] {
             build_example(&dir, p, &[]);
         }
         dir
@@ -1280,4 +1280,158 @@ fn no_stop_at_exit_lets_the_program_exit_at_once() {
     );
     r.expect("exited normally");
     assert!(!r.gdb.contains("the program is exiting"), "{}", r.dump());
+}
+
+/// Every `monitor stats` report of range steps in `text`, in order: the range steps counted
+/// and the instructions stepped in them. (The stats are not ordered with GDB's own output.)
+fn range_steps(text: &str) -> Vec<(u64, u64)> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("range steps"))
+        .map(|v| {
+            let mut nums = v
+                .split(|c: char| !c.is_ascii_digit())
+                .filter(|w| !w.is_empty())
+                .map(|w| w.parse::<u64>().unwrap());
+            (nums.next().unwrap(), nums.next().unwrap())
+        })
+        .collect()
+}
+
+/// `next` over a one-line loop is one range step (GDB's `vCont;r`): one stop, at the next
+/// line, instead of one per instruction, at the present and in the replayed past; a
+/// breakpoint in the middle of the line ends it there; reverse-next afterwards retraces the
+/// lines.
+#[test]
+fn next_over_a_one_line_loop_is_one_range_step() {
+    let line = |m: &str| line_of("range_step.c", m);
+    let (lp, after, mid) = (line("@loop"), line("@after */"), line("@mid"));
+    let r = gdb(
+        "range_step",
+        &[
+            &format!("break {lp}"),
+            "continue",
+            "echo MARK-NEXT\\n",
+            "next",
+            "break *mid_line",
+            "next",
+            "next",
+            "monitor stats",
+            "echo MARK-BACK\\n",
+            "reverse-next",
+            "reverse-next",
+            "reverse-next",
+            "echo MARK-FWD\\n",
+            "next",
+            "monitor stats",
+        ],
+    );
+    let from = |mark: &str| -> &str {
+        let i = r
+            .gdb
+            .find(mark)
+            .unwrap_or_else(|| panic!("no {mark}\n{}", r.dump()));
+        &r.gdb[i..]
+    };
+    // Forward: the loop line, the next line, the line with the breakpoint inside, its hit.
+    assert_eq!(
+        lines_shown(from("MARK-NEXT"))[..3],
+        [after, mid, mid],
+        "{}",
+        r.dump()
+    );
+    r.expect("Breakpoint 2, 0x");
+    // GDB sent range steps, and each covered many instructions with one stop: the loop alone
+    // is 1000 iterations of several instructions.
+    let stats = range_steps(&r.gdb);
+    assert_eq!(stats.len(), 2, "{}", r.dump());
+    let (steps, insns) = stats[0];
+    assert!((1..=6).contains(&steps), "{steps}: {}", r.dump());
+    assert!(insns > 5000, "{insns}: {}", r.dump());
+    // Back: the start of the breakpoint's line, the line before, the loop.
+    assert_eq!(
+        lines_shown(from("MARK-BACK"))[..3],
+        [mid, after, lp],
+        "{}",
+        r.dump()
+    );
+    // Forward in the past over the loop again: one more range step through the history.
+    assert_eq!(lines_shown(from("MARK-FWD"))[0], after, "{}", r.dump());
+    let (steps2, insns2) = stats[1];
+    assert!(steps2 > steps && insns2 > insns + 5000, "{}", r.dump());
+    let last = |key: &str| {
+        r.gdb
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix(key))
+            .map(str::trim)
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(last("cursor").ends_with("(replaying)"), "{}", r.dump());
+    assert!(last("history check").starts_with("ok"), "{}", r.dump());
+}
+
+/// Ctrl-C during a range step that never ends (`next` over a one-line loop waiting for a flag
+/// nobody sets) stops the program with SIGINT on that line, and the past is there.
+#[test]
+fn ctrl_c_ends_a_range_step_that_never_ends() {
+    let spin = line_of("range_step.c", "@spin");
+    let program = example("range_step");
+    let marker = tempfile::NamedTempFile::new().unwrap().into_temp_path();
+    let marker_path = marker.to_path_buf();
+    std::fs::remove_file(&marker_path).unwrap();
+    let touched = format!("shell touch {}", marker_path.display());
+    // Once GDB has been in the `next` for a second.
+    let ready = move || {
+        std::fs::metadata(&marker_path)
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().is_ok_and(|e| e > Duration::from_secs(1)))
+    };
+    let server = Server::spawn(
+        ptrewind()
+            .args([
+                "record",
+                "--listen",
+                "127.0.0.1:0",
+                "--backend",
+                "ptrace",
+                "--",
+            ])
+            .arg(&program)
+            .arg("spin"),
+    );
+    let r = gdb_session_interrupting(
+        server,
+        &program,
+        &[
+            &format!("break {spin}"),
+            "continue",
+            "delete",
+            &touched,
+            "next",
+            "echo MARK-INT\\n",
+            "info line *$pc",
+            "reverse-stepi",
+            "echo MARK-BACK\\n",
+            "info line *$pc",
+            "monitor stats",
+            "kill",
+        ],
+        TIMEOUT,
+        ready,
+    );
+    let _ = marker;
+    r.expect("Program received signal SIGINT");
+    let at = |mark: &str| {
+        let i = r.gdb.find(mark).unwrap_or_else(|| panic!("{}", r.dump()));
+        r.gdb[i..].contains(&format!("Line {spin} of"))
+    };
+    assert!(at("MARK-INT"), "{}", r.dump());
+    assert!(at("MARK-BACK"), "{}", r.dump());
+    let stats = range_steps(&r.gdb);
+    assert!(
+        stats.len() == 1 && stats[0].1 > stats[0].0,
+        "{stats:?}: {}",
+        r.dump()
+    );
 }

@@ -137,6 +137,12 @@ pub trait LiveBackend {
     /// All registers of the stopped thread at the present.
     fn read_registers(&mut self) -> TargetResult<X86Registers>;
 
+    /// The stopped thread's PC at the present (asked after every step of a range step: a
+    /// backend that can read it alone overrides this).
+    fn pc(&mut self) -> TargetResult<u64> {
+        self.read_registers().map(|r| r.pc())
+    }
+
     /// Writes all registers of the stopped thread.
     fn write_registers(&mut self, regs: &X86Registers) -> TargetResult<()>;
 

@@ -6,13 +6,14 @@ use super::arch::{GdbRegId, GdbRegisters, X86_64Linux, copy_range, target_xml};
 use super::monitor::MonitorRegistry;
 use super::svr4::read_library_list;
 use crate::target::regs::GDB_REGS;
-use crate::target::{Resume, ReverseResume, StopEvent, Target, TargetError, WatchKind};
+use crate::target::{Resume, ReverseResume, StepRange, StopEvent, Target, TargetError, WatchKind};
 use gdbstub::common::{Pid, Signal, Tid};
 use gdbstub::stub::MultiThreadStopReason;
 use gdbstub::target::ext::base::BaseOps;
 use gdbstub::target::ext::base::multithread::{
-    MultiThreadBase, MultiThreadResume, MultiThreadResumeOps, MultiThreadSchedulerLocking,
-    MultiThreadSchedulerLockingOps, MultiThreadSingleStep, MultiThreadSingleStepOps,
+    MultiThreadBase, MultiThreadRangeStepping, MultiThreadRangeSteppingOps, MultiThreadResume,
+    MultiThreadResumeOps, MultiThreadSchedulerLocking, MultiThreadSchedulerLockingOps,
+    MultiThreadSingleStep, MultiThreadSingleStepOps,
 };
 use gdbstub::target::ext::base::reverse_exec::{
     ReplayLogPosition, ReverseCont, ReverseContOps, ReverseStep, ReverseStepOps,
@@ -122,6 +123,8 @@ pub struct GdbStubAdapter {
     target: Box<dyn Target>,
     monitors: MonitorRegistry,
     resume: Option<Resume>,
+    /// The range of a range step (`vCont;r`), with `resume` its step.
+    step_range: Option<StepRange>,
     avx: Option<bool>,
     attached: bool,
     /// Files the debugger opened through host I/O (`vFile:open`).
@@ -166,6 +169,7 @@ impl GdbStubAdapter {
             target,
             monitors: MonitorRegistry::with_builtins(),
             resume: None,
+            step_range: None,
             avx: None,
             attached: false,
             host_files: Default::default(),
@@ -487,11 +491,17 @@ impl MultiThreadResume for GdbStubAdapter {
         let how = self.resume.unwrap_or(Resume::Continue { signal: None });
         self.resume = Some(how);
         self.settle_fork_on_resume()?;
-        self.target.resume(how)
+        match self.step_range.take() {
+            Some(range) if matches!(how, Resume::Step { .. }) => {
+                self.target.resume_range(how, range)
+            }
+            _ => self.target.resume(how),
+        }
     }
 
     fn clear_resume_actions(&mut self) -> Result<(), Self::Error> {
         self.resume = None;
+        self.step_range = None;
         Ok(())
     }
 
@@ -514,6 +524,10 @@ impl MultiThreadResume for GdbStubAdapter {
     }
 
     fn support_scheduler_locking(&mut self) -> Option<MultiThreadSchedulerLockingOps<'_, Self>> {
+        Some(self)
+    }
+
+    fn support_range_step(&mut self) -> Option<MultiThreadRangeSteppingOps<'_, Self>> {
         Some(self)
     }
 
@@ -564,11 +578,27 @@ impl MultiThreadSingleStep for GdbStubAdapter {
         signal: Option<Signal>,
     ) -> Result<(), Self::Error> {
         self.target.select_thread(tid.get() as i32);
+        self.step_range = None;
         self.resume = Some(Resume::Step {
             signal: signal.and_then(|s| gdb_to_linux_signal(s.0)),
             // Until the packet turns out to have no wildcard continue (scheduler locking).
             others: true,
         });
+        Ok(())
+    }
+}
+
+impl MultiThreadRangeStepping for GdbStubAdapter {
+    fn set_resume_action_range_step(
+        &mut self,
+        tid: Tid,
+        start: u64,
+        end: u64,
+    ) -> Result<(), Self::Error> {
+        // A step repeated while the PC stays in the line GDB steps (`next`, `step`): one stop
+        // for the line instead of one per instruction. An empty range is a plain step.
+        self.set_resume_action_step(tid, None)?;
+        self.step_range = (start < end).then_some(StepRange { start, end });
         Ok(())
     }
 }

@@ -9,7 +9,7 @@ use std::rc::Rc;
 use crate::target::files::{open_host_file, read_host_link};
 use crate::target::{
     Breakpoints, HeldChildReply, HeldChildRequest, Notice, Resume, ReverseExecution, ReverseResume,
-    StopEvent, Target, TargetFile, TargetResult, WatchKind, Watchpoints, X86Registers,
+    StepRange, StopEvent, Target, TargetFile, TargetResult, WatchKind, Watchpoints, X86Registers,
 };
 use crate::timeline::Timeline;
 
@@ -88,6 +88,10 @@ impl Target for RecordingTarget {
 
     fn resume(&mut self, how: Resume) -> TargetResult<()> {
         self.inner.borrow_mut().resume(how)
+    }
+
+    fn resume_range(&mut self, how: Resume, range: StepRange) -> TargetResult<()> {
+        self.inner.borrow_mut().resume_range(how, range)
     }
 
     fn wait(&mut self, block: bool) -> TargetResult<Option<StopEvent>> {

@@ -105,6 +105,24 @@ pub enum Resume {
     },
 }
 
+/// The addresses a range step keeps stepping in: `[start, end)` (GDB's `vCont;r`, the line
+/// being stepped). One stop is reported when the PC leaves the range, instead of one per
+/// instruction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepRange {
+    /// The first address of the range.
+    pub start: u64,
+    /// The first address after it.
+    pub end: u64,
+}
+
+impl StepRange {
+    /// Whether `pc` is inside the range.
+    pub fn contains(&self, pc: u64) -> bool {
+        (self.start..self.end).contains(&pc)
+    }
+}
+
 /// Why a resumed target stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StopEvent {
@@ -539,6 +557,14 @@ pub trait Target {
     fn write_memory(&mut self, addr: u64, data: &[u8]) -> TargetResult<()>;
     /// Resumes the stopped target. The stop is collected with [`Target::wait`].
     fn resume(&mut self, how: Resume) -> TargetResult<()>;
+    /// A step (`how` is a [`Resume::Step`]) repeated while the PC stays in `range`, with one
+    /// stop at the end (or at a breakpoint, a signal, a watchpoint, another thread's stop).
+    /// By default a single step: GDB then asks again while the PC is in the range, one round
+    /// trip per instruction.
+    fn resume_range(&mut self, how: Resume, range: StepRange) -> TargetResult<()> {
+        let _ = range;
+        self.resume(how)
+    }
     /// Waits for the resumed target to stop. With `block == false` returns `Ok(None)` if it
     /// is still running.
     fn wait(&mut self, block: bool) -> TargetResult<Option<StopEvent>>;

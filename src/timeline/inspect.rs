@@ -212,6 +212,13 @@ impl Timeline {
             "debugger calls",
             format!("{} (run outside the recording)", self.diversions),
         );
+        line(
+            "range steps",
+            format!(
+                "{} ({} instructions stepped in them)",
+                self.range_steps.0, self.range_steps.1
+            ),
+        );
         line("reverse floor", self.floor().to_string());
         let known = if self.snapshots.is_empty() {
             "0".to_string()

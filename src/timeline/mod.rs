@@ -107,6 +107,7 @@ mod live_threads;
 pub mod offline;
 mod past;
 mod periods;
+mod range_step;
 pub mod regfiles;
 pub mod save;
 mod source_step;
@@ -283,7 +284,17 @@ pub struct Timeline {
     diversions: u64,
     /// The other threads of a multi-thread recording (see [`threads`]).
     group: Option<Box<threads::ThreadGroup>>,
+    /// The range step in progress (see `range_step`).
+    range_step: Option<range_step::RangeStep>,
+    /// Range steps ended, and the steps they took in all (`monitor stats`).
+    range_steps: (u64, u64),
+    /// Whether the last live resume was recorded (a range step's later steps are too).
+    last_run_recorded: bool,
 }
+
+/// What a request for the process says in a replay.
+const NO_LIVE_PROCESS: TargetError =
+    TargetError::Unsupported("no live process: this is a replay of a recording");
 
 /// What an offline replay knows about the recorded process.
 #[derive(Debug, Clone, Default)]
@@ -419,6 +430,9 @@ impl Timeline {
             diversion: None,
             diversions: 0,
             group: None,
+            range_step: None,
+            range_steps: (0, 0),
+            last_run_recorded: false,
         }
     }
 
@@ -462,9 +476,7 @@ impl Timeline {
     }
 
     fn live_mut(&mut self) -> TargetResult<&mut Box<dyn LiveBackend>> {
-        self.live.as_mut().ok_or(TargetError::Unsupported(
-            "no live process: this is a replay of a recording",
-        ))
+        self.live.as_mut().ok_or(NO_LIVE_PROCESS)
     }
 
     /// Whether a live process is behind this recording (not an offline replay).
@@ -772,6 +784,7 @@ impl Timeline {
     /// Starts a reverse step or continue from the cursor; the stop is collected with
     /// [`wait`](Self::wait).
     pub fn reverse(&mut self, how: ReverseResume) -> TargetResult<()> {
+        self.range_step = None;
         // A step moves the thread the debugger chose; a continue searches the history's thread.
         // (PC-only, the past is the history thread's alone: a step moves it.)
         self.past_thread = match how {
@@ -907,6 +920,7 @@ impl Timeline {
     /// Starts a forward step or continue: replayed from the history in the past, run by the
     /// backend at the present. The stop is collected with [`wait`](Self::wait).
     pub fn resume(&mut self, how: Resume) -> TargetResult<()> {
+        self.range_step = None;
         self.past_thread = match how {
             Resume::Step { .. } if self.has_state_log() => {
                 self.live.as_ref().map(|l| l.selected_thread())
@@ -943,6 +957,7 @@ impl Timeline {
         if self.at_exit {
             // Past the end there is nothing to record: let the process exit.
             self.at_exit = false;
+            self.last_run_recorded = false;
             self.live_mut()?.resume(how, false)?;
             self.running = Running::Live;
             return Ok(());
@@ -953,6 +968,7 @@ impl Timeline {
             self.untraced_runs += 1;
             self.floor = self.len();
         }
+        self.last_run_recorded = record;
         self.live_mut()?.resume(how, record)?;
         self.running = Running::Live;
         Ok(())
@@ -975,24 +991,49 @@ impl Timeline {
     /// Waits for the stop of the last resume (`Ok(None)`: still running, when `block` is
     /// false).
     pub fn wait(&mut self, block: bool) -> TargetResult<Option<StopEvent>> {
-        match self.running {
-            Running::Idle => Err(TargetError::Unexpected {
-                pid: 0,
-                what: "wait on a stopped target".into(),
-            }),
-            Running::Ready(ev) => {
-                self.running = Running::Idle;
-                self.stopped_by_sigint = ev == StopEvent::Signal(libc::SIGINT);
-                Ok(Some(ev))
-            }
-            Running::Live => {
-                let interrupt = Arc::clone(&self.interrupt);
-                let bps = self.bps.clone();
-                match self.live_mut()?.wait(block, &bps, &interrupt)? {
-                    Some(ev) => Ok(Some(self.stopped(ev))),
-                    None => Ok(None),
+        let began = std::time::Instant::now();
+        loop {
+            let (ev, live) = match self.running {
+                Running::Idle => {
+                    return Err(TargetError::Unexpected {
+                        pid: 0,
+                        what: "wait on a stopped target".into(),
+                    });
                 }
+                Running::Ready(ev) => {
+                    self.running = Running::Idle;
+                    (ev, false)
+                }
+                Running::Live => {
+                    // (Not `live_mut`: the breakpoints and the flag are borrowed beside it.)
+                    let live = self.live.as_mut().ok_or(NO_LIVE_PROCESS)?;
+                    match live.wait(block, &self.bps, &self.interrupt)? {
+                        Some(ev) => (ev, true),
+                        None if self.range_step.is_some() => {
+                            self.forward_range_interrupt()?;
+                            if !block && began.elapsed() >= range_step::RANGE_SLICE {
+                                return Ok(None);
+                            }
+                            continue;
+                        }
+                        None => return Ok(None),
+                    }
+                }
+            };
+            let ev = match self.range_step_on(ev, live)? {
+                Ok(()) => {
+                    if !block && began.elapsed() >= range_step::RANGE_SLICE {
+                        return Ok(None);
+                    }
+                    continue;
+                }
+                Err(ev) => ev,
+            };
+            if live {
+                return Ok(Some(self.stopped(ev)));
             }
+            self.stopped_by_sigint = ev == StopEvent::Signal(libc::SIGINT);
+            return Ok(Some(ev));
         }
     }
 
@@ -1110,6 +1151,9 @@ impl Timeline {
 
     /// Asks a running forward run to stop (reported as `Signal(SIGINT)`).
     pub fn interrupt(&mut self) -> TargetResult<()> {
+        if self.interrupt_range_step() {
+            return Ok(());
+        }
         self.interrupt.store(true, Ordering::Release);
         match self.running {
             Running::Live => {

@@ -62,13 +62,13 @@ impl PtSource for StraightLineCpu {
     }
 }
 
-/// The hardware capture drives a live process at full speed with INT3 breakpoints; the
-/// stops wait for the drain, the history indexes it, the stops' registers are keyed at
-/// their positions through the index, and the past is served PC-only.
-#[test]
-fn hardware_capture_serves_a_live_process_pc_only() {
-    use crate::target::{RegMask, Resume, ReverseResume, SpawnOptions, Target};
-    let dir = std::env::temp_dir().join(format!("ptrewind-hwcap-{}", std::process::id()));
+/// A timeline over the simulated hardware capture of a program of 30 NOPs and an `exit`,
+/// stopped at its first instruction: the timeline, its directory, the start registers.
+fn straight_line_timeline(
+    name: &str,
+) -> (Timeline, std::path::PathBuf, crate::target::X86Registers) {
+    use crate::target::{SpawnOptions, Target};
+    let dir = std::env::temp_dir().join(format!("ptrewind-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let src = dir.join("straight.S");
     let exe = dir.join("straight");
@@ -88,13 +88,26 @@ fn hardware_capture_serves_a_live_process_pc_only() {
     let mut ptrace =
         PtraceTarget::spawn(&exe.clone().into_os_string(), &[], &SpawnOptions::default()).unwrap();
     let start_regs = ptrace.read_registers().unwrap();
-    let start = start_regs.pc();
     let cpu = StraightLineCpu {
         pid: nix::unistd::Pid::from_raw(Target::pid(&ptrace)),
-        last: start,
+        last: start_regs.pc(),
     };
     let capture = PerfCapture::with_source(ptrace, cpu);
-    let mut t = Timeline::live(Box::new(capture), true).unwrap();
+    (
+        Timeline::live(Box::new(capture), true).unwrap(),
+        dir,
+        start_regs,
+    )
+}
+
+/// The hardware capture drives a live process at full speed with INT3 breakpoints; the
+/// stops wait for the drain, the history indexes it, the stops' registers are keyed at
+/// their positions through the index, and the past is served PC-only.
+#[test]
+fn hardware_capture_serves_a_live_process_pc_only() {
+    use crate::target::{RegMask, Resume, ReverseResume};
+    let (mut t, dir, start_regs) = straight_line_timeline("hwcap");
+    let start = start_regs.pc();
     let run = |t: &mut Timeline, how: Resume| {
         t.resume(how).unwrap();
         t.wait(true).unwrap().unwrap()
@@ -163,6 +176,84 @@ fn hardware_capture_serves_a_live_process_pc_only() {
     t.stats(&mut |k: &str, v: String| stats.push_str(&format!("{k:<24} {v}\n")));
     assert!(stats.contains("pt (hardware"), "{stats}");
     assert!(stats.contains("stop trace problems      0"), "{stats}");
+    t.kill().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A range step (GDB's `vCont;r`) is one stop where the PC leaves the range or reaches a
+/// breakpoint, at the present (the backend's steps, the trace synced once) and in the past
+/// (the history's steps); a range step cut short by the debugger's interrupt stops with
+/// `SIGINT`.
+#[test]
+fn a_range_step_stops_once_where_the_pc_leaves_the_range() {
+    use crate::target::{Resume, ReverseResume, StepRange};
+    let (mut t, dir, start_regs) = straight_line_timeline("rangestep");
+    let start = start_regs.pc();
+    let step = Resume::Step {
+        signal: None,
+        others: true,
+    };
+    let range = |from: u64, to: u64| StepRange {
+        start: start + from,
+        end: start + to,
+    };
+    let range_steps = |t: &mut Timeline| {
+        let mut stats = String::new();
+        t.stats(&mut |k: &str, v: String| stats.push_str(&format!("{k:<24} {v}\n")));
+        stats
+            .lines()
+            .find(|l| l.starts_with("range steps"))
+            .map(str::to_string)
+            .unwrap_or_default()
+    };
+    // At the present: from 0 to the end of [0, 12).
+    t.resume_range(step, range(0, 12)).unwrap();
+    assert_eq!(t.wait(true).unwrap(), Some(StopEvent::Step));
+    assert_eq!(t.read_registers().unwrap().pc(), start + 12);
+    assert!(
+        range_steps(&mut t).contains(" 1 (12 instructions"),
+        "{}",
+        range_steps(&mut t)
+    );
+    // The trace was synced at that one stop only, and covers every step.
+    assert_eq!(t.ensure_indexed(Duration::from_secs(10)), Ok(12));
+    // A breakpoint inside the range ends it there (reported as the step onto it).
+    t.add_breakpoint(start + 16).unwrap();
+    t.resume_range(step, range(12, 20)).unwrap();
+    assert_eq!(t.wait(true).unwrap(), Some(StopEvent::Step));
+    assert_eq!(t.read_registers().unwrap().pc(), start + 16);
+    // A range the PC is not in: one step.
+    t.resume_range(step, range(0, 10)).unwrap();
+    assert_eq!(t.wait(true).unwrap(), Some(StopEvent::Step));
+    assert_eq!(t.read_registers().unwrap().pc(), start + 17);
+    assert_eq!(t.ensure_indexed(Duration::from_secs(10)), Ok(17));
+
+    // In the past: back to the start, then through the history to the breakpoint.
+    t.remove_breakpoint(start + 16).unwrap();
+    t.goto(0).unwrap();
+    t.resume_range(step, range(0, 9)).unwrap();
+    assert_eq!(t.wait(true).unwrap(), Some(StopEvent::Step));
+    assert_eq!(t.position(), 9);
+    assert_eq!(t.read_registers().unwrap().pc(), start + 9);
+    // From the past onto the present and on, live, to the range's end.
+    t.resume_range(step, range(9, 22)).unwrap();
+    assert_eq!(t.wait(true).unwrap(), Some(StopEvent::Step));
+    assert_eq!(t.read_registers().unwrap().pc(), start + 22);
+    assert!(!t.is_replaying());
+    // The debugger's interrupt: the range step ends at the next step, as `SIGINT`.
+    t.resume_range(step, range(22, 30)).unwrap();
+    t.interrupt().unwrap();
+    assert_eq!(t.wait(true).unwrap(), Some(StopEvent::Signal(libc::SIGINT)));
+    assert_eq!(t.read_registers().unwrap().pc(), start + 23);
+    // A reverse step after it is an ordinary one.
+    t.reverse(ReverseResume::Step).unwrap();
+    assert_eq!(t.wait(true).unwrap(), Some(StopEvent::Step));
+    assert_eq!(t.read_registers().unwrap().pc(), start + 22);
+    assert!(
+        range_steps(&mut t).starts_with("range steps              6 ("),
+        "{}",
+        range_steps(&mut t)
+    );
     t.kill().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -44,8 +44,12 @@ fn record_err(e: RecordError) -> TargetError {
 enum Run {
     /// Stopped.
     Idle,
-    /// Through the recorder (`step`: one instruction).
-    Recorded { step: bool, executed_any: bool },
+    /// Through the recorder (`step`: one instruction of that thread; the others may run
+    /// meanwhile, in their turns).
+    Recorded {
+        step: Option<i32>,
+        executed_any: bool,
+    },
     /// Untraced: the ptrace target runs by itself.
     Untraced,
 }
@@ -201,6 +205,11 @@ fn data_offset(gaps: &[crate::store::live::Gap], at: u64) -> u64 {
 impl LiveBackend for SoftCapture {
     ptrace_present_state!(target);
 
+    fn pc(&mut self) -> TargetResult<u64> {
+        // The recorder's copy of the stepped thread's registers: no XSAVE read per step.
+        self.present_gprs().map(|g| g.rip)
+    }
+
     fn pid(&self) -> i32 {
         self.pid
     }
@@ -304,13 +313,17 @@ impl LiveBackend for SoftCapture {
         };
         let signal = signal.and_then(|s| Signal::try_from(s).ok());
         if record {
+            // The thread the debugger steps (its `Hc`/`vCont` thread), even if it waits in a
+            // system call and another one becomes current.
+            let selected = self.rec.target_ref().current_thread();
             self.rec.follow_selection().map_err(record_err)?;
             // GDB decides what is delivered: the signal that stopped the program, none, or
             // another one.
             self.rec.set_pending_signal(signal);
             self.rec.record_on();
+            let step = matches!(how, Resume::Step { .. });
             self.run = Run::Recorded {
-                step: matches!(how, Resume::Step { .. }),
+                step: step.then_some(selected),
                 executed_any: false,
             };
         } else {
@@ -394,9 +407,14 @@ impl LiveBackend for SoftCapture {
                     match ev {
                         StepEvent::Executed { .. } | StepEvent::Iteration { .. } => {
                             executed_any = true;
-                            if step {
+                            if step == Some(self.rec.current_thread()) {
                                 return self.recorded_stop(StopEvent::Step);
                             }
+                            // A continue, or another thread's instruction during a step (its
+                            // turn came, or the stepped one waits in a system call): as
+                            // natively, the others run meanwhile and their breakpoints stop
+                            // them (before, such an instruction ended the step as a SIGTRAP in
+                            // that thread).
                             // (After a thread's end the next current thread may be waiting in
                             // a system call: no PC to compare until it comes back.)
                             if !self.rec.current_in_flight() {
@@ -418,7 +436,7 @@ impl LiveBackend for SoftCapture {
                         }
                         StepEvent::HandlerEntered { handler, .. } => {
                             executed_any = true;
-                            if step {
+                            if step == Some(self.rec.current_thread()) {
                                 return self.recorded_stop(StopEvent::Step);
                             }
                             if bps.contains(&handler) {

@@ -319,10 +319,14 @@ pub fn check_packet(body: &[u8], resume_all: bool) -> Check {
                 Some((act, tid)) => (act, tid, true),
                 None => (action, &b""[..], false),
             };
-            // No `t` (stop) or `r` (range step, not offered); a step needs one thread.
+            // No `t` (stop); a step and a range step (`rSTART,END`) need one thread.
             let (act_ok, needs_one_thread) = match act.first() {
                 Some(b'c') => (act.len() == 1, false),
                 Some(b's') => (act.len() == 1, true),
+                Some(b'r') => (
+                    split2(&act[1..], b',').is_some_and(|(a, b)| is_addr(a) && is_addr(b)),
+                    true,
+                ),
                 Some(b'C') => (act.len() >= 2 && act.len() <= 3 && is_hex(&act[1..]), false),
                 Some(b'S') => (act.len() >= 2 && act.len() <= 3 && is_hex(&act[1..]), true),
                 _ => (false, false),
@@ -738,6 +742,7 @@ mod tests {
             b"C0b",
             b"S05;401000",
             b"vCont;s:p1.1;c",
+            b"vCont;r401000,401010:p1.1;c:p1.-1",
             b"vCont;C0b:1",
             b"vCont?",
             b"qRcmd,68656c70",
@@ -779,7 +784,12 @@ mod tests {
             b"vCont;t",
             b"vCont;s",
             b"vCont;s:-1",
-            b"vCont;r1,2:1",
+            b"vCont;r1,2",
+            b"vCont;r1,2:-1",
+            b"vCont;r1:1",
+            b"vCont;r1,:1",
+            b"vCont;rx,2:1",
+            b"vCont;r1,11111111111111111:1",
         ] {
             assert_eq!(
                 check_packet(bad, false),

@@ -188,6 +188,11 @@ impl LiveBackend for QemuLive {
         Ok(out)
     }
 
+    fn pc(&mut self) -> TargetResult<u64> {
+        // One register over the wire instead of the whole file.
+        self.thread_pc(self.selected)
+    }
+
     fn write_registers(&mut self, regs: &X86Registers) -> TargetResult<()> {
         if self.at_exit.is_some() {
             return Err(TargetError::Unsupported(
@@ -197,6 +202,7 @@ impl LiveBackend for QemuLive {
         // General-purpose registers (the ones GDB writes: `set $rax = …`, `jump`), one `P`
         // each where they differ; the vector state is not written back.
         let current = self.read_registers()?;
+        self.stop_pc = None;
         let e = self.err();
         for slot in 0..gpr::COUNT {
             let Some(name) = qemu_name(slot) else {
@@ -419,6 +425,7 @@ impl LiveBackend for QemuLive {
         // A step moves one thread, the others stay stopped (as GDB's `vCont;s:T`); a continue
         // runs them all.
         self.check_stub_alone()?;
+        self.stop_pc = None;
         self.remote
             .resume(&[ResumeAction { action, thread }])
             .map_err(e)?;
@@ -454,7 +461,7 @@ impl LiveBackend for QemuLive {
             self.running = false;
             let stepping = std::mem::take(&mut self.stepping);
             let ev = self.event(stop, stepping)?;
-            self.refresh_threads();
+            self.threads_stale = true;
             return Ok(Some(ev));
         }
         // In slices, so the exit gate is watched too (the stub says nothing while it holds).
@@ -503,7 +510,7 @@ impl LiveBackend for QemuLive {
                 self.running = false;
                 let stepping = std::mem::take(&mut self.stepping);
                 let ev = self.event(stop, stepping)?;
-                self.refresh_threads();
+                self.threads_stale = true;
                 Ok(Some(ev))
             }
             Err(e) if e.is_disconnect() => {
@@ -540,6 +547,9 @@ impl LiveBackend for QemuLive {
 
     fn sync_at_stop(&mut self, exited: bool) -> Result<(), String> {
         self.stops += 1;
+        if self.threads_stale {
+            self.refresh_threads();
+        }
         if exited && !self.exited {
             self.exited = true;
         }

@@ -144,6 +144,12 @@ pub struct QemuLive {
     selected: ThreadId,
     /// Every guest thread at the last stop, the main thread first.
     thread_list: Vec<ThreadId>,
+    /// `thread_list` is to be listed again (at the next stop the timeline syncs: a range step's
+    /// intermediate steps do not ask QEMU for its threads each time).
+    threads_stale: bool,
+    /// The PC the last stop reply's thread stopped at, read for that reply (until the program
+    /// runs or its registers are written: a range step asks for it after every step).
+    stop_pc: Option<(ThreadId, u64)>,
     /// The plugin's pause gate (see [`super::output::PAUSE_FILE`]), once opened.
     pause: Option<std::fs::File>,
     /// The terminal's Ctrl-C reaches QEMU itself (it shares the debugger's terminal).
@@ -288,6 +294,8 @@ impl QemuLive {
             in_stub: main,
             selected: main,
             thread_list: vec![main],
+            threads_stale: false,
+            stop_pc: None,
             pause: None,
             terminal_interrupts: false,
             stashed: None,
@@ -492,6 +500,11 @@ impl QemuLive {
         if let Some(pc) = self.paused_pc(t) {
             return Ok(pc);
         }
+        if let Some((s, pc)) = self.stop_pc
+            && s == t
+        {
+            return Ok(pc);
+        }
         if self.at_exit.is_some() {
             // The gdbstub does not answer while the exit is held.
             return Err(TargetError::Unsupported(
@@ -693,6 +706,7 @@ impl QemuLive {
 
     /// Lists the guest threads again (at a stop).
     fn refresh_threads(&mut self) {
+        self.threads_stale = false;
         if self.exited {
             return;
         }
@@ -771,6 +785,7 @@ impl QemuLive {
             Some(s) => Action::StepSignal(gdb_from_linux(s)),
             None => Action::Step,
         };
+        self.stop_pc = None;
         self.remote
             .resume(&[ResumeAction {
                 action,
@@ -810,6 +825,7 @@ impl QemuLive {
                 self.selected = t;
                 let e = self.err();
                 let pc = self.remote.read_register_u64(Some(t), "rip").map_err(e)?;
+                self.stop_pc = Some((t, pc));
                 // A watchpoint hit of this thread: its SIGTRAP (or the step it happened in).
                 let watch = (signal == gdb_signal::TRAP)
                     .then(|| self.take_watch_hit(t.tid, pc))
