@@ -116,30 +116,6 @@ fn parse_size(s: &str) -> u64 {
         .unwrap_or_else(|_| panic!("bad size {s}"))
 }
 
-fn gdb_cmd(script: &Path) -> Command {
-    let mut c = Command::new("gdb");
-    c.args([
-        "-batch",
-        "-nx",
-        "-ex",
-        "set confirm off",
-        "-ex",
-        "set pagination off",
-    ])
-    .arg("-x")
-    .arg(script);
-    c
-}
-
-fn release_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    // target/release/examples/bench_gdb_latency → target/release
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target dir")
-        .to_path_buf()
-}
-
 /// ptrewind: records `prog iters` under QEMU, serves it, runs GDB's series; returns the
 /// instruction count and the series.
 fn ours(
@@ -209,7 +185,9 @@ fn ours(
         ask(&mut c, &format!("qRcmd,{goto}"));
         time(&mut c, "raw-bs-middle", "bs", "T05");
     }
-    let out = gdb_cmd(script)
+    let out = gdb::gdb_batch()
+        .arg("-x")
+        .arg(script)
         .arg(prog)
         .args(["-ex", &format!("target remote 127.0.0.1:{port}")])
         .args(["-ex", &format!("python lat('end', {steps})")])
@@ -252,7 +230,9 @@ fn ours(
 fn full(prog: &Path, iters: u64, script: &Path, steps: usize) -> (u64, Vec<Series>, f64) {
     let t0 = Instant::now();
     // `--args` goes last: everything after it is the program's command line.
-    let out = gdb_cmd(script)
+    let out = gdb::gdb_batch()
+        .arg("-x")
+        .arg(script)
         .args(["-ex", "break main", "-ex", "run", "-ex", "record full"])
         .args(["-ex", "set record full insn-number-max unlimited"])
         .args(["-ex", "break done", "-ex", "continue"])
@@ -321,7 +301,7 @@ fn main() {
     let script = dir.path().join("lat.py");
     std::fs::write(&script, SCRIPT).expect("write script");
     if binaries.is_empty() {
-        binaries.push(release_dir().join("ptrewind"));
+        binaries.push(gdb::release_dir().join("ptrewind"));
     }
     for b in &binaries {
         assert!(

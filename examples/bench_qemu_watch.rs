@@ -47,14 +47,6 @@ int main(int argc, char **argv) {
 }
 "#;
 
-fn release_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target dir")
-        .to_path_buf()
-}
-
 /// One live session of `prog iters` with GDB running `commands`; its wall-clock seconds and
 /// GDB's output.
 fn session(dir: &Path, plugin: &Path, prog: &Path, iters: u64, commands: &[&str]) -> (f64, String) {
@@ -94,7 +86,7 @@ fn main() {
         .get(1)
         .map_or(20_000_000, |s| s.parse().expect("ITERATIONS"));
     let rounds: usize = args.get(2).map_or(3, |s| s.parse().expect("ROUNDS"));
-    let dir = release_dir();
+    let dir = gdb::release_dir();
     let plugin = args
         .get(3)
         .map_or_else(|| dir.join("libptrewind_qemu_plugin.so"), PathBuf::from);

@@ -26,7 +26,7 @@
 #[path = "../tests/support/gdb.rs"]
 mod gdb;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -54,29 +54,6 @@ def timed_next():
     line = gdb.selected_frame().find_sal().line
     print("NEXT ms=%.3f line=%d" % (dt * 1e3, line))
 "#;
-
-fn release_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target dir")
-        .to_path_buf()
-}
-
-fn gdb_cmd(script: &Path) -> Command {
-    let mut c = Command::new("gdb");
-    c.args([
-        "-batch",
-        "-nx",
-        "-ex",
-        "set confirm off",
-        "-ex",
-        "set pagination off",
-    ])
-    .arg("-x")
-    .arg(script);
-    c
-}
 
 /// One timed `next`: milliseconds, the line it ended at, the instructions ptrewind stepped in
 /// range steps (0 without ptrewind or without range steps).
@@ -108,7 +85,8 @@ fn session(
     script: &Path,
     loop_line: usize,
 ) -> (f64, u32, u64) {
-    let mut cmd = gdb_cmd(script);
+    let mut cmd = gdb::gdb_batch();
+    cmd.arg("-x").arg(script);
     cmd.args(["-ex", &format!("break {loop_line}")]);
     let server = backend.map(|b| {
         gdb::Server::spawn_within(
@@ -201,7 +179,7 @@ fn main() {
     assert!(st.success(), "cc failed");
     let script = dir.path().join("next.py");
     std::fs::write(&script, SCRIPT).expect("write script");
-    let ptrewind = release_dir().join("ptrewind");
+    let ptrewind = gdb::release_dir().join("ptrewind");
     assert!(
         ptrewind.exists(),
         "build the workspace in release mode first ({})",

@@ -9,7 +9,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use support::cbuild::{compile_source, example_source, have, line_of, nm_symbol};
-use support::gdb::{GdbRun, Server, gdb_session, gdb_session_interrupting, run_until, wait_until};
+use support::gdb::{
+    GdbRun, Server, gdb_session, gdb_session_interrupting, marker_older_than, range_steps,
+    run_until, wait_until,
+};
 use support::qemu::{live_program, live_server};
 
 const PROGRAM: &str = r#"
@@ -1476,11 +1479,7 @@ fn next_over_a_one_line_loop_is_one_range_step() {
         "kill",
     ]);
     // Ctrl-C once GDB has been in the spin line's `next` for a second.
-    let ready = move || {
-        std::fs::metadata(&marker)
-            .and_then(|m| m.modified())
-            .is_ok_and(|t| t.elapsed().is_ok_and(|e| e > Duration::from_secs(1)))
-    };
+    let ready = marker_older_than(marker, Duration::from_secs(1));
     let run = {
         let _one = ONE_SESSION.lock().unwrap_or_else(|e| e.into_inner());
         let server = start_server(&exe, &["spin"], &[]);
@@ -1510,17 +1509,10 @@ fn next_over_a_one_line_loop_is_one_range_step() {
         );
     }
     // Range steps: a few, over the loop's thousands of instructions and the spin's.
-    let (steps, insns) = run
-        .gdb
-        .lines()
-        .find_map(|l| l.strip_prefix("range steps"))
-        .and_then(|v| {
-            let mut nums = v
-                .split(|c: char| !c.is_ascii_digit())
-                .filter(|w| !w.is_empty())
-                .map(|w| w.parse::<u64>().ok());
-            Some((nums.next()??, nums.next()??))
-        })
-        .unwrap_or_else(|| panic!("no range steps: {}", run.dump()));
-    assert!((2..=8).contains(&steps) && insns > 5000, "{}", run.dump());
+    let stats = range_steps(&run.gdb);
+    assert!(
+        stats.len() == 1 && (2..=8).contains(&stats[0].0) && stats[0].1 > 5000,
+        "{stats:?}: {}",
+        run.dump()
+    );
 }

@@ -13,7 +13,10 @@ use std::time::Duration;
 mod support;
 
 use support::cbuild::{build_example, compile_source, line_of, nm_symbol};
-use support::gdb::{GdbRun, Server, gdb_session, gdb_session_interrupting, ptrewind, run_until};
+use support::gdb::{
+    GdbRun, Server, gdb_session, gdb_session_interrupting, marker_older_than, ptrewind,
+    range_steps, run_until,
+};
 
 const TIMEOUT: Duration = Duration::from_secs(90);
 
@@ -1282,21 +1285,6 @@ fn no_stop_at_exit_lets_the_program_exit_at_once() {
     assert!(!r.gdb.contains("the program is exiting"), "{}", r.dump());
 }
 
-/// Every `monitor stats` report of range steps in `text`, in order: the range steps counted
-/// and the instructions stepped in them. (The stats are not ordered with GDB's own output.)
-fn range_steps(text: &str) -> Vec<(u64, u64)> {
-    text.lines()
-        .filter_map(|l| l.strip_prefix("range steps"))
-        .map(|v| {
-            let mut nums = v
-                .split(|c: char| !c.is_ascii_digit())
-                .filter(|w| !w.is_empty())
-                .map(|w| w.parse::<u64>().unwrap());
-            (nums.next().unwrap(), nums.next().unwrap())
-        })
-        .collect()
-}
-
 /// `next` over a one-line loop is one range step (GDB's `vCont;r`): one stop, at the next
 /// line, instead of one per instruction, at the present and in the replayed past; a
 /// breakpoint in the middle of the line ends it there; reverse-next afterwards retraces the
@@ -1382,11 +1370,7 @@ fn ctrl_c_ends_a_range_step_that_never_ends() {
     std::fs::remove_file(&marker_path).unwrap();
     let touched = format!("shell touch {}", marker_path.display());
     // Once GDB has been in the `next` for a second.
-    let ready = move || {
-        std::fs::metadata(&marker_path)
-            .and_then(|m| m.modified())
-            .is_ok_and(|t| t.elapsed().is_ok_and(|e| e > Duration::from_secs(1)))
-    };
+    let ready = marker_older_than(marker_path, Duration::from_secs(1));
     let server = Server::spawn(
         ptrewind()
             .args([

@@ -4,7 +4,7 @@
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
@@ -133,6 +133,43 @@ pub fn gdb_batch() -> Command {
         "set pagination off",
     ]);
     cmd
+}
+
+/// The `target/<profile>` directory of a running benchmark example
+/// (`target/release/examples/NAME` → `target/release`): where the workspace's `ptrewind` and
+/// its QEMU plugin are.
+pub fn release_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .to_path_buf()
+}
+
+/// A `ready` for [`gdb_session_interrupting`]: true once the file `marker` (made by a GDB
+/// `shell touch` right before the command to interrupt) has existed for `delay`.
+pub fn marker_older_than(marker: PathBuf, delay: Duration) -> impl FnMut() -> bool {
+    move || {
+        std::fs::metadata(&marker)
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().is_ok_and(|e| e > delay))
+    }
+}
+
+/// Every `monitor stats` report of range steps in GDB's output, in order: the range steps
+/// counted and the instructions stepped in them. (The stats are not ordered with GDB's own
+/// output.)
+pub fn range_steps(text: &str) -> Vec<(u64, u64)> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("range steps"))
+        .filter_map(|v| {
+            let mut nums = v
+                .split(|c: char| !c.is_ascii_digit())
+                .filter(|w| !w.is_empty())
+                .map(|w| w.parse::<u64>().ok());
+            Some((nums.next()??, nums.next()??))
+        })
+        .collect()
 }
 
 /// A `Command` for the `ptrewind` binary under test.
