@@ -508,3 +508,39 @@ fn gdb_next_in_a_worker_while_the_other_runs() {
     }
     r.expect("exited normally");
 }
+
+/// GDB with `scheduler-locking step`: `next` over `work`'s one-line loop in a worker (a range
+/// step with no `c` for the others) runs that worker alone — the recorder's turn does not pass
+/// to the other threads, one of which reaches the same breakpoint once it runs — and the
+/// program runs on normally afterwards.
+#[test]
+fn gdb_scheduler_locked_next_runs_the_stepped_thread_alone() {
+    let lp = line_of("acc = acc * 31 + i;");
+    let r = gdb_session(
+        record(&[], &[]),
+        program(),
+        &[
+            &format!("break {lp}"),
+            "continue",
+            "set scheduler-locking step",
+            "echo LOCKED\\n",
+            "next",
+            "next",
+            "echo RUN\\n",
+            "set scheduler-locking off",
+            "continue",
+            "continue",
+        ],
+        TIMEOUT,
+    );
+    let locked = r.after("LOCKED");
+    let locked = &locked[..locked.find("RUN").unwrap_or(locked.len())];
+    assert!(!locked.contains("hit Breakpoint"), "{}", r.dump());
+    assert!(!r.gdb.contains("received signal"), "{}", r.dump());
+    assert!(
+        r.after("RUN").contains("hit Breakpoint 1, work (id="),
+        "{}",
+        r.dump()
+    );
+    r.expect("exited normally");
+}

@@ -322,6 +322,12 @@ impl LiveBackend for SoftCapture {
             self.rec.set_pending_signal(signal);
             self.rec.record_on();
             let step = matches!(how, Resume::Step { .. });
+            if matches!(how, Resume::Step { others: false, .. }) {
+                // The others stay where they are: their turn does not come during this step
+                // (a stop of another thread during GDB's step over a breakpoint is one GDB does
+                // not expect: under QEMU it failed an assertion on one).
+                self.rec.restart_slice();
+            }
             self.run = Run::Recorded {
                 step: step.then_some(selected),
                 executed_any: false,

@@ -222,6 +222,13 @@ impl<T: StepTarget> SoftRecorder<T> {
         self.reselect()
     }
 
+    /// Starts the current thread's time slice again: a step with the other threads held (GDB's
+    /// `vCont;s:T` alone, for a step over a breakpoint or with `scheduler-locking`) runs the
+    /// thread it selected, not the next one in turn.
+    pub fn restart_slice(&mut self) {
+        self.slice_used = 0;
+    }
+
     /// Gives the target back its current thread (a debugger may have selected another one to
     /// read its registers) and forgets the registers read at this stop.
     pub fn reselect(&mut self) -> Result<(), RecordError> {
