@@ -1020,14 +1020,12 @@ impl Timeline {
                     }
                 }
             };
-            let ev = match self.range_step_on(ev, live)? {
-                Ok(()) => {
-                    if !block && began.elapsed() >= range_step::RANGE_SLICE {
-                        return Ok(None);
-                    }
-                    continue;
+            let Some(ev) = self.range_step_on(ev, live)? else {
+                // Stepping on in the range.
+                if !block && began.elapsed() >= range_step::RANGE_SLICE {
+                    return Ok(None);
                 }
-                Err(ev) => ev,
+                continue;
             };
             if live {
                 return Ok(Some(self.stopped(ev)));

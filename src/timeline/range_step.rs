@@ -56,24 +56,24 @@ impl Timeline {
         Ok(())
     }
 
-    /// The stop `ev` of a range step's step (`live`: from the backend): whether the step was
-    /// started again. If not, the range step is over and `ev` (or `SIGINT` after an interrupt)
-    /// is what is reported.
+    /// The stop `ev` of a range step's step (`live`: from the backend): `None` if the step was
+    /// started again, else the stop to report (`ev`, or `SIGINT` after an interrupt): the
+    /// range step is over.
     pub(super) fn range_step_on(
         &mut self,
         ev: StopEvent,
         live: bool,
-    ) -> TargetResult<Result<(), StopEvent>> {
+    ) -> TargetResult<Option<StopEvent>> {
         let Some(rs) = self.range_step else {
-            return Ok(Err(ev));
+            return Ok(Some(ev));
         };
         if ev != StopEvent::Step {
             self.end_range_step();
-            return Ok(Err(ev));
+            return Ok(Some(ev));
         }
         if rs.interrupted {
             self.end_range_step();
-            return Ok(Err(StopEvent::Signal(libc::SIGINT)));
+            return Ok(Some(StopEvent::Signal(libc::SIGINT)));
         }
         let pc = match self.cursor {
             Some(n) if n < self.len() => self.insn_ip(n),
@@ -82,7 +82,7 @@ impl Timeline {
         };
         if !pc.is_some_and(|pc| rs.range.contains(pc) && !self.bps.contains(&pc)) {
             self.end_range_step();
-            return Ok(Err(ev));
+            return Ok(Some(ev));
         }
         if live && self.cursor.is_none() {
             // Straight to the backend: no stop for the history (no sync, no image check).
@@ -97,7 +97,7 @@ impl Timeline {
         if let Some(r) = self.range_step.as_mut() {
             r.steps += 1;
         }
-        Ok(Ok(()))
+        Ok(None)
     }
 
     /// The debugger's interrupt during a range step: noted, the step in flight ends by itself
