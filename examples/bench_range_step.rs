@@ -9,6 +9,7 @@
 //! cargo build --release --workspace && \
 //! cargo run --release --example bench_range_step -- [--iters 1000] [--reps 3]
 //!                                                   [--backends ptrace,qemu]
+//!                                                   [--ptrewind PATH]
 //! ```
 //!
 //! The program runs `--iters` iterations of `for (…) s += i * 3 + 1;`, all on one line (about 8
@@ -145,6 +146,8 @@ fn main() {
     let mut iters = 1000u64;
     let mut reps = 3usize;
     let mut backends = vec!["ptrace".to_string(), "qemu".to_string()];
+    // Another build (e.g. main's, copied aside) to compare with in alternating runs.
+    let mut ptrewind = gdb::release_dir().join("ptrewind");
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -158,6 +161,7 @@ fn main() {
                     .map(str::to_string)
                     .collect()
             }
+            "--ptrewind" => ptrewind = args.next().expect("--ptrewind PATH").into(),
             other => panic!("unknown argument {other}"),
         }
     }
@@ -179,7 +183,6 @@ fn main() {
     assert!(st.success(), "cc failed");
     let script = dir.path().join("next.py");
     std::fs::write(&script, SCRIPT).expect("write script");
-    let ptrewind = gdb::release_dir().join("ptrewind");
     assert!(
         ptrewind.exists(),
         "build the workspace in release mode first ({})",

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use ptrewind::capture::qemu::recording::find_plugin;
 use ptrewind::capture::qemu::{QemuConfig, QemuLive, QemuRecording, Recorded};
 use ptrewind::flow::FlowConfig;
-use ptrewind::server::RecordingTarget;
+use ptrewind::server::{RecordingTarget, Successor};
 use ptrewind::timeline::{FatalSignal, OfflineInfo, OfflineRecording, ThreadRecording, Timeline};
 
 /// The plugin to load: `--qemu-plugin`, else beside this executable or in its target directory.
@@ -321,6 +321,14 @@ fn start_live(
             ""
         }
     );
-    let target = RecordingTarget::new(Timeline::live(Box::new(live), true)?);
+    // Killed from outside (QEMU itself dies): the session goes on over the kept recording.
+    let successor = Successor(std::rc::Rc::new(|dir: &Path, signal: i32| {
+        let recorded = Recorded::open(dir).ok()?;
+        serve_target(&recorded, None, Some(signal))
+            .ok()?
+            .into_timeline()
+    }));
+    let target =
+        RecordingTarget::new(Timeline::live(Box::new(live), true)?).with_successor(successor);
     Ok(Ok((target, true)))
 }

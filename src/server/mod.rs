@@ -51,7 +51,7 @@ pub mod view_monitor;
 
 pub use adapter::{GdbStubAdapter, gdb_to_linux_signal, linux_to_gdb_signal, stop_reason};
 pub use monitor::{MonitorHandler, MonitorRegistry};
-pub use recording::{RecordingTarget, install_stop_query};
+pub use recording::{RecordingTarget, Successor, install_stop_query};
 pub use recording_monitors::register_monitors;
 pub use router::{Intercept, OnDisconnect, PacketHandler, Router, RouterState, ServeOutcome};
 

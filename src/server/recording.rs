@@ -3,13 +3,14 @@
 //! resumption in both directions. All the logic is the timeline's; this is adaptation only.
 
 use std::cell::RefCell;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use crate::target::files::{open_host_file, read_host_link};
 use crate::target::{
-    Breakpoints, HeldChildReply, HeldChildRequest, Notice, Resume, ReverseExecution, ReverseResume,
-    StepRange, StopEvent, Target, TargetFile, TargetResult, WatchKind, Watchpoints, X86Registers,
+    Breakpoints, HeldChildReply, HeldChildRequest, Notice, RegMask, Resume, ReverseExecution,
+    ReverseResume, StepRange, StopEvent, Target, TargetFile, TargetResult, WatchKind, Watchpoints,
+    X86Registers,
 };
 use crate::timeline::Timeline;
 
@@ -21,6 +22,28 @@ pub struct RecordingTarget {
     inner: Rc<RefCell<Timeline>>,
     pid: i32,
     exe: Option<PathBuf>,
+    successor: Option<Successor>,
+    /// After a succession, the register-file shape the debugger was given before it (XSAVE
+    /// length, AVX offset): its target description stays that of the first timeline.
+    shape: Option<(usize, Option<usize>)>,
+    /// Notices taken from the timeline early (to find a [`Notice::RecordingKept`]), still to
+    /// be given to the server.
+    notices: Vec<Notice>,
+}
+
+/// Builds the replay that takes over a session whose process vanished by a signal no stop
+/// could hold, from its kept recording directory and that signal (see
+/// [`RecordingTarget::with_successor`]); `None` if it cannot be read.
+#[derive(Clone)]
+pub struct Successor(pub Rc<SuccessorFn>);
+
+/// What a [`Successor`] calls: the kept recording's directory and the signal → the replay.
+pub type SuccessorFn = dyn Fn(&Path, i32) -> Option<Timeline>;
+
+impl std::fmt::Debug for Successor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Successor")
+    }
 }
 
 impl RecordingTarget {
@@ -32,7 +55,68 @@ impl RecordingTarget {
             inner: Rc::new(RefCell::new(timeline)),
             pid,
             exe,
+            successor: None,
+            shape: None,
+            notices: Vec::new(),
         }
+    }
+
+    /// When the live process vanishes by a signal no stop could hold and the backend kept its
+    /// recording ([`Notice::RecordingKept`]), the session goes on over the replay `successor`
+    /// builds from it: the debugger is told of the signal as a stop at the end of the history
+    /// (the rr model: the end of the program is a place in it), not of the end of the process.
+    pub fn with_successor(mut self, successor: Successor) -> Self {
+        self.successor = Some(successor);
+        self
+    }
+
+    /// The timeline, if this is its only handle.
+    pub fn into_timeline(self) -> Option<Timeline> {
+        Rc::try_unwrap(self.inner).ok().map(RefCell::into_inner)
+    }
+
+    /// `r` in the shape the debugger was given before a succession (a `g` reply of another
+    /// length would be refused): the XSAVE image cut or zero-extended, AVX upper halves
+    /// unavailable where the replay has none.
+    fn conform(&self, mut r: X86Registers) -> X86Registers {
+        let Some((len, ymm)) = self.shape else {
+            return r;
+        };
+        if (r.xsave.len(), r.ymm_hi_offset) != (len, ymm) {
+            if ymm.is_some() && r.ymm_hi_offset.is_none() {
+                r.unavailable = RegMask(r.unavailable.0 | RegMask::VECTOR.0);
+            }
+            r.xsave.resize(len, 0);
+            r.ymm_hi_offset = ymm;
+        }
+        r
+    }
+
+    /// A process killed by a signal with its recording kept: the replay of that recording in
+    /// its place (the monitor commands' handle sees it too), the stop to report instead.
+    fn succeed(&mut self) -> Option<StopEvent> {
+        let successor = self.successor.clone()?;
+        let mut notices = self.inner.borrow_mut().take_notices();
+        let found = notices.iter_mut().find_map(|n| match n {
+            Notice::RecordingKept {
+                signal,
+                dir,
+                replayed,
+                ..
+            } => Some((*signal, dir.clone(), replayed)),
+            _ => None,
+        });
+        let mut stop = None;
+        if let Some((signal, dir, replayed)) = found
+            && let Some(replay) = (successor.0)(&dir, signal)
+        {
+            *replayed = true;
+            self.shape = Some(self.inner.borrow().register_shape());
+            *self.inner.borrow_mut() = replay;
+            stop = Some(StopEvent::Signal(signal));
+        }
+        self.notices.extend(notices);
+        stop
     }
 
     /// The shared timeline (for monitor commands).
@@ -63,7 +147,8 @@ impl Target for RecordingTarget {
     }
 
     fn read_thread_registers(&mut self, tid: i32) -> TargetResult<X86Registers> {
-        self.inner.borrow_mut().thread_registers(tid)
+        let r = self.inner.borrow_mut().thread_registers(tid)?;
+        Ok(self.conform(r))
     }
 
     fn exec_path(&self) -> Option<PathBuf> {
@@ -71,7 +156,8 @@ impl Target for RecordingTarget {
     }
 
     fn read_registers(&mut self) -> TargetResult<X86Registers> {
-        self.inner.borrow_mut().read_registers()
+        let r = self.inner.borrow_mut().read_registers()?;
+        Ok(self.conform(r))
     }
 
     fn write_registers(&mut self, regs: &X86Registers) -> TargetResult<()> {
@@ -96,6 +182,11 @@ impl Target for RecordingTarget {
 
     fn wait(&mut self, block: bool) -> TargetResult<Option<StopEvent>> {
         let stop = self.inner.borrow_mut().wait(block)?;
+        if let Some(StopEvent::Killed(_)) = stop
+            && let Some(instead) = self.succeed()
+        {
+            return Ok(Some(instead));
+        }
         if stop == Some(StopEvent::Exec) {
             // A new program: the debugger reads its name from the stop and `qXfer:exec-file`.
             self.exe = self.inner.borrow_mut().exec_path();
@@ -167,7 +258,9 @@ impl Target for RecordingTarget {
     }
 
     fn take_notices(&mut self) -> Vec<Notice> {
-        self.inner.borrow_mut().take_notices()
+        let mut notices = std::mem::take(&mut self.notices);
+        notices.extend(self.inner.borrow_mut().take_notices());
+        notices
     }
 
     fn support_breakpoints(&mut self) -> Option<&mut dyn Breakpoints> {

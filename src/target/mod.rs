@@ -269,6 +269,19 @@ pub enum Notice {
     /// The program is exiting and stays stopped at its end: the recording ends here and the
     /// past stays available; a further continue ends the program.
     AtExit,
+    /// The process vanished by a signal no stop could hold (SIGKILL from outside, under QEMU):
+    /// its end is not a place in this session's history, but the recording on disk is whole
+    /// and kept for `ptrewind replay`.
+    RecordingKept {
+        /// The signal that ended it.
+        signal: i32,
+        /// The recording directory.
+        dir: PathBuf,
+        /// Whether it was a temporary directory, kept now instead of removed.
+        was_temporary: bool,
+        /// Whether the session went on over a replay of it (the server's successor).
+        replayed: bool,
+    },
     /// A watchpoint was refused (GDB then says only that it could not insert a hardware
     /// watchpoint): the past is PC-only, so no write to a location, nor its earlier values, is
     /// known.
@@ -374,6 +387,39 @@ impl fmt::Display for Notice {
                  reverse execution and monitor commands (history, calls, save, ...) work from \
                  here; continue again to let it exit"
             ),
+            Notice::RecordingKept {
+                signal,
+                dir,
+                was_temporary,
+                replayed,
+            } => {
+                let name =
+                    nix::sys::signal::Signal::try_from(*signal).map_or("unknown", |s| s.as_str());
+                let kept = if *was_temporary {
+                    " (kept, not removed: delete it when done)"
+                } else {
+                    ""
+                };
+                if *replayed {
+                    write!(
+                        f,
+                        "the program was killed by signal {signal} ({name}), which no stop can \
+                         hold: the session goes on over a replay of every thread's recording up \
+                         to there, in {}{kept}; reverse execution and monitor commands work from \
+                         this end (PC-only past)",
+                        dir.display()
+                    )
+                } else {
+                    write!(
+                        f,
+                        "the program was killed by signal {signal} ({name}), which no stop can \
+                         hold, so this session cannot go back from its end; every thread's \
+                         recording up to there is in {}{kept}: ptrewind replay --qemu {} serves it",
+                        dir.display(),
+                        dir.display()
+                    )
+                }
+            }
             Notice::WatchRefused { backend } => write!(
                 f,
                 "watchpoints are refused here: this recording's past is PC-only ({backend}), \

@@ -212,13 +212,17 @@ impl Timeline {
             "debugger calls",
             format!("{} (run outside the recording)", self.diversions),
         );
-        line(
-            "range steps",
-            format!(
-                "{} ({} instructions stepped in them)",
-                self.range_steps.0, self.range_steps.1
-            ),
-        );
+        line("range steps", {
+            let r = &self.range_stats;
+            let mut s = format!("{} ({} instructions stepped in them", r.ended, r.steps);
+            if r.placed + r.unplaced > 0 {
+                s += &format!(
+                    "; register files kept at {} of their steps, {} not placed",
+                    r.placed, r.unplaced
+                );
+            }
+            s + ")"
+        });
         line("reverse floor", self.floor().to_string());
         let known = if self.snapshots.is_empty() {
             "0".to_string()

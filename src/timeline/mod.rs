@@ -178,7 +178,8 @@ pub struct Checks {
 /// What a read of memory or registers in the past returns, for `monitor stats` and the
 /// `monitor past` help.
 pub const PAST_PC_ONLY: &str = "PC-only: RIP is the traced PC; all registers where they were \
-    captured (recording start, every stop, a saved recording's start/stops/end); elsewhere every \
+    captured (recording start, every stop and every step of a range step, a saved recording's \
+    start/stops/end); elsewhere every \
     other register is <unavailable>. Memory: read-only file-backed code from the image; any \
     other address is refused (Cannot access memory)";
 
@@ -286,8 +287,11 @@ pub struct Timeline {
     group: Option<Box<threads::ThreadGroup>>,
     /// The range step in progress (see `range_step`).
     range_step: Option<range_step::RangeStep>,
-    /// Range steps ended, and the steps they took in all (`monitor stats`).
-    range_steps: (u64, u64),
+    /// What the range steps did (`monitor stats`).
+    range_stats: range_step::RangeStepStats,
+    /// The register files read at the steps of the last live range step, by step, until the
+    /// index says their positions (see `range_step`).
+    step_regs: RegisterFiles,
     /// Whether the last live resume was recorded (a range step's later steps are too).
     last_run_recorded: bool,
 }
@@ -431,7 +435,8 @@ impl Timeline {
             diversions: 0,
             group: None,
             range_step: None,
-            range_steps: (0, 0),
+            range_stats: Default::default(),
+            step_regs: RegisterFiles::default(),
             last_run_recorded: false,
         }
     }
@@ -502,6 +507,12 @@ impl Timeline {
             .is_some_and(|l| l.recorded_state().is_some())
     }
 
+    /// The shape of the register files served (XSAVE length, AVX upper halves' offset), as the
+    /// target description given to the debugger says.
+    pub fn register_shape(&self) -> (usize, Option<usize>) {
+        (self.template.xsave.len(), self.template.ymm_hi_offset)
+    }
+
     /// Number of instructions in the history (the present's position): the checked history
     /// length once the index covers the last stop, the backend's count before (the two agree
     /// unless the history check fails), or what is indexed so far.
@@ -544,6 +555,9 @@ impl Timeline {
                 self.index = Some(n);
                 if let Some(regs) = self.pending_snapshot.take() {
                     self.snapshots.insert(n, regs);
+                }
+                if !self.step_regs.is_empty() {
+                    self.place_range_registers(n);
                 }
                 Ok(n)
             }
@@ -945,11 +959,12 @@ impl Timeline {
         if let Some(c) = self.cursor {
             return self.resume_replay(how, c);
         }
-        if self.pending_snapshot.is_some() {
-            // Key the last stop's registers before the trace grows past it (hardware backend:
-            // only the index knows the stop's position).
+        if self.pending_snapshot.is_some() || !self.step_regs.is_empty() {
+            // Key the last stop's registers (hardware backend: only the index knows the stop's
+            // position) and a range step's before the trace grows past them.
             if let Err(e) = self.ensure_indexed(INDEX_WAIT) {
                 self.pending_snapshot = None;
+                self.range_stats.unplaced += std::mem::take(&mut self.step_regs).len() as u64;
                 self.stop_errors += 1;
                 self.checks.last_mismatch = Some(format!("the registers of a stop are lost: {e}"));
             }

@@ -57,6 +57,21 @@ impl RegisterFiles {
         })
     }
 
+    /// Keeps the register file `other` has at `from` as the one at `n` (its XSAVE image still
+    /// shared); `false` if `other` has none at `from`.
+    pub fn insert_from(&mut self, other: &RegisterFiles, from: u64, n: u64) -> bool {
+        let Some(e) = other.entries.get(&from) else {
+            return false;
+        };
+        self.entries.insert(n, e.clone());
+        true
+    }
+
+    /// Forgets the register file at the lowest position.
+    pub fn pop_first(&mut self) {
+        self.entries.pop_first();
+    }
+
     /// The PC of the register file at `n`, if known.
     pub fn pc(&self, n: u64) -> Option<u64> {
         self.entries.get(&n).map(|e| e.gprs[gpr::RIP])
@@ -121,5 +136,10 @@ mod tests {
         assert_eq!(f.pc(0), Some(0x10));
         assert!(f.get(1).is_none() && !f.contains(1));
         assert_eq!(f.positions().collect::<Vec<_>>(), vec![0, 5, 9, 12]);
+        let mut g = RegisterFiles::default();
+        assert!(g.insert_from(&f, 9, 100) && !g.insert_from(&f, 1, 101));
+        assert_eq!(g.get(100), Some(regs(0x30, 2)));
+        f.pop_first();
+        assert_eq!(f.positions().next(), Some(5));
     }
 }

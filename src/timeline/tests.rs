@@ -186,7 +186,8 @@ fn hardware_capture_serves_a_live_process_pc_only() {
 /// `SIGINT`.
 #[test]
 fn a_range_step_stops_once_where_the_pc_leaves_the_range() {
-    use crate::target::{Resume, ReverseResume, StepRange};
+    use crate::target::regs::gpr;
+    use crate::target::{RegMask, Resume, ReverseResume, StepRange};
     let (mut t, dir, start_regs) = straight_line_timeline("rangestep");
     let start = start_regs.pc();
     let step = Resume::Step {
@@ -217,6 +218,18 @@ fn a_range_step_stops_once_where_the_pc_leaves_the_range() {
     );
     // The trace was synced at that one stop only, and covers every step.
     assert_eq!(t.ensure_indexed(Duration::from_secs(10)), Ok(12));
+    // The past is PC-only, yet each step's complete register file is served at its position
+    // (GDB's frame checks in a reverse-next read the stack pointer there).
+    assert!(
+        range_steps(&mut t).ends_with("kept at 11 of their steps, 0 not placed)"),
+        "{}",
+        range_steps(&mut t)
+    );
+    t.goto(5).unwrap();
+    let past = t.read_registers().unwrap();
+    assert_eq!((past.pc(), past.unavailable), (start + 5, RegMask::NONE));
+    assert_eq!(past.gprs[gpr::RSP], start_regs.gprs[gpr::RSP]);
+    t.goto(12).unwrap();
     // A breakpoint inside the range ends it there (reported as the step onto it).
     t.add_breakpoint(start + 16).unwrap();
     t.resume_range(step, range(12, 20)).unwrap();

@@ -117,75 +117,13 @@ impl LiveBackend for QemuLive {
             }
             return Ok(Self::exit_registers(x));
         }
-        let e = self.err();
         let thread = self.selected;
-        let regs = self.remote.read_registers(Some(thread)).map_err(&e)?;
-        let layout = self.remote.layout().clone();
-        let mut out = X86Registers {
-            xsave: vec![0; 512],
-            ..X86Registers::default()
-        };
-        for slot in 0..gpr::COUNT {
-            let Some(name) = qemu_name(slot) else {
-                continue;
-            };
-            out.gprs[slot] = match regs.u64(&layout, name) {
-                Some(v) => v,
-                None if matches!(slot, gpr::FS_BASE | gpr::GS_BASE) => self
-                    .remote
-                    .read_register_u64(Some(thread), name)
-                    .unwrap_or(0),
-                None => 0,
-            };
+        if let Some((t, r)) = &self.stop_regs
+            && *t == thread
+        {
+            return Ok(r.clone());
         }
-        // The FXSAVE legacy area from the x87/SSE registers of the description.
-        let get = |n: &str| regs.u64(&layout, n);
-        let x = &mut out.xsave;
-        if let Some(v) = get("fctrl") {
-            x[0..2].copy_from_slice(&(v as u16).to_le_bytes());
-        }
-        if let Some(v) = get("fstat") {
-            x[2..4].copy_from_slice(&(v as u16).to_le_bytes());
-        }
-        if let Some(v) = get("ftag") {
-            // FXSAVE keeps the abridged tag word: one bit per register, set unless empty (3).
-            x[4] = (0..8).fold(0u8, |a, i| a | u8::from((v >> (2 * i)) & 3 != 3) << i);
-        }
-        if let Some(v) = get("fop") {
-            x[6..8].copy_from_slice(&(v as u16).to_le_bytes());
-        }
-        if let Some(v) = get("fioff") {
-            x[8..16].copy_from_slice(&v.to_le_bytes());
-        }
-        if let Some(v) = get("fooff") {
-            x[16..24].copy_from_slice(&v.to_le_bytes());
-        }
-        if let Some(v) = get("mxcsr") {
-            x[24..28].copy_from_slice(&(v as u32).to_le_bytes());
-        }
-        for i in 0..8 {
-            if let Some(info) = layout.by_name(&format!("st{i}"))
-                && let Some(raw) = regs.raw(info.regnum)
-            {
-                let n = raw.len().min(10);
-                x[32 + 16 * i..32 + 16 * i + n].copy_from_slice(&raw[..n]);
-            }
-        }
-        for i in 0..16 {
-            if let Some(info) = layout.by_name(&format!("xmm{i}"))
-                && let Some(raw) = regs.raw(info.regnum)
-            {
-                let n = raw.len().min(16);
-                x[160 + 16 * i..160 + 16 * i + n].copy_from_slice(&raw[..n]);
-            }
-        }
-        if layout.by_name("xmm0").is_none() {
-            out.unavailable = RegMask::VECTOR;
-        }
-        if let Some(pc) = self.paused_pc(thread) {
-            out.gprs[gpr::RIP] = pc;
-        }
-        Ok(out)
+        self.fetch_registers(thread)
     }
 
     fn pc(&mut self) -> TargetResult<u64> {
@@ -202,7 +140,7 @@ impl LiveBackend for QemuLive {
         // General-purpose registers (the ones GDB writes: `set $rax = …`, `jump`), one `P`
         // each where they differ; the vector state is not written back.
         let current = self.read_registers()?;
-        self.stop_pc = None;
+        self.stop_regs = None;
         let e = self.err();
         for slot in 0..gpr::COUNT {
             let Some(name) = qemu_name(slot) else {
@@ -252,10 +190,11 @@ impl LiveBackend for QemuLive {
             return Ok(());
         }
         let e = self.err();
-        if !self
-            .remote
-            .insert_breakpoint(BreakKind::Software, addr, 1)
-            .map_err(e)?
+        if self.bps_in_stub
+            && !self
+                .remote
+                .insert_breakpoint(BreakKind::Software, addr, 1)
+                .map_err(e)?
         {
             return Err(TargetError::Unsupported(
                 "breakpoints (the qemu gdbstub refused Z0)",
@@ -274,7 +213,7 @@ impl LiveBackend for QemuLive {
             self.lifted.insert(addr);
         }
         self.publish_breakpoints();
-        if self.at_exit.is_some() {
+        if self.at_exit.is_some() || !self.bps_in_stub {
             return Ok(true);
         }
         let e = self.err();
@@ -318,7 +257,9 @@ impl LiveBackend for QemuLive {
             return self.release_exit();
         }
         for bp in std::mem::take(&mut self.bps) {
-            let _ = self.remote.remove_breakpoint(BreakKind::Software, bp, 1);
+            if self.bps_in_stub {
+                let _ = self.remote.remove_breakpoint(BreakKind::Software, bp, 1);
+            }
         }
         self.lifted.clear();
         // A watchpoint hit would send the thread a SIGTRAP nobody takes any more: it would
@@ -392,6 +333,11 @@ impl LiveBackend for QemuLive {
         };
         let pc = self.thread_pc(thread)?;
         let stepped_over = self.bps.contains(&pc);
+        // Breakpoints out of QEMU while the others are held for a step (see
+        // `place_stub_breakpoints`; a continue from a breakpoint steps over it first), in it
+        // for a continue or a step into the kernel.
+        let held_step = (step || stepped_over) && !self.enters_kernel(pc);
+        self.place_stub_breakpoints(!held_step)?;
         if stepped_over {
             if let Some(ev) = self.step_over_breakpoint(thread, signal)? {
                 self.early = Some(ev);
@@ -404,6 +350,9 @@ impl LiveBackend for QemuLive {
                 self.running = true;
                 return Ok(());
             }
+        }
+        if !step {
+            self.place_stub_breakpoints(true)?;
         }
         // A signal to deliver went with the step over the breakpoint.
         let signal = if stepped_over { None } else { signal };
@@ -425,7 +374,7 @@ impl LiveBackend for QemuLive {
         // A step moves one thread, the others stay stopped (as GDB's `vCont;s:T`); a continue
         // runs them all.
         self.check_stub_alone()?;
-        self.stop_pc = None;
+        self.stop_regs = None;
         self.remote
             .resume(&[ResumeAction { action, thread }])
             .map_err(e)?;
@@ -679,5 +628,80 @@ impl LiveBackend for QemuLive {
         if let Some(e) = self.stop_errors.last() {
             line("last stop error", e.clone());
         }
+    }
+}
+
+impl QemuLive {
+    /// The registers of `thread` as QEMU's stub has them (`g`, and `p` for what a `g` reply
+    /// leaves out), the FXSAVE area built from its x87/SSE registers.
+    pub(super) fn fetch_registers(&mut self, thread: ThreadId) -> TargetResult<X86Registers> {
+        let e = self.err();
+        let regs = self.remote.read_registers(Some(thread)).map_err(&e)?;
+        let layout = self.remote.layout().clone();
+        let mut out = X86Registers {
+            xsave: vec![0; 512],
+            ..X86Registers::default()
+        };
+        for slot in 0..gpr::COUNT {
+            let Some(name) = qemu_name(slot) else {
+                continue;
+            };
+            out.gprs[slot] = match regs.u64(&layout, name) {
+                Some(v) => v,
+                None if matches!(slot, gpr::FS_BASE | gpr::GS_BASE) => self
+                    .remote
+                    .read_register_u64(Some(thread), name)
+                    .unwrap_or(0),
+                None => 0,
+            };
+        }
+        // The FXSAVE legacy area from the x87/SSE registers of the description.
+        let get = |n: &str| regs.u64(&layout, n);
+        let x = &mut out.xsave;
+        if let Some(v) = get("fctrl") {
+            x[0..2].copy_from_slice(&(v as u16).to_le_bytes());
+        }
+        if let Some(v) = get("fstat") {
+            x[2..4].copy_from_slice(&(v as u16).to_le_bytes());
+        }
+        if let Some(v) = get("ftag") {
+            // FXSAVE keeps the abridged tag word: one bit per register, set unless empty (3).
+            x[4] = (0..8).fold(0u8, |a, i| a | u8::from((v >> (2 * i)) & 3 != 3) << i);
+        }
+        if let Some(v) = get("fop") {
+            x[6..8].copy_from_slice(&(v as u16).to_le_bytes());
+        }
+        if let Some(v) = get("fioff") {
+            x[8..16].copy_from_slice(&v.to_le_bytes());
+        }
+        if let Some(v) = get("fooff") {
+            x[16..24].copy_from_slice(&v.to_le_bytes());
+        }
+        if let Some(v) = get("mxcsr") {
+            x[24..28].copy_from_slice(&(v as u32).to_le_bytes());
+        }
+        for i in 0..8 {
+            if let Some(info) = layout.by_name(&format!("st{i}"))
+                && let Some(raw) = regs.raw(info.regnum)
+            {
+                let n = raw.len().min(10);
+                x[32 + 16 * i..32 + 16 * i + n].copy_from_slice(&raw[..n]);
+            }
+        }
+        for i in 0..16 {
+            if let Some(info) = layout.by_name(&format!("xmm{i}"))
+                && let Some(raw) = regs.raw(info.regnum)
+            {
+                let n = raw.len().min(16);
+                x[160 + 16 * i..160 + 16 * i + n].copy_from_slice(&raw[..n]);
+            }
+        }
+        if layout.by_name("xmm0").is_none() {
+            out.unavailable = RegMask::VECTOR;
+        }
+        if let Some(pc) = self.paused_pc(thread) {
+            out.gprs[gpr::RIP] = pc;
+        }
+        Ok(out)
     }
 }

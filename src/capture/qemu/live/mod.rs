@@ -113,6 +113,10 @@ pub struct QemuLive {
     /// a step over a breakpoint passes): still published to the plugin, so a held thread that
     /// reaches one meanwhile waits there (see `publish_breakpoints`).
     lifted: HashSet<u64>,
+    /// Whether the breakpoints (`bps`) are inserted in QEMU's stub. A step that holds the
+    /// other threads takes them out (see [`QemuLive::place_stub_breakpoints`]); a continue,
+    /// or a step over a system call, puts them back.
+    bps_in_stub: bool,
     /// The event a resume already met (a step over a breakpoint that stopped elsewhere).
     early: Option<StopEvent>,
     /// The current run is a single step.
@@ -147,9 +151,10 @@ pub struct QemuLive {
     /// `thread_list` is to be listed again (at the next stop the timeline syncs: a range step's
     /// intermediate steps do not ask QEMU for its threads each time).
     threads_stale: bool,
-    /// The PC the last stop reply's thread stopped at, read for that reply (until the program
-    /// runs or its registers are written: a range step asks for it after every step).
-    stop_pc: Option<(ThreadId, u64)>,
+    /// The registers of the last stop reply's thread, read for that reply (one `g`, which the
+    /// debugger and the timeline ask for next anyway; a range step reads them after every
+    /// step), until the program runs or its registers are written.
+    stop_regs: Option<(ThreadId, X86Registers)>,
     /// The plugin's pause gate (see [`super::output::PAUSE_FILE`]), once opened.
     pause: Option<std::fs::File>,
     /// The terminal's Ctrl-C reaches QEMU itself (it shares the debugger's terminal).
@@ -278,6 +283,7 @@ impl QemuLive {
             at_exit: None,
             bps: HashSet::new(),
             lifted: HashSet::new(),
+            bps_in_stub: true,
             early: None,
             stepping: false,
             step_hold: None,
@@ -295,7 +301,7 @@ impl QemuLive {
             selected: main,
             thread_list: vec![main],
             threads_stale: false,
-            stop_pc: None,
+            stop_regs: None,
             pause: None,
             terminal_interrupts: false,
             stashed: None,
@@ -500,10 +506,10 @@ impl QemuLive {
         if let Some(pc) = self.paused_pc(t) {
             return Ok(pc);
         }
-        if let Some((s, pc)) = self.stop_pc
-            && s == t
+        if let Some((s, r)) = &self.stop_regs
+            && *s == t
         {
-            return Ok(pc);
+            return Ok(r.pc());
         }
         if self.at_exit.is_some() {
             // The gdbstub does not answer while the exit is held.
@@ -563,6 +569,57 @@ impl QemuLive {
         self.write_gate_words(g::BPS, &words);
         self.write_gate_words(g::NBPS, &[n]);
         self.write_gate_words(g::BPS_BUSY, &[0]);
+    }
+
+    /// Puts the breakpoints in QEMU's stub (`true`) or takes them out of it (`false`), once per
+    /// change. Out of it during a step that holds the other threads: a held thread that a
+    /// pulse (see [`pulse`](Self::pulse)) lets run one block could start its next block at a
+    /// breakpoint, where QEMU's check (before the block runs, before any plugin callback)
+    /// would take it into the stub beside the stepped thread — QEMU 7.2's user-mode stub then
+    /// reads the debugger's packets from both, and GDB, sent the other thread's stop while the
+    /// step is still in flight, failed its `finish_step_over` assertion. Out of the stub, the
+    /// plugin holds that thread at the listed breakpoint (block start, or a callback right
+    /// before it inside a block) and the next resume reports the hit. The stepped thread's own
+    /// step stops after one instruction either way.
+    fn place_stub_breakpoints(&mut self, inserted: bool) -> TargetResult<()> {
+        if self.bps_in_stub == inserted {
+            return Ok(());
+        }
+        let e = self.err();
+        let mut bps: Vec<u64> = self.bps.iter().copied().collect();
+        bps.sort_unstable();
+        for bp in bps {
+            if inserted {
+                self.remote
+                    .insert_breakpoint(BreakKind::Software, bp, 1)
+                    .map_err(&e)?;
+            } else {
+                self.remote
+                    .remove_breakpoint(BreakKind::Software, bp, 1)
+                    .map_err(&e)?;
+            }
+        }
+        self.bps_in_stub = inserted;
+        Ok(())
+    }
+
+    /// Whether the instruction at `pc` enters the kernel (`syscall`, `sysenter`, `int 0x80`):
+    /// a step over it may wait for another thread (a lock, a join), which the hold limit then
+    /// lets run — with the breakpoints in QEMU, so that it stops at them. Unknown bytes count
+    /// as a system call (the breakpoints stay in, as they were before steps lifted them).
+    fn enters_kernel(&mut self, pc: u64) -> bool {
+        let mut b = [0u8; 2];
+        let got = self
+            .code
+            .as_ref()
+            .map_or(0, |(_, image)| image.read(pc, &mut b));
+        if got < 2 {
+            match self.remote.read_memory(pc, 2) {
+                Ok(v) if v.len() == 2 => b.copy_from_slice(&v),
+                _ => return true,
+            }
+        }
+        matches!(b, [0x0f, 0x05] | [0x0f, 0x34] | [0xcd, 0x80])
     }
 
     /// Lets every held thread run the one block it waits at (QEMU's exclusive work during a
@@ -778,14 +835,18 @@ impl QemuLive {
     ) -> TargetResult<Option<StopEvent>> {
         let pc = self.thread_pc(thread)?;
         let e = self.err();
-        self.remote
-            .remove_breakpoint(BreakKind::Software, pc, 1)
-            .map_err(&e)?;
+        // (Out of QEMU already, all of them, unless the step enters the kernel.)
+        let in_stub = self.bps_in_stub;
+        if in_stub {
+            self.remote
+                .remove_breakpoint(BreakKind::Software, pc, 1)
+                .map_err(&e)?;
+        }
         let action = match signal {
             Some(s) => Action::StepSignal(gdb_from_linux(s)),
             None => Action::Step,
         };
-        self.stop_pc = None;
+        self.stop_regs = None;
         self.remote
             .resume(&[ResumeAction {
                 action,
@@ -795,10 +856,12 @@ impl QemuLive {
         self.let_step_go(thread);
         let stop = self.wait_step_held().map_err(&e);
         self.set_gate(true);
-        self.remote
-            .insert_breakpoint(BreakKind::Software, pc, 1)
-            .map_err(&e)
-            .ok();
+        if in_stub {
+            self.remote
+                .insert_breakpoint(BreakKind::Software, pc, 1)
+                .map_err(&e)
+                .ok();
+        }
         let stop = stop?.ok_or_else(|| TargetError::Unexpected {
             pid: self.rec.pid() as i32,
             what: "a single step over a breakpoint did not stop within 60 s".into(),
@@ -823,9 +886,9 @@ impl QemuLive {
                 self.stop_thread = t;
                 self.in_stub = t;
                 self.selected = t;
-                let e = self.err();
-                let pc = self.remote.read_register_u64(Some(t), "rip").map_err(e)?;
-                self.stop_pc = Some((t, pc));
+                let regs = self.fetch_registers(t)?;
+                let pc = regs.pc();
+                self.stop_regs = Some((t, regs));
                 // A watchpoint hit of this thread: its SIGTRAP (or the step it happened in).
                 let watch = (signal == gdb_signal::TRAP)
                     .then(|| self.take_watch_hit(t.tid, pc))
@@ -849,11 +912,26 @@ impl QemuLive {
         self.exited = true;
         let status = self.rec.child_mut().wait().ok();
         use std::os::unix::process::ExitStatusExt;
-        match status {
+        let ev = match status {
             Some(s) if s.signal().is_some() => StopEvent::Killed(s.signal().unwrap_or(9)),
             Some(s) => StopEvent::Exited(s.code().unwrap_or(0)),
             None => StopEvent::Killed(libc::SIGKILL),
+        };
+        if let StopEvent::Killed(signal) = ev {
+            // QEMU itself died (SIGKILL from outside, or a crash of QEMU): no stop at the exit
+            // or at the signal could hold the program, so this session cannot show its end.
+            // The streams written so far are a whole recording: kept, not removed with a
+            // temporary directory, and said.
+            let removed = !self.rec.keeps_dir();
+            self.rec.keep_dir(true);
+            self.notices.push(crate::target::Notice::RecordingKept {
+                signal,
+                dir: self.rec.dir().to_path_buf(),
+                was_temporary: removed,
+                replayed: false,
+            });
         }
+        ev
     }
 }
 

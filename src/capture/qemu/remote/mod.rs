@@ -274,6 +274,10 @@ pub struct Remote<S> {
     layout: RegLayout,
     /// Number of registers (from 0) a `g` reply carries, once seen.
     g_count: Option<usize>,
+    /// The thread register and memory requests apply to, when known: the last `Hg`'s, or the
+    /// thread of the last stop reply (QEMU's `gdb_handlesig` makes the reporting thread the
+    /// current one), so that a step's register reads need no `Hg` of their own.
+    g_thread: Option<ThreadId>,
     /// Whether `X` works (`None`: not tried yet).
     x_packet: Option<bool>,
     /// Stop replies that arrived while a request was answered, oldest first.
@@ -311,6 +315,7 @@ impl<S: Transport> Remote<S> {
             vcont: VContSupport::default(),
             layout: RegLayout::default(),
             g_count: None,
+            g_thread: None,
             x_packet: None,
             pending: VecDeque::new(),
             initial_stop: StopReply::Exited {
@@ -405,7 +410,8 @@ impl<S: Transport> Remote<S> {
             let reply = recv_reply(&mut self.wire, deadline, &lossy(body))?;
             if StopReply::looks_like(&reply) {
                 // Another thread stopped (or the process exited) while this one was stopped.
-                self.pending.push_back(StopReply::parse(&reply)?);
+                let stop = self.stop_reply(&reply)?;
+                self.pending.push_back(stop);
                 continue;
             }
             return Ok(reply);
@@ -572,8 +578,22 @@ impl<S: Transport> Remote<S> {
     /// `Hg`/`Hc`: selects the thread later register (`g`) or legacy resume (`c`) requests apply
     /// to.
     pub fn select_thread(&mut self, op: char, thread: ThreadId) -> Result<(), RemoteError> {
+        if op == 'g' && self.g_thread == Some(thread) {
+            return Ok(());
+        }
         let req = format!("H{op}{}", thread.encode(self.features.multiprocess));
-        self.request_ok(req.as_bytes())
+        let r = self.request_ok(req.as_bytes());
+        if op == 'g' {
+            self.g_thread = r.is_ok().then_some(thread);
+        }
+        r
+    }
+
+    /// A stop reply as received: its thread is the stub's current one from then on.
+    fn stop_reply(&mut self, reply: &[u8]) -> Result<StopReply, RemoteError> {
+        let stop = StopReply::parse(reply);
+        self.g_thread = stop.as_ref().ok().and_then(StopReply::thread);
+        stop
     }
 
     /// The registers a `g` reply carries for `thread` (the current one if `None`): QEMU sends
@@ -927,7 +947,7 @@ impl<S: Transport> Remote<S> {
                     }
                     if StopReply::looks_like(&p) {
                         self.running = false;
-                        return StopReply::parse(&p).map(Some);
+                        return self.stop_reply(&p).map(Some);
                     }
                     return Err(RemoteError::Malformed {
                         what: "packet while running (expected a stop reply)",
@@ -971,6 +991,7 @@ impl<S: Transport> Remote<S> {
         } else {
             None
         };
+        self.g_thread = None;
         match pid {
             Some(pid) => self.request_ok(format!("D;{pid:x}").as_bytes())?,
             None => self.request_ok(b"D")?,

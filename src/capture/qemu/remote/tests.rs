@@ -301,3 +301,43 @@ fn handshake_refuses_a_stub_without_x86_64_registers() {
     assert!(err.to_string().contains("not an x86-64"), "{err}");
     h.join().unwrap();
 }
+
+/// `Hg` is sent only when the stub's current thread is not already the one asked for: a stop
+/// reply makes its thread current (as QEMU's `gdb_handlesig` does), and so does an `Hg`.
+#[test]
+fn hg_only_when_the_current_thread_changes() {
+    let g = "0100000000000000".to_string() + "0200000000000000" + "0300000000000000" + "46020000";
+    let script = with(
+        "",
+        vec![
+            // Nothing known after the handshake: `Hg` first.
+            step("Hgp1.10", &["OK"]),
+            Step("g", vec![g.clone()]),
+            step("vCont;s:p1.10", &["T05thread:p01.10;"]),
+            Step("g", vec![g.clone()]),
+            step("p2", &["0300000000000000"]),
+            step("Hgp1.11", &["OK"]),
+            Step("g", vec![g.clone()]),
+            Step("g", vec![g.clone()]),
+            // Another thread's stop while thread 0x11 is current: it becomes current.
+            step("vCont;c", &["T05thread:p01.12;"]),
+            Step("g", vec![g.clone()]),
+            step("Hgp1.11", &["OK"]),
+            Step("g", vec![g]),
+        ],
+    );
+    let (mut r, h) = stub(script);
+    let t = |tid| ThreadId { pid: Some(1), tid };
+    r.read_registers(Some(t(0x10))).unwrap();
+    r.step(Some(t(0x10))).unwrap();
+    r.wait(Some(Duration::from_secs(5))).unwrap().unwrap();
+    r.read_registers(Some(t(0x10))).unwrap();
+    assert_eq!(r.read_register_u64(Some(t(0x10)), "rip").unwrap(), 3);
+    r.read_registers(Some(t(0x11))).unwrap();
+    r.read_registers(Some(t(0x11))).unwrap();
+    r.cont().unwrap();
+    r.wait(Some(Duration::from_secs(5))).unwrap().unwrap();
+    r.read_registers(Some(t(0x12))).unwrap();
+    r.read_registers(Some(t(0x11))).unwrap();
+    h.join().unwrap();
+}
