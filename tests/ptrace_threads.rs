@@ -368,6 +368,9 @@ fn sigkill_from_outside_with_threads_keeps_the_recording() {
         r.dump()
     );
     r.expect("Program terminated with signal SIGKILL");
+    // Every thread's stream is whole at the stop at the exit: the threads' histories agree
+    // with the state log (else the past falls back to the main thread's positions).
+    assert!(!r.gdb.contains("the threads' streams hold"), "{}", r.dump());
 }
 
 /// The past of a multi-thread recording (before per-thread histories: positions are the main

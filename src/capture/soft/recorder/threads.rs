@@ -164,12 +164,19 @@ impl<T: StepTarget> SoftRecorder<T> {
             // The process is ending: threads still in a system call never come back; their
             // streams end before that call.
             let recording = self.recording;
+            let batch = self.config.write_batch;
             for lane in std::iter::once(&mut self.lane).chain(self.parked.iter_mut()) {
                 if let Some(f) = lane.in_flight.take() {
                     if recording {
                         lane.encoder.finish(Some(f.ip));
                     }
                     lane.encoder.flush();
+                    // Into the stream now: the stop at the exit reads the streams, and the
+                    // packets that end this one (its pending TNT bits, FUP + TIP.PGD) would
+                    // otherwise stay in the encoder — the threads' streams then held fewer
+                    // instructions than the state log, and the past fell back to the main
+                    // thread's positions.
+                    write_lane(lane, true, batch, &mut self.stats);
                     self.stats.threads_lost += 1;
                 }
             }
