@@ -1111,8 +1111,11 @@ fn hardware_live_session_stops_at_the_exit() {
     let mut t = Timeline::live(Box::new(capture), true).expect("timeline");
     let store = t.trace_store();
     t.resume(Resume::Continue { signal: None }).unwrap();
-    assert_eq!(t.wait(true).unwrap(), Some(StopEvent::Exiting));
-    assert!(t.take_notices().contains(&Notice::AtExit));
+    assert_eq!(
+        t.wait(true).unwrap(),
+        Some(StopEvent::Exiting { signal: None })
+    );
+    assert!(t.take_notices().contains(&Notice::AtExit { signal: None }));
     assert_eq!(store.len(), PAYLOAD.len(), "drained at the exit stop");
     assert!(!t.has_exited());
     let regs = t.read_registers().expect("registers at the exit");

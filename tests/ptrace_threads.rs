@@ -355,7 +355,13 @@ fn sigkill_from_outside_with_threads_keeps_the_recording() {
         },
     );
     let at_end = r.after("AT-END");
-    r.expect("the program is exiting");
+    // The end is said as what it is: the signal the program dies of, not a trap.
+    r.expect("the program was killed by signal 9 (SIGKILL): it stays stopped at its end");
+    assert!(
+        r.pos("received signal SIGKILL") < r.pos("AT-END"),
+        "{}",
+        r.dump()
+    );
     assert!(at_end.matches("Thread ").count() >= 3, "{}", r.dump());
     assert!(
         at_end.contains("threads recorded         2"),

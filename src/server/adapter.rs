@@ -72,11 +72,12 @@ pub fn stop_reason(tid: i32, ev: StopEvent) -> MultiThreadStopReason<u64> {
             tid,
             signal: Signal(linux_to_gdb_signal(s)),
         },
-        // The program stays stopped at its end: a trap (the notice says why); the exit itself
-        // is reported when it is resumed.
-        StopEvent::Exiting => MultiThreadStopReason::SignalWithThread {
+        // The program stays stopped at its end: a trap for an exit, the fatal signal for a
+        // death by one (as GDB says "received signal SIGKILL" before the end; the notice says
+        // the rest); the exit itself is reported when it is resumed.
+        StopEvent::Exiting { signal } => MultiThreadStopReason::SignalWithThread {
             tid,
-            signal: Signal::SIGTRAP,
+            signal: signal.map_or(Signal::SIGTRAP, |s| Signal(linux_to_gdb_signal(s))),
         },
         // The router rewrites this reply: gdbstub names the child with the parent's pid.
         StopEvent::Forked { child, vfork } => {

@@ -149,7 +149,11 @@ pub enum StopEvent {
     /// end, still alive (`PTRACE_EVENT_EXIT`): registers and memory can be read; resuming lets it
     /// exit. Reported only by targets asked to stop there
     /// ([`PtraceTarget::set_stop_at_exit`]).
-    Exiting,
+    Exiting {
+        /// The signal it is dying of (`SIGKILL` from outside, a fatal signal passed on), or
+        /// `None` for `exit`/`exit_group`.
+        signal: Option<i32>,
+    },
     /// The program exited with this status.
     Exited(i32),
     /// The program was killed by this signal.
@@ -268,7 +272,10 @@ pub enum Notice {
     },
     /// The program is exiting and stays stopped at its end: the recording ends here and the
     /// past stays available; a further continue ends the program.
-    AtExit,
+    AtExit {
+        /// The signal it is dying of, `None` for `exit`/`exit_group`.
+        signal: Option<i32>,
+    },
     /// The process vanished by a signal no stop could hold (SIGKILL from outside, under QEMU):
     /// its end is not a place in this session's history, but the recording on disk is whole
     /// and kept for `ptrewind replay`.
@@ -381,12 +388,22 @@ impl fmt::Display for Notice {
                 path.as_ref()
                     .map_or_else(|| "unknown file".to_string(), |p| p.display().to_string())
             ),
-            Notice::AtExit => write!(
-                f,
-                "the program is exiting: it stays stopped at its end, where the recording ends; \
-                 reverse execution and monitor commands (history, calls, save, ...) work from \
-                 here; continue again to let it exit"
-            ),
+            Notice::AtExit { signal } => {
+                match signal {
+                    Some(s) => {
+                        let name = nix::sys::signal::Signal::try_from(*s)
+                            .map_or("unknown", |s| s.as_str());
+                        write!(f, "the program was killed by signal {s} ({name})")?;
+                    }
+                    None => write!(f, "the program is exiting")?,
+                }
+                write!(
+                    f,
+                    ": it stays stopped at its end, where the recording ends; reverse execution \
+                     and monitor commands (history, calls, save, ...) work from here; continue \
+                     again to let it exit"
+                )
+            }
             Notice::RecordingKept {
                 signal,
                 dir,

@@ -995,9 +995,9 @@ impl Timeline {
         if matches!(ev, StopEvent::Exited(_) | StopEvent::Killed(_)) {
             self.exited = Some(ev);
         }
-        if ev == StopEvent::Exiting {
+        if let StopEvent::Exiting { signal } = ev {
             self.at_exit = true;
-            self.notices.push(Notice::AtExit);
+            self.notices.push(Notice::AtExit { signal });
         }
         self.sync_history();
         ev

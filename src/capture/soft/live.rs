@@ -176,7 +176,9 @@ impl SoftCapture {
         let ev = match self.rec.quiesce().map_err(record_err)? {
             Some(StepEvent::Exited(Exit::Code(c))) => StopEvent::Exited(c),
             Some(StepEvent::Exited(Exit::Signal(s))) => StopEvent::Killed(s as i32),
-            Some(StepEvent::Exiting) => StopEvent::Exiting,
+            Some(StepEvent::Exiting) => StopEvent::Exiting {
+                signal: self.rec.target_ref().exit_signal(),
+            },
             _ => ev,
         };
         self.stop_tid = self.rec.current_thread();
@@ -454,7 +456,8 @@ impl LiveBackend for SoftCapture {
                             return self.recorded_stop(StopEvent::Signal(signal as i32));
                         }
                         StepEvent::Exiting => {
-                            return self.recorded_stop(StopEvent::Exiting);
+                            let signal = self.rec.target_ref().exit_signal();
+                            return self.recorded_stop(StopEvent::Exiting { signal });
                         }
                         StepEvent::Exited(Exit::Code(c)) => {
                             return stop(self, StopEvent::Exited(c));

@@ -195,7 +195,7 @@ fn to_stop(pid: i32, ev: StopEvent) -> Result<StepStop, TargetError> {
                 });
             }
         },
-        StopEvent::Exiting => StepStop::Exiting,
+        StopEvent::Exiting { .. } => StepStop::Exiting,
         StopEvent::Exited(code) => StepStop::Exited(code),
         StopEvent::Killed(s) => StepStop::Killed(Signal::try_from(s).unwrap_or(Signal::SIGKILL)),
         StopEvent::HistoryEnd { .. } => {

@@ -11,6 +11,19 @@ impl PtraceTarget {
             .map_err(sys("PTRACE_GETEVENTMSG", tid))
     }
 
+    /// Notes why thread `tid`, stopped at its exit event, is exiting: its pending wait status
+    /// (`PTRACE_GETEVENTMSG`) says whether a signal ends it. Unreadable (the thread already
+    /// gone) counts as an ordinary exit.
+    pub(super) fn exit_event(&mut self, tid: Pid) -> StopEvent {
+        let status = nix::sys::ptrace::getevent(tid).map(|v| v as i32).ok();
+        self.exit_signal = status
+            .filter(|&s| libc::WIFSIGNALED(s))
+            .map(|s| libc::WTERMSIG(s));
+        StopEvent::Exiting {
+            signal: self.exit_signal,
+        }
+    }
+
     pub(super) fn add_thread(&mut self, tid: i32) {
         self.threads.insert(tid, ThreadInfo::default());
         self.new_threads.push(tid);
@@ -864,7 +877,7 @@ impl PtraceTarget {
                 let end = self.reap_all().unwrap_or(Wait::Killed(sig));
                 ThreadStop::Stop(self.finish_stop(end, mode)?)
             }
-            Wait::Event(libc::PTRACE_EVENT_EXIT) => ThreadStop::Stop(StopEvent::Exiting),
+            Wait::Event(libc::PTRACE_EVENT_EXIT) => ThreadStop::Stop(self.exit_event(t)),
             Wait::Event(libc::PTRACE_EVENT_EXEC) => {
                 self.state = RunState::Stopped;
                 ThreadStop::Exec
@@ -964,7 +977,7 @@ impl PtraceTarget {
                 // Still alive at its end: registers and memory stay readable until resumed.
                 self.state = RunState::Stopped;
                 self.remove_breakpoints()?;
-                Ok(StopEvent::Exiting)
+                Ok(self.exit_event(self.cur))
             }
             Wait::StillRunning | Wait::Event(_) => Err(TargetError::Unexpected {
                 pid: self.pid.as_raw(),

@@ -162,6 +162,9 @@ pub struct PtraceTarget {
     vfork_lifted: bool,
     /// Report `PTRACE_EVENT_EXIT` as [`StopEvent::Exiting`] (otherwise it is passed over).
     stop_at_exit: bool,
+    /// The fatal signal of the exit event last seen (`PTRACE_GETEVENTMSG` there), `None` for an
+    /// `exit`/`exit_group` or before any exit event.
+    exit_signal: Option<i32>,
     state: RunState,
     /// A stop that happened while we stepped over a breakpoint, reported by the next `wait`.
     pending: Option<StopEvent>,
@@ -279,6 +282,7 @@ impl PtraceTarget {
             inserted: false,
             vfork_lifted: false,
             stop_at_exit: false,
+            exit_signal: None,
             state: RunState::Stopped,
             pending: None,
             notices,
@@ -383,6 +387,12 @@ impl PtraceTarget {
     /// ([`PtraceTarget::set_report_execs`]).
     pub fn take_exec_report(&mut self) -> bool {
         std::mem::take(&mut self.exec_report)
+    }
+
+    /// The signal the process is dying of, once a thread stopped at its exit event
+    /// (`PTRACE_EVENT_EXIT`) because of one; `None` for an `exit`/`exit_group`.
+    pub fn exit_signal(&self) -> Option<i32> {
+        self.exit_signal
     }
 
     /// Whether the exit of the process is reported as a stop ([`StopEvent::Exiting`], the

@@ -443,7 +443,8 @@ impl LiveBackend for QemuLive {
                 self.stepping = false;
                 self.stop_thread = self.main;
                 self.selected = self.main;
-                return Ok(Some(StopEvent::Exiting));
+                // The gate holds a thread at its `exit`/`exit_group` system call: no signal.
+                return Ok(Some(StopEvent::Exiting { signal: None }));
             }
             if !block {
                 break Ok(None);

@@ -918,14 +918,8 @@ impl<T: StepTarget> SoftRecorder<T> {
             // a step in flight never came back for the recording).
             let batch = self.config.write_batch;
             for lane in self.parked.iter_mut() {
-                if self.recording {
-                    let at = lane.in_flight.as_ref().map(|f| f.ip);
-                    if at.is_some() {
-                        lane.encoder.finish(at);
-                    }
-                }
-                lane.encoder.flush();
-                write_lane(lane, true, batch, &mut self.stats);
+                let at = lane.in_flight.as_ref().map(|f| f.ip);
+                end_lane_stream(lane, at, self.recording, batch, &mut self.stats);
             }
         }
         self.recording = false;
@@ -1010,6 +1004,27 @@ impl<T: StepTarget> SoftRecorder<T> {
             &mut self.stats,
         );
     }
+}
+
+/// Ends a parked thread's stream and writes it out at once. When recording, the stream ends
+/// before `at` if its step is in flight there (a system call that never came back for the
+/// recording: its pending TNT bits, FUP + TIP.PGD), else where it paused (a thread parked
+/// between steps paused at its switch-out, so that is no packet). Everything still in the encoder goes into the ring
+/// now: whoever reads the streams next (the stop at the exit, the end of the recording) must
+/// see every instruction the state log holds, or the past falls back to the main thread's
+/// positions.
+fn end_lane_stream(
+    lane: &mut Lane,
+    at: Option<u64>,
+    recording: bool,
+    batch: usize,
+    stats: &mut RecorderStats,
+) {
+    if recording {
+        lane.encoder.finish(at);
+    }
+    lane.encoder.flush();
+    write_lane(lane, true, batch, stats);
 }
 
 /// Moves `lane`'s encoder output into its ring (in batches of `batch` bytes unless `force`),

@@ -167,16 +167,7 @@ impl<T: StepTarget> SoftRecorder<T> {
             let batch = self.config.write_batch;
             for lane in std::iter::once(&mut self.lane).chain(self.parked.iter_mut()) {
                 if let Some(f) = lane.in_flight.take() {
-                    if recording {
-                        lane.encoder.finish(Some(f.ip));
-                    }
-                    lane.encoder.flush();
-                    // Into the stream now: the stop at the exit reads the streams, and the
-                    // packets that end this one (its pending TNT bits, FUP + TIP.PGD) would
-                    // otherwise stay in the encoder — the threads' streams then held fewer
-                    // instructions than the state log, and the past fell back to the main
-                    // thread's positions.
-                    write_lane(lane, true, batch, &mut self.stats);
+                    end_lane_stream(lane, Some(f.ip), recording, batch, &mut self.stats);
                     self.stats.threads_lost += 1;
                 }
             }
@@ -284,12 +275,12 @@ impl<T: StepTarget> SoftRecorder<T> {
     pub(super) fn end_parked(&mut self) {
         let batch = self.config.write_batch;
         for lane in self.parked.iter_mut() {
-            if self.recording {
-                let at = lane.in_flight.take().map(|f| f.ip);
-                lane.encoder.finish(at);
-            }
-            lane.encoder.flush();
-            write_lane(lane, true, batch, &mut self.stats);
+            let at = if self.recording {
+                lane.in_flight.take().map(|f| f.ip)
+            } else {
+                None
+            };
+            end_lane_stream(lane, at, self.recording, batch, &mut self.stats);
         }
         self.ended_lanes.append(&mut self.parked);
     }
