@@ -94,6 +94,26 @@ fn an_exec_that_cannot_be_placed_ends_the_trace_before_it() {
     }
 }
 
+/// The same recording with no TSC but its PSBs' (a CPU-wide recording sets TraceEn once)
+/// and MTCs around every region: the MTC times before and after A's second region put the
+/// exec after it, in the one place that fits, and both programs decode whole — per thread
+/// and per CPU.
+#[test]
+fn mtc_times_place_an_exec_between_timestamps() {
+    for per_cpu in [false, true] {
+        let (_dir, perf) = recording(Variant {
+            per_cpu,
+            ambiguous: true,
+            mtc: true,
+            ..Variant::default()
+        });
+        let (ips, err, code) = decode(&perf);
+        assert_eq!(ips, hwexec::truth(), "per CPU {per_cpu}: {err}");
+        assert_eq!(code, Some(0), "per CPU {per_cpu}: {err}");
+        assert!(err.contains("execve of process 300 (progB)"), "{err}");
+    }
+}
+
 /// `replay --perf` serves the history across the exec: every instruction in order, the new
 /// program's bytes at the end, the old program's at the start (its period's code), and
 /// reverse-stepi through the new program.

@@ -145,6 +145,91 @@ fn missing_switch_records_leave_regions_unattributed_not_misattributed() {
     assert_eq!(total, all - 4);
 }
 
+/// A recording whose regions carry no TSC (TraceEn set once, as `perf record -a` does; a
+/// TSC only in PSB+s): MTCs in the kernel between the regions place each region between two
+/// crystal-clock ticks, and every region goes to its thread — each thread decodes to exactly
+/// its instructions. The same streams without the TSC:CTC ratio (MTCs give no time) leave the
+/// regions that only MTCs could place unattributed: only CPU 0's first two (between its first
+/// PSB's TSC and the PSB after them, where only thread 101 ran) are given, never a wrong one.
+#[test]
+fn mtc_times_place_regions_between_timestamps() {
+    let img = image();
+    let truth = percpu::truth();
+    let bytes_mtc = percpu::perf_data(Variant {
+        mtc: Some(true),
+        ..Variant::default()
+    });
+    let split_mtc = split(&bytes_mtc).unwrap();
+    let r = &split_mtc.report;
+    assert_eq!((r.regions, r.attributed), (9, 9), "{r:?}");
+    assert!(r.problems().is_empty(), "{:?}", r.problems());
+    let tids: Vec<u32> = split_mtc.threads.iter().map(|t| t.tid).collect();
+    assert_eq!(tids, [101, 102, 103]);
+    for t in &split_mtc.threads {
+        let (ips, errors) = flow_ips(&t.stream.data, &img);
+        assert!(errors.is_empty(), "thread {}: {errors:?}", t.tid);
+        assert_eq!(ips, truth[&t.tid], "thread {}", t.tid);
+    }
+
+    // Each piece's synthetic PSB+ keeps the TSC, TMA and MTCs, so the threads' clocks (with
+    // the recording's timing parameters) give their true interleaving.
+    {
+        use ptrewind::flow::FlowConfig;
+        use ptrewind::history::{GlobalOrder, ThreadClock};
+        let source = TraceStreams::from_bytes(&bytes_mtc).unwrap();
+        let cfg = FlowConfig {
+            timing: source.perf.as_ref().unwrap().timing(),
+            ..FlowConfig::default()
+        };
+        assert_eq!(cfg.timing.ctc_ratio, (2, 1));
+        assert_eq!(cfg.timing.mtc_freq, 0);
+        let clocks: Vec<ThreadClock> = split_mtc
+            .threads
+            .iter()
+            .map(|t| ThreadClock::from_trace(&t.stream.data, &img, &cfg))
+            .collect();
+        let order = GlobalOrder::new(&clocks);
+        let mut seen = Vec::new();
+        for g in 0..order.len() {
+            let (t, _) = order.local(g).unwrap();
+            if seen.last() != Some(&tids[t]) {
+                seen.push(tids[t]);
+            }
+        }
+        assert_eq!(seen, [101, 103, 102, 101, 103, 102, 101]);
+    }
+
+    let split_none = split(&percpu::perf_data(Variant {
+        mtc: Some(false),
+        ..Variant::default()
+    }))
+    .unwrap();
+    let r = &split_none.report;
+    assert_eq!((r.regions, r.attributed), (9, 2), "{r:?}");
+    assert!(
+        r.unattributed
+            .iter()
+            .all(|u| matches!(u.why, Unattributed::Ambiguous(_))),
+        "{r:?}"
+    );
+    for t in &split_none.threads {
+        let (ips, errors) = flow_ips(&t.stream.data, &img);
+        assert!(errors.is_empty(), "thread {}: {errors:?}", t.tid);
+        assert!(
+            is_subsequence(&ips, &truth[&t.tid]),
+            "thread {}: {ips:x?}",
+            t.tid
+        );
+    }
+    let given: usize = split_none
+        .threads
+        .iter()
+        .map(|t| flow_ips(&t.stream.data, &img).0.len())
+        .sum();
+    // Thread 101's first two regions: 3 + 2 instructions.
+    assert_eq!(given, 5);
+}
+
 /// perf's time conversion with the values of a real recording (HASE's loopy): the TSC of the
 /// trace's first PSB lies right after its ITRACE_START record, and conversions round-trip.
 #[test]

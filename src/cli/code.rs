@@ -81,13 +81,8 @@ pub(crate) fn flow_setup(
         ip_filter: ip_filter.to_vec(),
         ..FlowConfig::default()
     };
-    if let Some(info) = source.perf.as_ref().and_then(|p| p.intel_pt) {
-        if let (Some(n), Some(d)) = (info.tsc_ctc_ratio_n, info.tsc_ctc_ratio_d) {
-            cfg.timing.ctc_ratio = (n as u32, d as u32);
-        }
-        if let Some(m) = info.max_non_turbo_ratio {
-            cfg.timing.max_nonturbo_ratio = m as u8;
-        }
+    if let Some(perf) = source.perf.as_ref() {
+        cfg.timing = perf.timing();
     }
     (cpu, cpu_from, cfg)
 }

@@ -61,6 +61,7 @@ use ptrewind::flow::{BlockItem, Cpu, Event, EventKind, FlowConfig, FlowDecoder, 
 use ptrewind::image::perf_maps::PerfSideband;
 use ptrewind::image::{FileCache, Image, LoadedElf, MmapOptions, Section, Symbolizer};
 use ptrewind::packet::ExecMode;
+use ptrewind::packet::time::TimingConfig;
 use ptrewind::store::TraceFile;
 use ptrewind::store::perf_data::PerfData;
 use std::collections::{HashMap, HashSet};
@@ -190,6 +191,10 @@ pub fn run(args: DecodeArgs) -> CmdResult {
         given_elfs: &given_elfs,
         sideband: sideband.as_ref(),
         conversion,
+        timing: source
+            .perf
+            .as_ref()
+            .map_or_else(TimingConfig::default, |p| p.timing()),
         symbols: args.format.needs_symbols() && !args.stats,
         map_files: true,
     };

@@ -12,6 +12,7 @@
 use super::code::{ImageArgs, build_image_with};
 use ptrewind::image::perf_maps::PerfSideband;
 use ptrewind::image::{Image, LoadedElf, MissingImage, Section, Symbolizer};
+use ptrewind::packet::time::TimingConfig;
 use ptrewind::perf::data::{PerfData, TscConversion};
 use ptrewind::store::TraceStreams;
 use ptrewind::store::exec_cut::{ExecAt, ExecPlace, cut_at_execs};
@@ -125,6 +126,8 @@ pub(crate) struct CodeSource<'s> {
     pub sideband: Option<&'s PerfSideband>,
     /// perf time → TSC (the AUXTRACE_INFO's), to place execs.
     pub conversion: Option<TscConversion>,
+    /// The trace's timing parameters (MTC times narrow where an exec lies).
+    pub timing: TimingConfig,
     /// Read the ELF symbol tables.
     pub symbols: bool,
     /// Map the files instead of reading them (`decode`).
@@ -141,6 +144,7 @@ impl<'s> CodeSource<'s> {
         given_elfs: &'s [LoadedElf],
         sideband: Option<&'s PerfSideband>,
         perf: Option<&PerfData<'_>>,
+        timing: TimingConfig,
     ) -> Self {
         CodeSource {
             args,
@@ -148,6 +152,7 @@ impl<'s> CodeSource<'s> {
             given_elfs,
             sideband,
             conversion: perf.and_then(|p| exec_conversion(p, sideband)),
+            timing,
             symbols: true,
             map_files: false,
         }
@@ -227,7 +232,7 @@ pub(crate) fn thread_code<'a>(
             old_has_code: !ranges[k].is_empty(),
         })
         .collect();
-    let cut = cut_at_execs(&data, &at);
+    let cut = cut_at_execs(&data, &at, &src.timing);
     let mut first = 0;
     let mut starts: Vec<(u64, usize)> = Vec::new();
     let mut unplaced = 0;
@@ -257,12 +262,12 @@ pub(crate) fn thread_code<'a>(
                 cannot(&match (fitting, by_time) {
                     (0, 0) => "its time contradicts the trace's".to_string(),
                     (0, t) => format!(
-                        "{t} place(s) in the trace fit its time (TSC packets), none the \
-                         mappings before and after it"
+                        "{t} place(s) in the trace fit its time (TSC and MTC packets), none \
+                         the mappings before and after it"
                     ),
                     (n, t) => format!(
-                        "{n} places in the trace fit its time and mappings ({t} its time: TSC \
-                         packets only)"
+                        "{n} places in the trace fit its time and mappings ({t} its time: \
+                         no TSC or usable MTC between them)"
                     ),
                 });
             }

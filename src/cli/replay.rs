@@ -10,6 +10,7 @@ use ptrewind::capture::ExecBoundary;
 use ptrewind::flow::{Cpu, FlowConfig};
 use ptrewind::image::Image;
 use ptrewind::image::perf_maps::PerfSideband;
+use ptrewind::packet::time::TimingConfig;
 use ptrewind::server::recording_monitors::where_text;
 use ptrewind::server::{GdbStubAdapter, RecordingTarget, check_listen_addr, register_monitors};
 use ptrewind::store::perf_data::PerfData;
@@ -225,6 +226,10 @@ fn load_trace(args: &ReplayArgs) -> Result<Vec<(Option<u32>, OfflineRecording)>,
         &given_elfs,
         sideband.as_ref(),
         perf.as_ref(),
+        source
+            .perf
+            .as_ref()
+            .map_or_else(TimingConfig::default, |p| p.timing()),
     );
     let mut out = Vec::with_capacity(inputs.len());
     for (tid, split_pid, label, data) in inputs {

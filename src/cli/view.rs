@@ -22,6 +22,7 @@ use super::perf_threads::{CodeSource, perf_inputs, thread_code};
 use ptrewind::flow::Cpu;
 use ptrewind::image::perf_maps::PerfSideband;
 use ptrewind::image::{Image, Symbolizer};
+use ptrewind::packet::time::TimingConfig;
 use ptrewind::store::perf_data::PerfData;
 use ptrewind::store::{SourceFormat, TraceFile};
 use ptrewind::timeline::offline::load_saved;
@@ -299,6 +300,10 @@ fn view_trace_file(args: &ViewArgs, outputs: &Outputs) -> CmdResult {
         &given_elfs,
         sideband.as_ref(),
         perf.as_ref(),
+        source
+            .perf
+            .as_ref()
+            .map_or_else(TimingConfig::default, |p| p.timing()),
     );
     let mut images: Vec<(Image, Symbolizer)> = Vec::new();
     let mut by_pid: HashMap<Option<u32>, usize> = HashMap::new();

@@ -57,7 +57,6 @@ mod class;
 mod decoder;
 pub mod errata;
 pub mod ild;
-pub mod time;
 
 pub use class::InsnClass;
 pub use decoder::{Block, BlockItem, FilteredDecoder, FlowDecoder, FlowStats};
@@ -79,7 +78,7 @@ pub struct FlowConfig {
     /// Execution mode assumed until the trace says otherwise (a PSB+ or MODE.Exec).
     pub default_mode: ExecMode,
     /// Timing parameters (for the approximate timestamps only).
-    pub timing: time::TimingConfig,
+    pub timing: crate::packet::time::TimingConfig,
     /// The processor errata to work around ([`Errata::for_cpu`]); none by default, as for an
     /// unknown CPU.
     pub errata: Errata,
@@ -96,7 +95,7 @@ impl Default for FlowConfig {
             ret_stack_depth: 64,
             cache_insn_limit: 1 << 22,
             default_mode: ExecMode::Bits64,
-            timing: time::TimingConfig::default(),
+            timing: crate::packet::time::TimingConfig::default(),
             errata: Errata::default(),
             ip_filter: Vec::new(),
         }

@@ -9,6 +9,7 @@ mod decode;
 mod encode;
 mod lastip;
 mod sync;
+pub mod time;
 
 pub use decode::{PacketDecoder, Stop, decode_packet, next_block_context};
 pub use encode::{

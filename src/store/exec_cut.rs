@@ -13,9 +13,11 @@
 //! stretches, as [`super::percpu`] reads them; also before the first region or after the last).
 //! The sideband gives its time: the `PERF_RECORD_COMM` with the exec flag, whose sample time
 //! converted to TSC is `T`. A gap fits when the last TSC packet before it is at most `T` and
-//! the first TSC packet after it (inside or after the next region) is at least `T`. TSC
-//! packets only (not MTC/CYC): several gaps may fit — the gaps between the last TSC before the
-//! exec and the first after it — and then the exec is *ambiguous*: the thread's stream is cut
+//! the first TSC packet after it (inside or after the next region) is at least `T`; where the
+//! recording makes MTC times usable (`percpu::MtcBounds`), the last MTC before the gap less
+//! one MTC period and the first after it plus one period narrow both sides the same way (CYC
+//! is not used). Several gaps may fit — the gaps between the last timestamp before the exec
+//! and the first after it — and then the exec is *ambiguous*: the thread's stream is cut
 //! at the first gap that fits (everything before it certainly ran the old program) and the cut
 //! is reported, never guessed.
 //!
@@ -27,7 +29,8 @@
 //! Where a PSB+ without FUP already directly precedes the TIP.PGE (a piece of the per-CPU split
 //! starts there), that PSB opens the period and nothing is inserted.
 
-use super::percpu::{Opening, Region, Scanner, write_opening};
+use super::percpu::{MtcBounds, Opening, Region, Scanner, write_opening};
+use crate::packet::time::TimingConfig;
 
 /// Where one exec was placed in a thread's stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -108,7 +111,7 @@ fn is_kernel(ip: u64) -> bool {
 /// Places `execs` in thread stream `data` (see the module docs). Execs are handled in time
 /// order; after one that cannot be placed the stream ends, and later execs are
 /// [`ExecPlace::AfterTrace`].
-pub fn cut_at_execs(data: &[u8], execs: &[ExecAt<'_>]) -> ExecCut {
+pub fn cut_at_execs(data: &[u8], execs: &[ExecAt<'_>], timing: &TimingConfig) -> ExecCut {
     let mut places = vec![ExecPlace::AfterTrace; execs.len()];
     if execs.is_empty() {
         return ExecCut {
@@ -119,7 +122,8 @@ pub fn cut_at_execs(data: &[u8], execs: &[ExecAt<'_>]) -> ExecCut {
         };
     }
     let hint = execs.iter().map(|e| e.tsc).min().unwrap_or(0);
-    let mut scanner = Scanner::new(0, data, hint);
+    let mut scanner = Scanner::new(0, data, hint, timing);
+    let slack = MtcBounds::new(timing).map(|m| m.slack);
     scanner.scan(0, data.len());
     let regions = &scanner.regions;
     let tscs = &scanner.tscs;
@@ -128,15 +132,29 @@ pub fn cut_at_execs(data: &[u8], execs: &[ExecAt<'_>]) -> ExecCut {
     let kernel = regions.iter().filter_map(opening_ip).any(is_kernel);
     // Gap i lies before region i (gap n after the last one). `lo`: the last TSC before it,
     // `hi`: the first TSC after it (TSCs inside the gap bound neither side of it).
+    // MTC times narrow both, less and plus their slack (`percpu::MtcBounds`).
+    let mtcs = &scanner.mtcs;
     let lo = |i: usize| -> Option<u64> {
         let end = regions[i.checked_sub(1)?].end;
         let k = tscs.partition_point(|&(off, _)| off < end);
-        k.checked_sub(1).map(|k| tscs[k].1)
+        let tsc = k.checked_sub(1).map(|k| tscs[k].1);
+        let k = mtcs.partition_point(|&(off, _)| off < end);
+        let mtc = k
+            .checked_sub(1)
+            .zip(slack)
+            .map(|(k, s)| mtcs[k].1.saturating_sub(s));
+        tsc.max(mtc)
     };
     let hi = |i: usize| -> Option<u64> {
         let start = regions.get(i)?.start;
         let k = tscs.partition_point(|&(off, _)| off < start);
-        tscs.get(k).map(|t| t.1)
+        let tsc = tscs.get(k).map(|t| t.1);
+        let k = mtcs.partition_point(|&(off, _)| off < start);
+        let mtc = mtcs.get(k).zip(slack).map(|(t, s)| t.1.saturating_add(s));
+        match (tsc, mtc) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     };
     let bounds: Vec<(Option<u64>, Option<u64>)> = (0..=n).map(|i| (lo(i), hi(i))).collect();
     let mut order: Vec<usize> = (0..execs.len()).collect();
@@ -310,7 +328,7 @@ mod tests {
             new_code: &any,
             old_has_code: true,
         };
-        let cut = cut_at_execs(&data, &[at(125), at(50), at(200)]);
+        let cut = cut_at_execs(&data, &[at(125), at(50), at(200)], &TimingConfig::default());
         let ExecPlace::At { psb_offset } = cut.places[0] else {
             panic!("{:?}", cut.places);
         };
@@ -332,7 +350,7 @@ mod tests {
             new_code: &any,
             old_has_code: true,
         };
-        let cut = cut_at_execs(&data, &[exec]);
+        let cut = cut_at_execs(&data, &[exec], &TimingConfig::default());
         assert_eq!(
             cut.places,
             [ExecPlace::Ambiguous {
@@ -377,6 +395,7 @@ mod code_tests {
                 new_code: &program,
                 old_has_code: true,
             }],
+            &TimingConfig::default(),
         );
         assert_eq!(cut.places, [ExecPlace::BeforeTrace]);
         assert_eq!(cut.data, out);
@@ -390,6 +409,7 @@ mod code_tests {
                 new_code: &program,
                 old_has_code: true,
             }],
+            &TimingConfig::default(),
         );
         assert_eq!(
             cut.places,
@@ -422,6 +442,7 @@ mod code_tests {
                 new_code: &program,
                 old_has_code: true,
             }],
+            &TimingConfig::default(),
         );
         assert_eq!(cut.places, [ExecPlace::InKernelTrace]);
         assert!(cut.kernel);

@@ -23,8 +23,13 @@
 //! ITRACE_START records and their FORK descendants) remains. Otherwise — no switch record
 //! covers the range, several threads could have run, or sideband was lost — the region is
 //! *unattributed*: counted in [`SplitReport`] with the reason, never given to a thread.
-//! MTC/CYC timing is not used to narrow the ranges (TSC only): ranges are wider, so more
-//! regions may be unattributed, never misattributed.
+//! MTCs narrow the ranges where the recording's timing parameters make them usable (the
+//! TSC:CTC ratio of the AUXTRACE_INFO, an MTC period of at most 8; [`MtcBounds`]): each MTC's
+//! time follows from the last TSC and its TMA, so the MTCs inside a region, or the last before
+//! and the first after it, widened by one MTC period, bound it where no TSC does — in a
+//! CPU-wide recording (TraceEn set once, a TSC only in each PSB+) the MTCs the processor sends
+//! in the kernel between two threads' regions are what tells them apart. An overflow or a gap
+//! breaks MTC continuity: no MTC time until the next TSC and TMA. CYC is not used.
 //!
 //! **Each piece decodes on its own.** A piece starts with a synthetic PSB+ carrying the state
 //! the decoder needs at the cut: MODE.Exec, CBR, the time (the last TSC with the TMA after it
@@ -55,6 +60,7 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{ChunkBoundary, TraceStream, TraceStreams};
+use crate::packet::time::{TimeState, TimingConfig};
 use crate::packet::{Encoder, IpKind, LastIp, Packet, PacketDecoder};
 use crate::perf::data::{DataLoss, Schedule, SwitchKind, SwitchScan, TscConversion};
 
@@ -302,6 +308,36 @@ pub(super) struct Region {
     /// The last TSC before the region and the first after it.
     before: Option<u64>,
     after: Option<u64>,
+    /// The same from MTCs (their times from the last TSC and its TMA; see
+    /// [`MtcBounds`]): the first and last inside, the last before, the first after.
+    mtc_inside: Option<(u64, u64)>,
+    mtc_before: Option<u64>,
+    mtc_after: Option<u64>,
+}
+
+/// How MTC packets narrow a region's time range: each MTC's time follows from the last TSC,
+/// its TMA and the MTCs since (`packet::time`, reference §4.3), accurate to within
+/// `slack` TSC ticks (one MTC period: the packet goes out at its crystal-clock tick, and the
+/// conversion rounds). MTCs are sent while tracing is on, also while packet generation is off
+/// in the kernel — exactly where threads switch, so an MTC there separates the regions before
+/// and after the switch where the next TSC may be far away (a CPU-wide recording sets TraceEn
+/// once; only its PSBs carry TSCs).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct MtcBounds {
+    pub(super) slack: u64,
+}
+
+impl MtcBounds {
+    /// The bounds for a recording's timing parameters, or `None` when its MTCs give no time:
+    /// no TSC:CTC ratio, or an MTC period N above 8 (a TMA then lacks CTC bits an MTC needs,
+    /// which only a guess would supply).
+    pub(super) fn new(timing: &TimingConfig) -> Option<Self> {
+        if timing.mtc_freq > 8 {
+            return None;
+        }
+        let slack = TimeState::new(*timing).mtc_period_ticks();
+        (slack > 0).then_some(MtcBounds { slack })
+    }
 }
 
 /// Reads one CPU stream into regions.
@@ -310,6 +346,8 @@ pub(super) struct Scanner<'a> {
     pub(super) regions: Vec<Region>,
     /// Every TSC packet: its offset and extended value (for the exec cut, `super::exec_cut`).
     pub(super) tscs: Vec<(u64, u64)>,
+    /// Every MTC that gave a time (with an MTC model): its offset and time.
+    pub(super) mtcs: Vec<(u64, u64)>,
     /// Every PSB+ without a FUP (tracing off at it): the PSB's offset and the end of its
     /// PSBEND.
     pub(super) bare_psbs: Vec<(u64, u64)>,
@@ -319,6 +357,12 @@ pub(super) struct Scanner<'a> {
     timing: Timing,
     /// Extended TSC of the last TSC packet (also across segments: a lower bound).
     last_tsc: Option<u64>,
+    /// The time model of the MTCs (`None`: they are not used).
+    mtc: Option<(MtcBounds, TimeState)>,
+    /// Time of the last MTC that gave one (a lower bound for what follows, as `last_tsc`).
+    last_mtc_time: Option<u64>,
+    /// Regions still waiting for their first MTC time after them.
+    waiting_mtc_after: usize,
     /// Inside PSB+: its start, the FUP it had, the TSC it had.
     psb: Option<(u64, Option<u64>, Option<u64>)>,
     /// After an OVF, until tracing resumes.
@@ -331,11 +375,17 @@ pub(super) struct Scanner<'a> {
 }
 
 impl<'a> Scanner<'a> {
-    pub(super) fn new(cpu: u32, data: &'a [u8], tsc_hint: u64) -> Self {
+    /// A scanner of CPU `cpu`'s stream `data`; `tsc_hint` gives the top bits of its first TSC;
+    /// `timing` lets MTCs narrow region times where it makes them usable ([`MtcBounds`]).
+    pub(super) fn new(cpu: u32, data: &'a [u8], tsc_hint: u64, timing: &TimingConfig) -> Self {
         Scanner {
+            mtc: MtcBounds::new(timing).map(|b| (b, TimeState::new(*timing))),
+            last_mtc_time: None,
+            waiting_mtc_after: 0,
             data,
             regions: Vec::new(),
             tscs: Vec::new(),
+            mtcs: Vec::new(),
             bare_psbs: Vec::new(),
             open: None,
             last_ip: LastIp::new(),
@@ -367,6 +417,9 @@ impl<'a> Scanner<'a> {
             inside: None,
             before: self.last_tsc,
             after: None,
+            mtc_inside: None,
+            mtc_before: self.last_mtc_time,
+            mtc_after: None,
         });
     }
 
@@ -375,6 +428,36 @@ impl<'a> Scanner<'a> {
             r.end = end.max(r.body);
             r.cut = cut;
             self.regions.push(r);
+        }
+    }
+
+    /// An MTC (value `v`): its time, where the model gives one, bounds the open region from
+    /// inside and the closed ones still waiting from after.
+    fn mtc_seen(&mut self, off: u64, v: u8) {
+        let Some((_, time)) = &mut self.mtc else {
+            return;
+        };
+        if !time.mtc_anchored() {
+            return;
+        }
+        time.mtc(v);
+        let t = time.now();
+        self.last_mtc_time = Some(t);
+        self.mtcs.push((off, t));
+        if let Some(r) = &mut self.open {
+            r.mtc_inside = Some(r.mtc_inside.map_or((t, t), |(a, _)| (a, t)));
+        }
+        for r in &mut self.regions[self.waiting_mtc_after..] {
+            r.mtc_after.get_or_insert(t);
+        }
+        self.waiting_mtc_after = self.regions.len();
+    }
+
+    /// MTC continuity is lost (an overflow, damage, a gap): no MTC time until the next TSC
+    /// and TMA.
+    fn lose_mtc_anchor(&mut self) {
+        if let Some((_, time)) = &mut self.mtc {
+            time.lose_anchor();
         }
     }
 
@@ -396,6 +479,7 @@ impl<'a> Scanner<'a> {
         self.last_ip = LastIp::new();
         self.timing.tma = None;
         self.timing.mtcs.clear();
+        self.lose_mtc_anchor();
         self.after_ovf = false;
         self.psb = None;
         while let Some(item) = dec.next_packet() {
@@ -415,6 +499,7 @@ impl<'a> Scanner<'a> {
                     self.last_ip = LastIp::new();
                     self.timing.tma = None;
                     self.timing.mtcs.clear();
+                    self.lose_mtc_anchor();
                     continue;
                 }
             };
@@ -502,6 +587,7 @@ impl<'a> Scanner<'a> {
                     self.after_ovf = true;
                     self.timing.tma = None;
                     self.timing.mtcs.clear();
+                    self.lose_mtc_anchor();
                 }
                 Packet::Tsc { tsc } => {
                     let t = self.extend_tsc(tsc);
@@ -509,6 +595,9 @@ impl<'a> Scanner<'a> {
                     self.tscs.push((off, t));
                     self.timing.tma = None;
                     self.timing.mtcs.clear();
+                    if let Some((_, time)) = &mut self.mtc {
+                        time.tsc_extended(t);
+                    }
                     self.previous_was_tsc = true;
                     if let Some(psb) = &mut self.psb {
                         psb.2 = Some(t);
@@ -518,8 +607,16 @@ impl<'a> Scanner<'a> {
                         self.tsc_seen(t);
                     }
                 }
-                Packet::Tma { ctc, fc } if was_tsc => self.timing.tma = Some((ctc, fc)),
-                Packet::Mtc { ctc } => self.timing.mtc(ctc),
+                Packet::Tma { ctc, fc } if was_tsc => {
+                    self.timing.tma = Some((ctc, fc));
+                    if let Some((_, time)) = &mut self.mtc {
+                        time.tma(ctc, fc);
+                    }
+                }
+                Packet::Mtc { ctc } => {
+                    self.timing.mtc(ctc);
+                    self.mtc_seen(off, ctc);
+                }
                 Packet::Cbr { ratio } => self.timing.cbr = Some(ratio),
                 Packet::ModeExec { .. } => self.timing.mode = Some(p),
                 _ => {}
@@ -594,6 +691,11 @@ pub fn split_per_cpu(
         return Err(SplitError::NoSwitches);
     }
     let schedule = Schedule::new(scan, &conv);
+    let timing = source
+        .perf
+        .as_ref()
+        .map_or_else(TimingConfig::default, |p| p.timing());
+    let mtc = MtcBounds::new(&timing);
     let traced = traced_pids(source, scan);
     let mut report = SplitReport {
         unplaced_switches: scan.unplaced.len(),
@@ -610,7 +712,7 @@ pub fn split_per_cpu(
             .iter()
             .find(|s| s.cpu == cpu)
             .map_or(0, |s| conv.perf_time_to_tsc(s.time));
-        let mut scanner = Scanner::new(cpu, &stream.data, hint);
+        let mut scanner = Scanner::new(cpu, &stream.data, hint, &timing);
         // AUX gaps split the stream into stretches read separately.
         let mut cuts: Vec<usize> = stream
             .losses
@@ -630,7 +732,7 @@ pub fn split_per_cpu(
         let mut current: Option<PendingPiece> = None;
         for region in scanner.regions {
             report.regions += 1;
-            let attribution = attribute(&schedule, cpu, &region, traced.as_ref());
+            let attribution = attribute(&schedule, cpu, &region, traced.as_ref(), mtc);
             let (thread, run_start) = match attribution {
                 Ok(x) => x,
                 Err(why) => {
@@ -750,17 +852,42 @@ fn traced_pids(source: &TraceStreams<'_>, scan: &SwitchScan) -> Option<BTreeSet<
     Some(pids)
 }
 
+/// The TSC range `region` certainly lies in, or at least meets (an instant inside it):
+/// the TSCs inside it; else the MTC times inside it, widened by the MTC slack; else the
+/// latest of the last TSC and the last MTC time (less the slack) before it, to the earliest
+/// of the first TSC and the first MTC time (plus the slack) after it. Any of these contains
+/// an instant of the region, so a thread whose run does not meet it did not run the region;
+/// the narrower, the fewer threads meet it.
+fn time_range(region: &Region, mtc: Option<MtcBounds>) -> (u64, u64) {
+    if let Some(range) = region.inside {
+        return range;
+    }
+    let slack = mtc.map(|m| m.slack);
+    if let (Some(slack), Some((a, b))) = (slack, region.mtc_inside) {
+        return (a.saturating_sub(slack), b.saturating_add(slack));
+    }
+    let mut lo = region.before.unwrap_or(0);
+    let mut hi = region.after.unwrap_or(u64::MAX);
+    if let Some(slack) = slack {
+        if let Some(t) = region.mtc_before {
+            lo = lo.max(t.saturating_sub(slack));
+        }
+        if let Some(t) = region.mtc_after {
+            hi = hi.min(t.saturating_add(slack));
+        }
+    }
+    (lo, hi.max(lo))
+}
+
 /// The thread of `region` and the start of its run, or why there is none.
 fn attribute(
     schedule: &Schedule,
     cpu: u32,
     region: &Region,
     traced: Option<&BTreeSet<u32>>,
+    mtc: Option<MtcBounds>,
 ) -> Result<((u32, u32), u64), Unattributed> {
-    let (lo, hi) = match region.inside {
-        Some(range) => range,
-        None => (region.before.unwrap_or(0), region.after.unwrap_or(u64::MAX)),
-    };
+    let (lo, hi) = time_range(region, mtc);
     let mut found: BTreeMap<(u32, u32), u64> = BTreeMap::new();
     let mut unknown = false;
     for run in schedule.runs_during(cpu, lo, hi) {
@@ -873,11 +1000,18 @@ pub(super) fn write_opening(out: &mut Vec<u8>, r: &Region, bound: u64) -> Option
     }
     // The last TSC with its TMA and MTCs, unless the thread's switch-in (or its previous
     // piece) is later: then that time, alone (the MTCs after the stale TSC would count
-    // from it).
-    let exact = timing.tsc.filter(|&tsc| tsc >= bound);
+    // from it). With an MTC model the MTCs since that TSC may reach past the bound: then they
+    // are kept, since the time at the opening is theirs (a TSC of the bound, without a TMA,
+    // would leave the piece's MTCs without time).
+    let mtc_time = r
+        .mtc_before
+        .filter(|_| timing.tma.is_some() && !timing.mtcs.is_empty());
+    let exact = timing
+        .tsc
+        .filter(|&tsc| tsc >= bound || mtc_time.is_some_and(|m| m >= bound));
     match exact {
         Some(tsc) => {
-            written = Some(tsc);
+            written = Some(mtc_time.map_or(tsc, |m| m.max(tsc)));
             let _ = enc.packet(
                 &Packet::Tsc {
                     tsc: tsc & TSC_MASK,
@@ -934,11 +1068,80 @@ mod tests {
         enc.ip_packet(IpKind::TipPge, Some(0x1000), &mut out)
             .unwrap();
         enc.ip_packet(IpKind::TipPgd, None, &mut out).unwrap();
-        let mut s = Scanner::new(0, &out, 0);
+        let mut s = Scanner::new(0, &out, 0, &TimingConfig::default());
         s.scan(0, out.len());
         assert_eq!(s.regions.len(), 1);
         let t = &s.regions[0].timing;
         assert_eq!(t.tma, Some((7, 3)));
         assert_eq!(t.mtcs, [9]);
+    }
+
+    /// MTC times bound the regions around them, from the TSC and TMA before; an OVF breaks
+    /// MTC continuity (the next MTC may have skipped any number of periods), so the MTCs
+    /// after it give no time until the next TSC and TMA — a region there keeps only its TSC
+    /// bounds rather than a wrong, narrower range.
+    #[test]
+    fn mtc_times_bound_regions_until_an_overflow() {
+        let timing = TimingConfig {
+            mtc_freq: 0,
+            ctc_ratio: (2, 1),
+            max_nonturbo_ratio: 0,
+        };
+        let region = |enc: &mut Encoder, out: &mut Vec<u8>| {
+            enc.ip_packet(IpKind::TipPge, Some(0x1000), out).unwrap();
+            enc.ip_packet(IpKind::TipPgd, None, out).unwrap();
+        };
+        let mut enc = Encoder::new();
+        let mut out = Vec::new();
+        enc.psb(&mut out);
+        enc.packet(&Packet::Tsc { tsc: 1000 }, &mut out).unwrap();
+        enc.packet(&Packet::Tma { ctc: 500, fc: 0 }, &mut out)
+            .unwrap();
+        enc.packet(&Packet::PsbEnd, &mut out).unwrap();
+        // CTC 510 (TSC 1020), the region, CTC 515 (TSC 1030).
+        enc.packet(
+            &Packet::Mtc {
+                ctc: (510 % 256) as u8,
+            },
+            &mut out,
+        )
+        .unwrap();
+        region(&mut enc, &mut out);
+        enc.packet(
+            &Packet::Mtc {
+                ctc: (515 % 256) as u8,
+            },
+            &mut out,
+        )
+        .unwrap();
+        enc.packet(&Packet::Ovf, &mut out).unwrap();
+        enc.packet(&Packet::Mtc { ctc: 7 }, &mut out).unwrap();
+        region(&mut enc, &mut out);
+        enc.packet(&Packet::Mtc { ctc: 9 }, &mut out).unwrap();
+        let mut s = Scanner::new(0, &out, 0, &timing);
+        s.scan(0, out.len());
+        assert_eq!(s.regions.len(), 2);
+        let slack = MtcBounds::new(&timing).map(|m| m.slack);
+        assert_eq!(slack, Some(2));
+        let (a, b) = (&s.regions[0], &s.regions[1]);
+        assert_eq!((a.mtc_before, a.mtc_after), (Some(1020), Some(1030)));
+        assert_eq!(time_range(a, MtcBounds::new(&timing)), (1018, 1032));
+        // After the OVF: the last good MTC time stays a lower bound; nothing after it counts.
+        assert_eq!((b.mtc_before, b.mtc_after), (Some(1030), None));
+        assert_eq!(time_range(b, MtcBounds::new(&timing)), (1028, u64::MAX));
+        // Without the ratio the MTCs give no time at all.
+        let none = TimingConfig {
+            ctc_ratio: (0, 0),
+            ..timing
+        };
+        assert!(MtcBounds::new(&none).is_none());
+        let mut s = Scanner::new(0, &out, 0, &none);
+        s.scan(0, out.len());
+        assert!(
+            s.regions
+                .iter()
+                .all(|r| r.mtc_before.is_none() && r.mtc_after.is_none())
+        );
+        assert_eq!(time_range(&s.regions[0], None), (1000, u64::MAX));
     }
 }

@@ -14,7 +14,7 @@
 //!
 //! * **TSC** (every stream has a TSC packet, and its time moves while instructions run, see
 //!   [`first_tsc`]): the flow decoder's timestamps (TSC, refined by
-//!   MTC and CYC where the trace has them; see [`crate::flow::time`]). A run of instructions
+//!   MTC and CYC where the trace has them; see [`crate::packet::time`]). A run of instructions
 //!   between two timing updates shares one timestamp, so inside such a window the time of a call
 //!   is interpolated by its instruction number between the window's start and the next update
 //!   (at most [`WINDOW_RECORDS`] calls wait for that update; past it they are placed with the
@@ -32,7 +32,7 @@
 use std::io::Write;
 
 use super::calltree::{CallSink, FuncId, Functions, MAX_OUTER};
-use crate::flow::time::TimingConfig;
+use crate::packet::time::TimingConfig;
 use crate::packet::{Packet, PacketDecoder};
 
 /// How many call boundaries wait for the next timing update before they are placed with the

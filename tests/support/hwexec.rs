@@ -6,7 +6,7 @@
 //! kernel writes: ITRACE_START, `MMAP2` of A, the `COMM` with the exec flag, `MMAP2` of B.
 //! The code files are the caller's (their paths go into the `MMAP2` records).
 
-use super::percpu::{self, Region, cpu_stream, perf_time, record, sample_id};
+use super::percpu::{self, Region, cpu_stream, cpu_stream_mtc, perf_time, record, sample_id};
 
 /// The process (and its one thread).
 pub const PID: u32 = 300;
@@ -80,6 +80,10 @@ pub struct Variant {
     /// Per CPU: the thread migrates to CPU 1 during the exec, so B runs only there (the
     /// split's piece of CPU 1 starts with a PSB+ right where B starts).
     pub migrate_at_exec: bool,
+    /// The streams carry MTCs around every region and no TSC but their PSBs'
+    /// ([`percpu::cpu_stream_mtc`]), with the TSC:CTC ratio in the AUXTRACE_INFO: only MTC
+    /// times place the exec.
+    pub mtc: bool,
 }
 
 fn mmap2(path: &str, time_tsc: u64, cpu: u32) -> Vec<u8> {
@@ -125,7 +129,12 @@ pub fn perf_data(v: Variant, prog_a: &str, prog_b: &str) -> Vec<u8> {
     const ITRACE_START: u32 = 12;
     const SWITCH_CPU_WIDE: u32 = 15;
     const MISC_SWITCH_OUT: u16 = 1 << 13;
-    let mut out = percpu::perf_header(v.per_cpu);
+    let mut out = if v.mtc {
+        percpu::perf_header_timed(v.per_cpu, Some((percpu::MTC_TICKS, 1)))
+    } else {
+        percpu::perf_header(v.per_cpu)
+    };
+    let cpu_stream = if v.mtc { cpu_stream_mtc } else { cpu_stream };
     let a = regions_a(!v.ambiguous);
     let mut records: Vec<(u64, u32, Vec<u8>)> = Vec::new();
     let itrace = |t: u64, cpu: u32| {

@@ -160,6 +160,68 @@ pub fn cpu_stream(start: u64, regions: &[Region]) -> Vec<u8> {
     out
 }
 
+/// TSC ticks per crystal-clock tick in [`cpu_stream_mtc`] (`tsc_ctc_ratio_n` / `_d` = 2 / 1);
+/// the MTC period is 2^0 crystal-clock ticks (`mtc_period=0` in the attr's config), so an MTC
+/// is worth 2 TSC ticks and its value is CTC bits 7:0.
+pub const MTC_TICKS: u64 = 2;
+
+/// A TSC, then the TMA that anchors the crystal clock at it (CTC = TSC / 2, no fast-counter
+/// remainder).
+fn tsc_tma(enc: &mut Encoder, tsc: u64, out: &mut Vec<u8>) {
+    enc.packet(&Packet::Tsc { tsc }, out).unwrap();
+    let tma = Packet::Tma {
+        ctc: (tsc / MTC_TICKS) as u16,
+        fc: 0,
+    };
+    enc.packet(&tma, out).unwrap();
+}
+
+/// The MTC of the crystal-clock tick at TSC `t` (a multiple of [`MTC_TICKS`]).
+fn mtc_at(enc: &mut Encoder, t: u64, out: &mut Vec<u8>) {
+    let mtc = Packet::Mtc {
+        ctc: (t / MTC_TICKS) as u8,
+    };
+    enc.packet(&mtc, out).unwrap();
+}
+
+/// A CPU's stream as a CPU-wide recording (TraceEn set once) has it: no TSC at a switch-in
+/// nor inside a region (the regions' `tsc` and `inside` are ignored), a TSC only in PSB+s, each
+/// with its TMA; an MTC in the kernel right before each region (the last tick before `at`)
+/// and right after it (the first tick at least 6 TSC ticks after `at`, past its last
+/// instruction). Only MTC times tell where between two PSBs a region lies.
+pub fn cpu_stream_mtc(start: u64, regions: &[Region]) -> Vec<u8> {
+    let mut enc = Encoder::new();
+    let mut out = Vec::new();
+    enc.psb(&mut out);
+    tsc_tma(&mut enc, start, &mut out);
+    enc.packet(&Packet::PsbEnd, &mut out).unwrap();
+    for r in regions {
+        mtc_at(&mut enc, (r.at - 1) / MTC_TICKS * MTC_TICKS, &mut out);
+        let mode = Packet::ModeExec {
+            csl: true,
+            csd: false,
+            iflag: false,
+        };
+        enc.packet(&mode, &mut out).unwrap();
+        enc.ip_packet(IpKind::TipPge, Some(r.ip), &mut out).unwrap();
+        let mut bits = vec![true; usize::from(r.taken)];
+        bits.push(false);
+        super::synth::short_tnts(&mut enc, &bits, &mut out);
+        enc.ip_packet(IpKind::TipPgd, None, &mut out).unwrap();
+        mtc_at(
+            &mut enc,
+            (r.at + 6).div_ceil(MTC_TICKS) * MTC_TICKS,
+            &mut out,
+        );
+        if let Some(tsc) = r.psb_after {
+            enc.psb(&mut out);
+            tsc_tma(&mut enc, tsc, &mut out);
+            enc.packet(&Packet::PsbEnd, &mut out).unwrap();
+        }
+    }
+    out
+}
+
 /// A perf record: header (type, misc, size) and body.
 pub fn record(kind: u32, misc: u16, body: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
@@ -202,6 +264,9 @@ pub struct Variant {
     /// A CPU-wide recording (`perf record -a`): AUXTRACE records name no task, and CPU 1's
     /// trace also has the untraced process's thread 555 ([`OTHER`]).
     pub cpu_wide: bool,
+    /// The streams of [`cpu_stream_mtc`] (times from MTCs only); `Some(false)`: the
+    /// AUXTRACE_INFO lacks the TSC:CTC ratio, so the MTCs give no time.
+    pub mtc: Option<bool>,
 }
 
 /// Thread 555's region in a CPU-wide recording: 2 instructions at 0x1010.
@@ -212,6 +277,13 @@ pub const OTHER: Region = region(Some(1024), 555, 0x1010, 1, 1024);
 /// time_shift 1, time_mult 1, time_zero 0, cap_user_time_zero 1, tsc_bit, noretcomp_bit,
 /// have_sched_switch 3, snapshot 0, and `per_cpu` as per_cpu_mmaps).
 pub fn perf_header(per_cpu: bool) -> Vec<u8> {
+    perf_header_timed(per_cpu, None)
+}
+
+/// [`perf_header`], and with `ctc_ratio` the AUXTRACE_INFO's MTC entries too: mtc_bit,
+/// mtc_freq_bits (config bits 17:14, 0 in the attr: `mtc_period=0`), tsc_ctc_ratio_n / _d,
+/// cyc_bit and max_non_turbo_ratio 0.
+pub fn perf_header_timed(per_cpu: bool, ctc_ratio: Option<(u64, u64)>) -> Vec<u8> {
     const HEADER_ATTR: u32 = 64;
     const AUXTRACE_INFO: u32 = 70;
     let mut out = b"PERFILE2".to_vec();
@@ -230,6 +302,11 @@ pub fn perf_header(per_cpu: bool) -> Vec<u8> {
     for x in [8u64, 1, 1, 0, 1, 0x400, 0x800, 3, 0, u64::from(per_cpu)] {
         info.extend_from_slice(&x.to_le_bytes());
     }
+    if let Some((n, d)) = ctc_ratio {
+        for x in [1u64 << 9, 0xf << 14, n, d, 1 << 1, 0] {
+            info.extend_from_slice(&x.to_le_bytes());
+        }
+    }
     out.extend(record(AUXTRACE_INFO, 0, &info));
     out
 }
@@ -240,7 +317,10 @@ pub fn perf_data(v: Variant) -> Vec<u8> {
     const ITRACE_START: u32 = 12;
     const SWITCH_CPU_WIDE: u32 = 15;
     const MISC_SWITCH_OUT: u16 = 1 << 13;
-    let mut out = perf_header(true);
+    let mut out = match v.mtc {
+        Some(ratio) => perf_header_timed(true, Some((MTC_TICKS, u64::from(ratio)))),
+        None => perf_header(true),
+    };
     for cpu in 0..2u32 {
         // Each CPU's records in time order, as perf's per-CPU buffers hold them.
         let mut records: Vec<(u64, Vec<u8>)> = Vec::new();
@@ -274,10 +354,12 @@ pub fn perf_data(v: Variant) -> Vec<u8> {
         CPU1.to_vec()
     };
     let task = if v.cpu_wide { u32::MAX } else { PID };
-    for (cpu, data) in [
-        (0u32, cpu_stream(1000, &CPU0)),
-        (1, cpu_stream(1010, &cpu1)),
-    ] {
+    let stream = if v.mtc.is_some() {
+        cpu_stream_mtc
+    } else {
+        cpu_stream
+    };
+    for (cpu, data) in [(0u32, stream(1000, &CPU0)), (1, stream(1010, &cpu1))] {
         let mut body = Vec::new();
         body.extend_from_slice(&(data.len() as u64).to_le_bytes());
         body.extend_from_slice(&0u64.to_le_bytes());

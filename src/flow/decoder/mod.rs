@@ -2,9 +2,9 @@
 
 use super::cache::{BlockCache, CachedBlock, MAX_PATH_LEN, PATH_PUSH, PathSlot, Term};
 use super::class::InsnClass;
-use super::time::TimeState;
 use super::{Event, EventKind, FlowConfig, FlowErrorKind, Insn, Item};
 use crate::image::Image;
+use crate::packet::time::TimeState;
 use crate::packet::{
     ExecMode, IpCompression, IpPayload, LastIp, Packet, PacketDecoder, PacketError, Tnt,
 };

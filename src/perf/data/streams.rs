@@ -3,6 +3,7 @@
 //! (truncated or lost AUX data, overlapping chunks) counted where it happened.
 
 use super::*;
+use crate::packet::time::TimingConfig;
 
 /// Which stream an AUXTRACE chunk belongs to: its CPU (per-CPU mode) and thread (per-thread
 /// mode). perf writes -1 for the one that does not apply; it is `None` here.
@@ -130,6 +131,9 @@ pub struct AuxStreams<'data> {
 pub struct PerfScan {
     /// The Intel PT configuration, if the file has an Intel PT AUXTRACE_INFO.
     pub intel_pt: Option<IntelPtInfo>,
+    /// The `config` (IA32_RTIT_CTL bits) of the `intel_pt` event's attr, when an attr of the
+    /// AUXTRACE_INFO's PMU type is in the file.
+    pub pt_config: Option<u64>,
     /// Records read.
     pub records: u64,
     /// Records of types this reader does not decode, stepped over by size.
@@ -145,6 +149,33 @@ pub struct PerfScan {
     /// Header feature sections (file mode) that cannot be read: a file cut short after its
     /// data section loses its build ids, CPU and the rest this way.
     pub features: Vec<PerfDataError>,
+}
+
+impl PerfScan {
+    /// The parameters that turn the trace's timing packets into TSC time: the TSC:CTC ratio
+    /// and the maximum non-turbo ratio of the AUXTRACE_INFO, and the MTC period N of the
+    /// event's `config` (the AUXTRACE_INFO names its bits). Defaults (no MTC or CYC time) for
+    /// what the file does not say.
+    pub fn timing(&self) -> TimingConfig {
+        let mut timing = TimingConfig::default();
+        let Some(info) = self.intel_pt else {
+            return timing;
+        };
+        if let (Some(n), Some(d)) = (info.tsc_ctc_ratio_n, info.tsc_ctc_ratio_d)
+            && let (Ok(n), Ok(d)) = (u32::try_from(n), u32::try_from(d))
+        {
+            timing.ctc_ratio = (n, d);
+        }
+        if let Some(m) = info.max_non_turbo_ratio.and_then(|m| u8::try_from(m).ok()) {
+            timing.max_nonturbo_ratio = m;
+        }
+        if let (Some(mask), Some(config)) = (info.mtc_freq_bits, self.pt_config)
+            && mask != 0
+        {
+            timing.mtc_freq = ((config & mask) >> mask.trailing_zeros()) as u8;
+        }
+        timing
+    }
 }
 
 /// A stream being assembled by [`AuxStreams::collect`].
@@ -173,6 +204,12 @@ impl<'data> AuxStreams<'data> {
         // (key, parts, losses) per stream, in first-seen order; concatenated at the end.
         let mut building: Vec<StreamBuilder<'data>> = Vec::new();
         let mut flagged: Vec<FlaggedAux> = Vec::new();
+        // (PMU type, config) of every attr: the file's attrs section, or pipe mode's records.
+        let mut configs: Vec<(u32, u64)> = file
+            .attrs()
+            .iter()
+            .map(|a| (a.attr.kind, a.attr.config))
+            .collect();
         for item in file.records() {
             let record = match item {
                 Ok(record) => record,
@@ -267,11 +304,18 @@ impl<'data> AuxStreams<'data> {
                 RecordData::AuxtraceInfo(info) if out.intel_pt.is_none() => {
                     out.intel_pt = info.intel_pt();
                 }
+                RecordData::HeaderAttr { attr, .. } => configs.push((attr.kind, attr.config)),
                 RecordData::Other { .. } => out.unknown_records += 1,
                 _ => {}
             }
         }
 
+        out.pt_config = out.intel_pt.and_then(|info| {
+            configs
+                .iter()
+                .find(|(kind, _)| u64::from(*kind) == info.pmu_type)
+                .map(|&(_, config)| config)
+        });
         for FlaggedAux {
             sid,
             end,

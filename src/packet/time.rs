@@ -1,4 +1,6 @@
-//! Approximate timestamps from TSC, TMA, MTC, CYC and CBR packets (reference §4).
+//! Approximate timestamps from TSC, TMA, MTC, CYC and CBR packets (reference §4): the time
+//! of the flow decoder's instructions and of `ptrewind view`, and the MTC times that narrow
+//! where a region of a per-CPU stream lies (`store::percpu`, `store::exec_cut`).
 //!
 //! The model is deliberately simple and documented:
 //!
@@ -83,13 +85,40 @@ impl TimeState {
     /// A TSC packet.
     pub fn tsc(&mut self, low56: u64) {
         let t = crate::packet::extend_tsc(self.have_tsc.then_some(self.tsc), low56);
+        // A TSC is authoritative: the reference is reset even if it went back slightly.
+        self.tsc_extended(t);
+    }
+
+    /// A TSC packet whose value the caller has already extended to 64 bits (with a hint of
+    /// its own, e.g. perf's sample times).
+    pub fn tsc_extended(&mut self, t: u64) {
         self.tsc = t;
         self.have_tsc = true;
         self.have_tma = false;
-        // A TSC is authoritative: reset the reference even if it went back slightly.
         self.reference = t;
         self.cycles = 0;
         self.now = t;
+    }
+
+    /// MTC continuity is lost (an overflow, a gap in the data): MTCs give no time until the
+    /// next TSC and TMA.
+    pub fn lose_anchor(&mut self) {
+        self.have_tma = false;
+    }
+
+    /// Whether the next MTC gives a time (a TSC and its TMA were seen, the TSC:CTC ratio is
+    /// known, and continuity was not lost since).
+    pub fn mtc_anchored(&self) -> bool {
+        self.have_tma
+    }
+
+    /// TSC ticks per MTC period (`2^N · R`, rounded up), 0 when MTCs give no time: how far the
+    /// time of an MTC can be from the instant its packet was generated.
+    pub fn mtc_period_ticks(&self) -> u64 {
+        if self.ratio.1 == 0 {
+            return 0;
+        }
+        ((self.ratio.0 as u64) << self.cfg_mtc_freq).div_ceil(self.ratio.1 as u64)
     }
 
     /// A TMA packet (directly after a TSC).
