@@ -840,3 +840,164 @@ fn a_pc_only_stop_reply_expedites_only_known_registers() {
         );
     }
 }
+
+/// The `&str`s of `v`.
+fn refs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+/// A program whose child does its own work: the child calls `child_work` (never the parent),
+/// the parent `parent_work` after waiting for it.
+const FORK_SRC: &str = r#"
+#include <stdio.h>
+#include <unistd.h>
+#include <sys/wait.h>
+__attribute__((noinline)) int child_work(int x) { int s = 0; for (int i = 0; i < x; i++) s += i * 3; return s; }
+__attribute__((noinline)) int parent_work(int x) { return x + 1; }
+int main(void) {
+    pid_t p = fork();
+    if (p == 0) { printf("child %d\n", child_work(20)); fflush(stdout); _exit(3); }
+    int st;
+    waitpid(p, &st, 0);
+    printf("parent %d pid %d\n", parent_work(5), (int)p);
+    return 0;
+}
+"#;
+
+/// Under QEMU a forked child runs on without the gdbstub, recorded by the plugin: `record
+/// --no-live --follow-fork child` serves the child's recording (its own threads and code:
+/// the libraries it inherited come from its fork snapshot), `replay --qemu DIR --pid PID`
+/// serves either process afterwards, each with only its own history, and an unknown pid is a
+/// clear error.
+#[test]
+fn a_forked_childs_recording_is_served_by_pid() {
+    if !qemu_available() || !have("gdb") {
+        return;
+    }
+    use support::gdb::{Server, gdb_session};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = compile(
+        dir.path(),
+        "forks",
+        FORK_SRC,
+        &["-g", "-O0", "-no-pie"],
+        &[],
+    );
+    let rec = dir.path().join("rec");
+    let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--no-live", "--trace-dir"]
+        .iter()
+        .map(Into::into)
+        .collect();
+    cli.push(rec.clone().into());
+    cli.extend(["--follow-fork".into(), "child".into()]);
+    cli.extend(["--qemu-plugin".into(), plugin().into(), "--".into()]);
+    cli.push(exe.clone().into());
+    let commands = |marks: &str| -> Vec<String> {
+        vec![
+            "info threads".into(),
+            "break child_work".into(),
+            "break parent_work".into(),
+            "reverse-continue".into(),
+            format!("echo @{marks}\\n"),
+            "bt 1".into(),
+            "reverse-continue".into(),
+            "echo @again\\n".into(),
+        ]
+    };
+    let timeout = std::time::Duration::from_secs(60);
+    let child_cmds = commands("child");
+    let run = gdb_session(Server::start_cli(&cli), &exe, &refs(&child_cmds), timeout);
+    // The parent printed the child's pid; the child's recording is the one served.
+    let child: u32 = run
+        .program_stdout
+        .split("pid ")
+        .nth(1)
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no child pid: {}", run.dump()));
+    assert!(
+        run.server
+            .contains(&format!("serving 1 thread(s) ({child})")),
+        "{}",
+        run.dump()
+    );
+    assert!(
+        run.server.contains("are recorded in") && run.server.contains("--pid PID"),
+        "{}",
+        run.dump()
+    );
+    let at = run.after("@child");
+    assert!(at.contains("child_work"), "{}", run.dump());
+    // No earlier call of either function in the child's history.
+    assert!(
+        run.after("@child")
+            .split("@again")
+            .next()
+            .is_some_and(|s| s.contains("No more reverse-execution history")),
+        "{}",
+        run.dump()
+    );
+    assert!(!run.gdb.contains("parent_work ("), "{}", run.dump());
+
+    // The parent, from the kept directory: only its own history (parent_work, no child_work).
+    let parent = std::fs::read_dir(&rec)
+        .expect("recording kept")
+        .flatten()
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()?
+                .strip_suffix(".maps")?
+                .parse::<u32>()
+                .ok()
+        })
+        .find(|&p| p != child)
+        .expect("the parent's mappings");
+    let mut replay: Vec<OsString> = ["replay", "--listen", "127.0.0.1:0", "--qemu"]
+        .iter()
+        .map(Into::into)
+        .collect();
+    replay.push(rec.clone().into());
+    let mut by_pid = replay.clone();
+    by_pid.extend(["--pid".into(), parent.to_string().into()]);
+    let parent_cmds = commands("parent");
+    let run = gdb_session(
+        Server::start_cli(&by_pid),
+        &exe,
+        &refs(&parent_cmds),
+        timeout,
+    );
+    assert!(
+        run.server
+            .contains(&format!("serving 1 thread(s) ({parent})")),
+        "{}",
+        run.dump()
+    );
+    assert!(
+        run.after("@parent").contains("parent_work"),
+        "{}",
+        run.dump()
+    );
+    assert!(!run.gdb.contains("child_work ("), "{}", run.dump());
+
+    // The child again by --pid, and an unknown pid.
+    let mut by_pid = replay.clone();
+    by_pid.extend(["--pid".into(), child.to_string().into()]);
+    let run = gdb_session(
+        Server::start_cli(&by_pid),
+        &exe,
+        &refs(&child_cmds),
+        timeout,
+    );
+    assert!(run.after("@child").contains("child_work"), "{}", run.dump());
+    let mut bad = replay;
+    bad.extend(["--pid".into(), "1".into()]);
+    let out = support::gdb::ptrewind()
+        .args(&bad)
+        .output()
+        .expect("ptrewind");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("no process 1 in") && err.contains(&child.to_string()),
+        "{err}"
+    );
+}

@@ -32,9 +32,11 @@ pub struct ImageArgs {
     /// directory of binaries). May be repeated.
     #[arg(long = "search-dir", value_name = "DIR", requires = "perf")]
     pub(crate) search_dir: Vec<PathBuf>,
-    /// perf.data only: use the MMAP records of this process (default: the process each AUX
-    /// stream traced, from its ITRACE_START records; all processes if that is ambiguous).
-    #[arg(long, requires = "perf")]
+    /// perf.data: use the MMAP records of this process (default: the process each AUX stream
+    /// traced, from its ITRACE_START records; all processes if that is ambiguous); `replay`
+    /// serves that process. `replay --qemu`: serve this process of the recording (a child the
+    /// program forked; default: the program itself).
+    #[arg(long)]
     pub(crate) pid: Option<u32>,
     /// perf.data only: ignore its MMAP records (code only from --elf/--raw).
     #[arg(long, requires = "perf")]

@@ -133,6 +133,9 @@ pub struct DecodeArgs {
 
 /// Runs `ptrewind decode`.
 pub fn run(args: DecodeArgs) -> CmdResult {
+    if args.image.pid.is_some() && args.perf.is_none() {
+        return Err("--pid needs --perf (the process whose MMAP records to use)".into());
+    }
     let mode = exec_mode(args.bits)?;
     // The images given on the command line: mapped after (over) the perf.data mappings.
     let (given, given_elfs) = given_images_from(&args.image, &mut FileCache::mapping())?;
@@ -341,7 +344,9 @@ impl Write for Sink<'_> {
     }
 }
 
-/// `decode --qemu DIR`: each thread of a QEMU recording, `[thread PID/TID]` before each.
+/// `decode --qemu DIR`: each thread of a QEMU recording, `[thread PID/TID]` before each; the
+/// threads of each process (the program, and the children it forked) with that process's
+/// own code image.
 fn decode_qemu(
     dir: &std::path::Path,
     args: &DecodeArgs,
@@ -349,12 +354,11 @@ fn decode_qemu(
     given: &[Section],
     given_elfs: &[LoadedElf],
 ) -> CmdResult {
-    let recorded = ptrewind::capture::qemu::Recorded::open(dir)?;
+    let all = ptrewind::capture::qemu::Recorded::open(dir)?;
     let map = MmapOptions {
         map_files: true,
         ..MmapOptions::default()
     };
-    let (image, syms) = qemu_image_with(&recorded, given, given_elfs, &map)?;
     let cfg = FlowConfig {
         default_mode: mode,
         ip_filter: args.ip_filter.clone(),
@@ -363,17 +367,18 @@ fn decode_qemu(
     let stdout = std::io::stdout();
     let mut out = stdout_out(stdout.lock());
     let mut errors = 0;
-    for t in &recorded.threads {
-        if !args.stats {
-            writeln!(out, "[thread {}/{}]", t.pid, t.tid)?;
+    let mut pids = all.pids();
+    // The launched process first (pids may wrap), then its children by id.
+    pids.sort_by_key(|&p| (Some(p) != all.launched_pid(), p));
+    for recorded in pids.into_iter().filter_map(|p| all.process(p)) {
+        if recorded.threads.is_empty() {
+            continue;
         }
-        match decode_stream(&t.trace, &image, &syms, cfg.clone(), args, &mut out) {
+        let (image, syms) = qemu_image_with(&recorded, given, given_elfs, &map)?;
+        match decode_qemu_threads(&recorded, &image, &syms, &cfg, args, &mut out) {
             Ok(e) => errors += e,
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(ExitCode::SUCCESS),
             Err(e) => return Err(e.into()),
-        }
-        if args.stats {
-            writeln!(out, "  (thread {}/{})", t.pid, t.tid)?;
         }
     }
     match out.flush() {
@@ -385,6 +390,28 @@ fn decode_qemu(
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// The threads of one process of a QEMU recording, for [`decode_qemu`]: the error count.
+fn decode_qemu_threads<W: Write>(
+    recorded: &ptrewind::capture::qemu::Recorded,
+    image: &Image,
+    syms: &Symbolizer,
+    cfg: &FlowConfig,
+    args: &DecodeArgs,
+    out: &mut Out<W>,
+) -> std::io::Result<u64> {
+    let mut errors = 0;
+    for t in &recorded.threads {
+        if !args.stats {
+            writeln!(out, "[thread {}/{}]", t.pid, t.tid)?;
+        }
+        errors += decode_stream(&t.trace, image, syms, cfg.clone(), args, out)?;
+        if args.stats {
+            writeln!(out, "  (thread {}/{})", t.pid, t.tid)?;
+        }
+    }
+    Ok(errors)
 }
 
 /// Text of an event for the `ips`/`insn`/`blocks` formats.

@@ -312,6 +312,7 @@ pub(crate) fn start_recording(args: &RecordArgs, shared_terminal: bool) -> Start
             thread: args.thread,
             stop_at_exit: !args.no_stop_at_exit,
             shared_terminal,
+            follow_fork_child: args.follow_fork == FollowForkArg::Child,
         };
         return Ok(
             match super::record_qemu::start(&opts, program, prog_args)? {

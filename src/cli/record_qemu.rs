@@ -57,6 +57,8 @@ pub(crate) struct QemuOptions {
     /// The program shares the debugger's terminal (`ptrewind gdb`): a Ctrl-C reaches it
     /// directly.
     pub(crate) shared_terminal: bool,
+    /// `--follow-fork child`: serve the first forked child's recording (`--no-live` only).
+    pub(crate) follow_fork_child: bool,
 }
 
 /// The target to serve and whether it is a live program (else a replay of a finished
@@ -70,6 +72,14 @@ pub(crate) fn start(args: &QemuOptions, program: &OsString, prog_args: &[OsStrin
     let mut config = QemuConfig::new(plugin(args.qemu_plugin.as_deref())?);
     config.dir = args.trace_dir.clone();
     if args.qemu_live {
+        if args.follow_fork_child {
+            eprintln!(
+                "ptrewind: --follow-fork child needs --no-live under QEMU: QEMU 7.2's gdbstub \
+                 stays with the parent (a forked child runs on without it, recorded); with \
+                 --no-live the child's recording is served once the program has ended"
+            );
+            return Ok(Err(ExitCode::from(2)));
+        }
         return start_live(args, &config, program, prog_args);
     }
     let started = Instant::now();
@@ -145,7 +155,12 @@ pub(crate) fn start(args: &QemuOptions, program: &OsString, prog_args: &[OsStrin
         }
     }
     let signal = std::os::unix::process::ExitStatusExt::signal(&status);
-    let target = match serve_target(&recorded, args.thread, signal) {
+    let which = if args.follow_fork_child {
+        ServeProcess::FirstChild
+    } else {
+        ServeProcess::Launched
+    };
+    let target = match serve_target(&recorded, which, args.thread, signal, rec.keeps_dir()) {
         Ok(t) => t,
         Err(e) => {
             eprintln!("ptrewind: cannot replay the QEMU recording: {e}");
@@ -180,16 +195,71 @@ fn end_recording_on_signal(mut rec: QemuRecording, sig: i32, progress: bool) -> 
     super::signals::exit_code(sig)
 }
 
-/// The timeline of a QEMU recording (PC-only past): every thread of the first process, or the
-/// one `tid` names. `signal`: the signal that killed QEMU (the program crashed).
+/// Which process of a QEMU recording to serve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ServeProcess {
+    /// The process QEMU was launched with.
+    Launched,
+    /// This one (`--pid`).
+    Pid(u32),
+    /// The first process the launched one forked (`--follow-fork child`), else the launched
+    /// one.
+    FirstChild,
+}
+
+/// The timeline of a QEMU recording (PC-only past): every thread of the process `which`
+/// chooses, or the one thread `tid` names (of whichever process). The process is served with
+/// its own threads and mappings only. `signal`: the signal that killed QEMU (the program
+/// crashed; it applies to the launched process). `kept`: the recording directory outlives
+/// this session (what is not served can be replayed from it later).
 pub(crate) fn serve_target(
-    recorded: &Recorded,
+    all: &Recorded,
+    which: ServeProcess,
     tid: Option<u32>,
     signal: Option<i32>,
+    kept: bool,
 ) -> Result<RecordingTarget, Box<dyn std::error::Error + Send + Sync>> {
+    let dir = all.dir.display();
+    let launched = all.launched_pid();
+    let forked = all.forked_pids();
+    let pid = match (tid, which) {
+        (Some(t), _) => all.thread(Some(t)).map(|th| th.pid),
+        (None, ServeProcess::Pid(p)) => Some(p),
+        (None, ServeProcess::FirstChild) => {
+            if forked.is_empty() {
+                eprintln!(
+                    "ptrewind: --follow-fork child: the program forked no process; serving the \
+                     program itself"
+                );
+            }
+            forked.first().copied().or(launched)
+        }
+        (None, ServeProcess::Launched) => launched,
+    };
+    let list = |pids: &[u32]| {
+        pids.iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let Some(recorded) = pid.and_then(|p| all.process(p)) else {
+        return Err(match (tid, pid) {
+            (Some(t), _) => format!("no thread {t} in {dir}"),
+            (None, Some(p)) => format!(
+                "no process {p} in {dir} (processes recorded: {})",
+                list(&all.pids())
+            ),
+            (None, None) => format!("no thread recorded in {dir}"),
+        }
+        .into());
+    };
+    let recorded = &recorded;
     let first = recorded.thread(tid).ok_or_else(|| match tid {
-        Some(t) => format!("no thread {t} in {}", recorded.dir.display()),
-        None => format!("no thread recorded in {}", recorded.dir.display()),
+        Some(t) => format!("no thread {t} in {dir}"),
+        None => format!(
+            "process {} of {dir} has mappings but no stream",
+            pid.unwrap_or_default()
+        ),
     })?;
     // The code from the recorded mappings, every missing file reported once, as `decode --qemu`.
     let (image, symbols) = super::code::qemu_image(recorded, &[], &[])?;
@@ -245,30 +315,40 @@ pub(crate) fn serve_target(
     if tid.is_some() {
         return Ok(RecordingTarget::new(Timeline::offline(one(first))?));
     }
-    // Every thread of the process the recording started with (a child process's threads
-    // would need their own image and are not served).
+    // Every thread of the process.
     let threads: Vec<ThreadRecording> = recorded
         .threads
         .iter()
-        .filter(|t| t.pid == first.pid && !t.trace.is_empty())
+        .filter(|t| !t.trace.is_empty())
         .map(|t| ThreadRecording {
             tid: i32::try_from(t.tid).unwrap_or(1),
             recording: one(t),
         })
         .collect();
-    let others = recorded
-        .threads
-        .iter()
-        .filter(|t| t.pid != first.pid)
-        .count();
-    if others > 0 {
+    let others: Vec<u32> = all.pids().into_iter().filter(|&p| p != first.pid).collect();
+    if !others.is_empty() {
+        let later = if kept {
+            format!("`ptrewind replay --qemu {dir} --pid PID` serves one")
+        } else {
+            "the directory is temporary: with --trace-dir DIR, `ptrewind replay --qemu DIR \
+             --pid PID` serves one later"
+                .to_string()
+        };
         eprintln!(
-            "ptrewind: {others} thread(s) of other processes (children) are recorded in {} but \
-             not served",
-            recorded.dir.display()
+            "ptrewind: process(es) {} of this run are recorded in {dir} too, not served in this \
+             session ({later}{})",
+            list(&others),
+            if forked.contains(&first.pid) {
+                ""
+            } else {
+                "; `record --no-live --follow-fork child` serves the first child"
+            }
         );
     }
-    let fatal = signal.map(|signal| FatalSignal { signal, tid: None });
+    // A fatal signal is the launched process's end (how QEMU itself ended).
+    let fatal = signal
+        .filter(|_| Some(first.pid) == launched)
+        .map(|signal| FatalSignal { signal, tid: None });
     let timeline = Timeline::offline_threads(threads, fatal)?;
     for why in timeline.skipped_threads() {
         eprintln!("ptrewind: warning: not served: {why}");
@@ -324,7 +404,7 @@ fn start_live(
     // Killed from outside (QEMU itself dies): the session goes on over the kept recording.
     let successor = Successor(std::rc::Rc::new(|dir: &Path, signal: i32| {
         let recorded = Recorded::open(dir).ok()?;
-        serve_target(&recorded, None, Some(signal))
+        serve_target(&recorded, ServeProcess::Launched, None, Some(signal), true)
             .ok()?
             .into_timeline()
     }));

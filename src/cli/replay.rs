@@ -330,18 +330,28 @@ fn stream_recording(
 /// Runs `ptrewind replay`.
 pub fn run(args: ReplayArgs) -> CmdResult {
     check_listen_addr(args.listen, args.allow_remote)?;
+    if args.image.pid.is_some() && args.perf.is_none() && args.qemu.is_none() {
+        return Err("--pid chooses a process of a --perf or --qemu recording".into());
+    }
     if let Some(dir) = &args.qemu {
         let recorded = ptrewind::capture::qemu::Recorded::open(dir)
             .map_err(|e| format!("{}: {e}", dir.display()))?;
         // A recording directory does not say how the program ended; a stream completed from
         // its tail file is what a killed QEMU leaves.
-        let target = match super::record_qemu::serve_target(&recorded, args.thread, None) {
-            Ok(t) => t,
-            Err(e) => {
-                eprintln!("ptrewind: cannot replay: {e}");
-                return Ok(ExitCode::from(2));
-            }
-        };
+        let which = args
+            .image
+            .pid
+            .map_or(super::record_qemu::ServeProcess::Launched, |p| {
+                super::record_qemu::ServeProcess::Pid(p)
+            });
+        let target =
+            match super::record_qemu::serve_target(&recorded, which, args.thread, None, true) {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("ptrewind: cannot replay: {e}");
+                    return Ok(ExitCode::from(2));
+                }
+            };
         return serve(target, &args);
     }
     let rec = match &args.dir {

@@ -117,6 +117,9 @@ impl Outputs {
 
 /// Runs `ptrewind view`.
 pub fn run(args: ViewArgs) -> CmdResult {
+    if args.image.pid.is_some() && args.perf.is_none() {
+        return Err("--pid needs --perf (the process whose MMAP records to use)".into());
+    }
     let outputs = Outputs::from_args(&args)?;
     match &args.dir {
         Some(dir) => {

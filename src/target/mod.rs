@@ -224,6 +224,8 @@ pub enum Notice {
         child: i32,
         /// The recording directory holding the child's streams.
         dir: PathBuf,
+        /// Whether the directory outlives the session (`--trace-dir`, `monitor save`).
+        kept: bool,
     },
     /// The program forked and the target follows the child
     /// ([`PtraceTarget::set_follow_fork_child`]); the parent runs on untraced.
@@ -344,13 +346,31 @@ impl fmt::Display for Notice {
                  (following forks is not supported)",
                 if *vfork { "vforked" } else { "forked" }
             ),
-            Notice::ForkedUnderQemu { child, dir } => write!(
-                f,
-                "the program forked child process {child}; under QEMU it runs on without the \
-                 debugger (QEMU's gdbstub does not follow forks), its trace recorded in {} \
-                 ({child}-*.pt); --backend ptrace follows forks",
-                dir.display()
-            ),
+            Notice::ForkedUnderQemu { child, dir, kept } => {
+                write!(
+                    f,
+                    "the program forked child process {child}; under QEMU it runs on without \
+                     the debugger (QEMU's gdbstub does not follow forks), its trace recorded in \
+                     {} ({child}-*.pt)",
+                    dir.display()
+                )?;
+                if *kept {
+                    write!(
+                        f,
+                        ": `ptrewind replay --qemu {} --pid {child}` serves it",
+                        dir.display()
+                    )?;
+                } else {
+                    write!(
+                        f,
+                        ", a temporary directory removed when this session ends (with \
+                         --trace-dir DIR it is kept and `ptrewind replay --qemu DIR --pid \
+                         {child}` serves it; `record --backend qemu --no-live --follow-fork \
+                         child` serves the first child once the program has ended)"
+                    )?;
+                }
+                write!(f, "; --backend ptrace follows forks live")
+            }
             Notice::FollowedFork { parent, child } => write!(
                 f,
                 "the program forked child process {child}; following the child (--follow-fork \

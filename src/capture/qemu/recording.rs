@@ -479,6 +479,10 @@ pub struct Recorded {
     pub threads: Vec<RecordedThread>,
     /// Mappings per process (`PID.maps`).
     pub maps: Vec<(u32, String)>,
+    /// The one process this recording was narrowed to ([`Recorded::process`]): its threads
+    /// only, and its mappings in [`Recorded::mmap_records`] (every process's `maps` stay,
+    /// since a forked child's snapshot is read with its parent's).
+    pub only: Option<u32>,
 }
 
 fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Option<T>, QemuError> {
@@ -564,6 +568,7 @@ impl Recorded {
             launch: read_json(&dir.join(LAUNCH_FILE))?,
             threads,
             maps,
+            only: None,
         };
         if traces {
             rec.complete_unclean();
@@ -613,7 +618,10 @@ impl Recorded {
 
     /// The code the recording ran, as mapping records: the program and its interpreter as
     /// QEMU's loader placed them (from the start snapshot), then every executable file
-    /// mapping the guest made, in order. Host mappings of the QEMU process are left out.
+    /// mapping the guest made, in order; for a forked child, the guest's files in its fork
+    /// snapshot (what it inherited), then its own mappings. Host mappings of the QEMU process
+    /// are left out. A recording narrowed to one process ([`Recorded::process`]) gives that
+    /// process's records only.
     pub fn mmap_records(&self) -> Vec<MmapRecord> {
         let program = self.launch.as_ref().map(|l| l.program.clone());
         let interp = program.as_deref().and_then(interpreter_of);
@@ -622,8 +630,22 @@ impl Recorded {
             .flatten()
             .map(|p| p.to_string_lossy().into_owned())
             .collect();
+        // The files the guest mapped itself (in any process): with the loader's, what a
+        // fork snapshot holds of the guest (the rest of it is QEMU's own).
+        let guest_files: std::collections::BTreeSet<&str> = self
+            .maps
+            .iter()
+            .flat_map(|(_, text)| text.lines())
+            .filter_map(|l| l.strip_prefix("# mmap "))
+            .filter_map(|rest| rest.splitn(4, ' ').nth(3))
+            .chain(loader_files.iter().map(String::as_str))
+            .collect();
         let mut out = Vec::new();
-        for (pid, text) in &self.maps {
+        for (pid, text) in self
+            .maps
+            .iter()
+            .filter(|(p, _)| self.only.is_none_or(|o| o == *p))
+        {
             // The start snapshot is QEMU's own maps, and QEMU runs through the same dynamic
             // loader as the guest: that copy is QEMU's. QEMU 7.2 never maps guest pages
             // executable (its `target_to_host_prot` turns PROT_EXEC into PROT_READ: it runs
@@ -634,10 +656,12 @@ impl Recorded {
                 .filter_map(|m| Some((m.path?, m.start.wrapping_sub(m.offset))))
                 .collect();
             let mut in_start = false;
+            let mut in_fork = false;
             let mut base = 0u64;
             for line in text.lines() {
                 if let Some(rest) = line.strip_prefix("# snapshot ") {
                     in_start = rest.starts_with("start") || rest.starts_with("fork");
+                    in_fork = rest.starts_with("fork");
                     base = rest
                         .split_whitespace()
                         .find_map(|w| w.strip_prefix("guest_base="))
@@ -668,7 +692,12 @@ impl Recorded {
                         let Some(path) = m.path.as_deref() else {
                             continue;
                         };
-                        if !loader_files.iter().any(|f| f == path)
+                        let of_guest = if in_fork {
+                            guest_files.contains(path)
+                        } else {
+                            loader_files.iter().any(|f| f == path)
+                        };
+                        if !of_guest
                             || qemus_own
                                 .iter()
                                 .any(|(p, b)| p == path && *b == m.start.wrapping_sub(m.offset))
@@ -708,12 +737,75 @@ impl Recorded {
         Image::from_mmaps(&self.mmap_records(), opts)
     }
 
-    /// The thread `tid`, or the main thread of the first process.
+    /// The thread `tid`, or the main thread of the launched process
+    /// ([`Recorded::launched_pid`]).
     pub fn thread(&self, tid: Option<u32>) -> Option<&RecordedThread> {
         match tid {
             Some(t) => self.threads.iter().find(|th| th.tid == t),
-            None => self.threads.first(),
+            None => {
+                let pid = self.launched_pid();
+                self.threads
+                    .iter()
+                    .find(|th| Some(th.pid) == pid)
+                    .or(self.threads.first())
+            }
         }
+    }
+
+    /// The process QEMU was launched with: the one whose mappings begin with the plugin's
+    /// start snapshot (a forked child's begin with the fork snapshot), else the lowest process
+    /// id recorded (pids may wrap, so that is only the fallback).
+    pub fn launched_pid(&self) -> Option<u32> {
+        self.maps
+            .iter()
+            .find(|(_, text)| text.starts_with("# snapshot start"))
+            .map(|(pid, _)| *pid)
+            .or_else(|| self.pids().first().copied())
+    }
+
+    /// Every process recorded (with a stream or mappings), by id.
+    pub fn pids(&self) -> Vec<u32> {
+        let mut pids: Vec<u32> = self
+            .threads
+            .iter()
+            .map(|t| t.pid)
+            .chain(self.maps.iter().map(|m| m.0))
+            .collect();
+        pids.sort_unstable();
+        pids.dedup();
+        pids
+    }
+
+    /// The processes the launched one forked (directly or not: the plugin records every
+    /// descendant QEMU runs), by id.
+    pub fn forked_pids(&self) -> Vec<u32> {
+        let main = self.launched_pid();
+        self.pids()
+            .into_iter()
+            .filter(|&p| Some(p) != main)
+            .collect()
+    }
+
+    /// The recording of process `pid` alone: its threads and its mappings, so that its code
+    /// image is its own (a child that maps other code after the fork, or a parent after it,
+    /// does not see the other's); `None` if nothing of it was recorded.
+    pub fn process(&self, pid: u32) -> Option<Recorded> {
+        if !self.pids().contains(&pid) {
+            return None;
+        }
+        Some(Recorded {
+            dir: self.dir.clone(),
+            plugin: self.plugin.clone(),
+            launch: self.launch.clone(),
+            threads: self
+                .threads
+                .iter()
+                .filter(|t| t.pid == pid)
+                .cloned()
+                .collect(),
+            maps: self.maps.clone(),
+            only: Some(pid),
+        })
     }
 }
 

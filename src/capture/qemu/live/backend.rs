@@ -514,6 +514,7 @@ impl LiveBackend for QemuLive {
                 self.notices.push(crate::target::Notice::ForkedUnderQemu {
                     child: child as i32,
                     dir: dir.clone(),
+                    kept: self.rec.keeps_dir(),
                 });
             }
         }
