@@ -21,7 +21,7 @@
 //! | SKL014 | a direct JMP/CALL leaving the IP filter gives a TIP.PGD without IP | with [`FlowConfig::ip_filter`](super::FlowConfig::ip_filter) set, such a TIP.PGD binds to the first direct branch whose target lies outside every filter range |
 //! | APL11 | an OVF may be followed by a TIP.PGD | accepted: tracing continues disabled |
 //! | APL12 | an OVF may be followed by a FUP although tracing is off | a FUP after an OVF is ignored when the packets after it show tracing is off (a TIP.PGE or TraceStop before any TNT/TIP/TIP.PGD, or a PSB+ without FUP) |
-//! | SKL168 | a CYC (and maybe an MTC) before a PSB is dropped | nothing to do: the time model (see [`time`](super::time)) does not calibrate on MTC/CYC, and the PSB+'s TSC resets the time |
+//! | SKL168 | a CYC (and maybe an MTC) before a PSB is dropped | nothing to do: the time model (see [`time`](crate::packet::time)) does not calibrate on MTC/CYC, and the PSB+'s TSC resets the time |
 //! | SKZ84 | TMA packets in a VMX guest with TSC offsetting/scaling are corrupt, plus a bogus byte | a TMA with reserved bits set is skipped with the byte after it (8 bytes), as libipt's packet decoder does |
 
 use std::fmt;

@@ -48,7 +48,7 @@
 //!
 //! # Time
 //!
-//! Every instruction and event carries an approximate timestamp in TSC ticks (see [`time`]): the
+//! Every instruction and event carries an approximate timestamp in TSC ticks (see [`crate::packet::time`]): the
 //! time of the most recent TSC/MTC (plus CYC cycles converted at the CBR ratio when cycle-accurate
 //! mode is on) before the packet that explained it. It is 0 when the trace has no timing packets.
 

@@ -24,7 +24,7 @@
 //! covers the range, several threads could have run, or sideband was lost — the region is
 //! *unattributed*: counted in [`SplitReport`] with the reason, never given to a thread.
 //! MTCs narrow the ranges where the recording's timing parameters make them usable (the
-//! TSC:CTC ratio of the AUXTRACE_INFO, an MTC period of at most 8; [`MtcBounds`]): each MTC's
+//! TSC:CTC ratio of the AUXTRACE_INFO, an MTC period of at most 8; `MtcBounds`): each MTC's
 //! time follows from the last TSC and its TMA, so the MTCs inside a region, or the last before
 //! and the first after it, widened by one MTC period, bound it where no TSC does — in a
 //! CPU-wide recording (TraceEn set once, a TSC only in each PSB+) the MTCs the processor sends
