@@ -988,6 +988,43 @@ fn a_forked_childs_recording_is_served_by_pid() {
         timeout,
     );
     assert!(run.after("@child").contains("child_work"), "{}", run.dump());
+    // `view --qemu` draws each process's threads over that process's own code.
+    let out_dir = dir.path().join("view");
+    let out = support::gdb::ptrewind()
+        .args(["view", "--qemu"])
+        .arg(&rec)
+        .arg("-o")
+        .arg(&out_dir)
+        .output()
+        .expect("ptrewind view");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let timeline = std::fs::read_to_string(out_dir.join("timeline.json")).expect("timeline");
+    let events: serde_json::Value = serde_json::from_str(&timeline).expect("json");
+    let slices: Vec<(u64, String)> = events["traceEvents"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter_map(|e| Some((e["tid"].as_u64()?, e["name"].as_str()?.to_string())))
+        .filter(|(_, n)| n == "child_work" || n == "parent_work")
+        .collect();
+    assert!(
+        slices.contains(&(u64::from(child), "child_work".into())),
+        "{slices:?}"
+    );
+    assert!(
+        slices.contains(&(u64::from(parent), "parent_work".into())),
+        "{slices:?}"
+    );
+    assert!(
+        slices
+            .iter()
+            .all(|(t, n)| (*t == u64::from(child)) == (n == "child_work")),
+        "{slices:?}"
+    );
     let mut bad = replay;
     bad.extend(["--pid".into(), "1".into()]);
     let out = support::gdb::ptrewind()

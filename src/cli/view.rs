@@ -198,13 +198,20 @@ fn view_saved_threads(dir: &Path, threads: &[ThreadRecording], outputs: &Outputs
     render(outputs, tracks, clock, &dir.display().to_string(), 0)
 }
 
-/// `--qemu DIR`: every recorded thread is a track; the code comes from the recorded mappings,
-/// as `decode --qemu` builds it.
+/// `--qemu DIR`: every recorded thread is a track; the code comes from the recorded mappings
+/// of its process (the program's, or a forked child's), as `decode --qemu` builds it.
 fn view_qemu(dir: &Path, args: &ViewArgs, outputs: &Outputs) -> CmdResult {
     let mode = exec_mode(args.bits)?;
     let (given, given_elfs) = given_images(&args.image)?;
     let recorded = ptrewind::capture::qemu::Recorded::open(dir)?;
-    let (image, symbols) = qemu_image(&recorded, &given, &given_elfs)?;
+    let mut codes: Vec<(u32, Image, Symbolizer)> = Vec::new();
+    for pid in recorded.pids() {
+        if let Some(one) = recorded.process(pid).filter(|r| !r.threads.is_empty()) {
+            let (image, symbols) = qemu_image(&one, &given, &given_elfs)?;
+            codes.push((pid, image, symbols));
+        }
+    }
+    let code_of = |pid: u32| codes.iter().find(|c| c.0 == pid);
     if recorded.threads.is_empty() {
         return Err(format!("{}: the recording has no thread", dir.display()).into());
     }
@@ -227,9 +234,9 @@ fn view_qemu(dir: &Path, args: &ViewArgs, outputs: &Outputs) -> CmdResult {
             );
         }
     }
-    let process = image
-        .sections()
+    let process = codes
         .iter()
+        .flat_map(|c| c.1.sections())
         .map(|s| Path::new(&*s.origin))
         .find(|p| p.is_absolute())
         .and_then(Path::file_name)
@@ -243,15 +250,18 @@ fn view_qemu(dir: &Path, args: &ViewArgs, outputs: &Outputs) -> CmdResult {
         .threads
         .iter()
         .zip(&names)
-        .map(|(t, name)| TrackInput {
-            process: &process,
-            name,
-            pid: t.pid,
-            tid: t.tid,
-            trace: &t.trace,
-            image: &image,
-            symbols: &symbols,
-            flow: flow.clone(),
+        .filter_map(|(t, name)| {
+            let (_, image, symbols) = code_of(t.pid)?;
+            Some(TrackInput {
+                process: &process,
+                name,
+                pid: t.pid,
+                tid: t.tid,
+                trace: &t.trace,
+                image,
+                symbols,
+                flow: flow.clone(),
+            })
         })
         .collect();
     let clock = Clock::for_traces(
