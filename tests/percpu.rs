@@ -54,15 +54,26 @@ fn every_thread_gets_exactly_its_instructions() {
 /// global order of the three threads is their true interleaving.
 #[test]
 fn pieces_keep_their_time() {
-    use ptrewind::flow::FlowConfig;
-    use ptrewind::history::{GlobalOrder, ThreadClock};
     let bytes = percpu::perf_data(Variant::default());
     let split = split(&bytes).unwrap();
+    let seen = interleaving(&split, &ptrewind::flow::FlowConfig::default());
+    // By time: 101 (1020, 1030), 103 (1055), 102 (1105), 101 (1155), 103 (1205), 102 (1255,
+    // 1265), 101 (1305).
+    assert_eq!(seen, [101, 103, 102, 101, 103, 102, 101]);
+}
+
+/// The threads of `split` in the global order their clocks (under `cfg`) give: one entry per
+/// run of one thread.
+fn interleaving(
+    split: &ptrewind::store::percpu::ThreadSplit,
+    cfg: &ptrewind::flow::FlowConfig,
+) -> Vec<u32> {
+    use ptrewind::history::{GlobalOrder, ThreadClock};
     let img = image();
     let clocks: Vec<ThreadClock> = split
         .threads
         .iter()
-        .map(|t| ThreadClock::from_trace(&t.stream.data, &img, &FlowConfig::default()))
+        .map(|t| ThreadClock::from_trace(&t.stream.data, &img, cfg))
         .collect();
     let order = GlobalOrder::new(&clocks);
     let tids: Vec<u32> = split.threads.iter().map(|t| t.tid).collect();
@@ -73,9 +84,7 @@ fn pieces_keep_their_time() {
             seen.push(tids[t]);
         }
     }
-    // By time: 101 (1020, 1030), 103 (1055), 102 (1105), 101 (1155), 103 (1205), 102 (1255,
-    // 1265), 101 (1305).
-    assert_eq!(seen, [101, 103, 102, 101, 103, 102, 101]);
+    seen
 }
 
 /// Without switch records the threads cannot be told apart: an error saying so.
@@ -173,31 +182,17 @@ fn mtc_times_place_regions_between_timestamps() {
 
     // Each piece's synthetic PSB+ keeps the TSC, TMA and MTCs, so the threads' clocks (with
     // the recording's timing parameters) give their true interleaving.
-    {
-        use ptrewind::flow::FlowConfig;
-        use ptrewind::history::{GlobalOrder, ThreadClock};
-        let source = TraceStreams::from_bytes(&bytes_mtc).unwrap();
-        let cfg = FlowConfig {
-            timing: source.perf.as_ref().unwrap().timing(),
-            ..FlowConfig::default()
-        };
-        assert_eq!(cfg.timing.ctc_ratio, (2, 1));
-        assert_eq!(cfg.timing.mtc_freq, 0);
-        let clocks: Vec<ThreadClock> = split_mtc
-            .threads
-            .iter()
-            .map(|t| ThreadClock::from_trace(&t.stream.data, &img, &cfg))
-            .collect();
-        let order = GlobalOrder::new(&clocks);
-        let mut seen = Vec::new();
-        for g in 0..order.len() {
-            let (t, _) = order.local(g).unwrap();
-            if seen.last() != Some(&tids[t]) {
-                seen.push(tids[t]);
-            }
-        }
-        assert_eq!(seen, [101, 103, 102, 101, 103, 102, 101]);
-    }
+    let source = TraceStreams::from_bytes(&bytes_mtc).unwrap();
+    let cfg = ptrewind::flow::FlowConfig {
+        timing: source.perf.as_ref().unwrap().timing(),
+        ..ptrewind::flow::FlowConfig::default()
+    };
+    assert_eq!(cfg.timing.ctc_ratio, (2, 1));
+    assert_eq!(cfg.timing.mtc_freq, 0);
+    assert_eq!(
+        interleaving(&split_mtc, &cfg),
+        [101, 103, 102, 101, 103, 102, 101]
+    );
 
     let split_none = split(&percpu::perf_data(Variant {
         mtc: Some(false),

@@ -124,6 +124,24 @@ pub fn truth() -> BTreeMap<u32, Vec<u64>> {
     out
 }
 
+/// Region `r` itself: MODE.Exec, TIP.PGE, [a TSC `inside`], its TNTs, TIP.PGD.
+fn region_packets(enc: &mut Encoder, r: &Region, inside: Option<u64>, out: &mut Vec<u8>) {
+    let mode = Packet::ModeExec {
+        csl: true,
+        csd: false,
+        iflag: false,
+    };
+    enc.packet(&mode, out).unwrap();
+    enc.ip_packet(IpKind::TipPge, Some(r.ip), out).unwrap();
+    if let Some(tsc) = inside {
+        enc.packet(&Packet::Tsc { tsc }, out).unwrap();
+    }
+    let mut bits = vec![true; usize::from(r.taken)];
+    bits.push(false);
+    super::synth::short_tnts(enc, &bits, out);
+    enc.ip_packet(IpKind::TipPgd, None, out).unwrap();
+}
+
 /// A CPU's PT stream: PSB+ (tracing off, TSC `start`), then each region as [TSC] MODE.Exec,
 /// TIP.PGE (compressed against the previous region's IP, as the processor does), [TSC], TNT,
 /// TIP.PGD, [PSB+ with a TSC].
@@ -137,20 +155,7 @@ pub fn cpu_stream(start: u64, regions: &[Region]) -> Vec<u8> {
         if let Some(tsc) = r.tsc {
             enc.packet(&Packet::Tsc { tsc }, &mut out).unwrap();
         }
-        let mode = Packet::ModeExec {
-            csl: true,
-            csd: false,
-            iflag: false,
-        };
-        enc.packet(&mode, &mut out).unwrap();
-        enc.ip_packet(IpKind::TipPge, Some(r.ip), &mut out).unwrap();
-        if let Some(tsc) = r.inside {
-            enc.packet(&Packet::Tsc { tsc }, &mut out).unwrap();
-        }
-        let mut bits = vec![true; usize::from(r.taken)];
-        bits.push(false);
-        super::synth::short_tnts(&mut enc, &bits, &mut out);
-        enc.ip_packet(IpKind::TipPgd, None, &mut out).unwrap();
+        region_packets(&mut enc, r, r.inside, &mut out);
         if let Some(tsc) = r.psb_after {
             enc.psb(&mut out);
             enc.packet(&Packet::Tsc { tsc }, &mut out).unwrap();
@@ -197,17 +202,7 @@ pub fn cpu_stream_mtc(start: u64, regions: &[Region]) -> Vec<u8> {
     enc.packet(&Packet::PsbEnd, &mut out).unwrap();
     for r in regions {
         mtc_at(&mut enc, (r.at - 1) / MTC_TICKS * MTC_TICKS, &mut out);
-        let mode = Packet::ModeExec {
-            csl: true,
-            csd: false,
-            iflag: false,
-        };
-        enc.packet(&mode, &mut out).unwrap();
-        enc.ip_packet(IpKind::TipPge, Some(r.ip), &mut out).unwrap();
-        let mut bits = vec![true; usize::from(r.taken)];
-        bits.push(false);
-        super::synth::short_tnts(&mut enc, &bits, &mut out);
-        enc.ip_packet(IpKind::TipPgd, None, &mut out).unwrap();
+        region_packets(&mut enc, r, None, &mut out);
         mtc_at(
             &mut enc,
             (r.at + 6).div_ceil(MTC_TICKS) * MTC_TICKS,
