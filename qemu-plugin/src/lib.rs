@@ -113,11 +113,21 @@ fn test_claim_delay() {
 
 /// Whether the block after `b` may start at a breakpoint of the pause file's list, or one lies
 /// inside `b` or at its start (`base`: the mapping, `n` breakpoints).
-fn may_reach_breakpoint(base: *mut AtomicU64, n: u64, b: Option<&BlockInfo>) -> bool {
+fn may_reach_breakpoint(
+    base: *mut AtomicU64,
+    n: u64,
+    b: Option<&BlockInfo>,
+    ret_to: Option<u64>,
+) -> bool {
     let Some(b) = b else { return false };
     // At its start too: a thread that came to the block while the breakpoint was out of QEMU
-    // (a step over it) runs it without QEMU's check.
-    breakpoints(base, n).any(|bp| (bp >= b.start && bp <= b.fallthrough) || b.target == Some(bp))
+    // (a step over it) runs it without QEMU's check. A block ending in `ret` may lead to the
+    // return address its thread's innermost call pushed (`ret_to`): where GDB's `finish` and
+    // `next` over a call put their breakpoint, which another thread returning from the same
+    // function reaches too.
+    breakpoints(base, n).any(|bp| {
+        (bp >= b.start && bp <= b.fallthrough) || b.target == Some(bp) || ret_to == Some(bp)
+    })
 }
 
 /// The first `n` addresses of the pause file's breakpoint list (`base`: the mapping).
@@ -198,19 +208,25 @@ fn held_at_breakpoint(base: *mut AtomicU64, pc: u64) -> bool {
 /// both). Publishes where it waits: `b`'s start (0 at a system call's return). Never waits
 /// inside a translation (no QEMU lock is held).
 #[inline]
-fn pause_point(vcpu: c_uint, tid: u32, b: Option<&BlockInfo>) {
+fn pause_point(vcpu: c_uint, tid: u32, b: Option<&BlockInfo>, ret_to: Option<u64>) {
     let base = PAUSE_GATE.load(Ordering::Relaxed);
     if base.is_null() {
         return;
     }
-    pause_point_gated(base, vcpu, tid, b);
+    pause_point_gated(base, vcpu, tid, b, ret_to);
 }
 
 /// [`pause_point`] with a gate (live sessions). Kept out of line: inlined, its body made the
 /// block callback of every recording slower (qsort 1 M: 2.50 → 2.91 CPU seconds).
 #[cold]
 #[inline(never)]
-fn pause_point_gated(base: *mut AtomicU64, vcpu: c_uint, tid: u32, b: Option<&BlockInfo>) {
+fn pause_point_gated(
+    base: *mut AtomicU64,
+    vcpu: c_uint,
+    tid: u32,
+    b: Option<&BlockInfo>,
+    ret_to: Option<u64>,
+) {
     use output::pause_gate as g;
     // SAFETY: the gate mapping holds `g::SIZE / 8` words and is never unmapped.
     let word = |i: usize| unsafe { &*base.add(i) };
@@ -218,7 +234,7 @@ fn pause_point_gated(base: *mut AtomicU64, vcpu: c_uint, tid: u32, b: Option<&Bl
     let (gate, claim) = (word(g::GATE), word(g::CLAIM));
     let wants = {
         let n = word(g::NBPS).load(Ordering::Relaxed);
-        n != 0 && may_reach_breakpoint(base, n, b)
+        n != 0 && may_reach_breakpoint(base, n, b, ret_to)
     };
     if gate.load(Ordering::Acquire) == 0 && claim.load(Ordering::Acquire) == 0 && !wants {
         report_deferred_watch(vcpu, tid);
@@ -832,8 +848,16 @@ extern "C" fn on_tb_exec(vcpu: c_uint, udata: *mut c_void) {
     }
     v.mirror();
     let tid = v.tid;
+    // A block ending in `ret` returns, as far as the trace knows, to its innermost call's
+    // return address (the encoder's RET-compression stack: emptied at each PSB, when nothing
+    // is predicted).
+    let ret_to = if b.class == ptrewind::flow::InsnClass::Return {
+        v.tracer.encoder().predicted_return()
+    } else {
+        None
+    };
     // After the block is announced (the tail file says it is running, none of it executed).
-    pause_point(vcpu, tid, Some(b));
+    pause_point(vcpu, tid, Some(b), ret_to);
 }
 
 /// Right before a breakpoint inside a block translated while the debugger had it out of QEMU
@@ -1037,7 +1061,7 @@ extern "C" fn on_syscall(
             // once the program runs again.
             if !PAUSE_GATE.load(Ordering::Relaxed).is_null() {
                 let tid = s.with(|v| v.tid);
-                pause_point(vcpu, if tid == 0 { gettid() } else { tid }, None);
+                pause_point(vcpu, if tid == 0 { gettid() } else { tid }, None, None);
             }
             s.with(|v| finish(v, "exit"))
         }
@@ -1057,7 +1081,7 @@ extern "C" fn on_syscall_ret(_id: qemu_plugin_id_t, vcpu: c_uint, num: i64, ret:
     {
         // A signal that came during the call reaches the gdbstub before the next block.
         let tid = s.with(|v| v.tid);
-        pause_point(vcpu, if tid == 0 { gettid() } else { tid }, None);
+        pause_point(vcpu, if tid == 0 { gettid() } else { tid }, None, None);
     }
     match num {
         SYS_MMAP => {

@@ -316,6 +316,13 @@ impl SoftEncoder {
         true
     }
 
+    /// Where the next return goes if it returns to the innermost call encoded since the last
+    /// PSB (the top of the RET-compression stack), as far as the stack knows: what a capture
+    /// that sees a block ending in `ret` before it runs can expect its target to be.
+    pub fn predicted_return(&self) -> Option<u64> {
+        self.ret_stack.peek()
+    }
+
     /// Encodes `insns` instructions from `start` that executed without changing the flow (a
     /// block cut short: the instruction after them is where an asynchronous transfer or a
     /// restart happened). Nothing is written unless tracing has to be (re-)enabled at `start`.
