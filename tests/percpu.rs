@@ -102,6 +102,26 @@ fn no_switch_records_is_an_error() {
     );
 }
 
+/// Decodes every thread of `split`: no decode error, and each thread's instructions are its
+/// own, in order, some perhaps left out (regions given to no thread); returns how many were
+/// given.
+fn given_in_order(split: &ptrewind::store::percpu::ThreadSplit) -> usize {
+    let img = image();
+    let truth = percpu::truth();
+    let mut total = 0;
+    for t in &split.threads {
+        let (ips, errors) = flow_ips(&t.stream.data, &img);
+        assert!(errors.is_empty(), "thread {}: {errors:?}", t.tid);
+        assert!(
+            is_subsequence(&ips, &truth[&t.tid]),
+            "thread {}: {ips:x?}",
+            t.tid
+        );
+        total += ips.len();
+    }
+    total
+}
+
 /// `a` is `b` with some elements left out, in order.
 fn is_subsequence(a: &[u64], b: &[u64]) -> bool {
     let mut it = b.iter();
@@ -136,19 +156,8 @@ fn missing_switch_records_leave_regions_unattributed_not_misattributed() {
         "{:?}",
         r.problems()
     );
-    let img = image();
+    let total = given_in_order(&split);
     let truth = percpu::truth();
-    let mut total = 0;
-    for t in &split.threads {
-        let (ips, errors) = flow_ips(&t.stream.data, &img);
-        assert!(errors.is_empty(), "thread {}: {errors:?}", t.tid);
-        assert!(
-            is_subsequence(&ips, &truth[&t.tid]),
-            "thread {}: {ips:x?}",
-            t.tid
-        );
-        total += ips.len();
-    }
     // Lost: thread 101's 4 instructions on CPU 1.
     let all: usize = truth.values().map(Vec::len).sum();
     assert_eq!(total, all - 4);
@@ -207,20 +216,7 @@ fn mtc_times_place_regions_between_timestamps() {
             .all(|u| matches!(u.why, Unattributed::Ambiguous(_))),
         "{r:?}"
     );
-    for t in &split_none.threads {
-        let (ips, errors) = flow_ips(&t.stream.data, &img);
-        assert!(errors.is_empty(), "thread {}: {errors:?}", t.tid);
-        assert!(
-            is_subsequence(&ips, &truth[&t.tid]),
-            "thread {}: {ips:x?}",
-            t.tid
-        );
-    }
-    let given: usize = split_none
-        .threads
-        .iter()
-        .map(|t| flow_ips(&t.stream.data, &img).0.len())
-        .sum();
+    let given = given_in_order(&split_none);
     // Thread 101's first two regions: 3 + 2 instructions.
     assert_eq!(given, 5);
 }
