@@ -850,8 +850,10 @@ extern "C" fn on_tb_exec(vcpu: c_uint, udata: *mut c_void) {
     let tid = v.tid;
     // A block ending in `ret` returns, as far as the trace knows, to its innermost call's
     // return address (the encoder's RET-compression stack: emptied at each PSB, when nothing
-    // is predicted).
-    let ret_to = if b.class == ptrewind::flow::InsnClass::Return {
+    // is predicted). Only a live session (a pause gate) asks.
+    let ret_to = if b.class == ptrewind::flow::InsnClass::Return
+        && !PAUSE_GATE.load(Ordering::Relaxed).is_null()
+    {
         v.tracer.encoder().predicted_return()
     } else {
         None

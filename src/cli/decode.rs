@@ -369,7 +369,8 @@ fn decode_qemu(
     let mut errors = 0;
     let mut pids = all.pids();
     // The launched process first (pids may wrap), then its children by id.
-    pids.sort_by_key(|&p| (Some(p) != all.launched_pid(), p));
+    let launched = all.launched_pid();
+    pids.sort_by_key(|&p| (Some(p) != launched, p));
     for recorded in pids.into_iter().filter_map(|p| all.process(p)) {
         if recorded.threads.is_empty() {
             continue;

@@ -151,10 +151,7 @@ pub fn cut_at_execs(data: &[u8], execs: &[ExecAt<'_>], timing: &TimingConfig) ->
         let tsc = tscs.get(k).map(|t| t.1);
         let k = mtcs.partition_point(|&(off, _)| off < start);
         let mtc = mtcs.get(k).zip(slack).map(|(t, s)| t.1.saturating_add(s));
-        match (tsc, mtc) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [tsc, mtc].into_iter().flatten().min()
     };
     let bounds: Vec<(Option<u64>, Option<u64>)> = (0..=n).map(|i| (lo(i), hi(i))).collect();
     let mut order: Vec<usize> = (0..execs.len()).collect();
