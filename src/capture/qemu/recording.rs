@@ -758,18 +758,21 @@ impl Recorded {
     pub fn launched_pid(&self) -> Option<u32> {
         self.maps
             .iter()
+            .filter(|(p, _)| self.only.is_none_or(|o| o == *p))
             .find(|(_, text)| text.starts_with("# snapshot start"))
             .map(|(pid, _)| *pid)
             .or_else(|| self.pids().first().copied())
     }
 
-    /// Every process recorded (with a stream or mappings), by id.
+    /// Every process recorded (with a stream or mappings), by id; of a recording narrowed to
+    /// one process ([`Recorded::process`]), that one alone (its `maps` keep the others').
     pub fn pids(&self) -> Vec<u32> {
         let mut pids: Vec<u32> = self
             .threads
             .iter()
             .map(|t| t.pid)
             .chain(self.maps.iter().map(|m| m.0))
+            .filter(|&p| self.only.is_none_or(|o| o == p))
             .collect();
         pids.sort_unstable();
         pids.dedup();
