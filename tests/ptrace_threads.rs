@@ -540,3 +540,87 @@ fn gdb_scheduler_locked_next_runs_the_stepped_thread_alone() {
         r.dump()
     );
 }
+
+/// Each position `monitor threads` gave thread `tid` (its instructions executed), in order,
+/// with whether it was the selected thread.
+fn positions_of(text: &str, tid: &str) -> Vec<(bool, u64)> {
+    text.lines()
+        .filter_map(|l| {
+            let rest = l
+                .trim_start_matches(['*', ' '])
+                .strip_prefix(&format!("thread {tid}: instruction "))?;
+            Some((
+                l.starts_with('*'),
+                rest.split_whitespace().next()?.parse().ok()?,
+            ))
+        })
+        .collect()
+}
+
+/// GDB's default scheduler locking resumes the whole process for a reverse step (`Hc pPID.0`,
+/// "any thread") after setting its general thread (`Hg`) to the thread the user selected:
+/// `thread 1` at a worker's crash, then `reverse-stepi`, steps main one instruction back in
+/// its own history, twice, and GDB stays in it. Before, the first thread listed (the crashed
+/// worker) stepped and GDB switched to it ("Thread 2 received signal SIGTRAP"). `info threads`
+/// first makes GDB read every thread's registers, so `thread 1` sends nothing and the `Hg`
+/// comes only right before the resume.
+#[test]
+fn reverse_stepi_steps_the_thread_gdb_selected() {
+    let r = gdb_session(
+        record(&["crash"], &[]),
+        program(),
+        &[
+            "continue",
+            "info threads",
+            "thread 1",
+            "echo BEFORE\\n",
+            r#"printf "PC %lx\n", $pc"#,
+            "reverse-stepi",
+            "echo AFTER\\n",
+            r#"printf "PC %lx\n", $pc"#,
+            "monitor threads",
+            "reverse-stepi",
+            "echo AGAIN\\n",
+            "monitor threads",
+            "info threads",
+            "kill",
+        ],
+        TIMEOUT,
+    );
+    let main_tid = r
+        .gdb
+        .split("Thread ")
+        .filter_map(|s| s.split_once(['.', ' ']))
+        .find_map(|(pid, rest)| {
+            let tid: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            (tid == pid).then_some(tid)
+        })
+        .unwrap_or_else(|| panic!("no main thread\n{}", r.dump()));
+    let before = r.after("BEFORE");
+    let before = &before[..before.find("AFTER").unwrap_or(before.len())];
+    let after = r.after("AFTER");
+    let after = &after[..after.find("AGAIN").unwrap_or(after.len())];
+    let again = r.after("AGAIN");
+    for text in [after, again] {
+        assert!(!text.contains("Switching to Thread"), "{}", r.dump());
+        assert!(!text.contains("received signal"), "{}", r.dump());
+    }
+    let pc = |text: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix("PC "))
+            .map(str::to_string)
+            .unwrap_or_else(|| panic!("no PC\n{}", r.dump()))
+    };
+    assert_ne!(pc(before), pc(after), "{}", r.dump());
+    // GDB prints the monitor replies on another stream than the echoes: in order, but not
+    // between the marks.
+    let positions = positions_of(&r.gdb, &main_tid);
+    let [(true, first), (true, second)] = positions[..] else {
+        panic!(
+            "main selected at two positions: {positions:?}\n{}",
+            r.dump()
+        );
+    };
+    assert_eq!(second + 1, first, "{}", r.dump());
+    assert!(again.contains("* 1    Thread"), "{}", r.dump());
+}

@@ -151,6 +151,11 @@ pub struct GdbStubAdapter {
     pub(super) kept_child: Option<i32>,
     /// Notices of the server's own (e.g. a fork it settled itself), sent with the target's.
     pub(super) notices: Vec<crate::target::Notice>,
+    /// The thread GDB has selected, for a `bs` whose `Hc` named no thread: GDB's default
+    /// scheduler locking resumes the whole process (`Hc pPID.0`, "any thread") and relies on
+    /// the stub stepping its general thread (`Hg`), as gdbserver does; gdbstub would step the
+    /// first listed one. Set by the router for that one packet.
+    pub(super) wildcard_step_thread: Option<i32>,
 }
 
 impl std::fmt::Debug for GdbStubAdapter {
@@ -181,6 +186,7 @@ impl GdbStubAdapter {
             child_breakpoints: None,
             vfork_reported: false,
             kept_child: None,
+            wildcard_step_thread: None,
             notices: Vec::new(),
         }
     }
@@ -560,8 +566,9 @@ impl GdbStubAdapter {
 
 impl ReverseStep<Tid> for GdbStubAdapter {
     fn reverse_step(&mut self, tid: Tid) -> Result<(), Self::Error> {
-        // The thread GDB selected (`Hc`) steps.
-        self.target.select_thread(tid.get() as i32);
+        // The thread GDB named (`Hc`) steps; under a wildcard `Hc`, its general thread.
+        let tid = self.wildcard_step_thread.take().unwrap_or(tid.get() as i32);
+        self.target.select_thread(tid);
         self.reverse(ReverseResume::Step)
     }
 }

@@ -565,6 +565,9 @@ impl Router {
             c.send_packet(&reply).map_err(ServerError::Io)?;
             return Ok(sm);
         }
+        if plain == b"bs" {
+            session.wildcard_step_thread = self.wildcard_step_thread(session);
+        }
         // gdbstub ends the session on a step of "all threads" (`s`/`bs` after `Hc-1`).
         let resume_all = self
             .state
@@ -607,6 +610,25 @@ impl Router {
             conn(&mut sm).replace_reply = Some(b"X09".to_vec());
         }
         feed_raw(sm, session, &frame(body))
+    }
+}
+
+impl Router {
+    /// The thread a `bs` steps when GDB's `Hc` named none (`pPID.0`, `0`, or no `Hc`): GDB's
+    /// general thread (`Hg`), which it sets to its selected thread before resuming, as
+    /// gdbserver steps it; `None` (gdbstub's choice) after a stop reply, which made the stop
+    /// thread the general one, or when `Hg` names no thread of the target.
+    fn wildcard_step_thread(&self, session: &GdbStubAdapter) -> Option<i32> {
+        let named =
+            |text: Option<&str>| match text.map(|t| super::rsp::parse_thread_id(t.as_bytes())) {
+                Some(Ok(super::rsp::ThreadSel::Thread { tid, .. })) => i32::try_from(tid).ok(),
+                _ => None,
+            };
+        if named(self.state.continue_thread.as_deref()).is_some() {
+            return None;
+        }
+        named(self.state.general_thread.as_deref())
+            .filter(|tid| session.target().thread_ids().contains(tid))
     }
 }
 
