@@ -952,6 +952,61 @@ fn every_threads_past_in_a_live_session() {
     );
 }
 
+/// A worker's past, then the program's end, in one session. `thread 1` at a worker's hit,
+/// then `reverse-stepi`: main steps, as GDB selected it (GDB resumes "any thread" of the
+/// process and names its choice with `Hg`; the worker stepped, first in the list). Back to
+/// the present and on to the held exit: only main is listed there — the workers ended while
+/// the program ran on, and the list of the last stop, where they lived, used to stay (GDB:
+/// "Could not read registers; remote failure reply 'E05'" in `info threads`).
+#[test]
+fn the_selected_thread_steps_back_and_ended_workers_leave_the_list() {
+    let Some((_dir, exe)) = setup_mt() else {
+        return;
+    };
+    let tid = "python print(\"TID\", gdb.selected_thread().ptid[1])";
+    let run = session(
+        &exe,
+        &[],
+        &cmds(&[
+            "break work",
+            "continue",
+            "continue",
+            tid,
+            "thread 1",
+            "reverse-stepi",
+            tid,
+            "reverse-continue",
+            "delete",
+            "continue",
+            "continue",
+            "echo @end\\n",
+            "info threads",
+            "echo @end-end\\n",
+            "kill",
+        ]),
+    );
+    let main = i64::from(run.pid);
+    let tids: Vec<i64> = run
+        .tagged("TID")
+        .iter()
+        .map(|t| t.parse().expect("a thread id"))
+        .collect();
+    assert_eq!(tids.len(), 2, "{}", run.dump());
+    assert_ne!(
+        tids[0],
+        main,
+        "the second hit is a worker's\n{}",
+        run.dump()
+    );
+    assert_eq!(tids[1], main, "{}", run.dump());
+    assert!(run.gdb.contains("the program is exiting"), "{}", run.dump());
+    let end = run.after("@end");
+    let end = &end[..end.find("@end-end").unwrap_or(end.len())];
+    assert!(!end.contains("Could not read registers"), "{}", run.dump());
+    assert!(end.contains("* 1    Thread"), "{}", run.dump());
+    assert_eq!(end.matches("Thread ").count(), 1, "{}", run.dump());
+}
+
 /// Two threads reaching one breakpoint again and again: every `continue` GDB makes is a step
 /// over the breakpoint (its breakpoints out of QEMU, the other threads held) and a continue.
 /// The breakpoint (`break hit`, after the prologue) lies inside the block that starts the

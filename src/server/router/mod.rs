@@ -62,6 +62,14 @@ pub struct RouterState {
     pub general_thread: Option<String>,
     /// The thread id text of the last `Hc` packet.
     pub continue_thread: Option<String>,
+    /// The thread GDB has selected as far as its packets say, for a reverse step that names
+    /// none (`bs` after a wildcard `Hc`): the last `Hg` naming one thread; `None` after a stop
+    /// GDB shows (the stop's thread is then its selected one), but kept across the stop of a
+    /// step of a thread GDB named itself (`Hc` + `bs`: its step of another thread off a
+    /// breakpoint before resuming the whole process, after which it sends no `Hg` again).
+    pub selected_thread: Option<String>,
+    /// The last resume was a reverse step of a thread GDB named (`Hc` naming one, then `bs`).
+    named_step: bool,
     /// The features GDB sent in its `qSupported` packet.
     pub client_features: Vec<String>,
 }
@@ -310,6 +318,9 @@ impl Router {
                         // its next request for that thread (btrace reads a thread's trace
                         // right after the stop that reported it).
                         self.state.general_thread = None;
+                        if !std::mem::take(&mut self.state.named_step) {
+                            self.state.selected_thread = None;
+                        }
                         let expedited = match ev {
                             StopEvent::Exited(_) | StopEvent::Killed(_) => None,
                             _ => session.target_mut().read_thread_registers(tid).ok(),
@@ -567,6 +578,9 @@ impl Router {
         }
         if plain == b"bs" {
             session.wildcard_step_thread = self.wildcard_step_thread(session);
+            self.state.named_step = named_thread(self.state.continue_thread.as_deref()).is_some();
+        } else if is_resume(&plain) {
+            self.state.named_step = false;
         }
         // gdbstub ends the session on a step of "all threads" (`s`/`bs` after `Hc-1`).
         let resume_all = self
@@ -597,7 +611,11 @@ impl Router {
                 conn(&mut sm).rewrite_features = Some(features);
             }
         } else if let Some(thread) = plain.strip_prefix(b"Hg") {
-            self.state.general_thread = Some(String::from_utf8_lossy(thread).into_owned());
+            let thread = String::from_utf8_lossy(thread).into_owned();
+            if named_thread(Some(&thread)).is_some() {
+                self.state.selected_thread = Some(thread.clone());
+            }
+            self.state.general_thread = Some(thread);
         } else if let Some(thread) = plain.strip_prefix(b"Hc") {
             self.state.continue_thread = Some(String::from_utf8_lossy(thread).into_owned());
         } else if plain == b"QStartNoAckMode" {
@@ -614,22 +632,32 @@ impl Router {
 }
 
 impl Router {
-    /// The thread a `bs` steps when GDB's `Hc` named none (`pPID.0`, `0`, or no `Hc`): GDB's
-    /// general thread (`Hg`), which it sets to its selected thread before resuming, as
-    /// gdbserver steps it; `None` (gdbstub's choice) after a stop reply, which made the stop
-    /// thread the general one, or when `Hg` names no thread of the target.
+    /// The thread a `bs` steps when GDB's `Hc` named none (`pPID.0`, `0`, or no `Hc`): the
+    /// thread GDB selected (`RouterState::selected_thread`), as gdbserver steps its general
+    /// thread; `None` (gdbstub's choice: the stop's thread, listed first) when GDB's packets
+    /// say nothing since its last stop, or name no thread of the target.
     fn wildcard_step_thread(&self, session: &GdbStubAdapter) -> Option<i32> {
-        let named =
-            |text: Option<&str>| match text.map(|t| super::rsp::parse_thread_id(t.as_bytes())) {
-                Some(Ok(super::rsp::ThreadSel::Thread { tid, .. })) => i32::try_from(tid).ok(),
-                _ => None,
-            };
-        if named(self.state.continue_thread.as_deref()).is_some() {
+        if named_thread(self.state.continue_thread.as_deref()).is_some() {
             return None;
         }
-        named(self.state.general_thread.as_deref())
+        named_thread(self.state.selected_thread.as_deref())
             .filter(|tid| session.target().thread_ids().contains(tid))
     }
+}
+
+/// The thread a thread id text (`pPID.TID`, `TID`) names; `None` for "any", "all" or junk.
+fn named_thread(text: Option<&str>) -> Option<i32> {
+    match text.map(|t| super::rsp::parse_thread_id(t.as_bytes())) {
+        Some(Ok(super::rsp::ThreadSel::Thread { tid, .. })) => i32::try_from(tid).ok(),
+        _ => None,
+    }
+}
+
+/// A packet that resumes the program (forward or backward).
+fn is_resume(plain: &[u8]) -> bool {
+    plain.starts_with(b"vCont;")
+        || plain == b"bc"
+        || matches!(plain.first(), Some(b'c' | b's' | b'C' | b'S'))
 }
 
 fn feed_raw<'a>(

@@ -443,6 +443,8 @@ impl LiveBackend for QemuLive {
                 self.stepping = false;
                 self.stop_thread = self.main;
                 self.selected = self.main;
+                // Workers that ended since the last stop are gone from the list at this one.
+                self.threads_stale = true;
                 // The gate holds a thread at its `exit`/`exit_group` system call: no signal.
                 return Ok(Some(StopEvent::Exiting { signal: None }));
             }

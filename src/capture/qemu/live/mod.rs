@@ -767,7 +767,14 @@ impl QemuLive {
         if self.exited {
             return;
         }
-        if let Ok(mut list) = self.remote.threads() {
+        // Held at its `exit_group` inside the plugin, the program has the stub say nothing: the
+        // threads are those of the last stop, less the ones that have ended since.
+        let listed = if self.at_exit.is_some() {
+            Ok(self.thread_list.clone())
+        } else {
+            self.remote.threads()
+        };
+        if let Ok(mut list) = listed {
             // A thread that has made its `exit` call (the plugin ended its stream) is gone for
             // the program, though QEMU may still list it while it winds down, and its registers
             // can no longer be read (GDB: "Could not read registers").
