@@ -624,3 +624,77 @@ fn reverse_stepi_steps_the_thread_gdb_selected() {
     assert_eq!(second + 1, first, "{}", r.dump());
     assert!(again.contains("* 1    Thread"), "{}", r.dump());
 }
+
+/// Three workers that sleep in turns, then worker 1 writes through a null pointer.
+const SLEEPERS_SRC: &str = r#"
+#include <pthread.h>
+#include <unistd.h>
+volatile int counter[3];
+int *bad;
+void *w(void *a) {
+    long id = (long)a;
+    for (int i = 0; i < 15; i++) { counter[id]++; usleep(20000); }
+    if (id == 1) *bad = 42;
+    return 0;
+}
+int main(void) {
+    pthread_t t[3];
+    for (long i = 0; i < 3; i++) pthread_create(&t[i], 0, w, (void *)i);
+    for (int i = 0; i < 3; i++) pthread_join(t[i], 0);
+    return 0;
+}
+"#;
+
+/// `ptrewind attach` to a process whose workers already run (they sleep): at the start of the
+/// history every thread is listed, with its registers — they existed before the first
+/// recorded instruction, waiting in `clock_nanosleep`/`futex`. Before, a thread was listed in
+/// the past only from its own first recorded instruction, so the start of an attached
+/// process's history showed main alone.
+#[test]
+fn attached_threads_exist_from_the_start_of_the_history() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("ptrace-threads-attach");
+    std::fs::create_dir_all(&dir).unwrap();
+    let program = compile_source(
+        "cc",
+        &dir,
+        "sleepers",
+        SLEEPERS_SRC,
+        &["-g", "-O0", "-pthread"],
+        &[],
+    );
+    let mut victim = std::process::Command::new(&program)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(60));
+    let server = Server::spawn(ptrewind().args([
+        "attach",
+        "--listen",
+        "127.0.0.1:0",
+        &victim.id().to_string(),
+    ]));
+    let r = gdb_session(
+        server,
+        &program,
+        &[
+            "continue",
+            "echo CRASHED\\n",
+            "reverse-continue",
+            "echo START\\n",
+            "info threads",
+            "thread apply all print $pc != 0",
+            "echo START-END\\n",
+            "kill",
+        ],
+        TIMEOUT,
+    );
+    let _ = victim.kill();
+    let _ = victim.wait();
+    assert!(r.gdb.contains("received signal SIGSEGV"), "{}", r.dump());
+    r.expect("No more reverse-execution history");
+    let start = r.after("START");
+    let start = &start[..start.find("START-END").unwrap_or(start.len())];
+    assert_eq!(start.matches("  Thread ").count(), 4, "{}", r.dump());
+    assert_eq!(start.matches("= 1").count(), 4, "{}", r.dump());
+    assert!(!start.contains("Could not read registers"), "{}", r.dump());
+}

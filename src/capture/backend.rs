@@ -114,6 +114,14 @@ pub trait LiveBackend {
         vec![(self.tid(), self.store())]
     }
 
+    /// The threads (besides the main one) that existed before the recording's first
+    /// instruction — those of a process attached to, or created before recording began: in
+    /// the past they are listed from the start of the history, not from their own first
+    /// recorded instruction (they were waiting, in a system call, until then). Default: none.
+    fn threads_at_start(&self) -> Vec<i32> {
+        Vec::new()
+    }
+
     /// The executable file, as an absolute path if known.
     fn exec_path(&mut self) -> Option<PathBuf>;
 

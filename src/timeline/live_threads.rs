@@ -116,8 +116,14 @@ impl Timeline {
         let main_len = self.ensure_indexed(INDEX_WAIT)?;
         // A thread the backend no longer lists has ended, wherever its stream stops.
         let alive = self.live.as_ref().map(|l| l.threads()).unwrap_or_default();
+        let at_start = self
+            .live
+            .as_ref()
+            .map(|l| l.threads_at_start())
+            .unwrap_or_default();
         let mut clocks = Vec::with_capacity(stores.len());
         let mut tids = Vec::with_capacity(stores.len());
+        let mut from_start = Vec::with_capacity(stores.len());
         let mut parked: Vec<Option<Timeline>> = Vec::with_capacity(stores.len());
         let mut ends = Vec::with_capacity(stores.len());
         let mut skipped = Vec::new();
@@ -140,6 +146,7 @@ impl Timeline {
                 ends.push(clock.stop_ip());
                 clocks.push(clock);
                 tids.push(tid);
+                from_start.push(k == 0 || at_start.contains(&tid));
                 parked.push(None);
                 continue;
             }
@@ -174,6 +181,7 @@ impl Timeline {
             ends.push(clock.stop_ip().filter(|_| alive.contains(&tid)));
             clocks.push(clock);
             tids.push(tid);
+            from_start.push(k == 0 || at_start.contains(&tid));
             parked.push(Some(t));
         }
         if let Some(state) = self
@@ -211,6 +219,7 @@ impl Timeline {
             ended: None,
             skipped,
             live_ends: Some(ends),
+            from_start,
         }));
         self.set_global_position(total);
         Ok(())

@@ -57,19 +57,25 @@ pub(super) struct ThreadGroup {
     /// A live process's past (see `live_threads`): per thread, the PC its stream stopped at
     /// (the next instruction it runs at the present), `None` for a thread that ended.
     pub(super) live_ends: Option<Vec<Option<u64>>>,
+    /// A live process's past: per thread, whether it existed before the recording's first
+    /// instruction (attached to, or created before recording began), so it is listed from
+    /// the start of the history rather than from its own first instruction.
+    pub(super) from_start: Vec<bool>,
 }
 
 impl ThreadGroup {
     /// Whether thread `k` exists at the global position. In a live process's past a thread
-    /// exists from its first instruction until it has ended (its stream ends without a stop
-    /// there); offline, every recorded thread is listed throughout.
+    /// exists from its first instruction (from the start, if it existed before recording
+    /// began) until it has ended (its stream ends without a stop there); offline, every
+    /// recorded thread is listed throughout.
     fn exists(&self, k: usize) -> bool {
         let Some(ends) = &self.live_ends else {
             return true;
         };
         let n = self.order.executed_before(k, self.pos);
         let ended = ends.get(k).is_some_and(Option::is_none) && n >= self.order.thread_len(k);
-        n > 0 && !ended
+        let begun = n > 0 || self.from_start.get(k).copied().unwrap_or(false);
+        begun && !ended
     }
 }
 
@@ -279,6 +285,7 @@ impl Timeline {
             ended: fatal.map(|f| (ended_in, f.signal)),
             skipped,
             live_ends: None,
+            from_start: Vec::new(),
         }));
         me.set_global_position(total);
         me.select_index(ended_in);

@@ -241,6 +241,10 @@ impl LiveBackend for SoftCapture {
         self.rec.thread_stores()
     }
 
+    fn threads_at_start(&self) -> Vec<i32> {
+        self.rec.threads_at_start().to_vec()
+    }
+
     fn exited_thread_registers(&self, tid: i32) -> Option<X86Registers> {
         self.rec.exited_registers(tid).cloned()
     }

@@ -510,6 +510,9 @@ pub struct SoftRecorder<T: StepTarget> {
     stats: RecorderStats,
     /// Instructions stepped so far, readable from other threads (progress displays).
     steps: Arc<AtomicU64>,
+    /// The threads besides the main one that existed when the recorder was made (see
+    /// [`threads_at_start`](Self::threads_at_start)).
+    threads_at_start: Vec<i32>,
 }
 
 impl<T: StepTarget> std::fmt::Debug for SoftRecorder<T> {
@@ -635,11 +638,14 @@ impl<T: StepTarget> SoftRecorder<T> {
             at_exit: false,
             stats: RecorderStats::default(),
             steps: Arc::new(AtomicU64::new(0)),
+            threads_at_start: Vec::new(),
         };
-        // Threads the program created before the recording start (constructors).
+        // Threads the program created before the recording start (constructors), or all of
+        // a process attached to.
         for tid in me.target.threads() {
             if tid != main_tid {
                 me.add_lane(tid)?;
+                me.threads_at_start.push(tid);
             }
         }
         me.target.take_new_threads();

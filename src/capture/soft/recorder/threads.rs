@@ -237,6 +237,12 @@ impl<T: StepTarget> SoftRecorder<T> {
         Ok(())
     }
 
+    /// The threads besides the main one that existed when the recorder was made — all of a
+    /// process attached to, or those created before recording began — in the order found.
+    pub fn threads_at_start(&self) -> &[i32] {
+        &self.threads_at_start
+    }
+
     /// Every recorded thread, the main thread first, with its stream (ended threads too).
     pub fn thread_stores(&self) -> Vec<(i32, TraceStore)> {
         let mut v: Vec<(i32, TraceStore)> = std::iter::once(&self.lane)
