@@ -698,3 +698,63 @@ fn attached_threads_exist_from_the_start_of_the_history() {
     assert_eq!(start.matches("= 1").count(), 4, "{}", r.dump());
     assert!(!start.contains("Could not read registers"), "{}", r.dump());
 }
+
+/// A worker faults at a known address while main waits in its join.
+const FAULT_SRC: &str = r#"
+#include <pthread.h>
+void *w(void *a) { (void)a; *(volatile int *)0xdead000 = 1; return 0; }
+int main(void) { pthread_t t; pthread_create(&t, 0, w, 0); pthread_join(t, 0); return 0; }
+"#;
+
+/// GDB's `$_siginfo` (`qXfer:siginfo:read`) at a worker's crash: the kernel's `siginfo_t` of
+/// the fault — signal, `SEGV_MAPERR`, the faulting address — for the thread that got it; none
+/// for main, which stopped without a signal, nor in the past ("Unable to read siginfo", as
+/// gdbserver answers). Before, every read was "Unable to read siginfo".
+#[test]
+fn siginfo_of_a_fault_is_the_kernels() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("ptrace-threads-siginfo");
+    std::fs::create_dir_all(&dir).unwrap();
+    let program = compile_source(
+        "cc",
+        &dir,
+        "fault",
+        FAULT_SRC,
+        &["-g", "-O0", "-pthread"],
+        &[],
+    );
+    let server = Server::spawn(
+        ptrewind()
+            .args(["record", "--backend", "ptrace", "--listen", "127.0.0.1:0"])
+            .arg("--")
+            .arg(&program),
+    );
+    let r = gdb_session(
+        server,
+        &program,
+        &[
+            "continue",
+            r#"printf "SIGNO %d CODE %d ADDR %p\n", $_siginfo.si_signo, $_siginfo.si_code, $_siginfo._sifields._sigfault.si_addr"#,
+            "thread 1",
+            "print $_siginfo.si_signo",
+            "thread 2",
+            "reverse-stepi",
+            "print $_siginfo.si_signo",
+            "kill",
+        ],
+        TIMEOUT,
+    );
+    assert_eq!(
+        r.tagged("SIGNO"),
+        ["11 CODE 1 ADDR 0xdead000"],
+        "{}",
+        r.dump()
+    );
+    // GDB prints the errors on another stream than the echoes: counted, not placed.
+    assert_eq!(
+        r.gdb.matches("Unable to read siginfo").count(),
+        2,
+        "main's and the past's\n{}",
+        r.dump()
+    );
+    assert!(!r.gdb.contains("$1 = "), "{}", r.dump());
+}

@@ -212,6 +212,13 @@ pub trait LiveBackend {
         })
     }
 
+    /// The `siginfo_t` of the signal thread `tid` is stopped with at the present (GDB's
+    /// `$_siginfo`: a fault's address and cause, a signal's sender), as the kernel filled it;
+    /// `None` (the default) if it did not stop with a signal or the backend cannot tell.
+    fn stop_siginfo(&self, _tid: i32) -> Option<Vec<u8>> {
+        None
+    }
+
     /// The register file thread `tid` ended with, if it has exited and the backend kept it:
     /// with [`recorded_state`](Self::recorded_state), its exact registers at any earlier
     /// position are rebuilt from these (it has no present registers any more).

@@ -155,6 +155,10 @@ impl Target for RecordingTarget {
         self.exe.clone()
     }
 
+    fn stop_siginfo(&mut self, tid: i32) -> Option<Vec<u8>> {
+        self.inner.borrow().stop_siginfo(tid)
+    }
+
     fn read_registers(&mut self) -> TargetResult<X86Registers> {
         let r = self.inner.borrow_mut().read_registers()?;
         Ok(self.conform(r))

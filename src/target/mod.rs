@@ -626,6 +626,13 @@ pub trait Target {
         let _ = tid;
         self.read_registers()
     }
+    /// The `siginfo_t` of the signal thread `tid` is stopped with (GDB's `$_siginfo`, served
+    /// as `qXfer:siginfo:read`); `None` (the default) when it did not stop with a signal, in
+    /// the past, or when the target cannot tell.
+    fn stop_siginfo(&mut self, tid: i32) -> Option<Vec<u8>> {
+        let _ = tid;
+        None
+    }
     /// The executable file, as an absolute path if known.
     fn exec_path(&self) -> Option<PathBuf>;
     /// Reads all registers of the stopped thread.

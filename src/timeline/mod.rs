@@ -595,6 +595,15 @@ impl Timeline {
         self.cursor.is_some()
     }
 
+    /// The `siginfo_t` thread `tid` stopped with, at the present of a live process (see
+    /// [`LiveBackend::stop_siginfo`]); `None` in the past, where no signal is pending.
+    pub fn stop_siginfo(&self, tid: i32) -> Option<Vec<u8>> {
+        if self.is_replaying() || self.group.is_some() {
+            return None;
+        }
+        self.live.as_ref()?.stop_siginfo(tid)
+    }
+
     /// Address of history instruction `n`.
     pub fn insn_ip(&mut self, n: u64) -> Option<u64> {
         self.worker

@@ -241,6 +241,10 @@ impl LiveBackend for SoftCapture {
         self.rec.thread_stores()
     }
 
+    fn stop_siginfo(&self, tid: i32) -> Option<Vec<u8>> {
+        self.rec.stop_siginfo(tid).map(|b| b.to_vec())
+    }
+
     fn threads_at_start(&self) -> Vec<i32> {
         self.rec.threads_at_start().to_vec()
     }

@@ -80,6 +80,9 @@ pub struct SigInfo {
     pub code: i32,
 }
 
+/// The size of Linux's `siginfo_t` on x86-64, as GDB's `qXfer:siginfo:read` transfers it.
+pub const SIGINFO_SIZE: usize = 128;
+
 /// `si_code` of the single-step trap (`TRAP_TRACE`).
 pub const TRAP_TRACE: i32 = 2;
 /// `si_code` of the trap reported after single-stepping a system call (`TRAP_BRKPT`).
@@ -109,6 +112,12 @@ pub trait StepTarget {
     fn cont(&mut self, signal: Option<Signal>) -> Result<StepStop, TargetError>;
     /// The siginfo of the current signal stop.
     fn siginfo(&mut self) -> Result<SigInfo, TargetError>;
+    /// The whole `siginfo_t` of the current signal stop, as the kernel filled it (what GDB's
+    /// `$_siginfo` shows: the fault address of a `SIGSEGV`, the sender of a `kill`); `None`
+    /// if this target cannot read it.
+    fn siginfo_bytes(&mut self) -> Option<[u8; SIGINFO_SIZE]> {
+        None
+    }
     /// The thread's XSAVE image (x87, SSE, AVX state, as `PTRACE_GETREGSET NT_X86_XSTATE`
     /// returns it), for the state log; `None` if this target cannot read it (the log then
     /// reports the vector state before such instructions as unknown).
@@ -350,5 +359,13 @@ impl StepTarget for PtraceTarget {
             signo: si.si_signo,
             code: si.si_code,
         })
+    }
+
+    fn siginfo_bytes(&mut self) -> Option<[u8; SIGINFO_SIZE]> {
+        let si = nix::sys::ptrace::getsiginfo(Pid::from_raw(self.current_thread())).ok()?;
+        // SAFETY: `siginfo_t` is a plain C struct of integers, 128 bytes on x86-64 without
+        // padding (`transmute` checks the size when it compiles), which PTRACE_GETSIGINFO
+        // filled whole: every byte is initialised.
+        Some(unsafe { std::mem::transmute::<libc::siginfo_t, [u8; SIGINFO_SIZE]>(si) })
     }
 }

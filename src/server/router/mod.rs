@@ -1,7 +1,8 @@
 //! The packet router: our own connection loop in front of gdbstub's state machine, in three
 //! parts besides the loop here: `framing` (bytes ⇄ frames, both ways), `precheck` (what
 //! gdbstub would reject fatally, answered with a typed [`Refusal`]) and `lldb` (LLDB's
-//! packets); `threads_xfer` serves the thread list as one `qXfer` document.
+//! packets); `threads_xfer` serves the thread list as one `qXfer` document, `siginfo_xfer` the
+//! signal a thread stopped with.
 //!
 //! Every byte from GDB goes through a [`Framer`] first. Complete packets are then
 //!
@@ -21,6 +22,7 @@ mod forks;
 mod framing;
 mod lldb;
 mod precheck;
+mod siginfo_xfer;
 mod threads_xfer;
 
 pub use framing::{Frame, Framer, RouterConn};
@@ -183,6 +185,7 @@ impl Router {
         };
         lldb::register(&mut router);
         threads_xfer::register(&mut router);
+        siginfo_xfer::register(&mut router);
         forks::register(&mut router);
         router
     }

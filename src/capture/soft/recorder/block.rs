@@ -82,6 +82,7 @@ impl<T: StepTarget> SoftRecorder<T> {
                 // IP executed, the instruction at it did not.
                 self.stats.signal_stops += 1;
                 self.lane.pending_signal = Some(sig);
+                self.lane.stop_siginfo = self.target.siginfo_bytes();
                 let at = self.current_regs()?.rip;
                 Ok(Some(self.executed_straight(&block, at)))
             }

@@ -69,7 +69,9 @@ use super::classify::{CachedInsn, DecodeInsnError, InsnCache, InsnClass, cofi};
 use super::encoder::{EncoderConfig, EncoderStats, SoftEncoder, Step};
 use super::procmaps::{self, SymbolError};
 use super::state_log::{StateLog, SuspendedStep};
-use super::target::{StepStop, StepTarget, TRAP_BRKPT, TRAP_SIGNAL_DELIVERED, TRAP_TRACE};
+use super::target::{
+    SIGINFO_SIZE, StepStop, StepTarget, TRAP_BRKPT, TRAP_SIGNAL_DELIVERED, TRAP_TRACE,
+};
 use crate::image::Image;
 use crate::ring::{BuildError, Capabilities, IntOn, SharedRing, Topa, TraceSource, Wake};
 use crate::store::live::{Gap, TraceStore};
@@ -403,6 +405,8 @@ struct Lane {
     regs: Option<Gprs>,
     /// The signal its next step delivers.
     pending_signal: Option<Signal>,
+    /// The `siginfo_t` of the signal it stopped with, until its next step.
+    stop_siginfo: Option<[u8; SIGINFO_SIZE]>,
     ip_log: Option<Vec<u64>>,
     /// A step begun and not yet collected (a system call waiting for another thread).
     in_flight: Option<InFlight>,
@@ -443,6 +447,7 @@ impl Lane {
             store: TraceStore::new(),
             regs: None,
             pending_signal: None,
+            stop_siginfo: None,
             ip_log: config.log_ips.then(Vec::new),
             in_flight: None,
             stamp_due: false,
@@ -743,6 +748,15 @@ impl<T: StepTarget> SoftRecorder<T> {
     /// The signal the next step delivers (the one that stopped the process, if any).
     pub fn pending_signal(&self) -> Option<Signal> {
         self.lane.pending_signal
+    }
+
+    /// The `siginfo_t` of the signal thread `tid` stopped with (GDB's `$_siginfo`), while it
+    /// is stopped there; `None` for a thread that did not stop with a signal.
+    pub fn stop_siginfo(&self, tid: i32) -> Option<[u8; SIGINFO_SIZE]> {
+        std::iter::once(&self.lane)
+            .chain(self.parked.iter())
+            .find(|l| l.tid == tid)
+            .and_then(|l| l.stop_siginfo)
     }
 
     /// Replaces the signal the next step delivers: a debugger may suppress the signal that

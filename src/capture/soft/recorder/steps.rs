@@ -203,6 +203,7 @@ impl<T: StepTarget> SoftRecorder<T> {
             self.lane.exit_xstate = self.target.xstate();
         }
         let signal = self.lane.pending_signal.take();
+        self.lane.stop_siginfo = None;
         if let (Some(log), Some(_)) = (self.state_log.as_mut(), signal)
             && self.recording
         {
@@ -354,6 +355,7 @@ impl<T: StepTarget> SoftRecorder<T> {
             StepStop::Signal(sig) => {
                 self.stats.signal_stops += 1;
                 self.lane.pending_signal = Some(sig);
+                self.lane.stop_siginfo = self.target.siginfo_bytes();
                 let after = self.current_regs()?;
                 if after.rip != ip {
                     // A system call interrupted by the signal entered the kernel and stopped
