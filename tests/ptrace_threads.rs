@@ -758,3 +758,36 @@ fn siginfo_of_a_fault_is_the_kernels() {
     );
     assert!(!r.gdb.contains("$1 = "), "{}", r.dump());
 }
+
+/// `watch` + `reverse-continue` from the end of a multi-thread program: each worker's write of
+/// the shared counter, latest first, then the start of the history — no stop on the way. The
+/// system calls of threads (`clone3` writing the new thread's id, `futex` in every lock and
+/// join, `madvise` freeing an exiting worker's stack, `ioctl(TCGETS)` from stdio) are known
+/// writes now; each used to stop the search with "its memory writes are not all recorded".
+#[test]
+fn watch_reverse_continue_passes_the_system_calls_of_threads() {
+    let r = gdb_session(
+        record(&[], &["--stop-at-exit"]),
+        program(),
+        &[
+            "continue",
+            "watch shared",
+            "reverse-continue",
+            "reverse-continue",
+            "reverse-continue",
+            "kill",
+        ],
+        TIMEOUT,
+    );
+    assert!(r.gdb.contains("the program is exiting"), "{}", r.dump());
+    assert!(!r.gdb.contains("not all recorded"), "{}", r.dump());
+    assert_eq!(
+        r.gdb.matches("hit Hardware watchpoint 1: shared").count(),
+        2,
+        "{}",
+        r.dump()
+    );
+    assert!(r.gdb.contains("worker (arg=0x2)"), "{}", r.dump());
+    assert!(r.gdb.contains("worker (arg=0x1)"), "{}", r.dump());
+    r.expect("No more reverse-execution history");
+}

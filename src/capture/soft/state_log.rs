@@ -27,12 +27,17 @@
 //!   single-buffer calls (`recvfrom`, `getrandom`, `readlink`), the stat family (`stat`,
 //!   `fstat`, `lstat`, `newfstatat`, `statx`), `clock_gettime`, `gettimeofday`, `uname`,
 //!   `getrlimit`/`prlimit64`, `rt_sigaction` and `rt_sigprocmask` old values, and `poll`
-//!   descriptors — snapshotted before the SYSCALL step from the argument registers.
+//!   descriptors; the thread calls: `clone`/`clone3` thread ids and pidfds, `futex` (the PI
+//!   and `WAKE_OP` words; waits and wakes write none), `madvise` dropping pages (those that
+//!   held data, from `/proc/PID/pagemap`); the C library's terminal `ioctl`s — snapshotted
+//!   before the SYSCALL step from the argument registers.
 //!
 //! ## What is not (counted in [`StateLogStats`])
 //!
-//! * Other system calls that write user memory (`ioctl`, `readv`, `recvmsg`, `epoll_wait`,
-//!   `futex` word changes by other threads, ...): [`StateLogStats::unknown_syscalls`].
+//! * Other system calls that write user memory (other `ioctl`s, `readv`, `recvmsg`,
+//!   `epoll_wait`, `vfork`'s child running in our memory, ...):
+//!   [`StateLogStats::unknown_syscalls`]. The kernel's clearing of a thread's `child_tid` as
+//!   it exits (`CLONE_CHILD_CLEARTID`) is not an entry at all.
 //! * The signal frame the kernel writes below the stack pointer when it delivers a signal.
 //! * Memory operands with VSIB addressing (scatter) or whose size iced-x86 does not give
 //!   (the XSAVE family is sized from CPUID leaf 0DH): [`StateLogStats::unknown_writes`].
@@ -366,11 +371,95 @@ fn syscall_writes(r: &Gprs) -> Option<Vec<(u64, u64)>> {
         7 => vec![(a0, a1.saturating_mul(8))], // poll (fds, nfds, timeout): revents
         // No user-memory output: write, close, mmap (fresh pages), munmap, mprotect, brk,
         // lseek, exit, exit_group, getpid, kill, tgkill, rt_sigreturn (restores registers),
-        // sched_yield, nanosleep's NULL rem is common, openat, dup, pipe2 (2 ints).
-        1 | 3 | 8 | 9 | 10 | 11 | 12 | 15 | 24 | 39 | 60 | 62 | 110 | 186 | 200 | 231 | 234
-        | 257 | 32 | 33 | 37 | 38 | 21 | 102 | 104 | 107 | 108 | 218 | 273 | 334 => vec![],
+        // sched_yield, nanosleep's NULL rem is common, openat, dup, pipe2 (2 ints); fork (the
+        // child's memory is a copy; vfork's child runs in ours, unrecorded: not listed).
+        1 | 3 | 8 | 9 | 10 | 11 | 12 | 15 | 24 | 39 | 57 | 60 | 62 | 110 | 186 | 200 | 231
+        | 234 | 257 | 32 | 33 | 37 | 38 | 21 | 102 | 104 | 107 | 108 | 218 | 273 | 334 => vec![],
         22 | 293 => vec![(a0, 8)], // pipe, pipe2 (fds[2])
         35 | 230 => vec![(if r.rax == 35 { a1 } else { a3 }, 16)], // nanosleep, clock_nanosleep rem
+        202 => return futex_writes(a1, a0, a4),
+        16 => return ioctl_writes(a1, a2),
+        _ => return None,
+    })
+}
+
+/// Memory `madvise(addr, len, advice)` changes: `MADV_DONTNEED`, `MADV_FREE` and
+/// `MADV_REMOVE` drop pages, which then read as zeros (anonymous) or as their file's bytes —
+/// glibc does this to the unused part of a thread's stack as the thread exits, so every
+/// worker's end used to stop a watchpoint search. Only the pages that hold data (resident or
+/// swapped) can change; the others are not read. The other advice values change no contents.
+fn madvise_writes<T: StepTarget + ?Sized>(target: &mut T, r: &Gprs) -> Option<Vec<(u64, u64)>> {
+    match r.rdx {
+        4 | 8 | 9 => target.resident_ranges(r.rdi, r.rsi),
+        // NORMAL, RANDOM, SEQUENTIAL, WILLNEED; DONTFORK … POPULATE_WRITE
+        0..=3 | 10..=23 => Some(Vec::new()),
+        _ => None,
+    }
+}
+
+/// Memory `clone(flags, stack, parent_tid, child_tid, tls)` and `clone3(args, size)` write in
+/// this address space: the new thread's id at `parent_tid` (`CLONE_PARENT_SETTID`) and, for a
+/// thread sharing the memory (`CLONE_VM`), at `child_tid` (`CLONE_CHILD_SETTID`); a pidfd
+/// (`CLONE_PIDFD`) at `pidfd` (`clone3`) or `parent_tid` (`clone`). 32 bits each. Every
+/// `pthread_create` is one (glibc's `clone3`), so each used to stop a watchpoint search.
+fn clone_writes<T: StepTarget + ?Sized>(target: &mut T, r: &Gprs) -> Option<Vec<(u64, u64)>> {
+    const CLONE_VM: u64 = 0x100;
+    const CLONE_PIDFD: u64 = 0x1000;
+    const CLONE_PARENT_SETTID: u64 = 0x0010_0000;
+    const CLONE_CHILD_SETTID: u64 = 0x0100_0000;
+    let (flags, pidfd, child_tid, parent_tid) = if r.rax == 435 {
+        // struct clone_args: flags, pidfd, child_tid, parent_tid, … (u64 each).
+        if r.rsi < 32 {
+            return None;
+        }
+        let mut a = [0u8; 32];
+        if target.read_memory(r.rdi, &mut a).ok()? < a.len() {
+            return None;
+        }
+        let word =
+            |k: usize| u64::from_le_bytes(a[k * 8..k * 8 + 8].try_into().unwrap_or_default());
+        (word(0), word(1), word(2), word(3))
+    } else {
+        (r.rdi, r.rdx, r.r10, r.rdx)
+    };
+    let mut out = Vec::new();
+    if flags & CLONE_PIDFD != 0 {
+        out.push((pidfd, 4));
+    }
+    if flags & CLONE_PARENT_SETTID != 0 && !(r.rax == 56 && flags & CLONE_PIDFD != 0) {
+        out.push((parent_tid, 4));
+    }
+    if flags & CLONE_CHILD_SETTID != 0 && flags & CLONE_VM != 0 {
+        out.push((child_tid, 4));
+    }
+    Some(out)
+}
+
+/// Memory `futex(uaddr, op, val, timeout, uaddr2, val3)` writes: the wait and wake operations
+/// (what every lock, condition variable and `pthread_join` uses) write none — the futex word
+/// changes by the other threads' own instructions — while the PI operations set the owner's id
+/// in `uaddr` and `FUTEX_WAKE_OP` changes `uaddr2`, a 32-bit word each. Without this every
+/// `futex` ended a watchpoint search in a multi-thread program.
+fn futex_writes(op: u64, uaddr: u64, uaddr2: u64) -> Option<Vec<(u64, u64)>> {
+    // FUTEX_CMD_MASK: without FUTEX_PRIVATE_FLAG (128) and FUTEX_CLOCK_REALTIME (256).
+    Some(match op & !0x180 {
+        // WAIT, WAKE, FD, REQUEUE, CMP_REQUEUE, WAIT_BITSET, WAKE_BITSET
+        0..=4 | 9 | 10 => vec![],
+        5 => vec![(uaddr2, 4)],                   // WAKE_OP
+        6..=8 | 13 => vec![(uaddr, 4)],           // LOCK_PI, UNLOCK_PI, TRYLOCK_PI, LOCK_PI2
+        11 | 12 => vec![(uaddr, 4), (uaddr2, 4)], // WAIT_REQUEUE_PI, CMP_REQUEUE_PI
+        _ => return None,
+    })
+}
+
+/// Memory `ioctl(fd, request, arg)` writes, for the requests the C library makes on its own:
+/// `isatty` before buffering stdout (`TCGETS`, the kernel's 36-byte `struct termios`), the
+/// terminal size and pending input; any other request is unknown.
+fn ioctl_writes(request: u64, arg: u64) -> Option<Vec<(u64, u64)>> {
+    Some(match request & 0xffff_ffff {
+        0x5401 => vec![(arg, 36)],         // TCGETS
+        0x5413 => vec![(arg, 8)],          // TIOCGWINSZ
+        0x540f | 0x541b => vec![(arg, 4)], // TIOCGPGRP, FIONREAD
         _ => return None,
     })
 }
@@ -775,7 +864,12 @@ impl StateLog {
                 Some(nr) if before.rax == 219 => Gprs { rax: nr, ..*before },
                 _ => *before,
             };
-            match syscall_writes(&call) {
+            let writes = match call.rax {
+                28 => madvise_writes(target, &call),
+                56 | 435 => clone_writes(target, &call),
+                _ => syscall_writes(&call),
+            };
+            match writes {
                 Some(ranges) => {
                     for (addr, len) in ranges {
                         if addr != 0 {
@@ -1111,6 +1205,67 @@ impl StateLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn call(nr: u64, args: [u64; 5]) -> Gprs {
+        Gprs {
+            rax: nr,
+            rdi: args[0],
+            rsi: args[1],
+            rdx: args[2],
+            r10: args[3],
+            r8: args[4],
+            ..crate::target::regs::zeroed_gprs()
+        }
+    }
+
+    /// `futex`: waits and wakes (private or not, with or without a clock) write nothing; the
+    /// PI operations write the futex word, `FUTEX_WAKE_OP` the second word; an unknown
+    /// operation stays unknown.
+    #[test]
+    fn futex_writes_by_operation() {
+        let (u, u2) = (0x1000, 0x2000);
+        for op in [0, 1, 128, 129, 9 | 128 | 256, 10 | 128, 3, 4] {
+            assert_eq!(
+                syscall_writes(&call(202, [u, op, 1, 0, u2])),
+                Some(vec![]),
+                "op {op}"
+            );
+        }
+        assert_eq!(
+            syscall_writes(&call(202, [u, 5 | 128, 1, 1, u2])),
+            Some(vec![(u2, 4)])
+        );
+        for op in [6, 7 | 128, 8, 13] {
+            assert_eq!(
+                syscall_writes(&call(202, [u, op, 0, 0, u2])),
+                Some(vec![(u, 4)])
+            );
+        }
+        assert_eq!(
+            syscall_writes(&call(202, [u, 11, 0, 0, u2])),
+            Some(vec![(u, 4), (u2, 4)])
+        );
+        assert_eq!(syscall_writes(&call(202, [u, 77, 0, 0, u2])), None);
+    }
+
+    /// `ioctl`: the C library's terminal queries write their structures; others are unknown.
+    #[test]
+    fn ioctl_writes_by_request() {
+        let a = 0x7fff_0000;
+        assert_eq!(
+            syscall_writes(&call(16, [1, 0x5401, a, 0, 0])),
+            Some(vec![(a, 36)])
+        );
+        assert_eq!(
+            syscall_writes(&call(16, [1, 0x5413, a, 0, 0])),
+            Some(vec![(a, 8)])
+        );
+        assert_eq!(
+            syscall_writes(&call(16, [0, 0x541b, a, 0, 0])),
+            Some(vec![(a, 4)])
+        );
+        assert_eq!(syscall_writes(&call(16, [3, 0xc018_4800, a, 0, 0])), None);
+    }
 
     /// The diff-encoded vector snapshots decode to exactly the images pushed, across key
     /// boundaries, with images that change one chunk, several, or none between snapshots.
