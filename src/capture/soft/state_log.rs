@@ -29,15 +29,17 @@
 //!   `getrlimit`/`prlimit64`, `rt_sigaction` and `rt_sigprocmask` old values, and `poll`
 //!   descriptors; the thread calls: `clone`/`clone3` thread ids and pidfds, `futex` (the PI
 //!   and `WAKE_OP` words; waits and wakes write none), `madvise` dropping pages (those that
-//!   held data, from `/proc/PID/pagemap`); the C library's terminal `ioctl`s — snapshotted
-//!   before the SYSCALL step from the argument registers.
+//!   held data, from `/proc/PID/pagemap`), a thread's `exit` zeroing its `clear_child_tid`
+//!   word (`CLONE_CHILD_CLEARTID` of the `clone` that made it while recorded, or its
+//!   `set_tid_address`); the C library's terminal `ioctl`s — snapshotted before the SYSCALL
+//!   step from the argument registers.
 //!
 //! ## What is not (counted in [`StateLogStats`])
 //!
 //! * Other system calls that write user memory (other `ioctl`s, `readv`, `recvmsg`,
 //!   `epoll_wait`, `vfork`'s child running in our memory, ...):
-//!   [`StateLogStats::unknown_syscalls`]. The kernel's clearing of a thread's `child_tid` as
-//!   it exits (`CLONE_CHILD_CLEARTID`) is not an entry at all.
+//!   [`StateLogStats::unknown_syscalls`]. The `clear_child_tid` word of a thread created
+//!   before recording began (attach), which its `exit` zeroes, is not known.
 //! * The signal frame the kernel writes below the stack pointer when it delivers a signal.
 //! * Memory operands with VSIB addressing (scatter) or whose size iced-x86 does not give
 //!   (the XSAVE family is sized from CPUID leaf 0DH): [`StateLogStats::unknown_writes`].
@@ -124,6 +126,10 @@ struct Pending {
     xstate: Option<Vec<u8>>,
     /// The step may change vector/x87 state that could not be read.
     xstate_unknown: bool,
+    /// A `clone`/`clone3` of a thread the kernel will clear a word for when it exits
+    /// (`CLONE_CHILD_CLEARTID`): that word's address, bound to the new thread's id when the
+    /// call returns it.
+    clear_child_tid: Option<u64>,
 }
 
 /// The undo log (see the module docs). Layout per entry: 8 bytes, plus 9 bytes per changed
@@ -147,6 +153,9 @@ pub struct StateLog {
     /// Entry index of each recorded instruction.
     positions: Vec<u32>,
     syscall_nr: Option<u64>,
+    /// Per thread, the word the kernel zeroes when the thread exits (`CLONE_CHILD_CLEARTID`,
+    /// `set_tid_address`): its `exit` writes it.
+    clear_child_tid: std::collections::HashMap<i32, u64>,
     /// The system call the next `restart_syscall` continues (see [`StateLog::set_restarted_call`]).
     restarted_call: Option<u64>,
     /// Vector-state snapshots: (entry index, start of its record in `vec_data`), ascending
@@ -348,6 +357,9 @@ fn xsave_area_size() -> u64 {
     }
 }
 
+/// Address ranges `(start, len)` an instruction or system call writes.
+type WriteRanges = Vec<(u64, u64)>;
+
 /// Memory a system call writes, from its number and argument registers (see the module docs).
 fn syscall_writes(r: &Gprs) -> Option<Vec<(u64, u64)>> {
     let (a0, a1, a2, a3, a4) = (r.rdi, r.rsi, r.rdx, r.r10, r.r8);
@@ -402,8 +414,13 @@ fn madvise_writes<T: StepTarget + ?Sized>(target: &mut T, r: &Gprs) -> Option<Ve
 /// thread sharing the memory (`CLONE_VM`), at `child_tid` (`CLONE_CHILD_SETTID`); a pidfd
 /// (`CLONE_PIDFD`) at `pidfd` (`clone3`) or `parent_tid` (`clone`). 32 bits each. Every
 /// `pthread_create` is one (glibc's `clone3`), so each used to stop a watchpoint search.
-fn clone_writes<T: StepTarget + ?Sized>(target: &mut T, r: &Gprs) -> Option<Vec<(u64, u64)>> {
+/// Also the word the kernel zeroes when that thread exits (`CLONE_CHILD_CLEARTID`), if any.
+fn clone_writes<T: StepTarget + ?Sized>(
+    target: &mut T,
+    r: &Gprs,
+) -> Option<(WriteRanges, Option<u64>)> {
     const CLONE_VM: u64 = 0x100;
+    const CLONE_CHILD_CLEARTID: u64 = 0x0020_0000;
     const CLONE_PIDFD: u64 = 0x1000;
     const CLONE_PARENT_SETTID: u64 = 0x0010_0000;
     const CLONE_CHILD_SETTID: u64 = 0x0100_0000;
@@ -432,7 +449,9 @@ fn clone_writes<T: StepTarget + ?Sized>(target: &mut T, r: &Gprs) -> Option<Vec<
     if flags & CLONE_CHILD_SETTID != 0 && flags & CLONE_VM != 0 {
         out.push((child_tid, 4));
     }
-    Some(out)
+    let clear = (flags & CLONE_CHILD_CLEARTID != 0 && flags & CLONE_VM != 0 && child_tid != 0)
+        .then_some(child_tid);
+    Some((out, clear))
 }
 
 /// Memory `futex(uaddr, op, val, timeout, uaddr2, val3)` writes: the wait and wake operations
@@ -480,6 +499,7 @@ impl StateLog {
             stats: StateLogStats::default(),
             positions: Vec::new(),
             syscall_nr: None,
+            clear_child_tid: std::collections::HashMap::new(),
             restarted_call: None,
             vec_index: Vec::new(),
             vec_data: Vec::new(),
@@ -827,6 +847,7 @@ impl StateLog {
                 open: true,
                 xstate: None,
                 xstate_unknown: false,
+                clear_child_tid: None,
             };
         }
     }
@@ -866,7 +887,21 @@ impl StateLog {
             };
             let writes = match call.rax {
                 28 => madvise_writes(target, &call),
-                56 | 435 => clone_writes(target, &call),
+                56 | 435 => clone_writes(target, &call).map(|(writes, clear)| {
+                    self.pending.clear_child_tid = clear;
+                    writes
+                }),
+                // The thread's own exit: the kernel zeroes its `clear_child_tid` word (and
+                // wakes the `pthread_join` waiting on it).
+                60 => Some(
+                    self.clear_child_tid
+                        .remove(&self.thread)
+                        .map_or_else(Vec::new, |a| vec![(a, 4)]),
+                ),
+                218 => {
+                    self.clear_child_tid.insert(self.thread, call.rdi);
+                    Some(Vec::new())
+                }
                 _ => syscall_writes(&call),
             };
             match writes {
@@ -967,6 +1002,13 @@ impl StateLog {
     /// REP iteration that left RIP in place keeps it open).
     pub fn after_step(&mut self, after: &Gprs, complete: bool) {
         self.last_after = Some(*after);
+        if let Some(addr) = self.pending.clear_child_tid.take()
+            && complete
+            && let Ok(child) = i32::try_from(after.rax as i64)
+            && child > 0
+        {
+            self.clear_child_tid.insert(child, addr);
+        }
         if complete {
             self.close(after, EntryKind::Instruction);
         }
