@@ -30,11 +30,14 @@ const MT_SRC: &str = include_str!("../examples/c/mt_threads.c");
 
 fn program() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("ptrace-threads");
-        std::fs::create_dir_all(&dir).unwrap();
-        compile_source("cc", &dir, "mt", MT_SRC, &["-g", "-O0", "-pthread"], &[])
-    })
+    BIN.get_or_init(|| threaded_program("ptrace-threads", "mt", MT_SRC))
+}
+
+/// `src` compiled as a debuggable pthread program `name` in the test directory `dir`.
+fn threaded_program(dir: &str, name: &str, src: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    compile_source("cc", &dir, name, src, &["-g", "-O0", "-pthread"], &[])
 }
 
 fn line_of(marker: &str) -> usize {
@@ -652,16 +655,7 @@ int main(void) {
 /// process's history showed main alone.
 #[test]
 fn attached_threads_exist_from_the_start_of_the_history() {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("ptrace-threads-attach");
-    std::fs::create_dir_all(&dir).unwrap();
-    let program = compile_source(
-        "cc",
-        &dir,
-        "sleepers",
-        SLEEPERS_SRC,
-        &["-g", "-O0", "-pthread"],
-        &[],
-    );
+    let program = threaded_program("ptrace-threads-attach", "sleepers", SLEEPERS_SRC);
     let mut victim = std::process::Command::new(&program)
         .stdout(std::process::Stdio::null())
         .spawn()
@@ -712,16 +706,7 @@ int main(void) { pthread_t t; pthread_create(&t, 0, w, 0); pthread_join(t, 0); r
 /// gdbserver answers). Before, every read was "Unable to read siginfo".
 #[test]
 fn siginfo_of_a_fault_is_the_kernels() {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("ptrace-threads-siginfo");
-    std::fs::create_dir_all(&dir).unwrap();
-    let program = compile_source(
-        "cc",
-        &dir,
-        "fault",
-        FAULT_SRC,
-        &["-g", "-O0", "-pthread"],
-        &[],
-    );
+    let program = threaded_program("ptrace-threads-siginfo", "fault", FAULT_SRC);
     let server = Server::spawn(
         ptrewind()
             .args(["record", "--backend", "ptrace", "--listen", "127.0.0.1:0"])
