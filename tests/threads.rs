@@ -505,8 +505,9 @@ fn printed_after<'a>(run: &'a GdbRun, mark: &str) -> &'a str {
 /// order; the arguments and the shared variable are the values of that moment; every thread's
 /// backtrace is readable there; reverse-finish and reverse-next move within the selected
 /// thread; `monitor calls` shows the selected thread's own calls; a write watchpoint going back
-/// from worker A's start stops in main (its thread creation, whose writes the log does not
-/// know, then its last writes); continuing forward comes back to the present.
+/// from worker A's start stops at main's three writes, latest first, then at the start of the
+/// history (main's thread creations between are known writes, not stops); continuing forward
+/// comes back to the present.
 #[test]
 fn live_ptrace_session_serves_every_threads_past() {
     if !have("gdb") {
@@ -677,10 +678,10 @@ fn live_ptrace_session_serves_every_threads_past() {
         "A selected\n{}",
         run.dump()
     );
-    // A watchpoint from worker A's start, going back: the first stop is in main (another
-    // thread), at its thread creation (a system call whose writes the log does not know: a
-    // plain trap) or at its last write, with main's three writes done; further back, main's
-    // write in step_a(1002), with the value before it.
+    // A watchpoint from worker A's start, going back: main's writes in step_a(1002), (1001)
+    // and (1000), each shown with the value before it, then the start of the history. Main's
+    // `clone3`s between (it created A and B after its writes) write only the new threads' ids;
+    // they used to stop the search as writes the log did not know.
     let main_tid = run.pid;
     let w = run.after("@a-end");
     let w = &w[..w.find("@w-end").unwrap_or(w.len())];
@@ -689,17 +690,26 @@ fn live_ptrace_session_serves_every_threads_past() {
         "{}",
         run.dump()
     );
-    assert_eq!(printed_after(&run, "@w"), "3003", "{}", run.dump());
-    let at_1002 = ["@w1", "@w2", "@w3"]
-        .iter()
-        .find(|m| {
-            run.after(m)
+    assert!(!w.contains("not all recorded"), "{}", run.dump());
+    let first = run.after("@a-end");
+    let first = &first[..first.find("@w\n").unwrap_or(first.len())];
+    assert!(first.contains("step_a (i=1002)"), "{}", run.dump());
+    assert_eq!(printed_after(&run, "@w"), "2001", "{}", run.dump());
+    for (mark, value, frame) in [
+        ("@w1", "1000", "step_a (i=1001)"),
+        ("@w2", "0", "step_a (i=1000)"),
+        ("@w3", "0", "main ()"),
+    ] {
+        assert_eq!(printed_after(&run, mark), value, "{mark}\n{}", run.dump());
+        assert!(
+            run.after(mark)
                 .lines()
                 .find(|l| l.starts_with("#0  "))
-                .is_some_and(|l| l.contains("step_a (i=1002)"))
-        })
-        .unwrap_or_else(|| panic!("no stop at main's last write\n{}", run.dump()));
-    assert_eq!(printed_after(&run, at_1002), "2001", "{}", run.dump());
+                .is_some_and(|l| l.contains(frame)),
+            "{mark}\n{}",
+            run.dump()
+        );
+    }
     // Forward to the end of the past: the present again, where B crashed.
     assert!(
         run.gdb.contains("No more reverse-execution history"),
