@@ -146,7 +146,7 @@ impl Timeline {
                 ends.push(clock.stop_ip());
                 clocks.push(clock);
                 tids.push(tid);
-                from_start.push(k == 0 || at_start.contains(&tid));
+                from_start.push(true);
                 parked.push(None);
                 continue;
             }
@@ -181,7 +181,7 @@ impl Timeline {
             ends.push(clock.stop_ip().filter(|_| alive.contains(&tid)));
             clocks.push(clock);
             tids.push(tid);
-            from_start.push(k == 0 || at_start.contains(&tid));
+            from_start.push(at_start.contains(&tid));
             parked.push(Some(t));
         }
         if let Some(state) = self

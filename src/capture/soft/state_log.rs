@@ -361,7 +361,7 @@ fn xsave_area_size() -> u64 {
 type WriteRanges = Vec<(u64, u64)>;
 
 /// Memory a system call writes, from its number and argument registers (see the module docs).
-fn syscall_writes(r: &Gprs) -> Option<Vec<(u64, u64)>> {
+fn syscall_writes(r: &Gprs) -> Option<WriteRanges> {
     let (a0, a1, a2, a3, a4) = (r.rdi, r.rsi, r.rdx, r.r10, r.r8);
     const STAT: u64 = 144;
     Some(match r.rax {
@@ -382,11 +382,12 @@ fn syscall_writes(r: &Gprs) -> Option<Vec<(u64, u64)>> {
         14 => vec![(a2, a3)],                  // rt_sigprocmask (how, set, oldset, sigsetsize)
         7 => vec![(a0, a1.saturating_mul(8))], // poll (fds, nfds, timeout): revents
         // No user-memory output: write, close, mmap (fresh pages), munmap, mprotect, brk,
-        // lseek, exit, exit_group, getpid, kill, tgkill, rt_sigreturn (restores registers),
+        // lseek, exit_group, getpid, kill, tgkill, rt_sigreturn (restores registers),
         // sched_yield, nanosleep's NULL rem is common, openat, dup, pipe2 (2 ints); fork (the
-        // child's memory is a copy; vfork's child runs in ours, unrecorded: not listed).
-        1 | 3 | 8 | 9 | 10 | 11 | 12 | 15 | 24 | 39 | 57 | 60 | 62 | 110 | 186 | 200 | 231
-        | 234 | 257 | 32 | 33 | 37 | 38 | 21 | 102 | 104 | 107 | 108 | 218 | 273 | 334 => vec![],
+        // child's memory is a copy; vfork's child runs in ours, unrecorded: not listed). `exit`
+        // and `set_tid_address` depend on the log's per-thread state: `StateLog::before_step`.
+        1 | 3 | 8 | 9 | 10 | 11 | 12 | 15 | 24 | 39 | 57 | 62 | 110 | 186 | 200 | 231 | 234
+        | 257 | 32 | 33 | 37 | 38 | 21 | 102 | 104 | 107 | 108 | 273 | 334 => vec![],
         22 | 293 => vec![(a0, 8)], // pipe, pipe2 (fds[2])
         35 | 230 => vec![(if r.rax == 35 { a1 } else { a3 }, 16)], // nanosleep, clock_nanosleep rem
         202 => return futex_writes(a1, a0, a4),
@@ -400,7 +401,7 @@ fn syscall_writes(r: &Gprs) -> Option<Vec<(u64, u64)>> {
 /// glibc does this to the unused part of a thread's stack as the thread exits, so every
 /// worker's end used to stop a watchpoint search. Only the pages that hold data (resident or
 /// swapped) can change; the others are not read. The other advice values change no contents.
-fn madvise_writes<T: StepTarget + ?Sized>(target: &mut T, r: &Gprs) -> Option<Vec<(u64, u64)>> {
+fn madvise_writes<T: StepTarget + ?Sized>(target: &mut T, r: &Gprs) -> Option<WriteRanges> {
     match r.rdx {
         4 | 8 | 9 => target.resident_ranges(r.rdi, r.rsi),
         // NORMAL, RANDOM, SEQUENTIAL, WILLNEED; DONTFORK … POPULATE_WRITE
@@ -459,7 +460,7 @@ fn clone_writes<T: StepTarget + ?Sized>(
 /// changes by the other threads' own instructions — while the PI operations set the owner's id
 /// in `uaddr` and `FUTEX_WAKE_OP` changes `uaddr2`, a 32-bit word each. Without this every
 /// `futex` ended a watchpoint search in a multi-thread program.
-fn futex_writes(op: u64, uaddr: u64, uaddr2: u64) -> Option<Vec<(u64, u64)>> {
+fn futex_writes(op: u64, uaddr: u64, uaddr2: u64) -> Option<WriteRanges> {
     // FUTEX_CMD_MASK: without FUTEX_PRIVATE_FLAG (128) and FUTEX_CLOCK_REALTIME (256).
     Some(match op & !0x180 {
         // WAIT, WAKE, FD, REQUEUE, CMP_REQUEUE, WAIT_BITSET, WAKE_BITSET
@@ -474,7 +475,7 @@ fn futex_writes(op: u64, uaddr: u64, uaddr2: u64) -> Option<Vec<(u64, u64)>> {
 /// Memory `ioctl(fd, request, arg)` writes, for the requests the C library makes on its own:
 /// `isatty` before buffering stdout (`TCGETS`, the kernel's 36-byte `struct termios`), the
 /// terminal size and pending input; any other request is unknown.
-fn ioctl_writes(request: u64, arg: u64) -> Option<Vec<(u64, u64)>> {
+fn ioctl_writes(request: u64, arg: u64) -> Option<WriteRanges> {
     Some(match request & 0xffff_ffff {
         0x5401 => vec![(arg, 36)],         // TCGETS
         0x5413 => vec![(arg, 8)],          // TIOCGWINSZ

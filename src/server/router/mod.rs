@@ -581,10 +581,10 @@ impl Router {
         }
         if plain == b"bs" {
             session.wildcard_step_thread = self.wildcard_step_thread(session);
-            self.state.named_step = named_thread(self.state.continue_thread.as_deref()).is_some();
-        } else if is_resume(&plain) {
-            self.state.named_step = false;
         }
+        // From a `bs` to its stop reply GDB sends nothing (all-stop), so every packet sets it.
+        self.state.named_step =
+            plain == b"bs" && named_thread(self.state.continue_thread.as_deref()).is_some();
         // gdbstub ends the session on a step of "all threads" (`s`/`bs` after `Hc-1`).
         let resume_all = self
             .state
@@ -654,13 +654,6 @@ fn named_thread(text: Option<&str>) -> Option<i32> {
         Some(Ok(super::rsp::ThreadSel::Thread { tid, .. })) => i32::try_from(tid).ok(),
         _ => None,
     }
-}
-
-/// A packet that resumes the program (forward or backward).
-fn is_resume(plain: &[u8]) -> bool {
-    plain.starts_with(b"vCont;")
-        || plain == b"bc"
-        || matches!(plain.first(), Some(b'c' | b's' | b'C' | b'S'))
 }
 
 fn feed_raw<'a>(
