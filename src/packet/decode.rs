@@ -108,17 +108,20 @@ const fn is_one_byte_packet(b0: u8) -> bool {
     (b0 & 1 == 0) & (b0 != 2)
 }
 
-/// IPBytes (0..=7) → compression; `None` for the reserved 101 and 111.
-static IP_COMPRESSION: [Option<IpCompression>; 8] = [
-    Some(IpCompression::Suppressed),
-    Some(IpCompression::Update16),
-    Some(IpCompression::Update32),
-    Some(IpCompression::Sext48),
-    Some(IpCompression::Update48),
-    None,
-    Some(IpCompression::Full),
-    None,
-];
+/// IPBytes (0..=7) → compression; `None` for the reserved 101 and 111. A `match` onto the
+/// discriminants, which are the field's values: compiled to a test, not a table.
+#[inline(always)]
+const fn ip_compression(ipb: usize) -> Option<IpCompression> {
+    match ipb {
+        0 => Some(IpCompression::Suppressed),
+        1 => Some(IpCompression::Update16),
+        2 => Some(IpCompression::Update32),
+        3 => Some(IpCompression::Sext48),
+        4 => Some(IpCompression::Update48),
+        6 => Some(IpCompression::Full),
+        _ => None,
+    }
+}
 
 /// IPBytes → payload length in bytes (reserved values: 0, never used).
 static IP_PAYLOAD_LEN: [u8; 8] = [0, 2, 4, 6, 6, 0, 8, 0];
@@ -302,7 +305,7 @@ macro_rules! decode_window {
 macro_rules! ip_packet {
     ($w:ident, $b0:ident, $emit:ident, $err:ident) => {{
         let ipb = ($b0 >> 5) as usize;
-        match IP_COMPRESSION[ipb] {
+        match ip_compression(ipb) {
             None => $err!("reserved IPBytes value (101 or 111)"),
             Some(compression) => {
                 let pl = IpPayload::new(compression, le64($w, 1) & IP_PAYLOAD_MASK[ipb]);
@@ -551,7 +554,7 @@ fn header_len(avail: &[u8], block: Option<bool>) -> HeaderLen {
         Class::Pad | Class::Tnt => HeaderLen::Known(1),
         Class::Tip | Class::TipPge | Class::TipPgd | Class::Fup => {
             let ipb = (b0 >> 5) as usize;
-            if IP_COMPRESSION[ipb].is_none() {
+            if ip_compression(ipb).is_none() {
                 return HeaderLen::Invalid("reserved IPBytes value (101 or 111)");
             }
             HeaderLen::Known(1 + IP_PAYLOAD_LEN[ipb] as usize)
@@ -696,6 +699,12 @@ struct TailRead {
 /// [`PacketDecoder::read`] within 16 bytes of the end of the buffer, over values (see `read`):
 /// the same packets, errors and positions as [`PacketDecoder::next_packet`]'s tail; `last`
 /// (the previous packet's position) stays at the end and after an error, as there.
+///
+/// `#[cold]` because it runs once per buffer: marked so, its call no longer counts as part of
+/// the caller's loop, and the loop's own values (a consumer's counters) keep their registers
+/// instead of being spilled around it, a read-modify-write of the stack per packet
+/// (docs/benchmarks.md, session 15).
+#[cold]
 #[inline(never)]
 fn read_tail_at(buf: &[u8], pos: usize, block: Option<bool>, last: usize) -> TailRead {
     if pos >= buf.len() {

@@ -34,20 +34,24 @@ pub fn extend_tsc(prev: Option<u64>, low56: u64) -> u64 {
 
 /// How an IP packet (TIP, TIP.PGE, TIP.PGD, FUP) compresses its payload against Last IP: the
 /// packet's IPBytes field (byte 0, bits 7:5).
+///
+/// The discriminants are the IPBytes values, so that the packet decoder's conversion from the
+/// field is a range test rather than a table load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
 pub enum IpCompression {
     /// `000`: no payload; the IP is suppressed (out of context). Last IP is unchanged.
-    Suppressed,
+    Suppressed = 0,
     /// `001`: 2 payload bytes replace Last IP bits 15:0.
-    Update16,
+    Update16 = 1,
     /// `010`: 4 payload bytes replace Last IP bits 31:0.
-    Update32,
+    Update32 = 2,
     /// `011`: 6 payload bytes, sign-extended from bit 47.
-    Sext48,
+    Sext48 = 3,
     /// `100`: 6 payload bytes replace Last IP bits 47:0.
-    Update48,
+    Update48 = 4,
     /// `110`: 8 payload bytes, the full IP.
-    Full,
+    Full = 6,
 }
 
 impl IpCompression {
