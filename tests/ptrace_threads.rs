@@ -628,6 +628,45 @@ fn reverse_stepi_steps_the_thread_gdb_selected() {
     assert!(again.contains("* 1    Thread"), "{}", r.dump());
 }
 
+/// `monitor threads` at the present of a live process lists every thread of the recording:
+/// the crashed worker (selected, at the end of its history, in `boom`), main with its present
+/// PC, and worker 1, running or already ended. Before, the present showed the selected thread
+/// alone, with "pc unknown".
+#[test]
+fn monitor_threads_at_the_present_lists_every_thread() {
+    let r = gdb_session(
+        record(&["crash"], &[]),
+        program(),
+        &["continue", "monitor threads", "kill"],
+        TIMEOUT,
+    );
+    let lines: Vec<&str> = r
+        .gdb
+        .lines()
+        .filter(|l| l.trim_start_matches(['*', ' ']).starts_with("thread "))
+        .collect();
+    assert_eq!(lines.len(), 3, "{}", r.dump());
+    let tids: std::collections::BTreeSet<&str> = lines
+        .iter()
+        .filter_map(|l| l.trim_start_matches(['*', ' ']).split([' ', ':']).nth(1))
+        .collect();
+    assert_eq!(tids.len(), 3, "{}", r.dump());
+    assert!(!r.gdb.contains("pc unknown"), "{}", r.dump());
+    let selected: Vec<&&str> = lines.iter().filter(|l| l.starts_with('*')).collect();
+    assert!(
+        matches!(selected[..], [l] if l.contains("(at its end), pc 0x") && l.contains(" in boom")),
+        "{}",
+        r.dump()
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains(": at the present, pc 0x") && !l.starts_with('*')),
+        "{}",
+        r.dump()
+    );
+}
+
 /// Three workers that sleep in turns, then worker 1 writes through a null pointer.
 const SLEEPERS_SRC: &str = r#"
 #include <pthread.h>

@@ -279,22 +279,43 @@ fn threads_text(t: &mut Timeline) -> String {
     for why in t.skipped_threads() {
         out.push_str(&format!("  not served: {why}\n"));
     }
-    for (tid, n, len, pc) in t.thread_positions() {
-        let mark = if tid == selected { '*' } else { ' ' };
-        let state = if n == 0 {
-            " (not started)"
-        } else if n + 1 >= len {
-            " (at its end)"
-        } else {
-            ""
+    let mut present = false;
+    for p in t.thread_positions() {
+        let mark = if p.tid == selected { '*' } else { ' ' };
+        let state = match p.position {
+            Some((n, len)) => {
+                let note = if n == 0 {
+                    " (not started)"
+                } else if n + 1 >= len {
+                    " (at its end)"
+                } else {
+                    ""
+                };
+                format!(": instruction {n} of {len}{note}")
+            }
+            None => {
+                present = true;
+                if p.exited {
+                    ": exited"
+                } else {
+                    ": at the present"
+                }
+                .to_string()
+            }
         };
-        let place = pc.map_or_else(
-            || "pc unknown".to_string(),
-            |pc| format!("pc {pc:#x} in {}", describe(t.symbolizer(), pc)),
+        let place = match p.pc {
+            Some(pc) => format!(", pc {pc:#x} in {}", describe(t.symbolizer(), pc)),
+            // An ended thread without its last registers: nothing more to say.
+            None if p.exited => String::new(),
+            None => ", pc unknown".to_string(),
+        };
+        out.push_str(&format!("{mark} thread {}{state}{place}\n", p.tid));
+    }
+    if present {
+        out.push_str(
+            "(each thread's position in the recording is counted once the past is entered: \
+             step back once)\n",
         );
-        out.push_str(&format!(
-            "{mark} thread {tid}: instruction {n} of {len}{state}, {place}\n"
-        ));
     }
     out
 }

@@ -136,7 +136,7 @@ pub use offline::{OfflineRecording, load_saved};
 pub use periods::PeriodInfo;
 pub use regfiles::RegisterFiles;
 pub use save::SAVE_FORMAT;
-pub use threads::{FatalSignal, ThreadRecording, load_saved_threads};
+pub use threads::{FatalSignal, ThreadPosition, ThreadRecording, load_saved_threads};
 
 /// How long a reverse resume waits for the background index to cover the stop. GDB waits for a
 /// stop reply without a timeout, so this only bounds a worker that cannot keep up.

@@ -41,6 +41,20 @@ pub struct ThreadRecording {
     pub recording: OfflineRecording,
 }
 
+/// Where one thread stands, for `monitor threads` ([`Timeline::thread_positions`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ThreadPosition {
+    /// The thread id.
+    pub tid: i32,
+    /// Instructions the thread executed before the cursor, and its recorded length; `None`
+    /// where nothing counted them (the other threads of a live process at its present).
+    pub position: Option<(u64, u64)>,
+    /// Its PC at the cursor, where known.
+    pub pc: Option<u64>,
+    /// The thread has exited (at the present of a live process; its past is recorded).
+    pub exited: bool,
+}
+
 /// The other threads of a multi-thread [`Timeline`] and their global order.
 pub(super) struct ThreadGroup {
     pub(super) order: GlobalOrder,
@@ -416,21 +430,23 @@ impl Timeline {
         r
     }
 
-    /// Per thread: its id, its position (instructions executed before the global position) and
-    /// length, and its PC there (`None` where the history has none).
-    pub fn thread_positions(&mut self) -> Vec<(i32, u64, u64, Option<u64>)> {
+    /// Per thread: its id, its position and length, and its PC at the cursor (see
+    /// [`ThreadPosition`]), the selected thread first at the present of a live process.
+    pub fn thread_positions(&mut self) -> Vec<ThreadPosition> {
         let Some(mut g) = self.group.take() else {
-            let (n, len) = (self.position(), self.len());
-            let pc = self.insn_ip(n);
-            return vec![(self.tid(), n, len, pc)];
+            return self.present_thread_positions();
         };
         let mut out = Vec::new();
         for k in 0..g.tids.len() {
             let tid = g.tids[k];
             if let Some(t) = thread_of(self, &mut g, k) {
-                let n = t.position();
-                let pc = t.read_registers().ok().map(|r| r.pc());
-                out.push((tid, n, t.len(), pc));
+                let (n, len) = (t.position(), t.len());
+                out.push(ThreadPosition {
+                    tid,
+                    position: Some((n, len)),
+                    pc: t.read_registers().ok().map(|r| r.pc()),
+                    exited: false,
+                });
             }
         }
         let live = g.live_ends.is_some();
@@ -438,9 +454,55 @@ impl Timeline {
         if live {
             // Exact registers come from the backend, which only the timeline in place holds.
             for e in out.iter_mut() {
-                e.3 = self.live_group_registers(e.0).ok().map(|r| r.pc());
+                e.pc = self.live_group_registers(e.tid).ok().map(|r| r.pc());
             }
         }
+        out
+    }
+
+    /// [`Self::thread_positions`] without a thread group: a single-thread timeline, or a live
+    /// process at its present, whose other threads have present registers but no position
+    /// counted until the past is entered, and whose ended threads only a recording.
+    fn present_thread_positions(&mut self) -> Vec<ThreadPosition> {
+        let (sel, n, len) = (self.tid(), self.position(), self.len());
+        // At the present the next instruction is not in the history yet: its PC is the
+        // registers'.
+        let pc = match self.insn_ip(n) {
+            Some(pc) => Some(pc),
+            None => self.read_registers().ok().map(|r| r.pc()),
+        };
+        let mut out = vec![ThreadPosition {
+            tid: sel,
+            position: Some((n, len)),
+            pc,
+            exited: false,
+        }];
+        let Some(l) = self.live.as_ref().filter(|_| self.exited.is_none()) else {
+            return out;
+        };
+        let running = l.threads();
+        let ended: Vec<(i32, Option<u64>)> = l
+            .thread_stores()
+            .into_iter()
+            .map(|(tid, _)| tid)
+            .filter(|tid| *tid != sel && !running.contains(tid))
+            .map(|tid| (tid, l.exited_thread_registers(tid).map(|r| r.pc())))
+            .collect();
+        for tid in running.into_iter().filter(|&t| t != sel) {
+            let pc = self.live_thread_registers(tid).ok().map(|r| r.pc());
+            out.push(ThreadPosition {
+                tid,
+                position: None,
+                pc,
+                exited: false,
+            });
+        }
+        out.extend(ended.into_iter().map(|(tid, pc)| ThreadPosition {
+            tid,
+            position: None,
+            pc,
+            exited: true,
+        }));
         out
     }
 
@@ -1044,7 +1106,7 @@ mod tests {
         assert!(
             t.thread_positions()
                 .iter()
-                .any(|&(tid, n, _, _)| tid == 10 && n == 5)
+                .any(|p| p.tid == 10 && p.position.is_some_and(|(n, _)| n == 5))
         );
         // Both loops: back from there, Y's instruction 2, then 1, 0, then X's 4.
         t.add_breakpoint(0x1000).unwrap();
