@@ -366,71 +366,108 @@ impl<'a> BlockCache<'a> {
         // Where the kept iced-x86 decoder stands (it advances by itself through a run of
         // instructions the cheap decoder leaves to it).
         let mut iced_at: Option<u64> = None;
-        let term = loop {
-            if n >= MAX_BLOCK_INSNS {
-                break Term::Limit;
-            }
-            let fast = match sec {
-                Some((addr, data)) if cur >= addr && cur - addr < data.len() as u64 => {
-                    super::ild::decode(&data[(cur - addr) as usize..], bits)
+        // 64-bit code: the cheap decoder's prefix-free path in a loop of its own (no section
+        // test, mode dispatch or iced-x86 state per instruction), until an instruction it
+        // does not take, where the general loop below goes on.
+        let mut fast_end = None;
+        if let (64, Some((addr, data))) = (bits, sec) {
+            let first = n;
+            while n < MAX_BLOCK_INSNS {
+                let Some(d) = cur
+                    .checked_sub(addr)
+                    .and_then(|off| data.get(off as usize..))
+                    .and_then(|s| s.first_chunk::<16>())
+                    .and_then(super::ild::decode_plain64)
+                else {
+                    break;
+                };
+                self.lens.push(d.len);
+                n += 1;
+                last_ip = cur;
+                cur = cur.wrapping_add(d.len as u64);
+                if d.class != InsnClass::Other {
+                    if matches!(
+                        d.class,
+                        InsnClass::CondBranch | InsnClass::DirectJump | InsnClass::DirectCall
+                    ) {
+                        target = d.target(last_ip, 64);
+                    }
+                    fast_end = Some(Term::Insn(d.class));
+                    break;
                 }
-                _ => None,
-            };
-            let (len, class, branch_target) = if let Some(d) = fast {
-                (d.len, d.class, d.target(cur, bits))
-            } else {
-                let mut ok = false;
-                if iced_at == Some(cur) || position_decoder(&mut self.iced, image, cur, bits) {
-                    if let Some(sd) = self.iced.as_mut() {
-                        sd.dec.decode_out(&mut instr);
-                        if !instr.is_invalid() {
-                            ok = true;
-                        } else if sd.dec.last_error() != DecoderError::NoMoreBytes {
-                            break Term::BadInsn;
+            }
+            self.decoded += u64::from(n - first);
+        }
+        let term = if let Some(term) = fast_end {
+            term
+        } else {
+            loop {
+                if n >= MAX_BLOCK_INSNS {
+                    break Term::Limit;
+                }
+                let fast = match sec {
+                    Some((addr, data)) if cur >= addr && cur - addr < data.len() as u64 => {
+                        super::ild::decode(&data[(cur - addr) as usize..], bits)
+                    }
+                    _ => None,
+                };
+                let (len, class, branch_target) = if let Some(d) = fast {
+                    (d.len, d.class, d.target(cur, bits))
+                } else {
+                    let mut ok = false;
+                    if iced_at == Some(cur) || position_decoder(&mut self.iced, image, cur, bits) {
+                        if let Some(sd) = self.iced.as_mut() {
+                            sd.dec.decode_out(&mut instr);
+                            if !instr.is_invalid() {
+                                ok = true;
+                            } else if sd.dec.last_error() != DecoderError::NoMoreBytes {
+                                break Term::BadInsn;
+                            }
                         }
                     }
-                }
-                iced_at = None;
-                if ok {
-                    iced_at = Some(instr.next_ip());
-                } else {
-                    // Crossing the section end, or no section here: decode a copy.
-                    let got = image.read(cur, &mut buf[..15]);
-                    if got == 0 {
-                        break Term::NoCode;
+                    iced_at = None;
+                    if ok {
+                        iced_at = Some(instr.next_ip());
+                    } else {
+                        // Crossing the section end, or no section here: decode a copy.
+                        let got = image.read(cur, &mut buf[..15]);
+                        if got == 0 {
+                            break Term::NoCode;
+                        }
+                        let mut dec =
+                            Decoder::with_ip(bits, &buf[..got], cur, DecoderOptions::NONE);
+                        dec.decode_out(&mut instr);
+                        if instr.is_invalid() {
+                            break if dec.last_error() == DecoderError::NoMoreBytes {
+                                Term::NoCode
+                            } else {
+                                Term::BadInsn
+                            };
+                        }
                     }
-                    let mut dec = Decoder::with_ip(bits, &buf[..got], cur, DecoderOptions::NONE);
-                    dec.decode_out(&mut instr);
-                    if instr.is_invalid() {
-                        break if dec.last_error() == DecoderError::NoMoreBytes {
-                            Term::NoCode
-                        } else {
-                            Term::BadInsn
-                        };
+                    // The class table is built on first use: a trace whose code the cheap decoder
+                    // covers never pays for it (nor for iced-x86's own tables).
+                    let class = InsnClass::of_code(instr.code());
+                    (instr.len() as u8, class, instr.near_branch_target())
+                };
+                self.decoded += 1;
+                self.lens.push(len);
+                n += 1;
+                last_ip = cur;
+                cur = match bits {
+                    64 => cur.wrapping_add(len as u64),
+                    32 => (cur as u32).wrapping_add(len as u32) as u64,
+                    _ => (cur as u16).wrapping_add(len as u16) as u64,
+                };
+                if class != InsnClass::Other {
+                    if matches!(
+                        class,
+                        InsnClass::CondBranch | InsnClass::DirectJump | InsnClass::DirectCall
+                    ) {
+                        target = branch_target;
                     }
+                    break Term::Insn(class);
                 }
-                // The class table is built on first use: a trace whose code the cheap decoder
-                // covers never pays for it (nor for iced-x86's own tables).
-                let class = InsnClass::of_code(instr.code());
-                (instr.len() as u8, class, instr.near_branch_target())
-            };
-            self.decoded += 1;
-            self.lens.push(len);
-            n += 1;
-            last_ip = cur;
-            cur = match bits {
-                64 => cur.wrapping_add(len as u64),
-                32 => (cur as u32).wrapping_add(len as u32) as u64,
-                _ => (cur as u16).wrapping_add(len as u16) as u64,
-            };
-            if class != InsnClass::Other {
-                if matches!(
-                    class,
-                    InsnClass::CondBranch | InsnClass::DirectJump | InsnClass::DirectCall
-                ) {
-                    target = branch_target;
-                }
-                break Term::Insn(class);
             }
         };
         let idx = self.blocks.len() as u32;
