@@ -360,13 +360,7 @@ pub(super) fn decode_plain64(w: &[u8; 16]) -> Option<Ild> {
         if (t & F_LEA != 0 && m >> 6 == 3) || (t & F_REG0 != 0 && (m >> 3) & 7 != 0) {
             return None;
         }
-        let d = MODRM[m as usize];
-        let mut n = (d & 0x7F) as usize;
-        // disp32 with no base: see `modrm_len`.
-        if d & 0x80 != 0 && n == 2 && w[i + 1] & 7 == 5 {
-            n += 4;
-        }
-        len += n;
+        len += modrm_len(w, i)?;
     }
     let k = u32::from(t & 3);
     // Immediate bytes by kind, as nibbles: none, imm8, imm32, imm32 (imm64 with REX.W).
