@@ -65,7 +65,7 @@ fn modrm_len(b: &[u8], i: usize) -> Option<usize> {
 
 /// Sets the entries `lo..=hi` of an opcode table to `v` (a `for` loop is not allowed in a
 /// `const fn`).
-const fn set_range(t: &mut [u8; 256], lo: usize, hi: usize, v: u8) {
+const fn set_range<T: Copy>(t: &mut [T; 256], lo: usize, hi: usize, v: T) {
     let mut op = lo;
     while op <= hi {
         t[op] = v;
@@ -262,21 +262,19 @@ const fn fast_table() -> [Fast; 256] {
         }
         op += 1;
     }
-    let mut op = 0xB8;
-    while op <= 0xBF {
-        t[op] = fast(F_IMMV, InsnClass::Other);
-        op += 1;
-    }
-    let mut op = 0x70;
-    while op <= 0x7F {
-        t[op] = fast(F_IMM8 | F_REL, InsnClass::CondBranch);
-        op += 1;
-    }
-    let mut op = 0xE0;
-    while op <= 0xE3 {
-        t[op] = fast(F_IMM8 | F_REL, InsnClass::CondBranch);
-        op += 1;
-    }
+    set_range(&mut t, 0xB8, 0xBF, fast(F_IMMV, InsnClass::Other));
+    set_range(
+        &mut t,
+        0x70,
+        0x7F,
+        fast(F_IMM8 | F_REL, InsnClass::CondBranch),
+    );
+    set_range(
+        &mut t,
+        0xE0,
+        0xE3,
+        fast(F_IMM8 | F_REL, InsnClass::CondBranch),
+    );
     t[0xEB] = fast(F_IMM8 | F_REL, InsnClass::DirectJump);
     t[0xE9] = fast(F_IMM32 | F_REL, InsnClass::DirectJump);
     t[0xE8] = fast(F_IMM32 | F_REL, InsnClass::DirectCall);
@@ -312,19 +310,16 @@ const fn fast_0f_table() -> [Fast; 256] {
     }
     t[0xA4] = fast(F_MODRM | F_IMM8, InsnClass::Other);
     t[0xAC] = fast(F_MODRM | F_IMM8, InsnClass::Other);
-    let mut op = 0x40;
-    while op <= 0x4F {
-        // cmovcc, setcc, jcc rel32.
-        t[op] = fast(F_MODRM, InsnClass::Other);
-        t[op + 0x50] = fast(F_MODRM, InsnClass::Other);
-        t[op + 0x40] = fast(F_IMM32 | F_REL, InsnClass::CondBranch);
-        op += 1;
-    }
-    let mut op = 0xC8;
-    while op <= 0xCF {
-        t[op] = fast(0, InsnClass::Other);
-        op += 1;
-    }
+    // cmovcc, jcc rel32, setcc, bswap.
+    set_range(&mut t, 0x40, 0x4F, fast(F_MODRM, InsnClass::Other));
+    set_range(
+        &mut t,
+        0x80,
+        0x8F,
+        fast(F_IMM32 | F_REL, InsnClass::CondBranch),
+    );
+    set_range(&mut t, 0x90, 0x9F, fast(F_MODRM, InsnClass::Other));
+    set_range(&mut t, 0xC8, 0xCF, fast(0, InsnClass::Other));
     t[0x05] = fast(0, InsnClass::SysCall);
     t
 }
