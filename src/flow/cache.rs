@@ -386,10 +386,7 @@ impl<'a> BlockCache<'a> {
                 last_ip = cur;
                 cur = cur.wrapping_add(d.len as u64);
                 if d.class != InsnClass::Other {
-                    if matches!(
-                        d.class,
-                        InsnClass::CondBranch | InsnClass::DirectJump | InsnClass::DirectCall
-                    ) {
+                    if d.class.has_direct_target() {
                         target = d.target(last_ip, 64);
                     }
                     fast_end = Some(Term::Insn(d.class));
@@ -460,10 +457,7 @@ impl<'a> BlockCache<'a> {
                     _ => (cur as u16).wrapping_add(len as u16) as u64,
                 };
                 if class != InsnClass::Other {
-                    if matches!(
-                        class,
-                        InsnClass::CondBranch | InsnClass::DirectJump | InsnClass::DirectCall
-                    ) {
+                    if class.has_direct_target() {
                         target = branch_target;
                     }
                     break Term::Insn(class);

@@ -156,6 +156,16 @@ impl InsnClass {
         )
     }
 
+    /// True for the near branches whose target is in the instruction (`jcc`, `loop`, `jrcxz`,
+    /// direct `jmp` and `call`).
+    #[inline]
+    pub fn has_direct_target(self) -> bool {
+        matches!(
+            self,
+            InsnClass::CondBranch | InsnClass::DirectJump | InsnClass::DirectCall
+        )
+    }
+
     /// True for any branch (near or far, direct or indirect, conditional or not).
     #[inline]
     pub fn is_branch(self) -> bool {

@@ -57,12 +57,10 @@ impl BlockInfo {
         };
         let (class, target, last_can_fault) = match &decoded {
             Some(d) => {
-                let target = match d.class {
-                    InsnClass::CondBranch | InsnClass::DirectJump | InsnClass::DirectCall => {
-                        Some(d.insn.near_branch_target())
-                    }
-                    _ => None,
-                };
+                let target = d
+                    .class
+                    .has_direct_target()
+                    .then(|| d.insn.near_branch_target());
                 (d.class, target, can_fault(&d.insn))
             }
             None => (InsnClass::Other, None, true),
