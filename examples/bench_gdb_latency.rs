@@ -23,9 +23,13 @@
 //! Before GDB, a raw remote-protocol client times the server alone on the same recording: `bs`
 //! (one reverse step) at the end and after `monitor goto` to the middle, and a refused one-byte
 //! memory read (`m0,1`) as the floor of one round trip over loopback (the server still decodes,
-//! dispatches and answers it). GDB itself sends five packets per `reverse-stepi` on this
-//! target (the dynamic linker's breakpoint inserted and removed, the step, the register file,
-//! the thread list: `tests/round_trips.rs` counts them), so its figure is mostly round trips.
+//! dispatches and answers it). GDB has one breakpoint of the user's (`done`, as in the
+//! `record full` session) and is timed first with its defaults (`end,gdb-defaults`): seven
+//! packets per `reverse-stepi` on this target (that breakpoint and the dynamic linker's
+//! inserted and removed, the step, the register file, the thread list: `tests/round_trips.rs`
+//! counts them). Then with `gdb-scripts/ptrewind.py` loaded, as `ptrewind gdb` and the IDE
+//! setups run it (`end`, `middle`): breakpoints stay inserted while stopped, three packets per
+//! step.
 //! Printed per series: median, 99th percentile and max in milliseconds, and the ratio of
 //! `record full`'s median to it.
 //!
@@ -125,6 +129,8 @@ fn ours(
     script: &Path,
     steps: usize,
 ) -> (u64, Vec<Series>) {
+    // What `ptrewind gdb` and the IDE setups load (it keeps breakpoints inserted while stopped).
+    let user_script = Path::new(env!("CARGO_MANIFEST_DIR")).join("gdb-scripts/ptrewind.py");
     let t0 = Instant::now();
     let server = gdb::Server::spawn_within(
         Command::new(ptrewind)
@@ -190,6 +196,12 @@ fn ours(
         .arg(script)
         .arg(prog)
         .args(["-ex", &format!("target remote 127.0.0.1:{port}")])
+        // A breakpoint of the user's, as `record full`'s session below has (there it stopped
+        // the program at the loop's end).
+        .args(["-ex", "break done"])
+        .args(["-ex", &format!("python lat('end,gdb-defaults', {steps})")])
+        .arg("-ex")
+        .arg(format!("source {}", user_script.display()))
         .args(["-ex", &format!("python lat('end', {steps})")])
         .args(["-ex", &format!("monitor goto {half}")])
         .args(["-ex", "maintenance flush register-cache"])
@@ -214,9 +226,9 @@ fn ours(
     let text =
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     let gdb = parse_lat(&text);
-    if gdb.len() != 2 {
+    if gdb.len() != 3 {
         eprintln!("--- gdb:\n{text}\n--- ptrewind:\n{log}");
-        panic!("GDB did not time both series");
+        panic!("GDB did not time the three series");
     }
     eprintln!(
         "  recorded and indexed {insns} instructions; served after {:.2} s",

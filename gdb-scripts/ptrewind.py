@@ -215,3 +215,11 @@ _ReverseOverride(
     "Usage: reverse-step [N]\n"
     "Refused in a past without a stack pointer (PC-only), where GDB cannot unwind.",
 )
+
+# Keep breakpoints inserted while the program is stopped. By default GDB removes every
+# breakpoint at each stop and inserts them again before each resume: a `z0` and a `Z0` round
+# trip per breakpoint per step (the dynamic linker's at least), more than a reverse step costs
+# the server (tests/round_trips.rs, docs/benchmarks.md). Safe with ptrewind: its breakpoints
+# never show in memory as GDB reads it (a live process has its int3 bytes only while it runs,
+# a recording has none), and GDB still lifts the one under the PC to step over it.
+gdb.execute("set breakpoint always-inserted on", to_string=True)

@@ -62,6 +62,26 @@ fn steps(server: Server, exe: &Path, before: &[&str]) -> (GdbRun, Vec<String>) {
     (run, packets)
 }
 
+/// A QEMU recording of `exe` (PC-only past), served.
+fn qemu_server(dir: &Path, exe: &Path) -> Server {
+    let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--no-live", "--trace-dir"]
+        .iter()
+        .map(Into::into)
+        .collect();
+    cli.push(dir.join("rec").into());
+    cli.extend(["--qemu-plugin".into(), plugin().into(), "--".into()]);
+    cli.push(exe.into());
+    cli.push("200".into());
+    Server::start_cli(&cli)
+}
+
+/// `source gdb-scripts/ptrewind.py`, as `ptrewind gdb` and the IDE setups (docs/vscode.md,
+/// docs/clion.md) load it.
+fn source_script() -> String {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("gdb-scripts/ptrewind.py");
+    format!("source {}", script.display())
+}
+
 /// How many of `packets` start with `prefix`.
 fn count(packets: &[String], prefix: &str) -> usize {
     packets.iter().filter(|x| x.starts_with(prefix)).count()
@@ -114,16 +134,7 @@ fn qemu_pc_only_reverse_stepi_round_trips() {
     }
     let dir = tempfile::tempdir().unwrap();
     let exe = compile(dir.path());
-    let mut cli: Vec<OsString> = ["record", "--backend", "qemu", "--no-live", "--trace-dir"]
-        .iter()
-        .map(Into::into)
-        .collect();
-    cli.push(dir.path().join("rec").into());
-    cli.extend(["--qemu-plugin".into(), plugin().into(), "--".into()]);
-    cli.push(exe.clone().into());
-    cli.push("200".into());
-    let server = Server::start_cli(&cli);
-    let (run, packets) = steps(server, &exe, &[]);
+    let (run, packets) = steps(qemu_server(dir.path(), &exe), &exe, &[]);
     check_common(&run, &packets);
     // PC-only: GDB reads the register file once per stop (`g`: every register but rip is
     // unavailable, so it never reads memory near a made-up stack pointer).
@@ -131,4 +142,59 @@ fn qemu_pc_only_reverse_stepi_round_trips() {
     assert_eq!(count(&packets, "m"), 0, "{packets:?}\n{}", run.dump());
     let rest = packets.len() - count(&packets, "Z0") - count(&packets, "z0");
     assert_eq!(rest, 3 * STEPS, "bs, g, qXfer: {packets:?}\n{}", run.dump());
+}
+
+/// With `gdb-scripts/ptrewind.py` loaded, GDB keeps its breakpoints inserted while the program
+/// is stopped: no `Z0`/`z0` around a step, so a reverse-stepi is three round trips (the step,
+/// the stack read, the thread list), the user's breakpoint and the dynamic linker's
+/// notwithstanding. (That breakpoints behave as without the setting — stepped over forward
+/// and backward, reverse-continued to — is `tests/session.rs`' comparison of GDB with and
+/// without the script, `gdb_mi_reverse_commands_as_cpptools_sends_them`.)
+#[test]
+fn live_ptrace_with_script_keeps_breakpoints_inserted() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile(dir.path());
+    let server = Server::start(&exe, &["200"]);
+    let script = source_script();
+    let (run, packets) = steps(server, &exe, &[script.as_str(), "break done", "continue"]);
+    check_common(&run, &packets);
+    assert_eq!(
+        count(&packets, "Z0") + count(&packets, "z0"),
+        0,
+        "{packets:?}\n{}",
+        run.dump()
+    );
+    assert_eq!(count(&packets, "m"), STEPS, "{packets:?}\n{}", run.dump());
+    assert_eq!(
+        packets.len(),
+        3 * STEPS,
+        "bs, m, qXfer: {packets:?}\n{}",
+        run.dump()
+    );
+}
+
+/// The same on a QEMU recording (PC-only past): the step, the register file, the thread list.
+#[test]
+fn qemu_pc_only_with_script_keeps_breakpoints_inserted() {
+    if !qemu_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile(dir.path());
+    let script = source_script();
+    let (run, packets) = steps(qemu_server(dir.path(), &exe), &exe, &[script.as_str()]);
+    check_common(&run, &packets);
+    assert_eq!(
+        count(&packets, "Z0") + count(&packets, "z0"),
+        0,
+        "{packets:?}\n{}",
+        run.dump()
+    );
+    assert_eq!(count(&packets, "g"), STEPS, "{packets:?}\n{}", run.dump());
+    assert_eq!(
+        packets.len(),
+        3 * STEPS,
+        "bs, g, qXfer: {packets:?}\n{}",
+        run.dump()
+    );
 }
