@@ -144,6 +144,17 @@ fn qemu_pc_only_reverse_stepi_round_trips() {
     assert_eq!(rest, 3 * STEPS, "bs, g, qXfer: {packets:?}\n{}", run.dump());
 }
 
+/// The checks of a session with the script loaded: no `Z0`/`z0`, and per step exactly the
+/// three packets GDB sends for itself at a stop: `bs`, the read of the frame's state (`read`:
+/// `m` for the stack, `g` for the register file) and the thread list.
+fn check_three(run: &GdbRun, packets: &[String], read: &str) {
+    check_common(run, packets);
+    let breakpoints = count(packets, "Z0") + count(packets, "z0");
+    assert_eq!(breakpoints, 0, "{packets:?}\n{}", run.dump());
+    assert_eq!(count(packets, read), STEPS, "{packets:?}\n{}", run.dump());
+    assert_eq!(packets.len(), 3 * STEPS, "{packets:?}\n{}", run.dump());
+}
+
 /// With `gdb-scripts/ptrewind.py` loaded, GDB keeps its breakpoints inserted while the program
 /// is stopped: no `Z0`/`z0` around a step, so a reverse-stepi is three round trips (the step,
 /// the stack read, the thread list), the user's breakpoint and the dynamic linker's
@@ -157,20 +168,7 @@ fn live_ptrace_with_script_keeps_breakpoints_inserted() {
     let server = Server::start(&exe, &["200"]);
     let script = source_script();
     let (run, packets) = steps(server, &exe, &[script.as_str(), "break done", "continue"]);
-    check_common(&run, &packets);
-    assert_eq!(
-        count(&packets, "Z0") + count(&packets, "z0"),
-        0,
-        "{packets:?}\n{}",
-        run.dump()
-    );
-    assert_eq!(count(&packets, "m"), STEPS, "{packets:?}\n{}", run.dump());
-    assert_eq!(
-        packets.len(),
-        3 * STEPS,
-        "bs, m, qXfer: {packets:?}\n{}",
-        run.dump()
-    );
+    check_three(&run, &packets, "m");
 }
 
 /// The same on a QEMU recording (PC-only past): the step, the register file, the thread list.
@@ -183,18 +181,5 @@ fn qemu_pc_only_with_script_keeps_breakpoints_inserted() {
     let exe = compile(dir.path());
     let script = source_script();
     let (run, packets) = steps(qemu_server(dir.path(), &exe), &exe, &[script.as_str()]);
-    check_common(&run, &packets);
-    assert_eq!(
-        count(&packets, "Z0") + count(&packets, "z0"),
-        0,
-        "{packets:?}\n{}",
-        run.dump()
-    );
-    assert_eq!(count(&packets, "g"), STEPS, "{packets:?}\n{}", run.dump());
-    assert_eq!(
-        packets.len(),
-        3 * STEPS,
-        "bs, g, qXfer: {packets:?}\n{}",
-        run.dump()
-    );
+    check_three(&run, &packets, "g");
 }
