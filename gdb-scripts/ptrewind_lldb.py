@@ -96,12 +96,18 @@ class _Reverse(object):
         self.process = debugger.GetSelectedTarget().GetProcess()
         self.thread = self.process.GetSelectedThread()
         self.at_boundary = False
+        # The thread our last `Hc` selected, until LLDB steps by itself: a second reverse
+        # packet in a row needs no `Hc` (one of the four round trips the helper itself makes
+        # for a `pt reverse-stepi`; LLDB's own step and its stop make the others).
+        self.hc_tid = None
 
     def raw(self, body):
         """Sends a reverse packet for the selected thread; returns (regs, boundary)."""
         tid = self.thread.GetThreadID()
-        if _packet(self.debugger, "Hc%x" % tid) != "OK":
-            raise RuntimeError("the server refused to select thread %d" % tid)
+        if self.hc_tid != tid:
+            if _packet(self.debugger, "Hc%x" % tid) != "OK":
+                raise RuntimeError("the server refused to select thread %d" % tid)
+            self.hc_tid = tid
         reply = _packet(self.debugger, body)
         if not reply or reply[0] not in "ST":
             raise RuntimeError(
@@ -144,6 +150,8 @@ class _Reverse(object):
         """LLDB's own one-instruction step forward."""
         interp = self.debugger.GetCommandInterpreter()
         r = lldb.SBCommandReturnObject()
+        # LLDB's step may select a thread for continuing itself.
+        self.hc_tid = None
         interp.HandleCommand("thread step-inst", r)
         if not r.Succeeded():
             raise RuntimeError(r.GetError() or "stepi failed")
