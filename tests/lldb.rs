@@ -365,6 +365,59 @@ fn lldb_python_pt_commands() {
     );
 }
 
+/// `pt reverse-stepi` selects the thread once (`Hc`) for its two reverse steps (the one the
+/// user asked for and the one its refresh takes back with LLDB's own step forward), then
+/// LLDB steps: `Hc`, `bs`, `bs`, `vCont;s`. Counted in LLDB's packet log; the position is the
+/// one a single reverse step of GDB's reaches (`lldb_pt_reverse_commands_stop_where_gdb_does`).
+#[test]
+fn lldb_pt_reverse_stepi_selects_the_thread_once() {
+    if !tools_ready(true) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build_asm(dir.path());
+    let stop = symbol(&exe, "rv_stop");
+    let log = dir.path().join("packets.log");
+    let run = run_lldb(
+        &exe,
+        &[],
+        &[
+            format!("command script import {}", lldb_script().display()),
+            format!("breakpoint set -a {stop:#x}"),
+            "continue".into(),
+            format!("log enable -f {} gdb-remote packets", log.display()),
+            "pt reverse-stepi".into(),
+            "log disable gdb-remote packets".into(),
+            "process kill".into(),
+        ],
+    );
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    // The packets sent, from the helper's thread selection to LLDB's step.
+    let sent: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.split_once("send packet: $").map(|x| x.1))
+        .map(|p| p.rsplit_once('#').map_or(p, |x| x.0))
+        .collect();
+    let at = sent.iter().rposition(|p| p.starts_with("Hc"));
+    let step = sent.iter().rposition(|p| p.starts_with("vCont;s"));
+    let (Some(at), Some(step)) = (at, step) else {
+        panic!("no Hc or no step in {sent:?}\n{}", run.ctx);
+    };
+    assert!(at < step, "{sent:?}\n{}", run.ctx);
+    let reverse: Vec<&str> = sent[at + 1..step]
+        .iter()
+        .copied()
+        .filter(|p| p.starts_with('b') || p.starts_with('H'))
+        .collect();
+    assert_eq!(reverse, ["bs", "bs"], "{sent:?}\n{}", run.ctx);
+    assert_eq!(
+        sent.iter().filter(|p| p.starts_with("Hc")).count(),
+        1,
+        "one thread selection: {sent:?}\n{}",
+        run.ctx
+    );
+}
+
 /// A program whose calls and values say where a reverse command must stop.
 const REV_C: &str = r#"
 #include <stdio.h>
