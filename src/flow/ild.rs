@@ -73,14 +73,29 @@ const fn set_range<T: Copy>(t: &mut [T; 256], lo: usize, hi: usize, v: T) {
     }
 }
 
+/// Flags of an opcode table entry, shared by [`ONE_BYTE`] (bits 0-3) and the [`Fast`] tables
+/// (all): valid, ModRM follows, the immediate in bits 0-1 (none, imm8, imm16/32 by operand
+/// size, and for the fast path imm32 or imm64 by REX.W), the displacement of a direct branch
+/// is that immediate, `lea` (a register operand, mod 3, is invalid), `C6`/`C7` (only `/0` is
+/// taken).
+const F_VALID: u8 = 8;
+const F_MODRM: u8 = 4;
+const F_IMM8: u8 = 1;
+const F_IMM32: u8 = 2;
+const F_IMMV: u8 = 3;
+const F_IMM_MASK: u8 = 3;
+const F_REL: u8 = 16;
+const F_LEA: u8 = 32;
+const F_REG0: u8 = 64;
+
 /// One-byte opcode table for the common instructions without control flow whose length depends
-/// only on ModRM and the operand size: bit 0-1 the immediate (0 none, 1 imm8, 2 imm16/32),
-/// bit 2 a ModRM follows, bit 3 the entry is valid. A table instead of the `match` below, so
+/// only on ModRM and the operand size: [`F_VALID`], [`F_MODRM`] and the immediate
+/// ([`F_IMM8`], or [`F_IMM32`] for imm16/32). A table instead of the `match` below, so
 /// that the bulk of the instructions costs no indirect jump (a mispredicted one per instruction
 /// was most of the cost).
 const fn one_byte_table() -> [u8; 256] {
-    const V: u8 = 8;
-    const M: u8 = 4;
+    const V: u8 = F_VALID;
+    const M: u8 = F_MODRM;
     let mut t = [0u8; 256];
     let mut k = 0;
     while k < 8 {
@@ -89,14 +104,14 @@ const fn one_byte_table() -> [u8; 256] {
         t[base + 1] = V | M;
         t[base + 2] = V | M;
         t[base + 3] = V | M;
-        t[base + 4] = V | 1;
-        t[base + 5] = V | 2;
+        t[base + 4] = V | F_IMM8;
+        t[base + 5] = V | F_IMM32;
         k += 1;
     }
     set_range(&mut t, 0x84, 0x8B, V | M);
     set_range(&mut t, 0x50, 0x5F, V);
     set_range(&mut t, 0x90, 0x99, V);
-    set_range(&mut t, 0xB0, 0xB7, V | 1);
+    set_range(&mut t, 0xB0, 0xB7, V | F_IMM8);
     set_range(&mut t, 0xD0, 0xD3, V | M);
     set_range(&mut t, 0xF8, 0xFD, V);
     t[0x9C] = V;
@@ -108,17 +123,17 @@ const fn one_byte_table() -> [u8; 256] {
     t[0xA6] = V;
     t[0xA7] = V;
     set_range(&mut t, 0xAA, 0xAF, V);
-    t[0xA8] = V | 1;
-    t[0xA9] = V | 2;
-    t[0x6A] = V | 1;
-    t[0x68] = V | 2;
-    t[0x69] = V | M | 2;
-    t[0x6B] = V | M | 1;
-    t[0x80] = V | M | 1;
-    t[0x81] = V | M | 2;
-    t[0x83] = V | M | 1;
-    t[0xC0] = V | M | 1;
-    t[0xC1] = V | M | 1;
+    t[0xA8] = V | F_IMM8;
+    t[0xA9] = V | F_IMM32;
+    t[0x6A] = V | F_IMM8;
+    t[0x68] = V | F_IMM32;
+    t[0x69] = V | M | F_IMM32;
+    t[0x6B] = V | M | F_IMM8;
+    t[0x80] = V | M | F_IMM8;
+    t[0x81] = V | M | F_IMM32;
+    t[0x83] = V | M | F_IMM8;
+    t[0xC0] = V | M | F_IMM8;
+    t[0xC1] = V | M | F_IMM8;
     t
 }
 
@@ -219,18 +234,6 @@ const fn sse_table() -> [u8; 256] {
 
 static SSE: [u8; 256] = sse_table();
 
-/// Flags of a [`Fast`] entry: valid, ModRM follows, the immediate in bits 0-1 (none, imm8,
-/// imm32, imm32 or imm64 by REX.W), the displacement of a direct branch is that immediate,
-/// `lea` (a register operand, mod 3, is invalid), `C6`/`C7` (only `/0` is taken).
-const F_VALID: u8 = 8;
-const F_MODRM: u8 = 4;
-const F_IMM8: u8 = 1;
-const F_IMM32: u8 = 2;
-const F_IMMV: u8 = 3;
-const F_REL: u8 = 16;
-const F_LEA: u8 = 32;
-const F_REG0: u8 = 64;
-
 /// An opcode of the prefix-free 64-bit path: its flags and class, read in one load.
 #[derive(Clone, Copy)]
 struct Fast {
@@ -257,8 +260,8 @@ const fn fast_table() -> [Fast; 256] {
     let mut op = 0;
     while op < 256 {
         let e = ONE_BYTE[op];
-        if e & 8 != 0 {
-            t[op] = fast(e & 7, InsnClass::Other);
+        if e & F_VALID != 0 {
+            t[op] = fast(e & (F_MODRM | F_IMM_MASK), InsnClass::Other);
         }
         op += 1;
     }
@@ -357,7 +360,7 @@ pub(super) fn decode_plain64(w: &[u8; 16]) -> Option<Ild> {
         }
         len += modrm_len(w, i)?;
     }
-    let k = u32::from(t & 3);
+    let k = u32::from(t & F_IMM_MASK);
     // Immediate bytes by kind, as nibbles: none, imm8, imm32, imm32 (imm64 with REX.W).
     let imm = ((0x4410u32 >> (k * 4)) & 0xF) as usize + if k == 3 && rex_w { 4 } else { 0 };
     // A branch's displacement is its immediate: rel8 sign-extended by the shifts, rel32 as
@@ -439,12 +442,12 @@ fn decode_general(b: &[u8], bits: u32) -> Option<Ild> {
     i += 1; // the opcode
     let z = if p66 && !rex_w { 2 } else { 4 };
     let t = ONE_BYTE[op as usize];
-    if t & 8 != 0 {
+    if t & F_VALID != 0 {
         let mut len = i;
-        if t & 4 != 0 {
+        if t & F_MODRM != 0 {
             len += modrm_len(b, i)?;
         }
-        len += [0, 1, z, 0][(t & 3) as usize];
+        len += [0, 1, z, 0][(t & F_IMM_MASK) as usize];
         if len > 15 || len > b.len() {
             return None;
         }
