@@ -171,6 +171,9 @@ fn every_thread_has_its_own_exact_stream() {
         let meta = t.meta.as_ref().expect("summary");
         assert_eq!(meta.lost, 0);
         tscs_seen += meta.tracer.tsc_stamps;
+        // Main returns from `main` (its `exit_group` ends the process, and QEMU runs the
+        // plugin's atexit on it); the workers exited before.
+        assert_eq!(meta.ended_process, t.tid == t.pid, "thread {}", t.tid);
         if t.tid != t.pid {
             // A worker ran `work` (PIE: compare the offset inside the page).
             assert!(

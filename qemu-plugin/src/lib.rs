@@ -527,6 +527,9 @@ struct Vcpu {
     tail: Option<Tail>,
     log: Option<BufWriter<std::fs::File>>,
     done: bool,
+    /// This thread ended the process: QEMU ran the plugin's `atexit` on it (its `exit_group`,
+    /// or the fatal signal it took).
+    ended_process: bool,
     /// An executable file mapping in progress: (length, offset, path).
     pending: Option<(u64, u64, String)>,
 }
@@ -638,6 +641,7 @@ fn new_vcpu(index: u32) -> Vcpu {
         tail: None,
         log: None,
         done: false,
+        ended_process: false,
         pending: None,
     }
 }
@@ -738,6 +742,7 @@ impl Vcpu {
             lost: out.lost(),
             gaps: out.gaps().to_vec(),
             end: end.to_string(),
+            ended_process: self.ended_process,
             tracer: self.tracer.stats(),
             error: out.error().map(str::to_string),
         };
@@ -1117,6 +1122,10 @@ extern "C" fn on_syscall_ret(_id: qemu_plugin_id_t, vcpu: c_uint, num: i64, ret:
 }
 
 extern "C" fn on_atexit(_id: qemu_plugin_id_t, _udata: *mut c_void) {
+    // QEMU runs `atexit` on the thread that ends the process (`preexit_cleanup` from its
+    // `exit_group` or from the fatal signal's `dump_core_and_abort`): the one a debugger should
+    // show at the end. Other threads can look alike there (stopped part-way through a block).
+    let ender = gettid();
     for cell in SLOTS.iter() {
         let p = cell.load(Ordering::Acquire);
         // SAFETY: slots are leaked boxes, never freed.
@@ -1124,7 +1133,10 @@ extern "C" fn on_atexit(_id: qemu_plugin_id_t, _udata: *mut c_void) {
             continue;
         };
         if s.pid.load(Ordering::Relaxed) == getpid() {
-            s.with(|v| finish(v, "process-exit"));
+            s.with(|v| {
+                v.ended_process = v.tid == ender;
+                finish(v, "process-exit");
+            });
         }
     }
 }

@@ -349,7 +349,14 @@ pub(crate) fn serve_target(
     let fatal = signal
         .filter(|_| Some(first.pid) == launched)
         .map(|signal| FatalSignal { signal, tid: None });
-    let timeline = Timeline::offline_threads(threads, fatal)?;
+    // The thread QEMU ended the process on (the plugin's `atexit` ran there): the faulting
+    // thread of a crash, the caller of `exit_group` otherwise.
+    let ended_by = recorded
+        .threads
+        .iter()
+        .find(|t| t.meta.as_ref().is_some_and(|m| m.ended_process))
+        .and_then(|t| i32::try_from(t.tid).ok());
+    let timeline = Timeline::offline_threads(threads, fatal, ended_by)?;
     for why in timeline.skipped_threads() {
         eprintln!("ptrewind: warning: not served: {why}");
     }

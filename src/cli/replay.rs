@@ -398,7 +398,7 @@ fn serve_threads(
     fatal: Option<FatalSignal>,
     args: &ReplayArgs,
 ) -> CmdResult {
-    match Timeline::offline_threads(threads, fatal) {
+    match Timeline::offline_threads(threads, fatal, None) {
         Ok(t) => {
             for why in t.skipped_threads() {
                 eprintln!("ptrewind: warning: not served: {why}");

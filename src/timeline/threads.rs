@@ -153,6 +153,24 @@ pub fn load_saved_threads(dir: &std::path::Path) -> Result<Option<SavedThreads>,
     Ok(Some((threads, fatal)))
 }
 
+/// Whether the instruction at `ip` of 64-bit code is a system call (`syscall`, `sysenter`,
+/// `int 0x80`; not `int3` and the like, which a program can die on).
+fn enters_kernel(image: &Image, ip: u64) -> bool {
+    use crate::flow::{InsnClass, ild};
+    let mut bytes = [0u8; 16];
+    let n = image.read(ip, &mut bytes);
+    let code = &bytes[..n];
+    let class = ild::decode(code, 64).map(|d| d.class).or_else(|| {
+        let i = iced_x86::Decoder::with_ip(64, code, ip, iced_x86::DecoderOptions::NONE).decode();
+        (!i.is_invalid()).then(|| InsnClass::of(&i))
+    });
+    match class {
+        Some(InsnClass::SysCall) => true,
+        Some(InsnClass::SoftInt) => code.starts_with(&[0xcd, 0x80]),
+        _ => false,
+    }
+}
+
 pub(super) fn thread_of<'a>(
     me: &'a mut Timeline,
     g: &'a mut ThreadGroup,
@@ -169,10 +187,13 @@ impl Timeline {
     /// A timeline over several threads of one recording, replayed with no process: each
     /// thread's trace is indexed (as [`Timeline::offline`]) and timed, the threads are put in
     /// one global order, and the cursor starts at the end of everything, the thread the
-    /// recording ended in selected (`fatal`: the signal that killed the process).
+    /// recording ended in selected (`fatal`: the signal that killed the process; `ended_by`:
+    /// the thread that ended the process, when the recording says, e.g. the one QEMU took the
+    /// fatal signal or the `exit_group` on).
     pub fn offline_threads(
         threads: Vec<ThreadRecording>,
         fatal: Option<FatalSignal>,
+        ended_by: Option<i32>,
     ) -> Result<Self, String> {
         if threads.is_empty() {
             return Err("no thread recorded".into());
@@ -223,12 +244,26 @@ impl Timeline {
             }
             (clocks, built)
         });
+        // A thread whose stream ends at a system call was blocked in the kernel when the
+        // process ended (QEMU marks every thread's end alike): not the one that faulted.
+        let kernel_stops: Vec<bool> = all_clocks
+            .iter()
+            .zip(&inputs)
+            .map(|(c, (_, image, _))| {
+                c.as_ref()
+                    .and_then(ThreadClock::stop_ip)
+                    .is_some_and(|ip| enters_kernel(image, ip))
+            })
+            .collect();
         drop(inputs);
         let mut clocks = Vec::with_capacity(built.len());
+        let mut in_kernel = Vec::with_capacity(built.len());
         let mut timelines = Vec::with_capacity(built.len());
         let mut tids = Vec::with_capacity(built.len());
         let mut skipped = Vec::new();
-        for ((tid, timeline), clock) in built.into_iter().zip(all_clocks) {
+        for (((tid, timeline), clock), kernel_stop) in
+            built.into_iter().zip(all_clocks).zip(kernel_stops)
+        {
             let Some(clock) = clock else {
                 skipped.push(format!("thread {tid}: its timing pass failed"));
                 continue;
@@ -258,6 +293,7 @@ impl Timeline {
                 t.cursor = Some(t.end());
             }
             clocks.push(clock);
+            in_kernel.push(kernel_stop);
             timelines.push(t);
             tids.push(tid);
         }
@@ -266,16 +302,19 @@ impl Timeline {
         }
         let order = GlobalOrder::new(&clocks);
         let total = order.len();
-        // The thread the recording ended in: the one the signal names, else, of the threads
-        // stopped at an instruction that did not execute (a fault; a thread blocked in the
-        // kernel when the process died looks the same), the one that ran last, else the last
-        // to run at all.
+        // The thread the recording ended in: the one the signal or the recording names, else,
+        // of the threads stopped at an instruction that did not execute (a fault; a thread
+        // stopped part-way through a block when the process died looks the same, hence the
+        // names first), the one that ran last, those stopped at a system call (blocked in the
+        // kernel: they can run later than the faulting thread, while QEMU handles the fault)
+        // only if no other; else the last to run at all.
         let last_run = order.local(total.saturating_sub(1)).map_or(0, |(t, _)| t);
         let stopped = (0..clocks.len())
             .filter(|&k| clocks[k].stop_ip().is_some())
-            .max_by_key(|&k| order.global(k, clocks[k].len()).unwrap_or(0));
+            .max_by_key(|&k| (!in_kernel[k], order.global(k, clocks[k].len()).unwrap_or(0)));
         let ended_in = fatal
             .and_then(|f| f.tid)
+            .or(ended_by)
             .and_then(|tid| tids.iter().position(|&t| t == tid))
             .or(stopped)
             .unwrap_or(last_run);
@@ -980,7 +1019,79 @@ mod tests {
             .unwrap();
         img.add(Section::new(0x2000, vec![0x75, 0xfe, 0xc3], "y"))
             .unwrap();
+        // jne . ; syscall
+        img.add(Section::new(0x3000, vec![0x75, 0xfe, 0x0f, 0x05], "z"))
+            .unwrap();
+        // jne . ; mov [rdi], eax
+        img.add(Section::new(0x4000, vec![0x75, 0xfe, 0x89, 0x07], "w"))
+            .unwrap();
         img
+    }
+
+    /// `jne .` at `base` taken `taken` times after a TSC of `tsc`, then not taken; the stream
+    /// ends with FUP + TIP.PGD at the instruction after it (stopped there, not executed).
+    fn stopped_stream(base: u64, tsc: u64, taken: usize) -> Vec<u8> {
+        use crate::packet::{IpKind, Packet};
+        let mut enc = Encoder::new();
+        let mut out = Vec::new();
+        enc.psb(&mut out);
+        let mode = Packet::ModeExec {
+            csl: true,
+            csd: false,
+            iflag: false,
+        };
+        enc.packet(&mode, &mut out).unwrap();
+        enc.packet(&Packet::PsbEnd, &mut out).unwrap();
+        enc.ip_packet(IpKind::TipPge, Some(base), &mut out).unwrap();
+        enc.packet(&Packet::Tsc { tsc }, &mut out).unwrap();
+        let mut bits = vec![true; taken];
+        bits.push(false);
+        super::synth::short_tnts(&mut enc, &bits, &mut out);
+        enc.ip_packet(IpKind::Fup, Some(base + 2), &mut out)
+            .unwrap();
+        enc.ip_packet(IpKind::TipPgd, None, &mut out).unwrap();
+        out
+    }
+
+    /// A crashed process: the faulting thread stopped at a `mov` (TSC 100), another stopped
+    /// later at a `syscall` (TSC 200: blocked in the kernel, running on while QEMU handled the
+    /// fault). The replay starts in the faulting thread, or in the one the recording names.
+    #[test]
+    fn the_end_is_the_faulting_thread_not_one_blocked_in_a_system_call() {
+        let threads = || {
+            vec![
+                ThreadRecording {
+                    tid: 20,
+                    recording: recording(stopped_stream(0x4000, 100, 3)),
+                },
+                ThreadRecording {
+                    tid: 21,
+                    recording: recording(stopped_stream(0x3000, 200, 2)),
+                },
+            ]
+        };
+        let fatal = Some(FatalSignal {
+            signal: 11,
+            tid: None,
+        });
+        let t = Timeline::offline_threads(threads(), fatal, None).unwrap();
+        assert_eq!(t.tid(), 20);
+        assert_eq!(t.thread_ids(), vec![20, 21]);
+        let named = Timeline::offline_threads(threads(), fatal, Some(21)).unwrap();
+        assert_eq!(named.tid(), 21);
+        // Both stopped at a system call: the one that ran last.
+        let both = vec![
+            ThreadRecording {
+                tid: 30,
+                recording: recording(stopped_stream(0x3000, 300, 1)),
+            },
+            ThreadRecording {
+                tid: 31,
+                recording: recording(stopped_stream(0x3000, 100, 4)),
+            },
+        ];
+        let t = Timeline::offline_threads(both, fatal, None).unwrap();
+        assert_eq!(t.tid(), 30);
     }
 
     fn recording(trace: Vec<u8>) -> OfflineRecording {
@@ -1083,7 +1194,7 @@ mod tests {
             tid: 12,
             recording: recording(empty),
         });
-        let mut t = Timeline::offline_threads(threads, None).unwrap();
+        let mut t = Timeline::offline_threads(threads, None, None).unwrap();
         assert_eq!(t.skipped_threads().len(), 1);
         assert!(t.skipped_threads()[0].starts_with("thread 12: "));
         // The end: X ran last.

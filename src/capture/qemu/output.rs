@@ -177,8 +177,12 @@ pub struct ThreadMeta {
     pub lost: u64,
     /// Where in the file the losses are.
     pub gaps: Vec<Gap>,
-    /// How the stream ended: `exit`, `exec`, `fork-child`, `plugin-exit`.
+    /// How the stream ended: `exit` (the thread exited), `exec`, `process-exit` (still running when the process ended).
     pub end: String,
+    /// This thread ended the process (QEMU ran the plugin's `atexit` on it: its `exit_group`,
+    /// or the fatal signal it took). False in recordings made before the field existed.
+    #[serde(default)]
+    pub ended_process: bool,
     /// What the tracer saw.
     pub tracer: TracerStats,
     /// The first error writing the stream, if any (the stream stops there).
