@@ -7,11 +7,14 @@
 //! cargo build --release --workspace && \
 //! cargo run --release --example bench_gdb_latency -- [--steps 1000] [--sizes 1e6,1e7,1e8]
 //!                                                    [--full-size 1e6] [--no-full]
-//!                                                    [--ptrewind PATH]...
+//!                                                    [--ptrewind PATH]... [--poll-us LIST]
 //! ```
 //!
 //! `--ptrewind PATH` (repeatable) times that `ptrewind` binary (its QEMU plugin next to it)
 //! instead of the workspace's, e.g. an older build as a before/after comparison in one run.
+//! `--poll-us LIST` (default `default,0`): each server is run once per value, with
+//! `PTREWIND_POLL_US` set to it (`default`: unset), i.e. with the server's default poll window
+//! for the debugger's next packet and with none (it blocks in `read` after every reply).
 //!
 //! For each size a small C program (a loop of calls and data-dependent branches, no system
 //! calls) is recorded to completion under `ptrewind record --backend qemu` and served to GDB
@@ -124,6 +127,7 @@ fn parse_size(s: &str) -> u64 {
 /// instruction count and the series.
 fn ours(
     ptrewind: &Path,
+    poll_us: Option<u64>,
     prog: &Path,
     iters: u64,
     script: &Path,
@@ -132,19 +136,22 @@ fn ours(
     // What `ptrewind gdb` and the IDE setups load (it keeps breakpoints inserted while stopped).
     let user_script = Path::new(env!("CARGO_MANIFEST_DIR")).join("gdb-scripts/ptrewind.py");
     let t0 = Instant::now();
+    let mut cmd = Command::new(ptrewind);
+    if let Some(us) = poll_us {
+        cmd.env("PTREWIND_POLL_US", us.to_string());
+    }
     let server = gdb::Server::spawn_within(
-        Command::new(ptrewind)
-            .args([
-                "record",
-                "--backend",
-                "qemu",
-                "--no-live",
-                "--listen",
-                "127.0.0.1:0",
-                "--",
-            ])
-            .arg(prog)
-            .arg(iters.to_string()),
+        cmd.args([
+            "record",
+            "--backend",
+            "qemu",
+            "--no-live",
+            "--listen",
+            "127.0.0.1:0",
+            "--",
+        ])
+        .arg(prog)
+        .arg(iters.to_string()),
         std::time::Duration::from_secs(600),
     );
     // "ptrewind: program ended (…); N thread(s), INSNS instructions in …"
@@ -281,6 +288,8 @@ fn main() {
     let mut full_size = 1_000_000u64;
     let mut with_full = true;
     let mut binaries: Vec<PathBuf> = Vec::new();
+    // The server's poll window (`PTREWIND_POLL_US`; `None`: its default).
+    let mut polls: Vec<Option<u64>> = vec![None, Some(0)];
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -295,6 +304,17 @@ fn main() {
             }
             "--full-size" => full_size = parse_size(&args.next().expect("--full-size N")),
             "--no-full" => with_full = false,
+            "--poll-us" => {
+                polls = args
+                    .next()
+                    .expect("--poll-us LIST")
+                    .split(',')
+                    .map(|v| match v {
+                        "default" => None,
+                        us => Some(us.parse().expect("--poll-us: microseconds or `default`")),
+                    })
+                    .collect()
+            }
             "--ptrewind" => binaries.push(PathBuf::from(args.next().expect("--ptrewind PATH"))),
             other => panic!("unknown argument {other}"),
         }
@@ -344,12 +364,20 @@ fn main() {
         None
     };
     for size in sizes {
-        for ptrewind in &binaries {
+        for (ptrewind, poll_us) in binaries
+            .iter()
+            .flat_map(|b| polls.iter().map(move |&p| (b, p)))
+        {
             if binaries.len() > 1 {
                 println!("{}:", ptrewind.display());
             }
+            let poll = match poll_us {
+                None => "poll window: the default".to_string(),
+                Some(us) => format!("PTREWIND_POLL_US={us}"),
+            };
+            println!("{poll}:");
             let iters = (size as f64 / INSNS_PER_ITER) as u64;
-            let (n, series) = ours(ptrewind, &prog, iters, &script, steps);
+            let (n, series) = ours(ptrewind, poll_us, &prog, iters, &script, steps);
             for s in series {
                 let ratio = baseline
                     .map(|b| format!("  {:.2}x record full's median", b / s.median))

@@ -701,6 +701,23 @@ pub(crate) fn serve(
     serve_session(session, listener, served, fallback_exe, once, |_| {})
 }
 
+/// `PTREWIND_POLL_US`: how long the server polls for the debugger's next packet before
+/// blocking, in microseconds (`Router::set_poll_window`; 0 blocks at once).
+fn poll_window_from_env() -> Option<std::time::Duration> {
+    let text = std::env::var_os("PTREWIND_POLL_US")?;
+    match text.to_str().and_then(|t| t.trim().parse::<u64>().ok()) {
+        Some(us) if us <= 1_000_000 => Some(std::time::Duration::from_micros(us)),
+        _ => {
+            eprintln!(
+                "ptrewind: warning: PTREWIND_POLL_US={}: not a number of microseconds up to \
+                 1000000; using the default",
+                text.to_string_lossy()
+            );
+            None
+        }
+    }
+}
+
 /// Prints how to connect, then serves `session` to one debugger at a time: a second one
 /// connecting meanwhile is refused with an error packet and a message. When the connection
 /// closes without `detach`/`kill`, the program and its recording are kept stopped and the next
@@ -744,6 +761,9 @@ pub(crate) fn serve_session(
     } else {
         OnDisconnect::Keep
     });
+    if let Some(window) = poll_window_from_env() {
+        router.set_poll_window(window);
+    }
     configure(&mut router);
     let outcome = loop {
         let Some((stream, peer)) = connections.next()? else {
