@@ -416,6 +416,23 @@ fn lldb_pt_reverse_stepi_selects_the_thread_once() {
         "one thread selection: {sent:?}\n{}",
         run.ctx
     );
+    // The stop replies list the threads (LLDB's `QListThreadsInStopReply`), so LLDB asks for
+    // no thread list after its step.
+    assert!(
+        !sent[step..].iter().any(|p| p.starts_with("qfThreadInfo")),
+        "thread list asked after the stop: {sent:?}\n{}",
+        run.ctx
+    );
+    let replies: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.split_once("read packet: $").map(|x| x.1))
+        .filter(|p| p.starts_with('T'))
+        .collect();
+    assert!(
+        replies.iter().any(|p| p.contains(";threads:")),
+        "no thread list in the stop replies: {replies:?}\n{}",
+        run.ctx
+    );
 }
 
 /// A program whose calls and values say where a reverse command must stop.

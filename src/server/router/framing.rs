@@ -152,6 +152,9 @@ pub struct RouterConn {
     last_packet: Vec<u8>,
     /// A body that replaces the next packet gdbstub sends (its reply to `k`).
     pub(super) replace_reply: Option<Vec<u8>>,
+    /// Fields appended to the next packet gdbstub sends if it is a `T` stop reply
+    /// (`threads:…;` after `QListThreadsInStopReply`).
+    pub(super) stop_reply_suffix: Option<Vec<u8>>,
 }
 
 impl RouterConn {
@@ -164,6 +167,7 @@ impl RouterConn {
             no_ack: false,
             last_packet: Vec::new(),
             replace_reply: None,
+            stop_reply_suffix: None,
         }
     }
 
@@ -234,6 +238,16 @@ impl RouterConn {
                 }
                 pkt = encode_packet(&plain);
             }
+            if let Some(suffix) = self.stop_reply_suffix.take() {
+                let mut plain = expand_rle(&unescape(body));
+                if plain.first() == Some(&b'T') {
+                    if plain.last() != Some(&b';') {
+                        plain.push(b';');
+                    }
+                    plain.extend_from_slice(&suffix);
+                    pkt = encode_packet(&plain);
+                }
+            }
             if let Some(reply) = self.replace_reply.take() {
                 pkt = encode_packet(&reply);
             }
@@ -278,6 +292,60 @@ impl Connection for RouterConn {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A `RouterConn` over one end of a loopback connection, and the other end.
+    fn conn_pair() -> (RouterConn, TcpStream) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        (RouterConn::new(server), client)
+    }
+
+    /// What gdbstub writes, through `process_out`, as the client reads it.
+    fn sent(conn: &mut RouterConn, client: &mut TcpStream, out: &[u8]) -> Vec<u8> {
+        use std::io::Read;
+        Connection::write_all(conn, out).unwrap();
+        Connection::flush(conn).unwrap();
+        client
+            .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 512];
+        // One packet: up to its `#` and two checksum digits.
+        while got
+            .iter()
+            .position(|&b| b == b'#')
+            .is_none_or(|hash| got.len() < hash + 3)
+        {
+            let n = client.read(&mut buf).unwrap();
+            assert!(n > 0, "connection closed");
+            got.extend_from_slice(&buf[..n]);
+        }
+        got
+    }
+
+    #[test]
+    fn thread_list_is_added_to_stop_replies_only() {
+        let (mut conn, mut client) = conn_pair();
+        // A stop reply: the fields follow the existing ones.
+        conn.stop_reply_suffix = Some(b"threads:1f,20;".to_vec());
+        assert_eq!(
+            sent(&mut conn, &mut client, &encode_packet(b"T05thread:p1f.1f;")),
+            encode_packet(b"T05thread:p1f.1f;threads:1f,20;")
+        );
+        assert!(conn.stop_reply_suffix.is_none());
+        // Any other reply (an exit) goes out unchanged, and the fields are dropped.
+        conn.stop_reply_suffix = Some(b"threads:1f;".to_vec());
+        assert_eq!(
+            sent(&mut conn, &mut client, &encode_packet(b"W00")),
+            encode_packet(b"W00")
+        );
+        assert!(conn.stop_reply_suffix.is_none());
+        assert_eq!(
+            sent(&mut conn, &mut client, &encode_packet(b"T05")),
+            encode_packet(b"T05")
+        );
+    }
 
     fn frames(max: usize, input: &[u8]) -> Vec<Frame> {
         let mut f = Framer::new(max);

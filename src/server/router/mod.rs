@@ -75,6 +75,10 @@ pub struct RouterState {
     named_step: bool,
     /// The features GDB sent in its `qSupported` packet.
     pub client_features: Vec<String>,
+    /// The client asked for the thread list in every stop reply (`QListThreadsInStopReply`,
+    /// LLDB): each `T` stop reply then carries `threads:` (and `thread-pcs:` for one thread),
+    /// and LLDB asks no `qfThreadInfo`/`qsThreadInfo` after it.
+    pub threads_in_stop_reply: bool,
 }
 
 /// An interceptor: gets the session, the router state and the packet body (with `}` escapes
@@ -346,6 +350,15 @@ impl Router {
                             StopEvent::Exited(_) | StopEvent::Killed(_) => None,
                             _ => session.target_mut().read_thread_registers(tid).ok(),
                         };
+                        if self.state.threads_in_stop_reply && expedited.is_some() {
+                            let pc = expedited
+                                .as_ref()
+                                .filter(|regs| !regs.unavailable.contains(16))
+                                .map(|regs| regs.gprs[gpr::RIP]);
+                            let threads = session.target().thread_ids();
+                            r.borrow_conn().stop_reply_suffix =
+                                Some(threads_in_stop_reply(&threads, pc));
+                        }
                         match expedited {
                             Some(regs) => {
                                 let values: Vec<(GdbRegId, [u8; 8])> =
@@ -641,6 +654,12 @@ impl Router {
             self.state.continue_thread = Some(String::from_utf8_lossy(thread).into_owned());
         } else if plain == b"QStartNoAckMode" {
             conn(&mut sm).watch_no_ack = true;
+        } else if plain == b"QListThreadsInStopReply" {
+            self.state.threads_in_stop_reply = true;
+            let c = conn(&mut sm);
+            c.ack().map_err(ServerError::Io)?;
+            c.send_packet(b"OK").map_err(ServerError::Io)?;
+            return Ok(sm);
         } else if plain == b"k" {
             // gdbstub answers `k` with `OK`. GDB reads no reply to `k` (it uses `vKill`,
             // answered `OK`, when multiprocess is on), but LLDB waits for an exit-status
@@ -694,6 +713,32 @@ fn feed_raw<'a>(
         };
     }
     Ok(sm)
+}
+
+/// The `threads:` (and `thread-pcs:`) fields lldb-server adds to its stop replies after
+/// `QListThreadsInStopReply`: the thread ids in hex, and the stop PC when there is one thread
+/// (the other threads' PCs are left to LLDB to read when it needs them).
+fn threads_in_stop_reply(threads: &[i32], pc: Option<u64>) -> Vec<u8> {
+    let ids: Vec<String> = threads.iter().map(|t| format!("{t:x}")).collect();
+    let mut text = format!("threads:{};", ids.join(","));
+    if let ([_], Some(pc)) = (threads, pc) {
+        text.push_str(&format!("thread-pcs:{pc:x};"));
+    }
+    text.into_bytes()
+}
+
+#[cfg(test)]
+#[test]
+fn thread_pcs_only_for_one_thread() {
+    assert_eq!(
+        threads_in_stop_reply(&[0x1f], Some(0x401000)),
+        b"threads:1f;thread-pcs:401000;"
+    );
+    assert_eq!(threads_in_stop_reply(&[0x1f], None), b"threads:1f;");
+    assert_eq!(
+        threads_in_stop_reply(&[0x1f, 0x20], Some(0x401000)),
+        b"threads:1f,20;"
+    );
 }
 
 /// The default of [`Router::set_poll_window`].
