@@ -8,6 +8,7 @@
 //! cargo run --release --example bench_gdb_latency -- [--steps 1000] [--sizes 1e6,1e7,1e8]
 //!                                                    [--full-size 1e6] [--no-full]
 //!                                                    [--ptrewind PATH]... [--poll-us LIST]
+//!                                                    [--no-lldb]
 //! ```
 //!
 //! `--ptrewind PATH` (repeatable) times that `ptrewind` binary (its QEMU plugin next to it)
@@ -33,6 +34,10 @@
 //! counts them). Then with `gdb-scripts/ptrewind.py` loaded, as `ptrewind gdb` and the IDE
 //! setups run it (`end`, `middle`): breakpoints stay inserted while stopped, three packets per
 //! step.
+//! Then GDB disconnects and lldb-19 (when installed; `--no-lldb` skips it) connects to the
+//! same server, imports `gdb-scripts/ptrewind_lldb.py` and times as many `pt reverse-stepi`
+//! (`lldb,pt-reverse-stepi`): the helper's reverse step, two `bs` and LLDB's own
+//! `thread step-inst`, so that LLDB shows a stop it saw itself.
 //! Printed per series: median, 99th percentile and max in milliseconds, and the ratio of
 //! `record full`'s median to it.
 //!
@@ -70,6 +75,14 @@ def lat(label, n):
     ts.sort()
     print("LAT %s n=%d median=%.4f p99=%.4f max=%.4f pc=%#x" % (
         label, n, ts[n // 2] * 1e3, ts[min(n - 1, int(n * 0.99))] * 1e3, ts[-1] * 1e3, pc))
+"#;
+
+/// LLDB commands (after `command script import` of the helper and `gdb-remote`): time
+/// `N` `pt reverse-stepi` (the helper's reverse step: `bs` twice and LLDB's own `thread
+/// step-inst`, so LLDB shows a stop it saw) through LLDB's Python and print one `LAT` line.
+const LLDB_SCRIPT: &str = r#"script import time; ci = lldb.debugger.GetCommandInterpreter(); res = lldb.SBCommandReturnObject(); ts = []
+script exec("for _ in range(N):\n    t0 = time.perf_counter(); ci.HandleCommand('pt reverse-stepi', res); ts.append(time.perf_counter() - t0)")
+script ts.sort(); print("LAT lldb,pt-reverse-stepi n=%d median=%.4f p99=%.4f max=%.4f ok=%s" % (len(ts), ts[len(ts) // 2] * 1e3, ts[min(len(ts) - 1, int(len(ts) * 0.99))] * 1e3, ts[-1] * 1e3, res.Succeeded()))
 "#;
 
 /// Instructions per loop iteration of PROGRAM at -O1 with GCC 12 (measured: 5 000 000 iterations
@@ -125,9 +138,11 @@ fn parse_size(s: &str) -> u64 {
 
 /// ptrewind: records `prog iters` under QEMU, serves it, runs GDB's series; returns the
 /// instruction count and the series.
+#[allow(clippy::too_many_arguments)]
 fn ours(
     ptrewind: &Path,
     poll_us: Option<u64>,
+    with_lldb: bool,
     prog: &Path,
     iters: u64,
     script: &Path,
@@ -213,10 +228,29 @@ fn ours(
         .args(["-ex", &format!("monitor goto {half}")])
         .args(["-ex", "maintenance flush register-cache"])
         .args(["-ex", &format!("python lat('middle', {steps})")])
-        .args(["-ex", "kill"])
+        // LLDB goes on from here when it is installed; the server keeps the recording for it.
+        .args(["-ex", if with_lldb { "disconnect" } else { "kill" }])
         .stdin(Stdio::null())
         .output()
         .expect("run gdb");
+    let lldb_out = with_lldb.then(|| {
+        let lldb_script =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("gdb-scripts/ptrewind_lldb.py");
+        let cmds = format!(
+            "command script import {}\ngdb-remote 127.0.0.1:{port}\n{}kill\n",
+            lldb_script.display(),
+            LLDB_SCRIPT.replace("range(N)", &format!("range({steps})"))
+        );
+        let file = script.with_file_name("lldb-cmds");
+        std::fs::write(&file, cmds).expect("write lldb commands");
+        Command::new("lldb-19")
+            .args(["--batch", "--no-lldbinit", "-s"])
+            .arg(&file)
+            .arg(prog)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run lldb-19")
+    });
     // GDB's `kill` ended the replay; the server ends with SIGTERM otherwise.
     let gdb::Server {
         mut child,
@@ -237,11 +271,22 @@ fn ours(
         eprintln!("--- gdb:\n{text}\n--- ptrewind:\n{log}");
         panic!("GDB did not time the three series");
     }
+    let lldb = lldb_out.map(|out| {
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        let series = parse_lat(&text);
+        if series.len() != 1 || !text.contains("ok=True") {
+            eprintln!("--- lldb:\n{text}\n--- ptrewind:\n{log}");
+            panic!("LLDB did not time its series");
+        }
+        series
+    });
     eprintln!(
         "  recorded and indexed {insns} instructions; served after {:.2} s",
         ready.as_secs_f64()
     );
     series.extend(gdb);
+    series.extend(lldb.into_iter().flatten());
     (insns, series)
 }
 
@@ -287,6 +332,7 @@ fn main() {
     let mut sizes = vec![1_000_000u64, 10_000_000, 100_000_000];
     let mut full_size = 1_000_000u64;
     let mut with_full = true;
+    let mut with_lldb = true;
     let mut binaries: Vec<PathBuf> = Vec::new();
     // The server's poll window (`PTREWIND_POLL_US`; `None`: its default).
     let mut polls: Vec<Option<u64>> = vec![None, Some(0)];
@@ -304,6 +350,7 @@ fn main() {
             }
             "--full-size" => full_size = parse_size(&args.next().expect("--full-size N")),
             "--no-full" => with_full = false,
+            "--no-lldb" => with_lldb = false,
             "--poll-us" => {
                 polls = args
                     .next()
@@ -318,6 +365,16 @@ fn main() {
             "--ptrewind" => binaries.push(PathBuf::from(args.next().expect("--ptrewind PATH"))),
             other => panic!("unknown argument {other}"),
         }
+    }
+    let with_lldb = with_lldb
+        && Command::new("lldb-19")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+    if !with_lldb {
+        println!("(no LLDB series: --no-lldb, or lldb-19 is not installed)");
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let src = dir.path().join("loop.c");
@@ -377,7 +434,7 @@ fn main() {
             };
             println!("{poll}:");
             let iters = (size as f64 / INSNS_PER_ITER) as u64;
-            let (n, series) = ours(ptrewind, poll_us, &prog, iters, &script, steps);
+            let (n, series) = ours(ptrewind, poll_us, with_lldb, &prog, iters, &script, steps);
             for s in series {
                 let ratio = baseline
                     .map(|b| format!("  {:.2}x record full's median", b / s.median))
