@@ -109,6 +109,13 @@ impl FlowDecoder<'_> {
     pub(super) fn is_vm_entry(&self, ip: u64) -> bool {
         let mut bytes = [0u8; 16];
         let n = self.image.read(ip, &mut bytes);
+        // VMLAUNCH and VMRESUME are `0F 01 C2` and `0F 01 C3` (after prefixes, if any):
+        // without those bytes iced-x86 need not be asked, nor its tables built (≈ 0.4 ms of
+        // a process's start, more than a short trace's whole decode).
+        let opcode = |w: &[u8]| w[0] == 0x0F && w[1] == 0x01 && matches!(w[2], 0xC2 | 0xC3);
+        if !bytes[..n].windows(3).any(opcode) {
+            return false;
+        }
         let bits = match self.mode {
             ExecMode::Bits16 => 16,
             ExecMode::Bits32 => 32,
