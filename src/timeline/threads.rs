@@ -1028,69 +1028,34 @@ mod tests {
         img
     }
 
-    /// `jne .` at `base` taken `taken` times after a TSC of `tsc`, then not taken; the stream
-    /// ends with FUP + TIP.PGD at the instruction after it (stopped there, not executed).
-    fn stopped_stream(base: u64, tsc: u64, taken: usize) -> Vec<u8> {
-        use crate::packet::{IpKind, Packet};
-        let mut enc = Encoder::new();
-        let mut out = Vec::new();
-        enc.psb(&mut out);
-        let mode = Packet::ModeExec {
-            csl: true,
-            csd: false,
-            iflag: false,
-        };
-        enc.packet(&mode, &mut out).unwrap();
-        enc.packet(&Packet::PsbEnd, &mut out).unwrap();
-        enc.ip_packet(IpKind::TipPge, Some(base), &mut out).unwrap();
-        enc.packet(&Packet::Tsc { tsc }, &mut out).unwrap();
-        let mut bits = vec![true; taken];
-        bits.push(false);
-        super::synth::short_tnts(&mut enc, &bits, &mut out);
-        enc.ip_packet(IpKind::Fup, Some(base + 2), &mut out)
-            .unwrap();
-        enc.ip_packet(IpKind::TipPgd, None, &mut out).unwrap();
-        out
-    }
-
     /// A crashed process: the faulting thread stopped at a `mov` (TSC 100), another stopped
     /// later at a `syscall` (TSC 200: blocked in the kernel, running on while QEMU handled the
     /// fault). The replay starts in the faulting thread, or in the one the recording names.
     #[test]
     fn the_end_is_the_faulting_thread_not_one_blocked_in_a_system_call() {
-        let threads = || {
-            vec![
-                ThreadRecording {
-                    tid: 20,
-                    recording: recording(stopped_stream(0x4000, 100, 3)),
-                },
-                ThreadRecording {
-                    tid: 21,
-                    recording: recording(stopped_stream(0x3000, 200, 2)),
-                },
-            ]
+        use super::synth::stopped_stream;
+        // (tid, jne at, TSC, taken): each thread stops at the instruction after its `jne`.
+        let threads = |spec: &[(i32, u64, u64, usize)]| -> Vec<ThreadRecording> {
+            spec.iter()
+                .map(|&(tid, base, tsc, taken)| ThreadRecording {
+                    tid,
+                    recording: recording(stopped_stream(base, tsc, taken)),
+                })
+                .collect()
         };
+        let crashed = [(20, 0x4000, 100, 3), (21, 0x3000, 200, 2)];
         let fatal = Some(FatalSignal {
             signal: 11,
             tid: None,
         });
-        let t = Timeline::offline_threads(threads(), fatal, None).unwrap();
+        let t = Timeline::offline_threads(threads(&crashed), fatal, None).unwrap();
         assert_eq!(t.tid(), 20);
         assert_eq!(t.thread_ids(), vec![20, 21]);
-        let named = Timeline::offline_threads(threads(), fatal, Some(21)).unwrap();
+        let named = Timeline::offline_threads(threads(&crashed), fatal, Some(21)).unwrap();
         assert_eq!(named.tid(), 21);
         // Both stopped at a system call: the one that ran last.
-        let both = vec![
-            ThreadRecording {
-                tid: 30,
-                recording: recording(stopped_stream(0x3000, 300, 1)),
-            },
-            ThreadRecording {
-                tid: 31,
-                recording: recording(stopped_stream(0x3000, 100, 4)),
-            },
-        ];
-        let t = Timeline::offline_threads(both, fatal, None).unwrap();
+        let blocked = [(30, 0x3000, 300, 1), (31, 0x3000, 100, 4)];
+        let t = Timeline::offline_threads(threads(&blocked), fatal, None).unwrap();
         assert_eq!(t.tid(), 30);
     }
 

@@ -10,6 +10,22 @@ use super::packet::{Encoder, IpKind, Packet, Tnt};
 /// (the last run ends with one not taken), and TIP.PGD (no IP) at the `ret` after it, which is
 /// not counted.
 pub fn tsc_stream(base: u64, runs: &[(u64, u8)]) -> Vec<u8> {
+    let (mut enc, mut out) = enabled_at(base);
+    let last = runs.len() - 1;
+    for (k, &(tsc, taken)) in runs.iter().enumerate() {
+        enc.packet(&Packet::Tsc { tsc }, &mut out).unwrap();
+        let mut bits = vec![true; taken as usize];
+        if k == last {
+            bits.push(false);
+        }
+        short_tnts(&mut enc, &bits, &mut out);
+    }
+    enc.ip_packet(IpKind::TipPgd, None, &mut out).unwrap();
+    out
+}
+
+/// A stream's start: PSB+ (64-bit mode) and TIP.PGE at `base`; the encoder to go on with.
+fn enabled_at(base: u64) -> (Encoder, Vec<u8>) {
     let mut enc = Encoder::new();
     let mut out = Vec::new();
     enc.psb(&mut out);
@@ -21,15 +37,20 @@ pub fn tsc_stream(base: u64, runs: &[(u64, u8)]) -> Vec<u8> {
     enc.packet(&mode, &mut out).unwrap();
     enc.packet(&Packet::PsbEnd, &mut out).unwrap();
     enc.ip_packet(IpKind::TipPge, Some(base), &mut out).unwrap();
-    let last = runs.len() - 1;
-    for (k, &(tsc, taken)) in runs.iter().enumerate() {
-        enc.packet(&Packet::Tsc { tsc }, &mut out).unwrap();
-        let mut bits = vec![true; taken as usize];
-        if k == last {
-            bits.push(false);
-        }
-        short_tnts(&mut enc, &bits, &mut out);
-    }
+    (enc, out)
+}
+
+/// A thread stopped by a fault or signal: `jne .` at `base` taken `taken` times after a TSC of
+/// `tsc`, then not taken; the stream ends with FUP + TIP.PGD at the instruction after it
+/// (`base + 2`, which did not execute).
+pub fn stopped_stream(base: u64, tsc: u64, taken: usize) -> Vec<u8> {
+    let (mut enc, mut out) = enabled_at(base);
+    enc.packet(&Packet::Tsc { tsc }, &mut out).unwrap();
+    let mut bits = vec![true; taken];
+    bits.push(false);
+    short_tnts(&mut enc, &bits, &mut out);
+    enc.ip_packet(IpKind::Fup, Some(base + 2), &mut out)
+        .unwrap();
     enc.ip_packet(IpKind::TipPgd, None, &mut out).unwrap();
     out
 }
