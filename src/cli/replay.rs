@@ -360,8 +360,8 @@ pub fn run(args: ReplayArgs) -> CmdResult {
                 return Err("a saved recording brings its own code: drop --elf/--raw".into());
             }
             // A multi-thread recording: every thread, in one global order.
-            if let Some((threads, fatal)) = load_saved_threads(dir)? {
-                return serve_threads(threads, fatal, &args);
+            if let Some((threads, fatal, ended_by)) = load_saved_threads(dir)? {
+                return serve_threads(threads, fatal, ended_by, &args);
             }
             load_saved(dir)?
         }
@@ -375,7 +375,7 @@ pub fn run(args: ReplayArgs) -> CmdResult {
                         recording,
                     })
                     .collect();
-                return serve_threads(threads, None, &args);
+                return serve_threads(threads, None, None, &args);
             }
             recs.pop().map(|r| r.1).ok_or("no trace stream")?
         }
@@ -390,15 +390,15 @@ pub fn run(args: ReplayArgs) -> CmdResult {
     serve(target, &args)
 }
 
-/// Serves a replay target until the debugger leaves (or for every debugger, without --once).
 /// Serves a multi-thread recording (every thread, in one global order); threads that cannot be
 /// served are named in a warning.
 fn serve_threads(
     threads: Vec<ThreadRecording>,
     fatal: Option<FatalSignal>,
+    ended_by: Option<i32>,
     args: &ReplayArgs,
 ) -> CmdResult {
-    match Timeline::offline_threads(threads, fatal, None) {
+    match Timeline::offline_threads(threads, fatal, ended_by) {
         Ok(t) => {
             for why in t.skipped_threads() {
                 eprintln!("ptrewind: warning: not served: {why}");
@@ -412,6 +412,7 @@ fn serve_threads(
     }
 }
 
+/// Serves a replay target until the debugger leaves (or for every debugger, without --once).
 fn serve(target: RecordingTarget, args: &ReplayArgs) -> CmdResult {
     {
         let shared = target.shared();

@@ -126,7 +126,7 @@ pub fn run(args: ViewArgs) -> CmdResult {
             if !args.image.raw.is_empty() || !args.image.elf.is_empty() {
                 return Err("a saved recording brings its own code: drop --elf/--raw".into());
             }
-            if let Some((threads, _)) = load_saved_threads(dir)? {
+            if let Some((threads, _, _)) = load_saved_threads(dir)? {
                 return view_saved_threads(dir, &threads, &outputs);
             }
             let rec = load_saved(dir)?;

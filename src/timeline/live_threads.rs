@@ -217,6 +217,7 @@ impl Timeline {
             selected: 0,
             pos: total,
             ended: None,
+            ended_in: None,
             skipped,
             live_ends: Some(ends),
             from_start,

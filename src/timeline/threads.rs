@@ -66,6 +66,9 @@ pub(super) struct ThreadGroup {
     pub(super) pos: u64,
     /// The thread a fatal signal ended, and the signal.
     pub(super) ended: Option<(usize, i32)>,
+    /// The thread the recording ended in (offline: selected at the start; kept by `monitor
+    /// save`).
+    pub(super) ended_in: Option<usize>,
     /// Recorded threads that could not be served, and why.
     pub(super) skipped: Vec<String>,
     /// A live process's past (see `live_threads`): per thread, the PC its stream stopped at
@@ -103,8 +106,9 @@ pub struct FatalSignal {
     pub tid: Option<i32>,
 }
 
-/// The threads of a saved multi-thread recording and how it ended.
-pub type SavedThreads = (Vec<ThreadRecording>, Option<FatalSignal>);
+/// The threads of a saved multi-thread recording, how it ended (the fatal signal) and the
+/// thread it ended in.
+pub type SavedThreads = (Vec<ThreadRecording>, Option<FatalSignal>, Option<i32>);
 
 /// Reads a directory written by `monitor save DIR` from a multi-thread recording (see
 /// [`Timeline::save_threads`]); `Ok(None)` if it is a single-thread recording.
@@ -150,7 +154,10 @@ pub fn load_saved_threads(dir: &std::path::Path) -> Result<Option<SavedThreads>,
                 .as_i64()
                 .and_then(|t| i32::try_from(t).ok()),
         });
-    Ok(Some((threads, fatal)))
+    let ended_by = manifest["ended_tid"]
+        .as_i64()
+        .and_then(|t| i32::try_from(t).ok());
+    Ok(Some((threads, fatal, ended_by)))
 }
 
 /// Whether the instruction at `ip` of 64-bit code is a system call (`syscall`, `sysenter`,
@@ -336,6 +343,7 @@ impl Timeline {
             selected: 0,
             pos: total,
             ended: fatal.map(|f| (ended_in, f.signal)),
+            ended_in: Some(ended_in),
             skipped,
             live_ends: None,
             from_start: Vec::new(),
@@ -704,6 +712,7 @@ impl Timeline {
             entries.push(serde_json::json!({"tid": tid, "dir": name}));
         }
         let ended = g.ended.map(|(k, sig)| (g.tids[k], sig));
+        let ended_tid = g.ended_in.and_then(|k| g.tids.get(k).copied());
         self.group = Some(g);
         result?;
         let manifest = serde_json::json!({
@@ -712,6 +721,7 @@ impl Timeline {
             "threads": entries,
             "fatal_signal": ended.map(|(_, s)| s),
             "fatal_tid": ended.map(|(t, _)| t),
+            "ended_tid": ended_tid,
         });
         out.write(
             "manifest.json",
@@ -1057,6 +1067,15 @@ mod tests {
         let blocked = [(30, 0x3000, 300, 1), (31, 0x3000, 100, 4)];
         let t = Timeline::offline_threads(threads(&blocked), fatal, None).unwrap();
         assert_eq!(t.tid(), 30);
+        // `monitor save` keeps the thread the recording ended in, with no fatal signal too.
+        let mut named = Timeline::offline_threads(threads(&crashed), None, Some(21)).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let saved = dir.path().join("saved");
+        named.save_threads(&saved, None).unwrap().unwrap();
+        let (back, fatal_back, ended_by) = load_saved_threads(&saved).unwrap().unwrap();
+        assert_eq!((fatal_back, ended_by), (None, Some(21)));
+        let t = Timeline::offline_threads(back, fatal_back, ended_by).unwrap();
+        assert_eq!(t.tid(), 21);
     }
 
     fn recording(trace: Vec<u8>) -> OfflineRecording {
