@@ -417,10 +417,19 @@ fn lldb_pt_reverse_stepi_selects_the_thread_once() {
         run.ctx
     );
     // The stop replies list the threads (LLDB's `QListThreadsInStopReply`), so LLDB asks for
-    // no thread list after its step.
+    // no thread list after its step; its register reads name their thread in a suffix
+    // (`QThreadSuffixSupported`), so it selects none with `Hg` either.
     assert!(
-        !sent[step..].iter().any(|p| p.starts_with("qfThreadInfo")),
-        "thread list asked after the stop: {sent:?}\n{}",
+        !sent[step..]
+            .iter()
+            .any(|p| p.starts_with("qfThreadInfo") || p.starts_with("Hg")),
+        "thread list or selection after the stop: {sent:?}\n{}",
+        run.ctx
+    );
+    assert!(
+        sent.iter()
+            .any(|p| p.starts_with('p') && p.contains(";thread:")),
+        "no register read with a thread suffix: {sent:?}\n{}",
         run.ctx
     );
     let replies: Vec<&str> = text

@@ -155,6 +155,9 @@ pub struct RouterConn {
     /// Fields appended to the next packet gdbstub sends if it is a `T` stop reply
     /// (`threads:…;` after `QListThreadsInStopReply`).
     pub(super) stop_reply_suffix: Option<Vec<u8>>,
+    /// Drop gdbstub's next reply, ack included: it answers a packet of the router's own (the
+    /// `Hg` a `;thread:` suffix stands for), not the client's.
+    pub(super) swallow_reply: bool,
 }
 
 impl RouterConn {
@@ -168,6 +171,7 @@ impl RouterConn {
             last_packet: Vec::new(),
             replace_reply: None,
             stop_reply_suffix: None,
+            swallow_reply: false,
         }
     }
 
@@ -215,6 +219,9 @@ impl RouterConn {
 
     fn process_out(&mut self) -> std::io::Result<()> {
         let out = std::mem::take(&mut self.out);
+        if std::mem::take(&mut self.swallow_reply) {
+            return Ok(());
+        }
         let mut i = 0;
         let mut sent = Vec::with_capacity(out.len() + 64);
         while i < out.len() {
@@ -270,6 +277,9 @@ impl Connection for RouterConn {
     type Error = std::io::Error;
 
     fn write(&mut self, byte: u8) -> Result<(), Self::Error> {
+        if self.swallow_reply && self.out.is_empty() && (byte == b'+' || byte == b'-') {
+            return Ok(());
+        }
         if self.out.is_empty() && (byte == b'+' || byte == b'-') {
             // An ack is sent before the reply is built; for a resume the reply (the stop)
             // may come much later, and GDB waits for the ack before it may interrupt.

@@ -79,6 +79,9 @@ pub struct RouterState {
     /// LLDB): each `T` stop reply then carries `threads:` (and `thread-pcs:` for one thread),
     /// and LLDB asks no `qfThreadInfo`/`qsThreadInfo` after it.
     pub threads_in_stop_reply: bool,
+    /// The client names the thread of its register packets in a `;thread:TID;` suffix instead
+    /// of a `Hg` before them (`QThreadSuffixSupported`, LLDB).
+    pub thread_suffix: bool,
 }
 
 /// An interceptor: gets the session, the router state and the packet body (with `}` escapes
@@ -588,6 +591,31 @@ impl Router {
         body: &[u8],
     ) -> Result<Sm<'a>, ServerError> {
         let body = &*normalize_qsupported(body);
+        let (body, suffix_thread) = match self.state.thread_suffix {
+            true => split_thread_suffix(body),
+            false => (body, None),
+        };
+        if let Some(tid) = suffix_thread {
+            // A thread the target does not have: refused, as lldb-server does (the `Hg`
+            // below would be refused out of sight, and the packet served for another thread).
+            let known =
+                named_thread(Some(tid)).is_some_and(|t| session.target().thread_ids().contains(&t));
+            if !known {
+                let c = conn(&mut sm);
+                c.ack().map_err(ServerError::Io)?;
+                c.send_packet(b"E15").map_err(ServerError::Io)?;
+                return Ok(sm);
+            }
+            // gdbstub knows no suffix: the thread becomes its general thread through a `Hg`
+            // of ours first (its reply swallowed), when it is not that already. Only while
+            // the program is stopped: gdbstub answers nothing else at once.
+            let idle = matches!(sm, GdbStubStateMachine::Idle(_));
+            if idle && self.state.general_thread.as_deref() != Some(tid) {
+                let hg = format!("Hg{tid}");
+                conn(&mut sm).swallow_reply = true;
+                sm = self.dispatch(sm, session, hg.as_bytes())?;
+            }
+        }
         let plain = unescape(body);
         let mut intercepted = None;
         for (prefix, handler) in &mut self.handlers {
@@ -654,6 +682,12 @@ impl Router {
             self.state.continue_thread = Some(String::from_utf8_lossy(thread).into_owned());
         } else if plain == b"QStartNoAckMode" {
             conn(&mut sm).watch_no_ack = true;
+        } else if plain == b"QThreadSuffixSupported" {
+            self.state.thread_suffix = true;
+            let c = conn(&mut sm);
+            c.ack().map_err(ServerError::Io)?;
+            c.send_packet(b"OK").map_err(ServerError::Io)?;
+            return Ok(sm);
         } else if plain == b"QListThreadsInStopReply" {
             self.state.threads_in_stop_reply = true;
             let c = conn(&mut sm);
@@ -715,6 +749,26 @@ fn feed_raw<'a>(
     Ok(sm)
 }
 
+/// A register packet (`p`, `P`, `g`, `G`, `QSaveRegisterState`, `QRestoreRegisterState`)
+/// without its `;thread:TID;` suffix, and the TID text; other packets unchanged.
+fn split_thread_suffix(body: &[u8]) -> (&[u8], Option<&str>) {
+    let register_packet = matches!(body.first(), Some(b'p' | b'P' | b'g' | b'G'))
+        || body.starts_with(b"QSaveRegisterState")
+        || body.starts_with(b"QRestoreRegisterState");
+    if !register_packet {
+        return (body, None);
+    }
+    let Some(at) = body.windows(8).rposition(|w| w == b";thread:") else {
+        return (body, None);
+    };
+    let tid = &body[at + 8..];
+    let tid = tid.strip_suffix(b";").unwrap_or(tid);
+    match std::str::from_utf8(tid) {
+        Ok(t) if !t.is_empty() => (&body[..at], Some(t)),
+        _ => (body, None),
+    }
+}
+
 /// The `threads:` (and `thread-pcs:`) fields lldb-server adds to its stop replies after
 /// `QListThreadsInStopReply`: the thread ids in hex, and the stop PC when there is one thread
 /// (the other threads' PCs are left to LLDB to read when it needs them).
@@ -725,6 +779,31 @@ fn threads_in_stop_reply(threads: &[i32], pc: Option<u64>) -> Vec<u8> {
         text.push_str(&format!("thread-pcs:{pc:x};"));
     }
     text.into_bytes()
+}
+
+#[cfg(test)]
+#[test]
+fn thread_suffix_only_on_register_packets() {
+    assert_eq!(
+        split_thread_suffix(b"p6;thread:684e;"),
+        (&b"p6"[..], Some("684e"))
+    );
+    assert_eq!(
+        split_thread_suffix(b"g;thread:p1.2"),
+        (&b"g"[..], Some("p1.2"))
+    );
+    assert_eq!(
+        split_thread_suffix(b"P10=0011;thread:1f;"),
+        (&b"P10=0011"[..], Some("1f"))
+    );
+    assert_eq!(
+        split_thread_suffix(b"QSaveRegisterState;thread:1f;"),
+        (&b"QSaveRegisterState"[..], Some("1f"))
+    );
+    // Other packets, a suffix with no id, or none: unchanged.
+    for body in [&b"m1000,4;thread:1f;"[..], b"p6;thread:;", b"p6", b"qC"] {
+        assert_eq!(split_thread_suffix(body), (body, None));
+    }
 }
 
 #[cfg(test)]
