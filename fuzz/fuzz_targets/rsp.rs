@@ -18,7 +18,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use ptrewind::capture::soft::state_log::zeroed_regs;
+use ptrewind::target::regs::zeroed_gprs;
 use ptrewind::server::btrace::{BtraceServer, FixedTraceProvider, resolve_thread};
 use ptrewind::server::lldb_trace::LldbTraceServer;
 use ptrewind::server::router::{Frame, Framer, check_packet, normalize_qsupported};
@@ -41,7 +41,7 @@ struct FakeTarget {
 
 impl FakeTarget {
     fn new() -> Self {
-        let mut r = zeroed_regs();
+        let mut r = zeroed_gprs();
         r.rip = 0x400000;
         r.rsp = 0x40f000;
         FakeTarget {
