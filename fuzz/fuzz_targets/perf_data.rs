@@ -74,7 +74,7 @@ fn exec_cut(sb: &PerfSideband, conv: Option<TscConversion>, stream: &[u8]) {
             old_has_code: !spaces[k].is_empty(),
         })
         .collect();
-    let cut = cut_at_execs(stream, &at);
+    let cut = cut_at_execs(stream, &at, &ptrewind::packet::time::TimingConfig::default());
     assert_eq!(cut.places.len(), at.len());
     if let Some((at, _)) = cut.truncated_at {
         assert_eq!(
