@@ -682,14 +682,13 @@ impl Router {
             self.state.continue_thread = Some(String::from_utf8_lossy(thread).into_owned());
         } else if plain == b"QStartNoAckMode" {
             conn(&mut sm).watch_no_ack = true;
-        } else if plain == b"QThreadSuffixSupported" {
-            self.state.thread_suffix = true;
-            let c = conn(&mut sm);
-            c.ack().map_err(ServerError::Io)?;
-            c.send_packet(b"OK").map_err(ServerError::Io)?;
-            return Ok(sm);
-        } else if plain == b"QListThreadsInStopReply" {
-            self.state.threads_in_stop_reply = true;
+        } else if let Some(mode) = match &plain[..] {
+            // LLDB's protocol modes, answered here (gdbstub knows neither).
+            b"QThreadSuffixSupported" => Some(&mut self.state.thread_suffix),
+            b"QListThreadsInStopReply" => Some(&mut self.state.threads_in_stop_reply),
+            _ => None,
+        } {
+            *mode = true;
             let c = conn(&mut sm);
             c.ack().map_err(ServerError::Io)?;
             c.send_packet(b"OK").map_err(ServerError::Io)?;
