@@ -611,9 +611,10 @@ impl Router {
             // the program is stopped: gdbstub answers nothing else at once.
             let idle = matches!(sm, GdbStubStateMachine::Idle(_));
             if idle && self.state.general_thread.as_deref() != Some(tid) {
-                let hg = format!("Hg{tid}");
+                // Straight to gdbstub: no interceptor may answer it in the client's sight.
+                self.note_general_thread(tid.to_string());
                 conn(&mut sm).swallow_reply = true;
-                sm = self.dispatch(sm, session, hg.as_bytes())?;
+                sm = feed_raw(sm, session, &frame(format!("Hg{tid}").as_bytes()))?;
             }
         }
         let plain = unescape(body);
@@ -673,11 +674,7 @@ impl Router {
                 conn(&mut sm).rewrite_features = Some(features);
             }
         } else if let Some(thread) = plain.strip_prefix(b"Hg") {
-            let thread = String::from_utf8_lossy(thread).into_owned();
-            if named_thread(Some(&thread)).is_some() {
-                self.state.selected_thread = Some(thread.clone());
-            }
-            self.state.general_thread = Some(thread);
+            self.note_general_thread(String::from_utf8_lossy(thread).into_owned());
         } else if let Some(thread) = plain.strip_prefix(b"Hc") {
             self.state.continue_thread = Some(String::from_utf8_lossy(thread).into_owned());
         } else if plain == b"QStartNoAckMode" {
@@ -705,6 +702,15 @@ impl Router {
 }
 
 impl Router {
+    /// A `Hg` to `thread` (its id text): the general thread, and the selected one when it
+    /// names one thread.
+    fn note_general_thread(&mut self, thread: String) {
+        if named_thread(Some(&thread)).is_some() {
+            self.state.selected_thread = Some(thread.clone());
+        }
+        self.state.general_thread = Some(thread);
+    }
+
     /// The thread a `bs` steps when GDB's `Hc` named none (`pPID.0`, `0`, or no `Hc`): the
     /// thread GDB selected (`RouterState::selected_thread`), as gdbserver steps its general
     /// thread; `None` (gdbstub's choice: the stop's thread, listed first) when GDB's packets
