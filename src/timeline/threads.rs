@@ -64,11 +64,11 @@ pub(super) struct ThreadGroup {
     pub(super) selected: usize,
     /// The global position.
     pub(super) pos: u64,
-    /// The thread a fatal signal ended, and the signal.
-    pub(super) ended: Option<(usize, i32)>,
     /// The thread the recording ended in (offline: selected at the start; kept by `monitor
     /// save`).
     pub(super) ended_in: Option<usize>,
+    /// The signal that ended the process (in thread `ended_in`), if a fatal one did.
+    pub(super) fatal_signal: Option<i32>,
     /// Recorded threads that could not be served, and why.
     pub(super) skipped: Vec<String>,
     /// A live process's past (see `live_threads`): per thread, the PC its stream stopped at
@@ -342,8 +342,8 @@ impl Timeline {
             parked,
             selected: 0,
             pos: total,
-            ended: fatal.map(|f| (ended_in, f.signal)),
             ended_in: Some(ended_in),
+            fatal_signal: fatal.map(|f| f.signal),
             skipped,
             live_ends: None,
             from_start: Vec::new(),
@@ -404,7 +404,7 @@ impl Timeline {
     /// killed (what GDB's `?` is answered with).
     pub fn fatal_stop(&self) -> Option<(i32, i32)> {
         let g = self.group.as_ref()?;
-        let (k, sig) = g.ended?;
+        let (sig, k) = (g.fatal_signal?, g.ended_in?);
         (g.pos >= g.order.len()).then(|| (sig, g.tids[k]))
     }
 
@@ -711,16 +711,16 @@ impl Timeline {
             }
             entries.push(serde_json::json!({"tid": tid, "dir": name}));
         }
-        let ended = g.ended.map(|(k, sig)| (g.tids[k], sig));
         let ended_tid = g.ended_in.and_then(|k| g.tids.get(k).copied());
+        let fatal_signal = g.fatal_signal;
         self.group = Some(g);
         result?;
         let manifest = serde_json::json!({
             "format": SAVE_FORMAT,
             "pid": pid,
             "threads": entries,
-            "fatal_signal": ended.map(|(_, s)| s),
-            "fatal_tid": ended.map(|(t, _)| t),
+            "fatal_signal": fatal_signal,
+            "fatal_tid": fatal_signal.and(ended_tid),
             "ended_tid": ended_tid,
         });
         out.write(
@@ -892,7 +892,10 @@ impl Timeline {
                     }
                     _ => {
                         self.set_global_position(total);
-                        let ended = self.group.as_ref().and_then(|g| g.ended);
+                        let ended = self
+                            .group
+                            .as_ref()
+                            .and_then(|g| Some((g.ended_in?, g.fatal_signal?)));
                         match ended {
                             Some((k, sig)) if pos < total => {
                                 self.select_index(k);

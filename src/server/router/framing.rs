@@ -277,10 +277,10 @@ impl Connection for RouterConn {
     type Error = std::io::Error;
 
     fn write(&mut self, byte: u8) -> Result<(), Self::Error> {
-        if self.swallow_reply && self.out.is_empty() && (byte == b'+' || byte == b'-') {
-            return Ok(());
-        }
         if self.out.is_empty() && (byte == b'+' || byte == b'-') {
+            if self.swallow_reply {
+                return Ok(());
+            }
             // An ack is sent before the reply is built; for a resume the reply (the stop)
             // may come much later, and GDB waits for the ack before it may interrupt.
             return Write::write_all(&mut self.stream, &[byte]);
