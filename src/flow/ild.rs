@@ -10,12 +10,19 @@
 //! `int`/`int3`/`int1`, `syscall`, the hint NOPs (`endbr64`), and the SSE/SSE2/MMX
 //! instructions of the two-byte map with the prefixes that make them valid.
 //!
-//! Everything else returns `None` and goes to iced-x86: VEX/EVEX/XOP, the 0F38/0F3A maps, x87,
-//! LOCK, far transfers and system instructions, 16-bit code and 16-bit addressing, operand-size
-//! prefixes on branches (they truncate the IP), instructions that are invalid in the mode, and
-//! anything running past the end of the bytes given. The rule is that `Some` must agree with
-//! iced-x86 on length, class and branch target (the unit tests and `tests/ild.rs` check that on
-//! random bytes and on every instruction of the corpus images).
+//! Also taken, outside the fast paths: LOCK on a memory destination, the memory-offset `mov`s,
+//! what glibc and ld.so run of the system and SSE2-4 instructions (`cpuid`, `rdtsc`, `xgetbv`,
+//! the fences, `xsavec`/`xrstor`, `pmovmskb`, `movq`, shifts by an immediate, `movbe`,
+//! `pshufb`, `palignr`, `pcmpistri`), and the VEX (AVX/AVX2/BMI) instructions of glibc's string and
+//! memory functions, each held to iced-x86's rules for `pp`, `L`, `W`, `vvvv` and ModRM.
+//!
+//! Everything else returns `None` and goes to iced-x86: EVEX/XOP, the rest of the 0F38/0F3A
+//! maps and of VEX, x87, far transfers and the other system instructions, 16-bit code and
+//! 16-bit addressing, operand-size prefixes on branches (they truncate the IP), instructions
+//! that are invalid in the mode, and anything running past the end of the bytes given. The
+//! rule is that `Some` must agree with iced-x86 on length, class and branch target (the unit
+//! tests check that on random bytes and exhaustively over the two-byte map, LOCK and every VEX
+//! opcode taken; `tests/ild.rs` on every instruction of the corpus images).
 //!
 //! Two paths: 64-bit code without a legacy prefix (a REX at most), 16 bytes from the end of
 //! the section, an opcode in one table (`decode_plain64`; 90 % of the new instructions of the
@@ -406,11 +413,13 @@ fn decode_general(b: &[u8], bits: u32) -> Option<Ild> {
     };
     let mut i = 0usize;
     let (mut p66, mut p67, mut f2, mut f3) = (false, false, false, false);
+    let mut lock = false;
     let mut op = loop {
         let p = *b.get(i)?;
         match p {
             0x26 | 0x2E | 0x36 | 0x3E | 0x64 | 0x65 => {}
             0x66 => p66 = true,
+            0xF0 => lock = true,
             0x67 => p67 = true,
             0xF2 => f2 = true,
             0xF3 => f3 = true,
@@ -436,6 +445,21 @@ fn decode_general(b: &[u8], bits: u32) -> Option<Ild> {
             0x26 | 0x2E | 0x36 | 0x3E | 0x64 | 0x65 | 0x66 | 0x67 | 0xF0 | 0xF2 | 0xF3
         ) || op & 0xF0 == 0x40
         {
+            return None;
+        }
+    }
+    if is64 && i == 0 && (op == 0xC4 || op == 0xC5) {
+        return decode_vex(b);
+    }
+    // LOCK is valid only on a memory destination of the read-modify-write instructions
+    // (iced-x86 calls anything else invalid); XACQUIRE/XRELEASE with it are left to iced-x86.
+    if lock {
+        let (opx, m) = if op == 0x0F {
+            (0x100 | u16::from(*b.get(i + 1)?), *b.get(i + 2)?)
+        } else {
+            (u16::from(op), *b.get(i + 1)?)
+        };
+        if f2 || f3 || m >> 6 == 3 || !lockable(opx, (m >> 3) & 7) {
             return None;
         }
     }
@@ -486,6 +510,8 @@ fn decode_general(b: &[u8], bits: u32) -> Option<Ild> {
             (0, InsnClass::Other)
         }
         0xA4..=0xA7 | 0xAA..=0xAF => (0, InsnClass::Other),
+        // `mov` to or from a memory offset: the offset has the address size.
+        0xA0..=0xA3 => (if !is64 || p67 { 4 } else { 8 }, InsnClass::Other),
         0x63 if is64 => (modrm_len(b, i)?, InsnClass::Other),
         0x69 => (modrm_len(b, i)? + z, InsnClass::Other),
         0x6B | 0x80 | 0x83 | 0xC0 | 0xC1 => (modrm_len(b, i)? + 1, InsnClass::Other),
@@ -586,6 +612,17 @@ fn decode_general(b: &[u8], bits: u32) -> Option<Ild> {
                         (false, false, true) => PF2,
                         _ => return None,
                     };
+                    if let Some(rest) = more_0f(op2, col, b, i) {
+                        let rest = rest?;
+                        if i + rest > 15 || i + rest > b.len() {
+                            return None;
+                        }
+                        return Some(Ild {
+                            len: (i + rest) as u8,
+                            class: InsnClass::Other,
+                            disp: 0,
+                        });
+                    }
                     if t & col == 0 {
                         return None;
                     }
@@ -604,6 +641,259 @@ fn decode_general(b: &[u8], bits: u32) -> Option<Ild> {
         len: len as u8,
         class,
         disp,
+    })
+}
+
+/// Whether LOCK may precede the opcode `opx` (`0x100 | op` for the two-byte map) with ModRM
+/// reg field `reg` (the memory operand is checked by the caller).
+fn lockable(opx: u16, reg: u8) -> bool {
+    match opx {
+        0x00 | 0x01 | 0x08 | 0x09 | 0x10 | 0x11 | 0x18 | 0x19 | 0x20 | 0x21 | 0x28 | 0x29
+        | 0x30 | 0x31 | 0x86 | 0x87 => true,
+        0x80 | 0x81 | 0x83 => reg != 7,
+        0xF6 | 0xF7 => reg == 2 || reg == 3,
+        0xFE | 0xFF => reg < 2,
+        0x1AB | 0x1B0 | 0x1B1 | 0x1B3 | 0x1BB | 0x1C0 | 0x1C1 => true,
+        0x1BA => reg >= 5,
+        0x1C7 => reg == 1,
+        _ => false,
+    }
+}
+
+/// Two-byte-map instructions outside the [`SSE`] table's pattern, by mandatory prefix `col`:
+/// `Some(Some(n))` is the length after the opcode, `Some(None)` an encoding the cheap decoder
+/// leaves to iced-x86, `None` an opcode for the table. These are what glibc and ld.so run
+/// besides the table's: `cpuid`, `rdtsc`, `xgetbv`, the fences, `xsavec`/`xrstor` (lazy
+/// binding), `pmovmskb`, `movq`, the shifts by an immediate, `movlpd`/`movhpd`, `movbe`,
+/// `pshufb`, `palignr`, `pcmpistri`, non-temporal stores and prefetches.
+fn more_0f(op2: u8, col: u8, b: &[u8], i: usize) -> Option<Option<usize>> {
+    let m = b.get(i).copied();
+    let (md, reg) = m.map_or((0, 0), |m| (m >> 6, (m >> 3) & 7));
+    let mem = md != 3;
+    let modrm = || modrm_len(b, i);
+    let np = col == NP;
+    Some(match op2 {
+        0x31 | 0xA2 if np => Some(0),
+        0x01 if np && m == Some(0xD0) => Some(1),
+        0x01 | 0x31 | 0xA2 => None,
+        // Fences (register forms of /5../7), FXSAVE..CLFLUSH (memory forms).
+        0xAE if np && m.is_some() && (mem || reg >= 5) => modrm(),
+        // CMPXCHG8B/16B, XRSTORS, XSAVEC, XSAVES.
+        0xC7 if np && m.is_some() && mem && matches!(reg, 1 | 3 | 4 | 5) => modrm(),
+        0xAE | 0xC7 => None,
+        0x12 if m.is_some() && (col != P66 || mem) => modrm(),
+        0x13 | 0x17 if m.is_some() && (np || col == P66) && mem => modrm(),
+        0x16 if m.is_some() && col != PF2 && (col != P66 || mem) => modrm(),
+        0x12 | 0x13 | 0x16 | 0x17 => None,
+        0xD7 if (np || col == P66) && m.is_some() && !mem => Some(1),
+        0x71 | 0x72 if (np || col == P66) && m.is_some() && !mem && matches!(reg, 2 | 4 | 6) => {
+            Some(2)
+        }
+        0x73 if m.is_some()
+            && !mem
+            && ((matches!(reg, 2 | 6) && (np || col == P66))
+                || (col == P66 && matches!(reg, 3 | 7))) =>
+        {
+            Some(2)
+        }
+        0xD7 | 0x71 | 0x72 | 0x73 => None,
+        // MOVQ xmm/m64, xmm.
+        0xD6 if col == P66 && m.is_some() => modrm(),
+        0xD6 => None,
+        0x2B | 0xE7 if (np || col == P66) && m.is_some() && mem => modrm(),
+        0x18 if np && m.is_some() && mem && reg < 4 => modrm(),
+        0x2B | 0xE7 | 0x18 => None,
+        0x38 => {
+            let op3 = *b.get(i)?;
+            let m = *b.get(i + 1)?;
+            match op3 {
+                0x00 if np || col == P66 => modrm_len(b, i + 1).map(|n| n + 1),
+                0xF0 | 0xF1 if np && m >> 6 != 3 => modrm_len(b, i + 1).map(|n| n + 1),
+                _ => None,
+            }
+        }
+        0x3A => {
+            let op3 = *b.get(i)?;
+            match op3 {
+                0x0F if np || col == P66 => modrm_len(b, i + 1).map(|n| n + 2),
+                0x63 if col == P66 => modrm_len(b, i + 1).map(|n| n + 2),
+                _ => None,
+            }
+        }
+        _ => return None,
+    })
+}
+
+/// What a VEX-encoded opcode allows: the `pp` values (bit 0 none, 1 `66`, 2 `F3`, 3 `F2`),
+/// `L` (bit 0 128-bit, 1 256-bit), `W` (bit 0 W0, 1 W1), whether `vvvv` must be 1111 (no
+/// second source), whether ModRM must name a register, the `reg` values of a group
+/// opcode, a ModRM byte and an imm8.
+#[derive(Clone, Copy)]
+struct VexRule {
+    pp: u8,
+    l: u8,
+    w: u8,
+    no_vvvv: bool,
+    reg_only: bool,
+    regs: u8,
+    modrm: bool,
+    imm8: bool,
+}
+
+/// Three-operand integer AVX/AVX2 instruction with `66`, either length, any `W`.
+const V3: VexRule = VexRule {
+    pp: 2,
+    l: 3,
+    w: 3,
+    no_vvvv: false,
+    reg_only: false,
+    regs: 0xFF,
+    modrm: true,
+    imm8: false,
+};
+
+/// Two-operand move or test: as [`V3`] with `vvvv` 1111.
+const V2: VexRule = VexRule {
+    no_vvvv: true,
+    ..V3
+};
+
+/// The VEX instructions taken (maps 1 = `0F`, 2 = `0F38`, 3 = `0F3A`): those of glibc's
+/// AVX2 string and memory functions and the BMI ones compilers emit. Anything else goes to
+/// iced-x86. `tests` checks every entry against iced-x86 over all the `VEX` bytes.
+fn vex_rule(map: u8, op: u8) -> Option<VexRule> {
+    let r = match (map, op) {
+        // VZEROUPPER (L0) / VZEROALL (L1).
+        (1, 0x77) => VexRule {
+            pp: 1,
+            modrm: false,
+            ..V2
+        },
+        (1, 0x6F | 0x7F) => VexRule { pp: 2 | 4, ..V2 },
+        (1, 0x10 | 0x11 | 0x28 | 0x29) => VexRule { pp: 1 | 2, ..V2 },
+        (1, 0x54..=0x57) => VexRule { pp: 1 | 2, ..V3 },
+        (1, 0xC6) => VexRule {
+            pp: 1 | 2,
+            imm8: true,
+            ..V3
+        },
+        (1, 0x60..=0x6D | 0x74..=0x76 | 0xD1..=0xD5 | 0xD8..=0xDF | 0xE0..=0xE5 | 0xE8..=0xEF)
+        | (1, 0xF1..=0xF6 | 0xF8..=0xFE) => V3,
+        (1, 0xD7) => VexRule {
+            reg_only: true,
+            ..V2
+        },
+        (1, 0x6E | 0xD6) => VexRule { l: 1, ..V2 },
+        (1, 0x7E) => VexRule {
+            pp: 2 | 4,
+            l: 1,
+            ..V2
+        },
+        (1, 0x70) => VexRule {
+            pp: 2 | 4 | 8,
+            imm8: true,
+            ..V2
+        },
+        (1, 0x71 | 0x72) => VexRule {
+            reg_only: true,
+            regs: 1 << 2 | 1 << 4 | 1 << 6,
+            imm8: true,
+            ..V3
+        },
+        (1, 0x73) => VexRule {
+            reg_only: true,
+            regs: 1 << 2 | 1 << 3 | 1 << 6 | 1 << 7,
+            imm8: true,
+            ..V3
+        },
+        (2, 0x00 | 0x38..=0x3F) => V3,
+        (2, 0x17) => V2,
+        (2, 0x78 | 0x79 | 0x58 | 0x59) => VexRule { w: 1, ..V2 },
+        // SHLX / SARX / SHRX, BEXTR.
+        (2, 0xF7) => VexRule { pp: 15, l: 1, ..V3 },
+        // BZHI, PEXT, PDEP; ANDN; MULX.
+        (2, 0xF5) => VexRule {
+            pp: 1 | 4 | 8,
+            l: 1,
+            ..V3
+        },
+        (2, 0xF2) => VexRule { pp: 1, l: 1, ..V3 },
+        (2, 0xF6) => VexRule { pp: 8, l: 1, ..V3 },
+        // BLSR / BLSMSK / BLSI.
+        (2, 0xF3) => VexRule {
+            pp: 1,
+            l: 1,
+            regs: 1 << 1 | 1 << 2 | 1 << 3,
+            ..V3
+        },
+        (3, 0x0F) => VexRule { imm8: true, ..V3 },
+        (3, 0x62 | 0x63) => VexRule {
+            l: 1,
+            imm8: true,
+            ..V2
+        },
+        (3, 0x38 | 0x46) => VexRule {
+            l: 2,
+            w: 1,
+            imm8: true,
+            ..V3
+        },
+        (3, 0x39) => VexRule {
+            l: 2,
+            w: 1,
+            imm8: true,
+            ..V2
+        },
+        // RORX.
+        (3, 0xF0) => VexRule {
+            pp: 8,
+            l: 1,
+            imm8: true,
+            ..V2
+        },
+        _ => return None,
+    };
+    Some(r)
+}
+
+/// A VEX instruction (64-bit mode, `C4`/`C5` first, no prefix before it), or `None`.
+fn decode_vex(b: &[u8]) -> Option<Ild> {
+    let (map, wvvvvlpp, at) = if b[0] == 0xC5 {
+        (1, *b.get(1)? & 0x7F, 2)
+    } else {
+        (*b.get(1)? & 0x1F, *b.get(2)?, 3)
+    };
+    let rule = vex_rule(map, *b.get(at)?)?;
+    let (w, vvvv, l, pp) = (
+        wvvvvlpp >> 7,
+        (wvvvvlpp >> 3) & 0xF,
+        (wvvvvlpp >> 2) & 1,
+        wvvvvlpp & 3,
+    );
+    if rule.pp & 1 << pp == 0
+        || rule.l & 1 << l == 0
+        || rule.w & 1 << w == 0
+        || (rule.no_vvvv && vvvv != 0xF)
+    {
+        return None;
+    }
+    let mut len = at + 1;
+    if rule.modrm {
+        let m = *b.get(len)?;
+        let reg_form = m >> 6 == 3;
+        if (rule.reg_only && !reg_form) || rule.regs & 1 << ((m >> 3) & 7) == 0 {
+            return None;
+        }
+        len += modrm_len(b, len)?;
+    }
+    len += usize::from(rule.imm8);
+    if len > 15 || len > b.len() {
+        return None;
+    }
+    Some(Ild {
+        len: len as u8,
+        class: InsnClass::Other,
+        disp: 0,
     })
 }
 
@@ -662,16 +952,21 @@ mod tests {
             (&[0x48, 0xb8, 1, 2, 3, 4, 5, 6, 7, 8], 10, InsnClass::Other), // mov rax, imm64
             (&[0x0f, 0x05], 2, InsnClass::SysCall),
             (&[0x66, 0x0f, 0xef, 0xc0], 4, InsnClass::Other), // pxor
+            (&[0xf0, 0x48, 0x0f, 0xb1, 0x0a], 5, InsnClass::Other), // lock cmpxchg [rdx], rcx
+            (&[0x0f, 0xa2], 2, InsnClass::Other),             // cpuid
+            (&[0x66, 0x0f, 0xd7, 0xc1], 4, InsnClass::Other), // pmovmskb eax, xmm1
+            (&[0xc5, 0xf8, 0x77], 3, InsnClass::Other),       // vzeroupper
         ];
         for &(bytes, len, class) in cases {
             let got = decode(bytes, 64).unwrap_or_else(|| panic!("{bytes:02x?} deferred"));
             assert_eq!((got.len, got.class), (len, class), "{bytes:02x?}");
             assert!(check(bytes, 64, 0x40_1000));
         }
-        // Deferred: VEX, LOCK, x87, a branch with an operand-size prefix, a truncated one.
+        // Deferred: EVEX, LOCK on a register, x87, a branch with an operand-size prefix, a
+        // truncated one.
         for bytes in [
-            &[0xc5, 0xf8, 0x77][..],
-            &[0xf0, 0x48, 0x0f, 0xb1, 0x0a],
+            &[0x62, 0xf1, 0xfd, 0x28, 0x6f, 0xc0][..],
+            &[0xf0, 0x48, 0x0f, 0xb1, 0xca],
             &[0xd9, 0xc9],
             &[0x66, 0xe9, 0, 0],
             &[0xe8, 0, 0],
@@ -715,5 +1010,129 @@ mod tests {
             }
         }
         assert!(answered > 200_000, "only {answered} answered");
+    }
+
+    /// Every ModRM byte, followed by a SIB with base 5 (a disp32 under mod 0) or 0, and
+    /// filler bytes (displacement, immediate).
+    fn with_modrm(head: &[u8], mut f: impl FnMut(&[u8])) {
+        for m in 0..=255u8 {
+            for sib in [0x25u8, 0x00] {
+                let mut v = head.to_vec();
+                v.extend_from_slice(&[m, sib, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88]);
+                v.extend_from_slice(&[0x99; 8]);
+                f(&v);
+            }
+        }
+    }
+
+    /// The two-byte map, exhaustively: every opcode and ModRM under each mandatory prefix,
+    /// LOCK, REX.W and the three-byte maps' first opcodes.
+    #[test]
+    fn every_two_byte_opcode_agrees_with_iced() {
+        let mut answered = 0u32;
+        for pre in [
+            &[][..],
+            &[0x66],
+            &[0xF2],
+            &[0xF3],
+            &[0xF0],
+            &[0x66, 0xF0],
+            &[0x48],
+            &[0x66, 0x48],
+        ] {
+            for op2 in 0..=255u8 {
+                let mut head = pre.to_vec();
+                head.extend_from_slice(&[0x0F, op2]);
+                with_modrm(&head, |v| {
+                    for bits in [64, 32] {
+                        if bits == 32 && pre.contains(&0x48) {
+                            continue;
+                        }
+                        answered += u32::from(check(v, bits, 0x40_1000));
+                    }
+                });
+            }
+            for (map, op3) in [
+                (0x38u8, 0x00u8),
+                (0x38, 0xF0),
+                (0x38, 0xF1),
+                (0x3A, 0x0F),
+                (0x3A, 0x63),
+            ] {
+                let mut head = pre.to_vec();
+                head.extend_from_slice(&[0x0F, map, op3]);
+                with_modrm(&head, |v| answered += u32::from(check(v, 64, 0x40_1000)));
+            }
+        }
+        assert!(answered > 300_000, "only {answered} answered");
+    }
+
+    /// LOCK before every one-byte opcode and ModRM; the memory-offset `mov`s.
+    #[test]
+    fn locked_one_byte_opcodes_and_moffs_agree_with_iced() {
+        let mut answered = 0u32;
+        for pre in [&[0xF0u8][..], &[0xF0, 0x48], &[0x66, 0xF0], &[0xF2, 0xF0]] {
+            for op in 0..=255u8 {
+                let mut head = pre.to_vec();
+                head.push(op);
+                with_modrm(&head, |v| answered += u32::from(check(v, 64, 0x40_1000)));
+            }
+        }
+        assert!(answered > 10_000, "only {answered} answered");
+        for pre in [&[][..], &[0x67], &[0x48], &[0x66]] {
+            for op in 0xA0..=0xA3u8 {
+                let mut v = pre.to_vec();
+                v.push(op);
+                v.extend_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8, 9]);
+                assert!(check(&v, 64, 0x40_1000), "{v:02x?}");
+                if !pre.contains(&0x48) && !pre.contains(&0x67) {
+                    assert!(check(&v, 32, 0x40_1000), "{v:02x?}");
+                }
+            }
+        }
+    }
+
+    /// Every VEX opcode the cheap decoder takes, over every second (C5) or third (C4) VEX
+    /// byte, three of the C4 register-extension bits and every ModRM: wherever it answers,
+    /// iced-x86 agrees; and it answers for each opcode somewhere.
+    #[test]
+    fn every_vex_rule_agrees_with_iced() {
+        for map in 1..=3u8 {
+            for op in 0..=255u8 {
+                if vex_rule(map, op).is_none() {
+                    continue;
+                }
+                let mut answered = 0u32;
+                for p in 0..=255u8 {
+                    if map == 1 {
+                        with_modrm(&[0xC5, p, op], |v| answered += u32::from(check(v, 64, 0)));
+                    }
+                    for rxb in [0xE0u8, 0x00, 0xA0] {
+                        with_modrm(&[0xC4, rxb | map, p, op], |v| {
+                            answered += u32::from(check(v, 64, 0))
+                        });
+                    }
+                }
+                assert!(answered > 0, "map {map} opcode {op:#04x} never answered");
+            }
+        }
+        // Invalid maps, a prefix before VEX, 32-bit mode (LES/LDS there): not taken.
+        for b in [
+            &[0xC4u8, 0xE0, 0x7D, 0x6F, 0xC0][..],
+            &[0xC4, 0xE4, 0x7D, 0x6F, 0xC0],
+            &[0x66, 0xC5, 0xFD, 0x6F, 0xC0],
+        ] {
+            assert_eq!(decode(b, 64), None, "{b:02x?}");
+        }
+        assert_eq!(decode(&[0xC5, 0xFD, 0x6F, 0xC0], 32), None);
+        // glibc's AVX2 strlen: vpcmpeqb ymm1, ymm0, [rdi]; vpmovmskb eax, ymm1; vzeroupper.
+        for (b, len) in [
+            (&[0xC5u8, 0xFD, 0x74, 0x0F][..], 4),
+            (&[0xC5, 0xFD, 0xD7, 0xC1], 4),
+            (&[0xC5, 0xF8, 0x77], 3),
+            (&[0xC4, 0xE2, 0x7D, 0x78, 0xC0], 5),
+        ] {
+            assert_eq!(decode(b, 64).map(|d| d.len), Some(len), "{b:02x?}");
+        }
     }
 }
