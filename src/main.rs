@@ -2,10 +2,8 @@
 
 mod cli;
 
-use clap::Parser;
-
 fn main() -> std::process::ExitCode {
-    let args = cli::Cli::parse();
+    let args = cli::Cli::parse_args();
     match cli::run(args) {
         Ok(code) => code,
         Err(err) => {
