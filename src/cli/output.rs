@@ -8,8 +8,11 @@
 
 use std::io::{self, Write};
 
-/// Bytes buffered before a write to the underlying writer.
-const CHUNK: usize = 256 << 10;
+/// Bytes buffered before a write to the underlying writer. 64 KiB: the default pipe capacity,
+/// and small enough to stay in L2. A 256 KiB buffer cost 48 more page faults per process
+/// (about 0.06 ms, 3 % of a 150 k-instruction trace's `decode`), and was no faster on the
+/// 6 M-instruction ones (docs/benchmarks.md, session 18).
+const CHUNK: usize = 64 << 10;
 /// Room after `CHUNK` for one bounded item (an address line needs 19 bytes, a 16-byte store at
 /// offset 2; a blocks line 62).
 const SLACK: usize = 128;
