@@ -43,8 +43,8 @@ pub(crate) struct RunText {
     slots: Box<[[u64; 2]]>,
     /// 64 − log2 of the number of slots (the hash's top bits index the table).
     shift: u32,
-    /// Slots in use.
-    filled: usize,
+    /// Runs kept since the table last grew (new ones, and ones that took another's slot).
+    kept: usize,
     /// The texts, back to back, with 32 bytes of slack after `RUN_TEXT_BYTES`.
     text: Box<[u8]>,
     used: usize,
@@ -56,7 +56,7 @@ impl RunText {
         RunText {
             slots: vec![[0u64; 2]; RUN_TEXT_SLOTS_FIRST].into_boxed_slice(),
             shift: 64 - RUN_TEXT_SLOTS_FIRST.trailing_zeros(),
-            filled: 0,
+            kept: 0,
             text: vec![0u8; RUN_TEXT_BYTES + 32].into_boxed_slice(),
             used: 0,
         }
@@ -68,12 +68,14 @@ impl RunText {
         (h >> self.shift) as usize
     }
 
-    /// Keeps `meta` for `start` in slot `at`; grows the table when half of it is in use.
+    /// Keeps `meta` for `start` in slot `at`. The table grows after as many misses as half its
+    /// slots, whether they filled empty slots or evicted runs: a working set that collides in
+    /// a small table misses as much as one that does not fit.
     #[inline]
     fn keep(&mut self, at: usize, start: u64, meta: u64) {
-        self.filled += usize::from(self.slots[at][1] == 0);
         self.slots[at] = [start, meta];
-        if self.filled * 2 > self.slots.len() && self.slots.len() < RUN_TEXT_SLOTS {
+        self.kept += 1;
+        if self.kept * 2 > self.slots.len() && self.slots.len() < RUN_TEXT_SLOTS {
             self.grow();
         }
     }
@@ -84,10 +86,9 @@ impl RunText {
         let old = std::mem::take(&mut self.slots);
         self.slots = vec![[0u64; 2]; old.len() * 4].into_boxed_slice();
         self.shift -= 2;
-        self.filled = 0;
+        self.kept = 0;
         for [start, meta] in old.into_iter().filter(|s| s[1] != 0) {
             let at = self.slot_of(start, meta & 0xFFFF);
-            self.filled += usize::from(self.slots[at][1] == 0);
             self.slots[at] = [start, meta];
         }
     }
@@ -95,7 +96,7 @@ impl RunText {
     #[cold]
     fn clear(&mut self) {
         self.slots.fill([0; 2]);
-        self.filled = 0;
+        self.kept = 0;
         self.used = 0;
     }
 }
@@ -365,7 +366,11 @@ impl<W: Write> Out<W> {
         let off = cache.used;
         cache.text[off..off + text.len()].copy_from_slice(text);
         cache.used += text.len();
-        cache.keep(at, start, tag | (off as u64) << 16 | (text.len() as u64) << 40);
+        cache.keep(
+            at,
+            start,
+            tag | (off as u64) << 16 | (text.len() as u64) << 40,
+        );
         Ok(())
     }
 
