@@ -13,16 +13,19 @@
 //! Also taken, outside the fast paths: LOCK on a memory destination, the memory-offset `mov`s,
 //! what glibc and ld.so run of the system and SSE2-4 instructions (`cpuid`, `rdtsc`, `xgetbv`,
 //! the fences, `xsavec`/`xrstor`, `pmovmskb`, `movq`, shifts by an immediate, `movbe`,
-//! `pshufb`, `palignr`, `pcmpistri`), and the VEX (AVX/AVX2/BMI) instructions of glibc's string and
-//! memory functions, each held to iced-x86's rules for `pp`, `L`, `W`, `vvvv` and ModRM.
+//! `pshufb`, `palignr`, `pcmpistri`), and the VEX (AVX/AVX2/BMI, opmask) and EVEX (AVX-512)
+//! instructions of glibc's string and memory functions, each held to iced-x86's rules for
+//! `pp`, `L`, `W`, `vvvv`, the register-extension bits and ModRM. A trace of such code then
+//! never builds iced-x86's tables (≈ 0.4 ms of a short `decode`).
 //!
-//! Everything else returns `None` and goes to iced-x86: EVEX/XOP, the rest of the 0F38/0F3A
-//! maps and of VEX, x87, far transfers and the other system instructions, 16-bit code and
-//! 16-bit addressing, operand-size prefixes on branches (they truncate the IP), instructions
-//! that are invalid in the mode, and anything running past the end of the bytes given. The
-//! rule is that `Some` must agree with iced-x86 on length, class and branch target (the unit
-//! tests check that on random bytes and exhaustively over the two-byte map, LOCK and every VEX
-//! opcode taken; `tests/ild.rs` on every instruction of the corpus images).
+//! Everything else returns `None` and goes to iced-x86: XOP, the rest of VEX, EVEX and the
+//! 0F38/0F3A maps, EVEX with zeroing, broadcast or rounding, x87, far transfers and the other
+//! system instructions, 16-bit code and 16-bit addressing, operand-size prefixes on branches
+//! (they truncate the IP), instructions that are invalid in the mode, and anything running
+//! past the end of the bytes given. The rule is that `Some` must agree with iced-x86 on
+//! length, class and branch target (the unit tests check that on random bytes and
+//! exhaustively over the two-byte map, LOCK and every VEX and EVEX opcode taken; `tests/ild.rs`
+//! on every instruction of the corpus images).
 //!
 //! Two paths: 64-bit code without a legacy prefix (a REX at most), 16 bytes from the end of
 //! the section, an opcode in one table (`decode_plain64`; 90 % of the new instructions of the
@@ -451,6 +454,9 @@ fn decode_general(b: &[u8], bits: u32) -> Option<Ild> {
     if is64 && i == 0 && (op == 0xC4 || op == 0xC5) {
         return decode_vex(b);
     }
+    if is64 && i == 0 && op == 0x62 {
+        return decode_evex(b);
+    }
     // LOCK is valid only on a memory destination of the read-modify-write instructions
     // (iced-x86 calls anything else invalid); XACQUIRE/XRELEASE with it are left to iced-x86.
     if lock {
@@ -724,17 +730,23 @@ fn more_0f(op2: u8, col: u8, b: &[u8], i: usize) -> Option<Option<usize>> {
     })
 }
 
-/// What a VEX-encoded opcode allows: the `pp` values (bit 0 none, 1 `66`, 2 `F3`, 3 `F2`),
-/// `L` (bit 0 128-bit, 1 256-bit), `W` (bit 0 W0, 1 W1), whether `vvvv` must be 1111 (no
-/// second source), whether ModRM must name a register, the `reg` values of a group
-/// opcode, a ModRM byte and an imm8.
+/// What a VEX- or EVEX-encoded opcode allows: the `pp` values (bit 0 none, 1 `66`, 2 `F3`,
+/// 3 `F2`), `L` (bit 0 128-bit, 1 256-bit, 2 512-bit), `W` (bit 0 W0, 1 W1), the (`pp`, `W`)
+/// pairs (bit `2 × pp + W`) where they depend on each other, whether `vvvv` must be 1111 (no
+/// second source), whether ModRM must name a register or memory, whether its `reg` or its
+/// register `rm` names an opmask register (k0-k7: the register-extension bits must be clear),
+/// the `reg` values of a group opcode, a ModRM byte and an imm8.
 #[derive(Clone, Copy)]
 struct VexRule {
     pp: u8,
     l: u8,
     w: u8,
+    pw: u8,
     no_vvvv: bool,
     reg_only: bool,
+    mem_only: bool,
+    k_reg: bool,
+    k_rm: bool,
     regs: u8,
     modrm: bool,
     imm8: bool,
@@ -745,8 +757,12 @@ const V3: VexRule = VexRule {
     pp: 2,
     l: 3,
     w: 3,
+    pw: 0xFF,
     no_vvvv: false,
     reg_only: false,
+    mem_only: false,
+    k_reg: false,
+    k_rm: false,
     regs: 0xFF,
     modrm: true,
     imm8: false,
@@ -826,6 +842,45 @@ fn vex_rule(map: u8, op: u8) -> Option<VexRule> {
             regs: 1 << 1 | 1 << 2 | 1 << 3,
             ..V3
         },
+        // The opmask instructions (AVX-512): KMOV (k, k/m; m, k; k, r; r, k), KORTEST, KTEST.
+        (1, 0x90) => VexRule {
+            pp: 1 | 2,
+            l: 1,
+            k_reg: true,
+            k_rm: true,
+            ..V2
+        },
+        (1, 0x91) => VexRule {
+            pp: 1 | 2,
+            l: 1,
+            mem_only: true,
+            k_reg: true,
+            ..V2
+        },
+        (1, 0x92) => VexRule {
+            pp: 1 | 2 | 8,
+            l: 1,
+            pw: 1 << 0 | 1 << 2 | 1 << 6 | 1 << 7,
+            reg_only: true,
+            k_reg: true,
+            ..V2
+        },
+        (1, 0x93) => VexRule {
+            pp: 1 | 2 | 8,
+            l: 1,
+            pw: 1 << 0 | 1 << 2 | 1 << 6 | 1 << 7,
+            reg_only: true,
+            k_rm: true,
+            ..V2
+        },
+        (1, 0x98 | 0x99) => VexRule {
+            pp: 1 | 2,
+            l: 1,
+            reg_only: true,
+            k_reg: true,
+            k_rm: true,
+            ..V2
+        },
         (3, 0x0F) => VexRule { imm8: true, ..V3 },
         (3, 0x62 | 0x63) => VexRule {
             l: 1,
@@ -858,43 +913,145 @@ fn vex_rule(map: u8, op: u8) -> Option<VexRule> {
 
 /// A VEX instruction (64-bit mode, `C4`/`C5` first, no prefix before it), or `None`.
 fn decode_vex(b: &[u8]) -> Option<Ild> {
-    let (map, wvvvvlpp, at) = if b[0] == 0xC5 {
-        (1, *b.get(1)? & 0x7F, 2)
+    let b1 = *b.get(1)?;
+    // The register-extension bits are stored inverted: R̄ (ModRM.reg), B̄ (ModRM.rm).
+    let (map, wvvvvlpp, at, b_bar) = if b[0] == 0xC5 {
+        (1, b1 & 0x7F, 2, 1)
     } else {
-        (*b.get(1)? & 0x1F, *b.get(2)?, 3)
+        (b1 & 0x1F, *b.get(2)?, 3, (b1 >> 5) & 1)
     };
     let rule = vex_rule(map, *b.get(at)?)?;
+    if rule.k_reg && b1 >> 7 == 0 {
+        return None;
+    }
     let (w, vvvv, l, pp) = (
         wvvvvlpp >> 7,
         (wvvvvlpp >> 3) & 0xF,
         (wvvvvlpp >> 2) & 1,
         wvvvvlpp & 3,
     );
-    if rule.pp & 1 << pp == 0
-        || rule.l & 1 << l == 0
-        || rule.w & 1 << w == 0
-        || (rule.no_vvvv && vvvv != 0xF)
+    if !rule.allows(pp, w, l) || (rule.no_vvvv && vvvv != 0xF) {
+        return None;
+    }
+    rule.operands(b, at + 1, b_bar == 0)
+}
+
+impl VexRule {
+    /// Whether the prefix's `pp`, `W` and vector length are allowed.
+    fn allows(&self, pp: u8, w: u8, l: u8) -> bool {
+        self.pp & 1 << pp != 0
+            && self.w & 1 << w != 0
+            && self.pw & 1 << (2 * pp + w) != 0
+            && self.l & 1 << l != 0
+    }
+
+    /// The instruction whose opcode ends at `b[at - 1]`: ModRM, SIB, displacement and
+    /// immediate as the rule says.
+    /// `rm_high`: the prefix extends a register `rm` past 7.
+    fn operands(&self, b: &[u8], at: usize, rm_high: bool) -> Option<Ild> {
+        let mut len = at;
+        if self.modrm {
+            let m = *b.get(len)?;
+            let reg_form = m >> 6 == 3;
+            if (self.reg_only && !reg_form)
+                || (self.mem_only && reg_form)
+                || (self.k_rm && reg_form && rm_high)
+                || self.regs & 1 << ((m >> 3) & 7) == 0
+            {
+                return None;
+            }
+            len += modrm_len(b, len)?;
+        }
+        len += usize::from(self.imm8);
+        if len > 15 || len > b.len() {
+            return None;
+        }
+        Some(Ild {
+            len: len as u8,
+            class: InsnClass::Other,
+            disp: 0,
+        })
+    }
+}
+
+/// The EVEX (AVX-512) instructions taken: those of glibc's `*_evex` string and memory
+/// functions, which it picks on CPUs with AVX-512 (most servers with Intel PT). Held to
+/// iced-x86's rules like [`vex_rule`]; on top, only without zeroing (`z`), broadcast or
+/// rounding (`b`), and with `V'` set where `vvvv` is unused.
+fn evex_rule(map: u8, op: u8) -> Option<VexRule> {
+    const E3: VexRule = VexRule { l: 7, ..V3 };
+    const E2: VexRule = VexRule {
+        no_vvvv: true,
+        ..E3
+    };
+    let r = match (map, op) {
+        // VMOVDQA32/64, VMOVDQU32/64, VMOVDQU8/16: loads and stores.
+        (1, 0x6F | 0x7F) => VexRule {
+            pp: 2 | 4 | 8,
+            ..E2
+        },
+        // VPXOR/VPAND/VPANDN/VPOR D/Q, VPMINUB, VPMAXUB, VPSUBB, VPADDB.
+        (1, 0xEF | 0xDB | 0xDF | 0xEB | 0xDA | 0xDE | 0xF8 | 0xFC) => E3,
+        // VPCMPEQB/W/D, VPCMPGTB into an opmask.
+        (1, 0x74 | 0x75 | 0x64) => VexRule { k_reg: true, ..E3 },
+        (1, 0x76) => VexRule {
+            w: 1,
+            k_reg: true,
+            ..E3
+        },
+        // VPBROADCASTB/W/D/Q from a general register; VPBROADCASTB from xmm/m8.
+        (2, 0x7A | 0x7B) => VexRule {
+            w: 1,
+            reg_only: true,
+            ..E2
+        },
+        (2, 0x7C) => VexRule {
+            reg_only: true,
+            ..E2
+        },
+        (2, 0x78) => VexRule { w: 1, ..E2 },
+        // VPTESTMB/W, VPTESTNMB/W; VPMINSB/SD, VPMINUW/UD.
+        (2, 0x26) => VexRule {
+            pp: 2 | 4,
+            k_reg: true,
+            ..E3
+        },
+        (2, 0x38..=0x3B) => E3,
+        // VPCMPUB/UW, VPCMPB/W; VPTERNLOGD/Q.
+        (3, 0x3E | 0x3F) => VexRule {
+            imm8: true,
+            k_reg: true,
+            ..E3
+        },
+        (3, 0x25) => VexRule { imm8: true, ..E3 },
+        _ => return None,
+    };
+    Some(r)
+}
+
+/// An EVEX instruction (64-bit mode, `62` first, no prefix before it), or `None`.
+fn decode_evex(b: &[u8]) -> Option<Ild> {
+    let (p0, p1, p2) = (*b.get(1)?, *b.get(2)?, *b.get(3)?);
+    // P0 bits 2-3 and P1 bit 2 are fixed (0, 0, 1) in every EVEX instruction iced-x86 and
+    // this decoder know.
+    if p0 & 0x0C != 0 || p1 & 0x04 == 0 {
+        return None;
+    }
+    let rule = evex_rule(p0 & 3, *b.get(4)?)?;
+    // An opmask register in ModRM.reg: R̄ and R̄' (inverted) must both be set.
+    if rule.k_reg && p0 & 0x90 != 0x90 {
+        return None;
+    }
+    let (w, vvvv, pp) = (p1 >> 7, (p1 >> 3) & 0xF, p1 & 3);
+    let (z, ll, bcst, v_hi) = (p2 >> 7, (p2 >> 5) & 3, (p2 >> 4) & 1, (p2 >> 3) & 1);
+    if !rule.allows(pp, w, ll)
+        || z != 0
+        || bcst != 0
+        || (rule.no_vvvv && (vvvv != 0xF || v_hi == 0))
     {
         return None;
     }
-    let mut len = at + 1;
-    if rule.modrm {
-        let m = *b.get(len)?;
-        let reg_form = m >> 6 == 3;
-        if (rule.reg_only && !reg_form) || rule.regs & 1 << ((m >> 3) & 7) == 0 {
-            return None;
-        }
-        len += modrm_len(b, len)?;
-    }
-    len += usize::from(rule.imm8);
-    if len > 15 || len > b.len() {
-        return None;
-    }
-    Some(Ild {
-        len: len as u8,
-        class: InsnClass::Other,
-        disp: 0,
-    })
+    rule.operands(b, 5, p0 & 0x20 == 0)
 }
 
 #[cfg(test)]
@@ -965,7 +1122,7 @@ mod tests {
         // Deferred: EVEX, LOCK on a register, x87, a branch with an operand-size prefix, a
         // truncated one.
         for bytes in [
-            &[0x62, 0xf1, 0xfd, 0x28, 0x6f, 0xc0][..],
+            &[0x62, 0xf1, 0x7c, 0x48, 0x58, 0xc0][..],
             &[0xf0, 0x48, 0x0f, 0xb1, 0xca],
             &[0xd9, 0xc9],
             &[0x66, 0xe9, 0, 0],
@@ -1131,6 +1288,58 @@ mod tests {
             (&[0xC5, 0xFD, 0xD7, 0xC1], 4),
             (&[0xC5, 0xF8, 0x77], 3),
             (&[0xC4, 0xE2, 0x7D, 0x78, 0xC0], 5),
+        ] {
+            assert_eq!(decode(b, 64).map(|d| d.len), Some(len), "{b:02x?}");
+        }
+    }
+
+    /// Every EVEX opcode the cheap decoder takes, over every P1 and P2 byte, four of the P0
+    /// register-extension bit patterns and register, memory and SIB forms of ModRM.
+    #[test]
+    fn every_evex_rule_agrees_with_iced() {
+        for map in 1..=3u8 {
+            for op in 0..=255u8 {
+                if evex_rule(map, op).is_none() {
+                    continue;
+                }
+                let mut answered = 0u32;
+                for p0 in [0xF0u8, 0x00, 0x60, 0x90] {
+                    for p1 in 0..=255u8 {
+                        for p2 in 0..=255u8 {
+                            for m in [0xC1u8, 0xD8, 0x06, 0x44, 0x85, 0x0C] {
+                                let v = [
+                                    0x62,
+                                    p0 | map,
+                                    p1,
+                                    p2,
+                                    op,
+                                    m,
+                                    0x24,
+                                    1,
+                                    2,
+                                    3,
+                                    4,
+                                    5,
+                                    6,
+                                    7,
+                                    8,
+                                    9,
+                                ];
+                                answered += u32::from(check(&v, 64, 0));
+                            }
+                        }
+                    }
+                }
+                assert!(
+                    answered > 0,
+                    "EVEX map {map} opcode {op:#04x} never answered"
+                );
+            }
+        }
+        // glibc's strlen-evex: vpcmpb k0, ymm16, [rdi], 0; vmovdqu64 ymm16, [rsi].
+        for (b, len) in [
+            (&[0x62u8, 0xF3, 0x7D, 0x20, 0x3F, 0x07, 0x00][..], 7),
+            (&[0x62, 0xE1, 0xFE, 0x28, 0x6F, 0x06], 6),
         ] {
             assert_eq!(decode(b, 64).map(|d| d.len), Some(len), "{b:02x?}");
         }
