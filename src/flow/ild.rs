@@ -11,21 +11,21 @@
 //! instructions of the two-byte map with the prefixes that make them valid.
 //!
 //! Also taken, outside the fast paths: LOCK on a memory destination, the memory-offset `mov`s,
-//! what glibc and ld.so run of the system and SSE2-4 instructions (`cpuid`, `rdtsc`, `xgetbv`,
-//! the fences, `xsavec`/`xrstor`, `pmovmskb`, `movq`, shifts by an immediate, `movbe`,
-//! `pshufb`, `palignr`, `pcmpistri`), and the VEX (AVX/AVX2/BMI, opmask) and EVEX (AVX-512)
-//! instructions of glibc's string and memory functions, each held to iced-x86's rules for
-//! `pp`, `L`, `W`, `vvvv`, the register-extension bits and ModRM. A trace of such code then
-//! never builds iced-x86's tables (≈ 0.4 ms of a short `decode`).
+//! x87, `sysenter`, `vmcall`, what glibc and ld.so run of the system and SSE2-4 instructions
+//! (`cpuid`, `rdtsc`, `xgetbv`, the fences, `xsavec`/`xrstor`, `pmovmskb`, `movq`, shifts by an
+//! immediate, `movbe`, `pshufb`, `palignr`, `pcmpistri`), and the VEX (AVX/AVX2/BMI, opmask)
+//! and EVEX (AVX-512) instructions of glibc's string and memory functions, each held to
+//! iced-x86's rules for `pp`, `L`, `W`, `vvvv`, the register-extension bits and ModRM. A trace
+//! of such code then never builds iced-x86's tables (≈ 0.4 ms of a short `decode`).
 //!
 //! Everything else returns `None` and goes to iced-x86: XOP, the rest of VEX, EVEX and the
-//! 0F38/0F3A maps, EVEX with zeroing, broadcast or rounding, x87, far transfers and the other
-//! system instructions, 16-bit code and 16-bit addressing, operand-size prefixes on branches
-//! (they truncate the IP), instructions that are invalid in the mode, and anything running
-//! past the end of the bytes given. The rule is that `Some` must agree with iced-x86 on
-//! length, class and branch target (the unit tests check that on random bytes and
-//! exhaustively over the two-byte map, LOCK and every VEX and EVEX opcode taken; `tests/ild.rs`
-//! on every instruction of the corpus images).
+//! 0F38/0F3A maps, EVEX with zeroing, broadcast or rounding, the undocumented x87 aliases,
+//! far transfers and the other system instructions, 16-bit code and 16-bit addressing,
+//! operand-size prefixes on branches (they truncate the IP), instructions that are invalid in
+//! the mode, and anything running past the end of the bytes given. The rule is that `Some`
+//! must agree with iced-x86 on length, class and branch target (the unit tests check that on
+//! random bytes and exhaustively over the two-byte map, LOCK, x87 and every VEX and EVEX opcode
+//! taken; `tests/ild.rs` on every instruction of the corpus images).
 //!
 //! Two paths: 64-bit code without a legacy prefix (a REX at most), 16 bytes from the end of
 //! the section, an opcode in one table (`decode_plain64`; 90 % of the new instructions of the
@@ -571,12 +571,18 @@ fn decode_general(b: &[u8], bits: u32) -> Option<Ild> {
         0xC3 => (0, InsnClass::Return),
         0xC2 => (2, InsnClass::Return),
         0xCC | 0xF1 => (0, InsnClass::SoftInt),
+        0xD8..=0xDF if !p66 && !f2 && !f3 && x87_valid(op, *b.get(i)?) => {
+            (modrm_len(b, i)?, InsnClass::Other)
+        }
         0xCD => (1, InsnClass::SoftInt),
         0x0F => {
             let op2 = *b.get(i)?;
             i += 1;
             match op2 {
                 0x05 if is64 => (0, InsnClass::SysCall),
+                0x34 if !p66 && !f2 && !f3 => (0, InsnClass::SysCall),
+                // VMCALL: a VM exit, like WRMSR an instruction the decoder treats apart.
+                0x01 if !p66 && !f2 && !f3 && b.get(i) == Some(&0xC1) => (1, InsnClass::Special),
                 0x1E | 0x1F => (modrm_len(b, i)?, InsnClass::Other),
                 0x40..=0x4F
                 | 0x90..=0x9F
@@ -648,6 +654,26 @@ fn decode_general(b: &[u8], bits: u32) -> Option<Ild> {
         class,
         disp,
     })
+}
+
+/// Whether the x87 instruction `op` (`D8`..`DF`) with ModRM byte `m` is valid: every memory
+/// form but `D9 /1`, `DB /4`, `DB /6` and `DD /5`, and the register forms of the x87 opcode
+/// map except the undocumented aliases (`FSTP1`, `FXCH4`, `FCOMP5`, `FFREEP`, …) and the
+/// 8087/287 leftovers, which go to iced-x86.
+fn x87_valid(op: u8, m: u8) -> bool {
+    let reg = (m >> 3) & 7;
+    if m >> 6 != 3 {
+        return !matches!((op, reg), (0xD9, 1) | (0xDB, 4) | (0xDB, 6) | (0xDD, 5));
+    }
+    match op {
+        0xD8 | 0xDC => true,
+        0xD9 => matches!(m, 0xC0..=0xCF | 0xE0 | 0xE1 | 0xE4 | 0xE5 | 0xE8..=0xEE | 0xF0..=0xFF),
+        0xDA => matches!(m, 0xC0..=0xDF | 0xE9),
+        0xDB => matches!(m, 0xC0..=0xDF | 0xE2 | 0xE3 | 0xE8..=0xF7),
+        0xDD => matches!(m, 0xC0..=0xC7 | 0xD0..=0xEF),
+        0xDE => matches!(m, 0xC0..=0xCF | 0xD9 | 0xE0..=0xFF),
+        _ => matches!(m, 0xE0 | 0xE8..=0xF7),
+    }
 }
 
 /// Whether LOCK may precede the opcode `opx` (`0x100 | op` for the two-byte map) with ModRM
@@ -1119,12 +1145,12 @@ mod tests {
             assert_eq!((got.len, got.class), (len, class), "{bytes:02x?}");
             assert!(check(bytes, 64, 0x40_1000));
         }
-        // Deferred: EVEX, LOCK on a register, x87, a branch with an operand-size prefix, a
-        // truncated one.
+        // Deferred: EVEX with a 512-bit FP opcode, LOCK on a register, an undocumented x87
+        // alias (FSTP1), a branch with an operand-size prefix, a truncated one.
         for bytes in [
             &[0x62, 0xf1, 0x7c, 0x48, 0x58, 0xc0][..],
             &[0xf0, 0x48, 0x0f, 0xb1, 0xca],
-            &[0xd9, 0xc9],
+            &[0xd9, 0xd8],
             &[0x66, 0xe9, 0, 0],
             &[0xe8, 0, 0],
         ] {
@@ -1342,6 +1368,34 @@ mod tests {
             (&[0x62, 0xE1, 0xFE, 0x28, 0x6F, 0x06], 6),
         ] {
             assert_eq!(decode(b, 64).map(|d| d.len), Some(len), "{b:02x?}");
+        }
+    }
+
+    /// Every x87 opcode and ModRM, with and without prefixes, in both modes.
+    #[test]
+    fn every_x87_encoding_agrees_with_iced() {
+        let mut answered = 0u32;
+        for pre in [&[][..], &[0x66], &[0x9B], &[0x48], &[0x67]] {
+            for op in 0xD8..=0xDFu8 {
+                let mut head = pre.to_vec();
+                head.push(op);
+                with_modrm(&head, |v| {
+                    for bits in [64, 32] {
+                        if bits == 32 && pre.contains(&0x48) {
+                            continue;
+                        }
+                        answered += u32::from(check(v, bits, 0x40_1000));
+                    }
+                });
+            }
+        }
+        assert!(answered > 10_000, "only {answered} answered");
+        for (b, class) in [
+            (&[0x0Fu8, 0x34][..], InsnClass::SysCall),
+            (&[0x0F, 0x01, 0xC1], InsnClass::Special),
+        ] {
+            assert_eq!(decode(b, 32).map(|d| d.class), Some(class), "{b:02x?}");
+            assert!(check(b, 32, 0x1000) && check(b, 64, 0x1000));
         }
     }
 }
