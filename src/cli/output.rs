@@ -8,11 +8,15 @@
 
 use std::io::{self, Write};
 
-/// Bytes buffered before a write to the underlying writer. 64 KiB: the default pipe capacity,
-/// and small enough to stay in L2. A 256 KiB buffer cost 48 more page faults per process
-/// (about 0.06 ms, 3 % of a 150 k-instruction trace's `decode`), and was no faster on the
-/// 6 M-instruction ones (docs/benchmarks.md, session 18).
-const CHUNK: usize = 64 << 10;
+/// Bytes buffered before a write to the underlying writer, at first: the default pipe
+/// capacity. A 256 KiB buffer from the start cost 48 more page faults per process (about
+/// 0.06 ms, 3 % of a 150 k-instruction trace's `decode`).
+const FIRST_CHUNK: usize = 64 << 10;
+/// Bytes buffered once [`GROW_AFTER`] chunks (4 MiB) were written: a long output (144 MB for
+/// libxdc/qemu) then makes a quarter of the write calls (docs/benchmarks.md, session 18).
+const CHUNK: usize = 256 << 10;
+/// Chunks written before the buffer grows to [`CHUNK`].
+const GROW_AFTER: u32 = 64;
 /// Room after `CHUNK` for one bounded item (an address line needs 19 bytes, a 16-byte store at
 /// offset 2; a blocks line 62).
 const SLACK: usize = 128;
@@ -105,6 +109,10 @@ impl RunText {
 pub(crate) struct Out<W: Write> {
     buf: Box<[u8]>,
     pos: usize,
+    /// Bytes buffered before a write: `buf.len() - SLACK`.
+    chunk: usize,
+    /// Chunks written so far (up to [`GROW_AFTER`]).
+    drains: u32,
     inner: W,
     /// [`Out::ip_lines`]' digits of the last address, kept from one run to the next (runs are
     /// short, and the next one often starts in the same 256 bytes of code).
@@ -167,8 +175,10 @@ impl<W: Write> Out<W> {
     /// A buffer over `inner`.
     pub(crate) fn new(inner: W) -> Self {
         Out {
-            buf: vec![0u8; CHUNK + SLACK].into_boxed_slice(),
+            buf: vec![0u8; FIRST_CHUNK + SLACK].into_boxed_slice(),
             pos: 0,
+            chunk: FIRST_CHUNK,
+            drains: 0,
             inner,
             ips: IpDigits {
                 key: u64::MAX,
@@ -185,13 +195,20 @@ impl<W: Write> Out<W> {
     fn drain(&mut self) -> io::Result<()> {
         let r = self.inner.write_all(&self.buf[..self.pos]);
         self.pos = 0;
+        if self.drains < GROW_AFTER {
+            self.drains += 1;
+            if self.drains == GROW_AFTER {
+                self.buf = vec![0u8; CHUNK + SLACK].into_boxed_slice();
+                self.chunk = CHUNK;
+            }
+        }
         r
     }
 
     /// Makes room for one bounded item (at most `SLACK` bytes).
     #[inline(always)]
     fn room(&mut self) -> io::Result<()> {
-        if self.pos >= CHUNK {
+        if self.pos >= self.chunk {
             self.drain()?;
         }
         Ok(())
@@ -354,7 +371,7 @@ impl<W: Write> Out<W> {
             return Ok(());
         }
         // Miss: format the run in one piece (room for its longest text first), then keep it.
-        if self.pos >= CHUNK || self.pos + n * IP_LINE_MAX > self.buf.len() {
+        if self.pos >= self.chunk || self.pos + n * IP_LINE_MAX > self.buf.len() {
             self.drain()?;
         }
         let from = self.pos;
@@ -442,9 +459,9 @@ impl<W: Write> Out<W> {
     /// Any bytes.
     #[inline]
     pub(crate) fn bytes(&mut self, b: &[u8]) -> io::Result<()> {
-        if self.pos + b.len() > CHUNK + SLACK - 32 {
+        if self.pos + b.len() > self.chunk + SLACK - 32 {
             self.drain()?;
-            if b.len() > CHUNK {
+            if b.len() > self.chunk {
                 return self.inner.write_all(b);
             }
         }
