@@ -459,15 +459,8 @@ fn decode_general(b: &[u8], bits: u32) -> Option<Ild> {
     }
     // LOCK is valid only on a memory destination of the read-modify-write instructions
     // (iced-x86 calls anything else invalid); XACQUIRE/XRELEASE with it are left to iced-x86.
-    if lock {
-        let (opx, m) = if op == 0x0F {
-            (0x100 | u16::from(*b.get(i + 1)?), *b.get(i + 2)?)
-        } else {
-            (u16::from(op), *b.get(i + 1)?)
-        };
-        if f2 || f3 || m >> 6 == 3 || !lockable(opx, (m >> 3) & 7) {
-            return None;
-        }
+    if lock && (f2 || f3 || !lock_allowed(op, b, i)?) {
+        return None;
     }
     i += 1; // the opcode
     let z = if p66 && !rex_w { 2 } else { 4 };
@@ -660,6 +653,8 @@ fn decode_general(b: &[u8], bits: u32) -> Option<Ild> {
 /// form but `D9 /1`, `DB /4`, `DB /6` and `DD /5`, and the register forms of the x87 opcode
 /// map except the undocumented aliases (`FSTP1`, `FXCH4`, `FCOMP5`, `FFREEP`, …) and the
 /// 8087/287 leftovers, which go to iced-x86.
+#[cold]
+#[inline(never)]
 fn x87_valid(op: u8, m: u8) -> bool {
     let reg = (m >> 3) & 7;
     if m >> 6 != 3 {
@@ -674,6 +669,20 @@ fn x87_valid(op: u8, m: u8) -> bool {
         0xDE => matches!(m, 0xC0..=0xCF | 0xD9 | 0xE0..=0xFF),
         _ => matches!(m, 0xE0 | 0xE8..=0xF7),
     }
+}
+
+/// Whether LOCK may precede the opcode `op` at `b[i]`: a memory operand and a
+/// read-modify-write instruction. The rare encodings here and below are kept out of line, so
+/// that the general path inlined into the block cache stays small.
+#[cold]
+#[inline(never)]
+fn lock_allowed(op: u8, b: &[u8], i: usize) -> Option<bool> {
+    let (opx, m) = if op == 0x0F {
+        (0x100 | u16::from(*b.get(i + 1)?), *b.get(i + 2)?)
+    } else {
+        (u16::from(op), *b.get(i + 1)?)
+    };
+    Some(m >> 6 != 3 && lockable(opx, (m >> 3) & 7))
 }
 
 /// Whether LOCK may precede the opcode `opx` (`0x100 | op` for the two-byte map) with ModRM
@@ -698,6 +707,8 @@ fn lockable(opx: u16, reg: u8) -> bool {
 /// besides the table's: `cpuid`, `rdtsc`, `xgetbv`, the fences, `xsavec`/`xrstor` (lazy
 /// binding), `pmovmskb`, `movq`, the shifts by an immediate, `movlpd`/`movhpd`, `movbe`,
 /// `pshufb`, `palignr`, `pcmpistri`, non-temporal stores and prefetches.
+#[cold]
+#[inline(never)]
 fn more_0f(op2: u8, col: u8, b: &[u8], i: usize) -> Option<Option<usize>> {
     let m = b.get(i).copied();
     let (md, reg) = m.map_or((0, 0), |m| (m >> 6, (m >> 3) & 7));
@@ -938,6 +949,8 @@ fn vex_rule(map: u8, op: u8) -> Option<VexRule> {
 }
 
 /// A VEX instruction (64-bit mode, `C4`/`C5` first, no prefix before it), or `None`.
+#[cold]
+#[inline(never)]
 fn decode_vex(b: &[u8]) -> Option<Ild> {
     let b1 = *b.get(1)?;
     // The register-extension bits are stored inverted: R̄ (ModRM.reg), B̄ (ModRM.rm).
@@ -1056,6 +1069,8 @@ fn evex_rule(map: u8, op: u8) -> Option<VexRule> {
 }
 
 /// An EVEX instruction (64-bit mode, `62` first, no prefix before it), or `None`.
+#[cold]
+#[inline(never)]
 fn decode_evex(b: &[u8]) -> Option<Ild> {
     let (p0, p1, p2) = (*b.get(1)?, *b.get(2)?, *b.get(3)?);
     // P0 bits 2-3 and P1 bit 2 are fixed (0, 0, 1) in every EVEX instruction iced-x86 and
