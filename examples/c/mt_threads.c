@@ -31,12 +31,17 @@ void *worker(void *arg) {
   return (void *)r;
 }
 void *tiny(void *arg) { return (void *)((long)arg * 2); }
-/* `hits`: two threads reach one function ten times each, a short loop apart. */
+/* `hits`: two threads reach one function ten times each, a short loop apart. The loop is
+ * short because tests `next` over it under QEMU's stub, one single step per instruction, while
+ * the other thread runs a block per step: with 2000 iterations such a `next` took 14-16 s and a
+ * session of eight of them 45 s on the 2-vCPU VM, past the tests' time limit under load; with
+ * 500, 3-7 s, and the other thread's hit interrupts a `next` as often (2 sessions in 6 for 500
+ * and for 1000). */
 __attribute__((noinline)) void hit(long id, long i) { shared += id + i; }
 void *hitter(void *arg) {
   for (long i = 0; i < 10; i++) {
     hit((long)arg, i);
-    for (volatile int k = 0; k < 2000; k++) ;
+    for (volatile int k = 0; k < 500; k++) ;
   }
   return 0;
 }
