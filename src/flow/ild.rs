@@ -815,6 +815,13 @@ const V2: VexRule = VexRule {
 /// AVX2 string and memory functions and the BMI ones compilers emit. Anything else goes to
 /// iced-x86. `tests` checks every entry against iced-x86 over all the `VEX` bytes.
 fn vex_rule(map: u8, op: u8) -> Option<VexRule> {
+    const KMOV_GPR: VexRule = VexRule {
+        pp: 1 | 2 | 8,
+        l: 1,
+        pw: 1 << 0 | 1 << 2 | 1 << 6 | 1 << 7,
+        reg_only: true,
+        ..V2
+    };
     let r = match (map, op) {
         // VZEROUPPER (L0) / VZEROALL (L1).
         (1, 0x77) => VexRule {
@@ -894,21 +901,14 @@ fn vex_rule(map: u8, op: u8) -> Option<VexRule> {
             k_reg: true,
             ..V2
         },
+        // KMOVW/B/D/Q between an opmask and a general register (W1 only for KMOVQ).
         (1, 0x92) => VexRule {
-            pp: 1 | 2 | 8,
-            l: 1,
-            pw: 1 << 0 | 1 << 2 | 1 << 6 | 1 << 7,
-            reg_only: true,
             k_reg: true,
-            ..V2
+            ..KMOV_GPR
         },
         (1, 0x93) => VexRule {
-            pp: 1 | 2 | 8,
-            l: 1,
-            pw: 1 << 0 | 1 << 2 | 1 << 6 | 1 << 7,
-            reg_only: true,
             k_rm: true,
-            ..V2
+            ..KMOV_GPR
         },
         (1, 0x98 | 0x99) => VexRule {
             pp: 1 | 2,
@@ -1290,30 +1290,43 @@ mod tests {
         }
     }
 
+    /// Runs `answered` (how many encodings the cheap decoder took) for every (map, opcode) that
+    /// `rule` has a rule for, and demands that each was taken somewhere.
+    fn each_opcode_taken(
+        rule: fn(u8, u8) -> Option<VexRule>,
+        mut answered: impl FnMut(u8, u8) -> u32,
+    ) {
+        for map in 1..=3u8 {
+            for op in 0..=255u8 {
+                if rule(map, op).is_some() {
+                    assert!(
+                        answered(map, op) > 0,
+                        "map {map} opcode {op:#04x} never answered"
+                    );
+                }
+            }
+        }
+    }
+
     /// Every VEX opcode the cheap decoder takes, over every second (C5) or third (C4) VEX
     /// byte, three of the C4 register-extension bits and every ModRM: wherever it answers,
     /// iced-x86 agrees; and it answers for each opcode somewhere.
     #[test]
     fn every_vex_rule_agrees_with_iced() {
-        for map in 1..=3u8 {
-            for op in 0..=255u8 {
-                if vex_rule(map, op).is_none() {
-                    continue;
+        each_opcode_taken(vex_rule, |map, op| {
+            let mut answered = 0u32;
+            for p in 0..=255u8 {
+                if map == 1 {
+                    with_modrm(&[0xC5, p, op], |v| answered += u32::from(check(v, 64, 0)));
                 }
-                let mut answered = 0u32;
-                for p in 0..=255u8 {
-                    if map == 1 {
-                        with_modrm(&[0xC5, p, op], |v| answered += u32::from(check(v, 64, 0)));
-                    }
-                    for rxb in [0xE0u8, 0x00, 0xA0] {
-                        with_modrm(&[0xC4, rxb | map, p, op], |v| {
-                            answered += u32::from(check(v, 64, 0))
-                        });
-                    }
+                for rxb in [0xE0u8, 0x00, 0xA0] {
+                    with_modrm(&[0xC4, rxb | map, p, op], |v| {
+                        answered += u32::from(check(v, 64, 0))
+                    });
                 }
-                assert!(answered > 0, "map {map} opcode {op:#04x} never answered");
             }
-        }
+            answered
+        });
         // Invalid maps, a prefix before VEX, 32-bit mode (LES/LDS there): not taken.
         for b in [
             &[0xC4u8, 0xE0, 0x7D, 0x6F, 0xC0][..],
@@ -1338,45 +1351,37 @@ mod tests {
     /// register-extension bit patterns and register, memory and SIB forms of ModRM.
     #[test]
     fn every_evex_rule_agrees_with_iced() {
-        for map in 1..=3u8 {
-            for op in 0..=255u8 {
-                if evex_rule(map, op).is_none() {
-                    continue;
-                }
-                let mut answered = 0u32;
-                for p0 in [0xF0u8, 0x00, 0x60, 0x90] {
-                    for p1 in 0..=255u8 {
-                        for p2 in 0..=255u8 {
-                            for m in [0xC1u8, 0xD8, 0x06, 0x44, 0x85, 0x0C] {
-                                let v = [
-                                    0x62,
-                                    p0 | map,
-                                    p1,
-                                    p2,
-                                    op,
-                                    m,
-                                    0x24,
-                                    1,
-                                    2,
-                                    3,
-                                    4,
-                                    5,
-                                    6,
-                                    7,
-                                    8,
-                                    9,
-                                ];
-                                answered += u32::from(check(&v, 64, 0));
-                            }
+        each_opcode_taken(evex_rule, |map, op| {
+            let mut answered = 0u32;
+            for p0 in [0xF0u8, 0x00, 0x60, 0x90] {
+                for p1 in 0..=255u8 {
+                    for p2 in 0..=255u8 {
+                        for m in [0xC1u8, 0xD8, 0x06, 0x44, 0x85, 0x0C] {
+                            let v = [
+                                0x62,
+                                p0 | map,
+                                p1,
+                                p2,
+                                op,
+                                m,
+                                0x24,
+                                1,
+                                2,
+                                3,
+                                4,
+                                5,
+                                6,
+                                7,
+                                8,
+                                9,
+                            ];
+                            answered += u32::from(check(&v, 64, 0));
                         }
                     }
                 }
-                assert!(
-                    answered > 0,
-                    "EVEX map {map} opcode {op:#04x} never answered"
-                );
             }
-        }
+            answered
+        });
         // glibc's strlen-evex: vpcmpb k0, ymm16, [rdi], 0; vmovdqu64 ymm16, [rsi].
         for (b, len) in [
             (&[0x62u8, 0xF3, 0x7D, 0x20, 0x3F, 0x07, 0x00][..], 7),
