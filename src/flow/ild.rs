@@ -618,21 +618,14 @@ fn decode_general(b: &[u8], bits: u32) -> Option<Ild> {
                         _ => return None,
                     };
                     if let Some(rest) = more_0f(op2, col, b, i) {
-                        let rest = rest?;
-                        if i + rest > 15 || i + rest > b.len() {
+                        (rest?, InsnClass::Other)
+                    } else {
+                        if t & col == 0 {
                             return None;
                         }
-                        return Some(Ild {
-                            len: (i + rest) as u8,
-                            class: InsnClass::Other,
-                            disp: 0,
-                        });
+                        let imm = if t & IMM8 != 0 { 1 } else { 0 };
+                        (modrm_len(b, i)? + imm, InsnClass::Other)
                     }
-                    if t & col == 0 {
-                        return None;
-                    }
-                    let imm = if t & IMM8 != 0 { 1 } else { 0 };
-                    (modrm_len(b, i)? + imm, InsnClass::Other)
                 }
             }
         }
@@ -710,59 +703,65 @@ fn lockable(opx: u16, reg: u8) -> bool {
 #[cold]
 #[inline(never)]
 fn more_0f(op2: u8, col: u8, b: &[u8], i: usize) -> Option<Option<usize>> {
-    let m = b.get(i).copied();
-    let (md, reg) = m.map_or((0, 0), |m| (m >> 6, (m >> 3) & 7));
-    let mem = md != 3;
-    let modrm = || modrm_len(b, i);
     let np = col == NP;
+    if matches!(op2, 0x31 | 0xA2) {
+        return Some(np.then_some(0));
+    }
+    // Every other encoding has a byte after the opcode (ModRM, or the third opcode byte); the
+    // table's need one too.
+    let Some(&m) = b.get(i) else {
+        return Some(None);
+    };
+    let (mem, reg) = (m >> 6 != 3, (m >> 3) & 7);
+    let modrm = || modrm_len(b, i);
     Some(match op2 {
-        0x31 | 0xA2 if np => Some(0),
-        0x01 if np && m == Some(0xD0) => Some(1),
-        0x01 | 0x31 | 0xA2 => None,
+        0x01 if np && m == 0xD0 => Some(1),
         // Fences (register forms of /5../7), FXSAVE..CLFLUSH (memory forms).
-        0xAE if np && m.is_some() && (mem || reg >= 5) => modrm(),
+        0xAE if np && (mem || reg >= 5) => modrm(),
         // CMPXCHG8B/16B, XRSTORS, XSAVEC, XSAVES.
-        0xC7 if np && m.is_some() && mem && matches!(reg, 1 | 3 | 4 | 5) => modrm(),
-        0xAE | 0xC7 => None,
-        0x12 if m.is_some() && (col != P66 || mem) => modrm(),
-        0x13 | 0x17 if m.is_some() && (np || col == P66) && mem => modrm(),
-        0x16 if m.is_some() && col != PF2 && (col != P66 || mem) => modrm(),
-        0x12 | 0x13 | 0x16 | 0x17 => None,
-        0xD7 if (np || col == P66) && m.is_some() && !mem => Some(1),
-        0x71 | 0x72 if (np || col == P66) && m.is_some() && !mem && matches!(reg, 2 | 4 | 6) => {
-            Some(2)
-        }
-        0x73 if m.is_some()
-            && !mem
+        0xC7 if np && mem && matches!(reg, 1 | 3 | 4 | 5) => modrm(),
+        0x12 if col != P66 || mem => modrm(),
+        0x13 | 0x17 if (np || col == P66) && mem => modrm(),
+        0x16 if col != PF2 && (col != P66 || mem) => modrm(),
+        0xD7 if (np || col == P66) && !mem => Some(1),
+        0x71 | 0x72 if (np || col == P66) && !mem && matches!(reg, 2 | 4 | 6) => Some(2),
+        0x73 if !mem
             && ((matches!(reg, 2 | 6) && (np || col == P66))
                 || (col == P66 && matches!(reg, 3 | 7))) =>
         {
             Some(2)
         }
-        0xD7 | 0x71 | 0x72 | 0x73 => None,
         // MOVQ xmm/m64, xmm.
-        0xD6 if col == P66 && m.is_some() => modrm(),
-        0xD6 => None,
-        0x2B | 0xE7 if (np || col == P66) && m.is_some() && mem => modrm(),
-        0x18 if np && m.is_some() && mem && reg < 4 => modrm(),
-        0x2B | 0xE7 | 0x18 => None,
+        0xD6 if col == P66 => modrm(),
+        0x2B | 0xE7 if (np || col == P66) && mem => modrm(),
+        0x18 if np && mem && reg < 4 => modrm(),
+        // The three-byte maps: `m` is the third opcode byte, ModRM follows.
         0x38 => {
-            let op3 = *b.get(i)?;
-            let m = *b.get(i + 1)?;
-            match op3 {
+            let m3 = *b.get(i + 1)?;
+            match m {
                 0x00 if np || col == P66 => modrm_len(b, i + 1).map(|n| n + 1),
-                0xF0 | 0xF1 if np && m >> 6 != 3 => modrm_len(b, i + 1).map(|n| n + 1),
+                0xF0 | 0xF1 if np && m3 >> 6 != 3 => modrm_len(b, i + 1).map(|n| n + 1),
                 _ => None,
             }
         }
-        0x3A => {
-            let op3 = *b.get(i)?;
-            match op3 {
-                0x0F if np || col == P66 => modrm_len(b, i + 1).map(|n| n + 2),
-                0x63 if col == P66 => modrm_len(b, i + 1).map(|n| n + 2),
-                _ => None,
-            }
-        }
+        0x3A => match m {
+            0x0F if np || col == P66 => modrm_len(b, i + 1).map(|n| n + 2),
+            0x63 if col == P66 => modrm_len(b, i + 1).map(|n| n + 2),
+            _ => None,
+        },
+        0x01
+        | 0xAE
+        | 0xC7
+        | 0x12
+        | 0x13
+        | 0x16
+        | 0x17
+        | 0xD7
+        | 0x71..=0x73
+        | 0xD6
+        | 0x2B
+        | 0xE7
+        | 0x18 => None,
         _ => return None,
     })
 }
