@@ -789,22 +789,18 @@ fn threads_in_stop_reply(threads: &[i32], pc: Option<u64>) -> Vec<u8> {
 #[cfg(test)]
 #[test]
 fn thread_suffix_only_on_register_packets() {
-    assert_eq!(
-        split_thread_suffix(b"p6;thread:684e;"),
-        (&b"p6"[..], Some("684e"))
-    );
-    assert_eq!(
-        split_thread_suffix(b"g;thread:p1.2"),
-        (&b"g"[..], Some("p1.2"))
-    );
-    assert_eq!(
-        split_thread_suffix(b"P10=0011;thread:1f;"),
-        (&b"P10=0011"[..], Some("1f"))
-    );
-    assert_eq!(
-        split_thread_suffix(b"QSaveRegisterState;thread:1f;"),
-        (&b"QSaveRegisterState"[..], Some("1f"))
-    );
+    for (body, packet, tid) in [
+        (&b"p6;thread:684e;"[..], &b"p6"[..], "684e"),
+        (b"g;thread:p1.2", b"g", "p1.2"),
+        (b"P10=0011;thread:1f;", b"P10=0011", "1f"),
+        (
+            b"QSaveRegisterState;thread:1f;",
+            b"QSaveRegisterState",
+            "1f",
+        ),
+    ] {
+        assert_eq!(split_thread_suffix(body), (packet, Some(tid)));
+    }
     // Other packets, a suffix with no id, or none: unchanged.
     for body in [&b"m1000,4;thread:1f;"[..], b"p6;thread:;", b"p6", b"qC"] {
         assert_eq!(split_thread_suffix(body), (body, None));
