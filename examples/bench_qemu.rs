@@ -5,8 +5,9 @@
 //! cargo build --release && cargo run --release --example bench_qemu
 //! ```
 //!
-//! Workloads: `sort` of 200 000 lines, `md5sum` of 50 MB, a qsort of 1 000 000 ints and a
-//! 4-thread program (both C, built here with `cc -O2`). For each: wall time natively, under
+//! Workloads: `sort` of 200 000 lines, `md5sum` of 50 MB, a qsort of 1 000 000 ints, a
+//! 4-thread program and 1 000 000 `getppid` system calls (the last three C, built here with
+//! `cc -O2`). For each: wall time natively, under
 //! `qemu-x86_64` alone and under `qemu-x86_64` with the ptrewind plugin (CPU time, user + system,
 //! of each run, and wall-clock time on a second line: the machine is shared) (the trace written to a
 //! recording directory and kept until the figures are read); instructions are the plugin's count.
@@ -41,6 +42,19 @@ int main(int argc, char **argv) {
     qsort(v, n, sizeof *v, cmp);
     printf("%d %d\n", v[0], v[n - 1]);
     return 0;
+}
+"#;
+
+/// One cheap system call after another: what the plugin costs per call (its stamp of the clock
+/// at each call's entry, session 19).
+const SYSCALLS_SRC: &str = r#"
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    long n = argc > 1 ? atol(argv[1]) : 1000000, s = 0;
+    for (long i = 0; i < n; i++) s += syscall(SYS_getppid);
+    return s == 0;
 }
 "#;
 
@@ -346,6 +360,7 @@ fn main() {
     drop(text);
     let qsort = cc(d, "qsort", QSORT_SRC, &[]);
     let threads = cc(d, "threads4", THREADS_SRC, &["-pthread"]);
+    let syscalls = cc(d, "syscalls", SYSCALLS_SRC, &[]);
     let os = |v: &[&str]| v.iter().map(OsString::from).collect::<Vec<_>>();
     let workloads = [
         Workload {
@@ -370,6 +385,12 @@ fn main() {
             name: "4 threads",
             program: threads.clone(),
             args: os(&[&(20_000_000 / scale).to_string()]),
+            small_args: os(&["2000"]),
+        },
+        Workload {
+            name: "1M system calls",
+            program: syscalls,
+            args: os(&[&(1_000_000 / scale).to_string()]),
             small_args: os(&["2000"]),
         },
     ];

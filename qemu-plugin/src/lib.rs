@@ -1041,6 +1041,13 @@ extern "C" fn on_syscall(
     _a8: u64,
 ) {
     let Some(s) = slot(vcpu) else { return };
+    // When the thread leaves user space (its stream says so once the call's block is decided,
+    // at its return): what orders it against the threads that run while it is in the kernel.
+    s.with(|v| {
+        if !v.done {
+            v.tracer.at_system_call();
+        }
+    });
     if !PAUSE_GATE.load(Ordering::Relaxed).is_null() {
         release_claim(s.with(|v| v.tid));
     }

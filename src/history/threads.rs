@@ -27,7 +27,13 @@ use crate::image::Image;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ThreadClock {
     runs: Vec<(u64, u64)>,
+    /// Per run, the time it is known to have lasted until, when the stream says: the next
+    /// timestamp, when the thread was traced throughout (no TIP.PGD in between), or a stamp
+    /// written right before the TIP.PGD that ended it. `None`: only its start is known.
+    until: Vec<Option<u64>>,
     len: u64,
+    /// The last run has seen a TIP.PGD (its end, unless a later stamp came before it).
+    closed: bool,
     /// Where the thread was stopped at the end of its stream by an asynchronous transfer
     /// (FUP + TIP.PGD: a fault, a signal that killed it): that instruction did not execute.
     stop_ip: Option<u64>,
@@ -51,6 +57,8 @@ impl ThreadClock {
             }
             last_first = Some(first);
             last_time = last_time.max(time);
+            // Runs a backend knows directly are exact: each lasts as long as its instructions.
+            c.closed = true;
             c.push(first, last_time);
         }
         if let Some(first) = c.runs.first_mut() {
@@ -58,6 +66,7 @@ impl ThreadClock {
             first.0 = 0;
         } else if len > 0 {
             c.runs.push((0, 0));
+            c.until.push(None);
         }
         c
     }
@@ -69,8 +78,32 @@ impl ThreadClock {
     fn push(&mut self, first: u64, time: u64) {
         match self.runs.last() {
             Some(&(_, t)) if t >= time => {}
-            _ => self.runs.push((first, time)),
+            _ => {
+                if !self.closed
+                    && self.runs.last().is_some_and(|&(_, t)| t > 0)
+                    && let Some(u) = self.until.last_mut()
+                {
+                    // Traced throughout until this stamp: the last run lasted until it (a run
+                    // before the stream's first stamp has no known start to spread from).
+                    *u = Some(time);
+                }
+                self.runs.push((first, time));
+                self.until.push(None);
+                self.closed = false;
+            }
         }
+    }
+
+    /// Tracing stopped (TIP.PGD) at `time`: the last run ends here, and lasted until `time`
+    /// if that is a later stamp (one written as the thread left: a system call, a fault).
+    fn close(&mut self, time: u64) {
+        if !self.closed
+            && let (Some(&(_, t)), Some(u)) = (self.runs.last(), self.until.last_mut())
+            && time > t
+        {
+            *u = Some(time);
+        }
+        self.closed = true;
     }
 
     /// Decodes `trace` once (over `image`) and groups its instructions by the decoder's
@@ -89,14 +122,19 @@ impl ThreadClock {
                         c.stop_ip = None;
                     }
                 }
-                BlockItem::Event(e) => match e.kind {
-                    EventKind::Disabled {
-                        ip: Some(ip),
-                        asynchronous: true,
-                    } => c.stop_ip = Some(ip),
-                    EventKind::Enabled { .. } => c.stop_ip = None,
-                    _ => {}
-                },
+                BlockItem::Event(e) => {
+                    if let EventKind::Disabled { .. } = e.kind {
+                        c.close(e.time);
+                    }
+                    match e.kind {
+                        EventKind::Disabled {
+                            ip: Some(ip),
+                            asynchronous: true,
+                        } => c.stop_ip = Some(ip),
+                        EventKind::Enabled { .. } => c.stop_ip = None,
+                        _ => {}
+                    }
+                }
             }
         }
         c.len = n;
@@ -143,6 +181,11 @@ impl ThreadClock {
     pub fn end_time(&self) -> u64 {
         self.runs.last().map_or(0, |&(_, t)| t)
     }
+
+    /// The time run `k` is known to have lasted until (see the field), if the stream says.
+    pub fn run_until(&self, k: usize) -> Option<u64> {
+        self.until.get(k).copied().flatten()
+    }
 }
 
 /// One run in the global order.
@@ -165,24 +208,60 @@ pub struct GlobalOrder {
 }
 
 impl GlobalOrder {
-    /// Merges the threads' runs; thread `t` of the order is `clocks[t]`.
+    /// Merges the threads' runs; thread `t` of the order is `clocks[t]`. A run known to have
+    /// lasted until a later time ([`ThreadClock::run_until`]) is spread evenly over that
+    /// stretch of the clock: it is cut where another thread's run begins inside it, and each
+    /// piece is placed at its own time, so that what another thread did while it ran is put
+    /// among its instructions rather than after all of them.
     pub fn new(clocks: &[ThreadClock]) -> Self {
-        let mut all: Vec<(u64, u32, u32, u64, u64)> = Vec::new();
+        // Where runs begin: the times a spread run is cut at.
+        let mut starts: Vec<u64> = clocks
+            .iter()
+            .flat_map(|c| c.runs.iter().map(|&(_, t)| t))
+            .collect();
+        starts.sort_unstable();
+        starts.dedup();
+        // (time, a piece cut from a run: it comes after the runs that begin at its time, the
+        // thread, the piece's place in the thread, its first instruction, its length).
+        let mut all: Vec<(u64, bool, u32, u32, u64, u64)> = Vec::new();
         for (t, c) in clocks.iter().enumerate() {
+            // Pieces in the thread's own order.
+            let mut seq = 0u32;
+            let mut piece = |time: u64, cut: bool, first: u64, len: u64| {
+                all.push((time, cut, t as u32, seq, first, len));
+                seq += 1;
+            };
             for (k, &(first, time)) in c.runs.iter().enumerate() {
                 let end = c.runs.get(k + 1).map_or(c.len, |&(f, _)| f);
-                if end > first {
-                    all.push((time, t as u32, k as u32, first, end - first));
+                if end <= first {
+                    continue;
                 }
+                let n = end - first;
+                let Some(until) = c.run_until(k).filter(|&u| u > time && n > 1) else {
+                    piece(time, false, first, n);
+                    continue;
+                };
+                let (mut at, mut at_time, mut cut_here) = (first, time, false);
+                let inside = &starts[starts.partition_point(|&s| s <= time)..];
+                for &s in &inside[..inside.partition_point(|&s| s < until)] {
+                    // The instruction the run had reached at time `s`, at an even pace.
+                    let cut = first
+                        + (u128::from(s - time) * u128::from(n) / u128::from(until - time)) as u64;
+                    if cut > at && cut < end {
+                        piece(at_time, cut_here, at, cut - at);
+                        (at, at_time, cut_here) = (cut, s, true);
+                    }
+                }
+                piece(at_time, cut_here, at, end - at);
             }
         }
-        // By time, then thread, then position in the thread (which keeps each thread's runs in
-        // their own order: its times never decrease).
-        all.sort_unstable_by_key(|&(time, t, k, _, _)| (time, t, k));
+        // By time, then thread, then position in the thread (which keeps each thread's pieces
+        // in their own order: their times never decrease).
+        all.sort_unstable_by_key(|&(time, cut, t, k, _, _)| (time, cut, t, k));
         let mut threads: Vec<Vec<(u64, u64)>> = clocks.iter().map(|_| Vec::new()).collect();
         let mut runs = Vec::with_capacity(all.len());
         let mut g = 0u64;
-        for &(_, t, _, first, len) in &all {
+        for &(_, _, t, _, first, len) in &all {
             runs.push(Run {
                 global: g,
                 thread: t,
@@ -302,6 +381,62 @@ mod tests {
         assert_eq!(o.executed_before(0, 12), 10);
         assert_eq!(o.executed_before(0, 32), 20);
         assert_eq!(o.executed_before(1, 0), 0);
+    }
+
+    #[test]
+    fn a_run_lasts_until_the_next_stamp_only_while_traced_throughout() {
+        let mut c = ThreadClock::default();
+        c.push(0, 10);
+        c.push(5, 20);
+        // Traced throughout from 10 to 20.
+        assert_eq!(c.run_until(0), Some(20));
+        // A stamp written as the thread left (a system call): the run lasted until then.
+        c.close(30);
+        assert_eq!(c.run_until(1), Some(30));
+        // After a TIP.PGD without such a stamp, the next run's stamp is not the last one's end.
+        c.push(8, 40);
+        c.close(40);
+        c.push(9, 50);
+        assert_eq!((c.run_until(2), c.run_until(3)), (None, None));
+        // Instructions before the stream's first stamp (time 0) have no known start.
+        let mut z = ThreadClock::default();
+        z.push(0, 0);
+        z.push(3, 50);
+        assert_eq!(z.run_until(0), None);
+        // A backend's exact runs last as long as their instructions.
+        let exact = ThreadClock::from_runs([(0, 5), (10, 30)], 20);
+        assert_eq!((exact.run_until(0), exact.run_until(1)), (None, None));
+    }
+
+    #[test]
+    fn a_run_that_lasted_is_cut_where_another_thread_began() {
+        // A: 100 instructions from time 10, lasting until 1010; B: 10 instructions at 500, the
+        // time A had reached its instruction 49 (490 of 1000 ticks).
+        let a = ThreadClock {
+            runs: vec![(0, 10)],
+            until: vec![Some(1010)],
+            len: 100,
+            closed: true,
+            stop_ip: None,
+        };
+        let b = ThreadClock::from_runs([(0, 500)], 10);
+        for (o, ta, tb) in [
+            (GlobalOrder::new(&[a.clone(), b.clone()]), 0, 1),
+            (GlobalOrder::new(&[b, a]), 1, 0),
+        ] {
+            assert_eq!(o.len(), 110);
+            // A0..48 | B0..9 | A49..99, whichever thread comes first in the list.
+            assert_eq!(o.local(48), Some((ta, 48)));
+            assert_eq!(o.local(49), Some((tb, 0)));
+            assert_eq!(o.local(58), Some((tb, 9)));
+            assert_eq!(o.local(59), Some((ta, 49)));
+            assert_eq!(o.local(109), Some((ta, 99)));
+            for g in 0..110 {
+                let (t, n) = o.local(g).unwrap();
+                assert_eq!(o.global(t, n), Some(g), "{g}");
+                assert_eq!(o.executed_before(t, g), n);
+            }
+        }
     }
 
     #[test]

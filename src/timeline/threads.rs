@@ -1160,6 +1160,29 @@ mod tests {
         assert_eq!(o.global(0, 10), Some(14));
     }
 
+    /// X traced throughout from TSC 100 to 300 (its 5 instructions then took that long), Y's
+    /// run beginning at 200: Y comes after X's first two instructions, whichever is listed first.
+    #[test]
+    fn a_thread_traced_throughout_interleaves_with_what_ran_meanwhile() {
+        use super::synth::continuous_tsc_stream;
+        let img = image();
+        let x = continuous_tsc_stream(0x1000, &[(100, 5), (300, 4)]);
+        let cx = ThreadClock::from_trace(&x, &img, &FlowConfig::default());
+        let cy = ThreadClock::from_trace(&streams().1, &img, &FlowConfig::default());
+        assert_eq!(cx.runs(), &[(0, 100), (5, 300)]);
+        assert_eq!(cx.run_until(0), Some(300));
+        // Its last run ends at a TIP.PGD with no later stamp: only its start is known.
+        assert_eq!((cx.run_until(1), cy.run_until(0)), (None, None));
+        for (clocks, tx, ty) in [([cx.clone(), cy.clone()], 0, 1), ([cy, cx], 1, 0)] {
+            let o = GlobalOrder::new(&clocks);
+            assert_eq!(o.local(1), Some((tx, 1)));
+            assert_eq!(o.local(2), Some((ty, 0)));
+            assert_eq!(o.local(5), Some((ty, 3)));
+            assert_eq!(o.local(6), Some((tx, 2)));
+            assert_eq!(o.local(9), Some((tx, 5)));
+        }
+    }
+
     #[test]
     fn reverse_and_forward_continue_stop_in_the_thread_nearest_in_global_order() {
         let (x, y) = streams();

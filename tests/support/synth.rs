@@ -8,11 +8,26 @@ use super::packet::{Encoder, IpKind, Packet, Tnt};
 /// A thread's PT stream as a CPU tracing it into its own AUX area writes it: PSB+, TIP.PGE at
 /// `base` (a `jne .`), then per run a TSC packet of `runs[k].0` and `runs[k].1` taken branches
 /// (the last run ends with one not taken), and TIP.PGD (no IP) at the `ret` after it, which is
-/// not counted.
+/// not counted. Between two runs the thread leaves user space (FUP + TIP.PGD at `base`, as an
+/// interrupt that preempts it, then TIP.PGE there), so each run lasted only as long as it took.
 pub fn tsc_stream(base: u64, runs: &[(u64, u8)]) -> Vec<u8> {
+    stamped_stream(base, runs, true)
+}
+
+/// [`tsc_stream`] traced throughout: each run lasted until the next one's TSC.
+pub fn continuous_tsc_stream(base: u64, runs: &[(u64, u8)]) -> Vec<u8> {
+    stamped_stream(base, runs, false)
+}
+
+fn stamped_stream(base: u64, runs: &[(u64, u8)], preempted: bool) -> Vec<u8> {
     let (mut enc, mut out) = enabled_at(base);
     let last = runs.len() - 1;
     for (k, &(tsc, taken)) in runs.iter().enumerate() {
+        if k > 0 && preempted {
+            enc.ip_packet(IpKind::Fup, Some(base), &mut out).unwrap();
+            enc.ip_packet(IpKind::TipPgd, None, &mut out).unwrap();
+            enc.ip_packet(IpKind::TipPge, Some(base), &mut out).unwrap();
+        }
         enc.packet(&Packet::Tsc { tsc }, &mut out).unwrap();
         let mut bits = vec![true; taken as usize];
         if k == last {

@@ -388,8 +388,18 @@ impl QemuRecording {
         self.temp.is_none() || self.keep
     }
 
-    /// Progress while running: (instructions on the global clock, trace bytes in files).
-    pub fn progress(&mut self) -> (u64, u64) {
+    /// The global instruction clock now (`None` before the plugin created it): at a stop, no
+    /// thread's stream holds a later stamp.
+    pub fn clock_now(&mut self) -> Option<u64> {
+        self.map_clock();
+        self.clock.as_ref().map(|m| {
+            // SAFETY: the mapping is 8 bytes, page-aligned, and updated atomically by the plugin.
+            let a = unsafe { &*(m.as_ptr() as *const AtomicU64) };
+            a.load(Ordering::Acquire)
+        })
+    }
+
+    fn map_clock(&mut self) {
         if self.clock.is_none()
             && let Ok(f) = std::fs::File::open(self.dir.join(CLOCK_FILE))
             && f.metadata().is_ok_and(|m| m.len() >= 8)
@@ -398,6 +408,11 @@ impl QemuRecording {
             // writes it with atomic operations.
             self.clock = unsafe { memmap2::Mmap::map(&f) }.ok();
         }
+    }
+
+    /// Progress while running: (instructions on the global clock, trace bytes in files).
+    pub fn progress(&mut self) -> (u64, u64) {
+        self.map_clock();
         let insns = self.clock.as_ref().map_or(0, |m| {
             // SAFETY: the mapping is 8 bytes, page-aligned, and updated atomically by the plugin.
             let a = unsafe { &*(m.as_ptr() as *const AtomicU64) };

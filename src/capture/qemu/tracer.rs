@@ -137,6 +137,10 @@ pub struct ThreadTracer<'b> {
     prev: Option<&'b BlockInfo>,
     prev_reached: u64,
     unsynced: u64,
+    /// The clock when the running block's system call entered the kernel
+    /// ([`at_system_call`](Self::at_system_call)), written before that block's TIP.PGD once the
+    /// block is decided (when the thread is back from the kernel, often much later).
+    entry_stamp: Option<u64>,
     stats: TracerStats,
 }
 
@@ -151,6 +155,7 @@ impl<'b> ThreadTracer<'b> {
             prev: None,
             prev_reached: 0,
             unsynced: 0,
+            entry_stamp: None,
             stats: TracerStats::default(),
         }
     }
@@ -174,6 +179,18 @@ impl<'b> ThreadTracer<'b> {
             self.prev_reached = b.reached();
         }
         self.stats.blocks += 1;
+    }
+
+    /// The running block's system call is entering the kernel (QEMU's system-call callback):
+    /// takes the clock now, so the stream can say when this thread left user space. Without
+    /// that stamp, a run of instructions would be known only by when it began, and another
+    /// thread's work that truly came later (a flag this thread set, then a system call) could
+    /// be ordered before it ([`GlobalOrder`](crate::history::GlobalOrder) spreads a run over
+    /// the clock until its end stamp).
+    pub fn at_system_call(&mut self) {
+        if self.enc.is_tracing() && self.prev.is_some() && self.entry_stamp.is_none() {
+            self.entry_stamp = Some(self.sync_clock());
+        }
     }
 
     /// The thread stops being traced here (it exits, the process dies or `execve` replaces it):
@@ -266,9 +283,18 @@ impl<'b> ThreadTracer<'b> {
         // place (never counting the block in full).
         let cut = reached.is_none_or(|d| d.saturating_add(1) < u64::from(n))
             && next.is_some_and(|x| self.handlers.is_some_and(|h| h.contains(x)));
+        let entry = self.entry_stamp.take();
         let executed = match successor(p, next).filter(|_| !cut) {
             Some(cofi) => {
+                let was_tracing = self.enc.is_tracing();
                 self.stamp_at(p.start);
+                if let (Some(t), true, Cofi::KernelEntry | Cofi::SoftwareInterrupt) =
+                    (entry, was_tracing, cofi)
+                {
+                    // When the thread left user space, not when it came back (now).
+                    self.enc.tsc_now(t);
+                    self.stats.tsc_stamps += 1;
+                }
                 self.enc.block(
                     p.start,
                     u64::from(n),
@@ -317,6 +343,7 @@ impl<'b> ThreadTracer<'b> {
         }
         let Some(d) = reached.filter(|&d| d < u64::from(n)) else {
             // Unknown position: count nothing of the block.
+            self.leave_stamp();
             self.enc.async_transfer(p.start);
             self.stats.async_inexact += 1;
             return 0;
@@ -350,6 +377,7 @@ impl<'b> ThreadTracer<'b> {
                         next_ip: target,
                     },
                 );
+                self.leave_stamp();
                 self.enc.async_transfer(target);
                 if p.class == InsnClass::DirectJump {
                     self.stats.async_exact += 1;
@@ -362,6 +390,7 @@ impl<'b> ThreadTracer<'b> {
                 // It cannot fault, so it completed: a signal between blocks.
                 self.stamp_at(p.start);
                 self.enc.straight(p.start, u64::from(n));
+                self.leave_stamp();
                 self.enc.async_transfer(p.fallthrough);
                 self.stats.async_exact += 1;
                 u64::from(n)
@@ -387,7 +416,18 @@ impl<'b> ThreadTracer<'b> {
             self.stamp_at(p.start);
             self.enc.straight(p.start, u64::from(d));
         }
+        self.leave_stamp();
         self.enc.async_transfer(p.insn_ip(d));
+    }
+
+    /// A TSC packet from the clock right before an asynchronous transfer ends the run (a fault,
+    /// a signal): when the thread left it.
+    fn leave_stamp(&mut self) {
+        if self.enc.is_tracing() {
+            let t = self.sync_clock();
+            self.enc.tsc_now(t);
+            self.stats.tsc_stamps += 1;
+        }
     }
 }
 
@@ -488,6 +528,51 @@ mod tests {
         expected.extend([0x1006, 0x1001]);
         assert_eq!(ips, expected);
         assert_eq!(t.stats().instructions, 10);
+    }
+
+    /// The clock taken at a system call's entry is written before its TIP.PGD, not the later
+    /// clock of when the block is decided (the thread's return from the kernel).
+    #[test]
+    fn a_system_call_is_stamped_when_it_enters_the_kernel() {
+        // 0x2000: nop; syscall. 0x2003: jmp 0x2000.
+        let mut img = Image::new();
+        img.add(Section::new(
+            0x2000,
+            vec![0x90, 0x0f, 0x05, 0xeb, 0xfb],
+            "s",
+        ))
+        .expect("section");
+        let call = BlockInfo::new(&[0x2000, 0x2001], &[0x0f, 0x05]).expect("b");
+        let back = BlockInfo::new(&[0x2003], &[0xeb, 0xfb]).expect("b");
+        let clock = AtomicU64::new(0);
+        let mut t = ThreadTracer::new(TracerConfig::default(), &clock);
+        t.on_block(&call);
+        t.on_block(&back);
+        t.on_block(&call);
+        // Other threads run 100 instructions, then this one enters the kernel, where it stays
+        // while others run 1000 more.
+        clock.fetch_add(100, Ordering::Relaxed);
+        t.at_system_call();
+        let entered = clock.load(Ordering::Relaxed);
+        clock.fetch_add(1000, Ordering::Relaxed);
+        t.on_block(&back);
+        t.finish();
+        let trace = t.encoder().take_output();
+        assert_eq!(
+            decode(&trace, &img),
+            vec![0x2000, 0x2001, 0x2003, 0x2000, 0x2001, 0x2003]
+        );
+        let c = crate::history::ThreadClock::from_trace(&trace, &img, &FlowConfig::default());
+        // The decoder dates the blocks that have no packet of their own by the next timing
+        // packet: the stamp either ends the run before the call or starts the call's own run.
+        let ends: Vec<_> = (0..c.runs().len()).filter_map(|k| c.run_until(k)).collect();
+        assert!(
+            ends.contains(&entered) || c.runs().iter().any(|&(_, t)| t == entered),
+            "{:?} {ends:?}",
+            c.runs()
+        );
+        // Back from the kernel: stamped after the others' 1000.
+        assert!(c.end_time() > entered + 1000, "{:?}", c.runs());
     }
 
     #[test]

@@ -571,6 +571,9 @@ impl LiveBackend for QemuLive {
             .ok_or_else(|| "no code image".to_string())?
             .1;
         let mut errors = Vec::new();
+        // Every thread is stopped or held: the clock is where each stopped thread's last run
+        // ended at the latest.
+        let now = self.rec.clock_now();
         for (k, s) in self.streams.iter_mut().enumerate() {
             if s.finished {
                 continue;
@@ -579,7 +582,7 @@ impl LiveBackend for QemuLive {
             let done = if ended {
                 s.finish_from_file(&dir, pid)
             } else {
-                s.sync_at(&dir, pid, pc, image)
+                s.sync_at(&dir, pid, pc, now, image)
             };
             match done {
                 Ok(d) => {

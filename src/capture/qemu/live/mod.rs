@@ -968,13 +968,15 @@ fn unlinked_copy(qemu: &Path) -> std::io::Result<(std::os::fd::OwnedFd, PathBuf)
 /// is where it went: a TNT bit for a conditional branch, a TIP for an indirect one; a system
 /// call the thread is inside of or returns from: TIP.PGD as the plugin writes it, then TIP.PGE
 /// at `pc`), and
-/// FUP(`pc`) + TIP.PGD. The instruction at `pc` is not counted as executed. Returns how it was
-/// done (for `monitor stats`).
+/// FUP(`pc`) + TIP.PGD, preceded by a TSC packet of `now` (the global clock at the stop, when
+/// known: the thread's last run lasted until then, at most). The instruction at `pc` is not
+/// counted as executed. Returns how it was done (for `monitor stats`).
 pub fn complete_at_pc(
     written: u64,
     out: &mut Vec<u8>,
     tail: &super::output::TailState,
     pc: u64,
+    now: Option<u64>,
     image: &Image,
 ) -> String {
     use crate::capture::soft::classify::decode_insn;
@@ -1055,6 +1057,14 @@ pub fn complete_at_pc(
         }
         note = format!("{note} ({done} of the {insns} instructions of the block at {start:#x})");
     }
+    if let Some(t) = now {
+        let _ = encode_packet(
+            &Packet::Tsc {
+                tsc: t & ((1 << 56) - 1),
+            },
+            out,
+        );
+    }
     let _ = enc.ip_packet(IpKind::Fup, Some(pc), out);
     let _ = enc.ip_packet(IpKind::TipPgd, None, out);
     note
@@ -1108,7 +1118,7 @@ mod tests {
             tnt: (0, 0),
         };
         let written = trace.len() as u64;
-        complete_at_pc(written, &mut trace, &tail, pc, img);
+        complete_at_pc(written, &mut trace, &tail, pc, None, img);
         let mut dec = FlowDecoder::new(&trace, img, FlowConfig::default());
         let (mut ips, mut errors) = (Vec::new(), Vec::new());
         while let Some(item) = dec.next_item() {
@@ -1154,6 +1164,37 @@ mod tests {
         // shows at its end.
         let clock = crate::history::ThreadClock::from_trace(&trace, &img, &FlowConfig::default());
         assert_eq!((clock.len(), clock.stop_ip()), (2, Some(0x1007)));
+    }
+
+    /// The clock at the stop ends the stopped thread's last run: the stream's last stamp is
+    /// it, whether it ends that run or dates the instructions walked to the stop PC.
+    #[test]
+    fn a_live_stream_is_stamped_with_the_clock_at_the_stop() {
+        use crate::packet::{Encoder, IpKind, Packet, encode_packet};
+        let img = image();
+        let mut trace = Vec::new();
+        let mut enc = Encoder::new();
+        enc.psb(&mut trace);
+        let _ = encode_packet(&Packet::Tsc { tsc: 100 }, &mut trace);
+        let _ = encode_packet(&Packet::PsbEnd, &mut trace);
+        let _ = enc.ip_packet(IpKind::TipPge, Some(0x1000), &mut trace);
+        let tail = TailState {
+            file_offset: trace.len() as u64,
+            bytes: Vec::new(),
+            tracing: true,
+            in_flight: Some((0x1000, 3, u64::MAX, 0)),
+            tnt: (0, 0),
+        };
+        let written = trace.len() as u64;
+        complete_at_pc(written, &mut trace, &tail, 0x1020, Some(500), &img);
+        let c = crate::history::ThreadClock::from_trace(&trace, &img, &FlowConfig::default());
+        assert_eq!(c.len(), 3);
+        let last = c.runs().len() - 1;
+        assert!(
+            c.end_time() == 500 || c.run_until(last) == Some(500),
+            "{:?}",
+            c.runs()
+        );
     }
 
     #[test]

@@ -107,12 +107,13 @@ impl LiveStream {
 
     /// The stream up to where the thread is stopped: the new bytes of its file, then
     /// [`complete_at_pc`] at `pc` (`None`: where it is is unknown, and the block its tail file
-    /// says was running is not counted).
+    /// says was running is not counted), stamped with the clock `now`.
     pub(super) fn sync_at(
         &mut self,
         dir: &Path,
         pid: u32,
         pc: Option<u64>,
+        now: Option<u64>,
         image: &Image,
     ) -> Result<Synced, String> {
         let Some(mut bytes) = self.read_new(dir, pid)? else {
@@ -127,7 +128,7 @@ impl LiveStream {
         let note = match tail {
             Some(tail) => {
                 let at = pc.or(tail.in_flight.map(|b| b.0));
-                at.map(|at| complete_at_pc(written, &mut bytes, &tail, at, image))
+                at.map(|at| complete_at_pc(written, &mut bytes, &tail, at, now, image))
             }
             None => None,
         };
