@@ -13,11 +13,14 @@
 //!
 //! The order is exact where the timestamps are: a backend that serialises the threads and
 //! stamps every switch (the software backend) gives the true interleaving; QEMU runs guest
-//! threads in parallel and stamps at every return from the kernel and every 4 K instructions,
-//! so two threads' runs that overlap in time are ordered by the run's first stamp — exact across
-//! any synchronisation through the kernel (a lock that waits, a join, a pipe), approximate
-//! inside runs that truly ran at once. Streams without timing packets (time 0 throughout) are
-//! ordered thread after thread.
+//! threads in parallel and stamps at every return from the kernel, every 4 K instructions and
+//! as a thread leaves (a system call's entry, a fault, a live stop). A run whose end the stream
+//! knows (the thread was traced until its next stamp, or a stamp came right before the TIP.PGD
+//! that ended it) is spread over the clock it lasted, at an even pace, and cut where another
+//! thread's run begins inside it; a run ended by a TIP.PGD alone lasts only its instructions.
+//! So the order is exact across any synchronisation through the kernel (a lock that waits, a
+//! join, a pipe) and approximate, to within a run's spread, between runs that truly ran at
+//! once. Streams without timing packets (time 0 throughout) are ordered thread after thread.
 
 use crate::flow::{BlockItem, EventKind, FlowConfig, FlowDecoder};
 use crate::image::Image;
