@@ -1101,13 +1101,22 @@ mod tests {
     }
 
     /// A stream whose block at 0x1000 (`insns` instructions) is running, nothing of it
-    /// written yet, tracing on from a PSB+ with TIP.PGE at the block start already in the
-    /// file, completed at the stop `pc` (the stream and its decoded IPs and errors).
-    fn completed_stream(img: &Image, insns: u32, pc: u64) -> (Vec<u8>, Vec<u64>, Vec<String>) {
+    /// written yet, tracing on from a PSB+ (with a TSC of `tsc`, if given) and TIP.PGE at the
+    /// block start already in the file, completed at the stop `pc` with the clock `now`.
+    fn stopped_stream(
+        img: &Image,
+        insns: u32,
+        pc: u64,
+        tsc: Option<u64>,
+        now: Option<u64>,
+    ) -> Vec<u8> {
         use crate::packet::{Encoder, IpKind, Packet, encode_packet};
         let mut enc = Encoder::new();
         let mut trace = Vec::new();
         enc.psb(&mut trace);
+        if let Some(tsc) = tsc {
+            let _ = encode_packet(&Packet::Tsc { tsc }, &mut trace);
+        }
         let _ = encode_packet(&Packet::PsbEnd, &mut trace);
         let _ = enc.ip_packet(IpKind::TipPge, Some(0x1000), &mut trace);
         let tail = TailState {
@@ -1118,7 +1127,13 @@ mod tests {
             tnt: (0, 0),
         };
         let written = trace.len() as u64;
-        complete_at_pc(written, &mut trace, &tail, pc, None, img);
+        complete_at_pc(written, &mut trace, &tail, pc, now, img);
+        trace
+    }
+
+    /// [`stopped_stream`] with no clock: the stream and its decoded IPs and errors.
+    fn completed_stream(img: &Image, insns: u32, pc: u64) -> (Vec<u8>, Vec<u64>, Vec<String>) {
+        let trace = stopped_stream(img, insns, pc, None, None);
         let mut dec = FlowDecoder::new(&trace, img, FlowConfig::default());
         let (mut ips, mut errors) = (Vec::new(), Vec::new());
         while let Some(item) = dec.next_item() {
@@ -1170,23 +1185,8 @@ mod tests {
     /// it, whether it ends that run or dates the instructions walked to the stop PC.
     #[test]
     fn a_live_stream_is_stamped_with_the_clock_at_the_stop() {
-        use crate::packet::{Encoder, IpKind, Packet, encode_packet};
         let img = image();
-        let mut trace = Vec::new();
-        let mut enc = Encoder::new();
-        enc.psb(&mut trace);
-        let _ = encode_packet(&Packet::Tsc { tsc: 100 }, &mut trace);
-        let _ = encode_packet(&Packet::PsbEnd, &mut trace);
-        let _ = enc.ip_packet(IpKind::TipPge, Some(0x1000), &mut trace);
-        let tail = TailState {
-            file_offset: trace.len() as u64,
-            bytes: Vec::new(),
-            tracing: true,
-            in_flight: Some((0x1000, 3, u64::MAX, 0)),
-            tnt: (0, 0),
-        };
-        let written = trace.len() as u64;
-        complete_at_pc(written, &mut trace, &tail, 0x1020, Some(500), &img);
+        let trace = stopped_stream(&img, 3, 0x1020, Some(100), Some(500));
         let c = crate::history::ThreadClock::from_trace(&trace, &img, &FlowConfig::default());
         assert_eq!(c.len(), 3);
         let last = c.runs().len() - 1;
