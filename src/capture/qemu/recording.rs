@@ -601,6 +601,10 @@ impl Recorded {
             return;
         }
         let counters = std::fs::read(self.dir.join(output::COUNTERS_FILE)).ok();
+        // The clock when the process died: no thread's last run lasted longer.
+        let now = std::fs::read(self.dir.join(CLOCK_FILE))
+            .ok()
+            .and_then(|b| Some(u64::from_ne_bytes(b.get(..8)?.try_into().ok()?)));
         let image = self.mmap_image().image;
         let dir = self.dir.clone();
         for t in self.threads.iter_mut().filter(|t| t.meta.is_none()) {
@@ -613,6 +617,7 @@ impl Recorded {
                 &mut t.trace,
                 &tail,
                 counters.as_deref(),
+                now,
                 &image,
             ));
         }
@@ -1018,12 +1023,13 @@ impl Recorded {
     }
 }
 
-/// Appends to `trace` what the tail file says was not written when the thread stopped; returns a
-/// description of what was done.
+/// Appends to `trace` what the tail file says was not written when the thread stopped, the
+/// thread's end stamped with the clock `now` when known; returns a description of what was done.
 pub fn complete_stream(
     trace: &mut Vec<u8>,
     tail: &TailState,
     counters: Option<&[u8]>,
+    now: Option<u64>,
     image: &Image,
 ) -> String {
     use crate::capture::soft::classify::decode_insn;
@@ -1076,6 +1082,14 @@ pub fn complete_stream(
             let _ = enc.ip_packet(IpKind::TipPge, Some(start), &mut out);
         }
         if tail.tracing || d > 0 {
+            if let Some(t) = now {
+                let _ = encode_packet(
+                    &Packet::Tsc {
+                        tsc: t & ((1 << 56) - 1),
+                    },
+                    &mut out,
+                );
+            }
             let _ = enc.ip_packet(IpKind::Fup, Some(ip), &mut out);
             let _ = enc.ip_packet(IpKind::TipPgd, None, &mut out);
         }
@@ -1108,4 +1122,48 @@ pub fn interpreter_of(program: &Path) -> Option<PathBuf> {
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::flow::FlowConfig;
+    use crate::history::ThreadClock;
+    use crate::image::Section;
+    use crate::packet::{Encoder, IpKind, Packet, encode_packet};
+
+    /// A killed thread's stream, its block at 0x1000 (three `nop`s) two instructions in:
+    /// completed with the clock at the death, its last run lasted until then.
+    #[test]
+    fn a_killed_threads_stream_ends_with_the_clock() {
+        let mut img = Image::new();
+        img.add(Section::new(0x1000, vec![0x90; 4], "nops"))
+            .unwrap();
+        let completed = |now| {
+            let mut trace = Vec::new();
+            let mut enc = Encoder::new();
+            enc.psb(&mut trace);
+            let _ = encode_packet(&Packet::Tsc { tsc: 100 }, &mut trace);
+            let _ = encode_packet(&Packet::PsbEnd, &mut trace);
+            let _ = enc.ip_packet(IpKind::TipPge, Some(0x1000), &mut trace);
+            let tail = TailState {
+                file_offset: trace.len() as u64,
+                bytes: Vec::new(),
+                tracing: true,
+                in_flight: Some((0x1000, 3, 0, 0)),
+                tnt: (0, 0),
+            };
+            let counters = 2u64.to_ne_bytes();
+            complete_stream(&mut trace, &tail, Some(&counters), now, &img);
+            ThreadClock::from_trace(&trace, &img, &FlowConfig::default())
+        };
+        let lasted = |c: &ThreadClock| {
+            let last = c.runs().len() - 1;
+            c.end_time() == 500 || c.run_until(last) == Some(500)
+        };
+        let c = completed(Some(500));
+        assert_eq!((c.len(), c.stop_ip()), (2, Some(0x1002)));
+        assert!(lasted(&c), "{:?}", c.runs());
+        assert!(!lasted(&completed(None)));
+    }
 }
