@@ -205,9 +205,12 @@ pub struct GlobalOrder {
     /// Per thread: each run's first instruction and global position.
     threads: Vec<Vec<(u64, u64)>>,
     lens: Vec<u64>,
-    /// Every run with at least one instruction, in global order.
+    /// Every run with at least one instruction, in global order (a spread run's pieces each
+    /// count as one).
     runs: Vec<Run>,
     total: u64,
+    /// Runs spread over the clock they lasted.
+    spread: usize,
 }
 
 impl GlobalOrder {
@@ -227,6 +230,7 @@ impl GlobalOrder {
         // (time, a piece cut from a run: it comes after the runs that begin at its time, the
         // thread, the piece's place in the thread, its first instruction, its length).
         let mut all: Vec<(u64, bool, u32, u32, u64, u64)> = Vec::new();
+        let mut spread = 0;
         for (t, c) in clocks.iter().enumerate() {
             // Pieces in the thread's own order.
             let mut seq = 0u32;
@@ -244,6 +248,7 @@ impl GlobalOrder {
                     piece(time, false, first, n);
                     continue;
                 };
+                spread += 1;
                 let (mut at, mut at_time, mut cut_here) = (first, time, false);
                 let inside = &starts[starts.partition_point(|&s| s <= time)..];
                 for &s in &inside[..inside.partition_point(|&s| s < until)] {
@@ -277,7 +282,14 @@ impl GlobalOrder {
             lens: clocks.iter().map(ThreadClock::len).collect(),
             runs,
             total: g,
+            spread,
         }
+    }
+
+    /// Runs in the order (each piece of a spread run counted), and how many runs were spread
+    /// over the clock they lasted (`monitor stats`).
+    pub fn runs(&self) -> (usize, usize) {
+        (self.runs.len(), self.spread)
     }
 
     /// Instructions of all threads.
@@ -428,6 +440,8 @@ mod tests {
             (GlobalOrder::new(&[b, a]), 1, 0),
         ] {
             assert_eq!(o.len(), 110);
+            // A's run in two pieces, B's whole.
+            assert_eq!(o.runs(), (3, 1));
             // A0..48 | B0..9 | A49..99, whichever thread comes first in the list.
             assert_eq!(o.local(48), Some((ta, 48)));
             assert_eq!(o.local(49), Some((tb, 0)));

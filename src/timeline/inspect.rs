@@ -252,6 +252,18 @@ impl Timeline {
                 None => format!("{} (present)", self.len()),
             },
         );
+        if let Some(g) = &self.group {
+            let (runs, spread) = g.order.runs();
+            line(
+                "global order",
+                format!(
+                    "{} threads, {runs} runs by time; {spread} spread over the clock they lasted \
+                     (approximate, to within a run, between threads that synchronise through \
+                     memory alone)",
+                    g.tids.len()
+                ),
+            );
+        }
         let group_check = self.live_group_check();
         let recorded = self
             .live
