@@ -542,6 +542,45 @@ pub struct TailState {
     pub tnt: (u64, u8),
 }
 
+/// Appends a TSC packet of the global clock `now` (if known) to a stream being completed where
+/// its thread stopped: how long the thread's last run lasted, at most (see
+/// [`ThreadClock::run_until`](crate::history::ThreadClock::run_until)).
+pub fn stamp_end(now: Option<u64>, out: &mut Vec<u8>) {
+    use crate::packet::{Packet, encode_packet};
+    if let Some(t) = now {
+        let _ = encode_packet(
+            &Packet::Tsc {
+                tsc: t & ((1 << 56) - 1),
+            },
+            out,
+        );
+    }
+}
+
+/// A stream of the tests that complete streams: PSB+ (with a TSC of `tsc`, if given) and
+/// TIP.PGE at 0x1000, and the tail of a thread running the block there (`insns` instructions,
+/// its counter at index `counter` from 0), nothing of it written yet.
+#[cfg(test)]
+pub(crate) fn started_stream(tsc: Option<u64>, insns: u32, counter: u64) -> (Vec<u8>, TailState) {
+    use crate::packet::{Encoder, IpKind, Packet, encode_packet};
+    let mut enc = Encoder::new();
+    let mut trace = Vec::new();
+    enc.psb(&mut trace);
+    if let Some(tsc) = tsc {
+        let _ = encode_packet(&Packet::Tsc { tsc }, &mut trace);
+    }
+    let _ = encode_packet(&Packet::PsbEnd, &mut trace);
+    let _ = enc.ip_packet(IpKind::TipPge, Some(0x1000), &mut trace);
+    let tail = TailState {
+        file_offset: trace.len() as u64,
+        bytes: Vec::new(),
+        tracing: true,
+        in_flight: Some((0x1000, insns, counter, 0)),
+        tnt: (0, 0),
+    };
+    (trace, tail)
+}
+
 impl TailState {
     /// Parses a tail file's contents; `None` if it is not one.
     pub fn read(data: &[u8]) -> Option<TailState> {

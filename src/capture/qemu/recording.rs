@@ -1082,14 +1082,7 @@ pub fn complete_stream(
             let _ = enc.ip_packet(IpKind::TipPge, Some(start), &mut out);
         }
         if tail.tracing || d > 0 {
-            if let Some(t) = now {
-                let _ = encode_packet(
-                    &Packet::Tsc {
-                        tsc: t & ((1 << 56) - 1),
-                    },
-                    &mut out,
-                );
-            }
+            output::stamp_end(now, &mut out);
             let _ = enc.ip_packet(IpKind::Fup, Some(ip), &mut out);
             let _ = enc.ip_packet(IpKind::TipPgd, None, &mut out);
         }
@@ -1130,7 +1123,6 @@ mod tests {
     use crate::flow::FlowConfig;
     use crate::history::ThreadClock;
     use crate::image::Section;
-    use crate::packet::{Encoder, IpKind, Packet, encode_packet};
 
     /// A killed thread's stream, its block at 0x1000 (three `nop`s) two instructions in:
     /// completed with the clock at the death, its last run lasted until then.
@@ -1140,19 +1132,7 @@ mod tests {
         img.add(Section::new(0x1000, vec![0x90; 4], "nops"))
             .unwrap();
         let completed = |now| {
-            let mut trace = Vec::new();
-            let mut enc = Encoder::new();
-            enc.psb(&mut trace);
-            let _ = encode_packet(&Packet::Tsc { tsc: 100 }, &mut trace);
-            let _ = encode_packet(&Packet::PsbEnd, &mut trace);
-            let _ = enc.ip_packet(IpKind::TipPge, Some(0x1000), &mut trace);
-            let tail = TailState {
-                file_offset: trace.len() as u64,
-                bytes: Vec::new(),
-                tracing: true,
-                in_flight: Some((0x1000, 3, 0, 0)),
-                tnt: (0, 0),
-            };
+            let (mut trace, tail) = output::started_stream(Some(100), 3, 0);
             let counters = 2u64.to_ne_bytes();
             complete_stream(&mut trace, &tail, Some(&counters), now, &img);
             ThreadClock::from_trace(&trace, &img, &FlowConfig::default())

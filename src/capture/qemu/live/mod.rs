@@ -1057,14 +1057,7 @@ pub fn complete_at_pc(
         }
         note = format!("{note} ({done} of the {insns} instructions of the block at {start:#x})");
     }
-    if let Some(t) = now {
-        let _ = encode_packet(
-            &Packet::Tsc {
-                tsc: t & ((1 << 56) - 1),
-            },
-            out,
-        );
-    }
+    super::output::stamp_end(now, out);
     let _ = enc.ip_packet(IpKind::Fup, Some(pc), out);
     let _ = enc.ip_packet(IpKind::TipPgd, None, out);
     note
@@ -1087,7 +1080,7 @@ impl Drop for QemuLive {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::capture::qemu::output::TailState;
+    use crate::capture::qemu::output::started_stream;
     use crate::flow::{EventKind, FlowConfig, FlowDecoder, Item};
     use crate::image::Section;
 
@@ -1110,22 +1103,7 @@ mod tests {
         tsc: Option<u64>,
         now: Option<u64>,
     ) -> Vec<u8> {
-        use crate::packet::{Encoder, IpKind, Packet, encode_packet};
-        let mut enc = Encoder::new();
-        let mut trace = Vec::new();
-        enc.psb(&mut trace);
-        if let Some(tsc) = tsc {
-            let _ = encode_packet(&Packet::Tsc { tsc }, &mut trace);
-        }
-        let _ = encode_packet(&Packet::PsbEnd, &mut trace);
-        let _ = enc.ip_packet(IpKind::TipPge, Some(0x1000), &mut trace);
-        let tail = TailState {
-            file_offset: trace.len() as u64,
-            bytes: Vec::new(),
-            tracing: true,
-            in_flight: Some((0x1000, insns, u64::MAX, 0)),
-            tnt: (0, 0),
-        };
+        let (mut trace, tail) = started_stream(tsc, insns, u64::MAX);
         let written = trace.len() as u64;
         complete_at_pc(written, &mut trace, &tail, pc, now, img);
         trace
