@@ -35,8 +35,6 @@ pub struct ThreadClock {
     /// written right before the TIP.PGD that ended it. `None`: only its start is known.
     until: Vec<Option<u64>>,
     len: u64,
-    /// The last run has seen a TIP.PGD (its end, unless a later stamp came before it).
-    closed: bool,
     /// Where the thread was stopped at the end of its stream by an asynchronous transfer
     /// (FUP + TIP.PGD: a fault, a signal that killed it): that instruction did not execute.
     stop_ip: Option<u64>,
@@ -61,8 +59,7 @@ impl ThreadClock {
             last_first = Some(first);
             last_time = last_time.max(time);
             // Runs a backend knows directly are exact: each lasts as long as its instructions.
-            c.closed = true;
-            c.push(first, last_time);
+            c.push(first, last_time, false);
         }
         if let Some(first) = c.runs.first_mut() {
             // Instructions before the first stamp run at the first stamp's time.
@@ -78,35 +75,35 @@ impl ThreadClock {
     /// or later: a stamp that goes back (a TSC a little behind the last MTC estimate, or a
     /// per-CPU trace's piece whose PSB+ repeats an older TSC) continues the last run, so a
     /// thread's times never decrease and [`GlobalOrder`] keeps its instructions in order.
-    fn push(&mut self, first: u64, time: u64) {
+    /// `lasted`: the last run was traced throughout until this stamp, so it lasted until
+    /// `time`. Returns whether a run was started.
+    fn push(&mut self, first: u64, time: u64, lasted: bool) -> bool {
         match self.runs.last() {
-            Some(&(_, t)) if t >= time => {}
-            _ => {
-                if !self.closed
-                    && self.runs.last().is_some_and(|&(_, t)| t > 0)
+            Some(&(_, t)) if t >= time => false,
+            last => {
+                // A run before the stream's first stamp (time 0) has no known start to spread
+                // from.
+                if lasted
+                    && last.is_some_and(|&(_, t)| t > 0)
                     && let Some(u) = self.until.last_mut()
                 {
-                    // Traced throughout until this stamp: the last run lasted until it (a run
-                    // before the stream's first stamp has no known start to spread from).
                     *u = Some(time);
                 }
                 self.runs.push((first, time));
                 self.until.push(None);
-                self.closed = false;
+                true
             }
         }
     }
 
-    /// Tracing stopped (TIP.PGD) at `time`: the last run ends here, and lasted until `time`
-    /// if that is a later stamp (one written as the thread left: a system call, a fault).
-    fn close(&mut self, time: u64) {
-        if !self.closed
-            && let (Some(&(_, t)), Some(u)) = (self.runs.last(), self.until.last_mut())
+    /// The last run ended where tracing stopped (TIP.PGD) at `time`: it lasted until then if
+    /// that is a later stamp (one written as the thread left: a system call, a fault).
+    fn ended_at(&mut self, time: u64) {
+        if let (Some(&(_, t)), Some(u)) = (self.runs.last(), self.until.last_mut())
             && time > t
         {
             *u = Some(time);
         }
-        self.closed = true;
     }
 
     /// Decodes `trace` once (over `image`) and groups its instructions by the decoder's
@@ -116,18 +113,23 @@ impl ThreadClock {
         let mut c = ThreadClock::default();
         let mut dec = FlowDecoder::new(trace, image, cfg.clone());
         let mut n = 0u64;
+        // The last run has been traced throughout since it began (no TIP.PGD yet).
+        let mut traced = false;
         while let Some(item) = dec.next_block() {
             match item {
                 BlockItem::Block(b) => {
                     if b.count > 0 {
-                        c.push(n, b.time);
+                        traced |= c.push(n, b.time, traced);
                         n += u64::from(b.count);
                         c.stop_ip = None;
                     }
                 }
                 BlockItem::Event(e) => {
                     if let EventKind::Disabled { .. } = e.kind {
-                        c.close(e.time);
+                        if traced {
+                            c.ended_at(e.time);
+                        }
+                        traced = false;
                     }
                     match e.kind {
                         EventKind::Disabled {
@@ -401,22 +403,22 @@ mod tests {
     #[test]
     fn a_run_lasts_until_the_next_stamp_only_while_traced_throughout() {
         let mut c = ThreadClock::default();
-        c.push(0, 10);
-        c.push(5, 20);
+        c.push(0, 10, false);
+        c.push(5, 20, true);
         // Traced throughout from 10 to 20.
         assert_eq!(c.run_until(0), Some(20));
         // A stamp written as the thread left (a system call): the run lasted until then.
-        c.close(30);
+        c.ended_at(30);
         assert_eq!(c.run_until(1), Some(30));
-        // After a TIP.PGD without such a stamp, the next run's stamp is not the last one's end.
-        c.push(8, 40);
-        c.close(40);
-        c.push(9, 50);
+        // A TIP.PGD without such a stamp, then the next run: the stamp is not the last one's end.
+        c.push(8, 40, false);
+        c.ended_at(40);
+        c.push(9, 50, false);
         assert_eq!((c.run_until(2), c.run_until(3)), (None, None));
         // Instructions before the stream's first stamp (time 0) have no known start.
         let mut z = ThreadClock::default();
-        z.push(0, 0);
-        z.push(3, 50);
+        z.push(0, 0, false);
+        z.push(3, 50, true);
         assert_eq!(z.run_until(0), None);
         // A backend's exact runs last as long as their instructions.
         let exact = ThreadClock::from_runs([(0, 5), (10, 30)], 20);
@@ -431,7 +433,6 @@ mod tests {
             runs: vec![(0, 10)],
             until: vec![Some(1010)],
             len: 100,
-            closed: true,
             stop_ip: None,
         };
         let b = ThreadClock::from_runs([(0, 500)], 10);
