@@ -412,12 +412,7 @@ impl QemuRecording {
 
     /// Progress while running: (instructions on the global clock, trace bytes in files).
     pub fn progress(&mut self) -> (u64, u64) {
-        self.map_clock();
-        let insns = self.clock.as_ref().map_or(0, |m| {
-            // SAFETY: the mapping is 8 bytes, page-aligned, and updated atomically by the plugin.
-            let a = unsafe { &*(m.as_ptr() as *const AtomicU64) };
-            a.load(Ordering::Relaxed)
-        });
+        let insns = self.clock_now().unwrap_or(0);
         let bytes = std::fs::read_dir(&self.dir)
             .map(|rd| {
                 rd.flatten()
