@@ -124,22 +124,19 @@ impl ThreadClock {
                         c.stop_ip = None;
                     }
                 }
-                BlockItem::Event(e) => {
-                    if let EventKind::Disabled { .. } = e.kind {
+                BlockItem::Event(e) => match e.kind {
+                    EventKind::Disabled { ip, asynchronous } => {
                         if traced {
                             c.ended_at(e.time);
                         }
                         traced = false;
+                        if let (Some(ip), true) = (ip, asynchronous) {
+                            c.stop_ip = Some(ip);
+                        }
                     }
-                    match e.kind {
-                        EventKind::Disabled {
-                            ip: Some(ip),
-                            asynchronous: true,
-                        } => c.stop_ip = Some(ip),
-                        EventKind::Enabled { .. } => c.stop_ip = None,
-                        _ => {}
-                    }
-                }
+                    EventKind::Enabled { .. } => c.stop_ip = None,
+                    _ => {}
+                },
             }
         }
         c.len = n;
