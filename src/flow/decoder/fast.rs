@@ -76,13 +76,13 @@ impl FlowDecoder<'_> {
             // before it (store forwarding), the single largest cost of a replayed block.
             // `settle_path` takes back what it hands to the queue instead.
             self.n_insns += slot.insns as u64;
-            self.n_runs += slot.len as u64;
+            self.n_runs += slot.len() as u64;
             self.ip = slot.end_ip;
             self.next_blk = slot.end_blk;
-            self.tnt_count = slot.end_count;
+            self.tnt_count = slot.end_count as u32;
             self.tnt_walked = slot.end_walked as u64;
             self.path_pos = slot.at;
-            self.path_end = slot.at + slot.len;
+            self.path_end = slot.at + slot.len();
             return Some(at);
         }
         self.cache.paths.maybe_clear();
@@ -178,9 +178,13 @@ impl FlowDecoder<'_> {
         let key = std::mem::take(&mut self.rec_key);
         let paths = &mut self.cache.paths;
         let len = paths.elems.len() as u32 - self.rec_at;
-        if len == 0 || end_walked > u32::MAX as u64 {
+        let (Some(len_m1), Ok(end_count), Ok(end_walked)) = (
+            len.checked_sub(1).and_then(|l| u8::try_from(l).ok()),
+            u8::try_from(end_count),
+            u16::try_from(end_walked),
+        ) else {
             return;
-        }
+        };
         let blocks = &self.cache.blocks;
         let insns: u64 = paths.elems[self.rec_at as usize..]
             .iter()
@@ -197,9 +201,9 @@ impl FlowDecoder<'_> {
             end_ip,
             end_blk,
             end_count,
-            end_walked: end_walked as u32,
+            end_walked,
             at: self.rec_at,
-            len,
+            len_m1,
             insns,
         };
     }

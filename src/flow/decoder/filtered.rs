@@ -198,7 +198,7 @@ impl<W: FnMut(u64, &[u8]) -> bool> Skip<'_, W> {
         let Some(elems) = cache
             .paths
             .elems
-            .get(s.at as usize..(s.at + s.len) as usize)
+            .get(s.at as usize..(s.at + s.len()) as usize)
         else {
             return v;
         };
