@@ -1037,11 +1037,78 @@ fn missing_code_and_runaway_walks_are_errors() {
             ..
         }
     ));
+    // The limit counts the whole walk to the TIP, also the part the fast path walked.
+    assert_eq!(ips(&items).len(), 1000);
     // Enabled at an address with no code.
     let mut g = Gen::new();
     g.psb_off().pge64(0xe000).tnt(&[true]);
     let t = text(&run(&g.out, &img));
     assert_eq!(t, s(&["en e000", "err NoCode Some(e000)"]));
+}
+
+/// The runs `next_block` hands out, as `(start, count, class)`.
+fn runs(pt: &[u8], img: &Image) -> Vec<(u64, u32, String)> {
+    let mut dec = FlowDecoder::new(pt, img, FlowConfig::default());
+    let mut out = Vec::new();
+    while let Some(b) = dec.next_block() {
+        if let BlockItem::Block(b) = b {
+            out.push((b.start, b.count, b.class.name().to_string()));
+        }
+    }
+    out
+}
+
+/// A direct CALL into a PLT stub whose indirect JMP takes the next TIP: the fast path walks the
+/// CALL's block before the TIP without the general path, and still hands out the runs the
+/// general path did (the stub's branch a run of its own when the stub has more instructions),
+/// so `decode --format blocks` does not depend on the path taken.
+#[test]
+fn blocks_walked_before_a_tip_are_the_general_paths_runs() {
+    // 1000: call 2000; 1005: nop
+    // 2000: endbr64; 2004: jmp [rip+0x100]          (the stub of an IBT-enabled PLT)
+    // 2100: jmp [rip+0x100]                         (a plain PLT stub)
+    // 3000: nop; 3001: syscall
+    let img = image(&[
+        (0x1000, &[0xE8, 0xFB, 0x0F, 0x00, 0x00, 0x90]),
+        (
+            0x2000,
+            &[0xF3, 0x0F, 0x1E, 0xFA, 0xFF, 0x25, 0x00, 0x01, 0x00, 0x00],
+        ),
+        (0x2100, &[0xFF, 0x25, 0x00, 0x01, 0x00, 0x00]),
+        (0x3000, &[0x90, 0x0F, 0x05]),
+    ]);
+    let mut g = Gen::new();
+    g.psb_off()
+        .pge64(0x1000)
+        .ip(IpKind::Tip, Some(0x3000))
+        .ip(IpKind::TipPgd, None);
+    assert_eq!(
+        text(&run(&g.out, &img)),
+        s(&["en 1000", "1000", "2000", "2004", "3000", "3001", "dis"])
+    );
+    assert_eq!(
+        runs(&g.out, &img),
+        vec![
+            (0x1000, 1, "call".to_string()),
+            (0x2000, 1, "other".to_string()),
+            (0x2004, 1, "ind-jump".to_string()),
+            (0x3000, 2, "syscall".to_string()),
+        ]
+    );
+    // The same through a one-instruction stub: one run.
+    let img = image(&[
+        (0x1000, &[0xE8, 0xFB, 0x10, 0x00, 0x00, 0x90]),
+        (0x2100, &[0xFF, 0x25, 0x00, 0x01, 0x00, 0x00]),
+        (0x3000, &[0x90, 0x0F, 0x05]),
+    ]);
+    assert_eq!(
+        runs(&g.out, &img),
+        vec![
+            (0x1000, 1, "call".to_string()),
+            (0x2100, 1, "ind-jump".to_string()),
+            (0x3000, 2, "syscall".to_string()),
+        ]
+    );
 }
 
 #[test]

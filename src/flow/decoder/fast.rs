@@ -119,16 +119,29 @@ impl FlowDecoder<'_> {
             6 => (IpCompression::Full, 8),
             _ => return None,
         };
-        let payload = buf.get(pos + 1..pos + 1 + len)?;
-        let raw = payload
-            .iter()
-            .rev()
-            .fold(0u64, |acc, &b| (acc << 8) | b as u64);
+        let raw = match buf.get(pos + 1..pos + 9) {
+            // One load where eight bytes follow (all but the end of the trace), masked to the
+            // payload's length.
+            Some(w) => {
+                let w = u64::from_le_bytes(w.try_into().ok()?);
+                w & (u64::MAX >> (64 - 8 * len))
+            }
+            None => buf
+                .get(pos + 1..pos + 1 + len)?
+                .iter()
+                .rev()
+                .fold(0u64, |acc, &b| (acc << 8) | b as u64),
+        };
+        let idx = self.cur_block();
+        if self.rec_key == 0 {
+            if let Some(step) = self.step_before_tip(idx) {
+                return Some(step);
+            }
+        }
         let pl = IpPayload::new(compression, raw);
         let Ok(Some(target)) = self.last_ip.reconstruct(pl) else {
             return None;
         };
-        let idx = self.cur_block();
         let b = &self.cache.blocks[idx as usize];
         let (n, next) = (b.n, b.next);
         match b.term {
@@ -137,6 +150,20 @@ impl FlowDecoder<'_> {
                 self.ret.pop();
             }
             Term::Insn(c) if c.needs_tip() => {
+                if self.tip_walked > 0 && n > 1 {
+                    // Blocks were walked to this one since the last packet: hand it out as the
+                    // general path does after such a walk, its branch a run of its own, so
+                    // that runs (`decode --format blocks`) do not depend on the path taken.
+                    let b = *b;
+                    let _ = self.last_ip.apply(pl);
+                    self.pkt.set_position(pos + 1 + len);
+                    self.cur_offset = pos as u64;
+                    self.tip_walked = 0;
+                    self.emit_run(idx, 0, n - 1);
+                    self.take_branch(idx, &b, c, target);
+                    self.next_blk = u32::MAX;
+                    return None;
+                }
                 if c == InsnClass::IndirectCall {
                     self.ret.push(next);
                 }
@@ -146,8 +173,53 @@ impl FlowDecoder<'_> {
         let _ = self.last_ip.apply(pl);
         self.pkt.set_position(pos + 1 + len);
         self.cur_offset = pos as u64;
+        self.tip_walked = 0;
         self.ip = target;
         self.next_blk = u32::MAX;
+        self.n_insns += n as u64;
+        self.n_runs += 1;
+        Some(idx)
+    }
+
+    /// A block before the TIP's branch that needs no packet (it ends in a direct CALL or JMP,
+    /// or in no branch): walked and handed out whole, the TIP left for a later block. A call
+    /// into a PLT stub is the usual case (the stub's indirect JMP takes the TIP). Nothing else
+    /// can bind here: the next packet is the TIP, so no event (FUP, TIP.PGD, PTW) is pending.
+    /// `None` for the other block ends, and past the walk's runaway limit (the general path
+    /// reports it, counting from where the walk to the TIP began: [`Self::tip_walked`]).
+    #[inline(always)]
+    fn step_before_tip(&mut self, idx: u32) -> Option<u32> {
+        let b = &self.cache.blocks[idx as usize];
+        let n = b.n;
+        if self.tip_walked + n as u64 > self.cfg.max_walk {
+            return None;
+        }
+        let (which, link) = match b.term {
+            Term::Insn(InsnClass::DirectJump) => {
+                self.ip = b.target;
+                (1, b.succ[1])
+            }
+            Term::Insn(InsnClass::DirectCall) => {
+                let (next, target, link) = (b.next, b.target, b.succ[1]);
+                if target != next {
+                    self.ret.push(next);
+                }
+                self.ip = target;
+                (1, link)
+            }
+            Term::Insn(InsnClass::Other | InsnClass::Special | InsnClass::Ptwrite)
+            | Term::Limit => {
+                self.ip = b.next;
+                (0, b.succ[0])
+            }
+            _ => return None,
+        };
+        self.tip_walked += n as u64;
+        self.next_blk = if link != u32::MAX {
+            link
+        } else {
+            self.cache.succ(self.image, idx, which, self.ip)
+        };
         self.n_insns += n as u64;
         self.n_runs += 1;
         Some(idx)

@@ -195,19 +195,28 @@ impl RetStack {
             len: 0,
         }
     }
+    // The ring wraps with a compare, not `%`: the depth is a run-time value, so a remainder
+    // compiled to a division at every CALL and RET.
     #[inline]
     fn push(&mut self, ip: u64) {
-        self.top = (self.top + 1) % self.buf.len();
-        self.buf[self.top] = ip;
-        self.len = (self.len + 1).min(self.buf.len());
+        let cap = self.buf.len();
+        self.top = if self.top + 1 >= cap { 0 } else { self.top + 1 };
+        if let Some(slot) = self.buf.get_mut(self.top) {
+            *slot = ip;
+        }
+        self.len = (self.len + 1).min(cap);
     }
     #[inline]
     fn pop(&mut self) -> Option<u64> {
         if self.len == 0 {
             return None;
         }
-        let v = self.buf[self.top];
-        self.top = (self.top + self.buf.len() - 1) % self.buf.len();
+        let v = *self.buf.get(self.top)?;
+        self.top = if self.top == 0 {
+            self.buf.len() - 1
+        } else {
+            self.top - 1
+        };
         self.len -= 1;
         Some(v)
     }
@@ -243,6 +252,10 @@ pub struct FlowDecoder<'a> {
     /// Cache index of the block at `ip` when the TNT walk knows it through a successor link
     /// (`u32::MAX` or stale otherwise: checked against `ip` and `mode` before use).
     next_blk: u32,
+    /// Instructions [`Self::step_before_tip`] walked since the last packet, towards the branch
+    /// of the TIP that comes next (0 when it walked none): the TIP's walk counts them against
+    /// the runaway limit, and the branch's block is handed out as the general path would.
+    tip_walked: u64,
     /// Replay of a recorded TNT walk: the path elements `path_pos .. path_end` are still to be
     /// handed out (the walk's end state is already applied).
     path_pos: u32,
@@ -291,6 +304,7 @@ impl<'a> FlowDecoder<'a> {
             tnt_count: 0,
             tnt_walked: 0,
             next_blk: u32::MAX,
+            tip_walked: 0,
             path_pos: 0,
             path_end: 0,
             rec_key: 0,
@@ -331,6 +345,7 @@ impl<'a> FlowDecoder<'a> {
         self.n_runs -= rest_runs;
         self.path_pos = self.path_end;
         self.rec_key = 0;
+        self.tip_walked = 0;
         self.out.clear();
         self.events.clear();
         self.claims.clear();

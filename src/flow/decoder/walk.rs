@@ -249,6 +249,8 @@ impl FlowDecoder<'_> {
 
     /// A TIP: walk to the indirect branch, uncompressed RET or far transfer it belongs to.
     pub(super) fn tip(&mut self, target: u64) {
+        // The fast path may have walked part of the way already.
+        let mut walked = std::mem::take(&mut self.tip_walked);
         match self.state {
             State::Enabled => {}
             State::Disabled if self.ovf_pending.is_some() && !self.cfg.errata.skd010 => {
@@ -277,7 +279,6 @@ impl FlowDecoder<'_> {
             }
             _ => return,
         }
-        let mut walked = 0u64;
         loop {
             let idx = self.cache.get(self.image, self.ip, self.mode);
             let b: CachedBlock = self.cache.blocks[idx as usize];
