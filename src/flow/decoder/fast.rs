@@ -105,12 +105,12 @@ impl FlowDecoder<'_> {
         {
             return None;
         }
-        let buf = self.pkt.buffer();
-        let pos = self.pkt.position();
-        let b0 = *buf.get(pos)?;
+        let b0 = self.skip_pads_and_timing()?;
         if b0 & 0x1f != 0x0d {
             return None;
         }
+        let buf = self.pkt.buffer();
+        let pos = self.pkt.position();
         let (compression, len) = match b0 >> 5 {
             1 => (IpCompression::Update16, 2),
             2 => (IpCompression::Update32, 4),
@@ -150,15 +150,17 @@ impl FlowDecoder<'_> {
                 self.ret.pop();
             }
             Term::Insn(c) if c.needs_tip() => {
-                if self.tip_walked > 0 && n > 1 {
-                    // Blocks were walked to this one since the last packet: hand it out as the
-                    // general path does after such a walk, its branch a run of its own, so
-                    // that runs (`decode --format blocks`) do not depend on the path taken.
+                if (self.tip_walked > 0 || self.timed) && n > 1 {
+                    // Blocks were walked to this one since the last packet, or timing packets
+                    // came before the TIP: before the fast paths took these, the general path
+                    // did, and it hands the block out with its branch a run of its own. So it
+                    // is here: runs (`decode --format blocks`) stay what they were.
                     let b = *b;
                     let _ = self.last_ip.apply(pl);
                     self.pkt.set_position(pos + 1 + len);
                     self.cur_offset = pos as u64;
                     self.tip_walked = 0;
+                    self.timed = false;
                     self.emit_run(idx, 0, n - 1);
                     self.take_branch(idx, &b, c, target);
                     self.next_blk = u32::MAX;
@@ -174,6 +176,7 @@ impl FlowDecoder<'_> {
         self.pkt.set_position(pos + 1 + len);
         self.cur_offset = pos as u64;
         self.tip_walked = 0;
+        self.timed = false;
         self.ip = target;
         self.next_blk = u32::MAX;
         self.n_insns += n as u64;
@@ -330,23 +333,14 @@ impl FlowDecoder<'_> {
         if self.pushback.is_some() || self.pkt.block_context().is_some() {
             return false;
         }
-        let buf = self.pkt.buffer();
-        let start = self.pkt.position();
-        let mut pos = start;
-        let b = loop {
-            match buf.get(pos) {
-                Some(0) => pos += 1,
-                Some(&b) => break b,
-                None => break 1,
-            }
+        let Some(b) = self.skip_pads_and_timing() else {
+            return false;
         };
         if b & 1 != 0 || b == 2 {
-            if pos != start {
-                // Only PADs were consumed.
-                self.pkt.set_position(pos);
-            }
             return false;
         }
+        let pos = self.pkt.position();
+        self.timed = false;
         let payload = b >> 1;
         // The stop bit is the highest set bit; its index is the number of outcomes.
         let count = 7 - payload.leading_zeros() as u8;
@@ -355,5 +349,53 @@ impl FlowDecoder<'_> {
         self.cur_offset = pos as u64;
         self.tnt(Tnt::new(bits, count));
         true
+    }
+
+    /// Consumes the PADs, and the CYC and MTC packets (applied to the clock as the general path
+    /// applies them, [`Self::next_packet_with`]), before the next packet; its first byte, `None`
+    /// at the end of the buffer. With cycle-accurate tracing a CYC comes before most TNT and
+    /// TIP packets: left to the general path, they kept every walk out of the path cache.
+    /// Only outside a BBP block, where a byte with bits `11` at the bottom is always a CYC.
+    #[inline(always)]
+    pub(super) fn skip_pads_and_timing(&mut self) -> Option<u8> {
+        loop {
+            let buf = self.pkt.buffer();
+            let start = self.pkt.position();
+            let mut pos = start;
+            while buf.get(pos) == Some(&0) {
+                pos += 1;
+            }
+            let b = *buf.get(pos)?;
+            if pos != start {
+                self.pkt.set_position(pos);
+            }
+            if (b & 3 != 3 && b != 0x59) || !self.timing_packet() {
+                return Some(b);
+            }
+            self.timed = true;
+        }
+    }
+
+    /// The CYC or MTC packet at the current position, applied; `false` (nothing consumed) for
+    /// anything else, a packet error included (the general path reports it).
+    #[inline(never)]
+    fn timing_packet(&mut self) -> bool {
+        let at = self.pkt.position();
+        match self.pkt.next_packet() {
+            Some(Ok((off, Packet::Cyc { value }))) => {
+                if !(self.cfg.errata.skd007 && self.skd007_ovf_in_cyc(off)) {
+                    self.time.cyc(value);
+                }
+                true
+            }
+            Some(Ok((_, Packet::Mtc { ctc }))) => {
+                self.time.mtc(ctc);
+                true
+            }
+            _ => {
+                self.pkt.set_position(at);
+                false
+            }
+        }
     }
 }

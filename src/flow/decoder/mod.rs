@@ -256,6 +256,9 @@ pub struct FlowDecoder<'a> {
     /// of the TIP that comes next (0 when it walked none): the TIP's walk counts them against
     /// the runaway limit, and the branch's block is handed out as the general path would.
     tip_walked: u64,
+    /// The fast path consumed CYC or MTC packets since the last other packet (see
+    /// [`Self::skip_pads_and_timing`]).
+    timed: bool,
     /// Replay of a recorded TNT walk: the path elements `path_pos .. path_end` are still to be
     /// handed out (the walk's end state is already applied).
     path_pos: u32,
@@ -305,6 +308,7 @@ impl<'a> FlowDecoder<'a> {
             tnt_walked: 0,
             next_blk: u32::MAX,
             tip_walked: 0,
+            timed: false,
             path_pos: 0,
             path_end: 0,
             rec_key: 0,
@@ -346,6 +350,7 @@ impl<'a> FlowDecoder<'a> {
         self.path_pos = self.path_end;
         self.rec_key = 0;
         self.tip_walked = 0;
+        self.timed = false;
         self.out.clear();
         self.events.clear();
         self.claims.clear();

@@ -56,6 +56,7 @@ impl FlowDecoder<'_> {
                     Packet::Cbr { ratio } => self.time.cbr(ratio),
                     _ => {
                         self.cur_offset = off;
+                        self.timed = false;
                         return Some(f(self, off, p));
                     }
                 },
