@@ -1111,6 +1111,78 @@ fn blocks_walked_before_a_tip_are_the_general_paths_runs() {
     );
 }
 
+/// CYC and MTC packets between TNT packets and before a TIP (cycle-accurate tracing): the fast
+/// paths consume them and apply them to the clock exactly as the general path does (every
+/// instruction's time, checked by `decode_items` against `next_item`), and hand out the runs
+/// the general path did.
+#[test]
+fn timing_packets_before_tnt_and_tip_keep_times_and_runs() {
+    let img = image(&[(0x1000, LOOP_CODE)]);
+    let mut g = Gen::new();
+    g.psb_off()
+        .p(Packet::Tsc { tsc: 1_000_000 })
+        .p(Packet::Tma { ctc: 0, fc: 0 })
+        .p(Packet::Cbr { ratio: 20 })
+        .pge64(0x1000)
+        .p(Packet::Mtc { ctc: 1 })
+        .tnt(&[true, false])
+        .p(Packet::Cyc { value: 7 })
+        .p(Packet::Cyc { value: 300 })
+        .p(Packet::Mtc { ctc: 2 })
+        .tnt(&[true, true])
+        .p(Packet::Cyc { value: 5 })
+        .ip(IpKind::TipPgd, None);
+    let cfg = FlowConfig {
+        timing: ptrewind::packet::time::TimingConfig {
+            mtc_freq: 3,
+            ctc_ratio: (2, 1),
+            max_nonturbo_ratio: 10,
+        },
+        ..FlowConfig::default()
+    };
+    let items = decode_items(&g.out, &img, cfg);
+    assert_eq!(text(&items), s(LOOP_PATH));
+    let mut times: Vec<u64> = items
+        .iter()
+        .filter_map(|i| match i {
+            Item::Insn(x) => Some(x.time),
+            _ => None,
+        })
+        .collect();
+    times.dedup();
+    assert!(times.len() >= 3, "the packets moved the clock: {times:?}");
+
+    // 1000: nop; 1001: jmp [rip+0x100]: the TIP's block. 3000: nop; 3001: syscall.
+    let img = image(&[
+        (0x1000, &[0x90, 0xFF, 0x25, 0x00, 0x01, 0x00, 0x00]),
+        (0x3000, &[0x90, 0x0F, 0x05]),
+    ]);
+    let tip_after = |timing: &[Packet]| {
+        let mut g = Gen::new();
+        g.psb_off().pge64(0x1000);
+        for p in timing {
+            g.p(*p);
+        }
+        g.ip(IpKind::Tip, Some(0x3000)).ip(IpKind::TipPgd, None);
+        let _ = run(&g.out, &img);
+        runs(&g.out, &img)
+    };
+    let whole = vec![
+        (0x1000, 2, "ind-jump".to_string()),
+        (0x3000, 2, "syscall".to_string()),
+    ];
+    let split = vec![
+        (0x1000, 1, "other".to_string()),
+        (0x1001, 1, "ind-jump".to_string()),
+        (0x3000, 2, "syscall".to_string()),
+    ];
+    assert_eq!(tip_after(&[]), whole);
+    // With a CYC or an MTC before it, the TIP was the general path's, which splits the block.
+    assert_eq!(tip_after(&[Packet::Cyc { value: 3 }]), split);
+    assert_eq!(tip_after(&[Packet::Mtc { ctc: 9 }]), split);
+    assert_eq!(tip_after(&[Packet::Cyc { value: 1000 }]), split);
+}
+
 #[test]
 fn blocks_and_items_agree() {
     let img = image(&[(0x1000, LOOP_CODE)]);

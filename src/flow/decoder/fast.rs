@@ -366,11 +366,20 @@ impl FlowDecoder<'_> {
                 pos += 1;
             }
             let b = *buf.get(pos)?;
-            if pos != start {
-                self.pkt.set_position(pos);
-            }
-            if (b & 3 != 3 && b != 0x59) || !self.timing_packet() {
-                return Some(b);
+            if b & 7 == 3 {
+                // A one-byte CYC (the commonest; SKD007 concerns longer ones).
+                self.pkt.set_position(pos + 1);
+                self.time.cyc((b >> 3) as u64);
+            } else if let (0x59, Some(&ctc)) = (b, buf.get(pos + 1)) {
+                self.pkt.set_position(pos + 2);
+                self.time.mtc(ctc);
+            } else {
+                if pos != start {
+                    self.pkt.set_position(pos);
+                }
+                if b & 3 != 3 || !self.timing_packet() {
+                    return Some(b);
+                }
             }
             self.timed = true;
         }
