@@ -259,6 +259,8 @@ pub struct FlowDecoder<'a> {
     /// The fast path consumed CYC or MTC packets since the last other packet (see
     /// [`Self::skip_pads_and_timing`]).
     timed: bool,
+    /// The blocks of the last `probe` (kept for its allocation).
+    probe_buf: Vec<u32>,
     /// Replay of a recorded TNT walk: the path elements `path_pos .. path_end` are still to be
     /// handed out (the walk's end state is already applied).
     path_pos: u32,
@@ -309,6 +311,7 @@ impl<'a> FlowDecoder<'a> {
             next_blk: u32::MAX,
             tip_walked: 0,
             timed: false,
+            probe_buf: Vec::new(),
             path_pos: 0,
             path_end: 0,
             rec_key: 0,

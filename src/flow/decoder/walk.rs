@@ -397,33 +397,42 @@ impl FlowDecoder<'_> {
         &mut self,
         bind: impl Fn(&CachedBlock, InsnClass) -> bool,
     ) -> Option<Vec<u32>> {
-        let mut path = Vec::new();
+        // The decoder's own buffer, handed back by `commit`: a TIP.PGD (filtered traces have
+        // one every few hundred instructions) allocated a new one.
+        let mut path = std::mem::take(&mut self.probe_buf);
+        path.clear();
         let mut ip = self.ip;
         let mut walked = 0u64;
-        loop {
+        let found = loop {
             let idx = self.cache.get(self.image, ip, self.mode);
             let b = self.cache.blocks[idx as usize];
             walked += b.n as u64;
             if walked > self.cfg.max_walk {
-                return None;
+                break false;
             }
             path.push(idx);
             match b.term {
-                Term::Insn(c) if bind(&b, c) => return Some(path),
+                Term::Insn(c) if bind(&b, c) => break true,
                 Term::Insn(InsnClass::DirectJump) | Term::Insn(InsnClass::DirectCall) => {
                     ip = b.target
                 }
-                Term::Insn(c) if c.is_branch() => return None,
+                Term::Insn(c) if c.is_branch() => break false,
                 Term::Insn(_) | Term::Limit => ip = b.next,
-                Term::NoCode | Term::BadInsn => return None,
+                Term::NoCode | Term::BadInsn => break false,
             }
+        };
+        if found {
+            Some(path)
+        } else {
+            self.probe_buf = path;
+            None
         }
     }
 
     /// Emits a probed path (pushing direct calls on the way); returns the last block.
-    pub(super) fn commit(&mut self, path: &[u32]) -> Option<CachedBlock> {
+    pub(super) fn commit(&mut self, path: Vec<u32>) -> Option<CachedBlock> {
         let mut last = None;
-        for &idx in path {
+        for &idx in &path {
             let b = self.cache.blocks[idx as usize];
             self.emit_run(idx, 0, b.n);
             if b.term == Term::Insn(InsnClass::DirectCall) && b.target != b.next {
@@ -431,6 +440,7 @@ impl FlowDecoder<'_> {
             }
             last = Some(b);
         }
+        self.probe_buf = path;
         last
     }
 
@@ -462,7 +472,7 @@ impl FlowDecoder<'_> {
         // before any of them ran: e.g. a TIP.PGE immediately followed by TIP.PGD (a tracer that
         // enables and disables at once, as in Griffin recordings). Disable right here.
         if let Some(path) = path {
-            if let Some(b) = self.commit(&path) {
+            if let Some(b) = self.commit(path) {
                 if b.term == Term::Insn(InsnClass::IndirectCall) {
                     self.ret.push(b.next);
                 }
@@ -479,7 +489,7 @@ impl FlowDecoder<'_> {
     /// PTW without IP: binds to the next PTWRITE instruction.
     pub(super) fn walk_to_ptwrite(&mut self) -> Option<u64> {
         let path = self.probe(|_, c| c == InsnClass::Ptwrite)?;
-        let b = self.commit(&path)?;
+        let b = self.commit(path)?;
         self.ip = b.next;
         Some(b.last_ip)
     }
