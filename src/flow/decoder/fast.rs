@@ -192,39 +192,13 @@ impl FlowDecoder<'_> {
     /// reports it, counting from where the walk to the TIP began: [`Self::tip_walked`]).
     #[inline(always)]
     fn step_before_tip(&mut self, idx: u32) -> Option<u32> {
-        let b = &self.cache.blocks[idx as usize];
-        let n = b.n;
+        let n = self.cache.blocks[idx as usize].n;
         if self.tip_walked + n as u64 > self.cfg.max_walk {
             return None;
         }
-        let (which, link) = match b.term {
-            Term::Insn(InsnClass::DirectJump) => {
-                self.ip = b.target;
-                (1, b.succ[1])
-            }
-            Term::Insn(InsnClass::DirectCall) => {
-                let (next, target, link) = (b.next, b.target, b.succ[1]);
-                if target != next {
-                    self.ret.push(next);
-                }
-                self.ip = target;
-                (1, link)
-            }
-            Term::Insn(InsnClass::Other | InsnClass::Special | InsnClass::Ptwrite)
-            | Term::Limit => {
-                self.ip = b.next;
-                (0, b.succ[0])
-            }
-            _ => return None,
-        };
+        let (which, link, _) = self.follow_untraced(idx)?;
         self.tip_walked += n as u64;
-        self.next_blk = if link != u32::MAX {
-            link
-        } else {
-            self.cache.succ(self.image, idx, which, self.ip)
-        };
-        self.n_insns += n as u64;
-        self.n_runs += 1;
+        self.step_to(idx, n, which, link);
         Some(idx)
     }
 

@@ -62,35 +62,64 @@ impl FlowDecoder<'_> {
                 }
                 (taken as usize, link)
             }
-            Term::Insn(InsnClass::DirectJump) => {
-                self.ip = b.target;
-                (1, b.succ[1])
-            }
-            Term::Insn(InsnClass::DirectCall) => {
-                let (next, target, link) = (b.next, b.target, b.succ[1]);
-                if target != next {
-                    self.ret.push(next);
-                    elem |= PATH_PUSH;
+            _ => match self.follow_untraced(idx) {
+                Some((which, link, pushed)) => {
+                    if pushed {
+                        elem |= PATH_PUSH;
+                    }
+                    (which, link)
                 }
-                self.ip = target;
-                (1, link)
-            }
-            Term::Insn(InsnClass::Other | InsnClass::Special | InsnClass::Ptwrite)
-            | Term::Limit => {
-                self.ip = b.next;
-                (0, b.succ[0])
-            }
-            _ => {
-                if self.rec_key != 0 {
-                    // The recorded walk ends before this block, as it stood before this step.
-                    self.finish_path(self.ip, idx, self.tnt_count, self.tnt_walked - n as u64);
+                None => {
+                    if self.rec_key != 0 {
+                        // The recorded walk ends before this block, as it stood before this
+                        // step.
+                        self.finish_path(self.ip, idx, self.tnt_count, self.tnt_walked - n as u64);
+                    }
+                    return self.tnt_step_rare(idx);
                 }
-                return self.tnt_step_rare(idx);
-            }
+            },
         };
         if self.rec_key != 0 {
             self.record_elem(elem);
         }
+        self.step_to(idx, n, which, link);
+        Some(idx)
+    }
+
+    /// Takes the end of block `idx` when it needs no trace: a direct JMP or CALL (its return
+    /// address pushed) or no branch; `ip` is then the next block's. Returns which successor
+    /// that is (0 fall-through, 1 static target), its cached link, and whether a return
+    /// address was pushed; `None` (nothing changed) for the block ends that need a packet.
+    #[inline(always)]
+    pub(super) fn follow_untraced(&mut self, idx: u32) -> Option<(usize, u32, bool)> {
+        let b = &self.cache.blocks[idx as usize];
+        match b.term {
+            Term::Insn(InsnClass::DirectJump) => {
+                self.ip = b.target;
+                Some((1, b.succ[1], false))
+            }
+            Term::Insn(InsnClass::DirectCall) => {
+                let (next, target, link) = (b.next, b.target, b.succ[1]);
+                let pushed = target != next;
+                if pushed {
+                    self.ret.push(next);
+                }
+                self.ip = target;
+                Some((1, link, pushed))
+            }
+            Term::Insn(InsnClass::Other | InsnClass::Special | InsnClass::Ptwrite)
+            | Term::Limit => {
+                self.ip = b.next;
+                Some((0, b.succ[0], false))
+            }
+            _ => None,
+        }
+    }
+
+    /// After block `idx` (`n` instructions) is handed out whole: the next block is its
+    /// successor `which`, through the link `link` when the cache has one; the block counted.
+    #[inline(always)]
+    pub(super) fn step_to(&mut self, idx: u32, n: u32, which: usize, link: u32) {
         self.next_blk = if link != u32::MAX {
             link
         } else {
@@ -98,7 +127,6 @@ impl FlowDecoder<'_> {
         };
         self.n_insns += n as u64;
         self.n_runs += 1;
-        Some(idx)
     }
 
     /// Appends a block to the recording (or drops a recording that grew too long).
