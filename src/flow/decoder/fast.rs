@@ -132,16 +132,18 @@ impl FlowDecoder<'_> {
                 .rev()
                 .fold(0u64, |acc, &b| (acc << 8) | b as u64),
         };
+        // The target first: the general path reports a TIP it cannot give an IP before it
+        // walks anything.
+        let pl = IpPayload::new(compression, raw);
+        let Ok(Some(target)) = self.last_ip.reconstruct(pl) else {
+            return None;
+        };
         let idx = self.cur_block();
         if self.rec_key == 0 {
             if let Some(step) = self.step_before_tip(idx) {
                 return Some(step);
             }
         }
-        let pl = IpPayload::new(compression, raw);
-        let Ok(Some(target)) = self.last_ip.reconstruct(pl) else {
-            return None;
-        };
         let b = &self.cache.blocks[idx as usize];
         let (n, next) = (b.n, b.next);
         match b.term {
@@ -156,11 +158,7 @@ impl FlowDecoder<'_> {
                     // did, and it hands the block out with its branch a run of its own. So it
                     // is here: runs (`decode --format blocks`) stay what they were.
                     let b = *b;
-                    let _ = self.last_ip.apply(pl);
-                    self.pkt.set_position(pos + 1 + len);
-                    self.cur_offset = pos as u64;
-                    self.tip_walked = 0;
-                    self.timed = false;
+                    self.take_tip(pl, pos, len);
                     self.emit_run(idx, 0, n - 1);
                     self.take_branch(idx, &b, c, target);
                     self.next_blk = u32::MAX;
@@ -172,16 +170,23 @@ impl FlowDecoder<'_> {
             }
             _ => return None,
         }
-        let _ = self.last_ip.apply(pl);
-        self.pkt.set_position(pos + 1 + len);
-        self.cur_offset = pos as u64;
-        self.tip_walked = 0;
-        self.timed = false;
+        self.take_tip(pl, pos, len);
         self.ip = target;
         self.next_blk = u32::MAX;
         self.n_insns += n as u64;
         self.n_runs += 1;
         Some(idx)
+    }
+
+    /// Consumes the TIP at `pos` (payload `pl`, `len` bytes): the last IP updated, the walk
+    /// towards it and the timing packets before it done with.
+    #[inline(always)]
+    fn take_tip(&mut self, pl: IpPayload, pos: usize, len: usize) {
+        let _ = self.last_ip.apply(pl);
+        self.pkt.set_position(pos + 1 + len);
+        self.cur_offset = pos as u64;
+        self.tip_walked = 0;
+        self.timed = false;
     }
 
     /// A block before the TIP's branch that needs no packet (it ends in a direct CALL or JMP,
