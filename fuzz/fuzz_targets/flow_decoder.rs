@@ -4,8 +4,8 @@
 //! a small built-in code snippet. Seed the fuzzer with real traces, e.g.
 //! `cp ../shared/corpus/libxdc-experiments/Unzip/trace /tmp/flowseeds/`.
 //!
-//! Checked: no panic, the decode ends, and the block and item views agree on the instruction
-//! count; a decode started at a PSB found by scanning (which may lie inside another packet of the
+//! Checked: no panic, the decode ends, and the block and item views give the same stream
+//! (instructions with their times, and events); a decode started at a PSB found by scanning (which may lie inside another packet of the
 //! full decode's packet stream) also terminates without panic.
 #![no_main]
 
@@ -37,8 +37,8 @@ fn image() -> &'static Image {
         corpus_image().unwrap_or_else(|| {
             // call/ret, a conditional loop, an indirect jump and a syscall at 0x400000.
             let code = [
-                0xE8, 0x0B, 0x00, 0x00, 0x00, 0x74, 0x02, 0xEB, 0xF7, 0x0F, 0x05, 0xFF, 0xE0,
-                0x90, 0x90, 0x90, 0x48, 0x31, 0xC0, 0xC3,
+                0xE8, 0x0B, 0x00, 0x00, 0x00, 0x74, 0x02, 0xEB, 0xF7, 0x0F, 0x05, 0xFF, 0xE0, 0x90,
+                0x90, 0x90, 0x48, 0x31, 0xC0, 0xC3,
             ];
             let mut img = Image::new();
             let _ = img.add(Section::new(0x400000, code.to_vec(), "builtin"));
@@ -49,22 +49,32 @@ fn image() -> &'static Image {
 
 fuzz_target!(|data: &[u8]| {
     let img = image();
-    let cfg = FlowConfig { max_walk: 1 << 16, ..FlowConfig::default() };
+    let cfg = FlowConfig {
+        max_walk: 1 << 16,
+        ..FlowConfig::default()
+    };
+    // `next_block` runs the fast paths, `next_item` only the general path: the two streams
+    // (every instruction with its time, every event) must be the same item for item.
     let mut dec = FlowDecoder::new(data, img, cfg.clone());
-    let mut from_blocks = 0u64;
+    let mut from_blocks = Vec::new();
     while let Some(b) = dec.next_block() {
-        if let BlockItem::Block(b) = b {
-            assert_eq!(b.count as usize, b.lens().len());
-            from_blocks += b.count as u64;
+        match b {
+            BlockItem::Block(b) => {
+                assert_eq!(b.count as usize, b.lens().len());
+                from_blocks.extend(b.insns().map(Item::Insn));
+            }
+            BlockItem::Event(e) => from_blocks.push(Item::Event(e)),
         }
     }
-    assert_eq!(from_blocks, dec.stats().insns);
+    let insns = from_blocks
+        .iter()
+        .filter(|i| matches!(i, Item::Insn(_)))
+        .count();
+    assert_eq!(insns as u64, dec.stats().insns);
     let mut dec = FlowDecoder::new(data, img, cfg.clone());
-    let mut items = 0u64;
+    let mut items = Vec::new();
     while let Some(i) = dec.next_item() {
-        if let Item::Insn(_) = i {
-            items += 1;
-        }
+        items.push(i);
     }
     assert_eq!(items, from_blocks);
     if let Some(psb) = ptrewind::packet::find_psb_forward(data, 1) {
