@@ -335,25 +335,17 @@ impl FlowDecoder<'_> {
                     self.error(FlowErrorKind::UnexpectedTip, Some(b.last_ip));
                     return;
                 }
-                Term::Insn(InsnClass::DirectJump) => {
-                    self.emit_run(idx, 0, b.n);
-                    self.ip = b.target;
-                }
-                Term::Insn(InsnClass::DirectCall) => {
-                    self.emit_run(idx, 0, b.n);
-                    if b.target != b.next {
-                        self.ret.push(b.next);
-                    }
-                    self.ip = b.target;
-                }
-                Term::Insn(_) | Term::Limit => {
-                    self.emit_run(idx, 0, b.n);
-                    self.ip = b.next;
-                }
                 Term::NoCode | Term::BadInsn => {
                     self.emit_run(idx, 0, b.n);
                     self.no_code(b);
                     return;
+                }
+                Term::Insn(_) | Term::Limit => {
+                    // A direct JMP or CALL, or no branch: the same step as the fast path's
+                    // walk to a TIP (`step_before_tip`), so the two cannot drift apart.
+                    self.emit_run(idx, 0, b.n);
+                    let followed = self.follow_untraced(idx);
+                    debug_assert!(followed.is_some(), "every other block end is matched above");
                 }
             }
         }
