@@ -1183,6 +1183,121 @@ fn timing_packets_before_tnt_and_tip_keep_times_and_runs() {
     assert_eq!(tip_after(&[Packet::Cyc { value: 1000 }]), split);
 }
 
+/// A filtered trace's TIP.PGD/TIP.PGE pairs (a call out of the traced range and the return into
+/// it): the fast paths take a TIP.PGD bound to one block (a direct or an indirect CALL) or to a
+/// longer path (a CALL into a PLT stub), and a TIP.PGE after timing packets and a MODE.Exec.
+/// The stream (`decode_items` holds `next_block` to `next_item`, times included), the runs and
+/// the return stack (the compressed RET at the end) are the general path's.
+#[test]
+fn filtered_disable_and_enable_pairs() {
+    // 1000: nop; 1001: call 1100; 1006: call 3000; 100b: call [rip+0x100]; 1011: ret.
+    // 1100: jmp [rip+0x100] (a PLT stub).
+    let img = image(&[
+        (
+            0x1000,
+            &[
+                0x90, 0xE8, 0xFA, 0x00, 0x00, 0x00, 0xE8, 0xF5, 0x1F, 0x00, 0x00, 0xFF, 0x15, 0x00,
+                0x01, 0x00, 0x00, 0xC3,
+            ],
+        ),
+        (0x1100, &[0xFF, 0x25, 0x00, 0x01, 0x00, 0x00]),
+    ]);
+    // The code from 100b on is the same instructions in 32-bit mode.
+    let mode32 = Packet::ModeExec {
+        csl: false,
+        csd: true,
+        iflag: false,
+    };
+    let mut g = Gen::new();
+    g.psb_off()
+        .p(Packet::Tsc { tsc: 1_000_000 })
+        .p(Packet::Tma { ctc: 0, fc: 0 })
+        .p(Packet::Cbr { ratio: 20 })
+        .pge64(0x1000)
+        .ip(IpKind::TipPgd, Some(0x2000))
+        .p(Packet::Cyc { value: 300 })
+        .p(Packet::Mtc { ctc: 1 })
+        .ip(IpKind::TipPge, Some(0x1006))
+        .ip(IpKind::TipPgd, Some(0x3000))
+        .p(Packet::Cyc { value: 5 })
+        .p(mode32)
+        .ip(IpKind::TipPge, Some(0x100b))
+        .ip(IpKind::TipPgd, Some(0x4000))
+        .p(Packet::Mtc { ctc: 2 })
+        .ip(IpKind::TipPge, Some(0x1011))
+        .tnt(&[true, true])
+        .ip(IpKind::TipPgd, Some(0x4000));
+    let cfg = FlowConfig {
+        timing: ptrewind::packet::time::TimingConfig {
+            mtc_freq: 3,
+            ctc_ratio: (2, 1),
+            max_nonturbo_ratio: 10,
+        },
+        ..FlowConfig::default()
+    };
+    let items = decode_items(&g.out, &img, cfg);
+    // The two RETs pop what the indirect CALL at 100b, then the direct CALL at 1006, pushed.
+    assert_eq!(
+        text(&items),
+        s(&[
+            "en 1000", "1000", "1001", "1100", "dis 2000", "en 1006", "1006", "dis 3000",
+            "en 100b", "100b", "dis 4000", "en 1011", "1011", "1011", "100b", "dis 4000",
+        ])
+    );
+    let mode_change = items.iter().position(|i| {
+        matches!(
+            i,
+            Item::Event(Event {
+                kind: EventKind::ModeChange {
+                    mode: ExecMode::Bits32
+                },
+                ..
+            })
+        )
+    });
+    let enabled_100b = items.iter().position(|i| {
+        matches!(
+            i,
+            Item::Event(Event {
+                kind: EventKind::Enabled { ip: 0x100b },
+                ..
+            })
+        )
+    });
+    assert_eq!(
+        mode_change.map(|k| k + 1),
+        enabled_100b,
+        "the MODE.Exec took effect at the TIP.PGE"
+    );
+    let enabled_times: Vec<u64> = items
+        .iter()
+        .filter_map(|i| match i {
+            Item::Event(Event {
+                kind: EventKind::Enabled { .. },
+                time,
+                ..
+            }) => Some(*time),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        enabled_times.windows(2).all(|w| w[0] < w[1]),
+        "the timing packets moved the clock: {enabled_times:?}"
+    );
+    assert_eq!(
+        runs(&g.out, &img),
+        vec![
+            (0x1000, 2, "call".to_string()),
+            (0x1100, 1, "ind-jump".to_string()),
+            (0x1006, 1, "call".to_string()),
+            (0x100b, 1, "ind-call".to_string()),
+            (0x1011, 1, "ret".to_string()),
+            (0x1011, 1, "ret".to_string()),
+            (0x100b, 1, "ind-call".to_string()),
+        ]
+    );
+}
+
 #[test]
 fn blocks_and_items_agree() {
     let img = image(&[(0x1000, LOOP_CODE)]);

@@ -484,6 +484,14 @@ impl<'a> FlowDecoder<'a> {
                 }
                 continue;
             }
+            if self.state == State::Disabled {
+                // A filtered trace re-enables every few hundred instructions: the TIP.PGE
+                // without the general packet decoder, when nothing else comes first.
+                self.pge_fast_path();
+                if !self.out.is_empty() {
+                    continue;
+                }
+            }
             self.fill(true);
             if self.out.is_empty() && !self.walking_tnt() {
                 return Out::End;

@@ -466,7 +466,15 @@ impl FlowDecoder<'_> {
 
     /// A TIP.PGD without FUP: tracing stopped at the next instruction that can do that (§3.5).
     pub(super) fn sync_disable(&mut self, t: Option<u64>) {
-        let path = match t {
+        let path = self.disable_path(t);
+        self.finish_disable(path, t);
+    }
+
+    /// The blocks that run before the TIP.PGD (target `t`) disables tracing: from the current
+    /// IP to the first one whose end can disable it, through instructions that need no trace.
+    /// `None` when a branch that needs trace (or missing code) comes first.
+    pub(super) fn disable_path(&mut self, t: Option<u64>) -> Option<Vec<u32>> {
+        match t {
             None if self.cfg.errata.skl014 && !self.cfg.ip_filter.is_empty() => {
                 // SKL014: a direct JMP/CALL whose target leaves the filter may give a TIP.PGD
                 // without IP.
@@ -487,7 +495,11 @@ impl FlowDecoder<'_> {
                 InsnClass::DirectJump | InsnClass::DirectCall => b.target == to,
                 _ => true,
             }),
-        };
+        }
+    }
+
+    /// Emits the blocks `path` found by [`Self::disable_path`] (if any) and disables tracing.
+    pub(super) fn finish_disable(&mut self, path: Option<Vec<u32>>, t: Option<u64>) {
         // No instruction reachable without trace can have disabled tracing, so it was disabled
         // before any of them ran: e.g. a TIP.PGE immediately followed by TIP.PGD (a tracer that
         // enables and disables at once, as in Griffin recordings). Disable right here.
@@ -498,6 +510,11 @@ impl FlowDecoder<'_> {
                 }
             }
         }
+        self.disable(t);
+    }
+
+    /// Tracing is off from here (a TIP.PGD with target `t`, bound to what was emitted before).
+    pub(super) fn disable(&mut self, t: Option<u64>) {
         self.tnt_count = 0;
         self.emit_event(EventKind::Disabled {
             ip: t,
