@@ -209,8 +209,8 @@ impl FlowDecoder<'_> {
             return None;
         };
         self.take_tip(pl, pos, len);
-        self.next_blk = u32::MAX;
         let path = self.disable_path(Some(target));
+        self.next_blk = u32::MAX;
         if let Some([idx]) = path.as_deref() {
             let idx = *idx;
             let b = &self.cache.blocks[idx as usize];

@@ -421,25 +421,27 @@ impl FlowDecoder<'_> {
         // one every few hundred instructions) allocated a new one.
         let mut path = std::mem::take(&mut self.probe_buf);
         path.clear();
-        let mut ip = self.ip;
         let mut walked = 0u64;
+        // Through the successor links, as the TNT walk goes, rather than a table lookup per
+        // block: a filtered trace probes at every TIP.PGD.
+        let mut idx = self.cur_block();
         let found = loop {
-            let idx = self.cache.get(self.image, ip, self.mode);
             let b = self.cache.blocks[idx as usize];
             walked += b.n as u64;
             if walked > self.cfg.max_walk {
                 break false;
             }
             path.push(idx);
-            match b.term {
+            let (which, ip) = match b.term {
                 Term::Insn(c) if bind(&b, c) => break true,
                 Term::Insn(InsnClass::DirectJump) | Term::Insn(InsnClass::DirectCall) => {
-                    ip = b.target
+                    (1, b.target)
                 }
                 Term::Insn(c) if c.is_branch() => break false,
-                Term::Insn(_) | Term::Limit => ip = b.next,
+                Term::Insn(_) | Term::Limit => (0, b.next),
                 Term::NoCode | Term::BadInsn => break false,
-            }
+            };
+            idx = self.cache.succ(self.image, idx, which, ip);
         };
         if found {
             Some(path)
