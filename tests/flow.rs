@@ -1047,12 +1047,12 @@ fn missing_code_and_runaway_walks_are_errors() {
 }
 
 /// The runs `next_block` hands out, as `(start, count, class)`.
-fn runs(pt: &[u8], img: &Image) -> Vec<(u64, u32, String)> {
+fn runs(pt: &[u8], img: &Image) -> Vec<(u64, u32, &'static str)> {
     let mut dec = FlowDecoder::new(pt, img, FlowConfig::default());
     let mut out = Vec::new();
     while let Some(b) = dec.next_block() {
         if let BlockItem::Block(b) = b {
-            out.push((b.start, b.count, b.class.name().to_string()));
+            out.push((b.start, b.count, b.class.name()));
         }
     }
     out
@@ -1089,10 +1089,10 @@ fn blocks_walked_before_a_tip_are_the_general_paths_runs() {
     assert_eq!(
         runs(&g.out, &img),
         vec![
-            (0x1000, 1, "call".to_string()),
-            (0x2000, 1, "other".to_string()),
-            (0x2004, 1, "ind-jump".to_string()),
-            (0x3000, 2, "syscall".to_string()),
+            (0x1000, 1, "call"),
+            (0x2000, 1, "other"),
+            (0x2004, 1, "ind-jump"),
+            (0x3000, 2, "syscall"),
         ]
     );
     // The same through a one-instruction stub: one run.
@@ -1104,9 +1104,9 @@ fn blocks_walked_before_a_tip_are_the_general_paths_runs() {
     assert_eq!(
         runs(&g.out, &img),
         vec![
-            (0x1000, 1, "call".to_string()),
-            (0x2100, 1, "ind-jump".to_string()),
-            (0x3000, 2, "syscall".to_string()),
+            (0x1000, 1, "call"),
+            (0x2100, 1, "ind-jump"),
+            (0x3000, 2, "syscall"),
         ]
     );
 }
@@ -1115,6 +1115,18 @@ fn blocks_walked_before_a_tip_are_the_general_paths_runs() {
 /// paths consume them and apply them to the clock exactly as the general path does (every
 /// instruction's time, checked by `decode_items` against `next_item`), and hand out the runs
 /// the general path did.
+/// A configuration in which MTC and CYC packets move the clock.
+fn timed_cfg() -> FlowConfig {
+    FlowConfig {
+        timing: ptrewind::packet::time::TimingConfig {
+            mtc_freq: 3,
+            ctc_ratio: (2, 1),
+            max_nonturbo_ratio: 10,
+        },
+        ..FlowConfig::default()
+    }
+}
+
 #[test]
 fn timing_packets_before_tnt_and_tip_keep_times_and_runs() {
     let img = image(&[(0x1000, LOOP_CODE)]);
@@ -1132,15 +1144,7 @@ fn timing_packets_before_tnt_and_tip_keep_times_and_runs() {
         .tnt(&[true, true])
         .p(Packet::Cyc { value: 5 })
         .ip(IpKind::TipPgd, None);
-    let cfg = FlowConfig {
-        timing: ptrewind::packet::time::TimingConfig {
-            mtc_freq: 3,
-            ctc_ratio: (2, 1),
-            max_nonturbo_ratio: 10,
-        },
-        ..FlowConfig::default()
-    };
-    let items = decode_items(&g.out, &img, cfg);
+    let items = decode_items(&g.out, &img, timed_cfg());
     assert_eq!(text(&items), s(LOOP_PATH));
     let mut times: Vec<u64> = items
         .iter()
@@ -1167,14 +1171,11 @@ fn timing_packets_before_tnt_and_tip_keep_times_and_runs() {
         let _ = run(&g.out, &img);
         runs(&g.out, &img)
     };
-    let whole = vec![
-        (0x1000, 2, "ind-jump".to_string()),
-        (0x3000, 2, "syscall".to_string()),
-    ];
+    let whole = vec![(0x1000, 2, "ind-jump"), (0x3000, 2, "syscall")];
     let split = vec![
-        (0x1000, 1, "other".to_string()),
-        (0x1001, 1, "ind-jump".to_string()),
-        (0x3000, 2, "syscall".to_string()),
+        (0x1000, 1, "other"),
+        (0x1001, 1, "ind-jump"),
+        (0x3000, 2, "syscall"),
     ];
     assert_eq!(tip_after(&[]), whole);
     // With a CYC or an MTC before it, the TIP was the general path's, which splits the block.
@@ -1227,15 +1228,7 @@ fn filtered_disable_and_enable_pairs() {
         .ip(IpKind::TipPge, Some(0x1011))
         .tnt(&[true, true])
         .ip(IpKind::TipPgd, Some(0x4000));
-    let cfg = FlowConfig {
-        timing: ptrewind::packet::time::TimingConfig {
-            mtc_freq: 3,
-            ctc_ratio: (2, 1),
-            max_nonturbo_ratio: 10,
-        },
-        ..FlowConfig::default()
-    };
-    let items = decode_items(&g.out, &img, cfg);
+    let items = decode_items(&g.out, &img, timed_cfg());
     // The two RETs pop what the indirect CALL at 100b, then the direct CALL at 1006, pushed.
     assert_eq!(
         text(&items),
@@ -1287,13 +1280,13 @@ fn filtered_disable_and_enable_pairs() {
     assert_eq!(
         runs(&g.out, &img),
         vec![
-            (0x1000, 2, "call".to_string()),
-            (0x1100, 1, "ind-jump".to_string()),
-            (0x1006, 1, "call".to_string()),
-            (0x100b, 1, "ind-call".to_string()),
-            (0x1011, 1, "ret".to_string()),
-            (0x1011, 1, "ret".to_string()),
-            (0x100b, 1, "ind-call".to_string()),
+            (0x1000, 2, "call"),
+            (0x1100, 1, "ind-jump"),
+            (0x1006, 1, "call"),
+            (0x100b, 1, "ind-call"),
+            (0x1011, 1, "ret"),
+            (0x1011, 1, "ret"),
+            (0x100b, 1, "ind-call"),
         ]
     );
 }
