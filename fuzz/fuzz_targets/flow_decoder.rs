@@ -5,8 +5,9 @@
 //! `cp ../shared/corpus/libxdc-experiments/Unzip/trace /tmp/flowseeds/`.
 //!
 //! Checked: no panic, the decode ends, and the block and item views give the same stream
-//! (instructions with their times, and events); a decode started at a PSB found by scanning (which may lie inside another packet of the
-//! full decode's packet stream) also terminates without panic.
+//! (instructions with their times, and events); a decode started at a PSB found by scanning
+//! (which may lie inside another packet of the full decode's packet stream) also terminates
+//! without panic.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

@@ -91,6 +91,21 @@ pub(crate) struct CachedBlock {
     pub succ: [u32; 2],
 }
 
+impl CachedBlock {
+    /// The return address the block's last instruction pushes onto the RET-compression stack:
+    /// a CALL's fall-through, except for a direct CALL to that same address (a zero-length
+    /// call, `call $+5`, which reads the IP), not pushed as libipt does not push it
+    /// (`tests/flow.rs zero_length_call_is_not_pushed`).
+    #[inline(always)]
+    pub fn return_address(&self) -> Option<u64> {
+        match self.term {
+            Term::Insn(InsnClass::DirectCall) if self.target != self.next => Some(self.next),
+            Term::Insn(InsnClass::IndirectCall) => Some(self.next),
+            _ => None,
+        }
+    }
+}
+
 /// A recorded TNT walk (see [`PathCache`]): what walking the bits `pattern` from block `start`
 /// produced, keyed by `(start << 8) | pattern`.
 #[derive(Debug, Clone, Copy, Default)]

@@ -214,15 +214,10 @@ impl FlowDecoder<'_> {
         if let Some([idx]) = path.as_deref() {
             let idx = *idx;
             let b = &self.cache.blocks[idx as usize];
-            let (n, next) = (b.n, b.next);
-            // What `commit` (a direct CALL) and `finish_disable` (an indirect one) push.
-            let pushes = match b.term {
-                Term::Insn(InsnClass::DirectCall) => b.target != next,
-                Term::Insn(InsnClass::IndirectCall) => true,
-                _ => false,
-            };
-            if pushes {
-                self.ret.push(next);
+            let n = b.n;
+            // What `commit` pushes for it.
+            if let Some(ra) = b.return_address() {
+                self.ret.push(ra);
             }
             self.probe_buf = path.unwrap_or_default();
             self.n_insns += n as u64;

@@ -451,14 +451,16 @@ impl FlowDecoder<'_> {
         }
     }
 
-    /// Emits a probed path (pushing direct calls on the way); returns the last block.
+    /// Emits a probed path (pushing the return address of each CALL on the way: direct ones
+    /// anywhere, an indirect one only as the last block, where a TIP.PGD bound it); returns the
+    /// last block.
     pub(super) fn commit(&mut self, path: Vec<u32>) -> Option<CachedBlock> {
         let mut last = None;
         for &idx in &path {
             let b = self.cache.blocks[idx as usize];
             self.emit_run(idx, 0, b.n);
-            if b.term == Term::Insn(InsnClass::DirectCall) && b.target != b.next {
-                self.ret.push(b.next);
+            if let Some(ra) = b.return_address() {
+                self.ret.push(ra);
             }
             last = Some(b);
         }
@@ -506,11 +508,7 @@ impl FlowDecoder<'_> {
         // before any of them ran: e.g. a TIP.PGE immediately followed by TIP.PGD (a tracer that
         // enables and disables at once, as in Griffin recordings). Disable right here.
         if let Some(path) = path {
-            if let Some(b) = self.commit(path) {
-                if b.term == Term::Insn(InsnClass::IndirectCall) {
-                    self.ret.push(b.next);
-                }
-            }
+            self.commit(path);
         }
         self.disable(t);
     }
