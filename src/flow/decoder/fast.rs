@@ -168,14 +168,11 @@ impl FlowDecoder<'_> {
     #[inline(always)]
     fn ip_payload_at(&self, b0: u8, pos: usize) -> Option<(IpPayload, usize)> {
         let buf = self.pkt.buffer();
-        let (compression, len) = match b0 >> 5 {
-            1 => (IpCompression::Update16, 2),
-            2 => (IpCompression::Update32, 4),
-            3 => (IpCompression::Sext48, 6),
-            4 => (IpCompression::Update48, 6),
-            6 => (IpCompression::Full, 8),
-            _ => return None,
-        };
+        let compression = IpCompression::from_ipbytes(b0 >> 5)?;
+        let len = compression.payload_len();
+        if len == 0 {
+            return None;
+        }
         let raw = match buf.get(pos + 1..pos + 9) {
             // One load where eight bytes follow (all but the end of the trace), masked to the
             // payload's length.
