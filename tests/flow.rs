@@ -1184,6 +1184,96 @@ fn timing_packets_before_tnt_and_tip_keep_times_and_runs() {
     assert_eq!(tip_after(&[Packet::Cyc { value: 1000 }]), split);
 }
 
+/// The timing packets of a stretch where tracing is off, which the TIP.PGE fast path reads in
+/// runs with the time computed once per run: runs of MTCs and PADs, one- and two-byte CYCs
+/// before and after the last MTC, a TSC that leaves the next MTC unanchored, a TMA and CBR
+/// that anchor it again, and a three-byte CYC (left to the packet decoder). `decode_items`
+/// holds `next_block` to `next_item`, times included; the first stretch's time is also
+/// checked against the model of `packet::time` worked by hand.
+#[test]
+fn timing_runs_while_tracing_is_off() {
+    // 1000: nop; 1001: jmp [rip+0x100], the TIP.PGD's branch.
+    let img = image(&[(0x1000, &[0x90, 0xFF, 0x25, 0x00, 0x01, 0x00, 0x00])]);
+    let stretches: [&[Packet]; 4] = [
+        &[
+            Packet::Mtc { ctc: 1 },
+            Packet::Pad,
+            Packet::Mtc { ctc: 2 },
+            Packet::Mtc { ctc: 3 },
+            Packet::Pad,
+            Packet::Pad,
+            Packet::Mtc { ctc: 4 },
+            Packet::Mtc { ctc: 5 },
+            Packet::Cyc { value: 300 },
+            Packet::Cyc { value: 7 },
+        ],
+        &[
+            Packet::Cyc { value: 7 },
+            Packet::Cyc { value: 300 },
+            Packet::Mtc { ctc: 6 },
+            Packet::Mtc { ctc: 7 },
+        ],
+        &[
+            Packet::Tsc { tsc: 2_000_000 },
+            Packet::Mtc { ctc: 9 },
+            Packet::Cyc { value: 40 },
+        ],
+        &[
+            Packet::Tma { ctc: 0x48, fc: 0 },
+            Packet::Cbr { ratio: 10 },
+            Packet::Mtc { ctc: 10 },
+            Packet::Cyc { value: 5 },
+            Packet::Mtc { ctc: 12 },
+            Packet::Cyc { value: 100_000 },
+        ],
+    ];
+    let mut g = Gen::new();
+    g.psb_off()
+        .p(Packet::Tsc { tsc: 1_000_000 })
+        .p(Packet::Tma { ctc: 0, fc: 0 })
+        .p(Packet::Cbr { ratio: 20 })
+        .pge64(0x1000)
+        .ip(IpKind::TipPgd, Some(0x3000));
+    for stretch in stretches {
+        for p in stretch {
+            g.p(*p);
+        }
+        g.ip(IpKind::TipPge, Some(0x1000))
+            .ip(IpKind::TipPgd, Some(0x3000));
+    }
+    let items = decode_items(&g.out, &img, timed_cfg());
+    let enabled_times: Vec<u64> = items
+        .iter()
+        .filter_map(|i| match i {
+            Item::Event(Event {
+                kind: EventKind::Enabled { .. },
+                time,
+                ..
+            }) => Some(*time),
+            _ => None,
+        })
+        .collect();
+    // The model of `packet::time` worked by hand (MTC period 2^3 crystal ticks, 2 TSC ticks
+    // each; cycles · 10 / CBR):
+    // 1. MTC 5: 5 · 8 · 2 = 80 ticks after the TMA's TSC; then 307 cycles at CBR 20: 153.
+    // 2. The CYCs before MTC 7 count for nothing: 7 · 8 · 2 = 112. (The MTC's time is below
+    //    the CYC estimate before it: the model never moves the TSC reference back, but a CYC
+    //    estimate is not a reference.)
+    // 3. The TSC leaves MTC 9 unanchored; 40 cycles at CBR 20: 20.
+    // 4. The TMA anchors CTC 0x48 (MTC 9); MTC 12 is 3 periods on: 48; then 100 000 cycles at
+    //    CBR 10.
+    assert_eq!(
+        enabled_times,
+        [
+            1_000_000,
+            1_000_000 + 80 + 153,
+            1_000_000 + 112,
+            2_000_000 + 20,
+            2_000_000 + 48 + 100_000
+        ]
+    );
+}
+
 /// A filtered trace's TIP.PGD/TIP.PGE pairs (a call out of the traced range and the return into
 /// it): the fast paths take a TIP.PGD bound to one block (a direct or an indirect CALL) or to a
 /// longer path (a CALL into a PLT stub), and a TIP.PGE after timing packets and a MODE.Exec.

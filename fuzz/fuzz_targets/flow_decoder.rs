@@ -13,6 +13,7 @@
 use libfuzzer_sys::fuzz_target;
 use ptrewind::flow::{BlockItem, FlowConfig, FlowDecoder, Item};
 use ptrewind::image::{Image, Section};
+use ptrewind::packet::time::TimingConfig;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
@@ -52,6 +53,13 @@ fuzz_target!(|data: &[u8]| {
     let img = image();
     let cfg = FlowConfig {
         max_walk: 1 << 16,
+        // MTC and CYC packets give times (the default gives none), so that the fast paths'
+        // time arithmetic, which works on runs of them, is held to the general path's.
+        timing: TimingConfig {
+            mtc_freq: 3,
+            ctc_ratio: (7, 3),
+            max_nonturbo_ratio: 12,
+        },
         ..FlowConfig::default()
     };
     // `next_block` runs the fast paths, `next_item` only the general path: the two streams

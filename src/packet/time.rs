@@ -137,14 +137,47 @@ impl TimeState {
 
     /// An MTC packet.
     pub fn mtc(&mut self, v: u8) {
+        if self.mtc_unsettled(v) {
+            self.set(self.mtc_time());
+        }
+    }
+
+    /// [`Self::mtc`] without the time computed: for a run of MTC and CYC packets read with
+    /// nothing between them that needs the time, closed by [`Self::settle`]. `true` when the
+    /// MTC moves the clock (it is anchored).
+    #[inline(always)]
+    pub fn mtc_unsettled(&mut self, v: u8) -> bool {
         if !self.have_tma {
-            return;
+            return false;
         }
         let d = v.wrapping_sub(self.last_mtc) as u64;
         self.last_mtc = v;
         self.ctc += d << self.cfg_mtc_freq;
-        let t = self.base + self.ctc * self.ratio.0 as u64 / self.ratio.1.max(1) as u64;
-        self.set(t);
+        // What `set` does to the cycles; the rest waits for `settle`.
+        self.cycles = 0;
+        true
+    }
+
+    /// The time of the crystal-clock count so far.
+    fn mtc_time(&self) -> u64 {
+        self.base + self.ctc * self.ratio.0 as u64 / self.ratio.1.max(1) as u64
+    }
+
+    /// The time after a run of [`Self::mtc_unsettled`] and [`Self::cyc_unsettled`] calls
+    /// (`mtc`: one of the MTCs moved the clock; `cyc`: there was a CYC): what the last of the
+    /// equivalent [`Self::mtc`] and [`Self::cyc`] calls leaves. Only the last MTC's time is
+    /// computed, because an MTC's time never decreases within a run (the count only grows),
+    /// so it is the largest; the CYCs before it were reset by it. The divisions are then
+    /// done once per run instead of once per packet.
+    pub fn settle(&mut self, mtc: bool, cyc: bool) {
+        if mtc {
+            let cycles = self.cycles;
+            self.set(self.mtc_time());
+            self.cycles = cycles;
+        }
+        if cyc {
+            self.apply_cycles();
+        }
     }
 
     /// A CBR packet.
@@ -154,10 +187,82 @@ impl TimeState {
 
     /// A CYC packet.
     pub fn cyc(&mut self, cycles: u64) {
+        self.cyc_unsettled(cycles);
+        self.apply_cycles();
+    }
+
+    /// [`Self::cyc`] without the time computed (see [`Self::settle`]).
+    #[inline(always)]
+    pub fn cyc_unsettled(&mut self, cycles: u64) {
         self.cycles = self.cycles.saturating_add(cycles);
+    }
+
+    /// The time of the cycles counted since the last TSC or MTC.
+    fn apply_cycles(&mut self) {
         if self.cbr != 0 && self.nonturbo != 0 {
             let ticks = self.cycles.saturating_mul(self.nonturbo as u64) / self.cbr as u64;
             self.now = self.reference.saturating_add(ticks);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs of MTC and CYC packets applied with `*_unsettled` and one `settle` give the time
+    /// of the same packets applied one by one, with TSC, TMA and CBR packets between the runs
+    /// (which leave MTCs unanchored, anchor them, and change the CYC conversion).
+    #[test]
+    fn settled_runs_equal_packet_by_packet() {
+        let cfg = TimingConfig {
+            mtc_freq: 3,
+            ctc_ratio: (7, 3),
+            max_nonturbo_ratio: 12,
+        };
+        let (mut each, mut runs) = (TimeState::new(cfg), TimeState::new(cfg));
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let mut tsc = 1_000_000u64;
+        for round in 0..2_000 {
+            match next(4) {
+                0 => {
+                    tsc += next(100_000);
+                    each.tsc(tsc);
+                    runs.tsc(tsc);
+                }
+                1 => {
+                    let (ctc, fc) = (next(1 << 16) as u16, next(512) as u16);
+                    each.tma(ctc, fc);
+                    runs.tma(ctc, fc);
+                }
+                2 => {
+                    let ratio = next(40) as u8;
+                    each.cbr(ratio);
+                    runs.cbr(ratio);
+                }
+                _ => {}
+            }
+            let (mut mtc, mut cyc) = (false, false);
+            for _ in 0..next(12) {
+                if next(2) == 0 {
+                    let v = next(256) as u8;
+                    each.mtc(v);
+                    mtc |= runs.mtc_unsettled(v);
+                } else {
+                    let c = next(5_000);
+                    each.cyc(c);
+                    runs.cyc_unsettled(c);
+                    cyc = true;
+                }
+            }
+            runs.settle(mtc, cyc);
+            assert_eq!(runs.now(), each.now(), "after run {round}");
         }
     }
 }

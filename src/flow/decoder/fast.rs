@@ -241,29 +241,39 @@ impl FlowDecoder<'_> {
         {
             return;
         }
-        let Some(mut b0) = self.skip_pads_and_timing() else {
-            return;
-        };
-        if b0 == 0x99 {
-            // A MODE.Exec before the TIP.PGE (most tracers send one), taken as `middle_packet`
-            // takes it; a bad mode (CS.L and CS.D both set) or another MODE leaf is left to
-            // the general path.
-            let pos = self.pkt.position();
-            let mode = match self.pkt.buffer().get(pos + 1).map(|&c| (c >> 5, c & 3)) {
-                Some((0, 1)) => ExecMode::Bits64,
-                Some((0, 2)) => ExecMode::Bits32,
-                Some((0, 0)) => ExecMode::Bits16,
-                _ => return,
-            };
-            self.pkt.set_position(pos + 2);
-            self.cur_offset = pos as u64;
-            self.timed = false;
-            self.pending_mode = Some(mode);
+        // One loop over what may come before the TIP.PGE, so that `skip_pads_and_timing` is
+        // inlined once (each copy moved the hot loops' layout).
+        let b0 = loop {
+            self.skip_timing_run();
             let Some(b) = self.skip_pads_and_timing() else {
                 return;
             };
-            b0 = b;
-        }
+            let pos = self.pkt.position();
+            let next = self.pkt.buffer().get(pos + 1).copied();
+            if b == 0x99 && self.pending_mode.is_none() {
+                // A MODE.Exec before the TIP.PGE (most tracers send one), taken as
+                // `middle_packet` takes it; a bad mode (CS.L and CS.D both set), another MODE
+                // leaf or a second MODE.Exec is left to the general path.
+                let mode = match next.map(|c| (c >> 5, c & 3)) {
+                    Some((0, 1)) => ExecMode::Bits64,
+                    Some((0, 2)) => ExecMode::Bits32,
+                    Some((0, 0)) => ExecMode::Bits16,
+                    _ => return,
+                };
+                self.pkt.set_position(pos + 2);
+                self.cur_offset = pos as u64;
+                self.timed = false;
+                self.pending_mode = Some(mode);
+            } else if (b == 0x19 || (b == 0x02 && matches!(next, Some(0x03 | 0x73))))
+                && self.clock_packet()
+            {
+                // A TSC, TMA or CBR while tracing is off (hase's traces send the three every
+                // few hundred MTCs): applied here, so that the MTCs after them stay off the
+                // general path too.
+            } else {
+                break b;
+            }
+        };
         if b0 & 0x1f != 0x11 {
             return;
         }
@@ -480,6 +490,68 @@ impl FlowDecoder<'_> {
             }
             self.timed = true;
         }
+    }
+
+    /// The PADs, MTCs and one- and two-byte CYCs at the current position, applied. While
+    /// tracing is off they come in runs of hundreds (hase's traces, DynamoRIO's): the position
+    /// is kept in a register ([`Self::skip_pads_and_timing`] stores it after each packet and
+    /// waited on that store at the next), and the time is computed once for the run
+    /// ([`TimeState::settle`]: one division per run instead of one per packet).
+    #[inline(always)]
+    fn skip_timing_run(&mut self) {
+        let buf = self.pkt.buffer();
+        let start = self.pkt.position();
+        let mut pos = start;
+        let (mut mtc, mut cyc, mut timed) = (false, false, false);
+        while let Some(&b) = buf.get(pos) {
+            if b == 0 {
+                pos += 1;
+            } else if b & 7 == 3 {
+                self.time.cyc_unsettled((b >> 3) as u64);
+                pos += 1;
+                cyc = true;
+            } else if let (0x59, Some(&ctc)) = (b, buf.get(pos + 1)) {
+                mtc |= self.time.mtc_unsettled(ctc);
+                pos += 2;
+                timed = true;
+            } else if let (7, Some(&c)) = (b & 7, buf.get(pos + 1)) {
+                // A two-byte CYC, as in `skip_pads_and_timing` (a longer one, or one ending in
+                // `02`, is left to it).
+                if c & 1 != 0 || c == 0x02 {
+                    break;
+                }
+                self.time
+                    .cyc_unsettled((b >> 3) as u64 | (((c >> 1) as u64) << 5));
+                pos += 2;
+                cyc = true;
+            } else {
+                break;
+            }
+        }
+        if pos != start {
+            self.pkt.set_position(pos);
+            self.timed |= timed | cyc;
+            self.time.settle(mtc, cyc);
+        }
+    }
+
+    /// The TSC, TMA or CBR packet at the current position, applied as the general path applies
+    /// it; `false` (nothing consumed) for anything else, a packet error included (the general
+    /// path reports it, or skips it for SKZ84).
+    #[inline(never)]
+    fn clock_packet(&mut self) -> bool {
+        let at = self.pkt.position();
+        match self.pkt.next_packet() {
+            Some(Ok((_, Packet::Tsc { tsc }))) => self.time.tsc(tsc),
+            Some(Ok((_, Packet::Tma { ctc, fc }))) => self.time.tma(ctc, fc),
+            Some(Ok((_, Packet::Cbr { ratio }))) => self.time.cbr(ratio),
+            _ => {
+                self.pkt.set_position(at);
+                return false;
+            }
+        }
+        self.timed = true;
+        true
     }
 
     /// The CYC or MTC packet at the current position, applied; `false` (nothing consumed) for
