@@ -287,7 +287,7 @@ impl FlowDecoder<'_> {
         self.take_tip(pl, pos, len);
         self.tnt_count = 0;
         self.apply_pending_mode();
-        self.emit_event(EventKind::Enabled { ip: target });
+        self.emit_enabled(target);
         self.state = State::Enabled;
         self.ip = target;
         self.next_blk = u32::MAX;

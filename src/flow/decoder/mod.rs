@@ -595,7 +595,24 @@ impl<'a> FlowDecoder<'a> {
         self.push_event(offset, kind);
     }
 
+    /// [`Self::emit_event`] for the Enabled event of a TIP.PGE, and [`Self::emit_disabled`]
+    /// for the Disabled event of a TIP.PGD (after a FUP: `asynchronous`): a filtered trace has one of each every few hundred
+    /// instructions. The kind is built where it is queued: passed by reference to
+    /// `emit_event`, it was stored in pieces and read back whole, a store-forwarding stall on
+    /// every event (5 % of libxdc/foo's profile).
+    #[inline(never)]
+    fn emit_enabled(&mut self, ip: u64) {
+        self.push_event(self.cur_offset, EventKind::Enabled { ip });
+    }
+
+    /// See [`Self::emit_enabled`].
+    #[inline(never)]
+    fn emit_disabled(&mut self, ip: Option<u64>, asynchronous: bool) {
+        self.push_event(self.cur_offset, EventKind::Disabled { ip, asynchronous });
+    }
+
     /// Queues an event (counted) behind the output queued so far.
+    #[inline(always)]
     fn push_event(&mut self, offset: u64, kind: EventKind) {
         self.stats.events += 1;
         self.out.push_back(Seg::Event);

@@ -234,7 +234,7 @@ impl FlowDecoder<'_> {
                 }
                 self.tnt_count = 0;
                 self.apply_pending_mode();
-                self.emit_event(EventKind::Enabled { ip: t });
+                self.emit_enabled(t);
                 self.state = State::Enabled;
                 self.ip = t;
             }

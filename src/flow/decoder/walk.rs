@@ -249,10 +249,7 @@ impl FlowDecoder<'_> {
                     if c == InsnClass::IndirectCall || c == InsnClass::DirectCall {
                         self.ret.push(b.next);
                     }
-                    self.emit_event(EventKind::Disabled {
-                        ip: t,
-                        asynchronous: false,
-                    });
+                    self.emit_disabled(t, false);
                     self.state = State::Disabled;
                     return Walk::Done;
                 }
@@ -516,10 +513,7 @@ impl FlowDecoder<'_> {
     /// Tracing is off from here (a TIP.PGD with target `t`, bound to what was emitted before).
     pub(super) fn disable(&mut self, t: Option<u64>) {
         self.tnt_count = 0;
-        self.emit_event(EventKind::Disabled {
-            ip: t,
-            asynchronous: false,
-        });
+        self.emit_disabled(t, false);
         self.state = State::Disabled;
     }
 
@@ -644,10 +638,7 @@ impl FlowDecoder<'_> {
                         self.sync_disable(t);
                         return;
                     }
-                    self.emit_event(EventKind::Disabled {
-                        ip: Some(x),
-                        asynchronous: true,
-                    });
+                    self.emit_disabled(Some(x), true);
                     self.state = State::Disabled;
                     return;
                 }
