@@ -39,3 +39,6 @@ pub mod store;
 pub mod target;
 pub mod timeline;
 pub mod view;
+
+#[cfg(test)]
+mod test_rng;

@@ -499,6 +499,14 @@ impl Gen {
         self.enc.psb(&mut self.out);
         self.p(Packet::PsbEnd)
     }
+    /// [`Self::psb_off`] followed by the clock of [`timed_cfg`]'s tests: TSC 1 000 000, a
+    /// TMA anchoring CTC 0 to it, CBR 20.
+    fn psb_off_timed(&mut self) -> &mut Self {
+        self.psb_off()
+            .p(Packet::Tsc { tsc: 1_000_000 })
+            .p(Packet::Tma { ctc: 0, fc: 0 })
+            .p(Packet::Cbr { ratio: 20 })
+    }
     /// PSB+ with tracing on at `ip` in 64-bit mode.
     fn psb_on(&mut self, ip: u64) -> &mut Self {
         self.enc.psb(&mut self.out);
@@ -1116,6 +1124,21 @@ fn blocks_walked_before_a_tip_are_the_general_paths_runs() {
 /// instruction's time, checked by `decode_items` against `next_item`), and hand out the runs
 /// the general path did.
 /// A configuration in which MTC and CYC packets move the clock.
+/// The times of the Enabled events (TIP.PGEs) of a decode, in order.
+fn enabled_times(items: &[Item]) -> Vec<u64> {
+    items
+        .iter()
+        .filter_map(|i| match i {
+            Item::Event(Event {
+                kind: EventKind::Enabled { .. },
+                time,
+                ..
+            }) => Some(*time),
+            _ => None,
+        })
+        .collect()
+}
+
 fn timed_cfg() -> FlowConfig {
     FlowConfig {
         timing: ptrewind::packet::time::TimingConfig {
@@ -1131,10 +1154,7 @@ fn timed_cfg() -> FlowConfig {
 fn timing_packets_before_tnt_and_tip_keep_times_and_runs() {
     let img = image(&[(0x1000, LOOP_CODE)]);
     let mut g = Gen::new();
-    g.psb_off()
-        .p(Packet::Tsc { tsc: 1_000_000 })
-        .p(Packet::Tma { ctc: 0, fc: 0 })
-        .p(Packet::Cbr { ratio: 20 })
+    g.psb_off_timed()
         .pge64(0x1000)
         .p(Packet::Mtc { ctc: 1 })
         .tnt(&[true, false])
@@ -1228,10 +1248,7 @@ fn timing_runs_while_tracing_is_off() {
         ],
     ];
     let mut g = Gen::new();
-    g.psb_off()
-        .p(Packet::Tsc { tsc: 1_000_000 })
-        .p(Packet::Tma { ctc: 0, fc: 0 })
-        .p(Packet::Cbr { ratio: 20 })
+    g.psb_off_timed()
         .pge64(0x1000)
         .ip(IpKind::TipPgd, Some(0x3000));
     for stretch in stretches {
@@ -1242,17 +1259,7 @@ fn timing_runs_while_tracing_is_off() {
             .ip(IpKind::TipPgd, Some(0x3000));
     }
     let items = decode_items(&g.out, &img, timed_cfg());
-    let enabled_times: Vec<u64> = items
-        .iter()
-        .filter_map(|i| match i {
-            Item::Event(Event {
-                kind: EventKind::Enabled { .. },
-                time,
-                ..
-            }) => Some(*time),
-            _ => None,
-        })
-        .collect();
+    let enabled_times = enabled_times(&items);
     // The model of `packet::time` worked by hand (MTC period 2^3 crystal ticks, 2 TSC ticks
     // each; cycles · 10 / CBR):
     // 1. MTC 5: 5 · 8 · 2 = 80 ticks after the TMA's TSC; then 307 cycles at CBR 20: 153.
@@ -1300,10 +1307,7 @@ fn filtered_disable_and_enable_pairs() {
         iflag: false,
     };
     let mut g = Gen::new();
-    g.psb_off()
-        .p(Packet::Tsc { tsc: 1_000_000 })
-        .p(Packet::Tma { ctc: 0, fc: 0 })
-        .p(Packet::Cbr { ratio: 20 })
+    g.psb_off_timed()
         .pge64(0x1000)
         .ip(IpKind::TipPgd, Some(0x2000))
         .p(Packet::Cyc { value: 300 })
@@ -1352,17 +1356,7 @@ fn filtered_disable_and_enable_pairs() {
         enabled_100b,
         "the MODE.Exec took effect at the TIP.PGE"
     );
-    let enabled_times: Vec<u64> = items
-        .iter()
-        .filter_map(|i| match i {
-            Item::Event(Event {
-                kind: EventKind::Enabled { .. },
-                time,
-                ..
-            }) => Some(*time),
-            _ => None,
-        })
-        .collect();
+    let enabled_times = enabled_times(&items);
     assert!(
         enabled_times.windows(2).all(|w| w[0] < w[1]),
         "the timing packets moved the clock: {enabled_times:?}"

@@ -518,11 +518,9 @@ mod tests {
             u64::MAX,
             0x7fff_f7dd_9c20,
         ];
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rng = crate::test_rng::XorShift::new(0x9e37_79b9_7f4a_7c15);
         for _ in 0..10_000 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = rng.next_u64();
             vals.push(x >> (x % 64));
         }
         let got = run_bytes(|o| {
@@ -589,11 +587,9 @@ mod tests {
         // 4 GiB line and too long to cache, enough of them to cross chunks and to fill the
         // arena (so that it starts over) and colliding in the table.
         let mut runs: Vec<(u64, Vec<u8>, u8)> = Vec::new();
-        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut rng = crate::test_rng::XorShift::new(0x2545_f491_4f6c_dd1d);
         for k in 0..400_000u64 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = rng.next_u64();
             let start = match k % 5 {
                 0 => 0x40_1000 + (x % 64) * 16,
                 1 => 0x7fff_f7dd_0000 + (x % 50_000) * 13,

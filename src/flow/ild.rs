@@ -1176,13 +1176,8 @@ mod tests {
     /// decoder takes, so that its paths are all visited): `Some` always agrees with iced-x86.
     #[test]
     fn random_bytes_agree_with_iced() {
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut rng = crate::test_rng::XorShift::new(0x2545_f491_4f6c_dd1d);
+        let mut next = move || rng.next_u64();
         let lead = [
             0x66u8, 0x67, 0xf2, 0xf3, 0x2e, 0x3e, 0x64, 0x48, 0x41, 0x4c, 0x0f, 0x0f, 0x0f,
         ];

@@ -221,13 +221,8 @@ mod tests {
             max_nonturbo_ratio: 12,
         };
         let (mut each, mut runs) = (TimeState::new(cfg), TimeState::new(cfg));
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
+        let mut rng = crate::test_rng::XorShift::new(0x2545_f491_4f6c_dd1d);
+        let mut next = move |n: u64| rng.below(n);
         let mut tsc = 1_000_000u64;
         for round in 0..2_000 {
             match next(4) {

@@ -786,13 +786,8 @@ mod tests {
     /// slices nest with distinct starts, under both clocks.
     #[test]
     fn random_flows_keep_the_invariants() {
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut rnd = move |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut rng = crate::test_rng::XorShift::new(0x9e37_79b9_7f4a_7c15);
+        let mut rnd = move |n: u64| rng.below(n);
         let classes = [
             InsnClass::Other,
             InsnClass::DirectCall,

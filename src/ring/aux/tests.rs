@@ -567,13 +567,8 @@ fn aux_full_back_pressure_truncates_and_is_counted() {
 #[test]
 fn aux_full_randomised_interleaving_preserves_the_stream() {
     // Deterministic xorshift: producer writes and consumer drains in random sizes.
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let mut rnd = move |m: u64| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x % m
-    };
+    let mut rng = crate::test_rng::XorShift::new(0x9e37_79b9_7f4a_7c15);
+    let mut rnd = move |m: u64| rng.below(m);
     let mut sim = Sim::new(1 << 16, 256);
     sim.set_data_counters(0);
     sim.page.aux_head.store(u64::MAX - 1000, Ordering::Relaxed);
@@ -763,13 +758,8 @@ fn ring_slices_bounds() {
 
 #[test]
 fn snapshot_randomised_against_ground_truth() {
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    let mut rnd = move |m: u64| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x % m
-    };
+    let mut rng = crate::test_rng::XorShift::new(0x2545_f491_4f6c_dd1d);
+    let mut rnd = move |m: u64| rng.below(m);
     for running_count in [false, true] {
         let mut sim = Sim::new(64, 128);
         let mut snap = SnapshotReader::new();
