@@ -596,10 +596,10 @@ impl<'a> FlowDecoder<'a> {
     }
 
     /// [`Self::emit_event`] for the Enabled event of a TIP.PGE, and [`Self::emit_disabled`]
-    /// for the Disabled event of a TIP.PGD (after a FUP: `asynchronous`): a filtered trace has one of each every few hundred
-    /// instructions. The kind is built where it is queued: passed by reference to
-    /// `emit_event`, it was stored in pieces and read back whole, a store-forwarding stall on
-    /// every event (5 % of libxdc/foo's profile).
+    /// for the Disabled event of a TIP.PGD (after a FUP: `asynchronous`): a filtered trace has
+    /// one of each every few hundred instructions. The kind is built where it is queued:
+    /// passed by reference to `emit_event`, it was stored in pieces and read back whole, a
+    /// store-forwarding stall on every event (5 % of libxdc/foo's profile).
     #[inline(never)]
     fn emit_enabled(&mut self, ip: u64) {
         self.push_event(self.cur_offset, EventKind::Enabled { ip });

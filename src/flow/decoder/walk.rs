@@ -246,8 +246,8 @@ impl FlowDecoder<'_> {
                         self.ip_of(pl)
                     };
                     self.emit_run(idx, b.n - 1, 1);
-                    if c == InsnClass::IndirectCall || c == InsnClass::DirectCall {
-                        self.ret.push(b.next);
+                    if let Some(ra) = b.return_address() {
+                        self.ret.push(ra);
                     }
                     self.emit_disabled(t, false);
                     self.state = State::Disabled;
