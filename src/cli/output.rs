@@ -33,6 +33,9 @@ const RUN_TEXT_SLOTS: usize = 1 << 14;
 /// thousand distinct runs, and each page of a table that is probed before it is written costs
 /// two page faults (≈ 1.3 µs each on the development VM).
 const RUN_TEXT_SLOTS_FIRST: usize = 1 << 10;
+/// Bytes [`Out::ip_lines_cached`] copies at a time: one copy takes a run of up to six lines of
+/// user-space addresses (15 bytes each), and runs average five to six instructions.
+const RUN_COPY: usize = 96;
 /// Bytes of text [`RunText`] keeps before it starts over.
 const RUN_TEXT_BYTES: usize = 4 << 20;
 const _: () = assert!(RUN_TEXT_BYTES < 1 << 24 && RUN_TEXT_MAX_INSNS * IP_LINE_MAX < 1 << 24);
@@ -49,7 +52,7 @@ pub(crate) struct RunText {
     shift: u32,
     /// Runs kept since the table last grew (new ones, and ones that took another's slot).
     kept: usize,
-    /// The texts, back to back, with 32 bytes of slack after `RUN_TEXT_BYTES`.
+    /// The texts, back to back, with [`RUN_COPY`] bytes of slack after `RUN_TEXT_BYTES`.
     text: Box<[u8]>,
     used: usize,
 }
@@ -61,7 +64,7 @@ impl RunText {
             slots: vec![[0u64; 2]; RUN_TEXT_SLOTS_FIRST].into_boxed_slice(),
             shift: 64 - RUN_TEXT_SLOTS_FIRST.trailing_zeros(),
             kept: 0,
-            text: vec![0u8; RUN_TEXT_BYTES + 32].into_boxed_slice(),
+            text: vec![0u8; RUN_TEXT_BYTES + RUN_COPY].into_boxed_slice(),
             used: 0,
         }
     }
@@ -334,10 +337,11 @@ impl<W: Write> Out<W> {
     ///
     /// The flow decoder hands out the same few thousand cached blocks over and over (avscript_32:
     /// 316 k runs of 3.5 instructions on average), so formatting each line again costs more than
-    /// copying the run's text: one table probe and a few 32-byte copies instead of a conversion,
-    /// a mispredicted "same 256 bytes?" test and a data-dependent loop per run. The key needs no
-    /// lengths: within one image a run's lengths follow from its start, its count and the mode
-    /// (the caller must not use one cache across images that differ at the same address).
+    /// copying the run's text: one table probe and usually one fixed-size copy instead of a
+    /// conversion, a mispredicted "same 256 bytes?" test and a data-dependent loop per run. The
+    /// key needs no lengths: within one image a run's lengths follow from its start, its count
+    /// and the mode (the caller must not use one cache across images that differ at the same
+    /// address).
     #[inline]
     pub(crate) fn ip_lines_cached(
         &mut self,
@@ -355,17 +359,22 @@ impl<W: Write> Out<W> {
         let [key, meta] = cache.slots[at];
         if key == start && meta & 0xFFFF == tag {
             let (off, len) = ((meta >> 16) as usize & 0xFF_FFFF, (meta >> 40) as usize);
-            if self.pos + len + 32 > self.buf.len() {
+            if self.pos + len + RUN_COPY > self.buf.len() {
                 self.drain()?;
             }
-            // Whole 32-byte copies: the bytes past the text land in the buffer's slack (the
-            // test above) and are overwritten by what follows; the arena has 32 bytes of slack
-            // after its last text too.
+            // Whole `RUN_COPY`-byte copies: the bytes past the text land in the buffer's slack
+            // (the test above) and are overwritten by what follows; the arena has as much slack
+            // after its last text. Most runs take one copy of a fixed size, so no loop whose
+            // trip count changes from one run to the next (a mispredicted exit per run).
             let p = self.pos;
             let mut i = 0;
-            while i < len {
-                self.buf[p + i..p + i + 32].copy_from_slice(&cache.text[off + i..off + i + 32]);
-                i += 32;
+            loop {
+                self.buf[p + i..p + i + RUN_COPY]
+                    .copy_from_slice(&cache.text[off + i..off + i + RUN_COPY]);
+                i += RUN_COPY;
+                if i >= len {
+                    break;
+                }
             }
             self.pos = p + len;
             return Ok(());
@@ -584,8 +593,9 @@ mod tests {
     #[test]
     fn cached_runs_match_formatted_ones() {
         // Runs that repeat, runs with the same start but other counts or modes, runs over the
-        // 4 GiB line and too long to cache, enough of them to cross chunks and to fill the
-        // arena (so that it starts over) and colliding in the table.
+        // 4 GiB line, runs of several copies and runs too long to cache, enough of them to
+        // cross chunks and to fill the arena (so that it starts over) and colliding in the
+        // table.
         let mut runs: Vec<(u64, Vec<u8>, u8)> = Vec::new();
         let mut rng = crate::test_rng::XorShift::new(0x2545_f491_4f6c_dd1d);
         for k in 0..400_000u64 {
@@ -599,6 +609,9 @@ mod tests {
             };
             let n = if k % 997 == 0 {
                 80
+            } else if k % 89 == 0 {
+                // Cached, and longer than one copy (`RUN_COPY`).
+                7 + (x >> 30) as usize % 58
             } else {
                 (x >> 20) as usize % 6 + 1
             };
