@@ -12,11 +12,13 @@ use std::io::{self, Write};
 /// capacity. A 256 KiB buffer from the start cost 48 more page faults per process (about
 /// 0.06 ms, 3 % of a 150 k-instruction trace's `decode`).
 const FIRST_CHUNK: usize = 64 << 10;
-/// Bytes buffered once [`GROW_AFTER`] chunks (4 MiB) were written: a long output (144 MB for
+/// Bytes buffered once [`GROW_AFTER`] chunks (16 MiB) were written: a long output (144 MB for
 /// libxdc/qemu) then makes a quarter of the write calls (docs/benchmarks.md, session 18).
 const CHUNK: usize = 256 << 10;
-/// Chunks written before the buffer grows to [`CHUNK`].
-const GROW_AFTER: u32 = 64;
+/// Chunks written before the buffer grows to [`CHUNK`]. After 4 MiB (64 chunks) the growth's
+/// 48 page faults cost outputs of a few MiB (a 0.5 M-instruction trace) more than the write
+/// calls it saved: 5 % of arcus/cve-2004-0597-poc's `decode` (docs/benchmarks.md, session 23).
+const GROW_AFTER: u32 = 256;
 /// Room after `CHUNK` for one bounded item (an address line needs 19 bytes, a 16-byte store at
 /// offset 2; a blocks line 62).
 const SLACK: usize = 128;
@@ -641,13 +643,16 @@ mod tests {
 
     #[test]
     fn lines_across_many_chunks() {
-        let n = 3 * CHUNK as u64 / 10 + 17;
+        // Past the growth to `CHUNK` (at least 70 bytes a pair of lines), and then several
+        // chunks more.
+        let n = ((GROW_AFTER as usize + 2) * FIRST_CHUNK / 70 + 3 * CHUNK / 10 + 17) as u64;
         let got = run(|o| {
             for k in 0..n {
                 o.block_line(k, k * 3, k as u32, "cond").unwrap();
                 o.json_insn(k << 20, 7, "other", k).unwrap();
             }
             o.bytes(&vec![b'x'; CHUNK + 5]).unwrap();
+            assert_eq!(o.chunk, CHUNK);
         });
         let mut want = String::new();
         for k in 0..n {
