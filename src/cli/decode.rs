@@ -146,7 +146,8 @@ pub fn run(args: DecodeArgs) -> CmdResult {
         (Some(p), None) | (None, Some(p)) => p.clone(),
         _ => return Err("give the trace with --pt FILE or --perf perf.data".into()),
     };
-    let file = TraceFile::open(&path)?;
+    // Mapped until the process exits (see `leave_to_exit`): the streams borrow it to the end.
+    let file: &TraceFile = Box::leak(Box::new(TraceFile::open(&path)?));
     let source = file.source()?;
     if args.perf.is_some() {
         super::input::require_perf_data(&path, &source)?;
@@ -209,7 +210,9 @@ pub fn run(args: DecodeArgs) -> CmdResult {
     let many = inputs.len() > 1;
     let mut errors = 0u64;
     let mut unplaced = 0;
-    for input in inputs {
+    let streams = inputs.len();
+    for (k, input) in inputs.into_iter().enumerate() {
+        let last = k + 1 == streams;
         let pid = input.pid.filter(|_| args.image.pid.is_none()).or_else(|| {
             let stream = source.stream(&input.label);
             match stream {
@@ -255,6 +258,7 @@ pub fn run(args: DecodeArgs) -> CmdResult {
                 cfg.clone(),
                 &args,
                 &mut out,
+                last,
             )
         } else {
             if let std::collections::hash_map::Entry::Vacant(slot) = images.entry(pid) {
@@ -282,7 +286,7 @@ pub fn run(args: DecodeArgs) -> CmdResult {
                 slot.insert((image, syms));
             }
             let (image, syms) = &images[&pid];
-            decode_stream(&input.data, image, syms, cfg.clone(), &args, &mut out)
+            decode_stream(&input.data, image, syms, cfg.clone(), &args, &mut out, last)
         };
         match r {
             Ok(e) => errors += e,
@@ -303,6 +307,7 @@ pub fn run(args: DecodeArgs) -> CmdResult {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(ExitCode::SUCCESS),
         r => r?,
     }
+    leave_to_exit((images, given, given_elfs));
     Ok(if errors > 0 || damaged || unplaced > 0 {
         ExitCode::from(2)
     } else {
@@ -407,7 +412,7 @@ fn decode_qemu_threads<W: Write>(
         if !args.stats {
             writeln!(out, "[thread {}/{}]", t.pid, t.tid)?;
         }
-        errors += decode_stream(&t.trace, image, syms, cfg.clone(), args, out)?;
+        errors += decode_stream(&t.trace, image, syms, cfg.clone(), args, out, false)?;
         if args.stats {
             writeln!(out, "  (thread {}/{})", t.pid, t.tid)?;
         }
@@ -503,6 +508,8 @@ fn sym_of(syms: &Symbolizer, ip: u64) -> String {
     }
 }
 
+/// Decodes one stream to `out`: the number of decode errors. With `last`, the decoder and the
+/// run-text cache are left to the process's exit ([`leave_to_exit`]).
 fn decode_stream<W: Write>(
     pt: &[u8],
     image: &Image,
@@ -510,6 +517,7 @@ fn decode_stream<W: Write>(
     cfg: FlowConfig,
     args: &DecodeArgs,
     out: &mut Out<W>,
+    last: bool,
 ) -> std::io::Result<u64> {
     let started = Instant::now();
     let mut dec = FlowDecoder::new(pt, image, cfg);
@@ -636,7 +644,20 @@ fn decode_stream<W: Write>(
             pt.len() as f64 / secs / 1e6
         )?;
     }
+    if last {
+        leave_to_exit((dec, run_text));
+    }
     Ok(s.errors)
+}
+
+/// Leaves `value` to the end of the process instead of dropping it. `decode` exits right after
+/// its last stream, and unmapping the decoder's tables, the run-text arena and the mapped
+/// images one by one cost a system call and a TLB flush each: 5 % of a 0.5 M-instruction
+/// trace's `decode` (docs/benchmarks.md, session 23). The exit tears the address space down in
+/// one pass. Only for values that own nothing but memory, mappings and descriptors (buffered
+/// output is flushed first).
+fn leave_to_exit<T>(value: T) {
+    std::mem::forget(value);
 }
 
 /// The `insn` format's text after the address, per instruction: disassembling and looking up
