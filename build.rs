@@ -21,6 +21,12 @@ fn main() {
     if !target.ends_with("-linux-gnu") || std::env::var_os("PTREWIND_SHARED_LIBGCC").is_some() {
         return;
     }
+    // Cross-compiling with no linker configured: `cc` is the host's, and so would its archive be.
+    if std::env::var("HOST").ok().as_deref() != Some(&target)
+        && std::env::var_os("RUSTC_LINKER").is_none()
+    {
+        return;
+    }
     let Some(out) = std::env::var_os("OUT_DIR").map(PathBuf::from) else {
         return;
     };
