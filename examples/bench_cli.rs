@@ -19,6 +19,7 @@
 //! `--ptrewind PATH`: the binary to time (default: `ptrewind` next to this example's directory,
 //! i.e. `target/release/ptrewind`). `--before PATH`: another ptrewind binary, timed with
 //! `--format ips` too (e.g. a build of the previous commit), for a before/after in one run.
+//! Both are timed from copies made at the start of the run (see `fresh_copy`).
 //! `--no-ips-bin`: skip `--format ips-bin` (binaries older than that format). `--dir DIR`: write
 //! the inputs and the driver under DIR (kept, for profiling one command) instead of a temporary
 //! directory; `--reps 0` then only writes them and prints each trace's commands.
@@ -113,6 +114,20 @@ fn build_driver(dir: &Path) -> PathBuf {
         src.display()
     );
     exe
+}
+
+/// `bin` copied to `dir/bin/name`, the copy that is timed. A binary's start-up depends on how
+/// its file sits in the page cache: the same bytes copied half an hour apart started 0.1 ms and
+/// 15 page faults apart on the shortest traces (docs/benchmarks.md, session 23). Copies made
+/// in the same second put `--ptrewind` and `--before` on the same footing.
+fn fresh_copy(bin: &Path, dir: &Path, name: &str) -> PathBuf {
+    let bins = dir.join("bin");
+    std::fs::create_dir_all(&bins).expect("bin dir");
+    let copy = bins.join(name);
+    // A copy left by an earlier run with `--dir` is replaced, never written through.
+    let _ = std::fs::remove_file(&copy);
+    std::fs::copy(bin, &copy).unwrap_or_else(|e| panic!("copying {}: {e}", bin.display()));
+    copy
 }
 
 /// What every row shares: the binaries, the driver and the options.
@@ -313,9 +328,14 @@ fn main() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let work = keep.clone().unwrap_or_else(|| tmp.path().to_path_buf());
     let driver = build_driver(&work);
+    // The plugin is looked for beside the binary given, not beside its copy.
+    let plugin = find_plugin(&ours).or_else(|| find_plugin(&default_ptrewind()));
+    let given = ours.clone();
+    let ours = fresh_copy(&ours, &work, "ptrewind");
+    let before = before.map(|b| fresh_copy(&b, &work, "ptrewind-before"));
     println!(
         "ptrewind {}; driver {}; {} reps; CPU ms = user+sys of the process, min over reps",
-        ours.display(),
+        given.display(),
         driver.display(),
         reps
     );
@@ -370,7 +390,6 @@ fn main() {
             .copied()
             .filter(|p| only.is_empty() || only.iter().any(|o| o == p))
             .collect();
-        let plugin = find_plugin(&bench.ours).or_else(|| find_plugin(&default_ptrewind()));
         if wanted.is_empty() {
         } else if !support::cbuild::have("qemu-x86_64") {
             println!(
@@ -406,7 +425,7 @@ fn main() {
             println!(
                 "the QEMU plugin ({PLUGIN_FILE_NAME}) was not found beside {}: build it with \
                  `cargo build --release -p ptrewind-qemu-plugin`; program runs skipped",
-                bench.ours.display()
+                given.display()
             );
         }
     }
