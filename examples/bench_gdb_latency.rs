@@ -27,7 +27,10 @@
 //! Before GDB, a raw remote-protocol client times the server alone on the same recording: `bs`
 //! (one reverse step) at the end and after `monitor goto` to the middle, and a refused one-byte
 //! memory read (`m0,1`) as the floor of one round trip over loopback (the server still decodes,
-//! dispatches and answers it). GDB has one breakpoint of the user's (`done`, as in the
+//! dispatches and answers it). Then the floor of any remote stub (`canned-stub`): GDB takes
+//! `LEARN_STEPS` reverse-stepi through a proxy that learns the server's replies, and then
+//! `--steps` more against a stub that only plays those replies back (see `mod canned`); this
+//! leaves the server `LEARN_STEPS` instructions before the end. GDB has one breakpoint of the user's (`done`, as in the
 //! `record full` session) and is timed first with its defaults (`end,gdb-defaults`): seven
 //! packets per `reverse-stepi` on this target (that breakpoint and the dynamic linker's
 //! inserted and removed, the step, the register file, the thread list: `tests/round_trips.rs`
@@ -136,6 +139,210 @@ fn parse_size(s: &str) -> u64 {
         .unwrap_or_else(|_| panic!("bad size {s}"))
 }
 
+/// The floor of any remote stub: GDB served by replies learned from ptrewind and then played back
+/// with no work at all (no history, no decoding, no dispatch beyond a hash lookup).
+///
+/// A learning session runs GDB through a proxy to the real server and keeps, for each request
+/// GDB sent, the frames the server answered with. A second GDB session with the same commands
+/// then talks to a stub that only looks the request up and writes those frames back, polling for
+/// the next request for up to 1 ms after each reply as the server does. Every `bs` is answered
+/// with the last stop the server reported, so GDB stays at one PC and sends the requests it sent
+/// there (memory reads around it, the register file, the thread list); requests it did not send
+/// while learning are counted and answered as unsupported (`E01` for memory reads).
+mod canned {
+    use std::collections::HashMap;
+    use std::io::{Read, Write};
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    use std::sync::{Arc, Mutex};
+    use std::thread::JoinHandle;
+    use std::time::{Duration, Instant};
+
+    /// Remote-protocol frames in a byte stream: `$…#xx` and `%…#xx`, whole; acks and
+    /// interrupts between them are skipped.
+    #[derive(Default)]
+    struct Frames {
+        buf: Vec<u8>,
+    }
+
+    impl Frames {
+        /// Adds `bytes`; returns the frames they complete.
+        fn push(&mut self, bytes: &[u8]) -> Vec<Vec<u8>> {
+            self.buf.extend_from_slice(bytes);
+            let mut out = Vec::new();
+            loop {
+                let Some(start) = self.buf.iter().position(|&b| b == b'$' || b == b'%') else {
+                    self.buf.clear();
+                    break;
+                };
+                self.buf.drain(..start);
+                let Some(hash) = self.buf.iter().position(|&b| b == b'#') else {
+                    break;
+                };
+                if hash + 3 > self.buf.len() {
+                    break;
+                }
+                out.push(self.buf.drain(..hash + 3).collect());
+            }
+            out
+        }
+    }
+
+    /// A frame's body (between `$` and `#`).
+    fn body(frame: &[u8]) -> Vec<u8> {
+        frame[1..frame.len() - 3].to_vec()
+    }
+
+    fn frame(body: &str) -> Vec<u8> {
+        super::rsp::packet(body)
+    }
+
+    /// Frames in the order the proxy saw them: (from GDB?, frame).
+    type Log = Vec<(bool, Vec<u8>)>;
+
+    /// Request body → the server's frames in answer (a `qRcmd`'s console output included).
+    pub type Replies = HashMap<Vec<u8>, Vec<u8>>;
+
+    /// A proxy on a new loopback port to the server at `server`: returns the port and a thread
+    /// that ends with GDB's connection and gives what it learned.
+    pub fn learn(server: u16) -> (u16, JoinHandle<Replies>) {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+        let port = listener.local_addr().expect("proxy address").port();
+        let handle = std::thread::spawn(move || {
+            let (gdb, _) = listener.accept().expect("GDB connects to the proxy");
+            let srv = TcpStream::connect(("127.0.0.1", server)).expect("connect to ptrewind");
+            gdb.set_nodelay(true).ok();
+            srv.set_nodelay(true).ok();
+            // (from GDB?, frame) in the order the proxy saw them, logged before forwarding, so a
+            // reply is always logged before the request GDB sends after reading it.
+            let log: Arc<Mutex<Log>> = Arc::default();
+            let pump = |mut from: TcpStream, mut to: TcpStream, is_gdb: bool| {
+                let log = Arc::clone(&log);
+                std::thread::spawn(move || {
+                    let mut frames = Frames::default();
+                    let mut buf = [0u8; 65536];
+                    while let Ok(n) = from.read(&mut buf) {
+                        if n == 0 {
+                            break;
+                        }
+                        let done = frames.push(&buf[..n]);
+                        log.lock()
+                            .expect("log")
+                            .extend(done.into_iter().map(|f| (is_gdb, f)));
+                        if to.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to.shutdown(Shutdown::Write);
+                })
+            };
+            let up = pump(
+                gdb.try_clone().expect("clone"),
+                srv.try_clone().expect("clone"),
+                true,
+            );
+            let down = pump(srv.try_clone().expect("clone"), gdb, false);
+            up.join().expect("proxy thread");
+            // The server keeps the connection open after GDB's `disconnect`: end its side here.
+            let _ = srv.shutdown(Shutdown::Both);
+            down.join().expect("proxy thread");
+            let log = std::mem::take(&mut *log.lock().expect("log"));
+            let mut replies = Replies::new();
+            let mut request: Option<Vec<u8>> = None;
+            for (is_gdb, f) in log {
+                if is_gdb {
+                    let b = body(&f);
+                    replies.insert(b.clone(), Vec::new());
+                    request = Some(b);
+                } else if let Some(r) = &request {
+                    replies
+                        .get_mut(r)
+                        .expect("request logged")
+                        .extend_from_slice(&f);
+                }
+            }
+            replies
+        });
+        (port, handle)
+    }
+
+    /// What the canned stub saw.
+    pub struct Served {
+        /// Requests answered from the learned replies.
+        pub answered: u64,
+        /// `bs` requests among them.
+        pub steps: u64,
+        /// Requests that were not learned (answered as unsupported).
+        pub missed: Vec<String>,
+    }
+
+    /// The canned stub on a new loopback port, for one connection.
+    pub fn serve(replies: Replies) -> (u16, JoinHandle<Served>) {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the canned stub");
+        let port = listener.local_addr().expect("stub address").port();
+        let handle = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().expect("GDB connects to the stub");
+            s.set_nodelay(true).ok();
+            let mut served = Served {
+                answered: 0,
+                steps: 0,
+                missed: Vec::new(),
+            };
+            let mut frames = Frames::default();
+            let mut acks = true;
+            let mut buf = [0u8; 65536];
+            loop {
+                // As the server does: poll (yielding) for up to 1 ms before blocking.
+                s.set_nonblocking(true).ok();
+                let t0 = Instant::now();
+                let n = loop {
+                    match s.read(&mut buf) {
+                        Ok(n) => break Some(n),
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            if t0.elapsed() > Duration::from_millis(1) {
+                                break None;
+                            }
+                            std::thread::yield_now();
+                        }
+                        Err(_) => break Some(0),
+                    }
+                };
+                let n = match n {
+                    Some(n) => n,
+                    None => {
+                        s.set_nonblocking(false).ok();
+                        s.read(&mut buf).unwrap_or(0)
+                    }
+                };
+                if n == 0 {
+                    return served;
+                }
+                for f in frames.push(&buf[..n]) {
+                    let b = body(&f);
+                    let mut out = if acks { b"+".to_vec() } else { Vec::new() };
+                    match replies.get(&b) {
+                        Some(r) => {
+                            served.answered += 1;
+                            served.steps += u64::from(b == b"bs");
+                            out.extend_from_slice(r);
+                        }
+                        None => {
+                            served.missed.push(String::from_utf8_lossy(&b).into_owned());
+                            out.extend(frame(if b.first() == Some(&b'm') { "E01" } else { "" }));
+                        }
+                    }
+                    if s.write_all(&out).is_err() {
+                        return served;
+                    }
+                    if b == b"QStartNoAckMode" {
+                        acks = false;
+                    }
+                }
+            }
+        });
+        (port, handle)
+    }
+}
+
 /// ptrewind: records `prog iters` under QEMU, serves it, runs GDB's series; returns the
 /// instruction count and the series.
 #[allow(clippy::too_many_arguments)]
@@ -213,6 +420,7 @@ fn ours(
         ask(&mut c, &format!("qRcmd,{goto}"));
         time(&mut c, "raw-bs-middle", "bs", "T05");
     }
+    series.extend(canned_floor(port, prog, script, &user_script, steps));
     let out = gdb::gdb_batch()
         .arg("-x")
         .arg(script)
@@ -288,6 +496,64 @@ fn ours(
     series.extend(gdb);
     series.extend(lldb.into_iter().flatten());
     (insns, series)
+}
+
+/// Reverse-stepi that GDB learns from the server before the canned stub answers in its place.
+const LEARN_STEPS: usize = 50;
+
+/// GDB's reverse-stepi against the canned stub (see [`canned`]) after learning its replies from
+/// the server at `port`: the series `canned-stub`, the cost of GDB and the transport alone.
+/// Leaves the server `LEARN_STEPS` instructions before where it was.
+fn canned_floor(
+    port: u16,
+    prog: &Path,
+    script: &Path,
+    user_script: &Path,
+    steps: usize,
+) -> Vec<Series> {
+    // The same commands in both sessions, so that GDB sends the same requests.
+    let session = |port: u16, label: &str, n: usize| {
+        let out = gdb::gdb_batch()
+            .arg("-x")
+            .arg(script)
+            .arg(prog)
+            .args(["-ex", &format!("target remote 127.0.0.1:{port}")])
+            .args(["-ex", "break done"])
+            .arg("-ex")
+            .arg(format!("source {}", user_script.display()))
+            .args(["-ex", &format!("python lat('{label}', {n})")])
+            .args(["-ex", "disconnect"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run gdb");
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr)
+    };
+    let (proxy, learned) = canned::learn(port);
+    let text = session(proxy, "learn", LEARN_STEPS);
+    let replies = learned.join().expect("the proxy");
+    assert!(
+        replies.contains_key(b"bs".as_slice()),
+        "GDB sent no `bs` through the proxy:\n{text}"
+    );
+    let (stub, served) = canned::serve(replies);
+    let text = session(stub, "canned-stub", steps);
+    let served = served.join().expect("the canned stub");
+    let series = parse_lat(&text);
+    if series.len() != 1 || served.steps != steps as u64 {
+        eprintln!("--- gdb against the canned stub:\n{text}");
+        panic!(
+            "the canned stub answered {} `bs` for {steps} reverse-stepi",
+            served.steps
+        );
+    }
+    eprintln!(
+        "  canned stub: {} requests answered ({:.2} per reverse-stepi), {} not learned {:?}",
+        served.answered,
+        served.answered as f64 / steps as f64,
+        served.missed.len(),
+        &served.missed[..served.missed.len().min(8)]
+    );
+    series
 }
 
 /// GDB `record full` from `main` to `done`, then the same series at the end of the record log.
