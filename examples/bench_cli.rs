@@ -14,6 +14,9 @@
 //! Each process's cost is its CPU time (user + system, from `wait4`'s rusage), the fair measure
 //! on a shared machine; wall time is printed alongside. The minimum over `--reps` (default 3)
 //! interleaved runs is kept. Output goes to /dev/null, so the writes are counted but no disk.
+//! First the floor of any process is timed the same way: an empty C program, linked dynamically
+//! and statically, and `ptrewind --version`. Rows marked † are traces where 10× the driver's
+//! hex run is below the empty static program's time, so that no process can reach it here.
 //! Before timing, both sides run once into a pipe and their instruction counts are printed
 //! (ptrewind: the lines that are not events), so a mismatch is visible.
 //! `--ptrewind PATH`: the binary to time (default: `ptrewind` next to this example's directory,
@@ -116,6 +119,37 @@ fn build_driver(dir: &Path) -> PathBuf {
     exe
 }
 
+/// The start-up floor of any process on this machine: an empty C program (`int main(void) {
+/// return 0; }`), linked dynamically and, when the C library's archive is installed, statically;
+/// returns (dynamic, static) as CPU seconds, minimum over `reps` runs.
+fn empty_process_floors(dir: &Path, reps: usize) -> (f64, Option<f64>) {
+    let src = dir.join("empty.c");
+    std::fs::write(&src, "int main(void) { return 0; }\n").expect("write empty.c");
+    let build = |name: &str, extra: &[&str]| {
+        let exe = dir.join(name);
+        let ok = Command::new("cc")
+            .args(["-O2"])
+            .args(extra)
+            .arg("-o")
+            .arg(&exe)
+            .arg(&src)
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then_some(exe)
+    };
+    let time = |exe: PathBuf| {
+        let v = Variant {
+            label: "empty",
+            program: exe,
+            args: Vec::new(),
+        };
+        (0..reps).map(|_| time_run(&v).0).fold(f64::MAX, f64::min)
+    };
+    let dynamic = time(build("empty-dynamic", &[]).expect("cc could not build an empty program"));
+    (dynamic, build("empty-static", &["-static"]).map(time))
+}
+
 /// `bin` copied to `dir/bin/name`, the copy that is timed. A binary's start-up depends on how
 /// its file sits in the page cache: the same bytes copied half an hour apart started 0.1 ms and
 /// 15 page faults apart on the shortest traces (docs/benchmarks.md, session 23). Copies made
@@ -137,6 +171,8 @@ struct Bench {
     driver: PathBuf,
     ips_bin: bool,
     reps: usize,
+    /// An empty static C program's CPU time (see `empty_process_floors`).
+    floor: Option<f64>,
 }
 
 impl Bench {
@@ -264,8 +300,13 @@ impl Bench {
             get("bin"),
             get("before"),
         );
+        // Marked when 10× the driver is below the start-up of an empty process.
+        let below = match (self.floor, hexr) {
+            (Some(f), Some((h, _))) if h < 10.0 * f => " †",
+            _ => "",
+        };
         println!(
-            "| {name} | {ours_insns} / {ipt_insns}{qemu} | {} | {} | {} | {} | {}{} | {} | {} |",
+            "| {name}{below} | {ours_insns} / {ipt_insns}{qemu} | {} | {} | {} | {} | {}{} | {} | {} |",
             cell(ips),
             cell(ipsb),
             cell(hexr),
@@ -339,6 +380,36 @@ fn main() {
         driver.display(),
         reps
     );
+    let floor_reps = reps.max(20);
+    let (dynamic, stat) = if reps > 0 {
+        empty_process_floors(&work, floor_reps)
+    } else {
+        (0.0, None)
+    };
+    if reps > 0 {
+        let version = Variant {
+            label: "version",
+            program: ours.clone(),
+            args: vec!["--version".into()],
+        };
+        let version = (0..floor_reps)
+            .map(|_| time_run(&version).0)
+            .fold(f64::MAX, f64::min);
+        println!(
+            "process floors, CPU ms (min over {floor_reps}): empty C program {:.2} (dynamic), {} \
+             (static); `ptrewind --version` {:.2}",
+            dynamic * 1e3,
+            stat.map_or("—".to_string(), |s| format!("{:.2}", s * 1e3)),
+            version * 1e3
+        );
+        if let Some(s) = stat {
+            println!(
+                "†: the driver's hex run takes less than 10× the empty static program ({:.2} ms): \
+                 no process can decode that trace at 10× the driver on this machine",
+                10.0 * s * 1e3
+            );
+        }
+    }
     println!(
         "| trace | insns (ptrewind / libipt) | ptrewind ips | ptrewind ips-bin | libipt hex | libipt bin | {}hex ÷ ips | bin ÷ ips | bin ÷ ips-bin |",
         if before.is_some() {
@@ -357,6 +428,7 @@ fn main() {
         driver,
         ips_bin,
         reps,
+        floor: stat,
     };
     let mut cases = 0usize;
     if corpus {
