@@ -421,14 +421,7 @@ fn ours(
         time(&mut c, "raw-bs-middle", "bs", "T05");
     }
     series.extend(canned_floor(port, prog, script, &user_script, steps));
-    let out = gdb::gdb_batch()
-        .arg("-x")
-        .arg(script)
-        .arg(prog)
-        .args(["-ex", &format!("target remote 127.0.0.1:{port}")])
-        // A breakpoint of the user's, as `record full`'s session below has (there it stopped
-        // the program at the loop's end).
-        .args(["-ex", "break done"])
+    let out = gdb_connected(script, prog, port)
         .args(["-ex", &format!("python lat('end,gdb-defaults', {steps})")])
         .arg("-ex")
         .arg(format!("source {}", user_script.display()))
@@ -498,6 +491,18 @@ fn ours(
     (insns, series)
 }
 
+/// GDB in batch mode with the timing script, connected to the stub at `port`, with a breakpoint of
+/// the user's, as `record full`'s session has (there it stops the program at the loop's end).
+fn gdb_connected(script: &Path, prog: &Path, port: u16) -> Command {
+    let mut cmd = gdb::gdb_batch();
+    cmd.arg("-x")
+        .arg(script)
+        .arg(prog)
+        .args(["-ex", &format!("target remote 127.0.0.1:{port}")])
+        .args(["-ex", "break done"]);
+    cmd
+}
+
 /// Reverse-stepi that GDB learns from the server before the canned stub answers in its place.
 const LEARN_STEPS: usize = 50;
 
@@ -513,12 +518,7 @@ fn canned_floor(
 ) -> Vec<Series> {
     // The same commands in both sessions, so that GDB sends the same requests.
     let session = |port: u16, label: &str, n: usize| {
-        let out = gdb::gdb_batch()
-            .arg("-x")
-            .arg(script)
-            .arg(prog)
-            .args(["-ex", &format!("target remote 127.0.0.1:{port}")])
-            .args(["-ex", "break done"])
+        let out = gdb_connected(script, prog, port)
             .arg("-ex")
             .arg(format!("source {}", user_script.display()))
             .args(["-ex", &format!("python lat('{label}', {n})")])
