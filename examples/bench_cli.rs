@@ -368,6 +368,7 @@ fn main() {
     }
     let tmp = tempfile::tempdir().expect("tempdir");
     let work = keep.clone().unwrap_or_else(|| tmp.path().to_path_buf());
+    std::fs::create_dir_all(&work).unwrap_or_else(|e| panic!("creating {}: {e}", work.display()));
     let driver = build_driver(&work);
     // The plugin is looked for beside the binary given, not beside its copy.
     let plugin = find_plugin(&ours).or_else(|| find_plugin(&default_ptrewind()));
