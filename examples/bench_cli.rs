@@ -104,6 +104,7 @@ fn default_ptrewind() -> PathBuf {
 fn build_driver(dir: &Path) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/c/ptxed_ips.c");
     let exe = dir.join("ptxed_ips");
+    let _ = std::fs::remove_file(&exe);
     let st = Command::new("cc")
         .args(["-O2", "-o"])
         .arg(&exe)
@@ -119,14 +120,22 @@ fn build_driver(dir: &Path) -> PathBuf {
     exe
 }
 
+/// The least CPU time of `reps` runs of `v`, in seconds.
+fn min_cpu(v: &Variant, reps: usize) -> f64 {
+    (0..reps).map(|_| time_run(v).0).fold(f64::MAX, f64::min)
+}
+
 /// The start-up floor of any process on this machine: an empty C program (`int main(void) {
 /// return 0; }`), linked dynamically and, when the C library's archive is installed, statically;
 /// returns (dynamic, static) as CPU seconds, minimum over `reps` runs.
 fn empty_process_floors(dir: &Path, reps: usize) -> (f64, Option<f64>) {
     let src = dir.join("empty.c");
+    // Files left by an earlier run with `--dir` are replaced, never written through.
+    let _ = std::fs::remove_file(&src);
     std::fs::write(&src, "int main(void) { return 0; }\n").expect("write empty.c");
     let build = |name: &str, extra: &[&str]| {
         let exe = dir.join(name);
+        let _ = std::fs::remove_file(&exe);
         let ok = Command::new("cc")
             .args(["-O2"])
             .args(extra)
@@ -144,7 +153,7 @@ fn empty_process_floors(dir: &Path, reps: usize) -> (f64, Option<f64>) {
             program: exe,
             args: Vec::new(),
         };
-        (0..reps).map(|_| time_run(&v).0).fold(f64::MAX, f64::min)
+        min_cpu(&v, reps)
     };
     let dynamic = time(build("empty-dynamic", &[]).expect("cc could not build an empty program"));
     (dynamic, build("empty-static", &["-static"]).map(time))
@@ -381,21 +390,18 @@ fn main() {
         driver.display(),
         reps
     );
-    let floor_reps = reps.max(20);
-    let (dynamic, stat) = if reps > 0 {
-        empty_process_floors(&work, floor_reps)
-    } else {
-        (0.0, None)
-    };
+    // The floors (not with `--reps 0`, which only writes the inputs and prints commands).
+    let mut stat = None;
     if reps > 0 {
+        let floor_reps = reps.max(20);
+        let dynamic;
+        (dynamic, stat) = empty_process_floors(&work, floor_reps);
         let version = Variant {
             label: "version",
             program: ours.clone(),
             args: vec!["--version".into()],
         };
-        let version = (0..floor_reps)
-            .map(|_| time_run(&version).0)
-            .fold(f64::MAX, f64::min);
+        let version = min_cpu(&version, floor_reps);
         println!(
             "process floors, CPU ms (min over {floor_reps}): empty C program {:.2} (dynamic), {} \
              (static); `ptrewind --version` {:.2}",
