@@ -153,6 +153,7 @@ mod canned {
     use std::collections::HashMap;
     use std::io::{Read, Write};
     use std::net::{Shutdown, TcpListener, TcpStream};
+    use std::os::fd::AsRawFd;
     use std::sync::{Arc, Mutex};
     use std::thread::JoinHandle;
     use std::time::{Duration, Instant};
@@ -275,6 +276,17 @@ mod canned {
         pub missed: Vec<String>,
     }
 
+    /// Blocks until `s` has something to read (or is closed).
+    fn wait_readable(s: &TcpStream) {
+        let mut p = libc::pollfd {
+            fd: s.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd for a descriptor `s` keeps open across the call.
+        unsafe { libc::poll(&mut p, 1, -1) };
+    }
+
     /// The canned stub on a new loopback port, for one connection.
     pub fn serve(replies: Replies) -> (u16, JoinHandle<Served>) {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind the canned stub");
@@ -290,27 +302,22 @@ mod canned {
             let mut frames = Frames::default();
             let mut acks = true;
             let mut buf = [0u8; 65536];
+            // Non-blocking throughout: no system call per request beyond the server's own.
+            s.set_nonblocking(true).expect("non-blocking socket");
             loop {
-                // As the server does: poll (yielding) for up to 1 ms before blocking.
-                s.set_nonblocking(true).ok();
+                // As the server does: try (yielding) for up to 1 ms, then block until readable.
                 let t0 = Instant::now();
                 let n = loop {
                     match s.read(&mut buf) {
-                        Ok(n) => break Some(n),
+                        Ok(n) => break n,
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                             if t0.elapsed() > Duration::from_millis(1) {
-                                break None;
+                                wait_readable(&s);
+                            } else {
+                                std::thread::yield_now();
                             }
-                            std::thread::yield_now();
                         }
-                        Err(_) => break Some(0),
-                    }
-                };
-                let n = match n {
-                    Some(n) => n,
-                    None => {
-                        s.set_nonblocking(false).ok();
-                        s.read(&mut buf).unwrap_or(0)
+                        Err(_) => break 0,
                     }
                 };
                 if n == 0 {
