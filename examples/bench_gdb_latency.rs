@@ -148,60 +148,40 @@ fn parse_size(s: &str) -> u64 {
 /// the next request for up to 1 ms after each reply as the server does. Every `bs` is answered
 /// with the last stop the server reported, so GDB stays at one PC and sends the requests it sent
 /// there (memory reads around it, the register file, the thread list); requests it did not send
-/// while learning are counted and answered as unsupported (`E01` for memory reads).
+/// while learning are counted and answered as unsupported (`E01` for memory reads). Both sides
+/// frame packets with the server's own `Framer`.
 mod canned {
+    use ptrewind::rsp;
+    use ptrewind::server::router::{Frame, Framer};
     use std::collections::HashMap;
-    use std::io::{Read, Write};
+    use std::io::{ErrorKind, Read, Write};
     use std::net::{Shutdown, TcpListener, TcpStream};
     use std::os::fd::AsRawFd;
     use std::sync::{Arc, Mutex};
     use std::thread::JoinHandle;
     use std::time::{Duration, Instant};
 
-    /// Remote-protocol frames in a byte stream: `$…#xx` and `%…#xx`, whole; acks and
-    /// interrupts between them are skipped.
-    #[derive(Default)]
-    struct Frames {
-        buf: Vec<u8>,
-    }
+    /// Longest packet body kept (the server's replies are at most its `PacketSize`).
+    const MAX_BODY: usize = 1 << 20;
 
-    impl Frames {
-        /// Adds `bytes`; returns the frames they complete.
-        fn push(&mut self, bytes: &[u8]) -> Vec<Vec<u8>> {
-            self.buf.extend_from_slice(bytes);
-            let mut out = Vec::new();
-            loop {
-                let Some(start) = self.buf.iter().position(|&b| b == b'$' || b == b'%') else {
-                    self.buf.clear();
-                    break;
-                };
-                self.buf.drain(..start);
-                let Some(hash) = self.buf.iter().position(|&b| b == b'#') else {
-                    break;
-                };
-                if hash + 3 > self.buf.len() {
-                    break;
-                }
-                out.push(self.buf.drain(..hash + 3).collect());
-            }
-            out
-        }
-    }
-
-    /// A frame's body (between `$` and `#`).
-    fn body(frame: &[u8]) -> Vec<u8> {
-        frame[1..frame.len() - 3].to_vec()
-    }
-
-    fn frame(body: &str) -> Vec<u8> {
-        super::rsp::packet(body)
-    }
-
-    /// Frames in the order the proxy saw them: (from GDB?, frame).
+    /// Packets in the order the proxy saw them: (from GDB?, escaped body).
     type Log = Vec<(bool, Vec<u8>)>;
 
-    /// Request body → the server's frames in answer (a `qRcmd`'s console output included).
+    /// Request body (escaped) → the server's frames in answer, `$…#cs` each (a `qRcmd`'s
+    /// console output included).
     pub type Replies = HashMap<Vec<u8>, Vec<u8>>;
+
+    /// The packet bodies in `bytes`, through the server's own framer (acks and interrupts
+    /// skipped; a packet with a bad checksum would not be learned).
+    fn packets(framer: &mut Framer, bytes: &[u8]) -> Vec<Vec<u8>> {
+        bytes
+            .iter()
+            .filter_map(|&b| match framer.push(b) {
+                Some(Frame::Packet(body)) => Some(body),
+                _ => None,
+            })
+            .collect()
+    }
 
     /// A proxy on a new loopback port to the server at `server`: returns the port and a thread
     /// that ends with GDB's connection and gives what it learned.
@@ -213,22 +193,22 @@ mod canned {
             let srv = TcpStream::connect(("127.0.0.1", server)).expect("connect to ptrewind");
             gdb.set_nodelay(true).ok();
             srv.set_nodelay(true).ok();
-            // (from GDB?, frame) in the order the proxy saw them, logged before forwarding, so a
-            // reply is always logged before the request GDB sends after reading it.
+            // Logged before forwarding, so a reply is always logged before the request GDB
+            // sends after reading it.
             let log: Arc<Mutex<Log>> = Arc::default();
             let pump = |mut from: TcpStream, mut to: TcpStream, is_gdb: bool| {
                 let log = Arc::clone(&log);
                 std::thread::spawn(move || {
-                    let mut frames = Frames::default();
+                    let mut framer = Framer::new(MAX_BODY);
                     let mut buf = [0u8; 65536];
                     while let Ok(n) = from.read(&mut buf) {
                         if n == 0 {
                             break;
                         }
-                        let done = frames.push(&buf[..n]);
+                        let done = packets(&mut framer, &buf[..n]);
                         log.lock()
                             .expect("log")
-                            .extend(done.into_iter().map(|f| (is_gdb, f)));
+                            .extend(done.into_iter().map(|b| (is_gdb, b)));
                         if to.write_all(&buf[..n]).is_err() {
                             break;
                         }
@@ -249,16 +229,15 @@ mod canned {
             let log = std::mem::take(&mut *log.lock().expect("log"));
             let mut replies = Replies::new();
             let mut request: Option<Vec<u8>> = None;
-            for (is_gdb, f) in log {
+            for (is_gdb, body) in log {
                 if is_gdb {
-                    let b = body(&f);
-                    replies.insert(b.clone(), Vec::new());
-                    request = Some(b);
+                    replies.insert(body.clone(), Vec::new());
+                    request = Some(body);
                 } else if let Some(r) = &request {
                     replies
                         .get_mut(r)
                         .expect("request logged")
-                        .extend_from_slice(&f);
+                        .extend(rsp::frame(&body));
                 }
             }
             replies
@@ -276,15 +255,30 @@ mod canned {
         pub missed: Vec<String>,
     }
 
-    /// Blocks until `s` has something to read (or is closed).
-    fn wait_readable(s: &TcpStream) {
+    /// Blocks until `s` is ready for `events` (`POLLIN`, `POLLOUT`), or is closed.
+    fn wait(s: &TcpStream, events: libc::c_short) {
         let mut p = libc::pollfd {
             fd: s.as_raw_fd(),
-            events: libc::POLLIN,
+            events,
             revents: 0,
         };
         // SAFETY: one valid pollfd for a descriptor `s` keeps open across the call.
         unsafe { libc::poll(&mut p, 1, -1) };
+    }
+
+    /// Writes all of `bytes` to the non-blocking `s`, waiting while its send buffer is full;
+    /// false once the connection is gone.
+    fn send(s: &mut TcpStream, mut bytes: &[u8]) -> bool {
+        while !bytes.is_empty() {
+            match s.write(bytes) {
+                Ok(0) => return false,
+                Ok(n) => bytes = &bytes[n..],
+                Err(e) if e.kind() == ErrorKind::WouldBlock => wait(s, libc::POLLOUT),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => return false,
+            }
+        }
+        true
     }
 
     /// The canned stub on a new loopback port, for one connection.
@@ -299,7 +293,7 @@ mod canned {
                 steps: 0,
                 missed: Vec::new(),
             };
-            let mut frames = Frames::default();
+            let mut framer = Framer::new(MAX_BODY);
             let mut acks = true;
             let mut buf = [0u8; 65536];
             // Non-blocking throughout: no system call per request beyond the server's own.
@@ -310,21 +304,21 @@ mod canned {
                 let n = loop {
                     match s.read(&mut buf) {
                         Ok(n) => break n,
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => {
                             if t0.elapsed() > Duration::from_millis(1) {
-                                wait_readable(&s);
+                                wait(&s, libc::POLLIN);
                             } else {
                                 std::thread::yield_now();
                             }
                         }
+                        Err(e) if e.kind() == ErrorKind::Interrupted => {}
                         Err(_) => break 0,
                     }
                 };
                 if n == 0 {
                     return served;
                 }
-                for f in frames.push(&buf[..n]) {
-                    let b = body(&f);
+                for b in packets(&mut framer, &buf[..n]) {
                     let mut out = if acks { b"+".to_vec() } else { Vec::new() };
                     match replies.get(&b) {
                         Some(r) => {
@@ -334,10 +328,15 @@ mod canned {
                         }
                         None => {
                             served.missed.push(String::from_utf8_lossy(&b).into_owned());
-                            out.extend(frame(if b.first() == Some(&b'm') { "E01" } else { "" }));
+                            let unsupported: &[u8] = if b.first() == Some(&b'm') {
+                                b"E01"
+                            } else {
+                                b""
+                            };
+                            out.extend(rsp::frame(unsupported));
                         }
                     }
-                    if s.write_all(&out).is_err() {
+                    if !send(&mut s, &out) {
                         return served;
                     }
                     if b == b"QStartNoAckMode" {
